@@ -1,0 +1,1 @@
+//! vrnic guest library: user-space driver and verbs API for the vrnic device.

@@ -1,0 +1,1 @@
+//! The vrnic vhost-user device.

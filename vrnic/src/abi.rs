@@ -1,0 +1,840 @@
+//! The vrnic device ABI: the one source of truth for everything the driver
+//! (`guest-lib`) and the device (`vhost`) exchange.
+//!
+//! Specified in prose in `docs/device-spec.md`, in the style of a virtio
+//! device section. Every structure here is `#[repr(C)]`, has no implicit
+//! padding (checked at compile time) and is little-endian, like every virtio
+//! structure (virtio 1.2 §1.4). Numeric codes reuse the libibverbs values
+//! (`ibv_wc_status`, `ibv_wr_opcode`, `ibv_qp_state`, ...; see
+//! `infiniband/verbs.h` and the `ibv_*` man pages) so the driver can pass them
+//! through unchanged.
+//!
+//! Queues (virtio 1.2 §2.7, split virtqueues):
+//! - [`CONTROLQ`]: driver posts a chain `[CmdHeader + body (device-readable)]
+//!   [RespHeader + body (device-writable)]`; the device answers every command.
+//! - [`DOORBELLQ`]: driver posts device-readable [`Doorbell`] records.
+//! - [`EVENTQ`]: driver posts device-writable buffers of [`Event`] size; the
+//!   device fills them with asynchronous events.
+//!
+//! SQ, RQ and CQ rings live in driver memory, contiguous in guest-physical
+//! address space, registered by [`CMD_CREATE_QP`] and [`CMD_CREATE_CQ`].
+
+#![allow(clippy::unusual_byte_groupings)]
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("the vrnic ABI is little-endian and vrnic builds only for little-endian targets");
+
+/// Plain-old-data structures of the ABI: byte views in both directions.
+///
+/// # Safety
+/// Implementors are `#[repr(C)]`, contain only integer fields and byte
+/// arrays, and have no padding, so every bit pattern is valid.
+pub unsafe trait Pod: Copy + Default + 'static {
+    /// The structure's bytes.
+    fn as_bytes(&self) -> &[u8] {
+        // SAFETY: Pod guarantees no padding and plain integer fields.
+        unsafe { std::slice::from_raw_parts(self as *const Self as *const u8, size_of::<Self>()) }
+    }
+    /// The structure's bytes, writable.
+    fn as_bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above; every bit pattern is a valid value.
+        unsafe { std::slice::from_raw_parts_mut(self as *mut Self as *mut u8, size_of::<Self>()) }
+    }
+    /// Reads a structure from the start of `bytes`; `None` when `bytes` is
+    /// shorter than the structure. Never panics.
+    fn read_from(bytes: &[u8]) -> Option<Self> {
+        let mut v = Self::default();
+        let n = size_of::<Self>();
+        v.as_bytes_mut().copy_from_slice(bytes.get(..n)?);
+        Some(v)
+    }
+}
+
+macro_rules! pod {
+    ($($t:ty = $size:expr),* $(,)?) => {$(
+        // SAFETY: checked below: the size equals the sum of the declared
+        // fields (no padding), and all fields are integers or byte arrays.
+        unsafe impl Pod for $t {}
+        const _: () = assert!(size_of::<$t>() == $size);
+    )*};
+}
+
+/// PCI vendor ID of every virtio device (virtio 1.2 §4.1.2).
+pub const PCI_VENDOR_ID: u16 = 0x1af4;
+/// Modern virtio PCI device IDs are `0x1040 + virtio device ID` (virtio 1.2 §4.1.2).
+pub const PCI_DEVICE_ID_BASE: u16 = 0x1040;
+/// Default virtio device ID. The spec reserves 42 for RDMA, but QEMU aborts
+/// on IDs it cannot name; 6 (ioMemory) is named by QEMU and claimed by no
+/// Linux driver. The driver recognises vrnic by [`SIGNATURE`], not by ID.
+pub const DEFAULT_VIRTIO_ID: u32 = 6;
+/// First 8 bytes of the device configuration space.
+pub const SIGNATURE: [u8; 8] = *b"vrnic\0\0\0";
+/// Version of this ABI, in [`ConfigSpace::abi_version`].
+pub const ABI_VERSION: u32 = 1;
+
+/// Control virtqueue index.
+pub const CONTROLQ: u16 = 0;
+/// Doorbell virtqueue index.
+pub const DOORBELLQ: u16 = 1;
+/// Event virtqueue index.
+pub const EVENTQ: u16 = 2;
+/// Number of virtqueues (QEMU's `num_vqs`).
+pub const NUM_QUEUES: usize = 3;
+/// Largest virtqueue size the device accepts.
+pub const MAX_QUEUE_SIZE: u16 = 256;
+
+/// Device configuration space (virtio 1.2 §4.1.4.6), read-only, 64 bytes
+/// (QEMU's `config_size=64`). Read it once: under vhost-user every access is
+/// a round trip to the daemon.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConfigSpace {
+    /// [`SIGNATURE`].
+    pub signature: [u8; 8],
+    /// [`ABI_VERSION`].
+    pub abi_version: u32,
+    /// Number of virtqueues the device serves ([`NUM_QUEUES`]).
+    pub num_queues: u16,
+    /// Number of ports (always 1).
+    pub phys_port_cnt: u8,
+    /// Active path MTU as `ibv_mtu` (1=256 .. 5=4096 bytes).
+    pub active_mtu: u8,
+    /// The port's Ethernet MAC address.
+    pub mac: [u8; 6],
+    /// Reserved, zero.
+    pub reserved0: [u8; 2],
+    /// Maximum number of QPs.
+    pub max_qp: u32,
+    /// Maximum number of CQs.
+    pub max_cq: u32,
+    /// Maximum number of MRs.
+    pub max_mr: u32,
+    /// Maximum number of PDs.
+    pub max_pd: u32,
+    /// Maximum WQEs per SQ or RQ.
+    pub max_qp_wr: u32,
+    /// Maximum CQEs per CQ.
+    pub max_cqe: u32,
+    /// Maximum SGEs per WQE.
+    pub max_sge: u32,
+    /// Maximum inline data per send WQE, bytes.
+    pub max_inline: u32,
+    /// Reserved, zero.
+    pub reserved1: [u8; 8],
+}
+
+// ---------------------------------------------------------------------------
+// Control commands
+// ---------------------------------------------------------------------------
+
+/// Header of every control command (device-readable).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdHeader {
+    /// One of the `CMD_*` codes.
+    pub opcode: u16,
+    /// Reserved, zero.
+    pub flags: u16,
+    /// Length of the body that follows, bytes.
+    pub len: u32,
+}
+
+/// Header of every control response (device-writable).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RespHeader {
+    /// `STATUS_OK` or a positive Linux errno ([`Status`]).
+    pub status: u32,
+    /// Length of the body that follows, bytes (0 on error).
+    pub len: u32,
+}
+
+/// Largest command or response body, bytes.
+pub const MAX_CMD_BODY: usize = 128;
+
+/// `CMD_QUERY_DEVICE`: body none; response [`DeviceAttr`] (`ibv_query_device(3)`).
+pub const CMD_QUERY_DEVICE: u16 = 1;
+/// `CMD_QUERY_PORT`: body [`QueryPort`]; response [`PortAttr`] (`ibv_query_port(3)`).
+pub const CMD_QUERY_PORT: u16 = 2;
+/// `CMD_QUERY_GID`: body [`QueryGid`]; response [`GidEntry`] (`ibv_query_gid(3)`).
+pub const CMD_QUERY_GID: u16 = 3;
+/// `CMD_ALLOC_PD`: body none; response [`Handle`] (the PD number) (`ibv_alloc_pd(3)`).
+pub const CMD_ALLOC_PD: u16 = 4;
+/// `CMD_DEALLOC_PD`: body [`Handle`]; response none. `EBUSY` while in use.
+pub const CMD_DEALLOC_PD: u16 = 5;
+/// `CMD_REG_MR`: body [`RegMr`]; response [`MrKeys`] (`ibv_reg_mr(3)`).
+pub const CMD_REG_MR: u16 = 6;
+/// `CMD_DEREG_MR`: body [`Handle`] (the lkey); response none.
+pub const CMD_DEREG_MR: u16 = 7;
+/// `CMD_CREATE_CQ`: body [`CreateCq`]; response [`Handle`] (the CQ number).
+pub const CMD_CREATE_CQ: u16 = 8;
+/// `CMD_DESTROY_CQ`: body [`Handle`]; response none. `EBUSY` while a QP uses it.
+pub const CMD_DESTROY_CQ: u16 = 9;
+/// `CMD_CREATE_QP`: body [`CreateQp`]; response [`CreateQpResp`] (`ibv_create_qp(3)`).
+pub const CMD_CREATE_QP: u16 = 10;
+/// `CMD_MODIFY_QP`: body [`QpAttr`]; response none (`ibv_modify_qp(3)`).
+pub const CMD_MODIFY_QP: u16 = 11;
+/// `CMD_QUERY_QP`: body [`Handle`]; response [`QpAttr`] (`ibv_query_qp(3)`).
+pub const CMD_QUERY_QP: u16 = 12;
+/// `CMD_DESTROY_QP`: body [`Handle`]; response none.
+pub const CMD_DESTROY_QP: u16 = 13;
+
+/// Command status codes: 0 or a positive Linux errno.
+pub type Status = u32;
+/// Success.
+pub const STATUS_OK: Status = 0;
+/// Operation not permitted (e.g. an MR access flag combination the spec forbids).
+pub const STATUS_EPERM: Status = 1;
+/// No such object (bad handle or key).
+pub const STATUS_ENOENT: Status = 2;
+/// Out of resources (device limits reached).
+pub const STATUS_ENOMEM: Status = 12;
+/// Bad address: a guest address or length outside guest memory.
+pub const STATUS_EFAULT: Status = 14;
+/// Object in use.
+pub const STATUS_EBUSY: Status = 16;
+/// Invalid argument.
+pub const STATUS_EINVAL: Status = 22;
+/// Unknown command.
+pub const STATUS_ENOSYS: Status = 38;
+/// Not supported.
+pub const STATUS_EOPNOTSUPP: Status = 95;
+
+/// A single object handle (PD number, lkey, CQ number or QP number).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Handle {
+    /// The handle.
+    pub handle: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+}
+
+/// `ibv_device_attr`'s fields a driver needs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceAttr {
+    /// Node GUID (EUI-64 of the MAC), big-endian bytes.
+    pub node_guid: [u8; 8],
+    /// Largest MR, bytes.
+    pub max_mr_size: u64,
+    /// Supported page sizes (bit n = 2^n bytes).
+    pub page_size_cap: u64,
+    /// Maximum QPs.
+    pub max_qp: u32,
+    /// Maximum WQEs per queue.
+    pub max_qp_wr: u32,
+    /// Maximum SGEs per WQE.
+    pub max_sge: u32,
+    /// Maximum CQs.
+    pub max_cq: u32,
+    /// Maximum CQEs per CQ.
+    pub max_cqe: u32,
+    /// Maximum MRs.
+    pub max_mr: u32,
+    /// Maximum PDs.
+    pub max_pd: u32,
+    /// Maximum outstanding RDMA READ/atomic as responder.
+    pub max_qp_rd_atom: u32,
+    /// Maximum outstanding RDMA READ/atomic as requester.
+    pub max_qp_init_rd_atom: u32,
+    /// Maximum inline data, bytes.
+    pub max_inline: u32,
+}
+
+/// `CMD_QUERY_PORT` body.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueryPort {
+    /// Port number, 1.
+    pub port: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+}
+
+/// `ibv_port_attr`'s fields for a RoCE port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortAttr {
+    /// `ibv_port_state` (4 = ACTIVE).
+    pub state: u32,
+    /// Largest path MTU, `ibv_mtu`.
+    pub max_mtu: u32,
+    /// Active path MTU, `ibv_mtu`.
+    pub active_mtu: u32,
+    /// GID table length.
+    pub gid_tbl_len: u32,
+    /// Largest message, bytes.
+    pub max_msg_sz: u32,
+    /// Link layer, `IBV_LINK_LAYER_ETHERNET` (2).
+    pub link_layer: u32,
+}
+
+/// `CMD_QUERY_GID` body.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueryGid {
+    /// Port number, 1.
+    pub port: u32,
+    /// GID table index.
+    pub index: u32,
+}
+
+/// One GID table entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GidEntry {
+    /// The GID, network byte order.
+    pub gid: [u8; 16],
+    /// [`GID_TYPE_ROCE_V2`] (the only type vrnic sends).
+    pub gid_type: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+}
+
+/// RoCEv2 GID type (`IB_GID_TYPE_ROCE_UDP_ENCAP`).
+pub const GID_TYPE_ROCE_V2: u32 = 2;
+
+/// `CMD_REG_MR` body: a memory region described by a page list.
+///
+/// The region covers virtual addresses `[iova, iova + length)`. Page `i` of
+/// the list holds the guest-physical address of the page containing
+/// `(iova & !(page_size-1)) + i * page_size`; `npages` must equal the number
+/// of pages the range touches.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegMr {
+    /// PD number.
+    pub pdn: u32,
+    /// `ibv_access_flags` (`ACCESS_*`).
+    pub access: u32,
+    /// First virtual address of the region.
+    pub iova: u64,
+    /// Length, bytes.
+    pub length: u64,
+    /// log2 of the page size (12 for 4 KiB, 21 for 2 MiB).
+    pub page_shift: u32,
+    /// Number of entries in the page list.
+    pub npages: u32,
+    /// Guest-physical address of the page list: `npages` little-endian u64.
+    pub page_list: u64,
+}
+
+/// `CMD_REG_MR` response.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MrKeys {
+    /// Local key.
+    pub lkey: u32,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+/// `CMD_CREATE_CQ` body.
+///
+/// The ring is `cqe` entries of [`Cqe`] (32 bytes), contiguous at `ring`.
+/// The doorbell record at `db` is 8 bytes: the driver's consumer index (u32,
+/// free-running) at offset 0; offset 4 reserved.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CreateCq {
+    /// Number of CQEs; a power of two.
+    pub cqe: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// Guest-physical address of the CQE ring.
+    pub ring: u64,
+    /// Guest-physical address of the CQ doorbell record.
+    pub db: u64,
+}
+
+/// `CMD_CREATE_QP` body.
+///
+/// SQ: `sq_size` slots of [`sq_stride`]`(max_send_sge, max_inline)` bytes at
+/// `sq`; RQ: `rq_size` slots of [`rq_stride`]`(max_recv_sge)` bytes at `rq`.
+/// The QP record at `db` (16 bytes, device-written): SQ consumer index (u32)
+/// at 0, RQ consumer index (u32) at 4, reserved at 8..16.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CreateQp {
+    /// PD number.
+    pub pdn: u32,
+    /// `ibv_qp_type` ([`QPT_RC`], [`QPT_UC`], [`QPT_UD`]).
+    pub qp_type: u32,
+    /// CQ for send completions.
+    pub send_cqn: u32,
+    /// CQ for receive completions.
+    pub recv_cqn: u32,
+    /// SQ slots, power of two.
+    pub sq_size: u32,
+    /// RQ slots, power of two (0 with an SRQ).
+    pub rq_size: u32,
+    /// SGEs per send WQE.
+    pub max_send_sge: u32,
+    /// SGEs per receive WQE.
+    pub max_recv_sge: u32,
+    /// Inline data per send WQE, bytes.
+    pub max_inline: u32,
+    /// Nonzero: every send WQE generates a CQE (`sq_sig_all`).
+    pub sq_sig_all: u32,
+    /// Guest-physical address of the SQ ring.
+    pub sq: u64,
+    /// Guest-physical address of the RQ ring.
+    pub rq: u64,
+    /// Guest-physical address of the QP record.
+    pub db: u64,
+}
+
+/// `CMD_CREATE_QP` response.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CreateQpResp {
+    /// QP number (24 bits).
+    pub qpn: u32,
+    /// Send WQE stride, bytes.
+    pub sq_stride: u32,
+    /// Receive WQE stride, bytes.
+    pub rq_stride: u32,
+    /// Inline data per send WQE actually available, bytes.
+    pub max_inline: u32,
+}
+
+/// QP attributes for `CMD_MODIFY_QP` (body) and `CMD_QUERY_QP` (response),
+/// mirroring `struct ibv_qp_attr` with its `ah_attr` flattened.
+/// Only the fields named by `attr_mask` (`QP_ATTR_*`, `ibv_qp_attr_mask`)
+/// are applied on modify.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpAttr {
+    /// QP number.
+    pub qpn: u32,
+    /// `ibv_qp_attr_mask`.
+    pub attr_mask: u32,
+    /// `ibv_qp_state` (`QPS_*`).
+    pub qp_state: u32,
+    /// `ibv_mtu` (1..5).
+    pub path_mtu: u32,
+    /// Q_Key (UD).
+    pub qkey: u32,
+    /// Expected PSN of the next request (RQ), 24 bits.
+    pub rq_psn: u32,
+    /// PSN of the next request sent (SQ), 24 bits.
+    pub sq_psn: u32,
+    /// Remote QP number.
+    pub dest_qp_num: u32,
+    /// `ibv_access_flags` for remote access to this QP.
+    pub qp_access_flags: u32,
+    /// Flow label of the GRH (unused by RoCEv2 IPv4).
+    pub flow_label: u32,
+    /// Destination GID, network byte order.
+    pub dgid: [u8; 16],
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// Port number (1).
+    pub port_num: u8,
+    /// Local ACK timeout: 4.096 µs × 2^timeout (0 = infinite).
+    pub timeout: u8,
+    /// Retries on timeout (0..7).
+    pub retry_cnt: u8,
+    /// Retries on RNR NAK (0..6, 7 = infinite).
+    pub rnr_retry: u8,
+    /// Minimum RNR NAK timer field (IBTA Table 45).
+    pub min_rnr_timer: u8,
+    /// Outstanding RDMA READ/atomic as requester.
+    pub max_rd_atomic: u8,
+    /// Outstanding RDMA READ/atomic as responder.
+    pub max_dest_rd_atomic: u8,
+    /// Source GID index.
+    pub sgid_index: u8,
+    /// IP hop limit / TTL.
+    pub hop_limit: u8,
+    /// Traffic class / DSCP+ECN.
+    pub traffic_class: u8,
+    /// Service level.
+    pub sl: u8,
+    /// Nonzero when the address vector has a GRH (always for RoCE).
+    pub is_global: u8,
+    /// Reserved, zero.
+    pub reserved: [u8; 2],
+}
+
+/// `ibv_qp_type`: reliable connected.
+pub const QPT_RC: u32 = 2;
+/// `ibv_qp_type`: unreliable connected.
+pub const QPT_UC: u32 = 3;
+/// `ibv_qp_type`: unreliable datagram.
+pub const QPT_UD: u32 = 4;
+
+/// `ibv_qp_state` values.
+pub const QPS_RESET: u32 = 0;
+/// INIT.
+pub const QPS_INIT: u32 = 1;
+/// Ready to receive.
+pub const QPS_RTR: u32 = 2;
+/// Ready to send.
+pub const QPS_RTS: u32 = 3;
+/// Send queue drained.
+pub const QPS_SQD: u32 = 4;
+/// Send queue error.
+pub const QPS_SQE: u32 = 5;
+/// Error.
+pub const QPS_ERR: u32 = 6;
+
+/// `ibv_qp_attr_mask` bits.
+pub const QP_ATTR_STATE: u32 = 1 << 0;
+/// `IBV_QP_CUR_STATE`.
+pub const QP_ATTR_CUR_STATE: u32 = 1 << 1;
+/// `IBV_QP_ACCESS_FLAGS`.
+pub const QP_ATTR_ACCESS_FLAGS: u32 = 1 << 3;
+/// `IBV_QP_PKEY_INDEX`.
+pub const QP_ATTR_PKEY_INDEX: u32 = 1 << 4;
+/// `IBV_QP_PORT`.
+pub const QP_ATTR_PORT: u32 = 1 << 5;
+/// `IBV_QP_QKEY`.
+pub const QP_ATTR_QKEY: u32 = 1 << 6;
+/// `IBV_QP_AV`.
+pub const QP_ATTR_AV: u32 = 1 << 7;
+/// `IBV_QP_PATH_MTU`.
+pub const QP_ATTR_PATH_MTU: u32 = 1 << 8;
+/// `IBV_QP_TIMEOUT`.
+pub const QP_ATTR_TIMEOUT: u32 = 1 << 9;
+/// `IBV_QP_RETRY_CNT`.
+pub const QP_ATTR_RETRY_CNT: u32 = 1 << 10;
+/// `IBV_QP_RNR_RETRY`.
+pub const QP_ATTR_RNR_RETRY: u32 = 1 << 11;
+/// `IBV_QP_RQ_PSN`.
+pub const QP_ATTR_RQ_PSN: u32 = 1 << 12;
+/// `IBV_QP_MAX_QP_RD_ATOMIC`.
+pub const QP_ATTR_MAX_QP_RD_ATOMIC: u32 = 1 << 13;
+/// `IBV_QP_MIN_RNR_TIMER`.
+pub const QP_ATTR_MIN_RNR_TIMER: u32 = 1 << 15;
+/// `IBV_QP_SQ_PSN`.
+pub const QP_ATTR_SQ_PSN: u32 = 1 << 16;
+/// `IBV_QP_MAX_DEST_RD_ATOMIC`.
+pub const QP_ATTR_MAX_DEST_RD_ATOMIC: u32 = 1 << 17;
+/// `IBV_QP_DEST_QPN`.
+pub const QP_ATTR_DEST_QPN: u32 = 1 << 20;
+
+/// `ibv_access_flags`: local write.
+pub const ACCESS_LOCAL_WRITE: u32 = 1;
+/// Remote write.
+pub const ACCESS_REMOTE_WRITE: u32 = 2;
+/// Remote read.
+pub const ACCESS_REMOTE_READ: u32 = 4;
+/// Remote atomic.
+pub const ACCESS_REMOTE_ATOMIC: u32 = 8;
+
+/// `ibv_mtu` to bytes: 1→256 .. 5→4096; `None` otherwise.
+pub fn mtu_bytes(mtu: u32) -> Option<u32> {
+    (1..=5).contains(&mtu).then(|| 128u32 << mtu)
+}
+
+/// Bytes to `ibv_mtu`: the largest path MTU not above `bytes`; `None` below 256.
+pub fn mtu_enum(bytes: u32) -> Option<u32> {
+    (1..=5u32).rev().find(|&m| (128u32 << m) <= bytes)
+}
+
+// ---------------------------------------------------------------------------
+// Doorbells and events
+// ---------------------------------------------------------------------------
+
+/// A doorbell, posted on [`DOORBELLQ`] (device-readable, 16 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Doorbell {
+    /// `DB_*` kind.
+    pub kind: u16,
+    /// Reserved, zero.
+    pub reserved: u16,
+    /// QP number (`DB_SQ`, `DB_RQ`) or CQ number (`DB_CQ_ARM*`).
+    pub handle: u32,
+    /// Producer index (free-running u32; slot = index mod ring size) for
+    /// `DB_SQ`/`DB_RQ`; the consumer index for `DB_CQ_ARM*`.
+    pub index: u32,
+    /// Reserved, zero.
+    pub reserved2: u32,
+}
+
+/// New send WQEs up to `index`.
+pub const DB_SQ: u16 = 1;
+/// New receive WQEs up to `index`.
+pub const DB_RQ: u16 = 2;
+/// Arm the CQ for the next completion (`ibv_req_notify_cq(cq, 0)`).
+pub const DB_CQ_ARM: u16 = 3;
+/// Arm the CQ for the next solicited completion (`ibv_req_notify_cq(cq, 1)`).
+pub const DB_CQ_ARM_SOLICITED: u16 = 4;
+
+/// An asynchronous event, written by the device into an [`EVENTQ`] buffer (16 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Event {
+    /// `EV_*` kind.
+    pub kind: u16,
+    /// Reserved, zero.
+    pub reserved: u16,
+    /// The CQ or QP number the event is about.
+    pub handle: u32,
+    /// For `EV_QP_FATAL`: the `ibv_wc_status` that moved the QP to ERR.
+    pub info: u32,
+    /// Reserved, zero.
+    pub reserved2: u32,
+}
+
+/// Completion event on an armed CQ.
+pub const EV_COMP: u16 = 1;
+/// `IBV_EVENT_QP_FATAL`.
+pub const EV_QP_FATAL: u16 = 2;
+/// `IBV_EVENT_CQ_ERR` (overrun).
+pub const EV_CQ_ERR: u16 = 3;
+/// `IBV_EVENT_SQ_DRAINED`.
+pub const EV_SQ_DRAINED: u16 = 4;
+
+// ---------------------------------------------------------------------------
+// Work queue entries and completions
+// ---------------------------------------------------------------------------
+
+/// Scatter/gather element (16 bytes), as `struct ibv_sge`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sge {
+    /// Virtual address inside the MR named by `lkey`.
+    pub addr: u64,
+    /// Length, bytes.
+    pub length: u32,
+    /// Local key.
+    pub lkey: u32,
+}
+
+/// Send WQE header (64 bytes), followed by `num_sge` [`Sge`]s, or by
+/// `inline_len` bytes of data when `send_flags` has [`SEND_INLINE`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SendWqe {
+    /// Caller's work request ID, returned in the CQE.
+    pub wr_id: u64,
+    /// `ibv_wr_opcode` (`WR_*`).
+    pub opcode: u8,
+    /// `ibv_send_flags` (`SEND_*`).
+    pub send_flags: u8,
+    /// Number of SGEs following the header.
+    pub num_sge: u8,
+    /// Reserved, zero.
+    pub reserved: u8,
+    /// Immediate data, network byte order (as `ibv_send_wr.imm_data`).
+    pub imm_data: [u8; 4],
+    /// Remote virtual address (RDMA and atomic).
+    pub remote_addr: u64,
+    /// Remote key (RDMA and atomic).
+    pub rkey: u32,
+    /// Inline data length, bytes.
+    pub inline_len: u32,
+    /// Atomic compare (CAS) or add (FAA) operand.
+    pub compare_add: u64,
+    /// Atomic swap operand.
+    pub swap: u64,
+    /// UD: destination QP number.
+    pub remote_qpn: u32,
+    /// UD: destination Q_Key.
+    pub remote_qkey: u32,
+    /// UD: address handle number.
+    pub ah: u32,
+    /// Reserved, zero.
+    pub reserved2: u32,
+}
+
+/// Receive WQE header (16 bytes), followed by `num_sge` [`Sge`]s.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecvWqe {
+    /// Caller's work request ID, returned in the CQE.
+    pub wr_id: u64,
+    /// Number of SGEs following the header.
+    pub num_sge: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+}
+
+/// `ibv_wr_opcode`: RDMA WRITE.
+pub const WR_RDMA_WRITE: u8 = 0;
+/// RDMA WRITE with immediate.
+pub const WR_RDMA_WRITE_WITH_IMM: u8 = 1;
+/// SEND.
+pub const WR_SEND: u8 = 2;
+/// SEND with immediate.
+pub const WR_SEND_WITH_IMM: u8 = 3;
+/// RDMA READ.
+pub const WR_RDMA_READ: u8 = 4;
+/// Atomic compare and swap.
+pub const WR_ATOMIC_CMP_AND_SWP: u8 = 5;
+/// Atomic fetch and add.
+pub const WR_ATOMIC_FETCH_AND_ADD: u8 = 6;
+/// SEND with invalidate.
+pub const WR_SEND_WITH_INV: u8 = 9;
+
+/// `ibv_send_flags`: fence.
+pub const SEND_FENCE: u8 = 1;
+/// Generate a CQE.
+pub const SEND_SIGNALED: u8 = 2;
+/// Solicited event.
+pub const SEND_SOLICITED: u8 = 4;
+/// Data inline in the WQE.
+pub const SEND_INLINE: u8 = 8;
+
+/// Completion queue entry (32 bytes), as `struct ibv_wc`.
+///
+/// Valid when `owner` equals the pass bit: the device writes `owner = 1` on
+/// the first pass through the ring, 0 on the second, and so on; i.e. a CQE
+/// at consumer index `ci` is valid when `owner == ((ci / cqe) & 1) ^ 1`.
+/// The device writes `owner` last.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cqe {
+    /// Work request ID of the completed WQE.
+    pub wr_id: u64,
+    /// Bytes transferred (receive: payload length; READ: bytes read).
+    pub byte_len: u32,
+    /// Immediate data (network byte order) or invalidated rkey.
+    pub imm_data: [u8; 4],
+    /// Local QP number.
+    pub qp_num: u32,
+    /// Source QP number (UD receive).
+    pub src_qp: u32,
+    /// `ibv_wc_status` (`WC_*`).
+    pub status: u8,
+    /// `ibv_wc_opcode` (`WC_OP_*`).
+    pub opcode: u8,
+    /// `ibv_wc_flags` (`WC_WITH_IMM`, ...).
+    pub wc_flags: u8,
+    /// Service level.
+    pub sl: u8,
+    /// Vendor error detail (0 when none).
+    pub vendor_err: u16,
+    /// Reserved, zero.
+    pub reserved: u8,
+    /// Ownership/pass bit, written last.
+    pub owner: u8,
+}
+
+/// `ibv_wc_status` values.
+pub const WC_SUCCESS: u8 = 0;
+/// Local length error.
+pub const WC_LOC_LEN_ERR: u8 = 1;
+/// Local QP operation error.
+pub const WC_LOC_QP_OP_ERR: u8 = 2;
+/// Local protection error.
+pub const WC_LOC_PROT_ERR: u8 = 4;
+/// Flushed because the QP went to ERR.
+pub const WC_WR_FLUSH_ERR: u8 = 5;
+/// Bad response.
+pub const WC_BAD_RESP_ERR: u8 = 7;
+/// Local access error.
+pub const WC_LOC_ACCESS_ERR: u8 = 8;
+/// Remote invalid request.
+pub const WC_REM_INV_REQ_ERR: u8 = 9;
+/// Remote access error.
+pub const WC_REM_ACCESS_ERR: u8 = 10;
+/// Remote operational error.
+pub const WC_REM_OP_ERR: u8 = 11;
+/// Transport retry counter exceeded.
+pub const WC_RETRY_EXC_ERR: u8 = 12;
+/// RNR retry counter exceeded.
+pub const WC_RNR_RETRY_EXC_ERR: u8 = 13;
+/// Fatal error.
+pub const WC_FATAL_ERR: u8 = 19;
+/// General error.
+pub const WC_GENERAL_ERR: u8 = 21;
+
+/// `ibv_wc_opcode`: SEND completed.
+pub const WC_OP_SEND: u8 = 0;
+/// RDMA WRITE completed.
+pub const WC_OP_RDMA_WRITE: u8 = 1;
+/// RDMA READ completed.
+pub const WC_OP_RDMA_READ: u8 = 2;
+/// Compare and swap completed.
+pub const WC_OP_COMP_SWAP: u8 = 3;
+/// Fetch and add completed.
+pub const WC_OP_FETCH_ADD: u8 = 4;
+/// Receive completed.
+pub const WC_OP_RECV: u8 = 128;
+/// RDMA WRITE with immediate received.
+pub const WC_OP_RECV_RDMA_WITH_IMM: u8 = 129;
+
+/// `ibv_wc_flags`: GRH present in the receive buffer.
+pub const WC_GRH: u8 = 1;
+/// Immediate data valid.
+pub const WC_WITH_IMM: u8 = 2;
+/// Invalidated rkey valid.
+pub const WC_WITH_INV: u8 = 8;
+
+/// Send WQE stride for a QP, bytes: the 64-byte header plus room for
+/// `max_sge` SGEs or `max_inline` bytes, rounded up to a power of two.
+pub fn sq_stride(max_sge: u32, max_inline: u32) -> u32 {
+    let body = (16 * max_sge.max(1)).max(max_inline.div_ceil(16) * 16);
+    (size_of::<SendWqe>() as u32 + body).next_power_of_two()
+}
+
+/// Receive WQE stride for a QP, bytes: the 16-byte header plus `max_sge`
+/// SGEs, rounded up to a power of two.
+pub fn rq_stride(max_sge: u32) -> u32 {
+    (size_of::<RecvWqe>() as u32 + 16 * max_sge.max(1)).next_power_of_two()
+}
+
+pod!(
+    ConfigSpace = 64,
+    CmdHeader = 8,
+    RespHeader = 8,
+    Handle = 8,
+    DeviceAttr = 64,
+    QueryPort = 8,
+    PortAttr = 24,
+    QueryGid = 8,
+    GidEntry = 24,
+    RegMr = 40,
+    MrKeys = 8,
+    CreateCq = 24,
+    CreateQp = 64,
+    CreateQpResp = 16,
+    QpAttr = 72,
+    Doorbell = 16,
+    Event = 16,
+    Sge = 16,
+    SendWqe = 64,
+    RecvWqe = 16,
+    Cqe = 32,
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtu_conversions_match_ibv_mtu() {
+        assert_eq!(mtu_bytes(1), Some(256));
+        assert_eq!(mtu_bytes(3), Some(1024));
+        assert_eq!(mtu_bytes(5), Some(4096));
+        assert_eq!(mtu_bytes(0), None);
+        assert_eq!(mtu_bytes(6), None);
+        assert_eq!(mtu_enum(1500), Some(3));
+        assert_eq!(mtu_enum(9000), Some(5));
+        assert_eq!(mtu_enum(255), None);
+    }
+
+    #[test]
+    fn strides_hold_header_and_sges() {
+        assert_eq!(sq_stride(1, 0), 128);
+        assert_eq!(sq_stride(4, 0), 128);
+        assert_eq!(sq_stride(4, 200), 512);
+        assert_eq!(rq_stride(1), 32);
+        assert_eq!(rq_stride(2), 64);
+    }
+
+    #[test]
+    fn pod_read_rejects_short_input() {
+        assert!(Cqe::read_from(&[0u8; 31]).is_none());
+        let mut c = Cqe { wr_id: 7, owner: 1, ..Default::default() };
+        let back = Cqe::read_from(c.as_bytes()).unwrap();
+        assert_eq!(back, c);
+        c.as_bytes_mut()[0] = 8;
+        assert_eq!(c.wr_id, 8);
+    }
+}

@@ -1,0 +1,16 @@
+//! vrnic: a software RDMA NIC speaking RoCEv2.
+//!
+//! - [`abi`]: the device ABI shared by the device and the driver.
+//! - [`wire`]: typed views and parsed forms of Ethernet/IP/UDP/IBTA headers, ICRC, ARP.
+//! - [`verbs`]: the verbs object model (PD, MR, CQ, QP).
+//! - [`transport`]: the RC requester, responder and completer.
+//! - [`device`]: the device model executing the ABI.
+//! - [`link`]: TAP, AF_PACKET, in-memory and pcap links.
+//! - [`mem`]: bounds-checked access to driver memory.
+#![deny(missing_docs)]
+
+pub mod abi;
+pub mod device;
+pub mod link;
+pub mod mem;
+pub mod wire;

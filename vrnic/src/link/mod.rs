@@ -1,0 +1,21 @@
+//! Links: where the engine's Ethernet frames go and come from.
+//!
+//! One trait, [`Link`], implemented by a TAP device ([`tap`]), an AF_PACKET
+//! raw socket bound to an existing interface ([`packet`]), an in-memory pair
+//! for tests ([`mem`]) and a pcap-writing wrapper ([`pcap`]).
+
+use std::io;
+use std::os::fd::RawFd;
+
+/// A full-duplex Ethernet link carrying whole frames (no FCS).
+pub trait Link: Send {
+    /// Sends one frame. Frames the link cannot take now are dropped (like a
+    /// NIC with a full TX ring): the RC transport retransmits.
+    fn send(&mut self, frame: &[u8]) -> io::Result<()>;
+    /// Receives one frame into `buf` without blocking; `Ok(None)` when none
+    /// is waiting. Returns the frame length in bytes.
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>>;
+    /// A descriptor that polls readable while frames are waiting, for epoll;
+    /// `None` for links that are polled by calling [`Link::recv`].
+    fn raw_fd(&self) -> Option<RawFd>;
+}

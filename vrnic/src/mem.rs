@@ -1,0 +1,109 @@
+//! Access to the memory the driver shares with the device ("guest-physical"
+//! memory: a VM's RAM through the vhost-user memory table, a container's
+//! shared regions, or a test's buffer).
+//!
+//! Every address and length that comes from a driver is untrusted: an access
+//! outside the memory returns [`MemError`], never panics.
+
+use std::sync::Mutex;
+
+use crate::abi::Pod;
+
+/// An access fell outside the shared memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("guest memory access out of range: address {addr:#x}, length {len} bytes")]
+pub struct MemError {
+    /// First guest-physical address of the access.
+    pub addr: u64,
+    /// Length of the access, bytes.
+    pub len: usize,
+}
+
+/// Memory shared by a driver with the device, addressed by guest-physical
+/// address (bytes). Implementations bounds-check every access.
+pub trait DmaMemory {
+    /// Copies `buf.len()` bytes at `gpa` into `buf`.
+    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError>;
+    /// Copies `buf` to `gpa`.
+    fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), MemError>;
+
+    /// Reads one ABI structure at `gpa`.
+    fn read_obj<T: Pod>(&self, gpa: u64) -> Result<T, MemError>
+    where
+        Self: Sized,
+    {
+        let mut v = T::default();
+        self.read(gpa, v.as_bytes_mut())?;
+        Ok(v)
+    }
+}
+
+/// Reads one ABI structure at `gpa` through a trait object.
+pub fn read_obj<T: Pod>(mem: &dyn DmaMemory, gpa: u64) -> Result<T, MemError> {
+    let mut v = T::default();
+    mem.read(gpa, v.as_bytes_mut())?;
+    Ok(v)
+}
+
+/// Writes one ABI structure at `gpa` through a trait object.
+pub fn write_obj<T: Pod>(mem: &dyn DmaMemory, gpa: u64, v: &T) -> Result<(), MemError> {
+    mem.write(gpa, v.as_bytes())
+}
+
+/// A flat test memory: guest-physical addresses `[base, base + size)`.
+#[derive(Debug)]
+pub struct VecMemory {
+    base: u64,
+    bytes: Mutex<Vec<u8>>,
+}
+
+impl VecMemory {
+    /// `size` zeroed bytes starting at guest-physical address `base`.
+    pub fn new(base: u64, size: usize) -> Self {
+        Self { base, bytes: Mutex::new(vec![0; size]) }
+    }
+
+    fn range(&self, gpa: u64, len: usize, total: usize) -> Result<std::ops::Range<usize>, MemError> {
+        let err = MemError { addr: gpa, len };
+        let off = gpa.checked_sub(self.base).ok_or(err)?;
+        let off = usize::try_from(off).map_err(|_| err)?;
+        let end = off.checked_add(len).ok_or(err)?;
+        if end > total {
+            return Err(err);
+        }
+        Ok(off..end)
+    }
+}
+
+impl DmaMemory for VecMemory {
+    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        let bytes = self.bytes.lock().unwrap_or_else(|e| e.into_inner());
+        let r = self.range(gpa, buf.len(), bytes.len())?;
+        buf.copy_from_slice(&bytes[r]);
+        Ok(())
+    }
+
+    fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), MemError> {
+        let mut bytes = self.bytes.lock().unwrap_or_else(|e| e.into_inner());
+        let r = self.range(gpa, buf.len(), bytes.len())?;
+        bytes[r].copy_from_slice(buf);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vec_memory_rejects_out_of_range() {
+        let m = VecMemory::new(0x1000, 0x100);
+        assert!(m.write(0x1000, &[1, 2, 3]).is_ok());
+        let mut b = [0u8; 3];
+        m.read(0x1000, &mut b).unwrap();
+        assert_eq!(b, [1, 2, 3]);
+        assert_eq!(m.read(0xfff, &mut b), Err(MemError { addr: 0xfff, len: 3 }));
+        assert!(m.read(0x10fe, &mut b).is_err());
+        assert!(m.write(u64::MAX, &[0]).is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! Wire formats (filled in by the wire module work).
