@@ -1,1 +1,15 @@
-//! vrnic guest library: user-space driver and verbs API for the vrnic device.
+//! vrnic guest library: the user-space driver and verbs API for the vrnic
+//! paravirtual RDMA device.
+//!
+//! - [`transport`]: how the library reaches a device ([`transport::Transport`]).
+//! - [`pci`], [`virtio`], [`dma`]: the virtio-pci user-space driver used in a VM.
+//! - [`verbs`]: the verbs API (`ibv_*` semantics).
+//! - [`loopback`]: an in-process device for tests.
+#![deny(missing_docs)]
+
+pub mod dma;
+pub mod loopback;
+pub mod pci;
+pub mod transport;
+pub mod verbs;
+pub mod virtio;

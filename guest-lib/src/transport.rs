@@ -1,0 +1,81 @@
+//! How guest-lib reaches a vrnic device: the [`Transport`] trait.
+//!
+//! Implementations: the virtio-pci user-space driver in a VM
+//! ([`crate::pci`]), an in-process device for tests ([`crate::loopback`]),
+//! and (later) a vhost-user frontend for containers. The verbs layer
+//! ([`crate::verbs`]) is written only against this trait.
+
+use vrnic::abi;
+
+/// Errors of a transport.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// The device answered a control command with an error status (a Linux errno).
+    #[error("device rejected command {opcode}: status {status} ({})", std::io::Error::from_raw_os_error(*status as i32))]
+    Status {
+        /// The `abi::CMD_*` opcode.
+        opcode: u16,
+        /// The `abi::Status` (errno) the device returned.
+        status: u32,
+    },
+    /// The device did not answer in time (bounded wait exceeded).
+    #[error("device did not answer within {0} ms")]
+    Timeout(u64),
+    /// No usable vrnic device was found.
+    #[error("no vrnic device found: {0}")]
+    NoDevice(String),
+    /// Out of DMA memory.
+    #[error("out of DMA memory: {0} bytes requested")]
+    NoDmaMemory(usize),
+    /// An operating system call failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A buffer of DMA memory: zeroed at allocation, contiguous in the device's
+/// (guest-physical) address space, mapped at `ptr` in this process, alive as
+/// long as the transport that allocated it.
+#[derive(Debug, Clone, Copy)]
+pub struct DmaBuf {
+    /// Address in this process.
+    pub ptr: *mut u8,
+    /// Length, bytes.
+    pub len: usize,
+    /// Device (guest-physical) address of the first byte.
+    pub gpa: u64,
+}
+
+// SAFETY: a DmaBuf is a plain description of memory owned by the transport;
+// the verbs layer synchronises its use.
+unsafe impl Send for DmaBuf {}
+unsafe impl Sync for DmaBuf {}
+
+/// A connection to one vrnic device.
+pub trait Transport: Send {
+    /// The device's configuration space, read once at open.
+    fn config(&self) -> abi::ConfigSpace;
+    /// Executes one control command (`abi::CMD_*`) with `body`; copies the
+    /// response body into `resp` and returns its length in bytes. An error
+    /// status from the device is [`TransportError::Status`].
+    fn command(&mut self, opcode: u16, body: &[u8], resp: &mut [u8]) -> Result<usize, TransportError>;
+    /// Rings a doorbell (posts it on the doorbell queue and notifies).
+    fn doorbell(&mut self, db: &abi::Doorbell) -> Result<(), TransportError>;
+    /// Allocates `len` zeroed bytes of DMA memory aligned to `align` (a power
+    /// of two, at most 2 MiB), contiguous in guest-physical address space.
+    fn alloc_dma(&mut self, len: usize, align: usize) -> Result<DmaBuf, TransportError>;
+    /// Device address of the byte at `va` in this process. The page must be
+    /// resident and locked (the verbs layer locks MR pages before asking).
+    fn virt_to_phys(&self, va: usize) -> Result<u64, TransportError>;
+    /// Page size that [`Transport::virt_to_phys`] translates at, bytes (4096 in a VM).
+    fn page_size(&self) -> usize {
+        4096
+    }
+    /// Next asynchronous event from the event queue, if any.
+    fn poll_event(&mut self) -> Option<abi::Event>;
+}
