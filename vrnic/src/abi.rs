@@ -831,7 +831,11 @@ mod tests {
     #[test]
     fn pod_read_rejects_short_input() {
         assert!(Cqe::read_from(&[0u8; 31]).is_none());
-        let mut c = Cqe { wr_id: 7, owner: 1, ..Default::default() };
+        let mut c = Cqe {
+            wr_id: 7,
+            owner: 1,
+            ..Default::default()
+        };
         let back = Cqe::read_from(c.as_bytes()).unwrap();
         assert_eq!(back, c);
         c.as_bytes_mut()[0] = 8;

@@ -13,4 +13,6 @@ pub mod abi;
 pub mod device;
 pub mod link;
 pub mod mem;
+pub mod transport;
+pub mod verbs;
 pub mod wire;

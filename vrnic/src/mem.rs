@@ -60,10 +60,18 @@ pub struct VecMemory {
 impl VecMemory {
     /// `size` zeroed bytes starting at guest-physical address `base`.
     pub fn new(base: u64, size: usize) -> Self {
-        Self { base, bytes: Mutex::new(vec![0; size]) }
+        Self {
+            base,
+            bytes: Mutex::new(vec![0; size]),
+        }
     }
 
-    fn range(&self, gpa: u64, len: usize, total: usize) -> Result<std::ops::Range<usize>, MemError> {
+    fn range(
+        &self,
+        gpa: u64,
+        len: usize,
+        total: usize,
+    ) -> Result<std::ops::Range<usize>, MemError> {
         let err = MemError { addr: gpa, len };
         let off = gpa.checked_sub(self.base).ok_or(err)?;
         let off = usize::try_from(off).map_err(|_| err)?;
@@ -102,7 +110,13 @@ mod tests {
         let mut b = [0u8; 3];
         m.read(0x1000, &mut b).unwrap();
         assert_eq!(b, [1, 2, 3]);
-        assert_eq!(m.read(0xfff, &mut b), Err(MemError { addr: 0xfff, len: 3 }));
+        assert_eq!(
+            m.read(0xfff, &mut b),
+            Err(MemError {
+                addr: 0xfff,
+                len: 3
+            })
+        );
         assert!(m.read(0x10fe, &mut b).is_err());
         assert!(m.write(u64::MAX, &[0]).is_err());
     }

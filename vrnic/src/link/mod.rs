@@ -19,3 +19,20 @@ pub trait Link: Send {
     /// `None` for links that are polled by calling [`Link::recv`].
     fn raw_fd(&self) -> Option<RawFd>;
 }
+
+pub mod fault;
+pub mod mem;
+pub mod packet;
+pub mod pcap;
+mod stats;
+pub mod tap;
+
+pub use fault::{FaultConfig, FaultConfigError, FaultLink, FaultRates, FaultStats};
+pub use mem::MemLink;
+pub use packet::PacketLink;
+pub use pcap::PcapLink;
+pub use stats::{LinkStats, OpenError};
+pub use tap::TapLink;
+
+#[cfg(test)]
+mod netns_tests;

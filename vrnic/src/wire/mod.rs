@@ -1,1 +1,127 @@
-//! Wire formats (filled in by the wire module work).
+//! Wire formats of RoCEv2: Ethernet/IP/UDP framing, the IBTA base and
+//! extension transport headers, the invariant CRC, GIDs and ARP.
+//!
+//! Modelled on smoltcp's `wire` module: every header is a plain struct (the
+//! parsed "Repr") with `LEN`, `parse(&[u8]) -> Result<Self, WireError>` and
+//! `emit(&self, &mut [u8])`; all knowledge about opcodes lives in one table
+//! ([`opcode`], like Linux rxe's `rxe_opcode[]`). Ethernet, IPv4, IPv6 and UDP
+//! are handled with `etherparse`, CRC-32 with `crc32fast`.
+//!
+//! Sources: IBTA Specification Vol 1 Release 1.4 chapter 9 (transport
+//! headers) and Annex A17 (RoCEv2); RFC 791 (IPv4), RFC 8200 (IPv6),
+//! RFC 768 (UDP), RFC 826 (ARP), RFC 4291 (IPv6 addressing).
+//!
+//! Parsing never panics on any input bytes; `emit` functions panic only if
+//! the caller passes a buffer shorter than the documented length.
+
+mod aeth;
+mod arp;
+mod atomic;
+mod bth;
+mod deth;
+mod gid;
+mod icrc;
+mod immdt;
+mod opcode;
+mod packet;
+mod reth;
+
+#[cfg(test)]
+mod packet_tests;
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod vectors;
+
+pub use aeth::{rnr_timer_ns, Aeth, AethKind, NakCode};
+pub use arp::{emit_arp, ArpPacket};
+pub use atomic::{AtomicAckEth, AtomicEth};
+pub use bth::Bth;
+pub use deth::Deth;
+pub use gid::Gid;
+pub use icrc::{icrc, ICRC_LEN};
+pub use immdt::{Ieth, Immdt};
+pub use opcode::{Opcode, Transport};
+pub use packet::{emit_frame, parse_frame, parse_roce, Frame, RoceHeaders, RocePacket};
+pub use reth::Reth;
+
+/// The UDP destination port that identifies RoCEv2 (IBTA Annex A17.2.1,
+/// IANA-assigned port 4791).
+pub const ROCEV2_UDP_PORT: u16 = 4791;
+
+/// Why a frame or header could not be parsed.
+///
+/// Returned by every `parse` function in this module and by [`parse_frame`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// The buffer ends before a fixed-size header or before the end that a
+    /// length field (IPv4 total length, IPv6 payload length) declares.
+    #[error("buffer truncated")]
+    Truncated,
+    /// The Ethernet frame does not carry IPv4 or IPv6 (returned by
+    /// [`parse_roce`]; [`parse_frame`] reports such frames as `Other`/`Arp`).
+    #[error("not an IP packet")]
+    NotIp,
+    /// The IP packet is not UDP to port 4791 (returned by [`parse_roce`];
+    /// [`parse_frame`] reports such frames as [`Frame::Other`]).
+    #[error("not a RoCEv2 packet (UDP port 4791)")]
+    NotRoce,
+    /// The IP header is malformed: wrong version, IPv4 IHL < 5 or total
+    /// length smaller than the header (RFC 791 / RFC 8200).
+    #[error("malformed IP header")]
+    BadIpHeader,
+    /// The IPv4 header checksum is wrong (RFC 791).
+    #[error("bad IPv4 header checksum")]
+    BadIpChecksum,
+    /// A RoCEv2 packet arrived as the first IPv4 fragment (more-fragments
+    /// set): RoCEv2 senders set DF and never fragment (RFC 791 flags).
+    #[error("fragmented IPv4 RoCEv2 packet")]
+    Fragmented,
+    /// The BTH opcode is not one this NIC implements (IBTA 9.2, Table 38).
+    #[error("unknown BTH opcode {0:#04x}")]
+    UnknownOpcode(u8),
+    /// The BTH transport header version is not 0 (IBTA 9.2: TVer is 0 for
+    /// this version of the specification).
+    #[error("unsupported BTH transport version {0}")]
+    BadTver(u8),
+    /// The BTH pad count exceeds the payload that carries the pad bytes
+    /// (IBTA 9.2 PadCnt).
+    #[error("BTH pad count larger than payload")]
+    BadPadCount,
+    /// Length fields disagree: UDP length vs IP length, too short for the
+    /// headers the opcode requires plus the ICRC, payload+pad not a multiple
+    /// of 4, or payload on an opcode that carries none.
+    #[error("inconsistent packet length")]
+    BadLength,
+    /// The invariant CRC does not match (IBTA Annex A17.3.3).
+    #[error("bad ICRC")]
+    BadIcrc,
+}
+
+/// Big-endian reads from a slice the caller has already length-checked.
+/// Indexing here cannot fail once the check is done.
+#[inline]
+fn be16(b: &[u8]) -> u16 {
+    u16::from_be_bytes([b[0], b[1]])
+}
+
+#[inline]
+fn be24(b: &[u8]) -> u32 {
+    u32::from_be_bytes([0, b[0], b[1], b[2]])
+}
+
+#[inline]
+fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+}
+
+#[inline]
+fn be64(b: &[u8]) -> u64 {
+    u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+}
+
+/// Returns `Err(Truncated)` unless `buf` holds at least `len` bytes.
+#[inline]
+fn need(buf: &[u8], len: usize) -> Result<&[u8], WireError> {
+    buf.get(..len).ok_or(WireError::Truncated)
+}

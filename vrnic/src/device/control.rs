@@ -1,0 +1,400 @@
+//! Control command execution (`abi::CMD_*`): creates, modifies, queries and
+//! destroys verbs objects. Every argument is untrusted; errors are `abi::Status`.
+
+use std::net::IpAddr;
+
+use super::*;
+use crate::abi::{Pod, Status};
+use crate::transport::requester::ReqState;
+use crate::transport::responder::RespState;
+use crate::verbs::mr::{validate_reg, Mr};
+use crate::verbs::qp::{apply_attrs, validate_modify, Ring};
+use crate::wire::Gid;
+
+fn arg<T: Pod>(args: &[u8]) -> Result<T, Status> {
+    T::read_from(args).ok_or(abi::STATUS_EINVAL)
+}
+
+fn put<T: Pod>(out: &mut [u8], v: &T) -> usize {
+    let b = v.as_bytes();
+    out[..b.len()].copy_from_slice(b);
+    b.len()
+}
+
+fn handle(args: &[u8]) -> Result<u32, Status> {
+    Ok(arg::<abi::Handle>(args)?.handle)
+}
+
+/// Checks that `[gpa, gpa+len)` is readable driver memory (cheap probe of
+/// both ends; every later access is checked again).
+fn probe(mem: &dyn DmaMemory, gpa: u64, len: u64) -> Result<(), Status> {
+    let last = gpa.checked_add(len.max(1) - 1).ok_or(abi::STATUS_EFAULT)?;
+    let mut b = [0u8; 1];
+    mem.read(gpa, &mut b).map_err(|_| abi::STATUS_EFAULT)?;
+    mem.read(last, &mut b).map_err(|_| abi::STATUS_EFAULT)?;
+    Ok(())
+}
+
+impl Device {
+    /// The GID table: index 0 the link-local GID from the MAC, index 1 the
+    /// IPv4-mapped RoCEv2 GID (as Linux rxe lays it out).
+    pub fn gid(&self, index: u32) -> Option<Gid> {
+        match index {
+            0 => Some(Gid::link_local_from_mac(self.port.mac)),
+            1 => Some(Gid::from_ip(IpAddr::V4(self.port.ipv4))),
+            _ => None,
+        }
+    }
+
+    pub(super) fn command(
+        &mut self,
+        mem: &dyn DmaMemory,
+        opcode: u16,
+        args: &[u8],
+        out: &mut [u8],
+    ) -> Result<usize, Status> {
+        match opcode {
+            abi::CMD_QUERY_DEVICE => {
+                let mac = self.port.mac;
+                let attr = abi::DeviceAttr {
+                    node_guid: [
+                        mac[0] ^ 2,
+                        mac[1],
+                        mac[2],
+                        0xff,
+                        0xfe,
+                        mac[3],
+                        mac[4],
+                        mac[5],
+                    ],
+                    max_mr_size: MAX_MR_SIZE,
+                    page_size_cap: 0x1000 | 0x20_0000,
+                    max_qp: MAX_QP as u32,
+                    max_qp_wr: MAX_QP_WR,
+                    max_sge: MAX_SGE,
+                    max_cq: MAX_CQ as u32,
+                    max_cqe: MAX_CQE,
+                    max_mr: MAX_MR as u32,
+                    max_pd: MAX_PD as u32,
+                    max_qp_rd_atom: 16,
+                    max_qp_init_rd_atom: 16,
+                    max_inline: MAX_INLINE,
+                };
+                Ok(put(out, &attr))
+            }
+            abi::CMD_QUERY_PORT => {
+                let q: abi::QueryPort = arg(args)?;
+                if q.port != 1 {
+                    return Err(abi::STATUS_EINVAL);
+                }
+                let attr = abi::PortAttr {
+                    state: 4,
+                    max_mtu: 5,
+                    active_mtu: self.active_mtu(),
+                    gid_tbl_len: 2,
+                    max_msg_sz: 1 << 31,
+                    link_layer: 2,
+                };
+                Ok(put(out, &attr))
+            }
+            abi::CMD_QUERY_GID => {
+                let q: abi::QueryGid = arg(args)?;
+                if q.port != 1 {
+                    return Err(abi::STATUS_EINVAL);
+                }
+                let gid = self.gid(q.index).ok_or(abi::STATUS_ENOENT)?;
+                Ok(put(
+                    out,
+                    &abi::GidEntry {
+                        gid: gid.0,
+                        gid_type: abi::GID_TYPE_ROCE_V2,
+                        reserved: 0,
+                    },
+                ))
+            }
+            abi::CMD_ALLOC_PD => {
+                if self.pds.len() >= MAX_PD {
+                    return Err(abi::STATUS_ENOMEM);
+                }
+                let pdn = self.next_pdn;
+                self.next_pdn = self.next_pdn.wrapping_add(1).max(1);
+                self.pds.insert(pdn, ());
+                Ok(put(
+                    out,
+                    &abi::Handle {
+                        handle: pdn,
+                        reserved: 0,
+                    },
+                ))
+            }
+            abi::CMD_DEALLOC_PD => {
+                let pdn = handle(args)?;
+                if !self.pds.contains_key(&pdn) {
+                    return Err(abi::STATUS_ENOENT);
+                }
+                if self.mrs.uses_pd(pdn) || self.qps.values().any(|q| q.pdn == pdn) {
+                    return Err(abi::STATUS_EBUSY);
+                }
+                self.pds.remove(&pdn);
+                Ok(0)
+            }
+            abi::CMD_REG_MR => self.reg_mr(mem, arg(args)?, out),
+            abi::CMD_DEREG_MR => {
+                let lkey = handle(args)?;
+                self.mrs.remove(lkey).ok_or(abi::STATUS_ENOENT)?;
+                Ok(0)
+            }
+            abi::CMD_CREATE_CQ => self.create_cq(mem, arg(args)?, out),
+            abi::CMD_DESTROY_CQ => {
+                let cqn = handle(args)?;
+                if !self.cqs.contains_key(&cqn) {
+                    return Err(abi::STATUS_ENOENT);
+                }
+                if self
+                    .qps
+                    .values()
+                    .any(|q| q.send_cqn == cqn || q.recv_cqn == cqn)
+                {
+                    return Err(abi::STATUS_EBUSY);
+                }
+                self.cqs.remove(&cqn);
+                Ok(0)
+            }
+            abi::CMD_CREATE_QP => self.create_qp(mem, arg(args)?, out),
+            abi::CMD_MODIFY_QP => self.modify_qp(mem, arg(args)?),
+            abi::CMD_QUERY_QP => {
+                let qp = self.qps.get(&handle(args)?).ok_or(abi::STATUS_ENOENT)?;
+                let mut a = qp.attr;
+                a.qpn = qp.qpn;
+                a.qp_state = qp.state;
+                Ok(put(out, &a))
+            }
+            abi::CMD_DESTROY_QP => {
+                let qpn = handle(args)?;
+                self.qps.remove(&qpn).ok_or(abi::STATUS_ENOENT)?;
+                Ok(0)
+            }
+            _ => Err(abi::STATUS_ENOSYS),
+        }
+    }
+
+    fn reg_mr(
+        &mut self,
+        mem: &dyn DmaMemory,
+        r: abi::RegMr,
+        out: &mut [u8],
+    ) -> Result<usize, Status> {
+        if !self.pds.contains_key(&r.pdn) {
+            return Err(abi::STATUS_ENOENT);
+        }
+        validate_reg(&r, MAX_MR_SIZE)?;
+        if r.npages > MAX_MR_PAGES {
+            return Err(abi::STATUS_EINVAL);
+        }
+        let page = 1u64 << r.page_shift;
+        let list_len = r.npages as u64 * 8;
+        probe(mem, r.page_list, list_len)?;
+        let mut pages = vec![0u64; r.npages as usize];
+        let mut raw = vec![0u8; list_len as usize];
+        mem.read(r.page_list, &mut raw)
+            .map_err(|_| abi::STATUS_EFAULT)?;
+        for (p, chunk) in pages.iter_mut().zip(raw.chunks_exact(8)) {
+            *p = u64::from_le_bytes(chunk.try_into().expect("8-byte chunk"));
+            if *p & (page - 1) != 0 {
+                return Err(abi::STATUS_EINVAL);
+            }
+            // Every page must be driver memory: checked now, so a bad page
+            // list is rejected at registration rather than at first use.
+            probe(mem, *p, page)?;
+        }
+        let mr = Mr {
+            lkey: 0,
+            rkey: 0,
+            pdn: r.pdn,
+            access: r.access,
+            iova: r.iova,
+            length: r.length,
+            page_shift: r.page_shift,
+            pages,
+        };
+        let (lkey, rkey) = self.mrs.insert(mr, MAX_MR).ok_or(abi::STATUS_ENOMEM)?;
+        Ok(put(out, &abi::MrKeys { lkey, rkey }))
+    }
+
+    fn create_cq(
+        &mut self,
+        mem: &dyn DmaMemory,
+        c: abi::CreateCq,
+        out: &mut [u8],
+    ) -> Result<usize, Status> {
+        if c.cqe == 0 || !c.cqe.is_power_of_two() || c.cqe > MAX_CQE {
+            return Err(abi::STATUS_EINVAL);
+        }
+        if self.cqs.len() >= MAX_CQ {
+            return Err(abi::STATUS_ENOMEM);
+        }
+        probe(mem, c.ring, c.cqe as u64 * size_of::<abi::Cqe>() as u64)?;
+        probe(mem, c.db, 8)?;
+        let cqn = self.next_cqn;
+        self.next_cqn = self.next_cqn.wrapping_add(1).max(1);
+        self.cqs.insert(
+            cqn,
+            Cq {
+                cqn,
+                ring: c.ring,
+                size: c.cqe,
+                db: c.db,
+                pi: 0,
+                armed: None,
+                broken: false,
+            },
+        );
+        Ok(put(
+            out,
+            &abi::Handle {
+                handle: cqn,
+                reserved: 0,
+            },
+        ))
+    }
+
+    fn create_qp(
+        &mut self,
+        mem: &dyn DmaMemory,
+        c: abi::CreateQp,
+        out: &mut [u8],
+    ) -> Result<usize, Status> {
+        if c.qp_type != abi::QPT_RC {
+            return Err(abi::STATUS_EOPNOTSUPP);
+        }
+        if !self.pds.contains_key(&c.pdn)
+            || !self.cqs.contains_key(&c.send_cqn)
+            || !self.cqs.contains_key(&c.recv_cqn)
+        {
+            return Err(abi::STATUS_ENOENT);
+        }
+        let sizes_ok = |n: u32| n > 0 && n.is_power_of_two() && n <= MAX_QP_WR;
+        if !sizes_ok(c.sq_size) || !sizes_ok(c.rq_size) {
+            return Err(abi::STATUS_EINVAL);
+        }
+        if c.max_send_sge > MAX_SGE || c.max_recv_sge > MAX_SGE || c.max_inline > MAX_INLINE {
+            return Err(abi::STATUS_EINVAL);
+        }
+        if self.qps.len() >= MAX_QP {
+            return Err(abi::STATUS_ENOMEM);
+        }
+        let sq_stride = abi::sq_stride(c.max_send_sge, c.max_inline);
+        let rq_stride = abi::rq_stride(c.max_recv_sge);
+        let max_inline = sq_stride - size_of::<abi::SendWqe>() as u32;
+        probe(mem, c.sq, c.sq_size as u64 * sq_stride as u64)?;
+        probe(mem, c.rq, c.rq_size as u64 * rq_stride as u64)?;
+        probe(mem, c.db, 16)?;
+        let qpn = self.alloc_qpn();
+        let qp = Qp {
+            qpn,
+            pdn: c.pdn,
+            qp_type: c.qp_type,
+            state: abi::QPS_RESET,
+            send_cqn: c.send_cqn,
+            recv_cqn: c.recv_cqn,
+            sq_sig_all: c.sq_sig_all != 0,
+            sq: Ring {
+                gpa: c.sq,
+                size: c.sq_size,
+                stride: sq_stride,
+            },
+            rq: Ring {
+                gpa: c.rq,
+                size: c.rq_size,
+                stride: rq_stride,
+            },
+            max_send_sge: c.max_send_sge.max(1),
+            max_recv_sge: c.max_recv_sge.max(1),
+            max_inline,
+            record: c.db,
+            attr: abi::QpAttr {
+                qpn,
+                path_mtu: 3,
+                port_num: 1,
+                ..Default::default()
+            },
+            req: ReqState::default(),
+            resp: RespState::default(),
+        };
+        mem.write(c.db, &[0u8; 16])
+            .map_err(|_| abi::STATUS_EFAULT)?;
+        self.qps.insert(qpn, qp);
+        let r = abi::CreateQpResp {
+            qpn,
+            sq_stride,
+            rq_stride,
+            max_inline,
+        };
+        Ok(put(out, &r))
+    }
+
+    fn alloc_qpn(&mut self) -> u32 {
+        // Bounded: fewer than MAX_QP QPs exist, so a free number is near.
+        loop {
+            let qpn = self.next_qpn;
+            self.next_qpn = if self.next_qpn >= 0xff_ffff {
+                0x11
+            } else {
+                self.next_qpn + 1
+            };
+            if !self.qps.contains_key(&qpn) {
+                return qpn;
+            }
+        }
+    }
+
+    fn modify_qp(&mut self, mem: &dyn DmaMemory, a: abi::QpAttr) -> Result<usize, Status> {
+        let qp = self.qps.get_mut(&a.qpn).ok_or(abi::STATUS_ENOENT)?;
+        let next = validate_modify(qp, &a)?;
+        if a.attr_mask & abi::QP_ATTR_AV != 0 {
+            if a.sgid_index > 1 {
+                return Err(abi::STATUS_EINVAL);
+            }
+            if !matches!(Gid(a.dgid).to_ip(), IpAddr::V4(_)) {
+                return Err(abi::STATUS_EOPNOTSUPP);
+            }
+        }
+        let prev = qp.state;
+        apply_attrs(&mut qp.attr, &a);
+        qp.state = next;
+        qp.attr.qp_state = next;
+        let mut env = Env {
+            mem,
+            mrs: &self.mrs,
+            cqs: &mut self.cqs,
+            port: &self.port,
+            neigh: &self.neigh,
+            out: &mut self.out,
+            now: 0,
+        };
+        match next {
+            abi::QPS_RESET => {
+                qp.req = ReqState::default();
+                qp.resp = RespState::default();
+            }
+            abi::QPS_RTR if prev == abi::QPS_INIT => {
+                qp.resp.epsn = qp.attr.rq_psn;
+            }
+            abi::QPS_RTS if prev == abi::QPS_RTR => {
+                qp.req
+                    .start(qp.attr.sq_psn, qp.attr.retry_cnt, qp.attr.rnr_retry);
+            }
+            abi::QPS_ERR => {
+                qp.state = prev;
+                crate::transport::qp_to_error(qp, &mut env, abi::WC_SUCCESS);
+            }
+            _ => {}
+        }
+        let dgid = (next == abi::QPS_RTR || next == abi::QPS_RTS).then_some(qp.attr.dgid);
+        if let Some(dgid) = dgid {
+            // Resolve the peer early so the first send does not wait for ARP.
+            self.resolve(dgid, 0);
+        }
+        Ok(0)
+    }
+}

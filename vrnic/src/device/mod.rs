@@ -1,0 +1,345 @@
+//! The RNIC device model: executes the device ABI ([`crate::abi`]) against
+//! driver memory and the wire. Transport-agnostic: the vhost-user backend,
+//! the in-process test harnesses and (later) the embedded switch all drive
+//! a [`Device`] through these entry points.
+//!
+//! The device is single-threaded: its owner calls [`Device::control`],
+//! [`Device::doorbell`], [`Device::receive`] and [`Device::poll`], then drains
+//! [`Device::pop_tx`] to the link and [`Device::pop_event`] to the event queue.
+//! Time is passed in by the caller as nanoseconds on a monotonic clock, so
+//! tests can run on a simulated clock.
+
+use std::net::Ipv4Addr;
+
+use crate::abi;
+use crate::mem::DmaMemory;
+
+/// Static configuration of one device (one port).
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// The port's MAC address.
+    pub mac: [u8; 6],
+    /// The port's IPv4 address; its IPv4-mapped GID is GID index 1.
+    pub ipv4: Ipv4Addr,
+    /// IPv4 prefix length (for ARP: on-link destinations only).
+    pub prefix_len: u8,
+    /// Link MTU, bytes (IP packet size; 1500 gives path MTU 1024).
+    pub link_mtu: u32,
+}
+
+/// Monotonic time in nanoseconds.
+pub type Nanos = u64;
+
+mod control;
+mod neigh;
+
+use std::collections::HashMap;
+
+use crate::transport::{completer, requester, responder, Env, Output, PortId};
+use crate::verbs::cq::Cq;
+use crate::verbs::mr::MrTable;
+use crate::verbs::qp::Qp;
+use crate::wire::{self, Frame};
+
+/// Per-device counters (see `vrnic stats`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// Frames handed to the link.
+    pub tx_frames: u64,
+    /// Frames received from the link.
+    pub rx_frames: u64,
+    /// Frames dropped: not RoCEv2/ARP for us, malformed, or for no QP.
+    pub rx_dropped: u64,
+    /// Frames dropped for a bad ICRC.
+    pub icrc_errors: u64,
+    /// Control commands rejected with an error status.
+    pub cmd_errors: u64,
+    /// Request packets retransmitted (timeouts and RNR back-offs).
+    pub retransmits: u64,
+    /// NAKs sent (sequence, access, invalid request, operational).
+    pub naks_sent: u64,
+    /// NAKs received.
+    pub naks_received: u64,
+    /// RNR NAKs sent.
+    pub rnr_naks_sent: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
+    /// Duplicate requests received (re-acknowledged, not re-executed).
+    pub duplicates: u64,
+}
+
+/// Device limits, reported by `CMD_QUERY_DEVICE` and the config space.
+pub const MAX_QP: usize = 1024;
+/// Maximum CQs.
+pub const MAX_CQ: usize = 1024;
+/// Maximum MRs.
+pub const MAX_MR: usize = 4096;
+/// Maximum PDs.
+pub const MAX_PD: usize = 1024;
+/// Maximum WQEs per SQ/RQ.
+pub const MAX_QP_WR: u32 = 16384;
+/// Maximum CQEs per CQ.
+pub const MAX_CQE: u32 = 65536;
+/// Maximum SGEs per WQE.
+pub const MAX_SGE: u32 = 32;
+/// Maximum inline bytes per send WQE.
+pub const MAX_INLINE: u32 = 512;
+/// Largest MR, bytes.
+pub const MAX_MR_SIZE: u64 = 1 << 40;
+/// Largest page list of one MR (entries).
+pub const MAX_MR_PAGES: u32 = 1 << 20;
+
+/// One RNIC port: verbs objects, RoCEv2 transport and ARP.
+pub struct Device {
+    cfg: DeviceConfig,
+    port: PortId,
+    pds: HashMap<u32, ()>,
+    next_pdn: u32,
+    mrs: MrTable,
+    cqs: HashMap<u32, Cq>,
+    next_cqn: u32,
+    qps: HashMap<u32, Qp>,
+    next_qpn: u32,
+    neigh: HashMap<std::net::Ipv4Addr, [u8; 6]>,
+    arp_sent: HashMap<std::net::Ipv4Addr, Nanos>,
+    out: Output,
+}
+
+impl Device {
+    /// A device with no objects.
+    pub fn new(cfg: DeviceConfig) -> Self {
+        let port = PortId {
+            mac: cfg.mac,
+            ipv4: cfg.ipv4,
+        };
+        Self {
+            cfg,
+            port,
+            pds: HashMap::new(),
+            next_pdn: 1,
+            mrs: MrTable::default(),
+            cqs: HashMap::new(),
+            next_cqn: 1,
+            qps: HashMap::new(),
+            next_qpn: 0x11,
+            neigh: HashMap::new(),
+            arp_sent: HashMap::new(),
+            out: Output::default(),
+        }
+    }
+
+    /// Active path MTU as `ibv_mtu`: the largest IBTA MTU that fits the link
+    /// MTU with IP/UDP/BTH/RETH/ICRC overhead (1500 gives 1024, 9000 gives 4096).
+    pub fn active_mtu(&self) -> u32 {
+        abi::mtu_enum(self.cfg.link_mtu.saturating_sub(20 + 8 + 12 + 16 + 4)).unwrap_or(1)
+    }
+
+    /// The configuration space the driver reads ([`abi::ConfigSpace`]).
+    pub fn config_space(&self) -> abi::ConfigSpace {
+        abi::ConfigSpace {
+            signature: abi::SIGNATURE,
+            abi_version: abi::ABI_VERSION,
+            num_queues: abi::NUM_QUEUES as u16,
+            phys_port_cnt: 1,
+            active_mtu: self.active_mtu() as u8,
+            mac: self.cfg.mac,
+            reserved0: [0; 2],
+            max_qp: MAX_QP as u32,
+            max_cq: MAX_CQ as u32,
+            max_mr: MAX_MR as u32,
+            max_pd: MAX_PD as u32,
+            max_qp_wr: MAX_QP_WR,
+            max_cqe: MAX_CQE,
+            max_sge: MAX_SGE,
+            max_inline: MAX_INLINE,
+            reserved1: [0; 8],
+        }
+    }
+
+    /// Executes one control command. `req` holds an [`abi::CmdHeader`] and
+    /// its body; the response ([`abi::RespHeader`] and body) is written to
+    /// `resp`. Returns the number of response bytes written (at least 8 when
+    /// `resp` can hold a header; 0 when it cannot). Errors are statuses in the
+    /// response (`abi::STATUS_*`), never panics.
+    pub fn control(&mut self, mem: &dyn DmaMemory, req: &[u8], resp: &mut [u8]) -> usize {
+        use abi::Pod;
+        let mut body = [0u8; abi::MAX_CMD_BODY];
+        let (status, n) = match abi::CmdHeader::read_from(req) {
+            None => (abi::STATUS_EINVAL, 0),
+            Some(h) => {
+                let args = &req[8..];
+                match self.command(mem, h.opcode, args, &mut body) {
+                    Ok(n) => (abi::STATUS_OK, n),
+                    Err(s) => (s, 0),
+                }
+            }
+        };
+        if status != abi::STATUS_OK {
+            self.out.stats.cmd_errors += 1;
+        }
+        if resp.len() < 8 {
+            return 0;
+        }
+        let n = n.min(resp.len() - 8);
+        let h = abi::RespHeader {
+            status,
+            len: n as u32,
+        };
+        resp[..8].copy_from_slice(h.as_bytes());
+        resp[8..8 + n].copy_from_slice(&body[..n]);
+        8 + n
+    }
+
+    /// Handles one doorbell from the doorbell queue. Doorbells naming no QP
+    /// or CQ, or a producer index further than a ring's size ahead of its
+    /// consumer index, are ignored.
+    pub fn doorbell(&mut self, mem: &dyn DmaMemory, db: &abi::Doorbell, now: Nanos) {
+        match db.kind {
+            abi::DB_SQ | abi::DB_RQ => {
+                let Some(qp) = self.qps.get_mut(&db.handle) else {
+                    return;
+                };
+                let (ring, ci) = if db.kind == abi::DB_SQ {
+                    (qp.sq, qp.req.sq_ci)
+                } else {
+                    (qp.rq, qp.resp.rq_ci)
+                };
+                if db.index.wrapping_sub(ci) > ring.size {
+                    tracing::warn!(qpn = qp.qpn, "doorbell index {} beyond ring", db.index);
+                    return;
+                }
+                if db.kind == abi::DB_SQ {
+                    qp.req.sq_pi = db.index;
+                } else {
+                    qp.resp.rq_pi = db.index;
+                }
+                let mut env = Env {
+                    mem,
+                    mrs: &self.mrs,
+                    cqs: &mut self.cqs,
+                    port: &self.port,
+                    neigh: &self.neigh,
+                    out: &mut self.out,
+                    now,
+                };
+                if qp.state == abi::QPS_ERR {
+                    crate::transport::flush(qp, &mut env);
+                } else if db.kind == abi::DB_SQ {
+                    requester::run(qp, &mut env);
+                }
+                let waiting = qp.req.waiting_arp.then_some(qp.attr.dgid);
+                if let Some(dgid) = waiting {
+                    self.resolve(dgid, now);
+                }
+            }
+            abi::DB_CQ_ARM | abi::DB_CQ_ARM_SOLICITED => {
+                if let Some(cq) = self.cqs.get_mut(&db.handle) {
+                    cq.armed = Some(db.kind == abi::DB_CQ_ARM_SOLICITED);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Handles one frame received from the link. Frames not for this port,
+    /// malformed frames and frames with a bad ICRC are dropped and counted.
+    pub fn receive(&mut self, mem: &dyn DmaMemory, frame: &[u8], now: Nanos) {
+        self.out.stats.rx_frames += 1;
+        let pkt = match wire::parse_frame(frame) {
+            Ok(Frame::Roce(p)) => p,
+            Ok(Frame::Arp(arp)) => {
+                self.on_arp(&arp);
+                return;
+            }
+            Ok(Frame::Other) => {
+                self.out.stats.rx_dropped += 1;
+                return;
+            }
+            Err(e) => {
+                if e == wire::WireError::BadIcrc {
+                    self.out.stats.icrc_errors += 1;
+                }
+                self.out.stats.rx_dropped += 1;
+                return;
+            }
+        };
+        if pkt.hdr.ip_dst != std::net::IpAddr::V4(self.port.ipv4)
+            || pkt.hdr.eth_dst != self.port.mac
+        {
+            self.out.stats.rx_dropped += 1;
+            return;
+        }
+        if let std::net::IpAddr::V4(src) = pkt.hdr.ip_src {
+            self.neigh.insert(src, pkt.hdr.eth_src);
+        }
+        let Some(qp) = self.qps.get_mut(&pkt.hdr.bth.dest_qp) else {
+            self.out.stats.rx_dropped += 1;
+            return;
+        };
+        let mut env = Env {
+            mem,
+            mrs: &self.mrs,
+            cqs: &mut self.cqs,
+            port: &self.port,
+            neigh: &self.neigh,
+            out: &mut self.out,
+            now,
+        };
+        if pkt.hdr.bth.opcode.is_request() {
+            responder::on_request(qp, &mut env, &pkt);
+        } else {
+            completer::on_response(qp, &mut env, &pkt);
+        }
+    }
+
+    /// Runs timers due at `now` (retransmission, RNR back-off, ARP retries).
+    /// Returns when it next needs to be polled, if ever.
+    pub fn poll(&mut self, mem: &dyn DmaMemory, now: Nanos) -> Option<Nanos> {
+        let mut next: Option<Nanos> = None;
+        let mut unresolved = Vec::new();
+        for qp in self.qps.values_mut() {
+            let mut env = Env {
+                mem,
+                mrs: &self.mrs,
+                cqs: &mut self.cqs,
+                port: &self.port,
+                neigh: &self.neigh,
+                out: &mut self.out,
+                now,
+            };
+            if let Some(t) = completer::on_timer(qp, &mut env) {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+            if qp.req.waiting_arp {
+                unresolved.push(qp.attr.dgid);
+            }
+        }
+        for dgid in unresolved {
+            self.resolve(dgid, now);
+        }
+        next
+    }
+
+    /// Next frame to hand to the link.
+    pub fn pop_tx(&mut self) -> Option<Vec<u8>> {
+        self.out.tx.pop_front()
+    }
+
+    /// Next asynchronous event for the event queue.
+    pub fn pop_event(&mut self) -> Option<abi::Event> {
+        self.out.events.pop_front()
+    }
+
+    /// Device reset (virtio 1.2 §2.4): destroys every object.
+    pub fn reset(&mut self) {
+        let stats = self.out.stats.clone();
+        let cfg = self.cfg.clone();
+        *self = Self::new(cfg);
+        self.out.stats = stats;
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &DeviceStats {
+        &self.out.stats
+    }
+}

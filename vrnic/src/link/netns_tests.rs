@@ -1,0 +1,221 @@
+//! Tests of the kernel-backed links (TAP, AF_PACKET). Each test creates its
+//! own network namespace (`ip netns add`), enters it on a spawned thread
+//! (`setns(2)` with `CLONE_NEWNET` changes only the calling thread), creates
+//! its interfaces there and deletes the namespace afterwards, also when the
+//! test fails (a guard's `Drop`). Nothing is sent outside that namespace.
+//! Skipped, with a message, when not running as root or without `ip`.
+
+use std::ffi::CString;
+use std::os::fd::RawFd;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::{Link, PacketLink, TapLink};
+
+/// IEEE 802 "local experimental" EtherType: nothing in the namespace speaks it.
+const TEST_ETHERTYPE: [u8; 2] = [0x88, 0xb5];
+/// Bound on every wait for a frame.
+const WAIT: Duration = Duration::from_secs(5);
+
+/// Runs `ip ARGS`, returning its stderr on failure.
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {args:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// A network namespace that exists while the guard lives.
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// `None` (after printing why) when the test cannot run here.
+    fn create(tag: &str) -> Option<Netns> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping: netns link tests need root");
+            return None;
+        }
+        let name = format!("vrnic-linktest-{}-{tag}", std::process::id());
+        if let Err(e) = ip(&["netns", "add", &name]) {
+            eprintln!("skipping: cannot create a network namespace: {e}");
+            return None;
+        }
+        Some(Netns { name })
+    }
+
+    /// `ip -n NAME ARGS`.
+    fn ip(&self, args: &[&str]) {
+        let mut all = vec!["-n", self.name.as_str()];
+        all.extend_from_slice(args);
+        if let Err(e) = ip(&all) {
+            panic!("{e}");
+        }
+    }
+
+    /// Runs `f` on a thread that has entered the namespace.
+    fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let path = format!("/var/run/netns/{}", self.name);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let cpath = CString::new(path.clone()).expect("no NUL in path");
+                // SAFETY: valid C string; the descriptor is closed below.
+                let fd = unsafe { libc::open(cpath.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+                assert!(fd >= 0, "open {path}: {}", std::io::Error::last_os_error());
+                // SAFETY: fd is a namespace file we just opened.
+                let rc = unsafe { libc::setns(fd, libc::CLONE_NEWNET) };
+                let err = std::io::Error::last_os_error();
+                // SAFETY: closing our own descriptor once.
+                unsafe { libc::close(fd) };
+                assert_eq!(rc, 0, "setns {path}: {err}");
+                f()
+            })
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        if let Err(e) = ip(&["netns", "del", &self.name]) {
+            eprintln!("cleanup failed: {e}");
+        }
+    }
+}
+
+/// A 64-byte broadcast frame of [`TEST_ETHERTYPE`] carrying `token`.
+fn test_frame(token: &[u8; 8]) -> Vec<u8> {
+    let mut f = vec![0xff; 6];
+    f.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x01]);
+    f.extend_from_slice(&TEST_ETHERTYPE);
+    f.extend_from_slice(token);
+    f.resize(64, 0);
+    f
+}
+
+/// Waits (bounded by [`WAIT`], on the link's descriptor) for a frame equal
+/// to `want`, skipping unrelated traffic (IPv6 autoconfiguration, ...).
+fn wait_for(link: &mut dyn Link, want: &[u8]) -> bool {
+    let fd: RawFd = link.raw_fd().expect("kernel links have a descriptor");
+    let deadline = Instant::now() + WAIT;
+    let mut buf = vec![0u8; 2048];
+    loop {
+        while let Some(n) = link.recv(&mut buf).expect("recv") {
+            if &buf[..n] == want {
+                return true;
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd.
+        unsafe {
+            libc::poll(
+                &mut pfd,
+                1,
+                left.as_millis().min(i32::MAX as u128) as i32 + 1,
+            )
+        };
+    }
+}
+
+/// Drains the link without waiting; `true` if a frame equal to `frame` was waiting.
+fn has_frame(link: &mut dyn Link, frame: &[u8]) -> bool {
+    let mut buf = vec![0u8; 2048];
+    let mut seen = false;
+    while let Some(n) = link.recv(&mut buf).expect("recv") {
+        seen |= &buf[..n] == frame;
+    }
+    seen
+}
+
+#[test]
+fn packet_links_exchange_frames_over_veth_in_netns() {
+    let Some(ns) = Netns::create("veth") else {
+        return;
+    };
+    ns.ip(&["link", "add", "va", "type", "veth", "peer", "name", "vb"]);
+    ns.ip(&["link", "set", "va", "up"]);
+    ns.ip(&["link", "set", "vb", "up"]);
+    ns.run(|| {
+        let mut a = PacketLink::open("va").expect("open va");
+        let mut b = PacketLink::open("vb").expect("open vb");
+        assert!(a.raw_fd().is_some());
+
+        let f1 = test_frame(b"a-to-b!!");
+        a.send(&f1).expect("send on va");
+        assert!(wait_for(&mut b, &f1), "frame sent on va not received on vb");
+        // The outgoing copy is queued on va's socket (if at all) before the
+        // frame crosses to vb: PACKET_IGNORE_OUTGOING must have kept it out.
+        assert!(!has_frame(&mut a, &f1), "va read back its own frame");
+
+        let f2 = test_frame(b"b-to-a!!");
+        b.send(&f2).expect("send on vb");
+        assert!(wait_for(&mut a, &f2), "frame sent on vb not received on va");
+        assert!(a.stats().tx_frames == 1 && b.stats().tx_frames == 1);
+        assert!(a.stats().rx_frames >= 1 && b.stats().rx_frames >= 1);
+    });
+}
+
+#[test]
+fn tap_link_exchanges_frames_with_its_interface_in_netns() {
+    let Some(ns) = Netns::create("tap") else {
+        return;
+    };
+    // An interface created beforehand, as `vrnic --link tap:NAME` expects...
+    ns.ip(&["tuntap", "add", "dev", "vrtap0", "mode", "tap"]);
+    let mut tap = ns.run(|| TapLink::open("vrtap0").expect("open existing tap"));
+    assert_eq!(tap.name(), "vrtap0");
+    ns.ip(&["link", "set", "vrtap0", "up"]);
+    // ...and one created by the open itself.
+    let created = ns.run(|| TapLink::open("vrtap%d").expect("create tap"));
+    assert!(created.name().starts_with("vrtap"), "{}", created.name());
+    assert_ne!(created.name(), "vrtap0");
+
+    ns.run(|| {
+        let mut sock = PacketLink::open("vrtap0").expect("open AF_PACKET on the tap");
+        // TAP fd -> interface receive path -> AF_PACKET socket.
+        let f1 = test_frame(b"tap->if!");
+        tap.send(&f1).expect("tap send");
+        assert!(
+            wait_for(&mut sock, &f1),
+            "frame written to the tap fd not seen on the interface"
+        );
+        // AF_PACKET send -> interface transmit path -> TAP fd.
+        let f2 = test_frame(b"if->tap!");
+        sock.send(&f2).expect("packet send");
+        assert!(
+            wait_for(&mut tap, &f2),
+            "frame transmitted on the interface not read from the tap fd"
+        );
+    });
+}
+
+#[test]
+fn open_errors_name_the_interface() {
+    let e = PacketLink::open("vrnic-nosuch0").expect_err("no such interface");
+    assert!(e.to_string().contains("vrnic-nosuch0"), "{e}");
+    assert!(e.to_string().contains("if_nametoindex"), "{e}");
+    let e = PacketLink::open("bad\0name").expect_err("NUL in name");
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    let e = TapLink::open("a-name-longer-than-15").expect_err("too long");
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    assert!(e.to_string().contains("a-name-longer-than-15"), "{e}");
+}

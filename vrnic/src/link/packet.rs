@@ -1,0 +1,209 @@
+//! An AF_PACKET raw socket bound to an existing interface (`packet(7)`): the
+//! link sends and receives whole Ethernet frames (no FCS) on that interface,
+//! beside the kernel's own stack, which sees the same traffic.
+//!
+//! The socket is `SOCK_RAW` (frames include the link-level header), bound
+//! to one interface index for `ETH_P_ALL`, nonblocking, and has
+//! `PACKET_IGNORE_OUTGOING` set (Linux 4.20+) so frames this host transmits
+//! on the interface, including our own, are not read back. On kernels
+//! without that option, frames whose `sll_pkttype` is `PACKET_OUTGOING`
+//! are skipped instead. Needs `CAP_NET_RAW`.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use super::stats::{is_transient_tx_error, LinkStats, OpenError};
+use super::Link;
+
+/// Upper bound of frames one [`Link::recv`] call skips (outgoing or
+/// oversize) before it returns `Ok(None)`, so a flood cannot pin the caller.
+const MAX_SKIPPED_PER_RECV: usize = 64;
+
+/// A [`Link`] over an AF_PACKET socket bound to one interface.
+#[derive(Debug)]
+pub struct PacketLink {
+    fd: OwnedFd,
+    ifname: String,
+    ifindex: u32,
+    stats: LinkStats,
+}
+
+fn err(ifname: &str, step: &'static str) -> io::Error {
+    OpenError::wrap("AF_PACKET", ifname, step, io::Error::last_os_error())
+}
+
+impl PacketLink {
+    /// Opens an AF_PACKET `SOCK_RAW` socket on the existing interface
+    /// `ifname` (which should be up; frames sent while it is down are
+    /// dropped by the kernel or fail with `ENETDOWN`).
+    ///
+    /// The socket is created with protocol 0 (receives nothing, `packet(7)`)
+    /// and starts receiving only when bound to the interface for `ETH_P_ALL`,
+    /// so no frame of another interface is ever queued.
+    ///
+    /// # Errors
+    /// `InvalidInput` for a name with a NUL byte; `NotFound` (`ENODEV`) for
+    /// an unknown interface; `PermissionDenied` without `CAP_NET_RAW`; the OS
+    /// error of `socket`, `setsockopt` or `bind` otherwise. The message names
+    /// the interface and step ([`OpenError`]).
+    pub fn open(ifname: &str) -> io::Result<PacketLink> {
+        let cname = CString::new(ifname).map_err(|e| {
+            OpenError::wrap(
+                "AF_PACKET",
+                ifname,
+                "check name",
+                io::Error::new(io::ErrorKind::InvalidInput, e),
+            )
+        })?;
+        // SAFETY: `cname` is a valid NUL-terminated string for the call.
+        let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+        if ifindex == 0 {
+            return Err(err(ifname, "if_nametoindex"));
+        }
+        // SAFETY: plain syscall; the result is checked and then owned.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        };
+        if raw < 0 {
+            return Err(err(ifname, "socket(AF_PACKET, SOCK_RAW)"));
+        }
+        // SAFETY: `raw` is a fresh descriptor nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+
+        let one: libc::c_int = 1;
+        // SAFETY: the option value points at a live c_int of the given size.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_IGNORE_OUTGOING,
+                &one as *const libc::c_int as *const libc::c_void,
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            // Older kernels: fall back to skipping PACKET_OUTGOING in recv.
+            if e.raw_os_error() != Some(libc::ENOPROTOOPT) {
+                return Err(OpenError::wrap(
+                    "AF_PACKET",
+                    ifname,
+                    "setsockopt(PACKET_IGNORE_OUTGOING)",
+                    e,
+                ));
+            }
+            tracing::debug!(
+                ifname,
+                "PACKET_IGNORE_OUTGOING unsupported; filtering outgoing frames in recv"
+            );
+        }
+
+        // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
+        sll.sll_ifindex = ifindex as i32;
+        // SAFETY: the address points at a live sockaddr_ll of the given size.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                &sll as *const libc::sockaddr_ll as *const libc::sockaddr,
+                size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(err(ifname, "bind"));
+        }
+        Ok(PacketLink {
+            fd,
+            ifname: ifname.to_owned(),
+            ifindex,
+            stats: LinkStats::default(),
+        })
+    }
+
+    /// The interface name given to [`PacketLink::open`].
+    pub fn ifname(&self) -> &str {
+        &self.ifname
+    }
+
+    /// The interface index the socket is bound to.
+    pub fn ifindex(&self) -> u32 {
+        self.ifindex
+    }
+
+    /// Frame counters.
+    pub fn stats(&self) -> LinkStats {
+        self.stats
+    }
+}
+
+impl Link for PacketLink {
+    /// Transmits the frame on the bound interface (`send(2)` without an
+    /// address uses the bound `sockaddr_ll`). `EAGAIN`/`ENOBUFS` drop the
+    /// frame ([`LinkStats::tx_dropped`]); other errors (`EMSGSIZE` for a
+    /// frame above the MTU, `ENETDOWN`, `ENXIO`) are returned.
+    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+        // SAFETY: the buffer is a live slice of the given length.
+        let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if is_transient_tx_error(&e) {
+                self.stats.tx_dropped += 1;
+                return Ok(());
+            }
+            return Err(e);
+        }
+        self.stats.tx_frames += 1;
+        Ok(())
+    }
+
+    /// Receives one frame. Frames longer than `buf` are discarded
+    /// ([`LinkStats::rx_oversize`], detected with `MSG_TRUNC`), as are
+    /// outgoing frames on kernels without `PACKET_IGNORE_OUTGOING`.
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        for _ in 0..MAX_SKIPPED_PER_RECV {
+            // SAFETY: sockaddr_ll is plain old data; all-zero is valid.
+            let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+            let mut sll_len = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+            // SAFETY: buffer and address point at live memory of the given sizes.
+            let n = unsafe {
+                libc::recvfrom(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_TRUNC,
+                    &mut sll as *mut libc::sockaddr_ll as *mut libc::sockaddr,
+                    &mut sll_len,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                return match e.kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
+                    _ => Err(e),
+                };
+            }
+            let n = n as usize;
+            if sll.sll_pkttype == libc::PACKET_OUTGOING {
+                continue;
+            }
+            if n > buf.len() {
+                self.stats.rx_oversize += 1;
+                continue;
+            }
+            self.stats.rx_frames += 1;
+            return Ok(Some(n));
+        }
+        Ok(None)
+    }
+
+    fn raw_fd(&self) -> Option<RawFd> {
+        Some(self.fd.as_raw_fd())
+    }
+}

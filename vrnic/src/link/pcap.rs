@@ -1,0 +1,301 @@
+//! A wrapper that records every frame a link sends or receives into a
+//! classic pcap file (libpcap format, `pcap-savefile(5)`): link type
+//! `LINKTYPE_ETHERNET` (1), snapshot length 65535 bytes, microsecond
+//! wall-clock timestamps (`CLOCK_REALTIME`), host byte order.
+//!
+//! Each record (16-byte record header plus frame) reaches the file in one
+//! `write(2)`, straight after the frame is sent or received; the file is
+//! not buffered in the process. A daemon killed at any point therefore
+//! leaves a file that `tshark`/`tcpdump -r` read up to the last frame.
+//! Both directions share one file; the direction is not recorded (the
+//! Ethernet source address tells them apart).
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use pcap_file::pcap::{PcapHeader, PcapPacket, PcapWriter};
+use pcap_file::{DataLink, Endianness, TsResolution};
+
+use super::Link;
+
+/// Snapshot length of the file, bytes: longer frames are cut to this length
+/// in the file (their original length is kept in the record header, as
+/// libpcap does; note that `pcap_file::pcap::PcapReader::next_packet` 2.0
+/// rejects such records, `next_raw_packet` and Wireshark read them).
+pub const SNAPLEN: u32 = 65535;
+
+/// Collects what [`PcapWriter`] writes for one record, so the record can go
+/// to the file in a single `write(2)` (the writer owns its sink and offers
+/// no access to it, hence the shared buffer).
+#[derive(Clone, Default)]
+struct Staging(Arc<Mutex<Vec<u8>>>);
+
+impl Staging {
+    /// Writes the staged bytes to `file` and empties the stage.
+    fn drain_to(&self, file: &mut File) -> io::Result<()> {
+        let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let r = file.write_all(&v);
+        v.clear();
+        r
+    }
+}
+
+impl Write for Staging {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn pcap_err(e: pcap_file::PcapError) -> io::Error {
+    match e {
+        pcap_file::PcapError::IoError(io) => io,
+        other => io::Error::new(io::ErrorKind::InvalidData, other),
+    }
+}
+
+/// A [`Link`] that forwards to an inner link and records every frame sent
+/// (when the inner link's `send` returned `Ok`, which includes frames it
+/// dropped for a full queue) and every frame received into a pcap file.
+///
+/// Recording never changes what the link does: a failed file write (disk
+/// full, ...) is logged once with `tracing::warn!`, counted in
+/// [`PcapLink::write_errors`], and the frame still goes through.
+pub struct PcapLink {
+    inner: Box<dyn Link>,
+    writer: PcapWriter<Staging>,
+    staging: Staging,
+    file: File,
+    write_errors: u64,
+}
+
+impl std::fmt::Debug for PcapLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PcapLink")
+            .field("file", &self.file)
+            .field("write_errors", &self.write_errors)
+            .finish()
+    }
+}
+
+impl PcapLink {
+    /// Wraps `inner`, writing the pcap global header (24 bytes) to `file`
+    /// at its current position. `file` should be newly created or truncated
+    /// and opened for writing.
+    ///
+    /// # Errors
+    /// The OS error of writing the header.
+    pub fn new(inner: Box<dyn Link>, mut file: File) -> io::Result<PcapLink> {
+        let header = PcapHeader {
+            version_major: 2,
+            version_minor: 4,
+            ts_correction: 0,
+            ts_accuracy: 0,
+            snaplen: SNAPLEN,
+            datalink: DataLink::ETHERNET,
+            ts_resolution: TsResolution::MicroSecond,
+            endianness: Endianness::native(),
+        };
+        let staging = Staging::default();
+        let writer = PcapWriter::with_header(staging.clone(), header).map_err(pcap_err)?;
+        staging.drain_to(&mut file)?;
+        Ok(PcapLink {
+            inner,
+            writer,
+            staging,
+            file,
+            write_errors: 0,
+        })
+    }
+
+    /// Number of frames that could not be recorded.
+    pub fn write_errors(&self) -> u64 {
+        self.write_errors
+    }
+
+    /// The wrapped link.
+    pub fn inner(&self) -> &dyn Link {
+        self.inner.as_ref()
+    }
+
+    /// Unwraps, returning the inner link and the file.
+    pub fn into_parts(self) -> (Box<dyn Link>, File) {
+        (self.inner, self.file)
+    }
+
+    fn record(&mut self, frame: &[u8]) {
+        if let Err(e) = self.try_record(frame) {
+            if self.write_errors == 0 {
+                tracing::warn!(error = %e, "pcap: cannot record frame; further failures are only counted");
+            }
+            self.write_errors += 1;
+        }
+    }
+
+    fn try_record(&mut self, frame: &[u8]) -> io::Result<()> {
+        let ts = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
+        let orig_len = u32::try_from(frame.len()).unwrap_or(u32::MAX);
+        let data = &frame[..frame.len().min(SNAPLEN as usize)];
+        let written = self
+            .writer
+            .write_packet(&PcapPacket::new(ts, orig_len, data))
+            .map_err(pcap_err);
+        // Drain even after an error so a half-staged record never reaches the file.
+        let mut res = written.map(|_| ());
+        if res.is_ok() {
+            res = self.staging.drain_to(&mut self.file);
+        } else {
+            self.staging
+                .0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
+        }
+        res
+    }
+}
+
+impl Link for PcapLink {
+    /// Sends through the inner link, then records the frame. Errors are the
+    /// inner link's; a failed send is not recorded.
+    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+        self.inner.send(frame)?;
+        self.record(frame);
+        Ok(())
+    }
+
+    /// Receives from the inner link and records what it returns.
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        let got = self.inner.recv(buf)?;
+        if let Some(n) = got {
+            if let Some(frame) = buf.get(..n) {
+                self.record(frame);
+            }
+        }
+        Ok(got)
+    }
+
+    fn raw_fd(&self) -> Option<RawFd> {
+        self.inner.raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::link::MemLink;
+    use pcap_file::pcap::PcapReader;
+
+    /// A file path unique to this process and test, removed on drop.
+    struct TempPath(std::path::PathBuf);
+    impl TempPath {
+        fn new(tag: &str) -> Self {
+            Self(
+                std::env::temp_dir()
+                    .join(format!("vrnic-pcaplink-{}-{tag}.pcap", std::process::id())),
+            )
+        }
+    }
+    impl Drop for TempPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn read_back(path: &std::path::Path) -> (PcapHeader, Vec<Vec<u8>>) {
+        let mut r = PcapReader::new(File::open(path).unwrap()).unwrap();
+        let h = r.header();
+        let mut frames = Vec::new();
+        while let Some(p) = r.next_packet() {
+            let p = p.unwrap();
+            assert_eq!(p.orig_len as usize, p.data.len());
+            assert!(
+                p.timestamp > Duration::from_secs(1_600_000_000),
+                "wall-clock timestamp"
+            );
+            frames.push(p.data.into_owned());
+        }
+        (h, frames)
+    }
+
+    #[test]
+    fn pcap_link_records_sent_and_received_frames() {
+        let tmp = TempPath::new("rw");
+        let (a, mut b) = MemLink::pair();
+        let mut l = PcapLink::new(Box::new(a), File::create(&tmp.0).unwrap()).unwrap();
+        let sent: Vec<Vec<u8>> = (0..5u8).map(|i| vec![i; 60 + i as usize]).collect();
+        for f in &sent {
+            l.send(f).unwrap();
+        }
+        b.send(&[0xaa; 1514]).unwrap();
+        let mut buf = [0u8; 2048];
+        assert_eq!(l.recv(&mut buf).unwrap(), Some(1514));
+        assert_eq!(l.recv(&mut buf).unwrap(), None);
+
+        // Read while the link is still open (as after the daemon is killed):
+        // nothing may be waiting in a buffer.
+        let (h, frames) = read_back(&tmp.0);
+        assert_eq!(h.datalink, DataLink::ETHERNET);
+        assert_eq!(h.snaplen, SNAPLEN);
+        let mut want = sent.clone();
+        want.push(vec![0xaa; 1514]);
+        assert_eq!(frames, want);
+        assert_eq!(l.write_errors(), 0);
+
+        // The peer got exactly the frames sent.
+        let mut got = Vec::new();
+        while let Some(n) = b.recv(&mut buf).unwrap() {
+            got.push(buf[..n].to_vec());
+        }
+        assert_eq!(got, sent);
+    }
+
+    #[test]
+    fn pcap_link_truncates_to_snaplen_keeping_the_original_length() {
+        let tmp = TempPath::new("snap");
+        let (a, _b) = MemLink::pair();
+        let mut l = PcapLink::new(Box::new(a), File::create(&tmp.0).unwrap()).unwrap();
+        l.send(&vec![7u8; SNAPLEN as usize + 10]).unwrap();
+        let mut r = PcapReader::new(File::open(&tmp.0).unwrap()).unwrap();
+        // Raw: pcap-file 2.0's validating reader refuses orig_len > snaplen,
+        // which libpcap and Wireshark accept (it is what truncation means).
+        let p = r.next_raw_packet().unwrap().unwrap();
+        assert_eq!(p.data.len(), SNAPLEN as usize);
+        assert_eq!(p.incl_len, SNAPLEN);
+        assert_eq!(p.orig_len, SNAPLEN + 10);
+    }
+
+    #[test]
+    fn pcap_link_keeps_forwarding_when_the_file_cannot_be_written() {
+        let tmp = TempPath::new("ro");
+        File::create(&tmp.0).unwrap();
+        // A read-only handle: the header write fails, and `new` says so.
+        let (a, _b) = MemLink::pair();
+        assert!(PcapLink::new(Box::new(a), File::open(&tmp.0).unwrap()).is_err());
+
+        // Every record write fails (/dev/full: ENOSPC): frames still flow.
+        let (a, mut b) = MemLink::pair();
+        let mut l = PcapLink::new(Box::new(a), File::create(&tmp.0).unwrap()).unwrap();
+        l.file = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        l.send(b"frame").unwrap();
+        l.send(b"frame2").unwrap();
+        assert_eq!(l.write_errors(), 2);
+        let mut buf = [0u8; 16];
+        assert_eq!(b.recv(&mut buf).unwrap(), Some(5));
+        assert_eq!(b.recv(&mut buf).unwrap(), Some(6));
+    }
+}

@@ -1,0 +1,138 @@
+//! A TAP device: the link's frames are the frames of a kernel network
+//! interface in TAP mode, read and written through its `/dev/net/tun` file
+//! descriptor (Linux `Documentation/networking/tuntap.rst`).
+//!
+//! Opened with `IFF_TAP | IFF_NO_PI`: every `read(2)` returns one whole
+//! Ethernet frame (no FCS, no packet-information prefix) and every
+//! `write(2)` injects one. The interface may exist already (`ip tuntap add
+//! NAME mode tap`, which also sets `IFF_NO_PI`) or is created by the open
+//! and then disappears when the link is dropped. Either needs
+//! `CAP_NET_ADMIN` unless the existing device is owned by the caller.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+
+use tun_tap::{Iface, Mode};
+
+use super::stats::{is_transient_tx_error, LinkStats, OpenError};
+use super::Link;
+
+/// Longest interface name Linux accepts, bytes (`IFNAMSIZ - 1`).
+pub const MAX_IFNAME_LEN: usize = libc::IFNAMSIZ - 1;
+
+/// A [`Link`] over a TAP interface, nonblocking, pollable through
+/// [`Link::raw_fd`].
+pub struct TapLink {
+    iface: Iface,
+    stats: LinkStats,
+}
+
+impl std::fmt::Debug for TapLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TapLink")
+            .field("name", &self.iface.name())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl TapLink {
+    /// Attaches to the TAP interface `name`, creating it if it does not exist
+    /// (`TUNSETIFF` with `IFF_TAP | IFF_NO_PI`), and makes it nonblocking.
+    ///
+    /// An empty `name` or one containing `%d` lets the kernel choose; see
+    /// [`TapLink::name`]. The interface is not brought up: do that with
+    /// `ip link set NAME up`; until then writes fail or are dropped.
+    ///
+    /// # Errors
+    /// `InvalidInput` for a name longer than [`MAX_IFNAME_LEN`] bytes or
+    /// containing NUL; otherwise the OS error of opening `/dev/net/tun`, of
+    /// `TUNSETIFF` (`EPERM` without `CAP_NET_ADMIN`, `EBUSY`/`EINVAL` when
+    /// the name belongs to a non-TAP interface or one already attached) or of
+    /// `fcntl`. The error's message names the interface ([`OpenError`]).
+    pub fn open(name: &str) -> io::Result<TapLink> {
+        if name.len() > MAX_IFNAME_LEN || name.contains('\0') {
+            let e = io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("interface names are at most {MAX_IFNAME_LEN} bytes without NUL"),
+            );
+            return Err(OpenError::wrap("TAP", name, "check name", e));
+        }
+        let iface = Iface::without_packet_info(name, Mode::Tap)
+            .map_err(|e| OpenError::wrap("TAP", name, "TUNSETIFF", e))?;
+        set_nonblocking(iface.as_raw_fd())
+            .map_err(|e| OpenError::wrap("TAP", name, "fcntl(O_NONBLOCK)", e))?;
+        Ok(TapLink {
+            iface,
+            stats: LinkStats::default(),
+        })
+    }
+
+    /// The interface's actual name (the kernel's choice when [`TapLink::open`]
+    /// was given an empty name or a `%d` pattern).
+    pub fn name(&self) -> &str {
+        self.iface.name()
+    }
+
+    /// Frame counters.
+    pub fn stats(&self) -> LinkStats {
+        self.stats
+    }
+}
+
+/// Sets `O_NONBLOCK` on `fd` (`fcntl(2)`).
+pub(crate) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: F_GETFL/F_SETFL on a descriptor we own; no pointers involved.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl Link for TapLink {
+    /// Writes the frame to the TAP device. `EAGAIN`, `ENOBUFS` and `EIO`
+    /// (the interface is down) drop the frame and count it in
+    /// [`LinkStats::tx_dropped`]; other errors are returned.
+    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+        match self.iface.send(frame) {
+            Ok(_) => {
+                self.stats.tx_frames += 1;
+                Ok(())
+            }
+            Err(e) if is_transient_tx_error(&e) || e.raw_os_error() == Some(libc::EIO) => {
+                self.stats.tx_dropped += 1;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads one frame. The kernel truncates frames longer than `buf`; such
+    /// frames (a read that fills `buf` exactly is taken as complete) are not
+    /// detectable here, so pass a buffer of at least the interface MTU + 14.
+    /// `EIO` (interface down) reads as no frame.
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        match self.iface.recv(buf) {
+            Ok(n) => {
+                self.stats.rx_frames += 1;
+                Ok(Some(n.min(buf.len())))
+            }
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::EIO) =>
+            {
+                Ok(None)
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn raw_fd(&self) -> Option<RawFd> {
+        Some(self.iface.as_raw_fd())
+    }
+}

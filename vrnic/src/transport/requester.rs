@@ -1,0 +1,406 @@
+//! The requester: fetches send WQEs from the SQ, splits each message into
+//! path-MTU packets with consecutive PSNs and sends them; retransmits
+//! go-back-N from a given PSN (IBTA Vol 1 §9.7.4–§9.7.6, rxe_req.c).
+
+use std::collections::VecDeque;
+
+use crate::abi::{self, Sge};
+use crate::mem;
+use crate::transport::{peer_headers, psn, Env};
+use crate::verbs::mr::MrError;
+use crate::verbs::qp::Qp;
+use crate::wire::{Ieth, Immdt, Opcode, Reth};
+
+/// Most packets sent but not yet acknowledged per QP.
+pub const MAX_INFLIGHT_PKTS: u32 = 1024;
+/// Most packets one call sends for one QP (fairness between QPs).
+const BURST: u32 = 64;
+/// Request an ACK at least every this many packets of a long message.
+const ACK_REQ_EVERY: u32 = 32;
+
+/// Where a message's bytes come from.
+#[derive(Debug, Clone)]
+pub enum Payload {
+    /// Gathered from these SGEs (validated at fetch).
+    Sges(Vec<Sge>),
+    /// Carried in the WQE.
+    Inline(Vec<u8>),
+}
+
+/// One send WQE being executed.
+#[derive(Debug, Clone)]
+pub struct SendOp {
+    /// SQ index (free-running).
+    pub index: u32,
+    /// The WQE header as posted.
+    pub wqe: abi::SendWqe,
+    /// Message bytes.
+    pub payload: Payload,
+    /// Message length, bytes.
+    pub len: u32,
+    /// PSN of the first packet.
+    pub first_psn: u32,
+    /// Number of packets (PSNs) of the message.
+    pub npkts: u32,
+    /// Packets sent in the current pass.
+    pub sent: u32,
+    /// A local error found at fetch (`ibv_wc_status`): the WQE completes with it.
+    pub error: Option<u8>,
+}
+
+impl SendOp {
+    /// PSN of the last packet.
+    pub fn last_psn(&self) -> u32 {
+        psn::add(self.first_psn, self.npkts.max(1) - 1)
+    }
+}
+
+/// Requester state of a QP.
+#[derive(Debug, Default)]
+pub struct ReqState {
+    /// Producer index the driver rang.
+    pub sq_pi: u32,
+    /// Next SQ index to fetch.
+    pub sq_next: u32,
+    /// Oldest uncompleted SQ index.
+    pub sq_ci: u32,
+    /// PSN for the next new packet.
+    pub psn: u32,
+    /// Newest PSN acknowledged.
+    pub acked_psn: u32,
+    /// Fetched, uncompleted WQEs in order.
+    pub inflight: VecDeque<SendOp>,
+    /// Index in `inflight` of the first WQE not fully sent.
+    pub send_pos: usize,
+    /// Timeout retries left.
+    pub retry_left: u8,
+    /// RNR retries left (7 = infinite).
+    pub rnr_left: u8,
+    /// When the local ACK timer expires.
+    pub ack_deadline: Option<u64>,
+    /// Sending is paused until this time (RNR NAK back-off).
+    pub rnr_deadline: Option<u64>,
+    /// Sending waits for ARP to resolve the peer.
+    pub waiting_arp: bool,
+}
+
+impl ReqState {
+    /// Sets the initial PSN and retry counters (on RTR→RTS).
+    pub fn start(&mut self, sq_psn: u32, retry_cnt: u8, rnr_retry: u8) {
+        self.psn = sq_psn & psn::PSN_MASK;
+        self.acked_psn = psn::add(sq_psn, psn::PSN_MASK);
+        self.retry_left = retry_cnt;
+        self.rnr_left = rnr_retry;
+    }
+}
+
+/// Local ACK timeout of a QP, ns: 4.096 µs × 2^timeout (IBTA §9.7.6.1.3),
+/// `None` for 0 (infinite). At least 1 ms, so that a busy host does not
+/// retransmit on every scheduling hiccup.
+pub fn ack_timeout_ns(timeout: u8) -> Option<u64> {
+    (timeout != 0).then(|| (4096u64 << timeout.min(31)).max(1_000_000))
+}
+
+fn wc_opcode(wr: u8) -> u8 {
+    match wr {
+        abi::WR_RDMA_WRITE | abi::WR_RDMA_WRITE_WITH_IMM => abi::WC_OP_RDMA_WRITE,
+        abi::WR_RDMA_READ => abi::WC_OP_RDMA_READ,
+        abi::WR_ATOMIC_CMP_AND_SWP => abi::WC_OP_COMP_SWAP,
+        abi::WR_ATOMIC_FETCH_AND_ADD => abi::WC_OP_FETCH_ADD,
+        _ => abi::WC_OP_SEND,
+    }
+}
+
+/// Writes the send completion of `op` (if signaled or failed) and advances
+/// the SQ consumer index.
+pub fn complete_op(qp: &mut Qp, env: &mut Env, op: &SendOp, status: u8) {
+    let signaled = qp.sq_sig_all || op.wqe.send_flags & abi::SEND_SIGNALED != 0;
+    if signaled || status != abi::WC_SUCCESS {
+        let cqe = abi::Cqe {
+            wr_id: op.wqe.wr_id,
+            byte_len: op.len,
+            qp_num: qp.qpn,
+            status,
+            opcode: wc_opcode(op.wqe.opcode),
+            ..Default::default()
+        };
+        env.complete(qp.send_cqn, cqe, false);
+    }
+    qp.req.sq_ci = op.index.wrapping_add(1);
+}
+
+/// Reads and validates the WQE at SQ index `index`.
+fn fetch(qp: &Qp, env: &Env, index: u32) -> SendOp {
+    let slot = qp.sq.slot(index);
+    let mut op = SendOp {
+        index,
+        wqe: abi::SendWqe::default(),
+        payload: Payload::Sges(Vec::new()),
+        len: 0,
+        first_psn: qp.req.psn,
+        npkts: 0,
+        sent: 0,
+        error: None,
+    };
+    match mem::read_obj::<abi::SendWqe>(env.mem, slot) {
+        Ok(w) => op.wqe = w,
+        Err(_) => {
+            op.error = Some(abi::WC_LOC_QP_OP_ERR);
+            return op;
+        }
+    }
+    if let Err(status) = load_payload(qp, env, slot, &mut op) {
+        op.error = Some(status);
+        return op;
+    }
+    op.npkts = op.len.div_ceil(qp.mtu()).max(1);
+    op
+}
+
+fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8> {
+    let w = op.wqe;
+    let supported = matches!(
+        w.opcode,
+        abi::WR_SEND
+            | abi::WR_SEND_WITH_IMM
+            | abi::WR_SEND_WITH_INV
+            | abi::WR_RDMA_WRITE
+            | abi::WR_RDMA_WRITE_WITH_IMM
+    );
+    if !supported || qp.qp_type != abi::QPT_RC {
+        return Err(abi::WC_LOC_QP_OP_ERR);
+    }
+    let body = slot + size_of::<abi::SendWqe>() as u64;
+    if w.send_flags & abi::SEND_INLINE != 0 {
+        if w.inline_len > qp.max_inline {
+            return Err(abi::WC_LOC_LEN_ERR);
+        }
+        let mut data = vec![0u8; w.inline_len as usize];
+        env.mem
+            .read(body, &mut data)
+            .map_err(|_| abi::WC_LOC_QP_OP_ERR)?;
+        op.len = w.inline_len;
+        op.payload = Payload::Inline(data);
+        return Ok(());
+    }
+    if w.num_sge as u32 > qp.max_send_sge {
+        return Err(abi::WC_LOC_LEN_ERR);
+    }
+    let mut sges = Vec::with_capacity(w.num_sge as usize);
+    let mut total: u64 = 0;
+    for i in 0..w.num_sge as u64 {
+        let sge: Sge = mem::read_obj(env.mem, body + i * 16).map_err(|_| abi::WC_LOC_QP_OP_ERR)?;
+        if sge.length == 0 {
+            continue;
+        }
+        env.mrs
+            .check(sge.lkey, qp.pdn, 0, sge.addr, sge.length as u64)
+            .map_err(|e| match e {
+                MrError::Bounds => abi::WC_LOC_LEN_ERR,
+                _ => abi::WC_LOC_PROT_ERR,
+            })?;
+        total += sge.length as u64;
+        sges.push(sge);
+    }
+    if total > 1 << 31 {
+        return Err(abi::WC_LOC_LEN_ERR);
+    }
+    op.len = total as u32;
+    op.payload = Payload::Sges(sges);
+    Ok(())
+}
+
+/// Gathers `buf.len()` message bytes starting at byte `offset` of `op`.
+fn gather(env: &Env, op: &SendOp, offset: u32, buf: &mut [u8]) -> Result<(), u8> {
+    match &op.payload {
+        Payload::Inline(d) => {
+            let o = offset as usize;
+            buf.copy_from_slice(d.get(o..o + buf.len()).ok_or(abi::WC_LOC_LEN_ERR)?);
+        }
+        Payload::Sges(sges) => {
+            let mut skip = offset as u64;
+            let mut done = 0usize;
+            for sge in sges {
+                if done == buf.len() {
+                    break;
+                }
+                let l = sge.length as u64;
+                if skip >= l {
+                    skip -= l;
+                    continue;
+                }
+                let n = ((l - skip) as usize).min(buf.len() - done);
+                let mr = env.mrs.get(sge.lkey).map_err(|_| abi::WC_LOC_PROT_ERR)?;
+                mr.read(env.mem, sge.addr + skip, &mut buf[done..done + n])
+                    .map_err(|_| abi::WC_LOC_PROT_ERR)?;
+                done += n;
+                skip = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Packet opcode for packet `k` of `npkts` of a message with WR opcode `wr`.
+fn packet_opcode(wr: u8, k: u32, npkts: u32) -> Opcode {
+    let (first, last) = (k == 0, k + 1 == npkts);
+    match (wr, first, last) {
+        (abi::WR_RDMA_WRITE | abi::WR_RDMA_WRITE_WITH_IMM, true, false) => Opcode::RcWriteFirst,
+        (abi::WR_RDMA_WRITE | abi::WR_RDMA_WRITE_WITH_IMM, false, false) => Opcode::RcWriteMiddle,
+        (abi::WR_RDMA_WRITE, true, true) => Opcode::RcWriteOnly,
+        (abi::WR_RDMA_WRITE, false, true) => Opcode::RcWriteLast,
+        (abi::WR_RDMA_WRITE_WITH_IMM, true, true) => Opcode::RcWriteOnlyImm,
+        (abi::WR_RDMA_WRITE_WITH_IMM, false, true) => Opcode::RcWriteLastImm,
+        (_, true, false) => Opcode::RcSendFirst,
+        (_, false, false) => Opcode::RcSendMiddle,
+        (abi::WR_SEND_WITH_IMM, true, true) => Opcode::RcSendOnlyImm,
+        (abi::WR_SEND_WITH_IMM, false, true) => Opcode::RcSendLastImm,
+        (abi::WR_SEND_WITH_INV, true, true) => Opcode::RcSendOnlyInv,
+        (abi::WR_SEND_WITH_INV, false, true) => Opcode::RcSendLastInv,
+        (_, true, true) => Opcode::RcSendOnly,
+        (_, false, true) => Opcode::RcSendLast,
+    }
+}
+
+/// Sends packet `k` of inflight op `i`. Returns false when the packet could
+/// not be built (peer MAC unknown).
+fn send_packet(qp: &mut Qp, env: &mut Env, i: usize, k: u32) -> Result<bool, u8> {
+    let mtu = qp.mtu();
+    let op = &qp.req.inflight[i];
+    let opcode = packet_opcode(op.wqe.opcode, k, op.npkts);
+    let Some(mut hdr) = peer_headers(qp, env, opcode, psn::add(op.first_psn, k)) else {
+        return Ok(false);
+    };
+    let offset = k * mtu;
+    let n = op.len.saturating_sub(offset).min(mtu);
+    let mut payload = vec![0u8; n as usize];
+    gather(env, op, offset, &mut payload)?;
+    let last = k + 1 == op.npkts;
+    hdr.bth.ack_req = last || (k + 1).is_multiple_of(ACK_REQ_EVERY);
+    hdr.bth.solicited = last && op.wqe.send_flags & abi::SEND_SOLICITED != 0;
+    if opcode.has_reth() {
+        hdr.reth = Some(Reth {
+            va: op.wqe.remote_addr,
+            rkey: op.wqe.rkey,
+            dma_len: op.len,
+        });
+    }
+    if opcode.has_immdt() {
+        hdr.immdt = Some(Immdt(op.wqe.imm_data));
+    }
+    if opcode.has_ieth() {
+        hdr.ieth = Some(Ieth {
+            rkey: u32::from_be_bytes(op.wqe.imm_data),
+        });
+    }
+    env.out.send(&mut hdr, &payload);
+    Ok(true)
+}
+
+/// Sends what the QP may send now: unsent packets of fetched WQEs, then new
+/// WQEs, within the in-flight window.
+pub fn run(qp: &mut Qp, env: &mut Env) {
+    if qp.state != abi::QPS_RTS || qp.req.rnr_deadline.is_some() {
+        return;
+    }
+    qp.req.waiting_arp = false;
+    let mut budget = BURST;
+    while budget > 0 {
+        let pos = qp.req.send_pos;
+        if pos < qp.req.inflight.len() {
+            let op = &qp.req.inflight[pos];
+            if op.error.is_some() {
+                break; // completes when it reaches the head
+            }
+            let k = op.sent;
+            if k >= op.npkts {
+                qp.req.send_pos += 1;
+                continue;
+            }
+            match send_packet(qp, env, pos, k) {
+                Ok(true) => {}
+                Ok(false) => {
+                    qp.req.waiting_arp = true;
+                    break;
+                }
+                Err(status) => {
+                    // The memory behind a validated SGE went away.
+                    qp.req.inflight[pos].error = Some(status);
+                    break;
+                }
+            }
+            qp.req.inflight[pos].sent += 1;
+            if qp.req.ack_deadline.is_none() {
+                qp.req.ack_deadline = ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t);
+            }
+            budget -= 1;
+            continue;
+        }
+        // Fetch a new WQE.
+        if qp.req.sq_next == qp.req.sq_pi {
+            break;
+        }
+        if psn::diff(qp.req.psn, psn::add(qp.req.acked_psn, 1)) >= MAX_INFLIGHT_PKTS as i32 {
+            break;
+        }
+        let op = fetch(qp, env, qp.req.sq_next);
+        qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
+        qp.req.psn = psn::add(qp.req.psn, op.npkts);
+        let failed = op.error.is_some();
+        qp.req.inflight.push_back(op);
+        if failed {
+            break;
+        }
+    }
+    crate::transport::completer::complete_head_errors(qp, env);
+}
+
+/// Rewinds sending to `from` (go-back-N): the WQE holding that PSN resends
+/// from it and every later WQE from its start.
+pub fn rewind(qp: &mut Qp, from: u32) {
+    let r = &mut qp.req;
+    let mut found = None;
+    for (i, op) in r.inflight.iter_mut().enumerate() {
+        if found.is_some() {
+            op.sent = 0;
+            continue;
+        }
+        let d = psn::diff(from, op.first_psn);
+        if d >= 0 && d < op.npkts as i32 {
+            op.sent = op.sent.min(d as u32);
+            found = Some(i);
+        }
+    }
+    if let Some(i) = found {
+        r.send_pos = r.send_pos.min(i);
+    }
+}
+
+/// Flushes every outstanding send WQE (QP in ERR).
+pub fn flush(qp: &mut Qp, env: &mut Env) {
+    let ops: Vec<SendOp> = qp.req.inflight.drain(..).collect();
+    for op in &ops {
+        complete_op(qp, env, op, abi::WC_WR_FLUSH_ERR);
+    }
+    while qp.req.sq_next != qp.req.sq_pi {
+        let op = fetch_header_only(qp, env, qp.req.sq_next);
+        qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
+        complete_op(qp, env, &op, abi::WC_WR_FLUSH_ERR);
+    }
+    qp.req.send_pos = 0;
+    qp.req.ack_deadline = None;
+    qp.req.rnr_deadline = None;
+}
+
+fn fetch_header_only(qp: &Qp, env: &Env, index: u32) -> SendOp {
+    SendOp {
+        index,
+        wqe: mem::read_obj(env.mem, qp.sq.slot(index)).unwrap_or_default(),
+        payload: Payload::Sges(Vec::new()),
+        len: 0,
+        first_psn: 0,
+        npkts: 0,
+        sent: 0,
+        error: None,
+    }
+}

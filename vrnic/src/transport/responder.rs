@@ -1,0 +1,474 @@
+//! The responder: checks each incoming request's PSN and opcode sequence,
+//! executes SEND and RDMA WRITE into driver memory, completes receive WQEs,
+//! and answers with ACK, NAK or RNR NAK (IBTA Vol 1 §9.7.4.1, §9.7.5.2,
+//! §9.9; rxe_resp.c). Every error is answered: a requester never hangs.
+
+use crate::abi::{self, Sge};
+use crate::mem;
+use crate::transport::{psn, qp_to_error, reply_headers, write_record, Env};
+use crate::verbs::qp::Qp;
+use crate::wire::{Aeth, NakCode, Opcode, RocePacket};
+
+/// "Unlimited" credit count in an ACK's AETH (IBTA Table 44: 0x1F is
+/// "invalid/no credit information", which end-to-end flow control ignores).
+const CREDITS_UNLIMITED: u8 = 0x1f;
+
+/// A receive WQE being filled by a multi-packet SEND.
+#[derive(Debug, Clone)]
+pub struct RecvCtx {
+    /// Receive WQE's wr_id.
+    pub wr_id: u64,
+    /// Its SGEs.
+    pub sges: Vec<Sge>,
+    /// Bytes received so far.
+    pub offset: u32,
+}
+
+/// An RDMA WRITE in progress.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteCtx {
+    /// The rkey of the first packet's RETH.
+    pub rkey: u32,
+    /// Next virtual address to write.
+    pub va: u64,
+    /// Bytes still expected.
+    pub remaining: u32,
+    /// Total DMA length.
+    pub total: u32,
+}
+
+/// Responder state of a QP.
+#[derive(Debug, Default)]
+pub struct RespState {
+    /// Expected PSN of the next request.
+    pub epsn: u32,
+    /// Message sequence number: completed requests (24 bits).
+    pub msn: u32,
+    /// Producer index the driver rang.
+    pub rq_pi: u32,
+    /// Oldest unconsumed RQ index.
+    pub rq_ci: u32,
+    /// SEND in progress.
+    pub recv: Option<RecvCtx>,
+    /// WRITE in progress.
+    pub write: Option<WriteCtx>,
+    /// A PSN sequence error NAK was sent and not yet cleared by the expected PSN.
+    pub nak_sent: bool,
+}
+
+/// Why a request failed at the responder: the NAK to send and the receive
+/// completion status, if a receive WQE was consumed.
+struct Fail {
+    nak: NakCode,
+    recv_status: Option<u8>,
+}
+
+fn fail(nak: NakCode) -> Fail {
+    Fail {
+        nak,
+        recv_status: None,
+    }
+}
+
+/// Handles a request packet addressed to `qp`.
+pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
+    if !matches!(qp.state, abi::QPS_RTR | abi::QPS_RTS | abi::QPS_SQD) || qp.qp_type != abi::QPT_RC
+    {
+        return;
+    }
+    let bth = pkt.hdr.bth;
+    if bth.opcode.transport() != crate::wire::Transport::Rc {
+        return;
+    }
+    let d = psn::diff(bth.psn, qp.resp.epsn);
+    if d > 0 {
+        // Missing packets: ask once for a resend from the expected PSN.
+        if !qp.resp.nak_sent {
+            qp.resp.nak_sent = true;
+            send_aeth(
+                qp,
+                env,
+                pkt,
+                qp.resp.epsn,
+                Aeth::nak(qp.resp.msn, NakCode::PsnSequenceError),
+            );
+            env.out.stats.naks_sent += 1;
+        }
+        return;
+    }
+    if d < 0 {
+        // Duplicate: already executed; acknowledge what we have (rxe does the same).
+        env.out.stats.duplicates += 1;
+        let last = psn::add(qp.resp.epsn, psn::PSN_MASK);
+        send_aeth(
+            qp,
+            env,
+            pkt,
+            last,
+            Aeth::ack(qp.resp.msn, CREDITS_UNLIMITED),
+        );
+        return;
+    }
+    qp.resp.nak_sent = false;
+    match execute(qp, env, pkt) {
+        Ok(Some(())) => {
+            qp.resp.epsn = psn::add(qp.resp.epsn, 1);
+            if bth.ack_req {
+                send_aeth(
+                    qp,
+                    env,
+                    pkt,
+                    bth.psn,
+                    Aeth::ack(qp.resp.msn, CREDITS_UNLIMITED),
+                );
+            }
+        }
+        Ok(None) => {
+            // RNR: nothing consumed, the requester retries this PSN later.
+            env.out.stats.rnr_naks_sent += 1;
+            send_aeth(
+                qp,
+                env,
+                pkt,
+                bth.psn,
+                Aeth::rnr_nak(qp.resp.msn, qp.attr.min_rnr_timer),
+            );
+        }
+        Err(f) => {
+            env.out.stats.naks_sent += 1;
+            send_aeth(qp, env, pkt, bth.psn, Aeth::nak(qp.resp.msn, f.nak));
+            if let Some(status) = f.recv_status {
+                complete_recv(qp, env, status, 0, None, abi::WC_OP_RECV, false);
+            }
+            let status = match f.nak {
+                NakCode::RemoteAccessError => abi::WC_REM_ACCESS_ERR,
+                NakCode::RemoteOperationalError => abi::WC_REM_OP_ERR,
+                _ => abi::WC_REM_INV_REQ_ERR,
+            };
+            qp_to_error(qp, env, status);
+        }
+    }
+}
+
+fn send_aeth(qp: &Qp, env: &mut Env, pkt: &RocePacket, p: u32, aeth: Aeth) {
+    let mut hdr = reply_headers(qp, env.port, &pkt.hdr, Opcode::RcAck, p, aeth);
+    env.out.send(&mut hdr, &[]);
+}
+
+/// Executes one in-sequence request. `Ok(None)` asks for an RNR NAK.
+fn execute(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<()>, Fail> {
+    let op = pkt.hdr.bth.opcode;
+    let len = pkt.payload.len() as u32;
+    let mtu = qp.mtu();
+    // Opcode sequence (IBTA §9.8.3.1): a FIRST/ONLY may not interrupt a
+    // message, a MIDDLE/LAST must continue one of the same kind.
+    let in_send = qp.resp.recv.is_some();
+    let in_write = qp.resp.write.is_some();
+    let ok_seq = if op.is_first() {
+        !in_send && !in_write
+    } else if op.is_send() {
+        in_send
+    } else if op.is_write() {
+        in_write
+    } else {
+        true
+    };
+    if !ok_seq {
+        return Err(fail(NakCode::InvalidRequest));
+    }
+    if op.has_payload() && (len > mtu || (!op.is_last() && len != mtu)) {
+        return Err(fail(NakCode::InvalidRequest));
+    }
+    if op.is_send() {
+        return execute_send(qp, env, pkt);
+    }
+    if op.is_write() {
+        return execute_write(qp, env, pkt);
+    }
+    // RDMA READ and atomics arrive with the complete transport.
+    Err(fail(NakCode::InvalidRequest))
+}
+
+/// Takes the next receive WQE, or `None` when the RQ is empty. A WQE that
+/// fails validation is still consumed (it completes with the error).
+fn take_recv(qp: &mut Qp, env: &Env) -> Result<Option<RecvCtx>, Fail> {
+    if qp.resp.rq_ci == qp.resp.rq_pi {
+        return Ok(None);
+    }
+    let slot = qp.rq.slot(qp.resp.rq_ci);
+    let wqe: abi::RecvWqe = mem::read_obj(env.mem, slot).unwrap_or_default();
+    match read_sges(qp, env, slot, wqe.num_sge) {
+        Ok(sges) => Ok(Some(RecvCtx {
+            wr_id: wqe.wr_id,
+            sges,
+            offset: 0,
+        })),
+        Err(status) => {
+            qp.resp.recv = Some(RecvCtx {
+                wr_id: wqe.wr_id,
+                sges: Vec::new(),
+                offset: 0,
+            });
+            Err(Fail {
+                nak: NakCode::RemoteOperationalError,
+                recv_status: Some(status),
+            })
+        }
+    }
+}
+
+/// Reads and validates a receive WQE's SGEs (local write access to the MRs).
+fn read_sges(qp: &Qp, env: &Env, slot: u64, num_sge: u32) -> Result<Vec<Sge>, u8> {
+    if num_sge > qp.max_recv_sge {
+        return Err(abi::WC_LOC_LEN_ERR);
+    }
+    let mut sges = Vec::with_capacity(num_sge as usize);
+    for i in 0..num_sge as u64 {
+        let sge: Sge =
+            mem::read_obj(env.mem, slot + 16 + i * 16).map_err(|_| abi::WC_LOC_PROT_ERR)?;
+        if sge.length == 0 {
+            continue;
+        }
+        env.mrs
+            .check(
+                sge.lkey,
+                qp.pdn,
+                abi::ACCESS_LOCAL_WRITE,
+                sge.addr,
+                sge.length as u64,
+            )
+            .map_err(|_| abi::WC_LOC_PROT_ERR)?;
+        sges.push(sge);
+    }
+    Ok(sges)
+}
+
+/// Scatters `data` at byte `offset` of the receive WQE's SGEs.
+fn scatter(env: &Env, ctx: &RecvCtx, data: &[u8]) -> Result<(), u8> {
+    let mut skip = ctx.offset as u64;
+    let mut done = 0usize;
+    for sge in &ctx.sges {
+        if done == data.len() {
+            break;
+        }
+        let l = sge.length as u64;
+        if skip >= l {
+            skip -= l;
+            continue;
+        }
+        let n = ((l - skip) as usize).min(data.len() - done);
+        let mr = env.mrs.get(sge.lkey).map_err(|_| abi::WC_LOC_PROT_ERR)?;
+        mr.write(env.mem, sge.addr + skip, &data[done..done + n])
+            .map_err(|_| abi::WC_LOC_PROT_ERR)?;
+        done += n;
+        skip = 0;
+    }
+    if done < data.len() {
+        return Err(abi::WC_LOC_LEN_ERR);
+    }
+    Ok(())
+}
+
+fn execute_send(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<()>, Fail> {
+    let op = pkt.hdr.bth.opcode;
+    if op.is_first() {
+        match take_recv(qp, env)? {
+            Some(ctx) => qp.resp.recv = Some(ctx),
+            None => return Ok(None),
+        }
+    }
+    let Some(ctx) = qp.resp.recv.as_ref() else {
+        return Err(fail(NakCode::InvalidRequest));
+    };
+    if let Err(status) = scatter(env, ctx, pkt.payload) {
+        let nak = if status == abi::WC_LOC_LEN_ERR {
+            NakCode::InvalidRequest
+        } else {
+            NakCode::RemoteOperationalError
+        };
+        return Err(Fail {
+            nak,
+            recv_status: Some(status),
+        });
+    }
+    let ctx = qp.resp.recv.as_mut().expect("checked above");
+    ctx.offset += pkt.payload.len() as u32;
+    if op.is_last() {
+        let imm = pkt.hdr.immdt.map(|i| i.0);
+        let (imm, flags) = match (imm, pkt.hdr.ieth) {
+            (Some(i), _) => (Some(i), abi::WC_WITH_IMM),
+            (None, Some(ieth)) => (Some(ieth.rkey.to_be_bytes()), abi::WC_WITH_INV),
+            _ => (None, 0),
+        };
+        let len = ctx.offset;
+        complete_recv_flags(
+            qp,
+            env,
+            abi::WC_SUCCESS,
+            len,
+            imm,
+            abi::WC_OP_RECV,
+            pkt.hdr.bth.solicited,
+            flags,
+        );
+        qp.resp.msn = psn::add(qp.resp.msn, 1);
+    }
+    Ok(Some(()))
+}
+
+fn execute_write(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<()>, Fail> {
+    let op = pkt.hdr.bth.opcode;
+    // WRITE with immediate consumes a receive WQE: make sure one exists
+    // before touching memory, so an RNR retry re-executes cleanly.
+    if op.has_immdt() && qp.resp.rq_ci == qp.resp.rq_pi {
+        return Ok(None);
+    }
+    if op.is_first() {
+        let Some(reth) = pkt.hdr.reth else {
+            return Err(fail(NakCode::InvalidRequest));
+        };
+        if reth.dma_len > 0 {
+            if qp.attr.qp_access_flags & abi::ACCESS_REMOTE_WRITE == 0 {
+                return Err(fail(NakCode::RemoteAccessError));
+            }
+            env.mrs
+                .check(
+                    reth.rkey,
+                    qp.pdn,
+                    abi::ACCESS_REMOTE_WRITE,
+                    reth.va,
+                    reth.dma_len as u64,
+                )
+                .map_err(|_| fail(NakCode::RemoteAccessError))?;
+        }
+        qp.resp.write = Some(WriteCtx {
+            rkey: reth.rkey,
+            va: reth.va,
+            remaining: reth.dma_len,
+            total: reth.dma_len,
+        });
+    }
+    let Some(w) = qp.resp.write else {
+        return Err(fail(NakCode::InvalidRequest));
+    };
+    let len = pkt.payload.len() as u32;
+    if len > w.remaining || (op.is_last() && len != w.remaining) {
+        qp.resp.write = None;
+        return Err(fail(NakCode::InvalidRequest));
+    }
+    if len > 0 {
+        let mr = env
+            .mrs
+            .get(w.rkey)
+            .map_err(|_| fail(NakCode::RemoteAccessError))?;
+        mr.write(env.mem, w.va, pkt.payload)
+            .map_err(|_| fail(NakCode::RemoteAccessError))?;
+    }
+    let w = WriteCtx {
+        va: w.va + len as u64,
+        remaining: w.remaining - len,
+        ..w
+    };
+    qp.resp.write = Some(w);
+    if op.is_last() {
+        qp.resp.write = None;
+        if let Some(imm) = pkt.hdr.immdt {
+            match take_recv(qp, env)? {
+                Some(ctx) => qp.resp.recv = Some(ctx),
+                None => return Ok(None),
+            }
+            complete_recv_flags(
+                qp,
+                env,
+                abi::WC_SUCCESS,
+                w.total,
+                Some(imm.0),
+                abi::WC_OP_RECV_RDMA_WITH_IMM,
+                pkt.hdr.bth.solicited,
+                abi::WC_WITH_IMM,
+            );
+        }
+        qp.resp.msn = psn::add(qp.resp.msn, 1);
+    }
+    Ok(Some(()))
+}
+
+fn complete_recv(
+    qp: &mut Qp,
+    env: &mut Env,
+    status: u8,
+    len: u32,
+    imm: Option<[u8; 4]>,
+    opcode: u8,
+    solicited: bool,
+) {
+    complete_recv_flags(qp, env, status, len, imm, opcode, solicited, 0)
+}
+
+/// Completes the receive WQE in `qp.resp.recv` and consumes its RQ slot.
+#[allow(clippy::too_many_arguments)]
+fn complete_recv_flags(
+    qp: &mut Qp,
+    env: &mut Env,
+    status: u8,
+    len: u32,
+    imm: Option<[u8; 4]>,
+    opcode: u8,
+    solicited: bool,
+    wc_flags: u8,
+) {
+    let Some(ctx) = qp.resp.recv.take() else {
+        return;
+    };
+    let cqe = abi::Cqe {
+        wr_id: ctx.wr_id,
+        byte_len: len,
+        imm_data: imm.unwrap_or_default(),
+        qp_num: qp.qpn,
+        src_qp: qp.attr.dest_qp_num,
+        status,
+        opcode,
+        wc_flags,
+        ..Default::default()
+    };
+    env.complete(qp.recv_cqn, cqe, solicited);
+    qp.resp.rq_ci = qp.resp.rq_ci.wrapping_add(1);
+    write_record(qp, env);
+}
+
+/// Flushes every posted receive WQE (QP in ERR).
+pub fn flush(qp: &mut Qp, env: &mut Env) {
+    qp.resp.write = None;
+    if let Some(ctx) = qp.resp.recv.take() {
+        qp.resp.recv = Some(ctx);
+        complete_recv(
+            qp,
+            env,
+            abi::WC_WR_FLUSH_ERR,
+            0,
+            None,
+            abi::WC_OP_RECV,
+            false,
+        );
+    }
+    // Bounded by the ring size: the doorbell handler keeps pi - ci <= size.
+    while qp.resp.rq_ci != qp.resp.rq_pi {
+        let wr_id = mem::read_obj::<abi::RecvWqe>(env.mem, qp.rq.slot(qp.resp.rq_ci))
+            .map(|w| w.wr_id)
+            .unwrap_or(0);
+        qp.resp.recv = Some(RecvCtx {
+            wr_id,
+            sges: Vec::new(),
+            offset: 0,
+        });
+        complete_recv(
+            qp,
+            env,
+            abi::WC_WR_FLUSH_ERR,
+            0,
+            None,
+            abi::WC_OP_RECV,
+            false,
+        );
+    }
+}

@@ -1,0 +1,323 @@
+//! Memory regions: a virtual address range backed by a list of driver pages
+//! (`ibv_reg_mr(3)`; IBTA Vol 1 §10.6), and the keys that name them.
+
+use crate::abi;
+use crate::mem::{DmaMemory, MemError};
+
+/// Why an access through an MR was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum MrError {
+    /// The key names no MR, or an MR that was deregistered (stale key bits).
+    #[error("no memory region for key {0:#x}")]
+    BadKey(u32),
+    /// The MR belongs to another protection domain.
+    #[error("memory region is in another protection domain")]
+    WrongPd,
+    /// The MR's access flags do not allow the access.
+    #[error("memory region access flags do not allow this access")]
+    Access,
+    /// The range falls outside the MR.
+    #[error("range outside the memory region")]
+    Bounds,
+    /// The driver memory behind the MR could not be accessed.
+    #[error("driver memory: {0}")]
+    Mem(#[from] MemError),
+}
+
+/// A registered memory region.
+#[derive(Debug, Clone)]
+pub struct Mr {
+    /// Local key (also identifies the MR in commands).
+    pub lkey: u32,
+    /// Remote key.
+    pub rkey: u32,
+    /// Protection domain number.
+    pub pdn: u32,
+    /// `ibv_access_flags`.
+    pub access: u32,
+    /// First virtual address.
+    pub iova: u64,
+    /// Length, bytes.
+    pub length: u64,
+    /// log2 of the page size.
+    pub page_shift: u32,
+    /// Guest-physical address of each page.
+    pub pages: Vec<u64>,
+}
+
+impl Mr {
+    /// Checks that `[va, va+len)` lies inside the MR.
+    pub fn check_range(&self, va: u64, len: u64) -> Result<(), MrError> {
+        let end = va.checked_add(len).ok_or(MrError::Bounds)?;
+        let mr_end = self.iova + self.length;
+        if va < self.iova || end > mr_end {
+            return Err(MrError::Bounds);
+        }
+        Ok(())
+    }
+
+    /// Calls `f(gpa, offset, len)` for each physically contiguous piece of
+    /// `[va, va+len)`; `offset` counts bytes from `va`. The range must have
+    /// been checked with [`Mr::check_range`].
+    fn for_each_piece(
+        &self,
+        va: u64,
+        len: usize,
+        mut f: impl FnMut(u64, usize, usize) -> Result<(), MemError>,
+    ) -> Result<(), MrError> {
+        self.check_range(va, len as u64)?;
+        let page = 1u64 << self.page_shift;
+        let base = self.iova & !(page - 1);
+        let mut done = 0usize;
+        while done < len {
+            let cur = va + done as u64;
+            let idx = ((cur - base) >> self.page_shift) as usize;
+            let in_page = cur & (page - 1);
+            let n = ((page - in_page) as usize).min(len - done);
+            let gpa = self.pages.get(idx).ok_or(MrError::Bounds)? + in_page;
+            f(gpa, done, n)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Copies `buf.len()` bytes at `va` of the MR into `buf`.
+    pub fn read(&self, mem: &dyn DmaMemory, va: u64, buf: &mut [u8]) -> Result<(), MrError> {
+        self.for_each_piece(va, buf.len(), |gpa, off, n| {
+            mem.read(gpa, &mut buf[off..off + n])
+        })
+    }
+
+    /// Copies `data` to `va` of the MR.
+    pub fn write(&self, mem: &dyn DmaMemory, va: u64, data: &[u8]) -> Result<(), MrError> {
+        self.for_each_piece(va, data.len(), |gpa, off, n| {
+            mem.write(gpa, &data[off..off + n])
+        })
+    }
+}
+
+/// The MR table. Keys are `index << 8 | generation`: a deregistered MR's
+/// keys stop working because the slot's generation moves on.
+#[derive(Debug, Default)]
+pub struct MrTable {
+    slots: Vec<(u8, Option<Mr>)>,
+}
+
+impl MrTable {
+    /// Number of live MRs.
+    pub fn len(&self) -> usize {
+        self.slots.iter().filter(|s| s.1.is_some()).count()
+    }
+
+    /// True when no MR is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Registers `mr` (its keys are assigned here); returns `(lkey, rkey)`.
+    /// `None` when `max` MRs exist.
+    pub fn insert(&mut self, mut mr: Mr, max: usize) -> Option<(u32, u32)> {
+        let idx = match self.slots.iter().position(|s| s.1.is_none()) {
+            Some(i) => i,
+            None if self.slots.len() < max => {
+                self.slots.push((0, None));
+                self.slots.len() - 1
+            }
+            None => return None,
+        };
+        let slot = &mut self.slots[idx];
+        slot.0 = slot.0.wrapping_add(1);
+        // Index 0 with generation 0 would be key 0; generations start at 1.
+        if slot.0 == 0 {
+            slot.0 = 1;
+        }
+        let key = ((idx as u32 + 1) << 8) | slot.0 as u32;
+        mr.lkey = key;
+        mr.rkey = key;
+        slot.1 = Some(mr);
+        Some((key, key))
+    }
+
+    /// The MR named by `key` (lkey or rkey).
+    pub fn get(&self, key: u32) -> Result<&Mr, MrError> {
+        let idx = (key >> 8) as usize;
+        let gen = (key & 0xff) as u8;
+        match idx.checked_sub(1).and_then(|i| self.slots.get(i)) {
+            Some((g, Some(mr))) if *g == gen => Ok(mr),
+            _ => Err(MrError::BadKey(key)),
+        }
+    }
+
+    /// Removes the MR named by `lkey`.
+    pub fn remove(&mut self, lkey: u32) -> Option<Mr> {
+        self.get(lkey).ok()?;
+        let idx = (lkey >> 8) as usize - 1;
+        self.slots[idx].1.take()
+    }
+
+    /// True when some MR belongs to `pdn`.
+    pub fn uses_pd(&self, pdn: u32) -> bool {
+        self.slots
+            .iter()
+            .any(|s| s.1.as_ref().is_some_and(|m| m.pdn == pdn))
+    }
+
+    /// Looks up `key` for an access by a QP in `pdn` needing `access`
+    /// (`abi::ACCESS_*`, 0 for a local read) over `[va, va+len)`.
+    pub fn check(
+        &self,
+        key: u32,
+        pdn: u32,
+        access: u32,
+        va: u64,
+        len: u64,
+    ) -> Result<&Mr, MrError> {
+        let mr = self.get(key)?;
+        if mr.pdn != pdn {
+            return Err(MrError::WrongPd);
+        }
+        if mr.access & access != access {
+            return Err(MrError::Access);
+        }
+        mr.check_range(va, len)?;
+        Ok(mr)
+    }
+}
+
+/// Validates a `CMD_REG_MR` request's shape (not its memory): access flag
+/// rules of `ibv_reg_mr(3)` (remote write or atomic need local write) and
+/// the page list length. Returns the status to answer on failure.
+pub fn validate_reg(req: &abi::RegMr, max_mr_size: u64) -> Result<(), abi::Status> {
+    let known = abi::ACCESS_LOCAL_WRITE
+        | abi::ACCESS_REMOTE_WRITE
+        | abi::ACCESS_REMOTE_READ
+        | abi::ACCESS_REMOTE_ATOMIC;
+    if req.access & !known != 0 {
+        return Err(abi::STATUS_EINVAL);
+    }
+    if req.access & (abi::ACCESS_REMOTE_WRITE | abi::ACCESS_REMOTE_ATOMIC) != 0
+        && req.access & abi::ACCESS_LOCAL_WRITE == 0
+    {
+        return Err(abi::STATUS_EINVAL);
+    }
+    if !(12..=30).contains(&req.page_shift) || req.length == 0 || req.length > max_mr_size {
+        return Err(abi::STATUS_EINVAL);
+    }
+    let page = 1u64 << req.page_shift;
+    let end = req.iova.checked_add(req.length).ok_or(abi::STATUS_EINVAL)?;
+    let first = req.iova & !(page - 1);
+    let npages = (end - first).div_ceil(page);
+    if npages != req.npages as u64 {
+        return Err(abi::STATUS_EINVAL);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::VecMemory;
+
+    fn mr(pages: Vec<u64>) -> Mr {
+        Mr {
+            lkey: 0,
+            rkey: 0,
+            pdn: 1,
+            access: abi::ACCESS_LOCAL_WRITE | abi::ACCESS_REMOTE_WRITE,
+            iova: 0x7000_0800,
+            length: 0x1800,
+            page_shift: 12,
+            pages,
+        }
+    }
+
+    #[test]
+    fn access_crosses_scattered_pages() {
+        let mem = VecMemory::new(0, 0x10000);
+        // Virtual pages 0x7000_0000 and 0x7000_1000 live at 0x5000 and 0x2000.
+        let m = mr(vec![0x5000, 0x2000]);
+        let data: Vec<u8> = (0..0x1800u32).map(|i| i as u8).collect();
+        m.write(&mem, 0x7000_0800, &data).unwrap();
+        let mut first = [0u8; 4];
+        mem.read(0x5800, &mut first).unwrap();
+        assert_eq!(first, [0, 1, 2, 3]);
+        let mut second = [0u8; 1];
+        mem.read(0x2000, &mut second).unwrap();
+        assert_eq!(second[0], (0x800u32) as u8);
+        let mut back = vec![0u8; 0x1800];
+        m.read(&mem, 0x7000_0800, &mut back).unwrap();
+        assert_eq!(back, data);
+    }
+
+    #[test]
+    fn out_of_bounds_and_stale_keys_are_rejected() {
+        let mut t = MrTable::default();
+        let (lkey, _) = t.insert(mr(vec![0x5000, 0x2000]), 4).unwrap();
+        assert!(matches!(
+            t.check(lkey, 1, 0, 0x7000_07ff, 1),
+            Err(MrError::Bounds)
+        ));
+        assert!(matches!(
+            t.check(lkey, 1, 0, 0x7000_1fff, 2),
+            Err(MrError::Bounds)
+        ));
+        assert!(matches!(
+            t.check(lkey, 1, 0, u64::MAX, 2),
+            Err(MrError::Bounds)
+        ));
+        assert!(matches!(
+            t.check(lkey, 2, 0, 0x7000_0800, 1),
+            Err(MrError::WrongPd)
+        ));
+        assert!(matches!(
+            t.check(lkey, 1, abi::ACCESS_REMOTE_READ, 0x7000_0800, 1),
+            Err(MrError::Access)
+        ));
+        assert!(t
+            .check(lkey, 1, abi::ACCESS_REMOTE_WRITE, 0x7000_0800, 0x1800)
+            .is_ok());
+        t.remove(lkey).unwrap();
+        let (lkey2, _) = t.insert(mr(vec![0x5000, 0x2000]), 4).unwrap();
+        assert_ne!(lkey, lkey2);
+        assert!(matches!(t.get(lkey), Err(MrError::BadKey(_))));
+    }
+
+    #[test]
+    fn registration_shape_is_validated() {
+        let ok = abi::RegMr {
+            pdn: 1,
+            access: abi::ACCESS_LOCAL_WRITE,
+            iova: 0x1800,
+            length: 0x1000,
+            page_shift: 12,
+            npages: 2,
+            page_list: 0,
+        };
+        assert_eq!(validate_reg(&ok, 1 << 30), Ok(()));
+        assert!(validate_reg(&abi::RegMr { npages: 1, ..ok }, 1 << 30).is_err());
+        assert!(validate_reg(
+            &abi::RegMr {
+                access: abi::ACCESS_REMOTE_WRITE,
+                ..ok
+            },
+            1 << 30
+        )
+        .is_err());
+        assert!(validate_reg(
+            &abi::RegMr {
+                iova: u64::MAX,
+                ..ok
+            },
+            1 << 30
+        )
+        .is_err());
+        assert!(validate_reg(
+            &abi::RegMr {
+                page_shift: 63,
+                ..ok
+            },
+            1 << 30
+        )
+        .is_err());
+    }
+}

@@ -1,0 +1,223 @@
+//! Queue pairs: rings, attributes and the state machine of
+//! `ibv_modify_qp(3)` (IBTA Vol 1 §10.3, §11.2.5 "Modify QP" with the
+//! required/optional attribute tables).
+
+use crate::abi;
+use crate::transport::{requester::ReqState, responder::RespState};
+
+/// A work queue ring in driver memory.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ring {
+    /// Guest-physical address of slot 0.
+    pub gpa: u64,
+    /// Number of slots (power of two; 0 for none).
+    pub size: u32,
+    /// Bytes per slot.
+    pub stride: u32,
+}
+
+impl Ring {
+    /// Guest-physical address of the slot for free-running index `idx`.
+    pub fn slot(&self, idx: u32) -> u64 {
+        self.gpa + (idx & (self.size - 1)) as u64 * self.stride as u64
+    }
+}
+
+/// A queue pair.
+#[derive(Debug)]
+pub struct Qp {
+    /// QP number.
+    pub qpn: u32,
+    /// Protection domain.
+    pub pdn: u32,
+    /// `abi::QPT_*`.
+    pub qp_type: u32,
+    /// `abi::QPS_*`.
+    pub state: u32,
+    /// CQ for send completions.
+    pub send_cqn: u32,
+    /// CQ for receive completions.
+    pub recv_cqn: u32,
+    /// Every send WQE completes with a CQE.
+    pub sq_sig_all: bool,
+    /// Send queue.
+    pub sq: Ring,
+    /// Receive queue.
+    pub rq: Ring,
+    /// Maximum SGEs per send / receive WQE, inline bytes.
+    pub max_send_sge: u32,
+    /// Maximum SGEs per receive WQE.
+    pub max_recv_sge: u32,
+    /// Maximum inline bytes per send WQE.
+    pub max_inline: u32,
+    /// Guest-physical address of the QP record (device-written consumer indices).
+    pub record: u64,
+    /// Current attributes (as returned by `CMD_QUERY_QP`).
+    pub attr: abi::QpAttr,
+    /// Requester (send side) state.
+    pub req: ReqState,
+    /// Responder (receive side) state.
+    pub resp: RespState,
+}
+
+impl Qp {
+    /// Path MTU in bytes (1024 until set).
+    pub fn mtu(&self) -> u32 {
+        abi::mtu_bytes(self.attr.path_mtu).unwrap_or(1024)
+    }
+}
+
+use abi::{
+    QP_ATTR_ACCESS_FLAGS as ACCESS, QP_ATTR_AV as AV, QP_ATTR_CUR_STATE as CUR,
+    QP_ATTR_DEST_QPN as DEST_QPN, QP_ATTR_MAX_DEST_RD_ATOMIC as MAX_DEST_RD,
+    QP_ATTR_MAX_QP_RD_ATOMIC as MAX_RD, QP_ATTR_MIN_RNR_TIMER as MIN_RNR,
+    QP_ATTR_PATH_MTU as PATH_MTU, QP_ATTR_PKEY_INDEX as PKEY, QP_ATTR_PORT as PORT,
+    QP_ATTR_QKEY as QKEY, QP_ATTR_RETRY_CNT as RETRY, QP_ATTR_RNR_RETRY as RNR_RETRY,
+    QP_ATTR_RQ_PSN as RQ_PSN, QP_ATTR_SQ_PSN as SQ_PSN, QP_ATTR_STATE as STATE,
+    QP_ATTR_TIMEOUT as TIMEOUT,
+};
+
+/// Required and optional attribute masks for a transition of a QP type, per
+/// IBTA Vol 1 Table 91 / `ibv_modify_qp(3)`; `None` when the transition is
+/// not allowed.
+pub fn transition_masks(qp_type: u32, cur: u32, next: u32) -> Option<(u32, u32)> {
+    use abi::{QPS_ERR, QPS_INIT, QPS_RESET, QPS_RTR, QPS_RTS, QPS_SQD, QPS_SQE};
+    let ud = qp_type == abi::QPT_UD;
+    let uc = qp_type == abi::QPT_UC;
+    let m = match (cur, next) {
+        (_, QPS_RESET) | (_, QPS_ERR) => (STATE, 0),
+        (QPS_RESET, QPS_INIT) if ud => (STATE | PKEY | PORT | QKEY, 0),
+        (QPS_RESET, QPS_INIT) => (STATE | PKEY | PORT | ACCESS, 0),
+        (QPS_INIT, QPS_INIT) if ud => (STATE, PKEY | PORT | QKEY),
+        (QPS_INIT, QPS_INIT) => (STATE, PKEY | PORT | ACCESS),
+        (QPS_INIT, QPS_RTR) if ud => (STATE, PKEY | QKEY),
+        (QPS_INIT, QPS_RTR) if uc => (STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN, ACCESS | PKEY),
+        (QPS_INIT, QPS_RTR) => (
+            STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD | MIN_RNR,
+            ACCESS | PKEY,
+        ),
+        (QPS_RTR, QPS_RTS) if ud => (STATE | SQ_PSN, CUR | QKEY),
+        (QPS_RTR, QPS_RTS) if uc => (STATE | SQ_PSN, CUR | ACCESS),
+        (QPS_RTR, QPS_RTS) => (
+            STATE | SQ_PSN | TIMEOUT | RETRY | RNR_RETRY | MAX_RD,
+            CUR | ACCESS | MIN_RNR,
+        ),
+        (QPS_RTS, QPS_RTS) if ud => (STATE, CUR | QKEY),
+        (QPS_RTS, QPS_RTS) => (STATE, CUR | ACCESS | MIN_RNR),
+        (QPS_RTS, QPS_SQD) => (STATE, 0),
+        (QPS_SQD, QPS_RTS) => (STATE, CUR | ACCESS | MIN_RNR | QKEY),
+        (QPS_SQD, QPS_SQD) => (STATE, ACCESS | MIN_RNR | TIMEOUT | RETRY | RNR_RETRY | QKEY),
+        (QPS_SQE, QPS_RTS) => (STATE, CUR | QKEY | ACCESS),
+        _ => return None,
+    };
+    Some(m)
+}
+
+/// Validates a modify request against the transition table and value
+/// ranges; returns the status to answer on failure (`EINVAL`).
+pub fn validate_modify(qp: &Qp, a: &abi::QpAttr) -> Result<u32, abi::Status> {
+    let next = if a.attr_mask & STATE != 0 {
+        a.qp_state
+    } else {
+        qp.state
+    };
+    if a.attr_mask & CUR != 0 && a.qp_state != qp.state && a.attr_mask & STATE == 0 {
+        return Err(abi::STATUS_EINVAL);
+    }
+    let (req, opt) = transition_masks(qp.qp_type, qp.state, next).ok_or(abi::STATUS_EINVAL)?;
+    let mask = a.attr_mask | STATE;
+    if mask & req != req || mask & !(req | opt) != 0 {
+        return Err(abi::STATUS_EINVAL);
+    }
+    if mask & PATH_MTU != 0 && abi::mtu_bytes(a.path_mtu).is_none() {
+        return Err(abi::STATUS_EINVAL);
+    }
+    if mask & PORT != 0 && a.port_num != 1 {
+        return Err(abi::STATUS_EINVAL);
+    }
+    if mask & RETRY != 0 && a.retry_cnt > 7 || mask & RNR_RETRY != 0 && a.rnr_retry > 7 {
+        return Err(abi::STATUS_EINVAL);
+    }
+    if mask & (TIMEOUT) != 0 && a.timeout > 31 || mask & MIN_RNR != 0 && a.min_rnr_timer > 31 {
+        return Err(abi::STATUS_EINVAL);
+    }
+    if mask & (SQ_PSN | RQ_PSN | DEST_QPN) != 0
+        && (a.sq_psn > 0xff_ffff || a.rq_psn > 0xff_ffff || a.dest_qp_num > 0xff_ffff)
+    {
+        return Err(abi::STATUS_EINVAL);
+    }
+    Ok(next)
+}
+
+/// Copies the attributes named by `a.attr_mask` into `cur`.
+pub fn apply_attrs(cur: &mut abi::QpAttr, a: &abi::QpAttr) {
+    let m = a.attr_mask;
+    if m & STATE != 0 {
+        cur.qp_state = a.qp_state;
+    }
+    if m & ACCESS != 0 {
+        cur.qp_access_flags = a.qp_access_flags;
+    }
+    if m & PKEY != 0 {
+        cur.pkey_index = a.pkey_index;
+    }
+    if m & PORT != 0 {
+        cur.port_num = a.port_num;
+    }
+    if m & QKEY != 0 {
+        cur.qkey = a.qkey;
+    }
+    if m & AV != 0 {
+        cur.dgid = a.dgid;
+        cur.sgid_index = a.sgid_index;
+        cur.hop_limit = a.hop_limit;
+        cur.traffic_class = a.traffic_class;
+        cur.flow_label = a.flow_label;
+        cur.sl = a.sl;
+        cur.is_global = a.is_global;
+    }
+    if m & PATH_MTU != 0 {
+        cur.path_mtu = a.path_mtu;
+    }
+    if m & TIMEOUT != 0 {
+        cur.timeout = a.timeout;
+    }
+    if m & RETRY != 0 {
+        cur.retry_cnt = a.retry_cnt;
+    }
+    if m & RNR_RETRY != 0 {
+        cur.rnr_retry = a.rnr_retry;
+    }
+    if m & RQ_PSN != 0 {
+        cur.rq_psn = a.rq_psn;
+    }
+    if m & MAX_RD != 0 {
+        cur.max_rd_atomic = a.max_rd_atomic;
+    }
+    if m & MIN_RNR != 0 {
+        cur.min_rnr_timer = a.min_rnr_timer;
+    }
+    if m & SQ_PSN != 0 {
+        cur.sq_psn = a.sq_psn;
+    }
+    if m & MAX_DEST_RD != 0 {
+        cur.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    }
+    if m & DEST_QPN != 0 {
+        cur.dest_qp_num = a.dest_qp_num;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rc_transitions_require_ibv_attributes() {
+        let (req, _) = transition_masks(abi::QPT_RC, abi::QPS_RESET, abi::QPS_INIT).unwrap();
+        assert_eq!(req, STATE | PKEY | PORT | ACCESS);
+        assert!(transition_masks(abi::QPT_RC, abi::QPS_RESET, abi::QPS_RTS).is_none());
+        assert!(transition_masks(abi::QPT_RC, abi::QPS_INIT, abi::QPS_RTS).is_none());
+        assert!(transition_masks(abi::QPT_RC, abi::QPS_RTS, abi::QPS_ERR).is_some());
+    }
+}

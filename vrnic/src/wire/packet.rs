@@ -1,0 +1,478 @@
+//! Whole RoCEv2 frames: Ethernet / IPv4 or IPv6 / UDP 4791 / BTH /
+//! extension headers / payload / pad / ICRC (IBTA Vol 1 Annex A17.4).
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use etherparse::{
+    EtherType, Ethernet2Header, Ethernet2HeaderSlice, IpDscp, IpEcn, IpNumber, Ipv4Header,
+    Ipv4HeaderSlice, Ipv6FlowLabel, Ipv6Header, Ipv6HeaderSlice, UdpHeader,
+};
+
+use super::{
+    be16, be32, icrc, Aeth, ArpPacket, AtomicAckEth, AtomicEth, Bth, Deth, Ieth, Immdt, Reth,
+    WireError, ICRC_LEN, ROCEV2_UDP_PORT,
+};
+
+const ETH_LEN: usize = 14;
+const UDP_LEN: usize = UdpHeader::LEN;
+const IPV4_LEN: usize = Ipv4Header::MIN_LEN;
+const IPV6_LEN: usize = Ipv6Header::LEN;
+
+/// Every header of a RoCEv2 frame, parsed (the "Repr" of a whole frame).
+///
+/// The extension headers present must be those `bth.opcode` requires
+/// (see [`super::Opcode::has_reth`] etc.); [`parse_frame`] fills exactly
+/// those and leaves the others `None`; [`emit_frame`] writes whichever are
+/// `Some`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoceHeaders {
+    /// Ethernet source MAC.
+    pub eth_src: [u8; 6],
+    /// Ethernet destination MAC.
+    pub eth_dst: [u8; 6],
+    /// IP source; with `ip_dst` selects IPv4 (both V4) or IPv6.
+    pub ip_src: IpAddr,
+    /// IP destination.
+    pub ip_dst: IpAddr,
+    /// IPv4 identification (0 when parsed from IPv6; ignored for IPv6).
+    pub ip_id: u16,
+    /// IPv4 TTL or IPv6 hop limit (masked in the ICRC).
+    pub ttl: u8,
+    /// IPv4 TOS byte (DSCP << 2 | ECN) or IPv6 traffic class (masked in the
+    /// ICRC).
+    pub tclass: u8,
+    /// IPv6 flow label, 20 bits (0 when parsed from IPv4; ignored for IPv4;
+    /// masked in the ICRC).
+    pub flow_label: u32,
+    /// UDP source port (RoCEv2 lets the sender choose it, e.g. as an
+    /// entropy/flow hash for ECMP); the destination port is always 4791.
+    pub udp_src: u16,
+    /// Base transport header.
+    pub bth: Bth,
+    /// RDMA extended transport header (9.3.3).
+    pub reth: Option<Reth>,
+    /// ACK extended transport header (9.3.5).
+    pub aeth: Option<Aeth>,
+    /// Atomic extended transport header (9.3.4).
+    pub atomic_eth: Option<AtomicEth>,
+    /// Atomic ACK extended transport header (9.3.5.3).
+    pub atomic_ack_eth: Option<AtomicAckEth>,
+    /// Datagram extended transport header (9.3.2).
+    pub deth: Option<Deth>,
+    /// Immediate data (9.3.6).
+    pub immdt: Option<Immdt>,
+    /// Invalidate extended transport header (9.3.7).
+    pub ieth: Option<Ieth>,
+}
+
+impl RoceHeaders {
+    /// Bytes of the extension headers that are `Some`.
+    pub fn ext_len(&self) -> usize {
+        [
+            self.deth.map(|_| Deth::LEN),
+            self.reth.map(|_| Reth::LEN),
+            self.atomic_eth.map(|_| AtomicEth::LEN),
+            self.aeth.map(|_| Aeth::LEN),
+            self.atomic_ack_eth.map(|_| AtomicAckEth::LEN),
+            self.immdt.map(|_| Immdt::LEN),
+            self.ieth.map(|_| Ieth::LEN),
+        ]
+        .iter()
+        .flatten()
+        .sum()
+    }
+
+    /// Length in bytes of the frame [`emit_frame`] produces for a payload of
+    /// `payload_len` bytes: Ethernet + IP + UDP + BTH + extension headers +
+    /// payload + pad + ICRC.
+    pub fn frame_len(&self, payload_len: usize) -> usize {
+        let ip_len = if self.is_ipv4() { IPV4_LEN } else { IPV6_LEN };
+        ETH_LEN
+            + ip_len
+            + UDP_LEN
+            + Bth::LEN
+            + self.ext_len()
+            + payload_len
+            + pad_len(payload_len)
+            + ICRC_LEN
+    }
+
+    fn is_ipv4(&self) -> bool {
+        self.ip_src.is_ipv4() && self.ip_dst.is_ipv4()
+    }
+}
+
+/// A parsed RoCEv2 frame borrowing its payload from the frame buffer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RocePacket<'a> {
+    /// All headers.
+    pub hdr: RoceHeaders,
+    /// The payload after the extension headers, without pad bytes and ICRC.
+    pub payload: &'a [u8],
+}
+
+/// What [`parse_frame`] found in an Ethernet frame.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Frame<'a> {
+    /// A valid RoCEv2 packet.
+    Roce(RocePacket<'a>),
+    /// An Ethernet/IPv4 ARP packet.
+    Arp(ArpPacket),
+    /// Anything else: other ethertypes (including VLAN-tagged frames), other
+    /// IP protocols, UDP to other ports, non-first IPv4 fragments, IPv6
+    /// packets with extension headers, other ARP hardware/protocol types.
+    Other,
+}
+
+/// Pad bytes needed after `payload_len` bytes to reach a multiple of 4
+/// (IBTA 9.2 PadCnt).
+fn pad_len(payload_len: usize) -> usize {
+    (4 - payload_len % 4) % 4
+}
+
+/// Parses and validates an Ethernet frame (no FCS).
+///
+/// - Ethertype ARP -> [`Frame::Arp`] (Ethernet/IPv4 ARP) or
+///   [`Frame::Other`]; `Err(Truncated)` if the ARP packet is cut short.
+/// - IPv4/IPv6 + UDP destination port 4791 -> [`Frame::Roce`] after
+///   validating, in this order: the IP header ([`WireError::BadIpHeader`],
+///   [`WireError::BadIpChecksum`] — checked for every IPv4 packet,
+///   [`WireError::Truncated`] if the frame is shorter than the IP length),
+///   no fragmentation ([`WireError::Fragmented`]), UDP length equal to the IP
+///   payload length and room for BTH + ICRC ([`WireError::BadLength`]), the
+///   ICRC ([`WireError::BadIcrc`]), the BTH ([`WireError::UnknownOpcode`],
+///   [`WireError::BadTver`]), room for the extension headers the opcode
+///   requires, payload + pad a multiple of 4 and empty for opcodes without
+///   payload ([`WireError::BadLength`]), pad count ≤ payload
+///   ([`WireError::BadPadCount`]). The UDP checksum is not checked (RoCEv2
+///   relies on the ICRC; IPv4 senders send 0).
+/// - Anything else -> [`Frame::Other`].
+///
+/// Trailing bytes beyond the IP length (Ethernet padding of short frames)
+/// are ignored. Never panics and never allocates.
+pub fn parse_frame(frame: &[u8]) -> Result<Frame<'_>, WireError> {
+    let eth = Ethernet2HeaderSlice::from_slice(frame).map_err(|_| WireError::Truncated)?;
+    match eth.ether_type() {
+        EtherType::ARP => Ok(match ArpPacket::parse(&frame[ETH_LEN..])? {
+            Some(arp) => Frame::Arp(arp),
+            None => Frame::Other,
+        }),
+        EtherType::IPV4 | EtherType::IPV6 => match parse_roce(frame) {
+            Ok(p) => Ok(Frame::Roce(p)),
+            Err(WireError::NotRoce) => Ok(Frame::Other),
+            Err(e) => Err(e),
+        },
+        _ => Ok(Frame::Other),
+    }
+}
+
+/// Parses an Ethernet frame that must be RoCEv2, like [`parse_frame`]:
+/// [`WireError::NotIp`] for non-IP ethertypes and [`WireError::NotRoce`] for
+/// IP packets that are not UDP to port 4791; every other error as there.
+pub fn parse_roce(frame: &[u8]) -> Result<RocePacket<'_>, WireError> {
+    let eth = Ethernet2HeaderSlice::from_slice(frame).map_err(|_| WireError::Truncated)?;
+    let l3 = &frame[ETH_LEN..];
+    let ip = match eth.ether_type() {
+        EtherType::IPV4 => parse_ipv4(l3)?,
+        EtherType::IPV6 => parse_ipv6(l3)?,
+        _ => return Err(WireError::NotIp),
+    };
+    let udp = &ip.packet[ip.hdr_len..];
+    if udp.len() < UDP_LEN {
+        return Err(WireError::BadLength);
+    }
+    if be16(&udp[2..]) != ROCEV2_UDP_PORT {
+        return Err(WireError::NotRoce);
+    }
+    if ip.more_fragments {
+        return Err(WireError::Fragmented);
+    }
+    if usize::from(be16(&udp[4..])) != udp.len() || udp.len() < UDP_LEN + Bth::LEN + ICRC_LEN {
+        return Err(WireError::BadLength);
+    }
+    let (covered, trailer) = ip.packet.split_at(ip.packet.len() - ICRC_LEN);
+    if icrc(covered) != be32(trailer) {
+        return Err(WireError::BadIcrc);
+    }
+    let ib = &covered[ip.hdr_len + UDP_LEN..];
+    let bth = Bth::parse(ib)?;
+    if bth.tver != 0 {
+        return Err(WireError::BadTver(bth.tver));
+    }
+    let op = bth.opcode;
+    let hdr_len = op.header_len();
+    if ib.len() < hdr_len {
+        return Err(WireError::BadLength);
+    }
+    let mut hdr = RoceHeaders {
+        eth_src: eth.source(),
+        eth_dst: eth.destination(),
+        ip_src: ip.src,
+        ip_dst: ip.dst,
+        ip_id: ip.id,
+        ttl: ip.ttl,
+        tclass: ip.tclass,
+        flow_label: ip.flow_label,
+        udp_src: be16(udp),
+        bth,
+        reth: None,
+        aeth: None,
+        atomic_eth: None,
+        atomic_ack_eth: None,
+        deth: None,
+        immdt: None,
+        ieth: None,
+    };
+    // Extension headers in IBTA order (9.2: BTH, RDETH, DETH, RETH,
+    // AtomicETH, AETH, AtomicAckETH, ImmDt, IETH); `ib` holds them all.
+    let mut off = Bth::LEN;
+    macro_rules! ext {
+        ($has:ident, $field:ident, $ty:ty) => {
+            if op.$has() {
+                hdr.$field = Some(<$ty>::parse(&ib[off..])?);
+                off += <$ty>::LEN;
+            }
+        };
+    }
+    ext!(has_deth, deth, Deth);
+    ext!(has_reth, reth, Reth);
+    ext!(has_atomic_eth, atomic_eth, AtomicEth);
+    ext!(has_aeth, aeth, Aeth);
+    ext!(has_atomic_ack_eth, atomic_ack_eth, AtomicAckEth);
+    ext!(has_immdt, immdt, Immdt);
+    ext!(has_ieth, ieth, Ieth);
+    debug_assert_eq!(off, hdr_len);
+    let padded = &ib[hdr_len..];
+    if padded.len() % 4 != 0 || (!op.has_payload() && !padded.is_empty()) {
+        return Err(WireError::BadLength);
+    }
+    let pad = usize::from(bth.pad_count);
+    if pad > padded.len() {
+        return Err(WireError::BadPadCount);
+    }
+    Ok(RocePacket {
+        hdr,
+        payload: &padded[..padded.len() - pad],
+    })
+}
+
+/// The IP layer of a frame, validated.
+struct IpInfo<'a> {
+    /// From the IP header to the end given by the IP length field.
+    packet: &'a [u8],
+    hdr_len: usize,
+    src: IpAddr,
+    dst: IpAddr,
+    id: u16,
+    ttl: u8,
+    tclass: u8,
+    flow_label: u32,
+    more_fragments: bool,
+}
+
+fn parse_ipv4(l3: &[u8]) -> Result<IpInfo<'_>, WireError> {
+    use etherparse::err::ipv4::HeaderSliceError;
+    let h = Ipv4HeaderSlice::from_slice(l3).map_err(|e| match e {
+        HeaderSliceError::Len(_) => WireError::Truncated,
+        HeaderSliceError::Content(_) => WireError::BadIpHeader,
+    })?;
+    let hdr_len = h.slice().len();
+    let total = usize::from(h.total_len());
+    if total < hdr_len {
+        return Err(WireError::BadIpHeader);
+    }
+    let packet = l3.get(..total).ok_or(WireError::Truncated)?;
+    if ones_complement_sum(h.slice()) != 0xffff {
+        return Err(WireError::BadIpChecksum);
+    }
+    if h.protocol() != IpNumber::UDP || h.fragments_offset().value() != 0 {
+        return Err(WireError::NotRoce);
+    }
+    Ok(IpInfo {
+        packet,
+        hdr_len,
+        src: IpAddr::V4(h.source_addr()),
+        dst: IpAddr::V4(h.destination_addr()),
+        id: h.identification(),
+        ttl: h.ttl(),
+        tclass: l3[1],
+        flow_label: 0,
+        more_fragments: h.more_fragments(),
+    })
+}
+
+fn parse_ipv6(l3: &[u8]) -> Result<IpInfo<'_>, WireError> {
+    use etherparse::err::ipv6::HeaderSliceError;
+    let h = Ipv6HeaderSlice::from_slice(l3).map_err(|e| match e {
+        HeaderSliceError::Len(_) => WireError::Truncated,
+        HeaderSliceError::Content(_) => WireError::BadIpHeader,
+    })?;
+    let total = IPV6_LEN + usize::from(h.payload_length());
+    let packet = l3.get(..total).ok_or(WireError::Truncated)?;
+    if h.next_header() != IpNumber::UDP {
+        return Err(WireError::NotRoce);
+    }
+    Ok(IpInfo {
+        packet,
+        hdr_len: IPV6_LEN,
+        src: IpAddr::V6(h.source_addr()),
+        dst: IpAddr::V6(h.destination_addr()),
+        id: 0,
+        ttl: h.hop_limit(),
+        tclass: h.traffic_class(),
+        flow_label: h.flow_label().value(),
+        more_fragments: false,
+    })
+}
+
+/// The folded 16-bit one's complement sum of `data` (RFC 1071); 0xffff for
+/// an IPv4 header with a correct checksum.
+fn ones_complement_sum(data: &[u8]) -> u16 {
+    let mut sum: u32 = data
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
+
+/// Emits a complete RoCEv2 frame (no FCS) into `out`, which is cleared
+/// first:
+///
+/// 1. Ethernet: `eth_dst`, `eth_src`, ethertype 0x0800 or 0x86dd;
+/// 2. IPv4 (both addresses V4: 20 bytes, TOS `tclass`, ID `ip_id`, DF set,
+///    TTL `ttl`, protocol 17, header checksum) or IPv6 (otherwise; a V4
+///    address is written IPv4-mapped; traffic class `tclass`, flow label
+///    `flow_label & 0xfffff`, hop limit `ttl`, next header 17);
+/// 3. UDP: source `udp_src`, destination 4791, checksum 0 over IPv4,
+///    computed (RFC 8200 8.1) over IPv6;
+/// 4. BTH, with `pad_count` computed from `payload.len()` (the value in
+///    `hdr.bth.pad_count` is ignored);
+/// 5. the extension headers that are `Some`, in IBTA order: DETH, RETH,
+///    AtomicETH, AETH, AtomicAckETH, ImmDt, IETH (IBTA 9.2);
+/// 6. `payload`, zero pad to a multiple of 4, and the ICRC ([`icrc`]).
+///
+/// The frame is [`RoceHeaders::frame_len`] bytes long and is not padded to
+/// the 60-byte Ethernet minimum. The caller keeps the IP packet within
+/// 65535 bytes (MTU-sized payloads); longer payloads are a bug
+/// (debug-asserted) and would get wrapped length fields.
+pub fn emit_frame(hdr: &RoceHeaders, payload: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    out.reserve(hdr.frame_len(payload.len()));
+    let pad = pad_len(payload.len());
+    let udp_len = UDP_LEN + Bth::LEN + hdr.ext_len() + payload.len() + pad + ICRC_LEN;
+    debug_assert!(
+        udp_len + IPV6_LEN <= usize::from(u16::MAX),
+        "RoCE payload too long"
+    );
+
+    // Ethernet and IP.
+    let ipv6_of = |ip: IpAddr| match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    };
+    let v6_addrs: Option<(Ipv6Addr, Ipv6Addr)> = match (hdr.ip_src, hdr.ip_dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let eth = Ethernet2Header {
+                source: hdr.eth_src,
+                destination: hdr.eth_dst,
+                ether_type: EtherType::IPV4,
+            };
+            out.extend_from_slice(&eth.to_bytes());
+            let mut ip = Ipv4Header {
+                dscp: IpDscp::try_new(hdr.tclass >> 2).unwrap_or(IpDscp::ZERO),
+                ecn: IpEcn::try_new(hdr.tclass & 0x3).unwrap_or(IpEcn::ZERO),
+                total_len: (IPV4_LEN + udp_len) as u16,
+                identification: hdr.ip_id,
+                dont_fragment: true,
+                time_to_live: hdr.ttl,
+                protocol: IpNumber::UDP,
+                source: s.octets(),
+                destination: d.octets(),
+                ..Default::default()
+            };
+            ip.header_checksum = ip.calc_header_checksum();
+            out.extend_from_slice(&ip.to_bytes());
+            None
+        }
+        (s, d) => {
+            let eth = Ethernet2Header {
+                source: hdr.eth_src,
+                destination: hdr.eth_dst,
+                ether_type: EtherType::IPV6,
+            };
+            out.extend_from_slice(&eth.to_bytes());
+            let (s, d) = (ipv6_of(s), ipv6_of(d));
+            let ip = Ipv6Header {
+                traffic_class: hdr.tclass,
+                flow_label: Ipv6FlowLabel::try_new(hdr.flow_label & Ipv6FlowLabel::MAX_U32)
+                    .unwrap_or(Ipv6FlowLabel::ZERO),
+                payload_length: udp_len as u16,
+                next_header: IpNumber::UDP,
+                hop_limit: hdr.ttl,
+                source: s.octets(),
+                destination: d.octets(),
+            };
+            out.extend_from_slice(&ip.to_bytes());
+            Some((s, d))
+        }
+    };
+
+    // UDP, checksum patched below for IPv6.
+    let udp_off = out.len();
+    let udp = UdpHeader {
+        source_port: hdr.udp_src,
+        destination_port: ROCEV2_UDP_PORT,
+        length: udp_len as u16,
+        checksum: 0,
+    };
+    out.extend_from_slice(&udp.to_bytes());
+
+    // BTH and extension headers in IBTA order.
+    let bth = Bth {
+        pad_count: pad as u8,
+        ..hdr.bth
+    };
+    push(out, Bth::LEN, |b| bth.emit(b));
+    if let Some(h) = &hdr.deth {
+        push(out, Deth::LEN, |b| h.emit(b));
+    }
+    if let Some(h) = &hdr.reth {
+        push(out, Reth::LEN, |b| h.emit(b));
+    }
+    if let Some(h) = &hdr.atomic_eth {
+        push(out, AtomicEth::LEN, |b| h.emit(b));
+    }
+    if let Some(h) = &hdr.aeth {
+        push(out, Aeth::LEN, |b| h.emit(b));
+    }
+    if let Some(h) = &hdr.atomic_ack_eth {
+        push(out, AtomicAckEth::LEN, |b| h.emit(b));
+    }
+    if let Some(h) = &hdr.immdt {
+        push(out, Immdt::LEN, |b| h.emit(b));
+    }
+    if let Some(h) = &hdr.ieth {
+        push(out, Ieth::LEN, |b| h.emit(b));
+    }
+    out.extend_from_slice(payload);
+    out.resize(out.len() + pad, 0);
+    let crc = icrc(&out[ETH_LEN..]);
+    out.extend_from_slice(&crc.to_be_bytes());
+
+    if let Some((s, d)) = v6_addrs {
+        let sum = udp
+            .calc_checksum_ipv6_raw(s.octets(), d.octets(), &out[udp_off + UDP_LEN..])
+            .unwrap_or(0);
+        out[udp_off + 6..udp_off + 8].copy_from_slice(&sum.to_be_bytes());
+    }
+}
+
+/// Appends `len` zero bytes to `out` and lets `emit` fill them.
+fn push(out: &mut Vec<u8>, len: usize, emit: impl FnOnce(&mut [u8])) {
+    let start = out.len();
+    out.resize(start + len, 0);
+    emit(&mut out[start..]);
+}

@@ -1,0 +1,382 @@
+//! A minimal driver for engine tests: builds rings, WQEs and commands in a
+//! [`VecMemory`] exactly as guest-lib does in a VM, and pumps frames between
+//! two devices over an in-memory link pair on a simulated clock.
+#![allow(dead_code)]
+
+use vrnic::abi::{self, Pod};
+use vrnic::device::{Device, DeviceConfig, Nanos};
+use vrnic::link::mem::MemLink;
+use vrnic::link::Link;
+use vrnic::mem::{self, DmaMemory, VecMemory};
+
+pub const MEM_BASE: u64 = 0x10_0000;
+pub const MEM_SIZE: usize = 64 << 20;
+
+pub struct Node {
+    pub dev: Device,
+    pub mem: VecMemory,
+    pub link: MemLink,
+    next: u64,
+    pub ip: std::net::Ipv4Addr,
+}
+
+pub struct Qp {
+    pub qpn: u32,
+    pub sq: u64,
+    pub rq: u64,
+    pub rec: u64,
+    pub sq_stride: u32,
+    pub rq_stride: u32,
+    pub sq_size: u32,
+    pub rq_size: u32,
+    pub sq_pi: u32,
+    pub rq_pi: u32,
+}
+
+pub struct Cq {
+    pub cqn: u32,
+    pub ring: u64,
+    pub db: u64,
+    pub size: u32,
+    pub ci: u32,
+}
+
+impl Node {
+    pub fn new(last_octet: u8, link: MemLink, mtu: u32) -> Node {
+        let ip = std::net::Ipv4Addr::new(10, 0, 0, last_octet);
+        let cfg = DeviceConfig {
+            mac: [2, 0, 0, 0, 0, last_octet],
+            ipv4: ip,
+            prefix_len: 24,
+            link_mtu: mtu,
+        };
+        Node {
+            dev: Device::new(cfg),
+            mem: VecMemory::new(MEM_BASE, MEM_SIZE),
+            link,
+            next: MEM_BASE,
+            ip,
+        }
+    }
+
+    /// Allocates zeroed driver memory (4 KiB aligned).
+    pub fn alloc(&mut self, len: usize) -> u64 {
+        let gpa = self.next;
+        self.next += (len as u64).div_ceil(4096) * 4096;
+        assert!(
+            self.next <= MEM_BASE + MEM_SIZE as u64,
+            "test memory exhausted"
+        );
+        gpa
+    }
+
+    pub fn cmd<T: Pod>(&mut self, opcode: u16, body: &T) -> Result<Vec<u8>, u32> {
+        let mut req = abi::CmdHeader {
+            opcode,
+            flags: 0,
+            len: size_of::<T>() as u32,
+        }
+        .as_bytes()
+        .to_vec();
+        req.extend_from_slice(body.as_bytes());
+        let mut resp = [0u8; 8 + abi::MAX_CMD_BODY];
+        let n = self.dev.control(&self.mem, &req, &mut resp);
+        assert!(n >= 8);
+        let h = abi::RespHeader::read_from(&resp).unwrap();
+        if h.status != 0 {
+            return Err(h.status);
+        }
+        Ok(resp[8..n].to_vec())
+    }
+
+    pub fn handle_of(r: Vec<u8>) -> u32 {
+        abi::Handle::read_from(&r).unwrap().handle
+    }
+
+    pub fn alloc_pd(&mut self) -> u32 {
+        Self::handle_of(
+            self.cmd(abi::CMD_ALLOC_PD, &abi::Handle::default())
+                .unwrap(),
+        )
+    }
+
+    /// Registers `[gpa, gpa+len)` with iova == gpa. Returns (lkey, rkey).
+    pub fn reg_mr(&mut self, pdn: u32, gpa: u64, len: u64, access: u32) -> Result<(u32, u32), u32> {
+        let first = gpa & !4095;
+        let npages = (gpa + len - first).div_ceil(4096);
+        let list = self.alloc(npages as usize * 8);
+        for i in 0..npages {
+            self.mem
+                .write(list + i * 8, &(first + i * 4096).to_le_bytes())
+                .unwrap();
+        }
+        let r = abi::RegMr {
+            pdn,
+            access,
+            iova: gpa,
+            length: len,
+            page_shift: 12,
+            npages: npages as u32,
+            page_list: list,
+        };
+        let k = abi::MrKeys::read_from(&self.cmd(abi::CMD_REG_MR, &r)?).unwrap();
+        Ok((k.lkey, k.rkey))
+    }
+
+    pub fn create_cq(&mut self, size: u32) -> Cq {
+        let ring = self.alloc(size as usize * 32);
+        let db = self.alloc(8);
+        let cqn = Self::handle_of(
+            self.cmd(
+                abi::CMD_CREATE_CQ,
+                &abi::CreateCq {
+                    cqe: size,
+                    reserved: 0,
+                    ring,
+                    db,
+                },
+            )
+            .unwrap(),
+        );
+        Cq {
+            cqn,
+            ring,
+            db,
+            size,
+            ci: 0,
+        }
+    }
+
+    pub fn create_qp(&mut self, pdn: u32, cq: &Cq, size: u32, sge: u32) -> Qp {
+        let (sq_stride, rq_stride) = (abi::sq_stride(sge, 64), abi::rq_stride(sge));
+        let sq = self.alloc((size * sq_stride) as usize);
+        let rq = self.alloc((size * rq_stride) as usize);
+        let rec = self.alloc(16);
+        let c = abi::CreateQp {
+            pdn,
+            qp_type: abi::QPT_RC,
+            send_cqn: cq.cqn,
+            recv_cqn: cq.cqn,
+            sq_size: size,
+            rq_size: size,
+            max_send_sge: sge,
+            max_recv_sge: sge,
+            max_inline: 64,
+            sq_sig_all: 0,
+            sq,
+            rq,
+            db: rec,
+        };
+        let r = abi::CreateQpResp::read_from(&self.cmd(abi::CMD_CREATE_QP, &c).unwrap()).unwrap();
+        assert_eq!((r.sq_stride, r.rq_stride), (sq_stride, rq_stride));
+        Qp {
+            qpn: r.qpn,
+            sq,
+            rq,
+            rec,
+            sq_stride,
+            rq_stride,
+            sq_size: size,
+            rq_size: size,
+            sq_pi: 0,
+            rq_pi: 0,
+        }
+    }
+
+    /// RESET → INIT → RTR → RTS towards `peer_qpn` at `peer_ip`, as ibv_rc_pingpong does.
+    #[allow(clippy::too_many_arguments)]
+    pub fn connect(
+        &mut self,
+        qp: &Qp,
+        peer_ip: std::net::Ipv4Addr,
+        peer_qpn: u32,
+        mtu: u32,
+        my_psn: u32,
+        peer_psn: u32,
+        retry: u8,
+        rnr: u8,
+    ) {
+        let all = abi::ACCESS_LOCAL_WRITE | abi::ACCESS_REMOTE_WRITE | abi::ACCESS_REMOTE_READ;
+        let init = abi::QpAttr {
+            qpn: qp.qpn,
+            attr_mask: abi::QP_ATTR_STATE
+                | abi::QP_ATTR_PKEY_INDEX
+                | abi::QP_ATTR_PORT
+                | abi::QP_ATTR_ACCESS_FLAGS,
+            qp_state: abi::QPS_INIT,
+            port_num: 1,
+            qp_access_flags: all,
+            ..Default::default()
+        };
+        self.cmd(abi::CMD_MODIFY_QP, &init).unwrap();
+        let mut dgid = [0u8; 16];
+        dgid[10] = 0xff;
+        dgid[11] = 0xff;
+        dgid[12..].copy_from_slice(&peer_ip.octets());
+        let rtr = abi::QpAttr {
+            qpn: qp.qpn,
+            attr_mask: abi::QP_ATTR_STATE
+                | abi::QP_ATTR_AV
+                | abi::QP_ATTR_PATH_MTU
+                | abi::QP_ATTR_DEST_QPN
+                | abi::QP_ATTR_RQ_PSN
+                | abi::QP_ATTR_MAX_DEST_RD_ATOMIC
+                | abi::QP_ATTR_MIN_RNR_TIMER,
+            qp_state: abi::QPS_RTR,
+            path_mtu: mtu,
+            dest_qp_num: peer_qpn,
+            rq_psn: peer_psn,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 1,
+            dgid,
+            sgid_index: 1,
+            is_global: 1,
+            hop_limit: 1,
+            ..Default::default()
+        };
+        self.cmd(abi::CMD_MODIFY_QP, &rtr).unwrap();
+        let rts = abi::QpAttr {
+            qpn: qp.qpn,
+            attr_mask: abi::QP_ATTR_STATE
+                | abi::QP_ATTR_SQ_PSN
+                | abi::QP_ATTR_TIMEOUT
+                | abi::QP_ATTR_RETRY_CNT
+                | abi::QP_ATTR_RNR_RETRY
+                | abi::QP_ATTR_MAX_QP_RD_ATOMIC,
+            qp_state: abi::QPS_RTS,
+            sq_psn: my_psn,
+            timeout: 14,
+            retry_cnt: retry,
+            rnr_retry: rnr,
+            max_rd_atomic: 1,
+            ..Default::default()
+        };
+        self.cmd(abi::CMD_MODIFY_QP, &rts).unwrap();
+    }
+
+    pub fn post_send(&mut self, qp: &mut Qp, wqe: abi::SendWqe, sges: &[abi::Sge], now: Nanos) {
+        let slot = qp.sq + (qp.sq_pi % qp.sq_size) as u64 * qp.sq_stride as u64;
+        let w = abi::SendWqe {
+            num_sge: sges.len() as u8,
+            ..wqe
+        };
+        mem::write_obj(&self.mem, slot, &w).unwrap();
+        for (i, s) in sges.iter().enumerate() {
+            mem::write_obj(&self.mem, slot + 64 + 16 * i as u64, s).unwrap();
+        }
+        qp.sq_pi += 1;
+        let db = abi::Doorbell {
+            kind: abi::DB_SQ,
+            handle: qp.qpn,
+            index: qp.sq_pi,
+            ..Default::default()
+        };
+        self.dev.doorbell(&self.mem, &db, now);
+    }
+
+    pub fn post_recv(&mut self, qp: &mut Qp, wr_id: u64, sges: &[abi::Sge], now: Nanos) {
+        let slot = qp.rq + (qp.rq_pi % qp.rq_size) as u64 * qp.rq_stride as u64;
+        mem::write_obj(
+            &self.mem,
+            slot,
+            &abi::RecvWqe {
+                wr_id,
+                num_sge: sges.len() as u32,
+                reserved: 0,
+            },
+        )
+        .unwrap();
+        for (i, s) in sges.iter().enumerate() {
+            mem::write_obj(&self.mem, slot + 16 + 16 * i as u64, s).unwrap();
+        }
+        qp.rq_pi += 1;
+        let db = abi::Doorbell {
+            kind: abi::DB_RQ,
+            handle: qp.qpn,
+            index: qp.rq_pi,
+            ..Default::default()
+        };
+        self.dev.doorbell(&self.mem, &db, now);
+    }
+
+    /// Polls one CQE with the owner-bit rule; updates the consumer index record.
+    pub fn poll_cq(&mut self, cq: &mut Cq) -> Option<abi::Cqe> {
+        let slot = cq.ring + (cq.ci % cq.size) as u64 * 32;
+        let c: abi::Cqe = mem::read_obj(&self.mem, slot).unwrap();
+        if c.owner != ((cq.ci / cq.size) & 1) as u8 ^ 1 {
+            return None;
+        }
+        cq.ci += 1;
+        mem::write_obj(
+            &self.mem,
+            cq.db,
+            &abi::Handle {
+                handle: cq.ci,
+                reserved: 0,
+            },
+        )
+        .unwrap();
+        Some(c)
+    }
+
+    /// Moves frames: device → link, link → device. Returns frames moved.
+    pub fn pump(&mut self, now: Nanos) -> usize {
+        let mut moved = 0;
+        self.dev.poll(&self.mem, now);
+        while let Some(f) = self.dev.pop_tx() {
+            let _ = self.link.send(&f);
+            moved += 1;
+        }
+        let mut buf = vec![0u8; 10000];
+        for _ in 0..4096 {
+            match self.link.recv(&mut buf) {
+                Ok(Some(n)) => {
+                    self.dev.receive(&self.mem, &buf[..n], now);
+                    moved += 1;
+                }
+                _ => break,
+            }
+        }
+        while let Some(f) = self.dev.pop_tx() {
+            let _ = self.link.send(&f);
+            moved += 1;
+        }
+        moved
+    }
+
+    pub fn fill(&self, gpa: u64, data: &[u8]) {
+        self.mem.write(gpa, data).unwrap();
+    }
+
+    pub fn read(&self, gpa: u64, len: usize) -> Vec<u8> {
+        let mut b = vec![0u8; len];
+        self.mem.read(gpa, &mut b).unwrap();
+        b
+    }
+}
+
+/// Pumps both nodes on a simulated clock (advancing 1 ms per idle round)
+/// until `done` holds; panics after `max_rounds` rounds.
+pub fn run_until(
+    a: &mut Node,
+    b: &mut Node,
+    now: &mut Nanos,
+    max_rounds: usize,
+    mut done: impl FnMut(&mut Node, &mut Node) -> bool,
+) {
+    for _ in 0..max_rounds {
+        if done(a, b) {
+            return;
+        }
+        let moved = a.pump(*now) + b.pump(*now);
+        if moved == 0 {
+            *now += 1_000_000;
+        }
+    }
+    panic!("condition not reached within {max_rounds} rounds");
+}
+
+pub fn pair(mtu: u32) -> (Node, Node) {
+    let (la, lb) = MemLink::pair();
+    (Node::new(1, la, mtu), Node::new(2, lb, mtu))
+}
