@@ -4,7 +4,7 @@
 //! Modelled on smoltcp's `wire` module: every header is a plain struct (the
 //! parsed "Repr") with `LEN`, `parse(&[u8]) -> Result<Self, WireError>` and
 //! `emit(&self, &mut [u8])`; all knowledge about opcodes lives in one table
-//! ([`opcode`], like Linux rxe's `rxe_opcode[]`). Ethernet, IPv4, IPv6 and UDP
+//! ([`Opcode`], like Linux rxe's `rxe_opcode[]`). Ethernet, IPv4, IPv6 and UDP
 //! are handled with `etherparse`, CRC-32 with `crc32fast`.
 //!
 //! Sources: IBTA Specification Vol 1 Release 1.4 chapter 9 (transport
