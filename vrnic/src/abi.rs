@@ -183,7 +183,8 @@ pub const CMD_DESTROY_QP: u16 = 13;
 pub type Status = u32;
 /// Success.
 pub const STATUS_OK: Status = 0;
-/// Operation not permitted (e.g. an MR access flag combination the spec forbids).
+/// Operation not permitted (reserved; invalid access flag combinations are
+/// `STATUS_EINVAL`, as the kernel answers `ibv_reg_mr(3)`).
 pub const STATUS_EPERM: Status = 1;
 /// No such object (bad handle or key).
 pub const STATUS_ENOENT: Status = 2;
