@@ -1,1 +1,1415 @@
-//! (in progress)
+//! The user-space virtio-pci driver of a vrnic device in a VM:
+//! [`PciTransport`], an implementation of [`Transport`].
+//!
+//! The guest kernel has no vrnic driver and no usable VFIO (no IOMMU), so
+//! the driver takes the PCI function from the kernel through sysfs and
+//! drives it directly (Linux `Documentation/PCI/sysfs-pci.rst`):
+//! 1. find the function in `/sys/bus/pci/devices`: vendor 0x1af4, modern
+//!    device ID 0x1040..=0x107f (virtio 1.2 §4.1.2), not in use by a kernel
+//!    virtio driver (its `virtioN/driver` link is absent);
+//! 2. lock it against other processes (`flock` on its `config` file),
+//!    unbind it from its driver (`driver/unbind`), set Memory Space and
+//!    Bus Master in the PCI Command register (config offset 4; PCI Local
+//!    Bus 3.0 §6.2.2);
+//! 3. parse the virtio capabilities (virtio 1.2 §4.1.4) from `config`, map
+//!    the BARs they name (`resourceN`), run the initialisation sequence
+//!    (§3.1.1), read the device configuration once and accept the device
+//!    only if it carries [`abi::SIGNATURE`] and [`abi::ABI_VERSION`];
+//!    otherwise reset it, restore its Command register and driver, and try
+//!    the next one;
+//! 4. set up the three virtqueues ([`abi::CONTROLQ`], [`abi::DOORBELLQ`],
+//!    [`abi::EVENTQ`]) in DMA memory from [`crate::dma`] and set DRIVER_OK.
+//!
+//! Everything is polled; nothing sleeps. Needs root (sysfs writes, full
+//! configuration space, pagemap PFNs).
+//!
+//! On drop the device is reset (so it stops using driver memory) and left
+//! unbound, ready for the next process to open it.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::ptr;
+use std::time::{Duration, Instant};
+
+use vrnic::abi::{self, Pod};
+
+use crate::dma::{DmaAllocator, DmaMode};
+use crate::transport::{DmaBuf, Transport, TransportError};
+use crate::virtio::{
+    BufDesc, Mmio, Notifier, QueueLayout, SplitQueue, UsedElem, VirtioPci, VirtioPciCaps,
+};
+
+/// Where the kernel lists PCI functions.
+pub const SYSFS_PCI_DEVICES: &str = "/sys/bus/pci/devices";
+/// Default bound on waiting for the device (a control command's answer, a
+/// free doorbell slot): 10 s, generous for QEMU under TCG (a queue round
+/// trip there is about 150 µs).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on waiting for a device reset to complete.
+pub const RESET_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// PCI Command register offset in configuration space.
+pub const PCI_COMMAND: u64 = 0x04;
+/// Command register: Memory Space enable.
+pub const PCI_COMMAND_MEMORY: u16 = 0x2;
+/// Command register: Bus Master enable.
+pub const PCI_COMMAND_MASTER: u16 = 0x4;
+/// sysfs `resource` flags: a memory BAR (`IORESOURCE_MEM`).
+pub const IORESOURCE_MEM: u64 = 0x200;
+
+/// Control bounce buffer layout: `CmdHeader + body` at 0, `RespHeader +
+/// body` at `RESP_OFF`.
+const CMD_LEN: usize = size_of::<abi::CmdHeader>() + abi::MAX_CMD_BODY;
+const RESP_OFF: usize = 256;
+const RESP_LEN: usize = size_of::<abi::RespHeader>() + abi::MAX_CMD_BODY;
+/// Doorbell and event buffers, bytes.
+const SLOT: usize = 16;
+const _: () = assert!(size_of::<abi::Doorbell>() == SLOT && size_of::<abi::Event>() == SLOT);
+const _: () = assert!(CMD_LEN <= RESP_OFF);
+
+fn io_err(what: impl Into<String>, source: io::Error) -> TransportError {
+    TransportError::Io {
+        what: what.into(),
+        source,
+    }
+}
+
+fn protocol(what: impl Into<String>, msg: String) -> TransportError {
+    io_err(what, io::Error::new(io::ErrorKind::InvalidData, msg))
+}
+
+// ---------------------------------------------------------------------------
+// sysfs
+// ---------------------------------------------------------------------------
+
+/// Adds the PCI domain `0000:` to a `bus:dev.fn` address that lacks one.
+pub fn normalize_bdf(bdf: &str) -> String {
+    let bdf = bdf.trim();
+    if bdf.matches(':').count() == 1 {
+        format!("0000:{bdf}")
+    } else {
+        bdf.to_string()
+    }
+}
+
+/// Parses a sysfs hex attribute such as `0x1af4\n`.
+fn parse_hex(s: &str) -> Option<u64> {
+    let s = s.trim();
+    u64::from_str_radix(s.strip_prefix("0x").unwrap_or(s), 16).ok()
+}
+
+/// Parses a sysfs `resource` file: one line per resource (BARs 0-5 first),
+/// `start end flags` in hex. Unparsable lines read as zeros.
+pub fn parse_resource_file(text: &str) -> Vec<(u64, u64, u64)> {
+    text.lines()
+        .map(|l| {
+            let mut f = l.split_whitespace().map(|w| parse_hex(w).unwrap_or(0));
+            (
+                f.next().unwrap_or(0),
+                f.next().unwrap_or(0),
+                f.next().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// One PCI function in sysfs.
+#[derive(Debug, Clone)]
+struct SysfsDevice {
+    dir: PathBuf,
+    bdf: String,
+}
+
+impl SysfsDevice {
+    fn new(root: &Path, bdf: &str) -> Self {
+        SysfsDevice {
+            dir: root.join(bdf),
+            bdf: bdf.to_string(),
+        }
+    }
+
+    fn path(&self, attr: &str) -> PathBuf {
+        self.dir.join(attr)
+    }
+
+    fn read_attr(&self, attr: &str) -> Result<String, TransportError> {
+        let p = self.path(attr);
+        fs::read_to_string(&p).map_err(|e| io_err(format!("reading {}", p.display()), e))
+    }
+
+    fn ids(&self) -> Result<(u16, u16), TransportError> {
+        let id = |attr| -> Result<u16, TransportError> {
+            let s = self.read_attr(attr)?;
+            parse_hex(&s)
+                .and_then(|v| u16::try_from(v).ok())
+                .ok_or_else(|| protocol(format!("parsing {}/{attr}", self.bdf), format!("{s:?}")))
+        };
+        Ok((id("vendor")?, id("device")?))
+    }
+
+    /// The driver bound to the function, if any.
+    fn driver(&self) -> Option<String> {
+        let l = fs::read_link(self.path("driver")).ok()?;
+        Some(l.file_name()?.to_string_lossy().into_owned())
+    }
+
+    /// The kernel virtio driver using the function's virtio device (e.g.
+    /// `virtio_net`), if any: `virtioN/driver` under a virtio-pci function.
+    fn virtio_child_driver(&self) -> Option<String> {
+        let rd = fs::read_dir(&self.dir).ok()?;
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().starts_with("virtio") {
+                if let Ok(l) = fs::read_link(e.path().join("driver")) {
+                    return l.file_name().map(|n| n.to_string_lossy().into_owned());
+                }
+            }
+        }
+        None
+    }
+
+    fn driver_op(&self, driver: &str, op: &str) -> Result<(), TransportError> {
+        let p = self.dir.join("driver");
+        let p = if op == "unbind" {
+            p.join("unbind")
+        } else {
+            // .../devices/BDF -> .../bus/pci/drivers/NAME/bind
+            self.dir
+                .parent()
+                .and_then(Path::parent)
+                .map(|bus| bus.join("drivers").join(driver).join("bind"))
+                .unwrap_or(p)
+        };
+        fs::write(&p, self.bdf.as_bytes()).map_err(|e| {
+            io_err(
+                format!("{op} {} ({driver}) via {}", self.bdf, p.display()),
+                e,
+            )
+        })
+    }
+
+    /// (size, flags) of BAR `bar` from the `resource` file.
+    fn bar(&self, bar: u8) -> Result<(u64, u64), TransportError> {
+        let res = parse_resource_file(&self.read_attr("resource")?);
+        let (start, end, flags) = res.get(bar as usize).copied().unwrap_or_default();
+        if end <= start {
+            return Err(TransportError::NoDevice(format!(
+                "{}: BAR {bar} is not assigned",
+                self.bdf
+            )));
+        }
+        Ok((end - start + 1, flags))
+    }
+}
+
+/// One virtio-pci function found by [`scan`]: its address and, when it
+/// cannot be used, why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// PCI address, `DDDD:BB:DD.F`.
+    pub bdf: String,
+    /// PCI device ID (0x1040 + virtio device ID).
+    pub device_id: u16,
+    /// `Some(reason)` when the function must not be touched (a kernel
+    /// virtio driver uses it).
+    pub skip: Option<String>,
+}
+
+/// Lists the modern virtio-pci functions under `root` (normally
+/// [`SYSFS_PCI_DEVICES`]), sorted by address: vendor 0x1af4, device ID
+/// 0x1040..=0x107f. Functions whose virtio device is bound to a kernel
+/// virtio driver (virtio-net, virtio-blk, ...) are marked `skip`: vrnic has
+/// no kernel driver, and unbinding such a function would take a disk or NIC
+/// away from the guest. Errors: `root` cannot be read: [`TransportError::Io`].
+pub fn scan(root: &Path) -> Result<Vec<Candidate>, TransportError> {
+    let rd = fs::read_dir(root).map_err(|e| io_err(format!("listing {}", root.display()), e))?;
+    let mut names: Vec<String> = rd
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut out = Vec::new();
+    for bdf in names {
+        let dev = SysfsDevice::new(root, &bdf);
+        let Ok((vendor, device_id)) = dev.ids() else {
+            continue;
+        };
+        if vendor != abi::PCI_VENDOR_ID || !(0x1040..=0x107f).contains(&device_id) {
+            continue;
+        }
+        let skip = dev
+            .virtio_child_driver()
+            .map(|d| format!("in use by kernel driver {d}"));
+        out.push(Candidate {
+            bdf,
+            device_id,
+            skip,
+        });
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------
+// Claiming and mapping
+// ---------------------------------------------------------------------------
+
+/// Exclusive use of a function: the locked `config` file, and what to
+/// restore when the device is rejected.
+#[derive(Debug)]
+struct Claim {
+    dev: SysfsDevice,
+    config: File,
+    orig_driver: Option<String>,
+    orig_command: u16,
+    unbound: bool,
+    /// Restore Command register and driver on drop (set until accepted).
+    restore: bool,
+}
+
+impl Claim {
+    fn command(&self) -> Result<u16, TransportError> {
+        let mut b = [0u8; 2];
+        self.config
+            .read_exact_at(&mut b, PCI_COMMAND)
+            .map_err(|e| io_err(format!("reading {} command register", self.dev.bdf), e))?;
+        Ok(u16::from_le_bytes(b))
+    }
+
+    fn set_command(&self, v: u16) -> Result<(), TransportError> {
+        self.config
+            .write_all_at(&v.to_le_bytes(), PCI_COMMAND)
+            .map_err(|e| io_err(format!("writing {} command register", self.dev.bdf), e))
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if !self.restore {
+            return;
+        }
+        if let Err(e) = self.set_command(self.orig_command) {
+            tracing::warn!("{e}");
+        }
+        if let (true, Some(d)) = (self.unbound, &self.orig_driver) {
+            if let Err(e) = self.dev.driver_op(d, "bind") {
+                tracing::warn!("{e}");
+            }
+        }
+    }
+}
+
+/// A BAR mapped through sysfs `resourceN`.
+#[derive(Debug)]
+struct BarMap {
+    index: u8,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: device registers have no thread affinity; the mapping is owned.
+unsafe impl Send for BarMap {}
+
+impl Drop for BarMap {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len came from a successful mmap.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+impl BarMap {
+    /// Maps the first `len` bytes (rounded up to pages) of BAR `index`.
+    fn map(dev: &SysfsDevice, index: u8, len: usize) -> Result<Self, TransportError> {
+        let p = dev.path(&format!("resource{index}"));
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .map_err(|e| io_err(format!("opening {}", p.display()), e))?;
+        let len = len.next_multiple_of(crate::dma::page_size());
+        // SAFETY: a shared mapping of device registers at a kernel-chosen address.
+        let m = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if m == libc::MAP_FAILED {
+            return Err(io_err(
+                format!("mmap of {} ({len} bytes)", p.display()),
+                io::Error::last_os_error(),
+            ));
+        }
+        Ok(BarMap {
+            index,
+            ptr: m as *mut u8,
+            len,
+        })
+    }
+
+    fn mmio(&self) -> Mmio {
+        // SAFETY: the mapping lives as long as the BarMap, which the
+        // transport keeps until after the device is reset.
+        unsafe { Mmio::new(self.ptr, self.len) }
+    }
+}
+
+/// Resets the device on drop unless disarmed: stops it using driver
+/// memory before that memory is freed on an error path.
+struct ResetGuard(Option<VirtioPci>);
+
+impl Drop for ResetGuard {
+    fn drop(&mut self) {
+        if let Some(v) = self.0.take() {
+            if let Err(e) = v.reset(RESET_TIMEOUT) {
+                tracing::warn!("resetting device: {e}");
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Queues
+// ---------------------------------------------------------------------------
+
+/// A virtqueue and its notifier.
+#[derive(Debug)]
+struct Queue {
+    q: SplitQueue,
+    notifier: Notifier,
+}
+
+impl Queue {
+    /// Notifies the device unless it suppressed notifications.
+    fn kick(&self) -> Result<(), TransportError> {
+        if self.q.needs_notify() {
+            self.notifier.notify()?;
+        }
+        Ok(())
+    }
+
+    /// Pops used entries until the one with head `head`; stray entries are
+    /// logged and dropped. `Ok(None)`: not there yet.
+    fn pop_head(&mut self, head: u16) -> Result<Option<UsedElem>, TransportError> {
+        loop {
+            match self.q.pop_used()? {
+                None => return Ok(None),
+                Some(u) if u.id == head => return Ok(Some(u)),
+                Some(u) => tracing::warn!(
+                    "queue {}: unexpected used descriptor {}",
+                    self.notifier.queue(),
+                    u.id
+                ),
+            }
+        }
+    }
+}
+
+/// A queue whose descriptor `i` always carries the 16-byte buffer `slots + 16 i`.
+#[derive(Debug)]
+struct SlotQueue {
+    queue: Queue,
+    slots: DmaBuf,
+}
+
+impl SlotQueue {
+    fn slot(&self, i: u16) -> (*mut u8, u64) {
+        let off = SLOT * i as usize;
+        // SAFETY: i < queue size and slots holds size * SLOT bytes.
+        (
+            unsafe { self.slots.ptr.add(off) },
+            self.slots.gpa + off as u64,
+        )
+    }
+
+    /// Posts the slot of the next free descriptor, after `fill` wrote it.
+    fn post(&mut self, writable: bool, fill: impl FnOnce(*mut u8)) -> Result<(), TransportError> {
+        let Some(head) = self.queue.q.next_head() else {
+            return Err(crate::virtio::VirtqError::Full { needed: 1, free: 0 }.into());
+        };
+        let (p, gpa) = self.slot(head);
+        fill(p);
+        self.queue.q.add(&[BufDesc {
+            gpa,
+            len: SLOT as u32,
+            writable,
+        }])?;
+        Ok(())
+    }
+}
+
+impl SlotQueue {
+    /// Posts a writable slot on every free descriptor (event queue setup).
+    fn prefill(&mut self) -> Result<(), TransportError> {
+        while self.queue.q.next_head().is_some() {
+            self.post(true, |_| {})?;
+        }
+        Ok(())
+    }
+
+    /// Posts `db` (device-readable) and notifies; reclaims used doorbell
+    /// slots first and, when none is free, polls for one for at most
+    /// `timeout`.
+    fn ring(&mut self, db: &abi::Doorbell, timeout: Duration) -> Result<(), TransportError> {
+        while self.queue.q.pop_used()?.is_some() {}
+        if self.queue.q.next_head().is_none() {
+            let q = &mut self.queue.q;
+            poll_until(timeout, || Ok(q.pop_used()?.map(|_| ())))?;
+        }
+        let bytes = db.as_bytes();
+        self.post(false, |p| {
+            // SAFETY: p is a SLOT-byte slot owned by the driver (its
+            // descriptor is free).
+            unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), p, SLOT) }
+        })?;
+        self.queue.kick()
+    }
+
+    /// Pops one filled event buffer, reposts it (zeroed) and returns the
+    /// event. Short buffers and protocol errors are logged and skipped.
+    fn pop_event(&mut self) -> Option<abi::Event> {
+        loop {
+            let u = match self.queue.q.pop_used() {
+                Ok(Some(u)) => u,
+                Ok(None) => return None,
+                Err(e @ crate::virtio::VirtqError::BadUsedId(_)) => {
+                    tracing::warn!("event queue: {e}");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!("event queue: {e}");
+                    return None;
+                }
+            };
+            let (p, _) = self.slot(u.id);
+            let mut ev = abi::Event::default();
+            let full = u.len as usize >= SLOT;
+            if full {
+                // SAFETY: the device returned this SLOT-byte slot.
+                unsafe { ptr::copy_nonoverlapping(p, ev.as_bytes_mut().as_mut_ptr(), SLOT) };
+            } else {
+                tracing::warn!(
+                    "event queue: device wrote {} bytes, less than an Event",
+                    u.len
+                );
+            }
+            let reposted = self
+                .post(true, |p| {
+                    // SAFETY: as above; cleared before the device gets it back.
+                    unsafe { ptr::write_bytes(p, 0, SLOT) }
+                })
+                .and_then(|()| self.queue.kick());
+            if let Err(e) = reposted {
+                tracing::warn!("event queue: reposting a buffer: {e}");
+            }
+            if full {
+                return Some(ev);
+            }
+        }
+    }
+}
+
+/// The control queue: one command at a time through a DMA bounce buffer
+/// (`CmdHeader + body` at 0, `RespHeader + body` at `RESP_OFF`).
+#[derive(Debug)]
+struct ControlQueue {
+    queue: Queue,
+    bounce: DmaBuf,
+    /// Head of a command that timed out and is still with the device.
+    pending: Option<u16>,
+}
+
+impl ControlQueue {
+    /// See [`PciTransport`]'s [`Transport::command`].
+    fn execute(
+        &mut self,
+        opcode: u16,
+        body: &[u8],
+        resp: &mut [u8],
+        timeout: Duration,
+    ) -> Result<usize, TransportError> {
+        if body.len() > abi::MAX_CMD_BODY {
+            return Err(io_err(
+                format!("command {opcode}"),
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("body of {} bytes", body.len()),
+                ),
+            ));
+        }
+        // The bounce buffer may be reused only once the device returned it.
+        if let Some(stale) = self.pending {
+            let queue = &mut self.queue;
+            poll_until(timeout, || queue.pop_head(stale))?;
+            self.pending = None;
+        }
+        let b = self.bounce;
+        let hdr = abi::CmdHeader {
+            opcode,
+            flags: 0,
+            len: body.len() as u32,
+        };
+        let hlen = size_of::<abi::CmdHeader>();
+        // SAFETY: the bounce buffer is RESP_OFF + RESP_LEN bytes, owned by
+        // the transport, and the device does not hold it (nothing pending).
+        unsafe {
+            ptr::copy_nonoverlapping(hdr.as_bytes().as_ptr(), b.ptr, hlen);
+            ptr::copy_nonoverlapping(body.as_ptr(), b.ptr.add(hlen), body.len());
+            ptr::write_bytes(b.ptr.add(RESP_OFF), 0, RESP_LEN);
+        }
+        let head = self.queue.q.add(&[
+            BufDesc {
+                gpa: b.gpa,
+                len: (hlen + body.len()) as u32,
+                writable: false,
+            },
+            BufDesc {
+                gpa: b.gpa + RESP_OFF as u64,
+                len: RESP_LEN as u32,
+                writable: true,
+            },
+        ])?;
+        let queue = &mut self.queue;
+        let used = queue
+            .kick()
+            .and_then(|()| poll_until(timeout, || queue.pop_head(head)));
+        let used = match used {
+            Ok(u) => u,
+            Err(e) => {
+                self.pending = Some(head);
+                return Err(e);
+            }
+        };
+        let what = || format!("response to command {opcode}");
+        let rlen = size_of::<abi::RespHeader>();
+        let written = used.len as usize;
+        if written < rlen {
+            return Err(protocol(
+                what(),
+                format!("device wrote {written} bytes, less than a RespHeader"),
+            ));
+        }
+        let mut rh = abi::RespHeader::default();
+        // SAFETY: the device returned the buffer; RESP_LEN >= rlen bytes.
+        unsafe {
+            ptr::copy_nonoverlapping(b.ptr.add(RESP_OFF), rh.as_bytes_mut().as_mut_ptr(), rlen)
+        };
+        if rh.status != abi::STATUS_OK {
+            return Err(TransportError::Status {
+                opcode,
+                status: rh.status,
+            });
+        }
+        let body_len = rh.len as usize;
+        if body_len > abi::MAX_CMD_BODY || rlen + body_len > written.min(RESP_LEN) {
+            return Err(protocol(
+                what(),
+                format!("body length {body_len} but the device wrote {written} bytes in all"),
+            ));
+        }
+        let n = body_len.min(resp.len());
+        // SAFETY: rlen + n <= RESP_LEN, inside the returned buffer.
+        unsafe { ptr::copy_nonoverlapping(b.ptr.add(RESP_OFF + rlen), resp.as_mut_ptr(), n) };
+        Ok(n)
+    }
+}
+
+/// Polls `f` until it yields a value, spinning then yielding the CPU,
+/// at most `timeout`. Never sleeps.
+fn poll_until<T>(
+    timeout: Duration,
+    mut f: impl FnMut() -> Result<Option<T>, TransportError>,
+) -> Result<T, TransportError> {
+    let start = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        if let Some(v) = f()? {
+            return Ok(v);
+        }
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(64) {
+            if start.elapsed() >= timeout {
+                return Err(TransportError::Timeout(timeout.as_millis() as u64));
+            }
+            if spins >= 4096 {
+                std::thread::yield_now();
+            }
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Largest power-of-two queue size not above `max` (the device's maximum),
+/// [`abi::MAX_QUEUE_SIZE`], and whose rings fit in `limit` bytes; 0 if `max` is 0.
+fn pick_queue_size(max: u16, limit: usize) -> u16 {
+    let cap = max.min(abi::MAX_QUEUE_SIZE);
+    if cap == 0 {
+        return 0;
+    }
+    let mut s = 1u16 << (15 - cap.leading_zeros().min(15));
+    while s > 1 && QueueLayout::new(s).map(|l| l.len > limit).unwrap_or(true) {
+        s /= 2;
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------
+// The transport
+// ---------------------------------------------------------------------------
+
+/// A vrnic device driven through virtio-pci from user space.
+///
+/// Field order matters for drop: after [`Drop::drop`] resets the device,
+/// DMA memory, then the BAR mappings, then the claim are released.
+#[derive(Debug)]
+pub struct PciTransport {
+    virtio: VirtioPci,
+    config: abi::ConfigSpace,
+    ctrl: ControlQueue,
+    db: SlotQueue,
+    ev: SlotQueue,
+    timeout: Duration,
+    dma: DmaAllocator,
+    /// Kept mapped until after the reset in `drop`.
+    _bars: Vec<BarMap>,
+    claim: Claim,
+}
+
+impl PciTransport {
+    /// Finds, claims and initialises a vrnic device.
+    ///
+    /// `bdf`: the PCI address (`0000:00:04.0` or `00:04.0`) of the device to
+    /// use; `None` tries every modern virtio-pci function (see [`scan`]) in
+    /// address order and takes the first vrnic. Errors:
+    /// [`TransportError::NoDevice`] with the reason for each function tried
+    /// (not virtio, in use by a kernel driver or another process, wrong
+    /// signature or ABI version, ...); with an explicit `bdf`, that
+    /// function's error as is ([`TransportError::Io`] for sysfs, mmap or
+    /// pagemap failures, e.g. when not root; [`TransportError::Timeout`]
+    /// when the device does not reset).
+    pub fn open(bdf: Option<&str>) -> Result<PciTransport, TransportError> {
+        let root = Path::new(SYSFS_PCI_DEVICES);
+        if let Some(b) = bdf {
+            let bdf = normalize_bdf(b);
+            return Self::attach(&SysfsDevice::new(root, &bdf));
+        }
+        let mut reasons = Vec::new();
+        for c in scan(root)? {
+            if let Some(why) = &c.skip {
+                tracing::debug!("{}: skipped: {why}", c.bdf);
+                reasons.push(format!("{}: {why}", c.bdf));
+                continue;
+            }
+            match Self::attach(&SysfsDevice::new(root, &c.bdf)) {
+                Ok(t) => return Ok(t),
+                Err(e) => {
+                    tracing::debug!("{}: {e}", c.bdf);
+                    reasons.push(format!("{}: {e}", c.bdf));
+                }
+            }
+        }
+        Err(TransportError::NoDevice(if reasons.is_empty() {
+            format!("no virtio-pci function (vendor 0x1af4, device 0x1040..=0x107f) in {SYSFS_PCI_DEVICES}")
+        } else {
+            reasons.join("; ")
+        }))
+    }
+
+    fn attach(dev: &SysfsDevice) -> Result<PciTransport, TransportError> {
+        let bdf = &dev.bdf;
+        let (vendor, device_id) = dev.ids()?;
+        if vendor != abi::PCI_VENDOR_ID || !(0x1040..=0x107f).contains(&device_id) {
+            return Err(TransportError::NoDevice(format!(
+                "{bdf}: {vendor:04x}:{device_id:04x} is not a modern virtio-pci function"
+            )));
+        }
+        if let Some(d) = dev.virtio_child_driver() {
+            return Err(TransportError::NoDevice(format!(
+                "{bdf}: in use by kernel driver {d}"
+            )));
+        }
+
+        // Exclusive use among processes, then the capabilities.
+        let cfg_path = dev.path("config");
+        let config = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&cfg_path)
+            .map_err(|e| io_err(format!("opening {}", cfg_path.display()), e))?;
+        // SAFETY: flock on an fd we own.
+        if unsafe { libc::flock(config.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(TransportError::NoDevice(format!(
+                    "{bdf}: in use by another process"
+                )));
+            }
+            tracing::debug!("{bdf}: flock unsupported ({e}); continuing without a lock");
+        }
+        let mut space = Vec::with_capacity(4096);
+        (&config)
+            .take(4096)
+            .read_to_end(&mut space)
+            .map_err(|e| io_err(format!("reading {}", cfg_path.display()), e))?;
+        let caps = VirtioPciCaps::parse(&space)
+            .map_err(|e| TransportError::NoDevice(format!("{bdf}: {e}")))?;
+        let Some(devcap) = caps.device else {
+            return Err(TransportError::NoDevice(format!(
+                "{bdf}: no device configuration (not a vrnic)"
+            )));
+        };
+        if (devcap.length as usize) < size_of::<abi::ConfigSpace>() {
+            return Err(TransportError::NoDevice(format!(
+                "{bdf}: device configuration of {} bytes (not a vrnic)",
+                devcap.length
+            )));
+        }
+        // Check every structure lies in an assigned memory BAR.
+        let mut need: Vec<(u8, usize)> = Vec::new();
+        for bar in caps.bars() {
+            let (size, flags) = dev.bar(bar)?;
+            if flags & IORESOURCE_MEM == 0 {
+                return Err(TransportError::NoDevice(format!(
+                    "{bdf}: BAR {bar} is not a memory BAR"
+                )));
+            }
+            let mut end = 0usize;
+            for cap in [Some(caps.common), Some(caps.notify), caps.device]
+                .into_iter()
+                .flatten()
+            {
+                if cap.bar != bar {
+                    continue;
+                }
+                let e = cap.offset as u64 + cap.length as u64;
+                if e > size {
+                    return Err(TransportError::NoDevice(format!(
+                        "{bdf}: capability at {:#x} ({:#x}+{:#x}) exceeds BAR {bar} of {size:#x} bytes",
+                        cap.cap_offset, cap.offset, cap.length
+                    )));
+                }
+                end = end.max(e as usize);
+            }
+            need.push((bar, end));
+        }
+
+        // Take the function from its driver. From here on, `claim` restores
+        // it on any error.
+        let orig_driver = dev.driver();
+        let mut claim = Claim {
+            dev: dev.clone(),
+            config,
+            orig_driver,
+            orig_command: 0,
+            unbound: false,
+            restore: true,
+        };
+        claim.orig_command = claim.command()?;
+        if let Some(d) = claim.orig_driver.clone() {
+            dev.driver_op(&d, "unbind")?;
+            claim.unbound = true;
+        }
+        claim.set_command(claim.orig_command | PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER)?;
+
+        let mut bars = Vec::new();
+        for (bar, end) in need {
+            bars.push(BarMap::map(dev, bar, end)?);
+        }
+        let window = |cap: crate::virtio::VirtioPciCap| -> Result<Mmio, TransportError> {
+            let b = bars.iter().find(|b| b.index == cap.bar).ok_or_else(|| {
+                TransportError::NoDevice(format!("{bdf}: BAR {} not mapped", cap.bar))
+            })?;
+            b.mmio().window(cap.offset as usize, cap.length as usize)
+        };
+        let virtio = VirtioPci::new(
+            window(caps.common)?,
+            window(caps.notify)?,
+            caps.notify_off_multiplier,
+            window(devcap)?,
+        )?;
+        let mut dma = DmaAllocator::new()?;
+        let mut guard = ResetGuard(Some(virtio));
+
+        // Initialisation (§3.1.1) and identification.
+        virtio.negotiate(RESET_TIMEOUT)?;
+        let mut raw = [0u8; size_of::<abi::ConfigSpace>()];
+        virtio.read_device_config(&mut raw)?;
+        let config = abi::ConfigSpace::read_from(&raw).unwrap_or_default();
+        if config.signature != abi::SIGNATURE {
+            return Err(TransportError::NoDevice(format!(
+                "{bdf}: signature {:?} is not vrnic's",
+                String::from_utf8_lossy(&config.signature)
+            )));
+        }
+        if config.abi_version != abi::ABI_VERSION {
+            return Err(TransportError::NoDevice(format!(
+                "{bdf}: vrnic ABI version {} (this driver speaks {})",
+                config.abi_version,
+                abi::ABI_VERSION
+            )));
+        }
+        let nq = virtio.common.num_queues()?;
+        if (nq as usize) < abi::NUM_QUEUES {
+            return Err(TransportError::NoDevice(format!(
+                "{bdf}: {nq} virtqueues, vrnic needs {}",
+                abi::NUM_QUEUES
+            )));
+        }
+
+        // Queues. The bounce buffer goes first: it settles whether huge
+        // pages are available, which bounds the ring sizes.
+        let ctrl_bounce = dma.alloc(RESP_OFF + RESP_LEN, 64)?;
+        let mut make_queue = |index: u16| -> Result<(Queue, u16), TransportError> {
+            let max = virtio.max_queue_size(index)?;
+            let size = pick_queue_size(max, dma.max_alloc());
+            if size == 0 {
+                return Err(TransportError::NoDevice(format!(
+                    "{bdf}: virtqueue {index} unavailable"
+                )));
+            }
+            let layout = QueueLayout::new(size)?;
+            let mem = dma.alloc(layout.len, QueueLayout::ALIGN.max(64))?;
+            // SAFETY: mem is layout.len bytes of 64-aligned, physically
+            // contiguous DMA memory at mem.gpa, owned by the transport and
+            // freed only after the device is reset.
+            let q = unsafe { SplitQueue::new(layout, mem.ptr, mem.gpa) };
+            let notifier = virtio.setup_queue(index, &q)?;
+            Ok((Queue { q, notifier }, size))
+        };
+        let (ctrlq, _) = make_queue(abi::CONTROLQ)?;
+        let (dbq, db_size) = make_queue(abi::DOORBELLQ)?;
+        let (evq, ev_size) = make_queue(abi::EVENTQ)?;
+        let db = SlotQueue {
+            queue: dbq,
+            slots: dma.alloc(SLOT * db_size as usize, 64)?,
+        };
+        let mut ev = SlotQueue {
+            queue: evq,
+            slots: dma.alloc(SLOT * ev_size as usize, 64)?,
+        };
+        ev.prefill()?;
+        let ctrl = ControlQueue {
+            queue: ctrlq,
+            bounce: ctrl_bounce,
+            pending: None,
+        };
+        virtio.driver_ok()?;
+        let status = virtio.common.status()?;
+        if status & crate::virtio::STATUS_DRIVER_OK == 0 || virtio.needs_reset()? {
+            return Err(TransportError::NoDevice(format!(
+                "{bdf}: device did not accept DRIVER_OK (status {status:#x})"
+            )));
+        }
+        ev.queue.kick()?;
+
+        guard.0 = None;
+        claim.restore = false;
+        tracing::info!(
+            "vrnic {bdf}: queues {}/{db_size}/{ev_size}, DMA from {:?}, MAC {:02x?}",
+            ctrl.queue.q.size(),
+            dma.mode(),
+            config.mac
+        );
+        Ok(PciTransport {
+            virtio,
+            config,
+            ctrl,
+            db,
+            ev,
+            timeout: DEFAULT_TIMEOUT,
+            dma,
+            _bars: bars,
+            claim,
+        })
+    }
+
+    /// The device's PCI address.
+    pub fn bdf(&self) -> &str {
+        &self.claim.dev.bdf
+    }
+
+    /// The bound on waiting for the device ([`DEFAULT_TIMEOUT`] unless set).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Sets the bound on waiting for the device.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// Sizes of the control, doorbell and event queues (descriptors).
+    pub fn queue_sizes(&self) -> [u16; 3] {
+        [
+            self.ctrl.queue.q.size(),
+            self.db.queue.q.size(),
+            self.ev.queue.q.size(),
+        ]
+    }
+
+    /// Whether DMA memory comes from huge pages or the 4 KiB fallback.
+    pub fn dma_mode(&self) -> DmaMode {
+        self.dma.mode()
+    }
+}
+
+impl Drop for PciTransport {
+    fn drop(&mut self) {
+        // Stop the device before its rings and buffers are unmapped.
+        if let Err(e) = self.virtio.reset(RESET_TIMEOUT) {
+            tracing::warn!("{}: reset on close: {e}", self.claim.dev.bdf);
+        }
+    }
+}
+
+impl Transport for PciTransport {
+    fn config(&self) -> abi::ConfigSpace {
+        self.config
+    }
+
+    /// Posts `[CmdHeader + body]` (device-readable) and `[RespHeader +
+    /// MAX_CMD_BODY]` (device-writable) from a DMA bounce buffer, notifies,
+    /// and polls for the answer for at most [`PciTransport::timeout`].
+    /// Returns the number of response bytes copied into `resp` (the body,
+    /// truncated to `resp.len()`).
+    ///
+    /// Errors: `body` longer than [`abi::MAX_CMD_BODY`]: [`TransportError::Io`]
+    /// (`InvalidInput`); no answer in time: [`TransportError::Timeout`] (the
+    /// next command first waits for that answer); nonzero status:
+    /// [`TransportError::Status`]; a response shorter than its header or
+    /// than the length it claims: [`TransportError::Io`] (`InvalidData`).
+    fn command(
+        &mut self,
+        opcode: u16,
+        body: &[u8],
+        resp: &mut [u8],
+    ) -> Result<usize, TransportError> {
+        let r = self.ctrl.execute(opcode, body, resp, self.timeout);
+        if let Err(TransportError::Timeout(_)) = r {
+            if let Ok(true) = self.virtio.needs_reset() {
+                tracing::warn!("{}: device signals DEVICE_NEEDS_RESET", self.bdf());
+            }
+        }
+        r
+    }
+
+    /// Posts `db` in a preallocated 16-byte DMA buffer and notifies (unless
+    /// the device suppressed notifications). When all doorbell descriptors
+    /// are with the device, polls for one to come back for at most
+    /// [`PciTransport::timeout`] ([`TransportError::Timeout`]).
+    fn doorbell(&mut self, db: &abi::Doorbell) -> Result<(), TransportError> {
+        self.db.ring(db, self.timeout)
+    }
+
+    fn alloc_dma(&mut self, len: usize, align: usize) -> Result<DmaBuf, TransportError> {
+        self.dma.alloc(len, align)
+    }
+
+    fn virt_to_phys(&self, va: usize) -> Result<u64, TransportError> {
+        self.dma.pagemap().virt_to_phys(va)
+    }
+
+    fn page_size(&self) -> usize {
+        self.dma.pagemap().page_size()
+    }
+
+    /// Pops one filled event buffer, reposts it, and returns the event.
+    /// Buffers the device returns shorter than an [`abi::Event`], and
+    /// protocol errors, are logged and skipped.
+    fn poll_event(&mut self) -> Option<abi::Event> {
+        self.ev.pop_event()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    struct TempDir(PathBuf);
+    impl TempDir {
+        fn new(tag: &str) -> Self {
+            let p = std::env::temp_dir().join(format!("vrnic-pci-{tag}-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&p);
+            fs::create_dir_all(&p).unwrap();
+            TempDir(p)
+        }
+    }
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn fake_fn(root: &Path, bdf: &str, vendor: u16, device: u16, virtio_driver: Option<&str>) {
+        let d = root.join(bdf);
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join("vendor"), format!("0x{vendor:04x}\n")).unwrap();
+        fs::write(d.join("device"), format!("0x{device:04x}\n")).unwrap();
+        if vendor == 0x1af4 {
+            symlink("../../../bus/pci/drivers/virtio-pci", d.join("driver")).unwrap();
+            let v = d.join("virtio7");
+            fs::create_dir_all(&v).unwrap();
+            if let Some(drv) = virtio_driver {
+                symlink(
+                    format!("../../../../bus/virtio/drivers/{drv}"),
+                    v.join("driver"),
+                )
+                .unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn scan_finds_modern_virtio_functions_and_skips_kernel_owned_ones() {
+        let t = TempDir::new("scan");
+        fake_fn(&t.0, "0000:00:03.0", 0x1af4, 0x1041, Some("virtio_net"));
+        fake_fn(&t.0, "0000:00:04.0", 0x1af4, 0x1046, None);
+        fake_fn(&t.0, "0000:00:01.0", 0x8086, 0x1237, None);
+        fake_fn(&t.0, "0000:00:02.0", 0x1af4, 0x1000, None); // transitional
+        fake_fn(&t.0, "0000:00:05.0", 0x1af4, 0x107f, None);
+        fs::create_dir_all(t.0.join("0000:00:06.0")).unwrap(); // unreadable ids
+        let c = scan(&t.0).unwrap();
+        assert_eq!(
+            c,
+            vec![
+                Candidate {
+                    bdf: "0000:00:03.0".into(),
+                    device_id: 0x1041,
+                    skip: Some("in use by kernel driver virtio_net".into())
+                },
+                Candidate {
+                    bdf: "0000:00:04.0".into(),
+                    device_id: 0x1046,
+                    skip: None
+                },
+                Candidate {
+                    bdf: "0000:00:05.0".into(),
+                    device_id: 0x107f,
+                    skip: None
+                },
+            ]
+        );
+        let dev = SysfsDevice::new(&t.0, "0000:00:04.0");
+        assert_eq!(dev.driver().as_deref(), Some("virtio-pci"));
+        assert_eq!(dev.ids().unwrap(), (0x1af4, 0x1046));
+        // A kernel-owned function is refused before anything is touched.
+        let err = PciTransport::attach(&SysfsDevice::new(&t.0, "0000:00:03.0")).unwrap_err();
+        assert!(
+            matches!(err, TransportError::NoDevice(ref m) if m.contains("virtio_net")),
+            "{err}"
+        );
+        let err = PciTransport::attach(&SysfsDevice::new(&t.0, "0000:00:01.0")).unwrap_err();
+        assert!(matches!(err, TransportError::NoDevice(_)), "{err}");
+    }
+
+    #[test]
+    fn sysfs_text_parsing() {
+        assert_eq!(normalize_bdf("00:04.0"), "0000:00:04.0");
+        assert_eq!(normalize_bdf(" 0001:00:04.0\n"), "0001:00:04.0");
+        assert_eq!(parse_hex("0x1af4\n"), Some(0x1af4));
+        assert_eq!(parse_hex("zz"), None);
+        let r = parse_resource_file(
+            "0x0000000000000000 0x0000000000000000 0x0000000000000000\n\
+             0x00000000fe800000 0x00000000fe800fff 0x0000000000040200\n\
+             garbage\n\
+             0x0000000000000000 0x0000000000000000 0x0000000000000000\n\
+             0x0000008000000000 0x0000008000003fff 0x000000000014220c\n",
+        );
+        assert_eq!(r.len(), 5);
+        assert_eq!(r[1], (0xfe80_0000, 0xfe80_0fff, 0x40200));
+        assert_eq!(r[2], (0, 0, 0));
+        assert_eq!(r[4].1 - r[4].0 + 1, 0x4000);
+        assert_ne!(r[4].2 & IORESOURCE_MEM, 0);
+    }
+
+    use crate::virtio::sim::{Device, Mem};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    /// A queue on plain memory whose "guest-physical" addresses are the
+    /// virtual ones, so the simulated device can follow them.
+    fn plain_queue(size: u16, index: u16) -> (Mem, Mem, Queue, Device) {
+        let l = QueueLayout::new(size).unwrap();
+        let ring = Mem::new(l.len);
+        let notify = Mem::new(16);
+        // SAFETY: ring is l.len bytes, 16-aligned, and outlives the queue
+        // (returned together, dropped after it).
+        let q = unsafe { SplitQueue::new(l, ring.ptr, ring.ptr as u64) };
+        // SAFETY: notify is 16 bytes and outlives the notifier.
+        let notifier = Notifier::new(unsafe { Mmio::new(notify.ptr, 16) }, index).unwrap();
+        let dev = Device::new(l, ring.ptr);
+        (ring, notify, Queue { q, notifier }, dev)
+    }
+
+    fn plain_buf(m: &Mem, len: usize) -> DmaBuf {
+        DmaBuf {
+            ptr: m.ptr,
+            len,
+            gpa: m.ptr as u64,
+        }
+    }
+
+    fn notified(n: &Mem) -> u16 {
+        // SAFETY: 16 bytes of test memory.
+        unsafe { ptr::read_volatile(n.ptr as *const u16) }
+    }
+
+    /// Stops and joins the simulated device thread before the memory it
+    /// uses is freed, also when an assertion fails.
+    struct Stop(Arc<AtomicBool>, Option<std::thread::JoinHandle<()>>);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+            if let Some(h) = self.1.take() {
+                let _ = h.join();
+            }
+        }
+    }
+
+    #[test]
+    fn control_commands_through_a_simulated_device() {
+        let (_ring, notify, queue, mut dev) = plain_queue(4, abi::CONTROLQ);
+        let bounce = Mem::new(RESP_OFF + RESP_LEN);
+        let mut ctrl = ControlQueue {
+            queue,
+            bounce: plain_buf(&bounce, RESP_OFF + RESP_LEN),
+            pending: None,
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let release = Arc::new(AtomicBool::new(false));
+        let (stop2, release2) = (stop.clone(), release.clone());
+        let handle = std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut held: Option<(u16, u32)> = None;
+            while !stop2.load(Ordering::SeqCst) && Instant::now() < deadline {
+                if let (Some((h, n)), true) = (held, release2.load(Ordering::SeqCst)) {
+                    dev.complete(h as u32, n);
+                    held = None;
+                }
+                let Some((head, chain)) = dev.take() else {
+                    std::thread::yield_now();
+                    continue;
+                };
+                assert_eq!(chain.len(), 2);
+                assert_eq!(chain[0].flags & crate::virtio::VIRTQ_DESC_F_WRITE, 0);
+                assert_ne!(chain[1].flags & crate::virtio::VIRTQ_DESC_F_WRITE, 0);
+                let (req, rsp) = (chain[0].addr as *const u8, chain[1].addr as *mut u8);
+                // SAFETY: the driver's bounce buffer, addressed by its virtual address.
+                let (hdr, body) = unsafe {
+                    let h = abi::CmdHeader::read_from(std::slice::from_raw_parts(req, 8)).unwrap();
+                    (
+                        h,
+                        std::slice::from_raw_parts(req.add(8), h.len as usize).to_vec(),
+                    )
+                };
+                assert_eq!(chain[0].len as usize, 8 + body.len());
+                let (status, out, used): (u32, Vec<u8>, Option<u32>) = match hdr.opcode {
+                    77 => (abi::STATUS_EINVAL, vec![], None),
+                    78 => (0, vec![], Some(4)),
+                    79 => (0, vec![1; 100], Some(12)),
+                    _ => (0, body.iter().rev().copied().collect(), None),
+                };
+                let rh = abi::RespHeader {
+                    status,
+                    len: out.len() as u32,
+                };
+                // SAFETY: the writable half of the bounce buffer, RESP_LEN bytes.
+                unsafe {
+                    ptr::copy_nonoverlapping(rh.as_bytes().as_ptr(), rsp, 8);
+                    ptr::copy_nonoverlapping(out.as_ptr(), rsp.add(8), out.len());
+                }
+                let n = used.unwrap_or(8 + out.len() as u32);
+                if hdr.opcode == 99 {
+                    held = Some((head, n));
+                } else {
+                    dev.complete(head as u32, n);
+                }
+            }
+        });
+        let _stop = Stop(stop, Some(handle));
+        let t = Duration::from_secs(10);
+
+        let mut resp = [0u8; 16];
+        assert_eq!(
+            ctrl.execute(abi::CMD_QUERY_PORT, &[1, 2, 3], &mut resp, t)
+                .unwrap(),
+            3
+        );
+        assert_eq!(&resp[..3], &[3, 2, 1]);
+        assert_eq!(notified(&notify), abi::CONTROLQ);
+        // Body truncated to the caller's buffer; empty body.
+        let mut small = [0u8; 2];
+        assert_eq!(ctrl.execute(5, &[9, 8, 7, 6], &mut small, t).unwrap(), 2);
+        assert_eq!(small, [6, 7]);
+        assert_eq!(
+            ctrl.execute(abi::CMD_QUERY_DEVICE, &[], &mut resp, t)
+                .unwrap(),
+            0
+        );
+        // Largest body.
+        let big: Vec<u8> = (0..abi::MAX_CMD_BODY as u8).collect();
+        let mut out = [0u8; abi::MAX_CMD_BODY];
+        assert_eq!(
+            ctrl.execute(6, &big, &mut out, t).unwrap(),
+            abi::MAX_CMD_BODY
+        );
+        assert_eq!(out[0], abi::MAX_CMD_BODY as u8 - 1);
+        assert!(matches!(
+            ctrl.execute(6, &[0; abi::MAX_CMD_BODY + 1], &mut out, t),
+            Err(TransportError::Io { .. })
+        ));
+        // Error status, short and inconsistent responses.
+        assert!(matches!(
+            ctrl.execute(77, &[], &mut resp, t),
+            Err(TransportError::Status {
+                opcode: 77,
+                status: 22
+            })
+        ));
+        assert!(matches!(
+            ctrl.execute(78, &[], &mut resp, t),
+            Err(TransportError::Io { .. })
+        ));
+        assert!(matches!(
+            ctrl.execute(79, &[], &mut resp, t),
+            Err(TransportError::Io { .. })
+        ));
+        // Timeout, then recovery once the device answers the stale command.
+        assert!(matches!(
+            ctrl.execute(99, &[], &mut resp, Duration::from_millis(50)),
+            Err(TransportError::Timeout(50))
+        ));
+        assert!(ctrl.pending.is_some());
+        release.store(true, Ordering::SeqCst);
+        assert_eq!(ctrl.execute(1, &[4, 5], &mut resp, t).unwrap(), 2);
+        assert_eq!(&resp[..2], &[5, 4]);
+        assert!(ctrl.pending.is_none());
+        // Many commands: the ring wraps.
+        for i in 0..50u8 {
+            assert_eq!(ctrl.execute(2, &[i, 1], &mut resp, t).unwrap(), 2);
+            assert_eq!(&resp[..2], &[1, i]);
+        }
+        assert_eq!(ctrl.queue.q.num_free(), 4);
+    }
+
+    #[test]
+    fn doorbells_are_posted_reclaimed_and_bounded_when_full() {
+        let (_ring, notify, queue, mut dev) = plain_queue(4, abi::DOORBELLQ);
+        let slots = Mem::new(4 * SLOT);
+        let mut db = SlotQueue {
+            queue,
+            slots: plain_buf(&slots, 4 * SLOT),
+        };
+        let mut seen = Vec::new();
+        let drain = |dev: &mut Device, seen: &mut Vec<u32>| {
+            while let Some((h, chain)) = dev.take() {
+                assert_eq!(chain.len(), 1);
+                assert_eq!(chain[0].len as usize, SLOT);
+                assert_eq!(chain[0].flags, 0, "device-readable, no chain");
+                // SAFETY: a 16-byte doorbell slot.
+                let d = abi::Doorbell::read_from(unsafe {
+                    std::slice::from_raw_parts(chain[0].addr as *const u8, SLOT)
+                })
+                .unwrap();
+                assert_eq!((d.kind, d.handle), (abi::DB_SQ, 7));
+                seen.push(d.index);
+                dev.complete(h as u32, 0);
+            }
+        };
+        let t = Duration::from_secs(5);
+        for i in 0..1000u32 {
+            let d = abi::Doorbell {
+                kind: abi::DB_SQ,
+                handle: 7,
+                index: i,
+                ..Default::default()
+            };
+            db.ring(&d, t).unwrap();
+            assert_eq!(notified(&notify), abi::DOORBELLQ);
+            if i % 3 == 2 {
+                drain(&mut dev, &mut seen);
+            }
+        }
+        drain(&mut dev, &mut seen);
+        assert_eq!(seen, (0..1000).collect::<Vec<_>>());
+        // A device that stops consuming: four fit, the fifth times out.
+        let d = abi::Doorbell {
+            kind: abi::DB_RQ,
+            handle: 1,
+            index: 1,
+            ..Default::default()
+        };
+        for _ in 0..4 {
+            db.ring(&d, t).unwrap();
+        }
+        assert!(matches!(
+            db.ring(&d, Duration::from_millis(20)),
+            Err(TransportError::Timeout(20))
+        ));
+    }
+
+    #[test]
+    fn events_are_popped_in_order_and_buffers_reposted() {
+        let (_ring, notify, queue, mut dev) = plain_queue(4, abi::EVENTQ);
+        let slots = Mem::new(4 * SLOT);
+        let mut evq = SlotQueue {
+            queue,
+            slots: plain_buf(&slots, 4 * SLOT),
+        };
+        evq.prefill().unwrap();
+        assert_eq!(evq.queue.q.num_free(), 0);
+        assert!(evq.pop_event().is_none());
+        let mut next = 0u32;
+        let mut got = Vec::new();
+        for round in 0..40 {
+            // The device fills up to 3 buffers; one in 7 events is short.
+            for _ in 0..3 {
+                let Some((h, chain)) = dev.take() else { break };
+                assert_eq!(chain.len(), 1);
+                assert_ne!(chain[0].flags & crate::virtio::VIRTQ_DESC_F_WRITE, 0);
+                let e = abi::Event {
+                    kind: abi::EV_COMP,
+                    handle: next,
+                    ..Default::default()
+                };
+                // SAFETY: a 16-byte event slot.
+                unsafe {
+                    ptr::copy_nonoverlapping(e.as_bytes().as_ptr(), chain[0].addr as *mut u8, SLOT)
+                };
+                let short = next % 7 == 3;
+                dev.complete(h as u32, if short { 8 } else { SLOT as u32 });
+                next += 1;
+            }
+            while let Some(e) = evq.pop_event() {
+                assert_eq!(e.kind, abi::EV_COMP);
+                got.push(e.handle);
+            }
+            assert_eq!(
+                evq.queue.q.num_free(),
+                0,
+                "round {round}: every buffer reposted"
+            );
+        }
+        assert_eq!(notified(&notify), abi::EVENTQ);
+        let want: Vec<u32> = (0..next).filter(|n| n % 7 != 3).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn queue_sizes_fit_the_allocator() {
+        assert_eq!(pick_queue_size(0, 1 << 21), 0);
+        assert_eq!(pick_queue_size(1024, 1 << 21), 256);
+        assert_eq!(pick_queue_size(256, 1 << 21), 256);
+        assert_eq!(pick_queue_size(100, 1 << 21), 64);
+        // 4 KiB fallback: 128 descriptors need 3342 bytes, 256 need 6662.
+        assert_eq!(pick_queue_size(256, 4096), 128);
+        assert_eq!(pick_queue_size(1, 4096), 1);
+    }
+}
