@@ -1,1 +1,581 @@
-//! (in progress)
+//! An in-process vrnic device: [`LoopbackTransport`] runs a
+//! [`vrnic::device::Device`] on an engine thread of this process, so the
+//! verbs layer and its users (tests, `vrnic-pingpong --loopback`) run without
+//! a VM.
+//!
+//! "Guest-physical" memory is this process's own memory: a device address
+//! is the process virtual address, but the device reaches only the DMA
+//! memory this transport allocated ([`LoopbackMemory`]); every other address
+//! is out of range for it, and [`Transport::virt_to_phys`] refuses it. MR
+//! buffers therefore come from [`Transport::alloc_dma`] (e.g.
+//! [`crate::verbs::Mr::alloc`]).
+//!
+//! Two transports over a [`vrnic::link::mem::MemLink`] pair form a
+//! two-node RoCE network in one process:
+//! ```ignore
+//! let (a, b) = vrnic::link::mem::MemLink::pair();
+//! let ta = LoopbackTransport::new(cfg_a, Box::new(a))?;
+//! let tb = LoopbackTransport::new(cfg_b, Box::new(b))?;
+//! let (ctx_a, ctx_b) = (Context::open(Box::new(ta))?, Context::open(Box::new(tb))?);
+//! ```
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{fence, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use vrnic::abi::{self, Pod};
+use vrnic::device::{Device, DeviceConfig, DeviceStats, Nanos};
+use vrnic::link::Link;
+use vrnic::mem::{DmaMemory, MemError};
+
+use crate::transport::{DmaBuf, Transport, TransportError};
+
+/// Longest wait for the engine thread to answer a command or a query.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest wait for the engine thread to stop when the transport is dropped.
+pub const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest the engine thread sleeps waiting for work when idle (it also
+/// wakes for a request, for a frame on a link with a descriptor, and for
+/// the device's next timer).
+const IDLE_WAIT: Duration = Duration::from_millis(1);
+/// After the last work, the engine thread keeps polling (yielding the CPU
+/// between polls) this long before it sleeps, which saves a wake-up per hop
+/// of a ping-pong.
+const SPIN_AFTER_WORK: Duration = Duration::from_micros(50);
+/// Frames taken from the link per engine-loop round.
+const RX_BATCH: usize = 64;
+/// Channel messages handled per engine-loop round.
+const MSG_BATCH: usize = 256;
+/// Default size of a DMA arena, bytes (reserved, not committed).
+const ARENA_SIZE: usize = 64 << 20;
+/// Largest DMA alignment ([`Transport::alloc_dma`]).
+const MAX_ALIGN: usize = 2 << 20;
+
+/// The DMA memory of a [`LoopbackTransport`]: a few large zeroed,
+/// page-aligned anonymous mappings ("arenas") handed out by a bump
+/// allocator and never reused, so every allocation starts zeroed. A device
+/// address equals the process virtual address; [`DmaMemory`] accesses are
+/// allowed only inside what has been allocated.
+///
+/// Each [`DmaMemory::write`] is a release and each [`DmaMemory::read`] an
+/// acquire with respect to the driver's accesses, so a device that writes a
+/// CQE body and then, in a second write, its owner byte publishes them in
+/// that order.
+#[derive(Debug, Default)]
+pub struct LoopbackMemory {
+    arenas: RwLock<Vec<Arena>>,
+}
+
+#[derive(Debug)]
+struct Arena {
+    base: usize,
+    size: usize,
+    used: usize,
+}
+
+impl LoopbackMemory {
+    /// An empty memory; arenas are mapped on first allocation.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Allocates `len` zeroed bytes aligned to `align` (a power of two, at
+    /// most 2 MiB). `len` 0 allocates one byte.
+    ///
+    /// Errors: [`TransportError::NoDmaMemory`] for a bad alignment or when
+    /// `mmap(2)` fails.
+    pub fn alloc(&self, len: usize, align: usize) -> Result<DmaBuf, TransportError> {
+        if !align.is_power_of_two() || align > MAX_ALIGN {
+            return Err(TransportError::NoDmaMemory(len));
+        }
+        let len = len.max(1);
+        let mut arenas = self.arenas.write().unwrap_or_else(|e| e.into_inner());
+        for a in arenas.iter_mut() {
+            let start = (a.base + a.used).next_multiple_of(align);
+            if start
+                .checked_add(len)
+                .is_some_and(|end| end <= a.base + a.size)
+            {
+                a.used = start + len - a.base;
+                return Ok(DmaBuf {
+                    ptr: start as *mut u8,
+                    len,
+                    gpa: start as u64,
+                });
+            }
+        }
+        let size = len
+            .checked_add(align)
+            .and_then(|n| n.max(ARENA_SIZE).checked_next_multiple_of(MAX_ALIGN))
+            .ok_or(TransportError::NoDmaMemory(len))?;
+        // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(TransportError::NoDmaMemory(len));
+        }
+        let base = base as usize;
+        let start = base.next_multiple_of(align);
+        arenas.push(Arena {
+            base,
+            size,
+            used: start + len - base,
+        });
+        Ok(DmaBuf {
+            ptr: start as *mut u8,
+            len,
+            gpa: start as u64,
+        })
+    }
+
+    /// The process address of `[gpa, gpa + len)` when it lies inside
+    /// allocated DMA memory.
+    pub fn translate(&self, gpa: u64, len: usize) -> Result<*mut u8, MemError> {
+        let err = MemError { addr: gpa, len };
+        let start = usize::try_from(gpa).map_err(|_| err)?;
+        let end = start.checked_add(len).ok_or(err)?;
+        let arenas = self.arenas.read().unwrap_or_else(|e| e.into_inner());
+        arenas
+            .iter()
+            .find(|a| start >= a.base && end <= a.base + a.used)
+            .map(|_| start as *mut u8)
+            .ok_or(err)
+    }
+}
+
+impl DmaMemory for LoopbackMemory {
+    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        let p = self.translate(gpa, buf.len())?;
+        // SAFETY: `p..p + len` is inside a live arena (checked); arenas are
+        // unmapped only when the memory is dropped.
+        unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) };
+        fence(Ordering::Acquire);
+        Ok(())
+    }
+
+    fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), MemError> {
+        let p = self.translate(gpa, buf.len())?;
+        fence(Ordering::Release);
+        // SAFETY: as in `read`.
+        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), p, buf.len()) };
+        Ok(())
+    }
+}
+
+impl Drop for LoopbackMemory {
+    fn drop(&mut self) {
+        let arenas = self.arenas.get_mut().unwrap_or_else(|e| e.into_inner());
+        for a in arenas.drain(..) {
+            // SAFETY: each arena is a mapping made by `alloc`, unmapped once.
+            unsafe { libc::munmap(a.base as *mut libc::c_void, a.size) };
+        }
+    }
+}
+
+/// Requests to the engine thread.
+enum Msg {
+    /// A control command (`CmdHeader` + body); the reply is the device's
+    /// response bytes.
+    Command(Vec<u8>, mpsc::SyncSender<Vec<u8>>),
+    Doorbell(abi::Doorbell),
+    Stats(mpsc::SyncSender<DeviceStats>),
+}
+
+/// A [`Transport`] to a [`Device`] running on an engine thread of this
+/// process, attached to a [`Link`]. See the [module documentation](self).
+///
+/// Commands execute synchronously on the engine thread (bounded by
+/// [`COMMAND_TIMEOUT`]); doorbells are queued to it. The engine thread
+/// takes frames from the link, runs the device's timers, sends its frames
+/// and queues its events for [`Transport::poll_event`]. Dropping the
+/// transport stops the thread (bounded by [`JOIN_TIMEOUT`]).
+pub struct LoopbackTransport {
+    config: abi::ConfigSpace,
+    mem: Arc<LoopbackMemory>,
+    tx: Option<mpsc::Sender<Msg>>,
+    /// Readable while requests wait for the engine thread.
+    wake: Arc<OwnedFd>,
+    events: Arc<Mutex<VecDeque<abi::Event>>>,
+    /// Closed by the engine thread when it exits.
+    exited: mpsc::Receiver<()>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for LoopbackTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoopbackTransport")
+            .field("mac", &self.config.mac)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LoopbackTransport {
+    /// Starts a device with `cfg` on a new engine thread, attached to `link`.
+    ///
+    /// Errors: [`TransportError::Io`] when the wake-up `eventfd(2)` or the
+    /// thread cannot be created; [`TransportError::Timeout`] when the thread
+    /// does not start in time.
+    pub fn new(cfg: DeviceConfig, link: Box<dyn Link>) -> Result<Self, TransportError> {
+        // SAFETY: plain syscall; the result is checked and then owned.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            let source = std::io::Error::last_os_error();
+            return Err(TransportError::Io {
+                what: "creating the loopback wake-up eventfd".into(),
+                source,
+            });
+        }
+        // SAFETY: `raw` is a fresh descriptor nobody else owns.
+        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
+        let mem = Arc::new(LoopbackMemory::new());
+        let events = Arc::new(Mutex::new(VecDeque::new()));
+        let (tx, rx) = mpsc::channel();
+        let (config_tx, config_rx) = mpsc::sync_channel(1);
+        let (exited_tx, exited) = mpsc::sync_channel::<()>(0);
+        let engine = Engine {
+            mem: mem.clone(),
+            events: events.clone(),
+            rx,
+            wake: wake.clone(),
+            link,
+            epoch: Instant::now(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("vrnic-loopback".into())
+            .spawn(move || {
+                let _exited = exited_tx;
+                let dev = Device::new(cfg);
+                if config_tx.send(dev.config_space()).is_ok() {
+                    engine.run(dev);
+                }
+            })
+            .map_err(|source| TransportError::Io {
+                what: "spawning the loopback engine thread".into(),
+                source,
+            })?;
+        let config = config_rx
+            .recv_timeout(COMMAND_TIMEOUT)
+            .map_err(|_| TransportError::Timeout(COMMAND_TIMEOUT.as_millis() as u64))?;
+        Ok(LoopbackTransport {
+            config,
+            mem,
+            tx: Some(tx),
+            wake,
+            events,
+            exited,
+            thread: Some(thread),
+        })
+    }
+
+    /// The transport's DMA memory, as the device sees it.
+    pub fn memory(&self) -> &Arc<LoopbackMemory> {
+        &self.mem
+    }
+
+    /// The device's counters.
+    pub fn device_stats(&self) -> Result<DeviceStats, TransportError> {
+        let (reply_tx, reply_rx) = mpsc::sync_channel(1);
+        self.send(Msg::Stats(reply_tx))?;
+        reply_rx
+            .recv_timeout(COMMAND_TIMEOUT)
+            .map_err(|e| self.reply_error(e))
+    }
+
+    fn send(&self, m: Msg) -> Result<(), TransportError> {
+        let tx = self.tx.as_ref().ok_or_else(stopped)?;
+        tx.send(m).map_err(|_| stopped())?;
+        // SAFETY: eventfd_write on our own descriptor; it fails only when the
+        // counter would overflow, and then the descriptor is readable anyway.
+        unsafe { libc::eventfd_write(self.wake.as_raw_fd(), 1) };
+        Ok(())
+    }
+
+    fn reply_error(&self, e: RecvTimeoutError) -> TransportError {
+        match e {
+            RecvTimeoutError::Timeout => {
+                TransportError::Timeout(COMMAND_TIMEOUT.as_millis() as u64)
+            }
+            RecvTimeoutError::Disconnected => stopped(),
+        }
+    }
+}
+
+fn stopped() -> TransportError {
+    TransportError::NoDevice("the loopback engine thread has stopped".into())
+}
+
+impl Transport for LoopbackTransport {
+    fn config(&self) -> abi::ConfigSpace {
+        self.config
+    }
+
+    fn command(
+        &mut self,
+        opcode: u16,
+        body: &[u8],
+        resp: &mut [u8],
+    ) -> Result<usize, TransportError> {
+        let hdr = abi::CmdHeader {
+            opcode,
+            flags: 0,
+            len: body.len() as u32,
+        };
+        let mut req = Vec::with_capacity(size_of::<abi::CmdHeader>() + body.len());
+        req.extend_from_slice(hdr.as_bytes());
+        req.extend_from_slice(body);
+        let (reply_tx, reply_rx) = mpsc::sync_channel(1);
+        self.send(Msg::Command(req, reply_tx))?;
+        let reply = reply_rx
+            .recv_timeout(COMMAND_TIMEOUT)
+            .map_err(|e| self.reply_error(e))?;
+        let Some(rh) = abi::RespHeader::read_from(&reply) else {
+            return Err(TransportError::Io {
+                what: format!("command {opcode}: device response of {} bytes", reply.len()),
+                source: std::io::Error::from_raw_os_error(libc::EIO),
+            });
+        };
+        if rh.status != abi::STATUS_OK {
+            return Err(TransportError::Status {
+                opcode,
+                status: rh.status,
+            });
+        }
+        let body = &reply[size_of::<abi::RespHeader>()..];
+        let n = (rh.len as usize).min(body.len()).min(resp.len());
+        resp[..n].copy_from_slice(&body[..n]);
+        Ok(n)
+    }
+
+    fn doorbell(&mut self, db: &abi::Doorbell) -> Result<(), TransportError> {
+        self.send(Msg::Doorbell(*db))
+    }
+
+    fn alloc_dma(&mut self, len: usize, align: usize) -> Result<DmaBuf, TransportError> {
+        self.mem.alloc(len, align)
+    }
+
+    fn virt_to_phys(&self, va: usize) -> Result<u64, TransportError> {
+        self.mem
+            .translate(va as u64, 1)
+            .map(|_| va as u64)
+            .map_err(|e| TransportError::Io {
+                what: format!("address {va:#x} is not loopback DMA memory ({e})"),
+                source: std::io::Error::from_raw_os_error(libc::EFAULT),
+            })
+    }
+
+    fn poll_event(&mut self) -> Option<abi::Event> {
+        self.events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front()
+    }
+}
+
+impl Drop for LoopbackTransport {
+    fn drop(&mut self) {
+        // Closing the channel stops the engine loop.
+        drop(self.tx.take());
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        match self.exited.recv_timeout(JOIN_TIMEOUT) {
+            Err(RecvTimeoutError::Disconnected) => {
+                if thread.join().is_err() {
+                    tracing::error!("the loopback engine thread panicked");
+                }
+            }
+            _ => tracing::error!(
+                "the loopback engine thread did not stop within {JOIN_TIMEOUT:?}; detaching it"
+            ),
+        }
+    }
+}
+
+/// The engine thread's state (everything but the device).
+struct Engine {
+    mem: Arc<LoopbackMemory>,
+    events: Arc<Mutex<VecDeque<abi::Event>>>,
+    rx: mpsc::Receiver<Msg>,
+    wake: Arc<OwnedFd>,
+    link: Box<dyn Link>,
+    epoch: Instant,
+}
+
+impl Engine {
+    fn now(&self) -> Nanos {
+        self.epoch.elapsed().as_nanos() as Nanos
+    }
+
+    /// Handles one message.
+    fn handle(&self, dev: &mut Device, m: Msg) {
+        match m {
+            Msg::Command(req, reply) => {
+                let mut resp = vec![0u8; size_of::<abi::RespHeader>() + abi::MAX_CMD_BODY];
+                let n = dev.control(&*self.mem, &req, &mut resp);
+                resp.truncate(n);
+                // The caller may have given up waiting; nothing to do then.
+                let _ = reply.send(resp);
+            }
+            Msg::Doorbell(db) => dev.doorbell(&*self.mem, &db, self.now()),
+            Msg::Stats(reply) => {
+                let _ = reply.send(dev.stats().clone());
+            }
+        }
+    }
+
+    fn run(mut self, mut dev: Device) {
+        let mut frame = vec![0u8; 65536];
+        let mut last_work = Instant::now();
+        loop {
+            let mut work = false;
+            // Clear the wake-up before draining: a request queued after this
+            // makes the next wait return at once.
+            let mut count: libc::eventfd_t = 0;
+            // SAFETY: eventfd_read into a live u64; EAGAIN when already clear.
+            unsafe { libc::eventfd_read(self.wake.as_raw_fd(), &mut count) };
+            for _ in 0..MSG_BATCH {
+                match self.rx.try_recv() {
+                    Ok(m) => {
+                        self.handle(&mut dev, m);
+                        work = true;
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return,
+                }
+            }
+            for _ in 0..RX_BATCH {
+                match self.link.recv(&mut frame) {
+                    Ok(Some(n)) => {
+                        dev.receive(&*self.mem, &frame[..n.min(frame.len())], self.now());
+                        work = true;
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!("loopback link receive failed: {e}");
+                        break;
+                    }
+                }
+            }
+            let now = self.now();
+            let next = dev.poll(&*self.mem, now);
+            work |= next.is_some_and(|t| t <= now);
+            while let Some(f) = dev.pop_tx() {
+                work = true;
+                if let Err(e) = self.link.send(&f) {
+                    tracing::debug!("loopback link dropped a frame: {e}");
+                }
+            }
+            let mut events = self.events.lock().unwrap_or_else(|e| e.into_inner());
+            while let Some(ev) = dev.pop_event() {
+                events.push_back(ev);
+            }
+            drop(events);
+
+            if work {
+                last_work = Instant::now();
+                continue;
+            }
+            if last_work.elapsed() < SPIN_AFTER_WORK {
+                std::thread::yield_now();
+                continue;
+            }
+            let until_timer = next.map_or(IDLE_WAIT, |t| {
+                Duration::from_nanos(t.saturating_sub(self.now()))
+            });
+            self.wait(until_timer.min(IDLE_WAIT));
+        }
+    }
+
+    /// Sleeps until a request or (on a link with a descriptor) a frame
+    /// arrives, or `timeout` passes.
+    fn wait(&self, timeout: Duration) {
+        let mut fds = [
+            libc::pollfd {
+                fd: self.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.link.raw_fd().unwrap_or(-1),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos().into(),
+        };
+        // SAFETY: `fds` and `ts` are live for the call; a negative fd is ignored by ppoll.
+        unsafe {
+            libc::ppoll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                &ts,
+                std::ptr::null(),
+            )
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    impl LoopbackMemory {
+        fn virt_ok(&self, gpa: u64) -> bool {
+            self.translate(gpa, 1).is_ok()
+        }
+    }
+
+    #[test]
+    fn memory_allows_only_allocated_ranges_and_honours_alignment() {
+        let m = LoopbackMemory::new();
+        let a = m.alloc(100, 4096).unwrap();
+        assert_eq!(a.gpa % 4096, 0);
+        assert_eq!(a.ptr as u64, a.gpa);
+        m.write(a.gpa + 90, &[1; 10]).unwrap();
+        let mut r = [0u8; 10];
+        m.read(a.gpa + 90, &mut r).unwrap();
+        assert_eq!(r, [1; 10]);
+        // SAFETY: `a` is 100 bytes of live memory.
+        assert_eq!(
+            unsafe { *a.ptr.add(95) },
+            1,
+            "device address is the process address"
+        );
+        assert!(
+            m.read(a.gpa + 95, &mut r).is_err(),
+            "runs past everything allocated"
+        );
+        assert!(m.virt_ok(a.gpa + 99) && !m.virt_ok(a.gpa + 100));
+        let b = m.alloc(10, 2 << 20).unwrap();
+        assert_eq!(b.gpa % (2 << 20), 0);
+        assert!(m.virt_ok(b.gpa + 9) && !m.virt_ok(b.gpa + 10));
+        let stack = [0u8; 16];
+        assert!(
+            m.read(stack.as_ptr() as u64, &mut r).is_err(),
+            "not DMA memory"
+        );
+        assert!(m.write(u64::MAX - 4, &r).is_err());
+        assert!(m.alloc(1, 3).is_err());
+        assert!(m.alloc(1, 4 << 20).is_err());
+        // A large allocation gets its own zeroed arena.
+        let big = m.alloc(ARENA_SIZE + 1, 4096).unwrap();
+        let mut tail = [9u8; 4];
+        m.read(big.gpa + ARENA_SIZE as u64 - 3, &mut tail).unwrap();
+        assert_eq!(tail, [0; 4]);
+    }
+}

@@ -1,0 +1,334 @@
+//! The verbs API: `ibv_*` semantics over a [`Transport`].
+//!
+//! Objects and the man pages they follow:
+//! - [`Context`]: an open device (`ibv_open_device(3)`), with
+//!   [`Context::query_device`] (`ibv_query_device(3)`),
+//!   [`Context::query_port`] (`ibv_query_port(3)`) and
+//!   [`Context::query_gid`] (`ibv_query_gid(3)`).
+//! - [`Pd`]: a protection domain (`ibv_alloc_pd(3)`).
+//! - [`Mr`]: a memory region (`ibv_reg_mr(3)`).
+//! - [`Cq`]: a completion queue (`ibv_create_cq(3)`, `ibv_poll_cq(3)`).
+//! - [`Qp`]: a queue pair (`ibv_create_qp(3)`, `ibv_modify_qp(3)`,
+//!   `ibv_query_qp(3)`, `ibv_post_send(3)`, `ibv_post_recv(3)`).
+//!
+//! Ownership replaces reference counting by hand: an [`Mr`] and a [`Qp`]
+//! keep their [`Pd`] alive, a [`Qp`] keeps its CQs alive, and every object
+//! keeps the [`Context`] (and so the transport and its DMA memory) alive.
+//! Dropping an object destroys it on the device; a failure there is logged,
+//! not returned.
+//!
+//! Rings live in DMA memory from [`Transport::alloc_dma`], which a transport
+//! never frees: destroying and re-creating CQs and QPs keeps using new DMA
+//! memory (the page-list buffer of [`Mr`] registration is reused).
+//!
+//! # Example
+//! ```no_run
+//! # fn demo(transport: Box<dyn vrnic_guest::transport::Transport>) -> Result<(), vrnic_guest::verbs::VerbsError> {
+//! use vrnic_guest::verbs::*;
+//! let ctx = Context::open(transport)?;
+//! let pd = Pd::alloc(&ctx)?;
+//! let mr = Mr::alloc(&pd, 4096, ACCESS_LOCAL_WRITE)?;
+//! let mut cq = Cq::new(&ctx, 16)?;
+//! let init = QpInitAttr {
+//!     qp_type: QpType::Rc,
+//!     send_cq: &cq,
+//!     recv_cq: &cq,
+//!     cap: QpCap { max_send_wr: 1, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+//!     sq_sig_all: false,
+//! };
+//! let mut qp = Qp::new(&pd, &init)?;
+//! qp.post_recv(&RecvWr { wr_id: 1, sg_list: &[mr.sge(0, 4096)] })?;
+//! let mut wc = [WorkCompletion::default(); 4];
+//! let n = cq.poll(&mut wc);
+//! # let _ = n; Ok(()) }
+//! ```
+
+mod cq;
+mod device;
+mod mr;
+mod pd;
+mod qp;
+mod wc;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub use cq::Cq;
+pub use device::Gid;
+pub use mr::Mr;
+pub use pd::Pd;
+pub use qp::{
+    AhAttr, AtomicWr, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RdmaWr, RecvWr, SendWr, UdWr,
+    WrOpcode,
+};
+pub use vrnic::abi::{
+    DeviceAttr, PortAttr, Sge, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ,
+    ACCESS_REMOTE_WRITE, QP_ATTR_ACCESS_FLAGS, QP_ATTR_AV, QP_ATTR_CUR_STATE, QP_ATTR_DEST_QPN,
+    QP_ATTR_MAX_DEST_RD_ATOMIC, QP_ATTR_MAX_QP_RD_ATOMIC, QP_ATTR_MIN_RNR_TIMER, QP_ATTR_PATH_MTU,
+    QP_ATTR_PKEY_INDEX, QP_ATTR_PORT, QP_ATTR_QKEY, QP_ATTR_RETRY_CNT, QP_ATTR_RNR_RETRY,
+    QP_ATTR_RQ_PSN, QP_ATTR_SQ_PSN, QP_ATTR_STATE, QP_ATTR_TIMEOUT, SEND_FENCE, SEND_INLINE,
+    SEND_SIGNALED, SEND_SOLICITED,
+};
+pub use wc::{wc_status_str, WorkCompletion};
+
+use crate::transport::{DmaBuf, Transport, TransportError};
+use vrnic::abi::{self, Pod};
+
+/// Errors of the verbs API. [`VerbsError::errno`] gives the errno an
+/// `ibv_*` call would have returned or set.
+#[derive(Debug, thiserror::Error)]
+pub enum VerbsError {
+    /// The transport failed, or the device rejected a command (its status is
+    /// the errno, as `ibv_*` calls report it).
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// The transport's configuration space does not describe a vrnic device
+    /// of this ABI version.
+    #[error("not a vrnic device of ABI version {expected}: signature {signature:02x?}, ABI version {abi_version}")]
+    NotVrnic {
+        /// The signature read.
+        signature: [u8; 8],
+        /// The ABI version read.
+        abi_version: u32,
+        /// [`abi::ABI_VERSION`].
+        expected: u32,
+    },
+    /// An argument is outside what the object supports (`EINVAL`).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A work queue is full (`ENOMEM`, as `ibv_post_send(3)` and
+    /// `ibv_post_recv(3)` report it).
+    #[error("{queue} full: {outstanding} of {size} work requests outstanding")]
+    QueueFull {
+        /// `"send queue"` or `"receive queue"`.
+        queue: &'static str,
+        /// Work requests posted and not yet consumed by the device.
+        outstanding: u32,
+        /// Queue size, work requests.
+        size: u32,
+    },
+    /// The device answered a command with fewer bytes than its response
+    /// structure (`EIO`).
+    #[error("device response to command {opcode} too short: {got} bytes, expected {want}")]
+    ShortResponse {
+        /// The `abi::CMD_*` opcode.
+        opcode: u16,
+        /// Bytes received.
+        got: usize,
+        /// Bytes expected.
+        want: usize,
+    },
+    /// The device answered with a value this library cannot use (`EIO`).
+    #[error("device returned an invalid value: {0}")]
+    BadResponse(String),
+    /// An operating system call failed (for example `mlock(2)` of an MR).
+    #[error("{what}: {source}")]
+    Os {
+        /// What was being done.
+        what: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl VerbsError {
+    /// The Linux errno the corresponding `ibv_*` call would report.
+    pub fn errno(&self) -> i32 {
+        match self {
+            VerbsError::Transport(TransportError::Status { status, .. }) => *status as i32,
+            VerbsError::Transport(TransportError::Timeout(_)) => libc::ETIMEDOUT,
+            VerbsError::Transport(TransportError::NoDevice(_)) => libc::ENODEV,
+            VerbsError::Transport(TransportError::NoDmaMemory(_)) => libc::ENOMEM,
+            VerbsError::Transport(TransportError::Io { source, .. }) => {
+                source.raw_os_error().unwrap_or(libc::EIO)
+            }
+            VerbsError::NotVrnic { .. } => libc::ENODEV,
+            VerbsError::InvalidArgument(_) => libc::EINVAL,
+            VerbsError::QueueFull { .. } => libc::ENOMEM,
+            VerbsError::ShortResponse { .. } | VerbsError::BadResponse(_) => libc::EIO,
+            VerbsError::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+}
+
+/// Result of the verbs API.
+pub type Result<T> = std::result::Result<T, VerbsError>;
+
+/// An open vrnic device (`struct ibv_context`). Cheap to clone: clones share
+/// the transport.
+#[derive(Clone)]
+pub struct Context {
+    inner: Arc<CtxInner>,
+}
+
+struct CtxInner {
+    transport: Mutex<Box<dyn Transport>>,
+    config: abi::ConfigSpace,
+    page_size: usize,
+    /// DMA buffer reused for MR page lists; taken for the whole `CMD_REG_MR`.
+    page_list: Mutex<Option<DmaBuf>>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("mac", &self.inner.config.mac)
+            .field("page_size", &self.inner.page_size)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Context {
+    /// Opens the device behind `transport` (`ibv_open_device(3)`): reads its
+    /// configuration space and checks the signature and ABI version.
+    ///
+    /// Errors: [`VerbsError::NotVrnic`] for another device or ABI version;
+    /// [`VerbsError::InvalidArgument`] when the transport's page size is not
+    /// a power of two of at least 4096 bytes.
+    pub fn open(transport: Box<dyn Transport>) -> Result<Context> {
+        let config = transport.config();
+        if config.signature != abi::SIGNATURE || config.abi_version != abi::ABI_VERSION {
+            return Err(VerbsError::NotVrnic {
+                signature: config.signature,
+                abi_version: config.abi_version,
+                expected: abi::ABI_VERSION,
+            });
+        }
+        let page_size = transport.page_size();
+        if !page_size.is_power_of_two() || page_size < 4096 {
+            return Err(VerbsError::InvalidArgument(format!(
+                "transport page size {page_size} is not a power of two >= 4096"
+            )));
+        }
+        Ok(Context {
+            inner: Arc::new(CtxInner {
+                transport: Mutex::new(transport),
+                config,
+                page_size,
+                page_list: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The device's configuration space, as read at open.
+    pub fn config(&self) -> abi::ConfigSpace {
+        self.inner.config
+    }
+
+    /// The page size the transport translates addresses at, bytes (the page
+    /// size of MR page lists).
+    pub fn page_size(&self) -> usize {
+        self.inner.page_size
+    }
+
+    /// Device attributes (`ibv_query_device(3)`, `CMD_QUERY_DEVICE`).
+    pub fn query_device(&self) -> Result<DeviceAttr> {
+        self.command(abi::CMD_QUERY_DEVICE, &[])
+    }
+
+    /// Attributes of `port` (`ibv_query_port(3)`, `CMD_QUERY_PORT`); vrnic
+    /// has one port, number 1. A RoCE port has no LID: rdma-core reports 0.
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        let body = abi::QueryPort {
+            port: port.into(),
+            reserved: 0,
+        };
+        self.command(abi::CMD_QUERY_PORT, body.as_bytes())
+    }
+
+    /// GID `index` of `port` (`ibv_query_gid(3)`, `CMD_QUERY_GID`). On vrnic
+    /// index 0 is the link-local GID from the MAC and index 1 the
+    /// IPv4-mapped RoCEv2 GID, as with Linux rxe.
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
+        let body = abi::QueryGid {
+            port: port.into(),
+            index,
+        };
+        let e: abi::GidEntry = self.command(abi::CMD_QUERY_GID, body.as_bytes())?;
+        Ok(Gid { raw: e.gid })
+    }
+
+    /// Next asynchronous event from the device (`ibv_get_async_event(3)` and
+    /// completion events), if one is waiting. Never blocks.
+    pub fn poll_event(&self) -> Option<abi::Event> {
+        lock(&self.inner.transport).poll_event()
+    }
+
+    /// Allocates `len` zeroed bytes of DMA memory aligned to `align` bytes (a
+    /// power of two up to 2 MiB), alive as long as this context's transport.
+    pub fn alloc_dma(&self, len: usize, align: usize) -> Result<DmaBuf> {
+        Ok(lock(&self.inner.transport).alloc_dma(len, align)?)
+    }
+
+    /// Runs `f` with the transport locked.
+    pub(crate) fn with_transport<T>(&self, f: impl FnOnce(&mut dyn Transport) -> T) -> T {
+        f(&mut **lock(&self.inner.transport))
+    }
+
+    /// Rings a doorbell.
+    pub(crate) fn doorbell(&self, db: &abi::Doorbell) -> Result<()> {
+        Ok(self.with_transport(|t| t.doorbell(db))?)
+    }
+
+    /// Executes a command whose response is an `R`.
+    pub(crate) fn command<R: Pod>(&self, opcode: u16, body: &[u8]) -> Result<R> {
+        let mut resp = [0u8; abi::MAX_CMD_BODY];
+        let n = self.with_transport(|t| t.command(opcode, body, &mut resp))?;
+        let want = size_of::<R>();
+        if n < want {
+            return Err(VerbsError::ShortResponse {
+                opcode,
+                got: n,
+                want,
+            });
+        }
+        R::read_from(&resp).ok_or(VerbsError::ShortResponse {
+            opcode,
+            got: n,
+            want,
+        })
+    }
+
+    /// Executes a command without a response body.
+    pub(crate) fn command_no_resp(&self, opcode: u16, body: &[u8]) -> Result<()> {
+        let mut resp = [0u8; abi::MAX_CMD_BODY];
+        self.with_transport(|t| t.command(opcode, body, &mut resp))?;
+        Ok(())
+    }
+
+    /// Destroys an object on drop: executes `opcode` on `handle` and logs a failure.
+    pub(crate) fn destroy(&self, opcode: u16, what: &str, handle: u32) {
+        let body = abi::Handle {
+            handle,
+            reserved: 0,
+        };
+        if let Err(e) = self.command_no_resp(opcode, body.as_bytes()) {
+            tracing::warn!("destroying {what} {handle:#x} failed: {e}");
+        }
+    }
+
+    /// The page-list buffer, at least `len` bytes, locked for one registration.
+    pub(crate) fn page_list_buf(&self, len: usize) -> Result<PageListGuard<'_>> {
+        let mut g = lock(&self.inner.page_list);
+        if g.is_none_or(|b| b.len < len) {
+            let size = len.max(4096).next_power_of_two();
+            *g = Some(self.alloc_dma(size, 4096)?);
+        }
+        Ok(PageListGuard(g))
+    }
+}
+
+/// The context's page-list DMA buffer, held for one registration.
+pub(crate) struct PageListGuard<'a>(MutexGuard<'a, Option<DmaBuf>>);
+
+impl PageListGuard<'_> {
+    /// The buffer.
+    pub(crate) fn buf(&self) -> DmaBuf {
+        self.0
+            .expect("page-list buffer allocated by Context::page_list_buf")
+    }
+}

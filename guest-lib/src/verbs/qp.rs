@@ -1,0 +1,810 @@
+//! Queue pairs (`ibv_create_qp(3)`, `ibv_modify_qp(3)`, `ibv_query_qp(3)`,
+//! `ibv_post_send(3)`, `ibv_post_recv(3)`).
+
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::Arc;
+
+use vrnic::abi::{self, Pod};
+
+use super::cq::CqShared;
+use super::{Context, Cq, Gid, Pd, Result, Sge, VerbsError};
+use crate::transport::DmaBuf;
+
+/// `ibv_qp_type`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QpType {
+    /// Reliable connected (`IBV_QPT_RC`).
+    #[default]
+    Rc,
+    /// Unreliable connected (`IBV_QPT_UC`).
+    Uc,
+    /// Unreliable datagram (`IBV_QPT_UD`).
+    Ud,
+}
+
+impl QpType {
+    /// The `ibv_qp_type` value (`abi::QPT_*`).
+    pub fn code(self) -> u32 {
+        match self {
+            QpType::Rc => abi::QPT_RC,
+            QpType::Uc => abi::QPT_UC,
+            QpType::Ud => abi::QPT_UD,
+        }
+    }
+}
+
+/// `ibv_qp_state`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QpState {
+    /// `IBV_QPS_RESET`: the state after creation.
+    #[default]
+    Reset,
+    /// `IBV_QPS_INIT`.
+    Init,
+    /// `IBV_QPS_RTR`: ready to receive.
+    Rtr,
+    /// `IBV_QPS_RTS`: ready to send.
+    Rts,
+    /// `IBV_QPS_SQD`: send queue drained.
+    Sqd,
+    /// `IBV_QPS_SQE`: send queue error.
+    Sqe,
+    /// `IBV_QPS_ERR`.
+    Err,
+}
+
+impl QpState {
+    /// The `ibv_qp_state` value (`abi::QPS_*`).
+    pub fn code(self) -> u32 {
+        match self {
+            QpState::Reset => abi::QPS_RESET,
+            QpState::Init => abi::QPS_INIT,
+            QpState::Rtr => abi::QPS_RTR,
+            QpState::Rts => abi::QPS_RTS,
+            QpState::Sqd => abi::QPS_SQD,
+            QpState::Sqe => abi::QPS_SQE,
+            QpState::Err => abi::QPS_ERR,
+        }
+    }
+
+    /// The state of an `ibv_qp_state` value.
+    pub fn from_code(code: u32) -> Option<QpState> {
+        [
+            QpState::Reset,
+            QpState::Init,
+            QpState::Rtr,
+            QpState::Rts,
+            QpState::Sqd,
+            QpState::Sqe,
+            QpState::Err,
+        ]
+        .into_iter()
+        .find(|s| s.code() == code)
+    }
+}
+
+/// QP capacities (`struct ibv_qp_cap`): requested at creation, actual from
+/// [`Qp::cap`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpCap {
+    /// Send work requests outstanding at once (rounded up to a power of two).
+    pub max_send_wr: u32,
+    /// Receive work requests outstanding at once (rounded up to a power of two).
+    pub max_recv_wr: u32,
+    /// SGEs per send work request (at least 1).
+    pub max_send_sge: u32,
+    /// SGEs per receive work request (at least 1).
+    pub max_recv_sge: u32,
+    /// Inline data per send work request, bytes.
+    pub max_inline_data: u32,
+}
+
+/// QP creation attributes (`struct ibv_qp_init_attr`).
+#[derive(Clone, Copy, Debug)]
+pub struct QpInitAttr<'a> {
+    /// Transport service.
+    pub qp_type: QpType,
+    /// CQ for send completions.
+    pub send_cq: &'a Cq,
+    /// CQ for receive completions (may be the same as `send_cq`).
+    pub recv_cq: &'a Cq,
+    /// Requested capacities.
+    pub cap: QpCap,
+    /// Every send work request completes with a CQE, signalled or not.
+    pub sq_sig_all: bool,
+}
+
+/// Address vector of a connected QP (`struct ibv_ah_attr` with its GRH),
+/// for the RTR transition. RoCE always needs the GRH (`is_global`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AhAttr {
+    /// Destination GID.
+    pub dgid: Gid,
+    /// GRH flow label.
+    pub flow_label: u32,
+    /// Source GID index.
+    pub sgid_index: u8,
+    /// IP hop limit / TTL.
+    pub hop_limit: u8,
+    /// Traffic class (DSCP and ECN).
+    pub traffic_class: u8,
+    /// Service level.
+    pub sl: u8,
+    /// The address vector has a GRH.
+    pub is_global: bool,
+}
+
+/// QP attributes for [`Qp::modify`] and [`Qp::query`] (`struct
+/// ibv_qp_attr`). Only the fields named by the mask (`QP_ATTR_*`,
+/// `ibv_qp_attr_mask`) are applied. `ibv_rc_pingpong`'s transitions:
+///
+/// - INIT: `qp_state`, `pkey_index` 0, `port_num` 1, `qp_access_flags`;
+///   mask `STATE | PKEY_INDEX | PORT | ACCESS_FLAGS`.
+/// - RTR: `qp_state`, `path_mtu`, `dest_qp_num`, `rq_psn`,
+///   `max_dest_rd_atomic` 1, `min_rnr_timer` 12, `ah_attr`; mask `STATE |
+///   AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER`.
+/// - RTS: `qp_state`, `timeout` 14, `retry_cnt` 7, `rnr_retry` 7, `sq_psn`,
+///   `max_rd_atomic` 1; mask `STATE | TIMEOUT | RETRY_CNT | RNR_RETRY |
+///   SQ_PSN | MAX_QP_RD_ATOMIC`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpAttr {
+    /// Target state.
+    pub qp_state: QpState,
+    /// Path MTU as `ibv_mtu` (1 = 256 .. 5 = 4096 bytes; `abi::mtu_enum`).
+    pub path_mtu: u32,
+    /// Q_Key (UD).
+    pub qkey: u32,
+    /// Expected PSN of the next incoming request, 24 bits.
+    pub rq_psn: u32,
+    /// PSN of the next request sent, 24 bits.
+    pub sq_psn: u32,
+    /// Remote QP number, 24 bits.
+    pub dest_qp_num: u32,
+    /// `ACCESS_REMOTE_*` flags allowed to incoming requests.
+    pub qp_access_flags: u32,
+    /// Address vector.
+    pub ah_attr: AhAttr,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// Port number (1).
+    pub port_num: u8,
+    /// Local ACK timeout: 4.096 µs × 2^timeout (0 = infinite).
+    pub timeout: u8,
+    /// Retries on timeout (0..7).
+    pub retry_cnt: u8,
+    /// Retries on RNR NAK (0..6, 7 = infinite).
+    pub rnr_retry: u8,
+    /// Minimum RNR NAK timer field (IBTA Table 45; 12 = 0.64 ms).
+    pub min_rnr_timer: u8,
+    /// Outstanding RDMA READ/atomic as requester.
+    pub max_rd_atomic: u8,
+    /// Outstanding RDMA READ/atomic as responder.
+    pub max_dest_rd_atomic: u8,
+}
+
+impl QpAttr {
+    fn to_abi(self, qpn: u32, mask: u32) -> abi::QpAttr {
+        let ah = self.ah_attr;
+        abi::QpAttr {
+            qpn,
+            attr_mask: mask,
+            qp_state: self.qp_state.code(),
+            path_mtu: self.path_mtu,
+            qkey: self.qkey,
+            rq_psn: self.rq_psn,
+            sq_psn: self.sq_psn,
+            dest_qp_num: self.dest_qp_num,
+            qp_access_flags: self.qp_access_flags,
+            flow_label: ah.flow_label,
+            dgid: ah.dgid.raw,
+            pkey_index: self.pkey_index,
+            port_num: self.port_num,
+            timeout: self.timeout,
+            retry_cnt: self.retry_cnt,
+            rnr_retry: self.rnr_retry,
+            min_rnr_timer: self.min_rnr_timer,
+            max_rd_atomic: self.max_rd_atomic,
+            max_dest_rd_atomic: self.max_dest_rd_atomic,
+            sgid_index: ah.sgid_index,
+            hop_limit: ah.hop_limit,
+            traffic_class: ah.traffic_class,
+            sl: ah.sl,
+            is_global: ah.is_global.into(),
+            reserved: [0; 2],
+        }
+    }
+
+    fn from_abi(a: &abi::QpAttr) -> Result<QpAttr> {
+        let qp_state = QpState::from_code(a.qp_state)
+            .ok_or_else(|| VerbsError::BadResponse(format!("QP state {}", a.qp_state)))?;
+        Ok(QpAttr {
+            qp_state,
+            path_mtu: a.path_mtu,
+            qkey: a.qkey,
+            rq_psn: a.rq_psn,
+            sq_psn: a.sq_psn,
+            dest_qp_num: a.dest_qp_num,
+            qp_access_flags: a.qp_access_flags,
+            ah_attr: AhAttr {
+                dgid: Gid { raw: a.dgid },
+                flow_label: a.flow_label,
+                sgid_index: a.sgid_index,
+                hop_limit: a.hop_limit,
+                traffic_class: a.traffic_class,
+                sl: a.sl,
+                is_global: a.is_global != 0,
+            },
+            pkey_index: a.pkey_index,
+            port_num: a.port_num,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            min_rnr_timer: a.min_rnr_timer,
+            max_rd_atomic: a.max_rd_atomic,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+        })
+    }
+}
+
+/// `ibv_wr_opcode` of a send work request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WrOpcode {
+    /// `IBV_WR_RDMA_WRITE`: write `sg_list` to [`SendWr::rdma`].
+    RdmaWrite,
+    /// `IBV_WR_RDMA_WRITE_WITH_IMM`: as `RdmaWrite`, and consume a receive
+    /// at the peer carrying `imm_data`.
+    RdmaWriteWithImm,
+    /// `IBV_WR_SEND`.
+    #[default]
+    Send,
+    /// `IBV_WR_SEND_WITH_IMM`.
+    SendWithImm,
+    /// `IBV_WR_RDMA_READ`: read [`SendWr::rdma`] into `sg_list`.
+    RdmaRead,
+    /// `IBV_WR_ATOMIC_CMP_AND_SWP` on [`SendWr::atomic`]; the original value
+    /// lands in `sg_list` (8 bytes).
+    AtomicCmpAndSwp,
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD` on [`SendWr::atomic`].
+    AtomicFetchAndAdd,
+    /// `IBV_WR_SEND_WITH_INV`: `imm_data` is the rkey to invalidate.
+    SendWithInv,
+}
+
+impl WrOpcode {
+    /// The `ibv_wr_opcode` value (`abi::WR_*`).
+    pub fn code(self) -> u8 {
+        match self {
+            WrOpcode::RdmaWrite => abi::WR_RDMA_WRITE,
+            WrOpcode::RdmaWriteWithImm => abi::WR_RDMA_WRITE_WITH_IMM,
+            WrOpcode::Send => abi::WR_SEND,
+            WrOpcode::SendWithImm => abi::WR_SEND_WITH_IMM,
+            WrOpcode::RdmaRead => abi::WR_RDMA_READ,
+            WrOpcode::AtomicCmpAndSwp => abi::WR_ATOMIC_CMP_AND_SWP,
+            WrOpcode::AtomicFetchAndAdd => abi::WR_ATOMIC_FETCH_AND_ADD,
+            WrOpcode::SendWithInv => abi::WR_SEND_WITH_INV,
+        }
+    }
+
+    fn is_atomic(self) -> bool {
+        matches!(
+            self,
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd
+        )
+    }
+}
+
+/// Remote side of an RDMA work request (`ibv_send_wr.wr.rdma`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RdmaWr {
+    /// Remote virtual address (inside the peer's MR).
+    pub remote_addr: u64,
+    /// The peer MR's rkey.
+    pub rkey: u32,
+}
+
+/// Remote side and operands of an atomic work request (`ibv_send_wr.wr.atomic`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AtomicWr {
+    /// Remote virtual address, 8-byte aligned.
+    pub remote_addr: u64,
+    /// The peer MR's rkey.
+    pub rkey: u32,
+    /// Compare value (CAS) or addend (FAA).
+    pub compare_add: u64,
+    /// Swap value (CAS).
+    pub swap: u64,
+}
+
+/// Destination of a UD send (`ibv_send_wr.wr.ud`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UdWr {
+    /// Address handle number.
+    pub ah: u32,
+    /// Destination QP number.
+    pub remote_qpn: u32,
+    /// Destination Q_Key.
+    pub remote_qkey: u32,
+}
+
+/// A send work request (`struct ibv_send_wr`, one element of its list).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SendWr<'a> {
+    /// Returned in the work completion.
+    pub wr_id: u64,
+    /// Operation.
+    pub opcode: WrOpcode,
+    /// `SEND_FENCE`, `SEND_SIGNALED`, `SEND_SOLICITED`. `SEND_INLINE` is set
+    /// by [`SendWr::inline_data`], not here.
+    pub send_flags: u8,
+    /// Local buffers (addresses inside MRs of the QP's PD).
+    pub sg_list: &'a [Sge],
+    /// Data carried in the work request itself (`IBV_SEND_INLINE`): copied
+    /// at post time, so the memory may be reused at once; needs no MR. At
+    /// most [`QpCap::max_inline_data`] bytes; `sg_list` must then be empty.
+    pub inline_data: Option<&'a [u8]>,
+    /// Immediate data in host order (sent in network order), for the
+    /// `*WithImm` opcodes; the rkey to invalidate for `SendWithInv`.
+    pub imm_data: u32,
+    /// Remote side of RDMA WRITE and READ.
+    pub rdma: RdmaWr,
+    /// Remote side and operands of atomics.
+    pub atomic: AtomicWr,
+    /// Destination of UD sends.
+    pub ud: UdWr,
+}
+
+/// A receive work request (`struct ibv_recv_wr`, one element of its list).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RecvWr<'a> {
+    /// Returned in the work completion.
+    pub wr_id: u64,
+    /// Buffers the incoming message is scattered into, in order.
+    pub sg_list: &'a [Sge],
+}
+
+/// One work queue ring in DMA memory.
+#[derive(Debug)]
+struct WorkQueue {
+    buf: DmaBuf,
+    size: u32,
+    stride: u32,
+    /// Free-running producer index.
+    pi: u32,
+}
+
+impl WorkQueue {
+    /// Pointer to the slot of the producer index after checking for room
+    /// against the device's consumer index `ci`.
+    fn next_slot(&self, ci: u32, queue: &'static str) -> Result<*mut u8> {
+        let outstanding = self.pi.wrapping_sub(ci);
+        if outstanding >= self.size {
+            return Err(VerbsError::QueueFull {
+                queue,
+                outstanding,
+                size: self.size,
+            });
+        }
+        let slot = (self.pi & (self.size - 1)) as usize;
+        // SAFETY: slot < size and the buffer holds size * stride bytes.
+        Ok(unsafe { self.buf.ptr.add(slot * self.stride as usize) })
+    }
+}
+
+/// A queue pair (`struct ibv_qp`), destroyed (`ibv_destroy_qp(3)`,
+/// `CMD_DESTROY_QP`) on drop. Created in RESET; take it to RTS with
+/// [`Qp::modify`]. Posting writes WQEs into rings in DMA memory and rings
+/// a doorbell; it never waits for the device.
+#[derive(Debug)]
+pub struct Qp {
+    ctx: Context,
+    pd: Pd,
+    _send_cq: Arc<CqShared>,
+    _recv_cq: Arc<CqShared>,
+    qpn: u32,
+    qp_type: QpType,
+    cap: QpCap,
+    sq: WorkQueue,
+    rq: WorkQueue,
+    /// QP record: device-written SQ consumer index at 0, RQ at 4.
+    record: DmaBuf,
+}
+
+// SAFETY: the rings and record are DMA memory owned by the transport (kept
+// alive through `ctx`); posting takes &mut self.
+unsafe impl Send for Qp {}
+
+/// Rounds a requested queue depth up to a power of two (at least 1).
+fn ring_size(wr: u32, what: &str) -> Result<u32> {
+    wr.max(1)
+        .checked_next_power_of_two()
+        .ok_or_else(|| VerbsError::InvalidArgument(format!("{what} of {wr} work requests")))
+}
+
+impl Qp {
+    /// Creates a QP in RESET (`ibv_create_qp(3)`, `CMD_CREATE_QP`): SQ and RQ
+    /// rings of `max_send_wr` / `max_recv_wr` slots rounded up to powers of
+    /// two, slots of `abi::sq_stride` / `abi::rq_stride` bytes, and the QP
+    /// record, all in DMA memory. The device's answer (QP number, strides,
+    /// inline size) is in [`Qp::qp_num`] and [`Qp::cap`].
+    ///
+    /// Errors: `EINVAL` for CQs of another context or impossible sizes; out
+    /// of DMA memory; the device's status (`EINVAL` beyond `max_qp_wr`,
+    /// `max_sge` or `max_inline`, `ENOMEM` at `max_qp`);
+    /// [`VerbsError::BadResponse`] when the device's strides exceed the rings.
+    pub fn new(pd: &Pd, init: &QpInitAttr<'_>) -> Result<Qp> {
+        let ctx = pd.context().clone();
+        let cap = init.cap;
+        let send_sge = cap.max_send_sge.max(1);
+        let recv_sge = cap.max_recv_sge.max(1);
+        if send_sge > 255 || recv_sge > 255 {
+            return Err(VerbsError::InvalidArgument(format!(
+                "{send_sge}/{recv_sge} SGEs per work request"
+            )));
+        }
+        let sq_size = ring_size(cap.max_send_wr, "send queue")?;
+        let rq_size = ring_size(cap.max_recv_wr, "receive queue")?;
+        let sq_stride = abi::sq_stride(send_sge, cap.max_inline_data);
+        let rq_stride = abi::rq_stride(recv_sge);
+        let bytes = |size: u32, stride: u32| {
+            (size as usize).checked_mul(stride as usize).ok_or_else(|| {
+                VerbsError::InvalidArgument(format!("ring of {size} slots of {stride} bytes"))
+            })
+        };
+        let sq = ctx.alloc_dma(bytes(sq_size, sq_stride)?, 4096)?;
+        let rq = ctx.alloc_dma(bytes(rq_size, rq_stride)?, 4096)?;
+        let record = ctx.alloc_dma(16, 64)?;
+        let body = abi::CreateQp {
+            pdn: pd.pdn(),
+            qp_type: init.qp_type.code(),
+            send_cqn: init.send_cq.cqn(),
+            recv_cqn: init.recv_cq.cqn(),
+            sq_size,
+            rq_size,
+            max_send_sge: send_sge,
+            max_recv_sge: recv_sge,
+            max_inline: cap.max_inline_data,
+            sq_sig_all: init.sq_sig_all.into(),
+            sq: sq.gpa,
+            rq: rq.gpa,
+            db: record.gpa,
+        };
+        let resp: abi::CreateQpResp = ctx.command(abi::CMD_CREATE_QP, body.as_bytes())?;
+        let qp = Qp {
+            ctx: ctx.clone(),
+            pd: pd.clone(),
+            _send_cq: init.send_cq.shared.clone(),
+            _recv_cq: init.recv_cq.shared.clone(),
+            qpn: resp.qpn,
+            qp_type: init.qp_type,
+            cap: QpCap {
+                max_send_wr: sq_size,
+                max_recv_wr: rq_size,
+                max_send_sge: send_sge,
+                max_recv_sge: recv_sge,
+                max_inline_data: resp.max_inline,
+            },
+            sq: WorkQueue {
+                buf: sq,
+                size: sq_size,
+                stride: resp.sq_stride,
+                pi: 0,
+            },
+            rq: WorkQueue {
+                buf: rq,
+                size: rq_size,
+                stride: resp.rq_stride,
+                pi: 0,
+            },
+            record,
+        };
+        // From here on, dropping `qp` destroys the device's QP.
+        let fits = |stride: u32, min: usize, size: u32, buf: &DmaBuf| {
+            stride as usize >= min
+                && (stride as usize)
+                    .checked_mul(size as usize)
+                    .is_some_and(|b| b <= buf.len)
+        };
+        let min_send = size_of::<abi::SendWqe>()
+            + (resp.max_inline as usize).max(size_of::<Sge>() * send_sge as usize);
+        let min_recv = size_of::<abi::RecvWqe>() + size_of::<Sge>() * recv_sge as usize;
+        if !fits(resp.sq_stride, min_send, sq_size, &qp.sq.buf)
+            || !fits(resp.rq_stride, min_recv, rq_size, &qp.rq.buf)
+        {
+            return Err(VerbsError::BadResponse(format!(
+                "QP strides {}/{} (inline {}) do not fit rings of {}/{} slots",
+                resp.sq_stride, resp.rq_stride, resp.max_inline, sq_size, rq_size
+            )));
+        }
+        Ok(qp)
+    }
+
+    /// The QP number (24 bits) the device assigned (`ibv_qp.qp_num`).
+    pub fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    /// The transport service.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    /// Actual capacities (`ibv_query_qp(3)` with `IBV_QP_CAP`): queue depths
+    /// after rounding and the inline size the device granted.
+    pub fn cap(&self) -> QpCap {
+        self.cap
+    }
+
+    /// The PD the QP belongs to.
+    pub fn pd(&self) -> &Pd {
+        &self.pd
+    }
+
+    /// Modifies the QP (`ibv_modify_qp(3)`, `CMD_MODIFY_QP`): applies the
+    /// fields of `attr` named by `mask` (`QP_ATTR_*`). See [`QpAttr`] for the
+    /// RESET→INIT→RTR→RTS sequence.
+    ///
+    /// Errors: the device's status (`EINVAL` for a transition or attribute
+    /// the QP state machine does not allow).
+    pub fn modify(&mut self, attr: &QpAttr, mask: u32) -> Result<()> {
+        let body = attr.to_abi(self.qpn, mask);
+        self.ctx
+            .command_no_resp(abi::CMD_MODIFY_QP, body.as_bytes())
+    }
+
+    /// The QP's current attributes (`ibv_query_qp(3)`, `CMD_QUERY_QP`).
+    /// Capacities are in [`Qp::cap`].
+    pub fn query(&self) -> Result<QpAttr> {
+        let body = abi::Handle {
+            handle: self.qpn,
+            reserved: 0,
+        };
+        let a: abi::QpAttr = self.ctx.command(abi::CMD_QUERY_QP, body.as_bytes())?;
+        QpAttr::from_abi(&a)
+    }
+
+    /// The device's consumer index of the SQ (`offset` 0) or RQ (4).
+    fn consumer_index(&self, offset: usize) -> u32 {
+        // SAFETY: the record is 16 bytes of 64-byte-aligned DMA memory kept
+        // alive through `ctx`; the device writes it with 32-bit stores.
+        // Acquire: slots the device consumed are free for reuse only after it
+        // finished reading them.
+        unsafe { (*self.record.ptr.add(offset).cast::<AtomicU32>()).load(Ordering::Acquire) }
+    }
+
+    /// Posts one send work request (`ibv_post_send(3)`): writes the WQE at
+    /// slot `pi mod sq_size`, then rings `DB_SQ` with the new producer index.
+    ///
+    /// Errors: [`VerbsError::QueueFull`] (`ENOMEM`) when `max_send_wr`
+    /// requests are outstanding; `EINVAL` for more SGEs than
+    /// `max_send_sge`, inline data beyond `max_inline_data` or with SGEs,
+    /// `SEND_INLINE` in `send_flags`, an atomic whose `sg_list` is not one
+    /// 8-byte SGE; the transport's doorbell error. Nothing is posted on error.
+    pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<()> {
+        let inline = wr.inline_data.unwrap_or(&[]);
+        if wr.send_flags & abi::SEND_INLINE != 0 {
+            return Err(VerbsError::InvalidArgument(
+                "SEND_INLINE: give the data in SendWr::inline_data".into(),
+            ));
+        }
+        if wr.inline_data.is_some() && !wr.sg_list.is_empty() {
+            return Err(VerbsError::InvalidArgument(
+                "inline data together with an SGE list".into(),
+            ));
+        }
+        if inline.len() > self.cap.max_inline_data as usize {
+            return Err(VerbsError::InvalidArgument(format!(
+                "{} bytes inline, QP allows {}",
+                inline.len(),
+                self.cap.max_inline_data
+            )));
+        }
+        if wr.sg_list.len() > self.cap.max_send_sge as usize {
+            return Err(VerbsError::InvalidArgument(format!(
+                "{} SGEs, QP allows {}",
+                wr.sg_list.len(),
+                self.cap.max_send_sge
+            )));
+        }
+        if wr.opcode.is_atomic() && (wr.sg_list.len() != 1 || wr.sg_list[0].length != 8) {
+            return Err(VerbsError::InvalidArgument(
+                "an atomic needs one 8-byte SGE".into(),
+            ));
+        }
+        let slot = self.sq.next_slot(self.consumer_index(0), "send queue")?;
+        let (remote_addr, rkey) = if wr.opcode.is_atomic() {
+            (wr.atomic.remote_addr, wr.atomic.rkey)
+        } else {
+            (wr.rdma.remote_addr, wr.rdma.rkey)
+        };
+        let hdr = abi::SendWqe {
+            wr_id: wr.wr_id,
+            opcode: wr.opcode.code(),
+            send_flags: wr.send_flags
+                | if wr.inline_data.is_some() {
+                    abi::SEND_INLINE
+                } else {
+                    0
+                },
+            num_sge: wr.sg_list.len() as u8,
+            reserved: 0,
+            imm_data: wr.imm_data.to_be_bytes(),
+            remote_addr,
+            rkey,
+            inline_len: inline.len() as u32,
+            compare_add: wr.atomic.compare_add,
+            swap: wr.atomic.swap,
+            remote_qpn: wr.ud.remote_qpn,
+            remote_qkey: wr.ud.remote_qkey,
+            ah: wr.ud.ah,
+            reserved2: 0,
+        };
+        // SAFETY: the slot holds `stride` bytes, checked at creation to fit
+        // the header plus max_send_sge SGEs or max_inline_data bytes, which
+        // the checks above bound the payload by.
+        unsafe {
+            write_bytes(slot, hdr.as_bytes());
+            let body = slot.add(size_of::<abi::SendWqe>());
+            if wr.inline_data.is_some() {
+                write_bytes(body, inline);
+            } else {
+                write_sges(body, wr.sg_list);
+            }
+        }
+        self.sq.pi = self.sq.pi.wrapping_add(1);
+        self.ring(abi::DB_SQ, self.sq.pi)
+    }
+
+    /// Posts one receive work request (`ibv_post_recv(3)`): writes the WQE
+    /// at slot `pi mod rq_size`, then rings `DB_RQ` with the new producer
+    /// index. Receives may be posted in INIT already, before the QP is
+    /// connected (as `ibv_rc_pingpong` does).
+    ///
+    /// Errors: [`VerbsError::QueueFull`] (`ENOMEM`) when `max_recv_wr`
+    /// requests are outstanding; `EINVAL` for more SGEs than
+    /// `max_recv_sge`; the transport's doorbell error.
+    pub fn post_recv(&mut self, wr: &RecvWr<'_>) -> Result<()> {
+        if wr.sg_list.len() > self.cap.max_recv_sge as usize {
+            return Err(VerbsError::InvalidArgument(format!(
+                "{} SGEs, QP allows {}",
+                wr.sg_list.len(),
+                self.cap.max_recv_sge
+            )));
+        }
+        let slot = self.rq.next_slot(self.consumer_index(4), "receive queue")?;
+        let hdr = abi::RecvWqe {
+            wr_id: wr.wr_id,
+            num_sge: wr.sg_list.len() as u32,
+            reserved: 0,
+        };
+        // SAFETY: the slot holds `stride` bytes, checked at creation to fit
+        // the header plus max_recv_sge SGEs.
+        unsafe {
+            write_bytes(slot, hdr.as_bytes());
+            write_sges(slot.add(size_of::<abi::RecvWqe>()), wr.sg_list);
+        }
+        self.rq.pi = self.rq.pi.wrapping_add(1);
+        self.ring(abi::DB_RQ, self.rq.pi)
+    }
+
+    /// Rings a work queue doorbell after the WQE writes.
+    fn ring(&mut self, kind: u16, index: u32) -> Result<()> {
+        // The device must see the WQE before the producer index that covers it.
+        fence(Ordering::Release);
+        let db = abi::Doorbell {
+            kind,
+            handle: self.qpn,
+            index,
+            ..Default::default()
+        };
+        self.ctx.doorbell(&db)
+    }
+}
+
+/// Copies `src` to ring memory at `dst`.
+///
+/// # Safety
+/// `dst` is valid for `src.len()` bytes of writes.
+unsafe fn write_bytes(dst: *mut u8, src: &[u8]) {
+    std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
+}
+
+/// Writes `sges` back to back at `dst`.
+///
+/// # Safety
+/// `dst` is valid for `16 * sges.len()` bytes of writes.
+unsafe fn write_sges(dst: *mut u8, sges: &[Sge]) {
+    for (i, s) in sges.iter().enumerate() {
+        write_bytes(dst.add(i * size_of::<Sge>()), s.as_bytes());
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        self.ctx.destroy(abi::CMD_DESTROY_QP, "QP", self.qpn);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qp_attr_maps_every_field_to_the_abi_and_back() {
+        let attr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: 3,
+            qkey: 0x1111,
+            rq_psn: 0xabcdef,
+            sq_psn: 0x123456,
+            dest_qp_num: 0x11,
+            qp_access_flags: abi::ACCESS_REMOTE_WRITE,
+            ah_attr: AhAttr {
+                dgid: Gid { raw: [7; 16] },
+                flow_label: 5,
+                sgid_index: 1,
+                hop_limit: 64,
+                traffic_class: 2,
+                sl: 3,
+                is_global: true,
+            },
+            pkey_index: 0,
+            port_num: 1,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 6,
+            min_rnr_timer: 12,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 2,
+        };
+        let a = attr.to_abi(0x42, abi::QP_ATTR_STATE | abi::QP_ATTR_AV);
+        assert_eq!(
+            (a.qpn, a.attr_mask, a.qp_state),
+            (0x42, abi::QP_ATTR_STATE | abi::QP_ATTR_AV, abi::QPS_RTR)
+        );
+        assert_eq!(
+            (a.dgid, a.is_global, a.hop_limit, a.sgid_index),
+            ([7; 16], 1, 64, 1)
+        );
+        assert_eq!(QpAttr::from_abi(&a).unwrap(), attr);
+        let bad = abi::QpAttr { qp_state: 99, ..a };
+        assert!(matches!(
+            QpAttr::from_abi(&bad),
+            Err(VerbsError::BadResponse(_))
+        ));
+    }
+
+    #[test]
+    fn work_queue_refuses_a_slot_when_full_and_wraps_slots() {
+        let mut mem = vec![0u8; 4 * 64];
+        let mut wq = WorkQueue {
+            buf: DmaBuf {
+                ptr: mem.as_mut_ptr(),
+                len: mem.len(),
+                gpa: 0,
+            },
+            size: 4,
+            stride: 64,
+            pi: 0,
+        };
+        let base = mem.as_mut_ptr() as usize;
+        for i in 0..4u32 {
+            let p = wq.next_slot(0, "send queue").unwrap() as usize;
+            assert_eq!(p - base, i as usize * 64);
+            wq.pi += 1;
+        }
+        assert!(matches!(
+            wq.next_slot(0, "send queue"),
+            Err(VerbsError::QueueFull {
+                outstanding: 4,
+                size: 4,
+                ..
+            })
+        ));
+        // The device consumed one: slot 0 again, for producer index 4.
+        assert_eq!(wq.next_slot(1, "send queue").unwrap() as usize, base);
+        // Free-running indices wrap at 2^32.
+        wq.pi = 2;
+        assert!(wq.next_slot(u32::MAX - 1, "send queue").is_err());
+        assert!(wq.next_slot(u32::MAX, "send queue").is_ok());
+    }
+}
