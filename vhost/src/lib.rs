@@ -1,1 +1,26 @@
-//! The vrnic vhost-user device.
+//! The vrnic vhost-user device: serves a [`vrnic::device::Device`] to a
+//! vhost-user frontend (QEMU's `vhost-user-test-device-pci`, or the test
+//! [`frontend`]) over three virtqueues (see [`vrnic::abi`]).
+//!
+//! - [`memory`]: bounds-checked guest memory over the vhost-user memory table.
+//! - [`chain`]: descriptor chains as readable/writable buffer lists.
+//! - [`timer`]: the non-blocking timerfd behind the device's deadlines.
+//! - [`datapath`]: queue, link and timer handling on the worker thread.
+//! - [`backend`]: the `VhostUserBackend` (features, config, lifecycle).
+//! - [`server`]: listening on a socket and serving frontends one at a time.
+//! - [`addr`]: command-line address parsing and the default MAC.
+//! - [`frontend`]: a vhost-user frontend and virtio driver for tests.
+#![deny(missing_docs)]
+
+pub mod addr;
+pub mod backend;
+pub mod chain;
+pub mod datapath;
+pub mod frontend;
+pub mod memory;
+pub mod server;
+pub mod timer;
+
+pub use backend::{BackendConfig, BackendError, VrnicBackend};
+pub use datapath::BackendStats;
+pub use memory::GuestMem;

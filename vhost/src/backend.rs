@@ -1,0 +1,356 @@
+//! The vrnic vhost-user backend: feature negotiation, configuration space,
+//! memory table and lifecycle (vhost-user spec: "Feature negotiation",
+//! "Ring states", `VHOST_USER_GET_CONFIG`, `VHOST_USER_SET_MEM_TABLE`,
+//! `VHOST_USER_GET_VRING_BASE`, `VHOST_USER_RESET_DEVICE`), and the worker's
+//! event dispatch into the [`DataPath`].
+//!
+//! One worker thread (vhost-user-backend's `VringEpollHandler`) runs the
+//! whole data path: the three queue kicks, the link's descriptor
+//! ([`LINK_EVENT`]) and the device timer ([`TIMER_EVENT`]). The data path
+//! sits behind one mutex that only the vhost-user message thread contends
+//! for, and only while the frontend reconfigures the device.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use tracing::{debug, error, info};
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::VhostUserBackend;
+use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
+use vrnic::abi::{self, Pod};
+use vrnic::device::{Device, DeviceStats};
+use vrnic::link::Link;
+
+use crate::datapath::{BackendStats, DataPath, Vring};
+
+/// Worker event id of the link's descriptor (ids `0..NUM_QUEUES` are the
+/// queues, `NUM_QUEUES` is reserved by vhost-user-backend for its exit and
+/// vring-enable events).
+pub const LINK_EVENT: u16 = abi::NUM_QUEUES as u16 + 1;
+/// Worker event id of the device timer.
+pub const TIMER_EVENT: u16 = abi::NUM_QUEUES as u16 + 2;
+
+/// Virtio features offered: `VIRTIO_F_VERSION_1` (virtio 1.2 §6),
+/// `VIRTIO_RING_F_EVENT_IDX` (§2.7.10) and `VHOST_USER_F_PROTOCOL_FEATURES`
+/// (vhost-user spec, "Protocol features").
+pub const FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
+    | (1 << VIRTIO_RING_F_EVENT_IDX)
+    | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+
+/// vhost-user protocol features offered: `CONFIG` (the frontend reads the
+/// configuration space with `GET_CONFIG`) and `REPLY_ACK` (a frontend that
+/// sets `NEED_REPLY` learns which request failed; vhost-user-backend still
+/// closes the connection after a failed request).
+pub fn protocol_features() -> VhostUserProtocolFeatures {
+    VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::REPLY_ACK
+}
+
+/// Backend settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackendConfig {
+    /// Largest virtqueue size the backend accepts (`SET_VRING_NUM`): a
+    /// power of two in `1..=abi::MAX_QUEUE_SIZE`.
+    pub queue_size: u16,
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        Self {
+            queue_size: abi::MAX_QUEUE_SIZE,
+        }
+    }
+}
+
+/// Errors making a backend.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The queue size is not a power of two in `1..=abi::MAX_QUEUE_SIZE`.
+    #[error("queue size {0} is not a power of two between 1 and {max}", max = abi::MAX_QUEUE_SIZE)]
+    QueueSize(u16),
+    /// The device timer (a timerfd) could not be created.
+    #[error("cannot create the device timer: {0}")]
+    Timer(#[source] io::Error),
+}
+
+/// The vrnic vhost-user backend: one [`Device`] on one [`Link`], served to
+/// one frontend at a time. Pass it (in an `Arc`) to vhost-user-backend's
+/// `VhostUserDaemon`; [`crate::server`] does that.
+pub struct VrnicBackend {
+    dp: Mutex<DataPath>,
+    queue_size: u16,
+    acked_features: AtomicU64,
+}
+
+impl VrnicBackend {
+    /// A backend serving `device` over `link`.
+    ///
+    /// # Errors
+    /// [`BackendError`] for a bad queue size or when the timer cannot be made.
+    pub fn new(
+        device: Device,
+        link: Box<dyn Link>,
+        cfg: BackendConfig,
+    ) -> Result<Self, BackendError> {
+        let q = cfg.queue_size;
+        if q == 0 || q > abi::MAX_QUEUE_SIZE || !q.is_power_of_two() {
+            return Err(BackendError::QueueSize(q));
+        }
+        Ok(Self {
+            dp: Mutex::new(DataPath::new(device, link).map_err(BackendError::Timer)?),
+            queue_size: q,
+            acked_features: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, DataPath> {
+        // A panic in the engine is caught inside the lock (see
+        // `handle_event`), so poisoning only follows a bug here; the data
+        // path is still usable.
+        self.dp.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The link's pollable descriptor, if it has one (register it as
+    /// [`LINK_EVENT`]).
+    pub fn link_fd(&self) -> Option<RawFd> {
+        self.lock().link.raw_fd()
+    }
+
+    /// The device timer's descriptor (register it as [`TIMER_EVENT`]).
+    pub fn timer_fd(&self) -> RawFd {
+        self.lock().timer().as_raw_fd()
+    }
+
+    /// The vhost-user side's counters.
+    pub fn stats(&self) -> BackendStats {
+        self.lock().stats
+    }
+
+    /// The engine's counters.
+    pub fn device_stats(&self) -> DeviceStats {
+        self.lock().device.stats().clone()
+    }
+
+    /// Virtio features the frontend acknowledged (`SET_FEATURES`).
+    pub fn acked_features(&self) -> u64 {
+        self.acked_features.load(Ordering::Relaxed)
+    }
+
+    /// Resets the device (virtio 1.2 §2.4): every verbs object is destroyed
+    /// and waiting events are dropped.
+    pub fn reset(&self) {
+        self.lock().reset();
+    }
+
+    /// Gives back the device and the link.
+    pub fn into_parts(self) -> (Device, Box<dyn Link>) {
+        let dp = self.dp.into_inner().unwrap_or_else(|e| e.into_inner());
+        (dp.device, dp.link)
+    }
+
+    fn dispatch(dp: &mut DataPath, device_event: u16, vrings: &[Vring]) {
+        let queue = |q: u16| vrings.get(usize::from(q));
+        let mut more_rx = false;
+        match device_event {
+            abi::CONTROLQ => {
+                if let Some(v) = queue(abi::CONTROLQ) {
+                    dp.process_control(v);
+                }
+            }
+            abi::DOORBELLQ => {
+                if let Some(v) = queue(abi::DOORBELLQ) {
+                    dp.process_doorbells(v);
+                }
+            }
+            // New event buffers: delivered in `after_work`.
+            abi::EVENTQ => {}
+            LINK_EVENT => more_rx = dp.receive(),
+            TIMER_EVENT => dp.on_timer(),
+            other => debug!(event = other, "unknown worker event"),
+        }
+        if dp.link.raw_fd().is_none() && device_event != LINK_EVENT {
+            more_rx = dp.receive();
+        }
+        dp.after_work(vrings, more_rx);
+    }
+}
+
+impl VhostUserBackend for VrnicBackend {
+    type Bitmap = ();
+    type Vring = Vring;
+
+    fn num_queues(&self) -> usize {
+        abi::NUM_QUEUES
+    }
+
+    fn max_queue_size(&self) -> usize {
+        usize::from(self.queue_size)
+    }
+
+    fn features(&self) -> u64 {
+        FEATURES
+    }
+
+    fn acked_features(&self, features: u64) {
+        self.acked_features.store(features, Ordering::Relaxed);
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        protocol_features()
+    }
+
+    /// `VHOST_USER_RESET_DEVICE`.
+    fn reset_device(&self) {
+        info!("frontend reset the device");
+        self.reset();
+    }
+
+    /// The vrings apply EVENT_IDX themselves; the data path's queue passes
+    /// work under either notification scheme.
+    fn set_event_idx(&self, enabled: bool) {
+        debug!(enabled, "EVENT_IDX");
+    }
+
+    /// Bytes `[offset, offset + size)` of [`abi::ConfigSpace`]; empty (the
+    /// frontend sees an error) when the range is not inside its 64 bytes.
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let cs = self.lock().device.config_space();
+        let bytes = cs.as_bytes();
+        let range = usize::try_from(offset)
+            .ok()
+            .and_then(|o| Some(o..o.checked_add(usize::try_from(size).ok()?)?));
+        match range.and_then(|r| bytes.get(r)) {
+            Some(b) => b.to_vec(),
+            None => {
+                debug!(offset, size, "GET_CONFIG outside the configuration space");
+                Vec::new()
+            }
+        }
+    }
+
+    /// The configuration space is read-only (virtio 1.2 §4.1.4.6 for the
+    /// device-specific part): writes are refused.
+    fn set_config(&self, offset: u32, buf: &[u8]) -> io::Result<()> {
+        debug!(offset, len = buf.len(), "SET_CONFIG refused");
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "vrnic configuration space is read-only",
+        ))
+    }
+
+    /// `VHOST_USER_SET_MEM_TABLE`. A table set while the device is stopped
+    /// (no control queue running since the last reset) also resets the
+    /// device, so nothing refers to the old table.
+    fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemoryMmap>) -> io::Result<()> {
+        let mut dp = self.lock();
+        dp.set_memory(mem);
+        if !dp.running() {
+            dp.reset();
+        }
+        Ok(())
+    }
+
+    /// `VHOST_USER_GET_VRING_BASE`: the frontend stops a ring. Stopping the
+    /// control queue stops the device (QEMU stops every started queue at
+    /// guest reset, vhost-user spec "Ring states"), which resets it.
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        debug!(queue_index, "ring stopped");
+        if queue_index == u32::from(abi::CONTROLQ) {
+            info!("control queue stopped: resetting the device");
+            self.reset();
+        }
+        Ok(())
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        match new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC) {
+            Ok(pair) => Some(pair),
+            Err(e) => {
+                error!("cannot create the worker's exit event: {e}");
+                None
+            }
+        }
+    }
+
+    /// Worker events. Never fails: an error would stop the worker thread,
+    /// and nothing a guest does may do that. A panic in the engine is
+    /// caught, logged and answered with a device reset.
+    fn handle_event(
+        &self,
+        device_event: u16,
+        _evset: EventSet,
+        vrings: &[Vring],
+        _thread_id: usize,
+    ) -> io::Result<()> {
+        let mut dp = self.lock();
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            Self::dispatch(&mut dp, device_event, vrings)
+        }));
+        if r.is_err() {
+            error!(
+                event = device_event,
+                "the engine panicked: resetting the device"
+            );
+            dp.stats.engine_panics += 1;
+            dp.reset();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vrnic::link::MemLink;
+
+    fn backend() -> VrnicBackend {
+        let (link, _peer) = MemLink::pair();
+        let ip = std::net::Ipv4Addr::new(10, 0, 0, 1);
+        let cfg = vrnic::device::DeviceConfig {
+            mac: [2, 0x76, 10, 0, 0, 1],
+            ipv4: ip,
+            prefix_len: 24,
+            link_mtu: 1500,
+        };
+        VrnicBackend::new(Device::new(cfg), Box::new(link), BackendConfig::default()).unwrap()
+    }
+
+    #[test]
+    fn get_config_is_bounds_checked() {
+        let b = backend();
+        let all = VhostUserBackend::get_config(&b, 0, 64);
+        assert_eq!(all.len(), 64);
+        assert_eq!(&all[..8], &abi::SIGNATURE);
+        assert_eq!(
+            VhostUserBackend::get_config(&b, 8, 4),
+            abi::ABI_VERSION.to_le_bytes()
+        );
+        assert_eq!(VhostUserBackend::get_config(&b, 63, 1).len(), 1);
+        for (off, size) in [(60, 8), (64, 1), (0, 65), (u32::MAX, 2), (1, u32::MAX)] {
+            assert!(
+                VhostUserBackend::get_config(&b, off, size).is_empty(),
+                "{off}+{size}"
+            );
+        }
+        assert!(VhostUserBackend::set_config(&b, 0, &[0]).is_err());
+    }
+
+    #[test]
+    fn offers_the_features_a_vrnic_frontend_needs() {
+        let b = backend();
+        assert_eq!(b.num_queues(), 3);
+        assert_eq!(b.max_queue_size(), usize::from(abi::MAX_QUEUE_SIZE));
+        assert_eq!(b.features() & (1 << 32), 1 << 32);
+        assert!(b
+            .protocol_features()
+            .contains(VhostUserProtocolFeatures::CONFIG));
+    }
+}

@@ -1,0 +1,502 @@
+//! The data path: everything the backend's single worker thread does with
+//! the three virtqueues, the link and the timer, in terms of the
+//! transport-agnostic [`vrnic::device::Device`].
+//!
+//! Queue handling follows virtio 1.2 §2.7 (split virtqueues) with the
+//! notification suppression of §2.7.7 and §2.7.10 (`VIRTIO_F_EVENT_IDX`):
+//! every pass over a queue runs "disable notifications, drain, re-enable,
+//! re-check" so no kick is lost whichever scheme was negotiated.
+//!
+//! Nothing here trusts the driver: descriptor addresses and lengths go
+//! through bounds-checked memory ([`crate::memory::GuestMem`]), and a chain
+//! the device cannot use is completed with 0 bytes used and counted in
+//! [`BackendStats`].
+
+use std::collections::VecDeque;
+use std::io;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, warn};
+use vhost_user_backend::{VringRwLock, VringT};
+use virtio_queue::{DescriptorChain, QueueT};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vrnic::abi::{self, Pod};
+use vrnic::device::{Device, Nanos};
+use vrnic::link::Link;
+
+use crate::chain::{self, Segment};
+use crate::memory::GuestMem;
+use crate::timer::Timer;
+
+/// The vring type the backend uses.
+pub type Vring = VringRwLock<GuestMemoryAtomic<GuestMemoryMmap>>;
+
+/// Largest control request or response the device handles, bytes: a
+/// header and [`abi::MAX_CMD_BODY`].
+pub const MAX_CONTROL_MSG: usize = abi::MAX_CMD_BODY + 8;
+/// Frames received from the link per readiness event, at most.
+pub const RX_BATCH: usize = 64;
+/// Receive buffer size, bytes: the largest frame accepted from the link
+/// (9000-byte MTU plus Ethernet and VLAN headers, with room to spare).
+pub const RX_BUF_SIZE: usize = 16 * 1024;
+/// Events kept for the driver while the event queue has no buffers; the
+/// oldest events are kept, later ones are dropped and counted.
+pub const MAX_PENDING_EVENTS: usize = 1024;
+/// How often a link without a pollable descriptor is polled, nanoseconds.
+pub const LINK_POLL_INTERVAL_NS: Nanos = 1_000_000;
+/// Device poll rounds per worker wake-up before yielding to other events.
+const POLL_ROUNDS: usize = 16;
+
+/// Counters of the vhost-user side of the device (the engine's own are
+/// [`vrnic::device::DeviceStats`]). All counts since the backend was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackendStats {
+    /// Control commands executed by the device.
+    pub commands: u64,
+    /// Control chains completed with 0 bytes used and not executed: no or
+    /// too small (< 8 bytes) writable part, writable part outside guest
+    /// memory, or readable and writable descriptors interleaved.
+    pub rejected_chains: u64,
+    /// Control commands whose readable part lay outside guest memory,
+    /// answered with `STATUS_EFAULT` and not executed.
+    pub faulted_commands: u64,
+    /// Doorbells handed to the device.
+    pub doorbells: u64,
+    /// Doorbell chains ignored: fewer than 16 readable bytes, or outside
+    /// guest memory.
+    pub bad_doorbells: u64,
+    /// Events written to event-queue buffers.
+    pub events_delivered: u64,
+    /// Events dropped because [`MAX_PENDING_EVENTS`] were already waiting.
+    pub events_dropped: u64,
+    /// Event-queue buffers completed unused: smaller than 16 writable bytes
+    /// or outside guest memory.
+    pub bad_event_buffers: u64,
+    /// Frames the link refused with an error.
+    pub link_tx_errors: u64,
+    /// Errors receiving from the link.
+    pub link_rx_errors: u64,
+    /// Device resets (vhost-user `RESET_DEVICE`, the control queue stopped
+    /// by `GET_VRING_BASE`, a memory table set while stopped, or the end of
+    /// a frontend connection).
+    pub device_resets: u64,
+    /// Panics caught in the engine (each followed by a device reset).
+    pub engine_panics: u64,
+}
+
+/// The data-path state: the device, its link, its timer and the event
+/// backlog. Owned by the backend, used by its worker thread.
+pub struct DataPath {
+    pub(crate) device: Device,
+    pub(crate) link: Box<dyn Link>,
+    mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    timer: Timer,
+    /// Deadline the timer is armed for, device time.
+    armed: Option<Nanos>,
+    epoch: Instant,
+    pending_events: VecDeque<abi::Event>,
+    segs: Vec<Segment>,
+    req: [u8; MAX_CONTROL_MSG],
+    resp: [u8; MAX_CONTROL_MSG],
+    rx_buf: Vec<u8>,
+    /// The driver has used a queue since the last reset.
+    running: bool,
+    pub(crate) stats: BackendStats,
+}
+
+impl DataPath {
+    /// A data path for `device` on `link`, with an empty memory table.
+    ///
+    /// # Errors
+    /// Creating the timerfd failed.
+    pub fn new(device: Device, link: Box<dyn Link>) -> io::Result<Self> {
+        Ok(Self {
+            device,
+            link,
+            mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+            timer: Timer::new()?,
+            armed: None,
+            epoch: Instant::now(),
+            pending_events: VecDeque::new(),
+            segs: Vec::new(),
+            req: [0; MAX_CONTROL_MSG],
+            resp: [0; MAX_CONTROL_MSG],
+            rx_buf: vec![0; RX_BUF_SIZE],
+            running: false,
+            stats: BackendStats::default(),
+        })
+    }
+
+    /// The timer descriptor (readable when the device's deadline passed).
+    pub fn timer(&self) -> &Timer {
+        &self.timer
+    }
+
+    /// Device time: nanoseconds on the monotonic clock since the data path
+    /// was made.
+    pub fn now(&self) -> Nanos {
+        self.epoch.elapsed().as_nanos() as Nanos
+    }
+
+    /// Replaces the memory table (vhost-user `SET_MEM_TABLE`).
+    pub fn set_memory(&mut self, mem: GuestMemoryAtomic<GuestMemoryMmap>) {
+        self.mem = mem;
+    }
+
+    /// Resets the device (virtio 1.2 §2.4) and drops the event backlog.
+    pub fn reset(&mut self) {
+        self.device.reset();
+        self.pending_events.clear();
+        self.armed = None;
+        if let Err(e) = self.timer.disarm() {
+            warn!("cannot disarm the device timer: {e}");
+        }
+        self.timer.clear();
+        self.running = false;
+        self.stats.device_resets += 1;
+    }
+
+    /// Whether the driver has used the control or doorbell queue since the
+    /// last reset.
+    pub fn running(&self) -> bool {
+        self.running
+    }
+
+    /// Serves the control queue: every available chain is one command,
+    /// `[CmdHeader + body (readable)][RespHeader + body (writable)]`.
+    pub fn process_control(&mut self, vring: &Vring) {
+        self.serve_queue(vring, Self::control_chain);
+    }
+
+    /// Serves the doorbell queue: every available chain carries one 16-byte
+    /// [`abi::Doorbell`] in its readable part.
+    pub fn process_doorbells(&mut self, vring: &Vring) {
+        self.serve_queue(vring, Self::doorbell_chain);
+    }
+
+    /// Receives up to [`RX_BATCH`] frames from the link into the device.
+    /// Returns whether the batch was full (more frames may be waiting).
+    pub fn receive(&mut self) -> bool {
+        let guard = self.mem.memory();
+        let mem = GuestMem::new(&guard);
+        for _ in 0..RX_BATCH {
+            match self.link.recv(&mut self.rx_buf) {
+                Ok(Some(n)) => {
+                    let now = self.now();
+                    let n = n.min(self.rx_buf.len());
+                    self.device.receive(&mem, &self.rx_buf[..n], now);
+                }
+                Ok(None) => return false,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    return false
+                }
+                Err(e) => {
+                    self.stats.link_rx_errors += 1;
+                    debug!("link receive failed: {e}");
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// The timer fired: consumes the expiry. The deadline's work runs in
+    /// [`DataPath::after_work`].
+    pub fn on_timer(&mut self) {
+        self.timer.clear();
+        self.armed = None;
+    }
+
+    /// Runs after every wake-up of the worker: polls the device (timers,
+    /// pending sends), hands its frames to the link, delivers its events to
+    /// the event queue and arms the timer for its next deadline.
+    ///
+    /// `vrings` are all the device's vrings, indexed by queue number.
+    /// `more_rx` says the link may still hold frames (polled links only).
+    pub fn after_work(&mut self, vrings: &[Vring], more_rx: bool) {
+        let guard = self.mem.memory();
+        let mem = GuestMem::new(&guard);
+        let mut next = None;
+        for _ in 0..POLL_ROUNDS {
+            self.flush_tx();
+            let now = self.now();
+            next = self.device.poll(&mem, now);
+            match next {
+                Some(d) if d <= now => continue,
+                _ => break,
+            }
+        }
+        self.flush_tx();
+
+        while let Some(ev) = self.device.pop_event() {
+            if self.pending_events.len() >= MAX_PENDING_EVENTS {
+                self.stats.events_dropped += 1;
+            } else {
+                self.pending_events.push_back(ev);
+            }
+        }
+        if let Some(evq) = vrings.get(abi::EVENTQ as usize) {
+            self.deliver_events(evq, &mem);
+        }
+
+        if self.link.raw_fd().is_none() {
+            let poll_at = self.now() + if more_rx { 0 } else { LINK_POLL_INTERVAL_NS };
+            next = Some(next.map_or(poll_at, |d| d.min(poll_at)));
+        }
+        self.arm(next);
+    }
+
+    /// Hands every frame the device queued to the link.
+    fn flush_tx(&mut self) {
+        while let Some(frame) = self.device.pop_tx() {
+            if let Err(e) = self.link.send(&frame) {
+                self.stats.link_tx_errors += 1;
+                debug!("link send failed: {e}");
+            }
+        }
+    }
+
+    fn arm(&mut self, next: Option<Nanos>) {
+        if next == self.armed {
+            return;
+        }
+        let r = match next {
+            Some(d) => self
+                .timer
+                .arm(Duration::from_nanos(d.saturating_sub(self.now()))),
+            None => self.timer.disarm(),
+        };
+        match r {
+            Ok(()) => self.armed = next,
+            Err(e) => warn!("cannot arm the device timer: {e}"),
+        }
+    }
+
+    /// Writes waiting events into available event-queue buffers.
+    fn deliver_events(&mut self, vring: &Vring, mem: &GuestMem<'_>) {
+        if self.pending_events.is_empty() || !queue_live(vring) {
+            return;
+        }
+        let mut used_any = false;
+        loop {
+            let mut progress = false;
+            while let Some(ev) = self.pending_events.front().copied() {
+                let Some(chain) = pop_chain(vring, mem) else {
+                    break;
+                };
+                progress = true;
+                let head = chain.head_index();
+                self.segs.clear();
+                self.segs.extend(chain.map(segment));
+                let used = self.event_chain(mem, ev);
+                complete(vring, head, used);
+                used_any = true;
+            }
+            if self.pending_events.is_empty() {
+                break;
+            }
+            // Out of buffers with events waiting: ask for a kick when the
+            // driver adds some (with EVENT_IDX this publishes avail_event),
+            // then re-check for buffers added meanwhile. Stop when a pass
+            // made no progress (an avail index the queue rejects would
+            // otherwise loop forever).
+            match vring.enable_notification() {
+                Ok(true) if progress => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    debug!("cannot enable notifications: {e}");
+                    break;
+                }
+            }
+        }
+        if used_any {
+            signal(vring);
+        }
+    }
+
+    /// Writes `ev` into the chain in `self.segs`; pops it from the backlog
+    /// when written. Returns the used length.
+    fn event_chain(&mut self, mem: &GuestMem<'_>, ev: abi::Event) -> u32 {
+        let writable = match chain::split(&self.segs) {
+            Ok((_, w)) if chain::total_len(w) >= size_of::<abi::Event>() as u64 => w,
+            _ => {
+                self.stats.bad_event_buffers += 1;
+                debug!("event buffer with fewer than 16 writable bytes");
+                return 0;
+            }
+        };
+        match chain::scatter(mem, writable, ev.as_bytes()) {
+            Ok(n) => {
+                self.pending_events.pop_front();
+                self.stats.events_delivered += 1;
+                n as u32
+            }
+            Err(e) => {
+                self.stats.bad_event_buffers += 1;
+                debug!("event buffer outside guest memory: {e}");
+                0
+            }
+        }
+    }
+
+    /// Drains `vring`, calling `handle` on each chain's segments; `handle`
+    /// returns the used length. Signals the driver if it asked for it.
+    fn serve_queue(
+        &mut self,
+        vring: &Vring,
+        handle: fn(&mut Self, &GuestMem<'_>, &[Segment]) -> u32,
+    ) {
+        if !queue_live(vring) {
+            return;
+        }
+        let guard = self.mem.memory();
+        let mem = GuestMem::new(&guard);
+        let mut segs = std::mem::take(&mut self.segs);
+        let mut used_any = false;
+        loop {
+            if let Err(e) = vring.disable_notification() {
+                debug!("cannot disable notifications: {e}");
+            }
+            let mut progress = false;
+            // (`pop_chain` releases the vring lock before `complete` takes it.)
+            while let Some(chain) = pop_chain(vring, &mem) {
+                progress = true;
+                self.running = true;
+                let head = chain.head_index();
+                segs.clear();
+                segs.extend(chain.map(segment));
+                let used = handle(self, &mem, &segs);
+                complete(vring, head, used);
+                used_any = true;
+            }
+            // Re-enable and re-check for chains added meanwhile; stop when
+            // a pass made no progress (an avail index the queue rejects
+            // would otherwise loop forever).
+            match vring.enable_notification() {
+                Ok(true) if progress => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    debug!("cannot enable notifications: {e}");
+                    break;
+                }
+            }
+        }
+        self.segs = segs;
+        if used_any {
+            signal(vring);
+        }
+    }
+
+    fn control_chain(&mut self, mem: &GuestMem<'_>, segs: &[Segment]) -> u32 {
+        let Ok((readable, writable)) = chain::split(segs) else {
+            self.stats.rejected_chains += 1;
+            debug!("control chain: readable descriptor after a writable one");
+            return 0;
+        };
+        let cap = chain::total_len(writable).min(MAX_CONTROL_MSG as u64) as usize;
+        if cap < size_of::<abi::RespHeader>() || !chain::in_memory(mem, writable, cap) {
+            self.stats.rejected_chains += 1;
+            debug!(cap, "control chain: no usable writable part");
+            return 0;
+        }
+        let resp = &mut self.resp[..cap];
+        resp.fill(0);
+        let n = match chain::gather(mem, readable, &mut self.req) {
+            Ok(len) => {
+                self.stats.commands += 1;
+                self.device.control(mem, &self.req[..len], resp).min(cap)
+            }
+            Err(e) => {
+                self.stats.faulted_commands += 1;
+                debug!("control request outside guest memory: {e}");
+                let h = abi::RespHeader {
+                    status: abi::STATUS_EFAULT,
+                    len: 0,
+                };
+                resp[..8].copy_from_slice(h.as_bytes());
+                8
+            }
+        };
+        match chain::scatter(mem, writable, &self.resp[..n]) {
+            Ok(done) => done as u32,
+            Err(e) => {
+                // Checked above; only a memory table change could get here.
+                self.stats.rejected_chains += 1;
+                debug!("control response outside guest memory: {e}");
+                0
+            }
+        }
+    }
+
+    fn doorbell_chain(&mut self, mem: &GuestMem<'_>, segs: &[Segment]) -> u32 {
+        let readable = match chain::split(segs) {
+            Ok((r, _)) => r,
+            Err(_) => {
+                self.stats.bad_doorbells += 1;
+                return 0;
+            }
+        };
+        let mut db = abi::Doorbell::default();
+        match chain::gather(mem, readable, db.as_bytes_mut()) {
+            Ok(n) if n == size_of::<abi::Doorbell>() => {
+                self.stats.doorbells += 1;
+                let now = self.now();
+                self.device.doorbell(mem, &db, now);
+            }
+            Ok(n) => {
+                self.stats.bad_doorbells += 1;
+                debug!(len = n, "short doorbell");
+            }
+            Err(e) => {
+                self.stats.bad_doorbells += 1;
+                debug!("doorbell outside guest memory: {e}");
+            }
+        }
+        0
+    }
+}
+
+/// The next available chain. The vring's lock is held only inside.
+fn pop_chain<'m>(
+    vring: &Vring,
+    mem: &GuestMem<'m>,
+) -> Option<DescriptorChain<&'m GuestMemoryMmap>> {
+    let mut state = vring.get_mut();
+    state.get_queue_mut().pop_descriptor_chain(mem.table())
+}
+
+fn segment(d: virtio_queue::desc::split::Descriptor) -> Segment {
+    Segment {
+        addr: d.addr().0,
+        len: d.len(),
+        writable: d.is_write_only(),
+    }
+}
+
+/// Whether the driver set the queue up and the frontend enabled it.
+fn queue_live(vring: &Vring) -> bool {
+    let state = vring.get_ref();
+    state.get_queue().ready() && state.is_enabled()
+}
+
+fn complete(vring: &Vring, head: u16, used: u32) {
+    if let Err(e) = vring.add_used(head, used) {
+        debug!(head, "cannot add a used element: {e}");
+    }
+}
+
+fn signal(vring: &Vring) {
+    match vring.needs_notification() {
+        Ok(false) => {}
+        Ok(true) | Err(_) => {
+            if let Err(e) = vring.signal_used_queue() {
+                debug!("cannot signal the driver: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,479 @@
+//! A vhost-user frontend and virtio driver for tests, standing in for QEMU
+//! and a guest driver: it connects to a vrnic backend's socket, negotiates
+//! like QEMU does (vhost-user spec, "Starting the device"), shares a memfd
+//! as guest RAM, sets up the three split virtqueues and speaks the device
+//! ABI ([`vrnic::abi`]) over them.
+//!
+//! - [`TestDaemon`]: a backend served on a temporary socket in a thread.
+//! - [`TestFrontend`]: the connected frontend + driver.
+//! - [`DriverMemory`], [`SplitQueue`]: guest RAM and the driver side of a
+//!   virtqueue, for tests that build chains by hand.
+//!
+//! Every wait is bounded by [`FrontendOptions::timeout`].
+
+mod daemon;
+mod memory;
+mod queue;
+
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::Duration;
+
+use vhost::vhost_user::message::{
+    VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+};
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::VhostBackend;
+use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use vrnic::abi::{self, Pod};
+use vrnic::mem::{DmaMemory, MemError};
+
+pub use daemon::{test_device_config, TestDaemon};
+pub use memory::{DriverMemory, PAGE};
+pub use queue::{Buffer, SplitQueue, Used};
+
+use crate::datapath::MAX_CONTROL_MSG;
+
+/// Test frontend failures.
+#[derive(Debug, thiserror::Error)]
+pub enum FrontendError {
+    /// A vhost-user request failed.
+    #[error("vhost-user: {0}")]
+    Vhost(#[from] vhost::Error),
+    /// Setting something up failed (memory, eventfds, sockets, threads).
+    #[error("setup: {0}")]
+    Setup(String),
+    /// The backend's features are not what a vrnic frontend needs.
+    #[error("negotiation: {0}")]
+    Negotiation(String),
+    /// A driver-memory access failed.
+    #[error("driver memory: {0}")]
+    Mem(#[from] MemError),
+    /// Driver memory is exhausted (bytes requested).
+    #[error("driver memory exhausted allocating {0} bytes")]
+    OutOfMemory(u64),
+    /// The queue has too few free descriptors.
+    #[error("queue {0} has too few free descriptors")]
+    QueueFull(u16),
+    /// The device used nothing in time.
+    #[error("queue {queue}: nothing used within {waited:?}")]
+    Timeout {
+        /// Queue index.
+        queue: u16,
+        /// How long the frontend waited.
+        waited: Duration,
+    },
+    /// The device returned a chain that was not in flight.
+    #[error("queue {queue}: device used head {head}, which is not in flight")]
+    BadUsed {
+        /// Queue index.
+        queue: u16,
+        /// The head the device returned.
+        head: u32,
+    },
+    /// A control response shorter than a [`abi::RespHeader`].
+    #[error("control response of {used} bytes (a header is 8)")]
+    ShortResponse {
+        /// Bytes the device wrote.
+        used: u32,
+    },
+    /// The daemon thread failed or did not finish in time.
+    #[error("daemon: {0}")]
+    Daemon(String),
+}
+
+/// How the test frontend sets the device up.
+#[derive(Debug, Clone)]
+pub struct FrontendOptions {
+    /// Negotiate `VIRTIO_RING_F_EVENT_IDX` (if the backend offers it).
+    pub event_idx: bool,
+    /// Size of each virtqueue (a power of two, at most the backend's).
+    pub queue_size: u16,
+    /// Guest RAM regions, `(guest-physical address, bytes)`, page-aligned.
+    pub memory: Vec<(u64, usize)>,
+    /// Bound on every wait for the device.
+    pub timeout: Duration,
+}
+
+impl Default for FrontendOptions {
+    fn default() -> Self {
+        Self {
+            event_idx: true,
+            queue_size: 64,
+            memory: vec![(0x4000_0000, 8 << 20)],
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A connected frontend with a started device: queues set up and enabled.
+pub struct TestFrontend {
+    fe: Frontend,
+    mem: DriverMemory,
+    queues: Vec<SplitQueue>,
+    timeout: Duration,
+    acked: u64,
+    ctrl_req: u64,
+    ctrl_resp: u64,
+    db_slots: u64,
+    db_next: u64,
+    event_bufs: HashMap<u16, u64>,
+}
+
+impl TestFrontend {
+    /// Connects to the backend at `socket` and starts the device the way
+    /// QEMU does: `GET_FEATURES`, `GET_PROTOCOL_FEATURES`,
+    /// `SET_PROTOCOL_FEATURES`, `SET_OWNER`, `SET_FEATURES`,
+    /// `SET_MEM_TABLE`, then per queue `SET_VRING_NUM/BASE/ADDR/CALL/KICK`
+    /// and `SET_VRING_ENABLE`.
+    ///
+    /// # Errors
+    /// [`FrontendError`] when any step fails.
+    pub fn connect(socket: &Path, opts: &FrontendOptions) -> Result<Self, FrontendError> {
+        let mut fe = Frontend::connect(socket, abi::NUM_QUEUES as u64)?;
+        set_recv_timeout(&fe, opts.timeout)?;
+        let offered = fe.get_features()?;
+        let need = (1u64 << VIRTIO_F_VERSION_1) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        if offered & need != need {
+            return Err(FrontendError::Negotiation(format!(
+                "features {offered:#x} lack {need:#x}"
+            )));
+        }
+        let pf = fe.get_protocol_features()?;
+        if !pf.contains(VhostUserProtocolFeatures::CONFIG) {
+            return Err(FrontendError::Negotiation(format!(
+                "protocol features {pf:?} lack CONFIG"
+            )));
+        }
+        let ack = pf & VhostUserProtocolFeatures::REPLY_ACK;
+        fe.set_protocol_features(VhostUserProtocolFeatures::CONFIG | ack)?;
+        if !ack.is_empty() {
+            // Every request that has no reply of its own gets an ack, so a
+            // refused request fails here rather than later.
+            fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        }
+        fe.set_owner()?;
+        let event_idx = opts.event_idx && offered & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+        let acked = need
+            | if event_idx {
+                1 << VIRTIO_RING_F_EVENT_IDX
+            } else {
+                0
+            };
+        fe.set_features(acked)?;
+
+        let mut mem = DriverMemory::new(&opts.memory)?;
+        fe.set_mem_table(&mem.region_infos()?)?;
+        let mut queues = Vec::new();
+        for q in 0..abi::NUM_QUEUES {
+            let vq = SplitQueue::new(&mut mem, q as u16, opts.queue_size, event_idx)?;
+            fe.set_vring_num(q, vq.size())?;
+            fe.set_vring_base(q, 0)?;
+            fe.set_vring_addr(q, &vq.config(&mem)?)?;
+            fe.set_vring_call(q, vq.call_fd())?;
+            fe.set_vring_kick(q, vq.kick_fd())?;
+            fe.set_vring_enable(q, true)?;
+            queues.push(vq);
+        }
+        let ctrl_req = mem.alloc(MAX_CONTROL_MSG as u64, 8)?;
+        let ctrl_resp = mem.alloc(MAX_CONTROL_MSG as u64, 8)?;
+        let db_slots = mem.alloc(16 * u64::from(opts.queue_size), 16)?;
+        Ok(Self {
+            fe,
+            mem,
+            queues,
+            timeout: opts.timeout,
+            acked,
+            ctrl_req,
+            ctrl_resp,
+            db_slots,
+            db_next: 0,
+            event_bufs: HashMap::new(),
+        })
+    }
+
+    /// The underlying vhost-user frontend, for protocol-level tests.
+    pub fn vhost(&mut self) -> &mut Frontend {
+        &mut self.fe
+    }
+
+    /// Guest RAM.
+    pub fn memory(&self) -> &DriverMemory {
+        &self.mem
+    }
+
+    /// Guest RAM, for allocating.
+    pub fn memory_mut(&mut self) -> &mut DriverMemory {
+        &mut self.mem
+    }
+
+    /// Virtio features acknowledged with `SET_FEATURES`.
+    pub fn acked_features(&self) -> u64 {
+        self.acked
+    }
+
+    /// The driver side of queue `q`.
+    pub fn queue(&mut self, q: u16) -> &mut SplitQueue {
+        &mut self.queues[usize::from(q)]
+    }
+
+    /// Bound on waits for the device.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// `GET_CONFIG` of `size` bytes at `offset`.
+    ///
+    /// Only for ranges inside the configuration space: the backend answers
+    /// others with an empty payload (vhost-user spec), which the vhost
+    /// crate's frontend does not parse; it waits for the payload until the
+    /// socket's receive timeout ([`FrontendOptions::timeout`]) and the
+    /// connection is unusable afterwards.
+    ///
+    /// # Errors
+    /// [`FrontendError::Vhost`].
+    pub fn get_config(&mut self, offset: u32, size: u32) -> Result<Vec<u8>, FrontendError> {
+        let buf = vec![0u8; size as usize];
+        let (_, payload) = self
+            .fe
+            .get_config(offset, size, VhostUserConfigFlags::empty(), &buf)?;
+        Ok(payload)
+    }
+
+    /// The whole configuration space, read once.
+    ///
+    /// # Errors
+    /// As [`TestFrontend::get_config`].
+    pub fn config_space(&mut self) -> Result<abi::ConfigSpace, FrontendError> {
+        let b = self.get_config(0, size_of::<abi::ConfigSpace>() as u32)?;
+        abi::ConfigSpace::read_from(&b).ok_or(FrontendError::ShortResponse {
+            used: b.len() as u32,
+        })
+    }
+
+    /// Makes the chain `bufs` available on queue `q` without waiting.
+    /// Returns its head.
+    ///
+    /// # Errors
+    /// As [`SplitQueue::add`].
+    pub fn post(&mut self, q: u16, bufs: &[Buffer]) -> Result<u16, FrontendError> {
+        self.queues[usize::from(q)].add(&self.mem, bufs)
+    }
+
+    /// Waits for the next used element of queue `q`.
+    ///
+    /// # Errors
+    /// As [`SplitQueue::wait_used`].
+    pub fn wait(&mut self, q: u16) -> Result<Used, FrontendError> {
+        self.queues[usize::from(q)].wait_used(&self.mem, self.timeout)
+    }
+
+    /// The next used element of queue `q`, if there is one, without
+    /// waiting.
+    ///
+    /// # Errors
+    /// As [`SplitQueue::pop_used`].
+    pub fn try_used(&mut self, q: u16) -> Result<Option<Used>, FrontendError> {
+        self.queues[usize::from(q)].pop_used(&self.mem)
+    }
+
+    /// Overwrites queue `q`'s available index with `idx` and kicks; for
+    /// robustness tests. [`TestFrontend::republish`] undoes it.
+    ///
+    /// # Errors
+    /// As [`SplitQueue::write_avail_idx`].
+    pub fn write_avail_idx(&mut self, q: u16, idx: u16) -> Result<(), FrontendError> {
+        let vq = &self.queues[usize::from(q)];
+        vq.write_avail_idx(&self.mem, idx)?;
+        vq.kick();
+        Ok(())
+    }
+
+    /// Writes queue `q`'s true available index again and kicks.
+    ///
+    /// # Errors
+    /// As [`SplitQueue::republish`].
+    pub fn republish(&mut self, q: u16) -> Result<(), FrontendError> {
+        self.queues[usize::from(q)].republish(&self.mem)
+    }
+
+    /// Posts the chain `bufs` on queue `q` and waits for the device to use
+    /// it (nothing else may be in flight on `q`).
+    ///
+    /// # Errors
+    /// As [`TestFrontend::post`] and [`TestFrontend::wait`];
+    /// [`FrontendError::BadUsed`] if another chain came back.
+    pub fn submit(&mut self, q: u16, bufs: &[Buffer]) -> Result<Used, FrontendError> {
+        let head = self.post(q, bufs)?;
+        let used = self.wait(q)?;
+        if used.head != head {
+            return Err(FrontendError::BadUsed {
+                queue: q,
+                head: used.head.into(),
+            });
+        }
+        Ok(used)
+    }
+
+    /// Executes one control command: `[CmdHeader + body][RespHeader +
+    /// body]` on the control queue, the response area sized for the
+    /// largest response. Returns the response header and body (the bytes
+    /// the device wrote after the header).
+    ///
+    /// # Errors
+    /// [`FrontendError::Setup`] for a body over [`abi::MAX_CMD_BODY`];
+    /// [`FrontendError::ShortResponse`] when the device wrote less than a
+    /// header; as [`TestFrontend::submit`].
+    pub fn control(
+        &mut self,
+        opcode: u16,
+        body: &[u8],
+    ) -> Result<(abi::RespHeader, Vec<u8>), FrontendError> {
+        if body.len() > abi::MAX_CMD_BODY {
+            return Err(FrontendError::Setup(format!(
+                "command body of {} bytes",
+                body.len()
+            )));
+        }
+        let h = abi::CmdHeader {
+            opcode,
+            flags: 0,
+            len: body.len() as u32,
+        };
+        let m = self.mem.mem();
+        m.write(self.ctrl_req, h.as_bytes())?;
+        m.write(self.ctrl_req + 8, body)?;
+        m.write(self.ctrl_resp, &[0u8; MAX_CONTROL_MSG])?;
+        let bufs = [
+            Buffer::readable(self.ctrl_req, 8 + body.len() as u32),
+            Buffer::writable(self.ctrl_resp, MAX_CONTROL_MSG as u32),
+        ];
+        let used = self.submit(abi::CONTROLQ, &bufs)?;
+        if used.len < 8 {
+            return Err(FrontendError::ShortResponse { used: used.len });
+        }
+        let mut resp = vec![0u8; (used.len as usize).min(MAX_CONTROL_MSG)];
+        self.mem.mem().read(self.ctrl_resp, &mut resp)?;
+        let hdr = abi::RespHeader::read_from(&resp)
+            .ok_or(FrontendError::ShortResponse { used: used.len })?;
+        Ok((hdr, resp.split_off(8)))
+    }
+
+    /// [`TestFrontend::control`] with a structure as the body.
+    ///
+    /// # Errors
+    /// As [`TestFrontend::control`].
+    pub fn control_obj<T: Pod>(
+        &mut self,
+        opcode: u16,
+        body: &T,
+    ) -> Result<(abi::RespHeader, Vec<u8>), FrontendError> {
+        self.control(opcode, body.as_bytes())
+    }
+
+    /// Posts one doorbell without waiting for the device to consume it.
+    ///
+    /// # Errors
+    /// As [`TestFrontend::post`].
+    pub fn post_doorbell(&mut self, db: &abi::Doorbell) -> Result<u16, FrontendError> {
+        let slots = u64::from(self.queues[usize::from(abi::DOORBELLQ)].size());
+        let at = self.db_slots + 16 * (self.db_next % slots);
+        self.db_next += 1;
+        self.mem.mem().write(at, db.as_bytes())?;
+        self.post(abi::DOORBELLQ, &[Buffer::readable(at, 16)])
+    }
+
+    /// Rings one doorbell and waits until the device consumed it.
+    ///
+    /// # Errors
+    /// As [`TestFrontend::submit`].
+    pub fn doorbell(&mut self, db: &abi::Doorbell) -> Result<Used, FrontendError> {
+        let head = self.post_doorbell(db)?;
+        let used = self.wait(abi::DOORBELLQ)?;
+        if used.head != head {
+            return Err(FrontendError::BadUsed {
+                queue: abi::DOORBELLQ,
+                head: used.head.into(),
+            });
+        }
+        Ok(used)
+    }
+
+    /// Gives the device `n` more 16-byte event buffers.
+    ///
+    /// # Errors
+    /// As [`TestFrontend::post`]; [`FrontendError::OutOfMemory`].
+    pub fn post_event_buffers(&mut self, n: usize) -> Result<(), FrontendError> {
+        for _ in 0..n {
+            let buf = self.mem.alloc(16, 16)?;
+            let head = self.post(abi::EVENTQ, &[Buffer::writable(buf, 16)])?;
+            self.event_bufs.insert(head, buf);
+        }
+        Ok(())
+    }
+
+    /// The next event the device delivered, waiting up to `timeout`; the
+    /// buffer is given back to the device. `None` when none came.
+    ///
+    /// # Errors
+    /// [`FrontendError::ShortResponse`] if the device used fewer than 16
+    /// bytes; [`FrontendError::BadUsed`]; as [`TestFrontend::post`].
+    pub fn next_event(&mut self, timeout: Duration) -> Result<Option<abi::Event>, FrontendError> {
+        let used = match self.queues[usize::from(abi::EVENTQ)].wait_used(&self.mem, timeout) {
+            Ok(u) => u,
+            Err(FrontendError::Timeout { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let buf = self
+            .event_bufs
+            .remove(&used.head)
+            .ok_or(FrontendError::BadUsed {
+                queue: abi::EVENTQ,
+                head: used.head.into(),
+            })?;
+        let mut ev = abi::Event::default();
+        self.mem.mem().read(buf, ev.as_bytes_mut())?;
+        let head = self.post(abi::EVENTQ, &[Buffer::writable(buf, 16)])?;
+        self.event_bufs.insert(head, buf);
+        if (used.len as usize) < size_of::<abi::Event>() {
+            return Err(FrontendError::ShortResponse { used: used.len });
+        }
+        Ok(Some(ev))
+    }
+
+    /// Stops queue `q` (`GET_VRING_BASE`); returns the backend's next
+    /// available index. Stopping the control queue resets the device.
+    ///
+    /// # Errors
+    /// [`FrontendError::Vhost`].
+    pub fn stop_queue(&mut self, q: u16) -> Result<u32, FrontendError> {
+        Ok(self.fe.get_vring_base(usize::from(q))?)
+    }
+}
+
+/// Bounds every wait for a vhost-user reply by `timeout` (`SO_RCVTIMEO`).
+fn set_recv_timeout(fe: &Frontend, timeout: Duration) -> Result<(), FrontendError> {
+    let tv = libc::timeval {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_usec: timeout.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: `tv` is a valid timeval of the size passed.
+    let r = unsafe {
+        libc::setsockopt(
+            fe.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(FrontendError::Setup(format!(
+            "SO_RCVTIMEO: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,155 @@
+//! Guest memory as the device sees it: the vhost-user memory table
+//! (vhost-user spec, "VHOST_USER_SET_MEM_TABLE"), addressed by guest-physical
+//! address.
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vrnic::mem::{DmaMemory, MemError};
+
+/// [`DmaMemory`] over a snapshot of the frontend's memory table (a
+/// vm-memory [`GuestMemoryMmap`], e.g. from
+/// `GuestMemoryAtomic::memory()`).
+///
+/// Every access is bounds-checked: an access succeeds only when every byte
+/// of `[gpa, gpa + len)` lies in some region of the table. Ranges that run
+/// past the end of the table, start outside it, overflow the 64-bit address
+/// space or span a hole between two regions return [`MemError`]. Ranges
+/// spanning two regions that are adjacent in guest-physical space are
+/// allowed. Zero-length accesses always succeed and touch nothing.
+///
+/// The memory is shared with the guest, which may change it at any time;
+/// reads and writes are volatile copies.
+#[derive(Clone, Copy)]
+pub struct GuestMem<'a> {
+    mem: &'a GuestMemoryMmap,
+}
+
+impl<'a> GuestMem<'a> {
+    /// Wraps a memory table snapshot.
+    pub fn new(mem: &'a GuestMemoryMmap) -> Self {
+        Self { mem }
+    }
+
+    /// The memory table itself.
+    pub fn table(&self) -> &'a GuestMemoryMmap {
+        self.mem
+    }
+
+    /// Whether every byte of `[gpa, gpa + len)` is in the memory table.
+    /// `true` for `len == 0`.
+    pub fn contains(&self, gpa: u64, len: usize) -> bool {
+        if len == 0 {
+            return true;
+        }
+        let Some(_end) = gpa.checked_add(len as u64 - 1) else {
+            return false;
+        };
+        GuestMemoryBackend::check_range(self.mem, GuestAddress(gpa), len)
+    }
+}
+
+impl DmaMemory for GuestMem<'_> {
+    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        let err = MemError {
+            addr: gpa,
+            len: buf.len(),
+        };
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if !self.contains(gpa, buf.len()) {
+            return Err(err);
+        }
+        self.mem.read_slice(buf, GuestAddress(gpa)).map_err(|_| err)
+    }
+
+    fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), MemError> {
+        let err = MemError {
+            addr: gpa,
+            len: buf.len(),
+        };
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if !self.contains(gpa, buf.len()) {
+            return Err(err);
+        }
+        self.mem
+            .write_slice(buf, GuestAddress(gpa))
+            .map_err(|_| err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regions [0x1000, 0x2000) and [0x2000, 0x3000) (adjacent), then a hole,
+    /// then [0x8000, 0x9000).
+    fn table() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0x1000), 0x1000),
+            (GuestAddress(0x2000), 0x1000),
+            (GuestAddress(0x8000), 0x1000),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn reads_back_what_it_wrote() {
+        let t = table();
+        let m = GuestMem::new(&t);
+        m.write(0x1234, b"vrnic").unwrap();
+        let mut b = [0u8; 5];
+        m.read(0x1234, &mut b).unwrap();
+        assert_eq!(&b, b"vrnic");
+    }
+
+    #[test]
+    fn accepts_ranges_across_adjacent_regions() {
+        let t = table();
+        let m = GuestMem::new(&t);
+        m.write(0x1ffe, &[1, 2, 3, 4]).unwrap();
+        let mut b = [0u8; 4];
+        m.read(0x1ffe, &mut b).unwrap();
+        assert_eq!(b, [1, 2, 3, 4]);
+        assert!(m.contains(0x1000, 0x2000));
+    }
+
+    #[test]
+    fn rejects_holes_edges_and_overflow() {
+        let t = table();
+        let m = GuestMem::new(&t);
+        let mut b = [0u8; 4];
+        // Entirely outside.
+        assert_eq!(m.read(0x0, &mut b), Err(MemError { addr: 0, len: 4 }));
+        assert!(m.read(0x4000, &mut b).is_err());
+        // Starting inside, running into the hole after 0x3000.
+        assert!(m.read(0x2ffe, &mut b).is_err());
+        assert!(m.write(0x2ffe, &b).is_err());
+        // Starting before a region, ending inside it.
+        assert!(m.read(0x7ffe, &mut b).is_err());
+        // Spanning the hole entirely.
+        assert!(!m.contains(0x2000, 0x7000));
+        // Past the end of the last region.
+        assert!(m.read(0x8ffd, &mut b).is_err());
+        assert!(m.read(0x8ffc, &mut b).is_ok());
+        // 64-bit overflow.
+        assert!(m.read(u64::MAX - 1, &mut b).is_err());
+        assert!(m.write(u64::MAX, &b).is_err());
+        // Zero-length accesses touch nothing.
+        assert!(m.read(u64::MAX, &mut []).is_ok());
+        // A failed write leaves memory untouched.
+        m.write(0x2ffc, &[9, 9, 9, 9]).unwrap();
+        assert!(m.write(0x2ffc, &[0; 8]).is_err());
+        m.read(0x2ffc, &mut b).unwrap();
+        assert_eq!(b, [9, 9, 9, 9]);
+    }
+
+    #[test]
+    fn empty_table_rejects_everything() {
+        let t = GuestMemoryMmap::new();
+        let m = GuestMem::new(&t);
+        assert!(m.read(0, &mut [0u8; 1]).is_err());
+        assert!(!m.contains(0, 1));
+    }
+}

@@ -1,0 +1,204 @@
+//! The `vrnic` binary: command line, start-up output, serving a frontend on
+//! a TAP device, and a clean exit on SIGTERM. The daemon runs in a network
+//! namespace of its own (`unshare --net`), which disappears with it.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use vrnic::abi;
+use vrnic_vhost::frontend::{FrontendOptions, TestFrontend};
+
+const BIN: &str = env!("CARGO_BIN_EXE_vrnic");
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A fresh directory, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("vrnic-bin-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir(&p).unwrap();
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn the_command_line_requires_one_link() {
+    let out = Command::new(BIN)
+        .args(["--socket", "/nonexistent/s", "--ip", "10.0.0.1/24"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--tap") && err.contains("--netdev"), "{err}");
+    let out = Command::new(BIN)
+        .args([
+            "--socket",
+            "/nonexistent/s",
+            "--ip",
+            "10.0.0.1",
+            "--tap",
+            "t0",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an address without a prefix is refused"
+    );
+    let out = Command::new(BIN)
+        .args([
+            "--socket",
+            "/x",
+            "--ip",
+            "10.0.0.1/24",
+            "--tap",
+            "t0",
+            "--netdev",
+            "lo",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "--tap and --netdev exclude each other"
+    );
+}
+
+#[test]
+fn a_file_that_is_not_a_socket_is_left_alone() {
+    let dir = TempDir::new("notsock");
+    let path = dir.0.join("precious");
+    std::fs::write(&path, b"keep me").unwrap();
+    let out = Command::new("unshare")
+        .args([
+            "--net",
+            BIN,
+            "--tap",
+            "vr0",
+            "--ip",
+            "10.0.0.1/24",
+            "--socket",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert_eq!(std::fs::read(&path).unwrap(), b"keep me");
+}
+
+/// Kills the child on drop unless it already exited (a failing test must
+/// not leave the daemon running).
+struct Child(Option<std::process::Child>);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[test]
+fn serves_a_frontend_on_a_tap_and_exits_cleanly_on_sigterm() {
+    let dir = TempDir::new("tap");
+    let socket = dir.0.join("vrnic.sock");
+    let mut child = Child(Some(
+        Command::new("unshare")
+            .args([
+                "--net",
+                BIN,
+                "--tap",
+                "vr0",
+                "--ip",
+                "10.0.0.1/24",
+                "--queue-size",
+                "128",
+                "--socket",
+            ])
+            .arg(&socket)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("unshare runs"),
+    ));
+    let c = child.0.as_mut().unwrap();
+    let pid = c.id() as libc::pid_t;
+
+    // The start-up output, read in a thread so the wait is bounded.
+    let stdout = c.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    while !lines
+        .iter()
+        .any(|l: &String| l.contains("vhost-user-test-device-pci"))
+    {
+        let line = rx
+            .recv_timeout(WAIT)
+            .unwrap_or_else(|_| panic!("no QEMU arguments printed: {lines:?}"));
+        lines.push(line);
+    }
+    let qemu = lines.last().unwrap();
+    for part in [
+        "memory-backend-memfd",
+        "share=on",
+        &format!("path={}", socket.display()),
+        "virtio-id=6",
+        "num_vqs=3",
+        "vq_size=128",
+        "config_size=64",
+    ] {
+        assert!(qemu.contains(part), "{part} missing from {qemu}");
+    }
+
+    // A frontend, twice: the daemon keeps listening after a disconnect.
+    for _ in 0..2 {
+        let mut fe = TestFrontend::connect(&socket, &FrontendOptions::default()).unwrap();
+        let cs = fe.config_space().unwrap();
+        assert_eq!(cs.signature, abi::SIGNATURE);
+        assert_eq!(
+            cs.mac,
+            [0x02, 0x76, 10, 0, 0, 1],
+            "default MAC from the IPv4 address"
+        );
+        let (h, _) = fe.control(abi::CMD_QUERY_DEVICE, &[]).unwrap();
+        assert_eq!(h.status, abi::STATUS_OK);
+    }
+
+    // SIGTERM: a clean exit that removes the socket.
+    // SAFETY: signals our own child, by PID.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let mut c = child.0.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(c.wait());
+    });
+    let Ok(status) = rx.recv_timeout(WAIT) else {
+        // SAFETY: kills our own child, by PID, so a failed test leaves nothing behind.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        panic!("vrnic did not exit within {WAIT:?} after SIGTERM");
+    };
+    let status = status.unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(!socket.exists(), "the socket file is removed");
+}
