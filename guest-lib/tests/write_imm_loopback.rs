@@ -1,0 +1,137 @@
+//! `vrnic-write-imm --loopback`: a server and a client in one process over
+//! two in-process devices; every RDMA WRITE with immediate must land byte
+//! for byte between untouched guard bytes, and a misbehaving client
+//! (hidden `--fault`) must make both sides fail with status 1.
+//!
+//! Each child runs under a wall-clock bound ([`BOUND`]); it is killed (by
+//! its PID) when it overruns.
+
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// Longest a run may take.
+const BOUND: Duration = Duration::from_secs(60);
+
+/// Runs `vrnic-write-imm --loopback ARGS` to completion within [`BOUND`].
+fn write_imm(args: &[&str]) -> Output {
+    let child = Command::new(env!("CARGO_BIN_EXE_vrnic-write-imm"))
+        .arg("--loopback")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start vrnic-write-imm");
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(BOUND) {
+        Ok(out) => out.expect("wait for vrnic-write-imm"),
+        Err(_) => {
+            // SAFETY: kill(2) on the child we started, which has not been reaped.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            panic!("vrnic-write-imm {args:?} ran longer than {BOUND:?}");
+        }
+    }
+}
+
+/// The lines of `side` ("client" or "server") without their tag.
+fn lines<'a>(stdout: &'a str, side: &str) -> Vec<&'a str> {
+    let tag = format!("{side}: ");
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix(tag.as_str()))
+        .collect()
+}
+
+#[test]
+fn loopback_writes_land_byte_for_byte_at_each_size() {
+    const ITERS: u32 = 10;
+    for size in [1u32, 4097, 65536] {
+        let out = write_imm(&[
+            "-s",
+            &size.to_string(),
+            "-n",
+            &ITERS.to_string(),
+            "-m",
+            "1024",
+        ]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "size {size}: {:?}\n{stdout}\n{stderr}",
+            out.status
+        );
+        let verified = format!("write-imm verified: {ITERS} writes of {size} bytes");
+        for side in ["client", "server"] {
+            let l = lines(&stdout, side);
+            assert!(
+                l.contains(&verified.as_str()),
+                "{side}: no {verified:?} in\n{stdout}"
+            );
+            assert!(
+                l.iter()
+                    .any(|x| x.trim_start().starts_with("local address:")
+                        && x.contains("GID ::ffff:10.0.0.")),
+                "{side}: no local address line in\n{stdout}"
+            );
+        }
+        let buf = lines(&stdout, "client")
+            .into_iter()
+            .find(|x| x.trim_start().starts_with("remote buffer:"))
+            .unwrap_or_else(|| panic!("client: no remote buffer line in\n{stdout}"));
+        assert!(buf.ends_with(&format!(", {} bytes", size + 128)), "{buf}");
+    }
+}
+
+#[test]
+fn a_misbehaving_client_fails_both_sides_with_a_clear_error() {
+    for (fault, server_says, client_says) in [
+        ("offset", "guard byte at offset 63", "the peer failed"),
+        (
+            "imm",
+            "immediate Some(2147483648), expected Some(0)",
+            "the peer failed",
+        ),
+        ("rkey", "the peer failed", "remote access error"),
+    ] {
+        let out = write_imm(&["-s", "4097", "-n", "3", "--fault", fault]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "--fault {fault}: {:?}\n{stdout}\n{stderr}",
+            out.status
+        );
+        assert!(
+            !stdout.contains("write-imm verified"),
+            "--fault {fault}: verified anyway\n{stdout}"
+        );
+        let err = stderr
+            .lines()
+            .find(|l| l.starts_with("vrnic-write-imm: "))
+            .unwrap_or_else(|| panic!("--fault {fault}: no error line in\n{stderr}"));
+        let (client, server) = err
+            .split_once("; server: ")
+            .unwrap_or_else(|| panic!("--fault {fault}: not both sides failed: {err}"));
+        assert!(client.contains(client_says), "--fault {fault}: {client}");
+        assert!(server.contains(server_says), "--fault {fault}: {server}");
+    }
+}
+
+#[test]
+fn bad_options_are_refused() {
+    for bad in [
+        &["-s", "0"][..],
+        &["-m", "1500"],
+        &["-n", "0"],
+        &["--timeout", "0"],
+    ] {
+        let out = write_imm(bad);
+        assert!(!out.status.success(), "{bad:?} accepted");
+    }
+}
