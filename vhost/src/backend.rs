@@ -14,7 +14,7 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tracing::{debug, error, info};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
@@ -31,6 +31,7 @@ use vrnic::device::{Device, DeviceStats};
 use vrnic::link::Link;
 
 use crate::datapath::{BackendStats, DataPath, Vring};
+use crate::stats::{Snapshot, StatsBoard};
 
 /// Worker event id of the link's descriptor (ids `0..NUM_QUEUES` are the
 /// queues, `NUM_QUEUES` is reserved by vhost-user-backend for its exit and
@@ -88,6 +89,7 @@ pub struct VrnicBackend {
     dp: Mutex<DataPath>,
     queue_size: u16,
     acked_features: AtomicU64,
+    board: Arc<StatsBoard>,
 }
 
 impl VrnicBackend {
@@ -108,6 +110,7 @@ impl VrnicBackend {
             dp: Mutex::new(DataPath::new(device, link).map_err(BackendError::Timer)?),
             queue_size: q,
             acked_features: AtomicU64::new(0),
+            board: Arc::new(StatsBoard::new()),
         })
     }
 
@@ -139,6 +142,18 @@ impl VrnicBackend {
         self.lock().device.stats().clone()
     }
 
+    /// Where the counters are published: after every worker wake-up and
+    /// every reset, without locking ([`StatsBoard`]); for readers that must
+    /// not hold up the data path (the `vrnic stats` server).
+    pub fn stats_board(&self) -> Arc<StatsBoard> {
+        self.board.clone()
+    }
+
+    fn publish(&self, dp: &DataPath) {
+        self.board
+            .publish(&Snapshot::new(dp.device.stats(), &dp.stats));
+    }
+
     /// Virtio features the frontend acknowledged (`SET_FEATURES`).
     pub fn acked_features(&self) -> u64 {
         self.acked_features.load(Ordering::Relaxed)
@@ -147,7 +162,9 @@ impl VrnicBackend {
     /// Resets the device (virtio 1.2 §2.4): every verbs object is destroyed
     /// and waiting events are dropped.
     pub fn reset(&self) {
-        self.lock().reset();
+        let mut dp = self.lock();
+        dp.reset();
+        self.publish(&dp);
     }
 
     /// Gives back the device and the link.
@@ -254,6 +271,7 @@ impl VhostUserBackend for VrnicBackend {
         dp.set_memory(mem);
         if !dp.running() {
             dp.reset();
+            self.publish(&dp);
         }
         Ok(())
     }
@@ -302,6 +320,7 @@ impl VhostUserBackend for VrnicBackend {
             dp.stats.engine_panics += 1;
             dp.reset();
         }
+        self.publish(&dp);
         Ok(())
     }
 }

@@ -8,6 +8,7 @@
 //! - [`datapath`]: queue, link and timer handling on the worker thread.
 //! - [`backend`]: the `VhostUserBackend` (features, config, lifecycle).
 //! - [`server`]: listening on a socket and serving frontends one at a time.
+//! - [`stats`]: the counters' published snapshot and management socket.
 //! - [`addr`]: command-line address parsing and the default MAC.
 //! - [`frontend`]: a vhost-user frontend and virtio driver for tests.
 #![deny(missing_docs)]
@@ -19,6 +20,7 @@ pub mod datapath;
 pub mod frontend;
 pub mod memory;
 pub mod server;
+pub mod stats;
 pub mod timer;
 
 pub use backend::{BackendConfig, BackendError, VrnicBackend};

@@ -1,16 +1,17 @@
 //! `vrnic`: the vrnic vhost-user daemon. Serves one software RoCEv2 RNIC to
 //! a QEMU guest over a vhost-user socket, sending and receiving frames on a
-//! TAP device or an existing interface.
+//! TAP device or an existing interface, and serves its counters on a
+//! management socket (`--stats-socket`, default `<socket>.stats`).
 //!
-//! TODO: a `vrnic stats --socket PATH` subcommand reading the device's and
-//! backend's counters through a control socket next to the vhost-user one
-//! (the counters exist: `VrnicBackend::stats` and `device_stats`).
+//! `vrnic stats --socket PATH` prints a running daemon's counters.
 
 use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::{ArgGroup, Parser};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 use tracing::info;
 use tracing_subscriber::EnvFilter;
 use vrnic::abi;
@@ -18,15 +19,66 @@ use vrnic::device::{Device, DeviceConfig};
 use vrnic::link::{Link, PacketLink, PcapLink, TapLink};
 use vrnic_vhost::addr::{Ipv4Prefix, Mac};
 use vrnic_vhost::server::{self, Stopper};
+use vrnic_vhost::stats::{self, StatsServer};
 use vrnic_vhost::{BackendConfig, VrnicBackend};
+
+/// How long `vrnic stats` waits for the daemon's answer.
+const STATS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The vrnic vhost-user daemon: a software RoCEv2 RDMA NIC for a QEMU guest.
 ///
-/// Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug) for more.
+/// Without a command, runs the daemon (the options below). Logs go to
+/// stderr; set RUST_LOG (e.g. RUST_LOG=debug) for more.
 #[derive(Debug, Parser)]
 #[command(name = "vrnic", version)]
-#[command(group(ArgGroup::new("link").required(true).args(["tap", "netdev"])))]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+#[command(after_help = "Read a running daemon's counters with `vrnic stats --socket PATH`.")]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    daemon: Option<DaemonArgs>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print a running daemon's counters, one `name value` line each.
+    ///
+    /// The engine's (tx_frames, rx_frames, rx_dropped, icrc_errors,
+    /// cmd_errors, retransmits, naks_sent, naks_received, rnr_naks_sent,
+    /// rnr_naks_received, duplicates), then the vhost-user side's
+    /// (commands, rejected_chains, faulted_commands, doorbells,
+    /// bad_doorbells, events_delivered, events_dropped, bad_event_buffers,
+    /// link_tx_errors, link_rx_errors, device_resets, engine_panics); all
+    /// since the daemon started.
+    Stats(StatsArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("daemon").required(true).args(["socket", "stats_socket"])))]
+struct StatsArgs {
+    /// The daemon's vhost-user socket (its --socket); the counters are read
+    /// from the stats socket next to it, PATH.stats.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// The daemon's stats socket, for a daemon started with --stats-socket.
+    #[arg(long, value_name = "PATH", conflicts_with = "socket")]
+    stats_socket: Option<PathBuf>,
+}
+
+impl StatsArgs {
+    fn path(&self) -> Option<PathBuf> {
+        match (&self.stats_socket, &self.socket) {
+            (Some(p), _) => Some(p.clone()),
+            (None, Some(s)) => Some(stats::default_socket(s)),
+            (None, None) => None,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("link").required(true).args(["tap", "netdev"])))]
+struct DaemonArgs {
     /// vhost-user socket to listen on (a stale socket there is replaced).
     #[arg(long, value_name = "PATH")]
     socket: PathBuf,
@@ -57,10 +109,38 @@ struct Cli {
     /// Exit when the first frontend disconnects instead of waiting for the next.
     #[arg(long)]
     once: bool,
+    /// Serve the counters on this Unix socket, for `vrnic stats`
+    /// [default: the --socket path followed by .stats].
+    #[arg(long, value_name = "PATH")]
+    stats_socket: Option<PathBuf>,
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    match (cli.command, cli.daemon) {
+        (Some(Command::Stats(args)), _) => print_stats(&args, &mut std::io::stdout().lock()),
+        (None, Some(daemon)) => run_daemon(daemon),
+        // clap requires the daemon's options when no command is given.
+        (None, None) => bail!("no command and no daemon options; see --help"),
+    }
+}
+
+/// `vrnic stats`: reads the counters from a running daemon and writes
+/// them to `out`, checked to be `name value` lines.
+fn print_stats(args: &StatsArgs, out: &mut impl Write) -> Result<()> {
+    let Some(path) = args.path() else {
+        bail!("one of --socket or --stats-socket is required");
+    };
+    let reply = stats::query(&path, STATS_TIMEOUT)
+        .map_err(|e| anyhow::anyhow!("{e} (is a vrnic daemon serving its counters there?)"))?;
+    for (name, value) in stats::parse(&reply)? {
+        writeln!(out, "{name} {value}")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn run_daemon(cli: DaemonArgs) -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
@@ -91,8 +171,19 @@ fn main() -> Result<()> {
 
     let mut listener = server::bind(&cli.socket)?;
     let socket = absolute(&cli.socket);
+    let stats_path = cli
+        .stats_socket
+        .clone()
+        .unwrap_or_else(|| stats::default_socket(&socket));
+    // Reads the worker's published snapshot; never locks the data path.
+    let stats_server = StatsServer::start(&stats_path, backend.stats_board())?;
     info!(mac = %mac, ip = %cli.ip, mtu = cli.mtu, "vrnic listening on {}", socket.display());
     println!("vrnic: listening on {}", socket.display());
+    println!(
+        "vrnic: counters on {} (vrnic stats --stats-socket {})",
+        stats_server.path().display(),
+        stats_server.path().display()
+    );
     println!("QEMU arguments:");
     println!("{}", qemu_args(&socket, cli.virtio_id, cli.queue_size));
 
@@ -106,8 +197,9 @@ fn main() -> Result<()> {
     let stats = backend.stats();
     let dstats = backend.device_stats();
     info!(?stats, ?dstats, "vrnic exiting");
-    // Dropping the listener removes the socket file.
+    // Dropping the listener and the stats server removes their sockets.
     drop(listener);
+    drop(stats_server);
     Ok(())
 }
 
@@ -123,7 +215,7 @@ fn qemu_args(socket: &Path, virtio_id: u32, queue_size: u16) -> String {
     )
 }
 
-fn open_link(cli: &Cli) -> Result<Box<dyn Link>> {
+fn open_link(cli: &DaemonArgs) -> Result<Box<dyn Link>> {
     let link: Box<dyn Link> = match (&cli.tap, &cli.netdev) {
         (Some(tap), _) => {
             Box::new(TapLink::open(tap).with_context(|| format!("cannot open TAP device {tap}"))?)
@@ -178,4 +270,184 @@ fn wait_for_stop_signal(set: libc::sigset_t, stopper: &Stopper) {
     }
     info!(signal = sig, "stopping");
     stopper.stop();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::os::fd::RawFd;
+    use std::time::Instant;
+
+    use vrnic::link::MemLink;
+    use vrnic_vhost::frontend::{test_device_config, FrontendOptions, TestDaemon};
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("vrnic").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_daemon_command_line_is_unchanged() {
+        let cli = parse(&["--socket", "s", "--ip", "10.0.0.1/24", "--tap", "t0"]).unwrap();
+        assert!(cli.command.is_none());
+        let d = cli.daemon.unwrap();
+        assert_eq!(d.socket, PathBuf::from("s"));
+        assert_eq!(d.tap.as_deref(), Some("t0"));
+        assert_eq!((d.mtu, d.once, d.stats_socket), (1500, false, None));
+        let with = parse(&[
+            "--socket",
+            "s",
+            "--ip",
+            "10.0.0.1/24",
+            "--netdev",
+            "eth0",
+            "--stats-socket",
+            "/run/x",
+        ])
+        .unwrap();
+        assert_eq!(
+            with.daemon.unwrap().stats_socket,
+            Some(PathBuf::from("/run/x"))
+        );
+        for bad in [
+            &["--socket", "s", "--ip", "10.0.0.1/24"][..],
+            &["--socket", "s", "--ip", "10.0.0.1", "--tap", "t"],
+            &[
+                "--socket",
+                "s",
+                "--ip",
+                "10.0.0.1/24",
+                "--tap",
+                "t",
+                "--netdev",
+                "n",
+            ],
+            &["--ip", "10.0.0.1/24", "--tap", "t"],
+            &[],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} is refused");
+        }
+    }
+
+    #[test]
+    fn the_stats_command_takes_one_socket() {
+        let cli = parse(&["stats", "--socket", "/run/vr.sock"]).unwrap();
+        let Some(Command::Stats(a)) = cli.command else {
+            panic!("not the stats command");
+        };
+        assert_eq!(a.path(), Some(PathBuf::from("/run/vr.sock.stats")));
+        let cli = parse(&["stats", "--stats-socket", "/run/st"]).unwrap();
+        let Some(Command::Stats(a)) = cli.command else {
+            panic!("not the stats command");
+        };
+        assert_eq!(a.path(), Some(PathBuf::from("/run/st")));
+        for bad in [
+            &["stats"][..],
+            &["stats", "--socket", "a", "--stats-socket", "b"],
+            &["stats", "--socket", "a", "--tap", "t"],
+            &["--socket", "a", "stats"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} is refused");
+        }
+    }
+
+    /// An ARP request for 10.0.0.1 from 10.0.0.2.
+    fn arp_request() -> Vec<u8> {
+        let peer_mac = [0x02, 0x00, 0x00, 0x00, 0x00, 0x02];
+        let mut f = Vec::new();
+        f.extend_from_slice(&[0xff; 6]);
+        f.extend_from_slice(&peer_mac);
+        f.extend_from_slice(&[0x08, 0x06]);
+        f.extend_from_slice(&[0, 1, 0x08, 0, 6, 4, 0, 1]);
+        f.extend_from_slice(&peer_mac);
+        f.extend_from_slice(&[10, 0, 0, 2]);
+        f.extend_from_slice(&[0; 6]);
+        f.extend_from_slice(&[10, 0, 0, 1]);
+        f.resize(60, 0);
+        f
+    }
+
+    fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, timeout.as_millis() as i32) == 1 }
+    }
+
+    fn counters(args: &StatsArgs) -> String {
+        let mut out = Vec::new();
+        print_stats(args, &mut out).expect("vrnic stats");
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn vrnic_stats_shows_an_arp_exchange() {
+        let (link, mut peer) = MemLink::pair();
+        let d = TestDaemon::with_device_and_stats(test_device_config(), Box::new(link)).unwrap();
+        let args = StatsArgs {
+            socket: Some(d.socket().to_path_buf()),
+            stats_socket: None,
+        };
+        assert_eq!(args.path().as_deref(), d.stats_socket());
+        let before = counters(&args);
+        assert!(before.lines().any(|l| l == "rx_frames 0"), "{before}");
+
+        let mut fe = d.connect(&FrontendOptions::default()).unwrap();
+        use vrnic::link::Link;
+        peer.send(&arp_request()).unwrap();
+        let fd = peer.raw_fd().expect("MemLink has an eventfd");
+        let deadline = Instant::now() + WAIT;
+        let mut buf = vec![0u8; 2048];
+        let reply = loop {
+            if let Some(n) = peer.recv(&mut buf).unwrap() {
+                break buf[..n].to_vec();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero() && wait_readable(fd, left),
+                "no ARP reply within {WAIT:?}"
+            );
+        };
+        assert_eq!(&reply[20..22], &[0, 2], "an ARP reply");
+        // The worker publishes at the end of each wake-up, one after the
+        // other: once a command (a later wake-up) is answered, the ARP
+        // exchange is in the published snapshot, and once a second one is,
+        // the first command is too.
+        fe.control(abi::CMD_QUERY_DEVICE, &[]).unwrap();
+        fe.control(abi::CMD_QUERY_DEVICE, &[]).unwrap();
+
+        let out = counters(&args);
+        let lines: Vec<&str> = out.lines().collect();
+        for want in ["rx_frames 1", "tx_frames 1", "rx_dropped 0", "cmd_errors 0"] {
+            assert!(lines.contains(&want), "{want:?} missing from:\n{out}");
+        }
+        assert!(
+            lines.contains(&"commands 1") || lines.contains(&"commands 2"),
+            "commands 1 or 2 in:\n{out}"
+        );
+        assert_eq!(lines.len(), stats::COUNTERS, "{out}");
+        drop(fe);
+        let b = d.stop(WAIT).unwrap();
+        assert_eq!(b.device_stats().rx_frames, 1);
+    }
+
+    #[test]
+    fn vrnic_stats_without_a_daemon_fails_cleanly() {
+        let args = StatsArgs {
+            socket: None,
+            stats_socket: Some(PathBuf::from("/nonexistent/vrnic.stats")),
+        };
+        let mut out = Vec::new();
+        let e = print_stats(&args, &mut out).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("/nonexistent/vrnic.stats"),
+            "{e:#}"
+        );
+        assert!(out.is_empty());
+    }
 }

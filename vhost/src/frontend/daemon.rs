@@ -1,5 +1,5 @@
 //! A vrnic backend served on a temporary socket by a thread of the test
-//! process, with a bounded shutdown.
+//! process, with a bounded shutdown, and optionally its stats server.
 
 use std::fs;
 use std::net::Ipv4Addr;
@@ -16,6 +16,7 @@ use super::{FrontendError, FrontendOptions, TestFrontend};
 use crate::addr::Mac;
 use crate::backend::{BackendConfig, VrnicBackend};
 use crate::server::{self, ServeError, Stopper};
+use crate::stats::{self, StatsServer};
 
 /// A device configuration for tests: 10.0.0.1/24, MAC 02:76:0a:00:00:01,
 /// MTU 1500.
@@ -38,6 +39,7 @@ pub struct TestDaemon {
     stopper: Stopper,
     done: Option<mpsc::Receiver<Result<VrnicBackend, ServeError>>>,
     thread: Option<thread::JoinHandle<()>>,
+    stats: Option<StatsServer>,
 }
 
 impl TestDaemon {
@@ -48,8 +50,37 @@ impl TestDaemon {
     /// # Errors
     /// [`FrontendError::Setup`] or [`FrontendError::Daemon`].
     pub fn start(backend: VrnicBackend, once: bool) -> Result<Self, FrontendError> {
+        Self::start_inner(backend, once, false)
+    }
+
+    /// [`TestDaemon::start`], also serving the backend's counters on
+    /// [`TestDaemon::stats_socket`] (`<socket>.stats`), as `vrnic` does.
+    ///
+    /// # Errors
+    /// As [`TestDaemon::start`].
+    pub fn start_with_stats(backend: VrnicBackend, once: bool) -> Result<Self, FrontendError> {
+        Self::start_inner(backend, once, true)
+    }
+
+    fn start_inner(
+        backend: VrnicBackend,
+        once: bool,
+        with_stats: bool,
+    ) -> Result<Self, FrontendError> {
         let dir = temp_dir()?;
         let socket = dir.join("vrnic.sock");
+        let stats = if with_stats {
+            let path = stats::default_socket(&socket);
+            match StatsServer::start(&path, backend.stats_board()) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    let _ = fs::remove_dir_all(&dir);
+                    return Err(FrontendError::Setup(e.to_string()));
+                }
+            }
+        } else {
+            None
+        };
         let mut listener = match server::bind(&socket) {
             Ok(l) => l,
             Err(e) => {
@@ -73,6 +104,7 @@ impl TestDaemon {
             stopper,
             done: Some(rx),
             thread: Some(thread),
+            stats,
         })
     }
 
@@ -87,9 +119,28 @@ impl TestDaemon {
         Self::start(backend, false)
     }
 
+    /// [`TestDaemon::with_device`] with the stats server
+    /// ([`TestDaemon::start_with_stats`]).
+    ///
+    /// # Errors
+    /// As [`TestDaemon::start`].
+    pub fn with_device_and_stats(
+        cfg: DeviceConfig,
+        link: Box<dyn Link>,
+    ) -> Result<Self, FrontendError> {
+        let backend = VrnicBackend::new(Device::new(cfg), link, BackendConfig::default())
+            .map_err(|e| FrontendError::Setup(e.to_string()))?;
+        Self::start_with_stats(backend, false)
+    }
+
     /// The socket path.
     pub fn socket(&self) -> &Path {
         &self.socket
+    }
+
+    /// The stats server's socket, if it was started with one.
+    pub fn stats_socket(&self) -> Option<&Path> {
+        self.stats.as_ref().map(StatsServer::path)
     }
 
     /// Connects a [`TestFrontend`] and starts the device.
@@ -144,6 +195,8 @@ impl Drop for TestDaemon {
                 }
             }
         }
+        // Stops the stats thread and removes its socket.
+        self.stats.take();
         let _ = fs::remove_dir_all(&self.dir);
     }
 }

@@ -8,12 +8,15 @@
 //! - [`TestFrontend`]: the connected frontend + driver.
 //! - [`DriverMemory`], [`SplitQueue`]: guest RAM and the driver side of a
 //!   virtqueue, for tests that build chains by hand.
+//! - [`verbs`]: PDs, MRs, CQs, RC QPs, work requests and completions
+//!   built through the control and doorbell queues.
 //!
 //! Every wait is bounded by [`FrontendOptions::timeout`].
 
 mod daemon;
 mod memory;
 mod queue;
+pub mod verbs;
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
@@ -82,6 +85,22 @@ pub enum FrontendError {
     /// The daemon thread failed or did not finish in time.
     #[error("daemon: {0}")]
     Daemon(String),
+    /// A control command the caller needed failed.
+    #[error("command {opcode} failed with status {status}")]
+    Command {
+        /// The command's opcode (`CMD_*`).
+        opcode: u16,
+        /// The status the device answered (a Linux errno).
+        status: u32,
+    },
+    /// No completion arrived on a CQ in time.
+    #[error("CQ {cqn}: no completion within {waited:?}")]
+    NoCompletion {
+        /// CQ number.
+        cqn: u32,
+        /// How long the frontend waited.
+        waited: Duration,
+    },
 }
 
 /// How the test frontend sets the device up.
@@ -412,6 +431,11 @@ impl TestFrontend {
             self.event_bufs.insert(head, buf);
         }
         Ok(())
+    }
+
+    /// Event buffers the device holds.
+    pub fn event_buffers(&self) -> usize {
+        self.event_bufs.len()
     }
 
     /// The next event the device delivered, waiting up to `timeout`; the

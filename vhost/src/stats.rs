@@ -1,0 +1,604 @@
+//! The daemon's counters for its user (`vrnic stats`): the engine's
+//! [`DeviceStats`] and the backend's [`BackendStats`], served on a
+//! management socket next to the vhost-user one.
+//!
+//! - [`StatsBoard`]: the latest [`Snapshot`], which the worker publishes
+//!   after every wake-up. Publishing and reading are lock-free (a sequence
+//!   lock over atomics), so a reader never holds up the data path.
+//! - [`StatsServer`]: a thread answering every connection on a Unix socket
+//!   with the snapshot as `name value` lines, then closing it.
+//! - [`query`] and [`parse`]: the client side.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use tracing::debug;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vrnic::device::DeviceStats;
+
+use crate::datapath::BackendStats;
+
+/// Where a daemon serving the vhost-user socket `socket` serves its
+/// counters unless told otherwise: `<socket>.stats`.
+pub fn default_socket(socket: &Path) -> PathBuf {
+    let mut p = socket.as_os_str().to_owned();
+    p.push(".stats");
+    PathBuf::from(p)
+}
+
+/// Number of counters in a [`Snapshot`].
+pub const COUNTERS: usize = 23;
+
+/// Counter names, in output order: the engine's ([`DeviceStats`] fields),
+/// then the backend's ([`BackendStats`] fields).
+pub const NAMES: [&str; COUNTERS] = [
+    "tx_frames",
+    "rx_frames",
+    "rx_dropped",
+    "icrc_errors",
+    "cmd_errors",
+    "retransmits",
+    "naks_sent",
+    "naks_received",
+    "rnr_naks_sent",
+    "rnr_naks_received",
+    "duplicates",
+    "commands",
+    "rejected_chains",
+    "faulted_commands",
+    "doorbells",
+    "bad_doorbells",
+    "events_delivered",
+    "events_dropped",
+    "bad_event_buffers",
+    "link_tx_errors",
+    "link_rx_errors",
+    "device_resets",
+    "engine_panics",
+];
+
+/// Largest reply [`query`] accepts, bytes.
+pub const MAX_REPLY: u64 = 64 * 1024;
+
+/// Attempts [`StatsBoard::read`] makes at a consistent snapshot.
+const READ_ATTEMPTS: usize = 10_000;
+
+/// Bound on writing one reply to a client.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// All counters at one moment, named by [`NAMES`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    values: [u64; COUNTERS],
+}
+
+impl Snapshot {
+    /// The counters of `device` and `backend`.
+    pub fn new(device: &DeviceStats, backend: &BackendStats) -> Self {
+        // Destructured without `..`: a new counter fails to compile here
+        // until it is added to NAMES.
+        let DeviceStats {
+            tx_frames,
+            rx_frames,
+            rx_dropped,
+            icrc_errors,
+            cmd_errors,
+            retransmits,
+            naks_sent,
+            naks_received,
+            rnr_naks_sent,
+            rnr_naks_received,
+            duplicates,
+        } = *device;
+        let BackendStats {
+            commands,
+            rejected_chains,
+            faulted_commands,
+            doorbells,
+            bad_doorbells,
+            events_delivered,
+            events_dropped,
+            bad_event_buffers,
+            link_tx_errors,
+            link_rx_errors,
+            device_resets,
+            engine_panics,
+        } = *backend;
+        Self {
+            values: [
+                tx_frames,
+                rx_frames,
+                rx_dropped,
+                icrc_errors,
+                cmd_errors,
+                retransmits,
+                naks_sent,
+                naks_received,
+                rnr_naks_sent,
+                rnr_naks_received,
+                duplicates,
+                commands,
+                rejected_chains,
+                faulted_commands,
+                doorbells,
+                bad_doorbells,
+                events_delivered,
+                events_dropped,
+                bad_event_buffers,
+                link_tx_errors,
+                link_rx_errors,
+                device_resets,
+                engine_panics,
+            ],
+        }
+    }
+
+    /// The counter called `name`.
+    pub fn get(&self, name: &str) -> Option<u64> {
+        NAMES
+            .iter()
+            .position(|n| *n == name)
+            .map(|i| self.values[i])
+    }
+
+    /// `(name, value)` for every counter, in [`NAMES`] order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        NAMES.iter().copied().zip(self.values.iter().copied())
+    }
+
+    /// The wire format: one `name value` line per counter.
+    pub fn render(&self) -> String {
+        let mut s = String::with_capacity(COUNTERS * 24);
+        for (name, value) in self.iter() {
+            let _ = writeln!(s, "{name} {value}");
+        }
+        s
+    }
+}
+
+/// The latest published [`Snapshot`], readable from any thread without
+/// blocking the publisher.
+///
+/// A sequence lock: the publisher makes the sequence odd, stores the
+/// counters and makes it even again; a reader retries while the sequence
+/// is odd or changed under it.
+#[derive(Debug)]
+pub struct StatsBoard {
+    seq: AtomicU64,
+    values: [AtomicU64; COUNTERS],
+}
+
+impl Default for StatsBoard {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StatsBoard {
+    /// A board holding all-zero counters.
+    pub fn new() -> Self {
+        Self {
+            seq: AtomicU64::new(0),
+            values: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    /// Publishes `snap`. Never blocks.
+    ///
+    /// Publishers must not run concurrently with each other (the backend
+    /// publishes under its data-path lock); readers may run at any time.
+    pub fn publish(&self, snap: &Snapshot) {
+        let s = self.seq.load(Ordering::Relaxed);
+        self.seq.store(s.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        for (a, v) in self.values.iter().zip(snap.values) {
+            a.store(v, Ordering::Relaxed);
+        }
+        self.seq.store(s.wrapping_add(2), Ordering::Release);
+    }
+
+    /// The latest snapshot, if no publish overlapped the read. Never
+    /// blocks.
+    pub fn try_read(&self) -> Option<Snapshot> {
+        let mut snap = Snapshot::default();
+        let s1 = self.seq.load(Ordering::Acquire);
+        if s1 % 2 == 1 {
+            return None;
+        }
+        for (v, a) in snap.values.iter_mut().zip(&self.values) {
+            *v = a.load(Ordering::Relaxed);
+        }
+        fence(Ordering::Acquire);
+        let s2 = self.seq.load(Ordering::Relaxed);
+        (s1 == s2).then_some(snap)
+    }
+
+    /// The latest snapshot. Never blocks the publisher: retries a bounded
+    /// number of times while publishes overlap the read, then settles for
+    /// counters that may come from adjacent publishes (each one a value
+    /// the counter really had).
+    pub fn read(&self) -> Snapshot {
+        for attempt in 0..READ_ATTEMPTS {
+            if let Some(s) = self.try_read() {
+                return s;
+            }
+            if attempt % 16 == 15 {
+                thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        let mut snap = Snapshot::default();
+        for (v, a) in snap.values.iter_mut().zip(&self.values) {
+            *v = a.load(Ordering::Relaxed);
+        }
+        snap
+    }
+}
+
+/// Errors starting the stats server or querying one.
+#[derive(Debug, thiserror::Error)]
+pub enum StatsError {
+    /// The path exists and is not a socket (it is left alone).
+    #[error("{0} exists and is not a socket")]
+    NotASocket(String),
+    /// A server already answers on the path.
+    #[error("{0} is in use by a running server")]
+    InUse(String),
+    /// Binding, or setting up the server thread, failed.
+    #[error("cannot serve stats on {path}: {source}")]
+    Serve {
+        /// The socket path.
+        path: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Connecting to or reading from a server failed.
+    #[error("cannot read stats from {path}: {source}")]
+    Query {
+        /// The socket path.
+        path: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A server's reply is not `name value` lines.
+    #[error("malformed stats reply, line {line}: {text:?}")]
+    Malformed {
+        /// 1-based line number.
+        line: usize,
+        /// The line (truncated to 80 characters).
+        text: String,
+    },
+}
+
+/// Serves a [`StatsBoard`] on a Unix socket from a thread of its own.
+/// Dropping it stops the thread and removes the socket file.
+pub struct StatsServer {
+    path: PathBuf,
+    stop: EventFd,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl StatsServer {
+    /// Binds `path` and starts answering every connection with
+    /// `board`'s latest snapshot ([`Snapshot::render`]). A stale socket at
+    /// `path` is replaced; a socket a server still answers on, or any other
+    /// file, is an error.
+    ///
+    /// # Errors
+    /// [`StatsError::NotASocket`], [`StatsError::InUse`] or
+    /// [`StatsError::Serve`].
+    pub fn start(path: &Path, board: Arc<StatsBoard>) -> Result<Self, StatsError> {
+        let shown = || path.display().to_string();
+        let serve = |source| StatsError::Serve {
+            path: shown(),
+            source,
+        };
+        if let Ok(meta) = fs::symlink_metadata(path) {
+            if !meta.file_type().is_socket() {
+                return Err(StatsError::NotASocket(shown()));
+            }
+            if UnixStream::connect(path).is_ok() {
+                return Err(StatsError::InUse(shown()));
+            }
+            fs::remove_file(path).map_err(serve)?;
+        }
+        let listener = UnixListener::bind(path).map_err(serve)?;
+        let stop = EventFd::new(EFD_NONBLOCK).map_err(serve)?;
+        let setup = (|| {
+            listener.set_nonblocking(true)?;
+            let stop_rx = stop.try_clone()?;
+            thread::Builder::new()
+                .name("vrnic-stats".into())
+                .spawn(move || serve_loop(&listener, &stop_rx, &board))
+        })();
+        match setup {
+            Ok(thread) => Ok(Self {
+                path: path.to_path_buf(),
+                stop,
+                thread: Some(thread),
+            }),
+            Err(e) => {
+                let _ = fs::remove_file(path);
+                Err(serve(e))
+            }
+        }
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for StatsServer {
+    fn drop(&mut self) {
+        let _ = self.stop.write(1);
+        if let Some(t) = self.thread.take() {
+            // The thread waits on the stop event and writes with a timeout,
+            // so this join is bounded.
+            let _ = t.join();
+        }
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// Accepts connections until `stop` is signalled; answers each one.
+fn serve_loop(listener: &UnixListener, stop: &EventFd, board: &StatsBoard) {
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `fds` is a valid array of two pollfds.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            debug!("stats server: poll failed: {e}");
+            return;
+        }
+        if fds[1].revents != 0 {
+            return;
+        }
+        match listener.accept() {
+            Ok((stream, _)) => {
+                if let Err(e) = answer(stream, board) {
+                    debug!("stats client: {e}");
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => debug!("stats server: accept failed: {e}"),
+        }
+    }
+}
+
+fn answer(mut stream: UnixStream, board: &StatsBoard) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
+    stream.write_all(board.read().render().as_bytes())?;
+    stream.shutdown(std::net::Shutdown::Both)
+}
+
+/// Connects to the stats server at `path` and returns its reply; every
+/// step is bounded by `timeout`, and the reply by [`MAX_REPLY`] bytes.
+///
+/// # Errors
+/// [`StatsError::Query`].
+pub fn query(path: &Path, timeout: Duration) -> Result<String, StatsError> {
+    let err = |source| StatsError::Query {
+        path: path.display().to_string(),
+        source,
+    };
+    let stream = UnixStream::connect(path).map_err(err)?;
+    stream.set_read_timeout(Some(timeout)).map_err(err)?;
+    let mut reply = String::new();
+    stream
+        .take(MAX_REPLY)
+        .read_to_string(&mut reply)
+        .map_err(err)?;
+    Ok(reply)
+}
+
+/// Parses a reply into `(name, value)` pairs, in order. Names are
+/// lower-case letters, digits and `_`; values are decimal `u64`.
+///
+/// # Errors
+/// [`StatsError::Malformed`] for any other line.
+pub fn parse(reply: &str) -> Result<Vec<(String, u64)>, StatsError> {
+    reply
+        .lines()
+        .enumerate()
+        .map(|(i, line)| {
+            let bad = || StatsError::Malformed {
+                line: i + 1,
+                text: line.chars().take(80).collect(),
+            };
+            let (name, value) = line.split_once(' ').ok_or_else(bad)?;
+            let name_ok = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+            let value = value.parse::<u64>().map_err(|_| bad())?;
+            if !name_ok {
+                return Err(bad());
+            }
+            Ok((name.to_string(), value))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_path(tag: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("vrnic-stats-{tag}-{}", std::process::id()))
+    }
+
+    #[test]
+    fn a_snapshot_names_every_counter_once() {
+        let d = DeviceStats {
+            tx_frames: 1,
+            duplicates: 11,
+            ..Default::default()
+        };
+        let b = BackendStats {
+            commands: 12,
+            engine_panics: 23,
+            ..Default::default()
+        };
+        let s = Snapshot::new(&d, &b);
+        assert_eq!(s.get("tx_frames"), Some(1));
+        assert_eq!(s.get("duplicates"), Some(11));
+        assert_eq!(s.get("commands"), Some(12));
+        assert_eq!(s.get("engine_panics"), Some(23));
+        assert_eq!(s.get("nope"), None);
+        let mut names = NAMES.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), COUNTERS, "names are distinct");
+        let parsed = parse(&s.render()).unwrap();
+        assert_eq!(parsed.len(), COUNTERS);
+        assert_eq!(parsed[0], ("tx_frames".to_string(), 1));
+        assert_eq!(parsed[COUNTERS - 1], ("engine_panics".to_string(), 23));
+    }
+
+    #[test]
+    fn parse_rejects_what_is_not_name_value_lines() {
+        for bad in ["x", "x 1 2", "X 1", "x -1", " 1", "x 18446744073709551616"] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(parse("").unwrap(), vec![]);
+    }
+
+    #[test]
+    fn readers_never_see_a_torn_snapshot() {
+        let board = Arc::new(StatsBoard::new());
+        let b = board.clone();
+        let writer = thread::spawn(move || {
+            for i in 1..=20_000u64 {
+                let d = DeviceStats {
+                    tx_frames: i,
+                    rx_frames: i,
+                    duplicates: i,
+                    ..Default::default()
+                };
+                let be = BackendStats {
+                    commands: i,
+                    engine_panics: i,
+                    ..Default::default()
+                };
+                b.publish(&Snapshot::new(&d, &be));
+            }
+        });
+        // Whatever a read that succeeds returns comes from one publish.
+        let check = |s: &Snapshot| {
+            let tx = s.get("tx_frames").unwrap();
+            for n in ["rx_frames", "duplicates", "commands", "engine_panics"] {
+                assert_eq!(s.get(n), Some(tx), "{n} from the same publish");
+            }
+            tx
+        };
+        let mut last = 0;
+        loop {
+            let finished = writer.is_finished();
+            if let Some(s) = board.try_read() {
+                let tx = check(&s);
+                assert!(tx >= last, "snapshots never go back");
+                last = tx;
+            }
+            if finished {
+                let s = board.try_read().expect("no publish under way");
+                assert_eq!(check(&s), 20_000, "the last publish is seen");
+                assert_eq!(board.read(), s);
+                break;
+            }
+        }
+        writer.join().unwrap();
+    }
+
+    #[test]
+    fn the_server_answers_each_connection_and_cleans_up() {
+        let path = temp_path("serve");
+        let _ = fs::remove_file(&path);
+        let board = Arc::new(StatsBoard::new());
+        let server = StatsServer::start(&path, board.clone()).unwrap();
+        assert_eq!(server.path(), path);
+        let d = DeviceStats {
+            naks_sent: 3,
+            ..Default::default()
+        };
+        for round in 0..3u64 {
+            board.publish(&Snapshot::new(
+                &d,
+                &BackendStats {
+                    doorbells: round,
+                    ..Default::default()
+                },
+            ));
+            let reply = query(&path, Duration::from_secs(5)).unwrap();
+            let got = parse(&reply).unwrap();
+            assert!(got.contains(&("naks_sent".into(), 3)), "{reply}");
+            assert!(got.contains(&("doorbells".into(), round)), "{reply}");
+        }
+        assert!(
+            matches!(
+                StatsServer::start(&path, board.clone()),
+                Err(StatsError::InUse(_))
+            ),
+            "a live server's socket is not taken over"
+        );
+        drop(server);
+        assert!(!path.exists(), "the socket file is removed");
+        assert!(matches!(
+            query(&path, Duration::from_secs(1)),
+            Err(StatsError::Query { .. })
+        ));
+    }
+
+    #[test]
+    fn a_stale_socket_is_replaced_and_other_files_left_alone() {
+        let path = temp_path("stale");
+        let _ = fs::remove_file(&path);
+        // A socket nobody listens on any more.
+        drop(UnixListener::bind(&path).unwrap());
+        let board = Arc::new(StatsBoard::new());
+        let server = StatsServer::start(&path, board.clone()).unwrap();
+        assert!(query(&path, Duration::from_secs(5)).is_ok());
+        drop(server);
+
+        fs::write(&path, b"keep me").unwrap();
+        assert!(matches!(
+            StatsServer::start(&path, board),
+            Err(StatsError::NotASocket(_))
+        ));
+        assert_eq!(fs::read(&path).unwrap(), b"keep me");
+        fs::remove_file(&path).unwrap();
+    }
+}
