@@ -1,0 +1,115 @@
+# shellcheck shell=bash
+# Shared helpers for the image recipes (sourced, not run).
+#
+# Every artefact lives in $VRNIC_CACHE/<name>-<key>, where <key> is a hash of the recipe files
+# that produce it (and of its inputs). A changed recipe gives a new key and a rebuild; older
+# builds of the same name are deleted once the new one is in place.
+
+VRNIC_CACHE=${VRNIC_CACHE:-/var/cache/vrnic}
+IMAGES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+export VRNIC_CACHE IMAGES_DIR DEBIAN_MIRROR
+
+log() { printf '[images %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# key FILE... : short hash of the named files' contents (process substitutions welcome).
+key() {
+    local f
+    for f in "$@"; do
+        cat "$f"
+        printf '\n--\n'
+    done | sha256sum | cut -c1-16
+}
+
+# cached NAME KEY FUNCTION [ARGS...]
+# Prints the artefact directory $VRNIC_CACHE/NAME-KEY. Builds it (by calling FUNCTION OUTDIR ARGS...
+# with OUTDIR a temporary directory that is renamed into place on success) only if it is absent.
+cached() {
+    local name=$1 key=$2 fn=$3
+    shift 3
+    local out=$VRNIC_CACHE/$name-$key
+    mkdir -p "$VRNIC_CACHE"
+    [ -f "$VRNIC_CACHE/CACHEDIR.TAG" ] ||
+        printf 'Signature: 8a477f597d28d172789f06886806bc55\n# vrnic build cache\n' >"$VRNIC_CACHE/CACHEDIR.TAG"
+    (
+        flock 9
+        if [ ! -e "$out/.done" ]; then
+            local t0=$SECONDS
+            log "building $name-$key"
+            rm -rf --one-file-system "$out.tmp" "$out"
+            mkdir -p "$out.tmp"
+            "$fn" "$out.tmp" "$@"
+            touch "$out.tmp/.done"
+            mv "$out.tmp" "$out"
+            log "built $name-$key in $((SECONDS - t0)) s"
+            local old
+            for old in "$VRNIC_CACHE/$name"-*; do
+                [ "$old" = "$out" ] && continue
+                [ -d "$old" ] || continue
+                # Never through a mount someone left inside (a chroot's bind-mounted /dev...).
+                if grep -qE " $old(/| )" /proc/self/mountinfo; then
+                    log "not removing stale $old: something is mounted under it"
+                else
+                    log "removing stale $old"
+                    rm -rf --one-file-system "$old"
+                fi
+            done
+        fi
+    ) 9>"$VRNIC_CACHE/$name.lock" >&2
+    echo "$out"
+}
+
+# Resolve the modules named in $@ (with their dependencies, from modules.dep under MODDIR)
+# into load order; prints paths relative to MODDIR, one a line. Usage: module_order MODDIR NAME...
+module_order() {
+    local moddir=$1
+    shift
+    awk -v want="$*" '
+        function base(p,  b) { b = p; sub(/.*\//, "", b); sub(/\.ko(\.(xz|zst|gz))?$/, "", b); gsub(/-/, "_", b); return b }
+        function visit(m,  n, i, d) {
+            if (m in seen) return
+            seen[m] = 1
+            if (!(m in path)) { missing = missing " " m; return }
+            n = split(deps[m], d, " ")
+            # modules.dep lists dependencies nearest-first; load the farthest first.
+            for (i = n; i >= 1; i--) visit(base(d[i]))
+            print path[m]
+        }
+        {
+            p = $1; sub(/:$/, "", p)
+            m = base(p); path[m] = p
+            $1 = ""; deps[m] = $0
+        }
+        END {
+            n = split(want, w, " ")
+            for (i = 1; i <= n; i++) { x = w[i]; gsub(/-/, "_", x); visit(x) }
+            if (missing != "") { print "module_order: not found:" missing > "/dev/stderr"; exit 1 }
+        }' "$moddir/modules.dep"
+}
+
+# copy_modules KERNELDIR DEST NAME...: copies the named modules and their dependencies from the
+# kernel artefact into DEST/usr/lib/modules/KVER (uncompressed; under usr/ so that an archive laid
+# over a merged-/usr root does not replace its /lib symlink) and writes DEST/etc/vrnic-modules, the
+# load order, for /init to insmod one by one (no depmod or modprobe needed in the guest).
+copy_modules() {
+    local kdir=$1 dest=$2
+    shift 2
+    local kver moddir list m
+    kver=$(cat "$kdir/version")
+    moddir=$kdir/lib/modules/$kver
+    list=$(module_order "$moddir" "$@") || die "module list failed"
+    mkdir -p "$dest/usr/lib/modules/$kver" "$dest/etc"
+    : >"$dest/etc/vrnic-modules"
+    for m in $list; do
+        mkdir -p "$dest/usr/lib/modules/$kver/$(dirname "$m")"
+        cp "$moddir/$m" "$dest/usr/lib/modules/$kver/$m"
+        echo "/usr/lib/modules/$kver/$m" >>"$dest/etc/vrnic-modules"
+    done
+}
+
+# pack_cpio DIR FILE: uncompressed newc cpio of DIR (uncompressed: no decompression under TCG).
+pack_cpio() {
+    (cd "$1" && find . -mindepth 1 -path ./.done -prune -o -print | LC_ALL=C sort |
+        cpio --quiet -o -H newc -R 0:0) >"$2"
+}

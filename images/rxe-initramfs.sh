@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Recipe: the rxe peer guest's initramfs, an uncompressed cpio of the bookworm root (rdma-core,
+# ibverbs-utils, perftest, ...) without docs, locales and apt lists, plus the 6.12 modules for
+# virtio-net, fw_cfg and Soft-RoCE, and the job-running /init (images/init/).
+# Output directory: initramfs.cpio. Prints the directory.
+set -euo pipefail
+# shellcheck source=images/common.sh
+. "$(dirname "$0")/common.sh"
+
+MODULES=(virtio_net qemu_fw_cfg crc32_generic rdma_rxe ib_uverbs rdma_ucm)
+
+build_rxe() {
+    local out=$1 root=$2 kdir=$3 extra=$1/extra
+    # The root as it is, less what a guest never reads.
+    (cd "$root" && find . -mindepth 1 \
+        \( -path ./usr/share/doc -o -path ./usr/share/man -o -path ./usr/share/info \
+        -o -path ./usr/share/locale -o -path ./var/cache/apt -o -path ./var/lib/apt/lists \
+        -o -path './usr/lib/udev/hwdb.*' -o -path ./boot -o -path ./lib/modules \) -prune -o -print |
+        LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0) >"$out/root.cpio"
+    # Our additions, as a second archive: the kernel unpacks concatenated archives in turn.
+    mkdir -p "$extra/etc"
+    copy_modules "$kdir" "$extra" "${MODULES[@]}"
+    install -m 0755 "$IMAGES_DIR/init/init" "$extra/init"
+    install -m 0644 "$IMAGES_DIR/init/rxe-setup" "$extra/etc/vrnic-setup"
+    pack_cpio "$extra" "$out/extra.cpio"
+    cat "$out/root.cpio" "$out/extra.cpio" >"$out/initramfs.cpio"
+    rm -rf "$extra" "$out/root.cpio" "$out/extra.cpio"
+    log "rxe initramfs: $(du -m "$out/initramfs.cpio" | cut -f1) MiB"
+}
+
+root=$("$IMAGES_DIR/bookworm-root.sh")
+kdir=$("$IMAGES_DIR/kernel.sh")
+k=$(key "$IMAGES_DIR/common.sh" "$0" "$IMAGES_DIR/init/init" "$IMAGES_DIR/init/rxe-setup" \
+    <(echo "$root $kdir"))
+cached rxe-initramfs "$k" build_rxe "$root" "$kdir"

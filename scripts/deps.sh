@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs (apt-get, Debian packages only) what the demo, the images and the e2e test need on the
+# host. Does nothing when all is there. The guest kernel and user lands come from debootstrapped
+# roots (images/), never from the host's apt sources, which are left as they are.
+set -euo pipefail
+PKGS=(debootstrap cpio iproute2 kmod xz-utils zstd binutils util-linux tshark python3-scapy
+    ca-certificates)
+missing=()
+for p in "${PKGS[@]}"; do
+    [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" = "install ok installed" ] || missing+=("$p")
+done
+[ ${#missing[@]} = 0 ] && exit 0
+echo "deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >&2
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2

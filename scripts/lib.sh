@@ -1,0 +1,364 @@
+# shellcheck shell=bash
+# vrnic test-harness library (sourced by demo.sh, netns.sh, guest.sh, tests/e2e/run.sh).
+#
+# Everything runs inside a network namespace created here (bridge br0 + TAPs); nothing leaves it.
+# Processes started through vr_spawn are recorded and killed (by PID) in vr_cleanup, and the
+# namespaces created through vr_netns_create are deleted there. A script using this library sets
+#   trap vr_cleanup EXIT; trap 'exit 130' INT; trap 'exit 143' TERM
+# (vr_install_traps does exactly that).
+
+VR_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+VR_TOP=$(cd "$VR_SCRIPTS/.." && pwd)
+VRNIC_CACHE=${VRNIC_CACHE:-/var/cache/vrnic}
+export VRNIC_CACHE
+VR_PIDS=()
+VR_NETNS=()
+
+vr_log() { printf '[%(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+vr_die() {
+    vr_log "ERROR: $*"
+    exit 1
+}
+
+vr_install_traps() {
+    [ "$(id -u)" = 0 ] || vr_die "needs root (network namespaces, TAPs, chroot)"
+    trap vr_cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+
+# vr_spawn LOGFILE CMD...: runs CMD in the background (stdout+stderr to LOGFILE), records its PID
+# in VR_PIDS and in VR_LAST_PID.
+vr_spawn() {
+    local logf=$1
+    shift
+    "$@" </dev/null >"$logf" 2>&1 &
+    VR_LAST_PID=$!
+    VR_PIDS+=("$VR_LAST_PID")
+}
+
+# vr_is_child PID: true if PID is a (live or zombie) child of this script, so that a PID number
+# reused by the system after our process ended is never signalled.
+vr_is_child() {
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }
+    # shellcheck disable=SC2086 # split the fields
+    set -- $stat
+    [ "$2" = "$$" ]
+}
+
+# vr_stop PID...: TERM, then KILL after 5 s, for processes this script started (vr_spawn).
+vr_stop() {
+    local pid alive mine=() keep=()
+    for pid in "$@"; do vr_is_child "$pid" && mine+=("$pid"); done
+    for pid in ${VR_PIDS[@]+"${VR_PIDS[@]}"}; do
+        [[ " $* " == *" $pid "* ]] || keep+=("$pid")
+    done
+    VR_PIDS=(${keep[@]+"${keep[@]}"})
+    [ ${#mine[@]} -gt 0 ] || return 0
+    for pid in "${mine[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for _ in $(seq 50); do
+        alive=0
+        for pid in "${mine[@]}"; do
+            vr_is_child "$pid" && [ "$(sed 's/.*) \(.\).*/\1/' "/proc/$pid/stat" 2>/dev/null)" != Z ] && alive=1
+        done
+        [ $alive = 0 ] && break
+        sleep 0.1
+    done
+    for pid in "${mine[@]}"; do vr_is_child "$pid" && kill -KILL "$pid" 2>/dev/null; done
+    for pid in "${mine[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+
+# vr_cleanup [RC]: the EXIT trap; exits with RC (default: the status the script was exiting with).
+vr_cleanup() {
+    local rc=${1:-$?} ns
+    trap - EXIT INT TERM
+    set +e # clean up as much as possible, whatever fails
+    if [ ${#VR_PIDS[@]} -gt 0 ]; then
+        vr_stop "${VR_PIDS[@]}"
+        VR_PIDS=()
+    fi
+    for ns in ${VR_NETNS[@]+"${VR_NETNS[@]}"}; do vr_netns_destroy "$ns"; done
+    VR_NETNS=()
+    exit "$rc"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Network namespace: bridge br0, TAPs on it, no address in the namespace itself, no route out.
+
+vr_netns_create() {
+    local ns=$1
+    ip netns add "$ns" || vr_die "ip netns add $ns failed"
+    VR_NETNS+=("$ns")
+    ip -n "$ns" link set lo up
+    # shellcheck disable=SC2016
+    ip netns exec "$ns" sh -c '
+        for k in all default; do
+            echo 1 > /proc/sys/net/ipv4/conf/$k/arp_ignore
+            echo 1 > /proc/sys/net/ipv6/conf/$k/disable_ipv6
+        done' || vr_die "netns sysctls failed"
+    ip -n "$ns" link add br0 type bridge stp_state 0 forward_delay 0
+    ip -n "$ns" link set br0 up
+}
+
+# vr_netns_tap NS TAP [MTU]: a persistent TAP on br0 (for QEMU or the vrnic daemon to attach to).
+vr_netns_tap() {
+    local ns=$1 tap=$2 mtu=${3:-1500}
+    ip -n "$ns" tuntap add dev "$tap" mode tap || vr_die "tuntap add $tap failed"
+    ip -n "$ns" link set "$tap" mtu "$mtu" master br0 up
+    ip netns exec "$ns" sh -c "echo 1 > /proc/sys/net/ipv4/conf/$tap/arp_ignore" 2>/dev/null || true
+}
+
+vr_netns_destroy() {
+    local ns=$1 dev
+    [ -e "/run/netns/$ns" ] || return 0
+    for dev in $(ip -n "$ns" -o link show type tun 2>/dev/null | awk -F': ' '{ print $2 }' | cut -d@ -f1); do
+        ip -n "$ns" link del "$dev" 2>/dev/null || true
+    done
+    ip netns del "$ns" 2>/dev/null || vr_log "warning: could not delete netns $ns"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Images
+
+# vr_images: builds (or finds in the cache) the kernel and the rxe initramfs; sets VR_KERNEL,
+# VR_RXE_INITRD. vr_vrnic_image [BIN...] sets VR_VRNIC_INITRD.
+vr_images() {
+    local kdir rdir
+    kdir=$("$VR_TOP/images/kernel.sh") || vr_die "kernel image failed"
+    rdir=$("$VR_TOP/images/rxe-initramfs.sh") || vr_die "rxe initramfs failed"
+    VR_KERNEL=$kdir/vmlinuz
+    VR_RXE_INITRD=$rdir/initramfs.cpio
+}
+
+vr_vrnic_image() {
+    local d
+    d=$("$VR_TOP/images/vrnic-initramfs.sh" "$@") || vr_die "vrnic initramfs failed"
+    VR_VRNIC_INITRD=$d/initramfs.cpio
+}
+
+# ---------------------------------------------------------------------------------------------
+# QEMU
+
+# vr_qemu_setup: sets VR_QEMU_ROOT (empty: the host's QEMU) and VR_ACCEL (kvm or tcg).
+vr_qemu_setup() {
+    local prefix
+    prefix=$("$VR_SCRIPTS/qemu-root.sh") || vr_die "no usable QEMU (scripts/qemu-root.sh)"
+    VR_QEMU_ROOT=${prefix#chroot }
+    [ -n "$prefix" ] || VR_QEMU_ROOT=
+    if [ -z "${VRNIC_ACCEL:-}" ]; then
+        # The verdict is kept per host kernel and guest kernel (the probe takes about 6 s).
+        local id cache=$VRNIC_CACHE/kvm-probe
+        id="$(uname -r) $(find "$VRNIC_CACHE" -maxdepth 1 -name 'kernel-*' ! -name '*.*' | head -1) ${VR_QEMU_ROOT:-host}"
+        if [ -f "$cache" ] && [ "$(head -1 "$cache")" = "$id" ]; then
+            VRNIC_ACCEL=$(sed -n 2p "$cache")
+        else
+            VRNIC_ACCEL=$(vr_probe_kvm)
+            printf '%s\n%s\n' "$id" "$VRNIC_ACCEL" >"$cache"
+        fi
+    fi
+    VR_ACCEL=$VRNIC_ACCEL
+    export VRNIC_ACCEL=$VR_ACCEL
+    vr_log "QEMU: ${VR_QEMU_ROOT:-host}, accel $VR_ACCEL"
+}
+
+# QEMU with KVM fails on this nested machine (an abort, "failed to set MSR 0x10a", or a guest
+# that crashes in the kernel's decompressor with a register dump), so probe by booting the real
+# kernel without an initrd: under a working KVM it reaches the "VFS: Unable to mount root" panic
+# and, with panic=-1 and -no-reboot, QEMU exits within a few seconds.
+vr_probe_kvm() {
+    local out pid kernel verdict=tcg
+    [ -w /dev/kvm ] || { echo tcg; return; }
+    kernel=$(find "$VRNIC_CACHE" -maxdepth 2 -path '*/kernel-*/vmlinuz' | head -1)
+    [ -n "$kernel" ] || { echo tcg; return; }
+    out=$(mktemp)
+    (vr_qemu_exec "$VR_QEMU_ROOT" "$(dirname "$kernel")" -- -accel kvm -m 256 -nodefaults \
+        -display none -no-reboot -serial stdio -kernel "$kernel" -append 'console=ttyS0 panic=-1') \
+        </dev/null >"$out" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do
+        kill -0 $pid 2>/dev/null || break
+        grep -qE 'EFER=|KVM internal error|failed to set MSR' "$out" && break
+        sleep 0.1
+    done
+    kill -KILL $pid 2>/dev/null || true
+    wait $pid 2>/dev/null || true
+    grep -q 'VFS: Unable to mount root' "$out" && verdict=kvm
+    rm -f "$out"
+    echo $verdict
+}
+
+# vr_qemu_exec ROOT DIR... -- QEMU-ARGS...: execs qemu-system-x86_64, from the chroot ROOT (empty:
+# the host's) in a private mount namespace into which /dev, /proc and each DIR are bind-mounted
+# at their own paths (so the paths in QEMU-ARGS work inside and outside). Nothing leaks: the
+# mounts vanish with the namespace.
+vr_qemu_exec() {
+    local root=$1
+    shift
+    local dirs=()
+    while [ "$1" != -- ]; do
+        dirs+=("$1")
+        shift
+    done
+    shift
+    if [ -z "$root" ]; then exec qemu-system-x86_64 "$@"; fi
+    # shellcheck disable=SC2016
+    exec unshare -m --propagation private sh -c '
+        root=$1; shift
+        mount --rbind /dev "$root/dev" && mount -t proc proc "$root/proc" || exit 99
+        while [ "$1" != -- ]; do
+            mkdir -p "$root$1" && mount --bind "$1" "$root$1" || exit 99
+            shift
+        done
+        shift
+        exec chroot "$root" qemu-system-x86_64 "$@"' sh "$root" "${dirs[@]}" -- "$@"
+}
+
+# vr_guest NAME KIND NS TAP IP JOB LOGDIR [SOCK]
+#   Boots a guest in the background: KIND rxe (Soft-RoCE peer) or vrnic (busybox + guest-lib
+#   tools, with the vhost-user device on SOCK; without SOCK, no device). eth0 on TAP gets IP (A.B.C.D/N); the job script
+#   JOB runs in the guest. Serial console: LOGDIR/NAME.log, QEMU's own output LOGDIR/NAME.qemu.
+#   Sets VR_LAST_PID.
+vr_guest() {
+    local name=$1 kind=$2 ns=$3 tap=$4 ip=$5 job=$6 logdir=$7 sock=${8:-}
+    local initrd mac append args=() dirs=() devargs=() mem=1G
+    case $kind in
+    rxe) initrd=$VR_RXE_INITRD ;;
+    vrnic) initrd=$VR_VRNIC_INITRD ;;
+    *) vr_die "unknown guest kind $kind" ;;
+    esac
+    mac=$(printf '52:54:00:%s' "$(echo "$name$ip" | md5sum | sed 's/^\(..\)\(..\)\(..\).*/\1:\2:\3/')")
+    job=$(readlink -f "$job")
+    logdir=$(readlink -f "$logdir")
+    append="console=ttyS0 quiet panic=-1 vrnic.name=$name vrnic.ip=$ip"
+    [ "$kind" = vrnic ] && append+=" hugepages=64"
+    append+=" ${VRNIC_GUEST_APPEND:-}"
+    dirs=("$(dirname "$VR_KERNEL")" "$(dirname "$initrd")" "$(dirname "$job")" "$logdir")
+    if [ "$kind" = vrnic ] && [ -n "$sock" ]; then
+        sock=$(readlink -f "$sock")
+        dirs+=("$(dirname "$sock")")
+        if [ -s "$sock.qemu-args" ]; then
+            read -r -a devargs <"$sock.qemu-args"
+            # -m must match the memory backend's size.
+            mem=$(grep -o 'memory-backend-memfd,[^ ]*size=[0-9]*[KMGT]\?' "$sock.qemu-args" | sed 's/.*size=//')
+            mem=${mem:-1G}
+        else
+            # shellcheck disable=SC2054 # commas inside QEMU options
+            devargs=(-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem
+                -chardev "socket,id=vr0,path=$sock"
+                -device vhost-user-test-device-pci,chardev=vr0,virtio-id=6,num_vqs=3,config_size=64)
+        fi
+    fi
+    args=(-accel "$VR_ACCEL" -M pc -m "$mem" -smp 1 -nodefaults -no-user-config -display none -no-reboot
+        -kernel "$VR_KERNEL" -initrd "$initrd" -append "$append"
+        -serial "file:$logdir/$name.log"
+        -netdev "tap,id=n0,ifname=$tap,script=no,downscript=no"
+        -device "virtio-net-pci,netdev=n0,mac=$mac"
+        -fw_cfg "name=opt/vrnic/job,file=$job"
+        ${devargs[@]+"${devargs[@]}"})
+    : >"$logdir/$name.log"
+    mapfile -t dirs < <(printf '%s\n' "${dirs[@]}" | sort -u)
+    vr_spawn "$logdir/$name.qemu" ip netns exec "$ns" \
+        bash -c "$(declare -f vr_qemu_exec); vr_qemu_exec \"\$@\"" vr_qemu_exec \
+        "$VR_QEMU_ROOT" "${dirs[@]}" -- "${args[@]}"
+    vr_log "guest $name ($kind, $ip on $tap) pid $VR_LAST_PID, console $logdir/$name.log"
+}
+
+# vr_wait_job NAME LOGDIR PID TIMEOUT: waits (bounded) for the guest's "VRNIC-JOB-EXIT rc" line;
+# sets VR_JOB_RC to rc (or "timeout", or "died": QEMU ended without the line) and returns 0 only
+# for rc 0. Stops the guest if it is still running after the line (it powers itself off) or after
+# the timeout. Call it in the main shell (not in $(...)), so the PID list stays right.
+vr_wait_job() {
+    local name=$1 logdir=$2 pid=$3 timeout=$4 t0=$SECONDS line
+    while :; do
+        line=$(grep -a -m1 '^VRNIC-JOB-EXIT ' "$logdir/$name.log" 2>/dev/null | tr -d '\r') || true
+        if [ -n "$line" ]; then
+            VR_JOB_RC=$(echo "$line" | awk '{ print $2 }')
+            break
+        fi
+        if ! kill -0 "$pid" 2>/dev/null || [ "$(sed 's/.*) \(.\).*/\1/' "/proc/$pid/stat" 2>/dev/null)" = Z ]; then
+            VR_JOB_RC=died
+            break
+        fi
+        if [ $((SECONDS - t0)) -ge "$timeout" ]; then
+            VR_JOB_RC=timeout
+            break
+        fi
+        sleep 0.5
+    done
+    # The guest powers off right after the line; give it a moment, then make sure.
+    for _ in $(seq 40); do
+        [ "$(sed 's/.*) \(.\).*/\1/' "/proc/$pid/stat" 2>/dev/null || echo Z)" = Z ] && break
+        sleep 0.25
+    done
+    vr_stop "$pid"
+    [ "$VR_JOB_RC" = 0 ]
+}
+
+# ---------------------------------------------------------------------------------------------
+# The vrnic daemon
+
+# vr_daemon NAME NS SOCK TAP IP LOGDIR [PCAP]: starts the vrnic daemon ($VRNIC_BIN, default
+# target/debug/vrnic) in NS on TAP with the RoCE address IP (A.B.C.D/N), serving vhost-user on
+# SOCK; waits (bounded) for the socket. Log: LOGDIR/NAME.log. Sets VR_LAST_PID. Returns 1 (after
+# saying why, and stopping it) if it did not come up.
+vr_daemon() {
+    local name=$1 ns=$2 sock=$3 tap=$4 ip=$5 logdir=$6 pcap=${7:-} bin=${VRNIC_BIN:-$VR_TOP/target/debug/vrnic}
+    local args=(--socket "$sock" --tap "$tap" --ip "$ip")
+    [ -x "$bin" ] || { vr_log "ERROR: vrnic daemon $bin not built (cargo build -p vrnic-vhost)"; return 1; }
+    [ -n "$pcap" ] && args+=(--pcap "$pcap")
+    rm -f "$sock"
+    rm -f "$sock.qemu-args"
+    vr_spawn "$logdir/$name.log" ip netns exec "$ns" env RUST_LOG="${RUST_LOG:-info}" NO_COLOR=1 "$bin" "${args[@]}"
+    for _ in $(seq 100); do
+        [ -S "$sock" ] && break
+        if ! kill -0 "$VR_LAST_PID" 2>/dev/null; then
+            tail -20 "$logdir/$name.log" >&2
+            vr_log "ERROR: daemon $name exited"
+            vr_stop "$VR_LAST_PID"
+            return 1
+        fi
+        sleep 0.1
+    done
+    if [ ! -S "$sock" ]; then
+        vr_log "ERROR: daemon $name: no socket $sock after 10 s"
+        vr_stop "$VR_LAST_PID"
+        return 1
+    fi
+    # The daemon prints the QEMU arguments its device needs (line after "QEMU arguments:"); the
+    # guest uses them verbatim when they are there (vr_guest), so the two cannot drift apart.
+    for _ in $(seq 20); do
+        grep -q -A1 '^QEMU arguments:' "$logdir/$name.log" && break
+        sleep 0.1
+    done
+    grep -A1 '^QEMU arguments:' "$logdir/$name.log" | sed -n 2p | grep -e '-device' >"$sock.qemu-args" ||
+        rm -f "$sock.qemu-args"
+    vr_log "daemon $name ($ip on $tap) pid $VR_LAST_PID, socket $sock, log $logdir/$name.log"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Rust builds
+
+VR_GUEST_TARGET_DIR=$VR_TOP/target/x86_64-unknown-linux-gnu/release
+VR_GUEST_TOOLS=(vrnic-pingpong vrnic-probe)
+
+# vr_build_rust: the vrnic daemon (debug: shares cargo test's artefacts, keeps overflow checks)
+# and the static guest tools (release, crt-static, so they run in the busybox guest).
+vr_build_rust() {
+    local t0=$SECONDS
+    (cd "$VR_TOP" && cargo build -q -p vrnic-vhost) || vr_die "cargo build -p vrnic-vhost failed"
+    (cd "$VR_TOP" && RUSTFLAGS="-C target-feature=+crt-static" \
+        cargo build -q --release -p vrnic-guest --target x86_64-unknown-linux-gnu) ||
+        vr_die "cargo build of the static guest tools failed"
+    vr_log "cargo builds took $((SECONDS - t0)) s"
+}
+
+# vr_guest_bins: prints the guest tools' paths (existing or not: the recipe skips missing ones).
+vr_guest_bins() {
+    local t
+    for t in "${VR_GUEST_TOOLS[@]}"; do echo "$VR_GUEST_TARGET_DIR/$t"; done
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The project's test command: the fast tests, then the end-to-end test with QEMU guests.
+#   scripts/test.sh
+# 1. cargo test --workspace            (no QEMU, no root needed; bounded, VRNIC_CARGO_TEST_TIMEOUT=900)
+# 2. tests/e2e/run.sh                  (root: network namespace, QEMU; see that file)
+#    with the rxe-rxe baseline first (E2E_BASELINE=0 leaves it out); VRNIC_E2E=0 skips step 2.
+# Installs the Debian packages it needs (scripts/deps.sh).
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+t0=$SECONDS
+"$top/scripts/deps.sh"
+echo "=== cargo test --workspace"
+# Bounded: a hung test must not eat CI's whole budget (VRNIC_CARGO_TEST_TIMEOUT seconds).
+timeout -k 30 "${VRNIC_CARGO_TEST_TIMEOUT:-900}" cargo test --workspace 2>&1 || {
+    rc=$?
+    [ $rc = 124 ] && echo "cargo test: timed out after ${VRNIC_CARGO_TEST_TIMEOUT:-900} s"
+    exit $rc
+}
+if [ "${VRNIC_E2E:-1}" = 0 ]; then
+    echo "=== e2e skipped (VRNIC_E2E=0)"
+    exit 0
+fi
+echo "=== cargo test took $((SECONDS - t0)) s; end-to-end test next"
+E2E_BASELINE=${E2E_BASELINE:-1} exec "$top/tests/e2e/run.sh" "$@"

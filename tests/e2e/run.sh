@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# End-to-end test of vrnic against Linux Soft-RoCE (rdma_rxe), all inside a private network
+# namespace (bridge br0, TAPs), guests under QEMU (TCG unless KVM works).
+#
+# Usage: tests/e2e/run.sh [STEP...]     STEP: rxe-rxe | probe | vrnic-rxe | vrnic-vrnic
+#   default: probe vrnic-rxe vrnic-vrnic (rxe-rxe is the harness's own baseline, two rxe guests;
+#   E2E_BASELINE=1 puts it first). probe: one vrnic guest + daemon running vrnic-probe; when it
+#   fails, the vrnic pairs are not run (they would only time out) unless E2E_KEEP_GOING=1.
+# Each pair boots two guests once; each guest runs the whole matrix in one job: for every size,
+# A is the server and B the client, then the roles swap. vrnic guests run vrnic-pingpong against
+# a vrnic daemon (one per guest, own TAP on the bridge, writing a pcap that
+# tests/pcap_check.py then checks); rxe guests run the unmodified ibv_rc_pingpong.
+#
+# Environment: E2E_RESULTS (results dir, default out/e2e-DATE), E2E_SIZES ("1 1024 4096 65536"),
+# E2E_ITERS (200), E2E_MTU (1024), E2E_RUN_TIMEOUT (bound on one ping-pong run, 90 s),
+# E2E_GUEST_TIMEOUT (bound on one guest's whole job, 900 s), E2E_NO_BUILD=1 (skip cargo build),
+# VRNIC_BIN (daemon binary), VRNIC_ACCEL (kvm|tcg, default: probed), VRNIC_CACHE.
+# Prints PASS:/FAIL: lines and a closing "e2e: N passed, N failed"; exit status 0 iff no failure.
+set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/../../scripts/lib.sh"
+vr_install_traps
+# An abort (vr_die: images, QEMU, ...) still ends with the closing line.
+SUMMARY_DONE=0 PASSED=0 FAILED=0
+trap 'rc=$?; if [ $SUMMARY_DONE = 0 ]; then echo "FAIL: e2e aborted (exit $rc)"; echo "e2e: $PASSED passed, $((FAILED + 1)) failed"; fi; vr_cleanup $rc' EXIT
+
+PAIRS=("$@")
+[ ${#PAIRS[@]} -gt 0 ] || PAIRS=(probe vrnic-rxe vrnic-vrnic)
+[ "${E2E_BASELINE:-0}" = 1 ] && PAIRS=(rxe-rxe "${PAIRS[@]}")
+if [ -z "${E2E_RESULTS:-}" ] && [ -d "$VR_TOP/out" ]; then
+    # Default results dirs out/e2e-DATE: keep the last 5 (daemon pcaps are ~60 MB each).
+    find "$VR_TOP/out" -maxdepth 1 -name 'e2e-*' -type d 2>/dev/null | sort | head -n -4 |
+        xargs -r rm -rf --one-file-system
+fi
+RESULTS=${E2E_RESULTS:-$VR_TOP/out/e2e-$(date +%Y%m%d-%H%M%S)}
+T_START=$SECONDS
+SIZES=${E2E_SIZES:-1 1024 4096 65536}
+ITERS=${E2E_ITERS:-200}
+MTU=${E2E_MTU:-1024}
+RUN_TIMEOUT=${E2E_RUN_TIMEOUT:-90}
+GUEST_TIMEOUT=${E2E_GUEST_TIMEOUT:-900}
+NS=vrnic-e2e-$$
+mkdir -p "$RESULTS"
+RESULTS=$(readlink -f "$RESULTS")
+exec > >(tee -a "$RESULTS/summary.log") 2>&1
+
+pass() { PASSED=$((PASSED + 1)); echo "PASS: $*"; }
+fail() { FAILED=$((FAILED + 1)); echo "FAIL: $*"; }
+
+need_vrnic=0
+for p in "${PAIRS[@]}"; do
+    case $p in
+    rxe-rxe) ;;
+    probe | vrnic-rxe | vrnic-vrnic) need_vrnic=1 ;;
+    *) vr_die "unknown pair $p" ;;
+    esac
+done
+
+t0=$SECONDS
+if [ $need_vrnic = 1 ] && [ "${E2E_NO_BUILD:-0}" != 1 ]; then vr_build_rust; fi
+vr_images
+if [ $need_vrnic = 1 ]; then
+    mapfile -t bins < <(vr_guest_bins)
+    vr_vrnic_image "${bins[@]}"
+fi
+vr_qemu_setup
+export VRNIC_GUEST_APPEND="vrnic.timeout=$GUEST_TIMEOUT ${VRNIC_GUEST_APPEND:-}"
+vr_log "build/images: $((SECONDS - t0)) s; results in $RESULTS"
+
+vr_netns_create "$NS"
+for t in ga gb va vb; do vr_netns_tap "$NS" "tap-$t"; done
+
+# job FILE NAME TOOL PEER_IP ROLES: writes a guest job (parameters + tests/e2e/guest-pp.sh).
+job() {
+    {
+        echo "NAME=$2 TOOL=$3 PEER_IP=$4 ROLES='$5' SIZES='$SIZES' ITERS=$ITERS MTU=$MTU GID=1"
+        echo "BASEPORT=18515 RUN_TIMEOUT=$RUN_TIMEOUT CONNECT_WAIT=$((RUN_TIMEOUT + 120)) EXTRA='${E2E_EXTRA:-}'"
+        cat "$VR_TOP/tests/e2e/guest-pp.sh"
+    } >"$1"
+}
+
+# check_pcaps "WHAT|PCAP"...: tests/pcap_check.py (scapy ICRC + tshark dissection) on each PCAP,
+# two at a time (a 60000-frame capture takes about a minute).
+check_pcaps() {
+    local item what f pids=() items=() i rc
+    for item in "$@"; do
+        what=${item%%|*} f=${item#*|}
+        if [ ! -s "$f" ]; then fail "$what: no pcap $f"; continue; fi
+        if [ ! -f "$VR_TOP/tests/pcap_check.py" ]; then fail "$what: tests/pcap_check.py missing"; continue; fi
+        vr_spawn "$f.check" timeout 600 /usr/bin/python3 "$VR_TOP/tests/pcap_check.py" "$f"
+        pids+=("$VR_LAST_PID")
+        items+=("$item")
+        if [ ${#pids[@]} -ge 2 ]; then
+            collect_pcap "${pids[0]}" "${items[0]}"
+            pids=("${pids[@]:1}") items=("${items[@]:1}")
+        fi
+    done
+    for i in "${!pids[@]}"; do collect_pcap "${pids[$i]}" "${items[$i]}"; done
+}
+collect_pcap() {
+    local pid=$1 what=${2%%|*} f=${2#*|} rc=0
+    wait "$pid" || rc=$?
+    vr_stop "$pid" # only drops it from the list: it has ended
+    if [ $rc = 0 ]; then
+        pass "$what pcap check: $(tail -1 "$f.check")"
+    else
+        fail "$what pcap check rc $rc (see $f.check): $(tail -1 "$f.check")"
+    fi
+}
+
+# run_pair PAIR: A = first kind at 10.0.0.1 (RoCE 10.0.0.101 if vrnic), B = second at 10.0.0.2.
+run_pair() {
+    local pair=$1 dir=$RESULTS/$1 side kind ip tool roles peer daemons=() tp=$SECONDS
+    local -A pid_of kind_of
+    mkdir -p "$dir"
+    echo "=== $pair"
+    local capture=
+    if [ "$pair" = rxe-rxe ] && command -v dumpcap >/dev/null; then
+        # Baseline: rxe's own frames must pass the pcap checker too (checks the checker).
+        vr_spawn "$dir/dumpcap.log" ip netns exec "$NS" dumpcap -q -P -i tap-ga -c 3000 -w "$dir/rxe-a.pcap"
+        capture=$VR_LAST_PID
+        sleep 1
+    fi
+    for side in a b; do
+        if [ $side = a ]; then kind=${pair%-*} ip=10.0.0.1 peer=10.0.0.2 roles="server client"
+        else kind=${pair#*-} ip=10.0.0.2 peer=10.0.0.1 roles="client server"; fi
+        kind_of[$side]=$kind
+        if [ "$kind" = vrnic ]; then
+            tool=vrnic-pingpong
+            if ! vr_daemon "vrnic-$side" "$NS" "$dir/vrnic-$side.sock" "tap-v$side" "10.0.0.10${ip##*.}/24" \
+                "$dir" "$dir/vrnic-$side.pcap"; then
+                fail "$pair: daemon vrnic-$side did not start (log $dir/vrnic-$side.log)"
+                [ ${#daemons[@]} = 0 ] || vr_stop "${daemons[@]}"
+                [ -n "$capture" ] && vr_stop "$capture"
+                [ "$side" = b ] && vr_stop "${pid_of[a]}"
+                return 0
+            fi
+            daemons+=("$VR_LAST_PID")
+        else
+            tool=ibv_rc_pingpong
+        fi
+        job "$dir/job-$side.sh" "$pair-$side" "$tool" "$peer" "$roles"
+        vr_guest "$side" "$kind" "$NS" "tap-g$side" "$ip/24" "$dir/job-$side.sh" "$dir" \
+            "$dir/vrnic-$side.sock"
+        pid_of[$side]=$VR_LAST_PID
+    done
+    for side in a b; do
+        if vr_wait_job "$side" "$dir" "${pid_of[$side]}" $((GUEST_TIMEOUT + 180)); then
+            pass "$pair guest $side (${kind_of[$side]}) job exit 0"
+        else
+            fail "$pair guest $side (${kind_of[$side]}) job: $VR_JOB_RC (console $dir/$side.log)"
+        fi
+    done
+    # Per-run results, as the guests reported them.
+    for side in a b; do
+        local want=$(($(wc -w <<<"$SIZES") * 2)) got=0 line
+        while read -r line; do
+            got=$((got + 1))
+            # VRNIC-RESULT name role size=S rc=R tool=T usec_per_iter=U verified=V
+            # shellcheck disable=SC2086
+            set -- $line
+            local what="$pair $side ${kind_of[$side]} $3 $4 $7"
+            if [ "$5" != rc=0 ]; then fail "$what $5"
+            elif [ "$6" = tool=vrnic-pingpong ] && [ "$8" != verified=yes ]; then fail "$what: data not verified"
+            elif [ "$6" = tool=vrnic-pingpong ]; then pass "$what, data verified"
+            else pass "$what"; fi
+        done < <(grep -a '^VRNIC-RESULT ' "$dir/$side.log" | tr -d '\r')
+        [ "$got" = "$want" ] || fail "$pair $side: $got of $want runs reported"
+    done
+    # Stop the daemons (the guests are gone), then check their captures.
+    [ ${#daemons[@]} = 0 ] || vr_stop "${daemons[@]}"
+    local pcaps=()
+    if [ -n "$capture" ]; then
+        vr_stop "$capture"
+        pcaps+=("$pair a (rxe, captured on tap-ga)|$dir/rxe-a.pcap")
+    fi
+    for side in a b; do
+        [ "${kind_of[$side]}" = vrnic ] && pcaps+=("$pair $side (vrnic daemon)|$dir/vrnic-$side.pcap")
+    done
+    [ ${#pcaps[@]} = 0 ] || check_pcaps "${pcaps[@]}"
+    echo "=== $pair took $((SECONDS - tp)) s"
+}
+
+# run_probe: one vrnic guest and its daemon; the guest runs vrnic-probe (device config, port, GID).
+PROBE_OK=1
+run_probe() {
+    local dir=$RESULTS/probe daemon tp=$SECONDS
+    mkdir -p "$dir"
+    echo "=== probe"
+    if ! vr_daemon vrnic-a "$NS" "$dir/vrnic-a.sock" tap-va 10.0.0.101/24 "$dir" "$dir/vrnic-a.pcap"; then
+        PROBE_OK=0
+        fail "probe: daemon did not start (log $dir/vrnic-a.log)"
+        return 0
+    fi
+    daemon=$VR_LAST_PID
+    # shellcheck disable=SC2016 # the guest expands them
+    printf '%s\n' 'vrnic-probe; rc=$?' 'echo "VRNIC-RESULT probe rc=$rc"' 'exit $rc' >"$dir/job-a.sh"
+    vr_guest a vrnic "$NS" tap-ga 10.0.0.1/24 "$dir/job-a.sh" "$dir" "$dir/vrnic-a.sock"
+    if vr_wait_job a "$dir" "$VR_LAST_PID" "${E2E_PROBE_TIMEOUT:-180}" && grep -aq '^probe: ok' "$dir/a.log"; then
+        pass "probe: vrnic-probe in a vrnic guest ($(grep -a -c '^config\.' "$dir/a.log") config lines)"
+    else
+        PROBE_OK=0
+        fail "probe: vrnic-probe job $VR_JOB_RC: $(tr -d '\r' <"$dir/a.log" | grep -a -m1 '^probe:' || echo 'no probe: line') (console $dir/a.log, daemon $dir/vrnic-a.log)"
+    fi
+    vr_stop "$daemon"
+    echo "=== probe took $((SECONDS - tp)) s"
+}
+
+for p in "${PAIRS[@]}"; do
+    case $p in
+    probe) run_probe ;;
+    vrnic-*)
+        if [ $PROBE_OK = 0 ] && [ "${E2E_KEEP_GOING:-0}" != 1 ]; then
+            fail "$p: not run, the probe failed (E2E_KEEP_GOING=1 runs it anyway)"
+        else
+            run_pair "$p"
+        fi
+        ;;
+    *) run_pair "$p" ;;
+    esac
+done
+echo "results: $RESULTS ($((SECONDS - T_START)) s)"
+SUMMARY_DONE=1
+echo "e2e: $PASSED passed, $FAILED failed"
+[ "$FAILED" = 0 ]
