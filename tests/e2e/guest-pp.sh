@@ -9,6 +9,8 @@
 #               never reach the wrong server
 #   RUN_TIMEOUT bound on one run (s)              CONNECT_WAIT how long a client retries (s)
 #   EXTRA       extra tool options
+#   WRITE_IMM_ROLE  server or client: afterwards run vrnic-write-imm (RDMA WRITE with immediate
+#               into the peer's memory, checked byte for byte) for each of WRITE_IMM_SIZES; empty: skip
 # Each run prints its output, then one line:
 #   VRNIC-RESULT <name> <role> size=<s> rc=<rc> tool=<tool> usec_per_iter=<x> verified=<yes|no|n/a>
 # verified=yes: the tool printed "data verified: ITERS messages" (vrnic-pingpong does; the rxe
@@ -56,6 +58,24 @@ for role in $ROLES; do
         i=$((i + 1))
     done
     phase=$((phase + 1))
+done
+# RDMA WRITE with immediate, vrnic to vrnic: one line per size:
+#   VRNIC-WRITEIMM <name> <role> size=<s> rc=<rc> verified=<yes|no>
+i=0
+for size in ${WRITE_IMM_SIZES:-}; do
+    [ -n "${WRITE_IMM_ROLE:-}" ] || break
+    set -- vrnic-write-imm -g "$GID" -m "$MTU" -s "$size" -n 10 -p $((BASEPORT + 900 + i)) --timeout "$RUN_TIMEOUT"
+    # The client retries a refused connection itself, within --timeout.
+    [ "$WRITE_IMM_ROLE" = client ] && set -- "$@" "$PEER_IP"
+    timeout $((RUN_TIMEOUT + 30)) "$@" >/tmp/out 2>&1
+    rc=$?
+    echo "--- $NAME write-imm $WRITE_IMM_ROLE size=$size: $*"
+    cat /tmp/out
+    verified=no
+    grep -q "write-imm verified: 10 writes of $size bytes" /tmp/out && verified=yes
+    echo "VRNIC-WRITEIMM $NAME $WRITE_IMM_ROLE size=$size rc=$rc verified=$verified"
+    [ $rc -eq 0 ] && [ $verified = yes ] || fails=$((fails + 1))
+    i=$((i + 1))
 done
 echo "VRNIC-SUMMARY $NAME failures=$fails"
 [ $fails -eq 0 ]

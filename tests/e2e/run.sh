@@ -70,10 +70,14 @@ vr_log "build/images: $((SECONDS - t0)) s; results in $RESULTS"
 vr_netns_create "$NS"
 for t in ga gb va vb; do vr_netns_tap "$NS" "tap-$t"; done
 
-# job FILE NAME TOOL PEER_IP ROLES: writes a guest job (parameters + tests/e2e/guest-pp.sh).
+# Sizes of the vrnic-to-vrnic RDMA WRITE with immediate check (vrnic-write-imm, 10 writes each).
+WRITE_IMM_SIZES=${E2E_WRITE_IMM_SIZES:-1 4097 65536}
+
+# job FILE NAME TOOL PEER_IP ROLES [WRITE_IMM_ROLE]: writes a guest job (parameters + tests/e2e/guest-pp.sh).
 job() {
     {
         echo "NAME=$2 TOOL=$3 PEER_IP=$4 ROLES='$5' SIZES='$SIZES' ITERS=$ITERS MTU=$MTU GID=1"
+        echo "WRITE_IMM_ROLE='${6:-}' WRITE_IMM_SIZES='$WRITE_IMM_SIZES'"
         echo "BASEPORT=18515 RUN_TIMEOUT=$RUN_TIMEOUT CONNECT_WAIT=$((RUN_TIMEOUT + 120)) EXTRA='${E2E_EXTRA:-}'"
         cat "$VR_TOP/tests/e2e/guest-pp.sh"
     } >"$1"
@@ -139,7 +143,11 @@ run_pair() {
         else
             tool=ibv_rc_pingpong
         fi
-        job "$dir/job-$side.sh" "$pair-$side" "$tool" "$peer" "$roles"
+        local wroles=
+        if [ "$pair" = vrnic-vrnic ]; then
+            if [ $side = a ]; then wroles=server; else wroles=client; fi
+        fi
+        job "$dir/job-$side.sh" "$pair-$side" "$tool" "$peer" "$roles" "$wroles"
         vr_guest "$side" "$kind" "$NS" "tap-g$side" "$ip/24" "$dir/job-$side.sh" "$dir" \
             "$dir/vrnic-$side.sock"
         pid_of[$side]=$VR_LAST_PID
@@ -166,6 +174,20 @@ run_pair() {
             else pass "$what"; fi
         done < <(grep -a '^VRNIC-RESULT ' "$dir/$side.log" | tr -d '\r')
         [ "$got" = "$want" ] || fail "$pair $side: $got of $want runs reported"
+        [ "$pair" = vrnic-vrnic ] || continue
+        want=$(wc -w <<<"$WRITE_IMM_SIZES") got=0
+        while read -r line; do
+            got=$((got + 1))
+            # VRNIC-WRITEIMM name role size=S rc=R verified=V
+            # shellcheck disable=SC2086
+            set -- $line
+            if [ "$5" = rc=0 ] && [ "$6" = verified=yes ]; then
+                pass "$pair $side write-imm $3 $4: RDMA WRITE with immediate checked byte for byte"
+            else
+                fail "$pair $side write-imm $3 $4 $5 $6"
+            fi
+        done < <(grep -a '^VRNIC-WRITEIMM ' "$dir/$side.log" | tr -d '\r')
+        [ "$got" = "$want" ] || fail "$pair $side: $got of $want write-imm runs reported"
     done
     # Stop the daemons (the guests are gone), then check their captures.
     [ ${#daemons[@]} = 0 ] || vr_stop "${daemons[@]}"
