@@ -63,7 +63,12 @@ pub trait Transport: Send {
     /// Executes one control command (`abi::CMD_*`) with `body`; copies the
     /// response body into `resp` and returns its length in bytes. An error
     /// status from the device is [`TransportError::Status`].
-    fn command(&mut self, opcode: u16, body: &[u8], resp: &mut [u8]) -> Result<usize, TransportError>;
+    fn command(
+        &mut self,
+        opcode: u16,
+        body: &[u8],
+        resp: &mut [u8],
+    ) -> Result<usize, TransportError>;
     /// Rings a doorbell (posts it on the doorbell queue and notifies).
     fn doorbell(&mut self, db: &abi::Doorbell) -> Result<(), TransportError>;
     /// Allocates `len` zeroed bytes of DMA memory aligned to `align` (a power
