@@ -5,6 +5,7 @@
 
 use vrnic::abi::{self, Pod};
 use vrnic::device::{Device, DeviceConfig, Nanos};
+use vrnic::link::fault::{FaultConfig, FaultLink, FaultRates};
 use vrnic::link::mem::MemLink;
 use vrnic::link::Link;
 use vrnic::mem::{self, DmaMemory, VecMemory};
@@ -15,7 +16,7 @@ pub const MEM_SIZE: usize = 64 << 20;
 pub struct Node {
     pub dev: Device,
     pub mem: VecMemory,
-    pub link: MemLink,
+    pub link: Box<dyn Link>,
     next: u64,
     pub ip: std::net::Ipv4Addr,
 }
@@ -42,7 +43,7 @@ pub struct Cq {
 }
 
 impl Node {
-    pub fn new(last_octet: u8, link: MemLink, mtu: u32) -> Node {
+    pub fn new(last_octet: u8, link: Box<dyn Link>, mtu: u32) -> Node {
         let ip = std::net::Ipv4Addr::new(10, 0, 0, last_octet);
         let cfg = DeviceConfig {
             mac: [2, 0, 0, 0, 0, last_octet],
@@ -378,5 +379,25 @@ pub fn run_until(
 
 pub fn pair(mtu: u32) -> (Node, Node) {
     let (la, lb) = MemLink::pair();
-    (Node::new(1, la, mtu), Node::new(2, lb, mtu))
+    (
+        Node::new(1, Box::new(la), mtu),
+        Node::new(2, Box::new(lb), mtu),
+    )
+}
+
+/// Two nodes whose links drop, duplicate, reorder and corrupt frames they
+/// send at `rates`, deterministically from `seed`.
+pub fn lossy_pair(mtu: u32, seed: u64, rates: FaultRates) -> (Node, Node) {
+    let (la, lb) = MemLink::pair_with_depth(1 << 16);
+    let cfg = |seed| FaultConfig {
+        seed,
+        tx: rates,
+        rx: FaultRates::default(),
+    };
+    let fa = FaultLink::new(Box::new(la), cfg(seed)).unwrap();
+    let fb = FaultLink::new(Box::new(lb), cfg(seed ^ 0x9e37_79b9_7f4a_7c15)).unwrap();
+    (
+        Node::new(1, Box::new(fa), mtu),
+        Node::new(2, Box::new(fb), mtu),
+    )
 }
