@@ -370,3 +370,99 @@ fn modify_qp_rejects_missing_required_attributes() {
         Err(abi::STATUS_EINVAL)
     );
 }
+
+#[test]
+fn read_of_1_mib_arrives_byte_for_byte() {
+    let mut s = setup(3, 7, 7, true);
+    let len = 1usize << 20;
+    let src = s.b.alloc(len);
+    let dst = s.a.alloc(len);
+    let data = pattern(len, 11);
+    s.b.fill(src, &data);
+    let (_, rk_b) = s.b.reg_mr(s.pdb, src, len as u64, ALL).unwrap();
+    let (lk_a, _) = s.a.reg_mr(s.pda, dst, len as u64, ALL).unwrap();
+    let now = s.now;
+    let wqe = abi::SendWqe {
+        wr_id: 3,
+        opcode: abi::WR_RDMA_READ,
+        send_flags: abi::SEND_SIGNALED,
+        remote_addr: src,
+        rkey: rk_b,
+        ..Default::default()
+    };
+    s.a.post_send(&mut s.qa, wqe, &[sge(dst, len as u32, lk_a)], now);
+    let c = wait_cqe(&mut s, false);
+    assert_eq!(
+        (c.wr_id, c.status, c.opcode, c.byte_len),
+        (3, abi::WC_SUCCESS, abi::WC_OP_RDMA_READ, len as u32)
+    );
+    assert!(s.a.read(dst, len) == data, "READ data differs");
+}
+
+#[test]
+fn read_with_bad_rkey_completes_with_remote_access_error() {
+    let mut s = setup(3, 7, 7, true);
+    let src = s.b.alloc(4096);
+    let dst = s.a.alloc(4096);
+    let (_, rk_b) = s.b.reg_mr(s.pdb, src, 4096, ALL).unwrap();
+    let (lk_a, _) = s.a.reg_mr(s.pda, dst, 4096, ALL).unwrap();
+    let now = s.now;
+    let wqe = abi::SendWqe {
+        wr_id: 4,
+        opcode: abi::WR_RDMA_READ,
+        remote_addr: src + 100,
+        rkey: rk_b,
+        ..Default::default()
+    };
+    s.a.post_send(&mut s.qa, wqe, &[sge(dst, 4096, lk_a)], now);
+    let c = wait_cqe(&mut s, false);
+    assert_eq!((c.wr_id, c.status), (4, abi::WC_REM_ACCESS_ERR));
+}
+
+#[test]
+fn atomics_return_the_original_value_and_update_remote_memory() {
+    let all = ALL | abi::ACCESS_REMOTE_ATOMIC;
+    let mut s = setup(3, 7, 7, true);
+    let target = s.b.alloc(4096);
+    let res = s.a.alloc(4096);
+    s.b.fill(target, &100u64.to_le_bytes());
+    let (_, rk_b) = s.b.reg_mr(s.pdb, target, 4096, all).unwrap();
+    let (lk_a, _) = s.a.reg_mr(s.pda, res, 4096, all).unwrap();
+    let now = s.now;
+    let faa = abi::SendWqe {
+        wr_id: 1,
+        opcode: abi::WR_ATOMIC_FETCH_AND_ADD,
+        send_flags: abi::SEND_SIGNALED,
+        remote_addr: target,
+        rkey: rk_b,
+        compare_add: 5,
+        ..Default::default()
+    };
+    s.a.post_send(&mut s.qa, faa, &[sge(res, 8, lk_a)], now);
+    let cas = abi::SendWqe {
+        wr_id: 2,
+        opcode: abi::WR_ATOMIC_CMP_AND_SWP,
+        send_flags: abi::SEND_SIGNALED,
+        remote_addr: target,
+        rkey: rk_b,
+        compare_add: 105,
+        swap: 7,
+        ..Default::default()
+    };
+    s.a.post_send(&mut s.qa, cas, &[sge(res + 8, 8, lk_a)], now);
+    let c1 = wait_cqe(&mut s, false);
+    let c2 = wait_cqe(&mut s, false);
+    assert_eq!(
+        (c1.wr_id, c1.status, c1.opcode),
+        (1, abi::WC_SUCCESS, abi::WC_OP_FETCH_ADD)
+    );
+    assert_eq!(
+        (c2.wr_id, c2.status, c2.opcode),
+        (2, abi::WC_SUCCESS, abi::WC_OP_COMP_SWAP)
+    );
+    assert_eq!(
+        s.a.read(res, 16),
+        [100u64.to_le_bytes(), 105u64.to_le_bytes()].concat()
+    );
+    assert_eq!(s.b.read(target, 8), 7u64.to_le_bytes());
+}

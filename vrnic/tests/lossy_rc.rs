@@ -1,6 +1,8 @@
 //! RC over a lossy, reordering, duplicating, corrupting link: every SEND,
-//! WRITE and WRITE with immediate completes exactly once with success, in
-//! order, and every byte arrives (go-back-N, duplicate detection, ICRC).
+//! WRITE, WRITE with immediate, READ and fetch-and-add completes exactly
+//! once with success, in order, every byte arrives, and the fetch-and-add
+//! counter ends exactly at the sum of its adds (go-back-N, duplicate
+//! detection, READ re-generation, atomic replay, ICRC).
 
 mod common;
 
@@ -8,7 +10,10 @@ use common::*;
 use vrnic::abi;
 use vrnic::link::fault::FaultRates;
 
-const ALL: u32 = abi::ACCESS_LOCAL_WRITE | abi::ACCESS_REMOTE_WRITE | abi::ACCESS_REMOTE_READ;
+const ALL: u32 = abi::ACCESS_LOCAL_WRITE
+    | abi::ACCESS_REMOTE_WRITE
+    | abi::ACCESS_REMOTE_READ
+    | abi::ACCESS_REMOTE_ATOMIC;
 const SLOTS: u64 = 8;
 const SLOT: u64 = 64 * 1024;
 
@@ -47,9 +52,11 @@ fn run(seed: u64, mtu_enum: u32, ops: usize) {
     a.connect(&qa, ipb, qb.qpn, mtu_enum, start_psn, 7, 7, 7);
     b.connect(&qb, ipa, qa.qpn, mtu_enum, 7, start_psn, 7, 7);
     let src = a.alloc((SLOTS * SLOT) as usize);
-    let dst = b.alloc((SLOTS * SLOT) as usize);
+    let dst = b.alloc((SLOTS * SLOT + 4096) as usize);
+    let counter = dst + SLOTS * SLOT;
     let (lk_a, _) = a.reg_mr(pda, src, SLOTS * SLOT, ALL).unwrap();
-    let (lk_b, rk_b) = b.reg_mr(pdb, dst, SLOTS * SLOT, ALL).unwrap();
+    let (lk_b, rk_b) = b.reg_mr(pdb, dst, SLOTS * SLOT + 4096, ALL).unwrap();
+    let mut counter_sum = 0u64;
     let mut rng = Rng(seed);
     let mut now = 1_000_000_000u64;
     let mut done = 0usize;
@@ -58,20 +65,33 @@ fn run(seed: u64, mtu_enum: u32, ops: usize) {
         let batch = (ops - done).min(SLOTS as usize);
         let mut expect = Vec::new();
         for slot in 0..batch as u64 {
-            let kind = rng.below(3) as u8;
+            let kind = rng.below(5) as usize;
             let len = match rng.below(4) {
                 0 => rng.below(16),
                 1 => rng.below(4096),
                 _ => rng.below(SLOT + 1),
             } as u32;
-            let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
-            a.fill(src + slot * SLOT, &data);
             let opcode = [
                 abi::WR_SEND,
                 abi::WR_RDMA_WRITE,
                 abi::WR_RDMA_WRITE_WITH_IMM,
-            ][kind as usize];
-            if opcode != abi::WR_RDMA_WRITE {
+                abi::WR_RDMA_READ,
+                abi::WR_ATOMIC_FETCH_AND_ADD,
+            ][kind];
+            let len = if opcode == abi::WR_ATOMIC_FETCH_AND_ADD {
+                8
+            } else {
+                len
+            };
+            let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+            let add = rng.below(1000) + 1;
+            match opcode {
+                // READ: the data is on B and lands in A's slot.
+                abi::WR_RDMA_READ => b.fill(dst + slot * SLOT, &data),
+                abi::WR_ATOMIC_FETCH_AND_ADD => counter_sum += add,
+                _ => a.fill(src + slot * SLOT, &data),
+            }
+            if matches!(opcode, abi::WR_SEND | abi::WR_RDMA_WRITE_WITH_IMM) {
                 let sge = abi::Sge {
                     addr: dst + slot * SLOT,
                     length: SLOT as u32,
@@ -86,8 +106,13 @@ fn run(seed: u64, mtu_enum: u32, ops: usize) {
                 opcode,
                 send_flags: abi::SEND_SIGNALED,
                 imm_data: (slot as u32).to_be_bytes(),
-                remote_addr: dst + slot * SLOT,
+                remote_addr: if opcode == abi::WR_ATOMIC_FETCH_AND_ADD {
+                    counter
+                } else {
+                    dst + slot * SLOT
+                },
                 rkey: rk_b,
+                compare_add: add,
                 ..Default::default()
             };
             let sge = abi::Sge {
@@ -100,7 +125,7 @@ fn run(seed: u64, mtu_enum: u32, ops: usize) {
         }
         let want_recv = expect
             .iter()
-            .filter(|(op, _)| *op != abi::WR_RDMA_WRITE)
+            .filter(|(op, _)| matches!(*op, abi::WR_SEND | abi::WR_RDMA_WRITE_WITH_IMM))
             .count();
         let (mut sends, mut recvs) = (Vec::new(), Vec::new());
         run_until(&mut a, &mut b, &mut now, 400_000, |a, b| {
@@ -138,7 +163,42 @@ fn run(seed: u64, mtu_enum: u32, ops: usize) {
             );
         }
         let mut r = recvs.iter();
+        let mut last_orig = None;
         for (slot, (opcode, data)) in expect.iter().enumerate() {
+            let here = src + slot as u64 * SLOT;
+            if *opcode == abi::WR_RDMA_READ {
+                let got = a.read(here, data.len());
+                let first_bad = got.iter().zip(data).position(|(x, y)| x != y);
+                if let Some(i) = first_bad {
+                    let last_bad = got.iter().zip(data).rposition(|(x, y)| x != y);
+                    let g = &got[i..i + 8];
+                    let found = data.windows(8).position(|w| w == g);
+                    eprintln!(
+                        "DBG got {:?} want {:?} last_bad {:?} got-bytes found in data at {:?}",
+                        g,
+                        &data[i..i + 8],
+                        last_bad,
+                        found
+                    );
+                }
+                assert!(
+                    got == *data,
+                    "seed {seed} op {}: READ of {} bytes differs at {first_bad:?}",
+                    done + slot,
+                    data.len()
+                );
+                continue;
+            }
+            if *opcode == abi::WR_ATOMIC_FETCH_AND_ADD {
+                let orig = u64::from_le_bytes(a.read(here, 8).try_into().unwrap());
+                // Fetch-and-adds execute once each, in order: originals increase.
+                assert!(
+                    last_orig.is_none_or(|l| orig > l),
+                    "seed {seed}: atomic originals in order"
+                );
+                last_orig = Some(orig);
+                continue;
+            }
             if *opcode != abi::WR_RDMA_WRITE {
                 let c = r.next().unwrap();
                 assert_eq!(
@@ -161,6 +221,11 @@ fn run(seed: u64, mtu_enum: u32, ops: usize) {
         }
         done += batch;
     }
+    let final_counter = u64::from_le_bytes(b.read(counter, 8).try_into().unwrap());
+    assert_eq!(
+        final_counter, counter_sum,
+        "seed {seed}: every fetch-and-add executed exactly once"
+    );
     let (sa, sb) = (a.dev.stats().clone(), b.dev.stats().clone());
     assert!(
         sa.retransmits + sa.naks_received > 0,

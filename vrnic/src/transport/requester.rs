@@ -9,7 +9,7 @@ use crate::mem;
 use crate::transport::{peer_headers, psn, Env};
 use crate::verbs::mr::MrError;
 use crate::verbs::qp::Qp;
-use crate::wire::{Ieth, Immdt, Opcode, Reth};
+use crate::wire::{AtomicEth, Ieth, Immdt, Opcode, Reth};
 
 /// Most packets sent but not yet acknowledged per QP.
 pub const MAX_INFLIGHT_PKTS: u32 = 1024;
@@ -46,6 +46,11 @@ pub struct SendOp {
     pub sent: u32,
     /// A local error found at fetch (`ibv_wc_status`): the WQE completes with it.
     pub error: Option<u8>,
+    /// READ: response packets received in order so far.
+    pub resp_pkts: u32,
+    /// READ: the response count at which the rest was last re-requested
+    /// after a gap, so a burst of out-of-order responses asks only once.
+    pub rerequested_at: Option<u32>,
 }
 
 impl SendOp {
@@ -53,6 +58,20 @@ impl SendOp {
     pub fn last_psn(&self) -> u32 {
         psn::add(self.first_psn, self.npkts.max(1) - 1)
     }
+
+    /// True for operations that complete only on their responses (RDMA
+    /// READ and atomics), never on a plain ACK (IBTA §9.7.5.1.5).
+    pub fn needs_response(&self) -> bool {
+        is_read_or_atomic(self.wqe.opcode)
+    }
+}
+
+/// True for RDMA READ and the atomics.
+pub fn is_read_or_atomic(wr: u8) -> bool {
+    matches!(
+        wr,
+        abi::WR_RDMA_READ | abi::WR_ATOMIC_CMP_AND_SWP | abi::WR_ATOMIC_FETCH_AND_ADD
+    )
 }
 
 /// Requester state of a QP.
@@ -141,6 +160,8 @@ fn fetch(qp: &Qp, env: &Env, index: u32) -> SendOp {
         npkts: 0,
         sent: 0,
         error: None,
+        resp_pkts: 0,
+        rerequested_at: None,
     };
     match mem::read_obj::<abi::SendWqe>(env.mem, slot) {
         Ok(w) => op.wqe = w,
@@ -153,7 +174,13 @@ fn fetch(qp: &Qp, env: &Env, index: u32) -> SendOp {
         op.error = Some(status);
         return op;
     }
-    op.npkts = op.len.div_ceil(qp.mtu()).max(1);
+    op.npkts = if op.wqe.opcode == abi::WR_ATOMIC_CMP_AND_SWP
+        || op.wqe.opcode == abi::WR_ATOMIC_FETCH_AND_ADD
+    {
+        1
+    } else {
+        op.len.div_ceil(qp.mtu()).max(1)
+    };
     op
 }
 
@@ -166,12 +193,18 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8
             | abi::WR_SEND_WITH_INV
             | abi::WR_RDMA_WRITE
             | abi::WR_RDMA_WRITE_WITH_IMM
-    );
+    ) || is_read_or_atomic(w.opcode);
+    // READ and atomic results are written into the local buffers.
+    let local_access = if is_read_or_atomic(w.opcode) {
+        abi::ACCESS_LOCAL_WRITE
+    } else {
+        0
+    };
     if !supported || qp.qp_type != abi::QPT_RC {
         return Err(abi::WC_LOC_QP_OP_ERR);
     }
     let body = slot + size_of::<abi::SendWqe>() as u64;
-    if w.send_flags & abi::SEND_INLINE != 0 {
+    if w.send_flags & abi::SEND_INLINE != 0 && local_access == 0 {
         if w.inline_len > qp.max_inline {
             return Err(abi::WC_LOC_LEN_ERR);
         }
@@ -204,6 +237,15 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8
     }
     if total > 1 << 31 {
         return Err(abi::WC_LOC_LEN_ERR);
+    }
+    // An atomic returns the original 8 bytes into its one SGE (ibv_post_send(3)).
+    if w.opcode == abi::WR_ATOMIC_CMP_AND_SWP || w.opcode == abi::WR_ATOMIC_FETCH_AND_ADD {
+        if total != 8 {
+            return Err(abi::WC_LOC_LEN_ERR);
+        }
+        if !w.remote_addr.is_multiple_of(8) {
+            return Err(abi::WC_LOC_QP_OP_ERR);
+        }
     }
     op.len = total as u32;
     op.payload = Payload::Sges(sges);
@@ -245,6 +287,9 @@ fn gather(env: &Env, op: &SendOp, offset: u32, buf: &mut [u8]) -> Result<(), u8>
 fn packet_opcode(wr: u8, k: u32, npkts: u32) -> Opcode {
     let (first, last) = (k == 0, k + 1 == npkts);
     match (wr, first, last) {
+        (abi::WR_RDMA_READ, _, _) => Opcode::RcReadRequest,
+        (abi::WR_ATOMIC_CMP_AND_SWP, _, _) => Opcode::RcCompareSwap,
+        (abi::WR_ATOMIC_FETCH_AND_ADD, _, _) => Opcode::RcFetchAdd,
         (abi::WR_RDMA_WRITE | abi::WR_RDMA_WRITE_WITH_IMM, true, false) => Opcode::RcWriteFirst,
         (abi::WR_RDMA_WRITE | abi::WR_RDMA_WRITE_WITH_IMM, false, false) => Opcode::RcWriteMiddle,
         (abi::WR_RDMA_WRITE, true, true) => Opcode::RcWriteOnly,
@@ -272,6 +317,34 @@ fn send_packet(qp: &mut Qp, env: &mut Env, i: usize, k: u32) -> Result<bool, u8>
         return Ok(false);
     };
     let offset = k * mtu;
+    if op.needs_response() {
+        // One request asks for the rest of the message from packet k on
+        // (a resent READ restarts at the first missing response, §9.7.5.1.5).
+        hdr.bth.ack_req = true;
+        let w = &op.wqe;
+        if opcode == Opcode::RcReadRequest {
+            let dma_len = op.len.saturating_sub(offset);
+            hdr.reth = Some(Reth {
+                va: w.remote_addr + offset as u64,
+                rkey: w.rkey,
+                dma_len,
+            });
+        } else {
+            let swap_add = if opcode == Opcode::RcCompareSwap {
+                w.swap
+            } else {
+                w.compare_add
+            };
+            hdr.atomic_eth = Some(AtomicEth {
+                va: w.remote_addr,
+                rkey: w.rkey,
+                swap_add,
+                compare: w.compare_add,
+            });
+        }
+        env.out.send(&mut hdr, &[]);
+        return Ok(true);
+    }
     let n = op.len.saturating_sub(offset).min(mtu);
     let mut payload = vec![0u8; n as usize];
     gather(env, op, offset, &mut payload)?;
@@ -329,7 +402,13 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
                     break;
                 }
             }
-            qp.req.inflight[pos].sent += 1;
+            let op = &mut qp.req.inflight[pos];
+            // A READ or atomic request covers all of its PSNs.
+            op.sent = if op.needs_response() {
+                op.npkts
+            } else {
+                op.sent + 1
+            };
             if qp.req.ack_deadline.is_none() {
                 qp.req.ack_deadline = ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t);
             }
@@ -367,7 +446,12 @@ pub fn rewind(qp: &mut Qp, from: u32) {
         }
         let d = psn::diff(from, op.first_psn);
         if d >= 0 && d < op.npkts as i32 {
-            op.sent = op.sent.min(d as u32);
+            let d = if op.needs_response() {
+                op.resp_pkts
+            } else {
+                d as u32
+            };
+            op.sent = op.sent.min(d);
             found = Some(i);
         }
     }
@@ -402,5 +486,37 @@ fn fetch_header_only(qp: &Qp, env: &Env, index: u32) -> SendOp {
         npkts: 0,
         sent: 0,
         error: None,
+        resp_pkts: 0,
+        rerequested_at: None,
     }
+}
+
+/// Scatters `data` into `op`'s local SGEs at message byte `offset` (READ
+/// responses and atomic results).
+pub fn scatter(env: &Env, op: &SendOp, offset: u32, data: &[u8]) -> Result<(), u8> {
+    let Payload::Sges(sges) = &op.payload else {
+        return Err(abi::WC_LOC_PROT_ERR);
+    };
+    let mut skip = offset as u64;
+    let mut done = 0usize;
+    for sge in sges {
+        if done == data.len() {
+            break;
+        }
+        let l = sge.length as u64;
+        if skip >= l {
+            skip -= l;
+            continue;
+        }
+        let n = ((l - skip) as usize).min(data.len() - done);
+        let mr = env.mrs.get(sge.lkey).map_err(|_| abi::WC_LOC_PROT_ERR)?;
+        mr.write(env.mem, sge.addr + skip, &data[done..done + n])
+            .map_err(|_| abi::WC_LOC_PROT_ERR)?;
+        done += n;
+        skip = 0;
+    }
+    if done < data.len() {
+        return Err(abi::WC_LOC_LEN_ERR);
+    }
+    Ok(())
 }

@@ -7,7 +7,7 @@ use crate::abi::{self, Sge};
 use crate::mem;
 use crate::transport::{psn, qp_to_error, reply_headers, write_record, Env};
 use crate::verbs::qp::Qp;
-use crate::wire::{Aeth, NakCode, Opcode, RocePacket};
+use crate::wire::{Aeth, AtomicAckEth, NakCode, Opcode, RocePacket};
 
 /// "Unlimited" credit count in an ACK's AETH (IBTA Table 44: 0x1F is
 /// "invalid/no credit information", which end-to-end flow control ignores).
@@ -54,7 +54,13 @@ pub struct RespState {
     pub write: Option<WriteCtx>,
     /// A PSN sequence error NAK was sent and not yet cleared by the expected PSN.
     pub nak_sent: bool,
+    /// Results of recent atomics by request PSN, so a duplicate atomic is
+    /// answered again without executing twice (IBTA §9.7.5.2.5 C9-96).
+    pub atomic_replay: std::collections::VecDeque<(u32, u64)>,
 }
+
+/// Atomic results remembered for duplicates (at least `max_dest_rd_atomic`).
+const ATOMIC_REPLAY: usize = 64;
 
 /// Why a request failed at the responder: the NAK to send and the receive
 /// completion status, if a receive WQE was consumed.
@@ -97,8 +103,20 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
         return;
     }
     if d < 0 {
-        // Duplicate: already executed; acknowledge what we have (rxe does the same).
         env.out.stats.duplicates += 1;
+        if bth.opcode == Opcode::RcReadRequest {
+            // Re-generate the responses from the requested PSN (§9.7.5.2.3).
+            let _ = read_responses(qp, env, pkt);
+            return;
+        }
+        if bth.opcode.is_atomic() {
+            // Answer from the replay cache; never execute twice.
+            if let Some(&(_, orig)) = qp.resp.atomic_replay.iter().find(|(p, _)| *p == bth.psn) {
+                send_atomic_ack(qp, env, pkt, orig);
+            }
+            return;
+        }
+        // SEND/WRITE: already executed; acknowledge what we have (rxe does the same).
         let last = psn::add(qp.resp.epsn, psn::PSN_MASK);
         send_aeth(
             qp,
@@ -111,6 +129,16 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     }
     qp.resp.nak_sent = false;
     match execute(qp, env, pkt) {
+        Ok(Some(())) if bth.opcode == Opcode::RcReadRequest || bth.opcode.is_atomic() => {
+            // Responses were sent by execute; a READ consumes one PSN per response.
+            let n = match pkt.hdr.reth {
+                Some(r) if bth.opcode == Opcode::RcReadRequest => {
+                    r.dma_len.div_ceil(qp.mtu()).max(1)
+                }
+                _ => 1,
+            };
+            qp.resp.epsn = psn::add(qp.resp.epsn, n);
+        }
         Ok(Some(())) => {
             qp.resp.epsn = psn::add(qp.resp.epsn, 1);
             if bth.ack_req {
@@ -185,8 +213,129 @@ fn execute(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<()>, F
     if op.is_write() {
         return execute_write(qp, env, pkt);
     }
-    // RDMA READ and atomics arrive with the complete transport.
+    if op == Opcode::RcReadRequest {
+        read_responses(qp, env, pkt)?;
+        qp.resp.msn = psn::add(qp.resp.msn, 1);
+        return Ok(Some(()));
+    }
+    if op.is_atomic() {
+        return execute_atomic(qp, env, pkt);
+    }
     Err(fail(NakCode::InvalidRequest))
+}
+
+/// Validates a READ request and sends its responses, starting at the
+/// request's PSN (IBTA §9.7.4.1.4): FIRST/ONLY and LAST carry an AETH.
+fn read_responses(qp: &Qp, env: &mut Env, pkt: &RocePacket) -> Result<(), Fail> {
+    let Some(reth) = pkt.hdr.reth else {
+        return Err(fail(NakCode::InvalidRequest));
+    };
+    if reth.dma_len > 1 << 31 {
+        return Err(fail(NakCode::InvalidRequest));
+    }
+    let mr = if reth.dma_len > 0 {
+        if qp.attr.qp_access_flags & abi::ACCESS_REMOTE_READ == 0 {
+            return Err(fail(NakCode::RemoteAccessError));
+        }
+        Some(
+            env.mrs
+                .check(
+                    reth.rkey,
+                    qp.pdn,
+                    abi::ACCESS_REMOTE_READ,
+                    reth.va,
+                    reth.dma_len as u64,
+                )
+                .map_err(|_| fail(NakCode::RemoteAccessError))?,
+        )
+    } else {
+        None
+    };
+    let mtu = qp.mtu();
+    let n = reth.dma_len.div_ceil(mtu).max(1);
+    let mut buf = vec![0u8; mtu as usize];
+    for k in 0..n {
+        let opcode = match (k == 0, k + 1 == n) {
+            (true, true) => Opcode::RcReadResponseOnly,
+            (true, false) => Opcode::RcReadResponseFirst,
+            (false, true) => Opcode::RcReadResponseLast,
+            (false, false) => Opcode::RcReadResponseMiddle,
+        };
+        let off = k * mtu;
+        let len = (reth.dma_len - off).min(mtu) as usize;
+        if let Some(mr) = mr {
+            mr.read(env.mem, reth.va + off as u64, &mut buf[..len])
+                .map_err(|_| fail(NakCode::RemoteAccessError))?;
+        }
+        let aeth = Aeth::ack(psn::add(qp.resp.msn, 1), CREDITS_UNLIMITED);
+        let mut hdr = reply_headers(
+            qp,
+            env.port,
+            &pkt.hdr,
+            opcode,
+            psn::add(pkt.hdr.bth.psn, k),
+            aeth,
+        );
+        if opcode == Opcode::RcReadResponseMiddle {
+            hdr.aeth = None;
+        }
+        env.out.send(&mut hdr, &buf[..len]);
+    }
+    Ok(())
+}
+
+/// Executes a compare-and-swap or fetch-and-add on an aligned 8-byte
+/// operand (IBTA §9.4.5) and answers with its original value.
+fn execute_atomic(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<()>, Fail> {
+    let Some(a) = pkt.hdr.atomic_eth else {
+        return Err(fail(NakCode::InvalidRequest));
+    };
+    if !a.va.is_multiple_of(8) {
+        return Err(fail(NakCode::InvalidRequest));
+    }
+    if qp.attr.qp_access_flags & abi::ACCESS_REMOTE_ATOMIC == 0 {
+        return Err(fail(NakCode::RemoteAccessError));
+    }
+    let mr = env
+        .mrs
+        .check(a.rkey, qp.pdn, abi::ACCESS_REMOTE_ATOMIC, a.va, 8)
+        .map_err(|_| fail(NakCode::RemoteAccessError))?;
+    let mut cur = [0u8; 8];
+    mr.read(env.mem, a.va, &mut cur)
+        .map_err(|_| fail(NakCode::RemoteAccessError))?;
+    let orig = u64::from_le_bytes(cur);
+    let new = if pkt.hdr.bth.opcode == Opcode::RcCompareSwap {
+        if orig == a.compare {
+            a.swap_add
+        } else {
+            orig
+        }
+    } else {
+        orig.wrapping_add(a.swap_add)
+    };
+    mr.write(env.mem, a.va, &new.to_le_bytes())
+        .map_err(|_| fail(NakCode::RemoteAccessError))?;
+    if qp.resp.atomic_replay.len() >= ATOMIC_REPLAY {
+        qp.resp.atomic_replay.pop_front();
+    }
+    qp.resp.atomic_replay.push_back((pkt.hdr.bth.psn, orig));
+    qp.resp.msn = psn::add(qp.resp.msn, 1);
+    send_atomic_ack(qp, env, pkt, orig);
+    Ok(Some(()))
+}
+
+fn send_atomic_ack(qp: &Qp, env: &mut Env, pkt: &RocePacket, orig: u64) {
+    let aeth = Aeth::ack(qp.resp.msn, CREDITS_UNLIMITED);
+    let mut hdr = reply_headers(
+        qp,
+        env.port,
+        &pkt.hdr,
+        Opcode::RcAtomicAck,
+        pkt.hdr.bth.psn,
+        aeth,
+    );
+    hdr.atomic_ack_eth = Some(AtomicAckEth { orig });
+    env.out.send(&mut hdr, &[]);
 }
 
 /// Takes the next receive WQE, or `None` when the RQ is empty. A WQE that

@@ -197,7 +197,10 @@ impl Node {
         retry: u8,
         rnr: u8,
     ) {
-        let all = abi::ACCESS_LOCAL_WRITE | abi::ACCESS_REMOTE_WRITE | abi::ACCESS_REMOTE_READ;
+        let all = abi::ACCESS_LOCAL_WRITE
+            | abi::ACCESS_REMOTE_WRITE
+            | abi::ACCESS_REMOTE_READ
+            | abi::ACCESS_REMOTE_ATOMIC;
         let init = abi::QpAttr {
             qpn: qp.qpn,
             attr_mask: abi::QP_ATTR_STATE
