@@ -234,3 +234,32 @@ pub fn flush(qp: &mut Qp, env: &mut Env) {
     responder::flush(qp, env);
     write_record(qp, env);
 }
+
+/// Scatters `data` into an SGE list starting at message byte `offset`
+/// (receive WQEs, READ responses, atomic results). `WC_LOC_PROT_ERR` when an
+/// SGE's MR is gone or its memory is unreachable, `WC_LOC_LEN_ERR` when the
+/// SGEs are too short.
+pub fn scatter_sges(env: &Env, sges: &[abi::Sge], offset: u32, data: &[u8]) -> Result<(), u8> {
+    let mut skip = offset as u64;
+    let mut done = 0usize;
+    for sge in sges {
+        if done == data.len() {
+            break;
+        }
+        let l = sge.length as u64;
+        if skip >= l {
+            skip -= l;
+            continue;
+        }
+        let n = ((l - skip) as usize).min(data.len() - done);
+        let mr = env.mrs.get(sge.lkey).map_err(|_| abi::WC_LOC_PROT_ERR)?;
+        mr.write(env.mem, sge.addr + skip, &data[done..done + n])
+            .map_err(|_| abi::WC_LOC_PROT_ERR)?;
+        done += n;
+        skip = 0;
+    }
+    if done < data.len() {
+        return Err(abi::WC_LOC_LEN_ERR);
+    }
+    Ok(())
+}

@@ -497,26 +497,5 @@ pub fn scatter(env: &Env, op: &SendOp, offset: u32, data: &[u8]) -> Result<(), u
     let Payload::Sges(sges) = &op.payload else {
         return Err(abi::WC_LOC_PROT_ERR);
     };
-    let mut skip = offset as u64;
-    let mut done = 0usize;
-    for sge in sges {
-        if done == data.len() {
-            break;
-        }
-        let l = sge.length as u64;
-        if skip >= l {
-            skip -= l;
-            continue;
-        }
-        let n = ((l - skip) as usize).min(data.len() - done);
-        let mr = env.mrs.get(sge.lkey).map_err(|_| abi::WC_LOC_PROT_ERR)?;
-        mr.write(env.mem, sge.addr + skip, &data[done..done + n])
-            .map_err(|_| abi::WC_LOC_PROT_ERR)?;
-        done += n;
-        skip = 0;
-    }
-    if done < data.len() {
-        return Err(abi::WC_LOC_LEN_ERR);
-    }
-    Ok(())
+    crate::transport::scatter_sges(env, sges, offset, data)
 }

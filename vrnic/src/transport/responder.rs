@@ -394,28 +394,7 @@ fn read_sges(qp: &Qp, env: &Env, slot: u64, num_sge: u32) -> Result<Vec<Sge>, u8
 
 /// Scatters `data` at byte `offset` of the receive WQE's SGEs.
 fn scatter(env: &Env, ctx: &RecvCtx, data: &[u8]) -> Result<(), u8> {
-    let mut skip = ctx.offset as u64;
-    let mut done = 0usize;
-    for sge in &ctx.sges {
-        if done == data.len() {
-            break;
-        }
-        let l = sge.length as u64;
-        if skip >= l {
-            skip -= l;
-            continue;
-        }
-        let n = ((l - skip) as usize).min(data.len() - done);
-        let mr = env.mrs.get(sge.lkey).map_err(|_| abi::WC_LOC_PROT_ERR)?;
-        mr.write(env.mem, sge.addr + skip, &data[done..done + n])
-            .map_err(|_| abi::WC_LOC_PROT_ERR)?;
-        done += n;
-        skip = 0;
-    }
-    if done < data.len() {
-        return Err(abi::WC_LOC_LEN_ERR);
-    }
-    Ok(())
+    crate::transport::scatter_sges(env, &ctx.sges, ctx.offset, data)
 }
 
 fn execute_send(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<()>, Fail> {
