@@ -1,46 +1,18 @@
 //! `vrnic-pingpong --loopback`: a server and a client in one process over
 //! two in-process devices, each verifying every message.
 //!
-//! The child runs under a wall-clock bound ([`BOUND`]); it is killed (by
+//! The child runs under a wall-clock bound ([`common::BOUND`]); it is killed (by
 //! its PID) when it overruns.
 
-use std::process::{Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+mod common;
 
-/// Longest a run may take.
-const BOUND: Duration = Duration::from_secs(60);
+use std::process::Output;
 
+use common::lines;
+
+/// Runs `vrnic-pingpong --loopback ARGS` to completion within [`common::BOUND`].
 fn pingpong(args: &[&str]) -> Output {
-    let child = Command::new(env!("CARGO_BIN_EXE_vrnic-pingpong"))
-        .arg("--loopback")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start vrnic-pingpong");
-    let pid = child.id();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(BOUND) {
-        Ok(out) => out.expect("wait for vrnic-pingpong"),
-        Err(_) => {
-            // SAFETY: kill(2) on the child we started, which has not been reaped.
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-            panic!("vrnic-pingpong {args:?} ran longer than {BOUND:?}");
-        }
-    }
-}
-
-/// The lines of `side` ("client" or "server") without their tag.
-fn lines<'a>(stdout: &'a str, side: &str) -> Vec<&'a str> {
-    let tag = format!("{side}: ");
-    stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix(tag.as_str()))
-        .collect()
+    common::run_loopback(env!("CARGO_BIN_EXE_vrnic-pingpong"), "vrnic-pingpong", args)
 }
 
 /// Checks one side's result lines against rc_pingpong's formats.
@@ -75,13 +47,7 @@ fn check_side(stdout: &str, side: &str, size: u64, iters: u64) {
 fn loopback_run_verifies_every_message_both_ways() {
     for (size, mtu) in [("1", "1024"), ("4096", "1024"), ("65536", "4096")] {
         let out = pingpong(&["-n", "40", "-s", size, "-m", mtu, "-r", "16", "-c"]);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success(),
-            "size {size}: {:?}\n{stdout}\n{stderr}",
-            out.status
-        );
+        let stdout = common::success_stdout(&out, &format!("size {size}"));
         let size: u64 = size.parse().unwrap();
         check_side(&stdout, "client", size, 40);
         check_side(&stdout, "server", size, 40);

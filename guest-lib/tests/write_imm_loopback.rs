@@ -3,47 +3,22 @@
 //! for byte between untouched guard bytes, and a misbehaving client
 //! (hidden `--fault`) must make both sides fail with status 1.
 //!
-//! Each child runs under a wall-clock bound ([`BOUND`]); it is killed (by
+//! Each child runs under a wall-clock bound ([`common::BOUND`]); it is killed (by
 //! its PID) when it overruns.
 
-use std::process::{Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+mod common;
 
-/// Longest a run may take.
-const BOUND: Duration = Duration::from_secs(60);
+use std::process::Output;
 
-/// Runs `vrnic-write-imm --loopback ARGS` to completion within [`BOUND`].
+use common::lines;
+
+/// Runs `vrnic-write-imm --loopback ARGS` to completion within [`common::BOUND`].
 fn write_imm(args: &[&str]) -> Output {
-    let child = Command::new(env!("CARGO_BIN_EXE_vrnic-write-imm"))
-        .arg("--loopback")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start vrnic-write-imm");
-    let pid = child.id();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(BOUND) {
-        Ok(out) => out.expect("wait for vrnic-write-imm"),
-        Err(_) => {
-            // SAFETY: kill(2) on the child we started, which has not been reaped.
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-            panic!("vrnic-write-imm {args:?} ran longer than {BOUND:?}");
-        }
-    }
-}
-
-/// The lines of `side` ("client" or "server") without their tag.
-fn lines<'a>(stdout: &'a str, side: &str) -> Vec<&'a str> {
-    let tag = format!("{side}: ");
-    stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix(tag.as_str()))
-        .collect()
+    common::run_loopback(
+        env!("CARGO_BIN_EXE_vrnic-write-imm"),
+        "vrnic-write-imm",
+        args,
+    )
 }
 
 #[test]
@@ -58,13 +33,7 @@ fn loopback_writes_land_byte_for_byte_at_each_size() {
             "-m",
             "1024",
         ]);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success(),
-            "size {size}: {:?}\n{stdout}\n{stderr}",
-            out.status
-        );
+        let stdout = common::success_stdout(&out, &format!("size {size}"));
         let verified = format!("write-imm verified: {ITERS} writes of {size} bytes");
         for side in ["client", "server"] {
             let l = lines(&stdout, side);

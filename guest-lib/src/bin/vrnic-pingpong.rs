@@ -50,15 +50,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use clap::Parser;
-use vrnic::abi;
+use vrnic_guest::tools::{
+    self, parse_c_int, parse_mtu, random_psn, say, Dest, PollPacer, LINK_LAYER_ETHERNET,
+    RC_MSG_LEN as MSG_LEN,
+};
 use vrnic_guest::transport::Transport;
 use vrnic_guest::verbs::*;
 
 /// Work request IDs, as rc_pingpong's `PINGPONG_RECV_WRID`/`PINGPONG_SEND_WRID`.
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
-/// Size of the exchange message: `sizeof "0000:000000:000000:" + 32 hex digits`, NUL included.
-const MSG_LEN: usize = 52;
 /// The byte `ibv_rc_pingpong` fills its buffer with.
 const RC_FILL: u8 = 0x7b;
 /// What `ibv_rc_pingpong --chk` writes at each page start (`i / page_size % sizeof(char)`).
@@ -66,30 +67,6 @@ const RC_CHK: u8 = 0;
 /// The fill of a server's buffer before the first message: never sent, and
 /// neither rc_pingpong's nor our pattern, so a receive that writes nothing shows.
 const SERVER_POISON: u8 = 0xa5;
-
-/// Parses an integer as `strtoul(s, NULL, 0)` does: `0x` hex, leading `0` octal, else decimal.
-fn parse_c_int<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
-    let t = s.trim();
-    let v = if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        u64::from_str_radix(h, 16)
-    } else if t.len() > 1 && t.starts_with('0') {
-        u64::from_str_radix(&t[1..], 8)
-    } else {
-        t.parse::<u64>()
-    };
-    let v = v.map_err(|e| format!("{s:?}: {e}"))?;
-    T::try_from(v).map_err(|_| format!("{s:?}: out of range"))
-}
-
-fn parse_mtu(s: &str) -> Result<u32, String> {
-    let b: u32 = parse_c_int(s)?;
-    match b {
-        256 | 512 | 1024 | 2048 | 4096 => Ok(abi::mtu_enum(b).expect("valid MTU")),
-        _ => Err(format!(
-            "{b}: path MTU is one of 256, 512, 1024, 2048, 4096"
-        )),
-    }
-}
 
 fn parse_ib_port(s: &str) -> Result<u8, String> {
     let p: u8 = parse_c_int(s)?;
@@ -157,74 +134,6 @@ enum Role {
     Client(String, u16),
 }
 
-/// One side's QP details, as exchanged (`struct pingpong_dest`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Dest {
-    lid: u32,
-    qpn: u32,
-    psn: u32,
-    gid: Gid,
-}
-
-/// rdma-core's `gid_to_wire_gid`: four host-order u32 words of the GID, each
-/// byte-swapped to big-endian and printed as `%08x`.
-fn gid_to_wire(gid: &Gid) -> String {
-    gid.raw
-        .chunks_exact(4)
-        .map(|w| format!("{:08x}", u32::from_be_bytes(w.try_into().expect("4 bytes"))))
-        .collect()
-}
-
-/// rdma-core's `wire_gid_to_gid`.
-fn wire_to_gid(s: &str) -> Result<Gid> {
-    let mut raw = [0u8; 16];
-    for (i, w) in raw.chunks_exact_mut(4).enumerate() {
-        let hex = s
-            .get(i * 8..i * 8 + 8)
-            .ok_or_else(|| anyhow!("GID {s:?} is not 32 hex digits"))?;
-        let v = u32::from_str_radix(hex, 16).map_err(|e| anyhow!("GID {s:?}: {e}"))?;
-        w.copy_from_slice(&v.to_be_bytes());
-    }
-    Ok(Gid { raw })
-}
-
-impl Dest {
-    /// The 52-byte exchange message, NUL-padded as `sprintf` into `char msg[52]` leaves it.
-    fn to_msg(self) -> [u8; MSG_LEN] {
-        let s = format!(
-            "{:04x}:{:06x}:{:06x}:{}",
-            self.lid,
-            self.qpn,
-            self.psn,
-            gid_to_wire(&self.gid)
-        );
-        let mut m = [0u8; MSG_LEN];
-        let n = s.len().min(MSG_LEN - 1);
-        m[..n].copy_from_slice(&s.as_bytes()[..n]);
-        m
-    }
-
-    /// Parses a message as `sscanf(msg, "%x:%x:%x:%s")` then `wire_gid_to_gid` do.
-    fn from_msg(m: &[u8]) -> Result<Dest> {
-        let end = m.iter().position(|&b| b == 0).unwrap_or(m.len());
-        let s =
-            std::str::from_utf8(&m[..end]).map_err(|_| anyhow!("exchange message is not text"))?;
-        let f: Vec<&str> = s.splitn(4, ':').collect();
-        let [lid, qpn, psn, gid] = f[..] else {
-            bail!("malformed exchange message {s:?}");
-        };
-        let hex = |x: &str| {
-            u32::from_str_radix(x, 16).map_err(|e| anyhow!("exchange message {s:?}: {e}"))
-        };
-        Ok(Dest {
-            lid: hex(lid)?,
-            qpn: hex(qpn)?,
-            psn: hex(psn)?,
-            gid: wire_to_gid(gid)?,
-        })
-    }
-}
-
 /// `pp_client_exch_dest`.
 fn client_exchange(host: &str, port: u16, me: Dest, timeout: Duration) -> Result<Dest> {
     let addrs = (host, port)
@@ -274,64 +183,18 @@ fn server_exchange(
 
 /// `pp_connect_ctx`: INIT → RTR → RTS with rc_pingpong's attributes.
 fn connect_qp(qp: &mut Qp, a: &Args, my_psn: u32, rem: &Dest) -> Result<()> {
-    let mut attr = QpAttr {
-        qp_state: QpState::Rtr,
-        path_mtu: a.mtu,
-        dest_qp_num: rem.qpn,
-        rq_psn: rem.psn,
-        max_dest_rd_atomic: 1,
-        min_rnr_timer: 12,
-        ah_attr: AhAttr {
-            sl: a.sl,
-            ..Default::default()
-        },
+    let mut ah = AhAttr {
+        sl: a.sl,
         ..Default::default()
     };
     if rem.gid.interface_id() != 0 {
-        attr.ah_attr.is_global = true;
-        attr.ah_attr.hop_limit = 1;
-        attr.ah_attr.dgid = rem.gid;
+        ah.is_global = true;
+        ah.hop_limit = 1;
+        ah.dgid = rem.gid;
         // rc_pingpong stores its int gidx in a u8: -1 becomes 255.
-        attr.ah_attr.sgid_index = a.gid_idx as u8;
+        ah.sgid_index = a.gid_idx as u8;
     }
-    let rtr = QP_ATTR_STATE
-        | QP_ATTR_AV
-        | QP_ATTR_PATH_MTU
-        | QP_ATTR_DEST_QPN
-        | QP_ATTR_RQ_PSN
-        | QP_ATTR_MAX_DEST_RD_ATOMIC
-        | QP_ATTR_MIN_RNR_TIMER;
-    qp.modify(&attr, rtr)
-        .context("Failed to modify QP to RTR")?;
-    attr.qp_state = QpState::Rts;
-    attr.timeout = 14;
-    attr.retry_cnt = 7;
-    attr.rnr_retry = 7;
-    attr.sq_psn = my_psn;
-    attr.max_rd_atomic = 1;
-    let rts = QP_ATTR_STATE
-        | QP_ATTR_TIMEOUT
-        | QP_ATTR_RETRY_CNT
-        | QP_ATTR_RNR_RETRY
-        | QP_ATTR_SQ_PSN
-        | QP_ATTR_MAX_QP_RD_ATOMIC;
-    qp.modify(&attr, rts)
-        .context("Failed to modify QP to RTS")?;
-    Ok(())
-}
-
-/// A random 24-bit PSN (rc_pingpong: `lrand48() & 0xffffff`).
-fn random_psn() -> u32 {
-    let mut b = [0u8; 4];
-    // SAFETY: getrandom writes at most 4 bytes into `b`.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != 4 {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        b = (t.subsec_nanos() ^ std::process::id().rotate_left(16)).to_le_bytes();
-    }
-    u32::from_le_bytes(b) & 0xff_ffff
+    tools::rc_qp_connect(qp, a.mtu, ah, my_psn, rem)
 }
 
 fn system_page_size() -> usize {
@@ -444,11 +307,6 @@ struct Outcome {
     verified: u64,
 }
 
-/// Prints a line, tagged with the side in `--loopback` runs.
-fn say(tag: &str, line: std::fmt::Arguments<'_>) {
-    println!("{tag}{line}");
-}
-
 /// One side of the ping-pong: `main` of rc_pingpong after option parsing.
 fn run(a: &Args, transport: Box<dyn Transport>, role: Role, tag: &str) -> Result<Outcome> {
     let page = system_page_size();
@@ -468,33 +326,8 @@ fn run(a: &Args, transport: Box<dyn Transport>, role: Role, tag: &str) -> Result
     let mr = Mr::alloc(&pd, size, ACCESS_LOCAL_WRITE).context("Couldn't register MR")?;
     mr.fill(if client { RC_FILL } else { SERVER_POISON });
     let mut cq = Cq::new(&ctx, a.rx_depth + 1).context("Couldn't create CQ")?;
-    let init = QpInitAttr {
-        qp_type: QpType::Rc,
-        send_cq: &cq,
-        recv_cq: &cq,
-        cap: QpCap {
-            max_send_wr: 1,
-            max_recv_wr: a.rx_depth,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        sq_sig_all: false,
-    };
-    let mut qp = Qp::new(&pd, &init).context("Couldn't create QP")?;
+    let mut qp = tools::rc_qp_init(&pd, &cq, a.rx_depth, a.ib_port, 0)?;
     let inline = qp.cap().max_inline_data as usize >= size;
-    let attr = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: a.ib_port,
-        qp_access_flags: 0,
-        ..Default::default()
-    };
-    qp.modify(
-        &attr,
-        QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS,
-    )
-    .context("Failed to modify QP to INIT")?;
 
     let recv_sge = [mr.sge(0, size)];
     let post_recv = |qp: &mut Qp, n: u32| -> u32 {
@@ -516,7 +349,6 @@ fn run(a: &Args, transport: Box<dyn Transport>, role: Role, tag: &str) -> Result
     let port = ctx
         .query_port(a.ib_port)
         .context("Couldn't get port info")?;
-    const LINK_LAYER_ETHERNET: u32 = 2;
     if port.link_layer != LINK_LAYER_ETHERNET {
         bail!("Couldn't get local LID");
     }
@@ -532,13 +364,7 @@ fn run(a: &Args, transport: Box<dyn Transport>, role: Role, tag: &str) -> Result
         psn: random_psn(),
         gid,
     };
-    say(
-        tag,
-        format_args!(
-            "  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
-            me.lid, me.qpn, me.psn, me.gid
-        ),
-    );
+    say(tag, format_args!("  local address:  {}", me.describe()));
 
     let rem = match role {
         Role::Client(host, port) => client_exchange(&host, port, me, stall)?,
@@ -546,13 +372,7 @@ fn run(a: &Args, transport: Box<dyn Transport>, role: Role, tag: &str) -> Result
             connect_qp(&mut qp, a, me.psn, rem)
         })?,
     };
-    say(
-        tag,
-        format_args!(
-            "  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
-            rem.lid, rem.qpn, rem.psn, rem.gid
-        ),
-    );
+    say(tag, format_args!("  remote address: {}", rem.describe()));
     if client {
         connect_qp(&mut qp, a, me.psn, &rem)?;
     }
@@ -592,21 +412,15 @@ fn run(a: &Args, transport: Box<dyn Transport>, role: Role, tag: &str) -> Result
     let (mut rcnt, mut scnt) = (0u32, 0u32);
     let mut wc = [WorkCompletion::default(); 2];
     let mut last = Instant::now();
-    let mut empty = 0u32;
+    let mut pacer = PollPacer::new();
     while rcnt < a.iters || scnt < a.iters {
         let ne = cq.poll(&mut wc);
         if ne == 0 {
-            empty = empty.wrapping_add(1);
-            if empty.is_multiple_of(64) {
-                if last.elapsed() > stall {
-                    bail!(
-                        "no completion for {} s ({rcnt} received, {scnt} sent)",
-                        a.stall_timeout
-                    );
-                }
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
+            if pacer.idle(last, stall) {
+                bail!(
+                    "no completion for {} s ({rcnt} received, {scnt} sent)",
+                    a.stall_timeout
+                );
             }
             continue;
         }
@@ -696,33 +510,16 @@ fn open_pci(a: &Args) -> Result<Box<dyn Transport>> {
     if let Some(d) = &a.ib_dev {
         tracing::debug!("-d {d}: ignored; the vrnic device is chosen with --pci");
     }
-    let t =
-        vrnic_guest::pci::PciTransport::open(a.pci.as_deref()).context("No vrnic device found")?;
-    Ok(Box::new(t))
+    tools::open_pci(a.pci.as_deref())
 }
 
 /// `--loopback`: a server thread and a client over two in-process devices.
 fn run_loopback(a: &Args) -> Result<()> {
-    use vrnic::device::DeviceConfig;
-    use vrnic_guest::loopback::LoopbackTransport;
     let mut a = a.clone();
     if a.gid_idx < 0 {
         a.gid_idx = 1;
     }
-    let link_mtu = if abi::mtu_bytes(a.mtu).unwrap_or(1024) > 1024 {
-        9000
-    } else {
-        1500
-    };
-    let cfg = |n: u8| DeviceConfig {
-        mac: [2, 0, 0, 0, 0, n],
-        ipv4: Ipv4Addr::new(10, 0, 0, n),
-        prefix_len: 24,
-        link_mtu,
-    };
-    let (la, lb) = vrnic::link::mem::MemLink::pair();
-    let ts: Box<dyn Transport> = Box::new(LoopbackTransport::new(cfg(1), Box::new(la))?);
-    let tc: Box<dyn Transport> = Box::new(LoopbackTransport::new(cfg(2), Box::new(lb))?);
+    let (ts, tc) = tools::loopback_pair(a.mtu)?;
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("Couldn't listen")?;
     let port = listener.local_addr()?.port();
     let sa = a.clone();
@@ -749,10 +546,7 @@ fn run_loopback(a: &Args) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+    tools::init_tracing();
     let a = Args::parse();
     let r = if a.loopback {
         run_loopback(&a)
@@ -760,48 +554,17 @@ fn main() -> ExitCode {
         open_pci(&a).and_then(|t| {
             let role = match &a.servername {
                 Some(h) => Role::Client(h.clone(), a.port),
-                None => {
-                    let l = TcpListener::bind(("::", a.port))
-                        .or_else(|_| TcpListener::bind((Ipv4Addr::UNSPECIFIED, a.port)))
-                        .with_context(|| format!("Couldn't listen to port {}", a.port))?;
-                    Role::Server(l)
-                }
+                None => Role::Server(tools::listen(a.port)?),
             };
             run(&a, t, role, "").map(|_| ())
         })
     };
-    match r {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("vrnic-pingpong: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    tools::exit_code("vrnic-pingpong", r)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exchange_message_matches_rc_pingpong_wire_format() {
-        let gid = Gid::from(Ipv4Addr::new(10, 0, 0, 2));
-        let d = Dest {
-            lid: 0,
-            qpn: 0x11,
-            psn: 0xabcdef,
-            gid,
-        };
-        let m = d.to_msg();
-        assert_eq!(
-            &m[..51],
-            b"0000:000011:abcdef:00000000000000000000ffff0a000002"
-        );
-        assert_eq!(m[51], 0);
-        assert_eq!(Dest::from_msg(&m).unwrap(), d);
-        assert!(Dest::from_msg(b"0000:000011\0").is_err());
-        assert!(Dest::from_msg(b"0000:000011:abcdef:0000\0").is_err());
-    }
 
     #[test]
     fn patterns_differ_per_message_and_keep_rc_chk_page_starts() {
@@ -870,16 +633,5 @@ mod tests {
             "a pattern client does not switch"
         );
         assert_eq!(v.verified, 1);
-    }
-
-    #[test]
-    fn numbers_parse_like_strtoul_base_0() {
-        assert_eq!(parse_c_int::<u32>("4096"), Ok(4096));
-        assert_eq!(parse_c_int::<u32>("0x1000"), Ok(4096));
-        assert_eq!(parse_c_int::<u32>("010"), Ok(8));
-        assert_eq!(parse_c_int::<u32>("0"), Ok(0));
-        assert!(parse_c_int::<u8>("256").is_err());
-        assert_eq!(parse_mtu("1024"), Ok(3));
-        assert!(parse_mtu("1500").is_err());
     }
 }

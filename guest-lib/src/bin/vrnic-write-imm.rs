@@ -61,6 +61,9 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
 use clap::{Parser, ValueEnum};
 use vrnic::abi;
+use vrnic_guest::tools::{
+    self, parse_c_int, parse_mtu, random_psn, say, Dest, PollPacer, LINK_LAYER_ETHERNET,
+};
 use vrnic_guest::transport::Transport;
 use vrnic_guest::verbs::*;
 
@@ -72,41 +75,14 @@ const GUARD_FILL: u8 = 0xa5;
 const MAX_LINE: usize = 256;
 /// The port the device's verbs use (vrnic has one).
 const IB_PORT: u8 = 1;
-/// `ibv_port_attr.link_layer` of a RoCE port.
-const LINK_LAYER_ETHERNET: u32 = 2;
 /// Hop limit (IP TTL) of the GRH.
 const HOP_LIMIT: u8 = 64;
-
-/// Parses an integer as `strtoul(s, NULL, 0)` does: `0x` hex, leading `0` octal, else decimal.
-fn parse_c_int<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
-    let t = s.trim();
-    let v = if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        u64::from_str_radix(h, 16)
-    } else if t.len() > 1 && t.starts_with('0') {
-        u64::from_str_radix(&t[1..], 8)
-    } else {
-        t.parse::<u64>()
-    };
-    let v = v.map_err(|e| format!("{s:?}: {e}"))?;
-    T::try_from(v).map_err(|_| format!("{s:?}: out of range"))
-}
 
 /// Parses a positive count.
 fn parse_positive(s: &str) -> Result<u32, String> {
     match parse_c_int::<u32>(s)? {
         0 => Err("must be at least 1".into()),
         v => Ok(v),
-    }
-}
-
-/// Parses a path MTU in bytes into its `ibv_mtu` value.
-fn parse_mtu(s: &str) -> Result<u32, String> {
-    let b: u32 = parse_c_int(s)?;
-    match b {
-        256 | 512 | 1024 | 2048 | 4096 => Ok(abi::mtu_enum(b).expect("valid MTU")),
-        _ => Err(format!(
-            "{b}: path MTU is one of 256, 512, 1024, 2048, 4096"
-        )),
     }
 }
 
@@ -254,15 +230,6 @@ fn check_buffer(iter: u32, buf: &[u8], expected: &[u8]) -> Result<()> {
 // Address exchange
 // ---------------------------------------------------------------------------
 
-/// One side's QP details (`struct pingpong_dest`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Dest {
-    lid: u32,
-    qpn: u32,
-    psn: u32,
-    gid: Gid,
-}
-
 /// The server's buffer as the client addresses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct RemoteBuf {
@@ -273,27 +240,13 @@ struct RemoteBuf {
     len: u32,
 }
 
-/// rdma-core's `gid_to_wire_gid`: four host-order u32 words of the GID, each
-/// byte-swapped to big-endian and printed as `%08x`.
-fn gid_to_wire(gid: &Gid) -> String {
-    gid.raw
-        .chunks_exact(4)
-        .map(|w| format!("{:08x}", u32::from_be_bytes(w.try_into().expect("4 bytes"))))
-        .collect()
-}
-
-/// rdma-core's `wire_gid_to_gid`.
+/// rdma-core's `wire_gid_to_gid`, strictly: exactly 32 hex digits.
 fn wire_to_gid(s: &str) -> Result<Gid> {
     ensure!(
         s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit()),
         "GID {s:?} is not 32 hex digits"
     );
-    let mut raw = [0u8; 16];
-    for (i, w) in raw.chunks_exact_mut(4).enumerate() {
-        let v = u32::from_str_radix(&s[i * 8..i * 8 + 8], 16)?;
-        w.copy_from_slice(&v.to_be_bytes());
-    }
-    Ok(Gid { raw })
+    tools::wire_to_gid(s)
 }
 
 /// Parses a hex field of at most `bits` bits.
@@ -309,13 +262,7 @@ fn hex_field(line: &str, name: &str, s: &str, bits: u32) -> Result<u64> {
 /// The address message (without its newline): the client's, or the
 /// server's when `buf` is given.
 fn dest_msg(d: &Dest, buf: Option<&RemoteBuf>) -> String {
-    let mut s = format!(
-        "{:04x}:{:06x}:{:06x}:{}",
-        d.lid,
-        d.qpn,
-        d.psn,
-        gid_to_wire(&d.gid)
-    );
+    let mut s = d.wire();
     if let Some(b) = buf {
         s += &format!(":{:016x}:{:08x}:{:08x}", b.addr, b.rkey, b.len);
     }
@@ -521,20 +468,6 @@ fn connect_bounded(host: &str, port: u16, wait: Duration, retry: bool) -> Result
 // Device side
 // ---------------------------------------------------------------------------
 
-/// A random 24-bit PSN.
-fn random_psn() -> u32 {
-    let mut b = [0u8; 4];
-    // SAFETY: getrandom writes at most 4 bytes into `b`.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != 4 {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        b = (t.subsec_nanos() ^ std::process::id().rotate_left(16)).to_le_bytes();
-    }
-    u32::from_le_bytes(b) & 0xff_ffff
-}
-
 /// INIT → RTR → RTS with `ibv_rc_pingpong`'s attributes and a GRH to the peer's GID.
 fn connect_qp(qp: &mut Qp, a: &Args, my_psn: u32, rem: &Dest) -> Result<()> {
     ensure!(
@@ -542,46 +475,14 @@ fn connect_qp(qp: &mut Qp, a: &Args, my_psn: u32, rem: &Dest) -> Result<()> {
         "the peer's GID {} is empty: RoCE needs a GID (-g)",
         rem.gid
     );
-    let mut attr = QpAttr {
-        qp_state: QpState::Rtr,
-        path_mtu: a.mtu,
-        dest_qp_num: rem.qpn,
-        rq_psn: rem.psn,
-        max_dest_rd_atomic: 1,
-        min_rnr_timer: 12,
-        ah_attr: AhAttr {
-            is_global: true,
-            hop_limit: HOP_LIMIT,
-            dgid: rem.gid,
-            sgid_index: a.gid_idx,
-            ..Default::default()
-        },
+    let ah = AhAttr {
+        is_global: true,
+        hop_limit: HOP_LIMIT,
+        dgid: rem.gid,
+        sgid_index: a.gid_idx,
         ..Default::default()
     };
-    let rtr = QP_ATTR_STATE
-        | QP_ATTR_AV
-        | QP_ATTR_PATH_MTU
-        | QP_ATTR_DEST_QPN
-        | QP_ATTR_RQ_PSN
-        | QP_ATTR_MAX_DEST_RD_ATOMIC
-        | QP_ATTR_MIN_RNR_TIMER;
-    qp.modify(&attr, rtr)
-        .context("Failed to modify QP to RTR")?;
-    attr.qp_state = QpState::Rts;
-    attr.timeout = 14;
-    attr.retry_cnt = 7;
-    attr.rnr_retry = 7;
-    attr.sq_psn = my_psn;
-    attr.max_rd_atomic = 1;
-    let rts = QP_ATTR_STATE
-        | QP_ATTR_TIMEOUT
-        | QP_ATTR_RETRY_CNT
-        | QP_ATTR_RNR_RETRY
-        | QP_ATTR_SQ_PSN
-        | QP_ATTR_MAX_QP_RD_ATOMIC;
-    qp.modify(&attr, rts)
-        .context("Failed to modify QP to RTS")?;
-    Ok(())
+    tools::rc_qp_connect(qp, a.mtu, ah, my_psn, rem)
 }
 
 /// Waits at most `wait` for exactly one completion on `cq`; `what` names
@@ -589,7 +490,7 @@ fn connect_qp(qp: &mut Qp, a: &Args, my_psn: u32, rem: &Dest) -> Result<()> {
 fn wait_one(cq: &mut Cq, wait: Duration, what: &str) -> Result<WorkCompletion> {
     let start = Instant::now();
     let mut wc = [WorkCompletion::default(); 2];
-    let mut spins = 0u32;
+    let mut pacer = PollPacer::new();
     loop {
         match cq.poll(&mut wc) {
             0 => {}
@@ -600,17 +501,11 @@ fn wait_one(cq: &mut Cq, wait: Duration, what: &str) -> Result<WorkCompletion> {
                 wc[0]
             ),
         }
-        spins = spins.wrapping_add(1);
-        if spins.is_multiple_of(64) {
-            if start.elapsed() > wait {
-                bail!(
-                    "{what}: no completion within {} s (--timeout)",
-                    wait.as_secs()
-                );
-            }
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
+        if pacer.idle(start, wait) {
+            bail!(
+                "{what}: no completion within {} s (--timeout)",
+                wait.as_secs()
+            );
         }
     }
 }
@@ -631,11 +526,6 @@ enum Role {
     Server(TcpListener),
     /// Host, port, and whether to retry a refused connection.
     Client(String, u16, bool),
-}
-
-/// Prints a line, tagged with the side in `--loopback` runs.
-fn say(tag: &str, line: std::fmt::Arguments<'_>) {
-    println!("{tag}{line}");
 }
 
 /// The device objects of one side.
@@ -661,32 +551,8 @@ fn open_side(a: &Args, transport: Box<dyn Transport>, len: usize, server: bool) 
     };
     let mr = Mr::alloc(&pd, len, access).context("Couldn't register MR")?;
     let cq = Cq::new(&ctx, 4).context("Couldn't create CQ")?;
-    let init = QpInitAttr {
-        qp_type: QpType::Rc,
-        send_cq: &cq,
-        recv_cq: &cq,
-        cap: QpCap {
-            max_send_wr: 1,
-            max_recv_wr: 1,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        sq_sig_all: false,
-    };
-    let mut qp = Qp::new(&pd, &init).context("Couldn't create QP")?;
-    let attr = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: IB_PORT,
-        qp_access_flags: if server { ACCESS_REMOTE_WRITE } else { 0 },
-        ..Default::default()
-    };
-    qp.modify(
-        &attr,
-        QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS,
-    )
-    .context("Failed to modify QP to INIT")?;
+    let qp_access = if server { ACCESS_REMOTE_WRITE } else { 0 };
+    let qp = tools::rc_qp_init(&pd, &cq, 1, IB_PORT, qp_access)?;
     let port = ctx.query_port(IB_PORT).context("Couldn't get port info")?;
     ensure!(
         port.link_layer == LINK_LAYER_ETHERNET,
@@ -717,13 +583,7 @@ fn open_side(a: &Args, transport: Box<dyn Transport>, len: usize, server: bool) 
 
 /// Prints a side's QP details as `ibv_rc_pingpong` does.
 fn say_dest(tag: &str, which: &str, d: &Dest) {
-    say(
-        tag,
-        format_args!(
-            "  {which} LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
-            d.lid, d.qpn, d.psn, d.gid
-        ),
-    );
+    say(tag, format_args!("  {which} {}", d.describe()));
 }
 
 /// One side of the run; returns the number of writes verified.
@@ -920,31 +780,9 @@ fn client_session(a: &Args, side: &mut Side, oob: &mut Oob, tag: &str) -> Result
     Ok(a.iters)
 }
 
-/// Opens the vrnic PCI function.
-fn open_pci(a: &Args) -> Result<Box<dyn Transport>> {
-    let t =
-        vrnic_guest::pci::PciTransport::open(a.pci.as_deref()).context("No vrnic device found")?;
-    Ok(Box::new(t))
-}
-
 /// `--loopback`: a server thread and a client over two in-process devices.
 fn run_loopback(a: &Args) -> Result<()> {
-    use vrnic::device::DeviceConfig;
-    use vrnic_guest::loopback::LoopbackTransport;
-    let link_mtu = if abi::mtu_bytes(a.mtu).unwrap_or(1024) > 1024 {
-        9000
-    } else {
-        1500
-    };
-    let cfg = |n: u8| DeviceConfig {
-        mac: [2, 0, 0, 0, 0, n],
-        ipv4: Ipv4Addr::new(10, 0, 0, n),
-        prefix_len: 24,
-        link_mtu,
-    };
-    let (la, lb) = vrnic::link::mem::MemLink::pair();
-    let ts: Box<dyn Transport> = Box::new(LoopbackTransport::new(cfg(1), Box::new(la))?);
-    let tc: Box<dyn Transport> = Box::new(LoopbackTransport::new(cfg(2), Box::new(lb))?);
+    let (ts, tc) = tools::loopback_pair(a.mtu)?;
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("Couldn't listen")?;
     let port = listener.local_addr()?.port();
     let sa = a.clone();
@@ -975,34 +813,20 @@ fn run_loopback(a: &Args) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+    tools::init_tracing();
     let a = Args::parse();
     let r = if a.loopback {
         run_loopback(&a)
     } else {
-        open_pci(&a).and_then(|t| {
+        tools::open_pci(a.pci.as_deref()).and_then(|t| {
             let role = match &a.host {
                 Some(h) => Role::Client(h.clone(), a.port, true),
-                None => {
-                    let l = TcpListener::bind(("::", a.port))
-                        .or_else(|_| TcpListener::bind((Ipv4Addr::UNSPECIFIED, a.port)))
-                        .with_context(|| format!("Couldn't listen to port {}", a.port))?;
-                    Role::Server(l)
-                }
+                None => Role::Server(tools::listen(a.port)?),
             };
             run(&a, t, role, "").map(|_| ())
         })
     };
-    match r {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("vrnic-write-imm: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    tools::exit_code("vrnic-write-imm", r)
 }
 
 #[cfg(test)]

@@ -1,0 +1,420 @@
+//! What the guest tools (`vrnic-pingpong`, `vrnic-write-imm`) share: the
+//! `strtoul`-style option parsers, the `ibv_rc_pingpong` out-of-band
+//! destination message (rdma-core's libibverbs/examples/pingpong.c and
+//! rc_pingpong.c), opening the device (the PCI function or an in-process
+//! loopback pair), RC QP bring-up RESET → INIT → RTR → RTS with
+//! rc_pingpong's attributes, and the pacing of bounded CQ polls.
+//!
+//! Errors are [`anyhow::Error`]s whose messages are the tools' own (most
+//! follow rc_pingpong's wording, e.g. `Couldn't create QP`): the tools print
+//! them as they are, so changing one here changes their output.
+
+use std::net::{Ipv4Addr, TcpListener};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use vrnic::abi;
+
+use crate::transport::Transport;
+use crate::verbs::{
+    AhAttr, Cq, Gid, Pd, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, QP_ATTR_ACCESS_FLAGS,
+    QP_ATTR_AV, QP_ATTR_DEST_QPN, QP_ATTR_MAX_DEST_RD_ATOMIC, QP_ATTR_MAX_QP_RD_ATOMIC,
+    QP_ATTR_MIN_RNR_TIMER, QP_ATTR_PATH_MTU, QP_ATTR_PKEY_INDEX, QP_ATTR_PORT, QP_ATTR_RETRY_CNT,
+    QP_ATTR_RNR_RETRY, QP_ATTR_RQ_PSN, QP_ATTR_SQ_PSN, QP_ATTR_STATE, QP_ATTR_TIMEOUT,
+};
+
+// ---------------------------------------------------------------------------
+// Option parsing
+// ---------------------------------------------------------------------------
+
+/// Parses an integer as `strtoul(s, NULL, 0)` does: `0x`/`0X` hex, a
+/// leading `0` octal, else decimal; surrounding white space is ignored.
+///
+/// Errors (as text, for clap's `value_parser`): not a number in its base,
+/// or out of `T`'s range.
+pub fn parse_c_int<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
+    let t = s.trim();
+    let v = if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        u64::from_str_radix(h, 16)
+    } else if t.len() > 1 && t.starts_with('0') {
+        u64::from_str_radix(&t[1..], 8)
+    } else {
+        t.parse::<u64>()
+    };
+    let v = v.map_err(|e| format!("{s:?}: {e}"))?;
+    T::try_from(v).map_err(|_| format!("{s:?}: out of range"))
+}
+
+/// Parses a path MTU in bytes (256, 512, 1024, 2048 or 4096, in
+/// [`parse_c_int`] syntax) into its `ibv_mtu` value (1 to 5), as
+/// rc_pingpong's `pp_mtu_to_enum`. Errors (as text) on any other size.
+pub fn parse_mtu(s: &str) -> Result<u32, String> {
+    let b: u32 = parse_c_int(s)?;
+    match b {
+        256 | 512 | 1024 | 2048 | 4096 => Ok(abi::mtu_enum(b).expect("valid MTU")),
+        _ => Err(format!(
+            "{b}: path MTU is one of 256, 512, 1024, 2048, 4096"
+        )),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The out-of-band destination message
+// ---------------------------------------------------------------------------
+
+/// Size of rc_pingpong's exchange message, bytes: `sizeof
+/// "0000:000000:000000:"` plus 32 hex digits of GID, NUL included.
+pub const RC_MSG_LEN: usize = 52;
+
+/// One side's QP details as exchanged out of band (rdma-core's
+/// `struct pingpong_dest`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dest {
+    /// Local identifier; 0 on RoCE (rc_pingpong sends it as `%04x`).
+    pub lid: u32,
+    /// QP number (24 bits).
+    pub qpn: u32,
+    /// The first packet sequence number this side sends (24 bits).
+    pub psn: u32,
+    /// The GID the peer addresses this side at (all zeros without `-g`).
+    pub gid: Gid,
+}
+
+/// rdma-core's `gid_to_wire_gid`: the GID as four host-order u32 words,
+/// each byte-swapped to big-endian and printed as `%08x`: 32 lower-case hex
+/// digits, the GID's 16 bytes in order.
+pub fn gid_to_wire(gid: &Gid) -> String {
+    gid.raw
+        .chunks_exact(4)
+        .map(|w| format!("{:08x}", u32::from_be_bytes(w.try_into().expect("4 bytes"))))
+        .collect()
+}
+
+/// rdma-core's `wire_gid_to_gid`, as leniently: the first 32 characters are
+/// read as four 8-digit hex words and anything after them is ignored.
+///
+/// Errors: fewer than 32 characters (`is not 32 hex digits`) or a word
+/// that is not hex.
+pub fn wire_to_gid(s: &str) -> Result<Gid> {
+    let mut raw = [0u8; 16];
+    for (i, w) in raw.chunks_exact_mut(4).enumerate() {
+        let hex = s
+            .get(i * 8..i * 8 + 8)
+            .ok_or_else(|| anyhow!("GID {s:?} is not 32 hex digits"))?;
+        let v = u32::from_str_radix(hex, 16).map_err(|e| anyhow!("GID {s:?}: {e}"))?;
+        w.copy_from_slice(&v.to_be_bytes());
+    }
+    Ok(Gid { raw })
+}
+
+impl Dest {
+    /// The message text `LID:QPN:PSN:GID`, as rc_pingpong's
+    /// `"%04x:%06x:%06x:%s"` with the GID in [`gid_to_wire`] form (51
+    /// characters for 16-bit LIDs and 24-bit QPN and PSN).
+    pub fn wire(&self) -> String {
+        format!(
+            "{:04x}:{:06x}:{:06x}:{}",
+            self.lid,
+            self.qpn,
+            self.psn,
+            gid_to_wire(&self.gid)
+        )
+    }
+
+    /// rc_pingpong's `LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s`, the tail
+    /// of its `local address:`/`remote address:` lines (GID as text).
+    pub fn describe(&self) -> String {
+        format!(
+            "LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+            self.lid, self.qpn, self.psn, self.gid
+        )
+    }
+
+    /// The [`RC_MSG_LEN`]-byte exchange message: [`Dest::wire`] cut to 51
+    /// bytes and NUL-padded, as `sprintf` into `char msg[52]` leaves it.
+    pub fn to_msg(self) -> [u8; RC_MSG_LEN] {
+        let s = self.wire();
+        let mut m = [0u8; RC_MSG_LEN];
+        let n = s.len().min(RC_MSG_LEN - 1);
+        m[..n].copy_from_slice(&s.as_bytes()[..n]);
+        m
+    }
+
+    /// Parses an exchange message (up to its first NUL) as
+    /// `sscanf(msg, "%x:%x:%x:%s")` then `wire_gid_to_gid` do.
+    ///
+    /// Errors: not UTF-8, fewer than four `:`-separated fields, a field
+    /// that is not hex or over 32 bits, or a GID [`wire_to_gid`] refuses.
+    pub fn from_msg(m: &[u8]) -> Result<Dest> {
+        let end = m.iter().position(|&b| b == 0).unwrap_or(m.len());
+        let s =
+            std::str::from_utf8(&m[..end]).map_err(|_| anyhow!("exchange message is not text"))?;
+        let f: Vec<&str> = s.splitn(4, ':').collect();
+        let [lid, qpn, psn, gid] = f[..] else {
+            bail!("malformed exchange message {s:?}");
+        };
+        let hex = |x: &str| {
+            u32::from_str_radix(x, 16).map_err(|e| anyhow!("exchange message {s:?}: {e}"))
+        };
+        Ok(Dest {
+            lid: hex(lid)?,
+            qpn: hex(qpn)?,
+            psn: hex(psn)?,
+            gid: wire_to_gid(gid)?,
+        })
+    }
+}
+
+/// A random 24-bit PSN (rc_pingpong: `lrand48() & 0xffffff`), from
+/// `getrandom(2)`, or from the clock and PID when that fails.
+pub fn random_psn() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom writes at most 4 bytes into `b`.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != 4 {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        b = (t.subsec_nanos() ^ std::process::id().rotate_left(16)).to_le_bytes();
+    }
+    u32::from_le_bytes(b) & 0xff_ffff
+}
+
+// ---------------------------------------------------------------------------
+// Devices
+// ---------------------------------------------------------------------------
+
+/// Opens the vrnic PCI function at `bdf` (e.g. `0000:00:04.0`), or the
+/// first one found. Errors: `No vrnic device found`, with the cause.
+pub fn open_pci(bdf: Option<&str>) -> Result<Box<dyn Transport>> {
+    let t = crate::pci::PciTransport::open(bdf).context("No vrnic device found")?;
+    Ok(Box::new(t))
+}
+
+/// Two in-process devices joined by a memory link, for the tools'
+/// `--loopback` runs: the server's at 10.0.0.1 and the client's at
+/// 10.0.0.2 (MAC `02:00:00:00:00:0n`, /24), with a link MTU of 9000 bytes
+/// when `path_mtu` (an `ibv_mtu` value) is above 1024 bytes, else 1500.
+pub fn loopback_pair(path_mtu: u32) -> Result<(Box<dyn Transport>, Box<dyn Transport>)> {
+    use crate::loopback::LoopbackTransport;
+    use vrnic::device::DeviceConfig;
+    let link_mtu = if abi::mtu_bytes(path_mtu).unwrap_or(1024) > 1024 {
+        9000
+    } else {
+        1500
+    };
+    let cfg = |n: u8| DeviceConfig {
+        mac: [2, 0, 0, 0, 0, n],
+        ipv4: Ipv4Addr::new(10, 0, 0, n),
+        prefix_len: 24,
+        link_mtu,
+    };
+    let (la, lb) = vrnic::link::mem::MemLink::pair();
+    let ts: Box<dyn Transport> = Box::new(LoopbackTransport::new(cfg(1), Box::new(la))?);
+    let tc: Box<dyn Transport> = Box::new(LoopbackTransport::new(cfg(2), Box::new(lb))?);
+    Ok((ts, tc))
+}
+
+/// The server's listening socket: TCP `port` on all IPv6 (and, dual-stack,
+/// IPv4) addresses, else on all IPv4 addresses. Errors: `Couldn't listen
+/// to port N`.
+pub fn listen(port: u16) -> Result<TcpListener> {
+    TcpListener::bind(("::", port))
+        .or_else(|_| TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)))
+        .with_context(|| format!("Couldn't listen to port {port}"))
+}
+
+// ---------------------------------------------------------------------------
+// QP bring-up
+// ---------------------------------------------------------------------------
+
+/// `ibv_port_attr.link_layer` of a RoCE (Ethernet) port.
+pub const LINK_LAYER_ETHERNET: u32 = 2;
+
+/// Creates an RC QP on `cq` (send and receive) with rc_pingpong's
+/// capabilities (1 send WR, `max_recv_wr` receive WRs, 1 SGE each, no
+/// inline data requested, only signalled sends completing) and moves it
+/// RESET → INIT with P_Key index 0, `port` and `access` (`ACCESS_*` remote
+/// access flags; rc_pingpong's `pp_init_ctx` uses 0).
+///
+/// Errors: `Couldn't create QP`, `Failed to modify QP to INIT`.
+pub fn rc_qp_init(pd: &Pd, cq: &Cq, max_recv_wr: u32, port: u8, access: u32) -> Result<Qp> {
+    let init = QpInitAttr {
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        cap: QpCap {
+            max_send_wr: 1,
+            max_recv_wr,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        sq_sig_all: false,
+    };
+    let mut qp = Qp::new(pd, &init).context("Couldn't create QP")?;
+    let attr = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: port,
+        qp_access_flags: access,
+        ..Default::default()
+    };
+    qp.modify(
+        &attr,
+        QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS,
+    )
+    .context("Failed to modify QP to INIT")?;
+    Ok(qp)
+}
+
+/// rc_pingpong's `pp_connect_ctx`: moves `qp` INIT → RTR towards `rem`
+/// (`path_mtu` an `ibv_mtu` value, address vector `ah`, `max_dest_rd_atomic`
+/// 1, `min_rnr_timer` 12) → RTS (`timeout` 14, `retry_cnt` 7, `rnr_retry`
+/// 7, `max_rd_atomic` 1, send PSN `my_psn`).
+///
+/// Errors: `Failed to modify QP to RTR`, `Failed to modify QP to RTS`.
+pub fn rc_qp_connect(
+    qp: &mut Qp,
+    path_mtu: u32,
+    ah: AhAttr,
+    my_psn: u32,
+    rem: &Dest,
+) -> Result<()> {
+    let mut attr = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu,
+        dest_qp_num: rem.qpn,
+        rq_psn: rem.psn,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 12,
+        ah_attr: ah,
+        ..Default::default()
+    };
+    let rtr = QP_ATTR_STATE
+        | QP_ATTR_AV
+        | QP_ATTR_PATH_MTU
+        | QP_ATTR_DEST_QPN
+        | QP_ATTR_RQ_PSN
+        | QP_ATTR_MAX_DEST_RD_ATOMIC
+        | QP_ATTR_MIN_RNR_TIMER;
+    qp.modify(&attr, rtr)
+        .context("Failed to modify QP to RTR")?;
+    attr.qp_state = QpState::Rts;
+    attr.timeout = 14;
+    attr.retry_cnt = 7;
+    attr.rnr_retry = 7;
+    attr.sq_psn = my_psn;
+    attr.max_rd_atomic = 1;
+    let rts = QP_ATTR_STATE
+        | QP_ATTR_TIMEOUT
+        | QP_ATTR_RETRY_CNT
+        | QP_ATTR_RNR_RETRY
+        | QP_ATTR_SQ_PSN
+        | QP_ATTR_MAX_QP_RD_ATOMIC;
+    qp.modify(&attr, rts)
+        .context("Failed to modify QP to RTS")?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Bounded CQ polling
+// ---------------------------------------------------------------------------
+
+/// Paces a CQ poll loop that must give up after a bound: call
+/// [`PollPacer::idle`] after every empty poll. It spins (`spin_loop`)
+/// 63 times out of 64 and on the 64th checks the bound and yields the CPU,
+/// so a busy CQ costs no clock reads.
+#[derive(Debug, Default)]
+pub struct PollPacer {
+    empty: u32,
+}
+
+impl PollPacer {
+    /// A pacer that has seen no empty poll.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records one empty poll; `true` when it is a 64th one and more than
+    /// `bound` has passed since `since` (the caller then gives up).
+    pub fn idle(&mut self, since: Instant, bound: Duration) -> bool {
+        self.empty = self.empty.wrapping_add(1);
+        if self.empty.is_multiple_of(64) {
+            if since.elapsed() > bound {
+                return true;
+            }
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+        false
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Process plumbing
+// ---------------------------------------------------------------------------
+
+/// Logs `tracing` events to stderr, filtered by `RUST_LOG`.
+pub fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Prints a line to stdout, prefixed with `tag` (the side, `"server: "` or
+/// `"client: "`, in `--loopback` runs; empty otherwise).
+pub fn say(tag: &str, line: std::fmt::Arguments<'_>) {
+    println!("{tag}{line}");
+}
+
+/// A tool's exit status: success, or status 1 after printing
+/// `TOOL: ERROR` (the error with its causes) to stderr.
+pub fn exit_code(tool: &str, r: Result<()>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{tool}: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exchange_message_matches_rc_pingpong_wire_format() {
+        let gid = Gid::from(Ipv4Addr::new(10, 0, 0, 2));
+        let d = Dest {
+            lid: 0,
+            qpn: 0x11,
+            psn: 0xabcdef,
+            gid,
+        };
+        let m = d.to_msg();
+        assert_eq!(
+            &m[..51],
+            b"0000:000011:abcdef:00000000000000000000ffff0a000002"
+        );
+        assert_eq!(m[51], 0);
+        assert_eq!(Dest::from_msg(&m).unwrap(), d);
+        assert!(Dest::from_msg(b"0000:000011\0").is_err());
+        assert!(Dest::from_msg(b"0000:000011:abcdef:0000\0").is_err());
+    }
+
+    #[test]
+    fn numbers_parse_like_strtoul_base_0() {
+        assert_eq!(parse_c_int::<u32>("4096"), Ok(4096));
+        assert_eq!(parse_c_int::<u32>("0x1000"), Ok(4096));
+        assert_eq!(parse_c_int::<u32>("010"), Ok(8));
+        assert_eq!(parse_c_int::<u32>("0"), Ok(0));
+        assert!(parse_c_int::<u8>("256").is_err());
+        assert_eq!(parse_mtu("1024"), Ok(3));
+        assert!(parse_mtu("1500").is_err());
+    }
+}
