@@ -208,6 +208,7 @@ pub fn loopback_pair(path_mtu: u32) -> Result<(Box<dyn Transport>, Box<dyn Trans
         mac: [2, 0, 0, 0, 0, n],
         ipv4: Ipv4Addr::new(10, 0, 0, n),
         prefix_len: 24,
+        ipv6: Vec::new(),
         link_mtu,
     };
     let (la, lb) = vrnic::link::mem::MemLink::pair();

@@ -25,6 +25,7 @@ fn config(n: u8) -> DeviceConfig {
         mac: [0x02, 0, 0, 0, 0, n],
         ipv4: Ipv4Addr::new(10, 0, 0, n),
         prefix_len: 24,
+        ipv6: Vec::new(),
         link_mtu: 1500,
     }
 }

@@ -337,6 +337,7 @@ mod tests {
             mac: [2, 0x76, 10, 0, 0, 1],
             ipv4: ip,
             prefix_len: 24,
+            ipv6: Vec::new(),
             link_mtu: 1500,
         };
         VrnicBackend::new(Device::new(cfg), Box::new(link), BackendConfig::default()).unwrap()

@@ -158,6 +158,7 @@ fn run_daemon(cli: DaemonArgs) -> Result<()> {
         mac: mac.0,
         ipv4: cli.ip.addr,
         prefix_len: cli.ip.len,
+        ipv6: Vec::new(),
         link_mtu: cli.mtu,
     });
     let link = open_link(&cli)?;

@@ -43,6 +43,7 @@ fn device_config(last_octet: u8) -> DeviceConfig {
         mac: Mac::from_ipv4(ip).0,
         ipv4: ip,
         prefix_len: 24,
+        ipv6: Vec::new(),
         link_mtu: 1500,
     }
 }

@@ -70,7 +70,7 @@ pub const DEFAULT_VIRTIO_ID: u32 = 6;
 /// First 8 bytes of the device configuration space.
 pub const SIGNATURE: [u8; 8] = *b"vrnic\0\0\0";
 /// Version of this ABI, in [`ConfigSpace::abi_version`].
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// Control virtqueue index.
 pub const CONTROLQ: u16 = 0;
@@ -178,6 +178,21 @@ pub const CMD_MODIFY_QP: u16 = 11;
 pub const CMD_QUERY_QP: u16 = 12;
 /// `CMD_DESTROY_QP`: body [`Handle`]; response none.
 pub const CMD_DESTROY_QP: u16 = 13;
+/// `CMD_CREATE_AH`: body [`CreateAh`]; response [`Handle`] (the AH number)
+/// (`ibv_create_ah(3)`).
+pub const CMD_CREATE_AH: u16 = 14;
+/// `CMD_DESTROY_AH`: body [`Handle`]; response none.
+pub const CMD_DESTROY_AH: u16 = 15;
+/// `CMD_CREATE_SRQ`: body [`CreateSrq`]; response [`CreateSrqResp`]
+/// (`ibv_create_srq(3)`).
+pub const CMD_CREATE_SRQ: u16 = 16;
+/// `CMD_MODIFY_SRQ`: body [`SrqAttr`]; response none (`ibv_modify_srq(3)`:
+/// only [`SRQ_ATTR_LIMIT`]; resizing is `EOPNOTSUPP`).
+pub const CMD_MODIFY_SRQ: u16 = 17;
+/// `CMD_QUERY_SRQ`: body [`Handle`]; response [`SrqAttr`] (`ibv_query_srq(3)`).
+pub const CMD_QUERY_SRQ: u16 = 18;
+/// `CMD_DESTROY_SRQ`: body [`Handle`]; response none. `EBUSY` while a QP uses it.
+pub const CMD_DESTROY_SRQ: u16 = 19;
 
 /// Command status codes: 0 or a positive Linux errno.
 pub type Status = u32;
@@ -380,11 +395,106 @@ pub struct CreateQp {
     pub sq_sig_all: u32,
     /// Guest-physical address of the SQ ring.
     pub sq: u64,
-    /// Guest-physical address of the RQ ring.
+    /// Guest-physical address of the RQ ring (ignored with an SRQ).
     pub rq: u64,
     /// Guest-physical address of the QP record.
     pub db: u64,
+    /// Shared receive queue number, or 0 for the QP's own RQ (RC and UD only).
+    pub srqn: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
 }
+
+/// `CMD_CREATE_AH` body: an address vector for UD sends (`struct
+/// ibv_ah_attr` with its GRH flattened). RoCE needs the GRH fields: `dgid`
+/// selects IPv4 (an IPv4-mapped GID) or IPv6, and `sgid_index` must name a
+/// GID of the same family.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CreateAh {
+    /// PD number.
+    pub pdn: u32,
+    /// Flow label of the GRH (IPv6 flow label, 20 bits).
+    pub flow_label: u32,
+    /// Destination GID, network byte order.
+    pub dgid: [u8; 16],
+    /// Source GID index.
+    pub sgid_index: u8,
+    /// IP hop limit / TTL (0 means 64).
+    pub hop_limit: u8,
+    /// Traffic class / DSCP+ECN.
+    pub traffic_class: u8,
+    /// Service level.
+    pub sl: u8,
+    /// Port number (1).
+    pub port_num: u8,
+    /// Nonzero when the address vector has a GRH (required for RoCE).
+    pub is_global: u8,
+    /// Reserved, zero.
+    pub reserved: [u8; 2],
+}
+
+/// `CMD_CREATE_SRQ` body.
+///
+/// The ring is `max_wr` slots of [`rq_stride`]`(max_sge)` bytes at `ring`,
+/// each a [`RecvWqe`] with its SGEs. The SRQ record at `db` (8 bytes,
+/// device-written) holds the consumer index (u32) at 0; 4..8 reserved.
+/// The driver posts with [`DB_SRQ`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CreateSrq {
+    /// PD number.
+    pub pdn: u32,
+    /// Ring slots, a power of two.
+    pub max_wr: u32,
+    /// SGEs per receive WQE.
+    pub max_sge: u32,
+    /// Limit: [`EV_SRQ_LIMIT`] fires once when fewer WQEs than this remain
+    /// (0 = disarmed).
+    pub srq_limit: u32,
+    /// Guest-physical address of the ring.
+    pub ring: u64,
+    /// Guest-physical address of the SRQ record.
+    pub db: u64,
+}
+
+/// `CMD_CREATE_SRQ` response.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CreateSrqResp {
+    /// SRQ number.
+    pub srqn: u32,
+    /// Receive WQE stride, bytes.
+    pub stride: u32,
+    /// Ring slots.
+    pub max_wr: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+}
+
+/// SRQ attributes: `CMD_MODIFY_SRQ` body and `CMD_QUERY_SRQ` response
+/// (`struct ibv_srq_attr` plus the SRQ number and mask).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SrqAttr {
+    /// SRQ number.
+    pub srqn: u32,
+    /// `ibv_srq_attr_mask` ([`SRQ_ATTR_MAX_WR`], [`SRQ_ATTR_LIMIT`]).
+    pub attr_mask: u32,
+    /// Ring slots.
+    pub max_wr: u32,
+    /// SGEs per WQE.
+    pub max_sge: u32,
+    /// Current limit (0 = disarmed).
+    pub srq_limit: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+}
+
+/// `IBV_SRQ_MAX_WR`: resize (not supported: `EOPNOTSUPP`).
+pub const SRQ_ATTR_MAX_WR: u32 = 1;
+/// `IBV_SRQ_LIMIT`: arm the limit event.
+pub const SRQ_ATTR_LIMIT: u32 = 2;
 
 /// `CMD_CREATE_QP` response.
 #[repr(C)]
@@ -547,10 +657,10 @@ pub struct Doorbell {
     pub kind: u16,
     /// Reserved, zero.
     pub reserved: u16,
-    /// QP number (`DB_SQ`, `DB_RQ`) or CQ number (`DB_CQ_ARM*`).
+    /// QP number (`DB_SQ`, `DB_RQ`), CQ number (`DB_CQ_ARM*`) or SRQ number (`DB_SRQ`).
     pub handle: u32,
     /// Producer index (free-running u32; slot = index mod ring size) for
-    /// `DB_SQ`/`DB_RQ`; the consumer index for `DB_CQ_ARM*`.
+    /// `DB_SQ`/`DB_RQ`/`DB_SRQ`; the consumer index for `DB_CQ_ARM*`.
     pub index: u32,
     /// Reserved, zero.
     pub reserved2: u32,
@@ -564,6 +674,8 @@ pub const DB_RQ: u16 = 2;
 pub const DB_CQ_ARM: u16 = 3;
 /// Arm the CQ for the next solicited completion (`ibv_req_notify_cq(cq, 1)`).
 pub const DB_CQ_ARM_SOLICITED: u16 = 4;
+/// New receive WQEs on the SRQ named by `handle`, up to `index`.
+pub const DB_SRQ: u16 = 5;
 
 /// An asynchronous event, written by the device into an [`EVENTQ`] buffer (16 bytes).
 #[repr(C)]
@@ -589,6 +701,11 @@ pub const EV_QP_FATAL: u16 = 2;
 pub const EV_CQ_ERR: u16 = 3;
 /// `IBV_EVENT_SQ_DRAINED`.
 pub const EV_SQ_DRAINED: u16 = 4;
+/// `IBV_EVENT_SRQ_LIMIT_REACHED` (`handle` is the SRQ number).
+pub const EV_SRQ_LIMIT: u16 = 5;
+/// `IBV_EVENT_QP_LAST_WQE_REACHED`: a QP on an SRQ left the receive path
+/// (moved to ERR); no further receive completions will name it.
+pub const EV_QP_LAST_WQE_REACHED: u16 = 6;
 
 // ---------------------------------------------------------------------------
 // Work queue entries and completions
@@ -635,7 +752,8 @@ pub struct SendWqe {
     pub swap: u64,
     /// UD: destination QP number.
     pub remote_qpn: u32,
-    /// UD: destination Q_Key.
+    /// UD: destination Q_Key; with its most significant bit set the QP's
+    /// own Q_Key is sent instead (IBTA §10.2.5, "controlled Q_Key").
     pub remote_qkey: u32,
     /// UD: address handle number.
     pub ah: u32,
@@ -793,7 +911,11 @@ pod!(
     RegMr = 40,
     MrKeys = 8,
     CreateCq = 24,
-    CreateQp = 64,
+    CreateQp = 72,
+    CreateAh = 32,
+    CreateSrq = 32,
+    CreateSrqResp = 16,
+    SrqAttr = 24,
     CreateQpResp = 16,
     QpAttr = 72,
     Doorbell = 16,

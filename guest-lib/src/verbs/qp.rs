@@ -467,6 +467,8 @@ impl Qp {
             sq: sq.gpa,
             rq: rq.gpa,
             db: record.gpa,
+            srqn: 0,
+            reserved: 0,
         };
         let resp: abi::CreateQpResp = ctx.command(abi::CMD_CREATE_QP, body.as_bytes())?;
         let qp = Qp {

@@ -26,6 +26,7 @@ pub fn test_device_config() -> DeviceConfig {
         mac: Mac::from_ipv4(ip).0,
         ipv4: ip,
         prefix_len: 24,
+        ipv6: Vec::new(),
         link_mtu: 1500,
     }
 }

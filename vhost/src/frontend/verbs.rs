@@ -274,6 +274,8 @@ impl TestFrontend {
             sq,
             rq,
             db: rec,
+            srqn: 0,
+            reserved: 0,
         };
         let r: abi::CreateQpResp = self.command_resp(abi::CMD_CREATE_QP, &req)?;
         if (r.sq_stride, r.rq_stride) != (sq_stride, rq_stride) {

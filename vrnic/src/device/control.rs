@@ -1,14 +1,14 @@
 //! Control command execution (`abi::CMD_*`): creates, modifies, queries and
 //! destroys verbs objects. Every argument is untrusted; errors are `abi::Status`.
 
-use std::net::IpAddr;
-
 use super::*;
 use crate::abi::{Pod, Status};
 use crate::transport::requester::ReqState;
 use crate::transport::responder::RespState;
+use crate::verbs::ah::{Ah, Av};
 use crate::verbs::mr::{validate_reg, Mr};
 use crate::verbs::qp::{apply_attrs, validate_modify, Ring};
+use crate::verbs::srq::Srq;
 use crate::wire::Gid;
 
 fn arg<T: Pod>(args: &[u8]) -> Result<T, Status> {
@@ -37,13 +37,26 @@ fn probe(mem: &dyn DmaMemory, gpa: u64, len: u64) -> Result<(), Status> {
 
 impl Device {
     /// The GID table: index 0 the link-local GID from the MAC, index 1 the
-    /// IPv4-mapped RoCEv2 GID (as Linux rxe lays it out).
+    /// IPv4-mapped RoCEv2 GID (as Linux rxe lays it out), then the port's
+    /// further IPv6 addresses ([`crate::transport::PortId::gid`]).
     pub fn gid(&self, index: u32) -> Option<Gid> {
-        match index {
-            0 => Some(Gid::link_local_from_mac(self.port.mac)),
-            1 => Some(Gid::from_ip(IpAddr::V4(self.port.ipv4))),
-            _ => None,
+        self.port.gid(index)
+    }
+
+    /// Checks an address vector against the GID table: the source GID
+    /// index must exist and be of the destination's family (IPv4-mapped
+    /// GIDs for IPv4, the others for IPv6), as the kernel's RoCE
+    /// `ib_resolve_eth_dmac` requires.
+    fn check_av(&self, av: &Av) -> Result<(), Status> {
+        let sgid = self.gid(av.sgid_index as u32).ok_or(abi::STATUS_EINVAL)?;
+        let dst = Gid(av.dgid).to_ip();
+        if sgid.to_ip().is_ipv4() != dst.is_ipv4() {
+            return Err(abi::STATUS_EINVAL);
         }
+        if dst.is_unspecified() || dst.is_multicast() {
+            return Err(abi::STATUS_EINVAL);
+        }
+        Ok(())
     }
 
     pub(super) fn command(
@@ -91,7 +104,7 @@ impl Device {
                     state: 4,
                     max_mtu: 5,
                     active_mtu: self.active_mtu(),
-                    gid_tbl_len: 2,
+                    gid_tbl_len: self.port.gid_count(),
                     max_msg_sz: 1 << 31,
                     link_layer: 2,
                 };
@@ -132,7 +145,11 @@ impl Device {
                 if !self.pds.contains_key(&pdn) {
                     return Err(abi::STATUS_ENOENT);
                 }
-                if self.mrs.uses_pd(pdn) || self.qps.values().any(|q| q.pdn == pdn) {
+                if self.mrs.uses_pd(pdn)
+                    || self.qps.values().any(|q| q.pdn == pdn)
+                    || self.ahs.values().any(|a| a.pdn == pdn)
+                    || self.srqs.values().any(|s| s.pdn == pdn)
+                {
                     return Err(abi::STATUS_EBUSY);
                 }
                 self.pds.remove(&pdn);
@@ -172,6 +189,87 @@ impl Device {
             abi::CMD_DESTROY_QP => {
                 let qpn = handle(args)?;
                 self.qps.remove(&qpn).ok_or(abi::STATUS_ENOENT)?;
+                Ok(0)
+            }
+            abi::CMD_CREATE_AH => {
+                let c: abi::CreateAh = arg(args)?;
+                if !self.pds.contains_key(&c.pdn) {
+                    return Err(abi::STATUS_ENOENT);
+                }
+                if c.port_num != 1 || c.is_global == 0 {
+                    return Err(abi::STATUS_EINVAL);
+                }
+                let av = Av::of_ah(&c);
+                self.check_av(&av)?;
+                if self.ahs.len() >= MAX_AH {
+                    return Err(abi::STATUS_ENOMEM);
+                }
+                let ahn = self.next_ahn;
+                self.next_ahn = self.next_ahn.wrapping_add(1).max(1);
+                self.ahs.insert(
+                    ahn,
+                    Ah {
+                        ahn,
+                        pdn: c.pdn,
+                        av,
+                    },
+                );
+                // Resolve early so the first send does not wait for ARP.
+                self.resolve(av.dgid, 0);
+                Ok(put(
+                    out,
+                    &abi::Handle {
+                        handle: ahn,
+                        reserved: 0,
+                    },
+                ))
+            }
+            abi::CMD_DESTROY_AH => {
+                let ahn = handle(args)?;
+                self.ahs.remove(&ahn).ok_or(abi::STATUS_ENOENT)?;
+                Ok(0)
+            }
+            abi::CMD_CREATE_SRQ => self.create_srq(mem, arg(args)?, out),
+            abi::CMD_MODIFY_SRQ => {
+                let a: abi::SrqAttr = arg(args)?;
+                let srq = self.srqs.get_mut(&a.srqn).ok_or(abi::STATUS_ENOENT)?;
+                if a.attr_mask & !(abi::SRQ_ATTR_MAX_WR | abi::SRQ_ATTR_LIMIT) != 0 {
+                    return Err(abi::STATUS_EINVAL);
+                }
+                if a.attr_mask & abi::SRQ_ATTR_MAX_WR != 0 {
+                    return Err(abi::STATUS_EOPNOTSUPP);
+                }
+                if a.attr_mask & abi::SRQ_ATTR_LIMIT != 0 {
+                    if a.srq_limit > srq.ring.size {
+                        return Err(abi::STATUS_EINVAL);
+                    }
+                    srq.limit = a.srq_limit;
+                }
+                Ok(0)
+            }
+            abi::CMD_QUERY_SRQ => {
+                let srq = self.srqs.get(&handle(args)?).ok_or(abi::STATUS_ENOENT)?;
+                Ok(put(
+                    out,
+                    &abi::SrqAttr {
+                        srqn: srq.srqn,
+                        attr_mask: 0,
+                        max_wr: srq.ring.size,
+                        max_sge: srq.max_sge,
+                        srq_limit: srq.limit,
+                        reserved: 0,
+                    },
+                ))
+            }
+            abi::CMD_DESTROY_SRQ => {
+                let srqn = handle(args)?;
+                if !self.srqs.contains_key(&srqn) {
+                    return Err(abi::STATUS_ENOENT);
+                }
+                if self.qps.values().any(|q| q.srqn == srqn) {
+                    return Err(abi::STATUS_EBUSY);
+                }
+                self.srqs.remove(&srqn);
                 Ok(0)
             }
             _ => Err(abi::STATUS_ENOSYS),
@@ -216,6 +314,7 @@ impl Device {
             length: r.length,
             page_shift: r.page_shift,
             pages,
+            invalidated: false,
         };
         let (lkey, rkey) = self.mrs.insert(mr, MAX_MR).ok_or(abi::STATUS_ENOMEM)?;
         Ok(put(out, &abi::MrKeys { lkey, rkey }))
@@ -264,7 +363,7 @@ impl Device {
         c: abi::CreateQp,
         out: &mut [u8],
     ) -> Result<usize, Status> {
-        if c.qp_type != abi::QPT_RC {
+        if !matches!(c.qp_type, abi::QPT_RC | abi::QPT_UC | abi::QPT_UD) {
             return Err(abi::STATUS_EOPNOTSUPP);
         }
         if !self.pds.contains_key(&c.pdn)
@@ -273,8 +372,20 @@ impl Device {
         {
             return Err(abi::STATUS_ENOENT);
         }
+        if c.srqn != 0 {
+            let srq = self.srqs.get(&c.srqn).ok_or(abi::STATUS_ENOENT)?;
+            if srq.pdn != c.pdn {
+                return Err(abi::STATUS_EINVAL);
+            }
+        }
         let sizes_ok = |n: u32| n > 0 && n.is_power_of_two() && n <= MAX_QP_WR;
-        if !sizes_ok(c.sq_size) || !sizes_ok(c.rq_size) {
+        // With an SRQ the QP has no receive ring of its own.
+        let rq_ok = if c.srqn != 0 {
+            c.rq_size == 0
+        } else {
+            sizes_ok(c.rq_size)
+        };
+        if !sizes_ok(c.sq_size) || !rq_ok {
             return Err(abi::STATUS_EINVAL);
         }
         if c.max_send_sge > MAX_SGE || c.max_recv_sge > MAX_SGE || c.max_inline > MAX_INLINE {
@@ -287,7 +398,9 @@ impl Device {
         let rq_stride = abi::rq_stride(c.max_recv_sge);
         let max_inline = sq_stride - size_of::<abi::SendWqe>() as u32;
         probe(mem, c.sq, c.sq_size as u64 * sq_stride as u64)?;
-        probe(mem, c.rq, c.rq_size as u64 * rq_stride as u64)?;
+        if c.srqn == 0 {
+            probe(mem, c.rq, c.rq_size as u64 * rq_stride as u64)?;
+        }
         probe(mem, c.db, 16)?;
         let qpn = self.alloc_qpn();
         let qp = Qp {
@@ -298,13 +411,14 @@ impl Device {
             send_cqn: c.send_cqn,
             recv_cqn: c.recv_cqn,
             sq_sig_all: c.sq_sig_all != 0,
+            srqn: c.srqn,
             sq: Ring {
                 gpa: c.sq,
                 size: c.sq_size,
                 stride: sq_stride,
             },
             rq: Ring {
-                gpa: c.rq,
+                gpa: if c.srqn == 0 { c.rq } else { 0 },
                 size: c.rq_size,
                 stride: rq_stride,
             },
@@ -333,6 +447,58 @@ impl Device {
         Ok(put(out, &r))
     }
 
+    fn create_srq(
+        &mut self,
+        mem: &dyn DmaMemory,
+        c: abi::CreateSrq,
+        out: &mut [u8],
+    ) -> Result<usize, Status> {
+        if !self.pds.contains_key(&c.pdn) {
+            return Err(abi::STATUS_ENOENT);
+        }
+        if c.max_wr == 0 || !c.max_wr.is_power_of_two() || c.max_wr > MAX_QP_WR {
+            return Err(abi::STATUS_EINVAL);
+        }
+        if c.max_sge > MAX_SGE || c.srq_limit > c.max_wr {
+            return Err(abi::STATUS_EINVAL);
+        }
+        if self.srqs.len() >= MAX_SRQ {
+            return Err(abi::STATUS_ENOMEM);
+        }
+        let stride = abi::rq_stride(c.max_sge);
+        probe(mem, c.ring, c.max_wr as u64 * stride as u64)?;
+        probe(mem, c.db, 8)?;
+        mem.write(c.db, &[0u8; 8]).map_err(|_| abi::STATUS_EFAULT)?;
+        let srqn = self.next_srqn;
+        self.next_srqn = self.next_srqn.wrapping_add(1).max(1);
+        self.srqs.insert(
+            srqn,
+            Srq {
+                srqn,
+                pdn: c.pdn,
+                ring: Ring {
+                    gpa: c.ring,
+                    size: c.max_wr,
+                    stride,
+                },
+                max_sge: c.max_sge.max(1),
+                limit: c.srq_limit,
+                pi: 0,
+                ci: 0,
+                record: c.db,
+            },
+        );
+        Ok(put(
+            out,
+            &abi::CreateSrqResp {
+                srqn,
+                stride,
+                max_wr: c.max_wr,
+                reserved: 0,
+            },
+        ))
+    }
+
     fn alloc_qpn(&mut self) -> u32 {
         // Bounded: fewer than MAX_QP QPs exist, so a free number is near.
         loop {
@@ -352,26 +518,17 @@ impl Device {
         let qp = self.qps.get_mut(&a.qpn).ok_or(abi::STATUS_ENOENT)?;
         let next = validate_modify(qp, &a)?;
         if a.attr_mask & abi::QP_ATTR_AV != 0 {
-            if a.sgid_index > 1 {
-                return Err(abi::STATUS_EINVAL);
-            }
-            if !matches!(Gid(a.dgid).to_ip(), IpAddr::V4(_)) {
-                return Err(abi::STATUS_EOPNOTSUPP);
-            }
+            let av = Av::of_qp(&a);
+            // check_av borrows the device; the QP is looked up again below.
+            let _ = qp;
+            self.check_av(&av)?;
         }
+        let qp = self.qps.get_mut(&a.qpn).ok_or(abi::STATUS_ENOENT)?;
         let prev = qp.state;
         apply_attrs(&mut qp.attr, &a);
         qp.state = next;
         qp.attr.qp_state = next;
-        let mut env = Env {
-            mem,
-            mrs: &self.mrs,
-            cqs: &mut self.cqs,
-            port: &self.port,
-            neigh: &self.neigh,
-            out: &mut self.out,
-            now: 0,
-        };
+        let mut env = transport_env!(self, mem, 0);
         match next {
             abi::QPS_RESET => {
                 qp.req = ReqState::default();
@@ -384,13 +541,28 @@ impl Device {
                 qp.req
                     .start(qp.attr.sq_psn, qp.attr.retry_cnt, qp.attr.rnr_retry);
             }
+            abi::QPS_SQD if prev == abi::QPS_RTS => {
+                // EV_SQ_DRAINED once every fetched WQE completed (IBTA
+                // §10.3.1.4, `IBV_EVENT_SQ_DRAINED`).
+                if qp.req.inflight.is_empty() {
+                    env.out.event(abi::EV_SQ_DRAINED, qp.qpn, 0);
+                } else {
+                    qp.req.drain_pending = true;
+                }
+            }
+            abi::QPS_RTS if prev == abi::QPS_SQD || prev == abi::QPS_SQE => {
+                qp.req.drain_pending = false;
+                requester::run(qp, &mut env);
+            }
             abi::QPS_ERR => {
                 qp.state = prev;
                 crate::transport::qp_to_error(qp, &mut env, abi::WC_SUCCESS);
             }
             _ => {}
         }
-        let dgid = (next == abi::QPS_RTR || next == abi::QPS_RTS).then_some(qp.attr.dgid);
+        let connected = qp.qp_type != abi::QPT_UD;
+        let dgid =
+            (connected && (next == abi::QPS_RTR || next == abi::QPS_RTS)).then_some(qp.attr.dgid);
         if let Some(dgid) = dgid {
             // Resolve the peer early so the first send does not wait for ARP.
             self.resolve(dgid, 0);

@@ -9,7 +9,7 @@
 //! Time is passed in by the caller as nanoseconds on a monotonic clock, so
 //! tests can run on a simulated clock.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::abi;
 use crate::mem::DmaMemory;
@@ -23,6 +23,9 @@ pub struct DeviceConfig {
     pub ipv4: Ipv4Addr,
     /// IPv4 prefix length (for ARP: on-link destinations only).
     pub prefix_len: u8,
+    /// Further IPv6 addresses of the port (GID indices 2, 3, ...; the
+    /// link-local GID, index 0, always exists).
+    pub ipv6: Vec<Ipv6Addr>,
     /// Link MTU, bytes (IP packet size; 1500 gives path MTU 1024).
     pub link_mtu: u32,
 }
@@ -35,11 +38,32 @@ mod neigh;
 
 use std::collections::HashMap;
 
-use crate::transport::{completer, requester, responder, Env, Output, PortId};
+use crate::transport::{completer, datagram, requester, responder, Env, Output, PortId};
+use crate::verbs::ah::Ah;
 use crate::verbs::cq::Cq;
 use crate::verbs::mr::MrTable;
 use crate::verbs::qp::Qp;
+use crate::verbs::srq::Srq;
 use crate::wire::{self, Frame};
+
+/// Builds the transport's [`Env`] from a device's fields, borrowing them
+/// one by one so that a QP taken from `qps` can be borrowed alongside.
+macro_rules! transport_env {
+    ($d:expr, $mem:expr, $now:expr) => {
+        Env {
+            mem: $mem,
+            mrs: &mut $d.mrs,
+            cqs: &mut $d.cqs,
+            srqs: &mut $d.srqs,
+            ahs: &$d.ahs,
+            port: &$d.port,
+            neigh: &$d.neigh,
+            out: &mut $d.out,
+            now: $now,
+        }
+    };
+}
+pub(crate) use transport_env;
 
 /// Per-device counters (see `vrnic stats`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -76,6 +100,10 @@ pub const MAX_CQ: usize = 1024;
 pub const MAX_MR: usize = 4096;
 /// Maximum PDs.
 pub const MAX_PD: usize = 1024;
+/// Maximum address handles.
+pub const MAX_AH: usize = 4096;
+/// Maximum SRQs.
+pub const MAX_SRQ: usize = 1024;
 /// Maximum WQEs per SQ/RQ.
 pub const MAX_QP_WR: u32 = 16384;
 /// Maximum CQEs per CQ.
@@ -100,8 +128,12 @@ pub struct Device {
     next_cqn: u32,
     qps: HashMap<u32, Qp>,
     next_qpn: u32,
-    neigh: HashMap<std::net::Ipv4Addr, [u8; 6]>,
-    arp_sent: HashMap<std::net::Ipv4Addr, Nanos>,
+    ahs: HashMap<u32, Ah>,
+    next_ahn: u32,
+    srqs: HashMap<u32, Srq>,
+    next_srqn: u32,
+    neigh: HashMap<IpAddr, [u8; 6]>,
+    arp_sent: HashMap<IpAddr, Nanos>,
     out: Output,
 }
 
@@ -111,6 +143,7 @@ impl Device {
         let port = PortId {
             mac: cfg.mac,
             ipv4: cfg.ipv4,
+            ipv6: cfg.ipv6.clone(),
         };
         Self {
             cfg,
@@ -122,6 +155,10 @@ impl Device {
             next_cqn: 1,
             qps: HashMap::new(),
             next_qpn: 0x11,
+            ahs: HashMap::new(),
+            next_ahn: 1,
+            srqs: HashMap::new(),
+            next_srqn: 1,
             neigh: HashMap::new(),
             arp_sent: HashMap::new(),
             out: Output::default(),
@@ -213,24 +250,29 @@ impl Device {
                 } else {
                     qp.resp.rq_pi = db.index;
                 }
-                let mut env = Env {
-                    mem,
-                    mrs: &self.mrs,
-                    cqs: &mut self.cqs,
-                    port: &self.port,
-                    neigh: &self.neigh,
-                    out: &mut self.out,
-                    now,
-                };
+                let mut env = transport_env!(self, mem, now);
                 if qp.state == abi::QPS_ERR {
                     crate::transport::flush(qp, &mut env);
+                } else if db.kind == abi::DB_SQ && qp.state == abi::QPS_SQE {
+                    // SQE flushes new send WQEs too (IBTA §10.3.1.6).
+                    requester::flush(qp, &mut env);
+                    crate::transport::write_record(qp, &env);
                 } else if db.kind == abi::DB_SQ {
                     requester::run(qp, &mut env);
                 }
-                let waiting = qp.req.waiting_arp.then_some(qp.attr.dgid);
-                if let Some(dgid) = waiting {
+                if let Some(dgid) = qp.req.waiting_arp {
                     self.resolve(dgid, now);
                 }
+            }
+            abi::DB_SRQ => {
+                let Some(srq) = self.srqs.get_mut(&db.handle) else {
+                    return;
+                };
+                if db.index.wrapping_sub(srq.ci) > srq.ring.size {
+                    tracing::warn!(srqn = srq.srqn, "doorbell index {} beyond ring", db.index);
+                    return;
+                }
+                srq.pi = db.index;
             }
             abi::DB_CQ_ARM | abi::DB_CQ_ARM_SOLICITED => {
                 if let Some(cq) = self.cqs.get_mut(&db.handle) {
@@ -263,29 +305,30 @@ impl Device {
                 return;
             }
         };
-        if pkt.hdr.ip_dst != std::net::IpAddr::V4(self.port.ipv4)
-            || pkt.hdr.eth_dst != self.port.mac
-        {
+        if !self.port.owns(pkt.hdr.ip_dst) || pkt.hdr.eth_dst != self.port.mac {
             self.out.stats.rx_dropped += 1;
             return;
         }
-        if let std::net::IpAddr::V4(src) = pkt.hdr.ip_src {
-            self.neigh.insert(src, pkt.hdr.eth_src);
-        }
+        // Neighbours are learnt from ARP / neighbour discovery only, never
+        // from RoCE packets: their Ethernet header is not covered by the
+        // ICRC, so one corrupted or forged frame would misdirect every
+        // later request of the QPs to that peer (replies go to the
+        // request's source MAC and need no table).
         let Some(qp) = self.qps.get_mut(&pkt.hdr.bth.dest_qp) else {
             self.out.stats.rx_dropped += 1;
             return;
         };
-        let mut env = Env {
-            mem,
-            mrs: &self.mrs,
-            cqs: &mut self.cqs,
-            port: &self.port,
-            neigh: &self.neigh,
-            out: &mut self.out,
-            now,
-        };
-        if pkt.hdr.bth.opcode.is_request() {
+        let mut env = transport_env!(self, mem, now);
+        if pkt.hdr.bth.opcode.transport() == wire::Transport::Ud {
+            if qp.qp_type == abi::QPT_UD && pkt.hdr.bth.opcode.is_request() {
+                // parse_frame accepted an Ethernet header of 14 bytes.
+                datagram::on_request(qp, &mut env, &pkt, frame.get(14..).unwrap_or_default());
+            } else {
+                env.out.stats.rx_dropped += 1;
+            }
+        } else if qp.qp_type == abi::QPT_UD {
+            env.out.stats.rx_dropped += 1;
+        } else if pkt.hdr.bth.opcode.is_request() {
             responder::on_request(qp, &mut env, &pkt);
         } else {
             completer::on_response(qp, &mut env, &pkt);
@@ -298,20 +341,20 @@ impl Device {
         let mut next: Option<Nanos> = None;
         let mut unresolved = Vec::new();
         for qp in self.qps.values_mut() {
-            let mut env = Env {
-                mem,
-                mrs: &self.mrs,
-                cqs: &mut self.cqs,
-                port: &self.port,
-                neigh: &self.neigh,
-                out: &mut self.out,
-                now,
+            let mut env = transport_env!(self, mem, now);
+            let t = if qp.qp_type == abi::QPT_UD {
+                if qp.req.waiting_arp.is_some() {
+                    datagram::run(qp, &mut env);
+                }
+                qp.req.waiting_arp.map(|_| now + 1_000_000)
+            } else {
+                completer::on_timer(qp, &mut env)
             };
-            if let Some(t) = completer::on_timer(qp, &mut env) {
+            if let Some(t) = t {
                 next = Some(next.map_or(t, |n| n.min(t)));
             }
-            if qp.req.waiting_arp {
-                unresolved.push(qp.attr.dgid);
+            if let Some(dgid) = qp.req.waiting_arp {
+                unresolved.push(dgid);
             }
         }
         for dgid in unresolved {

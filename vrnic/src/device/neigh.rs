@@ -13,11 +13,10 @@ const ARP_RETRY_NS: Nanos = 200_000_000;
 impl Device {
     pub(super) fn on_arp(&mut self, arp: &ArpPacket) {
         let for_us = arp.target_ip == self.port.ipv4;
-        if arp.sender_ip != Ipv4Addr::UNSPECIFIED
-            && (for_us || self.neigh.contains_key(&arp.sender_ip))
-        {
-            self.neigh.insert(arp.sender_ip, arp.sender_mac);
-            self.arp_sent.remove(&arp.sender_ip);
+        let sender = IpAddr::V4(arp.sender_ip);
+        if arp.sender_ip != Ipv4Addr::UNSPECIFIED && (for_us || self.neigh.contains_key(&sender)) {
+            self.neigh.insert(sender, arp.sender_mac);
+            self.arp_sent.remove(&sender);
         }
         if arp.op == 1 && for_us {
             let reply = ArpPacket {
@@ -34,21 +33,26 @@ impl Device {
         }
     }
 
+    /// IPv6 destinations: neighbour discovery (not yet: see `solicit`).
+    fn solicit(&mut self, _dst: IpAddr, _now: Nanos) {}
+
     /// Sends an ARP request for the IPv4 address of `dgid` unless one was
     /// sent recently.
     pub(super) fn resolve(&mut self, dgid: [u8; 16], now: Nanos) {
-        let IpAddr::V4(ip) = Gid(dgid).to_ip() else {
-            return;
-        };
-        if self.neigh.contains_key(&ip) {
+        let dst = Gid(dgid).to_ip();
+        if self.neigh.contains_key(&dst) {
             return;
         }
-        if let Some(&t) = self.arp_sent.get(&ip) {
+        if let Some(&t) = self.arp_sent.get(&dst) {
             if now < t + ARP_RETRY_NS {
                 return;
             }
         }
-        self.arp_sent.insert(ip, now);
+        self.arp_sent.insert(dst, now);
+        let IpAddr::V4(ip) = dst else {
+            self.solicit(dst, now);
+            return;
+        };
         let req = ArpPacket {
             op: 1,
             sender_mac: self.port.mac,

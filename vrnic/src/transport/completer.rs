@@ -4,7 +4,7 @@
 
 use crate::abi;
 use crate::transport::requester::{self, ack_timeout_ns};
-use crate::transport::{psn, qp_to_error, write_record, Env};
+use crate::transport::{psn, send_queue_error, write_record, Env};
 use crate::verbs::qp::Qp;
 use crate::wire::{rnr_timer_ns, AethKind, NakCode, Opcode, RocePacket};
 
@@ -107,12 +107,14 @@ pub fn complete_head_errors(qp: &mut Qp, env: &mut Env) {
     fail_head(qp, env, status);
 }
 
-/// Completes the oldest WQE with `status` and moves the QP to ERR.
+/// Completes the oldest WQE with `status` and moves the QP to ERR (RC) or
+/// SQE (UC, UD).
 fn fail_head(qp: &mut Qp, env: &mut Env, status: u8) {
     if let Some(op) = qp.req.inflight.pop_front() {
+        qp.req.send_pos = qp.req.send_pos.saturating_sub(1);
         requester::complete_op(qp, env, &op, status);
     }
-    qp_to_error(qp, env, status);
+    send_queue_error(qp, env, status);
 }
 
 /// Runs the QP's timers at `env.now`: the end of an RNR back-off resumes
@@ -142,10 +144,10 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
             }
         }
     }
-    if qp.req.waiting_arp && qp.state == abi::QPS_RTS {
+    if qp.req.waiting_arp.is_some() && matches!(qp.state, abi::QPS_RTS | abi::QPS_SQD) {
         requester::run(qp, env);
     }
-    let arp = qp.req.waiting_arp.then_some(env.now + 1_000_000);
+    let arp = qp.req.waiting_arp.map(|_| env.now + 1_000_000);
     [qp.req.rnr_deadline, qp.req.ack_deadline, arp]
         .into_iter()
         .flatten()

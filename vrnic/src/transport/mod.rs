@@ -7,28 +7,62 @@
 //! MR and CQ tables, the port identity and the output queues.
 
 pub mod completer;
+pub mod datagram;
 pub mod psn;
+pub mod recv_queue;
 pub mod requester;
 pub mod responder;
 
 use std::collections::{HashMap, VecDeque};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::abi;
 use crate::device::{DeviceStats, Nanos};
 use crate::mem::{self, DmaMemory};
+use crate::verbs::ah::{Ah, Av};
 use crate::verbs::cq::Cq;
 use crate::verbs::mr::MrTable;
 use crate::verbs::qp::Qp;
-use crate::wire::{self, Aeth, Bth, Opcode, RoceHeaders};
+use crate::verbs::srq::Srq;
+use crate::wire::{self, Aeth, Bth, Gid, Opcode, RoceHeaders};
 
-/// The port's identity: addresses used in packets.
+/// The port's identity: addresses used in packets, and its GID table.
 #[derive(Debug, Clone)]
 pub struct PortId {
     /// MAC address.
     pub mac: [u8; 6],
     /// IPv4 address (GID index 1).
     pub ipv4: Ipv4Addr,
+    /// Further IPv6 addresses (GID indices 2, 3, ...).
+    pub ipv6: Vec<Ipv6Addr>,
+}
+
+impl PortId {
+    /// The GID table (as Linux RoCE lays it out for RoCEv2): index 0 the
+    /// link-local GID from the MAC (modified EUI-64), index 1 the
+    /// IPv4-mapped GID of [`PortId::ipv4`], then one GID per address of
+    /// [`PortId::ipv6`]. `None` past the end.
+    pub fn gid(&self, index: u32) -> Option<Gid> {
+        match index {
+            0 => Some(Gid::link_local_from_mac(self.mac)),
+            1 => Some(Gid::from_ip(IpAddr::V4(self.ipv4))),
+            n => self
+                .ipv6
+                .get(n as usize - 2)
+                .map(|a| Gid::from_ip(IpAddr::V6(*a))),
+        }
+    }
+
+    /// Number of GID table entries.
+    pub fn gid_count(&self) -> u32 {
+        2 + self.ipv6.len() as u32
+    }
+
+    /// True when `ip` is one of the port's addresses (a GID of its table).
+    pub fn owns(&self, ip: IpAddr) -> bool {
+        let g = Gid::from_ip(ip);
+        (0..self.gid_count()).any(|i| self.gid(i) == Some(g))
+    }
 }
 
 /// What the transport produces besides memory writes.
@@ -76,14 +110,18 @@ impl Output {
 pub struct Env<'a> {
     /// Driver memory.
     pub mem: &'a dyn DmaMemory,
-    /// Memory regions.
-    pub mrs: &'a MrTable,
+    /// Memory regions (mutable for SEND with invalidate).
+    pub mrs: &'a mut MrTable,
     /// Completion queues.
     pub cqs: &'a mut HashMap<u32, Cq>,
+    /// Shared receive queues.
+    pub srqs: &'a mut HashMap<u32, Srq>,
+    /// Address handles.
+    pub ahs: &'a HashMap<u32, Ah>,
     /// The port's addresses.
     pub port: &'a PortId,
-    /// Known neighbours (IPv4 → MAC).
-    pub neigh: &'a HashMap<Ipv4Addr, [u8; 6]>,
+    /// Known neighbours (IP → MAC).
+    pub neigh: &'a HashMap<IpAddr, [u8; 6]>,
     /// Output queues.
     pub out: &'a mut Output,
     /// Current time.
@@ -114,11 +152,31 @@ pub fn udp_src_port(qpn: u32) -> u16 {
 }
 
 /// Headers of a packet from `qp` to its connected peer, or `None` while the
-/// peer's MAC is unknown (ARP pending).
+/// peer's MAC is unknown (ARP or neighbour discovery pending).
 pub fn peer_headers(qp: &Qp, env: &Env, opcode: Opcode, psn: u32) -> Option<RoceHeaders> {
-    let dgid = wire::Gid(qp.attr.dgid);
-    let IpAddr::V4(dst) = dgid.to_ip() else {
-        return None;
+    let av = Av::of_qp(&qp.attr);
+    headers_to(env, &av, qp.qpn, qp.attr.dest_qp_num, opcode, psn)
+}
+
+/// Headers of a packet from QP `src_qpn` to QP `dest_qp` at the address
+/// vector `av` (RoCEv2, IBTA A17.4: the GRH fields become the IP header),
+/// or `None` while the destination's MAC is unknown or the source GID
+/// index names no address of the destination's family.
+pub fn headers_to(
+    env: &Env,
+    av: &Av,
+    src_qpn: u32,
+    dest_qp: u32,
+    opcode: Opcode,
+    psn: u32,
+) -> Option<RoceHeaders> {
+    let dst = Gid(av.dgid).to_ip();
+    let src = match dst {
+        IpAddr::V4(_) => IpAddr::V4(env.port.ipv4),
+        IpAddr::V6(_) => match env.port.gid(av.sgid_index as u32)?.to_ip() {
+            IpAddr::V6(a) => IpAddr::V6(a),
+            IpAddr::V4(_) => IpAddr::V6(Ipv6Addr::from(env.port.gid(0)?.0)),
+        },
     };
     let eth_dst = *env.neigh.get(&dst)?;
     let bth = Bth {
@@ -130,24 +188,20 @@ pub fn peer_headers(qp: &Qp, env: &Env, opcode: Opcode, psn: u32) -> Option<Roce
         pkey: 0xffff,
         fecn: false,
         becn: false,
-        dest_qp: qp.attr.dest_qp_num,
+        dest_qp,
         ack_req: false,
         psn,
     };
     Some(RoceHeaders {
         eth_src: env.port.mac,
         eth_dst,
-        ip_src: IpAddr::V4(env.port.ipv4),
-        ip_dst: IpAddr::V4(dst),
+        ip_src: src,
+        ip_dst: dst,
         ip_id: 0,
-        ttl: if qp.attr.hop_limit == 0 {
-            64
-        } else {
-            qp.attr.hop_limit
-        },
-        tclass: qp.attr.traffic_class,
-        flow_label: 0,
-        udp_src: udp_src_port(qp.qpn),
+        ttl: if av.hop_limit == 0 { 64 } else { av.hop_limit },
+        tclass: av.traffic_class,
+        flow_label: av.flow_label,
+        udp_src: udp_src_port(src_qpn),
         bth,
         reth: None,
         aeth: None,
@@ -226,6 +280,26 @@ pub fn qp_to_error(qp: &mut Qp, env: &mut Env, status: u8) {
         env.out.event(abi::EV_QP_FATAL, qp.qpn, status as u32);
     }
     flush(qp, env);
+    if qp.srqn != 0 {
+        env.out.event(abi::EV_QP_LAST_WQE_REACHED, qp.qpn, 0);
+    }
+}
+
+/// A send-side error: for RC the QP moves to ERR (IBTA §10.8.3); UC and UD
+/// QPs move to SQE, where the SQ is flushed with `IBV_WC_WR_FLUSH_ERR`
+/// while the receive side keeps working (IBTA §10.3.1.6, Table 93).
+pub fn send_queue_error(qp: &mut Qp, env: &mut Env, status: u8) {
+    if qp.qp_type == abi::QPT_RC {
+        qp_to_error(qp, env, status);
+        return;
+    }
+    if matches!(qp.state, abi::QPS_ERR | abi::QPS_SQE) {
+        return;
+    }
+    qp.state = abi::QPS_SQE;
+    qp.attr.qp_state = abi::QPS_SQE;
+    requester::flush(qp, env);
+    write_record(qp, env);
 }
 
 /// Completes every outstanding WQE of a QP in ERR with `WR_FLUSH_ERR`.

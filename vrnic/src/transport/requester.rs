@@ -99,8 +99,10 @@ pub struct ReqState {
     pub ack_deadline: Option<u64>,
     /// Sending is paused until this time (RNR NAK back-off).
     pub rnr_deadline: Option<u64>,
-    /// Sending waits for ARP to resolve the peer.
-    pub waiting_arp: bool,
+    /// Sending waits for ARP / neighbour discovery to resolve this GID.
+    pub waiting_arp: Option<[u8; 16]>,
+    /// RTS→SQD asked for `EV_SQ_DRAINED` once every fetched WQE completes.
+    pub drain_pending: bool,
 }
 
 impl ReqState {
@@ -146,10 +148,14 @@ pub fn complete_op(qp: &mut Qp, env: &mut Env, op: &SendOp, status: u8) {
         env.complete(qp.send_cqn, cqe, false);
     }
     qp.req.sq_ci = op.index.wrapping_add(1);
+    if qp.state == abi::QPS_SQD && qp.req.drain_pending && qp.req.inflight.is_empty() {
+        qp.req.drain_pending = false;
+        env.out.event(abi::EV_SQ_DRAINED, qp.qpn, 0);
+    }
 }
 
 /// Reads and validates the WQE at SQ index `index`.
-fn fetch(qp: &Qp, env: &Env, index: u32) -> SendOp {
+pub(crate) fn fetch(qp: &Qp, env: &Env, index: u32) -> SendOp {
     let slot = qp.sq.slot(index);
     let mut op = SendOp {
         index,
@@ -186,21 +192,24 @@ fn fetch(qp: &Qp, env: &Env, index: u32) -> SendOp {
 
 fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8> {
     let w = op.wqe;
-    let supported = matches!(
-        w.opcode,
-        abi::WR_SEND
-            | abi::WR_SEND_WITH_IMM
-            | abi::WR_SEND_WITH_INV
-            | abi::WR_RDMA_WRITE
-            | abi::WR_RDMA_WRITE_WITH_IMM
-    ) || is_read_or_atomic(w.opcode);
+    // Operations per transport (IBTA Table 38 "service types").
+    let send = matches!(w.opcode, abi::WR_SEND | abi::WR_SEND_WITH_IMM);
+    let write = matches!(w.opcode, abi::WR_RDMA_WRITE | abi::WR_RDMA_WRITE_WITH_IMM);
+    let supported = match qp.qp_type {
+        abi::QPT_RC => {
+            send || write || w.opcode == abi::WR_SEND_WITH_INV || is_read_or_atomic(w.opcode)
+        }
+        abi::QPT_UC => send || write,
+        abi::QPT_UD => send,
+        _ => false,
+    };
     // READ and atomic results are written into the local buffers.
     let local_access = if is_read_or_atomic(w.opcode) {
         abi::ACCESS_LOCAL_WRITE
     } else {
         0
     };
-    if !supported || qp.qp_type != abi::QPT_RC {
+    if !supported {
         return Err(abi::WC_LOC_QP_OP_ERR);
     }
     let body = slot + size_of::<abi::SendWqe>() as u64;
@@ -253,7 +262,7 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8
 }
 
 /// Gathers `buf.len()` message bytes starting at byte `offset` of `op`.
-fn gather(env: &Env, op: &SendOp, offset: u32, buf: &mut [u8]) -> Result<(), u8> {
+pub(crate) fn gather(env: &Env, op: &SendOp, offset: u32, buf: &mut [u8]) -> Result<(), u8> {
     match &op.payload {
         Payload::Inline(d) => {
             let o = offset as usize;
@@ -283,8 +292,19 @@ fn gather(env: &Env, op: &SendOp, offset: u32, buf: &mut [u8]) -> Result<(), u8>
     Ok(())
 }
 
-/// Packet opcode for packet `k` of `npkts` of a message with WR opcode `wr`.
-fn packet_opcode(wr: u8, k: u32, npkts: u32) -> Opcode {
+/// Packet opcode for packet `k` of `npkts` of a message with WR opcode
+/// `wr` on a QP of type `qp_type` (UC opcodes are the RC ones + 0x20,
+/// IBTA Table 35).
+fn packet_opcode(qp_type: u32, wr: u8, k: u32, npkts: u32) -> Opcode {
+    let rc = rc_packet_opcode(wr, k, npkts);
+    if qp_type == abi::QPT_UC {
+        Opcode::from_u8(rc as u8 | 0x20).unwrap_or(rc)
+    } else {
+        rc
+    }
+}
+
+fn rc_packet_opcode(wr: u8, k: u32, npkts: u32) -> Opcode {
     let (first, last) = (k == 0, k + 1 == npkts);
     match (wr, first, last) {
         (abi::WR_RDMA_READ, _, _) => Opcode::RcReadRequest,
@@ -312,7 +332,7 @@ fn packet_opcode(wr: u8, k: u32, npkts: u32) -> Opcode {
 fn send_packet(qp: &mut Qp, env: &mut Env, i: usize, k: u32) -> Result<bool, u8> {
     let mtu = qp.mtu();
     let op = &qp.req.inflight[i];
-    let opcode = packet_opcode(op.wqe.opcode, k, op.npkts);
+    let opcode = packet_opcode(qp.qp_type, op.wqe.opcode, k, op.npkts);
     let Some(mut hdr) = peer_headers(qp, env, opcode, psn::add(op.first_psn, k)) else {
         return Ok(false);
     };
@@ -349,7 +369,7 @@ fn send_packet(qp: &mut Qp, env: &mut Env, i: usize, k: u32) -> Result<bool, u8>
     let mut payload = vec![0u8; n as usize];
     gather(env, op, offset, &mut payload)?;
     let last = k + 1 == op.npkts;
-    hdr.bth.ack_req = last || (k + 1).is_multiple_of(ACK_REQ_EVERY);
+    hdr.bth.ack_req = qp.qp_type == abi::QPT_RC && (last || (k + 1).is_multiple_of(ACK_REQ_EVERY));
     hdr.bth.solicited = last && op.wqe.send_flags & abi::SEND_SOLICITED != 0;
     if opcode.has_reth() {
         hdr.reth = Some(Reth {
@@ -370,13 +390,43 @@ fn send_packet(qp: &mut Qp, env: &mut Env, i: usize, k: u32) -> Result<bool, u8>
     Ok(true)
 }
 
+/// True when op `pos` of the in-flight list must wait before its first
+/// packet: a fenced WQE waits for every earlier READ and atomic to
+/// complete (`IBV_SEND_FENCE`, IBTA §10.8.3.3), and a READ or atomic waits
+/// while `max_rd_atomic` of them are outstanding (IBTA §9.5, C9-28).
+fn must_wait(qp: &Qp, pos: usize) -> bool {
+    let op = &qp.req.inflight[pos];
+    if op.sent != 0 {
+        return false;
+    }
+    let outstanding = qp
+        .req
+        .inflight
+        .iter()
+        .take(pos)
+        .filter(|o| o.needs_response())
+        .count();
+    if op.wqe.send_flags & abi::SEND_FENCE != 0 && outstanding > 0 {
+        return true;
+    }
+    // 0 would forbid READ and atomics outright; like rxe's requester, treat
+    // it as 1 so a misconfigured QP is slow rather than stuck.
+    op.needs_response() && outstanding >= (qp.attr.max_rd_atomic.max(1)) as usize
+}
+
 /// Sends what the QP may send now: unsent packets of fetched WQEs, then new
-/// WQEs, within the in-flight window.
+/// WQEs, within the in-flight window. In SQD only WQEs already fetched are
+/// sent (and retransmitted); nothing new is fetched. UD QPs are served by
+/// [`crate::transport::datagram::run`].
 pub fn run(qp: &mut Qp, env: &mut Env) {
-    if qp.state != abi::QPS_RTS || qp.req.rnr_deadline.is_some() {
+    if qp.qp_type == abi::QPT_UD {
+        crate::transport::datagram::run(qp, env);
         return;
     }
-    qp.req.waiting_arp = false;
+    if !matches!(qp.state, abi::QPS_RTS | abi::QPS_SQD) || qp.req.rnr_deadline.is_some() {
+        return;
+    }
+    qp.req.waiting_arp = None;
     let mut budget = BURST;
     while budget > 0 {
         let pos = qp.req.send_pos;
@@ -390,10 +440,13 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
                 qp.req.send_pos += 1;
                 continue;
             }
+            if must_wait(qp, pos) {
+                break;
+            }
             match send_packet(qp, env, pos, k) {
                 Ok(true) => {}
                 Ok(false) => {
-                    qp.req.waiting_arp = true;
+                    qp.req.waiting_arp = Some(qp.attr.dgid);
                     break;
                 }
                 Err(status) => {
@@ -409,14 +462,20 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             } else {
                 op.sent + 1
             };
+            budget -= 1;
+            if qp.qp_type == abi::QPT_UC {
+                // Unreliable: a message is complete once its last packet is
+                // on the wire (IBTA §9.7.2 has no acknowledgement for UC).
+                complete_sent(qp, env);
+                continue;
+            }
             if qp.req.ack_deadline.is_none() {
                 qp.req.ack_deadline = ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t);
             }
-            budget -= 1;
             continue;
         }
-        // Fetch a new WQE.
-        if qp.req.sq_next == qp.req.sq_pi {
+        // Fetch a new WQE (not in SQD: IBTA §10.3.1.4).
+        if qp.req.sq_next == qp.req.sq_pi || qp.state != abi::QPS_RTS {
             break;
         }
         if psn::diff(qp.req.psn, psn::add(qp.req.acked_psn, 1)) >= MAX_INFLIGHT_PKTS as i32 {
@@ -432,6 +491,20 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
         }
     }
     crate::transport::completer::complete_head_errors(qp, env);
+}
+
+/// UC: completes, in order, the WQEs at the head whose packets are all sent.
+fn complete_sent(qp: &mut Qp, env: &mut Env) {
+    while let Some(op) = qp.req.inflight.front() {
+        if op.error.is_some() || op.sent < op.npkts {
+            break;
+        }
+        let op = qp.req.inflight.pop_front().expect("front exists");
+        qp.req.send_pos = qp.req.send_pos.saturating_sub(1);
+        qp.req.acked_psn = op.last_psn();
+        complete_op(qp, env, &op, abi::WC_SUCCESS);
+    }
+    crate::transport::write_record(qp, env);
 }
 
 /// Rewinds sending to `from` (go-back-N): the WQE holding that PSN resends

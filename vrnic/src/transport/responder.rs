@@ -3,26 +3,15 @@
 //! and answers with ACK, NAK or RNR NAK (IBTA Vol 1 §9.7.4.1, §9.7.5.2,
 //! §9.9; rxe_resp.c). Every error is answered: a requester never hangs.
 
-use crate::abi::{self, Sge};
-use crate::mem;
+use crate::abi;
+use crate::transport::recv_queue::{self, RecvCtx};
 use crate::transport::{psn, qp_to_error, reply_headers, write_record, Env};
 use crate::verbs::qp::Qp;
-use crate::wire::{Aeth, AtomicAckEth, NakCode, Opcode, RocePacket};
+use crate::wire::{Aeth, AtomicAckEth, NakCode, Opcode, RocePacket, Transport};
 
 /// "Unlimited" credit count in an ACK's AETH (IBTA Table 44: 0x1F is
 /// "invalid/no credit information", which end-to-end flow control ignores).
 const CREDITS_UNLIMITED: u8 = 0x1f;
-
-/// A receive WQE being filled by a multi-packet SEND.
-#[derive(Debug, Clone)]
-pub struct RecvCtx {
-    /// Receive WQE's wr_id.
-    pub wr_id: u64,
-    /// Its SGEs.
-    pub sges: Vec<Sge>,
-    /// Bytes received so far.
-    pub offset: u32,
-}
 
 /// An RDMA WRITE in progress.
 #[derive(Debug, Clone, Copy)]
@@ -48,8 +37,14 @@ pub struct RespState {
     pub rq_pi: u32,
     /// Oldest unconsumed RQ index.
     pub rq_ci: u32,
-    /// SEND in progress.
+    /// SEND in progress (its receive WQE already taken).
     pub recv: Option<RecvCtx>,
+    /// UC: a receive WQE taken for a message that was abandoned after a
+    /// lost packet; the next SEND uses it (it was never completed).
+    pub spare: Option<RecvCtx>,
+    /// UC: dropping the rest of a message after a lost packet, until the
+    /// next FIRST or ONLY (IBTA §9.7.5.2, UC responder).
+    pub uc_drop: bool,
     /// WRITE in progress.
     pub write: Option<WriteCtx>,
     /// A PSN sequence error NAK was sent and not yet cleared by the expected PSN.
@@ -76,15 +71,24 @@ fn fail(nak: NakCode) -> Fail {
     }
 }
 
-/// Handles a request packet addressed to `qp`.
+/// Handles a request packet addressed to `qp` (RC or UC; UD requests go
+/// to [`crate::transport::datagram::on_request`]). Packets of another
+/// transport than the QP's are dropped.
 pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
-    if !matches!(qp.state, abi::QPS_RTR | abi::QPS_RTS | abi::QPS_SQD) || qp.qp_type != abi::QPT_RC
-    {
+    if !matches!(
+        qp.state,
+        abi::QPS_RTR | abi::QPS_RTS | abi::QPS_SQD | abi::QPS_SQE
+    ) {
         return;
     }
     let bth = pkt.hdr.bth;
-    if bth.opcode.transport() != crate::wire::Transport::Rc {
-        return;
+    match (qp.qp_type, bth.opcode.transport()) {
+        (abi::QPT_RC, Transport::Rc) if qp.state != abi::QPS_SQE => {}
+        (abi::QPT_UC, Transport::Uc) => return on_uc_request(qp, env, pkt),
+        _ => {
+            env.out.stats.rx_dropped += 1;
+            return;
+        }
     }
     let d = psn::diff(bth.psn, qp.resp.epsn);
     if d > 0 {
@@ -175,6 +179,51 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
             };
             qp_to_error(qp, env, status);
         }
+    }
+}
+
+/// UC responder (IBTA §9.7.5.2, §9.8.4): no acknowledgements, no
+/// retransmission. A PSN gap abandons the message in progress (its receive
+/// WQE is kept for the next SEND) and the rest of it is dropped until the
+/// next FIRST or ONLY; a message that cannot be executed (no receive WQE,
+/// bad R_Key, too long) is silently dropped and the QP carries on.
+fn on_uc_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
+    let bth = pkt.hdr.bth;
+    let op = bth.opcode;
+    let starts = op.is_first() || op.is_only();
+    if bth.psn != qp.resp.epsn {
+        abandon_uc_message(qp);
+        qp.resp.uc_drop = !starts;
+    }
+    qp.resp.epsn = psn::add(bth.psn, 1);
+    if qp.resp.uc_drop && !starts {
+        env.out.stats.rx_dropped += 1;
+        return;
+    }
+    qp.resp.uc_drop = false;
+    let dropped = match execute(qp, env, pkt) {
+        Ok(Some(())) => false,
+        Ok(None) => true,
+        Err(f) => {
+            if let Some(status) = f.recv_status {
+                complete_recv(qp, env, status, 0, None, abi::WC_OP_RECV, false);
+            }
+            true
+        }
+    };
+    if dropped {
+        env.out.stats.rx_dropped += 1;
+        abandon_uc_message(qp);
+        qp.resp.uc_drop = !op.is_last() && !op.is_only();
+    }
+}
+
+/// UC: forgets the message in progress, keeping its receive WQE.
+fn abandon_uc_message(qp: &mut Qp) {
+    qp.resp.write = None;
+    if let Some(mut ctx) = qp.resp.recv.take() {
+        ctx.offset = 0;
+        qp.resp.spare = Some(ctx);
     }
 }
 
@@ -338,23 +387,19 @@ fn send_atomic_ack(qp: &Qp, env: &mut Env, pkt: &RocePacket, orig: u64) {
     env.out.send(&mut hdr, &[]);
 }
 
-/// Takes the next receive WQE, or `None` when the RQ is empty. A WQE that
-/// fails validation is still consumed (it completes with the error).
-fn take_recv(qp: &mut Qp, env: &Env) -> Result<Option<RecvCtx>, Fail> {
-    if qp.resp.rq_ci == qp.resp.rq_pi {
-        return Ok(None);
+/// Takes the next receive WQE (a UC spare first, then the RQ or SRQ), or
+/// `None` when none is posted. A WQE that fails validation is still
+/// consumed: it is left in `qp.resp.recv` to complete with the error.
+fn take_recv(qp: &mut Qp, env: &mut Env) -> Result<Option<RecvCtx>, Fail> {
+    if let Some(ctx) = qp.resp.spare.take() {
+        return Ok(Some(ctx));
     }
-    let slot = qp.rq.slot(qp.resp.rq_ci);
-    let wqe: abi::RecvWqe = mem::read_obj(env.mem, slot).unwrap_or_default();
-    match read_sges(qp, env, slot, wqe.num_sge) {
-        Ok(sges) => Ok(Some(RecvCtx {
-            wr_id: wqe.wr_id,
-            sges,
-            offset: 0,
-        })),
-        Err(status) => {
+    match recv_queue::take(qp, env) {
+        None => Ok(None),
+        Some(Ok(ctx)) => Ok(Some(ctx)),
+        Some(Err((wr_id, status))) => {
             qp.resp.recv = Some(RecvCtx {
-                wr_id: wqe.wr_id,
+                wr_id,
                 sges: Vec::new(),
                 offset: 0,
             });
@@ -364,32 +409,6 @@ fn take_recv(qp: &mut Qp, env: &Env) -> Result<Option<RecvCtx>, Fail> {
             })
         }
     }
-}
-
-/// Reads and validates a receive WQE's SGEs (local write access to the MRs).
-fn read_sges(qp: &Qp, env: &Env, slot: u64, num_sge: u32) -> Result<Vec<Sge>, u8> {
-    if num_sge > qp.max_recv_sge {
-        return Err(abi::WC_LOC_LEN_ERR);
-    }
-    let mut sges = Vec::with_capacity(num_sge as usize);
-    for i in 0..num_sge as u64 {
-        let sge: Sge =
-            mem::read_obj(env.mem, slot + 16 + i * 16).map_err(|_| abi::WC_LOC_PROT_ERR)?;
-        if sge.length == 0 {
-            continue;
-        }
-        env.mrs
-            .check(
-                sge.lkey,
-                qp.pdn,
-                abi::ACCESS_LOCAL_WRITE,
-                sge.addr,
-                sge.length as u64,
-            )
-            .map_err(|_| abi::WC_LOC_PROT_ERR)?;
-        sges.push(sge);
-    }
-    Ok(sges)
 }
 
 /// Scatters `data` at byte `offset` of the receive WQE's SGEs.
@@ -421,6 +440,17 @@ fn execute_send(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<(
     }
     let ctx = qp.resp.recv.as_mut().expect("checked above");
     ctx.offset += pkt.payload.len() as u32;
+    if let (true, Some(ieth)) = (op.is_last(), pkt.hdr.ieth) {
+        // SEND with invalidate: the named rkey stops working for remote
+        // access (IBTA §9.4.1.3, §10.6.6). One not of this PD is an
+        // invalid request, as rxe answers it.
+        if env.mrs.invalidate(ieth.rkey, qp.pdn).is_err() {
+            return Err(Fail {
+                nak: NakCode::InvalidRequest,
+                recv_status: Some(abi::WC_REM_INV_REQ_ERR),
+            });
+        }
+    }
     if op.is_last() {
         let imm = pkt.hdr.immdt.map(|i| i.0);
         let (imm, flags) = match (imm, pkt.hdr.ieth) {
@@ -448,7 +478,7 @@ fn execute_write(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<
     let op = pkt.hdr.bth.opcode;
     // WRITE with immediate consumes a receive WQE: make sure one exists
     // before touching memory, so an RNR retry re-executes cleanly.
-    if op.has_immdt() && qp.resp.rq_ci == qp.resp.rq_pi {
+    if op.has_immdt() && qp.resp.spare.is_none() && !recv_queue::available(qp, env) {
         return Ok(None);
     }
     if op.is_first() {
@@ -533,7 +563,8 @@ fn complete_recv(
     complete_recv_flags(qp, env, status, len, imm, opcode, solicited, 0)
 }
 
-/// Completes the receive WQE in `qp.resp.recv` and consumes its RQ slot.
+/// Completes the receive WQE in `qp.resp.recv` (already consumed from its
+/// RQ or SRQ when it was taken).
 #[allow(clippy::too_many_arguments)]
 fn complete_recv_flags(
     qp: &mut Qp,
@@ -560,14 +591,17 @@ fn complete_recv_flags(
         ..Default::default()
     };
     env.complete(qp.recv_cqn, cqe, solicited);
-    qp.resp.rq_ci = qp.resp.rq_ci.wrapping_add(1);
-    write_record(qp, env);
 }
 
-/// Flushes every posted receive WQE (QP in ERR).
+/// Flushes every posted receive WQE (QP in ERR): the ones taken for a
+/// message in progress, then the QP's own RQ. WQEs on an SRQ stay there for
+/// the other QPs (IBTA §10.2.9.5; the driver gets `EV_QP_LAST_WQE_REACHED`).
 pub fn flush(qp: &mut Qp, env: &mut Env) {
     qp.resp.write = None;
-    if let Some(ctx) = qp.resp.recv.take() {
+    for ctx in [qp.resp.recv.take(), qp.resp.spare.take()]
+        .into_iter()
+        .flatten()
+    {
         qp.resp.recv = Some(ctx);
         complete_recv(
             qp,
@@ -579,11 +613,13 @@ pub fn flush(qp: &mut Qp, env: &mut Env) {
             false,
         );
     }
+    if qp.srqn != 0 {
+        return;
+    }
     // Bounded by the ring size: the doorbell handler keeps pi - ci <= size.
     while qp.resp.rq_ci != qp.resp.rq_pi {
-        let wr_id = mem::read_obj::<abi::RecvWqe>(env.mem, qp.rq.slot(qp.resp.rq_ci))
-            .map(|w| w.wr_id)
-            .unwrap_or(0);
+        let wr_id = recv_queue::wr_id_at(qp, env, qp.resp.rq_ci);
+        qp.resp.rq_ci = qp.resp.rq_ci.wrapping_add(1);
         qp.resp.recv = Some(RecvCtx {
             wr_id,
             sges: Vec::new(),
@@ -599,4 +635,5 @@ pub fn flush(qp: &mut Qp, env: &mut Env) {
             false,
         );
     }
+    write_record(qp, env);
 }

@@ -1,6 +1,9 @@
 //! The verbs object model: protection domains, memory regions, completion
-//! queues and queue pairs (IBTA Vol 1 chapter 10; the `ibv_*` man pages).
+//! queues, queue pairs, shared receive queues and address handles (IBTA
+//! Vol 1 chapter 10; the `ibv_*` man pages).
 
+pub mod ah;
 pub mod cq;
 pub mod mr;
 pub mod qp;
+pub mod srq;

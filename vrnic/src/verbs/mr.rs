@@ -19,6 +19,9 @@ pub enum MrError {
     /// The range falls outside the MR.
     #[error("range outside the memory region")]
     Bounds,
+    /// The rkey was invalidated by a SEND with invalidate.
+    #[error("remote key was invalidated")]
+    Invalidated,
     /// The driver memory behind the MR could not be accessed.
     #[error("driver memory: {0}")]
     Mem(#[from] MemError),
@@ -43,6 +46,9 @@ pub struct Mr {
     pub page_shift: u32,
     /// Guest-physical address of each page.
     pub pages: Vec<u64>,
+    /// The rkey was invalidated (SEND with invalidate, IBTA §9.4.1.3):
+    /// remote accesses fail from then on; local ones still work.
+    pub invalidated: bool,
 }
 
 impl Mr {
@@ -155,6 +161,21 @@ impl MrTable {
         self.slots[idx].1.take()
     }
 
+    /// Invalidates the remote key `rkey` of an MR in `pdn` (the IETH of a
+    /// SEND with invalidate, IBTA §9.4.1.3, §10.6.6): later remote accesses
+    /// through it fail. `BadKey`/`WrongPd` when it names no MR of `pdn`.
+    pub fn invalidate(&mut self, rkey: u32, pdn: u32) -> Result<(), MrError> {
+        let mr = self.get(rkey)?;
+        if mr.pdn != pdn {
+            return Err(MrError::WrongPd);
+        }
+        let idx = (rkey >> 8) as usize - 1;
+        if let Some(mr) = self.slots[idx].1.as_mut() {
+            mr.invalidated = true;
+        }
+        Ok(())
+    }
+
     /// True when some MR belongs to `pdn`.
     pub fn uses_pd(&self, pdn: u32) -> bool {
         self.slots
@@ -178,6 +199,10 @@ impl MrTable {
         }
         if mr.access & access != access {
             return Err(MrError::Access);
+        }
+        let remote = abi::ACCESS_REMOTE_READ | abi::ACCESS_REMOTE_WRITE | abi::ACCESS_REMOTE_ATOMIC;
+        if mr.invalidated && access & remote != 0 {
+            return Err(MrError::Invalidated);
         }
         mr.check_range(va, len)?;
         Ok(mr)
@@ -228,6 +253,7 @@ mod tests {
             length: 0x1800,
             page_shift: 12,
             pages,
+            invalidated: false,
         }
     }
 

@@ -40,6 +40,8 @@ pub struct Qp {
     pub recv_cqn: u32,
     /// Every send WQE completes with a CQE.
     pub sq_sig_all: bool,
+    /// Shared receive queue, or 0 when the QP has its own RQ.
+    pub srqn: u32,
     /// Send queue.
     pub sq: Ring,
     /// Receive queue.

@@ -49,6 +49,7 @@ impl Node {
             mac: [2, 0, 0, 0, 0, last_octet],
             ipv4: ip,
             prefix_len: 24,
+            ipv6: Vec::new(),
             link_mtu: mtu,
         };
         Node {
@@ -167,6 +168,8 @@ impl Node {
             sq,
             rq,
             db: rec,
+            srqn: 0,
+            reserved: 0,
         };
         let r = abi::CreateQpResp::read_from(&self.cmd(abi::CMD_CREATE_QP, &c).unwrap()).unwrap();
         assert_eq!((r.sq_stride, r.rq_stride), (sq_stride, rq_stride));

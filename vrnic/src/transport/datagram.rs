@@ -1,0 +1,181 @@
+//! Unreliable Datagram (IBTA Vol 1 §9.8.2 "UD", §10.2.5 Q_Keys; RoCEv2
+//! Annex A17.4.5.1 for the GRH): one packet per message, addressed by an
+//! address handle, the destination QPN and a Q_Key carried in the DETH; no
+//! acknowledgements. The receiver checks the Q_Key, takes a receive WQE
+//! (RQ or SRQ) and puts the 40-byte GRH area in front of the payload.
+
+use std::net::IpAddr;
+
+use crate::abi;
+use crate::transport::recv_queue;
+use crate::transport::requester::{self, complete_op, fetch};
+use crate::transport::{headers_to, psn, scatter_sges, send_queue_error, write_record, Env};
+use crate::verbs::qp::Qp;
+use crate::wire::{Deth, Immdt, Opcode, RocePacket};
+
+/// Bytes of the GRH area at the start of every UD receive buffer
+/// (`sizeof(struct ibv_grh)`).
+pub const GRH_LEN: usize = 40;
+
+/// Most WQEs one call sends for one QP.
+const BURST: u32 = 64;
+
+/// The Q_Key a UD send carries: the WQE's, or the QP's own when the WQE's
+/// has its most significant bit set (IBTA §10.2.5, C10-15).
+pub fn send_qkey(qp: &Qp, wqe_qkey: u32) -> u32 {
+    if wqe_qkey & 0x8000_0000 != 0 {
+        qp.attr.qkey
+    } else {
+        wqe_qkey
+    }
+}
+
+/// Sends the UD QP's posted WQEs, in order, one packet each. A WQE whose
+/// AH is missing or of another PD completes with `WC_LOC_QP_OP_ERR`, one
+/// longer than the path MTU with `WC_LOC_LEN_ERR` (IBTA C10-9); either
+/// moves the QP to SQE. A WQE whose destination MAC is still being
+/// resolved waits at the head.
+pub fn run(qp: &mut Qp, env: &mut Env) {
+    if qp.state != abi::QPS_RTS {
+        return;
+    }
+    qp.req.waiting_arp = None;
+    for _ in 0..BURST {
+        if qp.req.sq_next == qp.req.sq_pi {
+            break;
+        }
+        let mut op = fetch(qp, env, qp.req.sq_next);
+        let ah = env.ahs.get(&op.wqe.ah).filter(|a| a.pdn == qp.pdn).copied();
+        if op.error.is_none() {
+            if ah.is_none() {
+                op.error = Some(abi::WC_LOC_QP_OP_ERR);
+            } else if op.len > qp.mtu() {
+                op.error = Some(abi::WC_LOC_LEN_ERR);
+            }
+        }
+        if let Some(status) = op.error {
+            qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
+            complete_op(qp, env, &op, status);
+            send_queue_error(qp, env, status);
+            return;
+        }
+        let ah = ah.expect("checked above");
+        let opcode = if op.wqe.opcode == abi::WR_SEND_WITH_IMM {
+            Opcode::UdSendOnlyImm
+        } else {
+            Opcode::UdSendOnly
+        };
+        let Some(mut hdr) = headers_to(env, &ah.av, qp.qpn, op.wqe.remote_qpn, opcode, qp.req.psn)
+        else {
+            qp.req.waiting_arp = Some(ah.av.dgid);
+            break;
+        };
+        let mut payload = vec![0u8; op.len as usize];
+        if let Err(status) = requester::gather(env, &op, 0, &mut payload) {
+            qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
+            complete_op(qp, env, &op, status);
+            send_queue_error(qp, env, status);
+            return;
+        }
+        hdr.bth.solicited = op.wqe.send_flags & abi::SEND_SOLICITED != 0;
+        hdr.deth = Some(Deth {
+            qkey: send_qkey(qp, op.wqe.remote_qkey),
+            src_qp: qp.qpn,
+        });
+        if opcode == Opcode::UdSendOnlyImm {
+            hdr.immdt = Some(Immdt(op.wqe.imm_data));
+        }
+        env.out.send(&mut hdr, &payload);
+        qp.req.psn = psn::add(qp.req.psn, 1);
+        qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
+        complete_op(qp, env, &op, abi::WC_SUCCESS);
+    }
+    write_record(qp, env);
+}
+
+/// The GRH area of a UD receive (as Linux rxe and RoCE hardware fill it):
+/// for IPv4 20 zero bytes then the 20-byte IPv4 header, for IPv6 the
+/// 40-byte IPv6 header. `net_hdr` is the frame from the IP header on.
+fn grh_area(pkt: &RocePacket, net_hdr: &[u8]) -> [u8; GRH_LEN] {
+    let mut grh = [0u8; GRH_LEN];
+    match pkt.hdr.ip_src {
+        IpAddr::V4(_) => {
+            if let Some(h) = net_hdr.get(..20) {
+                grh[20..].copy_from_slice(h);
+            }
+        }
+        IpAddr::V6(_) => {
+            if let Some(h) = net_hdr.get(..GRH_LEN) {
+                grh.copy_from_slice(h);
+            }
+        }
+    }
+    grh
+}
+
+/// Handles a UD request addressed to `qp`. Silently dropped (counted in
+/// `rx_dropped`): a Q_Key mismatch (IBTA C10-16), no posted receive WQE (UD
+/// has no RNR), a QP not yet in RTR. A receive buffer too short for GRH +
+/// payload completes with `WC_LOC_LEN_ERR` and the QP carries on.
+pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, net_hdr: &[u8]) {
+    let ok_state = matches!(
+        qp.state,
+        abi::QPS_RTR | abi::QPS_RTS | abi::QPS_SQD | abi::QPS_SQE
+    );
+    let Some(deth) = pkt.hdr.deth else {
+        env.out.stats.rx_dropped += 1;
+        return;
+    };
+    if !ok_state || !pkt.hdr.bth.opcode.has_deth() || deth.qkey != qp.attr.qkey {
+        env.out.stats.rx_dropped += 1;
+        return;
+    }
+    let ctx = match recv_queue::take(qp, env) {
+        None => {
+            env.out.stats.rx_dropped += 1;
+            return;
+        }
+        Some(Err((wr_id, status))) => {
+            complete(qp, env, wr_id, status, 0, pkt, deth.src_qp);
+            return;
+        }
+        Some(Ok(ctx)) => ctx,
+    };
+    let grh = grh_area(pkt, net_hdr);
+    let total = GRH_LEN + pkt.payload.len();
+    let result = scatter_sges(env, &ctx.sges, 0, &grh)
+        .and_then(|_| scatter_sges(env, &ctx.sges, GRH_LEN as u32, pkt.payload));
+    let status = match result {
+        Ok(()) => abi::WC_SUCCESS,
+        Err(s) => s,
+    };
+    complete(qp, env, ctx.wr_id, status, total as u32, pkt, deth.src_qp);
+}
+
+fn complete(
+    qp: &Qp,
+    env: &mut Env,
+    wr_id: u64,
+    status: u8,
+    len: u32,
+    pkt: &RocePacket,
+    src_qp: u32,
+) {
+    let imm = pkt.hdr.immdt.map(|i| i.0);
+    let mut flags = abi::WC_GRH;
+    if imm.is_some() {
+        flags |= abi::WC_WITH_IMM;
+    }
+    let cqe = abi::Cqe {
+        wr_id,
+        byte_len: if status == abi::WC_SUCCESS { len } else { 0 },
+        imm_data: imm.unwrap_or_default(),
+        qp_num: qp.qpn,
+        src_qp,
+        status,
+        opcode: abi::WC_OP_RECV,
+        wc_flags: if status == abi::WC_SUCCESS { flags } else { 0 },
+        ..Default::default()
+    };
+    env.complete(qp.recv_cqn, cqe, pkt.hdr.bth.solicited);
+}
