@@ -343,10 +343,15 @@ impl Device {
         for qp in self.qps.values_mut() {
             let mut env = transport_env!(self, mem, now);
             let t = if qp.qp_type == abi::QPT_UD {
-                if qp.req.waiting_arp.is_some() {
+                if qp.req.waiting_arp.is_some() || qp.req.more {
                     datagram::run(qp, &mut env);
                 }
-                qp.req.waiting_arp.map(|_| now + 1_000_000)
+                let arp = qp.req.waiting_arp.map(|_| now + 1_000_000);
+                if qp.req.more {
+                    Some(now)
+                } else {
+                    arp
+                }
             } else {
                 completer::on_timer(qp, &mut env)
             };

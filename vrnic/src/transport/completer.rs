@@ -144,11 +144,14 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
             }
         }
     }
-    if qp.req.waiting_arp.is_some() && matches!(qp.state, abi::QPS_RTS | abi::QPS_SQD) {
+    if (qp.req.waiting_arp.is_some() || qp.req.more)
+        && matches!(qp.state, abi::QPS_RTS | abi::QPS_SQD)
+    {
         requester::run(qp, env);
     }
     let arp = qp.req.waiting_arp.map(|_| env.now + 1_000_000);
-    [qp.req.rnr_deadline, qp.req.ack_deadline, arp]
+    let more = qp.req.more.then_some(env.now);
+    [qp.req.rnr_deadline, qp.req.ack_deadline, arp, more]
         .into_iter()
         .flatten()
         .min()

@@ -40,8 +40,13 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
         return;
     }
     qp.req.waiting_arp = None;
-    for _ in 0..BURST {
+    qp.req.more = false;
+    for n in 0..=BURST {
         if qp.req.sq_next == qp.req.sq_pi {
+            break;
+        }
+        if n == BURST {
+            qp.req.more = true;
             break;
         }
         let mut op = fetch(qp, env, qp.req.sq_next);

@@ -103,6 +103,9 @@ pub struct ReqState {
     pub waiting_arp: Option<[u8; 16]>,
     /// RTS→SQD asked for `EV_SQ_DRAINED` once every fetched WQE completes.
     pub drain_pending: bool,
+    /// The last run stopped at its burst limit with work left: the next
+    /// device poll runs the QP again (UC and UD get no ACKs to wake them).
+    pub more: bool,
 }
 
 impl ReqState {
@@ -427,6 +430,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
         return;
     }
     qp.req.waiting_arp = None;
+    qp.req.more = false;
     let mut budget = BURST;
     while budget > 0 {
         let pos = qp.req.send_pos;
@@ -490,6 +494,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             break;
         }
     }
+    qp.req.more = budget == 0;
     crate::transport::completer::complete_head_errors(qp, env);
 }
 
