@@ -91,6 +91,10 @@ struct DaemonArgs {
     /// The port's IPv4 address and prefix length, e.g. 10.0.0.1/24.
     #[arg(long, value_name = "ADDR/PREFIX")]
     ip: Ipv4Prefix,
+    /// Further IPv6 addresses of the port (GID indices 2, 3, ...; repeatable).
+    /// The link-local GID (index 0) exists without it.
+    #[arg(long, value_name = "ADDR")]
+    ipv6: Vec<std::net::Ipv6Addr>,
     /// The port's MAC address [default: 02:76 followed by the IPv4 address].
     #[arg(long, value_name = "XX:XX:XX:XX:XX:XX")]
     mac: Option<Mac>,
@@ -158,7 +162,7 @@ fn run_daemon(cli: DaemonArgs) -> Result<()> {
         mac: mac.0,
         ipv4: cli.ip.addr,
         prefix_len: cli.ip.len,
-        ipv6: Vec::new(),
+        ipv6: cli.ipv6.clone(),
         link_mtu: cli.mtu,
     });
     let link = open_link(&cli)?;

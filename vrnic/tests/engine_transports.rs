@@ -957,3 +957,137 @@ fn a_forged_ethernet_source_does_not_redirect_requests() {
     let done = collect(&mut a, &mut b, false, &mut cqa, 1);
     assert_eq!(done[0].status, abi::WC_SUCCESS);
 }
+
+fn link_local(mac_last: u8) -> [u8; 16] {
+    vrnic::wire::Gid::link_local_from_mac([2, 0, 0, 0, 0, mac_last]).0
+}
+
+#[test]
+fn ud_over_ipv6_link_local_gids_resolves_by_neighbour_discovery() {
+    let mut p = ud_pair();
+    let c = abi::CreateAh {
+        pdn: p.pa,
+        dgid: link_local(2),
+        sgid_index: 0,
+        port_num: 1,
+        is_global: 1,
+        ..Default::default()
+    };
+    let ah = Node::handle_of(p.a.cmd(abi::CMD_CREATE_AH, &c).unwrap());
+    let sge = abi::Sge {
+        addr: p.buf_b,
+        length: 2048,
+        lkey: p.lkey_b,
+    };
+    p.b.post_recv(&mut p.qb, 3, &[sge], 0);
+    ud_send(&mut p, ah, 500, QKEY, None);
+    let got = collect(&mut p.a, &mut p.b, true, &mut p.cqb, 1);
+    assert_eq!((got[0].status, got[0].byte_len), (abi::WC_SUCCESS, 540));
+    let grh = p.b.read(p.buf_b, 40);
+    assert_eq!(grh[0] >> 4, 6, "the GRH area holds the IPv6 header");
+    assert_eq!(&grh[8..24], &link_local(1), "source GID");
+    assert_eq!(&grh[24..40], &link_local(2), "destination GID");
+    let want: Vec<u8> = (0..500u32).map(|i| (i * 7 + 3) as u8).collect();
+    assert_eq!(p.b.read(p.buf_b + 40, 500), want);
+}
+
+#[test]
+fn rc_write_and_read_over_ipv6_gids() {
+    let (mut a, mut b) = pair(1500);
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (mut cqa, _cqb) = (a.create_cq(64), b.create_cq(64));
+    let qa = a.create_qp(pa, &cqa, 16, 1);
+    let qb = b.create_qp(pb, &cqa, 16, 1);
+    let all = abi::ACCESS_LOCAL_WRITE | abi::ACCESS_REMOTE_WRITE | abi::ACCESS_REMOTE_READ;
+    for (n, q, peer, peer_qpn) in [(&mut a, &qa, 2u8, qb.qpn), (&mut b, &qb, 1u8, qa.qpn)] {
+        use abi::*;
+        let base = QpAttr {
+            qpn: q.qpn,
+            ..Default::default()
+        };
+        n.modify(QpAttr {
+            attr_mask: QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS,
+            qp_state: QPS_INIT,
+            port_num: 1,
+            qp_access_flags: all,
+            ..base
+        })
+        .unwrap();
+        n.modify(QpAttr {
+            attr_mask: QP_ATTR_STATE
+                | QP_ATTR_AV
+                | QP_ATTR_PATH_MTU
+                | QP_ATTR_DEST_QPN
+                | QP_ATTR_RQ_PSN
+                | QP_ATTR_MAX_DEST_RD_ATOMIC
+                | QP_ATTR_MIN_RNR_TIMER,
+            qp_state: QPS_RTR,
+            path_mtu: 3,
+            dest_qp_num: peer_qpn,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 1,
+            dgid: link_local(peer),
+            sgid_index: 0,
+            is_global: 1,
+            ..base
+        })
+        .unwrap();
+        n.modify(QpAttr {
+            attr_mask: QP_ATTR_STATE
+                | QP_ATTR_SQ_PSN
+                | QP_ATTR_TIMEOUT
+                | QP_ATTR_RETRY_CNT
+                | QP_ATTR_RNR_RETRY
+                | QP_ATTR_MAX_QP_RD_ATOMIC,
+            qp_state: QPS_RTS,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+            ..base
+        })
+        .unwrap();
+    }
+    // An IPv6 destination with an IPv4 source GID is refused, as the kernel does.
+    let bad = abi::CreateAh {
+        pdn: pa,
+        dgid: link_local(2),
+        sgid_index: 1,
+        port_num: 1,
+        is_global: 1,
+        ..Default::default()
+    };
+    assert_eq!(a.cmd(abi::CMD_CREATE_AH, &bad), Err(abi::STATUS_EINVAL));
+    let len = 3000usize;
+    let src = a.alloc(2 * len);
+    let (lka, _) = a.reg_mr(pa, src, 2 * len as u64, all).unwrap();
+    let dst = b.alloc(len);
+    let (_, rkb) = b.reg_mr(pb, dst, len as u64, all).unwrap();
+    let data: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+    a.fill(src, &data);
+    let mut qa = qa;
+    let write = abi::SendWqe {
+        wr_id: 1,
+        opcode: abi::WR_RDMA_WRITE,
+        send_flags: abi::SEND_SIGNALED,
+        remote_addr: dst,
+        rkey: rkb,
+        ..Default::default()
+    };
+    let sge = |off: u64| abi::Sge {
+        addr: src + off,
+        length: len as u32,
+        lkey: lka,
+    };
+    a.post_send(&mut qa, write, &[sge(0)], 0);
+    let read = abi::SendWqe {
+        wr_id: 2,
+        opcode: abi::WR_RDMA_READ,
+        ..write
+    };
+    a.post_send(&mut qa, read, &[sge(len as u64)], 0);
+    let done = collect(&mut a, &mut b, false, &mut cqa, 2);
+    assert!(done.iter().all(|c| c.status == abi::WC_SUCCESS), "{done:?}");
+    assert_eq!(b.read(dst, len), data);
+    assert_eq!(a.read(src + len as u64, len), data);
+}

@@ -294,7 +294,9 @@ impl Device {
                 return;
             }
             Ok(Frame::Other) => {
-                self.out.stats.rx_dropped += 1;
+                if !self.on_ndp(frame) {
+                    self.out.stats.rx_dropped += 1;
+                }
                 return;
             }
             Err(e) => {
