@@ -17,9 +17,10 @@ pub struct Ring {
 }
 
 impl Ring {
-    /// Guest-physical address of the slot for free-running index `idx`.
+    /// Guest-physical address of the slot for free-running index `idx`
+    /// (slot 0 of an empty ring, which has no slots to read).
     pub fn slot(&self, idx: u32) -> u64 {
-        self.gpa + (idx & (self.size - 1)) as u64 * self.stride as u64
+        self.gpa + (idx & self.size.saturating_sub(1)) as u64 * self.stride as u64
     }
 }
 
