@@ -152,6 +152,8 @@ impl VrnicBackend {
     fn publish(&self, dp: &DataPath) {
         self.board
             .publish(&Snapshot::new(dp.device.stats(), &dp.stats));
+        // O(number of QPs) per wake-up; skipped while a reader holds it.
+        self.board.publish_qps(|v| dp.device.qp_stats_into(v));
     }
 
     /// Virtio features the frontend acknowledged (`SET_FEATURES`).

@@ -4,7 +4,10 @@
 //!
 //! - [`StatsBoard`]: the latest [`Snapshot`], which the worker publishes
 //!   after every wake-up. Publishing and reading are lock-free (a sequence
-//!   lock over atomics), so a reader never holds up the data path.
+//!   lock over atomics), so a reader never holds up the data path. Per-QP
+//!   counters ([`QpStats`]) are published next to it under a mutex the
+//!   worker only ever `try_lock`s (a busy reader makes it skip one publish,
+//!   never wait).
 //! - [`StatsServer`]: a thread answering every connection on a Unix socket
 //!   with the snapshot as `name value` lines, then closing it.
 //! - [`query`] and [`parse`]: the client side.
@@ -23,7 +26,7 @@ use std::time::Duration;
 
 use tracing::debug;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-use vrnic::device::DeviceStats;
+use vrnic::device::{DeviceStats, QpStats};
 
 use crate::datapath::BackendStats;
 
@@ -36,7 +39,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 }
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 23;
+pub const COUNTERS: usize = 31;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -52,6 +55,14 @@ pub const NAMES: [&str; COUNTERS] = [
     "rnr_naks_sent",
     "rnr_naks_received",
     "duplicates",
+    "nak_psn_seq_sent",
+    "nak_inv_req_sent",
+    "nak_rem_access_sent",
+    "nak_rem_op_sent",
+    "nak_psn_seq_received",
+    "nak_inv_req_received",
+    "nak_rem_access_received",
+    "nak_rem_op_received",
     "commands",
     "rejected_chains",
     "faulted_commands",
@@ -98,6 +109,14 @@ impl Snapshot {
             rnr_naks_sent,
             rnr_naks_received,
             duplicates,
+            nak_psn_seq_sent,
+            nak_inv_req_sent,
+            nak_rem_access_sent,
+            nak_rem_op_sent,
+            nak_psn_seq_received,
+            nak_inv_req_received,
+            nak_rem_access_received,
+            nak_rem_op_received,
         } = *device;
         let BackendStats {
             commands,
@@ -126,6 +145,14 @@ impl Snapshot {
                 rnr_naks_sent,
                 rnr_naks_received,
                 duplicates,
+                nak_psn_seq_sent,
+                nak_inv_req_sent,
+                nak_rem_access_sent,
+                nak_rem_op_sent,
+                nak_psn_seq_received,
+                nak_inv_req_received,
+                nak_rem_access_received,
+                nak_rem_op_received,
                 commands,
                 rejected_chains,
                 faulted_commands,
@@ -175,6 +202,7 @@ impl Snapshot {
 pub struct StatsBoard {
     seq: AtomicU64,
     values: [AtomicU64; COUNTERS],
+    qps: std::sync::Mutex<Vec<(u32, QpStats)>>,
 }
 
 impl Default for StatsBoard {
@@ -189,7 +217,21 @@ impl StatsBoard {
         Self {
             seq: AtomicU64::new(0),
             values: std::array::from_fn(|_| AtomicU64::new(0)),
+            qps: std::sync::Mutex::new(Vec::new()),
         }
+    }
+
+    /// Publishes the per-QP counters with `fill`, which replaces the
+    /// vector's contents. Never blocks: skipped while a reader holds them.
+    pub fn publish_qps(&self, fill: impl FnOnce(&mut Vec<(u32, QpStats)>)) {
+        if let Ok(mut g) = self.qps.try_lock() {
+            fill(&mut g);
+        }
+    }
+
+    /// The latest published per-QP counters, by QP number.
+    pub fn read_qps(&self) -> Vec<(u32, QpStats)> {
+        self.qps.lock().map(|g| g.clone()).unwrap_or_default()
     }
 
     /// Publishes `snap`. Never blocks.
@@ -401,8 +443,24 @@ fn serve_loop(listener: &UnixListener, stop: &EventFd, board: &StatsBoard) {
 fn answer(mut stream: UnixStream, board: &StatsBoard) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
-    stream.write_all(board.read().render().as_bytes())?;
+    let mut reply = board.read().render();
+    reply.push_str(&render_qps(&board.read_qps()));
+    stream.write_all(reply.as_bytes())?;
     stream.shutdown(std::net::Shutdown::Both)
+}
+
+/// The per-QP wire format: for each QP, one `qp_<qpn>_<counter> value`
+/// line per [`QpStats`] counter (QP number in decimal), e.g.
+/// `qp_17_retransmits 3`. The lines follow the device counters and parse
+/// with [`parse`] like them.
+pub fn render_qps(qps: &[(u32, QpStats)]) -> String {
+    let mut s = String::new();
+    for (qpn, st) in qps {
+        for (name, value) in st.iter() {
+            let _ = writeln!(s, "qp_{qpn}_{name} {value}");
+        }
+    }
+    s
 }
 
 /// Connects to the stats server at `path` and returns its reply; every

@@ -51,7 +51,7 @@ fn device_config(last_octet: u8) -> DeviceConfig {
 fn side(last_octet: u8, link: MemLink) -> Side {
     let cfg = device_config(last_octet);
     let ip = cfg.ipv4;
-    let daemon = TestDaemon::with_device(cfg, Box::new(link)).expect("daemon starts");
+    let daemon = TestDaemon::with_device_and_stats(cfg, Box::new(link)).expect("daemon starts");
     let mut fe = daemon
         .connect(&FrontendOptions::default())
         .expect("frontend connects");
@@ -278,6 +278,25 @@ fn rdma_write_with_a_bad_rkey_is_nakked_with_a_remote_access_error() {
         abi::QPS_ERR,
         "the requester's QP moved to ERR"
     );
+    // Each worker publishes its counters at the end of a wake-up; a
+    // command answered after the NAK's wake-up means that one published.
+    b.fe.query_qp(&b.qp).unwrap();
+    let per_qp = |s: &Side, name: &str| -> u64 {
+        let path = s.daemon.stats_socket().expect("stats server");
+        let reply = vrnic_vhost::stats::query(path, WAIT).expect("stats reply");
+        let lines = vrnic_vhost::stats::parse(&reply).expect("name value lines");
+        let key = format!("qp_{}_{name}", s.qp.qpn);
+        lines
+            .iter()
+            .find(|(n, _)| *n == key)
+            .unwrap_or_else(|| panic!("{key} missing from:\n{reply}"))
+            .1
+    };
+    assert_eq!(per_qp(&b, "nak_rem_access_sent"), 1, "B's QP NAKed once");
+    assert_eq!(per_qp(&a, "nak_rem_access_received"), 1, "A's QP got it");
+    assert_eq!(per_qp(&a, "nak_psn_seq_received"), 0);
+    assert!(per_qp(&a, "tx_packets") >= 2, "A's QP sent the WRITE");
+    assert!(per_qp(&b, "rx_packets") >= 2, "B's QP received it");
 
     let (ba, bb) = shut_down(a, b);
     assert_eq!(bb.device_stats().naks_sent, 1, "the responder sent one NAK");

@@ -203,3 +203,67 @@ fn a_cq_armed_for_solicited_completions_fires_only_for_solicited_ones() {
     assert_eq!(wait(&mut r, true).wr_id, 1);
     assert_eq!(events(&mut r.b), 1, "the solicited SEND raises one");
 }
+
+#[test]
+fn per_qp_counters_follow_the_device_counters_of_their_qp() {
+    use vrnic::link::fault::FaultRates;
+    let rates = FaultRates {
+        drop: 0.1,
+        ..Default::default()
+    };
+    let (mut a, mut b) = lossy_pair(1500, 3, rates);
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (mut cqa, cqb) = (a.create_cq(64), b.create_cq(64));
+    let mut qa = a.create_qp(pa, &cqa, 64, 1);
+    let mut qb = b.create_qp(pb, &cqb, 64, 1);
+    let idle = a.create_qp(pa, &cqa, 4, 1);
+    let (ipa, ipb) = (a.ip, b.ip);
+    a.connect(&qa, ipb, qb.qpn, 3, 1, 2, 7, 7);
+    b.connect(&qb, ipa, qa.qpn, 3, 2, 1, 7, 7);
+    let la = a.alloc(8192);
+    let (lka, _) = a.reg_mr(pa, la, 8192, abi::ACCESS_LOCAL_WRITE).unwrap();
+    for i in 0..40 {
+        b.post_recv(&mut qb, i, &[], 0);
+    }
+    for i in 0..40 {
+        let w = abi::SendWqe {
+            wr_id: i,
+            opcode: abi::WR_SEND,
+            send_flags: abi::SEND_SIGNALED,
+            ..Default::default()
+        };
+        let _ = (la, lka);
+        a.post_send(&mut qa, w, &[], 0);
+    }
+    let mut done = 0;
+    let mut now = 0;
+    run_until(&mut a, &mut b, &mut now, ROUNDS, |a, _| {
+        while let Some(c) = a.poll_cq(&mut cqa) {
+            assert_eq!(c.status, abi::WC_SUCCESS);
+            done += 1;
+        }
+        done == 40
+    });
+    let stats = a.dev.qp_stats();
+    let get = |qpn: u32| stats.iter().find(|(n, _)| *n == qpn).unwrap().1;
+    let (busy, quiet) = (get(qa.qpn), get(idle.qpn));
+    assert!(busy.retransmits > 0, "10% loss forces retransmissions");
+    assert_eq!(
+        busy.retransmits,
+        a.dev.stats().retransmits,
+        "all of them this QP's"
+    );
+    assert!(busy.tx_packets >= 40 && busy.rx_packets > 0);
+    assert_eq!(
+        quiet,
+        vrnic::device::QpStats::default(),
+        "an idle QP counts nothing"
+    );
+    let responder = b.dev.qp_stats()[0].1;
+    assert_eq!(responder.duplicates, b.dev.stats().duplicates);
+    assert_eq!(
+        responder.nak_psn_seq_sent,
+        b.dev.stats().nak_psn_seq_sent,
+        "sequence NAKs are the responder QP's"
+    );
+}

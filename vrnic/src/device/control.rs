@@ -434,6 +434,7 @@ impl Device {
             },
             req: ReqState::default(),
             resp: RespState::default(),
+            stats: Default::default(),
         };
         mem.write(c.db, &[0u8; 16])
             .map_err(|_| abi::STATUS_EFAULT)?;

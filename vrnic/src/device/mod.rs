@@ -35,6 +35,9 @@ pub type Nanos = u64;
 
 mod control;
 mod neigh;
+mod qp_stats;
+
+pub use qp_stats::QpStats;
 
 use std::collections::HashMap;
 
@@ -90,6 +93,48 @@ pub struct DeviceStats {
     pub rnr_naks_received: u64,
     /// Duplicate requests received (re-acknowledged, not re-executed).
     pub duplicates: u64,
+    /// NAKs sent with code PSN sequence error (IBTA Table 44).
+    pub nak_psn_seq_sent: u64,
+    /// NAKs sent with code invalid request.
+    pub nak_inv_req_sent: u64,
+    /// NAKs sent with code remote access error.
+    pub nak_rem_access_sent: u64,
+    /// NAKs sent with code remote operational error.
+    pub nak_rem_op_sent: u64,
+    /// NAKs received with code PSN sequence error.
+    pub nak_psn_seq_received: u64,
+    /// NAKs received with code invalid request (or invalid RD request).
+    pub nak_inv_req_received: u64,
+    /// NAKs received with code remote access error.
+    pub nak_rem_access_received: u64,
+    /// NAKs received with code remote operational error.
+    pub nak_rem_op_received: u64,
+}
+
+impl DeviceStats {
+    /// Counts a NAK sent with `code` (in `naks_sent` and by code).
+    pub fn nak_sent(&mut self, code: crate::wire::NakCode) {
+        use crate::wire::NakCode::*;
+        self.naks_sent += 1;
+        match code {
+            PsnSequenceError => self.nak_psn_seq_sent += 1,
+            InvalidRequest | InvalidRdRequest => self.nak_inv_req_sent += 1,
+            RemoteAccessError => self.nak_rem_access_sent += 1,
+            RemoteOperationalError => self.nak_rem_op_sent += 1,
+        }
+    }
+
+    /// Counts a NAK received with `code` (in `naks_received` and by code).
+    pub fn nak_received(&mut self, code: crate::wire::NakCode) {
+        use crate::wire::NakCode::*;
+        self.naks_received += 1;
+        match code {
+            PsnSequenceError => self.nak_psn_seq_received += 1,
+            InvalidRequest | InvalidRdRequest => self.nak_inv_req_received += 1,
+            RemoteAccessError => self.nak_rem_access_received += 1,
+            RemoteOperationalError => self.nak_rem_op_received += 1,
+        }
+    }
 }
 
 /// Device limits, reported by `CMD_QUERY_DEVICE` and the config space.
@@ -250,6 +295,7 @@ impl Device {
                 } else {
                     qp.resp.rq_pi = db.index;
                 }
+                let before = self.out.stats.clone();
                 let mut env = transport_env!(self, mem, now);
                 if qp.state == abi::QPS_ERR {
                     crate::transport::flush(qp, &mut env);
@@ -260,6 +306,7 @@ impl Device {
                 } else if db.kind == abi::DB_SQ {
                     requester::run(qp, &mut env);
                 }
+                qp.stats.add_delta(&before, &self.out.stats);
                 if let Some(dgid) = qp.req.waiting_arp {
                     self.resolve(dgid, now);
                 }
@@ -320,6 +367,8 @@ impl Device {
             self.out.stats.rx_dropped += 1;
             return;
         };
+        qp.stats.rx_packets += 1;
+        let before = self.out.stats.clone();
         let mut env = transport_env!(self, mem, now);
         if pkt.hdr.bth.opcode.transport() == wire::Transport::Ud {
             if qp.qp_type == abi::QPT_UD && pkt.hdr.bth.opcode.is_request() {
@@ -335,6 +384,7 @@ impl Device {
         } else {
             completer::on_response(qp, &mut env, &pkt);
         }
+        qp.stats.add_delta(&before, &self.out.stats);
     }
 
     /// Runs timers due at `now` (retransmission, RNR back-off, ARP retries).
@@ -343,6 +393,7 @@ impl Device {
         let mut next: Option<Nanos> = None;
         let mut unresolved = Vec::new();
         for qp in self.qps.values_mut() {
+            let before = self.out.stats.clone();
             let mut env = transport_env!(self, mem, now);
             let t = if qp.qp_type == abi::QPT_UD {
                 if qp.req.waiting_arp.is_some() || qp.req.more {
@@ -357,6 +408,7 @@ impl Device {
             } else {
                 completer::on_timer(qp, &mut env)
             };
+            qp.stats.add_delta(&before, &self.out.stats);
             if let Some(t) = t {
                 next = Some(next.map_or(t, |n| n.min(t)));
             }
@@ -391,5 +443,20 @@ impl Device {
     /// Counters.
     pub fn stats(&self) -> &DeviceStats {
         &self.out.stats
+    }
+
+    /// Per-QP counters of every QP, by QP number (ascending).
+    pub fn qp_stats(&self) -> Vec<(u32, QpStats)> {
+        let mut v = Vec::with_capacity(self.qps.len());
+        self.qp_stats_into(&mut v);
+        v
+    }
+
+    /// [`Device::qp_stats`] into `out` (replacing its contents), reusing
+    /// its allocation.
+    pub fn qp_stats_into(&self, out: &mut Vec<(u32, QpStats)>) {
+        out.clear();
+        out.extend(self.qps.values().map(|q| (q.qpn, q.stats)));
+        out.sort_unstable_by_key(|(n, _)| *n);
     }
 }

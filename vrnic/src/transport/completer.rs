@@ -47,7 +47,7 @@ pub fn on_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
         }
         AethKind::Nak(code) => {
             ack_up_to(qp, env, psn::add(p, psn::PSN_MASK));
-            env.out.stats.naks_received += 1;
+            env.out.stats.nak_received(code);
             match code {
                 NakCode::PsnSequenceError => {
                     requester::rewind(qp, p);

@@ -102,7 +102,7 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
                 qp.resp.epsn,
                 Aeth::nak(qp.resp.msn, NakCode::PsnSequenceError),
             );
-            env.out.stats.naks_sent += 1;
+            env.out.stats.nak_sent(NakCode::PsnSequenceError);
         }
         return;
     }
@@ -167,7 +167,7 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
             );
         }
         Err(f) => {
-            env.out.stats.naks_sent += 1;
+            env.out.stats.nak_sent(f.nak);
             send_aeth(qp, env, pkt, bth.psn, Aeth::nak(qp.resp.msn, f.nak));
             if let Some(status) = f.recv_status {
                 complete_recv(qp, env, status, 0, None, abi::WC_OP_RECV, false);

@@ -61,6 +61,8 @@ pub struct Qp {
     pub req: ReqState,
     /// Responder (receive side) state.
     pub resp: RespState,
+    /// Counters (see [`crate::device::QpStats`]).
+    pub stats: crate::device::QpStats,
 }
 
 impl Qp {
