@@ -1,9 +1,12 @@
-//! What the guest tools (`vrnic-pingpong`, `vrnic-write-imm`) share: the
-//! `strtoul`-style option parsers, the `ibv_rc_pingpong` out-of-band
-//! destination message (rdma-core's libibverbs/examples/pingpong.c and
-//! rc_pingpong.c), opening the device (the PCI function or an in-process
-//! loopback pair), RC QP bring-up RESET → INIT → RTR → RTS with
-//! rc_pingpong's attributes, and the pacing of bounded CQ polls.
+//! What the guest tools (`vrnic-pingpong`, `vrnic-ud-pingpong`,
+//! `vrnic-srq-pingpong`, `vrnic-write-imm`) share: the `strtoul`-style
+//! option parsers, the `ibv_rc_pingpong` out-of-band destination message
+//! (rdma-core's libibverbs/examples/pingpong.c and rc_pingpong.c), opening
+//! the device (the PCI function or an in-process loopback pair), RC QP
+//! bring-up RESET → INIT → RTR → RTS with rc_pingpong's attributes (also on
+//! an SRQ, as srq_pingpong), UD QP bring-up with ud_pingpong's, and the
+//! pacing of bounded CQ polls. What only the ping-pong ports share is in
+//! [`crate::pingpong`].
 //!
 //! Errors are [`anyhow::Error`]s whose messages are the tools' own (most
 //! follow rc_pingpong's wording, e.g. `Couldn't create QP`): the tools print
@@ -18,10 +21,11 @@ use vrnic::abi;
 
 use crate::transport::Transport;
 use crate::verbs::{
-    AhAttr, Cq, Gid, Pd, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, QP_ATTR_ACCESS_FLAGS,
+    AhAttr, Cq, Gid, Pd, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, Srq, QP_ATTR_ACCESS_FLAGS,
     QP_ATTR_AV, QP_ATTR_DEST_QPN, QP_ATTR_MAX_DEST_RD_ATOMIC, QP_ATTR_MAX_QP_RD_ATOMIC,
-    QP_ATTR_MIN_RNR_TIMER, QP_ATTR_PATH_MTU, QP_ATTR_PKEY_INDEX, QP_ATTR_PORT, QP_ATTR_RETRY_CNT,
-    QP_ATTR_RNR_RETRY, QP_ATTR_RQ_PSN, QP_ATTR_SQ_PSN, QP_ATTR_STATE, QP_ATTR_TIMEOUT,
+    QP_ATTR_MIN_RNR_TIMER, QP_ATTR_PATH_MTU, QP_ATTR_PKEY_INDEX, QP_ATTR_PORT, QP_ATTR_QKEY,
+    QP_ATTR_RETRY_CNT, QP_ATTR_RNR_RETRY, QP_ATTR_RQ_PSN, QP_ATTR_SQ_PSN, QP_ATTR_STATE,
+    QP_ATTR_TIMEOUT,
 };
 
 // ---------------------------------------------------------------------------
@@ -241,10 +245,57 @@ pub const LINK_LAYER_ETHERNET: u32 = 2;
 ///
 /// Errors: `Couldn't create QP`, `Failed to modify QP to INIT`.
 pub fn rc_qp_init(pd: &Pd, cq: &Cq, max_recv_wr: u32, port: u8, access: u32) -> Result<Qp> {
+    rc_qp_init_srq(pd, cq, None, max_recv_wr, port, access)
+}
+
+/// [`rc_qp_init`] for a QP that takes its receives from `srq` when one is
+/// given (srq_pingpong's QPs: `max_recv_wr` is then ignored).
+///
+/// Errors: `Couldn't create QP`, `Failed to modify QP to INIT`.
+pub fn rc_qp_init_srq(
+    pd: &Pd,
+    cq: &Cq,
+    srq: Option<&Srq>,
+    max_recv_wr: u32,
+    port: u8,
+    access: u32,
+) -> Result<Qp> {
+    let attr = QpAttr {
+        qp_access_flags: access,
+        ..Default::default()
+    };
+    example_qp_init(
+        pd,
+        cq,
+        QpType::Rc,
+        srq,
+        max_recv_wr,
+        port,
+        attr,
+        QP_ATTR_ACCESS_FLAGS,
+    )
+}
+
+/// The examples' QP: `qp_type` on `cq` (send and receive), optionally on
+/// `srq`, 1 send WR, `max_recv_wr` receive WRs, 1 SGE each, no inline data
+/// requested, only signalled sends completing; moved RESET → INIT with
+/// P_Key index 0, `port` and the fields of `attr` named by `mask`.
+#[allow(clippy::too_many_arguments)]
+fn example_qp_init(
+    pd: &Pd,
+    cq: &Cq,
+    qp_type: QpType,
+    srq: Option<&Srq>,
+    max_recv_wr: u32,
+    port: u8,
+    attr: QpAttr,
+    mask: u32,
+) -> Result<Qp> {
     let init = QpInitAttr {
-        qp_type: QpType::Rc,
+        qp_type,
         send_cq: cq,
         recv_cq: cq,
+        srq,
         cap: QpCap {
             max_send_wr: 1,
             max_recv_wr,
@@ -259,12 +310,11 @@ pub fn rc_qp_init(pd: &Pd, cq: &Cq, max_recv_wr: u32, port: u8, access: u32) -> 
         qp_state: QpState::Init,
         pkey_index: 0,
         port_num: port,
-        qp_access_flags: access,
-        ..Default::default()
+        ..attr
     };
     qp.modify(
         &attr,
-        QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS,
+        QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | mask,
     )
     .context("Failed to modify QP to INIT")?;
     Ok(qp)
@@ -315,6 +365,52 @@ pub fn rc_qp_connect(
         | QP_ATTR_SQ_PSN
         | QP_ATTR_MAX_QP_RD_ATOMIC;
     qp.modify(&attr, rts)
+        .context("Failed to modify QP to RTS")?;
+    Ok(())
+}
+
+/// ud_pingpong's Q_Key (`0x11111111`), on its QP and in its sends.
+pub const UD_PINGPONG_QKEY: u32 = 0x1111_1111;
+
+/// Creates a UD QP on `cq` (send and receive) with ud_pingpong's
+/// capabilities (1 send WR, `max_recv_wr` receive WRs, 1 SGE each, no
+/// inline data requested, only signalled sends completing) and moves it
+/// RESET → INIT with P_Key index 0, `port` and `qkey` (`ibv_modify_qp(3)`:
+/// `STATE | PKEY_INDEX | PORT | QKEY`).
+///
+/// Errors: `Couldn't create QP`, `Failed to modify QP to INIT`.
+pub fn ud_qp_init(pd: &Pd, cq: &Cq, max_recv_wr: u32, port: u8, qkey: u32) -> Result<Qp> {
+    let attr = QpAttr {
+        qkey,
+        ..Default::default()
+    };
+    example_qp_init(
+        pd,
+        cq,
+        QpType::Ud,
+        None,
+        max_recv_wr,
+        port,
+        attr,
+        QP_ATTR_QKEY,
+    )
+}
+
+/// ud_pingpong's `pp_connect_ctx` for the QP: INIT → RTR (`STATE` only)
+/// → RTS (`STATE | SQ_PSN`, send PSN `my_psn`). A UD QP has no peer; the
+/// destination of each send is its address handle.
+///
+/// Errors: `Failed to modify QP to RTR`, `Failed to modify QP to RTS`.
+pub fn ud_qp_rts(qp: &mut Qp, my_psn: u32) -> Result<()> {
+    let mut attr = QpAttr {
+        qp_state: QpState::Rtr,
+        ..Default::default()
+    };
+    qp.modify(&attr, QP_ATTR_STATE)
+        .context("Failed to modify QP to RTR")?;
+    attr.qp_state = QpState::Rts;
+    attr.sq_psn = my_psn;
+    qp.modify(&attr, QP_ATTR_STATE | QP_ATTR_SQ_PSN)
         .context("Failed to modify QP to RTS")?;
     Ok(())
 }

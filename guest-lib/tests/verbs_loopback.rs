@@ -1,45 +1,16 @@
 //! The verbs API end to end: two in-process devices ([`LoopbackTransport`])
 //! joined by a `MemLink` pair, driven only through `vrnic_guest::verbs`.
 //!
-//! Every wait polls a CQ against a wall-clock deadline ([`DEADLINE`]); no
-//! test sleeps to synchronise.
+//! Every wait polls a CQ against a wall-clock deadline
+//! ([`verbs_common::DEADLINE`]); no test sleeps to synchronise.
+
+mod verbs_common;
 
 use std::net::Ipv4Addr;
-use std::time::{Duration, Instant};
 
+use verbs_common::{connect, two_contexts, wait_cq, GID_INDEX, PATH_MTU};
 use vrnic::abi;
-use vrnic::device::DeviceConfig;
-use vrnic::link::mem::MemLink;
-use vrnic_guest::loopback::LoopbackTransport;
 use vrnic_guest::verbs::*;
-
-/// Longest any test waits for completions.
-const DEADLINE: Duration = Duration::from_secs(10);
-/// Path MTU of every connection here: 1024 bytes (`ibv_mtu` 3).
-const PATH_MTU: u32 = 3;
-/// The IPv4-mapped RoCEv2 GID.
-const GID_INDEX: u32 = 1;
-
-fn config(n: u8) -> DeviceConfig {
-    DeviceConfig {
-        mac: [0x02, 0, 0, 0, 0, n],
-        ipv4: Ipv4Addr::new(10, 0, 0, n),
-        prefix_len: 24,
-        ipv6: Vec::new(),
-        link_mtu: 1500,
-    }
-}
-
-/// Two contexts on devices 10.0.0.1 and 10.0.0.2, linked back to back.
-fn two_contexts() -> (Context, Context) {
-    let (la, lb) = MemLink::pair();
-    let ta = LoopbackTransport::new(config(1), Box::new(la)).expect("device A starts");
-    let tb = LoopbackTransport::new(config(2), Box::new(lb)).expect("device B starts");
-    (
-        Context::open(Box::new(ta)).expect("open A"),
-        Context::open(Box::new(tb)).expect("open B"),
-    )
-}
 
 /// One side of an RC connection. Field order is drop order: QP, CQ, MR, PD.
 struct Side {
@@ -60,6 +31,7 @@ impl Side {
             qp_type: QpType::Rc,
             send_cq: &cq,
             recv_cq: &cq,
+            srq: None,
             cap: QpCap {
                 max_send_wr: depth,
                 max_recv_wr: depth,
@@ -93,75 +65,18 @@ impl Side {
 
     /// RTR then RTS towards `peer`, with `ibv_rc_pingpong`'s attributes.
     fn connect(&mut self, my_psn: u32, peer_qpn: u32, peer_psn: u32, peer_gid: Gid) {
-        let mut attr = QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: PATH_MTU,
-            dest_qp_num: peer_qpn,
-            rq_psn: peer_psn,
-            max_dest_rd_atomic: 1,
-            min_rnr_timer: 12,
-            ah_attr: AhAttr {
-                dgid: peer_gid,
-                sgid_index: GID_INDEX as u8,
-                hop_limit: 64,
-                is_global: true,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        self.qp
-            .modify(
-                &attr,
-                QP_ATTR_STATE
-                    | QP_ATTR_AV
-                    | QP_ATTR_PATH_MTU
-                    | QP_ATTR_DEST_QPN
-                    | QP_ATTR_RQ_PSN
-                    | QP_ATTR_MAX_DEST_RD_ATOMIC
-                    | QP_ATTR_MIN_RNR_TIMER,
-            )
-            .expect("INIT -> RTR");
-        attr.qp_state = QpState::Rts;
-        attr.timeout = 14;
-        attr.retry_cnt = 7;
-        attr.rnr_retry = 7;
-        attr.sq_psn = my_psn;
-        attr.max_rd_atomic = 1;
-        self.qp
-            .modify(
-                &attr,
-                QP_ATTR_STATE
-                    | QP_ATTR_TIMEOUT
-                    | QP_ATTR_RETRY_CNT
-                    | QP_ATTR_RNR_RETRY
-                    | QP_ATTR_SQ_PSN
-                    | QP_ATTR_MAX_QP_RD_ATOMIC,
-            )
-            .expect("RTR -> RTS");
+        connect(&mut self.qp, my_psn, peer_qpn, peer_psn, peer_gid);
     }
 
     fn gid(&self) -> Gid {
-        self.ctx.query_gid(1, GID_INDEX).expect("query GID 1")
+        self.ctx
+            .query_gid(1, GID_INDEX.into())
+            .expect("query GID 1")
     }
 
-    /// Polls until `n` completions arrived or [`DEADLINE`] passed; panics then.
+    /// Polls until `n` completions arrived; panics after the deadline.
     fn wait(&mut self, n: usize, what: &str) -> Vec<WorkCompletion> {
-        let start = Instant::now();
-        let mut got = Vec::new();
-        let mut wc = [WorkCompletion::default(); 8];
-        while got.len() < n {
-            let k = self.cq.poll(&mut wc[..(n - got.len()).min(8)]);
-            got.extend_from_slice(&wc[..k]);
-            if k == 0 {
-                assert!(
-                    start.elapsed() < DEADLINE,
-                    "{what}: {} of {n} completions after {DEADLINE:?}: {got:?}",
-                    got.len()
-                );
-                std::thread::yield_now();
-            }
-        }
-        got
+        wait_cq(&mut self.cq, n, what)
     }
 
     /// Polls for one completion, and for none after it.
@@ -209,7 +124,7 @@ fn queries_describe_the_port_and_its_ipv4_mapped_gid() {
         "link MTU 1500 gives path MTU 1024"
     );
     assert_eq!(port.link_layer, 2, "IBV_LINK_LAYER_ETHERNET");
-    let gid = ca.query_gid(1, GID_INDEX).expect("query GID 1");
+    let gid = ca.query_gid(1, GID_INDEX.into()).expect("query GID 1");
     assert_eq!(gid, Gid::from(Ipv4Addr::new(10, 0, 0, 1)));
     assert_eq!(gid.to_string(), "::ffff:10.0.0.1");
     assert!(ca.query_gid(1, 7).is_err(), "no GID 7");

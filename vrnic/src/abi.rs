@@ -399,7 +399,7 @@ pub struct CreateQp {
     pub rq: u64,
     /// Guest-physical address of the QP record.
     pub db: u64,
-    /// Shared receive queue number, or 0 for the QP's own RQ (RC and UD only).
+    /// Shared receive queue number, or 0 for the QP's own RQ.
     pub srqn: u32,
     /// Reserved, zero.
     pub reserved: u32,
@@ -810,7 +810,8 @@ pub const SEND_INLINE: u8 = 8;
 pub struct Cqe {
     /// Work request ID of the completed WQE.
     pub wr_id: u64,
-    /// Bytes transferred (receive: payload length; READ: bytes read).
+    /// Bytes transferred (receive: payload length, plus the 40-byte GRH
+    /// area for UD; READ: bytes read).
     pub byte_len: u32,
     /// Immediate data (network byte order) or invalidated rkey.
     pub imm_data: [u8; 4],

@@ -9,11 +9,20 @@
 //! - [`Mr`]: a memory region (`ibv_reg_mr(3)`).
 //! - [`Cq`]: a completion queue (`ibv_create_cq(3)`, `ibv_poll_cq(3)`).
 //! - [`Qp`]: a queue pair (`ibv_create_qp(3)`, `ibv_modify_qp(3)`,
-//!   `ibv_query_qp(3)`, `ibv_post_send(3)`, `ibv_post_recv(3)`).
+//!   `ibv_query_qp(3)`, `ibv_post_send(3)`, `ibv_post_recv(3)`): RC, UC or
+//!   UD ([`QpType`]).
+//! - [`Ah`]: an address handle for UD sends (`ibv_create_ah(3)`).
+//! - [`Srq`]: a shared receive queue (`ibv_create_srq(3)`,
+//!   `ibv_modify_srq(3)`, `ibv_query_srq(3)`, `ibv_post_srq_recv(3)`).
 //!
-//! Ownership replaces reference counting by hand: an [`Mr`] and a [`Qp`]
-//! keep their [`Pd`] alive, a [`Qp`] keeps its CQs alive, and every object
-//! keeps the [`Context`] (and so the transport and its DMA memory) alive.
+//! Asynchronous events (`ibv_get_async_event(3)`: `EV_QP_FATAL`,
+//! `EV_SRQ_LIMIT`, `EV_QP_LAST_WQE_REACHED`, ...) and completion events
+//! (`EV_COMP`) come from [`Context::poll_event`].
+//!
+//! Ownership replaces reference counting by hand: an [`Mr`], [`Ah`],
+//! [`Srq`] and [`Qp`] keep their [`Pd`] alive, a [`Qp`] keeps its CQs and
+//! its SRQ alive, and every object keeps the [`Context`] (and so the
+//! transport and its DMA memory) alive.
 //! Dropping an object destroys it on the device; a failure there is logged,
 //! not returned.
 //!
@@ -33,6 +42,7 @@
 //!     qp_type: QpType::Rc,
 //!     send_cq: &cq,
 //!     recv_cq: &cq,
+//!     srq: None,
 //!     cap: QpCap { max_send_wr: 1, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
 //!     sq_sig_all: false,
 //! };
@@ -43,30 +53,36 @@
 //! # let _ = n; Ok(()) }
 //! ```
 
+mod ah;
 mod cq;
 mod device;
 mod mr;
 mod pd;
 mod qp;
+mod srq;
 mod wc;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+pub use ah::{grh_sgid, Ah, AhAttr, GRH_LEN};
 pub use cq::Cq;
 pub use device::Gid;
 pub use mr::Mr;
 pub use pd::Pd;
 pub use qp::{
-    AhAttr, AtomicWr, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RdmaWr, RecvWr, SendWr, UdWr,
+    AtomicWr, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RdmaWr, RecvWr, SendWr, UdWr,
     WrOpcode,
 };
+pub use srq::{Srq, SrqAttr, SrqInitAttr};
 pub use vrnic::abi::{
-    DeviceAttr, PortAttr, Sge, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ,
-    ACCESS_REMOTE_WRITE, QP_ATTR_ACCESS_FLAGS, QP_ATTR_AV, QP_ATTR_CUR_STATE, QP_ATTR_DEST_QPN,
+    DeviceAttr, Event, PortAttr, Sge, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ,
+    ACCESS_REMOTE_WRITE, EV_COMP, EV_CQ_ERR, EV_QP_FATAL, EV_QP_LAST_WQE_REACHED, EV_SQ_DRAINED,
+    EV_SRQ_LIMIT, QP_ATTR_ACCESS_FLAGS, QP_ATTR_AV, QP_ATTR_CUR_STATE, QP_ATTR_DEST_QPN,
     QP_ATTR_MAX_DEST_RD_ATOMIC, QP_ATTR_MAX_QP_RD_ATOMIC, QP_ATTR_MIN_RNR_TIMER, QP_ATTR_PATH_MTU,
     QP_ATTR_PKEY_INDEX, QP_ATTR_PORT, QP_ATTR_QKEY, QP_ATTR_RETRY_CNT, QP_ATTR_RNR_RETRY,
     QP_ATTR_RQ_PSN, QP_ATTR_SQ_PSN, QP_ATTR_STATE, QP_ATTR_TIMEOUT, SEND_FENCE, SEND_INLINE,
-    SEND_SIGNALED, SEND_SOLICITED,
+    SEND_SIGNALED, SEND_SOLICITED, SRQ_ATTR_LIMIT, SRQ_ATTR_MAX_WR, WC_GRH, WC_WITH_IMM,
+    WC_WITH_INV,
 };
 pub use wc::{wc_status_str, WorkCompletion};
 
@@ -253,9 +269,21 @@ impl Context {
     }
 
     /// Next asynchronous event from the device (`ibv_get_async_event(3)` and
-    /// completion events), if one is waiting. Never blocks.
+    /// completion events), if one is waiting. Never blocks. `kind` is one of
+    /// `EV_COMP` (`handle` a CQ number, after [`Cq::req_notify`]),
+    /// `EV_QP_FATAL` (a QP number; `info` the `ibv_wc_status` that moved
+    /// it to ERR), `EV_CQ_ERR` (a CQ that overran), `EV_SQ_DRAINED` (a QP
+    /// in SQD with nothing outstanding), `EV_SRQ_LIMIT` (an SRQ number; the
+    /// limit armed with [`Srq::arm_limit`] was crossed) and
+    /// `EV_QP_LAST_WQE_REACHED` (a QP on an SRQ that left the receive path).
     pub fn poll_event(&self) -> Option<abi::Event> {
         lock(&self.inner.transport).poll_event()
+    }
+
+    /// True when `self` and `other` are the same open device (clones of one
+    /// [`Context::open`]).
+    pub(crate) fn same_device(&self, other: &Context) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// Allocates `len` zeroed bytes of DMA memory aligned to `align` bytes (a

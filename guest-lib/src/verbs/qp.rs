@@ -7,7 +7,8 @@ use std::sync::Arc;
 use vrnic::abi::{self, Pod};
 
 use super::cq::CqShared;
-use super::{Context, Cq, Gid, Pd, Result, Sge, VerbsError};
+use super::srq::{Srq, SrqShared};
+use super::{AhAttr, Context, Cq, Gid, Pd, Result, Sge, VerbsError};
 use crate::transport::DmaBuf;
 
 /// `ibv_qp_type`.
@@ -108,36 +109,25 @@ pub struct QpInitAttr<'a> {
     pub send_cq: &'a Cq,
     /// CQ for receive completions (may be the same as `send_cq`).
     pub recv_cq: &'a Cq,
+    /// Shared receive queue (`ibv_qp_init_attr.srq`, RC and UD QPs): the QP
+    /// takes its receive WQEs from it and has no receive queue of its own,
+    /// so `cap.max_recv_wr` and `cap.max_recv_sge` are ignored and
+    /// [`Qp::post_recv`] fails; post with [`Srq::post_recv`]. The SRQ must
+    /// be of the QP's PD and context.
+    pub srq: Option<&'a Srq>,
     /// Requested capacities.
     pub cap: QpCap,
     /// Every send work request completes with a CQE, signalled or not.
     pub sq_sig_all: bool,
 }
 
-/// Address vector of a connected QP (`struct ibv_ah_attr` with its GRH),
-/// for the RTR transition. RoCE always needs the GRH (`is_global`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AhAttr {
-    /// Destination GID.
-    pub dgid: Gid,
-    /// GRH flow label.
-    pub flow_label: u32,
-    /// Source GID index.
-    pub sgid_index: u8,
-    /// IP hop limit / TTL.
-    pub hop_limit: u8,
-    /// Traffic class (DSCP and ECN).
-    pub traffic_class: u8,
-    /// Service level.
-    pub sl: u8,
-    /// The address vector has a GRH.
-    pub is_global: bool,
-}
-
 /// QP attributes for [`Qp::modify`] and [`Qp::query`] (`struct
 /// ibv_qp_attr`). Only the fields named by the mask (`QP_ATTR_*`,
-/// `ibv_qp_attr_mask`) are applied. `ibv_rc_pingpong`'s transitions:
+/// `ibv_qp_attr_mask`) are applied; the required and allowed masks of each
+/// transition are those of `ibv_modify_qp(3)` (IBTA Vol 1 Table 91), and
+/// anything else fails with `EINVAL`.
 ///
+/// RC (`ibv_rc_pingpong`'s transitions):
 /// - INIT: `qp_state`, `pkey_index` 0, `port_num` 1, `qp_access_flags`;
 ///   mask `STATE | PKEY_INDEX | PORT | ACCESS_FLAGS`.
 /// - RTR: `qp_state`, `path_mtu`, `dest_qp_num`, `rq_psn`,
@@ -146,6 +136,14 @@ pub struct AhAttr {
 /// - RTS: `qp_state`, `timeout` 14, `retry_cnt` 7, `rnr_retry` 7, `sq_psn`,
 ///   `max_rd_atomic` 1; mask `STATE | TIMEOUT | RETRY_CNT | RNR_RETRY |
 ///   SQ_PSN | MAX_QP_RD_ATOMIC`.
+///
+/// UC: as RC without the RDMA READ/atomic, retry and RNR attributes —
+/// INIT `STATE | PKEY_INDEX | PORT | ACCESS_FLAGS`; RTR `STATE | AV |
+/// PATH_MTU | DEST_QPN | RQ_PSN`; RTS `STATE | SQ_PSN`.
+///
+/// UD (`ibv_ud_pingpong`'s transitions): INIT `STATE | PKEY_INDEX | PORT |
+/// QKEY` (the Q_Key receives must carry, e.g. 0x11111111); RTR `STATE`;
+/// RTS `STATE | SQ_PSN`. Destinations are per work request ([`UdWr`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QpAttr {
     /// Target state.
@@ -233,6 +231,7 @@ impl QpAttr {
                 traffic_class: a.traffic_class,
                 sl: a.sl,
                 is_global: a.is_global != 0,
+                port_num: a.port_num,
             },
             pkey_index: a.pkey_index,
             port_num: a.port_num,
@@ -318,11 +317,13 @@ pub struct AtomicWr {
 /// Destination of a UD send (`ibv_send_wr.wr.ud`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UdWr {
-    /// Address handle number.
+    /// Address handle: [`super::Ah::handle`] of an AH of the QP's PD (a
+    /// missing one completes with `WC_LOC_QP_OP_ERR`).
     pub ah: u32,
-    /// Destination QP number.
+    /// Destination QP number (24 bits).
     pub remote_qpn: u32,
-    /// Destination Q_Key.
+    /// Destination Q_Key. With its most significant bit set the QP's own
+    /// Q_Key is sent instead (IBTA §10.2.5, "controlled Q_Key").
     pub remote_qkey: u32,
 }
 
@@ -362,20 +363,20 @@ pub struct RecvWr<'a> {
     pub sg_list: &'a [Sge],
 }
 
-/// One work queue ring in DMA memory.
+/// One work queue ring in DMA memory (a QP's SQ or RQ, or an SRQ).
 #[derive(Debug)]
-struct WorkQueue {
-    buf: DmaBuf,
-    size: u32,
-    stride: u32,
+pub(super) struct WorkQueue {
+    pub(super) buf: DmaBuf,
+    pub(super) size: u32,
+    pub(super) stride: u32,
     /// Free-running producer index.
-    pi: u32,
+    pub(super) pi: u32,
 }
 
 impl WorkQueue {
     /// Pointer to the slot of the producer index after checking for room
     /// against the device's consumer index `ci`.
-    fn next_slot(&self, ci: u32, queue: &'static str) -> Result<*mut u8> {
+    pub(super) fn next_slot(&self, ci: u32, queue: &'static str) -> Result<*mut u8> {
         let outstanding = self.pi.wrapping_sub(ci);
         if outstanding >= self.size {
             return Err(VerbsError::QueueFull {
@@ -388,6 +389,48 @@ impl WorkQueue {
         // SAFETY: slot < size and the buffer holds size * stride bytes.
         Ok(unsafe { self.buf.ptr.add(slot * self.stride as usize) })
     }
+
+    /// Writes receive WQE `wr` at the producer index (room checked against
+    /// the consumer index `ci`) and advances the producer index; the caller
+    /// rings the doorbell. `max_sge` is the ring's SGE capacity, which the
+    /// stride was checked to hold.
+    pub(super) fn push_recv(
+        &mut self,
+        ci: u32,
+        queue: &'static str,
+        max_sge: u32,
+        wr: &RecvWr<'_>,
+    ) -> Result<()> {
+        if wr.sg_list.len() > max_sge as usize {
+            return Err(VerbsError::InvalidArgument(format!(
+                "{} SGEs, {queue} allows {max_sge}",
+                wr.sg_list.len()
+            )));
+        }
+        let slot = self.next_slot(ci, queue)?;
+        let hdr = abi::RecvWqe {
+            wr_id: wr.wr_id,
+            num_sge: wr.sg_list.len() as u32,
+            reserved: 0,
+        };
+        // SAFETY: the slot holds `stride` bytes, checked at creation to fit
+        // the header plus max_sge SGEs.
+        unsafe {
+            write_bytes(slot, hdr.as_bytes());
+            write_sges(slot.add(size_of::<abi::RecvWqe>()), wr.sg_list);
+        }
+        self.pi = self.pi.wrapping_add(1);
+        Ok(())
+    }
+}
+
+/// Whether `stride`-byte slots hold at least `min` bytes and `size` of
+/// them fit in `buf`: the device's strides checked against the ring.
+pub(super) fn ring_fits(stride: u32, min: usize, size: u32, buf: &DmaBuf) -> bool {
+    stride as usize >= min
+        && (stride as usize)
+            .checked_mul(size as usize)
+            .is_some_and(|b| b <= buf.len)
 }
 
 /// A queue pair (`struct ibv_qp`), destroyed (`ibv_destroy_qp(3)`,
@@ -400,11 +443,15 @@ pub struct Qp {
     pd: Pd,
     _send_cq: Arc<CqShared>,
     _recv_cq: Arc<CqShared>,
+    /// The SRQ the QP receives from (kept alive: the device refuses to
+    /// destroy an SRQ a QP uses).
+    srq: Option<Arc<SrqShared>>,
     qpn: u32,
     qp_type: QpType,
     cap: QpCap,
     sq: WorkQueue,
-    rq: WorkQueue,
+    /// The QP's own receive queue; `None` on an SRQ.
+    rq: Option<WorkQueue>,
     /// QP record: device-written SQ consumer index at 0, RQ at 4.
     record: DmaBuf,
 }
@@ -414,44 +461,70 @@ pub struct Qp {
 unsafe impl Send for Qp {}
 
 /// Rounds a requested queue depth up to a power of two (at least 1).
-fn ring_size(wr: u32, what: &str) -> Result<u32> {
+pub(super) fn ring_size(wr: u32, what: &str) -> Result<u32> {
     wr.max(1)
         .checked_next_power_of_two()
         .ok_or_else(|| VerbsError::InvalidArgument(format!("{what} of {wr} work requests")))
+}
+
+/// Bytes of a ring of `size` slots of `stride` bytes; `EINVAL` on overflow.
+pub(super) fn ring_bytes(size: u32, stride: u32) -> Result<usize> {
+    (size as usize).checked_mul(stride as usize).ok_or_else(|| {
+        VerbsError::InvalidArgument(format!("ring of {size} slots of {stride} bytes"))
+    })
 }
 
 impl Qp {
     /// Creates a QP in RESET (`ibv_create_qp(3)`, `CMD_CREATE_QP`): SQ and RQ
     /// rings of `max_send_wr` / `max_recv_wr` slots rounded up to powers of
     /// two, slots of `abi::sq_stride` / `abi::rq_stride` bytes, and the QP
-    /// record, all in DMA memory. The device's answer (QP number, strides,
-    /// inline size) is in [`Qp::qp_num`] and [`Qp::cap`].
+    /// record, all in DMA memory. With [`QpInitAttr::srq`] there is no RQ
+    /// (`CreateQp.rq_size` 0, `srqn` the SRQ's number) and [`Qp::cap`]
+    /// reports 0 receive work requests and SGEs. The device's answer (QP
+    /// number, strides, inline size) is in [`Qp::qp_num`] and [`Qp::cap`].
     ///
-    /// Errors: `EINVAL` for CQs of another context or impossible sizes; out
-    /// of DMA memory; the device's status (`EINVAL` beyond `max_qp_wr`,
-    /// `max_sge` or `max_inline`, `ENOMEM` at `max_qp`);
+    /// Errors: `EINVAL` for impossible sizes or an SRQ of another context;
+    /// out of DMA memory; the device's status (`EINVAL` beyond `max_qp_wr`,
+    /// `max_sge` or `max_inline`, for an SRQ of another PD; `ENOENT` for a
+    /// CQ or SRQ
+    /// the device does not know; `ENOMEM` at `max_qp`);
     /// [`VerbsError::BadResponse`] when the device's strides exceed the rings.
     pub fn new(pd: &Pd, init: &QpInitAttr<'_>) -> Result<Qp> {
         let ctx = pd.context().clone();
         let cap = init.cap;
+        let srq = init.srq.map(|s| s.shared.clone());
+        if let Some(s) = &srq {
+            if !s.ctx.same_device(&ctx) {
+                return Err(VerbsError::InvalidArgument(
+                    "the SRQ belongs to another context".into(),
+                ));
+            }
+        }
         let send_sge = cap.max_send_sge.max(1);
-        let recv_sge = cap.max_recv_sge.max(1);
+        let recv_sge = if srq.is_some() {
+            0
+        } else {
+            cap.max_recv_sge.max(1)
+        };
         if send_sge > 255 || recv_sge > 255 {
             return Err(VerbsError::InvalidArgument(format!(
                 "{send_sge}/{recv_sge} SGEs per work request"
             )));
         }
         let sq_size = ring_size(cap.max_send_wr, "send queue")?;
-        let rq_size = ring_size(cap.max_recv_wr, "receive queue")?;
-        let sq_stride = abi::sq_stride(send_sge, cap.max_inline_data);
-        let rq_stride = abi::rq_stride(recv_sge);
-        let bytes = |size: u32, stride: u32| {
-            (size as usize).checked_mul(stride as usize).ok_or_else(|| {
-                VerbsError::InvalidArgument(format!("ring of {size} slots of {stride} bytes"))
-            })
+        let rq_size = match srq {
+            Some(_) => 0,
+            None => ring_size(cap.max_recv_wr, "receive queue")?,
         };
-        let sq = ctx.alloc_dma(bytes(sq_size, sq_stride)?, 4096)?;
-        let rq = ctx.alloc_dma(bytes(rq_size, rq_stride)?, 4096)?;
+        let sq_stride = abi::sq_stride(send_sge, cap.max_inline_data);
+        let sq = ctx.alloc_dma(ring_bytes(sq_size, sq_stride)?, 4096)?;
+        let rq = match srq {
+            Some(_) => None,
+            None => {
+                let bytes = ring_bytes(rq_size, abi::rq_stride(recv_sge))?;
+                Some(ctx.alloc_dma(bytes, 4096)?)
+            }
+        };
         let record = ctx.alloc_dma(16, 64)?;
         let body = abi::CreateQp {
             pdn: pd.pdn(),
@@ -465,9 +538,9 @@ impl Qp {
             max_inline: cap.max_inline_data,
             sq_sig_all: init.sq_sig_all.into(),
             sq: sq.gpa,
-            rq: rq.gpa,
+            rq: rq.map_or(0, |b| b.gpa),
             db: record.gpa,
-            srqn: 0,
+            srqn: srq.as_ref().map_or(0, |s| s.srqn),
             reserved: 0,
         };
         let resp: abi::CreateQpResp = ctx.command(abi::CMD_CREATE_QP, body.as_bytes())?;
@@ -476,6 +549,7 @@ impl Qp {
             pd: pd.clone(),
             _send_cq: init.send_cq.shared.clone(),
             _recv_cq: init.recv_cq.shared.clone(),
+            srq,
             qpn: resp.qpn,
             qp_type: init.qp_type,
             cap: QpCap {
@@ -491,27 +565,23 @@ impl Qp {
                 stride: resp.sq_stride,
                 pi: 0,
             },
-            rq: WorkQueue {
-                buf: rq,
+            rq: rq.map(|buf| WorkQueue {
+                buf,
                 size: rq_size,
                 stride: resp.rq_stride,
                 pi: 0,
-            },
+            }),
             record,
         };
         // From here on, dropping `qp` destroys the device's QP.
-        let fits = |stride: u32, min: usize, size: u32, buf: &DmaBuf| {
-            stride as usize >= min
-                && (stride as usize)
-                    .checked_mul(size as usize)
-                    .is_some_and(|b| b <= buf.len)
-        };
         let min_send = size_of::<abi::SendWqe>()
             + (resp.max_inline as usize).max(size_of::<Sge>() * send_sge as usize);
         let min_recv = size_of::<abi::RecvWqe>() + size_of::<Sge>() * recv_sge as usize;
-        if !fits(resp.sq_stride, min_send, sq_size, &qp.sq.buf)
-            || !fits(resp.rq_stride, min_recv, rq_size, &qp.rq.buf)
-        {
+        let rq_ok = qp
+            .rq
+            .as_ref()
+            .is_none_or(|rq| ring_fits(resp.rq_stride, min_recv, rq_size, &rq.buf));
+        if !ring_fits(resp.sq_stride, min_send, sq_size, &qp.sq.buf) || !rq_ok {
             return Err(VerbsError::BadResponse(format!(
                 "QP strides {}/{} (inline {}) do not fit rings of {}/{} slots",
                 resp.sq_stride, resp.rq_stride, resp.max_inline, sq_size, rq_size
@@ -541,16 +611,32 @@ impl Qp {
         &self.pd
     }
 
+    /// The number of the SRQ the QP receives from ([`QpInitAttr::srq`]),
+    /// `None` when it has its own receive queue.
+    pub fn srq_num(&self) -> Option<u32> {
+        self.srq.as_ref().map(|s| s.srqn)
+    }
+
     /// Modifies the QP (`ibv_modify_qp(3)`, `CMD_MODIFY_QP`): applies the
     /// fields of `attr` named by `mask` (`QP_ATTR_*`). See [`QpAttr`] for the
-    /// RESET→INIT→RTR→RTS sequence.
+    /// RESET→INIT→RTR→RTS sequence. A move to RESET discards every posted
+    /// work request without a completion and restarts the rings: the
+    /// producer indices go back to 0 here, the device's consumer indices
+    /// (and the QP record) there.
     ///
     /// Errors: the device's status (`EINVAL` for a transition or attribute
     /// the QP state machine does not allow).
     pub fn modify(&mut self, attr: &QpAttr, mask: u32) -> Result<()> {
         let body = attr.to_abi(self.qpn, mask);
         self.ctx
-            .command_no_resp(abi::CMD_MODIFY_QP, body.as_bytes())
+            .command_no_resp(abi::CMD_MODIFY_QP, body.as_bytes())?;
+        if mask & abi::QP_ATTR_STATE != 0 && attr.qp_state == QpState::Reset {
+            self.sq.pi = 0;
+            if let Some(rq) = self.rq.as_mut() {
+                rq.pi = 0;
+            }
+        }
+        Ok(())
     }
 
     /// The QP's current attributes (`ibv_query_qp(3)`, `CMD_QUERY_QP`).
@@ -575,6 +661,17 @@ impl Qp {
 
     /// Posts one send work request (`ibv_post_send(3)`): writes the WQE at
     /// slot `pi mod sq_size`, then rings `DB_SQ` with the new producer index.
+    /// Every field the opcode uses goes into the WQE: `imm_data` (network
+    /// order), [`SendWr::rdma`] or [`SendWr::atomic`], and [`SendWr::ud`]
+    /// (AH number, remote QPN and Q_Key) for UD sends.
+    ///
+    /// What the device checks when it executes the WQE (completing with an
+    /// error status, not here): the opcode against the QP type (UD: SEND
+    /// and SEND with immediate; UC: SEND and RDMA WRITE, with or without
+    /// immediate; else `WC_LOC_QP_OP_ERR`), a UD message longer than the
+    /// path MTU (`WC_LOC_LEN_ERR`), a UD AH of another PD or none
+    /// (`WC_LOC_QP_OP_ERR`). Errors on a UD or UC QP move it to SQE, on an
+    /// RC QP to ERR.
     ///
     /// Errors: [`VerbsError::QueueFull`] (`ENOMEM`) when `max_send_wr`
     /// requests are outstanding; `EINVAL` for more SGEs than
@@ -659,33 +756,25 @@ impl Qp {
     /// Posts one receive work request (`ibv_post_recv(3)`): writes the WQE
     /// at slot `pi mod rq_size`, then rings `DB_RQ` with the new producer
     /// index. Receives may be posted in INIT already, before the QP is
-    /// connected (as `ibv_rc_pingpong` does).
+    /// connected (as `ibv_rc_pingpong` does). On a UD QP the first
+    /// [`super::GRH_LEN`] bytes of the scatter list receive the GRH area and
+    /// the payload follows (`ibv_post_recv(3)`).
     ///
     /// Errors: [`VerbsError::QueueFull`] (`ENOMEM`) when `max_recv_wr`
     /// requests are outstanding; `EINVAL` for more SGEs than
-    /// `max_recv_sge`; the transport's doorbell error.
+    /// `max_recv_sge`, and on a QP that receives from an SRQ (as rxe
+    /// answers); the transport's doorbell error.
     pub fn post_recv(&mut self, wr: &RecvWr<'_>) -> Result<()> {
-        if wr.sg_list.len() > self.cap.max_recv_sge as usize {
-            return Err(VerbsError::InvalidArgument(format!(
-                "{} SGEs, QP allows {}",
-                wr.sg_list.len(),
-                self.cap.max_recv_sge
-            )));
-        }
-        let slot = self.rq.next_slot(self.consumer_index(4), "receive queue")?;
-        let hdr = abi::RecvWqe {
-            wr_id: wr.wr_id,
-            num_sge: wr.sg_list.len() as u32,
-            reserved: 0,
+        let ci = self.consumer_index(4);
+        let max_sge = self.cap.max_recv_sge;
+        let Some(rq) = self.rq.as_mut() else {
+            return Err(VerbsError::InvalidArgument(
+                "the QP receives from an SRQ: post with Srq::post_recv".into(),
+            ));
         };
-        // SAFETY: the slot holds `stride` bytes, checked at creation to fit
-        // the header plus max_recv_sge SGEs.
-        unsafe {
-            write_bytes(slot, hdr.as_bytes());
-            write_sges(slot.add(size_of::<abi::RecvWqe>()), wr.sg_list);
-        }
-        self.rq.pi = self.rq.pi.wrapping_add(1);
-        self.ring(abi::DB_RQ, self.rq.pi)
+        rq.push_recv(ci, "receive queue", max_sge, wr)?;
+        let pi = rq.pi;
+        self.ring(abi::DB_RQ, pi)
     }
 
     /// Rings a work queue doorbell after the WQE writes.
@@ -706,7 +795,7 @@ impl Qp {
 ///
 /// # Safety
 /// `dst` is valid for `src.len()` bytes of writes.
-unsafe fn write_bytes(dst: *mut u8, src: &[u8]) {
+pub(super) unsafe fn write_bytes(dst: *mut u8, src: &[u8]) {
     std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
 }
 
@@ -714,7 +803,7 @@ unsafe fn write_bytes(dst: *mut u8, src: &[u8]) {
 ///
 /// # Safety
 /// `dst` is valid for `16 * sges.len()` bytes of writes.
-unsafe fn write_sges(dst: *mut u8, sges: &[Sge]) {
+pub(super) unsafe fn write_sges(dst: *mut u8, sges: &[Sge]) {
     for (i, s) in sges.iter().enumerate() {
         write_bytes(dst.add(i * size_of::<Sge>()), s.as_bytes());
     }
@@ -748,6 +837,7 @@ mod tests {
                 traffic_class: 2,
                 sl: 3,
                 is_global: true,
+                port_num: 1,
             },
             pkey_index: 0,
             port_num: 1,

@@ -13,7 +13,8 @@ pub struct WorkCompletion {
     pub opcode: u8,
     /// Vendor error detail, 0 when none.
     pub vendor_err: u16,
-    /// Bytes transferred: the payload length of a receive, the bytes read
+    /// Bytes transferred: the payload length of a receive (on a UD QP
+    /// [`super::GRH_LEN`] + payload: the GRH area counts), the bytes read
     /// by an RDMA READ.
     pub byte_len: u32,
     /// Immediate data in host order (the sender's `imm_data` value), when
@@ -23,9 +24,12 @@ pub struct WorkCompletion {
     pub invalidated_rkey: Option<u32>,
     /// Local QP number.
     pub qp_num: u32,
-    /// Source QP number (UD receives).
+    /// Source QP number: the sender's QP of a UD receive (from its DETH);
+    /// 0 otherwise.
     pub src_qp: u32,
-    /// `ibv_wc_flags` (`abi::WC_GRH`, `abi::WC_WITH_IMM`, `abi::WC_WITH_INV`).
+    /// `ibv_wc_flags`: `WC_GRH` (a UD receive: the buffer starts with the
+    /// [`super::GRH_LEN`]-byte GRH area, see [`super::grh_sgid`]),
+    /// `WC_WITH_IMM`, `WC_WITH_INV`.
     pub wc_flags: u8,
     /// Service level.
     pub sl: u8,

@@ -428,7 +428,13 @@ impl Device {
             record: c.db,
             attr: abi::QpAttr {
                 qpn,
-                path_mtu: 3,
+                // UD has no PATH_MTU attribute: its messages may fill the
+                // port's active MTU, as on rxe and hardware RNICs.
+                path_mtu: if c.qp_type == abi::QPT_UD {
+                    self.active_mtu()
+                } else {
+                    3
+                },
                 port_num: 1,
                 ..Default::default()
             },
@@ -534,6 +540,8 @@ impl Device {
             abi::QPS_RESET => {
                 qp.req = ReqState::default();
                 qp.resp = RespState::default();
+                // The rings restart empty: publish consumer indices 0.
+                crate::transport::write_record(qp, &env);
             }
             abi::QPS_RTR if prev == abi::QPS_INIT => {
                 qp.resp.epsn = qp.attr.rq_psn;

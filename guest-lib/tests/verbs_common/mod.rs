@@ -1,0 +1,111 @@
+//! What the verbs-level tests share: two in-process devices
+//! ([`LoopbackTransport`]) joined by a `MemLink` pair, and bounded CQ waits.
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use vrnic::device::DeviceConfig;
+use vrnic::link::mem::MemLink;
+use vrnic_guest::loopback::LoopbackTransport;
+use vrnic_guest::verbs::*;
+
+/// Longest any test waits for completions or events.
+pub const DEADLINE: Duration = Duration::from_secs(10);
+/// Path MTU of the connected QPs: 1024 bytes (`ibv_mtu` 3).
+pub const PATH_MTU: u32 = 3;
+/// The IPv4-mapped RoCEv2 GID.
+pub const GID_INDEX: u8 = 1;
+
+/// Device `n`: MAC 02:00:00:00:00:0n, 10.0.0.n/24, the given link MTU.
+pub fn config(n: u8, link_mtu: u32) -> DeviceConfig {
+    DeviceConfig {
+        mac: [0x02, 0, 0, 0, 0, n],
+        ipv4: Ipv4Addr::new(10, 0, 0, n),
+        prefix_len: 24,
+        ipv6: Vec::new(),
+        link_mtu,
+    }
+}
+
+/// Two contexts on devices 10.0.0.1 and 10.0.0.2, linked back to back by a
+/// link of `link_mtu` bytes (1500 gives path MTU 1024, 9000 gives 4096).
+pub fn two_contexts_mtu(link_mtu: u32) -> (Context, Context) {
+    let (la, lb) = MemLink::pair();
+    let ta = LoopbackTransport::new(config(1, link_mtu), Box::new(la)).expect("device A starts");
+    let tb = LoopbackTransport::new(config(2, link_mtu), Box::new(lb)).expect("device B starts");
+    (
+        Context::open(Box::new(ta)).expect("open A"),
+        Context::open(Box::new(tb)).expect("open B"),
+    )
+}
+
+/// [`two_contexts_mtu`] on a 1500-byte link.
+pub fn two_contexts() -> (Context, Context) {
+    two_contexts_mtu(1500)
+}
+
+/// Polls `cq` until `n` completions arrived or [`DEADLINE`] passed; panics
+/// then, naming `what`.
+pub fn wait_cq(cq: &mut Cq, n: usize, what: &str) -> Vec<WorkCompletion> {
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let mut wc = [WorkCompletion::default(); 8];
+    while got.len() < n {
+        let k = cq.poll(&mut wc[..(n - got.len()).min(8)]);
+        got.extend_from_slice(&wc[..k]);
+        if k == 0 {
+            assert!(
+                start.elapsed() < DEADLINE,
+                "{what}: {} of {n} completions after {DEADLINE:?}: {got:?}",
+                got.len()
+            );
+            std::thread::yield_now();
+        }
+    }
+    got
+}
+
+/// INIT → RTR → RTS with the masks `ibv_modify_qp(3)` requires for the
+/// QP's type (UD: RTR with the state only; UC: no READ/atomic, retry or
+/// RNR attributes).
+pub fn connect(qp: &mut Qp, my_psn: u32, peer_qpn: u32, peer_psn: u32, peer_gid: Gid) {
+    let mut attr = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: PATH_MTU,
+        dest_qp_num: peer_qpn,
+        rq_psn: peer_psn,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 12,
+        ah_attr: AhAttr {
+            dgid: peer_gid,
+            sgid_index: GID_INDEX,
+            hop_limit: 64,
+            is_global: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let connected =
+        QP_ATTR_STATE | QP_ATTR_AV | QP_ATTR_PATH_MTU | QP_ATTR_DEST_QPN | QP_ATTR_RQ_PSN;
+    let (rtr, rts) = match qp.qp_type() {
+        QpType::Ud => (QP_ATTR_STATE, QP_ATTR_STATE | QP_ATTR_SQ_PSN),
+        QpType::Uc => (connected, QP_ATTR_STATE | QP_ATTR_SQ_PSN),
+        QpType::Rc => (
+            connected | QP_ATTR_MAX_DEST_RD_ATOMIC | QP_ATTR_MIN_RNR_TIMER,
+            QP_ATTR_STATE
+                | QP_ATTR_SQ_PSN
+                | QP_ATTR_TIMEOUT
+                | QP_ATTR_RETRY_CNT
+                | QP_ATTR_RNR_RETRY
+                | QP_ATTR_MAX_QP_RD_ATOMIC,
+        ),
+    };
+    qp.modify(&attr, rtr).expect("INIT -> RTR");
+    attr.qp_state = QpState::Rts;
+    attr.sq_psn = my_psn;
+    attr.timeout = 14;
+    attr.retry_cnt = 7;
+    attr.rnr_retry = 7;
+    attr.max_rd_atomic = 1;
+    qp.modify(&attr, rts).expect("RTR -> RTS");
+}
