@@ -9,6 +9,10 @@
 #               never reach the wrong server
 #   RUN_TIMEOUT bound on one run (s)              CONNECT_WAIT how long a client retries (s)
 #   EXTRA       extra tool options
+#   XRUNS       "ud srq" (or a subset): afterwards run the UD and SRQ ping-pongs (ibv_ud_pingpong /
+#               ibv_srq_pingpong on rxe, vrnic-ud-pingpong / vrnic-srq-pingpong on vrnic), in ROLES
+#               order, XITERS iterations each; one line per run:
+#               VRNIC-XRESULT <name> <ud|srq> <role> rc=<rc> verified=<yes|no|n/a>
 #   WRITE_IMM_ROLE  server or client: afterwards run vrnic-write-imm (RDMA WRITE with immediate
 #               into the peer's memory, checked byte for byte) for each of WRITE_IMM_SIZES; empty: skip
 # Each run prints its output, then one line:
@@ -18,10 +22,11 @@
 
 now() { cut -d. -f1 /proc/uptime; }
 
-run_one() { # role size port
-    role=$1 size=$2 port=$3
-    # shellcheck disable=SC2086
-    set -- "$TOOL" -g "$GID" -m "$MTU" -s "$size" -n "$ITERS" -p "$port" $EXTRA
+# run_retry ROLE CMD...: runs CMD (with PEER_IP appended for a client) into /tmp/out, bounded by
+# RUN_TIMEOUT; a client retries while the server is not listening yet. Sets rc and attempt.
+run_retry() {
+    role=$1
+    shift
     [ "$role" = client ] && set -- "$@" "$PEER_IP"
     deadline=$(($(now) + CONNECT_WAIT))
     attempt=0
@@ -37,7 +42,14 @@ run_one() { # role size port
         fi
         break
     done
-    echo "--- $NAME $role size=$size port=$port attempts=$attempt: $*"
+    echo "--- $NAME $role attempts=$attempt: $*"
+}
+
+run_one() { # role size port
+    role=$1 size=$2 port=$3
+    # shellcheck disable=SC2086
+    run_retry "$role" "$TOOL" -g "$GID" -m "$MTU" -s "$size" -n "$ITERS" -p "$port" $EXTRA
+    echo "--- $NAME $role size=$size port=$port"
     cat /tmp/out
     usec=$(sed -n 's/.* = \([0-9.]*\) usec\/iter.*/\1/p' /tmp/out | tail -1)
     # vrnic-pingpong checks every message and prints "data verified: N messages" (N = -n).
@@ -58,6 +70,37 @@ for role in $ROLES; do
         i=$((i + 1))
     done
     phase=$((phase + 1))
+done
+# UD and SRQ ping-pong against the stock rdma-core tools (or ours on both sides).
+x=0
+for kind in ${XRUNS:-}; do
+    case "$kind:$TOOL" in
+    ud:vrnic-pingpong) xt=vrnic-ud-pingpong ;;
+    ud:*) xt=ibv_ud_pingpong ;;
+    srq:vrnic-pingpong) xt=vrnic-srq-pingpong ;;
+    *) xt=ibv_srq_pingpong ;;
+    esac
+    for role in $ROLES; do
+        port=$((BASEPORT + 700 + x))
+        x=$((x + 1))
+        # UD messages fit the path MTU (1024 at link MTU 1500); SRQ: 16 QPs on one SRQ.
+        if [ "$kind" = ud ]; then
+            run_retry "$role" "$xt" -g "$GID" -s 1024 -n "$XITERS" -p "$port"
+        else
+            run_retry "$role" "$xt" -g "$GID" -m "$MTU" -s 4096 -q 16 -n "$XITERS" -p "$port"
+        fi
+        cat /tmp/out
+        verified=n/a
+        case $xt in vrnic-*)
+            # The SRQ tool counts -n over all QPs like the stock one, so a side may receive more.
+            n=$(sed -n 's/.*data verified: \([0-9]*\) messages.*/\1/p' /tmp/out | tail -1)
+            verified=no
+            [ "${n:-0}" -ge "$XITERS" ] && verified=yes
+            ;;
+        esac
+        echo "VRNIC-XRESULT $NAME $kind $role rc=$rc verified=$verified"
+        [ "$rc" -eq 0 ] && [ "$verified" != no ] || fails=$((fails + 1))
+    done
 done
 # RDMA WRITE with immediate, vrnic to vrnic: one line per size:
 #   VRNIC-WRITEIMM <name> <role> size=<s> rc=<rc> verified=<yes|no>

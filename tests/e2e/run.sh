@@ -73,11 +73,16 @@ for t in ga gb va vb; do vr_netns_tap "$NS" "tap-$t"; done
 # Sizes of the vrnic-to-vrnic RDMA WRITE with immediate check (vrnic-write-imm, 10 writes each).
 WRITE_IMM_SIZES=${E2E_WRITE_IMM_SIZES:-1 4097 65536}
 
+# UD and SRQ ping-pongs after the RC matrix (ibv_ud_pingpong / ibv_srq_pingpong or ours).
+XRUNS=${E2E_XRUNS-ud srq}
+XITERS=${E2E_XITERS:-200}
+
 # job FILE NAME TOOL PEER_IP ROLES [WRITE_IMM_ROLE]: writes a guest job (parameters + tests/e2e/guest-pp.sh).
 job() {
     {
         echo "NAME=$2 TOOL=$3 PEER_IP=$4 ROLES='$5' SIZES='$SIZES' ITERS=$ITERS MTU=$MTU GID=1"
         echo "WRITE_IMM_ROLE='${6:-}' WRITE_IMM_SIZES='$WRITE_IMM_SIZES'"
+        echo "XRUNS='$XRUNS' XITERS=$XITERS"
         echo "BASEPORT=18515 RUN_TIMEOUT=$RUN_TIMEOUT CONNECT_WAIT=$((RUN_TIMEOUT + 120)) EXTRA='${E2E_EXTRA:-}'"
         cat "$VR_TOP/tests/e2e/guest-pp.sh"
     } >"$1"
@@ -174,6 +179,19 @@ run_pair() {
             else pass "$what"; fi
         done < <(grep -a '^VRNIC-RESULT ' "$dir/$side.log" | tr -d '\r')
         [ "$got" = "$want" ] || fail "$pair $side: $got of $want runs reported"
+        want=$(($(wc -w <<<"$XRUNS") * 2)) got=0
+        while read -r line; do
+            got=$((got + 1))
+            # VRNIC-XRESULT name ud|srq role rc=R verified=V
+            # shellcheck disable=SC2086
+            set -- $line
+            local xwhat="$pair $side ${kind_of[$side]} $3-pingpong $4"
+            if [ "$5" != rc=0 ]; then fail "$xwhat $5"
+            elif [ "$6" = verified=no ]; then fail "$xwhat: data not verified"
+            elif [ "$6" = verified=yes ]; then pass "$xwhat, data verified"
+            else pass "$xwhat"; fi
+        done < <(grep -a '^VRNIC-XRESULT ' "$dir/$side.log" | tr -d '\r')
+        [ "$got" = "$want" ] || fail "$pair $side: $got of $want UD/SRQ runs reported"
         [ "$pair" = vrnic-vrnic ] || continue
         want=$(wc -w <<<"$WRITE_IMM_SIZES") got=0
         while read -r line; do
