@@ -25,7 +25,7 @@ SUMMARY_DONE=0 PASSED=0 FAILED=0
 trap 'rc=$?; if [ $SUMMARY_DONE = 0 ]; then echo "FAIL: e2e aborted (exit $rc)"; echo "e2e: $PASSED passed, $((FAILED + 1)) failed"; fi; vr_cleanup $rc' EXIT
 
 PAIRS=("$@")
-[ ${#PAIRS[@]} -gt 0 ] || PAIRS=(probe vrnic-rxe vrnic-vrnic)
+[ ${#PAIRS[@]} -gt 0 ] || PAIRS=(probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy)
 [ "${E2E_BASELINE:-0}" = 1 ] && PAIRS=(rxe-rxe "${PAIRS[@]}")
 if [ -z "${E2E_RESULTS:-}" ] && [ -d "$VR_TOP/out" ]; then
     # Default results dirs out/e2e-DATE: keep the last 5 (daemon pcaps are ~60 MB each).
@@ -51,7 +51,7 @@ need_vrnic=0
 for p in "${PAIRS[@]}"; do
     case $p in
     rxe-rxe) ;;
-    probe | vrnic-rxe | vrnic-vrnic) need_vrnic=1 ;;
+    probe | vrnic-rxe | vrnic-vrnic | vrnic-rxe-lossy | vrnic-vrnic-lossy) need_vrnic=1 ;;
     *) vr_die "unknown pair $p" ;;
     esac
 done
@@ -117,10 +117,45 @@ collect_pcap() {
     fi
 }
 
+# lossy_start: drops 1% of the RoCEv2 frames (UDP 4791) the bridge forwards from and to tap-va,
+# vrnic daemon A's TAP: an nftables bridge rule with a random number per frame. (tc netem would
+# do the same, but this host's kernel has no sch_netem: CONFIG_NET_SCH_NETEM is not set.)
+lossy_start() {
+    ip netns exec "$NS" nft -f - <<'EOF'
+table bridge vrnic_loss {
+    chain forward {
+        type filter hook forward priority 0;
+        iifname "tap-va" udp dport 4791 numgen random mod 100 == 0 counter drop
+        oifname "tap-va" udp dport 4791 numgen random mod 100 == 0 counter drop
+    }
+}
+EOF
+}
+# lossy_stop PAIR: reports how many frames the rules dropped (a loss run must have lost some).
+lossy_stop() {
+    local n
+    n=$(ip netns exec "$NS" nft list table bridge vrnic_loss 2>/dev/null |
+        sed -n 's/.*counter packets \([0-9]*\).*/\1/p' | awk '{s += $1} END {print s + 0}')
+    ip netns exec "$NS" nft delete table bridge vrnic_loss 2>/dev/null || true
+    if [ "${n:-0}" -gt 0 ]; then pass "$1: $n RoCEv2 frames to and from vrnic dropped (1%)"
+    else fail "$1: the loss rules dropped nothing"; fi
+}
+
 # run_pair PAIR: A = first kind at 10.0.0.1 (RoCE 10.0.0.101 if vrnic), B = second at 10.0.0.2.
+# PAIR-lossy: the same pair with 1% of vrnic A's RoCEv2 frames dropped both ways (lossy_start),
+# RC ping-pong only (E2E_LOSSY_SIZES), so go-back-N and retransmission must recover.
 run_pair() {
     local pair=$1 dir=$RESULTS/$1 side kind ip tool roles peer daemons=() tp=$SECONDS
     local -A pid_of kind_of
+    local base=${1%-lossy}
+    if [ "$base" != "$pair" ]; then
+        # Seen by job(): fewer sizes, no UD/SRQ runs (UD has no recovery; stock tools would hang).
+        local SIZES=${E2E_LOSSY_SIZES:-4096 65536} XRUNS=
+        if ! command -v nft >/dev/null || ! lossy_start; then
+            fail "$pair: cannot install the nftables loss rules"
+            return 0
+        fi
+    fi
     mkdir -p "$dir"
     echo "=== $pair"
     local capture=
@@ -131,8 +166,8 @@ run_pair() {
         sleep 1
     fi
     for side in a b; do
-        if [ $side = a ]; then kind=${pair%-*} ip=10.0.0.1 peer=10.0.0.2 roles="server client"
-        else kind=${pair#*-} ip=10.0.0.2 peer=10.0.0.1 roles="client server"; fi
+        if [ $side = a ]; then kind=${base%-*} ip=10.0.0.1 peer=10.0.0.2 roles="server client"
+        else kind=${base#*-} ip=10.0.0.2 peer=10.0.0.1 roles="client server"; fi
         kind_of[$side]=$kind
         if [ "$kind" = vrnic ]; then
             tool=vrnic-pingpong
@@ -207,6 +242,7 @@ run_pair() {
         done < <(grep -a '^VRNIC-WRITEIMM ' "$dir/$side.log" | tr -d '\r')
         [ "$got" = "$want" ] || fail "$pair $side: $got of $want write-imm runs reported"
     done
+    [ "$base" = "$pair" ] || lossy_stop "$pair"
     # Stop the daemons (the guests are gone), then check their captures.
     [ ${#daemons[@]} = 0 ] || vr_stop "${daemons[@]}"
     local pcaps=()
