@@ -466,3 +466,99 @@ fn atomics_return_the_original_value_and_update_remote_memory() {
     );
     assert_eq!(s.b.read(target, 8), 7u64.to_le_bytes());
 }
+
+/// RDMA WRITE of `len` bytes at path MTU `mtu_enum` into the middle of a
+/// guarded region; checks the bytes and that the guards are untouched.
+fn write_lands(mtu_enum: u32, len: usize) {
+    let mut s = setup(mtu_enum, 7, 7, true);
+    let src = s.a.alloc(len);
+    let dst = s.b.alloc(len + 8192);
+    let (lka, _) =
+        s.a.reg_mr(s.pda, src, len as u64, abi::ACCESS_LOCAL_WRITE)
+            .unwrap();
+    let (_, rkb) =
+        s.b.reg_mr(
+            s.pdb,
+            dst,
+            len as u64 + 8192,
+            abi::ACCESS_LOCAL_WRITE | abi::ACCESS_REMOTE_WRITE,
+        )
+        .unwrap();
+    let data = pattern(len, 9);
+    s.a.fill(src, &data);
+    s.b.fill(dst, &[0xee; 4096]);
+    s.b.fill(dst + 4096 + len as u64, &[0xee; 4096]);
+    let w = abi::SendWqe {
+        wr_id: 1,
+        opcode: abi::WR_RDMA_WRITE,
+        send_flags: abi::SEND_SIGNALED,
+        remote_addr: dst + 4096,
+        rkey: rkb,
+        ..Default::default()
+    };
+    let now = s.now;
+    s.a.post_send(&mut s.qa, w, &[sge(src, len as u32, lka)], now);
+    let c = wait_cqe(&mut s, false);
+    assert_eq!((c.status, c.byte_len), (abi::WC_SUCCESS, len as u32));
+    assert!(s.b.read(dst + 4096, len) == data, "{len} bytes land");
+    assert_eq!(s.b.read(dst, 4096), vec![0xee; 4096], "guard before");
+    assert_eq!(
+        s.b.read(dst + 4096 + len as u64, 4096),
+        vec![0xee; 4096],
+        "guard after"
+    );
+}
+
+#[test]
+fn write_of_exactly_mtu_plus_one_bytes() {
+    for mtu in [1u32, 3, 5] {
+        write_lands(mtu, 128 << mtu | 1);
+    }
+}
+
+#[test]
+fn write_of_1_mib() {
+    write_lands(3, 1 << 20);
+}
+
+/// A READ or WRITE one byte past the end of the remote MR.
+fn out_of_bounds(opcode: u8) {
+    let mut s = setup(3, 7, 7, true);
+    let la = s.a.alloc(8192);
+    let (lka, _) =
+        s.a.reg_mr(s.pda, la, 8192, abi::ACCESS_LOCAL_WRITE)
+            .unwrap();
+    let lb = s.b.alloc(4096);
+    let all = abi::ACCESS_LOCAL_WRITE | abi::ACCESS_REMOTE_WRITE | abi::ACCESS_REMOTE_READ;
+    let (_, rkb) = s.b.reg_mr(s.pdb, lb, 4096, all).unwrap();
+    let w = abi::SendWqe {
+        wr_id: 1,
+        opcode,
+        send_flags: abi::SEND_SIGNALED,
+        remote_addr: lb + 1,
+        rkey: rkb,
+        ..Default::default()
+    };
+    let now = s.now;
+    s.a.post_send(&mut s.qa, w, &[sge(la, 4096, lka)], now);
+    let c = wait_cqe(&mut s, false);
+    assert_eq!(c.status, abi::WC_REM_ACCESS_ERR);
+    // IBTA §9.9.3.1.2: a remote access error is fatal to the responder QP.
+    let q = abi::Handle {
+        handle: s.qb.qpn,
+        reserved: 0,
+    };
+    let attr = abi::QpAttr::read_from(&s.b.cmd(abi::CMD_QUERY_QP, &q).unwrap()).unwrap();
+    assert_eq!(attr.qp_state, abi::QPS_ERR, "responder QP in ERR");
+    assert_eq!(s.b.dev.stats().nak_rem_access_sent, 1);
+}
+
+#[test]
+fn read_out_of_the_mr_bounds_is_a_remote_access_error() {
+    out_of_bounds(abi::WR_RDMA_READ);
+}
+
+#[test]
+fn write_out_of_the_mr_bounds_is_a_remote_access_error() {
+    out_of_bounds(abi::WR_RDMA_WRITE);
+}
