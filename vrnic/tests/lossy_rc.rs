@@ -1,4 +1,4 @@
-//! RC over a lossy, reordering, duplicating, corrupting link: every SEND,
+//! RC over a lossy, reordering, delaying, duplicating, corrupting link: every SEND,
 //! WRITE, WRITE with immediate, READ and fetch-and-add completes exactly
 //! once with success, in order, every byte arrives, and the fetch-and-add
 //! counter ends exactly at the sum of its adds (go-back-N, duplicate
@@ -56,6 +56,8 @@ fn run(seed: u64, mtu_enum: u32, ops: usize) {
         duplicate: 0.01,
         reorder: 0.05,
         corrupt: 0.01,
+        // Beyond the rates: 1% of frames arrive 2-8 frames late.
+        delay: 0.01,
     };
     let link_mtu = if mtu_enum == 5 { 9000 } else { 1500 };
     let (mut a, mut b) = lossy_pair(link_mtu, seed, rates);

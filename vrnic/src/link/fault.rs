@@ -18,6 +18,12 @@
 //!   [`FaultLink::release_held`].
 //! - corrupt: one bit of the frame, chosen uniformly, is flipped (any byte:
 //!   headers, payload or ICRC).
+//! - delay: the frame is held back until 2 to 8 (uniform) further frames
+//!   have passed in the same direction, then delivered. On receive, an
+//!   empty inner link releases every delayed frame (as with reorder); on
+//!   send they wait for later sends or [`FaultLink::release_held`]. The
+//!   delay draw (and its length draw) is taken only when the delay rate is
+//!   not zero, so configurations without delay replay as before.
 
 use std::collections::VecDeque;
 use std::io;
@@ -41,6 +47,8 @@ pub struct FaultRates {
     pub reorder: f64,
     /// Probability that one bit of a frame is flipped.
     pub corrupt: f64,
+    /// Probability that a frame is held back behind 2 to 8 later frames.
+    pub delay: f64,
 }
 
 /// Configuration of a [`FaultLink`].
@@ -82,6 +90,7 @@ impl FaultConfig {
                 ("duplicate", r.duplicate),
                 ("reorder", r.reorder),
                 ("corrupt", r.corrupt),
+                ("delay", r.delay),
             ] {
                 if !(0.0..=1.0).contains(&value) {
                     return Err(FaultConfigError::BadRate {
@@ -109,6 +118,8 @@ pub struct FaultStats {
     pub reordered: u64,
     /// Frames with one bit flipped.
     pub corrupted: u64,
+    /// Frames held back behind later frames (delay).
+    pub delayed: u64,
     /// Received frames (held or duplicated) discarded because they did not
     /// fit the caller's buffer.
     pub oversize: u64,
@@ -152,6 +163,8 @@ struct Verdict {
     duplicate: bool,
     reorder: bool,
     corrupt: bool,
+    /// Frames to wait behind (0: no delay).
+    delay: u32,
 }
 
 /// A [`Link`] wrapper injecting deterministic faults; see the module docs.
@@ -162,6 +175,8 @@ pub struct FaultLink {
     tx_held: Option<Vec<u8>>,
     rx_held: Option<Vec<u8>>,
     rx_pending: VecDeque<Vec<u8>>,
+    tx_delayed: Vec<(u32, Vec<u8>)>,
+    rx_delayed: Vec<(u32, Vec<u8>)>,
     tx_stats: FaultStats,
     rx_stats: FaultStats,
 }
@@ -190,6 +205,8 @@ impl FaultLink {
             tx_held: None,
             rx_held: None,
             rx_pending: VecDeque::new(),
+            tx_delayed: Vec::new(),
+            rx_delayed: Vec::new(),
             tx_stats: FaultStats::default(),
             rx_stats: FaultStats::default(),
         })
@@ -209,11 +226,34 @@ impl FaultLink {
     ///
     /// # Errors
     /// The inner link's send error.
+    /// Also sends every frame still delayed.
     pub fn release_held(&mut self) -> io::Result<()> {
-        match self.tx_held.take() {
-            Some(f) => self.inner.send(&f),
-            None => Ok(()),
+        let mut res = Ok(());
+        let held = self.tx_held.take().into_iter();
+        let delayed: Vec<Vec<u8>> = self.tx_delayed.drain(..).map(|(_, f)| f).collect();
+        for f in held.chain(delayed) {
+            let r = self.inner.send(&f);
+            if res.is_ok() {
+                res = r;
+            }
         }
+        res
+    }
+
+    /// Counts one passing frame against every delayed one; returns those
+    /// whose wait is over, in the order they were delayed.
+    fn tick(delayed: &mut Vec<(u32, Vec<u8>)>) -> Vec<Vec<u8>> {
+        let mut due = Vec::new();
+        let mut i = 0;
+        while i < delayed.len() {
+            delayed[i].0 = delayed[i].0.saturating_sub(1);
+            if delayed[i].0 == 0 {
+                due.push(delayed.remove(i).1);
+            } else {
+                i += 1;
+            }
+        }
+        due
     }
 
     fn draw(&mut self, rates: FaultRates) -> Verdict {
@@ -222,6 +262,11 @@ impl FaultLink {
             duplicate: self.rng.chance(rates.duplicate),
             reorder: self.rng.chance(rates.reorder),
             corrupt: self.rng.chance(rates.corrupt),
+            delay: if rates.delay > 0.0 && self.rng.chance(rates.delay) {
+                2 + self.rng.below(7) as u32
+            } else {
+                0
+            },
         }
     }
 
@@ -270,7 +315,12 @@ impl Link for FaultLink {
             self.tx_stats.duplicated += 1;
             out.push(f.clone());
         }
-        if v.reorder && self.tx_held.is_none() {
+        let due = Self::tick(&mut self.tx_delayed);
+        if v.delay > 0 {
+            self.tx_stats.delayed += 1;
+            self.tx_delayed.push((v.delay, f));
+            out.extend(due);
+        } else if v.reorder && self.tx_held.is_none() {
             self.tx_held = Some(f);
         } else {
             out.push(f);
@@ -278,6 +328,7 @@ impl Link for FaultLink {
                 self.tx_stats.reordered += 1;
                 out.push(h);
             }
+            out.extend(due);
         }
         let mut res = Ok(());
         for f in &out {
@@ -316,6 +367,14 @@ impl Link for FaultLink {
                 self.corrupt(frame);
             }
             let frame = buf.get(..n).unwrap_or_default();
+            let due = Self::tick(&mut self.rx_delayed);
+            if v.delay > 0 {
+                self.rx_stats.delayed += 1;
+                self.rx_delayed.push((v.delay, frame.to_vec()));
+                self.rx_pending.extend(due);
+                continue;
+            }
+            self.rx_pending.extend(due);
             if v.duplicate {
                 self.rx_stats.duplicated += 1;
                 self.rx_pending.push_back(frame.to_vec());
@@ -333,6 +392,8 @@ impl Link for FaultLink {
         // Nothing (more) to swap with: hand out what is held, then any
         // duplicate still buffered.
         self.rx_pending.extend(self.rx_held.take());
+        self.rx_pending
+            .extend(self.rx_delayed.drain(..).map(|(_, f)| f));
         while let Some(f) = self.rx_pending.pop_front() {
             if let Some(n) = Self::deliver(&mut self.rx_stats, &f, buf) {
                 return Ok(Some(n));
@@ -399,6 +460,7 @@ mod tests {
             duplicate: 0.1,
             reorder: 0.1,
             corrupt: 0.1,
+            delay: 0.1,
         };
         assert_eq!(run_tx(42, r), run_tx(42, r));
         assert_ne!(run_tx(42, r).0, run_tx(43, r).0);
@@ -480,6 +542,7 @@ mod tests {
             duplicate: 0.05,
             reorder: 0.2,
             corrupt: 0.0,
+            delay: 0.1,
         };
         let mut f = FaultLink::new(
             Box::new(b),
@@ -501,11 +564,48 @@ mod tests {
         }
         let st = f.rx_stats();
         assert!(
-            st.dropped > 0 && st.duplicated > 0 && st.reordered > 0,
+            st.dropped > 0 && st.duplicated > 0 && st.reordered > 0 && st.delayed > 0,
             "{st:?}"
         );
         assert_eq!(got.len() as u64, N as u64 - st.dropped + st.duplicated);
         assert_eq!(drain(&mut f), Vec::<Vec<u8>>::new());
+    }
+
+    #[test]
+    fn delayed_frames_arrive_behind_later_ones_and_none_is_lost() {
+        let (a, mut b) = MemLink::pair_with_depth(10 * N as usize);
+        let tx = FaultRates {
+            delay: 0.1,
+            ..Default::default()
+        };
+        let mut f = FaultLink::new(
+            Box::new(a),
+            FaultConfig {
+                seed: 9,
+                tx,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        for fr in frames() {
+            f.send(&fr).unwrap();
+        }
+        f.release_held().unwrap();
+        let got = drain(&mut b);
+        assert_eq!(got.len(), N as usize, "nothing lost");
+        let idx: Vec<u32> = got
+            .iter()
+            .map(|g| u32::from_be_bytes(g[..4].try_into().unwrap()))
+            .collect();
+        // Some frame arrives at least two places behind where it was sent.
+        let late = idx
+            .iter()
+            .enumerate()
+            .any(|(pos, &i)| pos >= i as usize + 2);
+        assert!(late && f.tx_stats().delayed > 0, "{:?}", f.tx_stats());
+        let mut sorted = idx.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..N).collect::<Vec<_>>());
     }
 
     #[test]
