@@ -11,6 +11,9 @@
 
 pub mod abi;
 pub mod device;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod link;
 pub mod mem;
 pub mod transport;

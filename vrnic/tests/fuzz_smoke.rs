@@ -1,13 +1,24 @@
-//! Hostile input on stable Rust: thousands of seeded mutations of real
-//! RoCEv2 frames, and arbitrary control commands, fed to a device with RC,
-//! UC and UD QPs, an SRQ and MRs. Passing means: no panic, bounded output
-//! per input, and the device still works afterwards. (The cargo-fuzz
-//! targets in `fuzz/` run the same kind of input under libFuzzer.)
+//! Hostile input on stable Rust, through the same harness as the cargo-fuzz
+//! targets in `fuzz/` (`vrnic::fuzzing`, feature `fuzzing`): a device with
+//! RC, UC and UD QPs, an SRQ and MRs ([`Target`]) first runs a real
+//! exchange with a peer engine (SEND, WRITE, WRITE with immediate, READ,
+//! both atomics on RC, SEND and WRITE on UC, SEND on UD, and RC requests of
+//! its own answered by the peer); then it receives thousands of seeded
+//! mutations of the peer's frames — bit flips, truncations, splices of two
+//! frames, header-field changes — about half of them with the IPv4
+//! checksum and ICRC made right again so that they reach the transport.
+//! Passing means: no panic, a bounded output per input (checked by the
+//! harness), the mutations reached the transport (NAKs, duplicates,
+//! fatal errors were seen), and the device still works afterwards.
+//!
+//! `VRNIC_FUZZ_CORPUS=DIR` also writes the exchange's frames as seed inputs
+//! for the cargo-fuzz targets (`DIR/receive_frame`, `DIR/parse_frame`).
 
 mod common;
 
 use common::*;
 use vrnic::abi::{self, Pod};
+use vrnic::fuzzing::{self, qp, Peer, Target};
 use vrnic::wire::{self, Frame, Opcode, RoceHeaders};
 
 const ALL: u32 = abi::ACCESS_LOCAL_WRITE
@@ -15,6 +26,10 @@ const ALL: u32 = abi::ACCESS_LOCAL_WRITE
     | abi::ACCESS_REMOTE_READ
     | abi::ACCESS_REMOTE_ATOMIC;
 
+/// Mutated frames fed per seed.
+const MUTATIONS: u64 = 20_000;
+
+/// splitmix64.
 struct Rng(u64);
 
 impl Rng {
@@ -30,125 +45,264 @@ impl Rng {
     }
 }
 
-/// A connected RC pair plus extra QPs of every type on B, and the frames
-/// of a real exchange (SEND, WRITE, WRITE-imm, READ, atomics) in both
-/// directions.
-fn setup() -> (Node, Node, Vec<Vec<u8>>, Vec<u32>) {
-    let (mut a, mut b) = pair(1500);
-    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-    let (mut cqa, cqb) = (a.create_cq(256), b.create_cq(256));
-    let mut qa = a.create_qp(pa, &cqa, 64, 4);
-    let mut qb = b.create_qp(pb, &cqb, 64, 4);
-    let (ipa, ipb) = (a.ip, b.ip);
-    a.connect(&qa, ipb, qb.qpn, 3, 0xff_fff0, 5, 7, 7);
-    b.connect(&qb, ipa, qa.qpn, 3, 5, 0xff_fff0, 7, 7);
-    let la = a.alloc(65536);
-    let (lka, _) = a.reg_mr(pa, la, 65536, ALL).unwrap();
-    let lb = b.alloc(65536);
-    let (lkb, rkb) = b.reg_mr(pb, lb, 65536, ALL).unwrap();
-    for i in 0..16 {
-        let sge = abi::Sge {
-            addr: lb + 4096 * (i % 8),
-            length: 4096,
-            lkey: lkb,
-        };
-        b.post_recv(&mut qb, i, &[sge], 0);
+/// A QP of the peer of type `qp_type` (no SRQ).
+fn typed_qp(a: &mut Node, pd: u32, cq: &Cq, qp_type: u32) -> Qp {
+    let size = 64;
+    let (sq_stride, rq_stride) = (abi::sq_stride(4, 64), abi::rq_stride(4));
+    let sq = a.alloc((size * sq_stride) as usize);
+    let rq = a.alloc((size * rq_stride) as usize);
+    let rec = a.alloc(16);
+    let c = abi::CreateQp {
+        pdn: pd,
+        qp_type,
+        send_cqn: cq.cqn,
+        recv_cqn: cq.cqn,
+        sq_size: size,
+        rq_size: size,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_inline: 64,
+        sq_sig_all: 1,
+        sq,
+        rq,
+        db: rec,
+        srqn: 0,
+        reserved: 0,
+    };
+    let r = abi::CreateQpResp::read_from(&a.cmd(abi::CMD_CREATE_QP, &c).unwrap()).unwrap();
+    Qp {
+        qpn: r.qpn,
+        sq,
+        rq,
+        rec,
+        sq_stride,
+        rq_stride,
+        sq_size: size,
+        rq_size: size,
+        sq_pi: 0,
+        rq_pi: 0,
     }
-    let ops = [
-        (abi::WR_SEND, 3000u32),
-        (abi::WR_RDMA_WRITE, 5000),
-        (abi::WR_RDMA_WRITE_WITH_IMM, 100),
-        (abi::WR_RDMA_READ, 2500),
-        (abi::WR_ATOMIC_FETCH_AND_ADD, 8),
-        (abi::WR_ATOMIC_CMP_AND_SWP, 8),
-        (abi::WR_SEND_WITH_IMM, 0),
+}
+
+/// Brings a UC or UD QP of the peer to RTS.
+fn bring_up(a: &mut Node, q: &Qp, qp_type: u32, dest_qpn: u32, psn: u32, rq_psn: u32) {
+    let base = abi::QpAttr {
+        qpn: q.qpn,
+        ..Default::default()
+    };
+    let ud = qp_type == abi::QPT_UD;
+    let steps = [
+        abi::QpAttr {
+            attr_mask: abi::QP_ATTR_STATE
+                | abi::QP_ATTR_PKEY_INDEX
+                | abi::QP_ATTR_PORT
+                | if ud {
+                    abi::QP_ATTR_QKEY
+                } else {
+                    abi::QP_ATTR_ACCESS_FLAGS
+                },
+            qp_state: abi::QPS_INIT,
+            port_num: 1,
+            qkey: fuzzing::QKEY,
+            qp_access_flags: ALL,
+            ..base
+        },
+        if ud {
+            abi::QpAttr {
+                attr_mask: abi::QP_ATTR_STATE,
+                qp_state: abi::QPS_RTR,
+                ..base
+            }
+        } else {
+            abi::QpAttr {
+                attr_mask: abi::QP_ATTR_STATE
+                    | abi::QP_ATTR_AV
+                    | abi::QP_ATTR_PATH_MTU
+                    | abi::QP_ATTR_DEST_QPN
+                    | abi::QP_ATTR_RQ_PSN,
+                qp_state: abi::QPS_RTR,
+                path_mtu: 3,
+                dest_qp_num: dest_qpn,
+                rq_psn,
+                dgid: fuzzing::IP.to_ipv6_mapped().octets(),
+                sgid_index: 1,
+                is_global: 1,
+                ..base
+            }
+        },
+        abi::QpAttr {
+            attr_mask: abi::QP_ATTR_STATE | abi::QP_ATTR_SQ_PSN,
+            qp_state: abi::QPS_RTS,
+            sq_psn: psn,
+            ..base
+        },
     ];
-    for (i, (op, len)) in ops.iter().enumerate() {
+    for s in steps {
+        a.cmd(abi::CMD_MODIFY_QP, &s).unwrap();
+    }
+}
+
+/// Runs a real exchange between a peer engine (A, 10.0.0.1) and a fresh
+/// [`Target`]; returns the target and every RoCE frame A sent it.
+fn exchange() -> (Target, Vec<Vec<u8>>) {
+    let (la, _lb) = QueueLink::pair();
+    let mut a = Node::new(1, Box::new(la), 1500);
+    assert_eq!(a.ip, fuzzing::PEER_IP, "A is the harness's peer");
+    let pd = a.alloc_pd();
+    let mut cq = a.create_cq(256);
+    let mut rc = a.create_qp(pd, &cq, 64, 4);
+    let mut uc = typed_qp(&mut a, pd, &cq, abi::QPT_UC);
+    let mut ud = typed_qp(&mut a, pd, &cq, abi::QPT_UD);
+    // The harness's default peer is this one, so the frames recorded here
+    // are in-sequence inputs for `fuzzing::fuzz_receive` (seed corpus).
+    let peer = Peer::default();
+    assert_eq!((rc.qpn, uc.qpn), (peer.rc_qpn, peer.uc_qpn));
+    let mut t = Target::new(peer);
+    let tq = t.qpns();
+    a.connect(&rc, fuzzing::IP, tq[qp::RC], 3, peer.psn, peer.my_psn, 7, 7);
+    bring_up(&mut a, &uc, abi::QPT_UC, tq[qp::UC], peer.psn, peer.my_psn);
+    bring_up(&mut a, &ud, abi::QPT_UD, 0, 0x42, 0);
+    let buf = a.alloc(1 << 20);
+    let (lk, rk) = a.reg_mr(pd, buf, 1 << 20, ALL).unwrap();
+    for i in 0..8 {
+        let sge = abi::Sge {
+            addr: buf + 0x80000 + i * 8192,
+            length: 8192,
+            lkey: lk,
+        };
+        a.post_recv(&mut rc, 100 + i, &[sge], 0);
+    }
+    // The target's own requests into A's memory.
+    t.post_sample_requests(buf + 0x40000, rk);
+    let remote = t.mr_base[0] + (1 << 19);
+    let (rkey, ro_rkey) = (t.rkey, t.ro_rkey);
+    let ops = [
+        (abi::WR_SEND, 3000u32, remote, rkey),
+        (abi::WR_RDMA_WRITE, 5000, remote, rkey),
+        (abi::WR_RDMA_WRITE_WITH_IMM, 100, remote + 8192, rkey),
+        (abi::WR_RDMA_READ, 2500, remote, rkey),
+        (abi::WR_RDMA_READ, 1500, t.mr_base[1], ro_rkey),
+        (abi::WR_ATOMIC_FETCH_AND_ADD, 8, remote + 16384, rkey),
+        (abi::WR_ATOMIC_CMP_AND_SWP, 8, remote + 16384, rkey),
+        (abi::WR_SEND_WITH_IMM, 0, 0, 0),
+    ];
+    for (i, (opcode, len, remote_addr, rkey)) in ops.into_iter().enumerate() {
         let w = abi::SendWqe {
             wr_id: i as u64,
-            opcode: *op,
+            opcode,
             send_flags: abi::SEND_SIGNALED,
-            remote_addr: lb + 32768,
-            rkey: rkb,
+            remote_addr,
+            rkey,
             compare_add: 1,
+            swap: 7,
+            imm_data: [1, 2, 3, 4],
             ..Default::default()
         };
         let sge = abi::Sge {
-            addr: la,
-            length: *len,
-            lkey: lka,
+            addr: buf + i as u64 * 8192,
+            length: len,
+            lkey: lk,
         };
-        a.post_send(&mut qa, w, &[sge], 0);
+        a.post_send(&mut rc, w, &[sge], 0);
     }
-    // Shuttle frames by hand, recording every one.
+    for (i, (opcode, len)) in [
+        (abi::WR_SEND, 2000u32),
+        (abi::WR_RDMA_WRITE, 1500),
+        (abi::WR_RDMA_WRITE_WITH_IMM, 10),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let w = abi::SendWqe {
+            wr_id: 20 + i as u64,
+            opcode,
+            remote_addr: remote + 32768,
+            rkey,
+            ..Default::default()
+        };
+        let sge = abi::Sge {
+            addr: buf,
+            length: len,
+            lkey: lk,
+        };
+        a.post_send(&mut uc, w, &[sge], 0);
+    }
+    let ah = Node::handle_of(
+        a.cmd(
+            abi::CMD_CREATE_AH,
+            &abi::CreateAh {
+                pdn: pd,
+                dgid: fuzzing::IP.to_ipv6_mapped().octets(),
+                sgid_index: 1,
+                port_num: 1,
+                is_global: 1,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    for (i, dest) in [tq[qp::UD], tq[qp::UD_SRQ]].into_iter().enumerate() {
+        let w = abi::SendWqe {
+            wr_id: 30 + i as u64,
+            opcode: abi::WR_SEND,
+            remote_qpn: dest,
+            remote_qkey: fuzzing::QKEY,
+            ah,
+            ..Default::default()
+        };
+        let sge = abi::Sge {
+            addr: buf,
+            length: 500,
+            lkey: lk,
+        };
+        a.post_send(&mut ud, w, &[sge], 0);
+    }
+    // Shuttle frames by hand, recording what A sends.
+    t.keep_tx = true;
     let mut frames = Vec::new();
-    for t in 0..200u64 {
-        a.dev.poll(&a.mem, t * 2_000_000);
-        b.dev.poll(&b.mem, t * 2_000_000);
-        let mut moved = t < 5;
-        for f in std::iter::from_fn(|| a.dev.pop_tx()).collect::<Vec<_>>() {
-            b.dev.receive(&b.mem, &f, 0);
-            frames.push(f);
+    for round in 0..400u64 {
+        let now = 1_000_000_000 + round * 2_000_000;
+        t.now = now;
+        a.dev.poll(&a.mem, now);
+        t.advance(0);
+        let mut moved = false;
+        while let Some(f) = a.dev.pop_tx() {
+            t.receive(&f);
+            if matches!(wire::parse_frame(&f), Ok(Frame::Roce(_))) {
+                frames.push(f);
+            }
             moved = true;
         }
-        for f in std::iter::from_fn(|| b.dev.pop_tx()).collect::<Vec<_>>() {
-            a.dev.receive(&a.mem, &f, 0);
-            frames.push(f);
+        for f in std::mem::take(&mut t.tx) {
+            a.dev.receive(&a.mem, &f, now);
             moved = true;
         }
-        if !moved {
+        if !moved && round > 10 {
             break;
         }
     }
-    let mut done = 0;
-    while a.poll_cq(&mut cqa).is_some() {
-        done += 1;
+    t.keep_tx = false;
+    let mut got = Vec::new();
+    while let Some(c) = a.poll_cq(&mut cq) {
+        got.push((c.wr_id, c.status));
     }
-    assert_eq!(done, ops.len(), "the seed exchange completed");
-    // More targets on B: UC and UD QPs, one on an SRQ.
-    let srq_ring = b.alloc(64 * 32);
-    let srq_db = b.alloc(8);
-    let srq = abi::CreateSrq {
-        pdn: pb,
-        max_wr: 64,
-        max_sge: 1,
-        srq_limit: 4,
-        ring: srq_ring,
-        db: srq_db,
-    };
-    let srqn = abi::CreateSrqResp::read_from(&b.cmd(abi::CMD_CREATE_SRQ, &srq).unwrap())
-        .unwrap()
-        .srqn;
-    let mut qpns = vec![qa.qpn, qb.qpn];
-    for (qp_type, srqn) in [(abi::QPT_UC, 0), (abi::QPT_UD, 0), (abi::QPT_UD, srqn)] {
-        let sq = b.alloc(64 * 128);
-        let rq = b.alloc(64 * 32);
-        let rec = b.alloc(16);
-        let c = abi::CreateQp {
-            pdn: pb,
-            qp_type,
-            send_cqn: cqb.cqn,
-            recv_cqn: cqb.cqn,
-            sq_size: 64,
-            rq_size: if srqn == 0 { 64 } else { 0 },
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline: 0,
-            sq_sig_all: 0,
-            sq,
-            rq,
-            db: rec,
-            srqn,
-            reserved: 0,
-        };
-        let r = abi::CreateQpResp::read_from(&b.cmd(abi::CMD_CREATE_QP, &c).unwrap()).unwrap();
-        qpns.push(r.qpn);
-    }
-    (a, b, frames, qpns)
+    got.sort_unstable();
+    let mut want: Vec<(u64, u8)> = (0..ops.len() as u64)
+        .chain(20..23)
+        .chain(30..32)
+        .chain(100..102)
+        .map(|w| (w, abi::WC_SUCCESS))
+        .collect();
+    want.sort_unstable();
+    assert_eq!(got, want, "the seed exchange completed on the peer");
+    // The target's five requests and its seven receives (RC SEND, WRITE
+    // with immediate, SEND with immediate; UC SEND, WRITE with immediate;
+    // two UD SENDs) completed too.
+    assert_eq!(t.cqes, 5 + 7, "target completions");
+    (t, frames)
 }
 
-/// Field-level mutation of a parsed frame, re-emitted with a valid ICRC so
-/// that it reaches the transport.
+/// Field-level mutation of a parsed frame (re-emitted with a valid ICRC).
 fn mutate_headers(rng: &mut Rng, hdr: &mut RoceHeaders, payload: &mut Vec<u8>, qpns: &[u32]) {
     match rng.below(12) {
         0 => hdr.bth.psn = rng.next() as u32 & 0xff_ffff,
@@ -156,9 +310,11 @@ fn mutate_headers(rng: &mut Rng, hdr: &mut RoceHeaders, payload: &mut Vec<u8>, q
         2 => hdr.bth.dest_qp = qpns[rng.below(qpns.len() as u64) as usize],
         3 => {
             if let Some(r) = hdr.reth.as_mut() {
-                r.va = rng.next();
-                r.dma_len = rng.next() as u32;
-                r.rkey = rng.next() as u32;
+                match rng.below(3) {
+                    0 => r.va = rng.next(),
+                    1 => r.dma_len = rng.next() as u32,
+                    _ => r.rkey = rng.next() as u32,
+                }
             }
         }
         4 => payload.truncate(rng.below(payload.len() as u64 + 1) as usize),
@@ -166,7 +322,7 @@ fn mutate_headers(rng: &mut Rng, hdr: &mut RoceHeaders, payload: &mut Vec<u8>, q
         6 => {
             if let Some(a) = hdr.aeth.as_mut() {
                 a.syndrome = rng.next() as u8;
-                a.msn = rng.next() as u32;
+                a.msn = rng.next() as u32 & 0xff_ffff;
             }
         }
         7 => {
@@ -179,162 +335,210 @@ fn mutate_headers(rng: &mut Rng, hdr: &mut RoceHeaders, payload: &mut Vec<u8>, q
         9 => {
             if let Some(d) = hdr.deth.as_mut() {
                 d.qkey = rng.next() as u32;
+                d.src_qp = rng.next() as u32 & 0xff_ffff;
             }
         }
         _ => {
-            // Another opcode of the table: its extension headers may now
-            // be missing or extra; emit writes what is there, and the
-            // parser then sees a malformed or different packet.
+            // Another opcode of the table: its extension headers may now be
+            // missing or extra, so the parser sees a malformed or different
+            // packet.
             let all: Vec<Opcode> = (0..=255u8).filter_map(Opcode::from_u8).collect();
             hdr.bth.opcode = all[rng.below(all.len() as u64) as usize];
         }
     }
 }
 
-/// A driver-side handle for an existing QP (only its number is used to
-/// connect it).
-fn b_qp(qpn: u32) -> Qp {
-    Qp {
-        qpn,
-        sq: 0,
-        rq: 0,
-        rec: 0,
-        sq_stride: 0,
-        rq_stride: 0,
-        sq_size: 0,
-        rq_size: 0,
-        sq_pi: 0,
-        rq_pi: 0,
-    }
-}
-
-fn feed(b: &mut Node, frame: &[u8], now: u64) {
-    b.dev.receive(&b.mem, frame, now);
-    b.dev.poll(&b.mem, now);
-    let out = std::iter::from_fn(|| b.dev.pop_tx()).count();
-    // A READ request may ask for up to 2 GiB; the device answers what the MR
-    // allows, bounded by the MR (here 64 KiB = 64 packets at MTU 1024) plus
-    // retransmissions of what is in flight.
-    assert!(out <= 2048, "one input made {out} frames");
-    while b.dev.pop_event().is_some() {}
-}
-
-#[test]
-fn mutated_frames_never_panic_and_the_device_keeps_working() {
-    let (a, mut b, frames, qpns) = setup();
-    assert!(frames.len() > 10);
-    let mut rng = Rng(0x5eed);
-    let mut now = 0u64;
-    // The responder's expected PSN, tracked from what the device did: a
-    // request that was neither a duplicate nor out of sequence moved it on.
-    let mut epsn = frames
-        .iter()
-        .filter_map(|f| match wire::parse_frame(f) {
-            Ok(Frame::Roce(p)) if p.hdr.bth.opcode.is_request() => Some(p.hdr.bth.psn),
-            _ => None,
-        })
-        .max()
-        .map_or(0, |p| (p + 1) & 0xff_ffff);
-    let (mac_a, mac_b) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
-    let (qpn_a, qpn_b) = (qpns[0], qpns[1]);
-    let mut revived = 0;
-    for i in 0..20_000u64 {
-        // An error moves B's RC QP to ERR (as it must); bring it back so
-        // later inputs reach a live responder again.
-        let q = abi::Handle {
-            handle: qpn_b,
-            reserved: 0,
-        };
-        let state = abi::QpAttr::read_from(&b.cmd(abi::CMD_QUERY_QP, &q).unwrap())
-            .unwrap()
-            .qp_state;
-        if state == abi::QPS_ERR {
-            let reset = abi::QpAttr {
-                qpn: qpn_b,
-                attr_mask: abi::QP_ATTR_STATE,
-                qp_state: abi::QPS_RESET,
-                ..Default::default()
-            };
-            b.cmd(abi::CMD_MODIFY_QP, &reset).unwrap();
-            let qp = b_qp(qpn_b);
-            b.connect(&qp, a.ip, qpn_a, 3, 5, epsn, 7, 7);
-            revived += 1;
+/// The target's RC responder's expected PSN after the exchange: one past
+/// the last request PSN the peer sent on RC.
+fn rc_epsn(frames: &[Vec<u8>], rc_qpn: u32) -> u32 {
+    let mut epsn = Peer::default().psn;
+    for f in frames {
+        if let Ok(Frame::Roce(p)) = wire::parse_frame(f) {
+            let b = p.hdr.bth;
+            if b.dest_qp == rc_qpn && b.opcode.is_request() {
+                let n = match (b.opcode, p.hdr.reth) {
+                    (Opcode::RcReadRequest, Some(r)) => r.dma_len.div_ceil(1024).max(1),
+                    _ => 1,
+                };
+                let end = vrnic::transport::psn::add(b.psn, n);
+                if vrnic::transport::psn::diff(end, epsn) > 0 {
+                    epsn = end;
+                }
+            }
         }
-        now += 1_000_000;
+    }
+    epsn
+}
+
+fn storm(seed: u64) {
+    let (mut t, frames) = exchange();
+    assert!(frames.len() >= 20, "{} frames", frames.len());
+    let qpns = t.qpns();
+    let mut rng = Rng(seed);
+    let mut epsn = rc_epsn(&frames, qpns[qp::RC]);
+    let mut revived = 0;
+    let mut sent = 0usize;
+    for i in 0..MUTATIONS {
+        // A fatal error moves a QP to ERR (as it must): bring it back so
+        // later inputs reach live QPs again.
+        if i % 16 == 0 {
+            revived += t.revive(epsn);
+        }
+        if i % 128 == 0 {
+            // Requests of the target's own in flight, so that mutated ACKs,
+            // NAKs and READ/atomic responses reach a busy completer (after
+            // a revive its PSNs restart where the exchange's did).
+            t.post_sample_requests(0x10_0000, 0x1234);
+        }
+        if i % 64 == 63 {
+            // Let timers run: retransmissions of the target's own requests,
+            // RNR back-offs.
+            sent += t.advance(rng.below(200_000_000));
+        }
         let base = &frames[rng.below(frames.len() as u64) as usize];
         let mut f = base.clone();
-        match i % 4 {
-            // Raw bit flips and truncation: mostly caught by the ICRC.
-            0 => {
+        let fix = rng.below(2) == 0;
+        match i % 8 {
+            0 | 1 => {
                 for _ in 0..=rng.below(4) {
                     let at = rng.below(f.len() as u64) as usize;
                     f[at] ^= 1 << rng.below(8);
                 }
             }
-            1 => f.truncate(rng.below(f.len() as u64 + 1) as usize),
-            // Structure-aware: reaches the transport with a valid ICRC.
+            2 => f.truncate(rng.below(f.len() as u64 + 1) as usize),
+            3 => {
+                // Splice: the head of one frame and the tail of another.
+                let other = &frames[rng.below(frames.len() as u64) as usize];
+                let cut = rng.below(f.len() as u64 + 1) as usize;
+                let from = rng.below(other.len() as u64 + 1) as usize;
+                f.truncate(cut);
+                f.extend_from_slice(&other[from..]);
+            }
             _ => {
                 let Ok(Frame::Roce(p)) = wire::parse_frame(base) else {
-                    continue;
+                    unreachable!("only RoCE frames were recorded")
                 };
                 let mut hdr = p.hdr.clone();
-                // Always addressed to B, from A.
-                (hdr.eth_src, hdr.eth_dst) = (mac_a, mac_b);
-                (hdr.ip_src, hdr.ip_dst) = (a.ip.into(), b.ip.into());
                 let mut payload = p.payload.to_vec();
                 for _ in 0..=rng.below(3) {
                     mutate_headers(&mut rng, &mut hdr, &mut payload, &qpns);
                 }
-                if i % 4 == 3 && hdr.bth.opcode.is_request() {
-                    // In sequence, so the responder executes it.
+                let in_sequence =
+                    i % 8 == 7 && hdr.bth.dest_qp == qpns[qp::RC] && hdr.bth.opcode.is_request();
+                if in_sequence {
+                    // At the expected PSN, so the responder executes it.
                     hdr.bth.psn = epsn;
-                    let before = b.dev.stats().clone();
-                    f.clear();
-                    wire::emit_frame(&hdr, &payload, &mut f);
-                    feed(&mut b, &f, now);
-                    let after = b.dev.stats();
-                    if after.duplicates == before.duplicates
-                        && after.nak_psn_seq_sent == before.nak_psn_seq_sent
-                        && after.rx_dropped == before.rx_dropped
-                    {
-                        epsn = (epsn + 1) & 0xff_ffff;
-                    }
-                    continue;
                 }
                 f.clear();
                 wire::emit_frame(&hdr, &payload, &mut f);
+                if in_sequence {
+                    let before = t.dev.stats().clone();
+                    sent += t.receive(&f);
+                    let after = t.dev.stats();
+                    // Executed (not a duplicate, gap or drop): moved on.
+                    if after.duplicates == before.duplicates
+                        && after.nak_psn_seq_sent == before.nak_psn_seq_sent
+                        && after.rx_dropped == before.rx_dropped
+                        && after.icrc_errors == before.icrc_errors
+                    {
+                        let n = match (hdr.bth.opcode, hdr.reth) {
+                            (Opcode::RcReadRequest, Some(r))
+                                if after.naks_sent == before.naks_sent =>
+                            {
+                                r.dma_len.div_ceil(1024).max(1)
+                            }
+                            _ => 1,
+                        };
+                        epsn = vrnic::transport::psn::add(epsn, n);
+                    }
+                    continue;
+                }
+                // Already consistent; the flip below would break it again.
+                sent += t.receive(&f);
+                continue;
             }
         }
-        feed(&mut b, &f, now);
+        if fix {
+            fuzzing::fix_checksums(&mut f);
+        }
+        sent += t.receive(&f);
     }
     // Pure noise too.
-    for _ in 0..2_000 {
+    for _ in 0..500 {
         let n = rng.below(200) as usize;
         let f: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
-        feed(&mut b, &f, now);
+        sent += t.receive(&f);
     }
-    let st = b.dev.stats();
-    assert!(st.icrc_errors > 0 && st.rx_dropped > 0, "{st:?}");
-    // The structure-aware half reached the transport: requests were NAKed
-    // and duplicates recognised.
-    assert!(st.naks_sent > 0 && st.duplicates > 0, "{st:?}");
+    let st = t.dev.stats().clone();
+    eprintln!(
+        "seed {seed}: {} frames sent, {revived} QPs revived, {st:?}",
+        sent
+    );
+    assert!(
+        st.icrc_errors > 0 && st.rx_dropped > 0,
+        "seed {seed}: {st:?}"
+    );
+    // The checksum-fixed half reached the transport.
+    assert!(st.naks_sent > 0 && st.duplicates > 0, "seed {seed}: {st:?}");
     assert!(
         st.nak_inv_req_sent + st.nak_rem_access_sent + st.nak_rem_op_sent > 0,
-        "requests were executed and refused: {st:?}"
+        "seed {seed}: requests were executed and refused: {st:?}"
     );
-    assert!(revived > 0, "the responder QP was revived {revived} times");
-    // The device still serves commands.
-    let pd = b.alloc_pd();
-    assert!(pd > 0);
+    assert!(
+        st.naks_received + st.rnr_naks_received > 0,
+        "seed {seed}: responses reached the completer: {st:?}"
+    );
+    assert!(revived > 0, "seed {seed}: no QP ever failed");
+    assert!(sent > 0, "seed {seed}: the device never answered");
+    // Still working: every QP back up, a UD SEND from the peer lands and a
+    // command is served.
+    t.revive(epsn);
+    let before = t.cqes;
+    let ud = frames
+        .iter()
+        .find(|f| {
+            matches!(wire::parse_frame(f), Ok(Frame::Roce(p))
+                if p.hdr.bth.opcode == Opcode::UdSendOnly && p.hdr.bth.dest_qp == qpns[qp::UD])
+        })
+        .expect("the exchange had a UD SEND");
+    t.receive(ud);
+    assert_eq!(t.cqes, before + 1, "seed {seed}: a UD SEND still completes");
+    let (status, _) = t.command(abi::CMD_ALLOC_PD, &abi::Handle::default());
+    assert_eq!(status, 0, "seed {seed}: the device still serves commands");
 }
 
 #[test]
-fn arbitrary_control_commands_are_answered_without_panic() {
-    let (_a, mut b, _frames, _qpns) = setup();
+fn mutated_frames_never_panic_and_the_device_keeps_working() {
+    for seed in [0x5eed, 2, 3] {
+        storm(seed);
+    }
+}
+
+#[test]
+fn arbitrary_control_commands_and_doorbells_are_answered_without_panic() {
+    let mut t = Target::new(Peer::default());
     let mut rng = Rng(7);
-    let mut resp = vec![0u8; 256];
+    let mut errors = 0;
     for i in 0..20_000u32 {
-        let opcode = (rng.below(24)) as u16;
+        if i % 8 == 7 {
+            // A doorbell with small (valid-looking) or arbitrary fields.
+            let pick = |rng: &mut Rng| {
+                if rng.below(2) == 0 {
+                    rng.below(0x40) as u32
+                } else {
+                    rng.next() as u32
+                }
+            };
+            let db = abi::Doorbell {
+                kind: rng.below(8) as u16,
+                handle: pick(&mut rng),
+                index: pick(&mut rng),
+                ..Default::default()
+            };
+            t.doorbell(&db);
+            continue;
+        }
+        let opcode = rng.below(24) as u16;
         let len = rng.below(abi::MAX_CMD_BODY as u64 + 16) as usize;
         let mut req = abi::CmdHeader {
             opcode,
@@ -354,13 +558,84 @@ fn arbitrary_control_commands_are_answered_without_panic() {
         }
         // Sometimes an address inside driver memory, so commands get past EFAULT.
         if len >= 24 && i % 3 == 0 {
-            let gpa = MEM_BASE + rng.below(MEM_SIZE as u64);
+            let gpa = fuzzing::MEM_BASE + rng.below(fuzzing::MEM_SIZE as u64);
             req[16..24].copy_from_slice(&gpa.to_le_bytes());
         }
-        let n = b.dev.control(&b.mem, &req, &mut resp);
-        assert!((8..=resp.len()).contains(&n));
-        while b.dev.pop_tx().is_some() {}
-        while b.dev.pop_event().is_some() {}
+        if rng.below(16) == 0 {
+            req.truncate(rng.below(req.len() as u64) as usize);
+        }
+        t.control(&req);
+        if t.dev.stats().cmd_errors > errors {
+            errors = t.dev.stats().cmd_errors;
+        }
+        if i % 256 == 255 {
+            t.advance(10_000_000);
+        }
     }
-    assert!(b.alloc_pd() > 0, "the device still serves commands");
+    assert!(errors > 0, "some commands were refused");
+    let (status, _) = t.command(abi::CMD_ALLOC_PD, &abi::Handle::default());
+    assert_eq!(status, 0, "the device still serves commands");
+}
+
+/// The libFuzzer entry points run on a few deterministic inputs (the
+/// exchange's frames in their record format), so a change that breaks them
+/// shows up in CI, not only under cargo-fuzz; and `VRNIC_FUZZ_CORPUS`
+/// exports those inputs as a seed corpus.
+#[test]
+fn fuzz_entry_points_run_on_the_exchange_frames() {
+    let (_t, frames) = exchange();
+    let mut records: Vec<(u8, &[u8])> = Vec::new();
+    for (i, f) in frames.iter().enumerate() {
+        records.push(((i as u8 & 7) << fuzzing::REC_TIME_SHIFT, f));
+    }
+    let whole = fuzzing::encode_records(&records);
+    fuzzing::fuzz_receive(&whole);
+    for f in &frames {
+        fuzzing::fuzz_parse(f);
+        let mut g = f.clone();
+        g[f.len() / 2] ^= 0x10;
+        fuzzing::fix_checksums(&mut g);
+        fuzzing::fuzz_receive(&fuzzing::encode_records(&[(fuzzing::REC_FIX, &g)]));
+        fuzzing::fuzz_parse(&g);
+    }
+    // fuzz_control records: [kind, len, bytes]; 0xDB is a doorbell.
+    let mut input = Vec::new();
+    for (op, body) in [
+        (abi::CMD_QUERY_DEVICE, vec![0u8; 0]),
+        (abi::CMD_ALLOC_PD, vec![0; 8]),
+        (abi::CMD_QUERY_QP, 0x11u32.to_le_bytes().repeat(2)),
+    ] {
+        let mut req = abi::CmdHeader {
+            opcode: op,
+            flags: 0,
+            len: body.len() as u32,
+        }
+        .as_bytes()
+        .to_vec();
+        req.extend_from_slice(&body);
+        input.extend_from_slice(&[0, req.len() as u8]);
+        input.extend_from_slice(&req);
+    }
+    let db = abi::Doorbell {
+        kind: abi::DB_SQ,
+        handle: 0x11,
+        index: 3,
+        ..Default::default()
+    };
+    input.extend_from_slice(&[0xdb, 16]);
+    input.extend_from_slice(db.as_bytes());
+    fuzzing::fuzz_control(&input);
+    if let Ok(dir) = std::env::var("VRNIC_FUZZ_CORPUS") {
+        let dir = std::path::Path::new(&dir);
+        for sub in ["receive_frame", "parse_frame", "control"] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        std::fs::write(dir.join("control/commands"), &input).unwrap();
+        std::fs::write(dir.join("receive_frame/exchange"), &whole).unwrap();
+        for (i, f) in frames.iter().enumerate() {
+            std::fs::write(dir.join(format!("parse_frame/frame{i:03}")), f).unwrap();
+            let rec = fuzzing::encode_records(&[(fuzzing::REC_FIX, f)]);
+            std::fs::write(dir.join(format!("receive_frame/frame{i:03}")), rec).unwrap();
+        }
+    }
 }

@@ -407,3 +407,197 @@ pub fn lossy_pair(mtu: u32, seed: u64, rates: FaultRates) -> (Node, Node) {
         Node::new(2, Box::new(fb), mtu),
     )
 }
+
+/// One end of a plain in-memory link: an unbounded FIFO each way, no
+/// eventfd and no lock contention (one test thread drives both ends), so the
+/// long lossy runs spend their time in the engine, not in syscalls. Frames
+/// arrive in the order sent; faults come from a [`FaultLink`] around it.
+pub struct QueueLink {
+    tx: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<Vec<u8>>>>,
+    rx: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<Vec<u8>>>>,
+}
+
+impl QueueLink {
+    pub fn pair() -> (QueueLink, QueueLink) {
+        let ab = std::sync::Arc::default();
+        let ba = std::sync::Arc::default();
+        (
+            QueueLink {
+                tx: std::sync::Arc::clone(&ab),
+                rx: std::sync::Arc::clone(&ba),
+            },
+            QueueLink { tx: ba, rx: ab },
+        )
+    }
+}
+
+impl Link for QueueLink {
+    fn send(&mut self, frame: &[u8]) -> std::io::Result<()> {
+        self.tx.lock().unwrap().push_back(frame.to_vec());
+        Ok(())
+    }
+
+    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
+        let Some(f) = self.rx.lock().unwrap().pop_front() else {
+            return Ok(None);
+        };
+        let n = f.len().min(buf.len());
+        buf[..n].copy_from_slice(&f[..n]);
+        Ok(Some(n))
+    }
+
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+}
+
+/// As [`lossy_pair`], over a [`QueueLink`] pair (no eventfd per frame).
+pub fn lossy_queue_pair(mtu: u32, seed: u64, rates: FaultRates) -> (Node, Node) {
+    let (la, lb) = QueueLink::pair();
+    let cfg = |seed| FaultConfig {
+        seed,
+        tx: rates,
+        rx: FaultRates::default(),
+    };
+    let fa = FaultLink::new(Box::new(la), cfg(seed)).unwrap();
+    let fb = FaultLink::new(Box::new(lb), cfg(seed ^ 0x9e37_79b9_7f4a_7c15)).unwrap();
+    (
+        Node::new(1, Box::new(fa), mtu),
+        Node::new(2, Box::new(fb), mtu),
+    )
+}
+
+/// As [`run_until`], but returns whether `done` held within `max_rounds`
+/// instead of panicking, so the caller can report its own context (seed,
+/// operation) on failure.
+pub fn try_run_until(
+    a: &mut Node,
+    b: &mut Node,
+    now: &mut Nanos,
+    max_rounds: usize,
+    mut done: impl FnMut(&mut Node, &mut Node) -> bool,
+) -> bool {
+    for _ in 0..max_rounds {
+        if done(a, b) {
+            return true;
+        }
+        let moved = a.pump(*now) + b.pump(*now);
+        if moved == 0 {
+            *now += 1_000_000;
+        }
+    }
+    done(a, b)
+}
+
+/// Connection attributes for [`Node::connect_opts`] (the defaults are the
+/// ones [`Node::connect`] uses).
+#[derive(Clone, Copy, Debug)]
+pub struct ConnOpts {
+    /// Path MTU enum (1 = 256 ... 5 = 4096).
+    pub mtu: u32,
+    pub my_psn: u32,
+    pub peer_psn: u32,
+    /// Local ACK timeout exponent: 4.096 µs × 2^timeout.
+    pub timeout: u8,
+    pub retry: u8,
+    pub rnr: u8,
+    /// RNR NAK timer this QP asks its peer to wait (IBTA Table 45 code).
+    pub min_rnr_timer: u8,
+    pub max_rd_atomic: u8,
+}
+
+impl Default for ConnOpts {
+    fn default() -> Self {
+        ConnOpts {
+            mtu: 3,
+            my_psn: 0,
+            peer_psn: 0,
+            timeout: 14,
+            retry: 7,
+            rnr: 7,
+            min_rnr_timer: 1,
+            max_rd_atomic: 1,
+        }
+    }
+}
+
+impl Node {
+    /// RESET → INIT → RTR → RTS with every attribute of [`ConnOpts`].
+    pub fn connect_opts(
+        &mut self,
+        qp: &Qp,
+        peer_ip: std::net::Ipv4Addr,
+        peer_qpn: u32,
+        o: ConnOpts,
+    ) {
+        let all = abi::ACCESS_LOCAL_WRITE
+            | abi::ACCESS_REMOTE_WRITE
+            | abi::ACCESS_REMOTE_READ
+            | abi::ACCESS_REMOTE_ATOMIC;
+        let init = abi::QpAttr {
+            qpn: qp.qpn,
+            attr_mask: abi::QP_ATTR_STATE
+                | abi::QP_ATTR_PKEY_INDEX
+                | abi::QP_ATTR_PORT
+                | abi::QP_ATTR_ACCESS_FLAGS,
+            qp_state: abi::QPS_INIT,
+            port_num: 1,
+            qp_access_flags: all,
+            ..Default::default()
+        };
+        self.cmd(abi::CMD_MODIFY_QP, &init).unwrap();
+        let rtr = abi::QpAttr {
+            qpn: qp.qpn,
+            attr_mask: abi::QP_ATTR_STATE
+                | abi::QP_ATTR_AV
+                | abi::QP_ATTR_PATH_MTU
+                | abi::QP_ATTR_DEST_QPN
+                | abi::QP_ATTR_RQ_PSN
+                | abi::QP_ATTR_MAX_DEST_RD_ATOMIC
+                | abi::QP_ATTR_MIN_RNR_TIMER,
+            qp_state: abi::QPS_RTR,
+            path_mtu: o.mtu,
+            dest_qp_num: peer_qpn,
+            rq_psn: o.peer_psn,
+            max_dest_rd_atomic: o.max_rd_atomic,
+            min_rnr_timer: o.min_rnr_timer,
+            dgid: peer_ip.to_ipv6_mapped().octets(),
+            sgid_index: 1,
+            is_global: 1,
+            hop_limit: 1,
+            ..Default::default()
+        };
+        self.cmd(abi::CMD_MODIFY_QP, &rtr).unwrap();
+        let rts = abi::QpAttr {
+            qpn: qp.qpn,
+            attr_mask: abi::QP_ATTR_STATE
+                | abi::QP_ATTR_SQ_PSN
+                | abi::QP_ATTR_TIMEOUT
+                | abi::QP_ATTR_RETRY_CNT
+                | abi::QP_ATTR_RNR_RETRY
+                | abi::QP_ATTR_MAX_QP_RD_ATOMIC,
+            qp_state: abi::QPS_RTS,
+            sq_psn: o.my_psn,
+            timeout: o.timeout,
+            retry_cnt: o.retry,
+            rnr_retry: o.rnr,
+            max_rd_atomic: o.max_rd_atomic,
+            ..Default::default()
+        };
+        self.cmd(abi::CMD_MODIFY_QP, &rts).unwrap();
+    }
+
+    /// The QP's state as `CMD_QUERY_QP` reports it.
+    pub fn qp_state(&mut self, qpn: u32) -> u32 {
+        let r = self
+            .cmd(
+                abi::CMD_QUERY_QP,
+                &abi::Handle {
+                    handle: qpn,
+                    reserved: 0,
+                },
+            )
+            .unwrap();
+        abi::QpAttr::read_from(&r).unwrap().qp_state
+    }
+}
