@@ -143,17 +143,20 @@ impl VrnicBackend {
     }
 
     /// Where the counters are published: after every worker wake-up and
-    /// every reset, without locking ([`StatsBoard`]); for readers that must
-    /// not hold up the data path (the `vrnic stats` server).
+    /// every reset, without locking ([`StatsBoard`]), the per-QP ones at
+    /// most every [`crate::datapath::QP_STATS_INTERVAL_NS`]; for readers
+    /// that must not hold up the data path (the `vrnic stats` server).
     pub fn stats_board(&self) -> Arc<StatsBoard> {
         self.board.clone()
     }
 
-    fn publish(&self, dp: &DataPath) {
-        self.board
-            .publish(&Snapshot::new(dp.device.stats(), &dp.stats));
-        // O(number of QPs) per wake-up; skipped while a reader holds it.
-        self.board.publish_qps(|v| dp.device.qp_stats_into(v));
+    /// Publishes the counters; the per-QP ones rate-limited
+    /// ([`DataPath::publish_qp_stats`]), or at once with `wait` (callers
+    /// other than the worker, which may not run again).
+    fn publish(&self, dp: &mut DataPath, wait: bool) {
+        let snap = Snapshot::new(dp.device.stats(), &dp.stats);
+        self.board.publish(&snap);
+        dp.publish_qp_stats(&self.board, &snap, wait);
     }
 
     /// Virtio features the frontend acknowledged (`SET_FEATURES`).
@@ -166,7 +169,7 @@ impl VrnicBackend {
     pub fn reset(&self) {
         let mut dp = self.lock();
         dp.reset();
-        self.publish(&dp);
+        self.publish(&mut dp, true);
     }
 
     /// Gives back the device and the link.
@@ -273,7 +276,7 @@ impl VhostUserBackend for VrnicBackend {
         dp.set_memory(mem);
         if !dp.running() {
             dp.reset();
-            self.publish(&dp);
+            self.publish(&mut dp, true);
         }
         Ok(())
     }
@@ -322,7 +325,7 @@ impl VhostUserBackend for VrnicBackend {
             dp.stats.engine_panics += 1;
             dp.reset();
         }
-        self.publish(&dp);
+        self.publish(&mut dp, false);
         Ok(())
     }
 }

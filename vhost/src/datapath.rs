@@ -26,6 +26,7 @@ use vrnic::link::Link;
 
 use crate::chain::{self, Segment};
 use crate::memory::GuestMem;
+use crate::stats::{Snapshot, StatsBoard};
 use crate::timer::Timer;
 
 /// The vring type the backend uses.
@@ -46,6 +47,13 @@ pub const MAX_PENDING_EVENTS: usize = 1024;
 pub const LINK_POLL_INTERVAL_NS: Nanos = 1_000_000;
 /// Device poll rounds per worker wake-up before yielding to other events.
 const POLL_ROUNDS: usize = 16;
+/// Shortest interval between two publishes of the per-QP counters to the
+/// stats board, nanoseconds (10 ms): copying the table is O(number of QPs),
+/// too much for every wake-up. A change is published at most this late,
+/// also when the worker has nothing else to do (the timer fires for it).
+pub const QP_STATS_INTERVAL_NS: Nanos = 10_000_000;
+/// Retry delay when a stats reader held the per-QP table, nanoseconds.
+const QP_STATS_RETRY_NS: Nanos = 1_000_000;
 
 /// Counters of the vhost-user side of the device (the engine's own are
 /// [`vrnic::device::DeviceStats`]). All counts since the backend was made.
@@ -102,6 +110,13 @@ pub struct DataPath {
     /// The driver has used a queue since the last reset.
     running: bool,
     pub(crate) stats: BackendStats,
+    /// The counters as of the last per-QP publish.
+    qp_stats_seen: Option<Snapshot>,
+    /// Earliest device time of the next per-QP publish.
+    qp_stats_next: Nanos,
+    /// A per-QP publish is owed at this device time (the timer is armed
+    /// for it).
+    qp_stats_due: Option<Nanos>,
 }
 
 impl DataPath {
@@ -124,6 +139,9 @@ impl DataPath {
             rx_buf: vec![0; RX_BUF_SIZE],
             running: false,
             stats: BackendStats::default(),
+            qp_stats_seen: None,
+            qp_stats_next: 0,
+            qp_stats_due: None,
         })
     }
 
@@ -154,6 +172,45 @@ impl DataPath {
         self.timer.clear();
         self.running = false;
         self.stats.device_resets += 1;
+        self.qp_stats_due = None;
+    }
+
+    /// Publishes the per-QP counters to `board` if they may have changed
+    /// since the last time, at most once per [`QP_STATS_INTERVAL_NS`].
+    /// `snap` holds the device and backend counters just published: every
+    /// per-QP change (a packet, a NAK, a QP created or destroyed, a reset)
+    /// moves one of them, so an unchanged `snap` means an unchanged table.
+    /// A publish held back by the interval, or by a reader holding the
+    /// table, is owed and the timer is armed for it. With `wait`, publishes
+    /// now and waits for a reader (for callers other than the worker).
+    pub(crate) fn publish_qp_stats(&mut self, board: &StatsBoard, snap: &Snapshot, wait: bool) {
+        if self.qp_stats_seen.as_ref() == Some(snap) {
+            return;
+        }
+        let now = self.now();
+        let due = if wait || now >= self.qp_stats_next {
+            let device = &self.device;
+            let published = if wait {
+                board.replace_qps(|v| device.qp_stats_into(v));
+                true
+            } else {
+                board.publish_qps(|v| device.qp_stats_into(v))
+            };
+            if published {
+                self.qp_stats_seen = Some(*snap);
+                self.qp_stats_next = now.saturating_add(QP_STATS_INTERVAL_NS);
+                self.qp_stats_due = None;
+                return;
+            }
+            now.saturating_add(QP_STATS_RETRY_NS)
+        } else {
+            self.qp_stats_next
+        };
+        if self.qp_stats_due != Some(due) {
+            self.qp_stats_due = Some(due);
+            let next = self.armed.map_or(due, |d| d.min(due));
+            self.arm(Some(next));
+        }
     }
 
     /// Whether the driver has used the control or doorbell queue since the
@@ -247,6 +304,11 @@ impl DataPath {
         if self.link.raw_fd().is_none() {
             let poll_at = self.now() + if more_rx { 0 } else { LINK_POLL_INTERVAL_NS };
             next = Some(next.map_or(poll_at, |d| d.min(poll_at)));
+        }
+        // An owed per-QP publish keeps its deadline; one due now is made
+        // by the publish that follows this wake-up.
+        if let Some(due) = self.qp_stats_due.filter(|&d| d > self.now()) {
+            next = Some(next.map_or(due, |d| d.min(due)));
         }
         self.arm(next);
     }

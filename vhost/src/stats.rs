@@ -7,9 +7,12 @@
 //!   lock over atomics), so a reader never holds up the data path. Per-QP
 //!   counters ([`QpStats`]) are published next to it under a mutex the
 //!   worker only ever `try_lock`s (a busy reader makes it skip one publish,
-//!   never wait).
+//!   never wait), and at most every
+//!   [`QP_STATS_INTERVAL_NS`](crate::datapath::QP_STATS_INTERVAL_NS): the
+//!   per-QP lines may lag the device lines by that much.
 //! - [`StatsServer`]: a thread answering every connection on a Unix socket
-//!   with the snapshot as `name value` lines, then closing it.
+//!   with the snapshot as `name value` lines, then the per-QP counters as
+//!   `qp_<qpn>_<counter> value` lines ([`render_qps`]), then closing it.
 //! - [`query`] and [`parse`]: the client side.
 
 use std::fmt::Write as _;
@@ -39,7 +42,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 }
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 31;
+pub const COUNTERS: usize = 33;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -63,6 +66,8 @@ pub const NAMES: [&str; COUNTERS] = [
     "nak_inv_req_received",
     "nak_rem_access_received",
     "nak_rem_op_received",
+    "tx_bytes",
+    "rx_bytes",
     "commands",
     "rejected_chains",
     "faulted_commands",
@@ -77,8 +82,10 @@ pub const NAMES: [&str; COUNTERS] = [
     "engine_panics",
 ];
 
-/// Largest reply [`query`] accepts, bytes.
-pub const MAX_REPLY: u64 = 64 * 1024;
+/// Largest reply [`query`] accepts, bytes: room for the device counters
+/// and the per-QP lines of [`vrnic::device::MAX_QP`] QPs (at most 64 bytes
+/// a line, [`QpStats::iter`] lines a QP) several times over.
+pub const MAX_REPLY: u64 = 4 << 20;
 
 /// Attempts [`StatsBoard::read`] makes at a consistent snapshot.
 const READ_ATTEMPTS: usize = 10_000;
@@ -87,9 +94,18 @@ const READ_ATTEMPTS: usize = 10_000;
 const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// All counters at one moment, named by [`NAMES`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Snapshot {
     values: [u64; COUNTERS],
+}
+
+impl Default for Snapshot {
+    /// All counters zero.
+    fn default() -> Self {
+        Self {
+            values: [0; COUNTERS],
+        }
+    }
 }
 
 impl Snapshot {
@@ -117,6 +133,8 @@ impl Snapshot {
             nak_inv_req_received,
             nak_rem_access_received,
             nak_rem_op_received,
+            tx_bytes,
+            rx_bytes,
         } = *device;
         let BackendStats {
             commands,
@@ -153,6 +171,8 @@ impl Snapshot {
                 nak_inv_req_received,
                 nak_rem_access_received,
                 nak_rem_op_received,
+                tx_bytes,
+                rx_bytes,
                 commands,
                 rejected_chains,
                 faulted_commands,
@@ -222,16 +242,30 @@ impl StatsBoard {
     }
 
     /// Publishes the per-QP counters with `fill`, which replaces the
-    /// vector's contents. Never blocks: skipped while a reader holds them.
-    pub fn publish_qps(&self, fill: impl FnOnce(&mut Vec<(u32, QpStats)>)) {
-        if let Ok(mut g) = self.qps.try_lock() {
-            fill(&mut g);
+    /// vector's contents (QP numbers ascending). Never blocks: skipped
+    /// while a reader holds them. Returns whether it published.
+    pub fn publish_qps(&self, fill: impl FnOnce(&mut Vec<(u32, QpStats)>)) -> bool {
+        match self.qps.try_lock() {
+            Ok(mut g) => {
+                fill(&mut g);
+                true
+            }
+            Err(_) => false,
         }
     }
 
-    /// The latest published per-QP counters, by QP number.
+    /// [`StatsBoard::publish_qps`] that waits for a reader to finish (a
+    /// copy of the table) instead of skipping: for threads other than the
+    /// worker, such as a reset from the vhost-user message thread.
+    pub fn replace_qps(&self, fill: impl FnOnce(&mut Vec<(u32, QpStats)>)) {
+        let mut g = self.qps.lock().unwrap_or_else(|e| e.into_inner());
+        fill(&mut g);
+    }
+
+    /// The latest published per-QP counters, by QP number. Holds the
+    /// lock only to copy them.
     pub fn read_qps(&self) -> Vec<(u32, QpStats)> {
-        self.qps.lock().map(|g| g.clone()).unwrap_or_default()
+        self.qps.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Publishes `snap`. Never blocks.
@@ -449,10 +483,12 @@ fn answer(mut stream: UnixStream, board: &StatsBoard) -> io::Result<()> {
     stream.shutdown(std::net::Shutdown::Both)
 }
 
-/// The per-QP wire format: for each QP, one `qp_<qpn>_<counter> value`
-/// line per [`QpStats`] counter (QP number in decimal), e.g.
-/// `qp_17_retransmits 3`. The lines follow the device counters and parse
-/// with [`parse`] like them.
+/// The per-QP wire format: for each QP (QP numbers ascending), one
+/// `qp_<qpn>_<counter> value` line per [`QpStats`] counter, in
+/// [`QpStats::iter`] order, with the QP number in decimal, e.g.
+/// `qp_17_retransmits 3` or `qp_17_nak_rem_access_received 1`. The lines
+/// follow the device counters and parse with [`parse`] like them; to pick
+/// one QP, match the prefix `qp_<qpn>_`.
 pub fn render_qps(qps: &[(u32, QpStats)]) -> String {
     let mut s = String::new();
     for (qpn, st) in qps {
@@ -467,7 +503,8 @@ pub fn render_qps(qps: &[(u32, QpStats)]) -> String {
 /// step is bounded by `timeout`, and the reply by [`MAX_REPLY`] bytes.
 ///
 /// # Errors
-/// [`StatsError::Query`].
+/// [`StatsError::Query`], also for a reply longer than [`MAX_REPLY`]
+/// (rather than a truncated one).
 pub fn query(path: &Path, timeout: Duration) -> Result<String, StatsError> {
     let err = |source| StatsError::Query {
         path: path.display().to_string(),
@@ -477,9 +514,15 @@ pub fn query(path: &Path, timeout: Duration) -> Result<String, StatsError> {
     stream.set_read_timeout(Some(timeout)).map_err(err)?;
     let mut reply = String::new();
     stream
-        .take(MAX_REPLY)
+        .take(MAX_REPLY + 1)
         .read_to_string(&mut reply)
         .map_err(err)?;
+    if reply.len() as u64 > MAX_REPLY {
+        return Err(err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("reply longer than {MAX_REPLY} bytes"),
+        )));
+    }
     Ok(reply)
 }
 
@@ -545,6 +588,53 @@ mod tests {
         assert_eq!(parsed.len(), COUNTERS);
         assert_eq!(parsed[0], ("tx_frames".to_string(), 1));
         assert_eq!(parsed[COUNTERS - 1], ("engine_panics".to_string(), 23));
+    }
+
+    #[test]
+    fn per_qp_lines_parse_and_fit_a_reply_for_every_qp() {
+        let one = QpStats {
+            retransmits: 3,
+            nak_rem_access_received: 1,
+            ..Default::default()
+        };
+        let text = render_qps(&[(17, one), (0x12, QpStats::default())]);
+        let lines = parse(&text).unwrap();
+        let per_qp = QpStats::default().iter().count();
+        assert_eq!(lines.len(), 2 * per_qp);
+        assert_eq!(lines[0], ("qp_17_tx_packets".to_string(), 0));
+        assert!(lines.contains(&("qp_17_retransmits".into(), 3)));
+        assert!(lines.contains(&("qp_17_nak_rem_access_received".into(), 1)));
+        assert!(lines.contains(&("qp_18_retransmits".into(), 0)));
+        // The largest table a device can have (24-bit QP numbers), every
+        // counter at its widest.
+        let widest_qp: usize = QpStats::default()
+            .iter()
+            .map(|(name, _)| format!("qp_{}_{name} {}\n", 0xff_ffff, u64::MAX).len())
+            .sum();
+        let device = Snapshot::default().render().len() + COUNTERS * 20;
+        let all = device + vrnic::device::MAX_QP * widest_qp;
+        assert!((all as u64) * 2 < MAX_REPLY, "{all} bytes");
+    }
+
+    #[test]
+    fn a_reply_longer_than_max_reply_is_an_error_not_truncated() {
+        let path = temp_path("long");
+        let _ = fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        let server = thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let line = b"x 1\n";
+            let mut buf = Vec::with_capacity(MAX_REPLY as usize + line.len());
+            while (buf.len() as u64) <= MAX_REPLY {
+                buf.extend_from_slice(line);
+            }
+            // The client stops reading past MAX_REPLY: ignore EPIPE.
+            let _ = s.write_all(&buf);
+        });
+        let e = query(&path, Duration::from_secs(5)).unwrap_err();
+        assert!(e.to_string().contains("longer than"), "{e}");
+        server.join().unwrap();
+        fs::remove_file(&path).unwrap();
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! driver would. Every wait is bounded by wall-clock time.
 
 use std::net::Ipv4Addr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vrnic::abi;
 use vrnic::device::DeviceConfig;
@@ -35,6 +35,33 @@ struct Side {
     pd: u32,
     cq: Cq,
     qp: Qp,
+}
+
+/// The counters of `s.qp` from its daemon's stats socket (names without
+/// the `qp_<qpn>_` prefix), once `name` has reached `want`; panics after
+/// [`WAIT`].
+fn wait_for_qp_counter(s: &Side, name: &str, want: u64) -> Vec<(String, u64)> {
+    let path = s.daemon.stats_socket().expect("stats server");
+    let prefix = format!("qp_{}_", s.qp.qpn);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let reply = vrnic_vhost::stats::query(path, WAIT).expect("stats reply");
+        let counters: Vec<(String, u64)> = vrnic_vhost::stats::parse(&reply)
+            .expect("name value lines")
+            .into_iter()
+            .filter_map(|(n, v)| Some((n.strip_prefix(&prefix)?.to_string(), v)))
+            .collect();
+        if counters.iter().any(|(n, v)| n == name && *v == want) {
+            return counters;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{prefix}{name} never reached {want} within {WAIT:?}:\n{reply}"
+        );
+        // Pacing between queries, not synchronisation: the loop ends on
+        // the counter's value.
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 fn device_config(last_octet: u8) -> DeviceConfig {
@@ -278,25 +305,25 @@ fn rdma_write_with_a_bad_rkey_is_nakked_with_a_remote_access_error() {
         abi::QPS_ERR,
         "the requester's QP moved to ERR"
     );
-    // Each worker publishes its counters at the end of a wake-up; a
-    // command answered after the NAK's wake-up means that one published.
-    b.fe.query_qp(&b.qp).unwrap();
-    let per_qp = |s: &Side, name: &str| -> u64 {
-        let path = s.daemon.stats_socket().expect("stats server");
-        let reply = vrnic_vhost::stats::query(path, WAIT).expect("stats reply");
-        let lines = vrnic_vhost::stats::parse(&reply).expect("name value lines");
-        let key = format!("qp_{}_{name}", s.qp.qpn);
-        lines
-            .iter()
-            .find(|(n, _)| *n == key)
-            .unwrap_or_else(|| panic!("{key} missing from:\n{reply}"))
+    // Per-QP counters reach the stats socket at most
+    // QP_STATS_INTERVAL_NS after the wake-up that moved them, also once
+    // both daemons are idle, as they are now.
+    let b_qp = wait_for_qp_counter(&b, "nak_rem_access_sent", 1);
+    let a_qp = wait_for_qp_counter(&a, "nak_rem_access_received", 1);
+    let get = |c: &[(String, u64)], name: &str| {
+        c.iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("{name} missing from {c:?}"))
             .1
     };
-    assert_eq!(per_qp(&b, "nak_rem_access_sent"), 1, "B's QP NAKed once");
-    assert_eq!(per_qp(&a, "nak_rem_access_received"), 1, "A's QP got it");
-    assert_eq!(per_qp(&a, "nak_psn_seq_received"), 0);
-    assert!(per_qp(&a, "tx_packets") >= 2, "A's QP sent the WRITE");
-    assert!(per_qp(&b, "rx_packets") >= 2, "B's QP received it");
+    assert_eq!(get(&a_qp, "nak_psn_seq_received"), 0, "{a_qp:?}");
+    assert_eq!(get(&a_qp, "retransmits"), 0, "{a_qp:?}");
+    assert_eq!(get(&a_qp, "tx_packets"), 2, "the WRITE's 2 packets");
+    assert_eq!(get(&a_qp, "tx_bytes"), len as u64, "its payload");
+    assert_eq!(get(&a_qp, "rx_packets"), 1, "the NAK");
+    assert!(get(&b_qp, "rx_packets") >= 1, "{b_qp:?}");
+    assert_eq!(get(&b_qp, "tx_packets"), 1, "the NAK");
+    assert_eq!(get(&b_qp, "nak_inv_req_sent"), 0, "{b_qp:?}");
 
     let (ba, bb) = shut_down(a, b);
     assert_eq!(bb.device_stats().naks_sent, 1, "the responder sent one NAK");

@@ -535,6 +535,7 @@ impl Device {
         apply_attrs(&mut qp.attr, &a);
         qp.state = next;
         qp.attr.qp_state = next;
+        let before = self.out.stats.clone();
         let mut env = transport_env!(self, mem, 0);
         match next {
             abi::QPS_RESET => {
@@ -569,6 +570,7 @@ impl Device {
             }
             _ => {}
         }
+        qp.stats.add_delta(&before, &self.out.stats);
         let connected = qp.qp_type != abi::QPT_UD;
         let dgid =
             (connected && (next == abi::QPS_RTR || next == abi::QPS_RTS)).then_some(qp.attr.dgid);

@@ -109,6 +109,12 @@ pub struct DeviceStats {
     pub nak_rem_access_received: u64,
     /// NAKs received with code remote operational error.
     pub nak_rem_op_received: u64,
+    /// RoCEv2 payload bytes sent: after the BTH and extension headers,
+    /// without pad and ICRC; retransmissions count again.
+    pub tx_bytes: u64,
+    /// RoCEv2 payload bytes received in packets for one of the device's
+    /// QPs (counted as [`DeviceStats::tx_bytes`]).
+    pub rx_bytes: u64,
 }
 
 impl DeviceStats {
@@ -369,6 +375,7 @@ impl Device {
         };
         qp.stats.rx_packets += 1;
         let before = self.out.stats.clone();
+        self.out.stats.rx_bytes += pkt.payload.len() as u64;
         let mut env = transport_env!(self, mem, now);
         if pkt.hdr.bth.opcode.transport() == wire::Transport::Ud {
             if qp.qp_type == abi::QPT_UD && pkt.hdr.bth.opcode.is_request() {
@@ -445,7 +452,9 @@ impl Device {
         &self.out.stats
     }
 
-    /// Per-QP counters of every QP, by QP number (ascending).
+    /// Per-QP counters of every QP, by QP number (ascending). A QP's
+    /// counters go with it when it is destroyed, and all of them at a
+    /// [`Device::reset`]; [`Device::stats`] keeps the device-wide totals.
     pub fn qp_stats(&self) -> Vec<(u32, QpStats)> {
         let mut v = Vec::with_capacity(self.qps.len());
         self.qp_stats_into(&mut v);

@@ -9,18 +9,25 @@
 
 use super::DeviceStats;
 
-/// Counters of one QP since it was created. All counts are packets or
-/// events, not bytes.
+/// Counters of one QP since it was created: packets, events, and payload
+/// bytes (`tx_bytes`, `rx_bytes`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QpStats {
     /// RoCEv2 packets sent for this QP (requests, responses, ACKs/NAKs).
     pub tx_packets: u64,
     /// RoCEv2 packets received for this QP (valid ICRC).
     pub rx_packets: u64,
+    /// RoCEv2 payload bytes sent for this QP (after the BTH and extension
+    /// headers, without pad and ICRC; retransmissions count again).
+    pub tx_bytes: u64,
+    /// RoCEv2 payload bytes received for this QP (as `tx_bytes`).
+    pub rx_bytes: u64,
     /// Received packets the QP dropped (wrong transport, Q_Key, state, UC/UD
     /// messages that could not be delivered).
     pub rx_dropped: u64,
-    /// Retransmissions (ACK timeouts and RNR back-offs).
+    /// Retransmissions started by an ACK timeout or the end of an RNR
+    /// back-off: one per go-back-N rewind, however many packets it resends
+    /// (resends after a PSN sequence NAK show in `nak_psn_seq_received`).
     pub retransmits: u64,
     /// Duplicate requests or responses received.
     pub duplicates: u64,
@@ -52,6 +59,8 @@ impl QpStats {
     pub fn add_delta(&mut self, before: &DeviceStats, after: &DeviceStats) {
         let d = |a: u64, b: u64| b.wrapping_sub(a);
         self.tx_packets += d(before.tx_frames, after.tx_frames);
+        self.tx_bytes += d(before.tx_bytes, after.tx_bytes);
+        self.rx_bytes += d(before.rx_bytes, after.rx_bytes);
         self.rx_dropped += d(before.rx_dropped, after.rx_dropped);
         self.retransmits += d(before.retransmits, after.retransmits);
         self.duplicates += d(before.duplicates, after.duplicates);
@@ -75,6 +84,8 @@ impl QpStats {
         [
             ("tx_packets", self.tx_packets),
             ("rx_packets", self.rx_packets),
+            ("tx_bytes", self.tx_bytes),
+            ("rx_bytes", self.rx_bytes),
             ("rx_dropped", self.rx_dropped),
             ("retransmits", self.retransmits),
             ("duplicates", self.duplicates),

@@ -102,6 +102,7 @@ impl Output {
         let mut frame = Vec::with_capacity(payload.len() + 96);
         wire::emit_frame(hdr, payload, &mut frame);
         self.stats.tx_frames += 1;
+        self.stats.tx_bytes += payload.len() as u64;
         self.tx.push_back(frame);
     }
 }
