@@ -106,7 +106,8 @@ fn run(a: &Args, transport: Box<dyn Transport>, role: Role, tag: &str) -> Result
     let pd = Pd::alloc(&ctx).context("Couldn't allocate PD")?;
     let mr = Mr::alloc(&pd, size, ACCESS_LOCAL_WRITE).context("Couldn't register MR")?;
     mr.fill(if client { RC_FILL } else { POISON });
-    let mut cq = Cq::new(&ctx, a.common.rx_depth + 1).context("Couldn't create CQ")?;
+    let mut cq =
+        Cq::new(&ctx, a.common.rx_depth.saturating_add(1)).context("Couldn't create CQ")?;
     let mut qp = tools::rc_qp_init(&pd, &cq, a.common.rx_depth, a.common.ib_port, 0)?;
     let inline = qp.cap().max_inline_data as usize >= size;
 

@@ -209,7 +209,8 @@ fn run(a: &Args, transport: Box<dyn Transport>, role: Role, tag: &str) -> Result
     let bufs = Buffers::new(&pd, if stock { 1 } else { rx_depth + num_qp }, size)?;
     let recv_buf = |slot: usize| if stock { 0 } else { slot };
     let send_buf = |qp: usize| if stock { 0 } else { rx_depth + qp };
-    let mut cq = Cq::new(&ctx, a.common.rx_depth + a.num_qp).context("Couldn't create CQ")?;
+    let mut cq =
+        Cq::new(&ctx, a.common.rx_depth.saturating_add(a.num_qp)).context("Couldn't create CQ")?;
     let srq_init = SrqInitAttr {
         max_wr: a.common.rx_depth,
         max_sge: 1,

@@ -174,7 +174,8 @@ fn run(a: &Args, transport: Box<dyn Transport>, role: Role, tag: &str) -> Result
     )
     .context("Couldn't register MR")?;
     mr.fill(if stock { UD_FILL } else { POISON });
-    let mut cq = Cq::new(&ctx, a.common.rx_depth + 1).context("Couldn't create CQ")?;
+    let mut cq =
+        Cq::new(&ctx, a.common.rx_depth.saturating_add(1)).context("Couldn't create CQ")?;
     let mut qp = tools::ud_qp_init(
         &pd,
         &cq,

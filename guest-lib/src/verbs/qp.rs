@@ -354,6 +354,46 @@ pub struct SendWr<'a> {
     pub ud: UdWr,
 }
 
+impl SendWr<'_> {
+    /// The send WQE header of this work request (`abi::SendWqe`, without
+    /// the SGEs or inline bytes that follow it in the ring): `imm_data` in
+    /// network order, the remote address and rkey of [`SendWr::atomic`]
+    /// for atomics and of [`SendWr::rdma`] otherwise, the UD destination
+    /// of [`SendWr::ud`], and `SEND_INLINE` set exactly when there is
+    /// inline data. Assumes the checks of [`Qp::post_send`] passed (at most
+    /// 255 SGEs).
+    fn to_wqe(self) -> abi::SendWqe {
+        let (remote_addr, rkey) = if self.opcode.is_atomic() {
+            (self.atomic.remote_addr, self.atomic.rkey)
+        } else {
+            (self.rdma.remote_addr, self.rdma.rkey)
+        };
+        let inline = self.inline_data.map_or(0, <[u8]>::len);
+        abi::SendWqe {
+            wr_id: self.wr_id,
+            opcode: self.opcode.code(),
+            send_flags: self.send_flags
+                | if self.inline_data.is_some() {
+                    abi::SEND_INLINE
+                } else {
+                    0
+                },
+            num_sge: self.sg_list.len() as u8,
+            reserved: 0,
+            imm_data: self.imm_data.to_be_bytes(),
+            remote_addr,
+            rkey,
+            inline_len: inline as u32,
+            compare_add: self.atomic.compare_add,
+            swap: self.atomic.swap,
+            remote_qpn: self.ud.remote_qpn,
+            remote_qkey: self.ud.remote_qkey,
+            ah: self.ud.ah,
+            reserved2: 0,
+        }
+    }
+}
+
 /// A receive work request (`struct ibv_recv_wr`, one element of its list).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RecvWr<'a> {
@@ -710,33 +750,7 @@ impl Qp {
             ));
         }
         let slot = self.sq.next_slot(self.consumer_index(0), "send queue")?;
-        let (remote_addr, rkey) = if wr.opcode.is_atomic() {
-            (wr.atomic.remote_addr, wr.atomic.rkey)
-        } else {
-            (wr.rdma.remote_addr, wr.rdma.rkey)
-        };
-        let hdr = abi::SendWqe {
-            wr_id: wr.wr_id,
-            opcode: wr.opcode.code(),
-            send_flags: wr.send_flags
-                | if wr.inline_data.is_some() {
-                    abi::SEND_INLINE
-                } else {
-                    0
-                },
-            num_sge: wr.sg_list.len() as u8,
-            reserved: 0,
-            imm_data: wr.imm_data.to_be_bytes(),
-            remote_addr,
-            rkey,
-            inline_len: inline.len() as u32,
-            compare_add: wr.atomic.compare_add,
-            swap: wr.atomic.swap,
-            remote_qpn: wr.ud.remote_qpn,
-            remote_qkey: wr.ud.remote_qkey,
-            ah: wr.ud.ah,
-            reserved2: 0,
-        };
+        let hdr = wr.to_wqe();
         // SAFETY: the slot holds `stride` bytes, checked at creation to fit
         // the header plus max_send_sge SGEs or max_inline_data bytes, which
         // the checks above bound the payload by.
@@ -863,6 +877,100 @@ mod tests {
             QpAttr::from_abi(&bad),
             Err(VerbsError::BadResponse(_))
         ));
+    }
+
+    #[test]
+    fn send_wr_fields_reach_the_wqe() {
+        let sge = [Sge {
+            addr: 0x1000,
+            length: 8,
+            lkey: 7,
+        }];
+        // UD: the AH, destination QPN and Q_Key go into the WQE.
+        let ud = SendWr {
+            wr_id: 0xdead_beef,
+            opcode: WrOpcode::SendWithImm,
+            send_flags: abi::SEND_SIGNALED | abi::SEND_SOLICITED,
+            sg_list: &sge,
+            imm_data: 0x0102_0304,
+            ud: UdWr {
+                ah: 5,
+                remote_qpn: 0xab_cdef,
+                remote_qkey: 0x1111_1111,
+            },
+            ..Default::default()
+        };
+        let w = ud.to_wqe();
+        assert_eq!(
+            (w.wr_id, w.opcode, w.num_sge, w.inline_len),
+            (0xdead_beef, abi::WR_SEND_WITH_IMM, 1, 0)
+        );
+        assert_eq!(w.send_flags, abi::SEND_SIGNALED | abi::SEND_SOLICITED);
+        assert_eq!(w.imm_data, [1, 2, 3, 4], "network byte order");
+        assert_eq!(
+            (w.ah, w.remote_qpn, w.remote_qkey),
+            (5, 0xab_cdef, 0x1111_1111)
+        );
+        // At the ABI's offsets: remote_qpn 48, remote_qkey 52, ah 56.
+        let b = w.as_bytes();
+        assert_eq!(b[48..52], 0xab_cdefu32.to_le_bytes());
+        assert_eq!(b[52..56], 0x1111_1111u32.to_le_bytes());
+        assert_eq!(b[56..60], 5u32.to_le_bytes());
+
+        // Inline data sets SEND_INLINE and its length; no SGEs.
+        let data = [9u8; 20];
+        let inl = SendWr {
+            opcode: WrOpcode::Send,
+            inline_data: Some(&data),
+            ..Default::default()
+        };
+        let w = inl.to_wqe();
+        assert_eq!(
+            (w.send_flags, w.inline_len, w.num_sge),
+            (abi::SEND_INLINE, 20, 0)
+        );
+
+        // RDMA takes `rdma`, atomics take `atomic`; SEND with invalidate
+        // carries the rkey in imm_data.
+        let rdma = RdmaWr {
+            remote_addr: 0x5000,
+            rkey: 0x11,
+        };
+        let atomic = AtomicWr {
+            remote_addr: 0x6000,
+            rkey: 0x22,
+            compare_add: 3,
+            swap: 4,
+        };
+        let write = SendWr {
+            opcode: WrOpcode::RdmaWriteWithImm,
+            rdma,
+            atomic,
+            ..Default::default()
+        }
+        .to_wqe();
+        assert_eq!((write.remote_addr, write.rkey), (0x5000, 0x11));
+        let cas = SendWr {
+            opcode: WrOpcode::AtomicCmpAndSwp,
+            rdma,
+            atomic,
+            ..Default::default()
+        }
+        .to_wqe();
+        assert_eq!(
+            (cas.remote_addr, cas.rkey, cas.compare_add, cas.swap),
+            (0x6000, 0x22, 3, 4)
+        );
+        let inv = SendWr {
+            opcode: WrOpcode::SendWithInv,
+            imm_data: 0x0000_1234,
+            ..Default::default()
+        }
+        .to_wqe();
+        assert_eq!(
+            (inv.opcode, inv.imm_data),
+            (abi::WR_SEND_WITH_INV, [0, 0, 0x12, 0x34])
+        );
     }
 
     #[test]

@@ -24,8 +24,10 @@ pub struct WorkCompletion {
     pub invalidated_rkey: Option<u32>,
     /// Local QP number.
     pub qp_num: u32,
-    /// Source QP number: the sender's QP of a UD receive (from its DETH);
-    /// 0 otherwise.
+    /// Source QP number: the sender's QP of a UD receive (from its DETH).
+    /// `ibv_poll_cq(3)` defines it for UD only; vrnic also reports the
+    /// connected peer (`dest_qp_num`) in an RC or UC receive completion, as
+    /// mlx5 does (rxe leaves it 0), and 0 in send completions.
     pub src_qp: u32,
     /// `ibv_wc_flags`: `WC_GRH` (a UD receive: the buffer starts with the
     /// [`super::GRH_LEN`]-byte GRH area, see [`super::grh_sgid`]),
