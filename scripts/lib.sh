@@ -346,6 +346,7 @@ vr_daemon() {
 VR_GUEST_TARGET_DIR=$VR_TOP/target/x86_64-unknown-linux-gnu/release
 VR_GUEST_TOOLS=(vrnic-pingpong vrnic-probe vrnic-write-imm)
 VR_GUEST_TOOLS+=(vrnic-ud-pingpong vrnic-srq-pingpong)
+VR_GUEST_TOOLS+=(vrnic-rdma)
 
 # vr_build_rust: the vrnic daemon (debug: shares cargo test's artefacts, keeps overflow checks)
 # and the static guest tools (release, crt-static, so they run in the busybox guest).

@@ -630,8 +630,8 @@ where
 /// value), exchanging over TCP on localhost; lines are tagged `server: `
 /// and `client: `. Returns the client's and the server's results.
 ///
-/// Errors: either side's, prefixed `client`/`server`; a panicked server
-/// thread.
+/// Errors: either side's, prefixed `client`/`server` (both, `; `-separated,
+/// when both failed); a panicked server thread.
 pub fn run_loopback<T, F>(path_mtu: u32, side: F) -> Result<(T, T)>
 where
     T: Send + 'static,
@@ -655,7 +655,12 @@ where
     let server = server
         .join()
         .map_err(|_| anyhow!("the server thread panicked"))?;
-    Ok((client.context("client")?, server.context("server")?))
+    match (client, server) {
+        (Ok(c), Ok(s)) => Ok((c, s)),
+        (Err(c), Ok(_)) => Err(c.context("client")),
+        (Ok(_), Err(s)) => Err(s.context("server")),
+        (Err(c), Err(s)) => Err(anyhow!("client: {c:#}; server: {s:#}")),
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,10 @@
 //! What the guest tools (`vrnic-pingpong`, `vrnic-ud-pingpong`,
-//! `vrnic-srq-pingpong`, `vrnic-write-imm`) share: the `strtoul`-style
-//! option parsers, the `ibv_rc_pingpong` out-of-band destination message
-//! (rdma-core's libibverbs/examples/pingpong.c and rc_pingpong.c), opening
+//! `vrnic-srq-pingpong`, `vrnic-write-imm`, `vrnic-rdma`) share: the
+//! `strtoul`-style option parsers, the `ibv_rc_pingpong` out-of-band
+//! destination message (rdma-core's libibverbs/examples/pingpong.c and
+//! rc_pingpong.c), the bounded line-oriented out-of-band channel ([`Oob`],
+//! [`accept_bounded`], [`connect_bounded`]) of `vrnic-write-imm` and
+//! `vrnic-rdma`, bounded single completions ([`wait_one`]), opening
 //! the device (the PCI function or an in-process loopback pair), RC QP
 //! bring-up RESET → INIT → RTR → RTS with rc_pingpong's attributes (also on
 //! an SRQ, as srq_pingpong), UD QP bring-up with ud_pingpong's, and the
@@ -12,20 +15,22 @@
 //! follow rc_pingpong's wording, e.g. `Couldn't create QP`): the tools print
 //! them as they are, so changing one here changes their output.
 
-use std::net::{Ipv4Addr, TcpListener};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context as _, Result};
+use anyhow::{anyhow, bail, ensure, Context as _, Result};
 use vrnic::abi;
 
 use crate::transport::Transport;
 use crate::verbs::{
-    AhAttr, Cq, Gid, Pd, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, Srq, QP_ATTR_ACCESS_FLAGS,
-    QP_ATTR_AV, QP_ATTR_DEST_QPN, QP_ATTR_MAX_DEST_RD_ATOMIC, QP_ATTR_MAX_QP_RD_ATOMIC,
-    QP_ATTR_MIN_RNR_TIMER, QP_ATTR_PATH_MTU, QP_ATTR_PKEY_INDEX, QP_ATTR_PORT, QP_ATTR_QKEY,
-    QP_ATTR_RETRY_CNT, QP_ATTR_RNR_RETRY, QP_ATTR_RQ_PSN, QP_ATTR_SQ_PSN, QP_ATTR_STATE,
-    QP_ATTR_TIMEOUT,
+    AhAttr, Context, Cq, Gid, Mr, Pd, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, SendWr, Srq,
+    WorkCompletion, ACCESS_LOCAL_WRITE, QP_ATTR_ACCESS_FLAGS, QP_ATTR_AV, QP_ATTR_DEST_QPN,
+    QP_ATTR_MAX_DEST_RD_ATOMIC, QP_ATTR_MAX_QP_RD_ATOMIC, QP_ATTR_MIN_RNR_TIMER, QP_ATTR_PATH_MTU,
+    QP_ATTR_PKEY_INDEX, QP_ATTR_PORT, QP_ATTR_QKEY, QP_ATTR_RETRY_CNT, QP_ATTR_RNR_RETRY,
+    QP_ATTR_RQ_PSN, QP_ATTR_SQ_PSN, QP_ATTR_STATE, QP_ATTR_TIMEOUT,
 };
 
 // ---------------------------------------------------------------------------
@@ -60,6 +65,45 @@ pub fn parse_mtu(s: &str) -> Result<u32, String> {
         _ => Err(format!(
             "{b}: path MTU is one of 256, 512, 1024, 2048, 4096"
         )),
+    }
+}
+
+/// Parses a positive count (`strtoul` syntax, as [`parse_c_int`]).
+///
+/// Errors (as text, for clap): not a number, out of range, or 0.
+pub fn parse_positive(s: &str) -> Result<u32, String> {
+    match parse_c_int::<u32>(s)? {
+        0 => Err("must be at least 1".into()),
+        v => Ok(v),
+    }
+}
+
+/// The options `vrnic-write-imm` and `vrnic-rdma` share (`#[command(flatten)]`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct RcToolArgs {
+    /// Path MTU, bytes (256, 512, 1024, 2048 or 4096).
+    #[arg(short = 'm', long = "mtu", default_value = "1024", value_parser = parse_mtu)]
+    pub mtu: u32,
+    /// Local GID index (1 is the IPv4-mapped RoCEv2 GID).
+    #[arg(short = 'g', long = "gid-idx", default_value = "1", value_parser = parse_c_int::<u8>)]
+    pub gid_idx: u8,
+    /// PCI address of the vrnic device (e.g. 0000:00:04.0); default: the first found.
+    #[arg(long)]
+    pub pci: Option<String>,
+    /// Give up on any single wait (accept, connect, TCP read, completion)
+    /// longer than this many seconds.
+    #[arg(long, default_value = "60", value_parser = parse_positive)]
+    pub timeout: u32,
+    /// Run both sides in this process over two in-process devices
+    /// (10.0.0.1 and 10.0.0.2), tagged `server: ` and `client: `.
+    #[arg(long, hide = true)]
+    pub loopback: bool,
+}
+
+impl RcToolArgs {
+    /// The bound of every single wait (`--timeout`).
+    pub fn wait(&self) -> Duration {
+        Duration::from_secs(self.timeout.into())
     }
 }
 
@@ -369,6 +413,101 @@ pub fn rc_qp_connect(
     Ok(())
 }
 
+/// Hop limit (IP TTL) of the GRH the tools' RC QPs send with.
+pub const HOP_LIMIT: u8 = 64;
+
+/// The device objects of one side of a one-QP RC tool (`vrnic-write-imm`,
+/// `vrnic-rdma`): a CQ of 4 entries, an RC QP in INIT on it, one MR, and
+/// the QP's details for the peer (`me`, with a random PSN and the GID at
+/// the chosen index).
+pub struct RcSide {
+    /// Send and receive CQ of [`RcSide::qp`].
+    pub cq: Cq,
+    /// The RC QP, in INIT until [`rc_side_connect`].
+    pub qp: Qp,
+    /// The side's only MR, `Mr::alloc`ated.
+    pub mr: Mr<'static>,
+    /// What the peer needs: LID 0, QPN, initial send PSN, GID.
+    pub me: Dest,
+    // Dropped last: every object above keeps it alive anyway.
+    _pd: Pd,
+}
+
+/// Opens the device behind `transport` and creates an [`RcSide`]: the PD,
+/// an MR of `mr_len` bytes with access `ACCESS_LOCAL_WRITE | remote`, a CQ,
+/// and an RC QP in INIT on port `port` accepting the remote operations
+/// `remote` (`ACCESS_REMOTE_*`); reads the GID at `gid_idx`.
+///
+/// Errors: rc_pingpong's (`Couldn't get context`, `Couldn't allocate PD`,
+/// `Couldn't register MR`, `Couldn't create CQ`, `Couldn't create QP`, ...),
+/// a port that is not RoCE, an empty GID at `gid_idx`.
+pub fn open_rc_side(
+    transport: Box<dyn Transport>,
+    port: u8,
+    gid_idx: u8,
+    mr_len: usize,
+    remote: u32,
+) -> Result<RcSide> {
+    let ctx = Context::open(transport).context("Couldn't get context")?;
+    let pd = Pd::alloc(&ctx).context("Couldn't allocate PD")?;
+    let mr = Mr::alloc(&pd, mr_len, ACCESS_LOCAL_WRITE | remote).context("Couldn't register MR")?;
+    let cq = Cq::new(&ctx, 4).context("Couldn't create CQ")?;
+    let qp = rc_qp_init(&pd, &cq, 1, port, remote)?;
+    let attr = ctx.query_port(port).context("Couldn't get port info")?;
+    ensure!(
+        attr.link_layer == LINK_LAYER_ETHERNET,
+        "port {port} is not a RoCE (Ethernet) port"
+    );
+    let gid = ctx
+        .query_gid(port, gid_idx.into())
+        .with_context(|| format!("can't read sgid of index {gid_idx}"))?;
+    ensure!(
+        gid.interface_id() != 0,
+        "GID index {gid_idx} is empty: RoCE needs a GID (-g)"
+    );
+    let me = Dest {
+        lid: 0,
+        qpn: qp.qp_num(),
+        psn: random_psn(),
+        gid,
+    };
+    Ok(RcSide {
+        cq,
+        qp,
+        mr,
+        me,
+        _pd: pd,
+    })
+}
+
+/// [`rc_qp_connect`] for an [`RcSide`]'s QP towards `rem`, through a GRH
+/// from the GID at `gid_idx` (hop limit [`HOP_LIMIT`]).
+///
+/// Errors: the peer's GID is empty; `Couldn't connect to remote QP` with
+/// the cause.
+pub fn rc_side_connect(side: &mut RcSide, path_mtu: u32, gid_idx: u8, rem: &Dest) -> Result<()> {
+    ensure!(
+        rem.gid.interface_id() != 0,
+        "the peer's GID {} is empty: RoCE needs a GID (-g)",
+        rem.gid
+    );
+    let ah = AhAttr {
+        is_global: true,
+        hop_limit: HOP_LIMIT,
+        dgid: rem.gid,
+        sgid_index: gid_idx,
+        ..Default::default()
+    };
+    rc_qp_connect(&mut side.qp, path_mtu, ah, side.me.psn, rem)
+        .context("Couldn't connect to remote QP")
+}
+
+/// Prints a side's QP details as `ibv_rc_pingpong` does (`which` is
+/// `"local address: "` or `"remote address:"`).
+pub fn say_dest(tag: &str, which: &str, d: &Dest) {
+    say(tag, format_args!("  {which} {}", d.describe()));
+}
+
 /// ud_pingpong's Q_Key (`0x11111111`), on its QP and in its sends.
 pub const UD_PINGPONG_QKEY: u32 = 0x1111_1111;
 
@@ -451,6 +590,324 @@ impl PollPacer {
 }
 
 // ---------------------------------------------------------------------------
+// Line-oriented out-of-band connection (vrnic-write-imm, vrnic-rdma)
+// ---------------------------------------------------------------------------
+
+/// Longest out-of-band line [`Oob::recv`] accepts, bytes (newline excluded).
+pub const OOB_MAX_LINE: usize = 256;
+
+/// A line-oriented TCP connection whose every read is bounded: the
+/// out-of-band channel of `vrnic-write-imm` and `vrnic-rdma`. Every message
+/// is one line of text ending in `\n`, at most [`OOB_MAX_LINE`] bytes; a
+/// line `fail MESSAGE` reports the peer's failure.
+#[derive(Debug)]
+pub struct Oob {
+    sock: TcpStream,
+    /// Bytes read beyond the last line returned.
+    pending: Vec<u8>,
+    wait: Duration,
+}
+
+impl Oob {
+    /// Wraps a connected socket; every read and write is bounded by `wait`.
+    ///
+    /// Errors: the socket options cannot be set.
+    pub fn new(sock: TcpStream, wait: Duration) -> Result<Oob> {
+        sock.set_nodelay(true)?;
+        sock.set_write_timeout(Some(wait))?;
+        Ok(Oob {
+            sock,
+            pending: Vec::new(),
+            wait,
+        })
+    }
+
+    /// Sends `line` and its newline.
+    ///
+    /// Errors: the write fails or takes longer than the bound.
+    pub fn send(&mut self, line: &str) -> Result<()> {
+        let mut m = Vec::with_capacity(line.len() + 1);
+        m.extend_from_slice(line.as_bytes());
+        m.push(b'\n');
+        self.sock
+            .write_all(&m)
+            .with_context(|| format!("sending {line:?} to the peer"))
+    }
+
+    /// Tells the peer this side failed (best effort: it may be gone).
+    pub fn send_fail(&mut self, e: &anyhow::Error) {
+        let text: String = format!("{e:#}")
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .take(OOB_MAX_LINE - 5)
+            .collect();
+        let _ = self.send(&format!("fail {text}"));
+    }
+
+    /// Receives one line (without its newline), waiting at most the
+    /// connection's bound; `what` names the expected message in errors. A
+    /// `fail ...` line from the peer becomes an error.
+    ///
+    /// Errors: the bound passes, the peer closes the connection, sends
+    /// non-text or a line longer than [`OOB_MAX_LINE`], or sends `fail ...`.
+    pub fn recv(&mut self, what: &str) -> Result<String> {
+        let deadline = Instant::now() + self.wait;
+        loop {
+            if let Some(nl) = self.pending.iter().position(|&b| b == b'\n') {
+                let rest = self.pending.split_off(nl + 1);
+                let mut line = std::mem::replace(&mut self.pending, rest);
+                line.pop();
+                let line = String::from_utf8(line)
+                    .map_err(|_| anyhow!("waiting for {what}: the peer sent non-text bytes"))?;
+                if let Some(reason) = line.strip_prefix("fail ") {
+                    bail!("the peer failed: {reason}");
+                }
+                return Ok(line);
+            }
+            ensure!(
+                self.pending.len() <= OOB_MAX_LINE,
+                "waiting for {what}: the peer sent a line longer than {OOB_MAX_LINE} bytes"
+            );
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                bail!(
+                    "waiting for {what}: nothing from the peer for {} s (--timeout)",
+                    self.wait.as_secs()
+                );
+            }
+            self.sock.set_read_timeout(Some(left))?;
+            let mut chunk = [0u8; 512];
+            match self.sock.read(&mut chunk) {
+                Ok(0) => bail!("waiting for {what}: the peer closed the connection"),
+                Ok(n) => self.pending.extend_from_slice(&chunk[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => return Err(e).with_context(|| format!("waiting for {what}")),
+            }
+        }
+    }
+
+    /// Receives a line that must be exactly `want`.
+    ///
+    /// Errors: as [`Oob::recv`], or another line (`protocol error`).
+    pub fn expect(&mut self, want: &str) -> Result<()> {
+        let got = self.recv(&format!("{want:?}"))?;
+        ensure!(
+            got == want,
+            "protocol error: expected {want:?}, got {got:?}"
+        );
+        Ok(())
+    }
+}
+
+/// Accepts one connection on `listener`, waiting at most `wait`.
+///
+/// Errors: no client within `wait` (`--timeout`), or `poll`/`accept` fails.
+pub fn accept_bounded(listener: &TcpListener, wait: Duration) -> Result<TcpStream> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            bail!(
+                "no client connected within {} s (--timeout)",
+                wait.as_secs()
+            );
+        }
+        let mut pfd = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one valid pollfd for the duration of the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e).context("poll() on the listening socket");
+        }
+        if n > 0 {
+            let (sock, _) = listener.accept().context("accept() failed")?;
+            sock.set_nonblocking(false)?;
+            return Ok(sock);
+        }
+    }
+}
+
+/// Connects to `host:port` within `wait`. With `retry`, a refused
+/// connection (no server yet) is retried every 100 ms until then.
+///
+/// Errors: `couldn't connect to HOST:PORT within N s (--timeout)`, with
+/// the last cause; the name does not resolve.
+pub fn connect_bounded(host: &str, port: u16, wait: Duration, retry: bool) -> Result<TcpStream> {
+    let deadline = Instant::now() + wait;
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .with_context(|| format!("resolving {host}:{port}"))?
+        .collect();
+    ensure!(!addrs.is_empty(), "{host}:{port} resolves to no address");
+    loop {
+        let mut last = None;
+        for a in &addrs {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match TcpStream::connect_timeout(a, left) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        let refused = last
+            .as_ref()
+            .is_some_and(|e| e.kind() == ErrorKind::ConnectionRefused);
+        let left = deadline.saturating_duration_since(Instant::now());
+        if !(retry && refused) || left.is_zero() {
+            let why = last.map_or_else(|| "timed out".to_string(), |e| e.to_string());
+            bail!(
+                "couldn't connect to {host}:{port} within {} s (--timeout): {why}",
+                wait.as_secs()
+            );
+        }
+        std::thread::sleep(left.min(Duration::from_millis(100)));
+    }
+}
+
+/// Runs `session` on the out-of-band connection `sock` (every read and
+/// write bounded by `wait`); if it fails, tells the peer (`fail MESSAGE`)
+/// so that it stops at once instead of waiting out its bound.
+///
+/// Errors: the socket cannot be set up, or `session`'s.
+pub fn oob_session<T>(
+    sock: TcpStream,
+    wait: Duration,
+    session: impl FnOnce(&mut Oob) -> Result<T>,
+) -> Result<T> {
+    let mut oob = Oob::new(sock, wait)?;
+    let r = session(&mut oob);
+    if let Err(e) = &r {
+        oob.send_fail(e);
+    }
+    r
+}
+
+/// Posts one signalled send work request `wr` on `qp` and waits at most
+/// `wait` for its completion on `cq`, which must be successful, of opcode
+/// `want` (`abi::WC_OP_*`) and for `wr.wr_id`; `what` names it in errors.
+///
+/// Errors: the post fails (`WHAT: couldn't post`), no completion within
+/// `wait`, an error completion (named as `ibv_wc_status_str` does), another
+/// opcode or wr_id.
+pub fn post_send_wait(
+    qp: &mut Qp,
+    cq: &mut Cq,
+    wr: &SendWr<'_>,
+    want: u8,
+    wait: Duration,
+    what: &str,
+) -> Result<WorkCompletion> {
+    qp.post_send(wr)
+        .with_context(|| format!("{what}: couldn't post"))?;
+    let w = wait_one(cq, wait, what)?;
+    if !w.is_success() {
+        return Err(wc_error(what, &w));
+    }
+    ensure!(
+        w.opcode == want && w.wr_id == wr.wr_id,
+        "{what}: completion opcode {} wr_id {}, expected opcode {want} wr_id {}",
+        w.opcode,
+        w.wr_id,
+        wr.wr_id
+    );
+    Ok(w)
+}
+
+/// Waits at most `wait` for exactly one completion on `cq`; `what` names
+/// it in errors. More than one completion at once is an error.
+///
+/// Errors: no completion within `wait` (`--timeout`), or two at once.
+pub fn wait_one(cq: &mut Cq, wait: Duration, what: &str) -> Result<WorkCompletion> {
+    let start = Instant::now();
+    let mut wc = [WorkCompletion::default(); 2];
+    let mut pacer = PollPacer::new();
+    loop {
+        match cq.poll(&mut wc) {
+            0 => {}
+            1 => return Ok(wc[0]),
+            _ => bail!(
+                "{what}: unexpected extra completion {:?} after {:?}",
+                wc[1],
+                wc[0]
+            ),
+        }
+        if pacer.idle(start, wait) {
+            bail!(
+                "{what}: no completion within {} s (--timeout)",
+                wait.as_secs()
+            );
+        }
+    }
+}
+
+/// Describes a failed completion as `ibv_wc_status_str` names its status.
+pub fn wc_error(what: &str, w: &WorkCompletion) -> anyhow::Error {
+    anyhow!(
+        "{what} failed: status {} ({}), vendor error {:#x}, wr_id {}",
+        w.status_str(),
+        w.status,
+        w.vendor_err,
+        w.wr_id
+    )
+}
+
+/// rdma-core's `wire_gid_to_gid`, strictly: exactly 32 hex digits (the
+/// line-oriented messages of `vrnic-write-imm` and `vrnic-rdma`).
+///
+/// Errors: anything but 32 hex digits.
+pub fn wire_to_gid_exact(s: &str) -> Result<Gid> {
+    ensure!(
+        s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit()),
+        "GID {s:?} is not 32 hex digits"
+    );
+    wire_to_gid(s)
+}
+
+/// Parses field `name` (hex digits, at most `bits` bits) of message `line`.
+///
+/// Errors: not hex, or too large; the message names the field and the line.
+pub fn hex_field(line: &str, name: &str, s: &str, bits: u32) -> Result<u64> {
+    let v = u64::from_str_radix(s, 16).map_err(|e| anyhow!("{name} in {line:?}: {e}"))?;
+    ensure!(
+        bits >= 64 || v >> bits == 0,
+        "{name} in {line:?} exceeds {bits} bits"
+    );
+    Ok(v)
+}
+
+/// Parses the first four fields of a line-oriented address message,
+/// `LID:QPN:PSN:GID` (`%04x:%06x:%06x:` and 32 hex digits), strictly: each
+/// field within its width. `line` is the whole message, for errors.
+///
+/// Errors: fewer than four fields, or a field [`hex_field`] or
+/// [`wire_to_gid_exact`] refuses.
+pub fn parse_dest_fields(line: &str, f: &[&str]) -> Result<Dest> {
+    let [lid, qpn, psn, gid, ..] = f else {
+        bail!("malformed address message {line:?}: {} fields", f.len());
+    };
+    Ok(Dest {
+        lid: hex_field(line, "LID", lid, 16)? as u32,
+        qpn: hex_field(line, "QPN", qpn, 24)? as u32,
+        psn: hex_field(line, "PSN", psn, 24)? as u32,
+        gid: wire_to_gid_exact(gid).with_context(|| format!("address message {line:?}"))?,
+    })
+}
+
+// ---------------------------------------------------------------------------
 // Process plumbing
 // ---------------------------------------------------------------------------
 
@@ -502,6 +959,48 @@ mod tests {
         assert_eq!(Dest::from_msg(&m).unwrap(), d);
         assert!(Dest::from_msg(b"0000:000011\0").is_err());
         assert!(Dest::from_msg(b"0000:000011:abcdef:0000\0").is_err());
+    }
+
+    #[test]
+    fn out_of_band_lines_split_report_peer_failures_and_every_wait_is_bounded() {
+        let wait = Duration::from_millis(200);
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let e = accept_bounded(&listener, wait).unwrap_err().to_string();
+        assert!(e.contains("--timeout"), "{e}");
+
+        let mut peer = connect_bounded("127.0.0.1", port, wait, false).unwrap();
+        let mut oob = Oob::new(accept_bounded(&listener, wait).unwrap(), wait).unwrap();
+        peer.write_all(b"ready 0\nsent 0\nfail it broke\n").unwrap();
+        oob.expect("ready 0").unwrap();
+        let e = oob.expect("ready 1").unwrap_err().to_string();
+        assert!(e.contains("expected \"ready 1\", got \"sent 0\""), "{e}");
+        let e = oob.recv("ok").unwrap_err().to_string();
+        assert_eq!(e, "the peer failed: it broke");
+
+        let start = Instant::now();
+        let e = oob.recv("a silent peer").unwrap_err().to_string();
+        assert!(e.contains("--timeout"), "{e}");
+        assert!(start.elapsed() >= wait && start.elapsed() < 10 * wait);
+
+        peer.write_all(&[b'x'; OOB_MAX_LINE + 2]).unwrap();
+        let e = oob.recv("a long line").unwrap_err().to_string();
+        assert!(e.contains("longer than"), "{e}");
+
+        drop(peer);
+        let mut oob2 = {
+            let p = connect_bounded("127.0.0.1", port, wait, false).unwrap();
+            drop(p);
+            Oob::new(accept_bounded(&listener, wait).unwrap(), wait).unwrap()
+        };
+        let e = oob2.recv("anything").unwrap_err().to_string();
+        assert!(e.contains("closed the connection"), "{e}");
+
+        drop(listener);
+        let e = connect_bounded("127.0.0.1", port, wait, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("couldn't connect"), "{e}");
     }
 
     #[test]

@@ -68,25 +68,10 @@ fn a_misbehaving_client_fails_both_sides_with_a_clear_error() {
         ("rkey", "the peer failed", "remote access error"),
     ] {
         let out = write_imm(&["-s", "4097", "-n", "3", "--fault", fault]);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(
-            out.status.code(),
-            Some(1),
-            "--fault {fault}: {:?}\n{stdout}\n{stderr}",
-            out.status
-        );
-        assert!(
-            !stdout.contains("write-imm verified"),
-            "--fault {fault}: verified anyway\n{stdout}"
-        );
-        let err = stderr
-            .lines()
-            .find(|l| l.starts_with("vrnic-write-imm: "))
-            .unwrap_or_else(|| panic!("--fault {fault}: no error line in\n{stderr}"));
-        let (client, server) = err
-            .split_once("; server: ")
-            .unwrap_or_else(|| panic!("--fault {fault}: not both sides failed: {err}"));
+        let label = format!("--fault {fault}");
+        let verified = ["write-imm verified"];
+        let (client, server) =
+            common::both_sides_failed(&out, "vrnic-write-imm", &label, &verified);
         assert!(client.contains(client_says), "--fault {fault}: {client}");
         assert!(server.contains(server_says), "--fault {fault}: {server}");
     }

@@ -15,6 +15,13 @@
 #               VRNIC-XRESULT <name> <ud|srq> <role> rc=<rc> verified=<yes|no|n/a>
 #   WRITE_IMM_ROLE  server or client: afterwards run vrnic-write-imm (RDMA WRITE with immediate
 #               into the peer's memory, checked byte for byte) for each of WRITE_IMM_SIZES; empty: skip
+#   RDMA_ROLES  e.g. "server client" (empty: skip): afterwards, per role, one run of the RDMA READ
+#               and atomics check (vrnic-rdma on vrnic, tests/e2e/peer/rxe-rdma-peer on rxe): the
+#               server is the passive side (responder, owns the memory), the client the active one
+#               (RDMA_READS READs of each of RDMA_SIZES bytes, RDMA_FAA fetch-and-adds, two
+#               compare-and-swaps); one line per check:
+#               VRNIC-RDMA <name> active <read-S|fetch-add|cmp-swap> rc=<rc> verified=<yes|no>
+#               VRNIC-RDMA <name> passive responder rc=<rc> verified=<yes|no>
 # Each run prints its output, then one line:
 #   VRNIC-RESULT <name> <role> size=<s> rc=<rc> tool=<tool> usec_per_iter=<x> verified=<yes|no|n/a>
 # verified=yes: the tool printed "data verified: ITERS messages" (vrnic-pingpong does; the rxe
@@ -118,6 +125,45 @@ for size in ${WRITE_IMM_SIZES:-}; do
     grep -q "write-imm verified: 10 writes of $size bytes" /tmp/out && verified=yes
     echo "VRNIC-WRITEIMM $NAME $WRITE_IMM_ROLE size=$size rc=$rc verified=$verified"
     [ $rc -eq 0 ] && [ $verified = yes ] || fails=$((fails + 1))
+    i=$((i + 1))
+done
+# RDMA READ, fetch-and-add and compare-and-swap (vrnic-rdma / rxe-rdma-peer, same protocol).
+case $TOOL in
+vrnic-pingpong) rt=vrnic-rdma ;;
+*) rt=rxe-rdma-peer ;;
+esac
+i=0
+for role in ${RDMA_ROLES:-}; do
+    set -- "$rt" -g "$GID" -m "$MTU" -s "$RDMA_SIZES" -r "$RDMA_READS" -n "$RDMA_FAA" \
+        -p $((BASEPORT + 800 + i)) --timeout "$RUN_TIMEOUT"
+    # The active side (client) retries a refused connection itself, within --timeout.
+    [ "$role" = client ] && set -- "$@" "$PEER_IP"
+    t0=$(now)
+    timeout $((RUN_TIMEOUT * 2 + 30)) "$@" >/tmp/out 2>&1
+    rc=$?
+    echo "--- $NAME rdma $role ($(($(now) - t0)) s): $*"
+    cat /tmp/out
+    if [ "$role" = server ]; then
+        verified=no
+        grep -q "^responder verified: $RDMA_FAA fetch-adds, .*data intact" /tmp/out && verified=yes
+        echo "VRNIC-RDMA $NAME passive responder rc=$rc verified=$verified"
+        [ $rc -eq 0 ] && [ $verified = yes ] || fails=$((fails + 1))
+    else
+        for s in $(echo "$RDMA_SIZES" | tr ',' ' '); do
+            verified=no
+            grep -q "^rdma-read verified: $RDMA_READS reads of $s bytes" /tmp/out && verified=yes
+            echo "VRNIC-RDMA $NAME active read-$s rc=$rc verified=$verified"
+            [ $rc -eq 0 ] && [ $verified = yes ] || fails=$((fails + 1))
+        done
+        verified=no
+        grep -q "^fetch-add verified: $RDMA_FAA ops, .*(the responder agrees)" /tmp/out && verified=yes
+        echo "VRNIC-RDMA $NAME active fetch-add rc=$rc verified=$verified"
+        [ $rc -eq 0 ] && [ $verified = yes ] || fails=$((fails + 1))
+        verified=no
+        grep -q "^cmp-swap verified: swapped .*, refused when stale" /tmp/out && verified=yes
+        echo "VRNIC-RDMA $NAME active cmp-swap rc=$rc verified=$verified"
+        [ $rc -eq 0 ] && [ $verified = yes ] || fails=$((fails + 1))
+    fi
     i=$((i + 1))
 done
 echo "VRNIC-SUMMARY $NAME failures=$fails"

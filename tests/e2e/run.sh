@@ -2,18 +2,22 @@
 # End-to-end test of vrnic against Linux Soft-RoCE (rdma_rxe), all inside a private network
 # namespace (bridge br0, TAPs), guests under QEMU (TCG unless KVM works).
 #
-# Usage: tests/e2e/run.sh [STEP...]     STEP: rxe-rxe | probe | vrnic-rxe | vrnic-vrnic
-#   default: probe vrnic-rxe vrnic-vrnic (rxe-rxe is the harness's own baseline, two rxe guests;
+# Usage: tests/e2e/run.sh [STEP...]     STEP: rxe-rxe | probe | vrnic-rxe | vrnic-vrnic | vrnic-rxe-lossy
+#   default: probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy (rxe-rxe is the harness's own baseline;
 #   E2E_BASELINE=1 puts it first). probe: one vrnic guest + daemon running vrnic-probe; when it
 #   fails, the vrnic pairs are not run (they would only time out) unless E2E_KEEP_GOING=1.
 # Each pair boots two guests once; each guest runs the whole matrix in one job: for every size,
 # A is the server and B the client, then the roles swap. vrnic guests run vrnic-pingpong against
 # a vrnic daemon (one per guest, own TAP on the bridge, writing a pcap that
-# tests/pcap_check.py then checks); rxe guests run the unmodified ibv_rc_pingpong.
+# tests/pcap_check.py then checks); rxe guests run the unmodified ibv_rc_pingpong. Then the UD and
+# SRQ ping-pongs, and RDMA READ + atomics in both directions (vrnic-rdma, or on rxe
+# tests/e2e/peer/rxe-rdma-peer, built into the rxe image).
 #
 # Environment: E2E_RESULTS (results dir, default out/e2e-DATE), E2E_SIZES ("1 1024 4096 65536"),
 # E2E_ITERS (200), E2E_MTU (1024), E2E_RUN_TIMEOUT (bound on one ping-pong run, 90 s),
 # E2E_GUEST_TIMEOUT (bound on one guest's whole job, 900 s), E2E_NO_BUILD=1 (skip cargo build),
+# E2E_RDMA=0 (no RDMA READ/atomic runs), E2E_RDMA_SIZES ("1,4097,1048576"), E2E_RDMA_READS (2),
+# E2E_RDMA_FAA (100), E2E_LOSSY_RDMA, E2E_LOSSY_SIZES, E2E_LOSS (nft|netem),
 # VRNIC_BIN (daemon binary), VRNIC_ACCEL (kvm|tcg, default: probed), VRNIC_CACHE.
 # Prints PASS:/FAIL: lines and a closing "e2e: N passed, N failed"; exit status 0 iff no failure.
 set -euo pipefail
@@ -77,12 +81,21 @@ WRITE_IMM_SIZES=${E2E_WRITE_IMM_SIZES:-1 4097 65536}
 XRUNS=${E2E_XRUNS-ud srq}
 XITERS=${E2E_XITERS:-200}
 
-# job FILE NAME TOOL PEER_IP ROLES [WRITE_IMM_ROLE]: writes a guest job (parameters + tests/e2e/guest-pp.sh).
+# RDMA READ and atomics after that (vrnic-rdma / rxe-rdma-peer), one run per role: the server is
+# the passive side (responder), the client the active one (requester). E2E_RDMA=0 skips them.
+RDMA=${E2E_RDMA:-1}
+RDMA_SIZES=${E2E_RDMA_SIZES:-1,4097,1048576}
+RDMA_READS=${E2E_RDMA_READS:-2}
+RDMA_FAA=${E2E_RDMA_FAA:-100}
+
+# job FILE NAME TOOL PEER_IP ROLES [WRITE_IMM_ROLE [RDMA_ROLES]]: writes a guest job (parameters +
+# tests/e2e/guest-pp.sh).
 job() {
     {
         echo "NAME=$2 TOOL=$3 PEER_IP=$4 ROLES='$5' SIZES='$SIZES' ITERS=$ITERS MTU=$MTU GID=1"
         echo "WRITE_IMM_ROLE='${6:-}' WRITE_IMM_SIZES='$WRITE_IMM_SIZES'"
         echo "XRUNS='$XRUNS' XITERS=$XITERS"
+        echo "RDMA_ROLES='${7:-}' RDMA_SIZES='$RDMA_SIZES' RDMA_READS=$RDMA_READS RDMA_FAA=$RDMA_FAA"
         echo "BASEPORT=18515 RUN_TIMEOUT=$RUN_TIMEOUT CONNECT_WAIT=$((RUN_TIMEOUT + 120)) EXTRA='${E2E_EXTRA:-}'"
         cat "$VR_TOP/tests/e2e/guest-pp.sh"
     } >"$1"
@@ -117,11 +130,26 @@ collect_pcap() {
     fi
 }
 
-# lossy_start: drops 1% of the RoCEv2 frames (UDP 4791) the bridge forwards from and to tap-va,
-# vrnic daemon A's TAP: an nftables bridge rule with a random number per frame. (tc netem would
-# do the same, but this host's kernel has no sch_netem: CONFIG_NET_SCH_NETEM is not set.)
+# How the lossy pairs lose frames (E2E_LOSS):
+# - nft (default): the bridge drops 1% of the RoCEv2 frames (UDP 4791) it forwards from and to
+#   tap-va, vrnic daemon A's TAP: an nftables bridge rule with a random number per frame.
+# - netem: `tc qdisc add dev TAP root netem loss 1%` on tap-va (frames towards vrnic daemon A)
+#   and tap-gb (towards guest B, its peer): every frame, RoCEv2 or not. Needs sch_netem, which the
+#   kernel this harness was developed on lacks (CONFIG_NET_SCH_NETEM is not set, modprobe finds
+#   no module), so this mode is untested there.
+LOSS=${E2E_LOSS:-nft}
+
+# lossy_start: installs the loss; fails if it cannot.
 lossy_start() {
-    ip netns exec "$NS" nft -f - <<'EOF'
+    case $LOSS in
+    netem)
+        modprobe sch_netem 2>/dev/null || true
+        ip netns exec "$NS" tc qdisc add dev tap-va root netem loss 1% &&
+            ip netns exec "$NS" tc qdisc add dev tap-gb root netem loss 1%
+        ;;
+    nft)
+        command -v nft >/dev/null || return 1
+        ip netns exec "$NS" nft -f - <<'EOF'
 table bridge vrnic_loss {
     chain forward {
         type filter hook forward priority 0;
@@ -130,29 +158,47 @@ table bridge vrnic_loss {
     }
 }
 EOF
+        ;;
+    *) return 1 ;;
+    esac
 }
-# lossy_stop PAIR: reports how many frames the rules dropped (a loss run must have lost some).
+# lossy_stop PAIR: removes the loss and reports how many frames it dropped towards vrnic and from
+# it (towards its peer); a loss run must have lost some in each direction.
 lossy_stop() {
-    local n
-    n=$(ip netns exec "$NS" nft list table bridge vrnic_loss 2>/dev/null |
-        sed -n 's/.*counter packets \([0-9]*\).*/\1/p' | awk '{s += $1} END {print s + 0}')
-    ip netns exec "$NS" nft delete table bridge vrnic_loss 2>/dev/null || true
-    if [ "${n:-0}" -gt 0 ]; then pass "$1: $n RoCEv2 frames to and from vrnic dropped (1%)"
-    else fail "$1: the loss rules dropped nothing"; fi
+    local c from to
+    if [ "$LOSS" = netem ]; then
+        # tc -s: " Sent B bytes P pkt (dropped D, overlimits ...".
+        to=$(ip netns exec "$NS" tc -s qdisc show dev tap-va | sed -n 's/.*(dropped \([0-9]*\),.*/\1/p' | head -1)
+        from=$(ip netns exec "$NS" tc -s qdisc show dev tap-gb | sed -n 's/.*(dropped \([0-9]*\),.*/\1/p' | head -1)
+        ip netns exec "$NS" tc qdisc del dev tap-va root 2>/dev/null || true
+        ip netns exec "$NS" tc qdisc del dev tap-gb root 2>/dev/null || true
+    else
+        c=$(ip netns exec "$NS" nft list table bridge vrnic_loss 2>/dev/null |
+            sed -n 's/.*\(iif\|oif\)name "tap-va".*counter packets \([0-9]*\).*/\1 \2/p')
+        ip netns exec "$NS" nft delete table bridge vrnic_loss 2>/dev/null || true
+        from=$(awk '$1 == "iif" { print $2 }' <<<"$c") to=$(awk '$1 == "oif" { print $2 }' <<<"$c")
+    fi
+    if [ "${from:-0}" -gt 0 ] && [ "${to:-0}" -gt 0 ]; then
+        pass "$1: 1% loss ($LOSS) dropped $to frames to vrnic and $from from vrnic"
+    else
+        fail "$1: the loss ($LOSS) dropped ${to:-0} frames to vrnic and ${from:-0} from it"
+    fi
 }
 
 # run_pair PAIR: A = first kind at 10.0.0.1 (RoCE 10.0.0.101 if vrnic), B = second at 10.0.0.2.
 # PAIR-lossy: the same pair with 1% of vrnic A's RoCEv2 frames dropped both ways (lossy_start),
-# RC ping-pong only (E2E_LOSSY_SIZES), so go-back-N and retransmission must recover.
+# RC ping-pong (E2E_LOSSY_SIZES) and RDMA READ/atomics only, so go-back-N, retransmission and
+# the responders' duplicate handling (READ re-execution, atomic replay) must recover.
 run_pair() {
     local pair=$1 dir=$RESULTS/$1 side kind ip tool roles peer daemons=() tp=$SECONDS
     local -A pid_of kind_of
     local base=${1%-lossy}
     if [ "$base" != "$pair" ]; then
-        # Seen by job(): fewer sizes, no UD/SRQ runs (UD has no recovery; stock tools would hang).
-        local SIZES=${E2E_LOSSY_SIZES:-4096 65536} XRUNS=
-        if ! command -v nft >/dev/null || ! lossy_start; then
-            fail "$pair: cannot install the nftables loss rules"
+        # Seen by job() and the checks: fewer sizes, no UD/SRQ runs (UD has no recovery; stock tools
+        # would hang); the RDMA READ/atomic runs stay (E2E_LOSSY_RDMA=0 drops them).
+        local SIZES=${E2E_LOSSY_SIZES:-4096 65536} XRUNS='' RDMA=${E2E_LOSSY_RDMA:-$RDMA}
+        if ! lossy_start; then
+            fail "$pair: cannot install the loss (E2E_LOSS=$LOSS)"
             return 0
         fi
     fi
@@ -187,7 +233,9 @@ run_pair() {
         if [ "$pair" = vrnic-vrnic ]; then
             if [ $side = a ]; then wroles=server; else wroles=client; fi
         fi
-        job "$dir/job-$side.sh" "$pair-$side" "$tool" "$peer" "$roles" "$wroles"
+        local rroles=
+        [ "$RDMA" = 1 ] && rroles=$roles
+        job "$dir/job-$side.sh" "$pair-$side" "$tool" "$peer" "$roles" "$wroles" "$rroles"
         vr_guest "$side" "$kind" "$NS" "tap-g$side" "$ip/24" "$dir/job-$side.sh" "$dir" \
             "$dir/vrnic-$side.sock"
         pid_of[$side]=$VR_LAST_PID
@@ -227,6 +275,22 @@ run_pair() {
             else pass "$xwhat"; fi
         done < <(grep -a '^VRNIC-XRESULT ' "$dir/$side.log" | tr -d '\r')
         [ "$got" = "$want" ] || fail "$pair $side: $got of $want UD/SRQ runs reported"
+        # RDMA READ and atomics: each side runs once passive (one line) and once active (one line
+        # per READ size, plus fetch-add and cmp-swap); the peer is the other side's kind.
+        local other=b
+        [ $side = a ] || other=a
+        want=0 got=0
+        [ "$RDMA" = 1 ] && want=$(($(tr ',' ' ' <<<"$RDMA_SIZES" | wc -w) + 3))
+        while read -r line; do
+            got=$((got + 1))
+            # VRNIC-RDMA name active|passive check rc=R verified=V
+            # shellcheck disable=SC2086
+            set -- $line
+            local rwhat="$pair $side ${kind_of[$side]} rdma $3 $4 (${kind_of[$other]} peer)"
+            if [ "$5" = rc=0 ] && [ "$6" = verified=yes ]; then pass "$rwhat, verified"
+            else fail "$rwhat $5 $6"; fi
+        done < <(grep -a '^VRNIC-RDMA ' "$dir/$side.log" | tr -d '\r')
+        [ "$got" = "$want" ] || fail "$pair $side: $got of $want RDMA READ/atomic checks reported"
         [ "$pair" = vrnic-vrnic ] || continue
         want=$(wc -w <<<"$WRITE_IMM_SIZES") got=0
         while read -r line; do

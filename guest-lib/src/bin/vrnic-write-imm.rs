@@ -52,17 +52,16 @@
 //! hidden `--fault` option makes the client misbehave so tests can see each
 //! check fail.
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::AsRawFd;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
 use clap::{Parser, ValueEnum};
 use vrnic::abi;
+use vrnic_guest::pingpong::{self, Role};
 use vrnic_guest::tools::{
-    self, parse_c_int, parse_mtu, random_psn, say, Dest, PollPacer, LINK_LAYER_ETHERNET,
+    self, accept_bounded, connect_bounded, hex_field, oob_session, parse_c_int, parse_dest_fields,
+    parse_positive, post_send_wait, rc_side_connect, say, say_dest, wait_one, wc_error, Dest, Oob,
+    RcSide, RcToolArgs,
 };
 use vrnic_guest::transport::Transport;
 use vrnic_guest::verbs::*;
@@ -71,20 +70,8 @@ use vrnic_guest::verbs::*;
 const GUARD: usize = 64;
 /// What the server fills its whole buffer with before every write.
 const GUARD_FILL: u8 = 0xa5;
-/// Longest out-of-band line accepted, bytes (newline excluded).
-const MAX_LINE: usize = 256;
 /// The port the device's verbs use (vrnic has one).
 const IB_PORT: u8 = 1;
-/// Hop limit (IP TTL) of the GRH.
-const HOP_LIMIT: u8 = 64;
-
-/// Parses a positive count.
-fn parse_positive(s: &str) -> Result<u32, String> {
-    match parse_c_int::<u32>(s)? {
-        0 => Err("must be at least 1".into()),
-        v => Ok(v),
-    }
-}
 
 /// Parses a buffer size: 1 byte up to what a work request carries with the guards.
 fn parse_size(s: &str) -> Result<u32, String> {
@@ -126,34 +113,14 @@ struct Args {
     /// Number of writes.
     #[arg(short = 'n', long = "iters", default_value = "10", value_parser = parse_positive)]
     iters: u32,
-    /// Path MTU, bytes (256, 512, 1024, 2048 or 4096).
-    #[arg(short = 'm', long = "mtu", default_value = "1024", value_parser = parse_mtu)]
-    mtu: u32,
-    /// Local GID index (1 is the IPv4-mapped RoCEv2 GID).
-    #[arg(short = 'g', long = "gid-idx", default_value = "1", value_parser = parse_c_int::<u8>)]
-    gid_idx: u8,
-    /// PCI address of the vrnic device (e.g. 0000:00:04.0); default: the first found.
-    #[arg(long)]
-    pci: Option<String>,
-    /// Give up on any single wait (accept, connect, TCP read, completion)
-    /// longer than this many seconds.
-    #[arg(long, default_value = "60", value_parser = parse_positive)]
-    timeout: u32,
-    /// Run a server and a client in this process over two in-process devices
-    /// (10.0.0.1 and 10.0.0.2).
-    #[arg(long, hide = true)]
-    loopback: bool,
+    #[command(flatten)]
+    rc: RcToolArgs,
     /// Make the client misbehave, to test that the checks fail.
     #[arg(long, hide = true, value_enum)]
     fault: Option<Fault>,
 }
 
-impl Args {
-    /// The bound of every single wait.
-    fn wait(&self) -> Duration {
-        Duration::from_secs(self.timeout.into())
-    }
-}
+impl Args {}
 
 // ---------------------------------------------------------------------------
 // Data: pattern and checksum
@@ -240,25 +207,6 @@ struct RemoteBuf {
     len: u32,
 }
 
-/// rdma-core's `wire_gid_to_gid`, strictly: exactly 32 hex digits.
-fn wire_to_gid(s: &str) -> Result<Gid> {
-    ensure!(
-        s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit()),
-        "GID {s:?} is not 32 hex digits"
-    );
-    tools::wire_to_gid(s)
-}
-
-/// Parses a hex field of at most `bits` bits.
-fn hex_field(line: &str, name: &str, s: &str, bits: u32) -> Result<u64> {
-    let v = u64::from_str_radix(s, 16).map_err(|e| anyhow!("{name} in {line:?}: {e}"))?;
-    ensure!(
-        bits >= 64 || v >> bits == 0,
-        "{name} in {line:?} exceeds {bits} bits"
-    );
-    Ok(v)
-}
-
 /// The address message (without its newline): the client's, or the
 /// server's when `buf` is given.
 fn dest_msg(d: &Dest, buf: Option<&RemoteBuf>) -> String {
@@ -279,12 +227,7 @@ fn parse_dest_msg(line: &str, with_buf: bool) -> Result<(Dest, Option<RemoteBuf>
         "malformed address message {line:?}: {} fields, expected {want}",
         f.len()
     );
-    let d = Dest {
-        lid: hex_field(line, "LID", f[0], 16)? as u32,
-        qpn: hex_field(line, "QPN", f[1], 24)? as u32,
-        psn: hex_field(line, "PSN", f[2], 24)? as u32,
-        gid: wire_to_gid(f[3]).with_context(|| format!("address message {line:?}"))?,
-    };
+    let d = parse_dest_fields(line, &f)?;
     let buf = if with_buf {
         Some(RemoteBuf {
             addr: hex_field(line, "address", f[4], 64)?,
@@ -298,302 +241,18 @@ fn parse_dest_msg(line: &str, with_buf: bool) -> Result<(Dest, Option<RemoteBuf>
 }
 
 // ---------------------------------------------------------------------------
-// Out-of-band connection
-// ---------------------------------------------------------------------------
-
-/// A line-oriented TCP connection whose every read is bounded.
-struct Oob {
-    sock: TcpStream,
-    /// Bytes read beyond the last line returned.
-    pending: Vec<u8>,
-    wait: Duration,
-}
-
-impl Oob {
-    fn new(sock: TcpStream, wait: Duration) -> Result<Oob> {
-        sock.set_nodelay(true)?;
-        sock.set_write_timeout(Some(wait))?;
-        Ok(Oob {
-            sock,
-            pending: Vec::new(),
-            wait,
-        })
-    }
-
-    /// Sends `line` and its newline.
-    fn send(&mut self, line: &str) -> Result<()> {
-        let mut m = Vec::with_capacity(line.len() + 1);
-        m.extend_from_slice(line.as_bytes());
-        m.push(b'\n');
-        self.sock
-            .write_all(&m)
-            .with_context(|| format!("sending {line:?} to the peer"))
-    }
-
-    /// Tells the peer this side failed (best effort: it may be gone).
-    fn send_fail(&mut self, e: &anyhow::Error) {
-        let text: String = format!("{e:#}")
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .take(MAX_LINE - 5)
-            .collect();
-        let _ = self.send(&format!("fail {text}"));
-    }
-
-    /// Receives one line (without its newline), waiting at most the
-    /// connection's bound; `what` names the expected message in errors. A
-    /// `fail ...` line from the peer becomes an error.
-    fn recv(&mut self, what: &str) -> Result<String> {
-        let deadline = Instant::now() + self.wait;
-        loop {
-            if let Some(nl) = self.pending.iter().position(|&b| b == b'\n') {
-                let rest = self.pending.split_off(nl + 1);
-                let mut line = std::mem::replace(&mut self.pending, rest);
-                line.pop();
-                let line = String::from_utf8(line)
-                    .map_err(|_| anyhow!("waiting for {what}: the peer sent non-text bytes"))?;
-                if let Some(reason) = line.strip_prefix("fail ") {
-                    bail!("the peer failed: {reason}");
-                }
-                return Ok(line);
-            }
-            ensure!(
-                self.pending.len() <= MAX_LINE,
-                "waiting for {what}: the peer sent a line longer than {MAX_LINE} bytes"
-            );
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                bail!(
-                    "waiting for {what}: nothing from the peer for {} s (--timeout)",
-                    self.wait.as_secs()
-                );
-            }
-            self.sock.set_read_timeout(Some(left))?;
-            let mut chunk = [0u8; 512];
-            match self.sock.read(&mut chunk) {
-                Ok(0) => bail!("waiting for {what}: the peer closed the connection"),
-                Ok(n) => self.pending.extend_from_slice(&chunk[..n]),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                    ) => {}
-                Err(e) => return Err(e).with_context(|| format!("waiting for {what}")),
-            }
-        }
-    }
-
-    /// Receives a line that must be exactly `want`.
-    fn expect(&mut self, want: &str) -> Result<()> {
-        let got = self.recv(&format!("{want:?}"))?;
-        ensure!(
-            got == want,
-            "protocol error: expected {want:?}, got {got:?}"
-        );
-        Ok(())
-    }
-}
-
-/// Accepts one connection on `listener`, waiting at most `wait`.
-fn accept_bounded(listener: &TcpListener, wait: Duration) -> Result<TcpStream> {
-    let deadline = Instant::now() + wait;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            bail!(
-                "no client connected within {} s (--timeout)",
-                wait.as_secs()
-            );
-        }
-        let mut pfd = libc::pollfd {
-            fd: listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
-        // SAFETY: one valid pollfd for the duration of the call.
-        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e).context("poll() on the listening socket");
-        }
-        if n > 0 {
-            let (sock, _) = listener.accept().context("accept() failed")?;
-            sock.set_nonblocking(false)?;
-            return Ok(sock);
-        }
-    }
-}
-
-/// Connects to `host:port` within `wait`. With `retry`, a refused
-/// connection (no server yet) is retried every 100 ms until then.
-fn connect_bounded(host: &str, port: u16, wait: Duration, retry: bool) -> Result<TcpStream> {
-    let deadline = Instant::now() + wait;
-    let addrs: Vec<SocketAddr> = (host, port)
-        .to_socket_addrs()
-        .with_context(|| format!("resolving {host}:{port}"))?
-        .collect();
-    ensure!(!addrs.is_empty(), "{host}:{port} resolves to no address");
-    loop {
-        let mut last = None;
-        for a in &addrs {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            match TcpStream::connect_timeout(a, left) {
-                Ok(s) => return Ok(s),
-                Err(e) => last = Some(e),
-            }
-        }
-        let refused = last
-            .as_ref()
-            .is_some_and(|e| e.kind() == ErrorKind::ConnectionRefused);
-        let left = deadline.saturating_duration_since(Instant::now());
-        if !(retry && refused) || left.is_zero() {
-            let why = last.map_or_else(|| "timed out".to_string(), |e| e.to_string());
-            bail!(
-                "couldn't connect to {host}:{port} within {} s (--timeout): {why}",
-                wait.as_secs()
-            );
-        }
-        std::thread::sleep(left.min(Duration::from_millis(100)));
-    }
-}
-
-// ---------------------------------------------------------------------------
 // Device side
 // ---------------------------------------------------------------------------
-
-/// INIT → RTR → RTS with `ibv_rc_pingpong`'s attributes and a GRH to the peer's GID.
-fn connect_qp(qp: &mut Qp, a: &Args, my_psn: u32, rem: &Dest) -> Result<()> {
-    ensure!(
-        rem.gid.interface_id() != 0,
-        "the peer's GID {} is empty: RoCE needs a GID (-g)",
-        rem.gid
-    );
-    let ah = AhAttr {
-        is_global: true,
-        hop_limit: HOP_LIMIT,
-        dgid: rem.gid,
-        sgid_index: a.gid_idx,
-        ..Default::default()
-    };
-    tools::rc_qp_connect(qp, a.mtu, ah, my_psn, rem)
-}
-
-/// Waits at most `wait` for exactly one completion on `cq`; `what` names
-/// it in errors. More than one completion at once is an error.
-fn wait_one(cq: &mut Cq, wait: Duration, what: &str) -> Result<WorkCompletion> {
-    let start = Instant::now();
-    let mut wc = [WorkCompletion::default(); 2];
-    let mut pacer = PollPacer::new();
-    loop {
-        match cq.poll(&mut wc) {
-            0 => {}
-            1 => return Ok(wc[0]),
-            _ => bail!(
-                "{what}: unexpected extra completion {:?} after {:?}",
-                wc[1],
-                wc[0]
-            ),
-        }
-        if pacer.idle(start, wait) {
-            bail!(
-                "{what}: no completion within {} s (--timeout)",
-                wait.as_secs()
-            );
-        }
-    }
-}
-
-/// Describes a failed completion as `ibv_wc_status_str` names its status.
-fn wc_error(what: &str, w: &WorkCompletion) -> anyhow::Error {
-    anyhow!(
-        "{what} failed: status {} ({}), vendor error {:#x}, wr_id {}",
-        w.status_str(),
-        w.status,
-        w.vendor_err,
-        w.wr_id
-    )
-}
-
-/// How a side reaches its peer.
-enum Role {
-    Server(TcpListener),
-    /// Host, port, and whether to retry a refused connection.
-    Client(String, u16, bool),
-}
-
-/// The device objects of one side.
-struct Side {
-    cq: Cq,
-    qp: Qp,
-    mr: Mr<'static>,
-    me: Dest,
-    // Dropped last: every object above keeps it alive anyway.
-    _pd: Pd,
-}
-
-/// Opens the device and creates the PD, the MR of `len` bytes (remotely
-/// writable on the `server`), a CQ and an RC QP in INIT (accepting remote
-/// writes on the `server`), and reads the GID at `-g`.
-fn open_side(a: &Args, transport: Box<dyn Transport>, len: usize, server: bool) -> Result<Side> {
-    let ctx = Context::open(transport).context("Couldn't get context")?;
-    let pd = Pd::alloc(&ctx).context("Couldn't allocate PD")?;
-    let access = if server {
-        ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE
-    } else {
-        ACCESS_LOCAL_WRITE
-    };
-    let mr = Mr::alloc(&pd, len, access).context("Couldn't register MR")?;
-    let cq = Cq::new(&ctx, 4).context("Couldn't create CQ")?;
-    let qp_access = if server { ACCESS_REMOTE_WRITE } else { 0 };
-    let qp = tools::rc_qp_init(&pd, &cq, 1, IB_PORT, qp_access)?;
-    let port = ctx.query_port(IB_PORT).context("Couldn't get port info")?;
-    ensure!(
-        port.link_layer == LINK_LAYER_ETHERNET,
-        "port {IB_PORT} is not a RoCE (Ethernet) port"
-    );
-    let gid = ctx
-        .query_gid(IB_PORT, a.gid_idx.into())
-        .with_context(|| format!("can't read sgid of index {}", a.gid_idx))?;
-    ensure!(
-        gid.interface_id() != 0,
-        "GID index {} is empty: RoCE needs a GID (-g)",
-        a.gid_idx
-    );
-    let me = Dest {
-        lid: 0,
-        qpn: qp.qp_num(),
-        psn: random_psn(),
-        gid,
-    };
-    Ok(Side {
-        cq,
-        qp,
-        mr,
-        me,
-        _pd: pd,
-    })
-}
-
-/// Prints a side's QP details as `ibv_rc_pingpong` does.
-fn say_dest(tag: &str, which: &str, d: &Dest) {
-    say(tag, format_args!("  {which} {}", d.describe()));
-}
 
 /// One side of the run; returns the number of writes verified.
 fn run(a: &Args, transport: Box<dyn Transport>, role: Role, tag: &str) -> Result<u32> {
     let size = a.size as usize;
-    let wait = a.wait();
+    let wait = a.rc.wait();
     match role {
         Role::Server(listener) => {
             let len = GUARD + size + GUARD;
-            let mut side = open_side(a, transport, len, true)?;
+            let remote = ACCESS_REMOTE_WRITE;
+            let mut side = tools::open_rc_side(transport, IB_PORT, a.rc.gid_idx, len, remote)?;
             let buf = RemoteBuf {
                 addr: side.mr.addr(),
                 rkey: side.mr.rkey(),
@@ -609,23 +268,15 @@ fn run(a: &Args, transport: Box<dyn Transport>, role: Role, tag: &str) -> Result
             );
             let sock = accept_bounded(&listener, wait)?;
             drop(listener);
-            let mut oob = Oob::new(sock, wait)?;
-            let r = server_session(a, &mut side, &mut oob, &buf, tag);
-            if let Err(e) = &r {
-                oob.send_fail(e);
-            }
-            r
+            oob_session(sock, wait, |oob| {
+                server_session(a, &mut side, oob, &buf, tag)
+            })
         }
-        Role::Client(host, port, retry) => {
-            let mut side = open_side(a, transport, size, false)?;
+        Role::Client(host, port) => {
+            let mut side = tools::open_rc_side(transport, IB_PORT, a.rc.gid_idx, size, 0)?;
             say_dest(tag, "local address: ", &side.me);
-            let sock = connect_bounded(&host, port, wait, retry)?;
-            let mut oob = Oob::new(sock, wait)?;
-            let r = client_session(a, &mut side, &mut oob, tag);
-            if let Err(e) = &r {
-                oob.send_fail(e);
-            }
-            r
+            let sock = connect_bounded(&host, port, wait, !a.rc.loopback)?;
+            oob_session(sock, wait, |oob| client_session(a, &mut side, oob, tag))
         }
     }
 }
@@ -633,17 +284,17 @@ fn run(a: &Args, transport: Box<dyn Transport>, role: Role, tag: &str) -> Result
 /// The server after accepting: exchange, then per write arm, wait, verify.
 fn server_session(
     a: &Args,
-    side: &mut Side,
+    side: &mut RcSide,
     oob: &mut Oob,
     buf: &RemoteBuf,
     tag: &str,
 ) -> Result<u32> {
     let size = a.size as usize;
-    let wait = a.wait();
+    let wait = a.rc.wait();
     let line = oob.recv("the client's address")?;
     let (rem, _) = parse_dest_msg(&line, false)?;
     say_dest(tag, "remote address:", &rem);
-    connect_qp(&mut side.qp, a, side.me.psn, &rem).context("Couldn't connect to remote QP")?;
+    rc_side_connect(side, a.rc.mtu, a.rc.gid_idx, &rem)?;
     oob.send(&dest_msg(&side.me, Some(buf)))?;
 
     let mut expected = vec![0u8; size];
@@ -698,9 +349,9 @@ fn server_session(
 }
 
 /// The client after connecting: exchange, then per write fill, write, report, compare.
-fn client_session(a: &Args, side: &mut Side, oob: &mut Oob, tag: &str) -> Result<u32> {
+fn client_session(a: &Args, side: &mut RcSide, oob: &mut Oob, tag: &str) -> Result<u32> {
     let size = a.size as usize;
-    let wait = a.wait();
+    let wait = a.rc.wait();
     oob.send(&dest_msg(&side.me, None))?;
     let line = oob.recv("the server's address")?;
     let (rem, buf) = parse_dest_msg(&line, true)?;
@@ -719,7 +370,7 @@ fn client_session(a: &Args, side: &mut Side, oob: &mut Oob, tag: &str) -> Result
         buf.len,
         GUARD + size + GUARD
     );
-    connect_qp(&mut side.qp, a, side.me.psn, &rem)?;
+    rc_side_connect(side, a.rc.mtu, a.rc.gid_idx, &rem)?;
 
     let mut data = vec![0u8; size];
     let sge = [side.mr.sge(0, size)];
@@ -745,21 +396,9 @@ fn client_session(a: &Args, side: &mut Side, oob: &mut Oob, tag: &str) -> Result
             Some(Fault::Rkey) => wr.rdma.rkey ^= 0x5a5a_0000,
             None => {}
         }
-        side.qp
-            .post_send(&wr)
-            .with_context(|| format!("write {i}: couldn't post RDMA_WRITE_WITH_IMM"))?;
         let what = format!("write {i}: RDMA_WRITE_WITH_IMM");
-        let w = wait_one(&mut side.cq, wait, &what)?;
-        if !w.is_success() {
-            return Err(wc_error(&what, &w));
-        }
-        ensure!(
-            w.opcode == abi::WC_OP_RDMA_WRITE && w.wr_id == u64::from(i),
-            "{what}: completion opcode {} wr_id {}, expected RDMA_WRITE ({}) wr_id {i}",
-            w.opcode,
-            w.wr_id,
-            abi::WC_OP_RDMA_WRITE
-        );
+        let want = abi::WC_OP_RDMA_WRITE;
+        post_send_wait(&mut side.qp, &mut side.cq, &wr, want, wait, &what)?;
         oob.send(&format!("sent {i}"))?;
         let line = oob.recv(&format!("\"ok {i} HASH\""))?;
         let theirs = line
@@ -782,45 +421,20 @@ fn client_session(a: &Args, side: &mut Side, oob: &mut Oob, tag: &str) -> Result
 
 /// `--loopback`: a server thread and a client over two in-process devices.
 fn run_loopback(a: &Args) -> Result<()> {
-    let (ts, tc) = tools::loopback_pair(a.mtu)?;
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("Couldn't listen")?;
-    let port = listener.local_addr()?.port();
-    let sa = a.clone();
-    let server = std::thread::spawn(move || run(&sa, ts, Role::Server(listener), "server: "));
-    let client = run(
-        a,
-        tc,
-        Role::Client(Ipv4Addr::LOCALHOST.to_string(), port, false),
-        "client: ",
-    );
-    if client.is_err() {
-        // Wake a server still waiting in accept: it then reads EOF and stops.
-        let _ = TcpStream::connect((Ipv4Addr::LOCALHOST, port));
-    }
-    let server = server
-        .join()
-        .map_err(|_| anyhow!("the server thread panicked"))?;
-    match (client, server) {
-        (Ok(c), Ok(s)) if c == a.iters && s == a.iters => Ok(()),
-        (Ok(c), Ok(s)) => bail!(
-            "verified {c} (client) and {s} (server) of {} writes",
-            a.iters
-        ),
-        (Err(c), Ok(_)) => Err(c.context("client")),
-        (Ok(_), Err(s)) => Err(s.context("server")),
-        (Err(c), Err(s)) => Err(anyhow!("client: {c:#}; server: {s:#}")),
-    }
+    let args = a.clone();
+    let side = move |t, role, tag| run(&args, t, role, tag).map(u64::from);
+    pingpong::run_loopback_verified(a.rc.mtu, a.iters, true, side)
 }
 
 fn main() -> ExitCode {
     tools::init_tracing();
     let a = Args::parse();
-    let r = if a.loopback {
+    let r = if a.rc.loopback {
         run_loopback(&a)
     } else {
-        tools::open_pci(a.pci.as_deref()).and_then(|t| {
+        tools::open_pci(a.rc.pci.as_deref()).and_then(|t| {
             let role = match &a.host {
-                Some(h) => Role::Client(h.clone(), a.port, true),
+                Some(h) => Role::Client(h.clone(), a.port),
                 None => Role::Server(tools::listen(a.port)?),
             };
             run(&a, t, role, "").map(|_| ())
@@ -832,6 +446,7 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
     #[test]
     fn address_messages_round_trip_in_the_documented_format() {
@@ -926,57 +541,22 @@ mod tests {
     }
 
     #[test]
-    fn out_of_band_lines_split_report_peer_failures_and_every_wait_is_bounded() {
-        let wait = Duration::from_millis(200);
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let e = accept_bounded(&listener, wait).unwrap_err().to_string();
-        assert!(e.contains("--timeout"), "{e}");
-
-        let mut peer = connect_bounded("127.0.0.1", port, wait, false).unwrap();
-        let mut oob = Oob::new(accept_bounded(&listener, wait).unwrap(), wait).unwrap();
-        peer.write_all(b"ready 0\nsent 0\nfail it broke\n").unwrap();
-        oob.expect("ready 0").unwrap();
-        let e = oob.expect("ready 1").unwrap_err().to_string();
-        assert!(e.contains("expected \"ready 1\", got \"sent 0\""), "{e}");
-        let e = oob.recv("ok").unwrap_err().to_string();
-        assert_eq!(e, "the peer failed: it broke");
-
-        let start = Instant::now();
-        let e = oob.recv("a silent peer").unwrap_err().to_string();
-        assert!(e.contains("--timeout"), "{e}");
-        assert!(start.elapsed() >= wait && start.elapsed() < 10 * wait);
-
-        peer.write_all(&[b'x'; MAX_LINE + 2]).unwrap();
-        let e = oob.recv("a long line").unwrap_err().to_string();
-        assert!(e.contains("longer than"), "{e}");
-
-        drop(peer);
-        let mut oob2 = {
-            let p = connect_bounded("127.0.0.1", port, wait, false).unwrap();
-            drop(p);
-            Oob::new(accept_bounded(&listener, wait).unwrap(), wait).unwrap()
-        };
-        let e = oob2.recv("anything").unwrap_err().to_string();
-        assert!(e.contains("closed the connection"), "{e}");
-
-        drop(listener);
-        let e = connect_bounded("127.0.0.1", port, wait, true)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("couldn't connect"), "{e}");
-    }
-
-    #[test]
     fn options_parse_like_strtoul_and_refuse_bad_values() {
-        assert_eq!(parse_mtu("1024"), Ok(3));
-        assert!(parse_mtu("1500").is_err());
+        assert_eq!(tools::parse_mtu("1024"), Ok(3));
+        assert!(tools::parse_mtu("1500").is_err());
         assert_eq!(parse_size("0x1000"), Ok(4096));
         assert!(parse_size("0").is_err());
         assert!(parse_positive("0").is_err());
         let a = Args::try_parse_from(["vrnic-write-imm"]).unwrap();
         assert_eq!(
-            (a.port, a.size, a.iters, a.mtu, a.gid_idx, a.timeout),
+            (
+                a.port,
+                a.size,
+                a.iters,
+                a.rc.mtu,
+                a.rc.gid_idx,
+                a.rc.timeout
+            ),
             (18516, 65536, 10, 3, 1, 60)
         );
         assert!(a.host.is_none());

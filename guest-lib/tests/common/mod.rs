@@ -56,3 +56,37 @@ pub fn success_stdout(out: &Output, label: &str) -> String {
     );
     stdout.into_owned()
 }
+
+/// Asserts that the `--loopback` run `out` of tool `name` failed with
+/// status 1, that its stdout has none of `not_verified` (the tool's
+/// success lines), and that its error line (`NAME: client: ...; server:
+/// ...`) names a failure of both sides; returns the client's and the
+/// server's parts. Panics name `label`.
+// Used by the two-sided tools' tests only (each test file compiles its own copy).
+#[allow(dead_code)]
+pub fn both_sides_failed(
+    out: &Output,
+    name: &str,
+    label: &str,
+    not_verified: &[&str],
+) -> (String, String) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{label}: {:?}\n{stdout}\n{stderr}",
+        out.status
+    );
+    for v in not_verified {
+        assert!(!stdout.contains(v), "{label}: {v:?} anyway\n{stdout}");
+    }
+    let err = stderr
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}: ")))
+        .unwrap_or_else(|| panic!("{label}: no error line in\n{stderr}"));
+    let (client, server) = err
+        .split_once("; server: ")
+        .unwrap_or_else(|| panic!("{label}: not both sides failed: {err}"));
+    (client.to_string(), server.to_string())
+}
