@@ -16,6 +16,12 @@
 //!   1 ms), on the simulated clock, for several (timeout, retry_cnt).
 //! - `psn_wrap_*`: WRITE, READ and atomics whose PSNs cross 2^24 with a
 //!   packet lost and a stale duplicate delivered right after the wrap.
+//! - `max_dest_rd_atomic`, the responder's READ/atomic resources: none
+//!   (0) NAKs READ and atomics as invalid requests; N READs may be
+//!   outstanding at once; a duplicate READ or atomic is answered again
+//!   only while it is among the last N (an atomic from its remembered
+//!   result, never re-executed) and dropped after; `ibv_modify_qp` refuses
+//!   more than the device's 16.
 //!
 //! Simulated clock only; every wait is bounded.
 
@@ -766,4 +772,322 @@ fn psn_wrap_atomics_replayed_not_re_executed_across_the_wrap() {
         "A resent after the lost ACK"
     );
     s.assert_quiet(1000, "atomics across the wrap");
+}
+
+// ---------------------------------------------------------------------------
+// max_dest_rd_atomic: the responder's READ/atomic resources.
+
+/// A link that keeps a copy of every RoCEv2 frame sent through it.
+struct Recorder {
+    inner: Box<dyn Link>,
+    sent: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl Link for Recorder {
+    fn send(&mut self, frame: &[u8]) -> std::io::Result<()> {
+        if matches!(wire::parse_frame(frame), Ok(Frame::Roce(_))) {
+            self.sent.lock().unwrap().push(frame.to_vec());
+        }
+        self.inner.send(frame)
+    }
+
+    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
+        self.inner.recv(buf)
+    }
+
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.raw_fd()
+    }
+}
+
+/// [`setup`] with A's RoCEv2 frames recorded.
+fn recorded_setup(oa: ConnOpts, connect_b: bool) -> (Setup, Arc<Mutex<Vec<Vec<u8>>>>) {
+    let (la, lb) = QueueLink::pair();
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let la = Recorder {
+        inner: Box::new(la),
+        sent: sent.clone(),
+    };
+    (setup_on((Box::new(la), Box::new(lb)), oa, connect_b), sent)
+}
+
+impl Setup {
+    /// Hands `frame` to B's device again, as a duplicate from the wire, and
+    /// returns what B answers (not delivered to A).
+    fn b_replies_to(&mut self, frame: &[u8]) -> Vec<Vec<u8>> {
+        self.b.dev.receive(&self.b.mem, frame, self.now);
+        std::iter::from_fn(|| self.b.dev.pop_tx()).collect()
+    }
+}
+
+/// The BTH opcode and AtomicAckETH original value of a RoCEv2 frame.
+fn opcode_and_orig(frame: &[u8]) -> (wire::Opcode, Option<u64>) {
+    let Ok(Frame::Roce(p)) = wire::parse_frame(frame) else {
+        panic!("not a RoCEv2 frame");
+    };
+    (p.hdr.bth.opcode, p.hdr.atomic_ack_eth.map(|a| a.orig))
+}
+
+/// Posts one signalled work request on A and waits for its successful
+/// completion; returns the RoCEv2 frames A sent meanwhile (`rec`).
+fn post_ok(
+    s: &mut Setup,
+    rec: &Mutex<Vec<Vec<u8>>>,
+    wqe: abi::SendWqe,
+    sges: &[abi::Sge],
+    what: &str,
+) -> Vec<Vec<u8>> {
+    let before = rec.lock().unwrap().len();
+    s.post(wqe, sges);
+    let c = s.cqe(false, what);
+    assert_eq!((c.status, c.wr_id), (abi::WC_SUCCESS, wqe.wr_id), "{what}");
+    rec.lock().unwrap()[before..].to_vec()
+}
+
+#[test]
+fn read_and_atomics_without_responder_resources_fail_with_invalid_request() {
+    for op in [abi::WR_RDMA_READ, abi::WR_ATOMIC_FETCH_AND_ADD] {
+        // A may have one outstanding; B offers max_dest_rd_atomic 0.
+        let mut s = setup(ConnOpts::default(), false);
+        let ob = ConnOpts {
+            max_rd_atomic: 0,
+            my_psn: ConnOpts::default().peer_psn,
+            peer_psn: ConnOpts::default().my_psn,
+            ..ConnOpts::default()
+        };
+        let (ipa, qa) = (s.a.ip, s.qa.qpn);
+        s.b.connect_opts(&s.qb, ipa, qa, ob);
+        let remote = s.b.alloc(4096);
+        let (_, rk_b) = s.b.reg_mr(s.pdb, remote, 4096, ALL).unwrap();
+        let local = s.a.alloc(4096);
+        let (lk_a, _) = s.a.reg_mr(s.pda, local, 4096, ALL).unwrap();
+        s.post(
+            abi::SendWqe {
+                wr_id: 3,
+                opcode: op,
+                send_flags: abi::SEND_SIGNALED,
+                remote_addr: remote,
+                rkey: rk_b,
+                compare_add: 1,
+                ..Default::default()
+            },
+            &[sge(local, 8, lk_a)],
+        );
+        let c = s.cqe(false, "READ/atomic to max_dest_rd_atomic 0");
+        assert_eq!(
+            (c.status, c.wr_id),
+            (abi::WC_REM_INV_REQ_ERR, 3),
+            "opcode {op}"
+        );
+        assert_eq!(s.b.dev.stats().nak_inv_req_sent, 1, "opcode {op}");
+        assert_eq!(s.b.qp_state(s.qb.qpn), abi::QPS_ERR, "opcode {op}");
+        assert_eq!(s.b.read(remote, 8), vec![0; 8], "opcode {op}: not executed");
+    }
+}
+
+#[test]
+fn max_dest_rd_atomic_reads_may_be_outstanding_at_once() {
+    let o = ConnOpts {
+        max_rd_atomic: 4,
+        ..ConnOpts::default()
+    };
+    let (mut s, rec) = recorded_setup(o, true);
+    let remote = s.b.alloc(4 * 3000);
+    let data = pattern(4 * 3000, 9);
+    s.b.fill(remote, &data);
+    let (_, rk_b) = s.b.reg_mr(s.pdb, remote, 4 * 3000, ALL).unwrap();
+    let local = s.a.alloc(4 * 3000);
+    let (lk_a, _) = s.a.reg_mr(s.pda, local, 4 * 3000, ALL).unwrap();
+    for k in 0..4u64 {
+        s.post(
+            abi::SendWqe {
+                wr_id: k,
+                opcode: abi::WR_RDMA_READ,
+                send_flags: abi::SEND_SIGNALED,
+                remote_addr: remote + k * 3000,
+                rkey: rk_b,
+                ..Default::default()
+            },
+            &[sge(local + k * 3000, 3000, lk_a)],
+        );
+    }
+    for k in 0..4u64 {
+        let c = s.cqe(false, "READ");
+        assert_eq!((c.status, c.wr_id), (abi::WC_SUCCESS, k));
+    }
+    // All four requests left before the first response came back: A sent
+    // nothing in between (a READ is acknowledged by its response).
+    let ops: Vec<_> = rec
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|f| opcode_and_orig(f).0)
+        .collect();
+    assert_eq!(ops, [wire::Opcode::RcReadRequest; 4], "A's frames");
+    assert_eq!(s.a.read(local, 4 * 3000), data);
+}
+
+#[test]
+fn a_duplicate_read_is_answered_only_within_the_responder_resources() {
+    // max_dest_rd_atomic 1: B remembers its last READ or atomic only.
+    let (mut s, rec) = recorded_setup(ConnOpts::default(), true);
+    let remote = s.b.alloc(8192);
+    let data = pattern(8192, 3);
+    s.b.fill(remote, &data);
+    let (_, rk_b) = s.b.reg_mr(s.pdb, remote, 8192, ALL).unwrap();
+    let local = s.a.alloc(8192);
+    let (lk_a, _) = s.a.reg_mr(s.pda, local, 8192, ALL).unwrap();
+    let read = |wr_id: u64, off: u64, len: u32| {
+        (
+            abi::SendWqe {
+                wr_id,
+                opcode: abi::WR_RDMA_READ,
+                send_flags: abi::SEND_SIGNALED,
+                remote_addr: remote + off,
+                rkey: rk_b,
+                ..Default::default()
+            },
+            [sge(local + off, len, lk_a)],
+        )
+    };
+    let (w, g) = read(1, 0, 2048);
+    let first = post_ok(&mut s, &rec, w, &g, "READ 1");
+    let (w, g) = read(2, 4096, 100);
+    let second = post_ok(&mut s, &rec, w, &g, "READ 2");
+    assert_eq!((first.len(), second.len()), (1, 1), "one request each");
+    let dups = s.b.dev.stats().duplicates;
+    // READ 2 is B's resource: its duplicate gets its response again.
+    let again = s.b_replies_to(&second[0]);
+    let ops: Vec<_> = again.iter().map(|f| opcode_and_orig(f).0).collect();
+    assert_eq!(ops, [wire::Opcode::RcReadResponseOnly]);
+    // READ 1 no longer is: its duplicate is dropped, not re-executed.
+    assert!(s.b_replies_to(&first[0]).is_empty(), "stale READ answered");
+    assert_eq!(s.b.dev.stats().duplicates, dups + 2);
+    // The connection carries on.
+    let (w, g) = read(3, 6000, 2000);
+    post_ok(&mut s, &rec, w, &g, "READ 3");
+    assert_eq!(s.a.read(local, 2048), data[..2048]);
+    assert_eq!(s.a.read(local + 6000, 2000), data[6000..8000]);
+    assert_eq!(s.b.qp_state(s.qb.qpn), abi::QPS_RTS);
+}
+
+#[test]
+fn a_duplicate_atomic_is_replayed_within_the_resources_and_never_re_executed() {
+    let (mut s, rec) = recorded_setup(ConnOpts::default(), true);
+    let counter = s.b.alloc(8);
+    s.b.fill(counter, &5u64.to_le_bytes());
+    let (_, rk_b) = s.b.reg_mr(s.pdb, counter, 8, ALL).unwrap();
+    let local = s.a.alloc(16);
+    let (lk_a, _) = s.a.reg_mr(s.pda, local, 16, ALL).unwrap();
+    let faa = |wr_id: u64, add: u64| abi::SendWqe {
+        wr_id,
+        opcode: abi::WR_ATOMIC_FETCH_AND_ADD,
+        send_flags: abi::SEND_SIGNALED,
+        remote_addr: counter,
+        rkey: rk_b,
+        compare_add: add,
+        ..Default::default()
+    };
+    let value = |s: &Setup| u64::from_le_bytes(s.b.read(counter, 8).try_into().unwrap());
+    let first = post_ok(&mut s, &rec, faa(1, 1), &[sge(local, 8, lk_a)], "FAA 1");
+    assert_eq!(value(&s), 6);
+    // Within the resources: answered with the original value, not run again.
+    let again = s.b_replies_to(&first[0]);
+    assert_eq!(again.len(), 1);
+    assert_eq!(
+        opcode_and_orig(&again[0]),
+        (wire::Opcode::RcAtomicAck, Some(5))
+    );
+    assert_eq!(value(&s), 6, "duplicate executed");
+    let second = post_ok(
+        &mut s,
+        &rec,
+        faa(2, 10),
+        &[sge(local + 8, 8, lk_a)],
+        "FAA 2",
+    );
+    assert_eq!(value(&s), 16);
+    // FAA 1 fell out of the one resource: dropped; FAA 2 replayed.
+    assert!(
+        s.b_replies_to(&first[0]).is_empty(),
+        "stale atomic answered"
+    );
+    let again = s.b_replies_to(&second[0]);
+    assert_eq!(
+        again.iter().map(|f| opcode_and_orig(f)).collect::<Vec<_>>(),
+        [(wire::Opcode::RcAtomicAck, Some(6))]
+    );
+    assert_eq!(value(&s), 16, "duplicate executed");
+    assert_eq!(
+        s.a.read(local, 16),
+        [5u64.to_ne_bytes(), 6u64.to_ne_bytes()].concat()
+    );
+}
+
+#[test]
+fn modify_qp_refuses_rd_atomic_limits_beyond_the_device_maximum() {
+    // B's QP is in RESET (not connected by the setup).
+    let mut s = setup(ConnOpts::default(), false);
+    let qpn = s.qb.qpn;
+    let init = abi::QpAttr {
+        qpn,
+        attr_mask: abi::QP_ATTR_STATE
+            | abi::QP_ATTR_PKEY_INDEX
+            | abi::QP_ATTR_PORT
+            | abi::QP_ATTR_ACCESS_FLAGS,
+        qp_state: abi::QPS_INIT,
+        port_num: 1,
+        ..Default::default()
+    };
+    s.b.cmd(abi::CMD_MODIFY_QP, &init).unwrap();
+    let rtr = |max_dest_rd_atomic| abi::QpAttr {
+        qpn,
+        attr_mask: abi::QP_ATTR_STATE
+            | abi::QP_ATTR_AV
+            | abi::QP_ATTR_PATH_MTU
+            | abi::QP_ATTR_DEST_QPN
+            | abi::QP_ATTR_RQ_PSN
+            | abi::QP_ATTR_MAX_DEST_RD_ATOMIC
+            | abi::QP_ATTR_MIN_RNR_TIMER,
+        qp_state: abi::QPS_RTR,
+        path_mtu: 3,
+        dest_qp_num: s.qa.qpn,
+        max_dest_rd_atomic,
+        dgid: std::net::Ipv4Addr::new(10, 0, 0, 1)
+            .to_ipv6_mapped()
+            .octets(),
+        sgid_index: 1,
+        is_global: 1,
+        hop_limit: 1,
+        ..Default::default()
+    };
+    let rts = |max_rd_atomic| abi::QpAttr {
+        qpn,
+        attr_mask: abi::QP_ATTR_STATE
+            | abi::QP_ATTR_SQ_PSN
+            | abi::QP_ATTR_TIMEOUT
+            | abi::QP_ATTR_RETRY_CNT
+            | abi::QP_ATTR_RNR_RETRY
+            | abi::QP_ATTR_MAX_QP_RD_ATOMIC,
+        qp_state: abi::QPS_RTS,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic,
+        ..Default::default()
+    };
+    // ibv_query_device's max_qp_rd_atom / max_qp_init_rd_atom are 16.
+    assert_eq!(
+        s.b.cmd(abi::CMD_MODIFY_QP, &rtr(17)).err(),
+        Some(abi::STATUS_EINVAL)
+    );
+    assert_eq!(s.b.qp_state(qpn), abi::QPS_INIT);
+    s.b.cmd(abi::CMD_MODIFY_QP, &rtr(16)).unwrap();
+    assert_eq!(
+        s.b.cmd(abi::CMD_MODIFY_QP, &rts(17)).err(),
+        Some(abi::STATUS_EINVAL)
+    );
+    assert_eq!(s.b.qp_state(qpn), abi::QPS_RTR);
+    s.b.cmd(abi::CMD_MODIFY_QP, &rts(16)).unwrap();
+    assert_eq!(s.b.qp_state(qpn), abi::QPS_RTS);
 }

@@ -89,8 +89,8 @@ impl Device {
                     max_cqe: MAX_CQE,
                     max_mr: MAX_MR as u32,
                     max_pd: MAX_PD as u32,
-                    max_qp_rd_atom: 16,
-                    max_qp_init_rd_atom: 16,
+                    max_qp_rd_atom: crate::verbs::qp::MAX_QP_RD_ATOM,
+                    max_qp_init_rd_atom: crate::verbs::qp::MAX_QP_RD_ATOM,
                     max_inline: MAX_INLINE,
                 };
                 Ok(put(out, &attr))

@@ -49,13 +49,48 @@ pub struct RespState {
     pub write: Option<WriteCtx>,
     /// A PSN sequence error NAK was sent and not yet cleared by the expected PSN.
     pub nak_sent: bool,
-    /// Results of recent atomics by request PSN, so a duplicate atomic is
-    /// answered again without executing twice (IBTA §9.7.5.2.5 C9-96).
-    pub atomic_replay: std::collections::VecDeque<(u32, u64)>,
+    /// The most recent RDMA READ and atomic requests executed, oldest
+    /// first, at most `max_dest_rd_atomic` of them: the responder
+    /// resources of IBTA §9.5 (rxe's `resources`). A duplicate READ or
+    /// atomic is answered again only if it falls in one of them.
+    pub rd_atomic: std::collections::VecDeque<RdAtomicRes>,
 }
 
-/// Atomic results remembered for duplicates (at least `max_dest_rd_atomic`).
-const ATOMIC_REPLAY: usize = 64;
+/// One responder resource: an executed RDMA READ or atomic request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RdAtomicRes {
+    /// PSN of the request (= of its first response).
+    pub psn: u32,
+    /// PSNs its responses use: READ response packets, 1 for an atomic.
+    pub npsn: u32,
+    /// The atomic's original value, returned again to a duplicate without
+    /// executing twice (IBTA §9.7.5.2.5 C9-96); `None` for a READ.
+    pub atomic_orig: Option<u64>,
+}
+
+impl RespState {
+    /// The resource whose responses include `p`, newest first.
+    fn rd_atomic_res(&self, p: u32) -> Option<RdAtomicRes> {
+        self.rd_atomic
+            .iter()
+            .rev()
+            .find(|r| {
+                let d = psn::diff(p, r.psn);
+                d >= 0 && (d as u32) < r.npsn
+            })
+            .copied()
+    }
+
+    /// Remembers an executed READ or atomic, forgetting the oldest beyond
+    /// `max_dest_rd_atomic` (at least 1) resources.
+    fn push_rd_atomic(&mut self, res: RdAtomicRes, max_dest_rd_atomic: u8) {
+        let cap = usize::from(max_dest_rd_atomic.max(1));
+        while self.rd_atomic.len() >= cap {
+            self.rd_atomic.pop_front();
+        }
+        self.rd_atomic.push_back(res);
+    }
+}
 
 /// Why a request failed at the responder: the NAK to send and the receive
 /// completion status, if a receive WQE was consumed.
@@ -108,15 +143,24 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     }
     if d < 0 {
         env.out.stats.duplicates += 1;
-        if bth.opcode == Opcode::RcReadRequest {
-            // Re-generate the responses from the requested PSN (§9.7.5.2.3).
-            let _ = read_responses(qp, env, pkt);
-            return;
-        }
-        if bth.opcode.is_atomic() {
-            // Answer from the replay cache; never execute twice.
-            if let Some(&(_, orig)) = qp.resp.atomic_replay.iter().find(|(p, _)| *p == bth.psn) {
-                send_atomic_ack(qp, env, pkt, orig);
+        if bth.opcode == Opcode::RcReadRequest || bth.opcode.is_atomic() {
+            // Only a request within one of the responder resources is
+            // answered again (IBTA §9.7.5.2.3, §9.7.5.2.5; rxe drops the
+            // others): READ responses re-generated from the requested PSN
+            // (a resent READ may start inside the original one), an atomic
+            // from its remembered result, never executed twice.
+            match qp.resp.rd_atomic_res(bth.psn) {
+                Some(r) if bth.opcode == Opcode::RcReadRequest && r.atomic_orig.is_none() => {
+                    let _ = read_responses(qp, env, pkt);
+                }
+                Some(RdAtomicRes {
+                    psn,
+                    atomic_orig: Some(orig),
+                    ..
+                }) if bth.opcode.is_atomic() && psn == bth.psn => {
+                    send_atomic_ack(qp, env, pkt, orig);
+                }
+                _ => env.out.stats.rx_dropped += 1,
             }
             return;
         }
@@ -141,6 +185,14 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
                 }
                 _ => 1,
             };
+            if bth.opcode == Opcode::RcReadRequest {
+                let res = RdAtomicRes {
+                    psn: bth.psn,
+                    npsn: n,
+                    atomic_orig: None,
+                };
+                qp.resp.push_rd_atomic(res, qp.attr.max_dest_rd_atomic);
+            }
             qp.resp.epsn = psn::add(qp.resp.epsn, n);
         }
         Ok(Some(())) => {
@@ -262,6 +314,11 @@ fn execute(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<()>, F
     if op.is_write() {
         return execute_write(qp, env, pkt);
     }
+    if (op == Opcode::RcReadRequest || op.is_atomic()) && qp.attr.max_dest_rd_atomic == 0 {
+        // No responder resources for READ or atomics: NAK invalid request,
+        // as rxe_resp.c's check_resource (RESPST_ERR_TOO_MANY_RDMA_ATM_REQ).
+        return Err(fail(NakCode::InvalidRequest));
+    }
     if op == Opcode::RcReadRequest {
         read_responses(qp, env, pkt)?;
         qp.resp.msn = psn::add(qp.resp.msn, 1);
@@ -364,10 +421,12 @@ fn execute_atomic(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option
     };
     mr.write(env.mem, a.va, &new.to_le_bytes())
         .map_err(|_| fail(NakCode::RemoteAccessError))?;
-    if qp.resp.atomic_replay.len() >= ATOMIC_REPLAY {
-        qp.resp.atomic_replay.pop_front();
-    }
-    qp.resp.atomic_replay.push_back((pkt.hdr.bth.psn, orig));
+    let res = RdAtomicRes {
+        psn: pkt.hdr.bth.psn,
+        npsn: 1,
+        atomic_orig: Some(orig),
+    };
+    qp.resp.push_rd_atomic(res, qp.attr.max_dest_rd_atomic);
     qp.resp.msn = psn::add(qp.resp.msn, 1);
     send_atomic_ack(qp, env, pkt, orig);
     Ok(Some(()))

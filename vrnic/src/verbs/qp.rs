@@ -118,6 +118,11 @@ pub fn transition_masks(qp_type: u32, cur: u32, next: u32) -> Option<(u32, u32)>
     Some(m)
 }
 
+/// Outstanding RDMA READ and atomic requests a QP may have as requester
+/// (`max_rd_atomic`) or as responder (`max_dest_rd_atomic`): the device's
+/// `max_qp_init_rd_atom` and `max_qp_rd_atom` (`ibv_query_device(3)`).
+pub const MAX_QP_RD_ATOM: u32 = 16;
+
 /// Validates a modify request against the transition table and value
 /// ranges; returns the status to answer on failure (`EINVAL`).
 pub fn validate_modify(qp: &Qp, a: &abi::QpAttr) -> Result<u32, abi::Status> {
@@ -144,6 +149,13 @@ pub fn validate_modify(qp: &Qp, a: &abi::QpAttr) -> Result<u32, abi::Status> {
         return Err(abi::STATUS_EINVAL);
     }
     if mask & (TIMEOUT) != 0 && a.timeout > 31 || mask & MIN_RNR != 0 && a.min_rnr_timer > 31 {
+        return Err(abi::STATUS_EINVAL);
+    }
+    // ibv_modify_qp(3): EINVAL beyond the device's max_qp_rd_atom /
+    // max_qp_init_rd_atom.
+    if mask & MAX_RD != 0 && u32::from(a.max_rd_atomic) > MAX_QP_RD_ATOM
+        || mask & MAX_DEST_RD != 0 && u32::from(a.max_dest_rd_atomic) > MAX_QP_RD_ATOM
+    {
         return Err(abi::STATUS_EINVAL);
     }
     if mask & (SQ_PSN | RQ_PSN | DEST_QPN) != 0
