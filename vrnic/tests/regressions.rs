@@ -22,6 +22,9 @@
 //!   only while it is among the last N (an atomic from its remembered
 //!   result, never re-executed) and dropped after; `ibv_modify_qp` refuses
 //!   more than the device's 16.
+//! - `a_long_write_stops_at_the_window_until_acknowledged`: a 1 MiB WRITE
+//!   at path MTU 256 puts at most `MAX_INFLIGHT_PKTS` unacknowledged
+//!   packets on the wire, the last asking for an ACK.
 //!
 //! Simulated clock only; every wait is bounded.
 
@@ -1090,4 +1093,59 @@ fn modify_qp_refuses_rd_atomic_limits_beyond_the_device_maximum() {
     assert_eq!(s.b.qp_state(qpn), abi::QPS_RTR);
     s.b.cmd(abi::CMD_MODIFY_QP, &rts(16)).unwrap();
     assert_eq!(s.b.qp_state(qpn), abi::QPS_RTS);
+}
+
+// ---------------------------------------------------------------------------
+// The requester's window of unacknowledged PSNs.
+
+#[test]
+fn a_long_write_stops_at_the_window_until_acknowledged() {
+    use vrnic::transport::requester::MAX_INFLIGHT_PKTS;
+    let o = ConnOpts {
+        mtu: 1, // 256 bytes: 1 MiB is 4096 packets
+        ..ConnOpts::default()
+    };
+    let (mut s, rec) = recorded_setup(o, true);
+    let len = 1usize << 20;
+    let src = s.a.alloc(len);
+    let dst = s.b.alloc(len);
+    let data = pattern(len, 5);
+    s.a.fill(src, &data);
+    let (lk_a, _) = s.a.reg_mr(s.pda, src, len as u64, ALL).unwrap();
+    let (_, rk_b) = s.b.reg_mr(s.pdb, dst, len as u64, ALL).unwrap();
+    let write = |wr_id| abi::SendWqe {
+        wr_id,
+        opcode: abi::WR_RDMA_WRITE,
+        send_flags: abi::SEND_SIGNALED,
+        remote_addr: dst,
+        rkey: rk_b,
+        ..Default::default()
+    };
+    // A first small WRITE resolves B's MAC.
+    post_ok(&mut s, &rec, write(1), &[sge(src, 1, lk_a)], "first WRITE");
+    let before = rec.lock().unwrap().len();
+    s.post(write(2), &[sge(src, len as u32, lk_a)]);
+    // B does not answer: A sends one window, then waits (also across
+    // polls and a little time, short of the ACK timeout).
+    for _ in 0..50 {
+        s.a.pump(s.now);
+        s.now += 10_000;
+    }
+    let window: Vec<Vec<u8>> = rec.lock().unwrap()[before..].to_vec();
+    assert_eq!(
+        window.len(),
+        MAX_INFLIGHT_PKTS as usize,
+        "packets sent unacknowledged"
+    );
+    let Ok(Frame::Roce(last)) = wire::parse_frame(&window[window.len() - 1]) else {
+        panic!("not RoCEv2");
+    };
+    assert!(
+        last.hdr.bth.ack_req,
+        "the packet that fills the window asks for an ACK"
+    );
+    let c = s.cqe(false, "1 MiB WRITE");
+    assert_eq!((c.status, c.wr_id), (abi::WC_SUCCESS, 2));
+    assert_eq!(s.b.read(dst, len), data);
+    assert_eq!(s.a.dev.stats().retransmits, 0, "no timeout needed");
 }

@@ -11,8 +11,12 @@ use crate::verbs::mr::MrError;
 use crate::verbs::qp::Qp;
 use crate::wire::{AtomicEth, Ieth, Immdt, Opcode, Reth};
 
-/// Most packets sent but not yet acknowledged per QP.
-pub const MAX_INFLIGHT_PKTS: u32 = 1024;
+/// Most PSNs an RC QP sends beyond the last one acknowledged (rxe's
+/// `RXE_MAX_UNACKED_PSNS`): the requester stops, mid-message if need be,
+/// until ACKs (or READ responses) move the window. It bounds what
+/// go-back-N resends after a loss; a READ request is sent if its first PSN
+/// is in the window (its responses may run past it, as in rxe).
+pub const MAX_INFLIGHT_PKTS: u32 = 128;
 /// Most packets one call sends for one QP (fairness between QPs).
 const BURST: u32 = 64;
 /// Request an ACK at least every this many packets of a long message.
@@ -330,9 +334,25 @@ fn rc_packet_opcode(wr: u8, k: u32, npkts: u32) -> Opcode {
     }
 }
 
-/// Sends packet `k` of inflight op `i`. Returns false when the packet could
+/// How far PSN `p` is beyond the oldest unacknowledged PSN of an RC QP
+/// (0: it is that PSN); always 0 for UC, which has no acknowledgements.
+fn window_ahead(qp: &Qp, p: u32) -> i32 {
+    if qp.qp_type != abi::QPT_RC {
+        return 0;
+    }
+    psn::diff(p, psn::add(qp.req.acked_psn, 1))
+}
+
+/// Sends packet `k` of inflight op `i`; `window_full` asks for an ACK (the
+/// window closes behind this packet). Returns false when the packet could
 /// not be built (peer MAC unknown).
-fn send_packet(qp: &mut Qp, env: &mut Env, i: usize, k: u32) -> Result<bool, u8> {
+fn send_packet(
+    qp: &mut Qp,
+    env: &mut Env,
+    i: usize,
+    k: u32,
+    window_full: bool,
+) -> Result<bool, u8> {
     let mtu = qp.mtu();
     let op = &qp.req.inflight[i];
     let opcode = packet_opcode(qp.qp_type, op.wqe.opcode, k, op.npkts);
@@ -372,7 +392,8 @@ fn send_packet(qp: &mut Qp, env: &mut Env, i: usize, k: u32) -> Result<bool, u8>
     let mut payload = vec![0u8; n as usize];
     gather(env, op, offset, &mut payload)?;
     let last = k + 1 == op.npkts;
-    hdr.bth.ack_req = qp.qp_type == abi::QPT_RC && (last || (k + 1).is_multiple_of(ACK_REQ_EVERY));
+    hdr.bth.ack_req =
+        qp.qp_type == abi::QPT_RC && (last || window_full || (k + 1).is_multiple_of(ACK_REQ_EVERY));
     hdr.bth.solicited = last && op.wqe.send_flags & abi::SEND_SOLICITED != 0;
     if opcode.has_reth() {
         hdr.reth = Some(Reth {
@@ -447,7 +468,11 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             if must_wait(qp, pos) {
                 break;
             }
-            match send_packet(qp, env, pos, k) {
+            let ahead = window_ahead(qp, psn::add(op.first_psn, k));
+            if ahead >= MAX_INFLIGHT_PKTS as i32 {
+                break; // resumed by the ACK that moves the window
+            }
+            match send_packet(qp, env, pos, k, ahead + 1 == MAX_INFLIGHT_PKTS as i32) {
                 Ok(true) => {}
                 Ok(false) => {
                     qp.req.waiting_arp = Some(qp.attr.dgid);
@@ -482,7 +507,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
         if qp.req.sq_next == qp.req.sq_pi || qp.state != abi::QPS_RTS {
             break;
         }
-        if psn::diff(qp.req.psn, psn::add(qp.req.acked_psn, 1)) >= MAX_INFLIGHT_PKTS as i32 {
+        if window_ahead(qp, qp.req.psn) >= MAX_INFLIGHT_PKTS as i32 {
             break;
         }
         let op = fetch(qp, env, qp.req.sq_next);
