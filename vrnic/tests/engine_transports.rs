@@ -39,41 +39,7 @@ struct Srq {
 
 impl NodeExt for Node {
     fn create_typed_qp(&mut self, pdn: u32, cq: &Cq, qp_type: u32, srqn: u32) -> Qp {
-        let size = 64;
-        let (sq_stride, rq_stride) = (abi::sq_stride(4, 64), abi::rq_stride(4));
-        let sq = self.alloc((size * sq_stride) as usize);
-        let rq = self.alloc((size * rq_stride) as usize);
-        let rec = self.alloc(16);
-        let c = abi::CreateQp {
-            pdn,
-            qp_type,
-            send_cqn: cq.cqn,
-            recv_cqn: cq.cqn,
-            sq_size: size,
-            rq_size: if srqn == 0 { size } else { 0 },
-            max_send_sge: 4,
-            max_recv_sge: 4,
-            max_inline: 64,
-            sq_sig_all: 1,
-            sq,
-            rq,
-            db: rec,
-            srqn,
-            reserved: 0,
-        };
-        let r = abi::CreateQpResp::read_from(&self.cmd(abi::CMD_CREATE_QP, &c).unwrap()).unwrap();
-        Qp {
-            qpn: r.qpn,
-            sq,
-            rq,
-            rec,
-            sq_stride,
-            rq_stride,
-            sq_size: size,
-            rq_size: size,
-            sq_pi: 0,
-            rq_pi: 0,
-        }
+        self.create_qp_with(pdn, cq, QpSpec::typed(qp_type, srqn))
     }
 
     fn modify(&mut self, a: abi::QpAttr) -> Result<(), u32> {

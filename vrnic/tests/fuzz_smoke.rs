@@ -47,41 +47,7 @@ impl Rng {
 
 /// A QP of the peer of type `qp_type` (no SRQ).
 fn typed_qp(a: &mut Node, pd: u32, cq: &Cq, qp_type: u32) -> Qp {
-    let size = 64;
-    let (sq_stride, rq_stride) = (abi::sq_stride(4, 64), abi::rq_stride(4));
-    let sq = a.alloc((size * sq_stride) as usize);
-    let rq = a.alloc((size * rq_stride) as usize);
-    let rec = a.alloc(16);
-    let c = abi::CreateQp {
-        pdn: pd,
-        qp_type,
-        send_cqn: cq.cqn,
-        recv_cqn: cq.cqn,
-        sq_size: size,
-        rq_size: size,
-        max_send_sge: 4,
-        max_recv_sge: 4,
-        max_inline: 64,
-        sq_sig_all: 1,
-        sq,
-        rq,
-        db: rec,
-        srqn: 0,
-        reserved: 0,
-    };
-    let r = abi::CreateQpResp::read_from(&a.cmd(abi::CMD_CREATE_QP, &c).unwrap()).unwrap();
-    Qp {
-        qpn: r.qpn,
-        sq,
-        rq,
-        rec,
-        sq_stride,
-        rq_stride,
-        sq_size: size,
-        rq_size: size,
-        sq_pi: 0,
-        rq_pi: 0,
-    }
+    a.create_qp_with(pd, cq, QpSpec::typed(qp_type, 0))
 }
 
 /// Brings a UC or UD QP of the peer to RTS.

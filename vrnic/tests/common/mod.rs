@@ -34,6 +34,44 @@ pub struct Qp {
     pub rq_pi: u32,
 }
 
+/// What [`Node::create_qp_with`] creates.
+#[derive(Clone, Copy, Debug)]
+pub struct QpSpec {
+    /// `abi::QPT_*`.
+    pub qp_type: u32,
+    /// WQEs per queue (the RQ has none on an SRQ).
+    pub size: u32,
+    /// SGEs per send and receive WQE.
+    pub sge: u32,
+    /// The SRQ the QP receives from; 0: its own RQ.
+    pub srqn: u32,
+    /// 1: every send WQE completes (`sq_sig_all`).
+    pub sq_sig_all: u32,
+}
+
+impl QpSpec {
+    /// An RC QP: 64 WQEs, 4 SGEs, own RQ, only signalled sends completing.
+    pub fn rc() -> QpSpec {
+        QpSpec {
+            qp_type: abi::QPT_RC,
+            size: 64,
+            sge: 4,
+            srqn: 0,
+            sq_sig_all: 0,
+        }
+    }
+
+    /// A QP of `qp_type` whose every send completes, on SRQ `srqn` (0: none).
+    pub fn typed(qp_type: u32, srqn: u32) -> QpSpec {
+        QpSpec {
+            qp_type,
+            srqn,
+            sq_sig_all: 1,
+            ..QpSpec::rc()
+        }
+    }
+}
+
 pub struct Cq {
     pub cqn: u32,
     pub ring: u64,
@@ -149,30 +187,53 @@ impl Node {
         }
     }
 
+    /// An RC QP of `size` WQEs per queue and `sge` SGEs per WQE on `cq`,
+    /// only signalled sends completing.
     pub fn create_qp(&mut self, pdn: u32, cq: &Cq, size: u32, sge: u32) -> Qp {
+        let spec = QpSpec {
+            size,
+            sge,
+            ..QpSpec::rc()
+        };
+        self.create_qp_with(pdn, cq, spec)
+    }
+
+    /// A QP as `spec` says, on `cq` for sends and receives, its rings and
+    /// record in this node's memory.
+    pub fn create_qp_with(&mut self, pdn: u32, cq: &Cq, spec: QpSpec) -> Qp {
+        let QpSpec {
+            qp_type,
+            size,
+            sge,
+            srqn,
+            sq_sig_all,
+        } = spec;
         let (sq_stride, rq_stride) = (abi::sq_stride(sge, 64), abi::rq_stride(sge));
         let sq = self.alloc((size * sq_stride) as usize);
         let rq = self.alloc((size * rq_stride) as usize);
         let rec = self.alloc(16);
         let c = abi::CreateQp {
             pdn,
-            qp_type: abi::QPT_RC,
+            qp_type,
             send_cqn: cq.cqn,
             recv_cqn: cq.cqn,
             sq_size: size,
-            rq_size: size,
+            rq_size: if srqn == 0 { size } else { 0 },
             max_send_sge: sge,
             max_recv_sge: sge,
             max_inline: 64,
-            sq_sig_all: 0,
+            sq_sig_all,
             sq,
             rq,
             db: rec,
-            srqn: 0,
+            srqn,
             reserved: 0,
         };
         let r = abi::CreateQpResp::read_from(&self.cmd(abi::CMD_CREATE_QP, &c).unwrap()).unwrap();
-        assert_eq!((r.sq_stride, r.rq_stride), (sq_stride, rq_stride));
+        assert_eq!(r.sq_stride, sq_stride);
+        if srqn == 0 {
+            assert_eq!(r.rq_stride, rq_stride);
+        }
         Qp {
             qpn: r.qpn,
             sq,
@@ -200,65 +261,15 @@ impl Node {
         retry: u8,
         rnr: u8,
     ) {
-        let all = abi::ACCESS_LOCAL_WRITE
-            | abi::ACCESS_REMOTE_WRITE
-            | abi::ACCESS_REMOTE_READ
-            | abi::ACCESS_REMOTE_ATOMIC;
-        let init = abi::QpAttr {
-            qpn: qp.qpn,
-            attr_mask: abi::QP_ATTR_STATE
-                | abi::QP_ATTR_PKEY_INDEX
-                | abi::QP_ATTR_PORT
-                | abi::QP_ATTR_ACCESS_FLAGS,
-            qp_state: abi::QPS_INIT,
-            port_num: 1,
-            qp_access_flags: all,
-            ..Default::default()
+        let o = ConnOpts {
+            mtu,
+            my_psn,
+            peer_psn,
+            retry,
+            rnr,
+            ..ConnOpts::default()
         };
-        self.cmd(abi::CMD_MODIFY_QP, &init).unwrap();
-        let mut dgid = [0u8; 16];
-        dgid[10] = 0xff;
-        dgid[11] = 0xff;
-        dgid[12..].copy_from_slice(&peer_ip.octets());
-        let rtr = abi::QpAttr {
-            qpn: qp.qpn,
-            attr_mask: abi::QP_ATTR_STATE
-                | abi::QP_ATTR_AV
-                | abi::QP_ATTR_PATH_MTU
-                | abi::QP_ATTR_DEST_QPN
-                | abi::QP_ATTR_RQ_PSN
-                | abi::QP_ATTR_MAX_DEST_RD_ATOMIC
-                | abi::QP_ATTR_MIN_RNR_TIMER,
-            qp_state: abi::QPS_RTR,
-            path_mtu: mtu,
-            dest_qp_num: peer_qpn,
-            rq_psn: peer_psn,
-            max_dest_rd_atomic: 1,
-            min_rnr_timer: 1,
-            dgid,
-            sgid_index: 1,
-            is_global: 1,
-            hop_limit: 1,
-            ..Default::default()
-        };
-        self.cmd(abi::CMD_MODIFY_QP, &rtr).unwrap();
-        let rts = abi::QpAttr {
-            qpn: qp.qpn,
-            attr_mask: abi::QP_ATTR_STATE
-                | abi::QP_ATTR_SQ_PSN
-                | abi::QP_ATTR_TIMEOUT
-                | abi::QP_ATTR_RETRY_CNT
-                | abi::QP_ATTR_RNR_RETRY
-                | abi::QP_ATTR_MAX_QP_RD_ATOMIC,
-            qp_state: abi::QPS_RTS,
-            sq_psn: my_psn,
-            timeout: 14,
-            retry_cnt: retry,
-            rnr_retry: rnr,
-            max_rd_atomic: 1,
-            ..Default::default()
-        };
-        self.cmd(abi::CMD_MODIFY_QP, &rts).unwrap();
+        self.connect_opts(qp, peer_ip, peer_qpn, o);
     }
 
     pub fn post_send(&mut self, qp: &mut Qp, wqe: abi::SendWqe, sges: &[abi::Sge], now: Nanos) {
