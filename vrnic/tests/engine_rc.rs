@@ -9,42 +9,22 @@ use vrnic::abi;
 
 const ALL: u32 = abi::ACCESS_LOCAL_WRITE | abi::ACCESS_REMOTE_WRITE | abi::ACCESS_REMOTE_READ;
 
-struct Setup {
-    a: Node,
-    b: Node,
-    qa: Qp,
-    qb: Qp,
-    ca: Cq,
-    cb: Cq,
-    pda: u32,
-    pdb: u32,
-    now: u64,
-}
+/// The RC pair of these tests (a [`vrnic::link::mem::MemLink`] between them).
+type Setup = RcPair;
 
+/// A and B at path MTU `mtu_enum`, A's send PSN 0xfffff0 (it wraps within a
+/// few packets), B's 100.
 fn setup(mtu_enum: u32, retry: u8, rnr: u8, connect_b: bool) -> Setup {
-    let (mut a, mut b) = pair(1500 + 2600 * (mtu_enum == 5) as u32 * 3);
-    let pda = a.alloc_pd();
-    let pdb = b.alloc_pd();
-    let ca = a.create_cq(256);
-    let cb = b.create_cq(256);
-    let qa = a.create_qp(pda, &ca, 64, 4);
-    let qb = b.create_qp(pdb, &cb, 64, 4);
-    let (ipa, ipb) = (a.ip, b.ip);
-    a.connect(&qa, ipb, qb.qpn, mtu_enum, 0xff_fff0, 100, retry, rnr);
-    if connect_b {
-        b.connect(&qb, ipa, qa.qpn, mtu_enum, 100, 0xff_fff0, retry, rnr);
-    }
-    Setup {
-        a,
-        b,
-        qa,
-        qb,
-        ca,
-        cb,
-        pda,
-        pdb,
-        now: 1_000_000_000,
-    }
+    let (la, lb) = vrnic::link::mem::MemLink::pair();
+    let o = ConnOpts {
+        mtu: mtu_enum,
+        my_psn: 0xff_fff0,
+        peer_psn: 100,
+        retry,
+        rnr,
+        ..ConnOpts::default()
+    };
+    RcPair::on((Box::new(la), Box::new(lb)), o, connect_b)
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -53,20 +33,8 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-fn sge(addr: u64, length: u32, lkey: u32) -> abi::Sge {
-    abi::Sge { addr, length, lkey }
-}
-
 fn wait_cqe(s: &mut Setup, on_b: bool) -> abi::Cqe {
-    let mut got = None;
-    let Setup {
-        a, b, ca, cb, now, ..
-    } = s;
-    run_until(a, b, now, 20_000, |a, b| {
-        got = if on_b { b.poll_cq(cb) } else { a.poll_cq(ca) };
-        got.is_some()
-    });
-    got.unwrap()
+    s.cqe(on_b, "engine_rc")
 }
 
 #[test]

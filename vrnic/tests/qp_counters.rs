@@ -88,10 +88,6 @@ fn wait_cqe(s: &mut Rc, on_b: bool) -> abi::Cqe {
     got.expect("run_until returned with a completion")
 }
 
-fn sge(addr: u64, length: u32, lkey: u32) -> abi::Sge {
-    abi::Sge { addr, length, lkey }
-}
-
 #[test]
 fn a_bad_rkey_write_counts_one_remote_access_nak_on_each_qp() {
     let (a, b) = pair(1500);

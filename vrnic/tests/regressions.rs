@@ -43,116 +43,18 @@ const ALL: u32 = abi::ACCESS_LOCAL_WRITE
     | abi::ACCESS_REMOTE_READ
     | abi::ACCESS_REMOTE_ATOMIC;
 
-struct Setup {
-    a: Node,
-    b: Node,
-    qa: Qp,
-    qb: Qp,
-    ca: Cq,
-    cb: Cq,
-    pda: u32,
-    pdb: u32,
-    now: Nanos,
-}
-
-/// Two nodes on `links`, one RC QP each; A connected with `oa`, B (when
-/// `connect_b`) with the mirror image (same MTU, PSNs swapped).
-fn setup_on(links: (Box<dyn Link>, Box<dyn Link>), oa: ConnOpts, connect_b: bool) -> Setup {
-    let link_mtu = if oa.mtu == 5 { 9000 } else { 1500 };
-    let mut a = Node::new(1, links.0, link_mtu);
-    let mut b = Node::new(2, links.1, link_mtu);
-    let pda = a.alloc_pd();
-    let pdb = b.alloc_pd();
-    let ca = a.create_cq(64);
-    let cb = b.create_cq(64);
-    let qa = a.create_qp(pda, &ca, 16, 2);
-    let qb = b.create_qp(pdb, &cb, 16, 2);
-    let (ipa, ipb) = (a.ip, b.ip);
-    a.connect_opts(&qa, ipb, qb.qpn, oa);
-    if connect_b {
-        let ob = ConnOpts {
-            my_psn: oa.peer_psn,
-            peer_psn: oa.my_psn,
-            ..oa
-        };
-        b.connect_opts(&qb, ipa, qa.qpn, ob);
-    }
-    Setup {
-        a,
-        b,
-        qa,
-        qb,
-        ca,
-        cb,
-        pda,
-        pdb,
-        now: 1_000_000_000,
-    }
-}
+/// The RC pair of these tests (a [`QueueLink`] between them).
+type Setup = RcPair;
 
 fn setup(oa: ConnOpts, connect_b: bool) -> Setup {
     let (la, lb) = QueueLink::pair();
-    setup_on((Box::new(la), Box::new(lb)), oa, connect_b)
-}
-
-fn sge(addr: u64, length: u32, lkey: u32) -> abi::Sge {
-    abi::Sge { addr, length, lkey }
+    RcPair::on((Box::new(la), Box::new(lb)), oa, connect_b)
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| ((i * 7 + i / 251) as u8).wrapping_add(seed))
         .collect()
-}
-
-impl Setup {
-    /// Pumps both nodes, advancing the clock by `step` ns whenever nothing
-    /// moved, until a CQE is on A's (`on_b` false) or B's CQ. `None` after
-    /// `max_rounds` rounds.
-    fn next_cqe_step(&mut self, on_b: bool, step: Nanos, max_rounds: usize) -> Option<abi::Cqe> {
-        for _ in 0..max_rounds {
-            let c = if on_b {
-                self.b.poll_cq(&mut self.cb)
-            } else {
-                self.a.poll_cq(&mut self.ca)
-            };
-            if c.is_some() {
-                return c;
-            }
-            if self.a.pump(self.now) + self.b.pump(self.now) == 0 {
-                self.now += step;
-            }
-        }
-        None
-    }
-
-    /// The next CQE on A or B (1 ms clock steps); panics with `what` when
-    /// none comes within 20,000 rounds.
-    fn cqe(&mut self, on_b: bool, what: &str) -> abi::Cqe {
-        self.next_cqe_step(on_b, 1_000_000, 20_000)
-            .unwrap_or_else(|| panic!("{what}: no completion within 20,000 rounds"))
-    }
-
-    /// Lets the link run for `ms` simulated milliseconds of idleness and
-    /// checks that neither CQ receives anything more.
-    fn assert_quiet(&mut self, ms: u64, what: &str) {
-        let until = self.now + ms * 1_000_000;
-        for _ in 0..100_000 {
-            if self.now >= until {
-                break;
-            }
-            if self.a.pump(self.now) + self.b.pump(self.now) == 0 {
-                self.now += 1_000_000;
-            }
-        }
-        assert_eq!(self.a.poll_cq(&mut self.ca), None, "{what}: extra CQE on A");
-        assert_eq!(self.b.poll_cq(&mut self.cb), None, "{what}: extra CQE on B");
-    }
-
-    fn post(&mut self, wqe: abi::SendWqe, sges: &[abi::Sge]) {
-        let now = self.now;
-        self.a.post_send(&mut self.qa, wqe, sges, now);
-    }
 }
 
 fn events(n: &mut Node) -> Vec<abi::Event> {
@@ -552,7 +454,7 @@ fn scripted(
         timeout: 8,
         ..Default::default()
     };
-    (setup_on(links, o, true), [sa, sb])
+    (RcPair::on(links, o, true), [sa, sb])
 }
 
 fn rule(request: bool, psn: u32, act: Act) -> Rule {
@@ -811,7 +713,10 @@ fn recorded_setup(oa: ConnOpts, connect_b: bool) -> (Setup, Arc<Mutex<Vec<Vec<u8
         inner: Box::new(la),
         sent: sent.clone(),
     };
-    (setup_on((Box::new(la), Box::new(lb)), oa, connect_b), sent)
+    (
+        RcPair::on((Box::new(la), Box::new(lb)), oa, connect_b),
+        sent,
+    )
 }
 
 impl Setup {

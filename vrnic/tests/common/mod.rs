@@ -612,3 +612,115 @@ impl Node {
         abi::QpAttr::read_from(&r).unwrap().qp_state
     }
 }
+
+/// One SGE.
+pub fn sge(addr: u64, length: u32, lkey: u32) -> abi::Sge {
+    abi::Sge { addr, length, lkey }
+}
+
+/// Two nodes with one RC QP each (A: `qa` on `ca` in PD `pda`; B likewise),
+/// driven on a simulated clock `now` (ns).
+pub struct RcPair {
+    pub a: Node,
+    pub b: Node,
+    pub qa: Qp,
+    pub qb: Qp,
+    pub ca: Cq,
+    pub cb: Cq,
+    pub pda: u32,
+    pub pdb: u32,
+    pub now: Nanos,
+}
+
+impl RcPair {
+    /// Two nodes on `links` (link MTU 9000 for path MTU 4096, else 1500),
+    /// CQs of 256 entries, QPs of 64 WQEs with 4 SGEs; A connected with
+    /// `oa`, B (when `connect_b`) with the mirror image (same MTU, PSNs
+    /// swapped).
+    pub fn on(links: (Box<dyn Link>, Box<dyn Link>), oa: ConnOpts, connect_b: bool) -> RcPair {
+        let link_mtu = if oa.mtu == 5 { 9000 } else { 1500 };
+        let mut a = Node::new(1, links.0, link_mtu);
+        let mut b = Node::new(2, links.1, link_mtu);
+        let pda = a.alloc_pd();
+        let pdb = b.alloc_pd();
+        let ca = a.create_cq(256);
+        let cb = b.create_cq(256);
+        let qa = a.create_qp(pda, &ca, 64, 4);
+        let qb = b.create_qp(pdb, &cb, 64, 4);
+        let (ipa, ipb) = (a.ip, b.ip);
+        a.connect_opts(&qa, ipb, qb.qpn, oa);
+        if connect_b {
+            let ob = ConnOpts {
+                my_psn: oa.peer_psn,
+                peer_psn: oa.my_psn,
+                ..oa
+            };
+            b.connect_opts(&qb, ipa, qa.qpn, ob);
+        }
+        RcPair {
+            a,
+            b,
+            qa,
+            qb,
+            ca,
+            cb,
+            pda,
+            pdb,
+            now: 1_000_000_000,
+        }
+    }
+
+    /// Pumps both nodes, advancing the clock by `step` ns whenever nothing
+    /// moved, until a CQE is on A's (`on_b` false) or B's CQ. `None` after
+    /// `max_rounds` rounds.
+    pub fn next_cqe_step(
+        &mut self,
+        on_b: bool,
+        step: Nanos,
+        max_rounds: usize,
+    ) -> Option<abi::Cqe> {
+        for _ in 0..max_rounds {
+            let c = if on_b {
+                self.b.poll_cq(&mut self.cb)
+            } else {
+                self.a.poll_cq(&mut self.ca)
+            };
+            if c.is_some() {
+                return c;
+            }
+            if self.a.pump(self.now) + self.b.pump(self.now) == 0 {
+                self.now += step;
+            }
+        }
+        None
+    }
+
+    /// The next CQE on A or B (1 ms clock steps); panics with `what` when
+    /// none comes within 20,000 rounds.
+    pub fn cqe(&mut self, on_b: bool, what: &str) -> abi::Cqe {
+        self.next_cqe_step(on_b, 1_000_000, 20_000)
+            .unwrap_or_else(|| panic!("{what}: no completion within 20,000 rounds"))
+    }
+
+    /// Lets the link run for `ms` simulated milliseconds of idleness and
+    /// checks that neither CQ receives anything more.
+    pub fn assert_quiet(&mut self, ms: u64, what: &str) {
+        let until = self.now + ms * 1_000_000;
+        for _ in 0..100_000 {
+            if self.now >= until {
+                break;
+            }
+            if self.a.pump(self.now) + self.b.pump(self.now) == 0 {
+                self.now += 1_000_000;
+            }
+        }
+        assert_eq!(self.a.poll_cq(&mut self.ca), None, "{what}: extra CQE on A");
+        assert_eq!(self.b.poll_cq(&mut self.cb), None, "{what}: extra CQE on B");
+    }
+
+    /// Posts a send WQE on A's QP.
+    pub fn post(&mut self, wqe: abi::SendWqe, sges: &[abi::Sge]) {
+        let now = self.now;
+        self.a.post_send(&mut self.qa, wqe, sges, now);
+    }
+}
