@@ -535,42 +535,41 @@ impl Device {
         apply_attrs(&mut qp.attr, &a);
         qp.state = next;
         qp.attr.qp_state = next;
-        let before = self.out.stats.clone();
-        let mut env = transport_env!(self, mem, 0);
-        match next {
-            abi::QPS_RESET => {
-                qp.req = ReqState::default();
-                qp.resp = RespState::default();
-                // The rings restart empty: publish consumer indices 0.
-                crate::transport::write_record(qp, &env);
-            }
-            abi::QPS_RTR if prev == abi::QPS_INIT => {
-                qp.resp.epsn = qp.attr.rq_psn;
-            }
-            abi::QPS_RTS if prev == abi::QPS_RTR => {
-                qp.req
-                    .start(qp.attr.sq_psn, qp.attr.retry_cnt, qp.attr.rnr_retry);
-            }
-            abi::QPS_SQD if prev == abi::QPS_RTS => {
-                // EV_SQ_DRAINED once every fetched WQE completed (IBTA
-                // §10.3.1.4, `IBV_EVENT_SQ_DRAINED`).
-                if qp.req.inflight.is_empty() {
-                    env.out.event(abi::EV_SQ_DRAINED, qp.qpn, 0);
-                } else {
-                    qp.req.drain_pending = true;
+        qp_step!(self, qp, mem, 0, |env| {
+            match next {
+                abi::QPS_RESET => {
+                    qp.req = ReqState::default();
+                    qp.resp = RespState::default();
+                    // The rings restart empty: publish consumer indices 0.
+                    crate::transport::write_record(qp, &env);
                 }
+                abi::QPS_RTR if prev == abi::QPS_INIT => {
+                    qp.resp.epsn = qp.attr.rq_psn;
+                }
+                abi::QPS_RTS if prev == abi::QPS_RTR => {
+                    qp.req
+                        .start(qp.attr.sq_psn, qp.attr.retry_cnt, qp.attr.rnr_retry);
+                }
+                abi::QPS_SQD if prev == abi::QPS_RTS => {
+                    // EV_SQ_DRAINED once every fetched WQE completed (IBTA
+                    // §10.3.1.4, `IBV_EVENT_SQ_DRAINED`).
+                    if qp.req.inflight.is_empty() {
+                        env.out.event(abi::EV_SQ_DRAINED, qp.qpn, 0);
+                    } else {
+                        qp.req.drain_pending = true;
+                    }
+                }
+                abi::QPS_RTS if prev == abi::QPS_SQD || prev == abi::QPS_SQE => {
+                    qp.req.drain_pending = false;
+                    requester::run(qp, &mut env);
+                }
+                abi::QPS_ERR => {
+                    qp.state = prev;
+                    crate::transport::qp_to_error(qp, &mut env, abi::WC_SUCCESS);
+                }
+                _ => {}
             }
-            abi::QPS_RTS if prev == abi::QPS_SQD || prev == abi::QPS_SQE => {
-                qp.req.drain_pending = false;
-                requester::run(qp, &mut env);
-            }
-            abi::QPS_ERR => {
-                qp.state = prev;
-                crate::transport::qp_to_error(qp, &mut env, abi::WC_SUCCESS);
-            }
-            _ => {}
-        }
-        qp.stats.add_delta(&before, &self.out.stats);
+        });
         let connected = qp.qp_type != abi::QPT_UD;
         let dgid =
             (connected && (next == abi::QPS_RTR || next == abi::QPS_RTS)).then_some(qp.attr.dgid);

@@ -68,6 +68,24 @@ macro_rules! transport_env {
 }
 pub(crate) use transport_env;
 
+/// Runs one transport step for a QP: `$body` with `$env`, a transport
+/// [`Env`] of device `$d` at time `$now`, then adds the change of the
+/// device counters across it to `$qp`'s counters ([`QpStats::add_delta`]):
+/// how every per-QP counter is attributed. Evaluates to `$body`'s value.
+macro_rules! qp_step {
+    ($d:expr, $qp:expr, $mem:expr, $now:expr, |$env:ident| $body:block) => {{
+        let before = $d.out.stats.clone();
+        let r = {
+            #[allow(unused_mut)]
+            let mut $env = transport_env!($d, $mem, $now);
+            $body
+        };
+        $qp.stats.add_delta(&before, &$d.out.stats);
+        r
+    }};
+}
+pub(crate) use qp_step;
+
 /// Per-device counters (see `vrnic stats`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceStats {
@@ -301,18 +319,17 @@ impl Device {
                 } else {
                     qp.resp.rq_pi = db.index;
                 }
-                let before = self.out.stats.clone();
-                let mut env = transport_env!(self, mem, now);
-                if qp.state == abi::QPS_ERR {
-                    crate::transport::flush(qp, &mut env);
-                } else if db.kind == abi::DB_SQ && qp.state == abi::QPS_SQE {
-                    // SQE flushes new send WQEs too (IBTA §10.3.1.6).
-                    requester::flush(qp, &mut env);
-                    crate::transport::write_record(qp, &env);
-                } else if db.kind == abi::DB_SQ {
-                    requester::run(qp, &mut env);
-                }
-                qp.stats.add_delta(&before, &self.out.stats);
+                qp_step!(self, qp, mem, now, |env| {
+                    if qp.state == abi::QPS_ERR {
+                        crate::transport::flush(qp, &mut env);
+                    } else if db.kind == abi::DB_SQ && qp.state == abi::QPS_SQE {
+                        // SQE flushes new send WQEs too (IBTA §10.3.1.6).
+                        requester::flush(qp, &mut env);
+                        crate::transport::write_record(qp, &env);
+                    } else if db.kind == abi::DB_SQ {
+                        requester::run(qp, &mut env);
+                    }
+                });
                 if let Some(dgid) = qp.req.waiting_arp {
                     self.resolve(dgid, now);
                 }
@@ -374,24 +391,24 @@ impl Device {
             return;
         };
         qp.stats.rx_packets += 1;
-        let before = self.out.stats.clone();
-        self.out.stats.rx_bytes += pkt.payload.len() as u64;
-        let mut env = transport_env!(self, mem, now);
-        if pkt.hdr.bth.opcode.transport() == wire::Transport::Ud {
-            if qp.qp_type == abi::QPT_UD && pkt.hdr.bth.opcode.is_request() {
-                // parse_frame accepted an Ethernet header of 14 bytes.
-                datagram::on_request(qp, &mut env, &pkt, frame.get(14..).unwrap_or_default());
-            } else {
+        qp_step!(self, qp, mem, now, |env| {
+            env.out.stats.rx_bytes += pkt.payload.len() as u64;
+            if pkt.hdr.bth.opcode.transport() == wire::Transport::Ud {
+                if qp.qp_type == abi::QPT_UD && pkt.hdr.bth.opcode.is_request() {
+                    // parse_frame accepted an Ethernet header of 14 bytes.
+                    let ip = frame.get(14..).unwrap_or_default();
+                    datagram::on_request(qp, &mut env, &pkt, ip);
+                } else {
+                    env.out.stats.rx_dropped += 1;
+                }
+            } else if qp.qp_type == abi::QPT_UD {
                 env.out.stats.rx_dropped += 1;
+            } else if pkt.hdr.bth.opcode.is_request() {
+                responder::on_request(qp, &mut env, &pkt);
+            } else {
+                completer::on_response(qp, &mut env, &pkt);
             }
-        } else if qp.qp_type == abi::QPT_UD {
-            env.out.stats.rx_dropped += 1;
-        } else if pkt.hdr.bth.opcode.is_request() {
-            responder::on_request(qp, &mut env, &pkt);
-        } else {
-            completer::on_response(qp, &mut env, &pkt);
-        }
-        qp.stats.add_delta(&before, &self.out.stats);
+        });
     }
 
     /// Runs timers due at `now` (retransmission, RNR back-off, ARP retries).
@@ -400,22 +417,21 @@ impl Device {
         let mut next: Option<Nanos> = None;
         let mut unresolved = Vec::new();
         for qp in self.qps.values_mut() {
-            let before = self.out.stats.clone();
-            let mut env = transport_env!(self, mem, now);
-            let t = if qp.qp_type == abi::QPT_UD {
-                if qp.req.waiting_arp.is_some() || qp.req.more {
-                    datagram::run(qp, &mut env);
-                }
-                let arp = qp.req.waiting_arp.map(|_| now + 1_000_000);
-                if qp.req.more {
-                    Some(now)
+            let t = qp_step!(self, qp, mem, now, |env| {
+                if qp.qp_type == abi::QPT_UD {
+                    if qp.req.waiting_arp.is_some() || qp.req.more {
+                        datagram::run(qp, &mut env);
+                    }
+                    let arp = qp.req.waiting_arp.map(|_| now + 1_000_000);
+                    if qp.req.more {
+                        Some(now)
+                    } else {
+                        arp
+                    }
                 } else {
-                    arp
+                    completer::on_timer(qp, &mut env)
                 }
-            } else {
-                completer::on_timer(qp, &mut env)
-            };
-            qp.stats.add_delta(&before, &self.out.stats);
+            });
             if let Some(t) = t {
                 next = Some(next.map_or(t, |n| n.min(t)));
             }

@@ -2,7 +2,7 @@
 //!
 //! The transport counts into the device-wide [`DeviceStats`]; the device
 //! attributes each transport step to the QP it ran for by the difference
-//! of the device counters before and after the step ([`QpStats::add_delta`]),
+//! of the device counters before and after the step (`device::qp_step!`, [`QpStats::add_delta`]),
 //! so the transport code needs no per-QP bookkeeping of its own. ICRC
 //! errors and frames for no QP stay device-wide: a frame that fails its
 //! ICRC cannot be trusted to name its QP.
