@@ -17,17 +17,14 @@
 mod verbs_common;
 
 use std::net::{Ipv4Addr, Ipv6Addr};
-use std::time::Instant;
 
-use verbs_common::{config, connect, two_contexts, wait_cq, DEADLINE, GID_INDEX, PATH_MTU};
+use verbs_common::{
+    config, connect, connect_pair, two_contexts, Node, GID_INDEX, PATH_MTU, POISON, QKEY,
+};
 use vrnic::link::mem::MemLink;
 use vrnic_guest::loopback::LoopbackTransport;
 use vrnic_guest::verbs::*;
 
-/// ud_pingpong's Q_Key.
-const QKEY: u32 = 0x1111_1111;
-/// What receive buffers hold before a message lands.
-const POISON: u8 = 0xa5;
 /// GID index of the first `--ipv6` address (after link-local 0 and
 /// IPv4-mapped 1).
 const IPV6_GID_INDEX: u8 = 2;
@@ -61,100 +58,6 @@ fn two_contexts_ipv6() -> (Context, Context) {
     )
 }
 
-/// A PD, a `mr_len`-byte MR (local write, remote read and write) filled
-/// with [`POISON`], and a CQ of 32.
-struct Node {
-    ctx: Context,
-    pd: Pd,
-    mr: Mr<'static>,
-    cq: Cq,
-}
-
-impl Node {
-    fn new(ctx: &Context, mr_len: usize) -> Node {
-        let pd = Pd::alloc(ctx).expect("alloc PD");
-        let access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ;
-        let mr = Mr::alloc(&pd, mr_len, access).expect("register MR");
-        mr.fill(POISON);
-        let cq = Cq::new(ctx, 32).expect("create CQ");
-        Node {
-            ctx: ctx.clone(),
-            pd,
-            mr,
-            cq,
-        }
-    }
-
-    fn gid(&self, index: u8) -> Gid {
-        self.ctx.query_gid(1, index.into()).expect("query the GID")
-    }
-
-    /// A QP of `qp_type` on this node's CQ (8 WRs each way, 1 SGE),
-    /// optionally on `srq`, moved to INIT with the masks
-    /// `ibv_modify_qp(3)` requires (UD: `QKEY`; else remote read and write).
-    fn qp(&self, qp_type: QpType, srq: Option<&Srq>) -> Qp {
-        let init = QpInitAttr {
-            qp_type,
-            send_cq: &self.cq,
-            recv_cq: &self.cq,
-            srq,
-            cap: QpCap {
-                max_send_wr: 8,
-                max_recv_wr: 8,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            sq_sig_all: false,
-        };
-        let mut qp = Qp::new(&self.pd, &init).expect("create QP");
-        let mut attr = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            ..Default::default()
-        };
-        let mut mask = QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT;
-        if qp_type == QpType::Ud {
-            attr.qkey = QKEY;
-            mask |= QP_ATTR_QKEY;
-        } else {
-            attr.qp_access_flags = ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ;
-            mask |= QP_ATTR_ACCESS_FLAGS;
-        }
-        qp.modify(&attr, mask).expect("RESET -> INIT");
-        qp
-    }
-
-    fn wait(&mut self, n: usize, what: &str) -> Vec<WorkCompletion> {
-        wait_cq(&mut self.cq, n, what)
-    }
-
-    /// Waits for an event of `kind`, skipping others; panics after
-    /// [`DEADLINE`].
-    fn wait_event(&self, kind: u16, what: &str) -> Event {
-        let start = Instant::now();
-        loop {
-            if let Some(e) = self.ctx.poll_event() {
-                if e.kind == kind {
-                    return e;
-                }
-                continue;
-            }
-            assert!(start.elapsed() < DEADLINE, "no {what} after {DEADLINE:?}");
-            std::thread::yield_now();
-        }
-    }
-}
-
-/// Connects `a` and `b` (QPs of nodes `na` and `nb`) to each other over
-/// IPv4 GIDs.
-fn connect_pair(a: &mut Qp, na: &Node, b: &mut Qp, nb: &Node) {
-    let (qa, qb) = (a.qp_num(), b.qp_num());
-    connect(a, 0x0a_0001, qb, 0x0b_0001, nb.gid(GID_INDEX));
-    connect(b, 0x0b_0001, qa, 0x0a_0001, na.gid(GID_INDEX));
-}
-
 /// A signalled SEND work request (opcode `opcode`) of `sge`.
 fn send_wr<'a>(wr_id: u64, opcode: WrOpcode, sge: &'a [Sge]) -> SendWr<'a> {
     SendWr {
@@ -186,8 +89,8 @@ fn ud_over_ipv6_gids_puts_the_ipv6_header_in_the_grh_area() {
         libc::ENOENT
     );
 
-    let mut qa = a.qp(QpType::Ud, None);
-    let mut qb = b.qp(QpType::Ud, None);
+    let mut qa = a.qp(QpType::Ud, None, 8, 0);
+    let mut qb = b.qp(QpType::Ud, None, 8, 0);
     connect(&mut qa, 1, 0, 0, Gid::default());
     connect(&mut qb, 2, 0, 0, Gid::default());
     let to_a = AhAttr {
@@ -293,7 +196,7 @@ fn a_ud_qp_on_an_srq_receives_datagrams_with_the_grh_area() {
         },
     )
     .expect("create SRQ");
-    let mut qa = a.qp(QpType::Ud, Some(&srq));
+    let mut qa = a.qp(QpType::Ud, Some(&srq), 8, 0);
     assert_eq!(
         (qa.srq_num(), qa.cap().max_recv_wr),
         (Some(srq.srq_num()), 0)
@@ -305,7 +208,7 @@ fn a_ud_qp_on_an_srq_receives_datagrams_with_the_grh_area() {
         })
         .expect_err("a QP on an SRQ has no receive queue");
     assert_eq!(err.errno(), libc::EINVAL);
-    let mut qb = b.qp(QpType::Ud, None);
+    let mut qb = b.qp(QpType::Ud, None, 8, 0);
     connect(&mut qa, 1, 0, 0, Gid::default());
     connect(&mut qb, 2, 0, 0, Gid::default());
     let ah = Ah::new(
@@ -367,9 +270,9 @@ fn uc_send_with_immediate_spans_several_packets() {
     const LEN: usize = 2500; // three packets at path MTU 1024
     let (ca, cb) = two_contexts();
     let (mut a, mut b) = (Node::new(&ca, 8192), Node::new(&cb, 8192));
-    let mut qa = a.qp(QpType::Uc, None);
-    let mut qb = b.qp(QpType::Uc, None);
-    connect_pair(&mut qa, &a, &mut qb, &b);
+    let mut qa = a.qp(QpType::Uc, None, 8, 0);
+    let mut qb = b.qp(QpType::Uc, None, 8, 0);
+    connect_pair(&mut qa, &a, &mut qb, &b, GID_INDEX);
     qb.post_recv(&RecvWr {
         wr_id: 77,
         sg_list: &[b.mr.sge(0, 4096)],
@@ -401,9 +304,9 @@ fn uc_send_with_immediate_spans_several_packets() {
 fn send_with_invalidate_revokes_the_named_rkey() {
     let (ca, cb) = two_contexts();
     let (mut a, mut b) = (Node::new(&ca, 8192), Node::new(&cb, 8192));
-    let mut qa = a.qp(QpType::Rc, None);
-    let mut qb = b.qp(QpType::Rc, None);
-    connect_pair(&mut qa, &a, &mut qb, &b);
+    let mut qa = a.qp(QpType::Rc, None, 8, 0);
+    let mut qb = b.qp(QpType::Rc, None, 8, 0);
+    connect_pair(&mut qa, &a, &mut qb, &b, GID_INDEX);
     // A second MR at B: the one A will invalidate.
     let win = Mr::alloc(
         &b.pd,
@@ -466,10 +369,10 @@ fn sqd_holds_new_sends_until_rts_and_raises_sq_drained() {
     let (ca, cb) = two_contexts();
     let (mut a, mut b) = (Node::new(&ca, 8192), Node::new(&cb, 8192));
     // Two RC connections; B receives both on one CQ.
-    let (mut qa1, mut qb1) = (a.qp(QpType::Rc, None), b.qp(QpType::Rc, None));
-    let (mut qa2, mut qb2) = (a.qp(QpType::Rc, None), b.qp(QpType::Rc, None));
-    connect_pair(&mut qa1, &a, &mut qb1, &b);
-    connect_pair(&mut qa2, &a, &mut qb2, &b);
+    let (mut qa1, mut qb1) = (a.qp(QpType::Rc, None, 8, 0), b.qp(QpType::Rc, None, 8, 0));
+    let (mut qa2, mut qb2) = (a.qp(QpType::Rc, None, 8, 0), b.qp(QpType::Rc, None, 8, 0));
+    connect_pair(&mut qa1, &a, &mut qb1, &b, GID_INDEX);
+    connect_pair(&mut qa2, &a, &mut qb2, &b, GID_INDEX);
     for (i, q) in [&mut qb1, &mut qb2].into_iter().enumerate() {
         q.post_recv(&RecvWr {
             wr_id: 100 + i as u64,
@@ -578,8 +481,8 @@ fn reads_with_max_rd_atomic_0_and_a_fenced_send_complete_in_order() {
     const LEN: usize = 1500;
     let (ca, cb) = two_contexts();
     let (mut a, mut b) = (Node::new(&ca, 16384), Node::new(&cb, 16384));
-    let mut qa = a.qp(QpType::Rc, None);
-    let mut qb = b.qp(QpType::Rc, None);
+    let mut qa = a.qp(QpType::Rc, None, 8, 0);
+    let mut qb = b.qp(QpType::Rc, None, 8, 0);
     connect_rc(&mut qa, &qb, b.gid(GID_INDEX), 0);
     connect_rc(&mut qb, &qa, a.gid(GID_INDEX), 1);
     assert_eq!(qa.query().expect("query").max_rd_atomic, 0);

@@ -16,14 +16,11 @@ use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use verbs_common::{
-    connect, two_contexts, two_contexts_mtu, wait_cq, DEADLINE, GID_INDEX, PATH_MTU,
+    connect, connect_pair, two_contexts, two_contexts_mtu, Node, DEADLINE, GID_INDEX, PATH_MTU,
+    POISON, QKEY,
 };
 use vrnic::abi;
 use vrnic_guest::verbs::*;
-/// ud_pingpong's Q_Key.
-const QKEY: u32 = 0x1111_1111;
-/// What receive buffers hold before a message lands.
-const POISON: u8 = 0xa5;
 
 /// Deterministic bytes for message `n`.
 fn pattern(n: u32, len: usize) -> Vec<u8> {
@@ -32,108 +29,18 @@ fn pattern(n: u32, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A PD, a `mr_len`-byte MR (local and remote write) and a CQ of 32.
-struct Node {
-    ctx: Context,
-    pd: Pd,
-    mr: Mr<'static>,
-    cq: Cq,
-}
-
-impl Node {
-    fn new(ctx: &Context, mr_len: usize) -> Node {
-        let pd = Pd::alloc(ctx).expect("alloc PD");
-        let mr =
-            Mr::alloc(&pd, mr_len, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE).expect("register MR");
-        mr.fill(POISON);
-        let cq = Cq::new(ctx, 32).expect("create CQ");
-        Node {
-            ctx: ctx.clone(),
-            pd,
-            mr,
-            cq,
-        }
-    }
-
-    fn gid(&self) -> Gid {
-        self.ctx
-            .query_gid(1, GID_INDEX.into())
-            .expect("query GID 1")
-    }
-
-    /// A QP of `qp_type` on this node's CQ (4 WRs each way, 1 SGE,
-    /// `inline` bytes of inline data), optionally on `srq`, moved to INIT.
-    fn qp(&self, qp_type: QpType, srq: Option<&Srq>, inline: u32) -> Qp {
-        let init = QpInitAttr {
-            qp_type,
-            send_cq: &self.cq,
-            recv_cq: &self.cq,
-            srq,
-            cap: QpCap {
-                max_send_wr: 4,
-                max_recv_wr: 4,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: inline,
-            },
-            sq_sig_all: false,
-        };
-        let mut qp = Qp::new(&self.pd, &init).expect("create QP");
-        let mut attr = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            ..Default::default()
-        };
-        let mut mask = QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT;
-        if qp_type == QpType::Ud {
-            attr.qkey = QKEY;
-            mask |= QP_ATTR_QKEY;
-        } else {
-            attr.qp_access_flags = ACCESS_REMOTE_WRITE;
-            mask |= QP_ATTR_ACCESS_FLAGS;
-        }
-        qp.modify(&attr, mask).expect("RESET -> INIT");
-        qp
-    }
-
-    /// An address handle to `dgid` (ud_pingpong's: GRH, hop limit 64).
-    fn ah_to(&self, dgid: Gid) -> Ah {
-        let attr = AhAttr {
-            dgid,
-            sgid_index: GID_INDEX,
-            hop_limit: 64,
-            is_global: true,
-            port_num: 1,
-            ..Default::default()
-        };
-        Ah::new(&self.pd, &attr).expect("create AH")
-    }
-
-    fn wait(&mut self, n: usize, what: &str) -> Vec<WorkCompletion> {
-        wait_cq(&mut self.cq, n, what)
-    }
-}
-
 /// A UD QP on each of two nodes linked by a `link_mtu`-byte link, with
 /// `mr_len`-byte MRs (B's QP with `inline_b` inline bytes), both in RTS,
 /// and B's address handle to A: `(qa, qb, ah, a, b)`.
 fn ud_pair(link_mtu: u32, mr_len: usize, inline_b: u32) -> (Qp, Qp, Ah, Node, Node) {
     let (ca, cb) = two_contexts_mtu(link_mtu);
     let (a, b) = (Node::new(&ca, mr_len), Node::new(&cb, mr_len));
-    let mut qa = a.qp(QpType::Ud, None, 0);
-    let mut qb = b.qp(QpType::Ud, None, inline_b);
+    let mut qa = a.qp(QpType::Ud, None, 4, 0);
+    let mut qb = b.qp(QpType::Ud, None, 4, inline_b);
     connect(&mut qa, 1, 0, 0, Gid::default());
     connect(&mut qb, 2, 0, 0, Gid::default());
-    let ah = b.ah_to(a.gid());
+    let ah = b.ah_to(a.gid(GID_INDEX), GID_INDEX);
     (qa, qb, ah, a, b)
-}
-
-/// Connects `a` and `b` (QPs of nodes `na` and `nb`) to each other.
-fn connect_pair(a: &mut Qp, na: &Node, b: &mut Qp, nb: &Node) {
-    let (qa, qb) = (a.qp_num(), b.qp_num());
-    connect(a, 0x0a_0001, qb, 0x0b_0001, nb.gid());
-    connect(b, 0x0b_0001, qa, 0x0a_0001, na.gid());
 }
 
 /// Posts a signalled SEND of `sge` (or `inline`) on a UD QP to `qpn`
@@ -167,7 +74,7 @@ fn ud_send(
 fn ud_receive_has_the_grh_area_then_the_payload_and_names_the_sender() {
     let (mut qa, mut qb, ah, mut a, mut b) = ud_pair(1500, 8192, 128);
     assert_ne!(ah.handle(), 0);
-    assert_eq!(ah.attr().dgid, a.gid());
+    assert_eq!(ah.attr().dgid, a.gid(GID_INDEX));
 
     // Two receives at A, 1024 bytes apart, each GRH + 512 bytes.
     for i in 0..2u64 {
@@ -217,7 +124,7 @@ fn ud_receive_has_the_grh_area_then_the_payload_and_names_the_sender() {
         );
         assert_eq!(grh[20], 0x45, "then the IPv4 header");
         assert_eq!(&grh[36..40], &[10, 0, 0, 1], "destination address");
-        assert_eq!(grh_sgid(grh), Some(b.gid()), "source address");
+        assert_eq!(grh_sgid(grh), Some(b.gid(GID_INDEX)), "source address");
         assert_eq!(
             &area[GRH_LEN..GRH_LEN + m.len()],
             &m[..],
@@ -388,14 +295,14 @@ fn an_srq_feeds_two_qps_in_arrival_order_and_raises_its_limit_event() {
     )
     .expect("create SRQ");
     assert_eq!((srq.max_wr(), srq.max_sge()), (8, 1));
-    let mut a0 = a.qp(QpType::Rc, Some(&srq), 0);
-    let mut a1 = a.qp(QpType::Rc, Some(&srq), 0);
+    let mut a0 = a.qp(QpType::Rc, Some(&srq), 4, 0);
+    let mut a1 = a.qp(QpType::Rc, Some(&srq), 4, 0);
     assert_eq!(a0.srq_num(), Some(srq.srq_num()));
     assert_eq!(a0.cap().max_recv_wr, 0);
-    let mut b0 = b.qp(QpType::Rc, None, 0);
-    let mut b1 = b.qp(QpType::Rc, None, 0);
-    connect_pair(&mut a0, &a, &mut b0, &b);
-    connect_pair(&mut a1, &a, &mut b1, &b);
+    let mut b0 = b.qp(QpType::Rc, None, 4, 0);
+    let mut b1 = b.qp(QpType::Rc, None, 4, 0);
+    connect_pair(&mut a0, &a, &mut b0, &b, GID_INDEX);
+    connect_pair(&mut a1, &a, &mut b1, &b, GID_INDEX);
 
     let err = a0
         .post_recv(&RecvWr {
@@ -539,14 +446,14 @@ fn uc_rdma_write_with_immediate_lands_and_consumes_a_receive() {
     const LEN: usize = 3000; // three packets at path MTU 1024
     let (ca, cb) = two_contexts();
     let (mut a, mut b) = (Node::new(&ca, 8192), Node::new(&cb, 8192));
-    let mut qa = a.qp(QpType::Uc, None, 0);
-    let mut qb = b.qp(QpType::Uc, None, 0);
+    let mut qa = a.qp(QpType::Uc, None, 4, 0);
+    let mut qb = b.qp(QpType::Uc, None, 4, 0);
     // UC takes no RDMA READ/atomic or RNR attributes (ibv_modify_qp(3)).
     let rtr = QpAttr {
         qp_state: QpState::Rtr,
         path_mtu: PATH_MTU,
         ah_attr: AhAttr {
-            dgid: b.gid(),
+            dgid: b.gid(GID_INDEX),
             sgid_index: GID_INDEX,
             is_global: true,
             ..Default::default()
@@ -565,7 +472,7 @@ fn uc_rdma_write_with_immediate_lands_and_consumes_a_receive() {
             .errno(),
         libc::EINVAL
     );
-    connect_pair(&mut qa, &a, &mut qb, &b);
+    connect_pair(&mut qa, &a, &mut qb, &b, GID_INDEX);
     assert_eq!(qa.query().expect("query").qp_state, QpState::Rts);
 
     qb.post_recv(&RecvWr {
@@ -626,9 +533,9 @@ fn uc_rdma_write_with_immediate_lands_and_consumes_a_receive() {
 fn inline_data_is_copied_at_post_time_and_bounded_by_the_qp() {
     let (ca, cb) = two_contexts();
     let (mut a, mut b) = (Node::new(&ca, 8192), Node::new(&cb, 8192));
-    let mut qa = a.qp(QpType::Rc, None, 256);
-    let mut qb = b.qp(QpType::Rc, None, 0);
-    connect_pair(&mut qa, &a, &mut qb, &b);
+    let mut qa = a.qp(QpType::Rc, None, 4, 256);
+    let mut qb = b.qp(QpType::Rc, None, 4, 0);
+    connect_pair(&mut qa, &a, &mut qb, &b, GID_INDEX);
     let cap = qa.cap().max_inline_data;
     assert!(cap >= 256, "granted {cap} inline bytes");
 
@@ -756,7 +663,7 @@ fn a_qp_taken_back_to_reset_starts_its_queues_afresh() {
             QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_QKEY,
         )
         .expect("RESET -> INIT");
-        connect(q, 7, 0, 0, n.gid());
+        connect(q, 7, 0, 0, n.gid(GID_INDEX));
     }
     // The whole depth is free again (the discarded receive is gone) ...
     for i in 0..4u64 {
