@@ -63,9 +63,53 @@ pub struct RdAtomicRes {
     pub psn: u32,
     /// PSNs its responses use: READ response packets, 1 for an atomic.
     pub npsn: u32,
-    /// The atomic's original value, returned again to a duplicate without
-    /// executing twice (IBTA §9.7.5.2.5 C9-96); `None` for a READ.
-    pub atomic_orig: Option<u64>,
+    /// What was executed.
+    pub kind: RdAtomicKind,
+}
+
+/// What a responder resource remembers of its request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdAtomicKind {
+    /// An RDMA READ: its RETH, so that a duplicate is answered only for
+    /// the same R_Key and a part of the same bytes (rxe's
+    /// `duplicate_request`).
+    Read {
+        /// R_Key of the request.
+        rkey: u32,
+        /// Virtual address of the first byte read.
+        va: u64,
+        /// DMA length, bytes.
+        len: u32,
+    },
+    /// An atomic: its original value, returned again to a duplicate
+    /// without executing twice (IBTA §9.7.5.2.5 C9-96).
+    Atomic {
+        /// The 8 bytes at the target before the operation.
+        orig: u64,
+    },
+}
+
+impl RdAtomicRes {
+    /// True when the duplicate READ request `pkt` (its PSN inside this
+    /// resource) may be answered again (IBTA §9.7.5.2.3): this is a READ
+    /// resource, same R_Key, the requested bytes within the original ones,
+    /// and its responses within the original PSNs, so a resend from the
+    /// first missing response (`psn + k`, `va + k × MTU`) qualifies and a
+    /// forged or stale one reads nothing more. `mtu` in bytes.
+    fn replays_read(&self, pkt: &RocePacket, mtu: u32) -> bool {
+        let (RdAtomicKind::Read { rkey, va, len }, Some(reth)) = (self.kind, pkt.hdr.reth) else {
+            return false;
+        };
+        let Some(offset) = reth.va.checked_sub(va) else {
+            return false;
+        };
+        let d = psn::diff(pkt.hdr.bth.psn, self.psn) as u32;
+        reth.rkey == rkey
+            && u64::from(len)
+                .checked_sub(offset)
+                .is_some_and(|rest| u64::from(reth.dma_len) <= rest)
+            && u64::from(d) + u64::from(reth.dma_len.div_ceil(mtu).max(1)) <= u64::from(self.npsn)
+    }
 }
 
 impl RespState {
@@ -82,7 +126,8 @@ impl RespState {
     }
 
     /// Remembers an executed READ or atomic, forgetting the oldest beyond
-    /// `max_dest_rd_atomic` (at least 1) resources.
+    /// `max_dest_rd_atomic` (at least 1) resources: at most 16 entries
+    /// (`MAX_QP_RD_ATOM`, the most `modify_qp` accepts).
     fn push_rd_atomic(&mut self, res: RdAtomicRes, max_dest_rd_atomic: u8) {
         let cap = usize::from(max_dest_rd_atomic.max(1));
         while self.rd_atomic.len() >= cap {
@@ -147,15 +192,16 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
             // Only a request within one of the responder resources is
             // answered again (IBTA §9.7.5.2.3, §9.7.5.2.5; rxe drops the
             // others): READ responses re-generated from the requested PSN
-            // (a resent READ may start inside the original one), an atomic
+            // (a resent READ may start inside the original one) if it asks
+            // for part of the original's bytes with its R_Key, an atomic
             // from its remembered result, never executed twice.
             match qp.resp.rd_atomic_res(bth.psn) {
-                Some(r) if bth.opcode == Opcode::RcReadRequest && r.atomic_orig.is_none() => {
+                Some(r) if bth.opcode == Opcode::RcReadRequest && r.replays_read(pkt, qp.mtu()) => {
                     let _ = read_responses(qp, env, pkt);
                 }
                 Some(RdAtomicRes {
                     psn,
-                    atomic_orig: Some(orig),
+                    kind: RdAtomicKind::Atomic { orig },
                     ..
                 }) if bth.opcode.is_atomic() && psn == bth.psn => {
                     send_atomic_ack(qp, env, pkt, orig);
@@ -185,11 +231,15 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
                 }
                 _ => 1,
             };
-            if bth.opcode == Opcode::RcReadRequest {
+            if let (Opcode::RcReadRequest, Some(reth)) = (bth.opcode, pkt.hdr.reth) {
                 let res = RdAtomicRes {
                     psn: bth.psn,
                     npsn: n,
-                    atomic_orig: None,
+                    kind: RdAtomicKind::Read {
+                        rkey: reth.rkey,
+                        va: reth.va,
+                        len: reth.dma_len,
+                    },
                 };
                 qp.resp.push_rd_atomic(res, qp.attr.max_dest_rd_atomic);
             }
@@ -424,7 +474,7 @@ fn execute_atomic(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option
     let res = RdAtomicRes {
         psn: pkt.hdr.bth.psn,
         npsn: 1,
-        atomic_orig: Some(orig),
+        kind: RdAtomicKind::Atomic { orig },
     };
     qp.resp.push_rd_atomic(res, qp.attr.max_dest_rd_atomic);
     qp.resp.msn = psn::add(qp.resp.msn, 1);
