@@ -937,66 +937,29 @@ fn modify_qp_refuses_rd_atomic_limits_beyond_the_device_maximum() {
     // B's QP is in RESET (not connected by the setup).
     let mut s = setup(ConnOpts::default(), false);
     let qpn = s.qb.qpn;
-    let init = abi::QpAttr {
-        qpn,
-        attr_mask: abi::QP_ATTR_STATE
-            | abi::QP_ATTR_PKEY_INDEX
-            | abi::QP_ATTR_PORT
-            | abi::QP_ATTR_ACCESS_FLAGS,
-        qp_state: abi::QPS_INIT,
-        port_num: 1,
-        ..Default::default()
+    let attrs = |max_rd_atomic| {
+        let o = ConnOpts {
+            max_rd_atomic,
+            ..ConnOpts::default()
+        };
+        conn_attrs(qpn, s.a.ip, s.qa.qpn, o)
     };
+    let [init, rtr16, rts16] = attrs(16);
+    let [_, rtr17, rts17] = attrs(17);
     s.b.cmd(abi::CMD_MODIFY_QP, &init).unwrap();
-    let rtr = |max_dest_rd_atomic| abi::QpAttr {
-        qpn,
-        attr_mask: abi::QP_ATTR_STATE
-            | abi::QP_ATTR_AV
-            | abi::QP_ATTR_PATH_MTU
-            | abi::QP_ATTR_DEST_QPN
-            | abi::QP_ATTR_RQ_PSN
-            | abi::QP_ATTR_MAX_DEST_RD_ATOMIC
-            | abi::QP_ATTR_MIN_RNR_TIMER,
-        qp_state: abi::QPS_RTR,
-        path_mtu: 3,
-        dest_qp_num: s.qa.qpn,
-        max_dest_rd_atomic,
-        dgid: std::net::Ipv4Addr::new(10, 0, 0, 1)
-            .to_ipv6_mapped()
-            .octets(),
-        sgid_index: 1,
-        is_global: 1,
-        hop_limit: 1,
-        ..Default::default()
-    };
-    let rts = |max_rd_atomic| abi::QpAttr {
-        qpn,
-        attr_mask: abi::QP_ATTR_STATE
-            | abi::QP_ATTR_SQ_PSN
-            | abi::QP_ATTR_TIMEOUT
-            | abi::QP_ATTR_RETRY_CNT
-            | abi::QP_ATTR_RNR_RETRY
-            | abi::QP_ATTR_MAX_QP_RD_ATOMIC,
-        qp_state: abi::QPS_RTS,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic,
-        ..Default::default()
-    };
     // ibv_query_device's max_qp_rd_atom / max_qp_init_rd_atom are 16.
     assert_eq!(
-        s.b.cmd(abi::CMD_MODIFY_QP, &rtr(17)).err(),
+        s.b.cmd(abi::CMD_MODIFY_QP, &rtr17).err(),
         Some(abi::STATUS_EINVAL)
     );
     assert_eq!(s.b.qp_state(qpn), abi::QPS_INIT);
-    s.b.cmd(abi::CMD_MODIFY_QP, &rtr(16)).unwrap();
+    s.b.cmd(abi::CMD_MODIFY_QP, &rtr16).unwrap();
     assert_eq!(
-        s.b.cmd(abi::CMD_MODIFY_QP, &rts(17)).err(),
+        s.b.cmd(abi::CMD_MODIFY_QP, &rts17).err(),
         Some(abi::STATUS_EINVAL)
     );
     assert_eq!(s.b.qp_state(qpn), abi::QPS_RTR);
-    s.b.cmd(abi::CMD_MODIFY_QP, &rts(16)).unwrap();
+    s.b.cmd(abi::CMD_MODIFY_QP, &rts16).unwrap();
     assert_eq!(s.b.qp_state(qpn), abi::QPS_RTS);
 }
 

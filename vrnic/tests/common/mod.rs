@@ -406,13 +406,26 @@ pub fn pair(mtu: u32) -> (Node, Node) {
 /// send at `rates`, deterministically from `seed`.
 pub fn lossy_pair(mtu: u32, seed: u64, rates: FaultRates) -> (Node, Node) {
     let (la, lb) = MemLink::pair_with_depth(1 << 16);
+    faulty_nodes(Box::new(la), Box::new(lb), mtu, seed, rates)
+}
+
+/// Nodes 1 and 2 on `la` and `lb`, each link wrapped in a [`FaultLink`]
+/// faulting the frames it sends at `rates` (seeded from `seed`, differently
+/// per side).
+fn faulty_nodes(
+    la: Box<dyn Link>,
+    lb: Box<dyn Link>,
+    mtu: u32,
+    seed: u64,
+    rates: FaultRates,
+) -> (Node, Node) {
     let cfg = |seed| FaultConfig {
         seed,
         tx: rates,
         rx: FaultRates::default(),
     };
-    let fa = FaultLink::new(Box::new(la), cfg(seed)).unwrap();
-    let fb = FaultLink::new(Box::new(lb), cfg(seed ^ 0x9e37_79b9_7f4a_7c15)).unwrap();
+    let fa = FaultLink::new(la, cfg(seed)).unwrap();
+    let fb = FaultLink::new(lb, cfg(seed ^ 0x9e37_79b9_7f4a_7c15)).unwrap();
     (
         Node::new(1, Box::new(fa), mtu),
         Node::new(2, Box::new(fb), mtu),
@@ -465,17 +478,7 @@ impl Link for QueueLink {
 /// As [`lossy_pair`], over a [`QueueLink`] pair (no eventfd per frame).
 pub fn lossy_queue_pair(mtu: u32, seed: u64, rates: FaultRates) -> (Node, Node) {
     let (la, lb) = QueueLink::pair();
-    let cfg = |seed| FaultConfig {
-        seed,
-        tx: rates,
-        rx: FaultRates::default(),
-    };
-    let fa = FaultLink::new(Box::new(la), cfg(seed)).unwrap();
-    let fb = FaultLink::new(Box::new(lb), cfg(seed ^ 0x9e37_79b9_7f4a_7c15)).unwrap();
-    (
-        Node::new(1, Box::new(fa), mtu),
-        Node::new(2, Box::new(fb), mtu),
-    )
+    faulty_nodes(Box::new(la), Box::new(lb), mtu, seed, rates)
 }
 
 /// As [`run_until`], but returns whether `done` held within `max_rounds`
@@ -532,6 +535,70 @@ impl Default for ConnOpts {
     }
 }
 
+/// The INIT, RTR and RTS attributes, in that order, that take QP `qpn`
+/// from RESET to RTS towards `peer_qpn` at `peer_ip` with every attribute
+/// of [`ConnOpts`] ([`Node::connect_opts`] applies them).
+pub fn conn_attrs(
+    qpn: u32,
+    peer_ip: std::net::Ipv4Addr,
+    peer_qpn: u32,
+    o: ConnOpts,
+) -> [abi::QpAttr; 3] {
+    let all = abi::ACCESS_LOCAL_WRITE
+        | abi::ACCESS_REMOTE_WRITE
+        | abi::ACCESS_REMOTE_READ
+        | abi::ACCESS_REMOTE_ATOMIC;
+    let init = abi::QpAttr {
+        qpn,
+        attr_mask: abi::QP_ATTR_STATE
+            | abi::QP_ATTR_PKEY_INDEX
+            | abi::QP_ATTR_PORT
+            | abi::QP_ATTR_ACCESS_FLAGS,
+        qp_state: abi::QPS_INIT,
+        port_num: 1,
+        qp_access_flags: all,
+        ..Default::default()
+    };
+    let rtr = abi::QpAttr {
+        qpn,
+        attr_mask: abi::QP_ATTR_STATE
+            | abi::QP_ATTR_AV
+            | abi::QP_ATTR_PATH_MTU
+            | abi::QP_ATTR_DEST_QPN
+            | abi::QP_ATTR_RQ_PSN
+            | abi::QP_ATTR_MAX_DEST_RD_ATOMIC
+            | abi::QP_ATTR_MIN_RNR_TIMER,
+        qp_state: abi::QPS_RTR,
+        path_mtu: o.mtu,
+        dest_qp_num: peer_qpn,
+        rq_psn: o.peer_psn,
+        max_dest_rd_atomic: o.max_rd_atomic,
+        min_rnr_timer: o.min_rnr_timer,
+        dgid: peer_ip.to_ipv6_mapped().octets(),
+        sgid_index: 1,
+        is_global: 1,
+        hop_limit: 1,
+        ..Default::default()
+    };
+    let rts = abi::QpAttr {
+        qpn,
+        attr_mask: abi::QP_ATTR_STATE
+            | abi::QP_ATTR_SQ_PSN
+            | abi::QP_ATTR_TIMEOUT
+            | abi::QP_ATTR_RETRY_CNT
+            | abi::QP_ATTR_RNR_RETRY
+            | abi::QP_ATTR_MAX_QP_RD_ATOMIC,
+        qp_state: abi::QPS_RTS,
+        sq_psn: o.my_psn,
+        timeout: o.timeout,
+        retry_cnt: o.retry,
+        rnr_retry: o.rnr,
+        max_rd_atomic: o.max_rd_atomic,
+        ..Default::default()
+    };
+    [init, rtr, rts]
+}
+
 impl Node {
     /// RESET → INIT → RTR → RTS with every attribute of [`ConnOpts`].
     pub fn connect_opts(
@@ -541,61 +608,9 @@ impl Node {
         peer_qpn: u32,
         o: ConnOpts,
     ) {
-        let all = abi::ACCESS_LOCAL_WRITE
-            | abi::ACCESS_REMOTE_WRITE
-            | abi::ACCESS_REMOTE_READ
-            | abi::ACCESS_REMOTE_ATOMIC;
-        let init = abi::QpAttr {
-            qpn: qp.qpn,
-            attr_mask: abi::QP_ATTR_STATE
-                | abi::QP_ATTR_PKEY_INDEX
-                | abi::QP_ATTR_PORT
-                | abi::QP_ATTR_ACCESS_FLAGS,
-            qp_state: abi::QPS_INIT,
-            port_num: 1,
-            qp_access_flags: all,
-            ..Default::default()
-        };
-        self.cmd(abi::CMD_MODIFY_QP, &init).unwrap();
-        let rtr = abi::QpAttr {
-            qpn: qp.qpn,
-            attr_mask: abi::QP_ATTR_STATE
-                | abi::QP_ATTR_AV
-                | abi::QP_ATTR_PATH_MTU
-                | abi::QP_ATTR_DEST_QPN
-                | abi::QP_ATTR_RQ_PSN
-                | abi::QP_ATTR_MAX_DEST_RD_ATOMIC
-                | abi::QP_ATTR_MIN_RNR_TIMER,
-            qp_state: abi::QPS_RTR,
-            path_mtu: o.mtu,
-            dest_qp_num: peer_qpn,
-            rq_psn: o.peer_psn,
-            max_dest_rd_atomic: o.max_rd_atomic,
-            min_rnr_timer: o.min_rnr_timer,
-            dgid: peer_ip.to_ipv6_mapped().octets(),
-            sgid_index: 1,
-            is_global: 1,
-            hop_limit: 1,
-            ..Default::default()
-        };
-        self.cmd(abi::CMD_MODIFY_QP, &rtr).unwrap();
-        let rts = abi::QpAttr {
-            qpn: qp.qpn,
-            attr_mask: abi::QP_ATTR_STATE
-                | abi::QP_ATTR_SQ_PSN
-                | abi::QP_ATTR_TIMEOUT
-                | abi::QP_ATTR_RETRY_CNT
-                | abi::QP_ATTR_RNR_RETRY
-                | abi::QP_ATTR_MAX_QP_RD_ATOMIC,
-            qp_state: abi::QPS_RTS,
-            sq_psn: o.my_psn,
-            timeout: o.timeout,
-            retry_cnt: o.retry,
-            rnr_retry: o.rnr,
-            max_rd_atomic: o.max_rd_atomic,
-            ..Default::default()
-        };
-        self.cmd(abi::CMD_MODIFY_QP, &rts).unwrap();
+        for a in conn_attrs(qp.qpn, peer_ip, peer_qpn, o) {
+            self.cmd(abi::CMD_MODIFY_QP, &a).unwrap();
+        }
     }
 
     /// The QP's state as `CMD_QUERY_QP` reports it.
