@@ -26,6 +26,7 @@ dir=$(readlink -f "$dir")
 ns=vrnic-demo-$$
 
 "$VR_SCRIPTS/deps.sh"
+vr_qemu_find
 t0=$SECONDS
 if [ $kind_a = vrnic ]; then
     vr_build_rust

@@ -144,16 +144,32 @@ vr_vrnic_image() {
 # ---------------------------------------------------------------------------------------------
 # QEMU
 
-# vr_qemu_setup: sets VR_QEMU_ROOT (empty: the host's QEMU) and VR_ACCEL (kvm or tcg).
+# vr_qemu_find: finds the QEMU to use, once (scripts/qemu-root.sh, which logs which one and why),
+# and sets VR_QEMU_ROOT (a chroot holding it) or VR_QEMU_BIN (a binary run directly; exported,
+# for vr_qemu_exec in child shells). Scripts call it first thing, so the choice leads their output.
+vr_qemu_find() {
+    [ -z "${VR_QEMU_FOUND:-}" ] || return 0
+    local how kind arg
+    how=$("$VR_SCRIPTS/qemu-root.sh") || vr_die "no usable QEMU (scripts/qemu-root.sh)"
+    read -r kind arg <<<"$how"
+    VR_QEMU_ROOT= VR_QEMU_BIN=
+    case $kind in
+    host) VR_QEMU_BIN=$arg ;;
+    chroot) VR_QEMU_ROOT=$arg ;;
+    *) vr_die "scripts/qemu-root.sh printed '$how'" ;;
+    esac
+    export VR_QEMU_BIN
+    VR_QEMU_FOUND=1
+}
+
+# vr_qemu_setup: vr_qemu_find, then sets VR_ACCEL (kvm or tcg; probed with the guest kernel, so
+# after vr_images).
 vr_qemu_setup() {
-    local prefix
-    prefix=$("$VR_SCRIPTS/qemu-root.sh") || vr_die "no usable QEMU (scripts/qemu-root.sh)"
-    VR_QEMU_ROOT=${prefix#chroot }
-    [ -n "$prefix" ] || VR_QEMU_ROOT=
+    vr_qemu_find
     if [ -z "${VRNIC_ACCEL:-}" ]; then
         # The verdict is kept per host kernel and guest kernel (the probe takes about 6 s).
         local id cache=$VRNIC_CACHE/kvm-probe
-        id="$(uname -r) $(find "$VRNIC_CACHE" -maxdepth 1 -name 'kernel-*' ! -name '*.*' | head -1) ${VR_QEMU_ROOT:-host}"
+        id="$(uname -r) $(find "$VRNIC_CACHE" -maxdepth 1 -name 'kernel-*' ! -name '*.*' | head -1) ${VR_QEMU_ROOT:-$VR_QEMU_BIN}"
         if [ -f "$cache" ] && [ "$(head -1 "$cache")" = "$id" ]; then
             VRNIC_ACCEL=$(sed -n 2p "$cache")
         else
@@ -163,7 +179,7 @@ vr_qemu_setup() {
     fi
     VR_ACCEL=$VRNIC_ACCEL
     export VRNIC_ACCEL=$VR_ACCEL
-    vr_log "QEMU: ${VR_QEMU_ROOT:-host}, accel $VR_ACCEL"
+    vr_log "QEMU: ${VR_QEMU_ROOT:-$VR_QEMU_BIN}, accel $VR_ACCEL"
 }
 
 # QEMU with KVM fails on this nested machine (an abort, "failed to set MSR 0x10a", or a guest
@@ -192,10 +208,11 @@ vr_probe_kvm() {
     echo $verdict
 }
 
-# vr_qemu_exec ROOT DIR... -- QEMU-ARGS...: execs qemu-system-x86_64, from the chroot ROOT (empty:
-# the host's) in a private mount namespace into which /dev, /proc and each DIR are bind-mounted
-# at their own paths (so the paths in QEMU-ARGS work inside and outside). Nothing leaks: the
-# mounts vanish with the namespace.
+# vr_qemu_exec ROOT DIR... -- QEMU-ARGS...: with ROOT empty, execs the host's $VR_QEMU_BIN (default:
+# qemu-system-x86_64 on the PATH); otherwise execs qemu-system-x86_64 from the chroot ROOT in a
+# private mount namespace into which /dev, /proc and each DIR are bind-mounted at their own paths
+# (so the paths in QEMU-ARGS work inside and outside). Nothing leaks: the mounts vanish with the
+# namespace.
 vr_qemu_exec() {
     local root=$1
     shift
@@ -205,7 +222,7 @@ vr_qemu_exec() {
         shift
     done
     shift
-    if [ -z "$root" ]; then exec qemu-system-x86_64 "$@"; fi
+    if [ -z "$root" ]; then exec "${VR_QEMU_BIN:-qemu-system-x86_64}" "$@"; fi
     # shellcheck disable=SC2016
     exec unshare -m --propagation private sh -c '
         root=$1; shift

@@ -10,6 +10,10 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 t0=$SECONDS
 "$top/scripts/deps.sh"
+if [ "${VRNIC_E2E:-1}" != 0 ]; then
+    # Which QEMU the end-to-end test will use, and why, before anything else (VRNIC_QEMU overrides).
+    "$top/scripts/qemu-root.sh" >/dev/null
+fi
 echo "=== cargo test --workspace"
 # Bounded: a hung test must not eat CI's whole budget (VRNIC_CARGO_TEST_TIMEOUT seconds).
 timeout -k 30 "${VRNIC_CARGO_TEST_TIMEOUT:-900}" cargo test --workspace 2>&1 || {

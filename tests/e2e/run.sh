@@ -2,8 +2,10 @@
 # End-to-end test of vrnic against Linux Soft-RoCE (rdma_rxe), all inside a private network
 # namespace (bridge br0, TAPs), guests under QEMU (TCG unless KVM works).
 #
-# Usage: tests/e2e/run.sh [STEP...]     STEP: rxe-rxe | probe | vrnic-rxe | vrnic-vrnic | vrnic-rxe-lossy
-#   default: probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy (rxe-rxe is the harness's own baseline;
+# Usage: tests/e2e/run.sh [STEP...]     STEP: qemu-select | rxe-rxe | probe | vrnic-rxe | vrnic-vrnic |
+#                                             vrnic-rxe-lossy
+#   default: qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy (qemu-select: which QEMU the
+#   scripts pick, tests/e2e/qemu-select.sh; rxe-rxe is the harness's own baseline;
 #   E2E_BASELINE=1 puts it first). probe: one vrnic guest + daemon running vrnic-probe; when it
 #   fails, the vrnic pairs are not run (they would only time out) unless E2E_KEEP_GOING=1.
 # Each pair boots two guests once; each guest runs the whole matrix in one job: for every size,
@@ -29,7 +31,7 @@ SUMMARY_DONE=0 PASSED=0 FAILED=0
 trap 'rc=$?; if [ $SUMMARY_DONE = 0 ]; then echo "FAIL: e2e aborted (exit $rc)"; echo "e2e: $PASSED passed, $((FAILED + 1)) failed"; fi; vr_cleanup $rc' EXIT
 
 PAIRS=("$@")
-[ ${#PAIRS[@]} -gt 0 ] || PAIRS=(probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy)
+[ ${#PAIRS[@]} -gt 0 ] || PAIRS=(qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy)
 [ "${E2E_BASELINE:-0}" = 1 ] && PAIRS=(rxe-rxe "${PAIRS[@]}")
 if [ -z "${E2E_RESULTS:-}" ] && [ -d "$VR_TOP/out" ]; then
     # Default results dirs out/e2e-DATE: keep the last 5 (daemon pcaps are ~60 MB each).
@@ -54,12 +56,13 @@ fail() { FAILED=$((FAILED + 1)); echo "FAIL: $*"; }
 need_vrnic=0
 for p in "${PAIRS[@]}"; do
     case $p in
-    rxe-rxe) ;;
+    rxe-rxe | qemu-select) ;;
     probe | vrnic-rxe | vrnic-vrnic | vrnic-rxe-lossy | vrnic-vrnic-lossy) need_vrnic=1 ;;
     *) vr_die "unknown pair $p" ;;
     esac
 done
 
+vr_qemu_find
 t0=$SECONDS
 if [ $need_vrnic = 1 ] && [ "${E2E_NO_BUILD:-0}" != 1 ]; then vr_build_rust; fi
 vr_images
@@ -346,8 +349,23 @@ run_probe() {
     echo "=== probe took $((SECONDS - tp)) s"
 }
 
+# run_qemu_select: tests/e2e/qemu-select.sh (the QEMU choice in every case a user meets, and a
+# kernel boot through a QEMU found on the PATH); its PASS:/FAIL: lines count here.
+run_qemu_select() {
+    local line
+    echo "=== qemu-select"
+    while IFS= read -r line; do
+        case $line in
+        "PASS: "*) pass "${line#PASS: }" ;;
+        "FAIL: "*) fail "${line#FAIL: }" ;;
+        *) echo "$line" ;;
+        esac
+    done < <("$VR_TOP/tests/e2e/qemu-select.sh" 2>&1)
+}
+
 for p in "${PAIRS[@]}"; do
     case $p in
+    qemu-select) run_qemu_select ;;
     probe) run_probe ;;
     vrnic-*)
         if [ $PROBE_OK = 0 ] && [ "${E2E_KEEP_GOING:-0}" != 1 ]; then
