@@ -179,6 +179,9 @@ impl VrnicBackend {
     }
 
     fn dispatch(dp: &mut DataPath, device_event: u16, vrings: &[Vring]) {
+        if dp.hold_while_stopped(device_event, vrings) {
+            return;
+        }
         let queue = |q: u16| vrings.get(usize::from(q));
         let mut more_rx = false;
         match device_event {
@@ -282,13 +285,17 @@ impl VhostUserBackend for VrnicBackend {
     }
 
     /// `VHOST_USER_GET_VRING_BASE`: the frontend stops a ring. Stopping the
-    /// control queue stops the device (QEMU stops every started queue at
-    /// guest reset, vhost-user spec "Ring states"), which resets it.
+    /// control queue stops the device ([`DataPath::stop`]): QEMU stops
+    /// every started queue both when the VM pauses and when the guest
+    /// resets the device (vhost-user spec "Ring states"); which of the two
+    /// it was shows when the queue restarts.
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
         debug!(queue_index, "ring stopped");
         if queue_index == u32::from(abi::CONTROLQ) {
-            info!("control queue stopped: resetting the device");
-            self.reset();
+            info!("control queue stopped: device stopped, state kept until it restarts");
+            let mut dp = self.lock();
+            dp.stop();
+            self.publish(&mut dp, true);
         }
         Ok(())
     }

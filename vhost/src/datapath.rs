@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::time::{Duration, Instant};
 
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
@@ -84,12 +84,20 @@ pub struct BackendStats {
     pub link_tx_errors: u64,
     /// Errors receiving from the link.
     pub link_rx_errors: u64,
-    /// Device resets (vhost-user `RESET_DEVICE`, the control queue stopped
-    /// by `GET_VRING_BASE`, a memory table set while stopped, or the end of
-    /// a frontend connection).
+    /// Device resets (vhost-user `RESET_DEVICE`, a control queue restarted
+    /// at another index than where it stopped, a memory table set while
+    /// stopped, or the end of a frontend connection).
     pub device_resets: u64,
     /// Panics caught in the engine (each followed by a device reset).
     pub engine_panics: u64,
+    /// Times the frontend stopped the control queue of a device in use
+    /// (`GET_VRING_BASE`: a VM pause, or a guest resetting the device).
+    pub device_stops: u64,
+    /// Stops followed by a restart where the control queue left off (a VM
+    /// pause and `cont`): the device carried on with its state.
+    pub device_resumes: u64,
+    /// Frames from the link dropped while the device was stopped.
+    pub rx_dropped_stopped: u64,
 }
 
 /// The data-path state: the device, its link, its timer and the event
@@ -109,6 +117,13 @@ pub struct DataPath {
     rx_buf: Vec<u8>,
     /// The driver has used a queue since the last reset.
     running: bool,
+    /// The frontend stopped the control queue of the device in use
+    /// ([`DataPath::stop`]); the device keeps its state but does nothing
+    /// until the queue restarts ([`DataPath::hold_while_stopped`]).
+    stopped: bool,
+    /// The control queue's next available index after the last command
+    /// served (what `GET_VRING_BASE` reports; 0 after a reset).
+    ctrl_next_avail: u16,
     pub(crate) stats: BackendStats,
     /// The counters as of the last per-QP publish.
     qp_stats_seen: Option<Snapshot>,
@@ -138,6 +153,8 @@ impl DataPath {
             resp: [0; MAX_CONTROL_MSG],
             rx_buf: vec![0; RX_BUF_SIZE],
             running: false,
+            stopped: false,
+            ctrl_next_avail: 0,
             stats: BackendStats::default(),
             qp_stats_seen: None,
             qp_stats_next: 0,
@@ -171,6 +188,8 @@ impl DataPath {
         }
         self.timer.clear();
         self.running = false;
+        self.stopped = false;
+        self.ctrl_next_avail = 0;
         self.stats.device_resets += 1;
         self.qp_stats_due = None;
     }
@@ -223,6 +242,92 @@ impl DataPath {
     /// `[CmdHeader + body (readable)][RespHeader + body (writable)]`.
     pub fn process_control(&mut self, vring: &Vring) {
         self.serve_queue(vring, Self::control_chain);
+        self.ctrl_next_avail = vring.queue_next_avail();
+    }
+
+    /// The frontend stopped the control queue (`GET_VRING_BASE`). QEMU does
+    /// that when the VM pauses (`stop`) and when the guest resets the
+    /// device, and the two cannot be told apart until the queue restarts
+    /// (vhost-user spec, "Ring states"; QEMU's `vhost_dev_stop`). So a
+    /// device in use keeps its state, but stops touching guest memory and
+    /// the link: frames that arrive are dropped (peers retransmit, as to a
+    /// paused guest running rxe), timers wait. [`DataPath::hold_while_stopped`]
+    /// decides at the restart. A device not in use is simply reset.
+    pub fn stop(&mut self) {
+        if !self.running {
+            self.reset();
+            return;
+        }
+        self.stopped = true;
+        self.stats.device_stops += 1;
+        self.armed = None;
+        if let Err(e) = self.timer.disarm() {
+            warn!("cannot disarm the device timer: {e}");
+        }
+        self.timer.clear();
+    }
+
+    /// Whether the device is stopped ([`DataPath::stop`]) and not yet
+    /// restarted.
+    pub fn stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// To be called first for every worker event. While the device is
+    /// stopped and the control queue is not live again, drains the link
+    /// (frames dropped, counted in `rx_dropped_stopped`), silences the
+    /// timer and returns true: nothing else may run. Once the control queue
+    /// is live again, decides and returns false:
+    /// - it restarted at the index where it stopped (not 0): a VM resumed
+    ///   (QEMU's `vhost_dev_start` passes back the `GET_VRING_BASE` value),
+    ///   so the device carries on with every object it had;
+    /// - otherwise the driver re-initialised the queue (a device reset, a
+    ///   new driver): the device is reset first. A control queue that
+    ///   stopped at index 0 after exactly a multiple of 65,536 commands is
+    ///   taken for a reset too (the indices are 16-bit).
+    pub fn hold_while_stopped(&mut self, event: u16, vrings: &[Vring]) -> bool {
+        if !self.stopped {
+            return false;
+        }
+        match vrings.get(usize::from(abi::CONTROLQ)) {
+            Some(ctrl) if queue_live(ctrl) => {
+                let base = ctrl.queue_next_avail();
+                if base != 0 && base == self.ctrl_next_avail {
+                    self.stopped = false;
+                    self.stats.device_resumes += 1;
+                    info!(
+                        base,
+                        "control queue restarted where it stopped: device resumed"
+                    );
+                } else {
+                    info!(
+                        base,
+                        stopped_at = self.ctrl_next_avail,
+                        "control queue re-initialised: resetting the device"
+                    );
+                    self.reset();
+                }
+                false
+            }
+            _ => {
+                if event == crate::backend::LINK_EVENT {
+                    self.drop_rx();
+                } else if event == crate::backend::TIMER_EVENT {
+                    self.timer.clear();
+                }
+                true
+            }
+        }
+    }
+
+    /// Reads and drops up to [`RX_BATCH`] frames (the device is stopped).
+    fn drop_rx(&mut self) {
+        for _ in 0..RX_BATCH {
+            match self.link.recv(&mut self.rx_buf) {
+                Ok(Some(_)) => self.stats.rx_dropped_stopped += 1,
+                Ok(None) | Err(_) => return,
+            }
+        }
     }
 
     /// Serves the doorbell queue: every available chain carries one 16-byte

@@ -49,8 +49,9 @@ enum Command {
     /// rnr_naks_received, duplicates), then the vhost-user side's
     /// (commands, rejected_chains, faulted_commands, doorbells,
     /// bad_doorbells, events_delivered, events_dropped, bad_event_buffers,
-    /// link_tx_errors, link_rx_errors, device_resets, engine_panics); all
-    /// since the daemon started.
+    /// link_tx_errors, link_rx_errors, device_resets, engine_panics,
+    /// device_stops, device_resumes, rx_dropped_stopped); all since the
+    /// daemon started.
     Stats(StatsArgs),
 }
 

@@ -42,7 +42,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 }
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 33;
+pub const COUNTERS: usize = 36;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -80,6 +80,9 @@ pub const NAMES: [&str; COUNTERS] = [
     "link_rx_errors",
     "device_resets",
     "engine_panics",
+    "device_stops",
+    "device_resumes",
+    "rx_dropped_stopped",
 ];
 
 /// Largest reply [`query`] accepts, bytes: room for the device counters
@@ -149,6 +152,9 @@ impl Snapshot {
             link_rx_errors,
             device_resets,
             engine_panics,
+            device_stops,
+            device_resumes,
+            rx_dropped_stopped,
         } = *backend;
         Self {
             values: [
@@ -185,6 +191,9 @@ impl Snapshot {
                 link_rx_errors,
                 device_resets,
                 engine_panics,
+                device_stops,
+                device_resumes,
+                rx_dropped_stopped,
             ],
         }
     }
@@ -572,6 +581,7 @@ mod tests {
         let b = BackendStats {
             commands: 12,
             engine_panics: 23,
+            rx_dropped_stopped: 24,
             ..Default::default()
         };
         let s = Snapshot::new(&d, &b);
@@ -587,7 +597,10 @@ mod tests {
         let parsed = parse(&s.render()).unwrap();
         assert_eq!(parsed.len(), COUNTERS);
         assert_eq!(parsed[0], ("tx_frames".to_string(), 1));
-        assert_eq!(parsed[COUNTERS - 1], ("engine_panics".to_string(), 23));
+        assert_eq!(
+            parsed[COUNTERS - 1],
+            ("rx_dropped_stopped".to_string(), 24)
+        );
     }
 
     #[test]

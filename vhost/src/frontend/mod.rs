@@ -185,21 +185,13 @@ impl TestFrontend {
 
         let mut mem = DriverMemory::new(&opts.memory)?;
         fe.set_mem_table(&mem.region_infos()?)?;
-        let mut queues = Vec::new();
-        for q in 0..abi::NUM_QUEUES {
-            let vq = SplitQueue::new(&mut mem, q as u16, opts.queue_size, event_idx)?;
-            fe.set_vring_num(q, vq.size())?;
-            fe.set_vring_base(q, 0)?;
-            fe.set_vring_addr(q, &vq.config(&mem)?)?;
-            fe.set_vring_call(q, vq.call_fd())?;
-            fe.set_vring_kick(q, vq.kick_fd())?;
-            fe.set_vring_enable(q, true)?;
-            queues.push(vq);
-        }
+        let queues = (0..abi::NUM_QUEUES)
+            .map(|q| SplitQueue::new(&mut mem, q as u16, opts.queue_size, event_idx))
+            .collect::<Result<Vec<_>, _>>()?;
         let ctrl_req = mem.alloc(MAX_CONTROL_MSG as u64, 8)?;
         let ctrl_resp = mem.alloc(MAX_CONTROL_MSG as u64, 8)?;
         let db_slots = mem.alloc(16 * u64::from(opts.queue_size), 16)?;
-        Ok(Self {
+        let mut this = Self {
             fe,
             mem,
             queues,
@@ -210,7 +202,11 @@ impl TestFrontend {
             db_slots,
             db_next: 0,
             event_bufs: HashMap::new(),
-        })
+        };
+        for q in 0..abi::NUM_QUEUES {
+            this.start_queue(q, 0)?;
+        }
+        Ok(this)
     }
 
     /// The underlying vhost-user frontend, for protocol-level tests.
@@ -468,12 +464,83 @@ impl TestFrontend {
     }
 
     /// Stops queue `q` (`GET_VRING_BASE`); returns the backend's next
-    /// available index. Stopping the control queue resets the device.
+    /// available index. Stopping the control queue stops the device (its
+    /// state is kept until the queue restarts; see
+    /// [`crate::datapath::DataPath::stop`]).
     ///
     /// # Errors
     /// [`FrontendError::Vhost`].
     pub fn stop_queue(&mut self, q: u16) -> Result<u32, FrontendError> {
         Ok(self.fe.get_vring_base(usize::from(q))?)
+    }
+
+    /// Stops the device as QEMU's `vhost_dev_stop` does when the VM pauses
+    /// (QMP `stop`) or the guest resets the device: `SET_VRING_ENABLE 0`,
+    /// then `GET_VRING_BASE`, on every queue. Returns each queue's next
+    /// available index, for [`TestFrontend::resume_device`].
+    ///
+    /// # Errors
+    /// [`FrontendError::Vhost`].
+    pub fn stop_device(&mut self) -> Result<Vec<u32>, FrontendError> {
+        for q in 0..abi::NUM_QUEUES {
+            self.fe.set_vring_enable(q, false)?;
+        }
+        (0..abi::NUM_QUEUES)
+            .map(|q| Ok(self.fe.get_vring_base(q)?))
+            .collect()
+    }
+
+    /// Starts the device again as QEMU's `vhost_dev_start` does at QMP
+    /// `cont`: `SET_MEM_TABLE`, then per queue `SET_VRING_NUM`,
+    /// `SET_VRING_BASE` with `bases[q]` (what [`TestFrontend::stop_device`]
+    /// returned), `SET_VRING_ADDR` (the same rings), `CALL`, `KICK`,
+    /// `SET_VRING_ENABLE 1`.
+    ///
+    /// # Errors
+    /// [`FrontendError::Vhost`]; [`FrontendError::Setup`] when `bases` does
+    /// not hold one index per queue.
+    pub fn resume_device(&mut self, bases: &[u32]) -> Result<(), FrontendError> {
+        if bases.len() != abi::NUM_QUEUES {
+            return Err(FrontendError::Setup(format!(
+                "{} ring bases for {} queues",
+                bases.len(),
+                abi::NUM_QUEUES
+            )));
+        }
+        self.fe.set_mem_table(&self.mem.region_infos()?)?;
+        for (q, &base) in bases.iter().enumerate() {
+            self.start_queue(q, base)?;
+        }
+        Ok(())
+    }
+
+    /// Starts the device with new, empty rings at index 0, as a driver does
+    /// after resetting the device (the objects the device had are gone).
+    ///
+    /// # Errors
+    /// [`FrontendError`] when allocating or any vhost-user step fails.
+    pub fn reinit_device(&mut self) -> Result<(), FrontendError> {
+        let event_idx = self.acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+        self.fe.set_mem_table(&self.mem.region_infos()?)?;
+        for q in 0..abi::NUM_QUEUES {
+            let size = self.queues[q].size();
+            self.queues[q] = SplitQueue::new(&mut self.mem, q as u16, size, event_idx)?;
+            self.start_queue(q, 0)?;
+        }
+        self.db_next = 0;
+        self.event_bufs.clear();
+        Ok(())
+    }
+
+    fn start_queue(&mut self, q: usize, base: u32) -> Result<(), FrontendError> {
+        let vq = &self.queues[q];
+        self.fe.set_vring_num(q, vq.size())?;
+        self.fe.set_vring_base(q, base as u16)?;
+        self.fe.set_vring_addr(q, &vq.config(&self.mem)?)?;
+        self.fe.set_vring_call(q, vq.call_fd())?;
+        self.fe.set_vring_kick(q, vq.kick_fd())?;
+        self.fe.set_vring_enable(q, true)?;
+        Ok(())
     }
 }
 
