@@ -238,7 +238,8 @@ vr_qemu_exec() {
 # vr_guest NAME KIND NS TAP IP JOB LOGDIR [SOCK]
 #   Boots a guest in the background: KIND rxe (Soft-RoCE peer) or vrnic (busybox + guest-lib
 #   tools, with the vhost-user device on SOCK; without SOCK, no device). eth0 on TAP gets IP (A.B.C.D/N); the job script
-#   JOB runs in the guest. Serial console: LOGDIR/NAME.log, QEMU's own output LOGDIR/NAME.qemu.
+#   JOB runs in the guest. Serial console: LOGDIR/NAME.log, QEMU's own output LOGDIR/NAME.qemu,
+#   its QMP socket LOGDIR/NAME.qmp (vr_qmp).
 #   Sets VR_LAST_PID.
 vr_guest() {
     local name=$1 kind=$2 ns=$3 tap=$4 ip=$5 job=$6 logdir=$7 sock=${8:-}
@@ -272,7 +273,7 @@ vr_guest() {
     fi
     args=(-accel "$VR_ACCEL" -M pc -m "$mem" -smp 1 -nodefaults -no-user-config -display none -no-reboot
         -kernel "$VR_KERNEL" -initrd "$initrd" -append "$append"
-        -serial "file:$logdir/$name.log"
+        -serial "file:$logdir/$name.log" -qmp "unix:$logdir/$name.qmp,server=on,wait=off"
         -netdev "tap,id=n0,ifname=$tap,script=no,downscript=no"
         -device "virtio-net-pci,netdev=n0,mac=$mac"
         -fw_cfg "name=opt/vrnic/job,file=$job"
@@ -283,6 +284,29 @@ vr_guest() {
         bash -c "$(declare -f vr_qemu_exec); vr_qemu_exec \"\$@\"" vr_qemu_exec \
         "$VR_QEMU_ROOT" "${dirs[@]}" -- "${args[@]}"
     vr_log "guest $name ($kind, $ip on $tap) pid $VR_LAST_PID, console $logdir/$name.log"
+}
+
+# vr_qmp SOCK COMMAND: runs one QMP command without arguments (stop, cont, ...) on the guest whose
+# QMP socket is SOCK (vr_guest: LOGDIR/NAME.qmp); every read bounded by 10 s. Fails with QEMU's
+# error, if any.
+vr_qmp() {
+    python3 - "$1" "$2" <<'EOF'
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(10)
+s.connect(sys.argv[1])
+f = s.makefile("rw")
+json.loads(f.readline())  # the greeting
+for cmd in ("qmp_capabilities", sys.argv[2]):
+    f.write(json.dumps({"execute": cmd}) + "\n")
+    f.flush()
+    while True:  # events may come before the answer
+        r = json.loads(f.readline())
+        if "return" in r or "error" in r:
+            break
+    if "error" in r:
+        sys.exit("QMP %s: %s" % (cmd, r["error"]))
+EOF
 }
 
 # vr_wait_job NAME LOGDIR PID TIMEOUT: waits (bounded) for the guest's "VRNIC-JOB-EXIT rc" line;

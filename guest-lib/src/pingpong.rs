@@ -96,6 +96,11 @@ pub struct Common {
     /// Give up when no completion arrives for this many seconds.
     #[arg(long, default_value_t = 30)]
     pub stall_timeout: u64,
+    /// Local ACK timeout of the RC QPs, 4.096 µs × 2^N (`ibv_modify_qp(3)`
+    /// `timeout`; the stock examples use 14, about 67 ms). A larger one
+    /// lets a connection ride out a longer pause of its peer (VM `stop`).
+    #[arg(long, default_value_t = crate::tools::RC_TIMEOUT, value_parser = clap::value_parser!(u8).range(0..=31))]
+    pub qp_timeout: u8,
     /// Run a server and a client in this process over two in-process devices
     /// (10.0.0.1 and 10.0.0.2, GID index 1 unless -g is given).
     #[arg(long, hide = true)]

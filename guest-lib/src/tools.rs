@@ -364,10 +364,15 @@ fn example_qp_init(
     Ok(qp)
 }
 
+/// The local ACK timeout rc_pingpong gives its QP: 4.096 µs × 2^14 ≈ 67 ms
+/// (`ibv_modify_qp(3)` `timeout`).
+pub const RC_TIMEOUT: u8 = 14;
+
 /// rc_pingpong's `pp_connect_ctx`: moves `qp` INIT → RTR towards `rem`
 /// (`path_mtu` an `ibv_mtu` value, address vector `ah`, `max_dest_rd_atomic`
-/// 1, `min_rnr_timer` 12) → RTS (`timeout` 14, `retry_cnt` 7, `rnr_retry`
-/// 7, `max_rd_atomic` 1, send PSN `my_psn`).
+/// 1, `min_rnr_timer` 12) → RTS (local ACK `timeout`, rc_pingpong's is
+/// [`RC_TIMEOUT`]; `retry_cnt` 7, `rnr_retry` 7, `max_rd_atomic` 1, send
+/// PSN `my_psn`).
 ///
 /// Errors: `Failed to modify QP to RTR`, `Failed to modify QP to RTS`.
 pub fn rc_qp_connect(
@@ -376,6 +381,7 @@ pub fn rc_qp_connect(
     ah: AhAttr,
     my_psn: u32,
     rem: &Dest,
+    timeout: u8,
 ) -> Result<()> {
     let mut attr = QpAttr {
         qp_state: QpState::Rtr,
@@ -397,7 +403,7 @@ pub fn rc_qp_connect(
     qp.modify(&attr, rtr)
         .context("Failed to modify QP to RTR")?;
     attr.qp_state = QpState::Rts;
-    attr.timeout = 14;
+    attr.timeout = timeout;
     attr.retry_cnt = 7;
     attr.rnr_retry = 7;
     attr.sq_psn = my_psn;
@@ -498,7 +504,7 @@ pub fn rc_side_connect(side: &mut RcSide, path_mtu: u32, gid_idx: u8, rem: &Dest
         sgid_index: gid_idx,
         ..Default::default()
     };
-    rc_qp_connect(&mut side.qp, path_mtu, ah, side.me.psn, rem)
+    rc_qp_connect(&mut side.qp, path_mtu, ah, side.me.psn, rem, RC_TIMEOUT)
         .context("Couldn't connect to remote QP")
 }
 

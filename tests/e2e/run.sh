@@ -3,9 +3,10 @@
 # namespace (bridge br0, TAPs), guests under QEMU (TCG unless KVM works).
 #
 # Usage: tests/e2e/run.sh [STEP...]     STEP: qemu-select | rxe-rxe | probe | vrnic-rxe | vrnic-vrnic |
-#                                             vrnic-rxe-lossy
-#   default: qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy (qemu-select: which QEMU the
-#   scripts pick, tests/e2e/qemu-select.sh; rxe-rxe is the harness's own baseline;
+#                                             vrnic-rxe-lossy | vrnic-vrnic-pause
+#   default: qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause (qemu-select:
+#   which QEMU the scripts pick, tests/e2e/qemu-select.sh; vrnic-vrnic-pause: a VM paused and
+#   resumed mid-run, see run_pause; rxe-rxe is the harness's own baseline;
 #   E2E_BASELINE=1 puts it first). probe: one vrnic guest + daemon running vrnic-probe; when it
 #   fails, the vrnic pairs are not run (they would only time out) unless E2E_KEEP_GOING=1.
 # Each pair boots two guests once; each guest runs the whole matrix in one job: for every size,
@@ -31,7 +32,7 @@ SUMMARY_DONE=0 PASSED=0 FAILED=0
 trap 'rc=$?; if [ $SUMMARY_DONE = 0 ]; then echo "FAIL: e2e aborted (exit $rc)"; echo "e2e: $PASSED passed, $((FAILED + 1)) failed"; fi; vr_cleanup $rc' EXIT
 
 PAIRS=("$@")
-[ ${#PAIRS[@]} -gt 0 ] || PAIRS=(qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy)
+[ ${#PAIRS[@]} -gt 0 ] || PAIRS=(qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause)
 [ "${E2E_BASELINE:-0}" = 1 ] && PAIRS=(rxe-rxe "${PAIRS[@]}")
 if [ -z "${E2E_RESULTS:-}" ] && [ -d "$VR_TOP/out" ]; then
     # Default results dirs out/e2e-DATE: keep the last 5 (daemon pcaps are ~60 MB each).
@@ -57,7 +58,7 @@ need_vrnic=0
 for p in "${PAIRS[@]}"; do
     case $p in
     rxe-rxe | qemu-select) ;;
-    probe | vrnic-rxe | vrnic-vrnic | vrnic-rxe-lossy | vrnic-vrnic-lossy) need_vrnic=1 ;;
+    probe | vrnic-rxe | vrnic-vrnic | vrnic-rxe-lossy | vrnic-vrnic-lossy | vrnic-vrnic-pause) need_vrnic=1 ;;
     *) vr_die "unknown pair $p" ;;
     esac
 done
@@ -349,6 +350,89 @@ run_probe() {
     echo "=== probe took $((SECONDS - tp)) s"
 }
 
+# stat_of DAEMON_SOCK NAME: the counter NAME from `vrnic stats` of the daemon at DAEMON_SOCK (empty
+# if it cannot be read).
+stat_of() {
+    "${VRNIC_BIN:-$VR_TOP/target/debug/vrnic}" stats --socket "$1" 2>/dev/null | awk -v n="$2" '$1 == n { print $2 }'
+}
+
+# run_pause: a VM pause in the middle of an RC ping-pong between two vrnic guests. A is the server,
+# B the client (vrnic-pingpong, 4 KiB x E2E_PAUSE_ITERS, every message verified, QP timeout 18:
+# 1.07 s x 8 tries, so the connection can ride out the pause). Once daemon A has carried
+# E2E_PAUSE_AFTER bytes of the run, guest A is paused (QMP stop) for E2E_PAUSE_SECS and resumed
+# (cont). Passes when both sides finish with all data verified, daemon A counted the stop and the
+# resume, and its QP was still in its table while paused.
+PAUSE_ITERS=${E2E_PAUSE_ITERS:-3000}
+PAUSE_SECS=${E2E_PAUSE_SECS:-3}
+PAUSE_AFTER=${E2E_PAUSE_AFTER:-1048576}
+run_pause() {
+    local dir=$RESULTS/vrnic-vrnic-pause side ip peer role pid_a pid_b daemons=() tp=$SECONDS
+    local sock_a=$dir/vrnic-a.sock rx=0 qps
+    mkdir -p "$dir"
+    echo "=== vrnic-vrnic-pause"
+    for side in a b; do
+        if [ $side = a ]; then ip=10.0.0.1 peer=10.0.0.2 role=server; else ip=10.0.0.2 peer=10.0.0.1 role=client; fi
+        if ! vr_daemon "vrnic-$side" "$NS" "$dir/vrnic-$side.sock" "tap-v$side" "10.0.0.10${ip##*.}/24" "$dir"; then
+            fail "vrnic-vrnic-pause: daemon vrnic-$side did not start (log $dir/vrnic-$side.log)"
+            [ ${#daemons[@]} = 0 ] || vr_stop "${daemons[@]}" "${pid_a:-}"
+            return 0
+        fi
+        daemons+=("$VR_LAST_PID")
+        local SIZES=4096 ITERS=$PAUSE_ITERS XRUNS='' E2E_EXTRA="--qp-timeout 18"
+        job "$dir/job-$side.sh" "pause-$side" vrnic-pingpong "$peer" "$role"
+        vr_guest "$side" vrnic "$NS" "tap-g$side" "$ip/24" "$dir/job-$side.sh" "$dir" "$dir/vrnic-$side.sock"
+        if [ $side = a ]; then pid_a=$VR_LAST_PID; else pid_b=$VR_LAST_PID; fi
+    done
+    # Wait (bounded) until the run is well under way: A's daemon has received PAUSE_AFTER bytes.
+    for _ in $(seq $((GUEST_TIMEOUT * 10))); do
+        rx=$(stat_of "$sock_a" rx_bytes)
+        [ "${rx:-0}" -ge "$PAUSE_AFTER" ] && break
+        grep -aq '^VRNIC-JOB-EXIT' "$dir/a.log" "$dir/b.log" 2>/dev/null && break
+        sleep 0.1
+    done
+    if [ "${rx:-0}" -lt "$PAUSE_AFTER" ]; then
+        fail "vrnic-vrnic-pause: the run never got under way (daemon A rx_bytes ${rx:-none})"
+    elif ! vr_qmp "$dir/a.qmp" stop; then
+        fail "vrnic-vrnic-pause: QMP stop failed"
+    else
+        vr_log "guest a paused at rx_bytes $rx for $PAUSE_SECS s"
+        sleep "$PAUSE_SECS" # the pause itself, not a synchronisation
+        qps=$("${VRNIC_BIN:-$VR_TOP/target/debug/vrnic}" stats --socket "$sock_a" 2>/dev/null | grep -c '^qp_[0-9]*_tx_bytes ')
+        local stops=$(stat_of "$sock_a" device_stops)
+        vr_qmp "$dir/a.qmp" cont || fail "vrnic-vrnic-pause: QMP cont failed"
+        if [ "${stops:-0}" = 1 ] && [ "${qps:-0}" -ge 1 ]; then
+            pass "vrnic-vrnic-pause: paused guest A's device stopped with its QP kept ($qps in its table)"
+        else
+            fail "vrnic-vrnic-pause: while paused, device_stops ${stops:-none}, QPs in the table ${qps:-none}"
+        fi
+    fi
+    for side in a b; do
+        local pid=$pid_a
+        [ $side = b ] && pid=$pid_b
+        if vr_wait_job "$side" "$dir" "$pid" $((GUEST_TIMEOUT + 180)); then
+            pass "vrnic-vrnic-pause guest $side job exit 0"
+        else
+            fail "vrnic-vrnic-pause guest $side job: $VR_JOB_RC (console $dir/$side.log)"
+        fi
+        local line
+        line=$(grep -a '^VRNIC-RESULT ' "$dir/$side.log" | tr -d '\r' | tail -1)
+        case $line in
+        *" rc=0 "*verified=yes) pass "vrnic-vrnic-pause $side: $PAUSE_ITERS x 4096 B across the pause, data verified" ;;
+        *) fail "vrnic-vrnic-pause $side: ${line:-no result line}" ;;
+        esac
+    done
+    # A reset in between would have destroyed the QP and failed the run; the daemon also says so.
+    local resumes
+    resumes=$(stat_of "$sock_a" device_resumes)
+    if [ "${resumes:-0}" = 1 ] && grep -q 'control queue restarted where it stopped: device resumed' "$dir/vrnic-a.log"; then
+        pass "vrnic-vrnic-pause: daemon A resumed the device with its state ($(stat_of "$sock_a" rx_dropped_stopped) frames dropped while stopped)"
+    else
+        fail "vrnic-vrnic-pause: daemon A device_resumes ${resumes:-none} (log $dir/vrnic-a.log)"
+    fi
+    vr_stop "${daemons[@]}"
+    echo "=== vrnic-vrnic-pause took $((SECONDS - tp)) s"
+}
+
 # run_qemu_select: tests/e2e/qemu-select.sh (the QEMU choice in every case a user meets, and a
 # kernel boot through a QEMU found on the PATH); its PASS:/FAIL: lines count here.
 run_qemu_select() {
@@ -367,6 +451,13 @@ for p in "${PAIRS[@]}"; do
     case $p in
     qemu-select) run_qemu_select ;;
     probe) run_probe ;;
+    vrnic-vrnic-pause)
+        if [ $PROBE_OK = 0 ] && [ "${E2E_KEEP_GOING:-0}" != 1 ]; then
+            fail "$p: not run, the probe failed (E2E_KEEP_GOING=1 runs it anyway)"
+        else
+            run_pause
+        fi
+        ;;
     vrnic-*)
         if [ $PROBE_OK = 0 ] && [ "${E2E_KEEP_GOING:-0}" != 1 ]; then
             fail "$p: not run, the probe failed (E2E_KEEP_GOING=1 runs it anyway)"

@@ -597,10 +597,7 @@ mod tests {
         let parsed = parse(&s.render()).unwrap();
         assert_eq!(parsed.len(), COUNTERS);
         assert_eq!(parsed[0], ("tx_frames".to_string(), 1));
-        assert_eq!(
-            parsed[COUNTERS - 1],
-            ("rx_dropped_stopped".to_string(), 24)
-        );
+        assert_eq!(parsed[COUNTERS - 1], ("rx_dropped_stopped".to_string(), 24));
     }
 
     #[test]

@@ -90,7 +90,7 @@ fn connect_qp(qp: &mut Qp, a: &Args, my_psn: u32, rem: &Dest) -> Result<()> {
         // rc_pingpong stores its int gidx in a u8: -1 becomes 255.
         ah.sgid_index = a.common.gid_idx as u8;
     }
-    tools::rc_qp_connect(qp, a.mtu, ah, my_psn, rem)
+    tools::rc_qp_connect(qp, a.mtu, ah, my_psn, rem, a.common.qp_timeout)
 }
 
 /// One side of the ping-pong: `main` of rc_pingpong after option parsing.

@@ -164,7 +164,7 @@ fn connect_qps(qps: &mut [Qp], a: &Args, me: &[Dest], rem: &[Dest]) -> Result<()
         ah.sgid_index = a.common.gid_idx as u8;
     }
     for (i, qp) in qps.iter_mut().enumerate() {
-        tools::rc_qp_connect(qp, a.mtu, ah, me[i].psn, &rem[i])
+        tools::rc_qp_connect(qp, a.mtu, ah, me[i].psn, &rem[i], a.common.qp_timeout)
             .with_context(|| format!("QP[{i}]"))?;
     }
     Ok(())
