@@ -42,7 +42,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 }
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 33;
+pub const COUNTERS: usize = 34;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -68,6 +68,7 @@ pub const NAMES: [&str; COUNTERS] = [
     "nak_rem_op_received",
     "tx_bytes",
     "rx_bytes",
+    "doorbells_ignored",
     "commands",
     "rejected_chains",
     "faulted_commands",
@@ -135,6 +136,7 @@ impl Snapshot {
             nak_rem_op_received,
             tx_bytes,
             rx_bytes,
+            doorbells_ignored,
         } = *device;
         let BackendStats {
             commands,
@@ -173,6 +175,7 @@ impl Snapshot {
                 nak_rem_op_received,
                 tx_bytes,
                 rx_bytes,
+                doorbells_ignored,
                 commands,
                 rejected_chains,
                 faulted_commands,

@@ -133,6 +133,10 @@ pub struct DeviceStats {
     /// RoCEv2 payload bytes received in packets for one of the device's
     /// QPs (counted as [`DeviceStats::tx_bytes`]).
     pub rx_bytes: u64,
+    /// Doorbells ignored ([`Device::doorbell`]): an unknown kind or
+    /// handle, or a producer index outside `[fetch index, consumer index +
+    /// ring size]` of its queue (device spec §5.x.6.9).
+    pub doorbells_ignored: u64,
 }
 
 impl DeviceStats {
@@ -185,6 +189,19 @@ pub const MAX_INLINE: u32 = 512;
 pub const MAX_MR_SIZE: u64 = 1 << 40;
 /// Largest page list of one MR (entries).
 pub const MAX_MR_PAGES: u32 = 1 << 20;
+
+/// True when `index`, a producer index a driver rang for a ring of `size`
+/// slots, is within the queue's window: at or after the device's fetch
+/// index `fetch` (the next WQE it would read) and at most `size` past its
+/// consumer index `ci` (the oldest WQE not yet completed), in free-running
+/// `u32` arithmetic (`ci <= fetch <= index <= ci + size`, modulo 2^32).
+/// Keeping every producer index there bounds each loop over a queue's
+/// WQEs by the ring size (device spec §5.x.6.9).
+pub fn producer_index_ok(index: u32, fetch: u32, ci: u32, size: u32) -> bool {
+    let posted = index.wrapping_sub(ci);
+    let fetched = fetch.wrapping_sub(ci);
+    fetched <= posted && posted <= size
+}
 
 /// One RNIC port: verbs objects, RoCEv2 transport and ARP.
 pub struct Device {
@@ -296,23 +313,40 @@ impl Device {
         8 + n
     }
 
-    /// Handles one doorbell from the doorbell queue. Doorbells naming no QP
-    /// or CQ, or a producer index further than a ring's size ahead of its
-    /// consumer index, are ignored.
+    /// Handles one doorbell from the doorbell queue. A doorbell naming no
+    /// QP, CQ or SRQ, of an unknown kind, or whose producer index is
+    /// outside its queue's window ([`producer_index_ok`]) is ignored and
+    /// counted in [`DeviceStats::doorbells_ignored`] (device spec
+    /// §5.x.6.9): the queue keeps its previous producer index.
     pub fn doorbell(&mut self, mem: &dyn DmaMemory, db: &abi::Doorbell, now: Nanos) {
+        if !self.try_doorbell(mem, db, now) {
+            tracing::debug!(
+                kind = db.kind,
+                handle = db.handle,
+                index = db.index,
+                "doorbell ignored"
+            );
+            self.out.stats.doorbells_ignored += 1;
+        }
+    }
+
+    /// [`Device::doorbell`]; false when the doorbell was ignored.
+    fn try_doorbell(&mut self, mem: &dyn DmaMemory, db: &abi::Doorbell, now: Nanos) -> bool {
         match db.kind {
             abi::DB_SQ | abi::DB_RQ => {
                 let Some(qp) = self.qps.get_mut(&db.handle) else {
-                    return;
+                    return false;
                 };
-                let (ring, ci) = if db.kind == abi::DB_SQ {
-                    (qp.sq, qp.req.sq_ci)
+                let ok = if db.kind == abi::DB_SQ {
+                    // The requester has fetched up to sq_next: a producer
+                    // index behind it would make it fetch (or flush) from
+                    // sq_next round 2^32 to reach it.
+                    producer_index_ok(db.index, qp.req.sq_next, qp.req.sq_ci, qp.sq.size)
                 } else {
-                    (qp.rq, qp.resp.rq_ci)
+                    producer_index_ok(db.index, qp.resp.rq_ci, qp.resp.rq_ci, qp.rq.size)
                 };
-                if db.index.wrapping_sub(ci) > ring.size {
-                    tracing::warn!(qpn = qp.qpn, "doorbell index {} beyond ring", db.index);
-                    return;
+                if !ok {
+                    return false;
                 }
                 if db.kind == abi::DB_SQ {
                     qp.req.sq_pi = db.index;
@@ -336,21 +370,22 @@ impl Device {
             }
             abi::DB_SRQ => {
                 let Some(srq) = self.srqs.get_mut(&db.handle) else {
-                    return;
+                    return false;
                 };
-                if db.index.wrapping_sub(srq.ci) > srq.ring.size {
-                    tracing::warn!(srqn = srq.srqn, "doorbell index {} beyond ring", db.index);
-                    return;
+                if !producer_index_ok(db.index, srq.ci, srq.ci, srq.ring.size) {
+                    return false;
                 }
                 srq.pi = db.index;
             }
             abi::DB_CQ_ARM | abi::DB_CQ_ARM_SOLICITED => {
-                if let Some(cq) = self.cqs.get_mut(&db.handle) {
-                    cq.armed = Some(db.kind == abi::DB_CQ_ARM_SOLICITED);
-                }
+                let Some(cq) = self.cqs.get_mut(&db.handle) else {
+                    return false;
+                };
+                cq.armed = Some(db.kind == abi::DB_CQ_ARM_SOLICITED);
             }
-            _ => {}
+            _ => return false,
         }
+        true
     }
 
     /// Handles one frame received from the link. Frames not for this port,
@@ -483,5 +518,28 @@ impl Device {
         out.clear();
         out.extend(self.qps.values().map(|q| (q.qpn, q.stats)));
         out.sort_unstable_by_key(|(n, _)| *n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::producer_index_ok;
+
+    #[test]
+    fn producer_index_window_wraps_with_the_indices() {
+        // ci 10, fetched up to 14, ring of 8: 14..=18 are good.
+        assert!(producer_index_ok(14, 14, 10, 8));
+        assert!(producer_index_ok(18, 14, 10, 8));
+        assert!(!producer_index_ok(13, 14, 10, 8), "behind the fetch index");
+        assert!(!producer_index_ok(19, 14, 10, 8), "past the ring");
+        assert!(
+            !producer_index_ok(9, 10, 10, 8),
+            "behind the consumer index"
+        );
+        // Across 2^32.
+        let ci = u32::MAX - 2;
+        assert!(producer_index_ok(4, ci.wrapping_add(1), ci, 8));
+        assert!(!producer_index_ok(6, ci, ci, 8));
+        assert!(!producer_index_ok(ci - 1, ci, ci, 8));
     }
 }

@@ -569,7 +569,13 @@ pub fn flush(qp: &mut Qp, env: &mut Env) {
     for op in &ops {
         complete_op(qp, env, op, abi::WC_WR_FLUSH_ERR);
     }
-    while qp.req.sq_next != qp.req.sq_pi {
+    // Bounded by the ring size: the doorbell keeps sq_pi within a ring of
+    // the fetch index (`device::producer_index_ok`); the bound holds even
+    // if that were broken.
+    for _ in 0..qp.sq.size {
+        if qp.req.sq_next == qp.req.sq_pi {
+            break;
+        }
         let op = fetch_header_only(qp, env, qp.req.sq_next);
         qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
         complete_op(qp, env, &op, abi::WC_WR_FLUSH_ERR);

@@ -725,8 +725,13 @@ pub fn flush(qp: &mut Qp, env: &mut Env) {
     if qp.srqn != 0 {
         return;
     }
-    // Bounded by the ring size: the doorbell handler keeps pi - ci <= size.
-    while qp.resp.rq_ci != qp.resp.rq_pi {
+    // Bounded by the ring size: the doorbell keeps rq_pi within a ring of
+    // rq_ci (`device::producer_index_ok`); the bound holds even if that
+    // were broken.
+    for _ in 0..qp.rq.size {
+        if qp.resp.rq_ci == qp.resp.rq_pi {
+            break;
+        }
         let wr_id = recv_queue::wr_id_at(qp, env, qp.resp.rq_ci);
         qp.resp.rq_ci = qp.resp.rq_ci.wrapping_add(1);
         qp.resp.recv = Some(RecvCtx {
