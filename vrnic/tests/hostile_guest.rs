@@ -5,6 +5,12 @@
 //!   behind the requester's fetch index (or past the ring, or naming no
 //!   QP) is ignored and counted; the QP's later flush completes exactly
 //!   the WQEs that were posted, instead of looping ~2^32 times.
+//! - `read_into_read_only_mr_is_loc_prot_err`,
+//!   `atomic_into_read_only_mr_is_loc_prot_err` (item 7): a READ or atomic
+//!   whose local SGE is in an MR registered without `LOCAL_WRITE`
+//!   completes with `IBV_WC_LOC_PROT_ERR`, nothing is requested or
+//!   written, the QP moves to ERR; `receive_into_read_only_mr_is_loc_prot_err`:
+//!   likewise a receive WQE's SGEs need `LOCAL_WRITE`.
 //!
 //! Simulated clock only; every wait is bounded. A test whose device could
 //! loop for minutes runs under [`bounded`], so a regression fails instead
@@ -150,4 +156,104 @@ fn backwards_sq_doorbell_is_ignored() {
         assert_eq!((c.wr_id, c.status), (5, abi::WC_WR_FLUSH_ERR));
         assert_eq!(s.a.dev.stats().doorbells_ignored, after.doorbells_ignored);
     });
+}
+
+// ---------------------------------------------------------------------------
+// Item 7: READ and atomic results, and receives, need LOCAL_WRITE.
+
+/// A posts `wqe` whose one local SGE is 8 bytes at the start of a 4 KiB
+/// buffer registered with access 0 (local read only) and filled with
+/// 0xee; B's memory is readable and atomically writable. Checks that the
+/// WQE fails with `LOC_PROT_ERR` before anything is asked of B, that the
+/// buffer and B's memory are unchanged and that A's QP is in ERR.
+fn local_result_into_read_only_mr(opcode: u8, len: u32) {
+    let mut s = setup(ConnOpts::default(), true);
+    let remote = s.b.alloc(4096);
+    let theirs: Vec<u8> = (0..4096u32).map(|i| (i * 13) as u8).collect();
+    s.b.fill(remote, &theirs);
+    let (_, rk_b) = s.b.reg_mr(s.pdb, remote, 4096, ALL).unwrap();
+    let local = s.a.alloc(4096);
+    s.a.fill(local, &[0xee; 4096]);
+    let (lk_ro, _) = s.a.reg_mr(s.pda, local, 4096, 0).unwrap();
+    s.post(
+        abi::SendWqe {
+            wr_id: 1,
+            opcode,
+            send_flags: abi::SEND_SIGNALED,
+            remote_addr: remote,
+            rkey: rk_b,
+            compare_add: 1,
+            swap: 2,
+            ..Default::default()
+        },
+        &[sge(local, len, lk_ro)],
+    );
+    // Queued behind it: flushed, never sent.
+    s.post(
+        abi::SendWqe {
+            wr_id: 2,
+            opcode: abi::WR_SEND,
+            send_flags: abi::SEND_SIGNALED,
+            ..Default::default()
+        },
+        &[sge(local, 16, lk_ro)],
+    );
+    let c = s.cqe(false, "the READ/atomic");
+    assert_eq!(
+        (c.wr_id, c.status),
+        (1, abi::WC_LOC_PROT_ERR),
+        "opcode {opcode}: a result may not land in a read-only MR"
+    );
+    let c = s.cqe(false, "the WQE behind it");
+    assert_eq!((c.wr_id, c.status), (2, abi::WC_WR_FLUSH_ERR));
+    assert_eq!(
+        s.a.qp_state(s.qa.qpn),
+        abi::QPS_ERR,
+        "a local error is fatal"
+    );
+    s.assert_quiet(100, "after LOC_PROT_ERR");
+    assert_eq!(s.a.read(local, 4096), vec![0xee; 4096], "nothing written");
+    assert_eq!(s.b.read(remote, 4096), theirs, "nothing executed at B");
+    assert_eq!(s.b.dev.stats().rx_bytes, 0, "nothing requested of B");
+}
+
+#[test]
+fn read_into_read_only_mr_is_loc_prot_err() {
+    local_result_into_read_only_mr(abi::WR_RDMA_READ, 4096);
+}
+
+#[test]
+fn atomic_into_read_only_mr_is_loc_prot_err() {
+    local_result_into_read_only_mr(abi::WR_ATOMIC_FETCH_AND_ADD, 8);
+    local_result_into_read_only_mr(abi::WR_ATOMIC_CMP_AND_SWP, 8);
+}
+
+#[test]
+fn receive_into_read_only_mr_is_loc_prot_err() {
+    let mut s = setup(ConnOpts::default(), true);
+    let dst = s.b.alloc(4096);
+    s.b.fill(dst, &[0xee; 4096]);
+    let (lk_ro, _) =
+        s.b.reg_mr(s.pdb, dst, 4096, abi::ACCESS_REMOTE_READ)
+            .unwrap();
+    let now = s.now;
+    s.b.post_recv(&mut s.qb, 7, &[sge(dst, 4096, lk_ro)], now);
+    let src = s.a.alloc(4096);
+    s.a.fill(src, &[0x55; 4096]);
+    let (lk_a, _) = s.a.reg_mr(s.pda, src, 4096, ALL).unwrap();
+    s.post(
+        abi::SendWqe {
+            wr_id: 1,
+            opcode: abi::WR_SEND,
+            send_flags: abi::SEND_SIGNALED,
+            ..Default::default()
+        },
+        &[sge(src, 100, lk_a)],
+    );
+    let r = s.cqe(true, "the receive");
+    assert_eq!((r.wr_id, r.status), (7, abi::WC_LOC_PROT_ERR));
+    let c = s.cqe(false, "the SEND");
+    assert_eq!((c.wr_id, c.status), (1, abi::WC_REM_OP_ERR));
+    assert_eq!(s.b.read(dst, 4096), vec![0xee; 4096], "nothing written");
+    assert_eq!(s.b.qp_state(s.qb.qpn), abi::QPS_ERR);
 }

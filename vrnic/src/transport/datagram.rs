@@ -148,8 +148,8 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, net_hdr: &[u8]) 
     };
     let grh = grh_area(pkt, net_hdr);
     let total = GRH_LEN + pkt.payload.len();
-    let result = scatter_sges(env, &ctx.sges, 0, &grh)
-        .and_then(|_| scatter_sges(env, &ctx.sges, GRH_LEN as u32, pkt.payload));
+    let result = scatter_sges(env, qp.pdn, &ctx.sges, 0, &grh)
+        .and_then(|_| scatter_sges(env, qp.pdn, &ctx.sges, GRH_LEN as u32, pkt.payload));
     let status = match result {
         Ok(()) => abi::WC_SUCCESS,
         Err(s) => s,
