@@ -11,6 +11,10 @@
 //!   completes with `IBV_WC_LOC_PROT_ERR`, nothing is requested or
 //!   written, the QP moves to ERR; `receive_into_read_only_mr_is_loc_prot_err`:
 //!   likewise a receive WQE's SGEs need `LOCAL_WRITE`.
+//! - `rkeys_unpredictable_and_not_recycled`, `qpns_not_reused_soon`
+//!   (item 2): MR keys carry bits a peer cannot predict from the keys it
+//!   has seen, and neither a deregistered key nor a destroyed QP number
+//!   names a new object soon after, a device reset included.
 //!
 //! Simulated clock only; every wait is bounded. A test whose device could
 //! loop for minutes runs under [`bounded`], so a regression fails instead
@@ -18,6 +22,7 @@
 
 mod common;
 
+use std::collections::HashSet;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -256,4 +261,96 @@ fn receive_into_read_only_mr_is_loc_prot_err() {
     assert_eq!((c.wr_id, c.status), (1, abi::WC_REM_OP_ERR));
     assert_eq!(s.b.read(dst, 4096), vec![0xee; 4096], "nothing written");
     assert_eq!(s.b.qp_state(s.qb.qpn), abi::QPS_ERR);
+}
+
+// ---------------------------------------------------------------------------
+// Item 2: keys and QP numbers.
+
+fn dereg(n: &mut Node, lkey: u32) -> Result<Vec<u8>, u32> {
+    n.cmd(
+        abi::CMD_DEREG_MR,
+        &abi::Handle {
+            handle: lkey,
+            reserved: 0,
+        },
+    )
+}
+
+#[test]
+fn rkeys_unpredictable_and_not_recycled() {
+    let (mut a, mut b) = pair(1500);
+    let (pda, pdb) = (a.alloc_pd(), b.alloc_pd());
+    let (bufa, bufb) = (a.alloc(4096), b.alloc(4096));
+    // Sixteen MRs at once on each of two devices: what one device's keys
+    // are says nothing of the other's, nor of its own next ones.
+    let ka: Vec<u32> = (0..16)
+        .map(|_| a.reg_mr(pda, bufa, 4096, ALL).unwrap().1)
+        .collect();
+    let kb: Vec<u32> = (0..16)
+        .map(|_| b.reg_mr(pdb, bufb, 4096, ALL).unwrap().1)
+        .collect();
+    assert_ne!(ka, kb, "two devices hand out the same keys");
+    let low: HashSet<u8> = ka.iter().map(|k| *k as u8).collect();
+    assert!(low.len() > 1, "the key bytes are all alike: {ka:x?}");
+    // Register and deregister the same buffer many times: no key comes
+    // back, and none of the old ones works any more.
+    let mut seen: HashSet<u32> = ka.iter().copied().collect();
+    let mut stale = Vec::new();
+    for _ in 0..600 {
+        let (lkey, rkey) = a.reg_mr(pda, bufa, 4096, ALL).unwrap();
+        assert!(seen.insert(rkey), "rkey {rkey:#x} handed out twice");
+        dereg(&mut a, lkey).unwrap();
+        stale.push(lkey);
+    }
+    for k in &stale {
+        assert_eq!(
+            dereg(&mut a, *k),
+            Err(abi::STATUS_ENOENT),
+            "stale key {k:#x}"
+        );
+    }
+    // A device reset (a guest reboot) does not start the keys again.
+    a.dev.reset();
+    let pda = a.alloc_pd();
+    for _ in 0..16 {
+        let (_, rkey) = a.reg_mr(pda, bufa, 4096, ALL).unwrap();
+        assert!(
+            seen.insert(rkey),
+            "rkey {rkey:#x} named an MR before the reset"
+        );
+    }
+}
+
+#[test]
+fn qpns_not_reused_soon() {
+    let (mut a, _b) = pair(1500);
+    let pd = a.alloc_pd();
+    let cq = a.create_cq(64);
+    let mut seen = HashSet::new();
+    for _ in 0..300 {
+        let qp = a.create_qp(pd, &cq, 4, 1);
+        assert!(seen.insert(qp.qpn), "QPN {:#x} reused", qp.qpn);
+        assert!(qp.qpn > 1 && qp.qpn <= 0xff_ffff, "QPN {:#x}", qp.qpn);
+        a.cmd(
+            abi::CMD_DESTROY_QP,
+            &abi::Handle {
+                handle: qp.qpn,
+                reserved: 0,
+            },
+        )
+        .unwrap();
+    }
+    // A reset destroys every QP; the new ones get new numbers, so packets
+    // still in flight for the old ones find no QP.
+    a.dev.reset();
+    let pd = a.alloc_pd();
+    let cq = a.create_cq(64);
+    for _ in 0..8 {
+        let qp = a.create_qp(pd, &cq, 4, 1);
+        assert!(
+            seen.insert(qp.qpn),
+            "QPN {:#x} reused after a reset",
+            qp.qpn
+        );
+    }
 }

@@ -47,6 +47,7 @@ use crate::verbs::cq::Cq;
 use crate::verbs::mr::MrTable;
 use crate::verbs::qp::Qp;
 use crate::verbs::srq::Srq;
+use crate::verbs::table::{HandleSpace, HandleTable, KeySource};
 use crate::wire::{self, Frame};
 
 /// Builds the transport's [`Env`] from a device's fields, borrowing them
@@ -177,6 +178,14 @@ pub const MAX_PD: usize = 1024;
 pub const MAX_AH: usize = 4096;
 /// Maximum SRQs.
 pub const MAX_SRQ: usize = 1024;
+/// QP numbers: 24 bits, from 0x11 up (0 and 1 are IBTA's QP0 and QP1),
+/// allocated cyclically, at most [`MAX_QP`] alive.
+pub const QPN_SPACE: HandleSpace = HandleSpace {
+    first: 0x11,
+    index_bits: 24,
+    key_bits: 0,
+    max: MAX_QP,
+};
 /// Maximum WQEs per SQ/RQ.
 pub const MAX_QP_WR: u32 = 16384;
 /// Maximum CQEs per CQ.
@@ -207,25 +216,31 @@ pub fn producer_index_ok(index: u32, fetch: u32, ci: u32, size: u32) -> bool {
 pub struct Device {
     cfg: DeviceConfig,
     port: PortId,
-    pds: HashMap<u32, ()>,
-    next_pdn: u32,
+    pds: HandleTable<()>,
     mrs: MrTable,
-    cqs: HashMap<u32, Cq>,
-    next_cqn: u32,
-    qps: HashMap<u32, Qp>,
-    next_qpn: u32,
-    ahs: HashMap<u32, Ah>,
-    next_ahn: u32,
-    srqs: HashMap<u32, Srq>,
-    next_srqn: u32,
+    cqs: HandleTable<Cq>,
+    qps: HandleTable<Qp>,
+    ahs: HandleTable<Ah>,
+    srqs: HandleTable<Srq>,
     neigh: HashMap<IpAddr, [u8; 6]>,
     arp_sent: HashMap<IpAddr, Nanos>,
     out: Output,
 }
 
 impl Device {
-    /// A device with no objects.
+    /// A device with no objects, its MR key bytes from a secret drawn
+    /// from the kernel's CSPRNG ([`KeySource::from_os`]).
     pub fn new(cfg: DeviceConfig) -> Self {
+        Self::with_keys(cfg, KeySource::from_os())
+    }
+
+    /// A device whose MR keys come from `secret` ([`KeySource::seeded`]):
+    /// the same keys for the same commands, for reproducible fuzzing.
+    pub fn with_key_secret(cfg: DeviceConfig, secret: u64) -> Self {
+        Self::with_keys(cfg, KeySource::seeded(secret))
+    }
+
+    fn with_keys(cfg: DeviceConfig, keys: KeySource) -> Self {
         let port = PortId {
             mac: cfg.mac,
             ipv4: cfg.ipv4,
@@ -234,17 +249,12 @@ impl Device {
         Self {
             cfg,
             port,
-            pds: HashMap::new(),
-            next_pdn: 1,
-            mrs: MrTable::default(),
-            cqs: HashMap::new(),
-            next_cqn: 1,
-            qps: HashMap::new(),
-            next_qpn: 0x11,
-            ahs: HashMap::new(),
-            next_ahn: 1,
-            srqs: HashMap::new(),
-            next_srqn: 1,
+            pds: HandleTable::new(HandleSpace::numbers(MAX_PD)),
+            mrs: MrTable::new(MAX_MR, keys),
+            cqs: HandleTable::new(HandleSpace::numbers(MAX_CQ)),
+            qps: HandleTable::new(QPN_SPACE),
+            ahs: HandleTable::new(HandleSpace::numbers(MAX_AH)),
+            srqs: HandleTable::new(HandleSpace::numbers(MAX_SRQ)),
             neigh: HashMap::new(),
             arp_sent: HashMap::new(),
             out: Output::default(),
@@ -334,7 +344,7 @@ impl Device {
     fn try_doorbell(&mut self, mem: &dyn DmaMemory, db: &abi::Doorbell, now: Nanos) -> bool {
         match db.kind {
             abi::DB_SQ | abi::DB_RQ => {
-                let Some(qp) = self.qps.get_mut(&db.handle) else {
+                let Some(qp) = self.qps.get_mut(db.handle) else {
                     return false;
                 };
                 let ok = if db.kind == abi::DB_SQ {
@@ -369,7 +379,7 @@ impl Device {
                 }
             }
             abi::DB_SRQ => {
-                let Some(srq) = self.srqs.get_mut(&db.handle) else {
+                let Some(srq) = self.srqs.get_mut(db.handle) else {
                     return false;
                 };
                 if !producer_index_ok(db.index, srq.ci, srq.ci, srq.ring.size) {
@@ -378,7 +388,7 @@ impl Device {
                 srq.pi = db.index;
             }
             abi::DB_CQ_ARM | abi::DB_CQ_ARM_SOLICITED => {
-                let Some(cq) = self.cqs.get_mut(&db.handle) else {
+                let Some(cq) = self.cqs.get_mut(db.handle) else {
                     return false;
                 };
                 cq.armed = Some(db.kind == abi::DB_CQ_ARM_SOLICITED);
@@ -421,7 +431,7 @@ impl Device {
         // ICRC, so one corrupted or forged frame would misdirect every
         // later request of the QPs to that peer (replies go to the
         // request's source MAC and need no table).
-        let Some(qp) = self.qps.get_mut(&pkt.hdr.bth.dest_qp) else {
+        let Some(qp) = self.qps.get_mut(pkt.hdr.bth.dest_qp) else {
             self.out.stats.rx_dropped += 1;
             return;
         };
@@ -490,12 +500,20 @@ impl Device {
         self.out.events.pop_front()
     }
 
-    /// Device reset (virtio 1.2 §2.4): destroys every object.
+    /// Device reset (virtio 1.2 §2.4): destroys every object. Handle
+    /// allocation and the MR key source carry on where they were, so keys
+    /// and QP numbers held from before the reset, by the guest or by
+    /// peers, name nothing for a long time.
     pub fn reset(&mut self) {
-        let stats = self.out.stats.clone();
-        let cfg = self.cfg.clone();
-        *self = Self::new(cfg);
-        self.out.stats = stats;
+        let fresh = Self::new(self.cfg.clone());
+        let old = std::mem::replace(self, fresh);
+        self.out.stats = old.out.stats;
+        self.pds.continue_after(&old.pds);
+        self.mrs.continue_after(&old.mrs);
+        self.cqs.continue_after(&old.cqs);
+        self.qps.continue_after(&old.qps);
+        self.ahs.continue_after(&old.ahs);
+        self.srqs.continue_after(&old.srqs);
     }
 
     /// Counters.

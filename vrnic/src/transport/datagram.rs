@@ -50,7 +50,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             break;
         }
         let mut op = fetch(qp, env, qp.req.sq_next);
-        let ah = env.ahs.get(&op.wqe.ah).filter(|a| a.pdn == qp.pdn).copied();
+        let ah = env.ahs.get(op.wqe.ah).filter(|a| a.pdn == qp.pdn).copied();
         if op.error.is_none() {
             if ah.is_none() {
                 op.error = Some(abi::WC_LOC_QP_OP_ERR);

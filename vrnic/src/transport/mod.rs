@@ -24,6 +24,7 @@ use crate::verbs::cq::Cq;
 use crate::verbs::mr::MrTable;
 use crate::verbs::qp::Qp;
 use crate::verbs::srq::Srq;
+use crate::verbs::table::HandleTable;
 use crate::wire::{self, Aeth, Bth, Gid, Opcode, RoceHeaders};
 
 /// The port's identity: addresses used in packets, and its GID table.
@@ -114,11 +115,11 @@ pub struct Env<'a> {
     /// Memory regions (mutable for SEND with invalidate).
     pub mrs: &'a mut MrTable,
     /// Completion queues.
-    pub cqs: &'a mut HashMap<u32, Cq>,
+    pub cqs: &'a mut HandleTable<Cq>,
     /// Shared receive queues.
-    pub srqs: &'a mut HashMap<u32, Srq>,
+    pub srqs: &'a mut HandleTable<Srq>,
     /// Address handles.
-    pub ahs: &'a HashMap<u32, Ah>,
+    pub ahs: &'a HandleTable<Ah>,
     /// The port's addresses.
     pub port: &'a PortId,
     /// Known neighbours (IP → MAC).
@@ -133,7 +134,7 @@ impl Env<'_> {
     /// Writes a CQE to CQ `cqn`, raising `EV_COMP` when the CQ was armed and
     /// `EV_CQ_ERR` on overrun.
     pub fn complete(&mut self, cqn: u32, cqe: abi::Cqe, solicited: bool) {
-        let Some(cq) = self.cqs.get_mut(&cqn) else {
+        let Some(cq) = self.cqs.get_mut(cqn) else {
             return;
         };
         match cq.push(self.mem, cqe, solicited) {
