@@ -318,7 +318,7 @@ impl Target {
         .to_vec();
         req.extend_from_slice(body.as_bytes());
         let mut resp = [0u8; 8 + abi::MAX_CMD_BODY];
-        let n = self.dev.control(&self.mem, &req, &mut resp);
+        let n = self.dev.control(&self.mem, &req, &mut resp, self.now);
         let status =
             abi::RespHeader::read_from(&resp[..n.min(resp.len())]).map_or(u32::MAX, |h| h.status);
         (status, resp[8.min(n)..n.min(resp.len())].to_vec())
@@ -666,7 +666,7 @@ impl Target {
     /// One control command (arbitrary bytes); returns the response length.
     pub fn control(&mut self, req: &[u8]) -> usize {
         let mut resp = [0u8; 8 + abi::MAX_CMD_BODY];
-        let n = self.dev.control(&self.mem, req, &mut resp);
+        let n = self.dev.control(&self.mem, req, &mut resp, self.now);
         assert!(
             (8..=resp.len()).contains(&n),
             "a command got a {n}-byte response"

@@ -15,6 +15,10 @@
 //!   (item 2): MR keys carry bits a peer cannot predict from the keys it
 //!   has seen, and neither a deregistered key nor a destroyed QP number
 //!   names a new object soon after, a device reset included.
+//! - `sqd_to_rts_uses_the_callers_clock` (item 9): a `MODIFY_QP` that
+//!   starts sending (SQD → RTS with WQEs posted) arms the ACK timer from
+//!   the caller's clock, not from time 0: no false retransmission, no
+//!   `RETRY_EXC_ERR` with `retry_cnt` 0.
 //!
 //! Simulated clock only; every wait is bounded. A test whose device could
 //! loop for minutes runs under [`bounded`], so a regression fails instead
@@ -353,4 +357,72 @@ fn qpns_not_reused_soon() {
             qp.qpn
         );
     }
+}
+
+// ---------------------------------------------------------------------------
+// Item 9: commands run at the caller's time.
+
+fn modify_state(n: &mut Node, qpn: u32, state: u32) {
+    let a = abi::QpAttr {
+        qpn,
+        attr_mask: abi::QP_ATTR_STATE,
+        qp_state: state,
+        ..Default::default()
+    };
+    n.cmd(abi::CMD_MODIFY_QP, &a).unwrap();
+}
+
+#[test]
+fn sqd_to_rts_uses_the_callers_clock() {
+    // No retry: one expired ACK timer fails the WQE.
+    let o = ConnOpts {
+        retry: 0,
+        ..Default::default()
+    };
+    let mut s = setup(o, true);
+    let src = s.a.alloc(4096);
+    let (lk_a, _) = s.a.reg_mr(s.pda, src, 4096, ALL).unwrap();
+    let dst = s.b.alloc(4096);
+    let (lk_b, _) = s.b.reg_mr(s.pdb, dst, 4096, ALL).unwrap();
+    let send = |wr_id| abi::SendWqe {
+        wr_id,
+        opcode: abi::WR_SEND,
+        send_flags: abi::SEND_SIGNALED,
+        ..Default::default()
+    };
+    let now = s.now;
+    s.b.post_recv(&mut s.qb, 1, &[sge(dst, 4096, lk_b)], now);
+    s.b.post_recv(&mut s.qb, 2, &[sge(dst, 4096, lk_b)], now);
+    // One SEND end to end first (the peer's MAC is then known).
+    s.post(send(1), &[sge(src, 64, lk_a)]);
+    let c = s.cqe(false, "the first SEND");
+    assert_eq!((c.wr_id, c.status), (1, abi::WC_SUCCESS));
+    let r = s.cqe(true, "the first receive");
+    assert_eq!((r.wr_id, r.status), (1, abi::WC_SUCCESS));
+    // Drain the send queue, post while drained, let time pass.
+    let qpn = s.qa.qpn;
+    modify_state(&mut s.a, qpn, abi::QPS_SQD);
+    s.post(send(2), &[sge(src, 64, lk_a)]);
+    s.assert_quiet(10, "in SQD");
+    s.now += 5_000_000_000;
+    let now = s.now;
+    s.a.pump(now);
+    s.b.pump(now);
+    let before = s.a.dev.stats().retransmits;
+    // SQD -> RTS sends the WQE posted meanwhile, at the node's time.
+    modify_state(&mut s.a, qpn, abi::QPS_RTS);
+    let c = s.cqe(false, "the SEND posted in SQD");
+    assert_eq!(
+        (c.wr_id, c.status),
+        (2, abi::WC_SUCCESS),
+        "the ACK timer ran from the caller's clock"
+    );
+    assert_eq!(
+        s.a.dev.stats().retransmits,
+        before,
+        "no false retransmission"
+    );
+    assert_eq!(s.a.qp_state(qpn), abi::QPS_RTS);
+    let r = s.cqe(true, "the second receive");
+    assert_eq!((r.wr_id, r.status), (2, abi::WC_SUCCESS));
 }

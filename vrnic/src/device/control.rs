@@ -65,6 +65,7 @@ impl Device {
         opcode: u16,
         args: &[u8],
         out: &mut [u8],
+        now: Nanos,
     ) -> Result<usize, Status> {
         match opcode {
             abi::CMD_QUERY_DEVICE => {
@@ -176,7 +177,7 @@ impl Device {
                 Ok(0)
             }
             abi::CMD_CREATE_QP => self.create_qp(mem, arg(args)?, out),
-            abi::CMD_MODIFY_QP => self.modify_qp(mem, arg(args)?),
+            abi::CMD_MODIFY_QP => self.modify_qp(mem, arg(args)?, now),
             abi::CMD_QUERY_QP => {
                 let qp = self.qps.get(handle(args)?).ok_or(abi::STATUS_ENOENT)?;
                 let mut a = qp.attr;
@@ -211,7 +212,7 @@ impl Device {
                     })
                     .ok_or(abi::STATUS_ENOMEM)?;
                 // Resolve early so the first send does not wait for ARP.
-                self.resolve(av.dgid, 0);
+                self.resolve(av.dgid, now);
                 Ok(put(
                     out,
                     &abi::Handle {
@@ -498,7 +499,15 @@ impl Device {
         ))
     }
 
-    fn modify_qp(&mut self, mem: &dyn DmaMemory, a: abi::QpAttr) -> Result<usize, Status> {
+    /// `CMD_MODIFY_QP` at time `now`: the transport steps a transition
+    /// runs (SQD → RTS sending what was posted meanwhile, arming the ACK
+    /// timer) use the caller's clock.
+    fn modify_qp(
+        &mut self,
+        mem: &dyn DmaMemory,
+        a: abi::QpAttr,
+        now: Nanos,
+    ) -> Result<usize, Status> {
         let qp = self.qps.get_mut(a.qpn).ok_or(abi::STATUS_ENOENT)?;
         let next = validate_modify(qp, &a)?;
         if a.attr_mask & abi::QP_ATTR_AV != 0 {
@@ -512,7 +521,7 @@ impl Device {
         apply_attrs(&mut qp.attr, &a);
         qp.state = next;
         qp.attr.qp_state = next;
-        qp_step!(self, qp, mem, 0, |env| {
+        qp_step!(self, qp, mem, now, |env| {
             match next {
                 abi::QPS_RESET => {
                     qp.req = ReqState::default();
@@ -552,7 +561,7 @@ impl Device {
             (connected && (next == abi::QPS_RTR || next == abi::QPS_RTS)).then_some(qp.attr.dgid);
         if let Some(dgid) = dgid {
             // Resolve the peer early so the first send does not wait for ARP.
-            self.resolve(dgid, 0);
+            self.resolve(dgid, now);
         }
         Ok(0)
     }

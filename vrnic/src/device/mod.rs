@@ -289,19 +289,28 @@ impl Device {
         }
     }
 
-    /// Executes one control command. `req` holds an [`abi::CmdHeader`] and
+    /// Executes one control command at time `now` (ns on the caller's
+    /// monotonic clock, as for every entry point: a `CMD_MODIFY_QP` that
+    /// starts sending arms the ACK timer from it, address resolution
+    /// stamps its requests with it). `req` holds an [`abi::CmdHeader`] and
     /// its body; the response ([`abi::RespHeader`] and body) is written to
     /// `resp`. Returns the number of response bytes written (at least 8 when
     /// `resp` can hold a header; 0 when it cannot). Errors are statuses in the
     /// response (`abi::STATUS_*`), never panics.
-    pub fn control(&mut self, mem: &dyn DmaMemory, req: &[u8], resp: &mut [u8]) -> usize {
+    pub fn control(
+        &mut self,
+        mem: &dyn DmaMemory,
+        req: &[u8],
+        resp: &mut [u8],
+        now: Nanos,
+    ) -> usize {
         use abi::Pod;
         let mut body = [0u8; abi::MAX_CMD_BODY];
         let (status, n) = match abi::CmdHeader::read_from(req) {
             None => (abi::STATUS_EINVAL, 0),
             Some(h) => {
                 let args = &req[8..];
-                match self.command(mem, h.opcode, args, &mut body) {
+                match self.command(mem, h.opcode, args, &mut body, now) {
                     Ok(n) => (abi::STATUS_OK, n),
                     Err(s) => (s, 0),
                 }
