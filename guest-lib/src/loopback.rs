@@ -424,7 +424,7 @@ impl Engine {
         match m {
             Msg::Command(req, reply) => {
                 let mut resp = vec![0u8; size_of::<abi::RespHeader>() + abi::MAX_CMD_BODY];
-                let n = dev.control(&*self.mem, &req, &mut resp);
+                let n = dev.control(&*self.mem, &req, &mut resp, self.now());
                 resp.truncate(n);
                 // The caller may have given up waiting; nothing to do then.
                 let _ = reply.send(resp);

@@ -571,12 +571,15 @@ impl DataPath {
             debug!(cap, "control chain: no usable writable part");
             return 0;
         }
+        let now = self.now();
         let resp = &mut self.resp[..cap];
         resp.fill(0);
         let n = match chain::gather(mem, readable, &mut self.req) {
             Ok(len) => {
                 self.stats.commands += 1;
-                self.device.control(mem, &self.req[..len], resp).min(cap)
+                self.device
+                    .control(mem, &self.req[..len], resp, now)
+                    .min(cap)
             }
             Err(e) => {
                 self.stats.faulted_commands += 1;

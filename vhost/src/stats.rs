@@ -42,7 +42,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 }
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 36;
+pub const COUNTERS: usize = 37;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -68,6 +68,7 @@ pub const NAMES: [&str; COUNTERS] = [
     "nak_rem_op_received",
     "tx_bytes",
     "rx_bytes",
+    "doorbells_ignored",
     "commands",
     "rejected_chains",
     "faulted_commands",
@@ -138,6 +139,7 @@ impl Snapshot {
             nak_rem_op_received,
             tx_bytes,
             rx_bytes,
+            doorbells_ignored,
         } = *device;
         let BackendStats {
             commands,
@@ -179,6 +181,7 @@ impl Snapshot {
                 nak_rem_op_received,
                 tx_bytes,
                 rx_bytes,
+                doorbells_ignored,
                 commands,
                 rejected_chains,
                 faulted_commands,

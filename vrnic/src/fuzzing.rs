@@ -178,13 +178,15 @@ impl Target {
     /// Builds the target; panics only if the device refuses a valid setup.
     pub fn new(peer: Peer) -> Target {
         let mem = VecMemory::new(MEM_BASE, MEM_SIZE);
-        let dev = Device::new(DeviceConfig {
+        // A fixed key secret: the same input always meets the same keys.
+        let cfg = DeviceConfig {
             mac: MAC,
             ipv4: IP,
             prefix_len: 24,
             ipv6: Vec::new(),
             link_mtu: if peer.mtu >= 5 { 9000 } else { 1500 },
-        });
+        };
+        let dev = Device::with_key_secret(cfg, 0x0076_726e_6963);
         let blank = TargetQp {
             qpn: 0,
             qp_type: 0,
@@ -316,7 +318,7 @@ impl Target {
         .to_vec();
         req.extend_from_slice(body.as_bytes());
         let mut resp = [0u8; 8 + abi::MAX_CMD_BODY];
-        let n = self.dev.control(&self.mem, &req, &mut resp);
+        let n = self.dev.control(&self.mem, &req, &mut resp, self.now);
         let status =
             abi::RespHeader::read_from(&resp[..n.min(resp.len())]).map_or(u32::MAX, |h| h.status);
         (status, resp[8.min(n)..n.min(resp.len())].to_vec())
@@ -664,7 +666,7 @@ impl Target {
     /// One control command (arbitrary bytes); returns the response length.
     pub fn control(&mut self, req: &[u8]) -> usize {
         let mut resp = [0u8; 8 + abi::MAX_CMD_BODY];
-        let n = self.dev.control(&self.mem, req, &mut resp);
+        let n = self.dev.control(&self.mem, req, &mut resp, self.now);
         assert!(
             (8..=resp.len()).contains(&n),
             "a command got a {n}-byte response"

@@ -301,7 +301,7 @@ fn commands_with_out_of_range_addresses_are_rejected_and_device_carries_on() {
     );
     // A truncated command.
     let mut resp = [0u8; 64];
-    let n = a.dev.control(&a.mem, &[1, 0], &mut resp);
+    let n = a.dev.control(&a.mem, &[1, 0], &mut resp, a.now);
     assert_eq!(
         abi::RespHeader::read_from(&resp[..n]).unwrap().status,
         abi::STATUS_EINVAL

@@ -65,6 +65,7 @@ impl Device {
         opcode: u16,
         args: &[u8],
         out: &mut [u8],
+        now: Nanos,
     ) -> Result<usize, Status> {
         match opcode {
             abi::CMD_QUERY_DEVICE => {
@@ -129,9 +130,7 @@ impl Device {
                 if self.pds.len() >= MAX_PD {
                     return Err(abi::STATUS_ENOMEM);
                 }
-                let pdn = self.next_pdn;
-                self.next_pdn = self.next_pdn.wrapping_add(1).max(1);
-                self.pds.insert(pdn, ());
+                let pdn = self.pds.insert_with(0, |_| ()).ok_or(abi::STATUS_ENOMEM)?;
                 Ok(put(
                     out,
                     &abi::Handle {
@@ -142,7 +141,7 @@ impl Device {
             }
             abi::CMD_DEALLOC_PD => {
                 let pdn = handle(args)?;
-                if !self.pds.contains_key(&pdn) {
+                if !self.pds.contains(pdn) {
                     return Err(abi::STATUS_ENOENT);
                 }
                 if self.mrs.uses_pd(pdn)
@@ -152,7 +151,7 @@ impl Device {
                 {
                     return Err(abi::STATUS_EBUSY);
                 }
-                self.pds.remove(&pdn);
+                self.pds.remove(pdn);
                 Ok(0)
             }
             abi::CMD_REG_MR => self.reg_mr(mem, arg(args)?, out),
@@ -164,7 +163,7 @@ impl Device {
             abi::CMD_CREATE_CQ => self.create_cq(mem, arg(args)?, out),
             abi::CMD_DESTROY_CQ => {
                 let cqn = handle(args)?;
-                if !self.cqs.contains_key(&cqn) {
+                if !self.cqs.contains(cqn) {
                     return Err(abi::STATUS_ENOENT);
                 }
                 if self
@@ -174,13 +173,13 @@ impl Device {
                 {
                     return Err(abi::STATUS_EBUSY);
                 }
-                self.cqs.remove(&cqn);
+                self.cqs.remove(cqn);
                 Ok(0)
             }
             abi::CMD_CREATE_QP => self.create_qp(mem, arg(args)?, out),
-            abi::CMD_MODIFY_QP => self.modify_qp(mem, arg(args)?),
+            abi::CMD_MODIFY_QP => self.modify_qp(mem, arg(args)?, now),
             abi::CMD_QUERY_QP => {
-                let qp = self.qps.get(&handle(args)?).ok_or(abi::STATUS_ENOENT)?;
+                let qp = self.qps.get(handle(args)?).ok_or(abi::STATUS_ENOENT)?;
                 let mut a = qp.attr;
                 a.qpn = qp.qpn;
                 a.qp_state = qp.state;
@@ -188,12 +187,12 @@ impl Device {
             }
             abi::CMD_DESTROY_QP => {
                 let qpn = handle(args)?;
-                self.qps.remove(&qpn).ok_or(abi::STATUS_ENOENT)?;
+                self.qps.remove(qpn).ok_or(abi::STATUS_ENOENT)?;
                 Ok(0)
             }
             abi::CMD_CREATE_AH => {
                 let c: abi::CreateAh = arg(args)?;
-                if !self.pds.contains_key(&c.pdn) {
+                if !self.pds.contains(c.pdn) {
                     return Err(abi::STATUS_ENOENT);
                 }
                 if c.port_num != 1 || c.is_global == 0 {
@@ -204,18 +203,16 @@ impl Device {
                 if self.ahs.len() >= MAX_AH {
                     return Err(abi::STATUS_ENOMEM);
                 }
-                let ahn = self.next_ahn;
-                self.next_ahn = self.next_ahn.wrapping_add(1).max(1);
-                self.ahs.insert(
-                    ahn,
-                    Ah {
+                let ahn = self
+                    .ahs
+                    .insert_with(0, |ahn| Ah {
                         ahn,
                         pdn: c.pdn,
                         av,
-                    },
-                );
+                    })
+                    .ok_or(abi::STATUS_ENOMEM)?;
                 // Resolve early so the first send does not wait for ARP.
-                self.resolve(av.dgid, 0);
+                self.resolve(av.dgid, now);
                 Ok(put(
                     out,
                     &abi::Handle {
@@ -226,13 +223,13 @@ impl Device {
             }
             abi::CMD_DESTROY_AH => {
                 let ahn = handle(args)?;
-                self.ahs.remove(&ahn).ok_or(abi::STATUS_ENOENT)?;
+                self.ahs.remove(ahn).ok_or(abi::STATUS_ENOENT)?;
                 Ok(0)
             }
             abi::CMD_CREATE_SRQ => self.create_srq(mem, arg(args)?, out),
             abi::CMD_MODIFY_SRQ => {
                 let a: abi::SrqAttr = arg(args)?;
-                let srq = self.srqs.get_mut(&a.srqn).ok_or(abi::STATUS_ENOENT)?;
+                let srq = self.srqs.get_mut(a.srqn).ok_or(abi::STATUS_ENOENT)?;
                 if a.attr_mask & !(abi::SRQ_ATTR_MAX_WR | abi::SRQ_ATTR_LIMIT) != 0 {
                     return Err(abi::STATUS_EINVAL);
                 }
@@ -248,7 +245,7 @@ impl Device {
                 Ok(0)
             }
             abi::CMD_QUERY_SRQ => {
-                let srq = self.srqs.get(&handle(args)?).ok_or(abi::STATUS_ENOENT)?;
+                let srq = self.srqs.get(handle(args)?).ok_or(abi::STATUS_ENOENT)?;
                 Ok(put(
                     out,
                     &abi::SrqAttr {
@@ -263,13 +260,13 @@ impl Device {
             }
             abi::CMD_DESTROY_SRQ => {
                 let srqn = handle(args)?;
-                if !self.srqs.contains_key(&srqn) {
+                if !self.srqs.contains(srqn) {
                     return Err(abi::STATUS_ENOENT);
                 }
                 if self.qps.values().any(|q| q.srqn == srqn) {
                     return Err(abi::STATUS_EBUSY);
                 }
-                self.srqs.remove(&srqn);
+                self.srqs.remove(srqn);
                 Ok(0)
             }
             _ => Err(abi::STATUS_ENOSYS),
@@ -282,7 +279,7 @@ impl Device {
         r: abi::RegMr,
         out: &mut [u8],
     ) -> Result<usize, Status> {
-        if !self.pds.contains_key(&r.pdn) {
+        if !self.pds.contains(r.pdn) {
             return Err(abi::STATUS_ENOENT);
         }
         validate_reg(&r, MAX_MR_SIZE)?;
@@ -316,7 +313,7 @@ impl Device {
             pages,
             invalidated: false,
         };
-        let (lkey, rkey) = self.mrs.insert(mr, MAX_MR).ok_or(abi::STATUS_ENOMEM)?;
+        let (lkey, rkey) = self.mrs.insert(mr).ok_or(abi::STATUS_ENOMEM)?;
         Ok(put(out, &abi::MrKeys { lkey, rkey }))
     }
 
@@ -334,11 +331,9 @@ impl Device {
         }
         probe(mem, c.ring, c.cqe as u64 * size_of::<abi::Cqe>() as u64)?;
         probe(mem, c.db, 8)?;
-        let cqn = self.next_cqn;
-        self.next_cqn = self.next_cqn.wrapping_add(1).max(1);
-        self.cqs.insert(
-            cqn,
-            Cq {
+        let cqn = self
+            .cqs
+            .insert_with(0, |cqn| Cq {
                 cqn,
                 ring: c.ring,
                 size: c.cqe,
@@ -346,8 +341,8 @@ impl Device {
                 pi: 0,
                 armed: None,
                 broken: false,
-            },
-        );
+            })
+            .ok_or(abi::STATUS_ENOMEM)?;
         Ok(put(
             out,
             &abi::Handle {
@@ -366,14 +361,14 @@ impl Device {
         if !matches!(c.qp_type, abi::QPT_RC | abi::QPT_UC | abi::QPT_UD) {
             return Err(abi::STATUS_EOPNOTSUPP);
         }
-        if !self.pds.contains_key(&c.pdn)
-            || !self.cqs.contains_key(&c.send_cqn)
-            || !self.cqs.contains_key(&c.recv_cqn)
+        if !self.pds.contains(c.pdn)
+            || !self.cqs.contains(c.send_cqn)
+            || !self.cqs.contains(c.recv_cqn)
         {
             return Err(abi::STATUS_ENOENT);
         }
         if c.srqn != 0 {
-            let srq = self.srqs.get(&c.srqn).ok_or(abi::STATUS_ENOENT)?;
+            let srq = self.srqs.get(c.srqn).ok_or(abi::STATUS_ENOENT)?;
             if srq.pdn != c.pdn {
                 return Err(abi::STATUS_EINVAL);
             }
@@ -402,8 +397,16 @@ impl Device {
             probe(mem, c.rq, c.rq_size as u64 * rq_stride as u64)?;
         }
         probe(mem, c.db, 16)?;
-        let qpn = self.alloc_qpn();
-        let qp = Qp {
+        mem.write(c.db, &[0u8; 16])
+            .map_err(|_| abi::STATUS_EFAULT)?;
+        // UD has no PATH_MTU attribute: its messages may fill the port's
+        // active MTU, as on rxe and hardware RNICs.
+        let path_mtu = if c.qp_type == abi::QPT_UD {
+            self.active_mtu()
+        } else {
+            3
+        };
+        let make = |qpn| Qp {
             qpn,
             pdn: c.pdn,
             qp_type: c.qp_type,
@@ -428,13 +431,7 @@ impl Device {
             record: c.db,
             attr: abi::QpAttr {
                 qpn,
-                // UD has no PATH_MTU attribute: its messages may fill the
-                // port's active MTU, as on rxe and hardware RNICs.
-                path_mtu: if c.qp_type == abi::QPT_UD {
-                    self.active_mtu()
-                } else {
-                    3
-                },
+                path_mtu,
                 port_num: 1,
                 ..Default::default()
             },
@@ -442,9 +439,7 @@ impl Device {
             resp: RespState::default(),
             stats: Default::default(),
         };
-        mem.write(c.db, &[0u8; 16])
-            .map_err(|_| abi::STATUS_EFAULT)?;
-        self.qps.insert(qpn, qp);
+        let qpn = self.qps.insert_with(0, make).ok_or(abi::STATUS_ENOMEM)?;
         let r = abi::CreateQpResp {
             qpn,
             sq_stride,
@@ -460,7 +455,7 @@ impl Device {
         c: abi::CreateSrq,
         out: &mut [u8],
     ) -> Result<usize, Status> {
-        if !self.pds.contains_key(&c.pdn) {
+        if !self.pds.contains(c.pdn) {
             return Err(abi::STATUS_ENOENT);
         }
         if c.max_wr == 0 || !c.max_wr.is_power_of_two() || c.max_wr > MAX_QP_WR {
@@ -476,11 +471,9 @@ impl Device {
         probe(mem, c.ring, c.max_wr as u64 * stride as u64)?;
         probe(mem, c.db, 8)?;
         mem.write(c.db, &[0u8; 8]).map_err(|_| abi::STATUS_EFAULT)?;
-        let srqn = self.next_srqn;
-        self.next_srqn = self.next_srqn.wrapping_add(1).max(1);
-        self.srqs.insert(
-            srqn,
-            Srq {
+        let srqn = self
+            .srqs
+            .insert_with(0, |srqn| Srq {
                 srqn,
                 pdn: c.pdn,
                 ring: Ring {
@@ -493,8 +486,8 @@ impl Device {
                 pi: 0,
                 ci: 0,
                 record: c.db,
-            },
-        );
+            })
+            .ok_or(abi::STATUS_ENOMEM)?;
         Ok(put(
             out,
             &abi::CreateSrqResp {
@@ -506,23 +499,16 @@ impl Device {
         ))
     }
 
-    fn alloc_qpn(&mut self) -> u32 {
-        // Bounded: fewer than MAX_QP QPs exist, so a free number is near.
-        loop {
-            let qpn = self.next_qpn;
-            self.next_qpn = if self.next_qpn >= 0xff_ffff {
-                0x11
-            } else {
-                self.next_qpn + 1
-            };
-            if !self.qps.contains_key(&qpn) {
-                return qpn;
-            }
-        }
-    }
-
-    fn modify_qp(&mut self, mem: &dyn DmaMemory, a: abi::QpAttr) -> Result<usize, Status> {
-        let qp = self.qps.get_mut(&a.qpn).ok_or(abi::STATUS_ENOENT)?;
+    /// `CMD_MODIFY_QP` at time `now`: the transport steps a transition
+    /// runs (SQD → RTS sending what was posted meanwhile, arming the ACK
+    /// timer) use the caller's clock.
+    fn modify_qp(
+        &mut self,
+        mem: &dyn DmaMemory,
+        a: abi::QpAttr,
+        now: Nanos,
+    ) -> Result<usize, Status> {
+        let qp = self.qps.get_mut(a.qpn).ok_or(abi::STATUS_ENOENT)?;
         let next = validate_modify(qp, &a)?;
         if a.attr_mask & abi::QP_ATTR_AV != 0 {
             let av = Av::of_qp(&a);
@@ -530,12 +516,12 @@ impl Device {
             let _ = qp;
             self.check_av(&av)?;
         }
-        let qp = self.qps.get_mut(&a.qpn).ok_or(abi::STATUS_ENOENT)?;
+        let qp = self.qps.get_mut(a.qpn).ok_or(abi::STATUS_ENOENT)?;
         let prev = qp.state;
         apply_attrs(&mut qp.attr, &a);
         qp.state = next;
         qp.attr.qp_state = next;
-        qp_step!(self, qp, mem, 0, |env| {
+        qp_step!(self, qp, mem, now, |env| {
             match next {
                 abi::QPS_RESET => {
                     qp.req = ReqState::default();
@@ -575,7 +561,7 @@ impl Device {
             (connected && (next == abi::QPS_RTR || next == abi::QPS_RTS)).then_some(qp.attr.dgid);
         if let Some(dgid) = dgid {
             // Resolve the peer early so the first send does not wait for ARP.
-            self.resolve(dgid, 0);
+            self.resolve(dgid, now);
         }
         Ok(0)
     }

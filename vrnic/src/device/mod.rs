@@ -47,6 +47,7 @@ use crate::verbs::cq::Cq;
 use crate::verbs::mr::MrTable;
 use crate::verbs::qp::Qp;
 use crate::verbs::srq::Srq;
+use crate::verbs::table::{HandleSpace, HandleTable, KeySource};
 use crate::wire::{self, Frame};
 
 /// Builds the transport's [`Env`] from a device's fields, borrowing them
@@ -133,6 +134,10 @@ pub struct DeviceStats {
     /// RoCEv2 payload bytes received in packets for one of the device's
     /// QPs (counted as [`DeviceStats::tx_bytes`]).
     pub rx_bytes: u64,
+    /// Doorbells ignored ([`Device::doorbell`]): an unknown kind or
+    /// handle, or a producer index outside `[fetch index, consumer index +
+    /// ring size]` of its queue (device spec §5.x.6.9).
+    pub doorbells_ignored: u64,
 }
 
 impl DeviceStats {
@@ -173,6 +178,14 @@ pub const MAX_PD: usize = 1024;
 pub const MAX_AH: usize = 4096;
 /// Maximum SRQs.
 pub const MAX_SRQ: usize = 1024;
+/// QP numbers: 24 bits, from 0x11 up (0 and 1 are IBTA's QP0 and QP1),
+/// allocated cyclically, at most [`MAX_QP`] alive.
+pub const QPN_SPACE: HandleSpace = HandleSpace {
+    first: 0x11,
+    index_bits: 24,
+    key_bits: 0,
+    max: MAX_QP,
+};
 /// Maximum WQEs per SQ/RQ.
 pub const MAX_QP_WR: u32 = 16384;
 /// Maximum CQEs per CQ.
@@ -186,29 +199,48 @@ pub const MAX_MR_SIZE: u64 = 1 << 40;
 /// Largest page list of one MR (entries).
 pub const MAX_MR_PAGES: u32 = 1 << 20;
 
+/// True when `index`, a producer index a driver rang for a ring of `size`
+/// slots, is within the queue's window: at or after the device's fetch
+/// index `fetch` (the next WQE it would read) and at most `size` past its
+/// consumer index `ci` (the oldest WQE not yet completed), in free-running
+/// `u32` arithmetic (`ci <= fetch <= index <= ci + size`, modulo 2^32).
+/// Keeping every producer index there bounds each loop over a queue's
+/// WQEs by the ring size (device spec §5.x.6.9).
+pub fn producer_index_ok(index: u32, fetch: u32, ci: u32, size: u32) -> bool {
+    let posted = index.wrapping_sub(ci);
+    let fetched = fetch.wrapping_sub(ci);
+    fetched <= posted && posted <= size
+}
+
 /// One RNIC port: verbs objects, RoCEv2 transport and ARP.
 pub struct Device {
     cfg: DeviceConfig,
     port: PortId,
-    pds: HashMap<u32, ()>,
-    next_pdn: u32,
+    pds: HandleTable<()>,
     mrs: MrTable,
-    cqs: HashMap<u32, Cq>,
-    next_cqn: u32,
-    qps: HashMap<u32, Qp>,
-    next_qpn: u32,
-    ahs: HashMap<u32, Ah>,
-    next_ahn: u32,
-    srqs: HashMap<u32, Srq>,
-    next_srqn: u32,
+    cqs: HandleTable<Cq>,
+    qps: HandleTable<Qp>,
+    ahs: HandleTable<Ah>,
+    srqs: HandleTable<Srq>,
     neigh: HashMap<IpAddr, [u8; 6]>,
     arp_sent: HashMap<IpAddr, Nanos>,
     out: Output,
 }
 
 impl Device {
-    /// A device with no objects.
+    /// A device with no objects, its MR key bytes from a secret drawn
+    /// from the kernel's CSPRNG ([`KeySource::from_os`]).
     pub fn new(cfg: DeviceConfig) -> Self {
+        Self::with_keys(cfg, KeySource::from_os())
+    }
+
+    /// A device whose MR keys come from `secret` ([`KeySource::seeded`]):
+    /// the same keys for the same commands, for reproducible fuzzing.
+    pub fn with_key_secret(cfg: DeviceConfig, secret: u64) -> Self {
+        Self::with_keys(cfg, KeySource::seeded(secret))
+    }
+
+    fn with_keys(cfg: DeviceConfig, keys: KeySource) -> Self {
         let port = PortId {
             mac: cfg.mac,
             ipv4: cfg.ipv4,
@@ -217,17 +249,12 @@ impl Device {
         Self {
             cfg,
             port,
-            pds: HashMap::new(),
-            next_pdn: 1,
-            mrs: MrTable::default(),
-            cqs: HashMap::new(),
-            next_cqn: 1,
-            qps: HashMap::new(),
-            next_qpn: 0x11,
-            ahs: HashMap::new(),
-            next_ahn: 1,
-            srqs: HashMap::new(),
-            next_srqn: 1,
+            pds: HandleTable::new(HandleSpace::numbers(MAX_PD)),
+            mrs: MrTable::new(MAX_MR, keys),
+            cqs: HandleTable::new(HandleSpace::numbers(MAX_CQ)),
+            qps: HandleTable::new(QPN_SPACE),
+            ahs: HandleTable::new(HandleSpace::numbers(MAX_AH)),
+            srqs: HandleTable::new(HandleSpace::numbers(MAX_SRQ)),
             neigh: HashMap::new(),
             arp_sent: HashMap::new(),
             out: Output::default(),
@@ -262,19 +289,28 @@ impl Device {
         }
     }
 
-    /// Executes one control command. `req` holds an [`abi::CmdHeader`] and
+    /// Executes one control command at time `now` (ns on the caller's
+    /// monotonic clock, as for every entry point: a `CMD_MODIFY_QP` that
+    /// starts sending arms the ACK timer from it, address resolution
+    /// stamps its requests with it). `req` holds an [`abi::CmdHeader`] and
     /// its body; the response ([`abi::RespHeader`] and body) is written to
     /// `resp`. Returns the number of response bytes written (at least 8 when
     /// `resp` can hold a header; 0 when it cannot). Errors are statuses in the
     /// response (`abi::STATUS_*`), never panics.
-    pub fn control(&mut self, mem: &dyn DmaMemory, req: &[u8], resp: &mut [u8]) -> usize {
+    pub fn control(
+        &mut self,
+        mem: &dyn DmaMemory,
+        req: &[u8],
+        resp: &mut [u8],
+        now: Nanos,
+    ) -> usize {
         use abi::Pod;
         let mut body = [0u8; abi::MAX_CMD_BODY];
         let (status, n) = match abi::CmdHeader::read_from(req) {
             None => (abi::STATUS_EINVAL, 0),
             Some(h) => {
                 let args = &req[8..];
-                match self.command(mem, h.opcode, args, &mut body) {
+                match self.command(mem, h.opcode, args, &mut body, now) {
                     Ok(n) => (abi::STATUS_OK, n),
                     Err(s) => (s, 0),
                 }
@@ -296,23 +332,40 @@ impl Device {
         8 + n
     }
 
-    /// Handles one doorbell from the doorbell queue. Doorbells naming no QP
-    /// or CQ, or a producer index further than a ring's size ahead of its
-    /// consumer index, are ignored.
+    /// Handles one doorbell from the doorbell queue. A doorbell naming no
+    /// QP, CQ or SRQ, of an unknown kind, or whose producer index is
+    /// outside its queue's window ([`producer_index_ok`]) is ignored and
+    /// counted in [`DeviceStats::doorbells_ignored`] (device spec
+    /// §5.x.6.9): the queue keeps its previous producer index.
     pub fn doorbell(&mut self, mem: &dyn DmaMemory, db: &abi::Doorbell, now: Nanos) {
+        if !self.try_doorbell(mem, db, now) {
+            tracing::debug!(
+                kind = db.kind,
+                handle = db.handle,
+                index = db.index,
+                "doorbell ignored"
+            );
+            self.out.stats.doorbells_ignored += 1;
+        }
+    }
+
+    /// [`Device::doorbell`]; false when the doorbell was ignored.
+    fn try_doorbell(&mut self, mem: &dyn DmaMemory, db: &abi::Doorbell, now: Nanos) -> bool {
         match db.kind {
             abi::DB_SQ | abi::DB_RQ => {
-                let Some(qp) = self.qps.get_mut(&db.handle) else {
-                    return;
+                let Some(qp) = self.qps.get_mut(db.handle) else {
+                    return false;
                 };
-                let (ring, ci) = if db.kind == abi::DB_SQ {
-                    (qp.sq, qp.req.sq_ci)
+                let ok = if db.kind == abi::DB_SQ {
+                    // The requester has fetched up to sq_next: a producer
+                    // index behind it would make it fetch (or flush) from
+                    // sq_next round 2^32 to reach it.
+                    producer_index_ok(db.index, qp.req.sq_next, qp.req.sq_ci, qp.sq.size)
                 } else {
-                    (qp.rq, qp.resp.rq_ci)
+                    producer_index_ok(db.index, qp.resp.rq_ci, qp.resp.rq_ci, qp.rq.size)
                 };
-                if db.index.wrapping_sub(ci) > ring.size {
-                    tracing::warn!(qpn = qp.qpn, "doorbell index {} beyond ring", db.index);
-                    return;
+                if !ok {
+                    return false;
                 }
                 if db.kind == abi::DB_SQ {
                     qp.req.sq_pi = db.index;
@@ -335,22 +388,23 @@ impl Device {
                 }
             }
             abi::DB_SRQ => {
-                let Some(srq) = self.srqs.get_mut(&db.handle) else {
-                    return;
+                let Some(srq) = self.srqs.get_mut(db.handle) else {
+                    return false;
                 };
-                if db.index.wrapping_sub(srq.ci) > srq.ring.size {
-                    tracing::warn!(srqn = srq.srqn, "doorbell index {} beyond ring", db.index);
-                    return;
+                if !producer_index_ok(db.index, srq.ci, srq.ci, srq.ring.size) {
+                    return false;
                 }
                 srq.pi = db.index;
             }
             abi::DB_CQ_ARM | abi::DB_CQ_ARM_SOLICITED => {
-                if let Some(cq) = self.cqs.get_mut(&db.handle) {
-                    cq.armed = Some(db.kind == abi::DB_CQ_ARM_SOLICITED);
-                }
+                let Some(cq) = self.cqs.get_mut(db.handle) else {
+                    return false;
+                };
+                cq.armed = Some(db.kind == abi::DB_CQ_ARM_SOLICITED);
             }
-            _ => {}
+            _ => return false,
         }
+        true
     }
 
     /// Handles one frame received from the link. Frames not for this port,
@@ -386,7 +440,7 @@ impl Device {
         // ICRC, so one corrupted or forged frame would misdirect every
         // later request of the QPs to that peer (replies go to the
         // request's source MAC and need no table).
-        let Some(qp) = self.qps.get_mut(&pkt.hdr.bth.dest_qp) else {
+        let Some(qp) = self.qps.get_mut(pkt.hdr.bth.dest_qp) else {
             self.out.stats.rx_dropped += 1;
             return;
         };
@@ -455,12 +509,20 @@ impl Device {
         self.out.events.pop_front()
     }
 
-    /// Device reset (virtio 1.2 §2.4): destroys every object.
+    /// Device reset (virtio 1.2 §2.4): destroys every object. Handle
+    /// allocation and the MR key source carry on where they were, so keys
+    /// and QP numbers held from before the reset, by the guest or by
+    /// peers, name nothing for a long time.
     pub fn reset(&mut self) {
-        let stats = self.out.stats.clone();
-        let cfg = self.cfg.clone();
-        *self = Self::new(cfg);
-        self.out.stats = stats;
+        let fresh = Self::new(self.cfg.clone());
+        let old = std::mem::replace(self, fresh);
+        self.out.stats = old.out.stats;
+        self.pds.continue_after(&old.pds);
+        self.mrs.continue_after(&old.mrs);
+        self.cqs.continue_after(&old.cqs);
+        self.qps.continue_after(&old.qps);
+        self.ahs.continue_after(&old.ahs);
+        self.srqs.continue_after(&old.srqs);
     }
 
     /// Counters.
@@ -483,5 +545,28 @@ impl Device {
         out.clear();
         out.extend(self.qps.values().map(|q| (q.qpn, q.stats)));
         out.sort_unstable_by_key(|(n, _)| *n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::producer_index_ok;
+
+    #[test]
+    fn producer_index_window_wraps_with_the_indices() {
+        // ci 10, fetched up to 14, ring of 8: 14..=18 are good.
+        assert!(producer_index_ok(14, 14, 10, 8));
+        assert!(producer_index_ok(18, 14, 10, 8));
+        assert!(!producer_index_ok(13, 14, 10, 8), "behind the fetch index");
+        assert!(!producer_index_ok(19, 14, 10, 8), "past the ring");
+        assert!(
+            !producer_index_ok(9, 10, 10, 8),
+            "behind the consumer index"
+        );
+        // Across 2^32.
+        let ci = u32::MAX - 2;
+        assert!(producer_index_ok(4, ci.wrapping_add(1), ci, 8));
+        assert!(!producer_index_ok(6, ci, ci, 8));
+        assert!(!producer_index_ok(ci - 1, ci, ci, 8));
     }
 }

@@ -211,7 +211,7 @@ fn on_read_or_atomic_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     let last = op.resp_pkts + 1 == op.npkts;
     let result = if atomic {
         match pkt.hdr.atomic_ack_eth {
-            Some(a) => requester::scatter(env, op, 0, &a.orig.to_le_bytes()),
+            Some(a) => requester::scatter(env, qp.pdn, op, 0, &a.orig.to_le_bytes()),
             None => Err(abi::WC_BAD_RESP_ERR),
         }
     } else {
@@ -234,7 +234,7 @@ fn on_read_or_atomic_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
         if !kind_ok || len != want {
             Err(abi::WC_BAD_RESP_ERR)
         } else {
-            requester::scatter(env, op, offset, pkt.payload)
+            requester::scatter(env, qp.pdn, op, offset, pkt.payload)
         }
     };
     if let Err(status) = result {

@@ -50,7 +50,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             break;
         }
         let mut op = fetch(qp, env, qp.req.sq_next);
-        let ah = env.ahs.get(&op.wqe.ah).filter(|a| a.pdn == qp.pdn).copied();
+        let ah = env.ahs.get(op.wqe.ah).filter(|a| a.pdn == qp.pdn).copied();
         if op.error.is_none() {
             if ah.is_none() {
                 op.error = Some(abi::WC_LOC_QP_OP_ERR);
@@ -148,8 +148,8 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, net_hdr: &[u8]) 
     };
     let grh = grh_area(pkt, net_hdr);
     let total = GRH_LEN + pkt.payload.len();
-    let result = scatter_sges(env, &ctx.sges, 0, &grh)
-        .and_then(|_| scatter_sges(env, &ctx.sges, GRH_LEN as u32, pkt.payload));
+    let result = scatter_sges(env, qp.pdn, &ctx.sges, 0, &grh)
+        .and_then(|_| scatter_sges(env, qp.pdn, &ctx.sges, GRH_LEN as u32, pkt.payload));
     let status = match result {
         Ok(()) => abi::WC_SUCCESS,
         Err(s) => s,

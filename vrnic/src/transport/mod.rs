@@ -24,6 +24,7 @@ use crate::verbs::cq::Cq;
 use crate::verbs::mr::MrTable;
 use crate::verbs::qp::Qp;
 use crate::verbs::srq::Srq;
+use crate::verbs::table::HandleTable;
 use crate::wire::{self, Aeth, Bth, Gid, Opcode, RoceHeaders};
 
 /// The port's identity: addresses used in packets, and its GID table.
@@ -114,11 +115,11 @@ pub struct Env<'a> {
     /// Memory regions (mutable for SEND with invalidate).
     pub mrs: &'a mut MrTable,
     /// Completion queues.
-    pub cqs: &'a mut HashMap<u32, Cq>,
+    pub cqs: &'a mut HandleTable<Cq>,
     /// Shared receive queues.
-    pub srqs: &'a mut HashMap<u32, Srq>,
+    pub srqs: &'a mut HandleTable<Srq>,
     /// Address handles.
-    pub ahs: &'a HashMap<u32, Ah>,
+    pub ahs: &'a HandleTable<Ah>,
     /// The port's addresses.
     pub port: &'a PortId,
     /// Known neighbours (IP → MAC).
@@ -133,7 +134,7 @@ impl Env<'_> {
     /// Writes a CQE to CQ `cqn`, raising `EV_COMP` when the CQ was armed and
     /// `EV_CQ_ERR` on overrun.
     pub fn complete(&mut self, cqn: u32, cqe: abi::Cqe, solicited: bool) {
-        let Some(cq) = self.cqs.get_mut(&cqn) else {
+        let Some(cq) = self.cqs.get_mut(cqn) else {
             return;
         };
         match cq.push(self.mem, cqe, solicited) {
@@ -310,11 +311,20 @@ pub fn flush(qp: &mut Qp, env: &mut Env) {
     write_record(qp, env);
 }
 
-/// Scatters `data` into an SGE list starting at message byte `offset`
-/// (receive WQEs, READ responses, atomic results). `WC_LOC_PROT_ERR` when an
-/// SGE's MR is gone or its memory is unreachable, `WC_LOC_LEN_ERR` when the
-/// SGEs are too short.
-pub fn scatter_sges(env: &Env, sges: &[abi::Sge], offset: u32, data: &[u8]) -> Result<(), u8> {
+/// Scatters `data` into an SGE list of a QP in PD `pdn`, starting at
+/// message byte `offset` (receive WQEs, READ responses, atomic results).
+/// Each piece is checked again at the time of the write, as the device
+/// spec (§5.x.6.8) requires: its lkey must still name an MR of `pdn` with
+/// `ACCESS_LOCAL_WRITE` covering it (rxe's `copy_data` with
+/// `IB_ACCESS_LOCAL_WRITE`). `WC_LOC_PROT_ERR` when it does not or the
+/// memory is unreachable, `WC_LOC_LEN_ERR` when the SGEs are too short.
+pub fn scatter_sges(
+    env: &Env,
+    pdn: u32,
+    sges: &[abi::Sge],
+    offset: u32,
+    data: &[u8],
+) -> Result<(), u8> {
     let mut skip = offset as u64;
     let mut done = 0usize;
     for sge in sges {
@@ -327,8 +337,12 @@ pub fn scatter_sges(env: &Env, sges: &[abi::Sge], offset: u32, data: &[u8]) -> R
             continue;
         }
         let n = ((l - skip) as usize).min(data.len() - done);
-        let mr = env.mrs.get(sge.lkey).map_err(|_| abi::WC_LOC_PROT_ERR)?;
-        mr.write(env.mem, sge.addr + skip, &data[done..done + n])
+        let va = sge.addr.checked_add(skip).ok_or(abi::WC_LOC_PROT_ERR)?;
+        let mr = env
+            .mrs
+            .check(sge.lkey, pdn, abi::ACCESS_LOCAL_WRITE, va, n as u64)
+            .map_err(|_| abi::WC_LOC_PROT_ERR)?;
+        mr.write(env.mem, va, &data[done..done + n])
             .map_err(|_| abi::WC_LOC_PROT_ERR)?;
         done += n;
         skip = 0;

@@ -210,7 +210,12 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8
         abi::QPT_UD => send,
         _ => false,
     };
-    // READ and atomic results are written into the local buffers.
+    // READ and atomic results are written into the local buffers: their
+    // SGEs need ACCESS_LOCAL_WRITE, the others only local read. rxe finds
+    // out when the response arrives (rxe_comp.c do_read/do_atomic:
+    // copy_data with IB_ACCESS_LOCAL_WRITE, else IB_WC_LOC_PROT_ERR); we
+    // check at fetch, so nothing is asked of the peer, and again at the
+    // write (scatter_sges).
     let local_access = if is_read_or_atomic(w.opcode) {
         abi::ACCESS_LOCAL_WRITE
     } else {
@@ -243,7 +248,7 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8
             continue;
         }
         env.mrs
-            .check(sge.lkey, qp.pdn, 0, sge.addr, sge.length as u64)
+            .check(sge.lkey, qp.pdn, local_access, sge.addr, sge.length as u64)
             .map_err(|e| match e {
                 MrError::Bounds => abi::WC_LOC_LEN_ERR,
                 _ => abi::WC_LOC_PROT_ERR,
@@ -569,7 +574,13 @@ pub fn flush(qp: &mut Qp, env: &mut Env) {
     for op in &ops {
         complete_op(qp, env, op, abi::WC_WR_FLUSH_ERR);
     }
-    while qp.req.sq_next != qp.req.sq_pi {
+    // Bounded by the ring size: the doorbell keeps sq_pi within a ring of
+    // the fetch index (`device::producer_index_ok`); the bound holds even
+    // if that were broken.
+    for _ in 0..qp.sq.size {
+        if qp.req.sq_next == qp.req.sq_pi {
+            break;
+        }
         let op = fetch_header_only(qp, env, qp.req.sq_next);
         qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
         complete_op(qp, env, &op, abi::WC_WR_FLUSH_ERR);
@@ -594,11 +605,11 @@ fn fetch_header_only(qp: &Qp, env: &Env, index: u32) -> SendOp {
     }
 }
 
-/// Scatters `data` into `op`'s local SGEs at message byte `offset` (READ
-/// responses and atomic results).
-pub fn scatter(env: &Env, op: &SendOp, offset: u32, data: &[u8]) -> Result<(), u8> {
+/// Scatters `data` into `op`'s local SGEs (of a QP in PD `pdn`) at message
+/// byte `offset` (READ responses and atomic results).
+pub fn scatter(env: &Env, pdn: u32, op: &SendOp, offset: u32, data: &[u8]) -> Result<(), u8> {
     let Payload::Sges(sges) = &op.payload else {
         return Err(abi::WC_LOC_PROT_ERR);
     };
-    crate::transport::scatter_sges(env, sges, offset, data)
+    crate::transport::scatter_sges(env, pdn, sges, offset, data)
 }

@@ -521,8 +521,8 @@ fn take_recv(qp: &mut Qp, env: &mut Env) -> Result<Option<RecvCtx>, Fail> {
 }
 
 /// Scatters `data` at byte `offset` of the receive WQE's SGEs.
-fn scatter(env: &Env, ctx: &RecvCtx, data: &[u8]) -> Result<(), u8> {
-    crate::transport::scatter_sges(env, &ctx.sges, ctx.offset, data)
+fn scatter(env: &Env, pdn: u32, ctx: &RecvCtx, data: &[u8]) -> Result<(), u8> {
+    crate::transport::scatter_sges(env, pdn, &ctx.sges, ctx.offset, data)
 }
 
 fn execute_send(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<()>, Fail> {
@@ -536,7 +536,7 @@ fn execute_send(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<(
     let Some(ctx) = qp.resp.recv.as_ref() else {
         return Err(fail(NakCode::InvalidRequest));
     };
-    if let Err(status) = scatter(env, ctx, pkt.payload) {
+    if let Err(status) = scatter(env, qp.pdn, ctx, pkt.payload) {
         let nak = if status == abi::WC_LOC_LEN_ERR {
             NakCode::InvalidRequest
         } else {
@@ -725,8 +725,13 @@ pub fn flush(qp: &mut Qp, env: &mut Env) {
     if qp.srqn != 0 {
         return;
     }
-    // Bounded by the ring size: the doorbell handler keeps pi - ci <= size.
-    while qp.resp.rq_ci != qp.resp.rq_pi {
+    // Bounded by the ring size: the doorbell keeps rq_pi within a ring of
+    // rq_ci (`device::producer_index_ok`); the bound holds even if that
+    // were broken.
+    for _ in 0..qp.rq.size {
+        if qp.resp.rq_ci == qp.resp.rq_pi {
+            break;
+        }
         let wr_id = recv_queue::wr_id_at(qp, env, qp.resp.rq_ci);
         qp.resp.rq_ci = qp.resp.rq_ci.wrapping_add(1);
         qp.resp.recv = Some(RecvCtx {

@@ -3,6 +3,7 @@
 
 use crate::abi;
 use crate::mem::{DmaMemory, MemError};
+use crate::verbs::table::{HandleSpace, HandleTable, KeySource};
 
 /// Why an access through an MR was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -102,85 +103,88 @@ impl Mr {
     }
 }
 
-/// The MR table. Keys are `index << 8 | generation`: a deregistered MR's
-/// keys stop working because the slot's generation moves on.
-#[derive(Debug, Default)]
+/// The MR table: MRs by key, in a [`HandleTable`] of 24 index bits and 8
+/// key bits. A key is `index << 8 | key` as in rxe (`rxe_mr.c`:
+/// `mr->lkey = mr->elem.index << 8 | key`): the index is allocated
+/// cyclically over `[1, 2^24)`, so a deregistered key names no new MR
+/// until 2^24 − 1 more have been registered, and the low byte is drawn
+/// from the device's [`KeySource`], so it cannot be predicted from the
+/// keys already seen. The lkey and the rkey of an MR are the same key.
+#[derive(Debug)]
 pub struct MrTable {
-    slots: Vec<(u8, Option<Mr>)>,
+    table: HandleTable<Mr>,
+    keys: KeySource,
 }
 
 impl MrTable {
+    /// An empty table of at most `max` MRs whose key bytes come from `keys`.
+    pub fn new(max: usize, keys: KeySource) -> MrTable {
+        MrTable {
+            table: HandleTable::new(HandleSpace {
+                first: 1,
+                index_bits: 24,
+                key_bits: 8,
+                max,
+            }),
+            keys,
+        }
+    }
+
     /// Number of live MRs.
     pub fn len(&self) -> usize {
-        self.slots.iter().filter(|s| s.1.is_some()).count()
+        self.table.len()
     }
 
     /// True when no MR is registered.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.table.is_empty()
     }
 
     /// Registers `mr` (its keys are assigned here); returns `(lkey, rkey)`.
-    /// `None` when `max` MRs exist.
-    pub fn insert(&mut self, mut mr: Mr, max: usize) -> Option<(u32, u32)> {
-        let idx = match self.slots.iter().position(|s| s.1.is_none()) {
-            Some(i) => i,
-            None if self.slots.len() < max => {
-                self.slots.push((0, None));
-                self.slots.len() - 1
-            }
-            None => return None,
-        };
-        let slot = &mut self.slots[idx];
-        slot.0 = slot.0.wrapping_add(1);
-        // Index 0 with generation 0 would be key 0; generations start at 1.
-        if slot.0 == 0 {
-            slot.0 = 1;
-        }
-        let key = ((idx as u32 + 1) << 8) | slot.0 as u32;
-        mr.lkey = key;
-        mr.rkey = key;
-        slot.1 = Some(mr);
-        Some((key, key))
+    /// `None` when the table's maximum of MRs exist.
+    pub fn insert(&mut self, mr: Mr) -> Option<(u32, u32)> {
+        let key = self.keys.next_u32();
+        let k = self.table.insert_with(key, |k| Mr {
+            lkey: k,
+            rkey: k,
+            ..mr
+        })?;
+        Some((k, k))
     }
 
     /// The MR named by `key` (lkey or rkey).
     pub fn get(&self, key: u32) -> Result<&Mr, MrError> {
-        let idx = (key >> 8) as usize;
-        let gen = (key & 0xff) as u8;
-        match idx.checked_sub(1).and_then(|i| self.slots.get(i)) {
-            Some((g, Some(mr))) if *g == gen => Ok(mr),
-            _ => Err(MrError::BadKey(key)),
-        }
+        self.table.get(key).ok_or(MrError::BadKey(key))
     }
 
     /// Removes the MR named by `lkey`.
     pub fn remove(&mut self, lkey: u32) -> Option<Mr> {
-        self.get(lkey).ok()?;
-        let idx = (lkey >> 8) as usize - 1;
-        self.slots[idx].1.take()
+        self.table.remove(lkey)
+    }
+
+    /// Continues the key allocation and the key source of `old` (the
+    /// table a device reset replaces): keys handed out before the reset
+    /// stay unused.
+    pub fn continue_after(&mut self, old: &MrTable) {
+        self.table.continue_after(&old.table);
+        self.keys = old.keys.clone();
     }
 
     /// Invalidates the remote key `rkey` of an MR in `pdn` (the IETH of a
     /// SEND with invalidate, IBTA §9.4.1.3, §10.6.6): later remote accesses
     /// through it fail. `BadKey`/`WrongPd` when it names no MR of `pdn`.
     pub fn invalidate(&mut self, rkey: u32, pdn: u32) -> Result<(), MrError> {
-        let mr = self.get(rkey)?;
+        let mr = self.table.get_mut(rkey).ok_or(MrError::BadKey(rkey))?;
         if mr.pdn != pdn {
             return Err(MrError::WrongPd);
         }
-        let idx = (rkey >> 8) as usize - 1;
-        if let Some(mr) = self.slots[idx].1.as_mut() {
-            mr.invalidated = true;
-        }
+        mr.invalidated = true;
         Ok(())
     }
 
     /// True when some MR belongs to `pdn`.
     pub fn uses_pd(&self, pdn: u32) -> bool {
-        self.slots
-            .iter()
-            .any(|s| s.1.as_ref().is_some_and(|m| m.pdn == pdn))
+        self.table.values().any(|m| m.pdn == pdn)
     }
 
     /// Looks up `key` for an access by a QP in `pdn` needing `access`
@@ -277,8 +281,8 @@ mod tests {
 
     #[test]
     fn out_of_bounds_and_stale_keys_are_rejected() {
-        let mut t = MrTable::default();
-        let (lkey, _) = t.insert(mr(vec![0x5000, 0x2000]), 4).unwrap();
+        let mut t = MrTable::new(4, KeySource::seeded(7));
+        let (lkey, _) = t.insert(mr(vec![0x5000, 0x2000])).unwrap();
         assert!(matches!(
             t.check(lkey, 1, 0, 0x7000_07ff, 1),
             Err(MrError::Bounds)
@@ -303,7 +307,7 @@ mod tests {
             .check(lkey, 1, abi::ACCESS_REMOTE_WRITE, 0x7000_0800, 0x1800)
             .is_ok());
         t.remove(lkey).unwrap();
-        let (lkey2, _) = t.insert(mr(vec![0x5000, 0x2000]), 4).unwrap();
+        let (lkey2, _) = t.insert(mr(vec![0x5000, 0x2000])).unwrap();
         assert_ne!(lkey, lkey2);
         assert!(matches!(t.get(lkey), Err(MrError::BadKey(_))));
     }

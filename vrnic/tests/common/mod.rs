@@ -19,6 +19,9 @@ pub struct Node {
     pub link: Box<dyn Link>,
     next: u64,
     pub ip: std::net::Ipv4Addr,
+    /// The node's simulated clock: the time of the last [`Node::pump`],
+    /// at which [`Node::cmd`] runs commands.
+    pub now: Nanos,
 }
 
 pub struct Qp {
@@ -96,6 +99,7 @@ impl Node {
             link,
             next: MEM_BASE,
             ip,
+            now: 0,
         }
     }
 
@@ -120,7 +124,7 @@ impl Node {
         .to_vec();
         req.extend_from_slice(body.as_bytes());
         let mut resp = [0u8; 8 + abi::MAX_CMD_BODY];
-        let n = self.dev.control(&self.mem, &req, &mut resp);
+        let n = self.dev.control(&self.mem, &req, &mut resp, self.now);
         assert!(n >= 8);
         let h = abi::RespHeader::read_from(&resp).unwrap();
         if h.status != 0 {
@@ -339,6 +343,7 @@ impl Node {
 
     /// Moves frames: device → link, link → device. Returns frames moved.
     pub fn pump(&mut self, now: Nanos) -> usize {
+        self.now = now;
         let mut moved = 0;
         self.dev.poll(&self.mem, now);
         while let Some(f) = self.dev.pop_tx() {
@@ -654,8 +659,10 @@ impl RcPair {
     /// swapped).
     pub fn on(links: (Box<dyn Link>, Box<dyn Link>), oa: ConnOpts, connect_b: bool) -> RcPair {
         let link_mtu = if oa.mtu == 5 { 9000 } else { 1500 };
+        let start = 1_000_000_000;
         let mut a = Node::new(1, links.0, link_mtu);
         let mut b = Node::new(2, links.1, link_mtu);
+        (a.now, b.now) = (start, start);
         let pda = a.alloc_pd();
         let pdb = b.alloc_pd();
         let ca = a.create_cq(256);
@@ -681,7 +688,7 @@ impl RcPair {
             cb,
             pda,
             pdb,
-            now: 1_000_000_000,
+            now: start,
         }
     }
 

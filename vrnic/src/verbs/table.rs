@@ -1,0 +1,327 @@
+//! The handle table every kind of verbs object lives in (PD, MR, CQ, QP,
+//! SRQ, AH): handles allocated cyclically over a whole index space, never
+//! two live objects under one handle, lookups in O(1).
+//!
+//! A handle is `index << key_bits | key`: `index` counts up through
+//! `[first, 2^index_bits)` and wraps back to `first`, as Linux rxe's pools
+//! allocate (`rxe_pool.c`, `xa_alloc_cyclic`), so a handle freed now is
+//! handed out again only after the whole index space has gone round
+//! (2^24 allocations for every table of the device); `key` is the
+//! caller's (the random "key" byte of an MR key, as rxe's
+//! `mr->lkey = index << 8 | key`, see [`crate::verbs::mr`]). An object sits
+//! in slot `index mod capacity` (a power of two dividing 2^index_bits), and
+//! a lookup compares the full handle stored there, so a stale handle finds
+//! nothing even when its slot holds a newer object.
+
+/// The shape of a table's handles and its size limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandleSpace {
+    /// Lowest index handed out: lower ones are reserved (0 means "none"
+    /// in the ABI; QP numbers 0 and 1 are IBTA's QP0 and QP1).
+    pub first: u32,
+    /// Bits of an index (at most 24 with 8 key bits, 31 without).
+    pub index_bits: u32,
+    /// Low bits of a handle taken from the caller's key (0 or 8).
+    pub key_bits: u32,
+    /// Most objects alive at once (the device limit of the kind).
+    pub max: usize,
+}
+
+impl HandleSpace {
+    /// Handles `1 ..` of 24 index bits and no key bits, at most `max`
+    /// alive: PD, CQ, SRQ and AH numbers.
+    pub const fn numbers(max: usize) -> HandleSpace {
+        HandleSpace {
+            first: 1,
+            index_bits: 24,
+            key_bits: 0,
+            max,
+        }
+    }
+}
+
+/// Objects of one kind by handle (see the module documentation).
+#[derive(Debug)]
+pub struct HandleTable<T> {
+    space: HandleSpace,
+    /// Slot `index mod slots.len()`: the full handle and the object.
+    slots: Vec<Option<(u32, Box<T>)>>,
+    live: usize,
+    /// The next index to try.
+    next: u32,
+}
+
+impl<T> HandleTable<T> {
+    /// An empty table of `space`. Panics if `space` is malformed (more
+    /// than 32 handle bits, `first` outside the index space, or more
+    /// objects than indices): a programming error, not an input.
+    pub fn new(space: HandleSpace) -> Self {
+        assert!(space.index_bits + space.key_bits <= 32 && space.index_bits <= 31);
+        let cap = space.max.max(1).next_power_of_two();
+        assert!(u64::from(space.first) < 1u64 << space.index_bits);
+        assert!((cap as u64) < 1u64 << space.index_bits);
+        let mut slots = Vec::new();
+        slots.resize_with(cap, || None);
+        HandleTable {
+            space,
+            slots,
+            live: 0,
+            next: space.first,
+        }
+    }
+
+    /// Number of live objects.
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// True when no object is alive.
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// The most objects the table holds ([`HandleSpace::max`]).
+    pub fn max(&self) -> usize {
+        self.space.max
+    }
+
+    fn slot_of(&self, handle: u32) -> usize {
+        let index = handle >> self.space.key_bits;
+        index as usize & (self.slots.len() - 1)
+    }
+
+    /// Adds the object `make(handle)` under a new handle whose low
+    /// [`HandleSpace::key_bits`] bits are those of `key`; returns the
+    /// handle, or `None` when [`HandleSpace::max`] objects are alive
+    /// (`ENOMEM`). The index is the next free one cyclically after the
+    /// last one handed out; the search is bounded (at most twice the
+    /// capacity plus `first` steps), since fewer than capacity objects are
+    /// alive and each run of capacity consecutive indices covers every
+    /// slot.
+    pub fn insert_with(&mut self, key: u32, make: impl FnOnce(u32) -> T) -> Option<u32> {
+        if self.live >= self.space.max {
+            return None;
+        }
+        let end = 1u64 << self.space.index_bits;
+        let key_mask = ((1u64 << self.space.key_bits) - 1) as u32;
+        let steps = 2 * self.slots.len() + self.space.first as usize;
+        for _ in 0..steps {
+            let index = self.next;
+            self.next = if u64::from(index) + 1 >= end {
+                self.space.first
+            } else {
+                index + 1
+            };
+            let handle = ((u64::from(index) << self.space.key_bits) as u32) | (key & key_mask);
+            let slot = self.slot_of(handle);
+            if self.slots[slot].is_none() {
+                self.slots[slot] = Some((handle, Box::new(make(handle))));
+                self.live += 1;
+                return Some(handle);
+            }
+        }
+        None
+    }
+
+    /// The object named by `handle`, if alive.
+    pub fn get(&self, handle: u32) -> Option<&T> {
+        match &self.slots[self.slot_of(handle)] {
+            Some((h, v)) if *h == handle => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The object named by `handle`, if alive, mutably.
+    pub fn get_mut(&mut self, handle: u32) -> Option<&mut T> {
+        let slot = self.slot_of(handle);
+        match &mut self.slots[slot] {
+            Some((h, v)) if *h == handle => Some(v),
+            _ => None,
+        }
+    }
+
+    /// True when `handle` names a live object.
+    pub fn contains(&self, handle: u32) -> bool {
+        self.get(handle).is_some()
+    }
+
+    /// Removes and returns the object named by `handle`.
+    pub fn remove(&mut self, handle: u32) -> Option<T> {
+        let slot = self.slot_of(handle);
+        match &self.slots[slot] {
+            Some((h, _)) if *h == handle => {}
+            _ => return None,
+        }
+        self.live -= 1;
+        self.slots[slot].take().map(|(_, v)| *v)
+    }
+
+    /// Every live object with its handle, in slot order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
+        self.slots.iter().flatten().map(|(h, v)| (*h, v.as_ref()))
+    }
+
+    /// Every live object, in slot order.
+    pub fn values(&self) -> impl Iterator<Item = &T> {
+        self.slots.iter().flatten().map(|(_, v)| v.as_ref())
+    }
+
+    /// Every live object, mutably, in slot order.
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.slots.iter_mut().flatten().map(|(_, v)| v.as_mut())
+    }
+
+    /// Continues the cyclic allocation where `old` stopped (a table that
+    /// replaces `old` at a device reset), so handles of objects destroyed
+    /// by the reset are not handed out again soon.
+    pub fn continue_after(&mut self, old: &HandleTable<T>) {
+        if old.space == self.space {
+            self.next = old.next;
+        }
+    }
+}
+
+/// Where the random key bits of MR keys come from: a per-device secret
+/// mixed with a counter. The secret comes from the kernel's CSPRNG
+/// (`getrandom(2)`) unless given ([`KeySource::seeded`], for reproducible
+/// fuzzing). The mixing is splitmix64's finaliser: it hides the secret from
+/// a peer that sees 8 bits of each key well enough for keys a peer must
+/// guess (one wrong guess costs it the connection), but it is not a
+/// cryptographic PRF.
+#[derive(Debug, Clone)]
+pub struct KeySource {
+    secret: u64,
+    counter: u64,
+}
+
+impl KeySource {
+    /// A source with a fresh secret from `getrandom(2)` (falling back to
+    /// the standard library's randomly keyed hasher if that fails).
+    pub fn from_os() -> KeySource {
+        KeySource::seeded(os_random_u64())
+    }
+
+    /// A source with the given secret: the same keys every time.
+    pub fn seeded(secret: u64) -> KeySource {
+        KeySource { secret, counter: 0 }
+    }
+
+    /// The next 32 random-looking bits.
+    pub fn next_u32(&mut self) -> u32 {
+        self.counter = self.counter.wrapping_add(1);
+        let mut z = self
+            .secret
+            .wrapping_add(self.counter.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 32) as u32
+    }
+}
+
+fn os_random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most `b.len()` bytes into `b`.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n == b.len() as isize {
+        return u64::from_ne_bytes(b);
+    }
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn space(max: usize) -> HandleSpace {
+        HandleSpace {
+            first: 0x11,
+            index_bits: 24,
+            key_bits: 8,
+            max,
+        }
+    }
+
+    #[test]
+    fn handles_go_round_the_whole_index_space() {
+        let mut t = HandleTable::new(space(4));
+        let mut last = 0;
+        for i in 0..10_000u32 {
+            let h = t.insert_with(0xab, |h| h).unwrap();
+            assert_eq!(h & 0xff, 0xab);
+            assert_eq!(h >> 8, 0x11 + i, "cyclic, not the lowest free slot");
+            assert_eq!(t.get(h), Some(&h));
+            if last != 0 {
+                assert_eq!(t.get(last), None, "a stale handle names nothing");
+            }
+            assert_eq!(t.remove(h), Some(h));
+            last = h;
+        }
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn wraps_to_first_and_skips_live_slots() {
+        let mut t = HandleTable::new(HandleSpace {
+            first: 3,
+            index_bits: 4,
+            key_bits: 0,
+            max: 4,
+        });
+        let a = t.insert_with(0, |_| 0).unwrap();
+        assert_eq!(a, 3);
+        let (mut prev, mut wrapped) = (a, false);
+        for _ in 0..20 {
+            let h = t.insert_with(0, |h| h).unwrap();
+            assert!((3..16).contains(&h), "{h}: inside [first, 2^4)");
+            assert_ne!(h % 4, 3, "{h}: never in the live object's slot");
+            wrapped |= h < prev;
+            prev = h;
+            t.remove(h).unwrap();
+        }
+        assert!(wrapped, "the cursor went round");
+        assert_eq!(t.get(a), Some(&0));
+    }
+
+    #[test]
+    fn full_table_refuses_and_every_live_handle_stays_unique() {
+        let mut t = HandleTable::new(space(8));
+        let hs: Vec<u32> = (0..8).map(|i| t.insert_with(i, |h| h).unwrap()).collect();
+        assert_eq!(t.insert_with(0, |h| h), None, "max objects alive");
+        assert_eq!(t.len(), 8);
+        // Free every other one; new ones land in free slots only.
+        for h in hs.iter().step_by(2) {
+            t.remove(*h).unwrap();
+        }
+        for _ in 0..4 {
+            t.insert_with(0, |h| h).unwrap();
+        }
+        let live: Vec<u32> = t
+            .iter()
+            .map(|(h, v)| {
+                assert_eq!(h, *v);
+                h
+            })
+            .collect();
+        assert_eq!(live.len(), 8);
+        assert_eq!(t.insert_with(0, |h| h), None);
+    }
+
+    #[test]
+    fn seeded_keys_repeat_and_differ_by_seed() {
+        let a: Vec<u32> = {
+            let mut k = KeySource::seeded(1);
+            (0..8).map(|_| k.next_u32()).collect()
+        };
+        let mut k = KeySource::seeded(1);
+        assert_eq!(a, (0..8).map(|_| k.next_u32()).collect::<Vec<_>>());
+        let mut k = KeySource::seeded(2);
+        assert_ne!(a, (0..8).map(|_| k.next_u32()).collect::<Vec<_>>());
+    }
+}

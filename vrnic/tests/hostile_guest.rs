@@ -1,0 +1,428 @@
+//! Named regressions of issue 9, "hostile guests": what a driver that
+//! breaks the device spec on purpose must not achieve.
+//!
+//! - `backwards_sq_doorbell_is_ignored` (item 6): a `DB_SQ` producer index
+//!   behind the requester's fetch index (or past the ring, or naming no
+//!   QP) is ignored and counted; the QP's later flush completes exactly
+//!   the WQEs that were posted, instead of looping ~2^32 times.
+//! - `read_into_read_only_mr_is_loc_prot_err`,
+//!   `atomic_into_read_only_mr_is_loc_prot_err` (item 7): a READ or atomic
+//!   whose local SGE is in an MR registered without `LOCAL_WRITE`
+//!   completes with `IBV_WC_LOC_PROT_ERR`, nothing is requested or
+//!   written, the QP moves to ERR; `receive_into_read_only_mr_is_loc_prot_err`:
+//!   likewise a receive WQE's SGEs need `LOCAL_WRITE`.
+//! - `rkeys_unpredictable_and_not_recycled`, `qpns_not_reused_soon`
+//!   (item 2): MR keys carry bits a peer cannot predict from the keys it
+//!   has seen, and neither a deregistered key nor a destroyed QP number
+//!   names a new object soon after, a device reset included.
+//! - `sqd_to_rts_uses_the_callers_clock` (item 9): a `MODIFY_QP` that
+//!   starts sending (SQD → RTS with WQEs posted) arms the ACK timer from
+//!   the caller's clock, not from time 0: no false retransmission, no
+//!   `RETRY_EXC_ERR` with `retry_cnt` 0.
+//!
+//! Simulated clock only; every wait is bounded. A test whose device could
+//! loop for minutes runs under [`bounded`], so a regression fails instead
+//! of hanging the suite.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::*;
+use vrnic::abi;
+
+const ALL: u32 = abi::ACCESS_LOCAL_WRITE
+    | abi::ACCESS_REMOTE_WRITE
+    | abi::ACCESS_REMOTE_READ
+    | abi::ACCESS_REMOTE_ATOMIC;
+
+fn setup(oa: ConnOpts, connect_b: bool) -> RcPair {
+    let (la, lb) = QueueLink::pair();
+    RcPair::on((Box::new(la), Box::new(lb)), oa, connect_b)
+}
+
+/// Runs `f` on its own thread and fails the test if it has not finished
+/// within `secs` seconds of wall-clock time (a device stuck in a loop);
+/// a panic inside `f` is the test's panic.
+fn bounded(secs: u64, f: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = mpsc::channel();
+    let h = std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(()) => h.join().unwrap(),
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            if let Err(p) = h.join() {
+                std::panic::resume_unwind(p);
+            }
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            panic!("the device did not finish within {secs} s: an unbounded loop")
+        }
+    }
+}
+
+fn doorbell(n: &mut Node, kind: u16, handle: u32, index: u32, now: u64) {
+    let db = abi::Doorbell {
+        kind,
+        handle,
+        index,
+        ..Default::default()
+    };
+    n.dev.doorbell(&n.mem, &db, now);
+}
+
+// ---------------------------------------------------------------------------
+// Item 6: backwards and out-of-range doorbells.
+
+#[test]
+fn backwards_sq_doorbell_is_ignored() {
+    bounded(30, || {
+        // B stays in RESET: A's SENDs are fetched and sent, never acknowledged.
+        let mut s = setup(ConnOpts::default(), false);
+        let src = s.a.alloc(4096);
+        let (lk, _) = s.a.reg_mr(s.pda, src, 4096, ALL).unwrap();
+        for wr_id in 1..=4 {
+            s.post(
+                abi::SendWqe {
+                    wr_id,
+                    opcode: abi::WR_SEND,
+                    send_flags: abi::SEND_SIGNALED,
+                    ..Default::default()
+                },
+                &[sge(src, 64, lk)],
+            );
+        }
+        // Once B's MAC is known the requester has fetched and sent WQEs
+        // 0..4 and none is completed: the fetch index is 4, the completion
+        // index 0.
+        for _ in 0..100 {
+            if s.a.pump(s.now) + s.b.pump(s.now) == 0 {
+                break;
+            }
+        }
+        assert!(
+            s.a.dev.stats().tx_bytes >= 4 * 64,
+            "the four SENDs went out"
+        );
+        let (qpn, now) = (s.qa.qpn, s.now);
+        let before = s.a.dev.stats().clone();
+        // Behind the fetch index, though within a ring of the completion index.
+        doorbell(&mut s.a, abi::DB_SQ, qpn, 2, now);
+        doorbell(&mut s.a, abi::DB_SQ, qpn, 0, now);
+        // Past the ring: more than 64 WQEs beyond the completion index.
+        doorbell(&mut s.a, abi::DB_SQ, qpn, 65, now);
+        // An RQ producer index behind its consumer index.
+        doorbell(&mut s.a, abi::DB_RQ, qpn, u32::MAX, now);
+        // No such QP, CQ or SRQ; no such kind.
+        doorbell(&mut s.a, abi::DB_SQ, qpn ^ 0x80_0000, 5, now);
+        doorbell(&mut s.a, abi::DB_CQ_ARM, 0xdead, 0, now);
+        doorbell(&mut s.a, abi::DB_SRQ, 0xdead, 1, now);
+        doorbell(&mut s.a, 0x77, qpn, 5, now);
+        assert!(
+            s.a.dev.pop_tx().is_none(),
+            "an ignored doorbell sends nothing"
+        );
+        // ERR flushes exactly the four WQEs posted, in order (the flush
+        // used to run from the fetch index 4 to the bogus producer index
+        // 2: about 2^32 iterations with the device held).
+        let err = abi::QpAttr {
+            qpn,
+            attr_mask: abi::QP_ATTR_STATE,
+            qp_state: abi::QPS_ERR,
+            ..Default::default()
+        };
+        s.a.cmd(abi::CMD_MODIFY_QP, &err).unwrap();
+        for wr_id in 1..=4 {
+            let c = s.a.poll_cq(&mut s.ca).expect("a flushed WQE");
+            assert_eq!((c.wr_id, c.status), (wr_id, abi::WC_WR_FLUSH_ERR));
+        }
+        assert_eq!(s.a.poll_cq(&mut s.ca), None, "only the posted WQEs");
+        // The QP record shows the SQ consumed up to the last real WQE.
+        let rec = s.a.read(s.qa.rec, 8);
+        assert_eq!(u32::from_le_bytes(rec[..4].try_into().unwrap()), 4);
+        assert_eq!(u32::from_le_bytes(rec[4..].try_into().unwrap()), 0);
+        let after = s.a.dev.stats().clone();
+        assert_eq!(
+            after.doorbells_ignored - before.doorbells_ignored,
+            8,
+            "every bad doorbell is counted: {after:?}"
+        );
+        // A good doorbell still works on the QP in ERR: flushed at once.
+        s.post(
+            abi::SendWqe {
+                wr_id: 5,
+                opcode: abi::WR_SEND,
+                send_flags: abi::SEND_SIGNALED,
+                ..Default::default()
+            },
+            &[sge(src, 64, lk)],
+        );
+        let c = s.a.poll_cq(&mut s.ca).expect("the new WQE is flushed");
+        assert_eq!((c.wr_id, c.status), (5, abi::WC_WR_FLUSH_ERR));
+        assert_eq!(s.a.dev.stats().doorbells_ignored, after.doorbells_ignored);
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Item 7: READ and atomic results, and receives, need LOCAL_WRITE.
+
+/// A posts `wqe` whose one local SGE is 8 bytes at the start of a 4 KiB
+/// buffer registered with access 0 (local read only) and filled with
+/// 0xee; B's memory is readable and atomically writable. Checks that the
+/// WQE fails with `LOC_PROT_ERR` before anything is asked of B, that the
+/// buffer and B's memory are unchanged and that A's QP is in ERR.
+fn local_result_into_read_only_mr(opcode: u8, len: u32) {
+    let mut s = setup(ConnOpts::default(), true);
+    let remote = s.b.alloc(4096);
+    let theirs: Vec<u8> = (0..4096u32).map(|i| (i * 13) as u8).collect();
+    s.b.fill(remote, &theirs);
+    let (_, rk_b) = s.b.reg_mr(s.pdb, remote, 4096, ALL).unwrap();
+    let local = s.a.alloc(4096);
+    s.a.fill(local, &[0xee; 4096]);
+    let (lk_ro, _) = s.a.reg_mr(s.pda, local, 4096, 0).unwrap();
+    s.post(
+        abi::SendWqe {
+            wr_id: 1,
+            opcode,
+            send_flags: abi::SEND_SIGNALED,
+            remote_addr: remote,
+            rkey: rk_b,
+            compare_add: 1,
+            swap: 2,
+            ..Default::default()
+        },
+        &[sge(local, len, lk_ro)],
+    );
+    // Queued behind it: flushed, never sent.
+    s.post(
+        abi::SendWqe {
+            wr_id: 2,
+            opcode: abi::WR_SEND,
+            send_flags: abi::SEND_SIGNALED,
+            ..Default::default()
+        },
+        &[sge(local, 16, lk_ro)],
+    );
+    let c = s.cqe(false, "the READ/atomic");
+    assert_eq!(
+        (c.wr_id, c.status),
+        (1, abi::WC_LOC_PROT_ERR),
+        "opcode {opcode}: a result may not land in a read-only MR"
+    );
+    let c = s.cqe(false, "the WQE behind it");
+    assert_eq!((c.wr_id, c.status), (2, abi::WC_WR_FLUSH_ERR));
+    assert_eq!(
+        s.a.qp_state(s.qa.qpn),
+        abi::QPS_ERR,
+        "a local error is fatal"
+    );
+    s.assert_quiet(100, "after LOC_PROT_ERR");
+    assert_eq!(s.a.read(local, 4096), vec![0xee; 4096], "nothing written");
+    assert_eq!(s.b.read(remote, 4096), theirs, "nothing executed at B");
+    assert_eq!(s.b.dev.stats().rx_bytes, 0, "nothing requested of B");
+}
+
+#[test]
+fn read_into_read_only_mr_is_loc_prot_err() {
+    local_result_into_read_only_mr(abi::WR_RDMA_READ, 4096);
+}
+
+#[test]
+fn atomic_into_read_only_mr_is_loc_prot_err() {
+    local_result_into_read_only_mr(abi::WR_ATOMIC_FETCH_AND_ADD, 8);
+    local_result_into_read_only_mr(abi::WR_ATOMIC_CMP_AND_SWP, 8);
+}
+
+#[test]
+fn receive_into_read_only_mr_is_loc_prot_err() {
+    let mut s = setup(ConnOpts::default(), true);
+    let dst = s.b.alloc(4096);
+    s.b.fill(dst, &[0xee; 4096]);
+    let (lk_ro, _) =
+        s.b.reg_mr(s.pdb, dst, 4096, abi::ACCESS_REMOTE_READ)
+            .unwrap();
+    let now = s.now;
+    s.b.post_recv(&mut s.qb, 7, &[sge(dst, 4096, lk_ro)], now);
+    let src = s.a.alloc(4096);
+    s.a.fill(src, &[0x55; 4096]);
+    let (lk_a, _) = s.a.reg_mr(s.pda, src, 4096, ALL).unwrap();
+    s.post(
+        abi::SendWqe {
+            wr_id: 1,
+            opcode: abi::WR_SEND,
+            send_flags: abi::SEND_SIGNALED,
+            ..Default::default()
+        },
+        &[sge(src, 100, lk_a)],
+    );
+    let r = s.cqe(true, "the receive");
+    assert_eq!((r.wr_id, r.status), (7, abi::WC_LOC_PROT_ERR));
+    let c = s.cqe(false, "the SEND");
+    assert_eq!((c.wr_id, c.status), (1, abi::WC_REM_OP_ERR));
+    assert_eq!(s.b.read(dst, 4096), vec![0xee; 4096], "nothing written");
+    assert_eq!(s.b.qp_state(s.qb.qpn), abi::QPS_ERR);
+}
+
+// ---------------------------------------------------------------------------
+// Item 2: keys and QP numbers.
+
+fn dereg(n: &mut Node, lkey: u32) -> Result<Vec<u8>, u32> {
+    n.cmd(
+        abi::CMD_DEREG_MR,
+        &abi::Handle {
+            handle: lkey,
+            reserved: 0,
+        },
+    )
+}
+
+#[test]
+fn rkeys_unpredictable_and_not_recycled() {
+    let (mut a, mut b) = pair(1500);
+    let (pda, pdb) = (a.alloc_pd(), b.alloc_pd());
+    let (bufa, bufb) = (a.alloc(4096), b.alloc(4096));
+    // Sixteen MRs at once on each of two devices: what one device's keys
+    // are says nothing of the other's, nor of its own next ones.
+    let ka: Vec<u32> = (0..16)
+        .map(|_| a.reg_mr(pda, bufa, 4096, ALL).unwrap().1)
+        .collect();
+    let kb: Vec<u32> = (0..16)
+        .map(|_| b.reg_mr(pdb, bufb, 4096, ALL).unwrap().1)
+        .collect();
+    assert_ne!(ka, kb, "two devices hand out the same keys");
+    let low: HashSet<u8> = ka.iter().map(|k| *k as u8).collect();
+    assert!(low.len() > 1, "the key bytes are all alike: {ka:x?}");
+    // Register and deregister the same buffer many times: no key comes
+    // back, and none of the old ones works any more.
+    let mut seen: HashSet<u32> = ka.iter().copied().collect();
+    let mut stale = Vec::new();
+    for _ in 0..600 {
+        let (lkey, rkey) = a.reg_mr(pda, bufa, 4096, ALL).unwrap();
+        assert!(seen.insert(rkey), "rkey {rkey:#x} handed out twice");
+        dereg(&mut a, lkey).unwrap();
+        stale.push(lkey);
+    }
+    for k in &stale {
+        assert_eq!(
+            dereg(&mut a, *k),
+            Err(abi::STATUS_ENOENT),
+            "stale key {k:#x}"
+        );
+    }
+    // A device reset (a guest reboot) does not start the keys again.
+    a.dev.reset();
+    let pda = a.alloc_pd();
+    for _ in 0..16 {
+        let (_, rkey) = a.reg_mr(pda, bufa, 4096, ALL).unwrap();
+        assert!(
+            seen.insert(rkey),
+            "rkey {rkey:#x} named an MR before the reset"
+        );
+    }
+}
+
+#[test]
+fn qpns_not_reused_soon() {
+    let (mut a, _b) = pair(1500);
+    let pd = a.alloc_pd();
+    let cq = a.create_cq(64);
+    let mut seen = HashSet::new();
+    for _ in 0..300 {
+        let qp = a.create_qp(pd, &cq, 4, 1);
+        assert!(seen.insert(qp.qpn), "QPN {:#x} reused", qp.qpn);
+        assert!(qp.qpn > 1 && qp.qpn <= 0xff_ffff, "QPN {:#x}", qp.qpn);
+        a.cmd(
+            abi::CMD_DESTROY_QP,
+            &abi::Handle {
+                handle: qp.qpn,
+                reserved: 0,
+            },
+        )
+        .unwrap();
+    }
+    // A reset destroys every QP; the new ones get new numbers, so packets
+    // still in flight for the old ones find no QP.
+    a.dev.reset();
+    let pd = a.alloc_pd();
+    let cq = a.create_cq(64);
+    for _ in 0..8 {
+        let qp = a.create_qp(pd, &cq, 4, 1);
+        assert!(
+            seen.insert(qp.qpn),
+            "QPN {:#x} reused after a reset",
+            qp.qpn
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Item 9: commands run at the caller's time.
+
+fn modify_state(n: &mut Node, qpn: u32, state: u32) {
+    let a = abi::QpAttr {
+        qpn,
+        attr_mask: abi::QP_ATTR_STATE,
+        qp_state: state,
+        ..Default::default()
+    };
+    n.cmd(abi::CMD_MODIFY_QP, &a).unwrap();
+}
+
+#[test]
+fn sqd_to_rts_uses_the_callers_clock() {
+    // No retry: one expired ACK timer fails the WQE.
+    let o = ConnOpts {
+        retry: 0,
+        ..Default::default()
+    };
+    let mut s = setup(o, true);
+    let src = s.a.alloc(4096);
+    let (lk_a, _) = s.a.reg_mr(s.pda, src, 4096, ALL).unwrap();
+    let dst = s.b.alloc(4096);
+    let (lk_b, _) = s.b.reg_mr(s.pdb, dst, 4096, ALL).unwrap();
+    let send = |wr_id| abi::SendWqe {
+        wr_id,
+        opcode: abi::WR_SEND,
+        send_flags: abi::SEND_SIGNALED,
+        ..Default::default()
+    };
+    let now = s.now;
+    s.b.post_recv(&mut s.qb, 1, &[sge(dst, 4096, lk_b)], now);
+    s.b.post_recv(&mut s.qb, 2, &[sge(dst, 4096, lk_b)], now);
+    // One SEND end to end first (the peer's MAC is then known).
+    s.post(send(1), &[sge(src, 64, lk_a)]);
+    let c = s.cqe(false, "the first SEND");
+    assert_eq!((c.wr_id, c.status), (1, abi::WC_SUCCESS));
+    let r = s.cqe(true, "the first receive");
+    assert_eq!((r.wr_id, r.status), (1, abi::WC_SUCCESS));
+    // Drain the send queue, post while drained, let time pass.
+    let qpn = s.qa.qpn;
+    modify_state(&mut s.a, qpn, abi::QPS_SQD);
+    s.post(send(2), &[sge(src, 64, lk_a)]);
+    s.assert_quiet(10, "in SQD");
+    s.now += 5_000_000_000;
+    let now = s.now;
+    s.a.pump(now);
+    s.b.pump(now);
+    let before = s.a.dev.stats().retransmits;
+    // SQD -> RTS sends the WQE posted meanwhile, at the node's time.
+    modify_state(&mut s.a, qpn, abi::QPS_RTS);
+    let c = s.cqe(false, "the SEND posted in SQD");
+    assert_eq!(
+        (c.wr_id, c.status),
+        (2, abi::WC_SUCCESS),
+        "the ACK timer ran from the caller's clock"
+    );
+    assert_eq!(
+        s.a.dev.stats().retransmits,
+        before,
+        "no false retransmission"
+    );
+    assert_eq!(s.a.qp_state(qpn), abi::QPS_RTS);
+    let r = s.cqe(true, "the second receive");
+    assert_eq!((r.wr_id, r.status), (2, abi::WC_SUCCESS));
+}
