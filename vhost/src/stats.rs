@@ -42,7 +42,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 }
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 33;
+pub const COUNTERS: usize = 38;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -68,6 +68,11 @@ pub const NAMES: [&str; COUNTERS] = [
     "nak_rem_op_received",
     "tx_bytes",
     "rx_bytes",
+    "rx_drop_qp_type",
+    "rx_drop_qp_state",
+    "rx_drop_bad_src_addr",
+    "rx_drop_bad_pkey",
+    "rx_drop_bad_qkey",
     "commands",
     "rejected_chains",
     "faulted_commands",
@@ -135,6 +140,11 @@ impl Snapshot {
             nak_rem_op_received,
             tx_bytes,
             rx_bytes,
+            rx_drop_qp_type,
+            rx_drop_qp_state,
+            rx_drop_bad_src_addr,
+            rx_drop_bad_pkey,
+            rx_drop_bad_qkey,
         } = *device;
         let BackendStats {
             commands,
@@ -173,6 +183,11 @@ impl Snapshot {
                 nak_rem_op_received,
                 tx_bytes,
                 rx_bytes,
+                rx_drop_qp_type,
+                rx_drop_qp_state,
+                rx_drop_bad_src_addr,
+                rx_drop_bad_pkey,
+                rx_drop_bad_qkey,
                 commands,
                 rejected_chains,
                 faulted_commands,

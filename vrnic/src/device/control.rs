@@ -125,6 +125,20 @@ impl Device {
                     },
                 ))
             }
+            abi::CMD_QUERY_PKEY => {
+                let q: abi::QueryPkey = arg(args)?;
+                if q.port != 1 {
+                    return Err(abi::STATUS_EINVAL);
+                }
+                let pkey = self.port.pkey(q.index).ok_or(abi::STATUS_ENOENT)?;
+                Ok(put(
+                    out,
+                    &abi::PkeyEntry {
+                        pkey,
+                        ..Default::default()
+                    },
+                ))
+            }
             abi::CMD_ALLOC_PD => {
                 if self.pds.len() >= MAX_PD {
                     return Err(abi::STATUS_ENOMEM);
@@ -524,6 +538,12 @@ impl Device {
     fn modify_qp(&mut self, mem: &dyn DmaMemory, a: abi::QpAttr) -> Result<usize, Status> {
         let qp = self.qps.get_mut(&a.qpn).ok_or(abi::STATUS_ENOENT)?;
         let next = validate_modify(qp, &a)?;
+        // rxe_qp_chk_attr: the P_Key index must name a table entry.
+        if a.attr_mask & abi::QP_ATTR_PKEY_INDEX != 0
+            && self.port.pkey(a.pkey_index.into()).is_none()
+        {
+            return Err(abi::STATUS_EINVAL);
+        }
         if a.attr_mask & abi::QP_ATTR_AV != 0 {
             let av = Av::of_qp(&a);
             // check_av borrows the device; the QP is looked up again below.

@@ -41,7 +41,7 @@ pub use qp_stats::QpStats;
 
 use std::collections::HashMap;
 
-use crate::transport::{completer, datagram, requester, responder, Env, Output, PortId};
+use crate::transport::{completer, datagram, hdr_check, requester, responder, Env, Output, PortId};
 use crate::verbs::ah::Ah;
 use crate::verbs::cq::Cq;
 use crate::verbs::mr::MrTable;
@@ -93,7 +93,8 @@ pub struct DeviceStats {
     pub tx_frames: u64,
     /// Frames received from the link.
     pub rx_frames: u64,
-    /// Frames dropped: not RoCEv2/ARP for us, malformed, or for no QP.
+    /// Frames dropped: not RoCEv2/ARP for us, malformed, for no QP, or
+    /// failing the header checks (also counted by class, `rx_drop_*`).
     pub rx_dropped: u64,
     /// Frames dropped for a bad ICRC.
     pub icrc_errors: u64,
@@ -133,6 +134,23 @@ pub struct DeviceStats {
     /// RoCEv2 payload bytes received in packets for one of the device's
     /// QPs (counted as [`DeviceStats::tx_bytes`]).
     pub rx_bytes: u64,
+    /// Packets dropped (also in `rx_dropped`) because their opcode is of
+    /// another transport than the QP's (rxe's `check_type_state`).
+    pub rx_drop_qp_type: u64,
+    /// Packets dropped (also in `rx_dropped`) because the QP's state does
+    /// not receive them: a request before RTR or in ERR, a response
+    /// outside RTS/SQD (rxe's `check_type_state`).
+    pub rx_drop_qp_state: u64,
+    /// RC/UC packets dropped (also in `rx_dropped`) whose source IP is not
+    /// the QP's destination GID or whose destination IP is not its source
+    /// GID (rxe's `check_addr`).
+    pub rx_drop_bad_src_addr: u64,
+    /// Packets dropped (also in `rx_dropped`) whose BTH P_Key does not
+    /// match the QP's P_Key table entry (IBTA §10.9.3, rxe's `check_keys`).
+    pub rx_drop_bad_pkey: u64,
+    /// UD packets dropped (also in `rx_dropped`) whose DETH Q_Key is not
+    /// the QP's (IBTA C10-16, rxe's `check_keys`).
+    pub rx_drop_bad_qkey: u64,
 }
 
 impl DeviceStats {
@@ -145,6 +163,20 @@ impl DeviceStats {
             InvalidRequest | InvalidRdRequest => self.nak_inv_req_sent += 1,
             RemoteAccessError => self.nak_rem_access_sent += 1,
             RemoteOperationalError => self.nak_rem_op_sent += 1,
+        }
+    }
+
+    /// Counts a packet dropped by [`hdr_check::hdr_check`] (in
+    /// `rx_dropped` and by class).
+    pub fn hdr_drop(&mut self, why: hdr_check::HdrDrop) {
+        use hdr_check::HdrDrop::*;
+        self.rx_dropped += 1;
+        match why {
+            QpType => self.rx_drop_qp_type += 1,
+            QpState => self.rx_drop_qp_state += 1,
+            BadAddr => self.rx_drop_bad_src_addr += 1,
+            BadPkey => self.rx_drop_bad_pkey += 1,
+            BadQkey => self.rx_drop_bad_qkey += 1,
         }
     }
 
@@ -213,6 +245,7 @@ impl Device {
             mac: cfg.mac,
             ipv4: cfg.ipv4,
             ipv6: cfg.ipv6.clone(),
+            pkeys: vec![crate::transport::DEFAULT_PKEY],
         };
         Self {
             cfg,
@@ -393,7 +426,9 @@ impl Device {
         qp.stats.rx_packets += 1;
         qp_step!(self, qp, mem, now, |env| {
             env.out.stats.rx_bytes += pkt.payload.len() as u64;
-            if pkt.hdr.bth.opcode.transport() == wire::Transport::Ud {
+            if let Err(why) = hdr_check::hdr_check(qp, env.port, &pkt) {
+                env.out.stats.hdr_drop(why);
+            } else if pkt.hdr.bth.opcode.transport() == wire::Transport::Ud {
                 if qp.qp_type == abi::QPT_UD && pkt.hdr.bth.opcode.is_request() {
                     // parse_frame accepted an Ethernet header of 14 bytes.
                     let ip = frame.get(14..).unwrap_or_default();
