@@ -6,6 +6,12 @@
 //!   `forged_ack_from_other_ip_is_dropped`,
 //!   `forged_nak_from_other_ip_is_dropped`, `wrong_pkey_is_dropped`,
 //!   `request_to_qp_not_ready_is_dropped`, `pkey_table_is_queryable`.
+//! - Item 4, protocol arithmetic (max_msg_sz 2^31 on both sides, rxe's
+//!   `check_length`; no address or length sum wraps):
+//!   `send_past_max_msg_sz_is_naked`, `read_request_over_max_msg_sz_is_naked`,
+//!   `read_rerequest_near_u64_max_does_not_panic`,
+//!   `wrapping_remote_range_rejected` (guest-lib's `post_send` side:
+//!   `guest-lib/tests/verbs_transports_loopback.rs`).
 //!
 //! A third host on the segment ("the attacker", 10.0.0.66) is simulated by
 //! handing crafted frames straight to a device's `receive`; what the device
@@ -306,4 +312,240 @@ fn pkey_table_is_queryable() {
     let e = <abi::PkeyEntry as abi::Pod>::read_from(&r).unwrap();
     assert_eq!(e.pkey, 0xffff);
     assert_eq!(s.b.cmd(abi::CMD_QUERY_PKEY, &q(1)), Err(abi::STATUS_ENOENT));
+}
+
+// ---------------------------------------------------------------------------
+// Item 4: protocol arithmetic. Every length and address sum from a WQE or a
+// packet is checked; max_msg_sz (2^31) is enforced on both sides.
+
+/// Largest message, bytes (`PortAttr::max_msg_sz`).
+const MAX_MSG_SZ: u64 = 1 << 31;
+
+/// An RC pair at path MTU 4096 (link MTU 9000).
+fn setup_4k() -> RcPair {
+    let (la, lb) = QueueLink::pair();
+    let o = ConnOpts {
+        mtu: 5,
+        ..ConnOpts::default()
+    };
+    RcPair::on((Box::new(la), Box::new(lb)), o, true)
+}
+
+/// Registers on `n` an MR of `len` bytes at iova `iova` whose every page is
+/// the same 4 KiB of driver memory: a huge region that costs one page.
+/// Returns (lkey, rkey, the page's address).
+fn aliased_mr(n: &mut Node, pdn: u32, iova: u64, len: u64) -> (u32, u32, u64) {
+    let page = n.alloc(4096);
+    let npages = len.div_ceil(4096);
+    let list = n.alloc(npages as usize * 8);
+    let entries: Vec<u8> = (0..npages).flat_map(|_| page.to_le_bytes()).collect();
+    n.fill(list, &entries);
+    let r = abi::RegMr {
+        pdn,
+        access: ALL,
+        iova,
+        length: len,
+        page_shift: 12,
+        npages: npages as u32,
+        page_list: list,
+    };
+    let k = <abi::MrKeys as abi::Pod>::read_from(&n.cmd(abi::CMD_REG_MR, &r).unwrap()).unwrap();
+    (k.lkey, k.rkey, page)
+}
+
+/// Hands `n` the frame `hdr` + `payload` and drains what it sends; returns
+/// the AETHs of its answers.
+fn inject_aeths(n: &mut Node, hdr: &RoceHeaders, payload: &[u8], now: u64) -> Vec<Aeth> {
+    let mut f = Vec::with_capacity(payload.len() + 100);
+    wire::emit_frame(hdr, payload, &mut f);
+    n.dev.receive(&n.mem, &f, now);
+    let mut out = Vec::new();
+    while let Some(t) = n.dev.pop_tx() {
+        if let Ok(Frame::Roce(p)) = wire::parse_frame(&t) {
+            out.extend(p.hdr.aeth);
+        }
+    }
+    out
+}
+
+#[test]
+fn send_past_max_msg_sz_is_naked() {
+    let mut s = setup_4k();
+    // A receive WQE of 4 GiB - 1 (one SGE on an MR of 4 GiB whose pages
+    // all alias one page): room for a message past max_msg_sz.
+    let iova = 0x7000_0000_0000;
+    let (lkey, _, _) = aliased_mr(&mut s.b, s.pdb, iova, 1 << 32);
+    let now = s.now;
+    s.b.post_recv(&mut s.qb, 1, &[sge(iova, u32::MAX, lkey)], now);
+    let a = (s.a.ip, s.a.dev.config_space().mac);
+    let qpn_b = s.qb.qpn;
+    let payload = vec![0x33u8; 4096];
+    // SEND FIRST and MIDDLEs up to exactly max_msg_sz, ACK requested on
+    // none of them; then one MIDDLE more.
+    let n = (MAX_MSG_SZ / 4096) as u32;
+    for psn in 0..=n {
+        let op = if psn == 0 {
+            Opcode::RcSendFirst
+        } else {
+            Opcode::RcSendMiddle
+        };
+        let mut h = frame(a, &s.b, qpn_b, op, psn, 0xffff);
+        h.bth.ack_req = psn == n;
+        let aeths = inject_aeths(&mut s.b, &h, &payload, now);
+        if psn < n {
+            assert!(aeths.is_empty(), "PSN {psn}: {aeths:?}");
+            continue;
+        }
+        assert_eq!(
+            aeths.iter().map(|x| x.kind()).collect::<Vec<_>>(),
+            vec![wire::AethKind::Nak(NakCode::InvalidRequest)],
+            "the packet past max_msg_sz"
+        );
+    }
+    let c = s.b.poll_cq(&mut s.cb).expect("the receive WQE completes");
+    assert_eq!((c.wr_id, c.status), (1, abi::WC_LOC_LEN_ERR));
+    assert_eq!(s.b.qp_state(qpn_b), abi::QPS_ERR);
+    assert_eq!(s.b.dev.stats().nak_inv_req_sent, 1);
+}
+
+#[test]
+fn read_request_over_max_msg_sz_is_naked() {
+    // READ and WRITE requests whose DMA length exceeds max_msg_sz are
+    // invalid requests (rxe's check_length), even when the R_Key covers
+    // the range.
+    for (op, len) in [
+        (Opcode::RcReadRequest, MAX_MSG_SZ + 1),
+        (Opcode::RcReadRequest, u64::from(u32::MAX)),
+        (Opcode::RcWriteFirst, MAX_MSG_SZ + 4096),
+    ] {
+        let mut s = setup_4k();
+        let iova = 0x7000_0000_0000;
+        let (_, rkey, page) = aliased_mr(&mut s.b, s.pdb, iova, 1 << 32);
+        s.b.fill(page, &[0x5a; 4096]);
+        let a = (s.a.ip, s.a.dev.config_space().mac);
+        let (qpn_b, now) = (s.qb.qpn, s.now);
+        let mut h = frame(a, &s.b, qpn_b, op, 0, 0xffff);
+        h.reth = Some(Reth {
+            va: iova,
+            rkey,
+            dma_len: len as u32,
+        });
+        let payload = if op == Opcode::RcWriteFirst {
+            vec![0xee; 4096]
+        } else {
+            Vec::new()
+        };
+        let aeths = inject_aeths(&mut s.b, &h, &payload, now);
+        assert_eq!(
+            aeths.iter().map(|x| x.kind()).collect::<Vec<_>>(),
+            vec![wire::AethKind::Nak(NakCode::InvalidRequest)],
+            "{op:?} of {len} bytes"
+        );
+        assert!(s.b.read(page, 4096).iter().all(|&x| x == 0x5a), "{op:?}");
+        assert_eq!(s.b.qp_state(qpn_b), abi::QPS_ERR, "{op:?}");
+    }
+}
+
+#[test]
+fn read_rerequest_near_u64_max_does_not_panic() {
+    // Path MTU 256: a READ of 768 bytes is three responses. The first
+    // arrives, the second is lost: A asks again from the second, at
+    // remote_addr + 256. Near the top of the address space that sum must
+    // neither wrap nor panic: a READ ending at u64::MAX is re-requested,
+    // one whose range wraps never leaves A.
+    for (remote_addr, ok) in [(u64::MAX - 0x300, true), (u64::MAX - 0xff, false)] {
+        let (la, lb) = QueueLink::pair();
+        let o = ConnOpts {
+            mtu: 1,
+            ..ConnOpts::default()
+        };
+        let mut s = RcPair::on((Box::new(la), Box::new(lb)), o, true);
+        connection_still_works(&mut s, "warm-up");
+        let dst = s.a.alloc(4096);
+        let (lkey, _) = s.a.reg_mr(s.pda, dst, 4096, ALL).unwrap();
+        s.post(
+            abi::SendWqe {
+                wr_id: remote_addr,
+                opcode: abi::WR_RDMA_READ,
+                send_flags: abi::SEND_SIGNALED,
+                remote_addr,
+                rkey: 0x1234,
+                ..Default::default()
+            },
+            &[sge(dst, 768, lkey)],
+        );
+        // The READ request (PSN 1; the warm-up SEND had 0) is on its way
+        // to B, not delivered; B's first and third responses arrive.
+        let (b, qpn_a, now) = ((s.b.ip, s.b.dev.config_space().mac), s.qa.qpn, s.now);
+        for (psn, op) in [
+            (1, Opcode::RcReadResponseFirst),
+            (3, Opcode::RcReadResponseLast),
+        ] {
+            let mut h = frame(b, &s.a, qpn_a, op, psn, 0xffff);
+            h.aeth = Some(Aeth::ack(1, 0x1f));
+            let mut f = Vec::new();
+            wire::emit_frame(&h, &[0x44; 256], &mut f);
+            s.a.dev.receive(&s.a.mem, &f, now);
+        }
+        let sent: Vec<Reth> = std::iter::from_fn(|| s.a.dev.pop_tx())
+            .filter_map(|t| match wire::parse_frame(&t) {
+                Ok(Frame::Roce(p)) => p.hdr.reth,
+                _ => None,
+            })
+            .collect();
+        if ok {
+            // The request, then the re-request for the last 512 bytes.
+            let want = |va, dma_len| Reth {
+                va,
+                rkey: 0x1234,
+                dma_len,
+            };
+            assert_eq!(
+                sent,
+                vec![want(remote_addr, 768), want(remote_addr + 256, 512)]
+            );
+            assert_eq!(s.a.poll_cq(&mut s.ca), None);
+        } else {
+            // remote_addr + 768 wraps: the WQE completes with an error
+            // before anything is sent or re-requested.
+            assert_eq!(sent, vec![], "a wrapping READ went out");
+            let c = s.a.poll_cq(&mut s.ca).expect("an error completion");
+            assert_eq!((c.wr_id, c.status), (remote_addr, abi::WC_LOC_QP_OP_ERR));
+        }
+    }
+}
+
+#[test]
+fn wrapping_remote_range_rejected() {
+    // A WRITE, READ or atomic whose remote range wraps past 2^64 (or ends
+    // exactly there) completes with WC_LOC_QP_OP_ERR at the requester;
+    // nothing reaches the wire.
+    for (op, remote_addr, len) in [
+        (abi::WR_RDMA_WRITE, u64::MAX - 9, 100u32),
+        (abi::WR_RDMA_WRITE, u64::MAX - 99, 100),
+        (abi::WR_RDMA_READ, u64::MAX, 2),
+        (abi::WR_ATOMIC_FETCH_AND_ADD, u64::MAX - 7, 8),
+    ] {
+        let mut s = setup();
+        let src = s.a.alloc(4096);
+        let (lkey, _) = s.a.reg_mr(s.pda, src, 4096, ALL).unwrap();
+        s.post(
+            abi::SendWqe {
+                wr_id: 3,
+                opcode: op,
+                send_flags: abi::SEND_SIGNALED,
+                remote_addr,
+                rkey: 0x1234,
+                ..Default::default()
+            },
+            &[sge(src, len, lkey)],
+        );
+        let c = s.cqe(false, "wrapping WQE");
+        assert_eq!(
+            (c.wr_id, c.status),
+            (3, abi::WC_LOC_QP_OP_ERR),
+            "op {op} at {remote_addr:#x}"
+        );
+        assert_eq!(s.b.dev.stats().rx_frames, 0, "op {op}: B got a frame");
+    }
 }

@@ -105,7 +105,7 @@ impl Device {
                     max_mtu: 5,
                     active_mtu: self.active_mtu(),
                     gid_tbl_len: self.port.gid_count(),
-                    max_msg_sz: 1 << 31,
+                    max_msg_sz: MAX_MSG_SZ,
                     link_layer: 2,
                 };
                 Ok(put(out, &attr))

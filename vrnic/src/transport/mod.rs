@@ -349,7 +349,8 @@ pub fn scatter_sges(env: &Env, sges: &[abi::Sge], offset: u32, data: &[u8]) -> R
         }
         let n = ((l - skip) as usize).min(data.len() - done);
         let mr = env.mrs.get(sge.lkey).map_err(|_| abi::WC_LOC_PROT_ERR)?;
-        mr.write(env.mem, sge.addr + skip, &data[done..done + n])
+        let va = sge.addr.checked_add(skip).ok_or(abi::WC_LOC_PROT_ERR)?;
+        mr.write(env.mem, va, &data[done..done + n])
             .map_err(|_| abi::WC_LOC_PROT_ERR)?;
         done += n;
         skip = 0;
