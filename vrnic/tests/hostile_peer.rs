@@ -12,6 +12,10 @@
 //!   `read_rerequest_near_u64_max_does_not_panic`,
 //!   `wrapping_remote_range_rejected` (guest-lib's `post_send` side:
 //!   `guest-lib/tests/verbs_transports_loopback.rs`).
+//! - Item 5, neighbour tables (RFC 826, RFC 4861; bounded, expiring):
+//!   `arp_from_stranger_not_learned`, `ns_from_stranger_not_learned`,
+//!   `neighbour_table_bounded`, `neighbour_entries_expire`,
+//!   `neighbour_in_use_is_reprobed_not_dropped`.
 //!
 //! A third host on the segment ("the attacker", 10.0.0.66) is simulated by
 //! handing crafted frames straight to a device's `receive`; what the device
@@ -548,4 +552,296 @@ fn wrapping_remote_range_rejected() {
         );
         assert_eq!(s.b.dev.stats().rx_frames, 0, "op {op}: B got a frame");
     }
+}
+
+// ---------------------------------------------------------------------------
+// Item 5: neighbour tables.
+
+/// A node alone on a link whose other end the test holds.
+fn lone_node() -> (Node, QueueLink) {
+    let (la, lb) = QueueLink::pair();
+    (Node::new(1, Box::new(la), 1500), lb)
+}
+
+/// An ARP frame: `op` from (`sender_ip`, `sender_mac`) about `target_ip`,
+/// in an Ethernet frame to `eth_dst`.
+fn arp(op: u16, sender: (Ipv4Addr, [u8; 6]), target_ip: Ipv4Addr, eth_dst: [u8; 6]) -> Vec<u8> {
+    let a = wire::ArpPacket {
+        op,
+        sender_mac: sender.1,
+        sender_ip: sender.0,
+        target_mac: if op == 1 { [0; 6] } else { eth_dst },
+        target_ip,
+    };
+    let mut f = Vec::new();
+    wire::emit_arp(sender.1, eth_dst, &a, &mut f);
+    f
+}
+
+/// The ARP frames `n` sent.
+fn arps_sent(n: &mut Node) -> Vec<wire::ArpPacket> {
+    std::iter::from_fn(|| n.dev.pop_tx())
+        .filter_map(|t| match wire::parse_frame(&t) {
+            Ok(Frame::Arp(a)) => Some(a),
+            _ => None,
+        })
+        .collect()
+}
+
+fn stranger(i: u32) -> (Ipv4Addr, [u8; 6]) {
+    let b = i.to_be_bytes();
+    (
+        Ipv4Addr::new(10, 0, b[2], b[3].max(3)),
+        [2, 0x55, 0, b[1], b[2], b[3]],
+    )
+}
+
+#[test]
+fn arp_from_stranger_not_learned() {
+    let (mut n, _peer) = lone_node();
+    let me = (n.ip, n.dev.config_space().mac);
+    let now = 1_000_000_000;
+    let s = stranger(7);
+    let other_mac = [2, 0, 0, 0, 0, 99];
+    // Not for us: a request for another IP (broadcast), a request for our
+    // IP in a frame to another MAC, an unsolicited reply to us.
+    for f in [
+        arp(1, s, Ipv4Addr::new(10, 0, 0, 200), [0xff; 6]),
+        arp(1, s, me.0, other_mac),
+        arp(2, s, me.0, me.1),
+    ] {
+        n.dev.receive(&n.mem, &f, now);
+    }
+    assert_eq!(
+        n.dev.neighbour(IpAddr::V4(s.0)),
+        None,
+        "learnt from a stranger"
+    );
+    assert_eq!(n.dev.neighbour_count(), 0);
+    assert!(
+        arps_sent(&mut n).is_empty(),
+        "answered a request not addressed to it"
+    );
+    // A broadcast request for our IP (RFC 826): learnt, answered.
+    n.dev.receive(&n.mem, &arp(1, s, me.0, [0xff; 6]), now);
+    assert_eq!(n.dev.neighbour(IpAddr::V4(s.0)), Some(s.1));
+    let replies = arps_sent(&mut n);
+    assert_eq!(replies.len(), 1);
+    assert_eq!((replies[0].op, replies[0].target_ip), (2, s.0));
+    // Any ARP from a known sender updates it, even one about another
+    // target (RFC 826's merge step) — but not one in a frame for
+    // another MAC.
+    let moved = (s.0, [2, 0x55, 0, 0, 0, 0x77]);
+    n.dev.receive(
+        &n.mem,
+        &arp(1, moved, Ipv4Addr::new(10, 0, 0, 200), other_mac),
+        now,
+    );
+    assert_eq!(n.dev.neighbour(IpAddr::V4(s.0)), Some(s.1));
+    n.dev.receive(
+        &n.mem,
+        &arp(1, moved, Ipv4Addr::new(10, 0, 0, 200), [0xff; 6]),
+        now,
+    );
+    assert_eq!(n.dev.neighbour(IpAddr::V4(s.0)), Some(moved.1));
+    // A sender claiming a broadcast/multicast MAC or our own IP is never
+    // learnt.
+    let bad = (Ipv4Addr::new(10, 0, 0, 8), [0x01, 0, 0x5e, 0, 0, 1]);
+    n.dev.receive(&n.mem, &arp(1, bad, me.0, [0xff; 6]), now);
+    n.dev.receive(
+        &n.mem,
+        &arp(1, (me.0, [2, 9, 9, 9, 9, 9]), me.0, [0xff; 6]),
+        now,
+    );
+    assert_eq!(n.dev.neighbour(IpAddr::V4(bad.0)), None);
+    assert_eq!(n.dev.neighbour(IpAddr::V4(me.0)), None);
+    assert_eq!(n.dev.neighbour_count(), 1);
+}
+
+#[test]
+fn neighbour_table_bounded() {
+    let (mut n, _peer) = lone_node();
+    let me = (n.ip, n.dev.config_space().mac);
+    let mut now = 1_000_000_000;
+    // 5,000 hosts each ARP for us: the table keeps at most NEIGH_MAX, the
+    // newest ones.
+    for i in 0..5000u32 {
+        let s = (
+            Ipv4Addr::from(0x0a01_0000 + i),
+            [2, 0x55, 0, 0, (i >> 8) as u8, i as u8],
+        );
+        n.dev.receive(&n.mem, &arp(1, s, me.0, [0xff; 6]), now);
+        while n.dev.pop_tx().is_some() {}
+        now += 1000;
+    }
+    let max = vrnic::device::NEIGH_MAX;
+    assert_eq!(n.dev.neighbour_count(), max);
+    let last = Ipv4Addr::from(0x0a01_0000 + 4999);
+    assert!(n.dev.neighbour(IpAddr::V4(last)).is_some(), "newest kept");
+    let first = Ipv4Addr::from(0x0a01_0000);
+    assert!(
+        n.dev.neighbour(IpAddr::V4(first)).is_none(),
+        "oldest evicted"
+    );
+    // A guest naming 200 unreachable destinations at once (one RC QP
+    // each, one SEND posted): resolutions in progress are bounded too, and
+    // every poll sends at most one request per destination.
+    let pd = n.alloc_pd();
+    let cq = n.create_cq(256);
+    for i in 0..200u32 {
+        let mut qp = n.create_qp(pd, &cq, 4, 1);
+        let ip = Ipv4Addr::from(0x0a02_0000 + i);
+        n.connect(&qp, ip, 0x11, 3, 0, 0, 7, 7);
+        let wqe = abi::SendWqe {
+            wr_id: u64::from(i),
+            opcode: abi::WR_SEND,
+            send_flags: abi::SEND_SIGNALED,
+            ..Default::default()
+        };
+        n.post_send(&mut qp, wqe, &[], now);
+    }
+    let mut requests = 0;
+    for _ in 0..50 {
+        n.dev.poll(&n.mem, now);
+        requests += arps_sent(&mut n).len();
+        assert!(n.dev.neighbour_pending() <= vrnic::device::NEIGH_PENDING_MAX);
+        now += 100_000_000;
+    }
+    // 5 s: at most NEIGH_MAX_PROBES requests per resolution and rest.
+    assert!(
+        requests <= 200 * 2 * vrnic::device::NEIGH_MAX_PROBES as usize,
+        "{requests} ARP requests"
+    );
+    assert!(n.dev.neighbour_pending() <= vrnic::device::NEIGH_PENDING_MAX);
+}
+
+#[test]
+fn neighbour_entries_expire() {
+    let (mut n, _peer) = lone_node();
+    let me = (n.ip, n.dev.config_space().mac);
+    let mut now = 1_000_000_000;
+    let s = stranger(9);
+    n.dev.receive(&n.mem, &arp(1, s, me.0, [0xff; 6]), now);
+    assert_eq!(n.dev.neighbour(IpAddr::V4(s.0)), Some(s.1));
+    assert_eq!(arps_sent(&mut n).len(), 1, "the ARP reply");
+    // Nobody uses it: gone after the reachable time (Linux's
+    // base_reachable_time, 30 s), with no ARP sent for it.
+    let reach = vrnic::device::NEIGH_REACHABLE_NS;
+    let mut polls = 0;
+    while now < 1_000_000_000 + reach + 1_000_000_000 {
+        let next = n.dev.poll(&n.mem, now);
+        polls += 1;
+        assert!(polls < 1000, "poll asked for too many wake-ups");
+        now = next.map_or(now + 1_000_000_000, |t| t.max(now + 1));
+    }
+    assert_eq!(n.dev.neighbour(IpAddr::V4(s.0)), None, "never expired");
+    assert!(arps_sent(&mut n).is_empty());
+}
+
+#[test]
+fn neighbour_in_use_is_reprobed_not_dropped() {
+    // An RC pair keeps working across several reachable times: the entries
+    // in use are re-confirmed by ARP (no hiccup), and an entry whose host
+    // stops answering is dropped after the probes.
+    let mut s = setup();
+    connection_still_works(&mut s, "first");
+    let reach = vrnic::device::NEIGH_REACHABLE_NS;
+    let end = s.now + 3 * reach;
+    let mut k = 0;
+    while s.now < end {
+        s.assert_quiet(reach / 4_000_000, "idle");
+        connection_still_works(&mut s, &format!("round {k}"));
+        assert!(s.a.dev.neighbour(IpAddr::V4(s.b.ip)).is_some(), "round {k}");
+        k += 1;
+    }
+    let b_ip = IpAddr::V4(s.b.ip);
+    assert!(s.a.dev.neighbour(b_ip).is_some());
+    // B goes silent (its frames are no longer pumped): A drops B's entry
+    // after the reachable time and the unanswered probes.
+    let mut now = s.now;
+    let deadline = now + reach + 10_000_000_000;
+    while s.a.dev.neighbour(b_ip).is_some() {
+        assert!(now < deadline, "entry never dropped");
+        s.a.dev.poll(&s.a.mem, now);
+        while s.a.dev.pop_tx().is_some() {}
+        now += 100_000_000;
+    }
+}
+
+/// An ICMPv6 neighbour solicitation (`na` false) or advertisement from
+/// `src` (IP, MAC) about `target`, to IP `dst` in a frame to `eth_dst`,
+/// with the link-layer address option (source for NS, target for NA).
+fn ndp(
+    na: bool,
+    src: (std::net::Ipv6Addr, [u8; 6]),
+    target: std::net::Ipv6Addr,
+    dst: std::net::Ipv6Addr,
+    eth_dst: [u8; 6],
+) -> Vec<u8> {
+    use etherparse::{icmpv6::NeighborAdvertisementHeader, Icmpv6Type, PacketBuilder};
+    let kind = if na {
+        Icmpv6Type::NeighborAdvertisement(NeighborAdvertisementHeader {
+            router: false,
+            solicited: false,
+            r#override: true,
+        })
+    } else {
+        Icmpv6Type::NeighborSolicitation
+    };
+    let mut payload = target.octets().to_vec();
+    payload.extend_from_slice(&[if na { 2 } else { 1 }, 1]);
+    payload.extend_from_slice(&src.1);
+    let b = PacketBuilder::ethernet2(src.1, eth_dst)
+        .ipv6(src.0.octets(), dst.octets(), 255)
+        .icmpv6(kind);
+    let mut f = Vec::new();
+    b.write(&mut f, &payload).unwrap();
+    f
+}
+
+#[test]
+fn ns_from_stranger_not_learned() {
+    use std::net::Ipv6Addr;
+    let (mut n, _peer) = lone_node();
+    let mine: Ipv6Addr = "fd00::1".parse().unwrap();
+    let mut cfg = vrnic::device::DeviceConfig {
+        mac: n.dev.config_space().mac,
+        ipv4: n.ip,
+        prefix_len: 24,
+        ipv6: vec![mine],
+        link_mtu: 1500,
+    };
+    n.dev = vrnic::device::Device::new(cfg.clone());
+    let me_mac = cfg.mac;
+    let now = 1_000_000_000;
+    let s: (Ipv6Addr, [u8; 6]) = ("fd00::7".parse().unwrap(), [2, 0x55, 0, 0, 0, 7]);
+    let solicited_node: Ipv6Addr = "ff02::1:ff00:1".parse().unwrap();
+    let sn_mac = [0x33, 0x33, 0xff, 0, 0, 1];
+    let all_nodes: Ipv6Addr = "ff02::1".parse().unwrap();
+    let other: Ipv6Addr = "fd00::99".parse().unwrap();
+    for f in [
+        // NS for our address in a frame to another host's MAC.
+        ndp(false, s, mine, mine, [2, 0, 0, 0, 0, 99]),
+        // NS for another target.
+        ndp(
+            false,
+            s,
+            other,
+            "ff02::1:ff00:99".parse().unwrap(),
+            [0x33, 0x33, 0xff, 0, 0, 0x99],
+        ),
+        // Unsolicited NA about a host we never asked for.
+        ndp(true, s, s.0, all_nodes, [0x33, 0x33, 0, 0, 0, 1]),
+    ] {
+        n.dev.receive(&n.mem, &f, now);
+    }
+    assert_eq!(n.dev.neighbour(std::net::IpAddr::V6(s.0)), None);
+    assert_eq!(n.dev.neighbour_count(), 0);
+    assert!(n.dev.pop_tx().is_none(), "answered an NS not for it");
+    // A proper NS (to our solicited-node group): learnt and answered.
+    n.dev
+        .receive(&n.mem, &ndp(false, s, mine, solicited_node, sn_mac), now);
+    assert_eq!(n.dev.neighbour(std::net::IpAddr::V6(s.0)), Some(s.1));
+    assert!(n.dev.pop_tx().is_some(), "no NA");
+    let _ = (&mut cfg, me_mac);
 }

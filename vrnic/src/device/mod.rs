@@ -37,6 +37,10 @@ mod control;
 mod neigh;
 mod qp_stats;
 
+pub use neigh::{
+    NeighTable, NEIGH_FAILED_NS, NEIGH_MAX, NEIGH_MAX_PROBES, NEIGH_PENDING_MAX,
+    NEIGH_REACHABLE_NS, NEIGH_RETRANS_NS,
+};
 pub use qp_stats::QpStats;
 
 use std::collections::HashMap;
@@ -238,8 +242,7 @@ pub struct Device {
     next_ahn: u32,
     srqs: HashMap<u32, Srq>,
     next_srqn: u32,
-    neigh: HashMap<IpAddr, [u8; 6]>,
-    arp_sent: HashMap<IpAddr, Nanos>,
+    neigh: NeighTable,
     out: Output,
 }
 
@@ -266,8 +269,7 @@ impl Device {
             next_ahn: 1,
             srqs: HashMap::new(),
             next_srqn: 1,
-            neigh: HashMap::new(),
-            arp_sent: HashMap::new(),
+            neigh: NeighTable::default(),
             out: Output::default(),
         }
     }
@@ -398,11 +400,16 @@ impl Device {
         let pkt = match wire::parse_frame(frame) {
             Ok(Frame::Roce(p)) => p,
             Ok(Frame::Arp(arp)) => {
-                self.on_arp(&arp);
+                // parse_frame accepted an Ethernet header.
+                let eth_dst = frame
+                    .get(..6)
+                    .and_then(|d| <[u8; 6]>::try_from(d).ok())
+                    .unwrap_or_default();
+                self.on_arp(&arp, eth_dst, now);
                 return;
             }
             Ok(Frame::Other) => {
-                if !self.on_ndp(frame) {
+                if !self.on_ndp(frame, now) {
                     self.out.stats.rx_dropped += 1;
                 }
                 return;
@@ -451,7 +458,8 @@ impl Device {
         });
     }
 
-    /// Runs timers due at `now` (retransmission, RNR back-off, ARP retries).
+    /// Runs timers due at `now` (retransmission, RNR back-off, ARP retries,
+    /// neighbour expiry).
     /// Returns when it next needs to be polled, if ever.
     pub fn poll(&mut self, mem: &dyn DmaMemory, now: Nanos) -> Option<Nanos> {
         let mut next: Option<Nanos> = None;
@@ -482,7 +490,27 @@ impl Device {
         for dgid in unresolved {
             self.resolve(dgid, now);
         }
+        if let Some(t) = self.age_neighbours(now) {
+            next = Some(next.map_or(t, |n| n.min(t)));
+        }
         next
+    }
+
+    /// The MAC address of neighbour `ip`, if resolved (for tests and
+    /// diagnostics; does not count as a use).
+    pub fn neighbour(&self, ip: IpAddr) -> Option<[u8; 6]> {
+        self.neigh.peek(&ip)
+    }
+
+    /// Number of resolved neighbours (at most [`NEIGH_MAX`]).
+    pub fn neighbour_count(&self) -> usize {
+        self.neigh.len()
+    }
+
+    /// Number of neighbour resolutions in progress (at most
+    /// [`NEIGH_PENDING_MAX`]).
+    pub fn neighbour_pending(&self) -> usize {
+        self.neigh.pending_len()
     }
 
     /// Next frame to hand to the link.

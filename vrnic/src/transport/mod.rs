@@ -134,7 +134,7 @@ pub struct Env<'a> {
     /// The port's addresses.
     pub port: &'a PortId,
     /// Known neighbours (IP → MAC).
-    pub neigh: &'a HashMap<IpAddr, [u8; 6]>,
+    pub neigh: &'a crate::device::NeighTable,
     /// Output queues.
     pub out: &'a mut Output,
     /// Current time.
