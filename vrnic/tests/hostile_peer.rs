@@ -5,7 +5,9 @@
 //!   `off_path_write_from_other_ip_is_dropped`,
 //!   `forged_ack_from_other_ip_is_dropped`,
 //!   `forged_nak_from_other_ip_is_dropped`, `wrong_pkey_is_dropped`,
-//!   `request_to_qp_not_ready_is_dropped`, `pkey_table_is_queryable`.
+//!   `request_to_qp_not_ready_is_dropped`, `pkey_table_is_queryable`,
+//!   `off_path_write_over_ipv6_is_dropped` (source and destination GID
+//!   over IPv6), `ud_wrong_pkey_or_qkey_is_dropped`.
 //! - Item 4, protocol arithmetic (max_msg_sz 2^31 on both sides, rxe's
 //!   `check_length`; no address or length sum wraps):
 //!   `send_past_max_msg_sz_is_naked`, `read_request_over_max_msg_sz_is_naked`,
@@ -844,4 +846,125 @@ fn ns_from_stranger_not_learned() {
     assert_eq!(n.dev.neighbour(std::net::IpAddr::V6(s.0)), Some(s.1));
     assert!(n.dev.pop_tx().is_some(), "no NA");
     let _ = (&mut cfg, me_mac);
+}
+
+/// Node `n` of an RC pair over IPv6: addresses fd00::n (GID index 2).
+fn ipv6_pair() -> RcPair {
+    use std::net::Ipv6Addr;
+    let (la, lb) = QueueLink::pair();
+    let mut s = RcPair::on((Box::new(la), Box::new(lb)), ConnOpts::default(), false);
+    for (n, last) in [(&mut s.a, 1u16), (&mut s.b, 2)] {
+        // Fresh devices with an IPv6 address; the PD, CQ and QP are made
+        // again below in the same order, so their numbers do not change.
+        let cfg = vrnic::device::DeviceConfig {
+            mac: n.dev.config_space().mac,
+            ipv4: n.ip,
+            prefix_len: 24,
+            ipv6: vec![Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, last)],
+            link_mtu: 1500,
+        };
+        n.dev = vrnic::device::Device::new(cfg);
+    }
+    s.pda = s.a.alloc_pd();
+    s.pdb = s.b.alloc_pd();
+    s.ca = s.a.create_cq(256);
+    s.cb = s.b.create_cq(256);
+    s.qa = s.a.create_qp(s.pda, &s.ca, 64, 4);
+    s.qb = s.b.create_qp(s.pdb, &s.cb, 64, 4);
+    for (n, qp, peer, peer_qpn) in [
+        (&mut s.a, &s.qa, 2u16, s.qb.qpn),
+        (&mut s.b, &s.qb, 1, s.qa.qpn),
+    ] {
+        let mut attrs = conn_attrs(qp.qpn, n.ip, peer_qpn, ConnOpts::default());
+        attrs[1].dgid = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, peer).octets();
+        attrs[1].sgid_index = 2;
+        for a in attrs {
+            n.cmd(abi::CMD_MODIFY_QP, &a).unwrap();
+        }
+    }
+    s
+}
+
+#[test]
+fn off_path_write_over_ipv6_is_dropped() {
+    use std::net::Ipv6Addr;
+    let mut s = ipv6_pair();
+    connection_still_works(&mut s, "RC over IPv6");
+    let (buf, rkey) = victim_mr(&mut s);
+    let (qpn_b, now) = (s.qb.qpn, s.now);
+    let a_mac = s.a.dev.config_space().mac;
+    let b_ll = Ipv6Addr::from(wire::Gid::link_local_from_mac(s.b.dev.config_space().mac).0);
+    let fd = |n| Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, n);
+    // From another IPv6 host; and from A's address but to B's link-local
+    // address (GID 0), which is not the QP's source GID (index 2).
+    for (src, dst) in [(fd(66), fd(2)), (fd(1), b_ll)] {
+        let mut w = frame((s.a.ip, a_mac), &s.b, qpn_b, Opcode::RcWriteOnly, 1, 0xffff);
+        w.ip_src = IpAddr::V6(src);
+        w.ip_dst = IpAddr::V6(dst);
+        w.reth = Some(Reth {
+            va: buf,
+            rkey,
+            dma_len: 16,
+        });
+        let replies = inject(&mut s.b, &w, &[0xee; 16], now);
+        assert!(replies.is_empty(), "{src} -> {dst}: {replies:?}");
+    }
+    assert!(
+        s.b.read(buf, 4096).iter().all(|&x| x == 0x5a),
+        "memory changed"
+    );
+    assert_eq!(s.b.dev.stats().rx_drop_bad_src_addr, 2);
+    connection_still_works(&mut s, "after the IPv6 off-path writes");
+}
+
+#[test]
+fn ud_wrong_pkey_or_qkey_is_dropped() {
+    // UD accepts any source, but checks the P_Key and the Q_Key (rxe's
+    // check_keys): both mismatches are dropped and counted, the receive
+    // WQE stays posted for a good datagram.
+    let (mut n, _peer) = lone_node();
+    let pd = n.alloc_pd();
+    let mut cq = n.create_cq(16);
+    let mut qp = n.create_qp_with(pd, &cq, QpSpec::typed(abi::QPT_UD, 0));
+    let qkey = 0x1111_2222;
+    for (mask, state) in [
+        (
+            abi::QP_ATTR_STATE | abi::QP_ATTR_PKEY_INDEX | abi::QP_ATTR_PORT | abi::QP_ATTR_QKEY,
+            abi::QPS_INIT,
+        ),
+        (abi::QP_ATTR_STATE, abi::QPS_RTR),
+        (abi::QP_ATTR_STATE | abi::QP_ATTR_SQ_PSN, abi::QPS_RTS),
+    ] {
+        let a = abi::QpAttr {
+            qpn: qp.qpn,
+            attr_mask: mask,
+            qp_state: state,
+            port_num: 1,
+            qkey,
+            ..Default::default()
+        };
+        n.cmd(abi::CMD_MODIFY_QP, &a).unwrap();
+    }
+    let buf = n.alloc(4096);
+    let (lkey, _) = n.reg_mr(pd, buf, 4096, ALL).unwrap();
+    n.post_recv(&mut qp, 1, &[sge(buf, 4096, lkey)], 0);
+    let datagram = |pkey: u16, qk: u32| {
+        let mut h = frame(stranger(5), &n, qp.qpn, Opcode::UdSendOnly, 0, pkey);
+        h.deth = Some(wire::Deth {
+            qkey: qk,
+            src_qp: 0x99,
+        });
+        h
+    };
+    let bad = [datagram(0x1234, qkey), datagram(0xffff, qkey + 1)];
+    let good = datagram(0x7fff, qkey);
+    for h in &bad {
+        inject(&mut n, h, &[1; 8], 0);
+    }
+    assert_eq!(n.poll_cq(&mut cq), None, "a bad datagram was received");
+    let st = n.dev.stats().clone();
+    assert_eq!((st.rx_drop_bad_pkey, st.rx_drop_bad_qkey), (1, 1));
+    inject(&mut n, &good, &[2; 8], 0);
+    let c = n.poll_cq(&mut cq).expect("the good datagram");
+    assert_eq!((c.wr_id, c.status, c.byte_len), (1, abi::WC_SUCCESS, 48));
 }
