@@ -87,6 +87,9 @@ struct Pending {
 pub struct NeighTable {
     entries: HashMap<IpAddr, Entry>,
     pending: HashMap<IpAddr, Pending>,
+    /// No entry needs aging before this time (`None`: none needs it), so
+    /// that a poll does not walk the tables for nothing.
+    due: Option<Nanos>,
 }
 
 impl NeighTable {
@@ -122,6 +125,7 @@ impl NeighTable {
     /// `create` (evicting one at [`NEIGH_MAX`]). Ends a resolution of `ip`.
     fn confirm(&mut self, ip: IpAddr, mac: [u8; 6], create: bool, now: Nanos) {
         self.pending.remove(&ip);
+        self.wake_at(now.saturating_add(NEIGH_REACHABLE_NS));
         if let Some(e) = self.entries.get_mut(&ip) {
             *e = Entry::new(mac, now);
             return;
@@ -143,9 +147,15 @@ impl NeighTable {
         self.entries.insert(ip, Entry::new(mac, now));
     }
 
+    /// Makes the next [`NeighTable::age`] run no later than `t`.
+    fn wake_at(&mut self, t: Nanos) {
+        self.due = Some(self.due.map_or(t, |d| d.min(t)));
+    }
+
     /// Starts or continues the resolution of `ip`: true when a request
     /// should be sent now.
     fn want_request(&mut self, ip: IpAddr, now: Nanos) -> bool {
+        self.wake_at(now.saturating_add(NEIGH_FAILED_NS));
         if let Some(p) = self.pending.get_mut(&ip) {
             if p.tries >= NEIGH_MAX_PROBES {
                 if now < p.last.saturating_add(NEIGH_FAILED_NS) {
@@ -180,6 +190,11 @@ impl NeighTable {
     /// resolutions nobody retried. Returns the addresses to (re-)probe now
     /// and the next time the table needs aging.
     fn age(&mut self, now: Nanos) -> (Vec<IpAddr>, Option<Nanos>) {
+        match self.due {
+            Some(d) if now < d => return (Vec::new(), Some(d)),
+            None => return (Vec::new(), None),
+            _ => {}
+        }
         let mut probe = Vec::new();
         let mut next: Option<Nanos> = None;
         let mut at = |t: Nanos| next = Some(next.map_or(t, |n: Nanos| n.min(t)));
@@ -214,6 +229,7 @@ impl NeighTable {
             at(end);
             true
         });
+        self.due = next;
         (probe, next)
     }
 }
