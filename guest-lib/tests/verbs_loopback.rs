@@ -128,6 +128,8 @@ fn queries_describe_the_port_and_its_ipv4_mapped_gid() {
     assert_eq!(gid, Gid::from(Ipv4Addr::new(10, 0, 0, 1)));
     assert_eq!(gid.to_string(), "::ffff:10.0.0.1");
     assert!(ca.query_gid(1, 7).is_err(), "no GID 7");
+    assert_eq!(ca.query_pkey(1, 0).expect("query P_Key 0"), 0xffff);
+    assert!(ca.query_pkey(1, 1).is_err(), "one P_Key");
 }
 
 #[test]

@@ -541,3 +541,53 @@ fn reads_with_max_rd_atomic_0_and_a_fenced_send_complete_in_order() {
     assert_eq!((r.wr_id, r.byte_len, r.status_str()), (50, 200, "success"));
     assert_eq!(b.mr.to_vec()[8192..8192 + 200], pattern(99, 200)[..]);
 }
+
+#[test]
+fn post_send_rejects_wrapping_remote_ranges_and_messages_past_max_msg_sz() {
+    // Issue 9, item 4: EINVAL at post time, as rxe's validate_send_wr;
+    // nothing is posted, and a good WR still goes through after them.
+    let (ca, cb) = two_contexts();
+    let (mut a, b) = (Node::new(&ca, 4096), Node::new(&cb, 4096));
+    let mut qa = a.qp(QpType::Rc, None, 4, 0);
+    let mut qb = b.qp(QpType::Rc, None, 4, 0);
+    connect_pair(&mut qa, &a, &mut qb, &b, GID_INDEX);
+    let sge = [a.mr.sge(0, 100)];
+    let target = (b.mr.addr(), b.mr.rkey());
+    for (opcode, remote_addr) in [
+        (WrOpcode::RdmaWrite, u64::MAX - 9),
+        (WrOpcode::RdmaRead, u64::MAX - 98),
+        (WrOpcode::RdmaWriteWithImm, u64::MAX),
+    ] {
+        let mut wr = send_wr(1, opcode, &sge);
+        wr.rdma = RdmaWr {
+            remote_addr,
+            rkey: target.1,
+        };
+        let e = qa.post_send(&wr).expect_err("a wrapping remote range");
+        assert!(matches!(e, VerbsError::InvalidArgument(_)), "{e:?}");
+    }
+    let eight = [a.mr.sge(0, 8)];
+    let mut wr = send_wr(2, WrOpcode::AtomicFetchAndAdd, &eight);
+    wr.atomic.remote_addr = u64::MAX - 7;
+    let e = qa.post_send(&wr).expect_err("a wrapping atomic");
+    assert!(matches!(e, VerbsError::InvalidArgument(_)), "{e:?}");
+    // One SGE of 2^31 + 1 bytes (never read: refused at post time).
+    let big = [Sge {
+        addr: a.mr.addr(),
+        length: (1 << 31) + 1,
+        lkey: a.mr.lkey(),
+    }];
+    let wr = send_wr(3, WrOpcode::Send, &big);
+    let e = qa.post_send(&wr).expect_err("a message past max_msg_sz");
+    assert!(matches!(e, VerbsError::InvalidArgument(_)), "{e:?}");
+    // The QP is unharmed: a WRITE ending at the last byte of B's MR works.
+    let mut wr = send_wr(4, WrOpcode::RdmaWrite, &sge);
+    wr.send_flags = SEND_SIGNALED;
+    wr.rdma = RdmaWr {
+        remote_addr: target.0 + 4096 - 100,
+        rkey: target.1,
+    };
+    qa.post_send(&wr).expect("a good WRITE");
+    let w = a.wait(1, "the good WRITE")[0];
+    assert_eq!((w.wr_id, w.status_str()), (4, "success"));
+}

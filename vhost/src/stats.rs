@@ -42,7 +42,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 }
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 37;
+pub const COUNTERS: usize = 42;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -69,6 +69,11 @@ pub const NAMES: [&str; COUNTERS] = [
     "tx_bytes",
     "rx_bytes",
     "doorbells_ignored",
+    "rx_drop_qp_type",
+    "rx_drop_qp_state",
+    "rx_drop_bad_src_addr",
+    "rx_drop_bad_pkey",
+    "rx_drop_bad_qkey",
     "commands",
     "rejected_chains",
     "faulted_commands",
@@ -140,6 +145,11 @@ impl Snapshot {
             tx_bytes,
             rx_bytes,
             doorbells_ignored,
+            rx_drop_qp_type,
+            rx_drop_qp_state,
+            rx_drop_bad_src_addr,
+            rx_drop_bad_pkey,
+            rx_drop_bad_qkey,
         } = *device;
         let BackendStats {
             commands,
@@ -182,6 +192,11 @@ impl Snapshot {
                 tx_bytes,
                 rx_bytes,
                 doorbells_ignored,
+                rx_drop_qp_type,
+                rx_drop_qp_state,
+                rx_drop_bad_src_addr,
+                rx_drop_bad_pkey,
+                rx_drop_bad_qkey,
                 commands,
                 rejected_chains,
                 faulted_commands,

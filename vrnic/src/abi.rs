@@ -193,6 +193,9 @@ pub const CMD_MODIFY_SRQ: u16 = 17;
 pub const CMD_QUERY_SRQ: u16 = 18;
 /// `CMD_DESTROY_SRQ`: body [`Handle`]; response none. `EBUSY` while a QP uses it.
 pub const CMD_DESTROY_SRQ: u16 = 19;
+/// `CMD_QUERY_PKEY`: body [`QueryPkey`]; response [`PkeyEntry`]
+/// (`ibv_query_pkey(3)`).
+pub const CMD_QUERY_PKEY: u16 = 20;
 
 /// Command status codes: 0 or a positive Linux errno.
 pub type Status = u32;
@@ -306,6 +309,29 @@ pub struct GidEntry {
     pub gid_type: u32,
     /// Reserved, zero.
     pub reserved: u32,
+}
+
+/// `CMD_QUERY_PKEY` body.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueryPkey {
+    /// Port number, 1.
+    pub port: u32,
+    /// P_Key table index.
+    pub index: u32,
+}
+
+/// One P_Key table entry (IBTA §10.9.1: bit 15 full membership, bits
+/// 14..0 the partition).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PkeyEntry {
+    /// The P_Key, host order.
+    pub pkey: u16,
+    /// Reserved, zero.
+    pub reserved0: u16,
+    /// Reserved, zero.
+    pub reserved1: u32,
 }
 
 /// RoCEv2 GID type (`IB_GID_TYPE_ROCE_UDP_ENCAP`).
@@ -909,6 +935,8 @@ pod!(
     PortAttr = 24,
     QueryGid = 8,
     GidEntry = 24,
+    QueryPkey = 8,
+    PkeyEntry = 8,
     RegMr = 40,
     MrKeys = 8,
     CreateCq = 24,

@@ -268,6 +268,19 @@ impl Context {
         Ok(Gid { raw: e.gid })
     }
 
+    /// P_Key `index` of `port` (`ibv_query_pkey(3)`, `CMD_QUERY_PKEY`),
+    /// host order; bit 15 is full membership (IBTA §10.9.1). vrnic's table
+    /// has one entry, 0xFFFF, as Linux rxe; an index past it is an error
+    /// (`ENOENT`).
+    pub fn query_pkey(&self, port: u8, index: u32) -> Result<u16> {
+        let body = abi::QueryPkey {
+            port: port.into(),
+            index,
+        };
+        let e: abi::PkeyEntry = self.command(abi::CMD_QUERY_PKEY, body.as_bytes())?;
+        Ok(e.pkey)
+    }
+
     /// Next asynchronous event from the device (`ibv_get_async_event(3)` and
     /// completion events), if one is waiting. Never blocks. `kind` is one of
     /// `EV_COMP` (`handle` a CQ number, after [`Cq::req_notify`]),

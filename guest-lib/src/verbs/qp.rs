@@ -717,7 +717,10 @@ impl Qp {
     /// requests are outstanding; `EINVAL` for more SGEs than
     /// `max_send_sge`, inline data beyond `max_inline_data` or with SGEs,
     /// `SEND_INLINE` in `send_flags`, an atomic whose `sg_list` is not one
-    /// 8-byte SGE; the transport's doorbell error. Nothing is posted on error.
+    /// 8-byte SGE, a message longer than `max_msg_sz` (2^31 bytes, as
+    /// rxe's `validate_send_wr`), an RDMA or atomic remote range that wraps
+    /// past 2^64; the transport's doorbell error. Nothing is posted on
+    /// error.
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<()> {
         let inline = wr.inline_data.unwrap_or(&[]);
         if wr.send_flags & abi::SEND_INLINE != 0 {
@@ -748,6 +751,35 @@ impl Qp {
             return Err(VerbsError::InvalidArgument(
                 "an atomic needs one 8-byte SGE".into(),
             ));
+        }
+        // rxe's validate_send_wr: the message is at most max_msg_sz.
+        let len = match wr.inline_data {
+            Some(d) => d.len() as u64,
+            None => wr.sg_list.iter().map(|s| u64::from(s.length)).sum(),
+        };
+        if len > u64::from(vrnic::device::MAX_MSG_SZ) {
+            return Err(VerbsError::InvalidArgument(format!(
+                "a message of {len} bytes, max_msg_sz is {}",
+                vrnic::device::MAX_MSG_SZ
+            )));
+        }
+        // The remote range must not wrap past 2^64 (the device completes
+        // such a WQE with WC_LOC_QP_OP_ERR).
+        let remote = match wr.opcode {
+            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm | WrOpcode::RdmaRead => {
+                Some((wr.rdma.remote_addr, len))
+            }
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => {
+                Some((wr.atomic.remote_addr, 8))
+            }
+            _ => None,
+        };
+        if let Some((addr, n)) = remote {
+            if addr.checked_add(n).is_none() {
+                return Err(VerbsError::InvalidArgument(format!(
+                    "remote range of {n} bytes at {addr:#x} wraps"
+                )));
+            }
         }
         let slot = self.sq.next_slot(self.consumer_index(0), "send queue")?;
         let hdr = wr.to_wqe();

@@ -106,7 +106,7 @@ impl Device {
                     max_mtu: 5,
                     active_mtu: self.active_mtu(),
                     gid_tbl_len: self.port.gid_count(),
-                    max_msg_sz: 1 << 31,
+                    max_msg_sz: MAX_MSG_SZ,
                     link_layer: 2,
                 };
                 Ok(put(out, &attr))
@@ -123,6 +123,20 @@ impl Device {
                         gid: gid.0,
                         gid_type: abi::GID_TYPE_ROCE_V2,
                         reserved: 0,
+                    },
+                ))
+            }
+            abi::CMD_QUERY_PKEY => {
+                let q: abi::QueryPkey = arg(args)?;
+                if q.port != 1 {
+                    return Err(abi::STATUS_EINVAL);
+                }
+                let pkey = self.port.pkey(q.index).ok_or(abi::STATUS_ENOENT)?;
+                Ok(put(
+                    out,
+                    &abi::PkeyEntry {
+                        pkey,
+                        ..Default::default()
                     },
                 ))
             }
@@ -510,6 +524,12 @@ impl Device {
     ) -> Result<usize, Status> {
         let qp = self.qps.get_mut(a.qpn).ok_or(abi::STATUS_ENOENT)?;
         let next = validate_modify(qp, &a)?;
+        // rxe_qp_chk_attr: the P_Key index must name a table entry.
+        if a.attr_mask & abi::QP_ATTR_PKEY_INDEX != 0
+            && self.port.pkey(a.pkey_index.into()).is_none()
+        {
+            return Err(abi::STATUS_EINVAL);
+        }
         if a.attr_mask & abi::QP_ATTR_AV != 0 {
             let av = Av::of_qp(&a);
             // check_av borrows the device; the QP is looked up again below.

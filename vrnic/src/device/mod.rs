@@ -37,11 +37,13 @@ mod control;
 mod neigh;
 mod qp_stats;
 
+pub use neigh::{
+    NeighTable, NEIGH_FAILED_NS, NEIGH_MAX, NEIGH_MAX_PROBES, NEIGH_PENDING_MAX,
+    NEIGH_REACHABLE_NS, NEIGH_RETRANS_NS,
+};
 pub use qp_stats::QpStats;
 
-use std::collections::HashMap;
-
-use crate::transport::{completer, datagram, requester, responder, Env, Output, PortId};
+use crate::transport::{completer, datagram, hdr_check, requester, responder, Env, Output, PortId};
 use crate::verbs::ah::Ah;
 use crate::verbs::cq::Cq;
 use crate::verbs::mr::MrTable;
@@ -94,7 +96,8 @@ pub struct DeviceStats {
     pub tx_frames: u64,
     /// Frames received from the link.
     pub rx_frames: u64,
-    /// Frames dropped: not RoCEv2/ARP for us, malformed, or for no QP.
+    /// Frames dropped: not RoCEv2/ARP for us, malformed, for no QP, or
+    /// failing the header checks (also counted by class, `rx_drop_*`).
     pub rx_dropped: u64,
     /// Frames dropped for a bad ICRC.
     pub icrc_errors: u64,
@@ -138,6 +141,23 @@ pub struct DeviceStats {
     /// handle, or a producer index outside `[fetch index, consumer index +
     /// ring size]` of its queue (device spec §5.x.6.9).
     pub doorbells_ignored: u64,
+    /// Packets dropped (also in `rx_dropped`) because their opcode is of
+    /// another transport than the QP's (rxe's `check_type_state`).
+    pub rx_drop_qp_type: u64,
+    /// Packets dropped (also in `rx_dropped`) because the QP's state does
+    /// not receive them: a request before RTR or in ERR, a response
+    /// outside RTS/SQD (rxe's `check_type_state`).
+    pub rx_drop_qp_state: u64,
+    /// RC/UC packets dropped (also in `rx_dropped`) whose source IP is not
+    /// the QP's destination GID or whose destination IP is not its source
+    /// GID (rxe's `check_addr`).
+    pub rx_drop_bad_src_addr: u64,
+    /// Packets dropped (also in `rx_dropped`) whose BTH P_Key does not
+    /// match the QP's P_Key table entry (IBTA §10.9.3, rxe's `check_keys`).
+    pub rx_drop_bad_pkey: u64,
+    /// UD packets dropped (also in `rx_dropped`) whose DETH Q_Key is not
+    /// the QP's (IBTA C10-16, rxe's `check_keys`).
+    pub rx_drop_bad_qkey: u64,
 }
 
 impl DeviceStats {
@@ -150,6 +170,20 @@ impl DeviceStats {
             InvalidRequest | InvalidRdRequest => self.nak_inv_req_sent += 1,
             RemoteAccessError => self.nak_rem_access_sent += 1,
             RemoteOperationalError => self.nak_rem_op_sent += 1,
+        }
+    }
+
+    /// Counts a packet dropped by [`hdr_check::hdr_check`] (in
+    /// `rx_dropped` and by class).
+    pub fn hdr_drop(&mut self, why: hdr_check::HdrDrop) {
+        use hdr_check::HdrDrop::*;
+        self.rx_dropped += 1;
+        match why {
+            QpType => self.rx_drop_qp_type += 1,
+            QpState => self.rx_drop_qp_state += 1,
+            BadAddr => self.rx_drop_bad_src_addr += 1,
+            BadPkey => self.rx_drop_bad_pkey += 1,
+            BadQkey => self.rx_drop_bad_qkey += 1,
         }
     }
 
@@ -194,6 +228,11 @@ pub const MAX_CQE: u32 = 65536;
 pub const MAX_SGE: u32 = 32;
 /// Maximum inline bytes per send WQE.
 pub const MAX_INLINE: u32 = 512;
+/// Largest message, bytes (`ibv_port_attr.max_msg_sz`, rxe's
+/// `RXE_MAX_MSG_SIZE`): enforced by the requester (a longer WQE completes
+/// with `WC_LOC_LEN_ERR`) and the responder (a SEND growing past it, a
+/// READ or WRITE asking for more, is NAKed invalid request).
+pub const MAX_MSG_SZ: u32 = 1 << 31;
 /// Largest MR, bytes.
 pub const MAX_MR_SIZE: u64 = 1 << 40;
 /// Largest page list of one MR (entries).
@@ -222,8 +261,7 @@ pub struct Device {
     qps: HandleTable<Qp>,
     ahs: HandleTable<Ah>,
     srqs: HandleTable<Srq>,
-    neigh: HashMap<IpAddr, [u8; 6]>,
-    arp_sent: HashMap<IpAddr, Nanos>,
+    neigh: NeighTable,
     out: Output,
 }
 
@@ -245,6 +283,7 @@ impl Device {
             mac: cfg.mac,
             ipv4: cfg.ipv4,
             ipv6: cfg.ipv6.clone(),
+            pkeys: vec![crate::transport::DEFAULT_PKEY],
         };
         Self {
             cfg,
@@ -255,8 +294,7 @@ impl Device {
             qps: HandleTable::new(QPN_SPACE),
             ahs: HandleTable::new(HandleSpace::numbers(MAX_AH)),
             srqs: HandleTable::new(HandleSpace::numbers(MAX_SRQ)),
-            neigh: HashMap::new(),
-            arp_sent: HashMap::new(),
+            neigh: NeighTable::default(),
             out: Output::default(),
         }
     }
@@ -414,11 +452,16 @@ impl Device {
         let pkt = match wire::parse_frame(frame) {
             Ok(Frame::Roce(p)) => p,
             Ok(Frame::Arp(arp)) => {
-                self.on_arp(&arp);
+                // parse_frame accepted an Ethernet header.
+                let eth_dst = frame
+                    .get(..6)
+                    .and_then(|d| <[u8; 6]>::try_from(d).ok())
+                    .unwrap_or_default();
+                self.on_arp(&arp, eth_dst, now);
                 return;
             }
             Ok(Frame::Other) => {
-                if !self.on_ndp(frame) {
+                if !self.on_ndp(frame, now) {
                     self.out.stats.rx_dropped += 1;
                 }
                 return;
@@ -447,7 +490,9 @@ impl Device {
         qp.stats.rx_packets += 1;
         qp_step!(self, qp, mem, now, |env| {
             env.out.stats.rx_bytes += pkt.payload.len() as u64;
-            if pkt.hdr.bth.opcode.transport() == wire::Transport::Ud {
+            if let Err(why) = hdr_check::hdr_check(qp, env.port, &pkt) {
+                env.out.stats.hdr_drop(why);
+            } else if pkt.hdr.bth.opcode.transport() == wire::Transport::Ud {
                 if qp.qp_type == abi::QPT_UD && pkt.hdr.bth.opcode.is_request() {
                     // parse_frame accepted an Ethernet header of 14 bytes.
                     let ip = frame.get(14..).unwrap_or_default();
@@ -465,7 +510,8 @@ impl Device {
         });
     }
 
-    /// Runs timers due at `now` (retransmission, RNR back-off, ARP retries).
+    /// Runs timers due at `now` (retransmission, RNR back-off, ARP retries,
+    /// neighbour expiry).
     /// Returns when it next needs to be polled, if ever.
     pub fn poll(&mut self, mem: &dyn DmaMemory, now: Nanos) -> Option<Nanos> {
         let mut next: Option<Nanos> = None;
@@ -496,7 +542,27 @@ impl Device {
         for dgid in unresolved {
             self.resolve(dgid, now);
         }
+        if let Some(t) = self.age_neighbours(now) {
+            next = Some(next.map_or(t, |n| n.min(t)));
+        }
         next
+    }
+
+    /// The MAC address of neighbour `ip`, if resolved (for tests and
+    /// diagnostics; does not count as a use).
+    pub fn neighbour(&self, ip: IpAddr) -> Option<[u8; 6]> {
+        self.neigh.peek(&ip)
+    }
+
+    /// Number of resolved neighbours (at most [`NEIGH_MAX`]).
+    pub fn neighbour_count(&self) -> usize {
+        self.neigh.len()
+    }
+
+    /// Number of neighbour resolutions in progress (at most
+    /// [`NEIGH_PENDING_MAX`]).
+    pub fn neighbour_pending(&self) -> usize {
+        self.neigh.pending_len()
     }
 
     /// Next frame to hand to the link.

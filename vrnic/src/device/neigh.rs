@@ -1,9 +1,40 @@
 //! The port's neighbour handling: answers ARP requests (RFC 826) and IPv6
 //! neighbour solicitations (RFC 4861 §7) for the port's addresses, learns
-//! neighbours from the answers, and resolves a QP's or AH's destination GID
-//! to a MAC before its first packet.
+//! neighbours from them and from the answers to its own requests, and
+//! resolves a QP's or AH's destination GID to a MAC before its first packet.
+//!
+//! Everything here comes from the wire or from a guest, so the tables are
+//! bounded and expire (issue 9, item 5):
+//!
+//! - at most [`NEIGH_MAX`] resolved neighbours; a new one evicts the least
+//!   recently confirmed entry, preferring one no QP used since;
+//! - at most [`NEIGH_PENDING_MAX`] resolutions in progress (a guest can
+//!   name any number of destinations); more wait for a slot. Nothing is
+//!   queued behind a resolution: a QP or UD send waits in the transport
+//!   (`waiting_arp`) and the device polls it every millisecond, as before;
+//! - a resolution sends at most [`NEIGH_MAX_PROBES`] requests,
+//!   [`NEIGH_RETRANS_NS`] apart, then rests for [`NEIGH_FAILED_NS`] before
+//!   a waiting sender may start another; an unresolved destination leaves
+//!   its QP waiting, as before;
+//! - an entry is reachable for [`NEIGH_REACHABLE_NS`] after it was last
+//!   confirmed (Linux's `base_reachable_time`). Then, if a QP used it since,
+//!   it stays in use while it is re-probed (up to [`NEIGH_MAX_PROBES`]
+//!   requests, Linux's PROBE state) and is dropped if none is answered;
+//!   an unused one is dropped at once.
+//!
+//! Learning follows RFC 826 and RFC 4861 §7.2: only from frames addressed
+//! to the port (its MAC, broadcast, or for NDP the multicast groups it
+//! listens to), never a sender with a multicast MAC or an address of the
+//! port; ARP updates an existing entry from any ARP of that sender and
+//! creates one only from a request for one of the port's addresses or the
+//! reply to its own request; an NS creates or updates one only when its
+//! target is the port's and its source is specified; an NA only updates
+//! an entry or answers a resolution in progress. Time is the `now` of the
+//! device entry point that handles the frame or poll.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr};
 
 use etherparse::{
     icmpv6::NeighborAdvertisementHeader, Icmpv6Type, NetSlice, PacketBuilder, SlicedPacket,
@@ -13,20 +44,242 @@ use etherparse::{
 use super::{Device, Nanos};
 use crate::wire::{self, ArpPacket, Gid};
 
-/// How long to wait before repeating an unanswered ARP request, ns.
-const ARP_RETRY_NS: Nanos = 200_000_000;
+/// Most resolved neighbours the port keeps.
+pub const NEIGH_MAX: usize = 256;
+/// Most neighbour resolutions in progress at once.
+pub const NEIGH_PENDING_MAX: usize = 64;
+/// How long an entry is used without re-confirmation, ns (Linux's
+/// `base_reachable_time`, 30 s).
+pub const NEIGH_REACHABLE_NS: Nanos = 30_000_000_000;
+/// Interval between requests of one resolution or re-probe, ns.
+pub const NEIGH_RETRANS_NS: Nanos = 200_000_000;
+/// Requests one resolution or re-probe sends before it fails (Linux's
+/// `mcast_solicit` / `ucast_solicit`, 3).
+pub const NEIGH_MAX_PROBES: u8 = 3;
+/// After a failed resolution, how long before a waiting sender may start
+/// another, ns.
+pub const NEIGH_FAILED_NS: Nanos = 1_000_000_000;
+
+/// One resolved neighbour.
+#[derive(Debug)]
+struct Entry {
+    mac: [u8; 6],
+    /// When an answer or an ARP/NS from it last confirmed it.
+    confirmed: Nanos,
+    /// A packet was addressed with it since `confirmed` (set by lookups,
+    /// which only borrow the table).
+    used: Cell<bool>,
+    /// Re-probe in progress: requests sent, the last one when.
+    probes: u8,
+    probe_sent: Nanos,
+}
+
+/// A resolution in progress: requests sent, the last one when.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    tries: u8,
+    last: Nanos,
+}
+
+/// The port's neighbour table (IP → MAC), bounded and expiring; see the
+/// module documentation for the rules.
+#[derive(Debug, Default)]
+pub struct NeighTable {
+    entries: HashMap<IpAddr, Entry>,
+    pending: HashMap<IpAddr, Pending>,
+    /// No entry needs aging before this time (`None`: none needs it), so
+    /// that a poll does not walk the tables for nothing.
+    due: Option<Nanos>,
+}
+
+impl NeighTable {
+    /// The MAC of `ip` if it is resolved; marks the entry used (so that it
+    /// is re-probed rather than dropped when its reachable time ends).
+    pub fn get(&self, ip: &IpAddr) -> Option<&[u8; 6]> {
+        let e = self.entries.get(ip)?;
+        e.used.set(true);
+        Some(&e.mac)
+    }
+
+    /// The MAC of `ip` if it is resolved, without marking it used.
+    pub fn peek(&self, ip: &IpAddr) -> Option<[u8; 6]> {
+        self.entries.get(ip).map(|e| e.mac)
+    }
+
+    /// Number of resolved neighbours.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when no neighbour is resolved.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Number of resolutions in progress.
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Confirms `ip` at `mac`: updates an existing entry; creates one when
+    /// `create` (evicting one at [`NEIGH_MAX`]). Ends a resolution of `ip`.
+    fn confirm(&mut self, ip: IpAddr, mac: [u8; 6], create: bool, now: Nanos) {
+        self.pending.remove(&ip);
+        self.wake_at(now.saturating_add(NEIGH_REACHABLE_NS));
+        if let Some(e) = self.entries.get_mut(&ip) {
+            *e = Entry::new(mac, now);
+            return;
+        }
+        if !create {
+            return;
+        }
+        if self.entries.len() >= NEIGH_MAX {
+            // Least recently confirmed, unused ones first.
+            let victim = self
+                .entries
+                .iter()
+                .min_by_key(|(_, e)| (e.used.get(), e.confirmed))
+                .map(|(ip, _)| *ip);
+            if let Some(v) = victim {
+                self.entries.remove(&v);
+            }
+        }
+        self.entries.insert(ip, Entry::new(mac, now));
+    }
+
+    /// Makes the next [`NeighTable::age`] run no later than `t`.
+    fn wake_at(&mut self, t: Nanos) {
+        self.due = Some(self.due.map_or(t, |d| d.min(t)));
+    }
+
+    /// Starts or continues the resolution of `ip`: true when a request
+    /// should be sent now.
+    fn want_request(&mut self, ip: IpAddr, now: Nanos) -> bool {
+        self.wake_at(now.saturating_add(NEIGH_FAILED_NS));
+        if let Some(p) = self.pending.get_mut(&ip) {
+            if p.tries >= NEIGH_MAX_PROBES {
+                if now < p.last.saturating_add(NEIGH_FAILED_NS) {
+                    return false;
+                }
+                p.tries = 0;
+            } else if now < p.last.saturating_add(NEIGH_RETRANS_NS) {
+                return false;
+            }
+            p.tries += 1;
+            p.last = now;
+            return true;
+        }
+        if self.pending.len() >= NEIGH_PENDING_MAX {
+            // Full: this one waits for a slot (a resolution ending or
+            // resting past NEIGH_FAILED_NS). Evicting instead would let
+            // many destinations restart each other's retries forever.
+            return false;
+        }
+        self.pending.insert(
+            ip,
+            Pending {
+                tries: 1,
+                last: now,
+            },
+        );
+        true
+    }
+
+    /// Ages the table at `now`: drops unused entries past their reachable
+    /// time and probed ones whose probes went unanswered, forgets failed
+    /// resolutions nobody retried. Returns the addresses to (re-)probe now
+    /// and the next time the table needs aging.
+    fn age(&mut self, now: Nanos) -> (Vec<IpAddr>, Option<Nanos>) {
+        match self.due {
+            Some(d) if now < d => return (Vec::new(), Some(d)),
+            None => return (Vec::new(), None),
+            _ => {}
+        }
+        let mut probe = Vec::new();
+        let mut next: Option<Nanos> = None;
+        let mut at = |t: Nanos| next = Some(next.map_or(t, |n: Nanos| n.min(t)));
+        self.entries.retain(|ip, e| {
+            let stale_at = e.confirmed.saturating_add(NEIGH_REACHABLE_NS);
+            if now < stale_at {
+                at(stale_at);
+                return true;
+            }
+            if e.probes == 0 && !e.used.get() {
+                return false;
+            }
+            let due = e.probe_sent.saturating_add(NEIGH_RETRANS_NS);
+            if e.probes > 0 && now < due {
+                at(due);
+                return true;
+            }
+            if e.probes >= NEIGH_MAX_PROBES {
+                return false;
+            }
+            e.probes += 1;
+            e.probe_sent = now;
+            probe.push(*ip);
+            at(now.saturating_add(NEIGH_RETRANS_NS));
+            true
+        });
+        self.pending.retain(|_, p| {
+            let end = p.last.saturating_add(NEIGH_FAILED_NS);
+            if now >= end {
+                return false;
+            }
+            at(end);
+            true
+        });
+        self.due = next;
+        (probe, next)
+    }
+}
+
+impl Entry {
+    fn new(mac: [u8; 6], now: Nanos) -> Entry {
+        Entry {
+            mac,
+            confirmed: now,
+            used: Cell::new(false),
+            probes: 0,
+            probe_sent: 0,
+        }
+    }
+}
+
+/// A MAC a neighbour may have: unicast (I/G bit clear) and not zero.
+fn unicast_mac(mac: [u8; 6]) -> bool {
+    mac[0] & 1 == 0 && mac != [0; 6]
+}
 
 impl Device {
-    pub(super) fn on_arp(&mut self, arp: &ArpPacket) {
+    /// Handles an ARP packet that came in an Ethernet frame to `eth_dst`
+    /// (RFC 826; learning as the module documentation says). A request
+    /// for the port's IPv4 address is answered.
+    pub(super) fn on_arp(&mut self, arp: &ArpPacket, eth_dst: [u8; 6], now: Nanos) {
+        if eth_dst != self.port.mac && eth_dst != [0xff; 6] {
+            self.out.stats.rx_dropped += 1;
+            return;
+        }
         let for_us = arp.target_ip == self.port.ipv4;
         let sender = IpAddr::V4(arp.sender_ip);
-        if arp.sender_ip != Ipv4Addr::UNSPECIFIED && (for_us || self.neigh.contains_key(&sender)) {
-            self.neigh.insert(sender, arp.sender_mac);
-            self.arp_sent.remove(&sender);
+        let s = arp.sender_ip;
+        let plausible = !(s.is_unspecified()
+            || s.is_broadcast()
+            || s.is_multicast()
+            || s.is_loopback()
+            || self.port.owns(sender))
+            && unicast_mac(arp.sender_mac);
+        if plausible {
+            // RFC 826: update the sender if known; add it only when we are
+            // the target of its request, or of its reply to our request.
+            let create = for_us
+                && (arp.op == ArpPacket::REQUEST
+                    || arp.op == ArpPacket::REPLY && self.neigh.pending.contains_key(&sender));
+            self.neigh.confirm(sender, arp.sender_mac, create, now);
         }
-        if arp.op == 1 && for_us {
+        if arp.op == ArpPacket::REQUEST && for_us && unicast_mac(arp.sender_mac) {
             let reply = ArpPacket {
-                op: 2,
+                op: ArpPacket::REPLY,
                 sender_mac: self.port.mac,
                 sender_ip: self.port.ipv4,
                 target_mac: arp.sender_mac,
@@ -41,10 +294,11 @@ impl Device {
 
     /// Handles an IPv6 neighbour solicitation or advertisement (RFC 4861
     /// §7.1 validity: hop limit 255, valid checksum). Returns false for any
-    /// other frame. A solicitation for one of the port's addresses is
-    /// answered (solicited, override) and its sender learnt; an
-    /// advertisement is learnt when we asked for it.
-    pub(super) fn on_ndp(&mut self, frame: &[u8]) -> bool {
+    /// other frame. Only frames to the port's MAC or an IPv6 multicast MAC
+    /// (33:33:...) count. A solicitation for one of the port's addresses is
+    /// answered (solicited, override) and its specified source learnt; an
+    /// advertisement updates an entry or answers our own solicitation.
+    pub(super) fn on_ndp(&mut self, frame: &[u8], now: Nanos) -> bool {
         let Ok(p) = SlicedPacket::from_ethernet(frame) else {
             return false;
         };
@@ -52,6 +306,15 @@ impl Device {
         else {
             return false;
         };
+        let Some(eth) = p.link.as_ref().and_then(|l| l.to_header()) else {
+            return false;
+        };
+        let etherparse::LinkHeader::Ethernet2(eth) = eth else {
+            return false;
+        };
+        // For the port: its MAC, or an IPv6 multicast MAC (RFC 2464 §7:
+        // the solicited-node and all-nodes groups it listens to).
+        let for_port = eth.destination == self.port.mac || eth.destination[..2] == [0x33, 0x33];
         let h = ip.header();
         let (src, dst) = (h.source_addr(), h.destination_addr());
         if h.hop_limit() != 255 || !icmp.is_checksum_valid(src.octets(), dst.octets()) {
@@ -80,20 +343,12 @@ impl Device {
         };
         match icmp.icmp_type() {
             Icmpv6Type::NeighborSolicitation => {
-                if !self.port.owns(IpAddr::V6(target)) {
+                if !self.port.owns(IpAddr::V6(target)) || !for_port {
                     return true;
                 }
-                let Some(eth) = &p.link else { return true };
-                let Some(eth) = eth.to_header() else {
-                    return true;
-                };
-                let eth = match eth {
-                    etherparse::LinkHeader::Ethernet2(e) => e,
-                    _ => return true,
-                };
-                if !src.is_unspecified() {
-                    if let Some(mac) = option_mac(1) {
-                        self.neigh.insert(IpAddr::V6(src), mac);
+                if !src.is_unspecified() && !self.port.owns(IpAddr::V6(src)) {
+                    if let Some(mac) = option_mac(1).filter(|m| unicast_mac(*m)) {
+                        self.neigh.confirm(IpAddr::V6(src), mac, true, now);
                     }
                 }
                 let (reply_to, reply_mac) = if src.is_unspecified() {
@@ -122,11 +377,14 @@ impl Device {
             }
             Icmpv6Type::NeighborAdvertisement(_) => {
                 let ip = IpAddr::V6(target);
-                if self.arp_sent.contains_key(&ip) || self.neigh.contains_key(&ip) {
-                    if let Some(mac) = option_mac(2) {
-                        self.neigh.insert(ip, mac);
-                        self.arp_sent.remove(&ip);
-                    }
+                if !for_port {
+                    return true;
+                }
+                if let Some(mac) = option_mac(2).filter(|m| unicast_mac(*m)) {
+                    // Updates only (RFC 4861 §7.2.5): an entry, or the
+                    // resolution we started.
+                    let create = self.neigh.pending.contains_key(&ip);
+                    self.neigh.confirm(ip, mac, create, now);
                 }
             }
             _ => return false,
@@ -155,8 +413,7 @@ impl Device {
     /// Sends a neighbour solicitation for `dst` to its solicited-node
     /// multicast address (RFC 4861 §7.2.2), from the port's link-local
     /// address (or the GID of the same scope when `dst` is global).
-    fn solicit(&mut self, dst: IpAddr, _now: Nanos) {
-        let IpAddr::V6(dst) = dst else { return };
+    fn solicit(&mut self, dst: Ipv6Addr) {
         let link_local = Ipv6Addr::from(Gid::link_local_from_mac(self.port.mac).0);
         let src = if dst.is_unicast_link_local() {
             link_local
@@ -181,33 +438,48 @@ impl Device {
         self.emit_icmpv6(src, group, mac, Icmpv6Type::NeighborSolicitation, &payload);
     }
 
-    /// Sends an ARP request for the IPv4 address of `dgid` unless one was
-    /// sent recently.
-    pub(super) fn resolve(&mut self, dgid: [u8; 16], now: Nanos) {
-        let dst = Gid(dgid).to_ip();
-        if self.neigh.contains_key(&dst) {
-            return;
-        }
-        if let Some(&t) = self.arp_sent.get(&dst) {
-            if now < t + ARP_RETRY_NS {
-                return;
-            }
-        }
-        self.arp_sent.insert(dst, now);
+    /// Sends one ARP request (broadcast, or to `eth_dst` when re-probing a
+    /// known neighbour) or neighbour solicitation for `dst`.
+    fn request(&mut self, dst: IpAddr, eth_dst: [u8; 6]) {
         let IpAddr::V4(ip) = dst else {
-            self.solicit(dst, now);
+            if let IpAddr::V6(v6) = dst {
+                self.solicit(v6);
+            }
             return;
         };
         let req = ArpPacket {
-            op: 1,
+            op: ArpPacket::REQUEST,
             sender_mac: self.port.mac,
             sender_ip: self.port.ipv4,
             target_mac: [0; 6],
             target_ip: ip,
         };
         let mut frame = Vec::with_capacity(64);
-        wire::emit_arp(self.port.mac, [0xff; 6], &req, &mut frame);
+        wire::emit_arp(self.port.mac, eth_dst, &req, &mut frame);
         self.out.stats.tx_frames += 1;
         self.out.tx.push_back(frame);
+    }
+
+    /// Resolves the IP of `dgid`: sends an ARP request or neighbour
+    /// solicitation unless it is known or its resolution is waiting
+    /// (retransmit interval, or resting after a failure).
+    pub(super) fn resolve(&mut self, dgid: [u8; 16], now: Nanos) {
+        let dst = Gid(dgid).to_ip();
+        if self.neigh.entries.contains_key(&dst) || !self.neigh.want_request(dst, now) {
+            return;
+        }
+        self.request(dst, [0xff; 6]);
+    }
+
+    /// Ages the neighbour table at `now` ([`NeighTable`]): re-probes the
+    /// stale entries in use, drops the others. Returns when it next needs
+    /// to run.
+    pub(super) fn age_neighbours(&mut self, now: Nanos) -> Option<Nanos> {
+        let (probe, next) = self.neigh.age(now);
+        for ip in probe {
+            let mac = self.neigh.entries.get(&ip).map_or([0xff; 6], |e| e.mac);
+            self.request(ip, mac);
+        }
+        next
     }
 }

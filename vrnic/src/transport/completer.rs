@@ -216,8 +216,10 @@ fn on_read_or_atomic_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
         }
     } else {
         let len = pkt.payload.len() as u32;
-        let offset = op.resp_pkts * mtu;
-        let want = op.len.saturating_sub(offset).min(mtu);
+        // resp_pkts < npkts = ceil(len / mtu) keeps this below len, unless
+        // the path MTU changed since the request: then it is a bad response.
+        let offset = op.resp_pkts.checked_mul(mtu);
+        let want = offset.map(|o| op.len.saturating_sub(o).min(mtu));
         // Response opcodes count from the (re-)request they answer
         // (§9.7.5.1.5): only the final one must be LAST or ONLY.
         let kind_ok = if last {
@@ -231,10 +233,11 @@ fn on_read_or_atomic_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
                 Opcode::RcReadResponseFirst | Opcode::RcReadResponseMiddle
             )
         };
-        if !kind_ok || len != want {
-            Err(abi::WC_BAD_RESP_ERR)
-        } else {
-            requester::scatter(env, qp.pdn, op, offset, pkt.payload)
+        match offset {
+            Some(offset) if kind_ok && Some(len) == want => {
+                requester::scatter(env, qp.pdn, op, offset, pkt.payload)
+            }
+            _ => Err(abi::WC_BAD_RESP_ERR),
         }
     };
     if let Err(status) = result {

@@ -8,12 +8,13 @@
 
 pub mod completer;
 pub mod datagram;
+pub mod hdr_check;
 pub mod psn;
 pub mod recv_queue;
 pub mod requester;
 pub mod responder;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::abi;
@@ -36,7 +37,13 @@ pub struct PortId {
     pub ipv4: Ipv4Addr,
     /// Further IPv6 addresses (GID indices 2, 3, ...).
     pub ipv6: Vec<Ipv6Addr>,
+    /// The P_Key table (IBTA §10.9.1), by index: [`DEFAULT_PKEY`] alone,
+    /// as rxe's port (`RXE_PORT_PKEY_TBL_LEN` 1).
+    pub pkeys: Vec<u16>,
 }
+
+/// The default P_Key, full member of the default partition (IBTA §10.9.1.1).
+pub const DEFAULT_PKEY: u16 = 0xffff;
 
 impl PortId {
     /// The GID table (as Linux RoCE lays it out for RoCEv2): index 0 the
@@ -57,6 +64,11 @@ impl PortId {
     /// Number of GID table entries.
     pub fn gid_count(&self) -> u32 {
         2 + self.ipv6.len() as u32
+    }
+
+    /// P_Key table entry `index`, `None` past the end (`ibv_query_pkey(3)`).
+    pub fn pkey(&self, index: u32) -> Option<u16> {
+        self.pkeys.get(usize::try_from(index).ok()?).copied()
     }
 
     /// True when `ip` is one of the port's addresses (a GID of its table).
@@ -123,7 +135,7 @@ pub struct Env<'a> {
     /// The port's addresses.
     pub port: &'a PortId,
     /// Known neighbours (IP → MAC).
-    pub neigh: &'a HashMap<IpAddr, [u8; 6]>,
+    pub neigh: &'a crate::device::NeighTable,
     /// Output queues.
     pub out: &'a mut Output,
     /// Current time.
@@ -173,13 +185,7 @@ pub fn headers_to(
     psn: u32,
 ) -> Option<RoceHeaders> {
     let dst = Gid(av.dgid).to_ip();
-    let src = match dst {
-        IpAddr::V4(_) => IpAddr::V4(env.port.ipv4),
-        IpAddr::V6(_) => match env.port.gid(av.sgid_index as u32)?.to_ip() {
-            IpAddr::V6(a) => IpAddr::V6(a),
-            IpAddr::V4(_) => IpAddr::V6(Ipv6Addr::from(env.port.gid(0)?.0)),
-        },
-    };
+    let src = source_ip(env.port, av)?;
     let eth_dst = *env.neigh.get(&dst)?;
     let bth = Bth {
         opcode,
@@ -212,6 +218,21 @@ pub fn headers_to(
         deth: None,
         immdt: None,
         ieth: None,
+    })
+}
+
+/// The port address packets to `av` are sent from (and packets from `av`'s
+/// destination must be addressed to, rxe's `check_addr`): the IPv4 address
+/// for an IPv4-mapped destination GID, else the IPv6 GID at `av.sgid_index`
+/// (the link-local one if that index names the IPv4 GID). `None` when the
+/// index names no GID.
+pub fn source_ip(port: &PortId, av: &Av) -> Option<IpAddr> {
+    Some(match Gid(av.dgid).to_ip() {
+        IpAddr::V4(_) => IpAddr::V4(port.ipv4),
+        IpAddr::V6(_) => match port.gid(av.sgid_index as u32)?.to_ip() {
+            IpAddr::V6(a) => IpAddr::V6(a),
+            IpAddr::V4(_) => IpAddr::V6(Ipv6Addr::from(port.gid(0)?.0)),
+        },
     })
 }
 

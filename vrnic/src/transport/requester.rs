@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 
 use crate::abi::{self, Sge};
+use crate::device::MAX_MSG_SZ;
 use crate::mem;
 use crate::transport::{peer_headers, psn, Env};
 use crate::verbs::mr::MrError;
@@ -233,6 +234,7 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8
         env.mem
             .read(body, &mut data)
             .map_err(|_| abi::WC_LOC_QP_OP_ERR)?;
+        check_remote_range(w.opcode, w.remote_addr, u64::from(w.inline_len))?;
         op.len = w.inline_len;
         op.payload = Payload::Inline(data);
         return Ok(());
@@ -253,12 +255,16 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8
                 MrError::Bounds => abi::WC_LOC_LEN_ERR,
                 _ => abi::WC_LOC_PROT_ERR,
             })?;
-        total += sge.length as u64;
+        // At most max_send_sge (32) lengths below 2^32: no overflow.
+        total += u64::from(sge.length);
         sges.push(sge);
     }
-    if total > 1 << 31 {
+    // max_msg_sz (ibv_port_attr; rxe's validate_send_wr refuses it at post
+    // time, the device cannot trust the driver to have done so).
+    if total > u64::from(MAX_MSG_SZ) {
         return Err(abi::WC_LOC_LEN_ERR);
     }
+    check_remote_range(w.opcode, w.remote_addr, total)?;
     // An atomic returns the original 8 bytes into its one SGE (ibv_post_send(3)).
     if w.opcode == abi::WR_ATOMIC_CMP_AND_SWP || w.opcode == abi::WR_ATOMIC_FETCH_AND_ADD {
         if total != 8 {
@@ -273,12 +279,31 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8
     Ok(())
 }
 
+/// An RDMA WRITE, READ or atomic whose remote range `[remote_addr,
+/// remote_addr + len)` does not fit below 2^64 (an atomic's is 8 bytes)
+/// is a malformed work request: `WC_LOC_QP_OP_ERR`, before any packet.
+/// Every later `remote_addr + offset` of the message is then below 2^64
+/// (issue 9, item 4: a re-requested READ near `u64::MAX` overflowed).
+/// guest-lib's `post_send` refuses such a WR with `EINVAL`.
+fn check_remote_range(wr: u8, remote_addr: u64, len: u64) -> Result<(), u8> {
+    let len = match wr {
+        abi::WR_RDMA_WRITE | abi::WR_RDMA_WRITE_WITH_IMM | abi::WR_RDMA_READ => len,
+        abi::WR_ATOMIC_CMP_AND_SWP | abi::WR_ATOMIC_FETCH_AND_ADD => 8,
+        _ => return Ok(()),
+    };
+    match remote_addr.checked_add(len) {
+        Some(_) => Ok(()),
+        None => Err(abi::WC_LOC_QP_OP_ERR),
+    }
+}
+
 /// Gathers `buf.len()` message bytes starting at byte `offset` of `op`.
 pub(crate) fn gather(env: &Env, op: &SendOp, offset: u32, buf: &mut [u8]) -> Result<(), u8> {
     match &op.payload {
         Payload::Inline(d) => {
             let o = offset as usize;
-            buf.copy_from_slice(d.get(o..o + buf.len()).ok_or(abi::WC_LOC_LEN_ERR)?);
+            let end = o.checked_add(buf.len()).ok_or(abi::WC_LOC_LEN_ERR)?;
+            buf.copy_from_slice(d.get(o..end).ok_or(abi::WC_LOC_LEN_ERR)?);
         }
         Payload::Sges(sges) => {
             let mut skip = offset as u64;
@@ -294,7 +319,8 @@ pub(crate) fn gather(env: &Env, op: &SendOp, offset: u32, buf: &mut [u8]) -> Res
                 }
                 let n = ((l - skip) as usize).min(buf.len() - done);
                 let mr = env.mrs.get(sge.lkey).map_err(|_| abi::WC_LOC_PROT_ERR)?;
-                mr.read(env.mem, sge.addr + skip, &mut buf[done..done + n])
+                let va = sge.addr.checked_add(skip).ok_or(abi::WC_LOC_PROT_ERR)?;
+                mr.read(env.mem, va, &mut buf[done..done + n])
                     .map_err(|_| abi::WC_LOC_PROT_ERR)?;
                 done += n;
                 skip = 0;
@@ -364,7 +390,8 @@ fn send_packet(
     let Some(mut hdr) = peer_headers(qp, env, opcode, psn::add(op.first_psn, k)) else {
         return Ok(false);
     };
-    let offset = k * mtu;
+    // k < npkts = ceil(len / mtu) and len <= MAX_MSG_SZ: below 2^32.
+    let offset = k.checked_mul(mtu).ok_or(abi::WC_LOC_LEN_ERR)?;
     if op.needs_response() {
         // One request asks for the rest of the message from packet k on
         // (a resent READ restarts at the first missing response, §9.7.5.1.5).
@@ -372,8 +399,13 @@ fn send_packet(
         let w = &op.wqe;
         if opcode == Opcode::RcReadRequest {
             let dma_len = op.len.saturating_sub(offset);
+            // The remote range was checked at fetch (check_remote_range).
+            let va = w
+                .remote_addr
+                .checked_add(u64::from(offset))
+                .ok_or(abi::WC_LOC_QP_OP_ERR)?;
             hdr.reth = Some(Reth {
-                va: w.remote_addr + offset as u64,
+                va,
                 rkey: w.rkey,
                 dma_len,
             });

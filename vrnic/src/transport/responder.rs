@@ -4,6 +4,7 @@
 //! §9.9; rxe_resp.c). Every error is answered: a requester never hangs.
 
 use crate::abi;
+use crate::device::MAX_MSG_SZ;
 use crate::transport::recv_queue::{self, RecvCtx};
 use crate::transport::{psn, qp_to_error, reply_headers, write_record, Env};
 use crate::verbs::qp::Qp;
@@ -337,7 +338,6 @@ fn send_aeth(qp: &Qp, env: &mut Env, pkt: &RocePacket, p: u32, aeth: Aeth) {
 /// Executes one in-sequence request. `Ok(None)` asks for an RNR NAK.
 fn execute(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<()>, Fail> {
     let op = pkt.hdr.bth.opcode;
-    let len = pkt.payload.len() as u32;
     let mtu = qp.mtu();
     // Opcode sequence (IBTA §9.8.3.1): a FIRST/ONLY may not interrupt a
     // message, a MIDDLE/LAST must continue one of the same kind.
@@ -355,9 +355,7 @@ fn execute(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<()>, F
     if !ok_seq {
         return Err(fail(NakCode::InvalidRequest));
     }
-    if op.has_payload() && (len > mtu || (!op.is_last() && len != mtu)) {
-        return Err(fail(NakCode::InvalidRequest));
-    }
+    check_length(pkt, mtu)?;
     if op.is_send() {
         return execute_send(qp, env, pkt);
     }
@@ -380,13 +378,34 @@ fn execute(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<()>, F
     Err(fail(NakCode::InvalidRequest))
 }
 
+/// rxe's `check_length` (IBTA §9.7.4.1.2, C9-26): a packet's payload is
+/// at most the path MTU (`mtu`, bytes), exactly it for FIRST and MIDDLE
+/// packets; a READ or WRITE asks for at most [`MAX_MSG_SZ`] bytes in its
+/// RETH. Anything else is an invalid request. (A SEND growing past
+/// `MAX_MSG_SZ` or its receive WQE is caught as it is scattered.)
+fn check_length(pkt: &RocePacket, mtu: u32) -> Result<(), Fail> {
+    let op = pkt.hdr.bth.opcode;
+    let len = pkt.payload.len();
+    let mtu = mtu as usize;
+    if op.has_payload() && (len > mtu || (!op.is_last() && len != mtu)) {
+        return Err(fail(NakCode::InvalidRequest));
+    }
+    if let Some(reth) = pkt.hdr.reth {
+        if reth.dma_len > MAX_MSG_SZ {
+            return Err(fail(NakCode::InvalidRequest));
+        }
+    }
+    Ok(())
+}
+
 /// Validates a READ request and sends its responses, starting at the
 /// request's PSN (IBTA §9.7.4.1.4): FIRST/ONLY and LAST carry an AETH.
 fn read_responses(qp: &Qp, env: &mut Env, pkt: &RocePacket) -> Result<(), Fail> {
     let Some(reth) = pkt.hdr.reth else {
         return Err(fail(NakCode::InvalidRequest));
     };
-    if reth.dma_len > 1 << 31 {
+    // Also checked by check_length, which a duplicate READ skips.
+    if reth.dma_len > MAX_MSG_SZ {
         return Err(fail(NakCode::InvalidRequest));
     }
     let mr = if reth.dma_len > 0 {
@@ -417,10 +436,16 @@ fn read_responses(qp: &Qp, env: &mut Env, pkt: &RocePacket) -> Result<(), Fail> 
             (false, true) => Opcode::RcReadResponseLast,
             (false, false) => Opcode::RcReadResponseMiddle,
         };
+        // k < n = ceil(dma_len / mtu): off < dma_len <= MAX_MSG_SZ, and
+        // va + dma_len was checked against the MR.
         let off = k * mtu;
         let len = (reth.dma_len - off).min(mtu) as usize;
         if let Some(mr) = mr {
-            mr.read(env.mem, reth.va + off as u64, &mut buf[..len])
+            let va = reth
+                .va
+                .checked_add(u64::from(off))
+                .ok_or(fail(NakCode::RemoteAccessError))?;
+            mr.read(env.mem, va, &mut buf[..len])
                 .map_err(|_| fail(NakCode::RemoteAccessError))?;
         }
         let aeth = Aeth::ack(psn::add(qp.resp.msn, 1), CREDITS_UNLIMITED);
@@ -536,6 +561,19 @@ fn execute_send(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<(
     let Some(ctx) = qp.resp.recv.as_ref() else {
         return Err(fail(NakCode::InvalidRequest));
     };
+    // The message so far plus this packet: at most max_msg_sz, else the
+    // receive WQE completes with a length error and the request is
+    // invalid (rxe's send_data_in / check_length answer the same).
+    let offset = u32::try_from(pkt.payload.len())
+        .ok()
+        .and_then(|n| ctx.offset.checked_add(n))
+        .filter(|&end| end <= MAX_MSG_SZ);
+    let Some(offset) = offset else {
+        return Err(Fail {
+            nak: NakCode::InvalidRequest,
+            recv_status: Some(abi::WC_LOC_LEN_ERR),
+        });
+    };
     if let Err(status) = scatter(env, qp.pdn, ctx, pkt.payload) {
         let nak = if status == abi::WC_LOC_LEN_ERR {
             NakCode::InvalidRequest
@@ -548,7 +586,7 @@ fn execute_send(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<(
         });
     }
     let ctx = qp.resp.recv.as_mut().expect("checked above");
-    ctx.offset += pkt.payload.len() as u32;
+    ctx.offset = offset;
     if let (true, Some(ieth)) = (op.is_last(), pkt.hdr.ieth) {
         // SEND with invalidate: the named rkey stops working for remote
         // access (IBTA §9.4.1.3, §10.6.6). One not of this PD is an
@@ -631,8 +669,13 @@ fn execute_write(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<
         mr.write(env.mem, w.va, pkt.payload)
             .map_err(|_| fail(NakCode::RemoteAccessError))?;
     }
+    // len <= remaining (checked above), and va + total was checked
+    // against the MR at the FIRST packet.
     let w = WriteCtx {
-        va: w.va + len as u64,
+        va: w
+            .va
+            .checked_add(u64::from(len))
+            .ok_or(fail(NakCode::RemoteAccessError))?,
         remaining: w.remaining - len,
         ..w
     };

@@ -1,0 +1,970 @@
+//! Issue 9, hostile peers on the wire: named regressions.
+//!
+//! - Item 1, off-path packets into a connected QP (rxe_recv.c's
+//!   `check_type_state`, `check_addr`, `check_keys`):
+//!   `off_path_write_from_other_ip_is_dropped`,
+//!   `forged_ack_from_other_ip_is_dropped`,
+//!   `forged_nak_from_other_ip_is_dropped`, `wrong_pkey_is_dropped`,
+//!   `request_to_qp_not_ready_is_dropped`, `pkey_table_is_queryable`,
+//!   `off_path_write_over_ipv6_is_dropped` (source and destination GID
+//!   over IPv6), `ud_wrong_pkey_or_qkey_is_dropped`.
+//! - Item 4, protocol arithmetic (max_msg_sz 2^31 on both sides, rxe's
+//!   `check_length`; no address or length sum wraps):
+//!   `send_past_max_msg_sz_is_naked`, `read_request_over_max_msg_sz_is_naked`,
+//!   `read_rerequest_near_u64_max_does_not_panic`,
+//!   `wrapping_remote_range_rejected` (guest-lib's `post_send` side:
+//!   `guest-lib/tests/verbs_transports_loopback.rs`).
+//! - Item 5, neighbour tables (RFC 826, RFC 4861; bounded, expiring):
+//!   `arp_from_stranger_not_learned`, `ns_from_stranger_not_learned`,
+//!   `neighbour_table_bounded`, `neighbour_entries_expire`,
+//!   `neighbour_in_use_is_reprobed_not_dropped`.
+//!
+//! A third host on the segment ("the attacker", 10.0.0.66) is simulated by
+//! handing crafted frames straight to a device's `receive`; what the device
+//! answers is collected from its transmit queue. Simulated clock only;
+//! every wait is bounded.
+
+mod common;
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use common::*;
+use vrnic::abi;
+use vrnic::wire::{self, Aeth, Bth, Frame, NakCode, Opcode, Reth, RoceHeaders};
+
+const ALL: u32 = abi::ACCESS_LOCAL_WRITE
+    | abi::ACCESS_REMOTE_WRITE
+    | abi::ACCESS_REMOTE_READ
+    | abi::ACCESS_REMOTE_ATOMIC;
+
+const ATTACKER_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 66);
+const ATTACKER_MAC: [u8; 6] = [2, 0, 0, 0, 0, 66];
+
+fn setup() -> RcPair {
+    let (la, lb) = QueueLink::pair();
+    RcPair::on((Box::new(la), Box::new(lb)), ConnOpts::default(), true)
+}
+
+/// A RoCEv2 frame from `src` (IP, MAC) to `dst`'s port for QP `dest_qp`.
+fn frame(
+    src: (Ipv4Addr, [u8; 6]),
+    dst: &Node,
+    dest_qp: u32,
+    opcode: Opcode,
+    psn: u32,
+    pkey: u16,
+) -> RoceHeaders {
+    RoceHeaders {
+        eth_src: src.1,
+        eth_dst: dst.dev.config_space().mac,
+        ip_src: IpAddr::V4(src.0),
+        ip_dst: IpAddr::V4(dst.ip),
+        ip_id: 0,
+        ttl: 64,
+        tclass: 0,
+        flow_label: 0,
+        udp_src: 0xc000,
+        bth: Bth {
+            opcode,
+            solicited: false,
+            mig_req: true,
+            pad_count: 0,
+            tver: 0,
+            pkey,
+            fecn: false,
+            becn: false,
+            dest_qp,
+            ack_req: true,
+            psn,
+        },
+        reth: None,
+        aeth: None,
+        atomic_eth: None,
+        atomic_ack_eth: None,
+        deth: None,
+        immdt: None,
+        ieth: None,
+    }
+}
+
+/// Hands the frame `hdr` + `payload` to `n`'s device and returns the RoCEv2
+/// frames it answers (not delivered anywhere).
+fn inject(
+    n: &mut Node,
+    hdr: &RoceHeaders,
+    payload: &[u8],
+    now: u64,
+) -> Vec<wire::RocePacket<'static>> {
+    let mut f = Vec::new();
+    wire::emit_frame(hdr, payload, &mut f);
+    n.dev.receive(&n.mem, &f, now);
+    let mut out = Vec::new();
+    while let Some(t) = n.dev.pop_tx() {
+        let t: &'static [u8] = Box::leak(t.into_boxed_slice());
+        if let Ok(Frame::Roce(p)) = wire::parse_frame(t) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// B's QP memory: one 4 KiB MR filled with 0x5a; returns (addr, rkey).
+fn victim_mr(s: &mut RcPair) -> (u64, u32) {
+    let buf = s.b.alloc(4096);
+    s.b.fill(buf, &[0x5a; 4096]);
+    let (_, rkey) = s.b.reg_mr(s.pdb, buf, 4096, ALL).unwrap();
+    (buf, rkey)
+}
+
+/// A SEND of 16 bytes from A that arrives intact proves the connection
+/// still works after the attack.
+fn connection_still_works(s: &mut RcPair, what: &str) {
+    let src = s.a.alloc(4096);
+    s.a.fill(src, &[7; 16]);
+    let (lkey, _) = s.a.reg_mr(s.pda, src, 4096, ALL).unwrap();
+    let dst = s.b.alloc(4096);
+    let (lkey_b, _) = s.b.reg_mr(s.pdb, dst, 4096, ALL).unwrap();
+    let now = s.now;
+    s.b.post_recv(&mut s.qb, 77, &[sge(dst, 4096, lkey_b)], now);
+    s.post(
+        abi::SendWqe {
+            wr_id: 78,
+            opcode: abi::WR_SEND,
+            send_flags: abi::SEND_SIGNALED,
+            ..Default::default()
+        },
+        &[sge(src, 16, lkey)],
+    );
+    let c = s.cqe(false, what);
+    assert_eq!((c.wr_id, c.status), (78, abi::WC_SUCCESS), "{what}: send");
+    let c = s.cqe(true, what);
+    assert_eq!(
+        (c.wr_id, c.status, c.byte_len),
+        (77, abi::WC_SUCCESS, 16),
+        "{what}: recv"
+    );
+    assert_eq!(s.b.read(dst, 16), vec![7; 16], "{what}: data");
+}
+
+#[test]
+fn off_path_write_from_other_ip_is_dropped() {
+    let mut s = setup();
+    let (buf, rkey) = victim_mr(&mut s);
+    let (qpn_b, now) = (s.qb.qpn, s.now);
+    let attacker = (ATTACKER_IP, ATTACKER_MAC);
+    // An out-of-sequence SEND: today the NAK that comes back tells the
+    // attacker the expected PSN.
+    let probe = frame(attacker, &s.b, qpn_b, Opcode::RcSendOnly, 0x40_0000, 0xffff);
+    let probe_replies = inject(&mut s.b, &probe, &[0; 4], now);
+    // The WRITE at the PSN the NAK named.
+    let psn = probe_replies.first().map_or(0, |r| r.hdr.bth.psn);
+    let mut w = frame(attacker, &s.b, qpn_b, Opcode::RcWriteOnly, psn, 0xffff);
+    w.reth = Some(Reth {
+        va: buf,
+        rkey,
+        dma_len: 16,
+    });
+    let replies = inject(&mut s.b, &w, &[0xee; 16], now);
+    let mem = s.b.read(buf, 4096);
+    assert!(
+        mem.iter().all(|&x| x == 0x5a),
+        "victim memory changed: {:x?}",
+        &mem[..32]
+    );
+    assert!(
+        probe_replies.is_empty(),
+        "B answered an off-path probe: {probe_replies:?}"
+    );
+    assert!(
+        replies.is_empty(),
+        "B answered an off-path WRITE: {replies:?}"
+    );
+    assert_eq!(s.b.dev.stats().rx_drop_bad_src_addr, 2);
+    assert_eq!(s.b.qp_state(qpn_b), abi::QPS_RTS);
+    connection_still_works(&mut s, "after the off-path write");
+}
+
+/// After one SEND that went through (neighbours resolved), A posts a
+/// signalled SEND that is on the wire but not delivered yet (nothing
+/// pumped): its PSN is 1.
+fn undelivered_send(s: &mut RcPair) -> u64 {
+    connection_still_works(s, "warm-up");
+    let src = s.a.alloc(4096);
+    let (lkey, _) = s.a.reg_mr(s.pda, src, 4096, ALL).unwrap();
+    s.post(
+        abi::SendWqe {
+            wr_id: 5,
+            opcode: abi::WR_SEND,
+            send_flags: abi::SEND_SIGNALED,
+            ..Default::default()
+        },
+        &[sge(src, 8, lkey)],
+    );
+    src
+}
+
+/// After a forged response: A has no completion, its QP is in RTS, and
+/// once the real peer gets the SEND everything completes normally.
+fn send_survives(s: &mut RcPair, what: &str) {
+    assert_eq!(s.a.poll_cq(&mut s.ca), None, "{what}: A completed a WQE");
+    let qpn_a = s.qa.qpn;
+    assert_eq!(s.a.qp_state(qpn_a), abi::QPS_RTS, "{what}: A's QP state");
+    assert_eq!(s.a.dev.stats().rx_drop_bad_src_addr, 1, "{what}: counter");
+    assert_eq!(s.a.dev.qp_stats()[0].1.rx_dropped, 1, "{what}: QP counter");
+    let dst = s.b.alloc(4096);
+    let (lkey_b, _) = s.b.reg_mr(s.pdb, dst, 4096, ALL).unwrap();
+    let now = s.now;
+    s.b.post_recv(&mut s.qb, 9, &[sge(dst, 4096, lkey_b)], now);
+    let c = s.cqe(false, what);
+    assert_eq!((c.wr_id, c.status), (5, abi::WC_SUCCESS), "{what}");
+    let c = s.cqe(true, what);
+    assert_eq!(
+        (c.wr_id, c.status, c.byte_len),
+        (9, abi::WC_SUCCESS, 8),
+        "{what}"
+    );
+}
+
+#[test]
+fn forged_ack_from_other_ip_is_dropped() {
+    let mut s = setup();
+    undelivered_send(&mut s);
+    let (qpn_a, now) = (s.qa.qpn, s.now);
+    let mut ack = frame(
+        (ATTACKER_IP, ATTACKER_MAC),
+        &s.a,
+        qpn_a,
+        Opcode::RcAck,
+        1,
+        0xffff,
+    );
+    ack.aeth = Some(Aeth::ack(2, 0x1f));
+    inject(&mut s.a, &ack, &[], now);
+    send_survives(&mut s, "forged ACK");
+}
+
+#[test]
+fn forged_nak_from_other_ip_is_dropped() {
+    let mut s = setup();
+    undelivered_send(&mut s);
+    let (qpn_a, now) = (s.qa.qpn, s.now);
+    let mut nak = frame(
+        (ATTACKER_IP, ATTACKER_MAC),
+        &s.a,
+        qpn_a,
+        Opcode::RcAck,
+        1,
+        0xffff,
+    );
+    nak.aeth = Some(Aeth::nak(1, NakCode::RemoteAccessError));
+    inject(&mut s.a, &nak, &[], now);
+    send_survives(&mut s, "forged NAK");
+}
+
+#[test]
+fn wrong_pkey_is_dropped() {
+    let mut s = setup();
+    let (buf, rkey) = victim_mr(&mut s);
+    let (qpn_b, now) = (s.qb.qpn, s.now);
+    // From A's own address, at the expected PSN: only the P_Key is wrong.
+    let a = (s.a.ip, s.a.dev.config_space().mac);
+    let write = |s: &RcPair, pkey: u16, psn: u32| {
+        let mut w = frame(a, &s.b, qpn_b, Opcode::RcWriteOnly, psn, pkey);
+        w.reth = Some(Reth {
+            va: buf,
+            rkey,
+            dma_len: 16,
+        });
+        w
+    };
+    for pkey in [0x1234, 0x0000, 0x8000, 0x7ffe] {
+        let w = write(&s, pkey, 0);
+        let replies = inject(&mut s.b, &w, &[0xee; 16], now);
+        assert!(replies.is_empty(), "P_Key {pkey:#x} answered: {replies:?}");
+    }
+    assert_eq!(s.b.read(buf, 16), vec![0x5a; 16], "memory changed");
+    assert_eq!(s.b.dev.stats().rx_drop_bad_pkey, 4);
+    // A limited member of the default partition (0x7fff) may talk to the
+    // port's full member 0xffff (IBTA §10.9.3): accepted and ACKed.
+    let w = write(&s, 0x7fff, 0);
+    let replies = inject(&mut s.b, &w, &[0xee; 16], now);
+    assert_eq!(replies.len(), 1, "limited-member P_Key: one ACK");
+    assert_eq!(replies[0].hdr.bth.opcode, Opcode::RcAck);
+    assert_eq!(s.b.read(buf, 16), vec![0xee; 16]);
+    assert_eq!(s.b.dev.stats().rx_drop_bad_pkey, 4);
+}
+
+#[test]
+fn request_to_qp_not_ready_is_dropped() {
+    // B's QP stays in RESET, then INIT: requests are dropped and counted
+    // (rxe's check_type_state: a request needs RTR or later).
+    let (la, lb) = QueueLink::pair();
+    let mut s = RcPair::on((Box::new(la), Box::new(lb)), ConnOpts::default(), false);
+    let (qpn_b, now) = (s.qb.qpn, s.now);
+    let a = (s.a.ip, s.a.dev.config_space().mac);
+    let f = frame(a, &s.b, qpn_b, Opcode::RcSendOnly, 0, 0xffff);
+    assert!(inject(&mut s.b, &f, &[0; 4], now).is_empty());
+    let init = conn_attrs(qpn_b, s.a.ip, s.qa.qpn, ConnOpts::default())[0];
+    s.b.cmd(abi::CMD_MODIFY_QP, &init).unwrap();
+    assert!(inject(&mut s.b, &f, &[0; 4], now).is_empty());
+    assert_eq!(s.b.dev.stats().rx_drop_qp_state, 2);
+}
+
+#[test]
+fn pkey_table_is_queryable() {
+    let mut s = setup();
+    let q = |index| abi::QueryPkey { port: 1, index };
+    let r = s.b.cmd(abi::CMD_QUERY_PKEY, &q(0)).unwrap();
+    let e = <abi::PkeyEntry as abi::Pod>::read_from(&r).unwrap();
+    assert_eq!(e.pkey, 0xffff);
+    assert_eq!(s.b.cmd(abi::CMD_QUERY_PKEY, &q(1)), Err(abi::STATUS_ENOENT));
+}
+
+// ---------------------------------------------------------------------------
+// Item 4: protocol arithmetic. Every length and address sum from a WQE or a
+// packet is checked; max_msg_sz (2^31) is enforced on both sides.
+
+/// Largest message, bytes (`PortAttr::max_msg_sz`).
+const MAX_MSG_SZ: u64 = 1 << 31;
+
+/// An RC pair at path MTU 4096 (link MTU 9000).
+fn setup_4k() -> RcPair {
+    let (la, lb) = QueueLink::pair();
+    let o = ConnOpts {
+        mtu: 5,
+        ..ConnOpts::default()
+    };
+    RcPair::on((Box::new(la), Box::new(lb)), o, true)
+}
+
+/// Registers on `n` an MR of `len` bytes at iova `iova` whose every page is
+/// the same 4 KiB of driver memory: a huge region that costs one page.
+/// Returns (lkey, rkey, the page's address).
+fn aliased_mr(n: &mut Node, pdn: u32, iova: u64, len: u64) -> (u32, u32, u64) {
+    let page = n.alloc(4096);
+    let npages = len.div_ceil(4096);
+    let list = n.alloc(npages as usize * 8);
+    let entries: Vec<u8> = (0..npages).flat_map(|_| page.to_le_bytes()).collect();
+    n.fill(list, &entries);
+    let r = abi::RegMr {
+        pdn,
+        access: ALL,
+        iova,
+        length: len,
+        page_shift: 12,
+        npages: npages as u32,
+        page_list: list,
+    };
+    let k = <abi::MrKeys as abi::Pod>::read_from(&n.cmd(abi::CMD_REG_MR, &r).unwrap()).unwrap();
+    (k.lkey, k.rkey, page)
+}
+
+/// Hands `n` the frame `hdr` + `payload` and drains what it sends; returns
+/// the AETHs of its answers.
+fn inject_aeths(n: &mut Node, hdr: &RoceHeaders, payload: &[u8], now: u64) -> Vec<Aeth> {
+    let mut f = Vec::with_capacity(payload.len() + 100);
+    wire::emit_frame(hdr, payload, &mut f);
+    n.dev.receive(&n.mem, &f, now);
+    let mut out = Vec::new();
+    while let Some(t) = n.dev.pop_tx() {
+        if let Ok(Frame::Roce(p)) = wire::parse_frame(&t) {
+            out.extend(p.hdr.aeth);
+        }
+    }
+    out
+}
+
+#[test]
+fn send_past_max_msg_sz_is_naked() {
+    let mut s = setup_4k();
+    // A receive WQE of 4 GiB - 1 (one SGE on an MR of 4 GiB whose pages
+    // all alias one page): room for a message past max_msg_sz.
+    let iova = 0x7000_0000_0000;
+    let (lkey, _, _) = aliased_mr(&mut s.b, s.pdb, iova, 1 << 32);
+    let now = s.now;
+    s.b.post_recv(&mut s.qb, 1, &[sge(iova, u32::MAX, lkey)], now);
+    let a = (s.a.ip, s.a.dev.config_space().mac);
+    let qpn_b = s.qb.qpn;
+    let payload = vec![0x33u8; 4096];
+    // SEND FIRST and MIDDLEs up to exactly max_msg_sz, ACK requested on
+    // none of them; then one MIDDLE more.
+    let n = (MAX_MSG_SZ / 4096) as u32;
+    for psn in 0..=n {
+        let op = if psn == 0 {
+            Opcode::RcSendFirst
+        } else {
+            Opcode::RcSendMiddle
+        };
+        let mut h = frame(a, &s.b, qpn_b, op, psn, 0xffff);
+        h.bth.ack_req = psn == n;
+        let aeths = inject_aeths(&mut s.b, &h, &payload, now);
+        if psn < n {
+            assert!(aeths.is_empty(), "PSN {psn}: {aeths:?}");
+            continue;
+        }
+        assert_eq!(
+            aeths.iter().map(|x| x.kind()).collect::<Vec<_>>(),
+            vec![wire::AethKind::Nak(NakCode::InvalidRequest)],
+            "the packet past max_msg_sz"
+        );
+    }
+    let c = s.b.poll_cq(&mut s.cb).expect("the receive WQE completes");
+    assert_eq!((c.wr_id, c.status), (1, abi::WC_LOC_LEN_ERR));
+    assert_eq!(s.b.qp_state(qpn_b), abi::QPS_ERR);
+    assert_eq!(s.b.dev.stats().nak_inv_req_sent, 1);
+}
+
+#[test]
+fn read_request_over_max_msg_sz_is_naked() {
+    // READ and WRITE requests whose DMA length exceeds max_msg_sz are
+    // invalid requests (rxe's check_length), even when the R_Key covers
+    // the range.
+    for (op, len) in [
+        (Opcode::RcReadRequest, MAX_MSG_SZ + 1),
+        (Opcode::RcReadRequest, u64::from(u32::MAX)),
+        (Opcode::RcWriteFirst, MAX_MSG_SZ + 4096),
+    ] {
+        let mut s = setup_4k();
+        let iova = 0x7000_0000_0000;
+        let (_, rkey, page) = aliased_mr(&mut s.b, s.pdb, iova, 1 << 32);
+        s.b.fill(page, &[0x5a; 4096]);
+        let a = (s.a.ip, s.a.dev.config_space().mac);
+        let (qpn_b, now) = (s.qb.qpn, s.now);
+        let mut h = frame(a, &s.b, qpn_b, op, 0, 0xffff);
+        h.reth = Some(Reth {
+            va: iova,
+            rkey,
+            dma_len: len as u32,
+        });
+        let payload = if op == Opcode::RcWriteFirst {
+            vec![0xee; 4096]
+        } else {
+            Vec::new()
+        };
+        let aeths = inject_aeths(&mut s.b, &h, &payload, now);
+        assert_eq!(
+            aeths.iter().map(|x| x.kind()).collect::<Vec<_>>(),
+            vec![wire::AethKind::Nak(NakCode::InvalidRequest)],
+            "{op:?} of {len} bytes"
+        );
+        assert!(s.b.read(page, 4096).iter().all(|&x| x == 0x5a), "{op:?}");
+        assert_eq!(s.b.qp_state(qpn_b), abi::QPS_ERR, "{op:?}");
+    }
+}
+
+#[test]
+fn read_rerequest_near_u64_max_does_not_panic() {
+    // Path MTU 256: a READ of 768 bytes is three responses. The first
+    // arrives, the second is lost: A asks again from the second, at
+    // remote_addr + 256. Near the top of the address space that sum must
+    // neither wrap nor panic: a READ ending at u64::MAX is re-requested,
+    // one whose range wraps never leaves A.
+    for (remote_addr, ok) in [(u64::MAX - 0x300, true), (u64::MAX - 0xff, false)] {
+        let (la, lb) = QueueLink::pair();
+        let o = ConnOpts {
+            mtu: 1,
+            ..ConnOpts::default()
+        };
+        let mut s = RcPair::on((Box::new(la), Box::new(lb)), o, true);
+        connection_still_works(&mut s, "warm-up");
+        let dst = s.a.alloc(4096);
+        let (lkey, _) = s.a.reg_mr(s.pda, dst, 4096, ALL).unwrap();
+        s.post(
+            abi::SendWqe {
+                wr_id: remote_addr,
+                opcode: abi::WR_RDMA_READ,
+                send_flags: abi::SEND_SIGNALED,
+                remote_addr,
+                rkey: 0x1234,
+                ..Default::default()
+            },
+            &[sge(dst, 768, lkey)],
+        );
+        // The READ request (PSN 1; the warm-up SEND had 0) is on its way
+        // to B, not delivered; B's first and third responses arrive.
+        let (b, qpn_a, now) = ((s.b.ip, s.b.dev.config_space().mac), s.qa.qpn, s.now);
+        for (psn, op) in [
+            (1, Opcode::RcReadResponseFirst),
+            (3, Opcode::RcReadResponseLast),
+        ] {
+            let mut h = frame(b, &s.a, qpn_a, op, psn, 0xffff);
+            h.aeth = Some(Aeth::ack(1, 0x1f));
+            let mut f = Vec::new();
+            wire::emit_frame(&h, &[0x44; 256], &mut f);
+            s.a.dev.receive(&s.a.mem, &f, now);
+        }
+        let sent: Vec<Reth> = std::iter::from_fn(|| s.a.dev.pop_tx())
+            .filter_map(|t| match wire::parse_frame(&t) {
+                Ok(Frame::Roce(p)) => p.hdr.reth,
+                _ => None,
+            })
+            .collect();
+        if ok {
+            // The request, then the re-request for the last 512 bytes.
+            let want = |va, dma_len| Reth {
+                va,
+                rkey: 0x1234,
+                dma_len,
+            };
+            assert_eq!(
+                sent,
+                vec![want(remote_addr, 768), want(remote_addr + 256, 512)]
+            );
+            assert_eq!(s.a.poll_cq(&mut s.ca), None);
+        } else {
+            // remote_addr + 768 wraps: the WQE completes with an error
+            // before anything is sent or re-requested.
+            assert_eq!(sent, vec![], "a wrapping READ went out");
+            let c = s.a.poll_cq(&mut s.ca).expect("an error completion");
+            assert_eq!((c.wr_id, c.status), (remote_addr, abi::WC_LOC_QP_OP_ERR));
+        }
+    }
+}
+
+#[test]
+fn wrapping_remote_range_rejected() {
+    // A WRITE, READ or atomic whose remote range wraps past 2^64 (or ends
+    // exactly there) completes with WC_LOC_QP_OP_ERR at the requester;
+    // nothing reaches the wire.
+    for (op, remote_addr, len) in [
+        (abi::WR_RDMA_WRITE, u64::MAX - 9, 100u32),
+        (abi::WR_RDMA_WRITE, u64::MAX - 99, 100),
+        (abi::WR_RDMA_READ, u64::MAX, 2),
+        (abi::WR_ATOMIC_FETCH_AND_ADD, u64::MAX - 7, 8),
+    ] {
+        let mut s = setup();
+        let src = s.a.alloc(4096);
+        let (lkey, _) = s.a.reg_mr(s.pda, src, 4096, ALL).unwrap();
+        s.post(
+            abi::SendWqe {
+                wr_id: 3,
+                opcode: op,
+                send_flags: abi::SEND_SIGNALED,
+                remote_addr,
+                rkey: 0x1234,
+                ..Default::default()
+            },
+            &[sge(src, len, lkey)],
+        );
+        let c = s.cqe(false, "wrapping WQE");
+        assert_eq!(
+            (c.wr_id, c.status),
+            (3, abi::WC_LOC_QP_OP_ERR),
+            "op {op} at {remote_addr:#x}"
+        );
+        assert_eq!(s.b.dev.stats().rx_frames, 0, "op {op}: B got a frame");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Item 5: neighbour tables.
+
+/// A node alone on a link whose other end the test holds.
+fn lone_node() -> (Node, QueueLink) {
+    let (la, lb) = QueueLink::pair();
+    (Node::new(1, Box::new(la), 1500), lb)
+}
+
+/// An ARP frame: `op` from (`sender_ip`, `sender_mac`) about `target_ip`,
+/// in an Ethernet frame to `eth_dst`.
+fn arp(op: u16, sender: (Ipv4Addr, [u8; 6]), target_ip: Ipv4Addr, eth_dst: [u8; 6]) -> Vec<u8> {
+    let a = wire::ArpPacket {
+        op,
+        sender_mac: sender.1,
+        sender_ip: sender.0,
+        target_mac: if op == 1 { [0; 6] } else { eth_dst },
+        target_ip,
+    };
+    let mut f = Vec::new();
+    wire::emit_arp(sender.1, eth_dst, &a, &mut f);
+    f
+}
+
+/// The ARP frames `n` sent.
+fn arps_sent(n: &mut Node) -> Vec<wire::ArpPacket> {
+    std::iter::from_fn(|| n.dev.pop_tx())
+        .filter_map(|t| match wire::parse_frame(&t) {
+            Ok(Frame::Arp(a)) => Some(a),
+            _ => None,
+        })
+        .collect()
+}
+
+fn stranger(i: u32) -> (Ipv4Addr, [u8; 6]) {
+    let b = i.to_be_bytes();
+    (
+        Ipv4Addr::new(10, 0, b[2], b[3].max(3)),
+        [2, 0x55, 0, b[1], b[2], b[3]],
+    )
+}
+
+#[test]
+fn arp_from_stranger_not_learned() {
+    let (mut n, _peer) = lone_node();
+    let me = (n.ip, n.dev.config_space().mac);
+    let now = 1_000_000_000;
+    let s = stranger(7);
+    let other_mac = [2, 0, 0, 0, 0, 99];
+    // Not for us: a request for another IP (broadcast), a request for our
+    // IP in a frame to another MAC, an unsolicited reply to us.
+    for f in [
+        arp(1, s, Ipv4Addr::new(10, 0, 0, 200), [0xff; 6]),
+        arp(1, s, me.0, other_mac),
+        arp(2, s, me.0, me.1),
+    ] {
+        n.dev.receive(&n.mem, &f, now);
+    }
+    assert_eq!(
+        n.dev.neighbour(IpAddr::V4(s.0)),
+        None,
+        "learnt from a stranger"
+    );
+    assert_eq!(n.dev.neighbour_count(), 0);
+    assert!(
+        arps_sent(&mut n).is_empty(),
+        "answered a request not addressed to it"
+    );
+    // A broadcast request for our IP (RFC 826): learnt, answered.
+    n.dev.receive(&n.mem, &arp(1, s, me.0, [0xff; 6]), now);
+    assert_eq!(n.dev.neighbour(IpAddr::V4(s.0)), Some(s.1));
+    let replies = arps_sent(&mut n);
+    assert_eq!(replies.len(), 1);
+    assert_eq!((replies[0].op, replies[0].target_ip), (2, s.0));
+    // Any ARP from a known sender updates it, even one about another
+    // target (RFC 826's merge step) — but not one in a frame for
+    // another MAC.
+    let moved = (s.0, [2, 0x55, 0, 0, 0, 0x77]);
+    n.dev.receive(
+        &n.mem,
+        &arp(1, moved, Ipv4Addr::new(10, 0, 0, 200), other_mac),
+        now,
+    );
+    assert_eq!(n.dev.neighbour(IpAddr::V4(s.0)), Some(s.1));
+    n.dev.receive(
+        &n.mem,
+        &arp(1, moved, Ipv4Addr::new(10, 0, 0, 200), [0xff; 6]),
+        now,
+    );
+    assert_eq!(n.dev.neighbour(IpAddr::V4(s.0)), Some(moved.1));
+    // A sender claiming a broadcast/multicast MAC or our own IP is never
+    // learnt.
+    let bad = (Ipv4Addr::new(10, 0, 0, 8), [0x01, 0, 0x5e, 0, 0, 1]);
+    n.dev.receive(&n.mem, &arp(1, bad, me.0, [0xff; 6]), now);
+    n.dev.receive(
+        &n.mem,
+        &arp(1, (me.0, [2, 9, 9, 9, 9, 9]), me.0, [0xff; 6]),
+        now,
+    );
+    assert_eq!(n.dev.neighbour(IpAddr::V4(bad.0)), None);
+    assert_eq!(n.dev.neighbour(IpAddr::V4(me.0)), None);
+    assert_eq!(n.dev.neighbour_count(), 1);
+}
+
+#[test]
+fn neighbour_table_bounded() {
+    let (mut n, _peer) = lone_node();
+    let me = (n.ip, n.dev.config_space().mac);
+    let mut now = 1_000_000_000;
+    // 5,000 hosts each ARP for us: the table keeps at most NEIGH_MAX, the
+    // newest ones.
+    for i in 0..5000u32 {
+        let s = (
+            Ipv4Addr::from(0x0a01_0000 + i),
+            [2, 0x55, 0, 0, (i >> 8) as u8, i as u8],
+        );
+        n.dev.receive(&n.mem, &arp(1, s, me.0, [0xff; 6]), now);
+        while n.dev.pop_tx().is_some() {}
+        now += 1000;
+    }
+    let max = vrnic::device::NEIGH_MAX;
+    assert_eq!(n.dev.neighbour_count(), max);
+    let last = Ipv4Addr::from(0x0a01_0000 + 4999);
+    assert!(n.dev.neighbour(IpAddr::V4(last)).is_some(), "newest kept");
+    let first = Ipv4Addr::from(0x0a01_0000);
+    assert!(
+        n.dev.neighbour(IpAddr::V4(first)).is_none(),
+        "oldest evicted"
+    );
+    // A guest naming 200 unreachable destinations at once (one RC QP
+    // each, one SEND posted): resolutions in progress are bounded too, and
+    // every poll sends at most one request per destination.
+    let pd = n.alloc_pd();
+    let cq = n.create_cq(256);
+    for i in 0..200u32 {
+        let mut qp = n.create_qp(pd, &cq, 4, 1);
+        let ip = Ipv4Addr::from(0x0a02_0000 + i);
+        n.connect(&qp, ip, 0x11, 3, 0, 0, 7, 7);
+        let wqe = abi::SendWqe {
+            wr_id: u64::from(i),
+            opcode: abi::WR_SEND,
+            send_flags: abi::SEND_SIGNALED,
+            ..Default::default()
+        };
+        n.post_send(&mut qp, wqe, &[], now);
+    }
+    let mut requests = 0;
+    for _ in 0..50 {
+        n.dev.poll(&n.mem, now);
+        requests += arps_sent(&mut n).len();
+        assert!(n.dev.neighbour_pending() <= vrnic::device::NEIGH_PENDING_MAX);
+        now += 100_000_000;
+    }
+    // 5 s: at most NEIGH_MAX_PROBES requests per resolution and rest.
+    assert!(
+        requests <= 200 * 2 * vrnic::device::NEIGH_MAX_PROBES as usize,
+        "{requests} ARP requests"
+    );
+    assert!(n.dev.neighbour_pending() <= vrnic::device::NEIGH_PENDING_MAX);
+}
+
+#[test]
+fn neighbour_entries_expire() {
+    let (mut n, _peer) = lone_node();
+    let me = (n.ip, n.dev.config_space().mac);
+    let mut now = 1_000_000_000;
+    let s = stranger(9);
+    n.dev.receive(&n.mem, &arp(1, s, me.0, [0xff; 6]), now);
+    assert_eq!(n.dev.neighbour(IpAddr::V4(s.0)), Some(s.1));
+    assert_eq!(arps_sent(&mut n).len(), 1, "the ARP reply");
+    // Nobody uses it: gone after the reachable time (Linux's
+    // base_reachable_time, 30 s), with no ARP sent for it.
+    let reach = vrnic::device::NEIGH_REACHABLE_NS;
+    let mut polls = 0;
+    while now < 1_000_000_000 + reach + 1_000_000_000 {
+        let next = n.dev.poll(&n.mem, now);
+        polls += 1;
+        assert!(polls < 1000, "poll asked for too many wake-ups");
+        now = next.map_or(now + 1_000_000_000, |t| t.max(now + 1));
+    }
+    assert_eq!(n.dev.neighbour(IpAddr::V4(s.0)), None, "never expired");
+    assert!(arps_sent(&mut n).is_empty());
+}
+
+#[test]
+fn neighbour_in_use_is_reprobed_not_dropped() {
+    // An RC pair keeps working across several reachable times: the entries
+    // in use are re-confirmed by ARP (no hiccup), and an entry whose host
+    // stops answering is dropped after the probes.
+    let mut s = setup();
+    connection_still_works(&mut s, "first");
+    let reach = vrnic::device::NEIGH_REACHABLE_NS;
+    let end = s.now + 3 * reach;
+    let mut k = 0;
+    while s.now < end {
+        s.assert_quiet(reach / 4_000_000, "idle");
+        connection_still_works(&mut s, &format!("round {k}"));
+        assert!(s.a.dev.neighbour(IpAddr::V4(s.b.ip)).is_some(), "round {k}");
+        k += 1;
+    }
+    let b_ip = IpAddr::V4(s.b.ip);
+    assert!(s.a.dev.neighbour(b_ip).is_some());
+    // B goes silent (its frames are no longer pumped): A drops B's entry
+    // after the reachable time and the unanswered probes.
+    let mut now = s.now;
+    let deadline = now + reach + 10_000_000_000;
+    while s.a.dev.neighbour(b_ip).is_some() {
+        assert!(now < deadline, "entry never dropped");
+        s.a.dev.poll(&s.a.mem, now);
+        while s.a.dev.pop_tx().is_some() {}
+        now += 100_000_000;
+    }
+}
+
+/// An ICMPv6 neighbour solicitation (`na` false) or advertisement from
+/// `src` (IP, MAC) about `target`, to IP `dst` in a frame to `eth_dst`,
+/// with the link-layer address option (source for NS, target for NA).
+fn ndp(
+    na: bool,
+    src: (std::net::Ipv6Addr, [u8; 6]),
+    target: std::net::Ipv6Addr,
+    dst: std::net::Ipv6Addr,
+    eth_dst: [u8; 6],
+) -> Vec<u8> {
+    use etherparse::{icmpv6::NeighborAdvertisementHeader, Icmpv6Type, PacketBuilder};
+    let kind = if na {
+        Icmpv6Type::NeighborAdvertisement(NeighborAdvertisementHeader {
+            router: false,
+            solicited: false,
+            r#override: true,
+        })
+    } else {
+        Icmpv6Type::NeighborSolicitation
+    };
+    let mut payload = target.octets().to_vec();
+    payload.extend_from_slice(&[if na { 2 } else { 1 }, 1]);
+    payload.extend_from_slice(&src.1);
+    let b = PacketBuilder::ethernet2(src.1, eth_dst)
+        .ipv6(src.0.octets(), dst.octets(), 255)
+        .icmpv6(kind);
+    let mut f = Vec::new();
+    b.write(&mut f, &payload).unwrap();
+    f
+}
+
+#[test]
+fn ns_from_stranger_not_learned() {
+    use std::net::Ipv6Addr;
+    let (mut n, _peer) = lone_node();
+    let mine: Ipv6Addr = "fd00::1".parse().unwrap();
+    let mut cfg = vrnic::device::DeviceConfig {
+        mac: n.dev.config_space().mac,
+        ipv4: n.ip,
+        prefix_len: 24,
+        ipv6: vec![mine],
+        link_mtu: 1500,
+    };
+    n.dev = vrnic::device::Device::new(cfg.clone());
+    let me_mac = cfg.mac;
+    let now = 1_000_000_000;
+    let s: (Ipv6Addr, [u8; 6]) = ("fd00::7".parse().unwrap(), [2, 0x55, 0, 0, 0, 7]);
+    let solicited_node: Ipv6Addr = "ff02::1:ff00:1".parse().unwrap();
+    let sn_mac = [0x33, 0x33, 0xff, 0, 0, 1];
+    let all_nodes: Ipv6Addr = "ff02::1".parse().unwrap();
+    let other: Ipv6Addr = "fd00::99".parse().unwrap();
+    for f in [
+        // NS for our address in a frame to another host's MAC.
+        ndp(false, s, mine, mine, [2, 0, 0, 0, 0, 99]),
+        // NS for another target.
+        ndp(
+            false,
+            s,
+            other,
+            "ff02::1:ff00:99".parse().unwrap(),
+            [0x33, 0x33, 0xff, 0, 0, 0x99],
+        ),
+        // Unsolicited NA about a host we never asked for.
+        ndp(true, s, s.0, all_nodes, [0x33, 0x33, 0, 0, 0, 1]),
+    ] {
+        n.dev.receive(&n.mem, &f, now);
+    }
+    assert_eq!(n.dev.neighbour(std::net::IpAddr::V6(s.0)), None);
+    assert_eq!(n.dev.neighbour_count(), 0);
+    assert!(n.dev.pop_tx().is_none(), "answered an NS not for it");
+    // A proper NS (to our solicited-node group): learnt and answered.
+    n.dev
+        .receive(&n.mem, &ndp(false, s, mine, solicited_node, sn_mac), now);
+    assert_eq!(n.dev.neighbour(std::net::IpAddr::V6(s.0)), Some(s.1));
+    assert!(n.dev.pop_tx().is_some(), "no NA");
+    let _ = (&mut cfg, me_mac);
+}
+
+/// Node `n` of an RC pair over IPv6: addresses fd00::n (GID index 2).
+fn ipv6_pair() -> RcPair {
+    use std::net::Ipv6Addr;
+    let (la, lb) = QueueLink::pair();
+    let mut s = RcPair::on((Box::new(la), Box::new(lb)), ConnOpts::default(), false);
+    for (n, last) in [(&mut s.a, 1u16), (&mut s.b, 2)] {
+        // Fresh devices with an IPv6 address; the PD, CQ and QP are made
+        // again below in the same order, so their numbers do not change.
+        let cfg = vrnic::device::DeviceConfig {
+            mac: n.dev.config_space().mac,
+            ipv4: n.ip,
+            prefix_len: 24,
+            ipv6: vec![Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, last)],
+            link_mtu: 1500,
+        };
+        n.dev = vrnic::device::Device::new(cfg);
+    }
+    s.pda = s.a.alloc_pd();
+    s.pdb = s.b.alloc_pd();
+    s.ca = s.a.create_cq(256);
+    s.cb = s.b.create_cq(256);
+    s.qa = s.a.create_qp(s.pda, &s.ca, 64, 4);
+    s.qb = s.b.create_qp(s.pdb, &s.cb, 64, 4);
+    for (n, qp, peer, peer_qpn) in [
+        (&mut s.a, &s.qa, 2u16, s.qb.qpn),
+        (&mut s.b, &s.qb, 1, s.qa.qpn),
+    ] {
+        let mut attrs = conn_attrs(qp.qpn, n.ip, peer_qpn, ConnOpts::default());
+        attrs[1].dgid = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, peer).octets();
+        attrs[1].sgid_index = 2;
+        for a in attrs {
+            n.cmd(abi::CMD_MODIFY_QP, &a).unwrap();
+        }
+    }
+    s
+}
+
+#[test]
+fn off_path_write_over_ipv6_is_dropped() {
+    use std::net::Ipv6Addr;
+    let mut s = ipv6_pair();
+    connection_still_works(&mut s, "RC over IPv6");
+    let (buf, rkey) = victim_mr(&mut s);
+    let (qpn_b, now) = (s.qb.qpn, s.now);
+    let a_mac = s.a.dev.config_space().mac;
+    let b_ll = Ipv6Addr::from(wire::Gid::link_local_from_mac(s.b.dev.config_space().mac).0);
+    let fd = |n| Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, n);
+    // From another IPv6 host; and from A's address but to B's link-local
+    // address (GID 0), which is not the QP's source GID (index 2).
+    for (src, dst) in [(fd(66), fd(2)), (fd(1), b_ll)] {
+        let mut w = frame((s.a.ip, a_mac), &s.b, qpn_b, Opcode::RcWriteOnly, 1, 0xffff);
+        w.ip_src = IpAddr::V6(src);
+        w.ip_dst = IpAddr::V6(dst);
+        w.reth = Some(Reth {
+            va: buf,
+            rkey,
+            dma_len: 16,
+        });
+        let replies = inject(&mut s.b, &w, &[0xee; 16], now);
+        assert!(replies.is_empty(), "{src} -> {dst}: {replies:?}");
+    }
+    assert!(
+        s.b.read(buf, 4096).iter().all(|&x| x == 0x5a),
+        "memory changed"
+    );
+    assert_eq!(s.b.dev.stats().rx_drop_bad_src_addr, 2);
+    connection_still_works(&mut s, "after the IPv6 off-path writes");
+}
+
+#[test]
+fn ud_wrong_pkey_or_qkey_is_dropped() {
+    // UD accepts any source, but checks the P_Key and the Q_Key (rxe's
+    // check_keys): both mismatches are dropped and counted, the receive
+    // WQE stays posted for a good datagram.
+    let (mut n, _peer) = lone_node();
+    let pd = n.alloc_pd();
+    let mut cq = n.create_cq(16);
+    let mut qp = n.create_qp_with(pd, &cq, QpSpec::typed(abi::QPT_UD, 0));
+    let qkey = 0x1111_2222;
+    for (mask, state) in [
+        (
+            abi::QP_ATTR_STATE | abi::QP_ATTR_PKEY_INDEX | abi::QP_ATTR_PORT | abi::QP_ATTR_QKEY,
+            abi::QPS_INIT,
+        ),
+        (abi::QP_ATTR_STATE, abi::QPS_RTR),
+        (abi::QP_ATTR_STATE | abi::QP_ATTR_SQ_PSN, abi::QPS_RTS),
+    ] {
+        let a = abi::QpAttr {
+            qpn: qp.qpn,
+            attr_mask: mask,
+            qp_state: state,
+            port_num: 1,
+            qkey,
+            ..Default::default()
+        };
+        n.cmd(abi::CMD_MODIFY_QP, &a).unwrap();
+    }
+    let buf = n.alloc(4096);
+    let (lkey, _) = n.reg_mr(pd, buf, 4096, ALL).unwrap();
+    n.post_recv(&mut qp, 1, &[sge(buf, 4096, lkey)], 0);
+    let datagram = |pkey: u16, qk: u32| {
+        let mut h = frame(stranger(5), &n, qp.qpn, Opcode::UdSendOnly, 0, pkey);
+        h.deth = Some(wire::Deth {
+            qkey: qk,
+            src_qp: 0x99,
+        });
+        h
+    };
+    let bad = [datagram(0x1234, qkey), datagram(0xffff, qkey + 1)];
+    let good = datagram(0x7fff, qkey);
+    for h in &bad {
+        inject(&mut n, h, &[1; 8], 0);
+    }
+    assert_eq!(n.poll_cq(&mut cq), None, "a bad datagram was received");
+    let st = n.dev.stats().clone();
+    assert_eq!((st.rx_drop_bad_pkey, st.rx_drop_bad_qkey), (1, 1));
+    inject(&mut n, &good, &[2; 8], 0);
+    let c = n.poll_cq(&mut cq).expect("the good datagram");
+    assert_eq!((c.wr_id, c.status, c.byte_len), (1, abi::WC_SUCCESS, 48));
+}
