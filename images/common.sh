@@ -22,9 +22,14 @@ key() {
     done | sha256sum | cut -c1-16
 }
 
+# Builds of one NAME kept: the most recently used, the new one among them. Enough that a test run
+# from another checkout (other tools, so another key) does not lose the image it is booting.
+KEEP_BUILDS=3
+
 # cached NAME KEY FUNCTION [ARGS...]
 # Prints the artefact directory $VRNIC_CACHE/NAME-KEY. Builds it (by calling FUNCTION OUTDIR ARGS...
 # with OUTDIR a temporary directory that is renamed into place on success) only if it is absent.
+# A build marks it used (mtime); builds beyond the KEEP_BUILDS most recently used are deleted.
 cached() {
     local name=$1 key=$2 fn=$3
     shift 3
@@ -43,10 +48,12 @@ cached() {
             touch "$out.tmp/.done"
             mv "$out.tmp" "$out"
             log "built $name-$key in $((SECONDS - t0)) s"
-            local old
-            for old in "$VRNIC_CACHE/$name"-*; do
-                [ "$old" = "$out" ] && continue
-                [ -d "$old" ] || continue
+            # Older builds of NAME go, except the KEEP_BUILDS most recently used: another
+            # checkout's test run may be using one of those right now.
+            local old n=0
+            while IFS= read -r old; do
+                n=$((n + 1))
+                [ "$n" -le "$KEEP_BUILDS" ] && continue
                 # Never through a mount someone left inside (a chroot's bind-mounted /dev...).
                 if grep -qE " $old(/| )" /proc/self/mountinfo; then
                     log "not removing stale $old: something is mounted under it"
@@ -54,7 +61,10 @@ cached() {
                     log "removing stale $old"
                     rm -rf --one-file-system "$old"
                 fi
-            done
+            done < <(find "$VRNIC_CACHE" -maxdepth 1 -type d -name "$name-*" ! -name '*.tmp' -printf '%T@ %p\n' |
+                sort -rn | cut -d' ' -f2-)
+        else
+            touch "$out" # most recently used
         fi
     ) 9>"$VRNIC_CACHE/$name.lock" >&2
     echo "$out"
