@@ -118,6 +118,16 @@ copy_modules() {
     done
 }
 
+# root_cpio ROOT FILE: uncompressed newc cpio of a debootstrapped ROOT as it is, less what a guest
+# never reads (docs, man pages, locales, apt's caches and lists, /boot, the root's own modules).
+root_cpio() {
+    (cd "$1" && find . -mindepth 1 \
+        \( -path ./usr/share/doc -o -path ./usr/share/man -o -path ./usr/share/info \
+        -o -path ./usr/share/locale -o -path ./var/cache/apt -o -path ./var/lib/apt/lists \
+        -o -path './usr/lib/udev/hwdb.*' -o -path ./boot -o -path ./lib/modules \) -prune -o -print |
+        LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0) >"$2"
+}
+
 # pack_cpio DIR FILE: uncompressed newc cpio of DIR (uncompressed: no decompression under TCG).
 pack_cpio() {
     (cd "$1" && find . -mindepth 1 -path ./.done -prune -o -print | LC_ALL=C sort |

@@ -14,12 +14,7 @@ PEER_SRC=$IMAGES_DIR/../tests/e2e/peer/rxe-rdma-peer.c
 
 build_rxe() {
     local out=$1 root=$2 kdir=$3 extra=$1/extra
-    # The root as it is, less what a guest never reads.
-    (cd "$root" && find . -mindepth 1 \
-        \( -path ./usr/share/doc -o -path ./usr/share/man -o -path ./usr/share/info \
-        -o -path ./usr/share/locale -o -path ./var/cache/apt -o -path ./var/lib/apt/lists \
-        -o -path './usr/lib/udev/hwdb.*' -o -path ./boot -o -path ./lib/modules \) -prune -o -print |
-        LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0) >"$out/root.cpio"
+    root_cpio "$root" "$out/root.cpio"
     # Our additions, as a second archive: the kernel unpacks concatenated archives in turn.
     mkdir -p "$extra/etc" "$extra/usr/bin"
     gcc -O2 -Wall -Wextra -Wno-missing-field-initializers -o "$extra/usr/bin/rxe-rdma-peer" "$PEER_SRC" \

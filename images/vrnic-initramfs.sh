@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Recipe: the vrnic guest's initramfs: Debian's busybox-static, the 6.12 modules for virtio-net
-# and fw_cfg, the job-running /init (images/init/init) and the static guest-lib tools.
-# Usage: vrnic-initramfs.sh [BINARY...]   each BINARY (a static executable) goes to /usr/bin;
-# missing ones are skipped with a warning. Output directory: initramfs.cpio. Prints the directory.
+# Recipe: the vrnic guest's initramfs, an uncompressed cpio of the bookworm root (rdma-core's user
+# land: ibverbs-utils, perftest, ...; the same root as the rxe guest's) without docs, locales and
+# apt lists, plus the 6.12 modules for virtio-net, fw_cfg and uio_pci_generic, the job-running /init
+# (images/init/), /etc/vrnic-setup (images/init/vrnic-setup), the static guest-lib tools and, with
+# --lib, vrnic's libibverbs.so.1 as /usr/lib/vrnic/libibverbs.so.1, found before Debian's through
+# /etc/ld.so.conf.d/00-vrnic.conf (the one line a user adds on their own guest).
+# Usage: vrnic-initramfs.sh [--lib LIBFILE] [BINARY...]   each BINARY (a static executable) goes to
+# /usr/bin; missing ones are skipped with a warning. Output directory: initramfs.cpio. Prints the
+# directory.
 set -euo pipefail
 # shellcheck source=images/common.sh
 . "$(dirname "$0")/common.sh"
@@ -10,37 +15,40 @@ set -euo pipefail
 MODULES=(virtio_net qemu_fw_cfg uio_pci_generic)
 
 build_vrnic() {
-    local out=$1 root=$2 kdir=$3 st=$1/staging deb b
-    shift 3
-    mkdir -p "$st"/{bin,sbin,usr/bin,usr/sbin,etc,proc,sys,dev,tmp,run,root}
-    # busybox-static, downloaded and unpacked (not installed) inside the bookworm root.
-    rm -rf "$root/tmp/bb-dl" && mkdir -p "$root/tmp/bb-dl"
-    chroot "$root" sh -c 'cd /tmp/bb-dl && apt-get download -qq -o APT::Sandbox::User=root busybox-static'
-    deb=$(ls "$root"/tmp/bb-dl/busybox-static_*.deb)
-    dpkg-deb -x "$deb" "$out/bb"
-    rm -rf "$root/tmp/bb-dl"
-    install -m 0755 "$out/bb/bin/busybox" "$st/bin/busybox"
-    rm -rf "$out/bb"
-    # One symlink per applet (the list comes from the binary itself).
-    for b in $("$st/bin/busybox" --list-full); do
-        [ -e "$st/$b" ] || ln -s /bin/busybox "$st/$b"
-    done
-    copy_modules "$kdir" "$st" "${MODULES[@]}"
-    install -m 0755 "$IMAGES_DIR/init/init" "$st/init"
+    local out=$1 root=$2 kdir=$3 lib=$4 extra=$1/extra b
+    shift 4
+    root_cpio "$root" "$out/root.cpio"
+    # Our additions, as a second archive: the kernel unpacks concatenated archives in turn.
+    mkdir -p "$extra/etc/ld.so.conf.d" "$extra/usr/bin" "$extra/usr/lib/vrnic"
+    copy_modules "$kdir" "$extra" "${MODULES[@]}"
+    install -m 0755 "$IMAGES_DIR/init/init" "$extra/init"
+    install -m 0644 "$IMAGES_DIR/init/vrnic-setup" "$extra/etc/vrnic-setup"
     for b in "$@"; do
-        install -m 0755 "$b" "$st/usr/bin/$(basename "$b")"
-        strip --strip-debug "$st/usr/bin/$(basename "$b")" 2>/dev/null || true
+        install -m 0755 "$b" "$extra/usr/bin/$(basename "$b")"
+        strip --strip-debug "$extra/usr/bin/$(basename "$b")" 2>/dev/null || true
     done
-    pack_cpio "$st" "$out/initramfs.cpio"
-    rm -rf "$st"
-    log "vrnic initramfs: $(du -k "$out/initramfs.cpio" | cut -f1) KiB, tools: ${*:-none}"
+    if [ -n "$lib" ]; then
+        install -m 0755 "$lib" "$extra/usr/lib/vrnic/libibverbs.so.1"
+        strip --strip-debug "$extra/usr/lib/vrnic/libibverbs.so.1" 2>/dev/null || true
+        echo /usr/lib/vrnic >"$extra/etc/ld.so.conf.d/00-vrnic.conf"
+    fi
+    pack_cpio "$extra" "$out/extra.cpio"
+    cat "$out/root.cpio" "$out/extra.cpio" >"$out/initramfs.cpio"
+    rm -rf "$extra" "$out/root.cpio" "$out/extra.cpio"
+    log "vrnic initramfs: $(du -m "$out/initramfs.cpio" | cut -f1) MiB, tools: ${*:-none}, libibverbs: ${lib:-none}"
 }
 
+lib=
+if [ "${1:-}" = --lib ]; then
+    [ -f "${2:-}" ] || die "--lib ${2:-}: no such file"
+    lib=$(readlink -f "$2")
+    shift 2
+fi
 bins=()
 for b in "$@"; do
     if [ -f "$b" ]; then
         readelf -l "$b" 2>/dev/null | grep 'program interpreter' >/dev/null &&
-            log "warning: $b is dynamically linked; the guest has no libc (build with crt-static)"
+            log "warning: $b is dynamically linked; build the guest tools with crt-static"
         bins+=("$(readlink -f "$b")")
     else
         log "warning: $b not found, not included"
@@ -48,6 +56,6 @@ for b in "$@"; do
 done
 root=$("$IMAGES_DIR/bookworm-root.sh")
 kdir=$("$IMAGES_DIR/kernel.sh")
-k=$(key "$IMAGES_DIR/common.sh" "$0" "$IMAGES_DIR/init/init" <(echo "$root $kdir ${bins[*]}") \
-    ${bins[@]+"${bins[@]}"})
-cached vrnic-initramfs "$k" build_vrnic "$root" "$kdir" ${bins[@]+"${bins[@]}"}
+k=$(key "$IMAGES_DIR/common.sh" "$0" "$IMAGES_DIR/init/init" "$IMAGES_DIR/init/vrnic-setup" \
+    <(echo "$root $kdir ${bins[*]} $lib") ${bins[@]+"${bins[@]}"} ${lib:+"$lib"})
+cached vrnic-initramfs "$k" build_vrnic "$root" "$kdir" "$lib" ${bins[@]+"${bins[@]}"}
