@@ -3,8 +3,9 @@
 # namespace (bridge br0, TAPs), guests under QEMU (TCG unless KVM works).
 #
 # Usage: tests/e2e/run.sh [STEP...]     STEP: qemu-select | rxe-rxe | probe | vrnic-rxe | vrnic-vrnic |
-#                                             vrnic-rxe-lossy | vrnic-vrnic-pause
-#   default: qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause (qemu-select:
+#                                             vrnic-rxe-lossy | vrnic-vrnic-pause | hostile-peer
+#   default: qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause hostile-peer
+#   (hostile-peer: an independent scapy peer attacks a vrnic server, see run_hostile; qemu-select:
 #   which QEMU the scripts pick, tests/e2e/qemu-select.sh; vrnic-vrnic-pause: a VM paused and
 #   resumed mid-run, see run_pause; rxe-rxe is the harness's own baseline;
 #   E2E_BASELINE=1 puts it first). probe: one vrnic guest + daemon running vrnic-probe; when it
@@ -32,7 +33,7 @@ SUMMARY_DONE=0 PASSED=0 FAILED=0
 trap 'rc=$?; if [ $SUMMARY_DONE = 0 ]; then echo "FAIL: e2e aborted (exit $rc)"; echo "e2e: $PASSED passed, $((FAILED + 1)) failed"; fi; vr_cleanup $rc' EXIT
 
 PAIRS=("$@")
-[ ${#PAIRS[@]} -gt 0 ] || PAIRS=(qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause)
+[ ${#PAIRS[@]} -gt 0 ] || PAIRS=(qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause hostile-peer)
 [ "${E2E_BASELINE:-0}" = 1 ] && PAIRS=(rxe-rxe "${PAIRS[@]}")
 if [ -z "${E2E_RESULTS:-}" ] && [ -d "$VR_TOP/out" ]; then
     # Default results dirs out/e2e-DATE: keep the last 5 (daemon pcaps are ~60 MB each).
@@ -58,7 +59,7 @@ need_vrnic=0
 for p in "${PAIRS[@]}"; do
     case $p in
     rxe-rxe | qemu-select) ;;
-    probe | vrnic-rxe | vrnic-vrnic | vrnic-rxe-lossy | vrnic-vrnic-lossy | vrnic-vrnic-pause) need_vrnic=1 ;;
+    probe | vrnic-rxe | vrnic-vrnic | vrnic-rxe-lossy | vrnic-vrnic-lossy | vrnic-vrnic-pause | hostile-peer) need_vrnic=1 ;;
     *) vr_die "unknown pair $p" ;;
     esac
 done
@@ -433,6 +434,64 @@ run_pause() {
     echo "=== vrnic-vrnic-pause took $((SECONDS - tp)) s"
 }
 
+# run_hostile: an independent hostile peer (tests/e2e/hostile-peer.py: scapy, not vrnic's code) on
+# a host of its own on the bridge (10.0.0.3, namespace NS-h) plays an ibv_rc_pingpong client
+# against vrnic-pingpong serving in vrnic guest A, and between legitimate iterations sends bad
+# ICRCs, truncations, reserved opcodes, foreign P_Keys, spoofed sources (SEND, WRITE, forged
+# ACK/NAKs), ARP floods, out-of-window PSNs and floods, checking after each that the server still
+# serves; last an RDMA WRITE with a guessed
+# R_Key, which must get a fatal NAK. Then the server must have failed cleanly (a completion
+# error, no data error: nothing hostile was taken for data) and daemon A must have counted the
+# drops by class in `vrnic stats`.
+run_hostile() {
+    local dir=$RESULTS/hostile-peer nsh=$NS-h daemon pid line tp=$SECONDS
+    mkdir -p "$dir"
+    echo "=== hostile-peer"
+    if ! vr_daemon vrnic-a "$NS" "$dir/vrnic-a.sock" tap-va 10.0.0.101/24 "$dir"; then
+        fail "hostile-peer: daemon did not start (log $dir/vrnic-a.log)"
+        return 0
+    fi
+    daemon=$VR_LAST_PID
+    vr_netns_create "$nsh"
+    ip link add hA netns "$nsh" type veth peer name hA-br netns "$NS"
+    ip -n "$NS" link set hA-br master br0 up
+    ip -n "$nsh" addr add 10.0.0.3/24 dev hA
+    ip -n "$nsh" link set hA up
+    local SIZES=512 ITERS=1000000 XRUNS='' E2E_EXTRA=''
+    job "$dir/job-a.sh" hostile-a vrnic-pingpong 10.0.0.3 server
+    vr_guest a vrnic "$NS" tap-ga 10.0.0.1/24 "$dir/job-a.sh" "$dir" "$dir/vrnic-a.sock"
+    pid=$VR_LAST_PID
+    local rc=0
+    timeout -k 5 300 ip netns exec "$nsh" /usr/bin/python3 "$VR_TOP/tests/e2e/hostile-peer.py" \
+        --iface hA --ip 10.0.0.3 --server 10.0.0.1 --port 18515 --size 512 >"$dir/hostile.log" 2>&1 || rc=$?
+    echo "hostile-peer.py exit $rc (log $dir/hostile.log)"
+    while IFS= read -r line; do
+        case $line in
+        "HOSTILE "*" ok"*) pass "hostile-peer: ${line#HOSTILE }" ;;
+        "HOSTILE "*) fail "hostile-peer: ${line#HOSTILE }" ;;
+        esac
+    done <"$dir/hostile.log"
+    grep -q '^HOSTILE-RESULT .* failed=0 ' "$dir/hostile.log" ||
+        fail "hostile-peer: $(grep -a '^HOSTILE-RESULT' "$dir/hostile.log" || tail -3 "$dir/hostile.log")"
+    # The server: failed cleanly (a completion error), never on data.
+    vr_wait_job a "$dir" "$pid" $((RUN_TIMEOUT + 120)) || true
+    line=$(grep -a '^VRNIC-RESULT ' "$dir/a.log" | tr -d '\r' | tail -1)
+    if grep -aq 'Failed status' "$dir/a.log" && ! grep -aqiE 'invalid data|expected .* bytes|differ' "$dir/a.log" &&
+        [[ $line == *" rc=1 "* ]]; then
+        pass "hostile-peer: the server failed cleanly after the fatal NAK ($(grep -a -m1 'Failed status' "$dir/a.log" | tr -d '\r'))"
+    else
+        fail "hostile-peer: the server's end: ${line:-no result line} (console $dir/a.log)"
+    fi
+    local c v
+    for c in icrc_errors rx_drop_bad_pkey rx_drop_bad_src_addr; do
+        v=$(stat_of "$dir/vrnic-a.sock" "$c")
+        if [ "${v:-0}" -gt 0 ]; then pass "hostile-peer: vrnic stats $c $v"; else fail "hostile-peer: vrnic stats $c ${v:-none}"; fi
+    done
+    vr_stop "$daemon"
+    vr_netns_destroy "$nsh"
+    echo "=== hostile-peer took $((SECONDS - tp)) s"
+}
+
 # run_qemu_select: tests/e2e/qemu-select.sh (the QEMU choice in every case a user meets, and a
 # kernel boot through a QEMU found on the PATH); its PASS:/FAIL: lines count here.
 run_qemu_select() {
@@ -451,6 +510,13 @@ for p in "${PAIRS[@]}"; do
     case $p in
     qemu-select) run_qemu_select ;;
     probe) run_probe ;;
+    hostile-peer)
+        if [ $PROBE_OK = 0 ] && [ "${E2E_KEEP_GOING:-0}" != 1 ]; then
+            fail "$p: not run, the probe failed (E2E_KEEP_GOING=1 runs it anyway)"
+        else
+            run_hostile
+        fi
+        ;;
     vrnic-vrnic-pause)
         if [ $PROBE_OK = 0 ] && [ "${E2E_KEEP_GOING:-0}" != 1 ]; then
             fail "$p: not run, the probe failed (E2E_KEEP_GOING=1 runs it anyway)"
