@@ -84,10 +84,10 @@ stubs! {
         // Public verbs vrnic does not offer (yet).
         ibv_attach_mcast, ibv_detach_mcast, ibv_resize_cq, ibv_query_ece, ibv_set_ece,
         ibv_init_ah_from_wc, ibv_resolve_eth_l2_from_gid, ibv_rereg_mr,
-        ibv_query_device, ibv_query_port, ibv_query_qp, ibv_modify_qp, ibv_modify_srq,
-        ibv_query_srq, ibv_close_device, ibv_dealloc_pd, ibv_dereg_mr, ibv_destroy_cq,
-        ibv_destroy_qp, ibv_destroy_srq, ibv_destroy_ah, ibv_destroy_comp_channel,
-        _ibv_query_gid_ex, ibv_query_gid_type,
+        ibv_modify_srq,
+        ibv_query_srq,
+        ibv_destroy_srq,
+
         // Provider (driver) interface: vrnic binds no rdma-core provider.
         execute_ioctl, ibv_cmd_advise_mr, ibv_cmd_alloc_dm, ibv_cmd_alloc_mw, ibv_cmd_alloc_pd,
         ibv_cmd_attach_mcast, ibv_cmd_close_xrcd, ibv_cmd_create_ah, ibv_cmd_create_counters,
@@ -108,30 +108,24 @@ stubs! {
         ibv_cmd_resize_cq,
     ]
     minus_one: [
-        ibv_query_gid, ibv_query_pkey, ibv_get_cq_event, ibv_get_async_event, ibv_get_pkey_index,
-        ibv_get_device_index, ibv_read_sysfs_file, ibv_read_ibdev_sysfs_file,
+
+        ibv_read_ibdev_sysfs_file,
     ]
     neg_errno: [_ibv_query_gid_table]
     null: [
-        ibv_get_device_list, ibv_get_device_name, ibv_get_sysfs_path, ibv_open_device, ibv_alloc_pd, ibv_reg_mr,
-        ibv_reg_mr_iova, ibv_reg_mr_iova2, ibv_reg_dmabuf_mr, ibv_create_cq, ibv_create_qp,
-        ibv_create_srq, ibv_create_ah, ibv_create_ah_from_wc, ibv_create_comp_channel,
+        ibv_get_sysfs_path,
+        ibv_reg_dmabuf_mr,
+        ibv_create_srq, ibv_create_ah_from_wc,
         ibv_import_device, ibv_import_dm, ibv_import_mr, ibv_import_pd, ibv_qp_to_qp_ex,
         verbs_open_device, _verbs_init_and_alloc_context, __ioctl_final_num_attrs,
     ]
     void: [
-        ibv_ack_async_event, ibv_ack_cq_events, ibv_free_device_list, ibv_unimport_dm,
+        ibv_unimport_dm,
         ibv_unimport_mr, ibv_unimport_pd, ibv_copy_ah_attr_from_kern,
         ibv_copy_path_rec_from_kern, ibv_copy_path_rec_to_kern, ibv_copy_qp_attr_from_kern,
         verbs_init_cq, verbs_register_driver_34, verbs_set_ops, verbs_uninit_context,
         __verbs_log,
     ]
-}
-
-/// `ibv_get_device_guid(3)`: not supported, returns GUID 0.
-pub(crate) extern "C" fn ibv_get_device_guid() -> u64 {
-    unsupported("ibv_get_device_guid");
-    0
 }
 
 /// `ibv_query_qp_data_in_order(3)`: vrnic promises no in-order placement

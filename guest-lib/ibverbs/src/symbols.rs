@@ -15,6 +15,23 @@
 //! without an implementation or a stub here is a compile error, and one
 //! the map lacks cannot be exported.
 
+use crate::ah::{ibv_create_ah, ibv_destroy_ah};
+use crate::context::{
+    _ibv_query_gid_ex, ibv_close_device, ibv_get_pkey_index, ibv_open_device, ibv_query_device,
+    ibv_query_gid, ibv_query_gid_type, ibv_query_pkey, ibv_query_port, ibv_read_sysfs_file,
+};
+use crate::cq::{ibv_create_cq, ibv_destroy_cq};
+use crate::device::{
+    ibv_free_device_list, ibv_get_device_guid, ibv_get_device_index, ibv_get_device_list,
+    ibv_get_device_name,
+};
+use crate::events::{
+    ibv_ack_async_event, ibv_ack_cq_events, ibv_create_comp_channel, ibv_destroy_comp_channel,
+    ibv_get_async_event, ibv_get_cq_event,
+};
+use crate::mr::{ibv_dereg_mr, ibv_reg_mr, ibv_reg_mr_iova, ibv_reg_mr_iova2};
+use crate::pd::{ibv_alloc_pd, ibv_dealloc_pd};
+use crate::qp::{ibv_create_qp, ibv_destroy_qp, ibv_modify_qp, ibv_query_qp};
 use crate::strings::{
     ibv_dofork_range, ibv_dontfork_range, ibv_event_type_str, ibv_fork_init,
     ibv_is_fork_initialized, ibv_node_type_str, ibv_port_state_str, ibv_rate_to_mbps,
