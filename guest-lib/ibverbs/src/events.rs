@@ -7,7 +7,8 @@
 //! transport without one is polled every millisecond) and on a stop
 //! eventfd, drains the device's events and routes them: a completion event
 //! (`EV_COMP`) to the channel of its CQ, anything else to the context's
-//! asynchronous event queue. A channel's `fd` and the context's `async_fd`
+//! asynchronous event queue (QP fatal, SQ drained, last WQE reached, CQ
+//! error, SRQ limit reached). A channel's `fd` and the context's `async_fd`
 //! are semaphore eventfds, readable while events wait — so applications can
 //! `poll(2)`/`epoll(7)` them, and the blocking `ibv_get_cq_event` and
 //! `ibv_get_async_event` sleep in `read(2)` instead of spinning, as with
@@ -104,6 +105,7 @@ struct AsyncEvent {
 pub(crate) struct Events {
     cqs: Mutex<HashMap<u32, CqEntry>>,
     qps: Mutex<HashMap<u32, usize>>,
+    srqs: Mutex<HashMap<u32, usize>>,
     async_q: Mutex<VecDeque<AsyncEvent>>,
     /// The context's `async_fd`.
     pub(crate) async_fd: OwnedFd,
@@ -140,6 +142,17 @@ impl Events {
         lock(&self.async_q).retain(|e| e.element != qp as usize);
     }
 
+    /// Records an SRQ (by number) for its limit event.
+    pub(crate) fn add_srq(&self, srqn: u32, srq: *mut c::ibv_srq) {
+        lock(&self.srqs).insert(srqn, srq as usize);
+    }
+
+    /// Forgets an SRQ, and drops its waiting asynchronous events.
+    pub(crate) fn remove_srq(&self, srqn: u32, srq: *mut c::ibv_srq) {
+        lock(&self.srqs).remove(&srqn);
+        lock(&self.async_q).retain(|e| e.element != srq as usize);
+    }
+
     fn dispatch(&self, e: abi::Event) {
         let kind = match e.kind {
             abi::EV_COMP => {
@@ -158,6 +171,13 @@ impl Events {
                 let cq = lock(&self.cqs).get(&e.handle).map(|c| c.cq);
                 if let Some(cq) = cq {
                     self.push_async(cq, c::ibv_event_type_IBV_EVENT_CQ_ERR);
+                }
+                return;
+            }
+            abi::EV_SRQ_LIMIT => {
+                let srq = lock(&self.srqs).get(&e.handle).copied();
+                if let Some(srq) = srq {
+                    self.push_async(srq, c::ibv_event_type_IBV_EVENT_SRQ_LIMIT_REACHED);
                 }
                 return;
             }
@@ -190,6 +210,7 @@ impl EventThread {
         let events = Arc::new(Events {
             cqs: Mutex::new(HashMap::new()),
             qps: Mutex::new(HashMap::new()),
+            srqs: Mutex::new(HashMap::new()),
             async_q: Mutex::new(VecDeque::new()),
             async_fd: eventfd(false)?,
             stop: eventfd(true)?,
@@ -390,6 +411,8 @@ pub(crate) extern "C" fn ibv_get_async_event(
         };
         if a.kind == c::ibv_event_type_IBV_EVENT_CQ_ERR {
             out.element.cq = a.element as *mut c::ibv_cq;
+        } else if a.kind == c::ibv_event_type_IBV_EVENT_SRQ_LIMIT_REACHED {
+            out.element.srq = a.element as *mut c::ibv_srq;
         } else {
             out.element.qp = a.element as *mut c::ibv_qp;
         }

@@ -10,7 +10,7 @@
 //! - `context`: `ibv_open_device` (a `verbs_context` as rdma-core allocates
 //!   it) and the device, port, GID and P_Key queries.
 //! - `ops`: the ops table verbs.h's inline fast path calls through.
-//! - `pd`, `mr`, `cq`, `qp`, `ah`: the objects, each a `#[repr(C)]` struct
+//! - `pd`, `mr`, `cq`, `qp`, `srq`, `ah`: the objects, each a `#[repr(C)]` struct
 //!   whose first field is the C structure applications see.
 //! - `events`: completion channels and asynchronous events (a per-context
 //!   event thread, eventfds applications can poll).
@@ -37,6 +37,7 @@ mod mr;
 mod ops;
 mod pd;
 mod qp;
+mod srq;
 mod strings;
 mod stubs;
 #[cfg(not(test))]

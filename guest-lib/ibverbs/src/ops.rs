@@ -11,4 +11,5 @@ pub(crate) fn install(ops: &mut c::ibv_context_ops) {
     ops.req_notify_cq = Some(crate::cq::req_notify_cq);
     ops.post_send = Some(crate::qp::post_send);
     ops.post_recv = Some(crate::qp::post_recv);
+    ops.post_srq_recv = Some(crate::srq::post_srq_recv);
 }

@@ -57,8 +57,8 @@ fn to_cap(c: &QpCap) -> c::ibv_qp_cap {
 }
 
 /// `ibv_create_qp(3)`: an RC, UC or UD QP in RESET on `pd` with the CQs of
-/// `init`; the capabilities obtained are written back to `init->cap`. SRQs
-/// are not offered yet (`EOPNOTSUPP`). The QP, or NULL with errno.
+/// `init` (and its SRQ, if any); the capabilities obtained are written back
+/// to `init->cap`. The QP, or NULL with errno.
 pub(crate) extern "C" fn ibv_create_qp(
     pd: *mut c::ibv_pd,
     init: *mut c::ibv_qp_init_attr,
@@ -82,9 +82,8 @@ fn create(pd: *mut c::ibv_pd, init: *mut c::ibv_qp_init_attr) -> Result<*mut c::
     }
     // SAFETY: non-NULL (checked), the caller's init attributes.
     let ia = unsafe { &mut *init };
-    if !ia.srq.is_null() {
-        return Err(libc::EOPNOTSUPP);
-    }
+    // SAFETY: the application passes a live SRQ or NULL.
+    let vsrq = unsafe { crate::srq::VrnicSrq::from_ptr(ia.srq) };
     let t = qp_type(ia.qp_type).ok_or(libc::EOPNOTSUPP)?;
     // SAFETY: the application passes live CQs (or NULL, refused).
     let scq = unsafe { VrnicCq::from_ptr(ia.send_cq) }.ok_or(libc::EINVAL)?;
@@ -99,16 +98,17 @@ fn create(pd: *mut c::ibv_pd, init: *mut c::ibv_qp_init_attr) -> Result<*mut c::
     };
     let sg = lock(&scq.inner);
     let rg = (!std::ptr::eq(scq, rcq)).then(|| lock(&rcq.inner));
+    let srq_guard = vsrq.map(|s| lock(&s.inner));
     let attr = QpInitAttr {
         qp_type: t,
         send_cq: &sg,
         recv_cq: rg.as_deref().unwrap_or(&sg),
-        srq: None,
+        srq: srq_guard.as_deref(),
         cap,
         sq_sig_all: ia.sq_sig_all != 0,
     };
     let inner = Qp::new(&vpd.inner, &attr).map_err(|e| e.errno())?;
-    drop((rg, sg));
+    drop((srq_guard, rg, sg));
     ia.cap = to_cap(&inner.cap());
     let qpn = inner.qp_num();
     let context = vpd.pd.context;
@@ -118,7 +118,7 @@ fn create(pd: *mut c::ibv_pd, init: *mut c::ibv_qp_init_attr) -> Result<*mut c::
         pd,
         send_cq: ia.send_cq,
         recv_cq: ia.recv_cq,
-        srq: std::ptr::null_mut(),
+        srq: ia.srq,
         handle: qpn,
         qp_num: qpn,
         state: c::ibv_qp_state_IBV_QPS_RESET,
@@ -311,7 +311,7 @@ pub(crate) extern "C" fn ibv_query_qp(
 ///
 /// # Safety
 /// `sg_list` must hold `num_sge` entries when `num_sge > 0`.
-unsafe fn sges(sg_list: *const c::ibv_sge, num_sge: c_int) -> Result<Vec<Sge>, c_int> {
+pub(crate) unsafe fn sges(sg_list: *const c::ibv_sge, num_sge: c_int) -> Result<Vec<Sge>, c_int> {
     let n = usize::try_from(num_sge).map_err(|_| libc::EINVAL)?;
     if n == 0 {
         return Ok(Vec::new());

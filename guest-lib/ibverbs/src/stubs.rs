@@ -84,9 +84,9 @@ stubs! {
         // Public verbs vrnic does not offer (yet).
         ibv_attach_mcast, ibv_detach_mcast, ibv_resize_cq, ibv_query_ece, ibv_set_ece,
         ibv_init_ah_from_wc, ibv_resolve_eth_l2_from_gid, ibv_rereg_mr,
-        ibv_modify_srq,
-        ibv_query_srq,
-        ibv_destroy_srq,
+
+
+
 
         // Provider (driver) interface: vrnic binds no rdma-core provider.
         execute_ioctl, ibv_cmd_advise_mr, ibv_cmd_alloc_dm, ibv_cmd_alloc_mw, ibv_cmd_alloc_pd,
@@ -115,7 +115,7 @@ stubs! {
     null: [
         ibv_get_sysfs_path,
         ibv_reg_dmabuf_mr,
-        ibv_create_srq, ibv_create_ah_from_wc,
+        ibv_create_ah_from_wc,
         ibv_import_device, ibv_import_dm, ibv_import_mr, ibv_import_pd, ibv_qp_to_qp_ex,
         verbs_open_device, _verbs_init_and_alloc_context, __ioctl_final_num_attrs,
     ]

@@ -40,9 +40,14 @@ pub fn lib_dir() -> PathBuf {
         .expect("target/<profile>")
         .join("ibverbs-test");
     std::fs::create_dir_all(&dir).expect("create lib dir");
-    let link = dir.join("libibverbs.so.1");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(&so, &link).expect("symlink libibverbs.so.1");
+    // Tests run in parallel: make the link under a name of our own, then
+    // rename it over the shared name (atomic), instead of remove + create.
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!("libibverbs.so.1.{}.{n}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(&so, &tmp).expect("symlink libibverbs.so.1");
+    std::fs::rename(&tmp, dir.join("libibverbs.so.1")).expect("rename libibverbs.so.1");
     dir
 }
 
