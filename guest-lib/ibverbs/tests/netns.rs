@@ -1,5 +1,7 @@
-//! Debian's unmodified `ibv_devinfo -v` and `ibv_rc_pingpong` on vrnic's
-//! libibverbs.so.1, each process with an in-process vrnic device
+//! Debian's unmodified `ibv_devinfo -v`, `ibv_rc_pingpong` (1 B, 1025 B,
+//! 64 KiB, `-c`, with and without `-e`), `ibv_uc_pingpong`,
+//! `ibv_ud_pingpong` and perftest's `ib_{write,read,send,atomic}_{bw,lat}`
+//! (default options, 100 iterations) on vrnic's libibverbs.so.1, each process with an in-process vrnic device
 //! (`VRNIC_LOOPBACK`) on one end of a veth pair between two network
 //! namespaces this test creates (and deletes on every exit path, through a
 //! guard's `Drop`). The kernel's addresses (10.9.x.1/.2) carry
@@ -234,13 +236,43 @@ fn ibv_devinfo_lists_the_device_port_and_gids() {
     );
 }
 
+/// Runs `prog args` as server in side 0 (its TCP port `port`) and `prog
+/// args <server>` as client in side 1, both bounded; panics unless both
+/// exit 0. Returns (client, server) output.
+fn run_pair(pair: &Pair, lib: &PathBuf, prog: &str, args: &[&str], port: u16) -> (String, String) {
+    let mut server = pair
+        .command(0, lib, prog, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    pair.wait_listening(0, port, &mut server);
+    let server = Reaped(Some(server));
+    let host = pair.host_ip(0);
+    let mut cargs = args.to_vec();
+    cargs.push(&host);
+    let client = Reaped(Some(
+        pair.command(1, lib, prog, &cargs)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the client"),
+    ));
+    let c = client.wait_bounded(RUN_LIMIT + Duration::from_secs(10));
+    let s = server.wait_bounded(RUN_LIMIT + Duration::from_secs(10));
+    let what = format!("{prog} {args:?}");
+    assert!(c.status.success(), "client of {what} failed:\n{}", text(&c));
+    assert!(s.status.success(), "server of {what} failed:\n{}", text(&s));
+    (text(&c), text(&s))
+}
+
 #[test]
 fn ibv_rc_pingpong_runs_unmodified_between_two_namespaces() {
     let Some(pair) = Pair::create("rc", 42) else {
         return;
     };
     let lib = lib_dir();
-    let mut port = 18600u16 + (std::process::id() % 1000) as u16;
+    let mut port = 18600u16 + (std::process::id() % 500) as u16;
     for events in [false, true] {
         for size in ["1", "1025", "65536"] {
             port += 1;
@@ -249,36 +281,54 @@ fn ibv_rc_pingpong_runs_unmodified_between_two_namespaces() {
             if events {
                 args.push("-e");
             }
-            let mut server = pair
-                .command(0, &lib, "ibv_rc_pingpong", &args)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("start the server");
-            pair.wait_listening(0, port, &mut server);
-            let server = Reaped(Some(server));
-            let host = pair.host_ip(0);
-            let mut cargs = args.clone();
-            cargs.push(&host);
-            let client = Reaped(Some(
-                pair.command(1, &lib, "ibv_rc_pingpong", &cargs)
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .expect("start the client"),
-            ));
-            let c = client.wait_bounded(RUN_LIMIT + Duration::from_secs(10));
-            let s = server.wait_bounded(RUN_LIMIT + Duration::from_secs(10));
-            let what = format!("size {size}, events {events}");
-            assert!(c.status.success(), "client ({what}) failed:\n{}", text(&c));
-            assert!(s.status.success(), "server ({what}) failed:\n{}", text(&s));
+            let (c, s) = run_pair(&pair, &lib, "ibv_rc_pingpong", &args, port);
             for (who, o) in [("client", &c), ("server", &s)] {
                 assert!(
-                    text(o).contains("50 iters in"),
-                    "{who} ({what}) did not report its iterations:\n{}",
-                    text(o)
+                    o.contains("50 iters in"),
+                    "{who} (size {size}, events {events}) did not report its iterations:\n{o}"
                 );
             }
         }
+    }
+}
+
+#[test]
+fn uc_and_ud_pingpong_and_perftest_run_unmodified() {
+    let Some(pair) = Pair::create("pt", 43) else {
+        return;
+    };
+    let tools = [
+        "ibv_uc_pingpong",
+        "ibv_ud_pingpong",
+        "ib_write_bw",
+        "ib_read_bw",
+        "ib_send_bw",
+        "ib_atomic_bw",
+        "ib_write_lat",
+        "ib_read_lat",
+        "ib_send_lat",
+        "ib_atomic_lat",
+    ];
+    if let Some(t) = tools.iter().find(|t| which(t).is_none()) {
+        eprintln!("skipping: {t} not installed (ibverbs-utils, perftest)");
+        return;
+    }
+    let lib = lib_dir();
+    let mut port = 19100u16 + (std::process::id() % 500) as u16;
+    for t in tools {
+        port += 1;
+        let p = port.to_string();
+        let args: Vec<&str> = if t.starts_with("ibv_") {
+            vec!["-g", "1", "-p", &p, "-n", "50"]
+        } else {
+            vec!["-x", "1", "-p", &p, "-n", "100"]
+        };
+        let (c, _) = run_pair(&pair, &lib, t, &args, port);
+        let want = if t.starts_with("ibv_") {
+            "50 iters in"
+        } else {
+            "#bytes"
+        };
+        assert!(c.contains(want), "{t}: no result in\n{c}");
     }
 }
