@@ -3,13 +3,13 @@
 //! `ops.req_notify_cq` (`ibv_req_notify_cq(3)`).
 
 use std::ffi::{c_int, c_void};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use vrnic_guest::verbs::{Cq, WorkCompletion};
 
 use crate::boundary::{ffi, set_errno};
 use crate::context::VrnicContext;
-use crate::events::{channel_of, lock};
+use crate::events::{channel_of, lock, Events};
 use crate::ffi as c;
 
 /// A CQ: the `struct ibv_cq` applications see, first.
@@ -19,6 +19,9 @@ pub(crate) struct VrnicCq {
     pub(crate) inner: Mutex<Cq>,
     /// The device is in-process (loopback): yield on an empty poll.
     yield_when_empty: bool,
+    /// The context's event tables (kept by the CQ: destroying it must not
+    /// need the context, which a careless application may have closed).
+    events: Arc<Events>,
 }
 
 impl VrnicCq {
@@ -76,6 +79,7 @@ pub(crate) extern "C" fn ibv_create_cq(
             cq,
             inner: Mutex::new(inner),
             yield_when_empty: matches!(ctx.dev.kind, crate::device::DeviceKind::Loopback { .. }),
+            events: ctx.events.events.clone(),
         }))
         .cast::<c::ibv_cq>();
         // SAFETY: the application passes a live channel or NULL.
@@ -94,10 +98,7 @@ pub(crate) extern "C" fn ibv_destroy_cq(cq: *mut c::ibv_cq) -> c_int {
         }
         // SAFETY: `cq` is the start of a VrnicCq boxed by ibv_create_cq.
         let b = unsafe { Box::from_raw(cq.cast::<VrnicCq>()) };
-        // SAFETY: the CQ's context is open (CQs are destroyed before it is closed).
-        if let Some(ctx) = unsafe { VrnicContext::from_ptr(b.cq.context) } {
-            ctx.events.events.remove_cq(b.cq.handle, cq);
-        }
+        b.events.remove_cq(b.cq.handle, cq);
         drop(b);
         0
     })

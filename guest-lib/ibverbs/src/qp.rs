@@ -3,7 +3,7 @@
 //! (`ibv_post_send(3)`) and `ops.post_recv` (`ibv_post_recv(3)`).
 
 use std::ffi::c_int;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use vrnic::abi::Sge;
 use vrnic_guest::verbs::{
@@ -14,7 +14,7 @@ use vrnic_guest::verbs::{
 use crate::boundary::{ffi, set_errno};
 use crate::context::VrnicContext;
 use crate::cq::VrnicCq;
-use crate::events::lock;
+use crate::events::{lock, Events};
 use crate::ffi as c;
 use crate::pd::VrnicPd;
 
@@ -24,6 +24,8 @@ pub(crate) struct VrnicQp {
     pub(crate) qp: c::ibv_qp,
     pub(crate) inner: Mutex<Qp>,
     sq_sig_all: c_int,
+    /// The context's event tables (see `VrnicCq::events`).
+    events: Arc<Events>,
 }
 
 impl VrnicQp {
@@ -85,6 +87,8 @@ fn create(pd: *mut c::ibv_pd, init: *mut c::ibv_qp_init_attr) -> Result<*mut c::
     // SAFETY: the application passes a live SRQ or NULL.
     let vsrq = unsafe { crate::srq::VrnicSrq::from_ptr(ia.srq) };
     let t = qp_type(ia.qp_type).ok_or(libc::EOPNOTSUPP)?;
+    // SAFETY: the PD's context is open (objects are created on open contexts).
+    let ctx = unsafe { VrnicContext::from_ptr(vpd.pd.context) }.ok_or(libc::EINVAL)?;
     // SAFETY: the application passes live CQs (or NULL, refused).
     let scq = unsafe { VrnicCq::from_ptr(ia.send_cq) }.ok_or(libc::EINVAL)?;
     // SAFETY: as above.
@@ -129,12 +133,10 @@ fn create(pd: *mut c::ibv_pd, init: *mut c::ibv_qp_init_attr) -> Result<*mut c::
         qp,
         inner: Mutex::new(inner),
         sq_sig_all: ia.sq_sig_all,
+        events: ctx.events.events.clone(),
     }))
     .cast::<c::ibv_qp>();
-    // SAFETY: the PD's context is open.
-    if let Some(ctx) = unsafe { VrnicContext::from_ptr(context) } {
-        ctx.events.events.add_qp(qpn, p);
-    }
+    ctx.events.events.add_qp(qpn, p);
     Ok(p)
 }
 
@@ -146,10 +148,7 @@ pub(crate) extern "C" fn ibv_destroy_qp(qp: *mut c::ibv_qp) -> c_int {
         }
         // SAFETY: `qp` is the start of a VrnicQp boxed by ibv_create_qp, freed once.
         let b = unsafe { Box::from_raw(qp.cast::<VrnicQp>()) };
-        // SAFETY: the QP's context is open (QPs are destroyed before it is closed).
-        if let Some(ctx) = unsafe { VrnicContext::from_ptr(b.qp.context) } {
-            ctx.events.events.remove_qp(b.qp.qp_num, qp);
-        }
+        b.events.remove_qp(b.qp.qp_num, qp);
         drop(b);
         0
     })

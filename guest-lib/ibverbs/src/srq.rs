@@ -3,13 +3,13 @@
 //! `ops.post_srq_recv` (`ibv_post_srq_recv(3)`).
 
 use std::ffi::c_int;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use vrnic_guest::verbs::{RecvWr, Srq, SrqAttr, SrqInitAttr};
 
 use crate::boundary::{ffi, set_errno};
 use crate::context::VrnicContext;
-use crate::events::lock;
+use crate::events::{lock, Events};
 use crate::ffi as c;
 use crate::pd::VrnicPd;
 use crate::qp::sges;
@@ -19,6 +19,8 @@ use crate::qp::sges;
 pub(crate) struct VrnicSrq {
     pub(crate) srq: c::ibv_srq,
     pub(crate) inner: Mutex<Srq>,
+    /// The context's event tables (see `VrnicCq::events`).
+    events: Arc<Events>,
 }
 
 impl VrnicSrq {
@@ -48,6 +50,11 @@ pub(crate) extern "C" fn ibv_create_srq(
             set_errno(libc::EINVAL);
             return std::ptr::null_mut();
         }
+        // SAFETY: the PD's context is open (objects are created on open contexts).
+        let Some(ctx) = (unsafe { VrnicContext::from_ptr(vpd.pd.context) }) else {
+            set_errno(libc::EINVAL);
+            return std::ptr::null_mut();
+        };
         // SAFETY: non-NULL (checked), the caller's init attributes.
         let ia = unsafe { &mut *init };
         let attr = SrqInitAttr {
@@ -76,12 +83,10 @@ pub(crate) extern "C" fn ibv_create_srq(
         let p = Box::into_raw(Box::new(VrnicSrq {
             srq,
             inner: Mutex::new(inner),
+            events: ctx.events.events.clone(),
         }))
         .cast::<c::ibv_srq>();
-        // SAFETY: the PD's context is open.
-        if let Some(ctx) = unsafe { VrnicContext::from_ptr(context) } {
-            ctx.events.events.add_srq(srqn, p);
-        }
+        ctx.events.events.add_srq(srqn, p);
         p
     })
 }
@@ -150,10 +155,7 @@ pub(crate) extern "C" fn ibv_destroy_srq(srq: *mut c::ibv_srq) -> c_int {
         }
         // SAFETY: `srq` is the start of a VrnicSrq boxed by ibv_create_srq, freed once.
         let b = unsafe { Box::from_raw(srq.cast::<VrnicSrq>()) };
-        // SAFETY: the SRQ's context is open (SRQs are destroyed before it is closed).
-        if let Some(ctx) = unsafe { VrnicContext::from_ptr(b.srq.context) } {
-            ctx.events.events.remove_srq(b.srq.handle, srq);
-        }
+        b.events.remove_srq(b.srq.handle, srq);
         drop(b);
         0
     })
