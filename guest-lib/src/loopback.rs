@@ -8,7 +8,11 @@
 //! memory this transport allocated ([`LoopbackMemory`]); every other address
 //! is out of range for it, and [`Transport::virt_to_phys`] refuses it. MR
 //! buffers therefore come from [`Transport::alloc_dma`] (e.g.
-//! [`crate::verbs::Mr::alloc`]).
+//! [`crate::verbs::Mr::alloc`]) — unless the transport was told
+//! [`LoopbackTransport::allow_user_memory`]: then the ranges of registered
+//! MRs ([`Transport::map_user`], e.g. an application's malloc'd buffer under
+//! vrnic's libibverbs.so.1) are reachable too, from registration to
+//! deregistration, bounds-checked like the arenas.
 //!
 //! Two transports over a [`vrnic::link::mem::MemLink`] pair form a
 //! two-node RoCE network in one process:
@@ -68,6 +72,9 @@ const MAX_ALIGN: usize = 2 << 20;
 #[derive(Debug, Default)]
 pub struct LoopbackMemory {
     arenas: RwLock<Vec<Arena>>,
+    /// Process memory ranges `[start, end)` of registered MRs
+    /// ([`LoopbackMemory::map_user`]); a range registered twice is listed twice.
+    user: RwLock<Vec<(usize, usize)>>,
 }
 
 #[derive(Debug)]
@@ -141,17 +148,52 @@ impl LoopbackMemory {
     }
 
     /// The process address of `[gpa, gpa + len)` when it lies inside
-    /// allocated DMA memory.
+    /// allocated DMA memory or inside one range given to
+    /// [`LoopbackMemory::map_user`].
     pub fn translate(&self, gpa: u64, len: usize) -> Result<*mut u8, MemError> {
         let err = MemError { addr: gpa, len };
         let start = usize::try_from(gpa).map_err(|_| err)?;
         let end = start.checked_add(len).ok_or(err)?;
         let arenas = self.arenas.read().unwrap_or_else(|e| e.into_inner());
-        arenas
+        if arenas
             .iter()
-            .find(|a| start >= a.base && end <= a.base + a.used)
+            .any(|a| start >= a.base && end <= a.base + a.used)
+        {
+            return Ok(start as *mut u8);
+        }
+        drop(arenas);
+        let user = self.user.read().unwrap_or_else(|e| e.into_inner());
+        user.iter()
+            .find(|(s, e)| start >= *s && end <= *e)
             .map(|_| start as *mut u8)
             .ok_or(err)
+    }
+
+    /// Makes the process memory `[va, va + len)` reachable (the range of an
+    /// MR being registered). The caller keeps it mapped until the matching
+    /// [`LoopbackMemory::unmap_user`]. Errors: `EINVAL` for an empty range
+    /// or one that wraps.
+    pub fn map_user(&self, va: usize, len: usize) -> Result<(), TransportError> {
+        let end = va
+            .checked_add(len)
+            .filter(|_| len > 0)
+            .ok_or_else(|| TransportError::Io {
+                what: format!("user memory range {va:#x}+{len}"),
+                source: std::io::Error::from_raw_os_error(libc::EINVAL),
+            })?;
+        self.user
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((va, end));
+        Ok(())
+    }
+
+    /// Removes one [`LoopbackMemory::map_user`] of `[va, va + len)`.
+    pub fn unmap_user(&self, va: usize, len: usize) {
+        let mut user = self.user.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = user.iter().position(|r| *r == (va, va.wrapping_add(len))) {
+            user.swap_remove(i);
+        }
     }
 }
 
@@ -204,6 +246,10 @@ enum Msg {
 pub struct LoopbackTransport {
     config: abi::ConfigSpace,
     mem: Arc<LoopbackMemory>,
+    /// [`LoopbackTransport::allow_user_memory`] was called.
+    user_memory: bool,
+    /// Signalled (eventfd) by the engine thread when it queues events.
+    event_fd: Arc<OwnedFd>,
     tx: Option<mpsc::Sender<Msg>>,
     /// Readable while requests wait for the engine thread.
     wake: Arc<OwnedFd>,
@@ -239,6 +285,17 @@ impl LoopbackTransport {
         }
         // SAFETY: `raw` is a fresh descriptor nobody else owns.
         let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
+        // SAFETY: as above.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            let source = std::io::Error::last_os_error();
+            return Err(TransportError::Io {
+                what: "creating the loopback event eventfd".into(),
+                source,
+            });
+        }
+        // SAFETY: `raw` is a fresh descriptor nobody else owns.
+        let event_fd = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
         let mem = Arc::new(LoopbackMemory::new());
         let events = Arc::new(Mutex::new(VecDeque::new()));
         let (tx, rx) = mpsc::channel();
@@ -247,6 +304,7 @@ impl LoopbackTransport {
         let engine = Engine {
             mem: mem.clone(),
             events: events.clone(),
+            event_fd: event_fd.clone(),
             rx,
             wake: wake.clone(),
             link,
@@ -271,12 +329,23 @@ impl LoopbackTransport {
         Ok(LoopbackTransport {
             config,
             mem,
+            user_memory: false,
+            event_fd,
             tx: Some(tx),
             wake,
             events,
             exited,
             thread: Some(thread),
         })
+    }
+
+    /// Lets MRs cover any memory of this process, not only
+    /// [`Transport::alloc_dma`] memory: [`Transport::map_user`] then adds
+    /// the MR's range to what the device may access, until
+    /// [`Transport::unmap_user`]. For a process whose registered buffers are
+    /// its own (an rdma-core application under vrnic's libibverbs.so.1).
+    pub fn allow_user_memory(&mut self) {
+        self.user_memory = true;
     }
 
     /// The transport's DMA memory, as the device sees it.
@@ -382,6 +451,24 @@ impl Transport for LoopbackTransport {
             .unwrap_or_else(|e| e.into_inner())
             .pop_front()
     }
+
+    fn event_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.event_fd.as_raw_fd())
+    }
+
+    fn map_user(&mut self, va: usize, len: usize) -> Result<(), TransportError> {
+        if self.user_memory {
+            self.mem.map_user(va, len)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn unmap_user(&mut self, va: usize, len: usize) {
+        if self.user_memory {
+            self.mem.unmap_user(va, len);
+        }
+    }
 }
 
 impl Drop for LoopbackTransport {
@@ -408,6 +495,7 @@ impl Drop for LoopbackTransport {
 struct Engine {
     mem: Arc<LoopbackMemory>,
     events: Arc<Mutex<VecDeque<abi::Event>>>,
+    event_fd: Arc<OwnedFd>,
     rx: mpsc::Receiver<Msg>,
     wake: Arc<OwnedFd>,
     link: Box<dyn Link>,
@@ -479,10 +567,16 @@ impl Engine {
                 }
             }
             let mut events = self.events.lock().unwrap_or_else(|e| e.into_inner());
+            let mut queued = false;
             while let Some(ev) = dev.pop_event() {
                 events.push_back(ev);
+                queued = true;
             }
             drop(events);
+            if queued {
+                // SAFETY: eventfd_write on our own descriptor (see `send`).
+                unsafe { libc::eventfd_write(self.event_fd.as_raw_fd(), 1) };
+            }
 
             if work {
                 last_work = Instant::now();
@@ -577,5 +671,29 @@ mod tests {
         let mut tail = [9u8; 4];
         m.read(big.gpa + ARENA_SIZE as u64 - 3, &mut tail).unwrap();
         assert_eq!(tail, [0; 4]);
+    }
+
+    #[test]
+    fn user_ranges_are_reachable_only_between_map_and_unmap() {
+        let m = LoopbackMemory::new();
+        let heap = [7u8; 100];
+        let va = heap.as_ptr() as usize;
+        let mut r = [0u8; 10];
+        assert!(m.read(va as u64, &mut r).is_err(), "not mapped yet");
+        m.map_user(va, 50).unwrap();
+        m.read(va as u64 + 40, &mut r).unwrap();
+        assert_eq!(r, [7; 10]);
+        assert!(
+            m.read(va as u64 + 41, &mut r).is_err(),
+            "runs past the range"
+        );
+        // Registered twice (two MRs on one buffer): reachable until both go.
+        m.map_user(va, 50).unwrap();
+        m.unmap_user(va, 50);
+        assert!(m.virt_ok(va as u64));
+        m.unmap_user(va, 50);
+        assert!(!m.virt_ok(va as u64), "unmapped");
+        assert!(m.map_user(va, 0).is_err());
+        assert!(m.map_user(usize::MAX - 4, 10).is_err());
     }
 }

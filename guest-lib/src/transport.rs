@@ -5,6 +5,8 @@
 //! and (later) a vhost-user frontend for containers. The verbs layer
 //! ([`crate::verbs`]) is written only against this trait.
 
+use std::os::fd::RawFd;
+
 use vrnic::abi;
 
 /// Errors of a transport.
@@ -83,4 +85,24 @@ pub trait Transport: Send {
     }
     /// Next asynchronous event from the event queue, if any.
     fn poll_event(&mut self) -> Option<abi::Event>;
+    /// A descriptor that becomes readable (`poll(2)`) when events are queued
+    /// for [`Transport::poll_event`], if the transport has one; the reader
+    /// clears it by reading 8 bytes (an eventfd). `None` (the default): the
+    /// caller must poll.
+    fn event_fd(&self) -> Option<RawFd> {
+        None
+    }
+    /// Makes `[va, va + len)` of this process reachable by the device, before
+    /// an MR covering it is registered ([`crate::verbs::Mr::register`]). A
+    /// no-op where the device reaches all of the process's memory (the
+    /// default; in a VM every locked page has a guest-physical address).
+    fn map_user(&mut self, va: usize, len: usize) -> Result<(), TransportError> {
+        let _ = (va, len);
+        Ok(())
+    }
+    /// Undoes one [`Transport::map_user`] of the same range, after the MR
+    /// was deregistered.
+    fn unmap_user(&mut self, va: usize, len: usize) {
+        let _ = (va, len);
+    }
 }

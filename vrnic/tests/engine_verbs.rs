@@ -205,6 +205,54 @@ fn a_cq_armed_for_solicited_completions_fires_only_for_solicited_ones() {
 }
 
 #[test]
+fn arming_a_cq_behind_its_completions_fires_at_once() {
+    // Doorbells are asynchronous: a CQE may be written after the driver's
+    // last poll and before the device processes its arm. The arm's consumer
+    // index tells the device; it must raise the event then, not wait for
+    // the next completion (which a ping-pong never sends).
+    let mut r = rc(1);
+    r.b.post_recv(&mut r.qb, 0, &[], 0);
+    let stale = r.cqb.ci;
+    let send = abi::SendWqe {
+        wr_id: 1,
+        opcode: abi::WR_SEND,
+        send_flags: abi::SEND_SIGNALED,
+        ..Default::default()
+    };
+    r.a.post_send(&mut r.qa, send, &[], 0);
+    assert_eq!(wait(&mut r, true).wr_id, 0);
+    let cqn = r.cqb.cqn;
+    let events = |n: &mut Node| {
+        std::iter::from_fn(|| n.dev.pop_event())
+            .filter(|e| e.kind == abi::EV_COMP && e.handle == cqn)
+            .count()
+    };
+    assert_eq!(events(&mut r.b), 0);
+    let arm = |index| abi::Doorbell {
+        kind: abi::DB_CQ_ARM,
+        handle: cqn,
+        index,
+        ..Default::default()
+    };
+    r.b.dev.doorbell(&r.b.mem, &arm(stale), 0);
+    assert_eq!(
+        events(&mut r.b),
+        1,
+        "armed behind a written CQE: event at once"
+    );
+    r.b.dev.doorbell(&r.b.mem, &arm(r.cqb.ci), 0);
+    assert_eq!(
+        events(&mut r.b),
+        0,
+        "armed up to date: waits for the next CQE"
+    );
+    r.b.post_recv(&mut r.qb, 2, &[], 0);
+    r.a.post_send(&mut r.qa, abi::SendWqe { wr_id: 3, ..send }, &[], 0);
+    assert_eq!(wait(&mut r, true).wr_id, 2);
+    assert_eq!(events(&mut r.b), 1, "the next CQE fires the armed CQ");
+}
+
+#[test]
 fn per_qp_counters_follow_the_device_counters_of_their_qp() {
     use vrnic::link::fault::FaultRates;
     let rates = FaultRates {

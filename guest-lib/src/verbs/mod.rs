@@ -293,6 +293,12 @@ impl Context {
         lock(&self.inner.transport).poll_event()
     }
 
+    /// The transport's event descriptor ([`Transport::event_fd`]): readable
+    /// when [`Context::poll_event`] has something.
+    pub fn event_fd(&self) -> Option<std::os::fd::RawFd> {
+        lock(&self.inner.transport).event_fd()
+    }
+
     /// True when `self` and `other` are the same open device (clones of one
     /// [`Context::open`]).
     pub(crate) fn same_device(&self, other: &Context) -> bool {

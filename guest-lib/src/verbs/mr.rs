@@ -28,6 +28,8 @@ pub struct Mr<'a> {
     len: usize,
     access: u32,
     keys: abi::MrKeys,
+    /// The range given to [`crate::transport::Transport::map_user`], undone on drop.
+    mapped: Option<(usize, usize)>,
     _locked: Option<LockedRange>,
     _mem: PhantomData<&'a mut [u8]>,
 }
@@ -73,10 +75,23 @@ impl<'a> Mr<'a> {
         let ps = ctx.page_size();
         let first = start & !(ps - 1);
         let npages = (end - first).div_ceil(ps);
+        let mapped = if lock_pages {
+            let range = (first, npages * ps);
+            ctx.with_transport(|t| t.map_user(range.0, range.1))?;
+            Some(range)
+        } else {
+            None
+        };
+        let unmap = |e: VerbsError| {
+            if let Some((va, len)) = mapped {
+                ctx.with_transport(|t| t.unmap_user(va, len));
+            }
+            e
+        };
         let npages_u32 = u32::try_from(npages).map_err(|_| {
             VerbsError::InvalidArgument(format!("memory region of {len} bytes is too large"))
         })?;
-        let guard = ctx.page_list_buf(npages * 8)?;
+        let guard = ctx.page_list_buf(npages * 8).map_err(unmap)?;
         let list = guard.buf();
         ctx.with_transport(|t| -> Result<()> {
             for i in 0..npages {
@@ -91,7 +106,8 @@ impl<'a> Mr<'a> {
                 };
             }
             Ok(())
-        })?;
+        })
+        .map_err(unmap)?;
         let body = abi::RegMr {
             pdn: pd.pdn(),
             access,
@@ -101,7 +117,9 @@ impl<'a> Mr<'a> {
             npages: npages_u32,
             page_list: list.gpa,
         };
-        let keys: abi::MrKeys = ctx.command(abi::CMD_REG_MR, body.as_bytes())?;
+        let keys: abi::MrKeys = ctx
+            .command(abi::CMD_REG_MR, body.as_bytes())
+            .map_err(unmap)?;
         drop(guard);
         Ok(Mr {
             pd: pd.clone(),
@@ -109,6 +127,7 @@ impl<'a> Mr<'a> {
             len,
             access,
             keys,
+            mapped,
             _locked: locked,
             _mem: PhantomData,
         })
@@ -256,9 +275,11 @@ impl Mr<'static> {
 
 impl Drop for Mr<'_> {
     fn drop(&mut self) {
-        self.pd
-            .context()
-            .destroy(abi::CMD_DEREG_MR, "MR", self.keys.lkey);
+        let ctx = self.pd.context();
+        ctx.destroy(abi::CMD_DEREG_MR, "MR", self.keys.lkey);
+        if let Some((va, len)) = self.mapped {
+            ctx.with_transport(|t| t.unmap_user(va, len));
+        }
     }
 }
 

@@ -438,7 +438,19 @@ impl Device {
                 let Some(cq) = self.cqs.get_mut(db.handle) else {
                     return false;
                 };
-                cq.armed = Some(db.kind == abi::DB_CQ_ARM_SOLICITED);
+                if cq.pi != db.index {
+                    // Completions the driver had not consumed when it
+                    // armed were written before this doorbell was
+                    // processed: without an event now, a driver that
+                    // polled between posting the doorbell and our
+                    // processing it would wait forever (doorbells are
+                    // asynchronous). Fire at once, as mlx5 does with
+                    // its arm's consumer index.
+                    cq.armed = None;
+                    self.out.event(abi::EV_COMP, db.handle, 0);
+                } else {
+                    cq.armed = Some(db.kind == abi::DB_CQ_ARM_SOLICITED);
+                }
             }
             _ => return false,
         }

@@ -1,0 +1,302 @@
+//! The device list (`ibv_get_device_list(3)`, `ibv_get_device_name(3)`,
+//! `ibv_get_device_guid(3)`) and how a device is reached.
+//!
+//! Which device this library offers:
+//! - with `VRNIC_LOOPBACK="netdev=IF,ip=A.B.C.D/N[,mac=xx:..][,mtu=M]"`
+//!   (development and host tests): one device, `vrnic0`, run in this
+//!   process by guest-lib's `LoopbackTransport` over an AF_PACKET link on
+//!   interface `IF`, with IPv4 address `A.B.C.D/N` (GID index 1), the
+//!   interface's MAC unless `mac=` is given, and the interface's MTU unless
+//!   `mtu=` is given;
+//! - otherwise (in a VM) one device per vrnic virtio-pci function, opened
+//!   with guest-lib's user-space driver (`PciTransport`), as guest-lib's
+//!   tools open it; `VRNIC_PCI=BDF` picks the function, default the first.
+//!
+//! Devices are created once per process and never freed, as rdma-core keeps
+//! its device list; `ibv_free_device_list(3)` frees only the array.
+
+use std::ffi::{c_char, c_int, CStr};
+use std::net::Ipv4Addr;
+use std::sync::OnceLock;
+
+use vrnic::device::DeviceConfig;
+use vrnic_guest::loopback::LoopbackTransport;
+use vrnic_guest::transport::Transport;
+
+use crate::boundary::{copy_cstr, ffi, set_errno};
+use crate::ffi as c;
+
+/// Environment variable selecting the in-process loopback device.
+pub const LOOPBACK_ENV: &str = "VRNIC_LOOPBACK";
+
+/// How a device is reached.
+#[derive(Debug, Clone)]
+pub enum DeviceKind {
+    /// An in-process device on an AF_PACKET link.
+    Loopback {
+        /// Interface name.
+        netdev: String,
+        /// Device configuration (MAC, IPv4, MTU).
+        cfg: DeviceConfig,
+    },
+    /// A virtio-pci function (`None`: the first found).
+    Pci(Option<String>),
+}
+
+/// A device of the list: the `struct ibv_device` applications see, first,
+/// so a `*mut ibv_device` is a `*mut VrnicDevice`.
+#[repr(C)]
+pub struct VrnicDevice {
+    /// What `ibv_get_device_list(3)` hands out.
+    pub dev: c::ibv_device,
+    /// How to reach it.
+    pub kind: DeviceKind,
+    /// Node GUID (network byte order), from the MAC as rxe does (EUI-64).
+    pub guid: u64,
+}
+
+/// Parses `VRNIC_LOOPBACK`'s value.
+pub fn parse_loopback(spec: &str) -> Result<(String, DeviceConfig), String> {
+    let mut netdev = None;
+    let mut ip = None;
+    let mut mac = None;
+    let mut mtu = None;
+    for kv in spec.split(',').filter(|s| !s.is_empty()) {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("{kv:?} is not key=value"))?;
+        match k.trim() {
+            "netdev" => netdev = Some(v.trim().to_string()),
+            "ip" => {
+                let (a, n) = v.split_once('/').unwrap_or((v, "24"));
+                let a: Ipv4Addr = a.trim().parse().map_err(|e| format!("ip {a:?}: {e}"))?;
+                let n: u8 = n
+                    .trim()
+                    .parse()
+                    .ok()
+                    .filter(|n| *n <= 32)
+                    .ok_or_else(|| format!("prefix length {n:?}"))?;
+                ip = Some((a, n));
+            }
+            "mac" => mac = Some(parse_mac(v.trim())?),
+            "mtu" => mtu = Some(v.trim().parse().map_err(|e| format!("mtu {v:?}: {e}"))?),
+            other => return Err(format!("unknown key {other:?}")),
+        }
+    }
+    let netdev = netdev.ok_or("netdev= missing")?;
+    let (ipv4, prefix_len) = ip.ok_or("ip= missing")?;
+    let mac = match mac {
+        Some(m) => m,
+        None => parse_mac(sysfs_net(&netdev, "address")?.trim())?,
+    };
+    let link_mtu = match mtu {
+        Some(m) => m,
+        None => sysfs_net(&netdev, "mtu")?
+            .trim()
+            .parse()
+            .map_err(|e| format!("mtu of {netdev}: {e}"))?,
+    };
+    Ok((
+        netdev,
+        DeviceConfig {
+            mac,
+            ipv4,
+            prefix_len,
+            ipv6: Vec::new(),
+            link_mtu,
+        },
+    ))
+}
+
+fn sysfs_net(netdev: &str, attr: &str) -> Result<String, String> {
+    let p = format!("/sys/class/net/{netdev}/{attr}");
+    std::fs::read_to_string(&p).map_err(|e| format!("{p}: {e}"))
+}
+
+fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let mut m = [0u8; 6];
+    let parts: Vec<&str> = s.split(':').collect();
+    if parts.len() != 6 {
+        return Err(format!("MAC {s:?}"));
+    }
+    for (b, p) in m.iter_mut().zip(parts) {
+        *b = u8::from_str_radix(p, 16).map_err(|_| format!("MAC {s:?}"))?;
+    }
+    Ok(m)
+}
+
+/// The node GUID rxe derives from a MAC (modified EUI-64), in network byte order.
+pub fn mac_to_guid(mac: [u8; 6]) -> u64 {
+    let eui = [
+        mac[0] ^ 2,
+        mac[1],
+        mac[2],
+        0xff,
+        0xfe,
+        mac[3],
+        mac[4],
+        mac[5],
+    ];
+    u64::from_ne_bytes(eui)
+}
+
+fn new_device(name: &str, kind: DeviceKind, guid: u64) -> VrnicDevice {
+    let mut dev = c::ibv_device {
+        node_type: c::ibv_node_type_IBV_NODE_CA,
+        transport_type: c::ibv_transport_type_IBV_TRANSPORT_IB,
+        ..Default::default()
+    };
+    copy_cstr(&mut dev.name, name);
+    copy_cstr(&mut dev.dev_name, "uverbs-vrnic");
+    // No sysfs directory exists for vrnic: ibv_read_sysfs_file(3) on these
+    // paths fails, as it does for a missing attribute.
+    copy_cstr(&mut dev.dev_path, "/sys/class/infiniband_verbs/vrnic-none");
+    copy_cstr(
+        &mut dev.ibdev_path,
+        &format!("/sys/class/infiniband/{name}"),
+    );
+    VrnicDevice { dev, kind, guid }
+}
+
+/// The process's devices, found on first use.
+fn devices() -> &'static [&'static VrnicDevice] {
+    static DEVICES: OnceLock<Vec<&'static VrnicDevice>> = OnceLock::new();
+    DEVICES.get_or_init(|| {
+        if let Some(spec) = std::env::var_os(LOOPBACK_ENV) {
+            let spec = spec.to_string_lossy();
+            return match parse_loopback(&spec) {
+                Ok((netdev, cfg)) => {
+                    let guid = mac_to_guid(cfg.mac);
+                    let d = new_device("vrnic0", DeviceKind::Loopback { netdev, cfg }, guid);
+                    vec![&*Box::leak(Box::new(d))]
+                }
+                Err(e) => {
+                    eprintln_ignore(&format!("libibverbs (vrnic): {LOOPBACK_ENV}={spec}: {e}"));
+                    Vec::new()
+                }
+            };
+        }
+        let bdf = std::env::var("VRNIC_PCI").ok();
+        let root = std::path::Path::new(vrnic_guest::pci::SYSFS_PCI_DEVICES);
+        // A usable virtio-pci function (one no kernel driver holds): whether it
+        // is a vrnic is known only when it is opened (ibv_open_device).
+        let candidate = bdf.is_some()
+            || vrnic_guest::pci::scan(root).is_ok_and(|v| v.iter().any(|c| c.skip.is_none()));
+        if candidate {
+            let d = new_device("vrnic0", DeviceKind::Pci(bdf), 0);
+            vec![&*Box::leak(Box::new(d))]
+        } else {
+            Vec::new()
+        }
+    })
+}
+
+/// Writes a line to stderr, ignoring failure (no panic at the C boundary).
+pub(crate) fn eprintln_ignore(s: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "{s}");
+}
+
+/// Opens a transport to `dev`.
+pub fn open_transport(dev: &VrnicDevice) -> Result<Box<dyn Transport>, (c_int, String)> {
+    match &dev.kind {
+        DeviceKind::Loopback { netdev, cfg } => {
+            let link = vrnic::link::PacketLink::open(netdev)
+                .map_err(|e| (e.raw_os_error().unwrap_or(libc::ENODEV), e.to_string()))?;
+            let mut t = LoopbackTransport::new(cfg.clone(), Box::new(link))
+                .map_err(|e| (libc::ENODEV, e.to_string()))?;
+            // The application registers its own buffers (malloc, stack, ...).
+            t.allow_user_memory();
+            Ok(Box::new(t))
+        }
+        DeviceKind::Pci(bdf) => vrnic_guest::pci::PciTransport::open(bdf.as_deref())
+            .map(|t| Box::new(t) as Box<dyn Transport>)
+            .map_err(|e| (libc::ENODEV, e.to_string())),
+    }
+}
+
+/// `ibv_get_device_list(3)`: a NULL-terminated array of the devices (see
+/// the module documentation), its length in `*num_devices` when that is
+/// not NULL; free it with `ibv_free_device_list(3)`. NULL with errno
+/// `ENOMEM` when the array cannot be allocated.
+pub(crate) extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut c::ibv_device {
+    ffi("ibv_get_device_list", std::ptr::null_mut(), || {
+        let devs = devices();
+        // SAFETY: calloc of n+1 pointers; checked for NULL below.
+        let list = unsafe {
+            libc::calloc(devs.len() + 1, size_of::<*mut c::ibv_device>())
+                .cast::<*mut c::ibv_device>()
+        };
+        if list.is_null() {
+            set_errno(libc::ENOMEM);
+            return std::ptr::null_mut();
+        }
+        for (i, d) in devs.iter().enumerate() {
+            // SAFETY: `list` has devs.len() + 1 slots; the device lives forever.
+            unsafe { *list.add(i) = std::ptr::from_ref(&d.dev).cast_mut() };
+        }
+        if !num_devices.is_null() {
+            // SAFETY: the caller passes a valid int pointer or NULL (checked).
+            unsafe { *num_devices = devs.len() as c_int };
+        }
+        list
+    })
+}
+
+/// `ibv_free_device_list(3)`: frees the array (the devices stay).
+pub(crate) extern "C" fn ibv_free_device_list(list: *mut *mut c::ibv_device) {
+    // SAFETY: `list` came from ibv_get_device_list's calloc (or is NULL,
+    // which free ignores).
+    unsafe { libc::free(list.cast()) };
+}
+
+/// The `VrnicDevice` of an application's `ibv_device` pointer, if it is one
+/// of ours.
+pub(crate) fn from_ptr(dev: *const c::ibv_device) -> Option<&'static VrnicDevice> {
+    devices()
+        .iter()
+        .copied()
+        .find(|d| std::ptr::eq(&d.dev, dev))
+}
+
+/// `ibv_get_device_name(3)`: the device's name, or NULL (errno `EINVAL`)
+/// for an unknown device.
+pub(crate) extern "C" fn ibv_get_device_name(dev: *mut c::ibv_device) -> *const c_char {
+    ffi("ibv_get_device_name", std::ptr::null(), || {
+        match from_ptr(dev) {
+            Some(d) => d.dev.name.as_ptr(),
+            None => {
+                set_errno(libc::EINVAL);
+                std::ptr::null()
+            }
+        }
+    })
+}
+
+/// `ibv_get_device_guid(3)`: the node GUID in network byte order (0 for an
+/// unknown device, and for a PCI device, whose GUID is known only once it
+/// is open).
+pub(crate) extern "C" fn ibv_get_device_guid(dev: *mut c::ibv_device) -> u64 {
+    ffi("ibv_get_device_guid", 0, || {
+        from_ptr(dev).map_or(0, |d| d.guid)
+    })
+}
+
+/// `ibv_get_device_index(3)`: the device's index (its position in the
+/// list), or -1.
+pub(crate) extern "C" fn ibv_get_device_index(dev: *mut c::ibv_device) -> c_int {
+    ffi("ibv_get_device_index", -1, || {
+        devices()
+            .iter()
+            .position(|d| std::ptr::eq(&d.dev, dev))
+            .map_or(-1, |i| i as c_int)
+    })
+}
+
+/// The name of a device as a Rust string.
+pub(crate) fn name(d: &VrnicDevice) -> String {
+    // SAFETY: `name` is NUL-terminated (copy_cstr leaves the last byte 0).
+    unsafe { CStr::from_ptr(d.dev.name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}

@@ -1,0 +1,64 @@
+//! Protection domains (`ibv_alloc_pd(3)`, `ibv_dealloc_pd(3)`).
+
+use std::ffi::c_int;
+
+use vrnic_guest::verbs::Pd;
+
+use crate::boundary::{ffi, set_errno};
+use crate::context::VrnicContext;
+use crate::ffi as c;
+
+/// A PD: the `struct ibv_pd` applications see, first.
+#[repr(C)]
+pub(crate) struct VrnicPd {
+    pub(crate) pd: c::ibv_pd,
+    pub(crate) inner: Pd,
+}
+
+impl VrnicPd {
+    /// The PD of an application's `ibv_pd *` (NULL: `None`).
+    ///
+    /// # Safety
+    /// A non-NULL `pd` must come from [`ibv_alloc_pd`] and be alive.
+    pub(crate) unsafe fn from_ptr<'a>(pd: *mut c::ibv_pd) -> Option<&'a VrnicPd> {
+        // SAFETY: per the contract, `pd` is the start of a live VrnicPd.
+        (!pd.is_null()).then(|| unsafe { &*pd.cast::<VrnicPd>() })
+    }
+}
+
+/// `ibv_alloc_pd(3)`: a PD (`CMD_ALLOC_PD`), or NULL with errno.
+pub(crate) extern "C" fn ibv_alloc_pd(context: *mut c::ibv_context) -> *mut c::ibv_pd {
+    ffi("ibv_alloc_pd", std::ptr::null_mut(), || {
+        // SAFETY: the application passes a context from ibv_open_device or NULL.
+        let Some(ctx) = (unsafe { VrnicContext::from_ptr(context) }) else {
+            set_errno(libc::EINVAL);
+            return std::ptr::null_mut();
+        };
+        match Pd::alloc(&ctx.verbs) {
+            Ok(inner) => {
+                let pd = c::ibv_pd {
+                    context,
+                    handle: inner.pdn(),
+                };
+                Box::into_raw(Box::new(VrnicPd { pd, inner })).cast()
+            }
+            Err(e) => {
+                set_errno(e.errno());
+                std::ptr::null_mut()
+            }
+        }
+    })
+}
+
+/// `ibv_dealloc_pd(3)`: 0, or `EINVAL` for NULL. The device's PD goes when
+/// the last object using it is gone.
+pub(crate) extern "C" fn ibv_dealloc_pd(pd: *mut c::ibv_pd) -> c_int {
+    ffi("ibv_dealloc_pd", libc::EIO, || {
+        if pd.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: `pd` is the start of a VrnicPd boxed by ibv_alloc_pd, freed once.
+        drop(unsafe { Box::from_raw(pd.cast::<VrnicPd>()) });
+        0
+    })
+}

@@ -1,0 +1,108 @@
+//! What the library's tests share: where the built `libibverbs.so.1` is,
+//! where Debian's is, and running commands with a bound.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Debian's `libibverbs.so.1` (package libibverbs1), if installed.
+pub fn debian_lib() -> Option<PathBuf> {
+    ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu"]
+        .iter()
+        .map(|d| Path::new(d).join("libibverbs.so.1"))
+        .find(|p| p.exists())
+}
+
+/// The cdylib cargo built for this test run:
+/// `target/<profile>/deps/libvrnic_ibverbs.so`, beside the test binary
+/// (`cargo test` builds it there and, unlike `cargo build`, does not copy
+/// it to `target/<profile>/`).
+pub fn built_lib() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let deps = exe.parent().expect("test binary in target/<profile>/deps");
+    let so = deps.join("libvrnic_ibverbs.so");
+    assert!(
+        so.exists(),
+        "{} not built (cargo builds the cdylib before the integration tests)",
+        so.display()
+    );
+    so
+}
+
+/// A directory holding `libibverbs.so.1` → the built library, for
+/// `LD_LIBRARY_PATH` (what `scripts/ibverbs-lib.sh` makes for users).
+pub fn lib_dir() -> PathBuf {
+    let so = built_lib();
+    let dir = so
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .join("ibverbs-test");
+    std::fs::create_dir_all(&dir).expect("create lib dir");
+    // Tests run in parallel: make the link under a name of our own, then
+    // rename it over the shared name (atomic), instead of remove + create.
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!("libibverbs.so.1.{}.{n}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(&so, &tmp).expect("symlink libibverbs.so.1");
+    std::fs::rename(&tmp, dir.join("libibverbs.so.1")).expect("rename libibverbs.so.1");
+    dir
+}
+
+/// Path of an executable on `PATH`, if any.
+pub fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Runs `cmd` to completion or kills it after `limit` (polling its exit
+/// status; the child is killed and reaped on timeout). Panics on timeout.
+pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let start = Instant::now();
+    loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            return child.wait_with_output().expect("wait_with_output");
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("wait_with_output");
+            panic!(
+                "{cmd:?} did not finish within {limit:?}; stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The defined, versioned dynamic symbols of `lib` as readelf shows them
+/// (`name@@NODE` default, `name@NODE` compatibility), sorted.
+pub fn versioned_exports(lib: &Path) -> Vec<String> {
+    let out = Command::new("readelf")
+        .args(["--dyn-syms", "-W"])
+        .arg(lib)
+        .output()
+        .expect("readelf (binutils) runs");
+    assert!(out.status.success(), "readelf {}", lib.display());
+    let mut v: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 8 && f[6] != "UND" && f[4] != "LOCAL" && f[7].contains('@'))
+                .then(|| f[7].to_string())
+        })
+        .collect();
+    v.sort();
+    v
+}

@@ -1,0 +1,90 @@
+//! Completion channels and asynchronous events as an rdma-core application
+//! sees them: `tests/c/events.c`, compiled with gcc against Debian's
+//! `<infiniband/verbs.h>` and run on vrnic's libibverbs.so.1 with an
+//! in-process device on the loopback interface of a network namespace this
+//! test creates and deletes. The channel fd and `async_fd` must be quiet
+//! before, and readable for `poll(2)` after, a send that fails with a local
+//! protection error; `ibv_get_cq_event` and `ibv_get_async_event`
+//! (`IBV_EVENT_QP_FATAL`) must name the CQ and the QP. Skipped, saying why,
+//! without root, `ip`, gcc or libibverbs-dev.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{lib_dir, run_bounded};
+
+/// A network namespace deleted on drop.
+struct Netns(String);
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+#[test]
+fn channel_and_async_fds_wake_poll_and_name_their_objects() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipping: needs root (network namespace)");
+        return;
+    }
+    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
+        eprintln!("skipping: libibverbs-dev not installed");
+        return;
+    }
+    let name = format!("vrnic-ibv-{}-events", std::process::id());
+    let ok = Command::new("ip")
+        .args(["netns", "add", &name])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipping: cannot create a network namespace");
+        return;
+    }
+    let ns = Netns(name);
+    let up = Command::new("ip")
+        .args(["-n", &ns.0, "link", "set", "lo", "up"])
+        .status()
+        .expect("ip runs");
+    assert!(up.success(), "lo up");
+
+    let dir = std::env::temp_dir().join(format!("vrnic-ibverbs-events-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let exe = dir.join("events");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/events.c");
+    let cc = Command::new("gcc")
+        .args(["-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .expect("gcc runs");
+    assert!(
+        cc.status.success(),
+        "gcc: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let out = run_bounded(
+        Command::new("ip")
+            .args(["netns", "exec", &ns.0, "timeout", "60"])
+            .arg(&exe)
+            .env("LD_LIBRARY_PATH", lib_dir())
+            .env("VRNIC_LOOPBACK", "netdev=lo,ip=10.9.44.11/24,mtu=1500"),
+        Duration::from_secs(70),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("events: ok"),
+        "events.c failed ({}):\n{text}",
+        out.status
+    );
+}

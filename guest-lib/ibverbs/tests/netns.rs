@@ -1,0 +1,334 @@
+//! Debian's unmodified `ibv_devinfo -v`, `ibv_rc_pingpong` (1 B, 1025 B,
+//! 64 KiB, `-c`, with and without `-e`), `ibv_uc_pingpong`,
+//! `ibv_ud_pingpong` and perftest's `ib_{write,read,send,atomic}_{bw,lat}`
+//! (default options, 100 iterations) on vrnic's libibverbs.so.1, each process with an in-process vrnic device
+//! (`VRNIC_LOOPBACK`) on one end of a veth pair between two network
+//! namespaces this test creates (and deletes on every exit path, through a
+//! guard's `Drop`). The kernel's addresses (10.9.x.1/.2) carry
+//! rc_pingpong's TCP exchange; the vrnic devices have their own
+//! (10.9.x.11/.12), whose IPv4-mapped GIDs are GID index 1.
+//!
+//! Skipped, saying why, without root, `ip`, or Debian's ibverbs-utils.
+//! Every process is started under `timeout(1)` and waited for with a bound;
+//! a process still running when its test ends is killed (only the ones this
+//! test started).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{lib_dir, run_bounded, which};
+
+/// Bound on one program run (also passed to timeout(1)).
+const RUN_LIMIT: Duration = Duration::from_secs(60);
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {args:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Two namespaces joined by a veth pair; deleted on drop.
+struct Pair {
+    ns: [String; 2],
+    ifname: [&'static str; 2],
+    /// Third octet of this pair's 10.9.N.0/24.
+    net: u8,
+}
+
+impl Pair {
+    /// `None` (after printing why) when the test cannot run here.
+    fn create(tag: &str, net: u8) -> Option<Pair> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping: the netns tests need root");
+            return None;
+        }
+        for b in ["ibv_devinfo", "ibv_rc_pingpong", "timeout", "ss"] {
+            if which(b).is_none() {
+                eprintln!("skipping: {b} not installed (ibverbs-utils, coreutils, iproute2)");
+                return None;
+            }
+        }
+        let id = std::process::id();
+        let ns = [
+            format!("vrnic-ibv-{id}-{tag}-a"),
+            format!("vrnic-ibv-{id}-{tag}-b"),
+        ];
+        if let Err(e) = ip(&["netns", "add", &ns[0]]) {
+            eprintln!("skipping: cannot create a network namespace: {e}");
+            return None;
+        }
+        // From here on, Drop deletes whatever exists.
+        let pair = Pair {
+            ns: ns.clone(),
+            ifname: ["veth-a", "veth-b"],
+            net,
+        };
+        let steps: Vec<Vec<String>> = vec![
+            vec!["netns".into(), "add".into(), ns[1].clone()],
+            vec![
+                "-n".into(),
+                ns[0].clone(),
+                "link".into(),
+                "add".into(),
+                "veth-a".into(),
+                "type".into(),
+                "veth".into(),
+                "peer".into(),
+                "name".into(),
+                "veth-b".into(),
+                "netns".into(),
+                ns[1].clone(),
+            ],
+        ];
+        for s in &steps {
+            let s: Vec<&str> = s.iter().map(String::as_str).collect();
+            ip(&s).expect("set up the veth pair");
+        }
+        for side in 0..2 {
+            let n = &pair.ns[side];
+            let addr = format!("10.9.{net}.{}/24", side + 1);
+            ip(&["-n", n, "addr", "add", &addr, "dev", pair.ifname[side]]).expect("address");
+            ip(&["-n", n, "link", "set", pair.ifname[side], "up"]).expect("link up");
+            ip(&["-n", n, "link", "set", "lo", "up"]).expect("lo up");
+        }
+        Some(pair)
+    }
+
+    /// The kernel's address of side `side` (rc_pingpong's TCP exchange).
+    fn host_ip(&self, side: usize) -> String {
+        format!("10.9.{}.{}", self.net, side + 1)
+    }
+
+    /// A command run in side `side`'s namespace under timeout(1), with
+    /// vrnic's library and a loopback device on that side's veth.
+    fn command(&self, side: usize, lib: &PathBuf, prog: &str, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns[side], "timeout", "-k", "5"])
+            .arg(RUN_LIMIT.as_secs().to_string())
+            .arg(prog)
+            .args(args)
+            .env("LD_LIBRARY_PATH", lib)
+            .env(
+                "VRNIC_LOOPBACK",
+                format!(
+                    "netdev={},ip=10.9.{}.{}/24",
+                    self.ifname[side],
+                    self.net,
+                    side + 11
+                ),
+            );
+        c
+    }
+
+    /// Waits (bounded) until a TCP socket listens on `port` in side `side`.
+    fn wait_listening(&self, side: usize, port: u16, server: &mut Child) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let filter = format!("sport = :{port}");
+        loop {
+            let out = Command::new("ip")
+                .args(["netns", "exec", &self.ns[side], "ss", "-Hltn", &filter])
+                .output()
+                .expect("ss runs");
+            if !out.stdout.is_empty() {
+                return;
+            }
+            if let Ok(Some(st)) = server.try_wait() {
+                panic!("server exited before listening: {st}");
+            }
+            assert!(Instant::now() < deadline, "server never listened on {port}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        for n in &self.ns {
+            // Deleting a namespace deletes its end of the veth pair.
+            let _ = ip(&["netns", "del", n]);
+        }
+    }
+}
+
+/// A child killed (and reaped) if still running when dropped.
+struct Reaped(Option<Child>);
+
+impl Reaped {
+    fn wait_bounded(mut self, limit: Duration) -> Output {
+        let mut child = self.0.take().expect("child");
+        let start = Instant::now();
+        while child.try_wait().expect("try_wait").is_none() {
+            if start.elapsed() > limit {
+                let _ = child.kill();
+                let out = child.wait_with_output().expect("wait");
+                panic!(
+                    "did not finish within {limit:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        child.wait_with_output().expect("wait_with_output")
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn ibv_devinfo_lists_the_device_port_and_gids() {
+    let Some(pair) = Pair::create("devinfo", 41) else {
+        return;
+    };
+    let lib = lib_dir();
+    let out = run_bounded(
+        &mut pair.command(0, &lib, "ibv_devinfo", &["-v"]),
+        RUN_LIMIT + Duration::from_secs(10),
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "ibv_devinfo -v failed:\n{t}");
+    for want in [
+        "hca_id:\tvrnic0",
+        "port:\t1",
+        "state:\t\t\tPORT_ACTIVE (4)",
+        "active_mtu:\t\t1024 (3)",
+        "link_layer:\t\tEthernet",
+        "GID[  1]:\t\t::ffff:10.9.41.11, RoCE v2",
+        "GID[  0]:\t\tfe80::",
+    ] {
+        assert!(t.contains(want), "ibv_devinfo -v lacks {want:?}:\n{t}");
+    }
+    let out = run_bounded(
+        &mut pair.command(0, &lib, "ibv_devices", &[]),
+        RUN_LIMIT + Duration::from_secs(10),
+    );
+    let t = text(&out);
+    assert!(
+        out.status.success() && t.contains("vrnic0"),
+        "ibv_devices:\n{t}"
+    );
+}
+
+/// Runs `prog args` as server in side 0 (its TCP port `port`) and `prog
+/// args <server>` as client in side 1, both bounded; panics unless both
+/// exit 0. Returns (client, server) output.
+fn run_pair(pair: &Pair, lib: &PathBuf, prog: &str, args: &[&str], port: u16) -> (String, String) {
+    let mut server = pair
+        .command(0, lib, prog, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    pair.wait_listening(0, port, &mut server);
+    let server = Reaped(Some(server));
+    let host = pair.host_ip(0);
+    let mut cargs = args.to_vec();
+    cargs.push(&host);
+    let client = Reaped(Some(
+        pair.command(1, lib, prog, &cargs)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the client"),
+    ));
+    let c = client.wait_bounded(RUN_LIMIT + Duration::from_secs(10));
+    let s = server.wait_bounded(RUN_LIMIT + Duration::from_secs(10));
+    let what = format!("{prog} {args:?}");
+    assert!(c.status.success(), "client of {what} failed:\n{}", text(&c));
+    assert!(s.status.success(), "server of {what} failed:\n{}", text(&s));
+    (text(&c), text(&s))
+}
+
+#[test]
+fn ibv_rc_pingpong_runs_unmodified_between_two_namespaces() {
+    let Some(pair) = Pair::create("rc", 42) else {
+        return;
+    };
+    let lib = lib_dir();
+    let mut port = 18600u16 + (std::process::id() % 500) as u16;
+    for events in [false, true] {
+        for size in ["1", "1025", "65536"] {
+            port += 1;
+            let p = port.to_string();
+            let mut args = vec!["-g", "1", "-p", &p, "-s", size, "-n", "50", "-c"];
+            if events {
+                args.push("-e");
+            }
+            let (c, s) = run_pair(&pair, &lib, "ibv_rc_pingpong", &args, port);
+            for (who, o) in [("client", &c), ("server", &s)] {
+                assert!(
+                    o.contains("50 iters in"),
+                    "{who} (size {size}, events {events}) did not report its iterations:\n{o}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn uc_and_ud_pingpong_and_perftest_run_unmodified() {
+    let Some(pair) = Pair::create("pt", 43) else {
+        return;
+    };
+    let tools = [
+        "ibv_uc_pingpong",
+        "ibv_ud_pingpong",
+        "ib_write_bw",
+        "ib_read_bw",
+        "ib_send_bw",
+        "ib_atomic_bw",
+        "ib_write_lat",
+        "ib_read_lat",
+        "ib_send_lat",
+        "ib_atomic_lat",
+    ];
+    if let Some(t) = tools.iter().find(|t| which(t).is_none()) {
+        eprintln!("skipping: {t} not installed (ibverbs-utils, perftest)");
+        return;
+    }
+    let lib = lib_dir();
+    let mut port = 19100u16 + (std::process::id() % 500) as u16;
+    for t in tools {
+        port += 1;
+        let p = port.to_string();
+        let args: Vec<&str> = if t.starts_with("ibv_") {
+            vec!["-g", "1", "-p", &p, "-n", "50"]
+        } else {
+            vec!["-x", "1", "-p", &p, "-n", "100"]
+        };
+        let (c, _) = run_pair(&pair, &lib, t, &args, port);
+        let want = if t.starts_with("ibv_") {
+            "50 iters in"
+        } else {
+            "#bytes"
+        };
+        assert!(c.contains(want), "{t}: no result in\n{c}");
+    }
+}
