@@ -18,6 +18,9 @@
 //!   `arp_from_stranger_not_learned`, `ns_from_stranger_not_learned`,
 //!   `neighbour_table_bounded`, `neighbour_entries_expire`,
 //!   `neighbour_in_use_is_reprobed_not_dropped`.
+//! - Item 3, READ amplification (rxe_resp.c's `read_reply`, one response
+//!   per step, and `duplicate_request`): `huge_read_is_paced`,
+//!   `duplicate_read_does_not_multiply_responses`, `many_huge_reads_bounded`.
 //!
 //! A third host on the segment ("the attacker", 10.0.0.66) is simulated by
 //! handing crafted frames straight to a device's `receive`; what the device
@@ -967,4 +970,233 @@ fn ud_wrong_pkey_or_qkey_is_dropped() {
     inject(&mut n, &good, &[2; 8], 0);
     let c = n.poll_cq(&mut cq).expect("the good datagram");
     assert_eq!((c.wr_id, c.status, c.byte_len), (1, abi::WC_SUCCESS, 48));
+}
+
+// ---------------------------------------------------------------------------
+// Item 3: READ amplification. READ responses are produced incrementally:
+// at most `READ_BURST` per QP and step (`receive`, `poll`), none while
+// `TX_BACKLOG_MAX` frames wait for the link; a duplicate READ restarts
+// the QP's one response stream instead of adding a second one (rxe's
+// `read_reply`, one packet per call, and `duplicate_request`).
+
+/// Most READ response frames one QP produces per step.
+const READ_BURST: usize = vrnic::transport::responder::READ_BURST as usize;
+
+/// Drains `n`'s transmit queue: the READ responses in it (PSN, payload
+/// length, first payload byte), and the number of other frames.
+fn drain_responses(n: &mut Node) -> (Vec<(u32, usize, u8)>, usize) {
+    let (mut resp, mut other) = (Vec::new(), 0);
+    while let Some(t) = n.dev.pop_tx() {
+        match wire::parse_frame(&t) {
+            Ok(Frame::Roce(p)) if p.hdr.bth.opcode.is_read_response() => resp.push((
+                p.hdr.bth.psn,
+                p.payload.len(),
+                p.payload.first().copied().unwrap_or(0),
+            )),
+            _ => other += 1,
+        }
+    }
+    (resp, other)
+}
+
+/// Lets A and B resolve each other (ARP) so that B's transmit queue
+/// holds nothing but what the test provokes.
+fn settle(s: &mut RcPair) {
+    for _ in 0..4 {
+        s.a.pump(s.now);
+        s.b.pump(s.now);
+    }
+}
+
+/// A READ request from A's address to B's QP.
+fn read_request(s: &RcPair, psn: u32, va: u64, rkey: u32, len: u32) -> Vec<u8> {
+    let a = (s.a.ip, s.a.dev.config_space().mac);
+    let mut h = frame(a, &s.b, s.qb.qpn, Opcode::RcReadRequest, psn, 0xffff);
+    h.reth = Some(Reth {
+        va,
+        rkey,
+        dma_len: len,
+    });
+    let mut f = Vec::new();
+    wire::emit_frame(&h, &[], &mut f);
+    f
+}
+
+/// Polls B until its READ responses stop (at most `max_polls` polls),
+/// checking that no step queues more than `READ_BURST` frames; returns the
+/// responses.
+fn poll_responses(s: &mut RcPair, max_polls: usize) -> Vec<(u32, usize, u8)> {
+    let mut all = Vec::new();
+    for _ in 0..max_polls {
+        s.b.dev.poll(&s.b.mem, s.now);
+        let (r, other) = drain_responses(&mut s.b);
+        assert!(
+            r.len() + other <= READ_BURST,
+            "{} frames queued by one poll",
+            r.len() + other
+        );
+        if r.is_empty() {
+            return all;
+        }
+        all.extend(r);
+    }
+    panic!("READ responses still coming after {max_polls} polls");
+}
+
+#[test]
+fn huge_read_is_paced() {
+    // One 74-byte READ request for 256 MiB (65,536 responses at path MTU
+    // 4096, from an MR whose pages all alias one page).
+    let mut s = setup_4k();
+    let len: u32 = 256 << 20;
+    let iova = 0x7000_0000_0000;
+    let (_, rkey, page) = aliased_mr(&mut s.b, s.pdb, iova, len.into());
+    s.b.fill(page, &[0x5a; 4096]);
+    settle(&mut s);
+    let req = read_request(&s, 0, iova, rkey, len);
+    s.b.dev.receive(&s.b.mem, &req, s.now);
+    let (first, other) = drain_responses(&mut s.b);
+    assert_eq!(other, 0);
+    assert!(
+        !first.is_empty() && first.len() <= READ_BURST,
+        "one receive() queued {} READ responses",
+        first.len()
+    );
+    // The rest, a burst per poll, in PSN order, every byte read.
+    let rest = poll_responses(&mut s, 2 * (len as usize / 4096) / READ_BURST + 10);
+    let all: Vec<_> = first.into_iter().chain(rest).collect();
+    assert_eq!(all.len(), len as usize / 4096);
+    for (k, &(psn, n, b)) in all.iter().enumerate() {
+        assert_eq!((psn, n, b), (k as u32, 4096, 0x5a), "response {k}");
+    }
+    assert_eq!(s.b.qp_state(s.qb.qpn), abi::QPS_RTS);
+
+    // End to end between the two engines: A READs 256 MiB into an MR of
+    // its own whose pages alias one page; the responses trickle over
+    // many polls and the READ completes with every byte.
+    let (lkey_a, _, page_a) = aliased_mr(&mut s.a, s.pda, iova, len.into());
+    let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    s.b.fill(page, &pattern);
+    s.post(
+        abi::SendWqe {
+            wr_id: 9,
+            opcode: abi::WR_RDMA_READ,
+            send_flags: abi::SEND_SIGNALED,
+            remote_addr: iova,
+            rkey,
+            ..Default::default()
+        },
+        &[sge(iova, len, lkey_a)],
+    );
+    let c = s.cqe(false, "256 MiB READ");
+    assert_eq!((c.wr_id, c.status, c.byte_len), (9, abi::WC_SUCCESS, len));
+    assert_eq!(s.a.read(page_a, 4096), pattern);
+    // And a READ of distinct bytes (4 MiB) after it.
+    let size = 4 << 20;
+    let remote = s.b.alloc(size);
+    let data: Vec<u8> = (0..size).map(|i| (i / 4093) as u8 ^ i as u8).collect();
+    s.b.fill(remote, &data);
+    let (_, rk) = s.b.reg_mr(s.pdb, remote, size as u64, ALL).unwrap();
+    let local = s.a.alloc(size);
+    let (lk, _) = s.a.reg_mr(s.pda, local, size as u64, ALL).unwrap();
+    s.post(
+        abi::SendWqe {
+            wr_id: 10,
+            opcode: abi::WR_RDMA_READ,
+            send_flags: abi::SEND_SIGNALED,
+            remote_addr: remote,
+            rkey: rk,
+            ..Default::default()
+        },
+        &[sge(local, size as u32, lk)],
+    );
+    let c = s.cqe(false, "4 MiB READ");
+    assert_eq!((c.wr_id, c.status), (10, abi::WC_SUCCESS));
+    assert!(s.a.read(local, size) == data, "READ data differs");
+    assert_eq!(s.a.dev.stats().retransmits, 0);
+}
+
+#[test]
+fn duplicate_read_does_not_multiply_responses() {
+    // A READ of 64 MiB (16,384 responses), then the same request ten
+    // times more before the responses are done, and once from the
+    // attacker's address.
+    let mut s = setup_4k();
+    let len: u32 = 64 << 20;
+    let iova = 0x7000_0000_0000;
+    let (_, rkey, page) = aliased_mr(&mut s.b, s.pdb, iova, len.into());
+    s.b.fill(page, &[0x5a; 4096]);
+    settle(&mut s);
+    let req = read_request(&s, 0, iova, rkey, len);
+    let mut total = 0;
+    for k in 0..11 {
+        s.b.dev.receive(&s.b.mem, &req, s.now);
+        let (r, other) = drain_responses(&mut s.b);
+        assert!(r.len() + other <= READ_BURST, "request {k}: {}", r.len());
+        total += r.len();
+    }
+    // The duplicate from another address is dropped by the header checks.
+    let mut forged = frame(
+        (ATTACKER_IP, ATTACKER_MAC),
+        &s.b,
+        s.qb.qpn,
+        Opcode::RcReadRequest,
+        0,
+        0xffff,
+    );
+    forged.reth = Some(Reth {
+        va: iova,
+        rkey,
+        dma_len: len,
+    });
+    let drops = s.b.dev.stats().rx_drop_bad_src_addr;
+    assert!(inject(&mut s.b, &forged, &[], s.now).is_empty());
+    assert_eq!(s.b.dev.stats().rx_drop_bad_src_addr, drops + 1);
+    // The duplicates restarted the one stream: the full response once,
+    // plus at most a burst per restart, never eleven copies.
+    let rest = poll_responses(&mut s, 2 * 16384 / READ_BURST + 10);
+    let n = len as usize / 4096;
+    assert_eq!(rest.last().map(|r| r.0), Some(n as u32 - 1));
+    total += rest.len();
+    assert!(
+        total >= n && total <= n + 11 * READ_BURST,
+        "{total} responses for 11 copies of a {n}-response READ"
+    );
+    assert_eq!(s.b.dev.stats().duplicates, 10);
+    assert_eq!(s.b.qp_state(s.qb.qpn), abi::QPS_RTS);
+}
+
+#[test]
+fn many_huge_reads_bounded() {
+    // Four 512 MiB READ requests in a row (responder resources for 4),
+    // handed to B before anything is drained: what B queues stays within
+    // one burst, and the four are answered in order, a burst per poll.
+    let (la, lb) = QueueLink::pair();
+    let o = ConnOpts {
+        mtu: 5,
+        max_rd_atomic: 4,
+        ..ConnOpts::default()
+    };
+    let mut s = RcPair::on((Box::new(la), Box::new(lb)), o, true);
+    let len: u32 = 512 << 20;
+    let iova = 0x7000_0000_0000;
+    let (_, rkey, page) = aliased_mr(&mut s.b, s.pdb, iova, len.into());
+    s.b.fill(page, &[0x5a; 4096]);
+    let per = len / 4096;
+    settle(&mut s);
+    for k in 0..4 {
+        let req = read_request(&s, k * per, iova, rkey, len);
+        s.b.dev.receive(&s.b.mem, &req, s.now);
+    }
+    let (first, other) = drain_responses(&mut s.b);
+    assert!(
+        first.len() + other <= READ_BURST,
+        "four READ requests queued {} frames",
+        first.len() + other
+    );
+    let rest = poll_responses(&mut s, 2 * 4 * per as usize / READ_BURST + 10);
+    let all: Vec<_> = first.into_iter().chain(rest).collect();
+    assert_eq!(all.len(), 4 * per as usize);
+    assert!(all.iter().enumerate().all(|(k, r)| r.0 == k as u32));
+    assert_eq!(s.b.qp_state(s.qb.qpn), abi::QPS_RTS);
 }

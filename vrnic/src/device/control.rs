@@ -201,7 +201,8 @@ impl Device {
             }
             abi::CMD_DESTROY_QP => {
                 let qpn = handle(args)?;
-                self.qps.remove(qpn).ok_or(abi::STATUS_ENOENT)?;
+                let mut qp = self.qps.remove(qpn).ok_or(abi::STATUS_ENOENT)?;
+                qp.resp.release(&mut self.out);
                 Ok(0)
             }
             abi::CMD_CREATE_AH => {
@@ -545,6 +546,7 @@ impl Device {
             match next {
                 abi::QPS_RESET => {
                     qp.req = ReqState::default();
+                    qp.resp.release(env.out);
                     qp.resp = RespState::default();
                     // The rings restart empty: publish consumer indices 0.
                     crate::transport::write_record(qp, &env);

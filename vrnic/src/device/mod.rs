@@ -503,7 +503,7 @@ impl Device {
             } else if qp.qp_type == abi::QPT_UD {
                 env.out.stats.rx_dropped += 1;
             } else if pkt.hdr.bth.opcode.is_request() {
-                responder::on_request(qp, &mut env, &pkt);
+                responder::on_request(qp, &mut env, &pkt, frame);
             } else {
                 completer::on_response(qp, &mut env, &pkt);
             }
@@ -529,7 +529,10 @@ impl Device {
                         arp
                     }
                 } else {
-                    completer::on_timer(qp, &mut env)
+                    // The READ response stream, resumed a burst at a time.
+                    let more = responder::run(qp, &mut env).then_some(now);
+                    let t = completer::on_timer(qp, &mut env);
+                    [more, t].into_iter().flatten().min()
                 }
             });
             if let Some(t) = t {

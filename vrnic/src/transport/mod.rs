@@ -89,6 +89,10 @@ pub struct Output {
     pub stats: DeviceStats,
     /// Next IPv4 identification value.
     pub ip_id: u16,
+    /// Request frames held by the QPs' responders while their READ
+    /// streams are in progress, all QPs together (at most
+    /// [`responder::RESP_HOLD_DEVICE_MAX`]).
+    pub held_frames: usize,
 }
 
 /// Largest number of queued events kept for a driver that posts no event
