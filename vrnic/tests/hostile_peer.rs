@@ -20,7 +20,10 @@
 //!   `neighbour_in_use_is_reprobed_not_dropped`.
 //! - Item 3, READ amplification (rxe_resp.c's `read_reply`, one response
 //!   per step, and `duplicate_request`): `huge_read_is_paced`,
-//!   `duplicate_read_does_not_multiply_responses`, `many_huge_reads_bounded`.
+//!   `duplicate_read_does_not_multiply_responses`, `many_huge_reads_bounded`,
+//!   `requests_behind_a_read_wait_for_its_responses` (held in order, within
+//!   `RESP_HOLD_MAX`), `read_response_lost_mid_stream_is_re_requested`
+//!   (go-back-N into a stream in progress).
 //!
 //! A third host on the segment ("the attacker", 10.0.0.66) is simulated by
 //! handing crafted frames straight to a device's `receive`; what the device
@@ -1199,4 +1202,163 @@ fn many_huge_reads_bounded() {
     assert_eq!(all.len(), 4 * per as usize);
     assert!(all.iter().enumerate().all(|(k, r)| r.0 == k as u32));
     assert_eq!(s.b.qp_state(s.qb.qpn), abi::QPS_RTS);
+}
+
+#[test]
+fn requests_behind_a_read_wait_for_its_responses() {
+    // A READ of 1 MiB (256 responses at path MTU 4096), then 20 WRITEs
+    // of 8 bytes asking for an ACK each, all handed to B at once: B holds
+    // the first RESP_HOLD_MAX WRITEs and drops the rest (the requester
+    // would resend them); it executes and acknowledges the held ones
+    // only after the READ's last response, in PSN order.
+    use vrnic::transport::responder::RESP_HOLD_MAX;
+    let mut s = setup_4k();
+    let len: u32 = 1 << 20;
+    let iova = 0x7000_0000_0000;
+    let (_, rkey, page) = aliased_mr(&mut s.b, s.pdb, iova, len.into());
+    s.b.fill(page, &[0x5a; 4096]);
+    let target = s.b.alloc(4096);
+    let (_, rk_t) = s.b.reg_mr(s.pdb, target, 4096, ALL).unwrap();
+    settle(&mut s);
+    let a = (s.a.ip, s.a.dev.config_space().mac);
+    let qpn_b = s.qb.qpn;
+    let n_read = len / 4096;
+    let mut frames = vec![read_request(&s, 0, iova, rkey, len)];
+    for k in 0..20u32 {
+        let mut h = frame(a, &s.b, qpn_b, Opcode::RcWriteOnly, n_read + k, 0xffff);
+        h.reth = Some(Reth {
+            va: target + 8 * u64::from(k),
+            rkey: rk_t,
+            dma_len: 8,
+        });
+        let mut f = Vec::new();
+        wire::emit_frame(&h, &[k as u8 + 1; 8], &mut f);
+        frames.push(f);
+    }
+    let dropped = s.b.dev.stats().rx_dropped;
+    for f in &frames {
+        s.b.dev.receive(&s.b.mem, f, s.now);
+    }
+    assert_eq!(
+        s.b.dev.stats().rx_dropped,
+        dropped + (20 - RESP_HOLD_MAX as u64),
+        "WRITEs past the hold bound"
+    );
+    assert!(
+        s.b.read(target, 160).iter().all(|&x| x == 0),
+        "a WRITE ran before the READ's responses"
+    );
+    // Everything B sends, in order: the 256 responses, then an ACK per
+    // held WRITE.
+    let mut sent = Vec::new();
+    for _ in 0..100 {
+        let mut step = Vec::new();
+        while let Some(t) = s.b.dev.pop_tx() {
+            if let Ok(Frame::Roce(p)) = wire::parse_frame(&t) {
+                step.push((p.hdr.bth.opcode, p.hdr.bth.psn));
+            }
+        }
+        assert!(step.len() <= READ_BURST + RESP_HOLD_MAX, "{}", step.len());
+        sent.extend(step);
+        s.b.dev.poll(&s.b.mem, s.now);
+    }
+    let want: Vec<_> = (0..n_read)
+        .map(|k| match k {
+            0 => (Opcode::RcReadResponseFirst, 0),
+            k if k + 1 == n_read => (Opcode::RcReadResponseLast, k),
+            k => (Opcode::RcReadResponseMiddle, k),
+        })
+        .chain((0..RESP_HOLD_MAX as u32).map(|k| (Opcode::RcAck, n_read + k)))
+        .collect();
+    assert_eq!(sent, want);
+    let mem = s.b.read(target, 160);
+    for k in 0..20 {
+        let want = if k < RESP_HOLD_MAX { k as u8 + 1 } else { 0 };
+        assert_eq!(mem[8 * k..8 * k + 8], [want; 8], "WRITE {k}");
+    }
+    // The dropped ones, resent, are executed now.
+    for f in &frames[1 + RESP_HOLD_MAX..] {
+        s.b.dev.receive(&s.b.mem, f, s.now);
+    }
+    let mem = s.b.read(target, 160);
+    for k in RESP_HOLD_MAX..20 {
+        assert_eq!(mem[8 * k..8 * k + 8], [k as u8 + 1; 8], "resent WRITE {k}");
+    }
+    assert_eq!(s.b.qp_state(qpn_b), abi::QPS_RTS);
+}
+
+/// A link that loses the `nth` RoCEv2 frame sent through it (counting
+/// from 0), and no other.
+struct LoseOne {
+    inner: QueueLink,
+    nth: usize,
+    sent: usize,
+}
+
+impl vrnic::link::Link for LoseOne {
+    fn send(&mut self, frame: &[u8]) -> std::io::Result<()> {
+        if matches!(wire::parse_frame(frame), Ok(Frame::Roce(_))) {
+            self.sent += 1;
+            if self.sent == self.nth + 1 {
+                return Ok(());
+            }
+        }
+        self.inner.send(frame)
+    }
+
+    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
+        self.inner.recv(buf)
+    }
+
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+}
+
+#[test]
+fn read_response_lost_mid_stream_is_re_requested() {
+    // A READ of 2 MiB between the engines (512 responses at path MTU
+    // 4096); B's link loses its 300th response. A re-requests from it,
+    // B restarts its stream there (one duplicate, no second stream), and
+    // the READ completes with every byte, without waiting for a timeout.
+    let (la, lb) = QueueLink::pair();
+    let lb = LoseOne {
+        inner: lb,
+        nth: 300,
+        sent: 0,
+    };
+    let o = ConnOpts {
+        mtu: 5,
+        ..ConnOpts::default()
+    };
+    let mut s = RcPair::on((Box::new(la), Box::new(lb)), o, true);
+    let size = 2 << 20;
+    let remote = s.b.alloc(size);
+    let data: Vec<u8> = (0..size).map(|i| (i / 4099) as u8 ^ (i as u8)).collect();
+    s.b.fill(remote, &data);
+    let (_, rk) = s.b.reg_mr(s.pdb, remote, size as u64, ALL).unwrap();
+    let local = s.a.alloc(size);
+    let (lk, _) = s.a.reg_mr(s.pda, local, size as u64, ALL).unwrap();
+    let start = s.now;
+    s.post(
+        abi::SendWqe {
+            wr_id: 4,
+            opcode: abi::WR_RDMA_READ,
+            send_flags: abi::SEND_SIGNALED,
+            remote_addr: remote,
+            rkey: rk,
+            ..Default::default()
+        },
+        &[sge(local, size as u32, lk)],
+    );
+    let c = s.cqe(false, "READ with a lost response");
+    assert_eq!((c.wr_id, c.status), (4, abi::WC_SUCCESS));
+    assert!(s.a.read(local, size) == data, "READ data differs");
+    assert_eq!(s.b.dev.stats().duplicates, 1, "one re-request");
+    assert_eq!(s.a.dev.stats().retransmits, 0, "no timeout");
+    // B sent the 512 responses, the lost one and whatever followed it
+    // before the re-request arrived (at most a few bursts) again.
+    let tx = s.b.dev.stats().tx_frames;
+    assert!(tx <= 512 + 4 * READ_BURST as u64, "B sent {tx} frames");
+    assert!(s.now - start < 1_000_000_000, "took {} ns", s.now - start);
 }
