@@ -20,6 +20,10 @@
 //!   the caller's clock, not from time 0: no false retransmission, no
 //!   `RETRY_EXC_ERR` with `retry_cnt` 0.
 //!
+//! - `sends_on_many_qps_respect_the_tx_backlog`: a guest ringing many
+//!   QPs at once does not make the device queue more than
+//!   `TX_BACKLOG_MAX` frames for the link; polls resume the rest.
+//!
 //! Simulated clock only; every wait is bounded. A test whose device could
 //! loop for minutes runs under [`bounded`], so a regression fails instead
 //! of hanging the suite.
@@ -425,4 +429,59 @@ fn sqd_to_rts_uses_the_callers_clock() {
     assert_eq!(s.a.qp_state(qpn), abi::QPS_RTS);
     let r = s.cqe(true, "the second receive");
     assert_eq!((r.wr_id, r.status), (2, abi::WC_SUCCESS));
+}
+
+#[test]
+fn sends_on_many_qps_respect_the_tx_backlog() {
+    // A guest rings 16 QPs, each with a 1 MiB RDMA WRITE (1024 packets at
+    // path MTU 1024, a window of 128), without the daemon draining the
+    // link in between: what waits for the link stays within
+    // TX_BACKLOG_MAX frames, and polls resume the rest.
+    use vrnic::transport::TX_BACKLOG_MAX;
+    let mut s = setup(ConnOpts::default(), true);
+    for _ in 0..4 {
+        s.a.pump(s.now);
+        s.b.pump(s.now);
+    }
+    let len = 1 << 20;
+    let src = s.a.alloc(len);
+    let (lkey, _) = s.a.reg_mr(s.pda, src, len as u64, ALL).unwrap();
+    let (ip_b, qpn_b, now) = (s.b.ip, s.qb.qpn, s.now);
+    let mut qps: Vec<_> = (0..16)
+        .map(|_| {
+            let q = s.a.create_qp(s.pda, &s.ca, 4, 1);
+            s.a.connect(&q, ip_b, qpn_b, 3, 0, 0, 7, 7);
+            q
+        })
+        .collect();
+    for q in &mut qps {
+        let w = abi::SendWqe {
+            wr_id: 1,
+            opcode: abi::WR_RDMA_WRITE,
+            remote_addr: 0x1000,
+            rkey: 0x1234,
+            ..Default::default()
+        };
+        s.a.post_send(q, w, &[sge(src, len as u32, lkey)], now);
+    }
+    let queued = std::iter::from_fn(|| s.a.dev.pop_tx()).count();
+    assert!(
+        queued <= TX_BACKLOG_MAX,
+        "16 doorbells queued {queued} frames"
+    );
+    // Each QP sends its window (128 PSNs) in all, a backlog per poll.
+    let mut total = queued;
+    for _ in 0..64 {
+        s.a.dev.poll(&s.a.mem, now);
+        let n = std::iter::from_fn(|| s.a.dev.pop_tx()).count();
+        assert!(n <= TX_BACKLOG_MAX, "one poll queued {n} frames");
+        if n == 0 {
+            break;
+        }
+        total += n;
+    }
+    assert_eq!(
+        total,
+        16 * vrnic::transport::requester::MAX_INFLIGHT_PKTS as usize
+    );
 }

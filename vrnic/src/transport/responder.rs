@@ -6,7 +6,9 @@
 use crate::abi;
 use crate::device::MAX_MSG_SZ;
 use crate::transport::recv_queue::{self, RecvCtx};
-use crate::transport::{psn, qp_to_error, reply_headers, write_record, Env, Output};
+use crate::transport::{
+    psn, qp_to_error, reply_headers, write_record, Env, Output, TX_BACKLOG_MAX,
+};
 use crate::verbs::qp::Qp;
 use crate::wire::{
     self, Aeth, AtomicAckEth, Frame, NakCode, Opcode, RoceHeaders, RocePacket, Transport,
@@ -22,12 +24,6 @@ const CREDITS_UNLIMITED: u8 = 0x1f;
 /// by [`crate::device::Device::poll`] (rxe's `read_reply` sends one packet
 /// per call and its responder task reschedules itself).
 pub const READ_BURST: u32 = 64;
-
-/// Frames queued for the link (device-wide, [`Output::tx`]) at or above
-/// which no READ response is produced: the stream waits for the owner to
-/// drain `pop_tx`, which bounds the queued READ responses to this many
-/// frames per device (about 1.1 MiB at path MTU 4096).
-pub const TX_BACKLOG_MAX: usize = 256;
 
 /// Request frames one RC QP holds while its READ response stream is in
 /// progress (responses must leave in PSN order, IBTA §9.7.5.1.5: a later
