@@ -343,12 +343,20 @@ fn setup_4k() -> RcPair {
     RcPair::on((Box::new(la), Box::new(lb)), o, true)
 }
 
-/// Registers on `n` an MR of `len` bytes at iova `iova` whose every page is
-/// the same 4 KiB of driver memory: a huge region that costs one page.
-/// Returns (lkey, rkey, the page's address).
+/// Registers on `n` an MR of `len` bytes at iova `iova` (2 MiB aligned)
+/// whose every page is the same page of driver memory: a huge region that
+/// costs one page. The page is 4 KiB, or 2 MiB when 4 KiB pages would
+/// need more than `MAX_MR_PAGES` entries (a 4 GiB MR). Returns (lkey,
+/// rkey, the page's address).
 fn aliased_mr(n: &mut Node, pdn: u32, iova: u64, len: u64) -> (u32, u32, u64) {
-    let page = n.alloc(4096);
-    let npages = len.div_ceil(4096);
+    let shift = if len.div_ceil(4096) <= u64::from(vrnic::device::MAX_MR_PAGES) {
+        12
+    } else {
+        21
+    };
+    let size = 1u64 << shift;
+    let page = n.alloc(2 * size as usize).next_multiple_of(size);
+    let npages = len.div_ceil(size);
     let list = n.alloc(npages as usize * 8);
     let entries: Vec<u8> = (0..npages).flat_map(|_| page.to_le_bytes()).collect();
     n.fill(list, &entries);
@@ -357,7 +365,7 @@ fn aliased_mr(n: &mut Node, pdn: u32, iova: u64, len: u64) -> (u32, u32, u64) {
         access: ALL,
         iova,
         length: len,
-        page_shift: 12,
+        page_shift: shift,
         npages: npages as u32,
         page_list: list,
     };

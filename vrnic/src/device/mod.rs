@@ -235,8 +235,23 @@ pub const MAX_INLINE: u32 = 512;
 pub const MAX_MSG_SZ: u32 = 1 << 31;
 /// Largest MR, bytes.
 pub const MAX_MR_SIZE: u64 = 1 << 40;
-/// Largest page list of one MR (entries).
-pub const MAX_MR_PAGES: u32 = 1 << 20;
+/// Largest page list of one MR, entries (`DeviceAttr::max_mr_pages`):
+/// 2 GiB (`MAX_MSG_SZ`) in 4 KiB pages. `CMD_REG_MR` with more is
+/// `STATUS_EINVAL`. It bounds one registration's work (reading and
+/// checking every entry: about 17 ms of worker time at 2^19) and its copy
+/// in the daemon (4 MiB).
+pub const MAX_MR_PAGES: u32 = 1 << 19;
+/// Page-list entries of all MRs of a device together
+/// (`DeviceAttr::max_total_mr_pages`): 8 GiB registered in 4 KiB pages,
+/// 16 MiB of page lists in the daemon. A registration past it is
+/// `STATUS_ENOMEM` (rxe's pools answer a full pool so) until MRs are
+/// deregistered.
+pub const MAX_MR_PAGES_TOTAL: u32 = 1 << 21;
+/// SQ, RQ and SRQ ring entries of all QPs and SRQs of a device together
+/// (`DeviceAttr::max_total_wr`): `CMD_CREATE_QP` or `CMD_CREATE_SRQ` past
+/// it is `STATUS_ENOMEM`. The rings live in driver memory; the budget
+/// bounds the worker time of walking them all (flushes, resets).
+pub const MAX_TOTAL_WR: u32 = 1 << 20;
 
 /// True when `index`, a producer index a driver rang for a ring of `size`
 /// slots, is within the queue's window: at or after the device's fetch
