@@ -23,7 +23,9 @@
 //!   `duplicate_read_does_not_multiply_responses`, `many_huge_reads_bounded`,
 //!   `requests_behind_a_read_wait_for_its_responses` (held in order, within
 //!   `RESP_HOLD_MAX`), `read_response_lost_mid_stream_is_re_requested`
-//!   (go-back-N into a stream in progress).
+//!   (go-back-N into a stream in progress),
+//!   `read_streams_of_many_qps_take_turns` (polls serve the QPs round
+//!   robin under the link backlog).
 //!
 //! A third host on the segment ("the attacker", 10.0.0.66) is simulated by
 //! handing crafted frames straight to a device's `receive`; what the device
@@ -1369,4 +1371,69 @@ fn read_response_lost_mid_stream_is_re_requested() {
     let tx = s.b.dev.stats().tx_frames;
     assert!(tx <= 512 + 4 * READ_BURST as u64, "B sent {tx} frames");
     assert!(s.now - start < 1_000_000_000, "took {} ns", s.now - start);
+}
+
+#[test]
+fn read_streams_of_many_qps_take_turns() {
+    // Eight QPs of B each answer a 64 MiB READ. With the link backlog
+    // (TX_BACKLOG_MAX) room for four bursts per poll, the polls serve the
+    // QPs in turn: every stream moves within the first few polls, none
+    // waits for the others to finish.
+    use vrnic::transport::TX_BACKLOG_MAX;
+    let mut s = setup_4k();
+    let len: u32 = 64 << 20;
+    let iova = 0x7000_0000_0000;
+    let (_, rkey, page) = aliased_mr(&mut s.b, s.pdb, iova, len.into());
+    s.b.fill(page, &[0x5a; 4096]);
+    settle(&mut s);
+    let a = (s.a.ip, s.a.dev.config_space().mac);
+    let (ip_a, qpn_a) = (s.a.ip, s.qa.qpn);
+    let qpns: Vec<u32> = (0..8)
+        .map(|_| {
+            let q = s.b.create_qp(s.pdb, &s.cb, 4, 1);
+            s.b.connect(&q, ip_a, qpn_a, 5, 0, 0, 7, 7);
+            q.qpn
+        })
+        .collect();
+    settle(&mut s);
+    let mut got = vec![0usize; qpns.len()];
+    let count = |n: &mut Node, got: &mut Vec<usize>| {
+        let mut frames = 0;
+        while let Some(t) = n.dev.pop_tx() {
+            frames += 1;
+            if let Ok(Frame::Roce(p)) = wire::parse_frame(&t) {
+                if let Some(i) = qpns
+                    .iter()
+                    .position(|&q| vrnic::transport::udp_src_port(q) == p.hdr.udp_src)
+                {
+                    got[i] += 1;
+                }
+            }
+        }
+        frames
+    };
+    for &qpn in &qpns {
+        let mut h = frame(a, &s.b, qpn, Opcode::RcReadRequest, 0, 0xffff);
+        h.reth = Some(Reth {
+            va: iova,
+            rkey,
+            dma_len: len,
+        });
+        let mut f = Vec::new();
+        wire::emit_frame(&h, &[], &mut f);
+        s.b.dev.receive(&s.b.mem, &f, s.now);
+        count(&mut s.b, &mut got);
+    }
+    let after_requests = got.clone();
+    for _ in 0..4 {
+        s.b.dev.poll(&s.b.mem, s.now);
+        let n = count(&mut s.b, &mut got);
+        assert!(n <= TX_BACKLOG_MAX, "one poll queued {n} frames");
+    }
+    for (i, (&before, &now)) in after_requests.iter().zip(&got).enumerate() {
+        assert!(
+            now >= before + READ_BURST,
+            "QP {i}: {before} responses after its request, {now} after 4 polls"
+        );
+    }
 }

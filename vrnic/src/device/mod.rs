@@ -278,6 +278,10 @@ pub struct Device {
     srqs: HandleTable<Srq>,
     neigh: NeighTable,
     out: Output,
+    /// The QP table slot [`Device::poll`] serves first: the first QP that
+    /// found the link backlog full in the previous poll, so that QPs
+    /// resuming READ streams and long sends take turns.
+    poll_from: usize,
 }
 
 impl Device {
@@ -311,6 +315,7 @@ impl Device {
             srqs: HandleTable::new(HandleSpace::numbers(MAX_SRQ)),
             neigh: NeighTable::default(),
             out: Output::default(),
+            poll_from: 0,
         }
     }
 
@@ -531,7 +536,14 @@ impl Device {
     pub fn poll(&mut self, mem: &dyn DmaMemory, now: Nanos) -> Option<Nanos> {
         let mut next: Option<Nanos> = None;
         let mut unresolved = Vec::new();
-        for qp in self.qps.values_mut() {
+        // Round robin under the link backlog: start at the first QP the
+        // last poll left without room (TX_BACKLOG_MAX), if any.
+        let start = self.poll_from;
+        let mut starved = None;
+        for (slot, qp) in self.qps.values_mut_from(start) {
+            if starved.is_none() && self.out.tx.len() >= crate::transport::TX_BACKLOG_MAX {
+                starved = Some(slot);
+            }
             let t = qp_step!(self, qp, mem, now, |env| {
                 if qp.qp_type == abi::QPT_UD {
                     if qp.req.waiting_arp.is_some() || qp.req.more {
@@ -557,6 +569,7 @@ impl Device {
                 unresolved.push(dgid);
             }
         }
+        self.poll_from = starved.unwrap_or(start);
         for dgid in unresolved {
             self.resolve(dgid, now);
         }
