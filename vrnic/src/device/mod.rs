@@ -531,8 +531,11 @@ impl Device {
     }
 
     /// Runs timers due at `now` (retransmission, RNR back-off, ARP retries,
-    /// neighbour expiry).
-    /// Returns when it next needs to be polled, if ever.
+    /// neighbour expiry) and resumes the work stopped at a burst limit or
+    /// at the link backlog (`transport::TX_BACKLOG_MAX`): READ response
+    /// streams and long sends, the QPs taking turns.
+    /// Returns when it next needs to be polled, if ever (`now` while such
+    /// work remains).
     pub fn poll(&mut self, mem: &dyn DmaMemory, now: Nanos) -> Option<Nanos> {
         let mut next: Option<Nanos> = None;
         let mut unresolved = Vec::new();
