@@ -22,7 +22,7 @@
 //!   per step, and `duplicate_request`): `huge_read_is_paced`,
 //!   `duplicate_read_does_not_multiply_responses`, `many_huge_reads_bounded`,
 //!   `requests_behind_a_read_wait_for_its_responses` (held in order, within
-//!   `RESP_HOLD_MAX`), `read_response_lost_mid_stream_is_re_requested`
+//!   `RESP_HOLD_MAX`), `requests_behind_a_read_within_the_window_are_not_lost`, `read_response_lost_mid_stream_is_re_requested`
 //!   (go-back-N into a stream in progress),
 //!   `read_streams_of_many_qps_take_turns` (polls serve the QPs round
 //!   robin under the link backlog).
@@ -1216,11 +1216,12 @@ fn many_huge_reads_bounded() {
 
 #[test]
 fn requests_behind_a_read_wait_for_its_responses() {
-    // A READ of 1 MiB (256 responses at path MTU 4096), then 20 WRITEs
-    // of 8 bytes asking for an ACK each, all handed to B at once: B holds
-    // the first RESP_HOLD_MAX WRITEs and drops the rest (the requester
-    // would resend them); it executes and acknowledges the held ones
-    // only after the READ's last response, in PSN order.
+    // A READ of 1 MiB (256 responses at path MTU 4096), then
+    // RESP_HOLD_MAX + 4 WRITEs of 8 bytes asking for an ACK each, all
+    // handed to B at once: B holds the first RESP_HOLD_MAX WRITEs and
+    // drops the rest (the requester would resend them); it executes and
+    // acknowledges the held ones only after the READ's last response, in
+    // PSN order.
     use vrnic::transport::responder::RESP_HOLD_MAX;
     let mut s = setup_4k();
     let len: u32 = 1 << 20;
@@ -1234,7 +1235,8 @@ fn requests_behind_a_read_wait_for_its_responses() {
     let qpn_b = s.qb.qpn;
     let n_read = len / 4096;
     let mut frames = vec![read_request(&s, 0, iova, rkey, len)];
-    for k in 0..20u32 {
+    let n_writes = RESP_HOLD_MAX as u32 + 4;
+    for k in 0..n_writes {
         let mut h = frame(a, &s.b, qpn_b, Opcode::RcWriteOnly, n_read + k, 0xffff);
         h.reth = Some(Reth {
             va: target + 8 * u64::from(k),
@@ -1251,17 +1253,19 @@ fn requests_behind_a_read_wait_for_its_responses() {
     }
     assert_eq!(
         s.b.dev.stats().rx_dropped,
-        dropped + (20 - RESP_HOLD_MAX as u64),
+        dropped + 4,
         "WRITEs past the hold bound"
     );
     assert!(
-        s.b.read(target, 160).iter().all(|&x| x == 0),
+        s.b.read(target, 8 * n_writes as usize)
+            .iter()
+            .all(|&x| x == 0),
         "a WRITE ran before the READ's responses"
     );
     // Everything B sends, in order: the 256 responses, then an ACK per
     // held WRITE.
     let mut sent = Vec::new();
-    for _ in 0..100 {
+    for _ in 0..200 {
         let mut step = Vec::new();
         while let Some(t) = s.b.dev.pop_tx() {
             if let Ok(Frame::Roce(p)) = wire::parse_frame(&t) {
@@ -1281,8 +1285,8 @@ fn requests_behind_a_read_wait_for_its_responses() {
         .chain((0..RESP_HOLD_MAX as u32).map(|k| (Opcode::RcAck, n_read + k)))
         .collect();
     assert_eq!(sent, want);
-    let mem = s.b.read(target, 160);
-    for k in 0..20 {
+    let mem = s.b.read(target, 8 * n_writes as usize);
+    for k in 0..n_writes as usize {
         let want = if k < RESP_HOLD_MAX { k as u8 + 1 } else { 0 };
         assert_eq!(mem[8 * k..8 * k + 8], [want; 8], "WRITE {k}");
     }
@@ -1290,8 +1294,8 @@ fn requests_behind_a_read_wait_for_its_responses() {
     for f in &frames[1 + RESP_HOLD_MAX..] {
         s.b.dev.receive(&s.b.mem, f, s.now);
     }
-    let mem = s.b.read(target, 160);
-    for k in RESP_HOLD_MAX..20 {
+    let mem = s.b.read(target, 8 * n_writes as usize);
+    for k in RESP_HOLD_MAX..n_writes as usize {
         assert_eq!(mem[8 * k..8 * k + 8], [k as u8 + 1; 8], "resent WRITE {k}");
     }
     assert_eq!(s.b.qp_state(qpn_b), abi::QPS_RTS);
@@ -1436,4 +1440,61 @@ fn read_streams_of_many_qps_take_turns() {
             "QP {i}: {before} responses after its request, {now} after 4 polls"
         );
     }
+}
+
+#[test]
+fn requests_behind_a_read_within_the_window_are_not_lost() {
+    // A READ of 100 responses, then 27 SENDs: 127 PSNs, all within the
+    // requester's window, on the wire at once. B answers the READ over
+    // two steps and holds the SENDs meanwhile: none is dropped, nothing
+    // waits for a timeout, the receive completions come in order.
+    let mut s = setup_4k();
+    connection_still_works(&mut s, "warm-up");
+    let size = 100 * 4096;
+    let remote = s.b.alloc(size);
+    let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+    s.b.fill(remote, &data);
+    let (_, rk) = s.b.reg_mr(s.pdb, remote, size as u64, ALL).unwrap();
+    let local = s.a.alloc(size);
+    let (lk, _) = s.a.reg_mr(s.pda, local, size as u64, ALL).unwrap();
+    let rbuf = s.b.alloc(4096);
+    let (lk_b, _) = s.b.reg_mr(s.pdb, rbuf, 4096, ALL).unwrap();
+    let now = s.now;
+    for k in 0..27u64 {
+        s.b.post_recv(&mut s.qb, 100 + k, &[sge(rbuf, 4096, lk_b)], now);
+    }
+    let (drops, retransmits) = (s.b.dev.stats().rx_dropped, s.a.dev.stats().retransmits);
+    s.post(
+        abi::SendWqe {
+            wr_id: 1,
+            opcode: abi::WR_RDMA_READ,
+            send_flags: abi::SEND_SIGNALED,
+            remote_addr: remote,
+            rkey: rk,
+            ..Default::default()
+        },
+        &[sge(local, size as u32, lk)],
+    );
+    for k in 0..27u64 {
+        s.post(
+            abi::SendWqe {
+                wr_id: 2 + k,
+                opcode: abi::WR_SEND,
+                send_flags: abi::SEND_SIGNALED,
+                ..Default::default()
+            },
+            &[sge(local, 8, lk)],
+        );
+    }
+    for k in 0..28u64 {
+        let c = s.cqe(false, "A");
+        assert_eq!((c.wr_id, c.status), (1 + k, abi::WC_SUCCESS));
+    }
+    for k in 0..27u64 {
+        let c = s.cqe(true, "B");
+        assert_eq!((c.wr_id, c.status), (100 + k, abi::WC_SUCCESS));
+    }
+    assert!(s.a.read(local, size) == data, "READ data differs");
+    assert_eq!(s.b.dev.stats().rx_dropped, drops);
+    assert_eq!(s.a.dev.stats().retransmits, retransmits);
 }

@@ -28,14 +28,17 @@ pub const READ_BURST: u32 = 64;
 /// Request frames one RC QP holds while its READ response stream is in
 /// progress (responses must leave in PSN order, IBTA §9.7.5.1.5: a later
 /// request is answered only after the READ's last response; rxe keeps
-/// them in the QP's `req_pkts` queue). Past it, and past
-/// [`RESP_HOLD_DEVICE_MAX`], such frames are dropped (counted in
-/// `rx_dropped`) and the requester's retransmission brings them again.
-pub const RESP_HOLD_MAX: usize = 16;
+/// them in the QP's `req_pkts` queue). The requester's window
+/// ([`crate::transport::requester::MAX_INFLIGHT_PKTS`], rxe's
+/// `RXE_MAX_UNACKED_PSNS`, both 128): what a conforming requester can
+/// send behind a READ fits. Past it, and past [`RESP_HOLD_DEVICE_MAX`],
+/// such frames are dropped (counted in `rx_dropped`) and the requester's
+/// retransmission brings them again.
+pub const RESP_HOLD_MAX: usize = crate::transport::requester::MAX_INFLIGHT_PKTS as usize;
 
 /// Request frames held by all QPs of a device together
-/// ([`RESP_HOLD_MAX`]).
-pub const RESP_HOLD_DEVICE_MAX: usize = 512;
+/// ([`RESP_HOLD_MAX`]): at most 1024 × [`HELD_FRAME_MAX`], 4.3 MiB.
+pub const RESP_HOLD_DEVICE_MAX: usize = 1024;
 
 /// Largest frame held, bytes: a RoCEv2 request over IPv6 with RETH,
 /// ImmDt and a 4096-byte payload fits (14 + 40 + 8 + 12 + 16 + 4 + 4096
