@@ -229,7 +229,12 @@ pub struct Handle {
     pub reserved: u32,
 }
 
-/// `ibv_device_attr`'s fields a driver needs.
+/// `ibv_device_attr`'s fields a driver needs, and the device's budgets
+/// (device spec §5.x.6.2): every count and size here is enforced by the
+/// commands, a single object beyond its maximum with `STATUS_EINVAL`, an
+/// object past a device-wide count or budget with `STATUS_ENOMEM` (as
+/// Linux rxe's verbs and `rxe_pool.c`). 96 bytes; the fields from
+/// `max_srq` on follow the 64 bytes of earlier devices.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceAttr {
@@ -259,6 +264,25 @@ pub struct DeviceAttr {
     pub max_qp_init_rd_atom: u32,
     /// Maximum inline data, bytes.
     pub max_inline: u32,
+    /// Maximum SRQs (`ibv_device_attr.max_srq`).
+    pub max_srq: u32,
+    /// Maximum WQEs per SRQ (`max_srq_wr`).
+    pub max_srq_wr: u32,
+    /// Maximum SGEs per SRQ receive WQE (`max_srq_sge`).
+    pub max_srq_sge: u32,
+    /// Maximum address handles (`max_ah`).
+    pub max_ah: u32,
+    /// Most page-list entries of one MR (`CMD_REG_MR` `npages`); more is
+    /// `STATUS_EINVAL`.
+    pub max_mr_pages: u32,
+    /// Page-list entries of all MRs of the device together; a
+    /// registration past it is `STATUS_ENOMEM` until MRs are deregistered.
+    pub max_total_mr_pages: u32,
+    /// SQ, RQ and SRQ ring entries of all QPs and SRQs of the device
+    /// together; a QP or SRQ past it is `STATUS_ENOMEM`.
+    pub max_total_wr: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
 }
 
 /// `CMD_QUERY_PORT` body.
@@ -930,7 +954,7 @@ pod!(
     CmdHeader = 8,
     RespHeader = 8,
     Handle = 8,
-    DeviceAttr = 64,
+    DeviceAttr = 96,
     QueryPort = 8,
     PortAttr = 24,
     QueryGid = 8,

@@ -20,6 +20,18 @@
 //!   the caller's clock, not from time 0: no false retransmission, no
 //!   `RETRY_EXC_ERR` with `retry_cnt` 0.
 //!
+//! - `mr_page_budget_enforced`, `object_limits_enforced`,
+//!   `query_device_advertises_limits` (item 8): MR page lists have a
+//!   per-MR maximum (`EINVAL` past it) and a per-device budget (`ENOMEM`,
+//!   freed by `DEREG_MR` and a reset); PDs, MRs, CQs, QPs, SRQs and AHs
+//!   their maximum counts and the SQ/RQ/SRQ rings a per-device budget of
+//!   entries (`ENOMEM`, room again after a destroy); `CMD_QUERY_DEVICE`
+//!   advertises exactly the limits enforced.
+//!
+//! - `sends_on_many_qps_respect_the_tx_backlog`: a guest ringing many
+//!   QPs at once does not make the device queue more than
+//!   `TX_BACKLOG_MAX` frames for the link; polls resume the rest.
+//!
 //! Simulated clock only; every wait is bounded. A test whose device could
 //! loop for minutes runs under [`bounded`], so a regression fails instead
 //! of hanging the suite.
@@ -425,4 +437,416 @@ fn sqd_to_rts_uses_the_callers_clock() {
     assert_eq!(s.a.qp_state(qpn), abi::QPS_RTS);
     let r = s.cqe(true, "the second receive");
     assert_eq!((r.wr_id, r.status), (2, abi::WC_SUCCESS));
+}
+
+// ---------------------------------------------------------------------------
+// Item 8: the daemon's memory per device is bounded. Every kind of object
+// has a maximum count, MR page lists a per-MR and a per-device budget,
+// and SQ/RQ/SRQ rings a per-device budget of entries; past a per-object
+// maximum a command fails with EINVAL, past a device budget with ENOMEM
+// (rxe: `rxe_param.h` limits, `rxe_pool.c`'s -ENOMEM at `max_elem`).
+
+use vrnic::device::{MAX_MR_PAGES, MAX_MR_PAGES_TOTAL, MAX_TOTAL_WR};
+
+/// A lone node (its link unused) with one PD.
+fn lone() -> (Node, u32) {
+    let (la, _lb) = QueueLink::pair();
+    let mut n = Node::new(1, Box::new(la), 1500);
+    let pd = n.alloc_pd();
+    (n, pd)
+}
+
+/// `CMD_REG_MR` of `npages` 4 KiB pages, all of them the page at `page`,
+/// through the page list at `list` (at least `npages` entries of it).
+fn reg_pages(n: &mut Node, pd: u32, list: u64, npages: u32) -> Result<u32, u32> {
+    let r = abi::RegMr {
+        pdn: pd,
+        access: abi::ACCESS_LOCAL_WRITE,
+        iova: 0x10_0000_0000,
+        length: u64::from(npages) * 4096,
+        page_shift: 12,
+        npages,
+        page_list: list,
+    };
+    n.cmd(abi::CMD_REG_MR, &r)
+        .map(|b| <abi::MrKeys as abi::Pod>::read_from(&b).unwrap().lkey)
+}
+
+/// A page list of `npages` entries naming the same page.
+fn alias_list(n: &mut Node, npages: u32) -> u64 {
+    let page = n.alloc(4096);
+    let list = n.alloc(npages as usize * 8);
+    let entries: Vec<u8> = (0..npages).flat_map(|_| page.to_le_bytes()).collect();
+    n.fill(list, &entries);
+    list
+}
+
+#[test]
+fn mr_page_budget_enforced() {
+    let (mut n, pd) = lone();
+    let list = alias_list(&mut n, MAX_MR_PAGES + 1);
+    // One MR past the per-MR maximum: EINVAL, whatever the budget.
+    assert_eq!(
+        reg_pages(&mut n, pd, list, MAX_MR_PAGES + 1),
+        Err(abi::STATUS_EINVAL)
+    );
+    // MRs of the per-MR maximum until the device's budget is spent.
+    let fit = (MAX_MR_PAGES_TOTAL / MAX_MR_PAGES) as usize;
+    let mut keys = Vec::new();
+    for k in 0..fit {
+        keys.push(
+            reg_pages(&mut n, pd, list, MAX_MR_PAGES).unwrap_or_else(|s| panic!("MR {k}: {s}")),
+        );
+    }
+    assert_eq!(
+        reg_pages(&mut n, pd, list, MAX_MR_PAGES),
+        Err(abi::STATUS_ENOMEM),
+        "MR {fit} past the page budget"
+    );
+    assert_eq!(
+        reg_pages(&mut n, pd, list, 1),
+        Err(abi::STATUS_ENOMEM),
+        "one page past the budget"
+    );
+    // A deregistered MR's pages are available again, and only those.
+    let lkey = keys.pop().unwrap();
+    n.cmd(
+        abi::CMD_DEREG_MR,
+        &abi::Handle {
+            handle: lkey,
+            reserved: 0,
+        },
+    )
+    .unwrap();
+    let small = reg_pages(&mut n, pd, list, 1).expect("one page after dereg");
+    assert_eq!(
+        reg_pages(&mut n, pd, list, MAX_MR_PAGES),
+        Err(abi::STATUS_ENOMEM),
+        "the freed pages less one"
+    );
+    assert!(reg_pages(&mut n, pd, list, MAX_MR_PAGES - 1).is_ok());
+    assert_eq!(reg_pages(&mut n, pd, list, 1), Err(abi::STATUS_ENOMEM));
+    // A device reset frees every page.
+    let _ = small;
+    n.dev.reset();
+    let pd = n.alloc_pd();
+    for k in 0..fit {
+        reg_pages(&mut n, pd, list, MAX_MR_PAGES)
+            .unwrap_or_else(|s| panic!("after reset, MR {k}: {s}"));
+    }
+}
+
+/// Creates objects with `create` until it fails, at most `max + 1` times;
+/// asserts that exactly `max` succeed and the next fails with ENOMEM, then
+/// that destroying one (`destroy`) makes room for exactly one more.
+fn fill_to_max(
+    n: &mut Node,
+    what: &str,
+    max: usize,
+    mut create: impl FnMut(&mut Node) -> Result<u32, u32>,
+    mut destroy: impl FnMut(&mut Node, u32) -> Result<Vec<u8>, u32>,
+) -> Vec<u32> {
+    let mut made = Vec::new();
+    for k in 0..max {
+        match create(n) {
+            Ok(h) => made.push(h),
+            Err(s) => panic!("{what} {k} of {max}: status {s}"),
+        }
+    }
+    assert_eq!(create(n), Err(abi::STATUS_ENOMEM), "{what} past {max}");
+    let h = made.pop().unwrap();
+    destroy(n, h).unwrap_or_else(|s| panic!("destroying {what}: {s}"));
+    made.push(create(n).unwrap_or_else(|s| panic!("{what} after a destroy: {s}")));
+    assert_eq!(
+        create(n),
+        Err(abi::STATUS_ENOMEM),
+        "{what} past {max} again"
+    );
+    made
+}
+
+fn destroy_cmd(opcode: u16) -> impl FnMut(&mut Node, u32) -> Result<Vec<u8>, u32> {
+    move |n, handle| {
+        n.cmd(
+            opcode,
+            &abi::Handle {
+                handle,
+                reserved: 0,
+            },
+        )
+    }
+}
+
+#[test]
+fn object_limits_enforced() {
+    use vrnic::device::{MAX_AH, MAX_CQ, MAX_MR, MAX_PD, MAX_QP, MAX_QP_WR, MAX_SRQ};
+    let (mut n, pd) = lone();
+    // Rings and records may overlap: the device only checks that they
+    // are driver memory.
+    let ring = n.alloc(2 << 20);
+    let db = n.alloc(4096);
+    let list = alias_list(&mut n, 1);
+
+    fill_to_max(
+        &mut n,
+        "PD",
+        MAX_PD - 1,
+        |n| {
+            n.cmd(abi::CMD_ALLOC_PD, &abi::Handle::default())
+                .map(Node::handle_of)
+        },
+        destroy_cmd(abi::CMD_DEALLOC_PD),
+    );
+    let mrs = fill_to_max(
+        &mut n,
+        "MR",
+        MAX_MR,
+        |n| reg_pages(n, pd, list, 1),
+        destroy_cmd(abi::CMD_DEREG_MR),
+    );
+    for lkey in mrs {
+        destroy_cmd(abi::CMD_DEREG_MR)(&mut n, lkey).unwrap();
+    }
+    let cq = |cqe| abi::CreateCq {
+        cqe,
+        reserved: 0,
+        ring,
+        db,
+    };
+    let cqs = fill_to_max(
+        &mut n,
+        "CQ",
+        MAX_CQ,
+        |n| n.cmd(abi::CMD_CREATE_CQ, &cq(1)).map(Node::handle_of),
+        destroy_cmd(abi::CMD_DESTROY_CQ),
+    );
+    let cqn = cqs[0];
+    let qp = |sq_size, rq_size| abi::CreateQp {
+        pdn: pd,
+        qp_type: abi::QPT_RC,
+        send_cqn: cqn,
+        recv_cqn: cqn,
+        sq_size,
+        rq_size,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline: 0,
+        sq_sig_all: 0,
+        sq: ring,
+        rq: ring,
+        db,
+        srqn: 0,
+        reserved: 0,
+    };
+    let qpn_of = |b: Vec<u8>| <abi::CreateQpResp as abi::Pod>::read_from(&b).unwrap().qpn;
+    let qps = fill_to_max(
+        &mut n,
+        "QP",
+        MAX_QP,
+        |n| n.cmd(abi::CMD_CREATE_QP, &qp(1, 1)).map(qpn_of),
+        destroy_cmd(abi::CMD_DESTROY_QP),
+    );
+    for qpn in qps {
+        destroy_cmd(abi::CMD_DESTROY_QP)(&mut n, qpn).unwrap();
+    }
+    let srq = |max_wr| abi::CreateSrq {
+        pdn: pd,
+        max_wr,
+        max_sge: 1,
+        srq_limit: 0,
+        ring,
+        db,
+    };
+    let srqn_of = |b: Vec<u8>| {
+        <abi::CreateSrqResp as abi::Pod>::read_from(&b)
+            .unwrap()
+            .srqn
+    };
+    let srqs = fill_to_max(
+        &mut n,
+        "SRQ",
+        MAX_SRQ,
+        |n| n.cmd(abi::CMD_CREATE_SRQ, &srq(1)).map(srqn_of),
+        destroy_cmd(abi::CMD_DESTROY_SRQ),
+    );
+    for srqn in srqs {
+        destroy_cmd(abi::CMD_DESTROY_SRQ)(&mut n, srqn).unwrap();
+    }
+    let ah = abi::CreateAh {
+        pdn: pd,
+        dgid: std::net::Ipv4Addr::new(10, 0, 0, 2)
+            .to_ipv6_mapped()
+            .octets(),
+        sgid_index: 1,
+        hop_limit: 64,
+        port_num: 1,
+        is_global: 1,
+        ..Default::default()
+    };
+    fill_to_max(
+        &mut n,
+        "AH",
+        MAX_AH,
+        |n| n.cmd(abi::CMD_CREATE_AH, &ah).map(Node::handle_of),
+        destroy_cmd(abi::CMD_DESTROY_AH),
+    );
+
+    // Ring entries, all QPs and SRQs together: QPs of the largest rings
+    // (SQ + RQ) until the device's budget is spent, then an SRQ of the
+    // largest ring does not fit either; one QP destroyed makes room.
+    let per_qp = 2 * u64::from(MAX_QP_WR);
+    let fit = (u64::from(MAX_TOTAL_WR) / per_qp) as usize;
+    let big = fill_to_max(
+        &mut n,
+        "QP of the largest rings",
+        fit,
+        |n| {
+            n.cmd(abi::CMD_CREATE_QP, &qp(MAX_QP_WR, MAX_QP_WR))
+                .map(qpn_of)
+        },
+        destroy_cmd(abi::CMD_DESTROY_QP),
+    );
+    assert_eq!(
+        n.cmd(abi::CMD_CREATE_SRQ, &srq(MAX_QP_WR)).map(srqn_of),
+        Err(abi::STATUS_ENOMEM)
+    );
+    assert_eq!(
+        n.cmd(abi::CMD_CREATE_QP, &qp(1, 1)).map(qpn_of),
+        Err(abi::STATUS_ENOMEM),
+        "two entries past the ring budget"
+    );
+    // One QP's SQ and RQ make room for two SRQs of the largest ring.
+    destroy_cmd(abi::CMD_DESTROY_QP)(&mut n, big[0]).unwrap();
+    for _ in 0..2 {
+        n.cmd(abi::CMD_CREATE_SRQ, &srq(MAX_QP_WR))
+            .map(srqn_of)
+            .unwrap();
+    }
+    assert_eq!(
+        n.cmd(abi::CMD_CREATE_SRQ, &srq(1)).map(srqn_of),
+        Err(abi::STATUS_ENOMEM)
+    );
+    // A ring above the per-object maximum is EINVAL, not ENOMEM.
+    assert_eq!(
+        n.cmd(abi::CMD_CREATE_SRQ, &srq(2 * MAX_QP_WR)).map(srqn_of),
+        Err(abi::STATUS_EINVAL)
+    );
+}
+
+#[test]
+fn query_device_advertises_limits() {
+    use vrnic::device::*;
+    let (mut n, _) = lone();
+    let b = n
+        .cmd(abi::CMD_QUERY_DEVICE, &abi::Handle::default())
+        .unwrap();
+    assert_eq!(b.len(), size_of::<abi::DeviceAttr>());
+    let a = <abi::DeviceAttr as abi::Pod>::read_from(&b).unwrap();
+    let got = [
+        ("max_qp", a.max_qp as usize, MAX_QP),
+        ("max_cq", a.max_cq as usize, MAX_CQ),
+        ("max_mr", a.max_mr as usize, MAX_MR),
+        ("max_pd", a.max_pd as usize, MAX_PD),
+        ("max_srq", a.max_srq as usize, MAX_SRQ),
+        ("max_ah", a.max_ah as usize, MAX_AH),
+        ("max_qp_wr", a.max_qp_wr as usize, MAX_QP_WR as usize),
+        ("max_srq_wr", a.max_srq_wr as usize, MAX_QP_WR as usize),
+        ("max_cqe", a.max_cqe as usize, MAX_CQE as usize),
+        ("max_sge", a.max_sge as usize, MAX_SGE as usize),
+        ("max_srq_sge", a.max_srq_sge as usize, MAX_SGE as usize),
+        (
+            "max_mr_pages",
+            a.max_mr_pages as usize,
+            MAX_MR_PAGES as usize,
+        ),
+        (
+            "max_total_mr_pages",
+            a.max_total_mr_pages as usize,
+            MAX_MR_PAGES_TOTAL as usize,
+        ),
+        (
+            "max_total_wr",
+            a.max_total_wr as usize,
+            MAX_TOTAL_WR as usize,
+        ),
+    ];
+    for (what, advertised, enforced) in got {
+        assert_eq!(advertised, enforced, "{what}");
+    }
+    assert_eq!(a.max_mr_size, MAX_MR_SIZE);
+    // The configuration space agrees with the query.
+    let c = n.dev.config_space();
+    assert_eq!(
+        (
+            c.max_qp,
+            c.max_cq,
+            c.max_mr,
+            c.max_pd,
+            c.max_qp_wr,
+            c.max_cqe
+        ),
+        (
+            a.max_qp,
+            a.max_cq,
+            a.max_mr,
+            a.max_pd,
+            a.max_qp_wr,
+            a.max_cqe
+        )
+    );
+}
+
+#[test]
+fn sends_on_many_qps_respect_the_tx_backlog() {
+    // A guest rings 16 QPs, each with a 1 MiB RDMA WRITE (1024 packets at
+    // path MTU 1024, a window of 128), without the daemon draining the
+    // link in between: what waits for the link stays within
+    // TX_BACKLOG_MAX frames, and polls resume the rest.
+    use vrnic::transport::TX_BACKLOG_MAX;
+    let mut s = setup(ConnOpts::default(), true);
+    for _ in 0..4 {
+        s.a.pump(s.now);
+        s.b.pump(s.now);
+    }
+    let len = 1 << 20;
+    let src = s.a.alloc(len);
+    let (lkey, _) = s.a.reg_mr(s.pda, src, len as u64, ALL).unwrap();
+    let (ip_b, qpn_b, now) = (s.b.ip, s.qb.qpn, s.now);
+    let mut qps: Vec<_> = (0..16)
+        .map(|_| {
+            let q = s.a.create_qp(s.pda, &s.ca, 4, 1);
+            s.a.connect(&q, ip_b, qpn_b, 3, 0, 0, 7, 7);
+            q
+        })
+        .collect();
+    for q in &mut qps {
+        let w = abi::SendWqe {
+            wr_id: 1,
+            opcode: abi::WR_RDMA_WRITE,
+            remote_addr: 0x1000,
+            rkey: 0x1234,
+            ..Default::default()
+        };
+        s.a.post_send(q, w, &[sge(src, len as u32, lkey)], now);
+    }
+    let queued = std::iter::from_fn(|| s.a.dev.pop_tx()).count();
+    assert!(
+        queued <= TX_BACKLOG_MAX,
+        "16 doorbells queued {queued} frames"
+    );
+    // Each QP sends its window (128 PSNs) in all, a backlog per poll.
+    let mut total = queued;
+    for _ in 0..64 {
+        s.a.dev.poll(&s.a.mem, now);
+        let n = std::iter::from_fn(|| s.a.dev.pop_tx()).count();
+        assert!(n <= TX_BACKLOG_MAX, "one poll queued {n} frames");
+        if n == 0 {
+            break;
+        }
+        total += n;
+    }
+    assert_eq!(
+        total,
+        16 * vrnic::transport::requester::MAX_INFLIGHT_PKTS as usize
+    );
 }

@@ -18,6 +18,14 @@
 //!   `arp_from_stranger_not_learned`, `ns_from_stranger_not_learned`,
 //!   `neighbour_table_bounded`, `neighbour_entries_expire`,
 //!   `neighbour_in_use_is_reprobed_not_dropped`.
+//! - Item 3, READ amplification (rxe_resp.c's `read_reply`, one response
+//!   per step, and `duplicate_request`): `huge_read_is_paced`,
+//!   `duplicate_read_does_not_multiply_responses`, `many_huge_reads_bounded`,
+//!   `requests_behind_a_read_wait_for_its_responses` (held in order, within
+//!   `RESP_HOLD_MAX`), `requests_behind_a_read_within_the_window_are_not_lost`, `read_response_lost_mid_stream_is_re_requested`
+//!   (go-back-N into a stream in progress),
+//!   `read_streams_of_many_qps_take_turns` (polls serve the QPs round
+//!   robin under the link backlog).
 //!
 //! A third host on the segment ("the attacker", 10.0.0.66) is simulated by
 //! handing crafted frames straight to a device's `receive`; what the device
@@ -337,12 +345,20 @@ fn setup_4k() -> RcPair {
     RcPair::on((Box::new(la), Box::new(lb)), o, true)
 }
 
-/// Registers on `n` an MR of `len` bytes at iova `iova` whose every page is
-/// the same 4 KiB of driver memory: a huge region that costs one page.
-/// Returns (lkey, rkey, the page's address).
+/// Registers on `n` an MR of `len` bytes at iova `iova` (2 MiB aligned)
+/// whose every page is the same page of driver memory: a huge region that
+/// costs one page. The page is 4 KiB, or 2 MiB when 4 KiB pages would
+/// need more than `MAX_MR_PAGES` entries (a 4 GiB MR). Returns (lkey,
+/// rkey, the page's address).
 fn aliased_mr(n: &mut Node, pdn: u32, iova: u64, len: u64) -> (u32, u32, u64) {
-    let page = n.alloc(4096);
-    let npages = len.div_ceil(4096);
+    let shift = if len.div_ceil(4096) <= u64::from(vrnic::device::MAX_MR_PAGES) {
+        12
+    } else {
+        21
+    };
+    let size = 1u64 << shift;
+    let page = n.alloc(2 * size as usize).next_multiple_of(size);
+    let npages = len.div_ceil(size);
     let list = n.alloc(npages as usize * 8);
     let entries: Vec<u8> = (0..npages).flat_map(|_| page.to_le_bytes()).collect();
     n.fill(list, &entries);
@@ -351,7 +367,7 @@ fn aliased_mr(n: &mut Node, pdn: u32, iova: u64, len: u64) -> (u32, u32, u64) {
         access: ALL,
         iova,
         length: len,
-        page_shift: 12,
+        page_shift: shift,
         npages: npages as u32,
         page_list: list,
     };
@@ -967,4 +983,518 @@ fn ud_wrong_pkey_or_qkey_is_dropped() {
     inject(&mut n, &good, &[2; 8], 0);
     let c = n.poll_cq(&mut cq).expect("the good datagram");
     assert_eq!((c.wr_id, c.status, c.byte_len), (1, abi::WC_SUCCESS, 48));
+}
+
+// ---------------------------------------------------------------------------
+// Item 3: READ amplification. READ responses are produced incrementally:
+// at most `READ_BURST` per QP and step (`receive`, `poll`), none while
+// `TX_BACKLOG_MAX` frames wait for the link; a duplicate READ restarts
+// the QP's one response stream instead of adding a second one (rxe's
+// `read_reply`, one packet per call, and `duplicate_request`).
+
+/// Most READ response frames one QP produces per step.
+const READ_BURST: usize = vrnic::transport::responder::READ_BURST as usize;
+
+/// Drains `n`'s transmit queue: the READ responses in it (PSN, payload
+/// length, first payload byte), and the number of other frames.
+fn drain_responses(n: &mut Node) -> (Vec<(u32, usize, u8)>, usize) {
+    let (mut resp, mut other) = (Vec::new(), 0);
+    while let Some(t) = n.dev.pop_tx() {
+        match wire::parse_frame(&t) {
+            Ok(Frame::Roce(p)) if p.hdr.bth.opcode.is_read_response() => resp.push((
+                p.hdr.bth.psn,
+                p.payload.len(),
+                p.payload.first().copied().unwrap_or(0),
+            )),
+            _ => other += 1,
+        }
+    }
+    (resp, other)
+}
+
+/// Lets A and B resolve each other (ARP) so that B's transmit queue
+/// holds nothing but what the test provokes.
+fn settle(s: &mut RcPair) {
+    for _ in 0..4 {
+        s.a.pump(s.now);
+        s.b.pump(s.now);
+    }
+}
+
+/// A READ request from A's address to B's QP.
+fn read_request(s: &RcPair, psn: u32, va: u64, rkey: u32, len: u32) -> Vec<u8> {
+    let a = (s.a.ip, s.a.dev.config_space().mac);
+    let mut h = frame(a, &s.b, s.qb.qpn, Opcode::RcReadRequest, psn, 0xffff);
+    h.reth = Some(Reth {
+        va,
+        rkey,
+        dma_len: len,
+    });
+    let mut f = Vec::new();
+    wire::emit_frame(&h, &[], &mut f);
+    f
+}
+
+/// Polls B until its READ responses stop (at most `max_polls` polls),
+/// checking that no step queues more than `READ_BURST` frames; returns the
+/// responses.
+fn poll_responses(s: &mut RcPair, max_polls: usize) -> Vec<(u32, usize, u8)> {
+    let mut all = Vec::new();
+    for _ in 0..max_polls {
+        s.b.dev.poll(&s.b.mem, s.now);
+        let (r, other) = drain_responses(&mut s.b);
+        assert!(
+            r.len() + other <= READ_BURST,
+            "{} frames queued by one poll",
+            r.len() + other
+        );
+        if r.is_empty() {
+            return all;
+        }
+        all.extend(r);
+    }
+    panic!("READ responses still coming after {max_polls} polls");
+}
+
+#[test]
+fn huge_read_is_paced() {
+    // One 74-byte READ request for 256 MiB (65,536 responses at path MTU
+    // 4096, from an MR whose pages all alias one page).
+    let mut s = setup_4k();
+    let len: u32 = 256 << 20;
+    let iova = 0x7000_0000_0000;
+    let (_, rkey, page) = aliased_mr(&mut s.b, s.pdb, iova, len.into());
+    s.b.fill(page, &[0x5a; 4096]);
+    settle(&mut s);
+    let req = read_request(&s, 0, iova, rkey, len);
+    s.b.dev.receive(&s.b.mem, &req, s.now);
+    let (first, other) = drain_responses(&mut s.b);
+    assert_eq!(other, 0);
+    assert!(
+        !first.is_empty() && first.len() <= READ_BURST,
+        "one receive() queued {} READ responses",
+        first.len()
+    );
+    // The rest, a burst per poll, in PSN order, every byte read.
+    let rest = poll_responses(&mut s, 2 * (len as usize / 4096) / READ_BURST + 10);
+    let all: Vec<_> = first.into_iter().chain(rest).collect();
+    assert_eq!(all.len(), len as usize / 4096);
+    for (k, &(psn, n, b)) in all.iter().enumerate() {
+        assert_eq!((psn, n, b), (k as u32, 4096, 0x5a), "response {k}");
+    }
+    assert_eq!(s.b.qp_state(s.qb.qpn), abi::QPS_RTS);
+
+    // End to end between the two engines: A READs 256 MiB into an MR of
+    // its own whose pages alias one page; the responses trickle over
+    // many polls and the READ completes with every byte.
+    let (lkey_a, _, page_a) = aliased_mr(&mut s.a, s.pda, iova, len.into());
+    let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    s.b.fill(page, &pattern);
+    s.post(
+        abi::SendWqe {
+            wr_id: 9,
+            opcode: abi::WR_RDMA_READ,
+            send_flags: abi::SEND_SIGNALED,
+            remote_addr: iova,
+            rkey,
+            ..Default::default()
+        },
+        &[sge(iova, len, lkey_a)],
+    );
+    let c = s.cqe(false, "256 MiB READ");
+    assert_eq!((c.wr_id, c.status, c.byte_len), (9, abi::WC_SUCCESS, len));
+    assert_eq!(s.a.read(page_a, 4096), pattern);
+    // And a READ of distinct bytes (4 MiB) after it.
+    let size = 4 << 20;
+    let remote = s.b.alloc(size);
+    let data: Vec<u8> = (0..size).map(|i| (i / 4093) as u8 ^ i as u8).collect();
+    s.b.fill(remote, &data);
+    let (_, rk) = s.b.reg_mr(s.pdb, remote, size as u64, ALL).unwrap();
+    let local = s.a.alloc(size);
+    let (lk, _) = s.a.reg_mr(s.pda, local, size as u64, ALL).unwrap();
+    s.post(
+        abi::SendWqe {
+            wr_id: 10,
+            opcode: abi::WR_RDMA_READ,
+            send_flags: abi::SEND_SIGNALED,
+            remote_addr: remote,
+            rkey: rk,
+            ..Default::default()
+        },
+        &[sge(local, size as u32, lk)],
+    );
+    let c = s.cqe(false, "4 MiB READ");
+    assert_eq!((c.wr_id, c.status), (10, abi::WC_SUCCESS));
+    assert!(s.a.read(local, size) == data, "READ data differs");
+    assert_eq!(s.a.dev.stats().retransmits, 0);
+}
+
+#[test]
+fn duplicate_read_does_not_multiply_responses() {
+    // A READ of 64 MiB (16,384 responses), then the same request ten
+    // times more before the responses are done, and once from the
+    // attacker's address.
+    let mut s = setup_4k();
+    let len: u32 = 64 << 20;
+    let iova = 0x7000_0000_0000;
+    let (_, rkey, page) = aliased_mr(&mut s.b, s.pdb, iova, len.into());
+    s.b.fill(page, &[0x5a; 4096]);
+    settle(&mut s);
+    let req = read_request(&s, 0, iova, rkey, len);
+    let mut total = 0;
+    for k in 0..11 {
+        s.b.dev.receive(&s.b.mem, &req, s.now);
+        let (r, other) = drain_responses(&mut s.b);
+        assert!(r.len() + other <= READ_BURST, "request {k}: {}", r.len());
+        total += r.len();
+    }
+    // The duplicate from another address is dropped by the header checks.
+    let mut forged = frame(
+        (ATTACKER_IP, ATTACKER_MAC),
+        &s.b,
+        s.qb.qpn,
+        Opcode::RcReadRequest,
+        0,
+        0xffff,
+    );
+    forged.reth = Some(Reth {
+        va: iova,
+        rkey,
+        dma_len: len,
+    });
+    let drops = s.b.dev.stats().rx_drop_bad_src_addr;
+    assert!(inject(&mut s.b, &forged, &[], s.now).is_empty());
+    assert_eq!(s.b.dev.stats().rx_drop_bad_src_addr, drops + 1);
+    // The duplicates restarted the one stream: the full response once,
+    // plus at most a burst per restart, never eleven copies.
+    let rest = poll_responses(&mut s, 2 * 16384 / READ_BURST + 10);
+    let n = len as usize / 4096;
+    assert_eq!(rest.last().map(|r| r.0), Some(n as u32 - 1));
+    total += rest.len();
+    assert!(
+        total >= n && total <= n + 11 * READ_BURST,
+        "{total} responses for 11 copies of a {n}-response READ"
+    );
+    assert_eq!(s.b.dev.stats().duplicates, 10);
+    assert_eq!(s.b.qp_state(s.qb.qpn), abi::QPS_RTS);
+}
+
+#[test]
+fn many_huge_reads_bounded() {
+    // Four 512 MiB READ requests in a row (responder resources for 4),
+    // handed to B before anything is drained: what B queues stays within
+    // one burst, and the four are answered in order, a burst per poll.
+    let (la, lb) = QueueLink::pair();
+    let o = ConnOpts {
+        mtu: 5,
+        max_rd_atomic: 4,
+        ..ConnOpts::default()
+    };
+    let mut s = RcPair::on((Box::new(la), Box::new(lb)), o, true);
+    let len: u32 = 512 << 20;
+    let iova = 0x7000_0000_0000;
+    let (_, rkey, page) = aliased_mr(&mut s.b, s.pdb, iova, len.into());
+    s.b.fill(page, &[0x5a; 4096]);
+    let per = len / 4096;
+    settle(&mut s);
+    for k in 0..4 {
+        let req = read_request(&s, k * per, iova, rkey, len);
+        s.b.dev.receive(&s.b.mem, &req, s.now);
+    }
+    let (first, other) = drain_responses(&mut s.b);
+    assert!(
+        first.len() + other <= READ_BURST,
+        "four READ requests queued {} frames",
+        first.len() + other
+    );
+    let rest = poll_responses(&mut s, 2 * 4 * per as usize / READ_BURST + 10);
+    let all: Vec<_> = first.into_iter().chain(rest).collect();
+    assert_eq!(all.len(), 4 * per as usize);
+    assert!(all.iter().enumerate().all(|(k, r)| r.0 == k as u32));
+    assert_eq!(s.b.qp_state(s.qb.qpn), abi::QPS_RTS);
+}
+
+#[test]
+fn requests_behind_a_read_wait_for_its_responses() {
+    // A READ of 1 MiB (256 responses at path MTU 4096), then
+    // RESP_HOLD_MAX + 4 WRITEs of 8 bytes asking for an ACK each, all
+    // handed to B at once: B holds the first RESP_HOLD_MAX WRITEs and
+    // drops the rest (the requester would resend them); it executes and
+    // acknowledges the held ones only after the READ's last response, in
+    // PSN order.
+    use vrnic::transport::responder::RESP_HOLD_MAX;
+    let mut s = setup_4k();
+    let len: u32 = 1 << 20;
+    let iova = 0x7000_0000_0000;
+    let (_, rkey, page) = aliased_mr(&mut s.b, s.pdb, iova, len.into());
+    s.b.fill(page, &[0x5a; 4096]);
+    let target = s.b.alloc(4096);
+    let (_, rk_t) = s.b.reg_mr(s.pdb, target, 4096, ALL).unwrap();
+    settle(&mut s);
+    let a = (s.a.ip, s.a.dev.config_space().mac);
+    let qpn_b = s.qb.qpn;
+    let n_read = len / 4096;
+    let mut frames = vec![read_request(&s, 0, iova, rkey, len)];
+    let n_writes = RESP_HOLD_MAX as u32 + 4;
+    for k in 0..n_writes {
+        let mut h = frame(a, &s.b, qpn_b, Opcode::RcWriteOnly, n_read + k, 0xffff);
+        h.reth = Some(Reth {
+            va: target + 8 * u64::from(k),
+            rkey: rk_t,
+            dma_len: 8,
+        });
+        let mut f = Vec::new();
+        wire::emit_frame(&h, &[k as u8 + 1; 8], &mut f);
+        frames.push(f);
+    }
+    let dropped = s.b.dev.stats().rx_dropped;
+    for f in &frames {
+        s.b.dev.receive(&s.b.mem, f, s.now);
+    }
+    assert_eq!(
+        s.b.dev.stats().rx_dropped,
+        dropped + 4,
+        "WRITEs past the hold bound"
+    );
+    assert!(
+        s.b.read(target, 8 * n_writes as usize)
+            .iter()
+            .all(|&x| x == 0),
+        "a WRITE ran before the READ's responses"
+    );
+    // Everything B sends, in order: the 256 responses, then an ACK per
+    // held WRITE.
+    let mut sent = Vec::new();
+    for _ in 0..200 {
+        let mut step = Vec::new();
+        while let Some(t) = s.b.dev.pop_tx() {
+            if let Ok(Frame::Roce(p)) = wire::parse_frame(&t) {
+                step.push((p.hdr.bth.opcode, p.hdr.bth.psn));
+            }
+        }
+        assert!(step.len() <= READ_BURST + RESP_HOLD_MAX, "{}", step.len());
+        sent.extend(step);
+        s.b.dev.poll(&s.b.mem, s.now);
+    }
+    let want: Vec<_> = (0..n_read)
+        .map(|k| match k {
+            0 => (Opcode::RcReadResponseFirst, 0),
+            k if k + 1 == n_read => (Opcode::RcReadResponseLast, k),
+            k => (Opcode::RcReadResponseMiddle, k),
+        })
+        .chain((0..RESP_HOLD_MAX as u32).map(|k| (Opcode::RcAck, n_read + k)))
+        .collect();
+    assert_eq!(sent, want);
+    let mem = s.b.read(target, 8 * n_writes as usize);
+    for k in 0..n_writes as usize {
+        let want = if k < RESP_HOLD_MAX { k as u8 + 1 } else { 0 };
+        assert_eq!(mem[8 * k..8 * k + 8], [want; 8], "WRITE {k}");
+    }
+    // The dropped ones, resent, are executed now.
+    for f in &frames[1 + RESP_HOLD_MAX..] {
+        s.b.dev.receive(&s.b.mem, f, s.now);
+    }
+    let mem = s.b.read(target, 8 * n_writes as usize);
+    for k in RESP_HOLD_MAX..n_writes as usize {
+        assert_eq!(mem[8 * k..8 * k + 8], [k as u8 + 1; 8], "resent WRITE {k}");
+    }
+    assert_eq!(s.b.qp_state(qpn_b), abi::QPS_RTS);
+}
+
+/// A link that loses the `nth` RoCEv2 frame sent through it (counting
+/// from 0), and no other.
+struct LoseOne {
+    inner: QueueLink,
+    nth: usize,
+    sent: usize,
+}
+
+impl vrnic::link::Link for LoseOne {
+    fn send(&mut self, frame: &[u8]) -> std::io::Result<()> {
+        if matches!(wire::parse_frame(frame), Ok(Frame::Roce(_))) {
+            self.sent += 1;
+            if self.sent == self.nth + 1 {
+                return Ok(());
+            }
+        }
+        self.inner.send(frame)
+    }
+
+    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
+        self.inner.recv(buf)
+    }
+
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+}
+
+#[test]
+fn read_response_lost_mid_stream_is_re_requested() {
+    // A READ of 2 MiB between the engines (512 responses at path MTU
+    // 4096); B's link loses its 300th response. A re-requests from it,
+    // B restarts its stream there (one duplicate, no second stream), and
+    // the READ completes with every byte, without waiting for a timeout.
+    let (la, lb) = QueueLink::pair();
+    let lb = LoseOne {
+        inner: lb,
+        nth: 300,
+        sent: 0,
+    };
+    let o = ConnOpts {
+        mtu: 5,
+        ..ConnOpts::default()
+    };
+    let mut s = RcPair::on((Box::new(la), Box::new(lb)), o, true);
+    let size = 2 << 20;
+    let remote = s.b.alloc(size);
+    let data: Vec<u8> = (0..size).map(|i| (i / 4099) as u8 ^ (i as u8)).collect();
+    s.b.fill(remote, &data);
+    let (_, rk) = s.b.reg_mr(s.pdb, remote, size as u64, ALL).unwrap();
+    let local = s.a.alloc(size);
+    let (lk, _) = s.a.reg_mr(s.pda, local, size as u64, ALL).unwrap();
+    let start = s.now;
+    s.post(
+        abi::SendWqe {
+            wr_id: 4,
+            opcode: abi::WR_RDMA_READ,
+            send_flags: abi::SEND_SIGNALED,
+            remote_addr: remote,
+            rkey: rk,
+            ..Default::default()
+        },
+        &[sge(local, size as u32, lk)],
+    );
+    let c = s.cqe(false, "READ with a lost response");
+    assert_eq!((c.wr_id, c.status), (4, abi::WC_SUCCESS));
+    assert!(s.a.read(local, size) == data, "READ data differs");
+    assert_eq!(s.b.dev.stats().duplicates, 1, "one re-request");
+    assert_eq!(s.a.dev.stats().retransmits, 0, "no timeout");
+    // B sent the 512 responses, the lost one and whatever followed it
+    // before the re-request arrived (at most a few bursts) again.
+    let tx = s.b.dev.stats().tx_frames;
+    assert!(tx <= 512 + 4 * READ_BURST as u64, "B sent {tx} frames");
+    assert!(s.now - start < 1_000_000_000, "took {} ns", s.now - start);
+}
+
+#[test]
+fn read_streams_of_many_qps_take_turns() {
+    // Eight QPs of B each answer a 64 MiB READ. With the link backlog
+    // (TX_BACKLOG_MAX) room for four bursts per poll, the polls serve the
+    // QPs in turn: every stream moves within the first few polls, none
+    // waits for the others to finish.
+    use vrnic::transport::TX_BACKLOG_MAX;
+    let mut s = setup_4k();
+    let len: u32 = 64 << 20;
+    let iova = 0x7000_0000_0000;
+    let (_, rkey, page) = aliased_mr(&mut s.b, s.pdb, iova, len.into());
+    s.b.fill(page, &[0x5a; 4096]);
+    settle(&mut s);
+    let a = (s.a.ip, s.a.dev.config_space().mac);
+    let (ip_a, qpn_a) = (s.a.ip, s.qa.qpn);
+    let qpns: Vec<u32> = (0..8)
+        .map(|_| {
+            let q = s.b.create_qp(s.pdb, &s.cb, 4, 1);
+            s.b.connect(&q, ip_a, qpn_a, 5, 0, 0, 7, 7);
+            q.qpn
+        })
+        .collect();
+    settle(&mut s);
+    let mut got = vec![0usize; qpns.len()];
+    let count = |n: &mut Node, got: &mut Vec<usize>| {
+        let mut frames = 0;
+        while let Some(t) = n.dev.pop_tx() {
+            frames += 1;
+            if let Ok(Frame::Roce(p)) = wire::parse_frame(&t) {
+                if let Some(i) = qpns
+                    .iter()
+                    .position(|&q| vrnic::transport::udp_src_port(q) == p.hdr.udp_src)
+                {
+                    got[i] += 1;
+                }
+            }
+        }
+        frames
+    };
+    for &qpn in &qpns {
+        let mut h = frame(a, &s.b, qpn, Opcode::RcReadRequest, 0, 0xffff);
+        h.reth = Some(Reth {
+            va: iova,
+            rkey,
+            dma_len: len,
+        });
+        let mut f = Vec::new();
+        wire::emit_frame(&h, &[], &mut f);
+        s.b.dev.receive(&s.b.mem, &f, s.now);
+        count(&mut s.b, &mut got);
+    }
+    let after_requests = got.clone();
+    for _ in 0..4 {
+        s.b.dev.poll(&s.b.mem, s.now);
+        let n = count(&mut s.b, &mut got);
+        assert!(n <= TX_BACKLOG_MAX, "one poll queued {n} frames");
+    }
+    for (i, (&before, &now)) in after_requests.iter().zip(&got).enumerate() {
+        assert!(
+            now >= before + READ_BURST,
+            "QP {i}: {before} responses after its request, {now} after 4 polls"
+        );
+    }
+}
+
+#[test]
+fn requests_behind_a_read_within_the_window_are_not_lost() {
+    // A READ of 100 responses, then 27 SENDs: 127 PSNs, all within the
+    // requester's window, on the wire at once. B answers the READ over
+    // two steps and holds the SENDs meanwhile: none is dropped, nothing
+    // waits for a timeout, the receive completions come in order.
+    let mut s = setup_4k();
+    connection_still_works(&mut s, "warm-up");
+    let size = 100 * 4096;
+    let remote = s.b.alloc(size);
+    let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+    s.b.fill(remote, &data);
+    let (_, rk) = s.b.reg_mr(s.pdb, remote, size as u64, ALL).unwrap();
+    let local = s.a.alloc(size);
+    let (lk, _) = s.a.reg_mr(s.pda, local, size as u64, ALL).unwrap();
+    let rbuf = s.b.alloc(4096);
+    let (lk_b, _) = s.b.reg_mr(s.pdb, rbuf, 4096, ALL).unwrap();
+    let now = s.now;
+    for k in 0..27u64 {
+        s.b.post_recv(&mut s.qb, 100 + k, &[sge(rbuf, 4096, lk_b)], now);
+    }
+    let (drops, retransmits) = (s.b.dev.stats().rx_dropped, s.a.dev.stats().retransmits);
+    s.post(
+        abi::SendWqe {
+            wr_id: 1,
+            opcode: abi::WR_RDMA_READ,
+            send_flags: abi::SEND_SIGNALED,
+            remote_addr: remote,
+            rkey: rk,
+            ..Default::default()
+        },
+        &[sge(local, size as u32, lk)],
+    );
+    for k in 0..27u64 {
+        s.post(
+            abi::SendWqe {
+                wr_id: 2 + k,
+                opcode: abi::WR_SEND,
+                send_flags: abi::SEND_SIGNALED,
+                ..Default::default()
+            },
+            &[sge(local, 8, lk)],
+        );
+    }
+    for k in 0..28u64 {
+        let c = s.cqe(false, "A");
+        assert_eq!((c.wr_id, c.status), (1 + k, abi::WC_SUCCESS));
+    }
+    for k in 0..27u64 {
+        let c = s.cqe(true, "B");
+        assert_eq!((c.wr_id, c.status), (100 + k, abi::WC_SUCCESS));
+    }
+    assert!(s.a.read(local, size) == data, "READ data differs");
+    assert_eq!(s.b.dev.stats().rx_dropped, drops);
+    assert_eq!(s.a.dev.stats().retransmits, retransmits);
 }

@@ -116,6 +116,13 @@ fn run(args: &Args, errors: &mut Vec<String>) -> Result<(), TransportError> {
                 a.max_qp_init_rd_atom
             );
             println!("query_device.max_inline: {}", a.max_inline);
+            println!("query_device.max_srq: {}", a.max_srq);
+            println!("query_device.max_srq_wr: {}", a.max_srq_wr);
+            println!("query_device.max_srq_sge: {}", a.max_srq_sge);
+            println!("query_device.max_ah: {}", a.max_ah);
+            println!("query_device.max_mr_pages: {}", a.max_mr_pages);
+            println!("query_device.max_total_mr_pages: {}", a.max_total_mr_pages);
+            println!("query_device.max_total_wr: {}", a.max_total_wr);
         }
         Err(e) => errors.push(e),
     }

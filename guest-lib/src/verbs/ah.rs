@@ -68,7 +68,7 @@ impl Ah {
     /// RoCE: `EINVAL` without `is_global`, for a port other than 1, an
     /// unspecified or multicast `dgid`, a `sgid_index` that names no GID or
     /// a GID of the other address family; `ENOENT` for a PD of another
-    /// device; `ENOMEM` when the device's address handle table is full.
+    /// device; `ENOMEM` when the device has `max_ah` address handles.
     pub fn new(pd: &Pd, attr: &AhAttr) -> Result<Ah> {
         let body = abi::CreateAh {
             pdn: pd.pdn(),

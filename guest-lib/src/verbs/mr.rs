@@ -49,8 +49,9 @@ impl<'a> Mr<'a> {
     /// ([`VerbsError::Os`], e.g. `ENOMEM` above `RLIMIT_MEMLOCK`); a failed
     /// address translation (memory the transport cannot give the device,
     /// e.g. outside the loopback transport's arenas); the device's status
-    /// (`EPERM` for remote write/atomic without local write, `ENOMEM` at
-    /// `max_mr`).
+    /// (`EPERM` for remote write/atomic without local write, `EINVAL` for
+    /// more pages than `max_mr_pages`, `ENOMEM` at `max_mr` or past
+    /// `max_total_mr_pages`, `ibv_query_device`'s budgets).
     pub fn register(pd: &Pd, buf: &'a mut [u8], access: u32) -> Result<Mr<'a>> {
         Self::reg(pd, buf.as_mut_ptr(), buf.len(), access, true)
     }

@@ -527,7 +527,8 @@ impl Qp {
     /// out of DMA memory; the device's status (`EINVAL` beyond `max_qp_wr`,
     /// `max_sge` or `max_inline`, for an SRQ of another PD; `ENOENT` for a
     /// CQ or SRQ
-    /// the device does not know; `ENOMEM` at `max_qp`);
+    /// the device does not know; `ENOMEM` at `max_qp` or when the rings
+    /// would exceed the device's `max_total_wr` ring entries);
     /// [`VerbsError::BadResponse`] when the device's strides exceed the rings.
     pub fn new(pd: &Pd, init: &QpInitAttr<'_>) -> Result<Qp> {
         let ctx = pd.context().clone();

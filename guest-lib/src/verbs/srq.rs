@@ -88,8 +88,9 @@ impl Srq {
     ///
     /// Errors: `EINVAL` for more than 255 SGEs or impossible sizes; out of
     /// DMA memory; the device's status (`EINVAL` beyond `max_qp_wr` or
-    /// `max_sge`, or for a `srq_limit` above the ring size; `ENOMEM` when
-    /// the device has no SRQ left); [`VerbsError::BadResponse`] when the
+    /// `max_sge`, or for a `srq_limit` above the ring size; `ENOMEM` at
+    /// `max_srq` or when the ring would exceed the device's `max_total_wr`
+    /// ring entries); [`VerbsError::BadResponse`] when the
     /// device's stride or size does not fit the ring.
     pub fn new(pd: &Pd, init: &SrqInitAttr) -> Result<Srq> {
         let ctx = pd.context().clone();

@@ -59,6 +59,19 @@ impl Device {
         Ok(())
     }
 
+    /// True when rings of `a` and `b` more entries fit the device's
+    /// budget of ring entries ([`MAX_TOTAL_WR`]) beside every QP's SQ and
+    /// RQ and every SRQ's ring. O(QPs + SRQs), at most 2,048 objects.
+    fn ring_entries_fit(&self, a: u32, b: u32) -> bool {
+        let qps = self
+            .qps
+            .values()
+            .map(|q| u64::from(q.sq.size) + u64::from(q.rq.size));
+        let srqs = self.srqs.values().map(|s| u64::from(s.ring.size));
+        let used: u64 = qps.chain(srqs).sum();
+        used + u64::from(a) + u64::from(b) <= u64::from(MAX_TOTAL_WR)
+    }
+
     pub(super) fn command(
         &mut self,
         mem: &dyn DmaMemory,
@@ -93,6 +106,14 @@ impl Device {
                     max_qp_rd_atom: crate::verbs::qp::MAX_QP_RD_ATOM,
                     max_qp_init_rd_atom: crate::verbs::qp::MAX_QP_RD_ATOM,
                     max_inline: MAX_INLINE,
+                    max_srq: MAX_SRQ as u32,
+                    max_srq_wr: MAX_QP_WR,
+                    max_srq_sge: MAX_SGE,
+                    max_ah: MAX_AH as u32,
+                    max_mr_pages: MAX_MR_PAGES,
+                    max_total_mr_pages: MAX_MR_PAGES_TOTAL,
+                    max_total_wr: MAX_TOTAL_WR,
+                    reserved: 0,
                 };
                 Ok(put(out, &attr))
             }
@@ -201,7 +222,8 @@ impl Device {
             }
             abi::CMD_DESTROY_QP => {
                 let qpn = handle(args)?;
-                self.qps.remove(qpn).ok_or(abi::STATUS_ENOENT)?;
+                let mut qp = self.qps.remove(qpn).ok_or(abi::STATUS_ENOENT)?;
+                qp.resp.release(&mut self.out);
                 Ok(0)
             }
             abi::CMD_CREATE_AH => {
@@ -297,24 +319,43 @@ impl Device {
             return Err(abi::STATUS_ENOENT);
         }
         validate_reg(&r, MAX_MR_SIZE)?;
+        // One MR beyond the per-MR maximum is invalid; past the device's
+        // count or page budget the device is out of resources (rxe: a
+        // full pool is -ENOMEM). Both before any work on the page list.
         if r.npages > MAX_MR_PAGES {
             return Err(abi::STATUS_EINVAL);
         }
+        let npages = r.npages as usize;
+        if self.mrs.len() >= MAX_MR
+            || self.mrs.pages().saturating_add(npages) > MAX_MR_PAGES_TOTAL as usize
+        {
+            return Err(abi::STATUS_ENOMEM);
+        }
         let page = 1u64 << r.page_shift;
-        let list_len = r.npages as u64 * 8;
-        probe(mem, r.page_list, list_len)?;
-        let mut pages = vec![0u64; r.npages as usize];
-        let mut raw = vec![0u8; list_len as usize];
-        mem.read(r.page_list, &mut raw)
-            .map_err(|_| abi::STATUS_EFAULT)?;
-        for (p, chunk) in pages.iter_mut().zip(raw.chunks_exact(8)) {
-            *p = u64::from_le_bytes(chunk.try_into().expect("8-byte chunk"));
-            if *p & (page - 1) != 0 {
-                return Err(abi::STATUS_EINVAL);
+        probe(mem, r.page_list, r.npages as u64 * 8)?;
+        // Read a page of entries at a time: the only copy of the list the
+        // daemon keeps is `pages` (8 bytes an entry).
+        let mut pages = Vec::with_capacity(npages);
+        let mut chunk = [0u8; 4096];
+        let mut gpa = r.page_list;
+        while pages.len() < npages {
+            let n = (npages - pages.len()).min(chunk.len() / 8);
+            let raw = &mut chunk[..n * 8];
+            mem.read(gpa, raw).map_err(|_| abi::STATUS_EFAULT)?;
+            gpa = gpa
+                .checked_add(raw.len() as u64)
+                .ok_or(abi::STATUS_EFAULT)?;
+            for entry in raw.chunks_exact(8) {
+                let p = u64::from_le_bytes(entry.try_into().expect("8-byte chunk"));
+                if p & (page - 1) != 0 {
+                    return Err(abi::STATUS_EINVAL);
+                }
+                // Every page must be driver memory: checked now, so a bad
+                // page list is rejected at registration rather than at
+                // first use.
+                probe(mem, p, page)?;
+                pages.push(p);
             }
-            // Every page must be driver memory: checked now, so a bad page
-            // list is rejected at registration rather than at first use.
-            probe(mem, *p, page)?;
         }
         let mr = Mr {
             lkey: 0,
@@ -400,7 +441,7 @@ impl Device {
         if c.max_send_sge > MAX_SGE || c.max_recv_sge > MAX_SGE || c.max_inline > MAX_INLINE {
             return Err(abi::STATUS_EINVAL);
         }
-        if self.qps.len() >= MAX_QP {
+        if self.qps.len() >= MAX_QP || !self.ring_entries_fit(c.sq_size, c.rq_size) {
             return Err(abi::STATUS_ENOMEM);
         }
         let sq_stride = abi::sq_stride(c.max_send_sge, c.max_inline);
@@ -478,7 +519,7 @@ impl Device {
         if c.max_sge > MAX_SGE || c.srq_limit > c.max_wr {
             return Err(abi::STATUS_EINVAL);
         }
-        if self.srqs.len() >= MAX_SRQ {
+        if self.srqs.len() >= MAX_SRQ || !self.ring_entries_fit(c.max_wr, 0) {
             return Err(abi::STATUS_ENOMEM);
         }
         let stride = abi::rq_stride(c.max_sge);
@@ -545,6 +586,7 @@ impl Device {
             match next {
                 abi::QPS_RESET => {
                     qp.req = ReqState::default();
+                    qp.resp.release(env.out);
                     qp.resp = RespState::default();
                     // The rings restart empty: publish consumer indices 0.
                     crate::transport::write_record(qp, &env);

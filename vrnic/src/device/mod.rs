@@ -235,8 +235,23 @@ pub const MAX_INLINE: u32 = 512;
 pub const MAX_MSG_SZ: u32 = 1 << 31;
 /// Largest MR, bytes.
 pub const MAX_MR_SIZE: u64 = 1 << 40;
-/// Largest page list of one MR (entries).
-pub const MAX_MR_PAGES: u32 = 1 << 20;
+/// Largest page list of one MR, entries (`DeviceAttr::max_mr_pages`):
+/// 2 GiB (`MAX_MSG_SZ`) in 4 KiB pages. `CMD_REG_MR` with more is
+/// `STATUS_EINVAL`. It bounds one registration's work (reading and
+/// checking every entry: about 17 ms of worker time at 2^19) and its copy
+/// in the daemon (4 MiB).
+pub const MAX_MR_PAGES: u32 = 1 << 19;
+/// Page-list entries of all MRs of a device together
+/// (`DeviceAttr::max_total_mr_pages`): 8 GiB registered in 4 KiB pages,
+/// 16 MiB of page lists in the daemon. A registration past it is
+/// `STATUS_ENOMEM` (rxe's pools answer a full pool so) until MRs are
+/// deregistered.
+pub const MAX_MR_PAGES_TOTAL: u32 = 1 << 21;
+/// SQ, RQ and SRQ ring entries of all QPs and SRQs of a device together
+/// (`DeviceAttr::max_total_wr`): `CMD_CREATE_QP` or `CMD_CREATE_SRQ` past
+/// it is `STATUS_ENOMEM`. The rings live in driver memory; the budget
+/// bounds the worker time of walking them all (flushes, resets).
+pub const MAX_TOTAL_WR: u32 = 1 << 20;
 
 /// True when `index`, a producer index a driver rang for a ring of `size`
 /// slots, is within the queue's window: at or after the device's fetch
@@ -263,6 +278,10 @@ pub struct Device {
     srqs: HandleTable<Srq>,
     neigh: NeighTable,
     out: Output,
+    /// The QP table slot [`Device::poll`] serves first: the first QP that
+    /// found the link backlog full in the previous poll, so that QPs
+    /// resuming READ streams and long sends take turns.
+    poll_from: usize,
 }
 
 impl Device {
@@ -296,6 +315,7 @@ impl Device {
             srqs: HandleTable::new(HandleSpace::numbers(MAX_SRQ)),
             neigh: NeighTable::default(),
             out: Output::default(),
+            poll_from: 0,
         }
     }
 
@@ -515,7 +535,7 @@ impl Device {
             } else if qp.qp_type == abi::QPT_UD {
                 env.out.stats.rx_dropped += 1;
             } else if pkt.hdr.bth.opcode.is_request() {
-                responder::on_request(qp, &mut env, &pkt);
+                responder::on_request(qp, &mut env, &pkt, frame);
             } else {
                 completer::on_response(qp, &mut env, &pkt);
             }
@@ -523,12 +543,22 @@ impl Device {
     }
 
     /// Runs timers due at `now` (retransmission, RNR back-off, ARP retries,
-    /// neighbour expiry).
-    /// Returns when it next needs to be polled, if ever.
+    /// neighbour expiry) and resumes the work stopped at a burst limit or
+    /// at the link backlog (`transport::TX_BACKLOG_MAX`): READ response
+    /// streams and long sends, the QPs taking turns.
+    /// Returns when it next needs to be polled, if ever (`now` while such
+    /// work remains).
     pub fn poll(&mut self, mem: &dyn DmaMemory, now: Nanos) -> Option<Nanos> {
         let mut next: Option<Nanos> = None;
         let mut unresolved = Vec::new();
-        for qp in self.qps.values_mut() {
+        // Round robin under the link backlog: start at the first QP the
+        // last poll left without room (TX_BACKLOG_MAX), if any.
+        let start = self.poll_from;
+        let mut starved = None;
+        for (slot, qp) in self.qps.values_mut_from(start) {
+            if starved.is_none() && self.out.tx.len() >= crate::transport::TX_BACKLOG_MAX {
+                starved = Some(slot);
+            }
             let t = qp_step!(self, qp, mem, now, |env| {
                 if qp.qp_type == abi::QPT_UD {
                     if qp.req.waiting_arp.is_some() || qp.req.more {
@@ -541,7 +571,10 @@ impl Device {
                         arp
                     }
                 } else {
-                    completer::on_timer(qp, &mut env)
+                    // The READ response stream, resumed a burst at a time.
+                    let more = responder::run(qp, &mut env).then_some(now);
+                    let t = completer::on_timer(qp, &mut env);
+                    [more, t].into_iter().flatten().min()
                 }
             });
             if let Some(t) = t {
@@ -551,6 +584,7 @@ impl Device {
                 unresolved.push(dgid);
             }
         }
+        self.poll_from = starved.unwrap_or(start);
         for dgid in unresolved {
             self.resolve(dgid, now);
         }

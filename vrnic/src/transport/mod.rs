@@ -89,7 +89,21 @@ pub struct Output {
     pub stats: DeviceStats,
     /// Next IPv4 identification value.
     pub ip_id: u16,
+    /// Request frames held by the QPs' responders while their READ
+    /// streams are in progress, all QPs together (at most
+    /// [`responder::RESP_HOLD_DEVICE_MAX`]).
+    pub held_frames: usize,
 }
+
+/// Frames queued for the link (device-wide, [`Output::tx`]) at or above
+/// which the transport produces no more data packets: READ responses
+/// ([`responder::run`]), RC/UC request packets ([`requester::run`]) and UD
+/// datagrams ([`datagram::run`]) wait for the owner to drain
+/// `Device::pop_tx`, and the next `Device::poll` resumes them. With the
+/// answers one received frame or command produces (an ACK, a NAK), it
+/// bounds the frames waiting for the link: about 1.1 MiB at path MTU
+/// 4096. The pacing is the owner's: it drains to the link between calls.
+pub const TX_BACKLOG_MAX: usize = 256;
 
 /// Largest number of queued events kept for a driver that posts no event
 /// buffers; older events beyond it are dropped.

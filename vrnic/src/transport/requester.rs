@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use crate::abi::{self, Sge};
 use crate::device::MAX_MSG_SZ;
 use crate::mem;
-use crate::transport::{peer_headers, psn, Env};
+use crate::transport::{peer_headers, psn, Env, TX_BACKLOG_MAX};
 use crate::verbs::mr::MrError;
 use crate::verbs::qp::Qp;
 use crate::wire::{AtomicEth, Ieth, Immdt, Opcode, Reth};
@@ -490,7 +490,12 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
     qp.req.waiting_arp = None;
     qp.req.more = false;
     let mut budget = BURST;
+    let mut backlog = false;
     while budget > 0 {
+        if env.out.tx.len() >= TX_BACKLOG_MAX {
+            backlog = true;
+            break;
+        }
         let pos = qp.req.send_pos;
         if pos < qp.req.inflight.len() {
             let op = &qp.req.inflight[pos];
@@ -556,7 +561,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             break;
         }
     }
-    qp.req.more = budget == 0;
+    qp.req.more = budget == 0 || backlog;
     crate::transport::completer::complete_head_errors(qp, env);
 }
 

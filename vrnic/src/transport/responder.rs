@@ -6,13 +6,68 @@
 use crate::abi;
 use crate::device::MAX_MSG_SZ;
 use crate::transport::recv_queue::{self, RecvCtx};
-use crate::transport::{psn, qp_to_error, reply_headers, write_record, Env};
+use crate::transport::{
+    psn, qp_to_error, reply_headers, write_record, Env, Output, TX_BACKLOG_MAX,
+};
 use crate::verbs::qp::Qp;
-use crate::wire::{Aeth, AtomicAckEth, NakCode, Opcode, RocePacket, Transport};
+use crate::wire::{
+    self, Aeth, AtomicAckEth, Frame, NakCode, Opcode, RoceHeaders, RocePacket, Transport,
+};
 
 /// "Unlimited" credit count in an ACK's AETH (IBTA Table 44: 0x1F is
 /// "invalid/no credit information", which end-to-end flow control ignores).
 const CREDITS_UNLIMITED: u8 = 0x1f;
+
+/// Most READ response packets one QP's response stream sends in one step
+/// (one [`on_request`] or [`run`] call), as the requester's burst limit
+/// for long sends: a READ of any size is answered incrementally, resumed
+/// by [`crate::device::Device::poll`] (rxe's `read_reply` sends one packet
+/// per call and its responder task reschedules itself).
+pub const READ_BURST: u32 = 64;
+
+/// Request frames one RC QP holds while its READ response stream is in
+/// progress (responses must leave in PSN order, IBTA §9.7.5.1.5: a later
+/// request is answered only after the READ's last response; rxe keeps
+/// them in the QP's `req_pkts` queue). The requester's window
+/// ([`crate::transport::requester::MAX_INFLIGHT_PKTS`], rxe's
+/// `RXE_MAX_UNACKED_PSNS`, both 128): what a conforming requester can
+/// send behind a READ fits. Past it, and past [`RESP_HOLD_DEVICE_MAX`],
+/// such frames are dropped (counted in `rx_dropped`) and the requester's
+/// retransmission brings them again.
+pub const RESP_HOLD_MAX: usize = crate::transport::requester::MAX_INFLIGHT_PKTS as usize;
+
+/// Request frames held by all QPs of a device together
+/// ([`RESP_HOLD_MAX`]): at most 1024 × [`HELD_FRAME_MAX`], 4.3 MiB.
+pub const RESP_HOLD_DEVICE_MAX: usize = 1024;
+
+/// Largest frame held, bytes: a RoCEv2 request over IPv6 with RETH,
+/// ImmDt and a 4096-byte payload fits (14 + 40 + 8 + 12 + 16 + 4 + 4096
+/// + 4 = 4194). A longer frame cannot be a valid request.
+pub const HELD_FRAME_MAX: usize = 4352;
+
+/// The READ response stream of a QP: the responses of one READ request
+/// (or of a duplicate that restarted it) still to send. rxe's
+/// `qp->resp.res` with its `read.va`, `read.resid` and `cur_psn`.
+#[derive(Debug, Clone)]
+pub struct ReadStream {
+    /// PSN of the next response.
+    pub psn: u32,
+    /// Virtual address of the next byte to read.
+    pub va: u64,
+    /// Bytes still to send.
+    pub resid: u32,
+    /// R_Key of the request, checked again for every response (rxe's
+    /// `rxe_recheck_mr`): an MR deregistered meanwhile ends the stream
+    /// with a remote access error NAK.
+    pub rkey: u32,
+    /// No response sent yet: the next is FIRST (or ONLY).
+    pub first: bool,
+    /// MSN carried in the AETH of FIRST, LAST and ONLY responses.
+    pub msn: u32,
+    /// Headers of the request being answered: responses go to its source,
+    /// which the header checks proved is the QP's peer.
+    pub req: RoceHeaders,
+}
 
 /// An RDMA WRITE in progress.
 #[derive(Debug, Clone, Copy)]
@@ -55,6 +110,12 @@ pub struct RespState {
     /// resources of IBTA §9.5 (rxe's `resources`). A duplicate READ or
     /// atomic is answered again only if it falls in one of them.
     pub rd_atomic: std::collections::VecDeque<RdAtomicRes>,
+    /// The READ response stream in progress, if any (at most one per QP).
+    pub read: Option<ReadStream>,
+    /// Request frames received while `read` was in progress, in arrival
+    /// order, each at most [`HELD_FRAME_MAX`] bytes, at most
+    /// [`RESP_HOLD_MAX`] of them: processed once the stream has ended.
+    pub held: std::collections::VecDeque<Vec<u8>>,
 }
 
 /// One responder resource: an executed RDMA READ or atomic request.
@@ -114,6 +175,15 @@ impl RdAtomicRes {
 }
 
 impl RespState {
+    /// Ends the READ response stream and forgets the held request frames,
+    /// returning them to the device's count ([`Output::held_frames`]):
+    /// when the QP goes to ERR or RESET or is destroyed.
+    pub fn release(&mut self, out: &mut Output) {
+        self.read = None;
+        out.held_frames = out.held_frames.saturating_sub(self.held.len());
+        self.held.clear();
+    }
+
     /// The resource whose responses include `p`, newest first.
     fn rd_atomic_res(&self, p: u32) -> Option<RdAtomicRes> {
         self.rd_atomic
@@ -153,9 +223,134 @@ fn fail(nak: NakCode) -> Fail {
 }
 
 /// Handles a request packet addressed to `qp` (RC or UC; UD requests go
-/// to [`crate::transport::datagram::on_request`]). Packets of another
-/// transport than the QP's are dropped.
-pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
+/// to [`crate::transport::datagram::on_request`]); `frame` is the whole
+/// frame it was parsed from. Packets of another transport than the QP's
+/// are dropped. While an RC QP's READ response stream is in progress a
+/// request is held (bounded: [`RESP_HOLD_MAX`]) until the stream ends,
+/// except a duplicate READ, which restarts the stream at once (rxe's
+/// `duplicate_request`). Then sends what the stream has to send, within
+/// [`READ_BURST`].
+pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, frame: &[u8]) {
+    let busy = qp.resp.read.is_some() || !qp.resp.held.is_empty();
+    let dup_read =
+        pkt.hdr.bth.opcode == Opcode::RcReadRequest && psn::diff(pkt.hdr.bth.psn, qp.resp.epsn) < 0;
+    if busy && qp.qp_type == abi::QPT_RC && !dup_read {
+        hold(qp, env, frame);
+        return;
+    }
+    process(qp, env, pkt);
+    run(qp, env);
+}
+
+/// Keeps `frame` for after the READ stream, within the bounds.
+fn hold(qp: &mut Qp, env: &mut Env, frame: &[u8]) {
+    if qp.resp.held.len() < RESP_HOLD_MAX
+        && env.out.held_frames < RESP_HOLD_DEVICE_MAX
+        && frame.len() <= HELD_FRAME_MAX
+    {
+        qp.resp.held.push_back(frame.to_vec());
+        env.out.held_frames += 1;
+    } else {
+        env.out.stats.rx_dropped += 1;
+    }
+}
+
+/// Continues the QP's responder work: the READ response stream, at most
+/// [`READ_BURST`] packets and none while [`TX_BACKLOG_MAX`] frames wait
+/// for the link; once it has ended, the held requests in order (one of
+/// which may start another stream). Returns true when work remains, for
+/// the next [`crate::device::Device::poll`] ("now"). Bounded: at most
+/// `READ_BURST` responses and [`RESP_HOLD_MAX`] held frames per call.
+pub fn run(qp: &mut Qp, env: &mut Env) -> bool {
+    let mut budget = READ_BURST;
+    for _ in 0..=RESP_HOLD_MAX {
+        if !read_reply(qp, env, &mut budget) {
+            return true;
+        }
+        let Some(frame) = qp.resp.held.pop_front() else {
+            return false;
+        };
+        env.out.held_frames = env.out.held_frames.saturating_sub(1);
+        // It parsed when it arrived; parsed again, it borrows this copy.
+        if let Ok(Frame::Roce(pkt)) = wire::parse_frame(&frame) {
+            process(qp, env, &pkt);
+        }
+    }
+    qp.resp.read.is_some() || !qp.resp.held.is_empty()
+}
+
+/// Sends the next responses of the QP's READ stream (IBTA §9.7.4.1.4;
+/// rxe's `read_reply`), decrementing `budget` per packet. True when no
+/// stream is left in progress (ended, or none); false when it stopped for
+/// the budget or the link backlog.
+fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
+    let Some(mut st) = qp.resp.read.take() else {
+        return true;
+    };
+    let mtu = qp.mtu();
+    let mut buf = [0u8; 4096];
+    loop {
+        if *budget == 0 || env.out.tx.len() >= TX_BACKLOG_MAX {
+            qp.resp.read = Some(st);
+            return false;
+        }
+        let last = st.resid <= mtu;
+        let len = st.resid.min(mtu);
+        let opcode = match (st.first, last) {
+            (true, true) => Opcode::RcReadResponseOnly,
+            (true, false) => Opcode::RcReadResponseFirst,
+            (false, true) => Opcode::RcReadResponseLast,
+            (false, false) => Opcode::RcReadResponseMiddle,
+        };
+        let data = buf.get_mut(..len as usize).unwrap_or_default();
+        if len > 0 {
+            let read = env
+                .mrs
+                .check(
+                    st.rkey,
+                    qp.pdn,
+                    abi::ACCESS_REMOTE_READ,
+                    st.va,
+                    u64::from(len),
+                )
+                .map_err(|_| ())
+                .and_then(|mr| mr.read(env.mem, st.va, data).map_err(|_| ()));
+            if read.is_err() {
+                env.out.stats.nak_sent(NakCode::RemoteAccessError);
+                let aeth = Aeth::nak(qp.resp.msn, NakCode::RemoteAccessError);
+                let mut hdr = reply_headers(qp, env.port, &st.req, Opcode::RcAck, st.psn, aeth);
+                env.out.send(&mut hdr, &[]);
+                qp_to_error(qp, env, abi::WC_REM_ACCESS_ERR);
+                return true;
+            }
+        }
+        let aeth = Aeth::ack(st.msn, CREDITS_UNLIMITED);
+        let mut hdr = reply_headers(qp, env.port, &st.req, opcode, st.psn, aeth);
+        if opcode == Opcode::RcReadResponseMiddle {
+            hdr.aeth = None;
+        }
+        env.out.send(&mut hdr, data);
+        *budget -= 1;
+        if last {
+            return true;
+        }
+        // va + resid was checked against the MR when the stream started.
+        let Some(va) = st.va.checked_add(u64::from(len)) else {
+            return true;
+        };
+        st = ReadStream {
+            psn: psn::add(st.psn, 1),
+            va,
+            resid: st.resid - len,
+            first: false,
+            ..st
+        };
+    }
+}
+
+/// [`on_request`] without holding and without the stream: checks and
+/// executes one request.
+fn process(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     if !matches!(
         qp.state,
         abi::QPS_RTR | abi::QPS_RTS | abi::QPS_SQD | abi::QPS_SQE
@@ -198,7 +393,15 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
             // from its remembered result, never executed twice.
             match qp.resp.rd_atomic_res(bth.psn) {
                 Some(r) if bth.opcode == Opcode::RcReadRequest && r.replays_read(pkt, qp.mtu()) => {
-                    let _ = read_responses(qp, env, pkt);
+                    // The stream restarts here, replacing any other in
+                    // progress (the requester goes back N: it re-requests
+                    // what followed too); never a second stream.
+                    if let Ok(st) = read_stream(qp, env, pkt) {
+                        qp.resp.read = Some(ReadStream {
+                            msn: qp.resp.msn,
+                            ..st
+                        });
+                    }
                 }
                 Some(RdAtomicRes {
                     psn,
@@ -225,7 +428,8 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     qp.resp.nak_sent = false;
     match execute(qp, env, pkt) {
         Ok(Some(())) if bth.opcode == Opcode::RcReadRequest || bth.opcode.is_atomic() => {
-            // Responses were sent by execute; a READ consumes one PSN per response.
+            // A READ's responses stream from qp.resp.read (an atomic's ACK
+            // was sent by execute); a READ consumes one PSN per response.
             let n = match pkt.hdr.reth {
                 Some(r) if bth.opcode == Opcode::RcReadRequest => {
                     r.dma_len.div_ceil(qp.mtu()).max(1)
@@ -368,8 +572,13 @@ fn execute(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<()>, F
         return Err(fail(NakCode::InvalidRequest));
     }
     if op == Opcode::RcReadRequest {
-        read_responses(qp, env, pkt)?;
+        let st = read_stream(qp, env, pkt)?;
+        // C9-148: the MSN counts the READ at once (rxe's execute).
         qp.resp.msn = psn::add(qp.resp.msn, 1);
+        qp.resp.read = Some(ReadStream {
+            msn: qp.resp.msn,
+            ..st
+        });
         return Ok(Some(()));
     }
     if op.is_atomic() {
@@ -398,9 +607,11 @@ fn check_length(pkt: &RocePacket, mtu: u32) -> Result<(), Fail> {
     Ok(())
 }
 
-/// Validates a READ request and sends its responses, starting at the
-/// request's PSN (IBTA §9.7.4.1.4): FIRST/ONLY and LAST carry an AETH.
-fn read_responses(qp: &Qp, env: &mut Env, pkt: &RocePacket) -> Result<(), Fail> {
+/// Validates a READ request (IBTA §9.7.4.1.4; rxe's `check_rkey` for a
+/// READ) and returns the response stream that answers it, starting at the
+/// request's PSN (its `msn` to be filled in by the caller). Nothing is
+/// sent here: [`run`] sends the responses, a burst at a time.
+fn read_stream(qp: &Qp, env: &mut Env, pkt: &RocePacket) -> Result<ReadStream, Fail> {
     let Some(reth) = pkt.hdr.reth else {
         return Err(fail(NakCode::InvalidRequest));
     };
@@ -408,61 +619,29 @@ fn read_responses(qp: &Qp, env: &mut Env, pkt: &RocePacket) -> Result<(), Fail> 
     if reth.dma_len > MAX_MSG_SZ {
         return Err(fail(NakCode::InvalidRequest));
     }
-    let mr = if reth.dma_len > 0 {
+    if reth.dma_len > 0 {
         if qp.attr.qp_access_flags & abi::ACCESS_REMOTE_READ == 0 {
             return Err(fail(NakCode::RemoteAccessError));
         }
-        Some(
-            env.mrs
-                .check(
-                    reth.rkey,
-                    qp.pdn,
-                    abi::ACCESS_REMOTE_READ,
-                    reth.va,
-                    reth.dma_len as u64,
-                )
-                .map_err(|_| fail(NakCode::RemoteAccessError))?,
-        )
-    } else {
-        None
-    };
-    let mtu = qp.mtu();
-    let n = reth.dma_len.div_ceil(mtu).max(1);
-    let mut buf = vec![0u8; mtu as usize];
-    for k in 0..n {
-        let opcode = match (k == 0, k + 1 == n) {
-            (true, true) => Opcode::RcReadResponseOnly,
-            (true, false) => Opcode::RcReadResponseFirst,
-            (false, true) => Opcode::RcReadResponseLast,
-            (false, false) => Opcode::RcReadResponseMiddle,
-        };
-        // k < n = ceil(dma_len / mtu): off < dma_len <= MAX_MSG_SZ, and
-        // va + dma_len was checked against the MR.
-        let off = k * mtu;
-        let len = (reth.dma_len - off).min(mtu) as usize;
-        if let Some(mr) = mr {
-            let va = reth
-                .va
-                .checked_add(u64::from(off))
-                .ok_or(fail(NakCode::RemoteAccessError))?;
-            mr.read(env.mem, va, &mut buf[..len])
-                .map_err(|_| fail(NakCode::RemoteAccessError))?;
-        }
-        let aeth = Aeth::ack(psn::add(qp.resp.msn, 1), CREDITS_UNLIMITED);
-        let mut hdr = reply_headers(
-            qp,
-            env.port,
-            &pkt.hdr,
-            opcode,
-            psn::add(pkt.hdr.bth.psn, k),
-            aeth,
-        );
-        if opcode == Opcode::RcReadResponseMiddle {
-            hdr.aeth = None;
-        }
-        env.out.send(&mut hdr, &buf[..len]);
+        env.mrs
+            .check(
+                reth.rkey,
+                qp.pdn,
+                abi::ACCESS_REMOTE_READ,
+                reth.va,
+                reth.dma_len as u64,
+            )
+            .map_err(|_| fail(NakCode::RemoteAccessError))?;
     }
-    Ok(())
+    Ok(ReadStream {
+        psn: pkt.hdr.bth.psn,
+        va: reth.va,
+        resid: reth.dma_len,
+        rkey: reth.rkey,
+        first: true,
+        msn: 0,
+        req: pkt.hdr.clone(),
+    })
 }
 
 /// Executes a compare-and-swap or fetch-and-add on an aligned 8-byte
@@ -750,6 +929,7 @@ fn complete_recv_flags(
 /// the other QPs (IBTA §10.2.9.5; the driver gets `EV_QP_LAST_WQE_REACHED`).
 pub fn flush(qp: &mut Qp, env: &mut Env) {
     qp.resp.write = None;
+    qp.resp.release(env.out);
     for ctx in [qp.resp.recv.take(), qp.resp.spare.take()]
         .into_iter()
         .flatten()

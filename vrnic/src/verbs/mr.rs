@@ -114,6 +114,8 @@ impl Mr {
 pub struct MrTable {
     table: HandleTable<Mr>,
     keys: KeySource,
+    /// Page-list entries of all live MRs.
+    pages: usize,
 }
 
 impl MrTable {
@@ -127,7 +129,14 @@ impl MrTable {
                 max,
             }),
             keys,
+            pages: 0,
         }
+    }
+
+    /// Page-list entries of all live MRs together (what the device's
+    /// page budget, `device::MAX_MR_PAGES_TOTAL`, counts).
+    pub fn pages(&self) -> usize {
+        self.pages
     }
 
     /// Number of live MRs.
@@ -144,11 +153,13 @@ impl MrTable {
     /// `None` when the table's maximum of MRs exist.
     pub fn insert(&mut self, mr: Mr) -> Option<(u32, u32)> {
         let key = self.keys.next_u32();
+        let npages = mr.pages.len();
         let k = self.table.insert_with(key, |k| Mr {
             lkey: k,
             rkey: k,
             ..mr
         })?;
+        self.pages += npages;
         Some((k, k))
     }
 
@@ -159,7 +170,9 @@ impl MrTable {
 
     /// Removes the MR named by `lkey`.
     pub fn remove(&mut self, lkey: u32) -> Option<Mr> {
-        self.table.remove(lkey)
+        let mr = self.table.remove(lkey)?;
+        self.pages = self.pages.saturating_sub(mr.pages.len());
+        Some(mr)
     }
 
     /// Continues the key allocation and the key source of `old` (the

@@ -171,6 +171,24 @@ impl<T> HandleTable<T> {
         self.slots.iter_mut().flatten().map(|(_, v)| v.as_mut())
     }
 
+    /// Every live object, mutably, with its slot number, in slot order
+    /// from slot `start` (taken modulo the number of slots), wrapping
+    /// round: a caller that serves objects in turn under a shared budget
+    /// starts where the last round stopped, so that no object waits
+    /// behind the same others forever.
+    pub fn values_mut_from(&mut self, start: usize) -> impl Iterator<Item = (usize, &mut T)> {
+        let start = start % self.slots.len();
+        let (before, after) = self.slots.split_at_mut(start);
+        let after = after
+            .iter_mut()
+            .enumerate()
+            .map(move |(i, s)| (start + i, s));
+        let before = before.iter_mut().enumerate();
+        after
+            .chain(before)
+            .filter_map(|(i, s)| s.as_mut().map(|(_, v)| (i, v.as_mut())))
+    }
+
     /// Continues the cyclic allocation where `old` stopped (a table that
     /// replaces `old` at a device reset), so handles of objects destroyed
     /// by the reset are not handed out again soon.
@@ -246,6 +264,24 @@ mod tests {
             key_bits: 8,
             max,
         }
+    }
+
+    #[test]
+    fn values_from_a_slot_wrap_round() {
+        let mut t = HandleTable::new(HandleSpace::numbers(8));
+        let hs: Vec<u32> = (0..5).map(|_| t.insert_with(0, |h| h).unwrap()).collect();
+        assert_eq!(hs, [1, 2, 3, 4, 5], "slots 1 to 5");
+        let from = |t: &mut HandleTable<u32>, s| {
+            t.values_mut_from(s)
+                .map(|(slot, v)| (slot, *v))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(from(&mut t, 3), [(3, 3), (4, 4), (5, 5), (1, 1), (2, 2)]);
+        assert_eq!(from(&mut t, 0), [(1, 1), (2, 2), (3, 3), (4, 4), (5, 5)]);
+        assert_eq!(
+            from(&mut t, 8 + 5),
+            [(5, 5), (1, 1), (2, 2), (3, 3), (4, 4)]
+        );
     }
 
     #[test]
