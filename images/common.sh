@@ -128,6 +128,21 @@ root_cpio() {
         LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0) >"$2"
 }
 
+# RDMA_PEER_SRC: the libibverbs RDMA READ/atomic peer (tests/e2e/peer/rxe-rdma-peer.c).
+RDMA_PEER_SRC=$IMAGES_DIR/../tests/e2e/peer/rxe-rdma-peer.c
+
+# build_rdma_peer FILE: compiles RDMA_PEER_SRC with the host's gcc against its libibverbs-dev (the
+# host is bookworm, like the guests' root, so it links against the same libibverbs.so.1) into
+# FILE and runs its self-test.
+build_rdma_peer() {
+    if ! command -v gcc >/dev/null || [ ! -f /usr/include/infiniband/verbs.h ]; then
+        die "rxe-rdma-peer needs gcc and libibverbs-dev on the host (scripts/deps.sh)"
+    fi
+    gcc -O2 -Wall -Wextra -Wno-missing-field-initializers -o "$1" "$RDMA_PEER_SRC" -libverbs ||
+        die "compiling $RDMA_PEER_SRC failed"
+    "$1" --self-test >/dev/null || die "rxe-rdma-peer --self-test failed"
+}
+
 # pack_cpio DIR FILE: uncompressed newc cpio of DIR (uncompressed: no decompression under TCG).
 pack_cpio() {
     (cd "$1" && find . -mindepth 1 -path ./.done -prune -o -print | LC_ALL=C sort |

@@ -10,16 +10,13 @@ set -euo pipefail
 . "$(dirname "$0")/common.sh"
 
 MODULES=(virtio_net qemu_fw_cfg crc32_generic rdma_rxe ib_uverbs rdma_ucm)
-PEER_SRC=$IMAGES_DIR/../tests/e2e/peer/rxe-rdma-peer.c
 
 build_rxe() {
     local out=$1 root=$2 kdir=$3 extra=$1/extra
     root_cpio "$root" "$out/root.cpio"
     # Our additions, as a second archive: the kernel unpacks concatenated archives in turn.
     mkdir -p "$extra/etc" "$extra/usr/bin"
-    gcc -O2 -Wall -Wextra -Wno-missing-field-initializers -o "$extra/usr/bin/rxe-rdma-peer" "$PEER_SRC" \
-        -libverbs || die "compiling $PEER_SRC failed"
-    "$extra/usr/bin/rxe-rdma-peer" --self-test >/dev/null || die "rxe-rdma-peer --self-test failed"
+    build_rdma_peer "$extra/usr/bin/rxe-rdma-peer"
     copy_modules "$kdir" "$extra" "${MODULES[@]}"
     install -m 0755 "$IMAGES_DIR/init/init" "$extra/init"
     install -m 0644 "$IMAGES_DIR/init/rxe-setup" "$extra/etc/vrnic-setup"
@@ -29,12 +26,9 @@ build_rxe() {
     log "rxe initramfs: $(du -m "$out/initramfs.cpio" | cut -f1) MiB"
 }
 
-if ! command -v gcc >/dev/null || [ ! -f /usr/include/infiniband/verbs.h ]; then
-    die "rxe-rdma-peer needs gcc and libibverbs-dev on the host (scripts/deps.sh)"
-fi
 root=$("$IMAGES_DIR/bookworm-root.sh")
 kdir=$("$IMAGES_DIR/kernel.sh")
 # The peer's source and the compiler and library it is built with are part of the key.
-k=$(key "$IMAGES_DIR/common.sh" "$0" "$IMAGES_DIR/init/init" "$IMAGES_DIR/init/rxe-setup" "$PEER_SRC" \
+k=$(key "$IMAGES_DIR/common.sh" "$0" "$IMAGES_DIR/init/init" "$IMAGES_DIR/init/rxe-setup" "$RDMA_PEER_SRC" \
     <(echo "$root $kdir"; gcc --version | head -1; dpkg-query -W libibverbs-dev 2>/dev/null))
 cached rxe-initramfs "$k" build_rxe "$root" "$kdir"

@@ -4,7 +4,8 @@
 # apt lists, plus the 6.12 modules for virtio-net, fw_cfg and uio_pci_generic, the job-running /init
 # (images/init/), /etc/vrnic-setup (images/init/vrnic-setup), the static guest-lib tools and, with
 # --lib, vrnic's libibverbs.so.1 as /usr/lib/vrnic/libibverbs.so.1, found before Debian's through
-# /etc/ld.so.conf.d/00-vrnic.conf (the one line a user adds on their own guest).
+# /etc/ld.so.conf.d/00-vrnic.conf (the one line a user adds on their own guest), and the libibverbs
+# READ/atomic peer /usr/bin/rxe-rdma-peer (as in the rxe image), which then runs on vrnic.
 # Usage: vrnic-initramfs.sh [--lib LIBFILE] [BINARY...]   each BINARY (a static executable) goes to
 # /usr/bin; missing ones are skipped with a warning. Output directory: initramfs.cpio. Prints the
 # directory.
@@ -28,6 +29,8 @@ build_vrnic() {
         strip --strip-debug "$extra/usr/bin/$(basename "$b")" 2>/dev/null || true
     done
     if [ -n "$lib" ]; then
+        # The libibverbs READ/atomic peer runs on vrnic's library too.
+        build_rdma_peer "$extra/usr/bin/rxe-rdma-peer"
         install -m 0755 "$lib" "$extra/usr/lib/vrnic/libibverbs.so.1"
         strip --strip-debug "$extra/usr/lib/vrnic/libibverbs.so.1" 2>/dev/null || true
         echo /usr/lib/vrnic >"$extra/etc/ld.so.conf.d/00-vrnic.conf"
@@ -57,5 +60,6 @@ done
 root=$("$IMAGES_DIR/bookworm-root.sh")
 kdir=$("$IMAGES_DIR/kernel.sh")
 k=$(key "$IMAGES_DIR/common.sh" "$0" "$IMAGES_DIR/init/init" "$IMAGES_DIR/init/vrnic-setup" \
-    <(echo "$root $kdir ${bins[*]} $lib") ${bins[@]+"${bins[@]}"} ${lib:+"$lib"})
+    "$RDMA_PEER_SRC" <(echo "$root $kdir ${bins[*]} $lib"; gcc --version | head -1
+        dpkg-query -W libibverbs-dev 2>/dev/null) ${bins[@]+"${bins[@]}"} ${lib:+"$lib"})
 cached vrnic-initramfs "$k" build_vrnic "$root" "$kdir" "$lib" ${bins[@]+"${bins[@]}"}

@@ -126,7 +126,8 @@ vr_netns_destroy() {
 # Images
 
 # vr_images: builds (or finds in the cache) the kernel and the rxe initramfs; sets VR_KERNEL,
-# VR_RXE_INITRD. vr_vrnic_image [BIN...] sets VR_VRNIC_INITRD.
+# VR_RXE_INITRD. vr_vrnic_image [BIN...] sets VR_VRNIC_INITRD (with vrnic's libibverbs.so.1 when
+# vr_build_rust built it).
 vr_images() {
     local kdir rdir
     kdir=$("$VR_TOP/images/kernel.sh") || vr_die "kernel image failed"
@@ -136,8 +137,9 @@ vr_images() {
 }
 
 vr_vrnic_image() {
-    local d
-    d=$("$VR_TOP/images/vrnic-initramfs.sh" "$@") || vr_die "vrnic initramfs failed"
+    local d lib=()
+    [ -f "$VR_IBVERBS_LIB" ] && lib=(--lib "$VR_IBVERBS_LIB")
+    d=$("$VR_TOP/images/vrnic-initramfs.sh" ${lib[@]+"${lib[@]}"} "$@") || vr_die "vrnic initramfs failed"
     VR_VRNIC_INITRD=$d/initramfs.cpio
 }
 
@@ -385,6 +387,8 @@ vr_daemon() {
 # Rust builds
 
 VR_GUEST_TARGET_DIR=$VR_TOP/target/x86_64-unknown-linux-gnu/release
+# vrnic's libibverbs.so.1 (guest-lib/ibverbs), built by vr_build_rust, put in the vrnic image.
+VR_IBVERBS_LIB=$VR_TOP/target/release/libvrnic_ibverbs.so
 VR_GUEST_TOOLS=(vrnic-pingpong vrnic-probe vrnic-write-imm)
 VR_GUEST_TOOLS+=(vrnic-ud-pingpong vrnic-srq-pingpong)
 VR_GUEST_TOOLS+=(vrnic-rdma)
@@ -394,6 +398,8 @@ VR_GUEST_TOOLS+=(vrnic-rdma)
 vr_build_rust() {
     local t0=$SECONDS
     (cd "$VR_TOP" && cargo build -q -p vrnic-vhost) || vr_die "cargo build -p vrnic-vhost failed"
+    # vrnic's libibverbs.so.1 for the guest: a dynamic library (glibc of bookworm, like the guests').
+    (cd "$VR_TOP" && cargo build -q --release -p vrnic-ibverbs) || vr_die "cargo build -p vrnic-ibverbs failed"
     (cd "$VR_TOP" && RUSTFLAGS="-C target-feature=+crt-static" \
         cargo build -q --release -p vrnic-guest --target x86_64-unknown-linux-gnu) ||
         vr_die "cargo build of the static guest tools failed"

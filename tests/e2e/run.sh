@@ -3,9 +3,12 @@
 # namespace (bridge br0, TAPs), guests under QEMU (TCG unless KVM works).
 #
 # Usage: tests/e2e/run.sh [STEP...]     STEP: qemu-select | rxe-rxe | probe | vrnic-rxe | vrnic-vrnic |
-#                                             vrnic-rxe-lossy | vrnic-vrnic-pause | hostile-peer
+#                                             vrnic-rxe-lossy | vrnic-vrnic-pause | hostile-peer |
+#                                             ibv-rxe | ibv-ibv | ibv-vrnic
 #   default: qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause hostile-peer
-#   (hostile-peer: an independent scapy peer attacks a vrnic server, see run_hostile; qemu-select:
+#   ibv-rxe ibv-ibv (ibv: a vrnic guest running Debian's unmodified ibv_*_pingpong on vrnic's
+#   libibverbs.so.1; hostile-peer: an independent scapy peer attacks a vrnic server, see
+#   run_hostile; qemu-select:
 #   which QEMU the scripts pick, tests/e2e/qemu-select.sh; vrnic-vrnic-pause: a VM paused and
 #   resumed mid-run, see run_pause; rxe-rxe is the harness's own baseline;
 #   E2E_BASELINE=1 puts it first). probe: one vrnic guest + daemon running vrnic-probe; when it
@@ -33,7 +36,7 @@ SUMMARY_DONE=0 PASSED=0 FAILED=0
 trap 'rc=$?; if [ $SUMMARY_DONE = 0 ]; then echo "FAIL: e2e aborted (exit $rc)"; echo "e2e: $PASSED passed, $((FAILED + 1)) failed"; fi; vr_cleanup $rc' EXIT
 
 PAIRS=("$@")
-[ ${#PAIRS[@]} -gt 0 ] || PAIRS=(qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause hostile-peer)
+[ ${#PAIRS[@]} -gt 0 ] || PAIRS=(qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause hostile-peer ibv-rxe ibv-ibv)
 [ "${E2E_BASELINE:-0}" = 1 ] && PAIRS=(rxe-rxe "${PAIRS[@]}")
 if [ -z "${E2E_RESULTS:-}" ] && [ -d "$VR_TOP/out" ]; then
     # Default results dirs out/e2e-DATE: keep the last 5 (daemon pcaps are ~60 MB each).
@@ -60,6 +63,7 @@ for p in "${PAIRS[@]}"; do
     case $p in
     rxe-rxe | qemu-select) ;;
     probe | vrnic-rxe | vrnic-vrnic | vrnic-rxe-lossy | vrnic-vrnic-lossy | vrnic-vrnic-pause | hostile-peer) need_vrnic=1 ;;
+    ibv-rxe | ibv-ibv | ibv-vrnic) need_vrnic=1 ;;
     *) vr_die "unknown pair $p" ;;
     esac
 done
@@ -191,6 +195,8 @@ lossy_stop() {
 }
 
 # run_pair PAIR: A = first kind at 10.0.0.1 (RoCE 10.0.0.101 if vrnic), B = second at 10.0.0.2.
+# Kinds: rxe (Soft-RoCE guest, Debian's tools), vrnic (vrnic guest, vrnic's own tools), ibv (vrnic
+# guest running Debian's unmodified tools on vrnic's libibverbs.so.1).
 # PAIR-lossy: the same pair with 1% of vrnic A's RoCEv2 frames dropped both ways (lossy_start),
 # RC ping-pong (E2E_LOSSY_SIZES) and RDMA READ/atomics only, so go-back-N, retransmission and
 # the responders' duplicate handling (READ re-execution, atomic replay) must recover.
@@ -198,6 +204,11 @@ run_pair() {
     local pair=$1 dir=$RESULTS/$1 side kind ip tool roles peer daemons=() tp=$SECONDS
     local -A pid_of kind_of
     local base=${1%-lossy}
+    if [[ $base == ibv-* || $base == *-ibv ]]; then
+        # Debian's unmodified tools on vrnic's libibverbs.so.1: sizes 1, MTU+1 and 1 MiB, the
+        # stock tools' own check (-c) on both sides (job() reads these).
+        local SIZES=${E2E_IBV_SIZES:-1 1025 1048576} ITERS=${E2E_IBV_ITERS:-20} E2E_EXTRA="-c"
+    fi
     if [ "$base" != "$pair" ]; then
         # Seen by job() and the checks: fewer sizes, no UD/SRQ runs (UD has no recovery; stock tools
         # would hang); the RDMA READ/atomic runs stay (E2E_LOSSY_RDMA=0 drops them).
@@ -220,8 +231,9 @@ run_pair() {
         if [ $side = a ]; then kind=${base%-*} ip=10.0.0.1 peer=10.0.0.2 roles="server client"
         else kind=${base#*-} ip=10.0.0.2 peer=10.0.0.1 roles="client server"; fi
         kind_of[$side]=$kind
-        if [ "$kind" = vrnic ]; then
+        if [ "$kind" = vrnic ] || [ "$kind" = ibv ]; then
             tool=vrnic-pingpong
+            [ "$kind" = ibv ] && tool=ibv_rc_pingpong
             if ! vr_daemon "vrnic-$side" "$NS" "$dir/vrnic-$side.sock" "tap-v$side" "10.0.0.10${ip##*.}/24" \
                 "$dir" "$dir/vrnic-$side.pcap"; then
                 fail "$pair: daemon vrnic-$side did not start (log $dir/vrnic-$side.log)"
@@ -241,7 +253,9 @@ run_pair() {
         local rroles=
         [ "$RDMA" = 1 ] && rroles=$roles
         job "$dir/job-$side.sh" "$pair-$side" "$tool" "$peer" "$roles" "$wroles" "$rroles"
-        vr_guest "$side" "$kind" "$NS" "tap-g$side" "$ip/24" "$dir/job-$side.sh" "$dir" \
+        local image=$kind
+        [ "$kind" = ibv ] && image=vrnic
+        vr_guest "$side" "$image" "$NS" "tap-g$side" "$ip/24" "$dir/job-$side.sh" "$dir" \
             "$dir/vrnic-$side.sock"
         pid_of[$side]=$VR_LAST_PID
     done
@@ -254,6 +268,10 @@ run_pair() {
     done
     # Per-run results, as the guests reported them.
     for side in a b; do
+        # The stock tools' -c only prints what it finds wrong.
+        if grep -aq 'invalid data in page' "$dir/$side.log"; then
+            fail "$pair $side: $(grep -a -c 'invalid data in page' "$dir/$side.log") 'invalid data in page' lines (-c)"
+        fi
         local want=$(($(wc -w <<<"$SIZES") * 2)) got=0 line
         while read -r line; do
             got=$((got + 1))
@@ -263,6 +281,7 @@ run_pair() {
             local what="$pair $side ${kind_of[$side]} $3 $4 $7"
             if [ "$5" != rc=0 ]; then fail "$what $5"
             elif [ "$6" = tool=vrnic-pingpong ] && [ "$8" != verified=yes ]; then fail "$what: data not verified"
+            elif [ "${kind_of[$side]}" = ibv ]; then pass "$what (Debian's ibv_rc_pingpong on vrnic's libibverbs.so.1)"
             elif [ "$6" = tool=vrnic-pingpong ]; then pass "$what, data verified"
             else pass "$what"; fi
         done < <(grep -a '^VRNIC-RESULT ' "$dir/$side.log" | tr -d '\r')
@@ -320,7 +339,8 @@ run_pair() {
         pcaps+=("$pair a (rxe, captured on tap-ga)|$dir/rxe-a.pcap")
     fi
     for side in a b; do
-        [ "${kind_of[$side]}" = vrnic ] && pcaps+=("$pair $side (vrnic daemon)|$dir/vrnic-$side.pcap")
+        [[ ${kind_of[$side]} == vrnic || ${kind_of[$side]} == ibv ]] &&
+            pcaps+=("$pair $side (vrnic daemon)|$dir/vrnic-$side.pcap")
     done
     [ ${#pcaps[@]} = 0 ] || check_pcaps "${pcaps[@]}"
     echo "=== $pair took $((SECONDS - tp)) s"
