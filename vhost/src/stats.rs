@@ -42,7 +42,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 }
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 37;
+pub const COUNTERS: usize = 39;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -84,6 +84,8 @@ pub const NAMES: [&str; COUNTERS] = [
     "device_stops",
     "device_resumes",
     "rx_dropped_stopped",
+    "device_lost",
+    "lost_requests",
 ];
 
 /// Largest reply [`query`] accepts, bytes: room for the device counters
@@ -157,6 +159,8 @@ impl Snapshot {
             device_stops,
             device_resumes,
             rx_dropped_stopped,
+            device_lost,
+            lost_requests,
         } = *backend;
         Self {
             values: [
@@ -197,6 +201,8 @@ impl Snapshot {
                 device_stops,
                 device_resumes,
                 rx_dropped_stopped,
+                device_lost,
+                lost_requests,
             ],
         }
     }
@@ -584,7 +590,7 @@ mod tests {
         let b = BackendStats {
             commands: 12,
             engine_panics: 23,
-            rx_dropped_stopped: 24,
+            lost_requests: 24,
             ..Default::default()
         };
         let s = Snapshot::new(&d, &b);
@@ -600,7 +606,7 @@ mod tests {
         let parsed = parse(&s.render()).unwrap();
         assert_eq!(parsed.len(), COUNTERS);
         assert_eq!(parsed[0], ("tx_frames".to_string(), 1));
-        assert_eq!(parsed[COUNTERS - 1], ("rx_dropped_stopped".to_string(), 24));
+        assert_eq!(parsed[COUNTERS - 1], ("lost_requests".to_string(), 24));
     }
 
     #[test]

@@ -817,3 +817,72 @@ fn events_reach_the_event_queue_and_wait_for_buffers() {
     assert_eq!(s.events_delivered, 2);
     assert_eq!(s.events_dropped, 0);
 }
+
+/// A daemon restarted under a running guest (issue 9): the frontend sends
+/// the new daemon the whole setup again, with the same memory and rings
+/// and each queue starting where the driver left it (what QEMU's
+/// `vhost_dev_start` does for a backend that reconnects). The new daemon
+/// never had the driver's objects: it raises `EV_DEVICE_FATAL`, answers
+/// every command with `STATUS_ENODEV` and ignores doorbells, so no handle
+/// of the first daemon reaches its engine, until the driver resets the
+/// device and starts its queues from index 0.
+#[test]
+fn a_driver_set_up_against_an_earlier_daemon_finds_the_device_lost() {
+    let (first, _p1) = start();
+    let mut fe = connect(&first);
+    let pd: abi::Handle = ok(&mut fe, abi::CMD_ALLOC_PD, &[]);
+    fe.post_event_buffers(4).unwrap();
+    let bases = fe.stop_device().unwrap();
+    assert_eq!(bases[usize::from(abi::CONTROLQ)], 1);
+    stop(first);
+
+    let (ours, _p2) = MemLink::pair();
+    let second = TestDaemon::with_device_and_stats(test_device_config(), Box::new(ours)).unwrap();
+    fe.reattach(second.socket(), &FrontendOptions::default(), &bases)
+        .expect("the running driver's setup, sent to the new daemon");
+    let ev = fe.next_event(WAIT).unwrap().expect("an event");
+    assert_eq!(
+        (ev.kind, ev.handle),
+        (abi::EV_DEVICE_FATAL, 0),
+        "the driver is told: {ev:?}"
+    );
+    for (opcode, body) in [
+        (abi::CMD_DEALLOC_PD, pd.as_bytes().to_vec()),
+        (abi::CMD_QUERY_DEVICE, Vec::new()),
+    ] {
+        let (h, b) = fe.control(opcode, &body).unwrap();
+        assert_valid_response(&h, &b);
+        assert_eq!(h.status, abi::STATUS_ENODEV, "opcode {opcode}: {h:?}");
+    }
+    let db = abi::Doorbell {
+        kind: abi::DB_SQ,
+        handle: 0x11,
+        index: 1,
+        ..Default::default()
+    };
+    fe.doorbell(&db).expect("the doorbell is consumed");
+    wait_for_counter(&second, "lost_requests", 3);
+
+    // The driver resets the device: it works again, from scratch.
+    fe.stop_device().unwrap();
+    fe.reinit_device().unwrap();
+    let _: abi::DeviceAttr = ok(&mut fe, abi::CMD_QUERY_DEVICE, &[]);
+    let pd2: abi::Handle = ok(&mut fe, abi::CMD_ALLOC_PD, &[]);
+    let (h, _) = fe.control(abi::CMD_DEALLOC_PD, pd2.as_bytes()).unwrap();
+    assert_eq!(h.status, abi::STATUS_OK);
+    drop(fe);
+    let s = stop(second).stats();
+    assert_eq!((s.device_lost, s.lost_requests), (1, 3));
+}
+
+/// A driver that starts its queues at index 0 on a new daemon is a new
+/// driver: the device is not lost.
+#[test]
+fn a_fresh_driver_on_a_new_connection_is_not_lost() {
+    let (d, _p) = start();
+    for _ in 0..2 {
+        let mut fe = connect(&d);
+        let _: abi::Handle = ok(&mut fe, abi::CMD_ALLOC_PD, &[]);
+    }
+    assert_eq!(stop(d).stats().device_lost, 0);
+}

@@ -152,36 +152,8 @@ impl TestFrontend {
     /// [`FrontendError`] when any step fails.
     pub fn connect(socket: &Path, opts: &FrontendOptions) -> Result<Self, FrontendError> {
         let mut fe = Frontend::connect(socket, abi::NUM_QUEUES as u64)?;
-        set_recv_timeout(&fe, opts.timeout)?;
-        let offered = fe.get_features()?;
-        let need = (1u64 << VIRTIO_F_VERSION_1) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
-        if offered & need != need {
-            return Err(FrontendError::Negotiation(format!(
-                "features {offered:#x} lack {need:#x}"
-            )));
-        }
-        let pf = fe.get_protocol_features()?;
-        if !pf.contains(VhostUserProtocolFeatures::CONFIG) {
-            return Err(FrontendError::Negotiation(format!(
-                "protocol features {pf:?} lack CONFIG"
-            )));
-        }
-        let ack = pf & VhostUserProtocolFeatures::REPLY_ACK;
-        fe.set_protocol_features(VhostUserProtocolFeatures::CONFIG | ack)?;
-        if !ack.is_empty() {
-            // Every request that has no reply of its own gets an ack, so a
-            // refused request fails here rather than later.
-            fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
-        }
-        fe.set_owner()?;
-        let event_idx = opts.event_idx && offered & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
-        let acked = need
-            | if event_idx {
-                1 << VIRTIO_RING_F_EVENT_IDX
-            } else {
-                0
-            };
-        fe.set_features(acked)?;
+        let acked = negotiate(&mut fe, opts)?;
+        let event_idx = acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
 
         let mut mem = DriverMemory::new(&opts.memory)?;
         fe.set_mem_table(&mem.region_infos()?)?;
@@ -514,6 +486,34 @@ impl TestFrontend {
         Ok(())
     }
 
+    /// Connects to the backend at `socket` (a new one, standing for a
+    /// restarted daemon) and sets the running device up there as QEMU does
+    /// for a backend that (re)connects: the negotiation, `SET_MEM_TABLE`
+    /// with the same memory, and every queue with its rings and `bases[q]`
+    /// as the start index (what QEMU restores from the used rings). The
+    /// driver's state (rings, buffers, handles) is kept.
+    ///
+    /// # Errors
+    /// [`FrontendError`] when any step fails; [`FrontendError::Setup`] when
+    /// `bases` does not hold one index per queue.
+    pub fn reattach(
+        &mut self,
+        socket: &Path,
+        opts: &FrontendOptions,
+        bases: &[u32],
+    ) -> Result<(), FrontendError> {
+        let mut fe = Frontend::connect(socket, abi::NUM_QUEUES as u64)?;
+        let acked = negotiate(&mut fe, opts)?;
+        if acked != self.acked {
+            return Err(FrontendError::Negotiation(format!(
+                "features {acked:#x} differ from the first backend's {:#x}",
+                self.acked
+            )));
+        }
+        self.fe = fe;
+        self.resume_device(bases)
+    }
+
     /// Starts the device with new, empty rings at index 0, as a driver does
     /// after resetting the device (the objects the device had are gone).
     ///
@@ -542,6 +542,44 @@ impl TestFrontend {
         self.fe.set_vring_enable(q, true)?;
         Ok(())
     }
+}
+
+/// The negotiation QEMU runs on a new connection (`vhost_dev_init`, then
+/// `vhost_dev_start`'s `SET_FEATURES`): `GET_FEATURES`,
+/// `GET_PROTOCOL_FEATURES`, `SET_PROTOCOL_FEATURES`, `SET_OWNER`,
+/// `SET_FEATURES`. Returns the acknowledged features.
+fn negotiate(fe: &mut Frontend, opts: &FrontendOptions) -> Result<u64, FrontendError> {
+    set_recv_timeout(fe, opts.timeout)?;
+    let offered = fe.get_features()?;
+    let need = (1u64 << VIRTIO_F_VERSION_1) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+    if offered & need != need {
+        return Err(FrontendError::Negotiation(format!(
+            "features {offered:#x} lack {need:#x}"
+        )));
+    }
+    let pf = fe.get_protocol_features()?;
+    if !pf.contains(VhostUserProtocolFeatures::CONFIG) {
+        return Err(FrontendError::Negotiation(format!(
+            "protocol features {pf:?} lack CONFIG"
+        )));
+    }
+    let ack = pf & VhostUserProtocolFeatures::REPLY_ACK;
+    fe.set_protocol_features(VhostUserProtocolFeatures::CONFIG | ack)?;
+    if !ack.is_empty() {
+        // Every request that has no reply of its own gets an ack, so a
+        // refused request fails here rather than later.
+        fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+    }
+    fe.set_owner()?;
+    let event_idx = opts.event_idx && offered & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+    let acked = need
+        | if event_idx {
+            1 << VIRTIO_RING_F_EVENT_IDX
+        } else {
+            0
+        };
+    fe.set_features(acked)?;
+    Ok(acked)
 }
 
 /// Bounds every wait for a vhost-user reply by `timeout` (`SO_RCVTIMEO`).
