@@ -268,7 +268,7 @@ vr_guest() {
             # shellcheck disable=SC2054 # commas inside QEMU options
             devargs=(-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem
                 -chardev "socket,id=vr0,path=$sock"
-                -device vhost-user-test-device-pci,chardev=vr0,virtio-id=6,num_vqs=3,config_size=64)
+                -device vhost-user-test-device-pci,id=vrnic0,chardev=vr0,virtio-id=6,num_vqs=3,config_size=64)
         fi
     fi
     args=(-accel "$VR_ACCEL" -M pc -m "$mem" -smp 1 -nodefaults -no-user-config -display none -no-reboot
@@ -347,16 +347,24 @@ vr_wait_job() {
 # target/debug/vrnic) in NS on TAP with the RoCE address IP (A.B.C.D/N), serving vhost-user on
 # SOCK; waits (bounded) for the socket. Log: LOGDIR/NAME.log. Sets VR_LAST_PID. Returns 1 (after
 # saying why, and stopping it) if it did not come up.
+# With VR_DAEMON_CONNECT=1 the daemon connects to SOCK instead (--connect: QEMU is the socket's
+# server, so the daemon can be restarted under a running guest); it then waits only for the
+# daemon's QEMU arguments, and the guest (vr_guest, after it) creates the socket.
 vr_daemon() {
     local name=$1 ns=$2 sock=$3 tap=$4 ip=$5 logdir=$6 pcap=${7:-} bin=${VRNIC_BIN:-$VR_TOP/target/debug/vrnic}
-    local args=(--socket "$sock" --tap "$tap" --ip "$ip")
+    local connect=${VR_DAEMON_CONNECT:-0} args=(--socket "$sock" --tap "$tap" --ip "$ip")
+    [ "$connect" = 1 ] && args=(--connect "$sock" --tap "$tap" --ip "$ip")
     [ -x "$bin" ] || { vr_log "ERROR: vrnic daemon $bin not built (cargo build -p vrnic-vhost)"; return 1; }
     [ -n "$pcap" ] && args+=(--pcap "$pcap")
-    rm -f "$sock"
+    [ "$connect" = 1 ] || rm -f "$sock"
     rm -f "$sock.qemu-args"
     vr_spawn "$logdir/$name.log" ip netns exec "$ns" env RUST_LOG="${RUST_LOG:-info}" NO_COLOR=1 "$bin" "${args[@]}"
     for _ in $(seq 100); do
-        [ -S "$sock" ] && break
+        if [ "$connect" = 1 ]; then
+            grep -q -A1 '^QEMU arguments:' "$logdir/$name.log" && break
+        else
+            [ -S "$sock" ] && break
+        fi
         if ! kill -0 "$VR_LAST_PID" 2>/dev/null; then
             tail -20 "$logdir/$name.log" >&2
             vr_log "ERROR: daemon $name exited"
@@ -365,7 +373,7 @@ vr_daemon() {
         fi
         sleep 0.1
     done
-    if [ ! -S "$sock" ]; then
+    if [ "$connect" != 1 ] && [ ! -S "$sock" ]; then
         vr_log "ERROR: daemon $name: no socket $sock after 10 s"
         vr_stop "$VR_LAST_PID"
         return 1
@@ -378,7 +386,11 @@ vr_daemon() {
     done
     grep -A1 '^QEMU arguments:' "$logdir/$name.log" | sed -n 2p | grep -e '-device' >"$sock.qemu-args" ||
         rm -f "$sock.qemu-args"
-    vr_log "daemon $name ($ip on $tap) pid $VR_LAST_PID, socket $sock, log $logdir/$name.log"
+    if [ "$connect" = 1 ]; then
+        vr_log "daemon $name ($ip on $tap) pid $VR_LAST_PID, connecting to $sock, log $logdir/$name.log"
+    else
+        vr_log "daemon $name ($ip on $tap) pid $VR_LAST_PID, socket $sock, log $logdir/$name.log"
+    fi
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -886,3 +886,51 @@ fn a_fresh_driver_on_a_new_connection_is_not_lost() {
     }
     assert_eq!(stop(d).stats().device_lost, 0);
 }
+
+/// The daemon as the socket's client (`vrnic --connect`, for QEMU with
+/// `server=on`): it retries until the frontend listens, and after a
+/// connection ends it connects again, to a device reset in between.
+#[test]
+fn a_connecting_daemon_waits_for_its_frontend_and_comes_back_after_each_connection() {
+    use std::os::unix::net::UnixListener;
+    use vrnic_vhost::server::{self, Stopper};
+
+    let dir = std::env::temp_dir().join(format!("vrnic-connect-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    let path = dir.join("qemu.sock");
+    let (ours, _peer) = MemLink::pair();
+    let backend = VrnicBackend::new(
+        vrnic::device::Device::new(test_device_config()),
+        Box::new(ours),
+        vrnic_vhost::BackendConfig::default(),
+    )
+    .unwrap();
+    let stop = Stopper::new().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (p, s) = (path.clone(), stop.clone());
+    let t = std::thread::spawn(move || {
+        let _ = tx.send(server::run_client(&p, backend, &s, false));
+    });
+    // The socket is not there yet: the daemon keeps trying.
+    std::thread::yield_now();
+    let listener = UnixListener::bind(&path).unwrap();
+    let opts = FrontendOptions::default();
+    let mut fe = TestFrontend::accept(&listener, &opts).expect("the daemon connects");
+    let pd: abi::Handle = ok(&mut fe, abi::CMD_ALLOC_PD, &[]);
+    drop(fe);
+    // It comes back by itself, to a device without the old objects.
+    let mut fe = TestFrontend::accept(&listener, &opts).expect("the daemon connects again");
+    let (h, _) = fe.control(abi::CMD_DEALLOC_PD, pd.as_bytes()).unwrap();
+    assert_eq!(h.status, abi::STATUS_ENOENT, "the old PD is gone: {h:?}");
+    drop(fe);
+    stop.stop();
+    let b = rx
+        .recv_timeout(WAIT)
+        .expect("the daemon stops within the bound")
+        .expect("no error");
+    t.join().unwrap();
+    assert_eq!(b.stats().commands, 2);
+    assert_eq!(b.mapped_regions(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}

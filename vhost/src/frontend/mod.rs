@@ -151,7 +151,42 @@ impl TestFrontend {
     /// # Errors
     /// [`FrontendError`] when any step fails.
     pub fn connect(socket: &Path, opts: &FrontendOptions) -> Result<Self, FrontendError> {
-        let mut fe = Frontend::connect(socket, abi::NUM_QUEUES as u64)?;
+        let fe = Frontend::connect(socket, abi::NUM_QUEUES as u64)?;
+        Self::start(fe, opts)
+    }
+
+    /// [`TestFrontend::connect`] the other way round, as QEMU with
+    /// `-chardev socket,...,server=on`: waits up to `opts.timeout` for a
+    /// backend to connect to `listener` (the daemon's `--connect` mode),
+    /// then starts the device.
+    ///
+    /// # Errors
+    /// [`FrontendError::Timeout`]-like [`FrontendError::Setup`] when no
+    /// backend came; as [`TestFrontend::connect`].
+    pub fn accept(
+        listener: &std::os::unix::net::UnixListener,
+        opts: &FrontendOptions,
+    ) -> Result<Self, FrontendError> {
+        let mut p = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = opts.timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut p, 1, ms) } != 1 {
+            return Err(FrontendError::Setup(format!(
+                "no backend connected within {:?}",
+                opts.timeout
+            )));
+        }
+        let (stream, _) = listener
+            .accept()
+            .map_err(|e| FrontendError::Setup(format!("accept: {e}")))?;
+        Self::start(Frontend::from_stream(stream, abi::NUM_QUEUES as u64), opts)
+    }
+
+    fn start(mut fe: Frontend, opts: &FrontendOptions) -> Result<Self, FrontendError> {
         let acked = negotiate(&mut fe, opts)?;
         let event_idx = acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
 
