@@ -33,6 +33,7 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use crate::tools::{self, parse_c_int, say, Dest, PollPacer, RC_MSG_LEN};
 use crate::transport::Transport;
 use crate::verbs::{Context, Cq, Gid, Qp, RecvWr, Sge, WorkCompletion};
+use vrnic::abi;
 
 /// Work request ID of the examples' receives (`PINGPONG_RECV_WRID`).
 pub const RECV_WRID: u64 = 1;
@@ -512,14 +513,23 @@ pub fn report(tag: &str, size: u32, iters: u32, elapsed: Duration) {
 }
 
 /// The examples' CQ polling, bounded: [`CqPoller::poll`] waits for
-/// completions, and fails on an error completion (as the examples do) or
-/// when none arrived for the stall bound.
+/// completions, and fails on an error completion (as the examples do), when
+/// none arrived for the stall bound, or when the device reports
+/// `EV_DEVICE_FATAL` (`IBV_EVENT_DEVICE_FATAL`: its host daemon restarted
+/// and every object is gone; device spec §5.x.9). While it waits it takes
+/// the context's asynchronous events ([`Context::poll_event`]), at most
+/// every [`EVENT_CHECK`]: the tools that use it need no other event.
 #[derive(Debug)]
 pub struct CqPoller {
     pacer: PollPacer,
     last: Instant,
     stall: Duration,
+    events_checked: Instant,
 }
+
+/// How often [`CqPoller::poll`] looks at the asynchronous events while no
+/// completion arrives.
+pub const EVENT_CHECK: Duration = Duration::from_millis(100);
 
 impl CqPoller {
     /// A poller that gives up after `stall` without a completion.
@@ -528,15 +538,17 @@ impl CqPoller {
             pacer: PollPacer::new(),
             last: Instant::now(),
             stall,
+            events_checked: Instant::now(),
         }
     }
 
     /// Polls `cq` into `wc` until at least one completion arrived and
-    /// returns them. `received` and `sent` only go into the stall error.
+    /// returns them. `received` and `sent` only go into the errors.
     ///
     /// Errors: `Failed status STATUS (N) for wr_id ID` for the first
     /// completion that is not a success (`ibv_wc_status_str` names, the
-    /// examples' wording); `no completion for N s (R received, S sent)`.
+    /// examples' wording); `no completion for N s (R received, S sent)`;
+    /// `device lost (IBV_EVENT_DEVICE_FATAL) ...`.
     pub fn poll<'w>(
         &mut self,
         cq: &mut Cq,
@@ -548,6 +560,19 @@ impl CqPoller {
             let ne = cq.poll(wc);
             if ne > 0 {
                 break ne;
+            }
+            if self.events_checked.elapsed() >= EVENT_CHECK {
+                self.events_checked = Instant::now();
+                // Bounded: each event frees one of the event queue's buffers.
+                while let Some(ev) = cq.context().poll_event() {
+                    if ev.kind == abi::EV_DEVICE_FATAL {
+                        bail!(
+                            "device lost (IBV_EVENT_DEVICE_FATAL): its host daemon restarted and \
+                             every object is gone; open the device again \
+                             ({received} received, {sent} sent)"
+                        );
+                    }
+                }
             }
             if self.pacer.idle(self.last, self.stall) {
                 bail!(
@@ -673,6 +698,82 @@ mod tests {
     use super::*;
 
     const RC_FILL: u8 = 0x7b;
+
+    /// A loopback device whose event queue reports `EV_DEVICE_FATAL` once
+    /// `fatal` is set, as a vrnic daemon restarted under the driver does.
+    struct Lost {
+        inner: crate::loopback::LoopbackTransport,
+        fatal: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Transport for Lost {
+        fn config(&self) -> abi::ConfigSpace {
+            self.inner.config()
+        }
+        fn command(
+            &mut self,
+            opcode: u16,
+            body: &[u8],
+            resp: &mut [u8],
+        ) -> Result<usize, crate::transport::TransportError> {
+            self.inner.command(opcode, body, resp)
+        }
+        fn doorbell(&mut self, db: &abi::Doorbell) -> Result<(), crate::transport::TransportError> {
+            self.inner.doorbell(db)
+        }
+        fn alloc_dma(
+            &mut self,
+            len: usize,
+            align: usize,
+        ) -> Result<crate::transport::DmaBuf, crate::transport::TransportError> {
+            self.inner.alloc_dma(len, align)
+        }
+        fn virt_to_phys(&self, va: usize) -> Result<u64, crate::transport::TransportError> {
+            self.inner.virt_to_phys(va)
+        }
+        fn poll_event(&mut self) -> Option<abi::Event> {
+            if self.fatal.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                return Some(abi::Event {
+                    kind: abi::EV_DEVICE_FATAL,
+                    ..Default::default()
+                });
+            }
+            self.inner.poll_event()
+        }
+    }
+
+    /// A program waiting for completions on a device that lost its state
+    /// stops with a clear error soon after the fatal event, long before its
+    /// stall bound.
+    #[test]
+    fn the_poller_stops_at_a_device_fatal_event() {
+        let (link, _peer) = vrnic::link::MemLink::pair();
+        let cfg = vrnic::device::DeviceConfig {
+            mac: [2, 0x76, 10, 0, 0, 1],
+            ipv4: Ipv4Addr::new(10, 0, 0, 1),
+            prefix_len: 24,
+            ipv6: Vec::new(),
+            link_mtu: 1500,
+        };
+        let fatal = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let t = Lost {
+            inner: crate::loopback::LoopbackTransport::new(cfg, Box::new(link)).unwrap(),
+            fatal: fatal.clone(),
+        };
+        let ctx = Context::open(Box::new(t)).unwrap();
+        let mut cq = Cq::new(&ctx, 4).unwrap();
+        let mut wc = [WorkCompletion::default(); 4];
+        let stall = Duration::from_secs(30);
+        let mut p = CqPoller::new(stall);
+        fatal.store(true, std::sync::atomic::Ordering::SeqCst);
+        let t0 = Instant::now();
+        let e = p.poll(&mut cq, &mut wc, 3, 4).unwrap_err().to_string();
+        assert!(
+            e.contains("device lost (IBV_EVENT_DEVICE_FATAL)") && e.contains("3 received, 4 sent"),
+            "{e}"
+        );
+        assert!(t0.elapsed() < stall / 10, "after {:?}", t0.elapsed());
+    }
 
     #[test]
     fn patterns_differ_per_message_and_keep_chk_page_starts() {
