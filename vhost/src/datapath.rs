@@ -345,7 +345,8 @@ impl DataPath {
 
     /// To be called for every worker event, before
     /// [`DataPath::hold_while_stopped`]. The first time after a reset that
-    /// the control queue is live, checks where the queues start: a driver
+    /// the control queue is live, before the device served any chain,
+    /// checks where the queues start: a driver
     /// that initialised them starts both the control and the doorbell queue
     /// at index 0 (virtio 1.2 §2.7). Any other start index means the driver
     /// set the device up against an earlier backend, whose objects this one
@@ -359,27 +360,29 @@ impl DataPath {
         if self.checked || self.stopped {
             return;
         }
+        if self.running {
+            // It served chains since the reset: the indices it sees now are
+            // its own (the start was index 0, or it would be lost).
+            self.checked = true;
+            return;
+        }
         let Some(ctrl) = vrings.get(usize::from(abi::CONTROLQ)) else {
             return;
         };
         if !queue_live(ctrl) {
             return;
         }
+        self.checked = true;
         let ctrl_base = ctrl.queue_next_avail();
-        let db = vrings
+        // The doorbell queue counts if QEMU has started it already (it
+        // starts the queues one after the other).
+        let db_base = vrings
             .get(usize::from(abi::DOORBELLQ))
             .filter(|v| queue_live(v))
-            .map(|v| v.queue_next_avail());
-        if ctrl_base == 0 {
-            // Checked for good once the doorbell queue is live too (QEMU
-            // starts the queues one after the other).
-            self.checked = db.is_some();
-            if db.unwrap_or(0) == 0 {
-                return;
-            }
+            .map_or(0, |v| v.queue_next_avail());
+        if ctrl_base == 0 && db_base == 0 {
+            return;
         }
-        self.checked = true;
-        let db_base = db.unwrap_or(0);
         warn!(
             ctrl_base,
             db_base,

@@ -934,3 +934,34 @@ fn a_connecting_daemon_waits_for_its_frontend_and_comes_back_after_each_connecti
     assert_eq!(b.mapped_regions(), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Regression (seen in the e2e restart step): a driver that resets a device
+/// in use and starts again may have commands served before QEMU has started
+/// its doorbell queue; the control queue's index then moves on from 0 with
+/// the device's own service, which is not a driver from another daemon.
+#[test]
+fn commands_before_the_doorbell_queue_restarts_do_not_make_the_device_lost() {
+    let (d, _p) = start();
+    let mut fe = connect(&d);
+    let _: abi::Handle = ok(&mut fe, abi::CMD_ALLOC_PD, &[]);
+    fe.stop_device().unwrap();
+    let regions = fe.memory().region_infos().unwrap();
+    vhost::VhostBackend::set_mem_table(fe.vhost(), &regions).unwrap();
+    fe.reinit_queue(abi::CONTROLQ).unwrap();
+    let _: abi::Handle = ok(&mut fe, abi::CMD_ALLOC_PD, &[]);
+    let _: abi::Handle = ok(&mut fe, abi::CMD_ALLOC_PD, &[]);
+    fe.reinit_queue(abi::DOORBELLQ).unwrap();
+    fe.reinit_queue(abi::EVENTQ).unwrap();
+    let _: abi::Handle = ok(&mut fe, abi::CMD_ALLOC_PD, &[]);
+    let db = abi::Doorbell {
+        kind: abi::DB_SQ,
+        handle: 0x11,
+        index: 1,
+        ..Default::default()
+    };
+    fe.doorbell(&db).unwrap();
+    let _: abi::Handle = ok(&mut fe, abi::CMD_ALLOC_PD, &[]);
+    drop(fe);
+    let s = stop(d).stats();
+    assert_eq!((s.device_lost, s.lost_requests), (0, 0));
+}

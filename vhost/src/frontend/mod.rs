@@ -555,15 +555,31 @@ impl TestFrontend {
     /// # Errors
     /// [`FrontendError`] when allocating or any vhost-user step fails.
     pub fn reinit_device(&mut self) -> Result<(), FrontendError> {
-        let event_idx = self.acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
         self.fe.set_mem_table(&self.mem.region_infos()?)?;
         for q in 0..abi::NUM_QUEUES {
-            let size = self.queues[q].size();
-            self.queues[q] = SplitQueue::new(&mut self.mem, q as u16, size, event_idx)?;
-            self.start_queue(q, 0)?;
+            self.reinit_queue(q as u16)?;
         }
-        self.db_next = 0;
-        self.event_bufs.clear();
+        Ok(())
+    }
+
+    /// Starts queue `q` with a new, empty ring at index 0 (one step of
+    /// [`TestFrontend::reinit_device`], for tests that interleave the
+    /// queues' start with traffic, as QEMU's `vhost_dev_start` may).
+    ///
+    /// # Errors
+    /// [`FrontendError`] when allocating or any vhost-user step fails.
+    pub fn reinit_queue(&mut self, q: u16) -> Result<(), FrontendError> {
+        let event_idx = self.acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+        let q = usize::from(q);
+        let size = self.queues[q].size();
+        self.queues[q] = SplitQueue::new(&mut self.mem, q as u16, size, event_idx)?;
+        self.start_queue(q, 0)?;
+        if q == usize::from(abi::DOORBELLQ) {
+            self.db_next = 0;
+        }
+        if q == usize::from(abi::EVENTQ) {
+            self.event_bufs.clear();
+        }
         Ok(())
     }
 
