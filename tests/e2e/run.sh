@@ -493,6 +493,9 @@ kill_child() {
     vr_stop "$1"
 }
 
+# memfd_maps PID: the process's mappings of memfd files (a guest's RAM: memory-backend-memfd).
+memfd_maps() { grep -c '/memfd:' "/proc/$1/maps" 2>/dev/null || true; }
+
 # elapsed T0: seconds since T0 (date +%s.%N), one decimal.
 elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 
@@ -526,7 +529,7 @@ check_retry_exc() {
 # within a bounded time, and a new guest on daemon A's socket must then run a ping-pong with B.
 run_kill() {
     local dir=$RESULTS/vrnic-vrnic-kill side ip peer pid_a pid_b pid_a2 daemons=() tp=$SECONDS
-    local sock_a=$dir/vrnic-a.sock rx rss0 fd0 rss1 fd1 rss2 fd2 rss3 fd3 t_kill line
+    local sock_a=$dir/vrnic-a.sock rx rss0 fd0 rss1 fd1 rss2 fd2 rss3 fd3 map0 map1 map2 t_kill line
     mkdir -p "$dir"
     echo "=== vrnic-vrnic-kill"
     for side in a b; do
@@ -539,7 +542,7 @@ run_kill() {
         daemons+=("$VR_LAST_PID")
     done
     # Daemon A before any guest attached.
-    rss0=$(vr_rss_kb "${daemons[0]}") fd0=$(vr_fd_count "${daemons[0]}")
+    rss0=$(vr_rss_kb "${daemons[0]}") fd0=$(vr_fd_count "${daemons[0]}") map0=$(memfd_maps "${daemons[0]}")
     runs_job "$dir/job-a.sh" kill-a server 10.0.0.2 "18515:4096:$CRASH_ITERS"
     runs_job "$dir/job-b.sh" kill-b client 10.0.0.1 "18515:4096:$CRASH_ITERS 18516:4096:$ITERS" \
         "--stall-timeout 5"
@@ -548,7 +551,7 @@ run_kill() {
     vr_guest b vrnic "$NS" tap-gb 10.0.0.2/24 "$dir/job-b.sh" "$dir" "$dir/vrnic-b.sock"
     pid_b=$VR_LAST_PID
     rx=$(wait_rx "$sock_a" "$CRASH_AFTER" "$dir/a.log" "$dir/b.log")
-    rss1=$(vr_rss_kb "${daemons[0]}") fd1=$(vr_fd_count "${daemons[0]}")
+    rss1=$(vr_rss_kb "${daemons[0]}") fd1=$(vr_fd_count "${daemons[0]}") map1=$(memfd_maps "${daemons[0]}")
     if [ "$rx" -lt "$CRASH_AFTER" ]; then
         fail "vrnic-vrnic-kill: the run never got under way (daemon A rx_bytes $rx)"
         vr_stop "$pid_a" "$pid_b" "${daemons[@]}"
@@ -564,11 +567,11 @@ run_kill() {
     line=$(wait_run "$dir/b.log" kill-b 1 $((RUN_TIMEOUT + 30))) || line=
     check_retry_exc "$line" vrnic-vrnic-kill "$t_kill" "$dir/b.log"
     if wait_log "$dir/vrnic-a.log" 'frontend connection ended' 30; then
-        rss2=$(vr_rss_kb "${daemons[0]}") fd2=$(vr_fd_count "${daemons[0]}")
-        if [ "$fd2" = "$fd0" ] && [ "$rss2" -le $((rss0 + KILL_RSS_SLACK)) ]; then
-            pass "vrnic-vrnic-kill: daemon A freed the dead guest: fds $fd0 before it, $fd1 with it, $fd2 after; RSS $rss0 kB before, $rss1 kB with it, $rss2 kB after"
+        rss2=$(vr_rss_kb "${daemons[0]}") fd2=$(vr_fd_count "${daemons[0]}") map2=$(memfd_maps "${daemons[0]}")
+        if [ "$fd2" = "$fd0" ] && [ "$map2" = "$map0" ] && [ "$rss2" -le $((rss0 + KILL_RSS_SLACK)) ]; then
+            pass "vrnic-vrnic-kill: daemon A freed the dead guest: fds $fd0 before it, $fd1 with it, $fd2 after; guest RAM mappings $map0/$map1/$map2; RSS $rss0 kB before, $rss1 kB with it, $rss2 kB after"
         else
-            fail "vrnic-vrnic-kill: daemon A kept resources of the dead guest: fds $fd0 before, $fd2 after; RSS $rss0 kB before, $rss2 kB after (slack $KILL_RSS_SLACK kB)"
+            fail "vrnic-vrnic-kill: daemon A kept resources of the dead guest: fds $fd0 before, $fd2 after; guest RAM mappings $map0 before, $map2 after; RSS $rss0 kB before, $rss2 kB after (slack $KILL_RSS_SLACK kB)"
         fi
     else
         fail "vrnic-vrnic-kill: daemon A never saw guest A's connection end (log $dir/vrnic-a.log)"
