@@ -270,7 +270,7 @@ vr_guest() {
             # shellcheck disable=SC2054 # commas inside QEMU options
             devargs=(-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem
                 -chardev "socket,id=vr0,path=$sock"
-                -device vhost-user-test-device-pci,chardev=vr0,virtio-id=6,num_vqs=3,config_size=64)
+                -device vhost-user-test-device-pci,id=vrnic0,chardev=vr0,virtio-id=6,num_vqs=3,config_size=64)
         fi
     fi
     args=(-accel "$VR_ACCEL" -M pc -m "$mem" -smp 1 -nodefaults -no-user-config -display none -no-reboot
@@ -311,6 +311,72 @@ for cmd in ("qmp_capabilities", sys.argv[2]):
 EOF
 }
 
+# vr_qmp_replug QMP QEMU_ARGS_FILE SOCK: re-plugs the vrnic device of the guest whose QMP socket is
+#   QMP, as a management layer does after restarting its vrnic daemon: `device_del` (the device's
+#   id from the -device option in QEMU_ARGS_FILE, vr_daemon's SOCK.qemu-args), waits for
+#   DEVICE_DELETED, `chardev-remove` + `chardev-add` of its chardev (a socket client to SOCK),
+#   `device_add` with the same options. Every read bounded by 10 s, the whole by 60 s. QEMU 11.1.3
+#   cannot reconnect the device to a restarted daemon by itself (hw/virtio/vhost-user-base.c:
+#   vub_connect after vub_disconnect aborts in vhost_dev_start), so this is how a guest gets its
+#   device back. Prints what it did; fails with QEMU's error.
+vr_qmp_replug() {
+    python3 - "$1" "$2" "$3" <<'PYEOF'
+import json, shlex, socket, sys, time
+qmp, argsfile, sock = sys.argv[1:4]
+words = shlex.split(open(argsfile).read())
+dev = words[words.index("-device") + 1].split(",")
+props = {"driver": dev[0]}
+for kv in dev[1:]:
+    k, v = kv.split("=", 1)
+    props[k] = int(v) if v.isdigit() else v
+if "id" not in props or "chardev" not in props:
+    sys.exit("the -device option has no id or chardev: %s" % ",".join(dev))
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(10)
+s.connect(qmp)
+f = s.makefile("rw")
+json.loads(f.readline())  # the greeting
+t0 = time.time()
+events = []
+def read():
+    r = json.loads(f.readline())
+    if "event" in r:
+        events.append(r)
+    return r
+def cmd(c, a=None):
+    m = {"execute": c}
+    if a is not None:
+        m["arguments"] = a
+    f.write(json.dumps(m) + "\n")
+    f.flush()
+    while True:
+        r = read()
+        if "error" in r:
+            sys.exit("QMP %s: %s" % (c, r["error"]))
+        if "return" in r:
+            return r["return"]
+def deleted():
+    return any(e["event"] == "DEVICE_DELETED" and e.get("data", {}).get("device") == props["id"]
+               for e in events)
+cmd("qmp_capabilities")
+cmd("device_del", {"id": props["id"]})
+while not deleted():
+    if time.time() - t0 > 60:
+        sys.exit("no DEVICE_DELETED for %s within 60 s" % props["id"])
+    read()
+print("replug: %s deleted after %.1f s" % (props["id"], time.time() - t0))
+cmd("chardev-remove", {"id": props["chardev"]})
+cmd("chardev-add", {"id": props["chardev"], "backend": {"type": "socket", "data": {
+    "addr": {"type": "unix", "data": {"path": sock}}, "server": False}}})
+cmd("device_add", props)
+print("replug: %s added again on %s after %.1f s" % (props["id"], sock, time.time() - t0))
+PYEOF
+}
+
+# vr_rss_kb PID: the process's resident set (VmRSS, kB); vr_fd_count PID: its open descriptors.
+vr_rss_kb() { awk '$1 == "VmRSS:" { print $2 }' "/proc/$1/status" 2>/dev/null; }
+vr_fd_count() { find "/proc/$1/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l; }
+
 # vr_wait_job NAME LOGDIR PID TIMEOUT: waits (bounded) for the guest's "VRNIC-JOB-EXIT rc" line;
 # sets VR_JOB_RC to rc (or "timeout", or "died": QEMU ended without the line) and returns 0 only
 # for rc 0. Stops the guest if it is still running after the line (it powers itself off) or after
@@ -349,16 +415,24 @@ vr_wait_job() {
 # target/debug/vrnic) in NS on TAP with the RoCE address IP (A.B.C.D/N), serving vhost-user on
 # SOCK; waits (bounded) for the socket. Log: LOGDIR/NAME.log. Sets VR_LAST_PID. Returns 1 (after
 # saying why, and stopping it) if it did not come up.
+# With VR_DAEMON_CONNECT=1 the daemon connects to SOCK instead (--connect: QEMU is the socket's
+# server, so the daemon can be restarted under a running guest); it then waits only for the
+# daemon's QEMU arguments, and the guest (vr_guest, after it) creates the socket.
 vr_daemon() {
     local name=$1 ns=$2 sock=$3 tap=$4 ip=$5 logdir=$6 pcap=${7:-} bin=${VRNIC_BIN:-$VR_TOP/target/debug/vrnic}
-    local args=(--socket "$sock" --tap "$tap" --ip "$ip")
+    local connect=${VR_DAEMON_CONNECT:-0} args=(--socket "$sock" --tap "$tap" --ip "$ip")
+    [ "$connect" = 1 ] && args=(--connect "$sock" --tap "$tap" --ip "$ip")
     [ -x "$bin" ] || { vr_log "ERROR: vrnic daemon $bin not built (cargo build -p vrnic-vhost)"; return 1; }
     [ -n "$pcap" ] && args+=(--pcap "$pcap")
-    rm -f "$sock"
+    [ "$connect" = 1 ] || rm -f "$sock"
     rm -f "$sock.qemu-args"
     vr_spawn "$logdir/$name.log" ip netns exec "$ns" env RUST_LOG="${RUST_LOG:-info}" NO_COLOR=1 "$bin" "${args[@]}"
     for _ in $(seq 100); do
-        [ -S "$sock" ] && break
+        if [ "$connect" = 1 ]; then
+            grep -q -A1 '^QEMU arguments:' "$logdir/$name.log" && break
+        else
+            [ -S "$sock" ] && break
+        fi
         if ! kill -0 "$VR_LAST_PID" 2>/dev/null; then
             tail -20 "$logdir/$name.log" >&2
             vr_log "ERROR: daemon $name exited"
@@ -367,7 +441,7 @@ vr_daemon() {
         fi
         sleep 0.1
     done
-    if [ ! -S "$sock" ]; then
+    if [ "$connect" != 1 ] && [ ! -S "$sock" ]; then
         vr_log "ERROR: daemon $name: no socket $sock after 10 s"
         vr_stop "$VR_LAST_PID"
         return 1
@@ -380,7 +454,11 @@ vr_daemon() {
     done
     grep -A1 '^QEMU arguments:' "$logdir/$name.log" | sed -n 2p | grep -e '-device' >"$sock.qemu-args" ||
         rm -f "$sock.qemu-args"
-    vr_log "daemon $name ($ip on $tap) pid $VR_LAST_PID, socket $sock, log $logdir/$name.log"
+    if [ "$connect" = 1 ]; then
+        vr_log "daemon $name ($ip on $tap) pid $VR_LAST_PID, connecting to $sock, log $logdir/$name.log"
+    else
+        vr_log "daemon $name ($ip on $tap) pid $VR_LAST_PID, socket $sock, log $logdir/$name.log"
+    fi
 }
 
 # ---------------------------------------------------------------------------------------------

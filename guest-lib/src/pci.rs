@@ -50,6 +50,9 @@ pub const SYSFS_PCI_DEVICES: &str = "/sys/bus/pci/devices";
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on waiting for a device reset to complete.
 pub const RESET_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a command waits for the device to return an earlier command
+/// that timed out before it fails with [`TransportError::Timeout`] too.
+pub const STALE_COMMAND_GRACE: Duration = Duration::from_millis(200);
 
 /// PCI Command register offset in configuration space.
 pub const PCI_COMMAND: u64 = 0x04;
@@ -543,9 +546,13 @@ impl ControlQueue {
             ));
         }
         // The bounce buffer may be reused only once the device returned it.
+        // A device that let a command time out gets a short grace, not a
+        // whole timeout per command: a program on a dead device (its host
+        // daemon killed) fails each later command within
+        // STALE_COMMAND_GRACE, so tearing its objects down stays quick.
         if let Some(stale) = self.pending {
             let queue = &mut self.queue;
-            poll_until(timeout, || queue.pop_head(stale))?;
+            poll_until(timeout.min(STALE_COMMAND_GRACE), || queue.pop_head(stale))?;
             self.pending = None;
         }
         let b = self.bounce;
@@ -1286,6 +1293,19 @@ mod tests {
             ctrl.execute(99, &[], &mut resp, Duration::from_millis(50)),
             Err(TransportError::Timeout(50))
         ));
+        assert!(ctrl.pending.is_some());
+        // While the device still holds it (a dead host daemon), a later
+        // command fails within the grace, not after its own timeout.
+        let t0 = Instant::now();
+        assert!(matches!(
+            ctrl.execute(1, &[4, 5], &mut resp, t),
+            Err(TransportError::Timeout(ms)) if ms == STALE_COMMAND_GRACE.as_millis() as u64
+        ));
+        assert!(
+            t0.elapsed() < t / 2,
+            "failed after {:?}, not within the grace",
+            t0.elapsed()
+        );
         assert!(ctrl.pending.is_some());
         release.store(true, Ordering::SeqCst);
         assert_eq!(ctrl.execute(1, &[4, 5], &mut resp, t).unwrap(), 2);

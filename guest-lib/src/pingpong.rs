@@ -33,6 +33,7 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use crate::tools::{self, parse_c_int, say, Dest, PollPacer, RC_MSG_LEN};
 use crate::transport::Transport;
 use crate::verbs::{Context, Cq, Gid, Qp, RecvWr, Sge, WorkCompletion};
+use vrnic::abi;
 
 /// Work request ID of the examples' receives (`PINGPONG_RECV_WRID`).
 pub const RECV_WRID: u64 = 1;
@@ -512,14 +513,92 @@ pub fn report(tag: &str, size: u32, iters: u32, elapsed: Duration) {
 }
 
 /// The examples' CQ polling, bounded: [`CqPoller::poll`] waits for
-/// completions, and fails on an error completion (as the examples do) or
-/// when none arrived for the stall bound.
+/// completions, and fails on an error completion (as the examples do), when
+/// none arrived for the stall bound, or when the device reports
+/// `EV_DEVICE_FATAL` (`IBV_EVENT_DEVICE_FATAL`: its host daemon restarted
+/// and every object is gone; device spec §5.x.9). While it waits it takes
+/// the context's asynchronous events ([`Context::poll_event`]), at most
+/// every [`EVENT_CHECK`]: the tools that use it need no other event.
 #[derive(Debug)]
 pub struct CqPoller {
     pacer: PollPacer,
     last: Instant,
     stall: Duration,
+    events_checked: Instant,
 }
+
+/// [`CqPoller::poll`]'s error when no completion arrived for the stall
+/// bound (find it with `anyhow::Error::downcast_ref`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("no completion for {secs} s ({received} received, {sent} sent)")]
+pub struct Stalled {
+    /// The stall bound, seconds.
+    pub secs: u64,
+    /// Messages received so far.
+    pub received: u32,
+    /// Messages sent so far.
+    pub sent: u32,
+}
+
+/// `wr_id` of [`probe_peer`]'s SEND.
+pub const PROBE_WRID: u64 = 4;
+
+/// After a stall ([`Stalled`]) on an RC QP: is the peer still there? An RC
+/// requester learns that its peer is gone only from a SEND it cannot
+/// deliver, and a ping-pong side that waits for the peer's reply has none
+/// outstanding (its last SEND was acknowledged before the peer died), so
+/// it would wait for ever. This posts one signalled zero-length SEND
+/// (`wr_id` [`PROBE_WRID`]) and waits for its completion, at most the QP's
+/// whole retry budget (4.096 µs × 2^`qp_timeout` × (`retry_cnt` + 1),
+/// twice, plus 2 s). Always returns an error to end the run with:
+/// `Failed status transport retry counter exceeded (12) for wr_id 4 ...`
+/// (the examples' wording) when the peer is gone, or `stall` itself,
+/// completed with what the probe found. A live peer receives an empty
+/// message it did not expect; the run was failing anyway.
+pub fn probe_peer(
+    qp: &mut Qp,
+    cq: &mut Cq,
+    qp_timeout: u8,
+    retry_cnt: u8,
+    stall: Stalled,
+) -> anyhow::Error {
+    let wr = crate::verbs::SendWr {
+        wr_id: PROBE_WRID,
+        opcode: crate::verbs::WrOpcode::Send,
+        send_flags: crate::verbs::SEND_SIGNALED,
+        ..Default::default()
+    };
+    if let Err(e) = qp.post_send(&wr) {
+        return anyhow!("{stall}; probing the peer failed: {e:#}");
+    }
+    let ack = Duration::from_nanos(4096u64 << qp_timeout.min(31));
+    let bound = ack * 2 * (u32::from(retry_cnt) + 1) + Duration::from_secs(2);
+    let start = Instant::now();
+    let mut pacer = PollPacer::new();
+    let mut wc = [WorkCompletion::default(); 4];
+    loop {
+        let ne = cq.poll(&mut wc);
+        if let Some(w) = wc[..ne].iter().find(|w| w.wr_id == PROBE_WRID) {
+            return if w.is_success() {
+                anyhow!("{stall}; the peer is alive (a probe SEND was acknowledged)")
+            } else {
+                anyhow!(
+                    "Failed status {} ({}) for wr_id {} (a probe SEND after {stall}: the peer stopped answering)",
+                    w.status_str(),
+                    w.status,
+                    w.wr_id as i32
+                )
+            };
+        }
+        if ne == 0 && pacer.idle(start, bound) {
+            return anyhow!("{stall}; a probe SEND got no completion within {bound:?}");
+        }
+    }
+}
+
+/// How often [`CqPoller::poll`] looks at the asynchronous events while no
+/// completion arrives.
+pub const EVENT_CHECK: Duration = Duration::from_millis(100);
 
 impl CqPoller {
     /// A poller that gives up after `stall` without a completion.
@@ -528,15 +607,18 @@ impl CqPoller {
             pacer: PollPacer::new(),
             last: Instant::now(),
             stall,
+            events_checked: Instant::now(),
         }
     }
 
     /// Polls `cq` into `wc` until at least one completion arrived and
-    /// returns them. `received` and `sent` only go into the stall error.
+    /// returns them. `received` and `sent` only go into the errors.
     ///
     /// Errors: `Failed status STATUS (N) for wr_id ID` for the first
     /// completion that is not a success (`ibv_wc_status_str` names, the
-    /// examples' wording); `no completion for N s (R received, S sent)`.
+    /// examples' wording); [`Stalled`] (`no completion for N s (R
+    /// received, S sent)`);
+    /// `device lost (IBV_EVENT_DEVICE_FATAL) ...`.
     pub fn poll<'w>(
         &mut self,
         cq: &mut Cq,
@@ -549,11 +631,26 @@ impl CqPoller {
             if ne > 0 {
                 break ne;
             }
+            if self.events_checked.elapsed() >= EVENT_CHECK {
+                self.events_checked = Instant::now();
+                // Bounded: each event frees one of the event queue's buffers.
+                while let Some(ev) = cq.context().poll_event() {
+                    if ev.kind == abi::EV_DEVICE_FATAL {
+                        bail!(
+                            "device lost (IBV_EVENT_DEVICE_FATAL): its host daemon restarted and \
+                             every object is gone; open the device again \
+                             ({received} received, {sent} sent)"
+                        );
+                    }
+                }
+            }
             if self.pacer.idle(self.last, self.stall) {
-                bail!(
-                    "no completion for {} s ({received} received, {sent} sent)",
-                    self.stall.as_secs()
-                );
+                return Err(Stalled {
+                    secs: self.stall.as_secs(),
+                    received,
+                    sent,
+                }
+                .into());
             }
         };
         self.last = Instant::now();
@@ -673,6 +770,121 @@ mod tests {
     use super::*;
 
     const RC_FILL: u8 = 0x7b;
+
+    /// A loopback device whose event queue reports `EV_DEVICE_FATAL` once
+    /// `fatal` is set, as a vrnic daemon restarted under the driver does.
+    struct Lost {
+        inner: crate::loopback::LoopbackTransport,
+        fatal: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Transport for Lost {
+        fn config(&self) -> abi::ConfigSpace {
+            self.inner.config()
+        }
+        fn command(
+            &mut self,
+            opcode: u16,
+            body: &[u8],
+            resp: &mut [u8],
+        ) -> Result<usize, crate::transport::TransportError> {
+            self.inner.command(opcode, body, resp)
+        }
+        fn doorbell(&mut self, db: &abi::Doorbell) -> Result<(), crate::transport::TransportError> {
+            self.inner.doorbell(db)
+        }
+        fn alloc_dma(
+            &mut self,
+            len: usize,
+            align: usize,
+        ) -> Result<crate::transport::DmaBuf, crate::transport::TransportError> {
+            self.inner.alloc_dma(len, align)
+        }
+        fn virt_to_phys(&self, va: usize) -> Result<u64, crate::transport::TransportError> {
+            self.inner.virt_to_phys(va)
+        }
+        fn poll_event(&mut self) -> Option<abi::Event> {
+            if self.fatal.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                return Some(abi::Event {
+                    kind: abi::EV_DEVICE_FATAL,
+                    ..Default::default()
+                });
+            }
+            self.inner.poll_event()
+        }
+    }
+
+    /// A ping-pong side whose peer died after acknowledging its last SEND
+    /// has nothing outstanding; the probe SEND after the stall fails with
+    /// RETRY_EXC_ERR, reported in the examples' wording.
+    #[test]
+    fn a_probe_after_a_stall_finds_a_dead_peer() {
+        // Path MTU 1024 bytes (`ibv_mtu` 3).
+        let (ta, tb) = tools::loopback_pair(3).unwrap();
+        let mut a = tools::open_rc_side(ta, 1, 1, 4096, 0).unwrap();
+        let mut b = tools::open_rc_side(tb, 1, 1, 4096, 0).unwrap();
+        let (da, db) = (a.me, b.me);
+        tools::rc_side_connect(&mut a, 3, 1, &db).unwrap();
+        tools::rc_side_connect(&mut b, 3, 1, &da).unwrap();
+        drop(a);
+        let stall = Stalled {
+            secs: 1,
+            received: 5,
+            sent: 6,
+        };
+        let t0 = Instant::now();
+        let e = probe_peer(
+            &mut b.qp,
+            &mut b.cq,
+            tools::RC_TIMEOUT,
+            tools::RC_RETRY_CNT,
+            stall,
+        )
+        .to_string();
+        assert!(
+            e.starts_with("Failed status transport retry counter exceeded (12) for wr_id 4")
+                && e.contains("5 received, 6 sent"),
+            "{e}"
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "after {:?}",
+            t0.elapsed()
+        );
+    }
+
+    /// A program waiting for completions on a device that lost its state
+    /// stops with a clear error soon after the fatal event, long before its
+    /// stall bound.
+    #[test]
+    fn the_poller_stops_at_a_device_fatal_event() {
+        let (link, _peer) = vrnic::link::MemLink::pair();
+        let cfg = vrnic::device::DeviceConfig {
+            mac: [2, 0x76, 10, 0, 0, 1],
+            ipv4: Ipv4Addr::new(10, 0, 0, 1),
+            prefix_len: 24,
+            ipv6: Vec::new(),
+            link_mtu: 1500,
+        };
+        let fatal = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let t = Lost {
+            inner: crate::loopback::LoopbackTransport::new(cfg, Box::new(link)).unwrap(),
+            fatal: fatal.clone(),
+        };
+        let ctx = Context::open(Box::new(t)).unwrap();
+        let mut cq = Cq::new(&ctx, 4).unwrap();
+        let mut wc = [WorkCompletion::default(); 4];
+        let stall = Duration::from_secs(30);
+        let mut p = CqPoller::new(stall);
+        fatal.store(true, std::sync::atomic::Ordering::SeqCst);
+        let t0 = Instant::now();
+        let e = p.poll(&mut cq, &mut wc, 3, 4).unwrap_err().to_string();
+        assert!(
+            e.contains("device lost (IBV_EVENT_DEVICE_FATAL)") && e.contains("3 received, 4 sent"),
+            "{e}"
+        );
+        assert!(t0.elapsed() < stall / 10, "after {:?}", t0.elapsed());
+    }
 
     #[test]
     fn patterns_differ_per_message_and_keep_chk_page_starts() {

@@ -367,6 +367,8 @@ fn example_qp_init(
 /// The local ACK timeout rc_pingpong gives its QP: 4.096 µs × 2^14 ≈ 67 ms
 /// (`ibv_modify_qp(3)` `timeout`).
 pub const RC_TIMEOUT: u8 = 14;
+/// `retry_cnt` of the RC QPs the tools connect (as the stock examples).
+pub const RC_RETRY_CNT: u8 = 7;
 
 /// rc_pingpong's `pp_connect_ctx`: moves `qp` INIT → RTR towards `rem`
 /// (`path_mtu` an `ibv_mtu` value, address vector `ah`, `max_dest_rd_atomic`
@@ -404,7 +406,7 @@ pub fn rc_qp_connect(
         .context("Failed to modify QP to RTR")?;
     attr.qp_state = QpState::Rts;
     attr.timeout = timeout;
-    attr.retry_cnt = 7;
+    attr.retry_cnt = RC_RETRY_CNT;
     attr.rnr_retry = 7;
     attr.sq_psn = my_psn;
     attr.max_rd_atomic = 1;

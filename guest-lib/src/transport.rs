@@ -13,7 +13,9 @@ use vrnic::abi;
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
     /// The device answered a control command with an error status (a Linux errno).
-    #[error("device rejected command {opcode}: status {status} ({})", std::io::Error::from_raw_os_error(*status as i32))]
+    /// `STATUS_ENODEV` means the device lost every object (its vhost-user
+    /// daemon restarted under the driver; device spec §5.x.9).
+    #[error("device rejected command {opcode}: status {status} ({})", status_text(*status))]
     Status {
         /// The `abi::CMD_*` opcode.
         opcode: u16,
@@ -38,6 +40,17 @@ pub enum TransportError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// The text of a command status: the errno's, and for `STATUS_ENODEV` what
+/// it means for a vrnic device.
+fn status_text(status: u32) -> String {
+    let errno = std::io::Error::from_raw_os_error(status as i32);
+    if status == abi::STATUS_ENODEV {
+        format!("{errno}: the device lost every object, its host daemon restarted; open the device again")
+    } else {
+        errno.to_string()
+    }
 }
 
 /// A buffer of DMA memory: zeroed at allocation, contiguous in the device's

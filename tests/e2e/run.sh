@@ -3,14 +3,16 @@
 # namespace (bridge br0, TAPs), guests under QEMU (TCG unless KVM works).
 #
 # Usage: tests/e2e/run.sh [STEP...]     STEP: qemu-select | rxe-rxe | probe | vrnic-rxe | vrnic-vrnic |
-#                                             vrnic-rxe-lossy | vrnic-vrnic-pause | hostile-peer |
-#                                             ibv-rxe | ibv-ibv | ibv-vrnic
-#   default: qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause hostile-peer
-#   ibv-rxe ibv-ibv (ibv: a vrnic guest running Debian's unmodified ibv_*_pingpong on vrnic's
-#   libibverbs.so.1; hostile-peer: an independent scapy peer attacks a vrnic server, see
-#   run_hostile; qemu-select:
-#   which QEMU the scripts pick, tests/e2e/qemu-select.sh; vrnic-vrnic-pause: a VM paused and
-#   resumed mid-run, see run_pause; rxe-rxe is the harness's own baseline;
+#                                             vrnic-rxe-lossy | vrnic-vrnic-pause | vrnic-vrnic-kill |
+#                                             vrnic-vrnic-restart | hostile-peer | ibv-rxe | ibv-ibv |
+#                                             ibv-vrnic
+#   default: qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause
+#   vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer ibv-rxe ibv-ibv (qemu-select: which QEMU the
+#   scripts pick, tests/e2e/qemu-select.sh; vrnic-vrnic-pause: a VM paused and resumed mid-run, see
+#   run_pause; vrnic-vrnic-kill: a guest's QEMU killed mid-run, see run_kill; vrnic-vrnic-restart:
+#   a daemon killed mid-run and restarted, see run_restart; hostile-peer: an independent scapy peer
+#   attacks a vrnic server, see run_hostile; ibv: a vrnic guest running Debian's unmodified
+#   ibv_*_pingpong and perftest on vrnic's libibverbs.so.1; rxe-rxe is the harness's own baseline;
 #   E2E_BASELINE=1 puts it first). probe: one vrnic guest + daemon running vrnic-probe; when it
 #   fails, the vrnic pairs are not run (they would only time out) unless E2E_KEEP_GOING=1.
 # Each pair boots two guests once; each guest runs the whole matrix in one job: for every size,
@@ -24,7 +26,8 @@
 # E2E_ITERS (200), E2E_MTU (1024), E2E_RUN_TIMEOUT (bound on one ping-pong run, 90 s),
 # E2E_GUEST_TIMEOUT (bound on one guest's whole job, 900 s), E2E_NO_BUILD=1 (skip cargo build),
 # E2E_RDMA=0 (no RDMA READ/atomic runs), E2E_RDMA_SIZES ("1,4097,1048576"), E2E_RDMA_READS (2),
-# E2E_RDMA_FAA (100), E2E_LOSSY_RDMA, E2E_LOSSY_SIZES, E2E_LOSS (nft|netem),
+# E2E_RDMA_FAA (100), E2E_LOSSY_RDMA, E2E_LOSSY_SIZES, E2E_LOSS (nft|netem), E2E_CRASH_ITERS,
+# E2E_CRASH_AFTER, E2E_KILL_RSS_SLACK_KB (kill/restart steps),
 # VRNIC_BIN (daemon binary), VRNIC_ACCEL (kvm|tcg, default: probed), VRNIC_CACHE.
 # Prints PASS:/FAIL: lines and a closing "e2e: N passed, N failed"; exit status 0 iff no failure.
 set -euo pipefail
@@ -36,7 +39,8 @@ SUMMARY_DONE=0 PASSED=0 FAILED=0
 trap 'rc=$?; if [ $SUMMARY_DONE = 0 ]; then echo "FAIL: e2e aborted (exit $rc)"; echo "e2e: $PASSED passed, $((FAILED + 1)) failed"; fi; vr_cleanup $rc' EXIT
 
 PAIRS=("$@")
-[ ${#PAIRS[@]} -gt 0 ] || PAIRS=(qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause hostile-peer ibv-rxe ibv-ibv)
+[ ${#PAIRS[@]} -gt 0 ] || PAIRS=(qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause
+    vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer ibv-rxe ibv-ibv)
 [ "${E2E_BASELINE:-0}" = 1 ] && PAIRS=(rxe-rxe "${PAIRS[@]}")
 if [ -z "${E2E_RESULTS:-}" ] && [ -d "$VR_TOP/out" ]; then
     # Default results dirs out/e2e-DATE: keep the last 5 (daemon pcaps are ~60 MB each).
@@ -62,7 +66,7 @@ need_vrnic=0
 for p in "${PAIRS[@]}"; do
     case $p in
     rxe-rxe | qemu-select) ;;
-    probe | vrnic-rxe | vrnic-vrnic | vrnic-rxe-lossy | vrnic-vrnic-lossy | vrnic-vrnic-pause | hostile-peer) need_vrnic=1 ;;
+    probe | vrnic-rxe | vrnic-vrnic | vrnic-rxe-lossy | vrnic-vrnic-lossy | vrnic-vrnic-pause | vrnic-vrnic-kill | vrnic-vrnic-restart | hostile-peer) need_vrnic=1 ;;
     ibv-rxe | ibv-ibv | ibv-vrnic) need_vrnic=1 ;;
     *) vr_die "unknown pair $p" ;;
     esac
@@ -512,6 +516,258 @@ run_hostile() {
     echo "=== hostile-peer took $((SECONDS - tp)) s"
 }
 
+# --- Guest killed / daemon restarted (issue 9). Both run vrnic-pingpong between two vrnic guests
+# through tests/e2e/guest-runs.sh (ping-pong runs one after the other): A the server, B the
+# client; 4 KiB x E2E_CRASH_ITERS for the run that gets broken, once daemon A has carried
+# E2E_CRASH_AFTER bytes of it.
+CRASH_ITERS=${E2E_CRASH_ITERS:-100000}
+CRASH_AFTER=${E2E_CRASH_AFTER:-1048576}
+# How close to its baseline daemon A's RSS must come back after its guest was killed (kB).
+KILL_RSS_SLACK=${E2E_KILL_RSS_SLACK_KB:-2048}
+
+# runs_job FILE NAME ROLE PEER_IP RUNS [EXTRA [REPLUG_WAIT]]: a guest job for guest-runs.sh.
+runs_job() {
+    {
+        echo "NAME=$2 ROLE=$3 PEER_IP=$4 RUNS='$5' EXTRA='${6:-}' REPLUG_WAIT=${7:-0}"
+        echo "RUN_TIMEOUT=$RUN_TIMEOUT CONNECT_WAIT=$((RUN_TIMEOUT + 240))"
+        cat "$VR_TOP/tests/e2e/guest-runs.sh"
+    } >"$1"
+}
+
+# wait_run LOG NAME N TIMEOUT: waits (bounded) for the guest's "VRNIC-RUN NAME N" line and prints
+# it; fails after TIMEOUT s.
+wait_run() {
+    local t0=$SECONDS l
+    while :; do
+        l=$(grep -a "^VRNIC-RUN $2 $3 " "$1" 2>/dev/null | tr -d '\r' | tail -1) || true
+        if [ -n "$l" ]; then
+            echo "$l"
+            return 0
+        fi
+        [ $((SECONDS - t0)) -lt "$4" ] || return 1
+        sleep 0.1
+    done
+}
+
+# wait_rx SOCK BYTES LOG...: waits (bounded by the guest timeout) until the daemon at SOCK has
+# received BYTES, or a LOG shows its guest's job ended; prints the last rx_bytes.
+wait_rx() {
+    local sock=$1 want=$2 rx=0
+    shift 2
+    for _ in $(seq $((GUEST_TIMEOUT * 10))); do
+        rx=$(stat_of "$sock" rx_bytes)
+        [ "${rx:-0}" -ge "$want" ] && break
+        grep -aq '^VRNIC-JOB-EXIT' "$@" 2>/dev/null && break
+        sleep 0.1
+    done
+    echo "${rx:-0}"
+}
+
+# kill_child PID COMM: SIGKILL for a process this script started (a child of it, named COMM),
+# then reaps it. Fails without signalling anything otherwise.
+kill_child() {
+    vr_is_child "$1" || return 1
+    [ "$(cat "/proc/$1/comm" 2>/dev/null)" = "$2" ] || return 1
+    kill -KILL "$1"
+    vr_stop "$1"
+}
+
+# memfd_maps PID: the process's mappings of memfd files (a guest's RAM: memory-backend-memfd).
+memfd_maps() { grep -c '/memfd:' "/proc/$1/maps" 2>/dev/null || true; }
+
+# elapsed T0: seconds since T0 (date +%s.%N), one decimal.
+elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# wait_log FILE PATTERN TIMEOUT: waits (bounded) until FILE has a line matching PATTERN.
+wait_log() {
+    local t0=$SECONDS
+    until grep -q -- "$2" "$1" 2>/dev/null; do
+        [ $((SECONDS - t0)) -lt "$3" ] || return 1
+        sleep 0.1
+    done
+}
+
+# check_retry_exc LINE WHAT T0 LOG: B's broken run must have failed with the retry-exceeded
+# completion (vrnic-pingpong: "Failed status transport retry counter exceeded (12)").
+check_retry_exc() {
+    local line=$1 what=$2 t0=$3 log=$4
+    if [ -z "$line" ]; then
+        fail "$what: B's run did not end (console $log)"
+    elif [[ $line == *" rc=0 "* ]]; then
+        fail "$what: B's run succeeded although its peer was gone: $line"
+    elif grep -aq 'Failed status transport retry counter exceeded (12)' "$log"; then
+        pass "$what: B's QP failed with IBV_WC_RETRY_EXC_ERR $(elapsed "$t0") s after the kill ($(grep -a -m1 '^vrnic-pingpong: ' "$log" | tr -d '\r'); ${line#VRNIC-RUN })"
+    else
+        fail "$what: B's run failed without RETRY_EXC_ERR: $(grep -a -m1 'vrnic-pingpong:' "$log" | tr -d '\r') ($line)"
+    fi
+}
+
+# run_kill: guest A's QEMU is killed (SIGKILL) in the middle of the ping-pong. Daemon A must free
+# everything the guest had (its RSS back within KILL_RSS_SLACK kB of, and its open descriptors
+# exactly at, what they were before any guest attached), B's QP must fail with RETRY_EXC_ERR
+# within a bounded time, and a new guest on daemon A's socket must then run a ping-pong with B.
+run_kill() {
+    local dir=$RESULTS/vrnic-vrnic-kill side ip peer pid_a pid_b pid_a2 daemons=() tp=$SECONDS
+    local sock_a=$dir/vrnic-a.sock rx rss0 fd0 rss1 fd1 rss2 fd2 rss3 fd3 map0 map1 map2 t_kill line
+    mkdir -p "$dir"
+    echo "=== vrnic-vrnic-kill"
+    for side in a b; do
+        if [ $side = a ]; then ip=10.0.0.1; else ip=10.0.0.2; fi
+        if ! vr_daemon "vrnic-$side" "$NS" "$dir/vrnic-$side.sock" "tap-v$side" "10.0.0.10${ip##*.}/24" "$dir"; then
+            fail "vrnic-vrnic-kill: daemon vrnic-$side did not start (log $dir/vrnic-$side.log)"
+            [ ${#daemons[@]} = 0 ] || vr_stop "${daemons[@]}"
+            return 0
+        fi
+        daemons+=("$VR_LAST_PID")
+    done
+    # Daemon A before any guest attached.
+    rss0=$(vr_rss_kb "${daemons[0]}") fd0=$(vr_fd_count "${daemons[0]}") map0=$(memfd_maps "${daemons[0]}")
+    runs_job "$dir/job-a.sh" kill-a server 10.0.0.2 "18515:4096:$CRASH_ITERS"
+    runs_job "$dir/job-b.sh" kill-b client 10.0.0.1 "18515:4096:$CRASH_ITERS 18516:4096:$ITERS" \
+        "--stall-timeout 5"
+    vr_guest a vrnic "$NS" tap-ga 10.0.0.1/24 "$dir/job-a.sh" "$dir" "$sock_a"
+    pid_a=$VR_LAST_PID
+    vr_guest b vrnic "$NS" tap-gb 10.0.0.2/24 "$dir/job-b.sh" "$dir" "$dir/vrnic-b.sock"
+    pid_b=$VR_LAST_PID
+    rx=$(wait_rx "$sock_a" "$CRASH_AFTER" "$dir/a.log" "$dir/b.log")
+    rss1=$(vr_rss_kb "${daemons[0]}") fd1=$(vr_fd_count "${daemons[0]}") map1=$(memfd_maps "${daemons[0]}")
+    if [ "$rx" -lt "$CRASH_AFTER" ]; then
+        fail "vrnic-vrnic-kill: the run never got under way (daemon A rx_bytes $rx)"
+        vr_stop "$pid_a" "$pid_b" "${daemons[@]}"
+        return 0
+    fi
+    t_kill=$(date +%s.%N)
+    if ! kill_child "$pid_a" qemu-system-x86; then
+        fail "vrnic-vrnic-kill: guest A's QEMU (pid $pid_a) is not ours to kill"
+        vr_stop "$pid_a" "$pid_b" "${daemons[@]}"
+        return 0
+    fi
+    vr_log "guest a (QEMU pid $pid_a) killed at daemon A rx_bytes $rx"
+    line=$(wait_run "$dir/b.log" kill-b 1 $((RUN_TIMEOUT + 30))) || line=
+    check_retry_exc "$line" vrnic-vrnic-kill "$t_kill" "$dir/b.log"
+    if wait_log "$dir/vrnic-a.log" 'frontend connection ended' 30; then
+        rss2=$(vr_rss_kb "${daemons[0]}") fd2=$(vr_fd_count "${daemons[0]}") map2=$(memfd_maps "${daemons[0]}")
+        if [ "$fd2" = "$fd0" ] && [ "$map2" = "$map0" ] && [ "$rss2" -le $((rss0 + KILL_RSS_SLACK)) ]; then
+            pass "vrnic-vrnic-kill: daemon A freed the dead guest: fds $fd0 before it, $fd1 with it, $fd2 after; guest RAM mappings $map0/$map1/$map2; RSS $rss0 kB before, $rss1 kB with it, $rss2 kB after"
+        else
+            fail "vrnic-vrnic-kill: daemon A kept resources of the dead guest: fds $fd0 before, $fd2 after; guest RAM mappings $map0 before, $map2 after; RSS $rss0 kB before, $rss2 kB after (slack $KILL_RSS_SLACK kB)"
+        fi
+    else
+        fail "vrnic-vrnic-kill: daemon A never saw guest A's connection end (log $dir/vrnic-a.log)"
+    fi
+    # A new guest on the same daemon socket: a ping-pong with B's second run. It is guest "a" again
+    # (same MAC and eth0 address, so B's ARP entry stays right), logging to $dir/second/.
+    mkdir -p "$dir/second"
+    runs_job "$dir/second/job-a.sh" kill-a2 server 10.0.0.2 "18516:4096:$ITERS"
+    vr_guest a vrnic "$NS" tap-ga 10.0.0.1/24 "$dir/second/job-a.sh" "$dir/second" "$sock_a"
+    pid_a2=$VR_LAST_PID
+    vr_wait_job b "$dir" "$pid_b" $((GUEST_TIMEOUT + 180)) ||
+        fail "vrnic-vrnic-kill guest b job: $VR_JOB_RC (console $dir/b.log)"
+    vr_wait_job a "$dir/second" "$pid_a2" $((GUEST_TIMEOUT + 180)) ||
+        fail "vrnic-vrnic-kill new guest a job: $VR_JOB_RC (console $dir/second/a.log)"
+    for who in "b.log kill-b 2 B" "second/a.log kill-a2 1 A2"; do
+        # shellcheck disable=SC2086
+        set -- $who
+        line=$(grep -a "^VRNIC-RUN $2 $3 " "$dir/$1" | tr -d '\r' | tail -1)
+        case $line in
+        *" rc=0 "*verified=yes) pass "vrnic-vrnic-kill: a new guest on daemon A's socket, $4's side: $ITERS x 4096 B, data verified" ;;
+        *) fail "vrnic-vrnic-kill: a new guest on daemon A's socket, $4's side: ${line:-no result line}" ;;
+        esac
+    done
+    if wait_log "$dir/vrnic-a.log" 'frontend connection ended' 30 &&
+        [ "$(grep -c 'frontend connection ended' "$dir/vrnic-a.log")" -ge 2 ]; then
+        rss3=$(vr_rss_kb "${daemons[0]}") fd3=$(vr_fd_count "${daemons[0]}")
+        vr_log "daemon A after guest A2 left: fds $fd3, RSS $rss3 kB"
+        [ "$fd3" = "$fd0" ] || fail "vrnic-vrnic-kill: daemon A has $fd3 fds after guest A2 left, $fd0 before any guest"
+    fi
+    vr_stop "${daemons[@]}"
+    echo "=== vrnic-vrnic-kill took $((SECONDS - tp)) s"
+}
+
+# run_restart: daemon A is killed (SIGKILL) in the middle of the ping-pong and restarted on the
+# same socket. Guest A's program must fail with an error within a bounded time (its waits are
+# bounded; --stall-timeout 10) and its QEMU must survive; B's QP fails with RETRY_EXC_ERR. QEMU
+# 11.1.3 cannot reconnect the device to the new daemon by itself, so once guest A's program has
+# ended the harness re-plugs the device over QMP (vr_qmp_replug), as a management layer would;
+# then a new program in the same guest runs a ping-pong with B.
+run_restart() {
+    local dir=$RESULTS/vrnic-vrnic-restart side ip pid_a pid_b daemons=() tp=$SECONDS
+    local sock_a=$dir/vrnic-a.sock rx t_kill line err out
+    mkdir -p "$dir"
+    echo "=== vrnic-vrnic-restart"
+    for side in a b; do
+        if [ $side = a ]; then ip=10.0.0.1; else ip=10.0.0.2; fi
+        if ! vr_daemon "vrnic-$side" "$NS" "$dir/vrnic-$side.sock" "tap-v$side" "10.0.0.10${ip##*.}/24" "$dir"; then
+            fail "vrnic-vrnic-restart: daemon vrnic-$side did not start (log $dir/vrnic-$side.log)"
+            [ ${#daemons[@]} = 0 ] || vr_stop "${daemons[@]}"
+            return 0
+        fi
+        daemons+=("$VR_LAST_PID")
+    done
+    runs_job "$dir/job-a.sh" restart-a server 10.0.0.2 "18515:4096:$CRASH_ITERS 18516:4096:$ITERS" \
+        "--stall-timeout 10" $((GUEST_TIMEOUT / 2))
+    runs_job "$dir/job-b.sh" restart-b client 10.0.0.1 "18515:4096:$CRASH_ITERS 18516:4096:$ITERS" \
+        "--stall-timeout 5"
+    vr_guest a vrnic "$NS" tap-ga 10.0.0.1/24 "$dir/job-a.sh" "$dir" "$sock_a"
+    pid_a=$VR_LAST_PID
+    vr_guest b vrnic "$NS" tap-gb 10.0.0.2/24 "$dir/job-b.sh" "$dir" "$dir/vrnic-b.sock"
+    pid_b=$VR_LAST_PID
+    rx=$(wait_rx "$sock_a" "$CRASH_AFTER" "$dir/a.log" "$dir/b.log")
+    if [ "$rx" -lt "$CRASH_AFTER" ]; then
+        fail "vrnic-vrnic-restart: the run never got under way (daemon A rx_bytes $rx)"
+        vr_stop "$pid_a" "$pid_b" "${daemons[@]}"
+        return 0
+    fi
+    t_kill=$(date +%s.%N)
+    if ! kill_child "${daemons[0]}" vrnic; then
+        fail "vrnic-vrnic-restart: daemon A (pid ${daemons[0]}) is not ours to kill"
+        vr_stop "$pid_a" "$pid_b" "${daemons[@]}"
+        return 0
+    fi
+    vr_log "daemon A (pid ${daemons[0]}) killed at rx_bytes $rx"
+    daemons=("${daemons[1]}")
+    if ! vr_daemon vrnic-a-restarted "$NS" "$sock_a" tap-va 10.0.0.101/24 "$dir"; then
+        fail "vrnic-vrnic-restart: daemon A did not start again (log $dir/vrnic-a-restarted.log)"
+        vr_stop "$pid_a" "$pid_b" "${daemons[@]}"
+        return 0
+    fi
+    daemons+=("$VR_LAST_PID")
+    line=$(wait_run "$dir/b.log" restart-b 1 $((RUN_TIMEOUT + 30))) || line=
+    check_retry_exc "$line" vrnic-vrnic-restart "$t_kill" "$dir/b.log"
+    line=$(wait_run "$dir/a.log" restart-a 1 $((RUN_TIMEOUT + 60))) || line=
+    err=$(grep -a -m1 '^vrnic-pingpong: ' "$dir/a.log" | tr -d '\r')
+    if [ -z "$line" ]; then
+        fail "vrnic-vrnic-restart: guest A's program never ended after the daemon died (console $dir/a.log)"
+    elif [[ $line == *" rc=0 "* ]]; then
+        fail "vrnic-vrnic-restart: guest A's program succeeded on a dead daemon: $line"
+    else
+        pass "vrnic-vrnic-restart: guest A's program failed $(elapsed "$t_kill") s after its daemon was killed, exit ${line#* rc=}: ${err:-no error line}"
+    fi
+    if vr_is_child "$pid_a" && [ "$(cat "/proc/$pid_a/comm" 2>/dev/null)" = qemu-system-x86 ]; then
+        pass "vrnic-vrnic-restart: guest A's QEMU survived its daemon's death"
+        if out=$(vr_qmp_replug "$dir/a.qmp" "$sock_a.qemu-args" "$sock_a" 2>&1); then
+            pass "vrnic-vrnic-restart: device re-plugged on the restarted daemon ($(tail -1 <<<"$out"))"
+        else
+            fail "vrnic-vrnic-restart: QMP re-plug failed: $out"
+        fi
+    else
+        fail "vrnic-vrnic-restart: guest A's QEMU died with its daemon (see $dir/a.qemu)"
+    fi
+    for side in a b; do
+        local pid=$pid_a
+        [ $side = b ] && pid=$pid_b
+        vr_wait_job "$side" "$dir" "$pid" $((GUEST_TIMEOUT + 180)) ||
+            fail "vrnic-vrnic-restart guest $side job: $VR_JOB_RC (console $dir/$side.log)"
+        line=$(grep -a "^VRNIC-RUN restart-$side 2 " "$dir/$side.log" | tr -d '\r' | tail -1)
+        case $line in
+        *" rc=0 "*verified=yes) pass "vrnic-vrnic-restart: a new program in guest $side after the restart: $ITERS x 4096 B, data verified" ;;
+        *) fail "vrnic-vrnic-restart: the new program in guest $side after the restart: ${line:-no result line}" ;;
+        esac
+    done
+    vr_stop "${daemons[@]}"
+    echo "=== vrnic-vrnic-restart took $((SECONDS - tp)) s"
+}
+
 # run_qemu_select: tests/e2e/qemu-select.sh (the QEMU choice in every case a user meets, and a
 # kernel boot through a QEMU found on the PATH); its PASS:/FAIL: lines count here.
 run_qemu_select() {
@@ -537,11 +793,15 @@ for p in "${PAIRS[@]}"; do
             run_hostile
         fi
         ;;
-    vrnic-vrnic-pause)
+    vrnic-vrnic-pause | vrnic-vrnic-kill | vrnic-vrnic-restart)
         if [ $PROBE_OK = 0 ] && [ "${E2E_KEEP_GOING:-0}" != 1 ]; then
             fail "$p: not run, the probe failed (E2E_KEEP_GOING=1 runs it anyway)"
         else
-            run_pause
+            case $p in
+            vrnic-vrnic-pause) run_pause ;;
+            vrnic-vrnic-kill) run_kill ;;
+            *) run_restart ;;
+            esac
         fi
         ;;
     vrnic-*)

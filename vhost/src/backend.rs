@@ -90,6 +90,12 @@ pub struct VrnicBackend {
     queue_size: u16,
     acked_features: AtomicU64,
     board: Arc<StatsBoard>,
+    /// Descriptors of the exit-event consumers handed to vhost-user-backend
+    /// ([`VhostUserBackend::exit_event`]), which it leaks: its
+    /// `VringEpollHandler::new` (0.24) registers `consumer.into_raw_fd()`
+    /// with its epoll and never closes it, one eventfd per connection.
+    /// Closed by [`VrnicBackend::close_exit_events`].
+    exit_consumers: Mutex<Vec<RawFd>>,
 }
 
 impl VrnicBackend {
@@ -111,6 +117,7 @@ impl VrnicBackend {
             queue_size: q,
             acked_features: AtomicU64::new(0),
             board: Arc::new(StatsBoard::new()),
+            exit_consumers: Mutex::new(Vec::new()),
         })
     }
 
@@ -172,6 +179,43 @@ impl VrnicBackend {
         self.publish(&mut dp, true);
     }
 
+    /// The frontend's connection ended (it closed the socket, or its QEMU
+    /// died): resets the device (every object of that guest is destroyed,
+    /// its waiting events and frames dropped, its timers disarmed) and
+    /// drops the memory table, which unmaps the guest's RAM and closes the
+    /// region fds (the next frontend sends its own, `SET_MEM_TABLE`).
+    pub fn disconnected(&self) {
+        let mut dp = self.lock();
+        dp.reset();
+        dp.set_memory(GuestMemoryAtomic::new(GuestMemoryMmap::new()));
+        self.publish(&mut dp, true);
+    }
+
+    /// Closes the exit-event consumers handed to vhost-user-backend, which
+    /// it does not close itself (see the field). Call only once the
+    /// `VhostUserDaemon` that asked for them is dropped (its worker joined
+    /// and its epoll closed): [`crate::server`] does.
+    pub(crate) fn close_exit_events(&self) {
+        let mut fds = self
+            .exit_consumers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for fd in fds.drain(..) {
+            // SAFETY: `fd` is an eventfd this backend created and gave to
+            // vhost-user-backend, which turned it into a raw descriptor and
+            // dropped everything that used it with the daemon; nothing else
+            // owns it.
+            unsafe { libc::close(fd) };
+        }
+    }
+
+    /// Number of guest memory regions the backend has mapped (the last
+    /// `SET_MEM_TABLE`'s; 0 with no frontend connected).
+    pub fn mapped_regions(&self) -> usize {
+        use vm_memory::{GuestAddressSpace, GuestMemoryBackend};
+        self.lock().memory().memory().num_regions()
+    }
+
     /// Gives back the device and the link.
     pub fn into_parts(self) -> (Device, Box<dyn Link>) {
         let dp = self.dp.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -179,6 +223,7 @@ impl VrnicBackend {
     }
 
     fn dispatch(dp: &mut DataPath, device_event: u16, vrings: &[Vring]) {
+        dp.check_driver(vrings);
         if dp.hold_while_stopped(device_event, vrings) {
             return;
         }
@@ -302,7 +347,13 @@ impl VhostUserBackend for VrnicBackend {
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
         match new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC) {
-            Ok(pair) => Some(pair),
+            Ok(pair) => {
+                self.exit_consumers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(pair.0.as_raw_fd());
+                Some(pair)
+            }
             Err(e) => {
                 error!("cannot create the worker's exit event: {e}");
                 None

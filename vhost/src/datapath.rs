@@ -98,6 +98,14 @@ pub struct BackendStats {
     pub device_resumes: u64,
     /// Frames from the link dropped while the device was stopped.
     pub rx_dropped_stopped: u64,
+    /// Times the device found its queues started at indices it never
+    /// served: a driver set up against an earlier backend (a daemon that
+    /// restarted under a running guest). Each time the device is lost
+    /// until the driver resets it ([`DataPath::check_driver`]).
+    pub device_lost: u64,
+    /// Commands refused (`STATUS_ENODEV`) and doorbells ignored while the
+    /// device was lost.
+    pub lost_requests: u64,
 }
 
 /// The data-path state: the device, its link, its timer and the event
@@ -124,6 +132,12 @@ pub struct DataPath {
     /// The control queue's next available index after the last command
     /// served (what `GET_VRING_BASE` reports; 0 after a reset).
     ctrl_next_avail: u16,
+    /// The queues' start indices were checked since the last reset
+    /// ([`DataPath::check_driver`]).
+    checked: bool,
+    /// The driver's state belongs to another backend: commands fail with
+    /// `STATUS_ENODEV`, doorbells are ignored, until a reset.
+    lost: bool,
     pub(crate) stats: BackendStats,
     /// The counters as of the last per-QP publish.
     qp_stats_seen: Option<Snapshot>,
@@ -155,6 +169,8 @@ impl DataPath {
             running: false,
             stopped: false,
             ctrl_next_avail: 0,
+            checked: false,
+            lost: false,
             stats: BackendStats::default(),
             qp_stats_seen: None,
             qp_stats_next: 0,
@@ -178,6 +194,11 @@ impl DataPath {
         self.mem = mem;
     }
 
+    /// The memory table (the last `SET_MEM_TABLE`).
+    pub fn memory(&self) -> &GuestMemoryAtomic<GuestMemoryMmap> {
+        &self.mem
+    }
+
     /// Resets the device (virtio 1.2 §2.4) and drops the event backlog.
     pub fn reset(&mut self) {
         self.device.reset();
@@ -190,6 +211,8 @@ impl DataPath {
         self.running = false;
         self.stopped = false;
         self.ctrl_next_avail = 0;
+        self.checked = false;
+        self.lost = false;
         self.stats.device_resets += 1;
         self.qp_stats_due = None;
     }
@@ -318,6 +341,66 @@ impl DataPath {
                 true
             }
         }
+    }
+
+    /// To be called for every worker event, before
+    /// [`DataPath::hold_while_stopped`]. The first time after a reset that
+    /// the control queue is live, before the device served any chain,
+    /// checks where the queues start: a driver
+    /// that initialised them starts both the control and the doorbell queue
+    /// at index 0 (virtio 1.2 §2.7). Any other start index means the driver
+    /// set the device up against an earlier backend, whose objects this one
+    /// never had: QEMU re-sends the whole vhost-user setup with the queues'
+    /// last indices to a backend that (re)connects (`vhost_dev_start`;
+    /// vhost-user spec, "Ring states"). The device is then *lost* (device
+    /// spec §5.x.9): it raises `EV_DEVICE_FATAL`, answers every command
+    /// with `STATUS_ENODEV` and ignores doorbells, so no handle of the
+    /// earlier backend reaches the engine, until the driver resets it.
+    pub fn check_driver(&mut self, vrings: &[Vring]) {
+        if self.checked || self.stopped {
+            return;
+        }
+        if self.running {
+            // It served chains since the reset: the indices it sees now are
+            // its own (the start was index 0, or it would be lost).
+            self.checked = true;
+            return;
+        }
+        let Some(ctrl) = vrings.get(usize::from(abi::CONTROLQ)) else {
+            return;
+        };
+        if !queue_live(ctrl) {
+            return;
+        }
+        self.checked = true;
+        let ctrl_base = ctrl.queue_next_avail();
+        // The doorbell queue counts if QEMU has started it already (it
+        // starts the queues one after the other).
+        let db_base = vrings
+            .get(usize::from(abi::DOORBELLQ))
+            .filter(|v| queue_live(v))
+            .map_or(0, |v| v.queue_next_avail());
+        if ctrl_base == 0 && db_base == 0 {
+            return;
+        }
+        warn!(
+            ctrl_base,
+            db_base,
+            "the driver's queues start where another backend left them: \
+             device lost until the driver resets it"
+        );
+        self.lost = true;
+        self.stats.device_lost += 1;
+        // Raised before any command of that driver is served.
+        self.pending_events.push_front(abi::Event {
+            kind: abi::EV_DEVICE_FATAL,
+            ..Default::default()
+        });
+    }
+
+    /// Whether the device is lost ([`DataPath::check_driver`]).
+    pub fn lost(&self) -> bool {
+        self.lost
     }
 
     /// Reads and drops up to [`RX_BATCH`] frames (the device is stopped).
@@ -575,6 +658,15 @@ impl DataPath {
         let resp = &mut self.resp[..cap];
         resp.fill(0);
         let n = match chain::gather(mem, readable, &mut self.req) {
+            Ok(_) if self.lost => {
+                self.stats.lost_requests += 1;
+                let h = abi::RespHeader {
+                    status: abi::STATUS_ENODEV,
+                    len: 0,
+                };
+                resp[..8].copy_from_slice(h.as_bytes());
+                8
+            }
             Ok(len) => {
                 self.stats.commands += 1;
                 self.device
@@ -613,6 +705,7 @@ impl DataPath {
         };
         let mut db = abi::Doorbell::default();
         match chain::gather(mem, readable, db.as_bytes_mut()) {
+            Ok(_) if self.lost => self.stats.lost_requests += 1,
             Ok(n) if n == size_of::<abi::Doorbell>() => {
                 self.stats.doorbells += 1;
                 let now = self.now();

@@ -50,7 +50,8 @@ enum Command {
     /// (commands, rejected_chains, faulted_commands, doorbells,
     /// bad_doorbells, events_delivered, events_dropped, bad_event_buffers,
     /// link_tx_errors, link_rx_errors, device_resets, engine_panics,
-    /// device_stops, device_resumes, rx_dropped_stopped); all since the
+    /// device_stops, device_resumes, rx_dropped_stopped, device_lost,
+    /// lost_requests); all since the
     /// daemon started.
     Stats(StatsArgs),
 }
@@ -79,10 +80,19 @@ impl StatsArgs {
 
 #[derive(Debug, Args)]
 #[command(group(ArgGroup::new("link").required(true).args(["tap", "netdev"])))]
+#[command(group(ArgGroup::new("vhost").required(true).args(["socket", "connect"])))]
 struct DaemonArgs {
-    /// vhost-user socket to listen on (a stale socket there is replaced).
+    /// vhost-user socket to listen on (a stale socket there is replaced);
+    /// QEMU connects to it. A guest does not survive a restart of the
+    /// daemon this way (see --connect).
     #[arg(long, value_name = "PATH")]
-    socket: PathBuf,
+    socket: Option<PathBuf>,
+    /// vhost-user socket to connect to: QEMU listens on it
+    /// (`-chardev socket,...,server=on,wait=on`). The daemon retries until
+    /// the socket is there and connects again whenever the connection
+    /// ends, so a restarted daemon finds its running guest again.
+    #[arg(long, value_name = "PATH", conflicts_with = "socket")]
+    connect: Option<PathBuf>,
     /// Send and receive frames on this TAP device (created if missing).
     #[arg(long, value_name = "NAME")]
     tap: Option<String>,
@@ -175,23 +185,38 @@ fn run_daemon(cli: DaemonArgs) -> Result<()> {
         },
     )?;
 
-    let mut listener = server::bind(&cli.socket)?;
-    let socket = absolute(&cli.socket);
+    let (mut listener, socket) = match (&cli.socket, &cli.connect) {
+        (Some(s), _) => (Some(server::bind(s)?), absolute(s)),
+        (None, Some(c)) => (None, absolute(c)),
+        // clap requires one of them.
+        (None, None) => bail!("one of --socket or --connect is required"),
+    };
     let stats_path = cli
         .stats_socket
         .clone()
         .unwrap_or_else(|| stats::default_socket(&socket));
     // Reads the worker's published snapshot; never locks the data path.
     let stats_server = StatsServer::start(&stats_path, backend.stats_board())?;
-    info!(mac = %mac, ip = %cli.ip, mtu = cli.mtu, "vrnic listening on {}", socket.display());
-    println!("vrnic: listening on {}", socket.display());
+    if listener.is_some() {
+        info!(mac = %mac, ip = %cli.ip, mtu = cli.mtu, "vrnic listening on {}", socket.display());
+        println!("vrnic: listening on {}", socket.display());
+    } else {
+        info!(mac = %mac, ip = %cli.ip, mtu = cli.mtu, "vrnic connecting to {}", socket.display());
+        println!(
+            "vrnic: connecting to {} (QEMU listens there)",
+            socket.display()
+        );
+    }
     println!(
         "vrnic: counters on {} (vrnic stats --stats-socket {})",
         stats_server.path().display(),
         stats_server.path().display()
     );
     println!("QEMU arguments:");
-    println!("{}", qemu_args(&socket, cli.virtio_id, cli.queue_size));
+    println!(
+        "{}",
+        qemu_args(&socket, listener.is_none(), cli.virtio_id, cli.queue_size)
+    );
 
     let s = stopper.clone();
     std::thread::Builder::new()
@@ -199,7 +224,10 @@ fn run_daemon(cli: DaemonArgs) -> Result<()> {
         .spawn(move || wait_for_stop_signal(signals, &s))
         .context("cannot start the signal thread")?;
 
-    let backend = server::run(&mut listener, backend, &stopper, cli.once)?;
+    let backend = match listener.as_mut() {
+        Some(l) => server::run(l, backend, &stopper, cli.once)?,
+        None => server::run_client(&socket, backend, &stopper, cli.once)?,
+    };
     let stats = backend.stats();
     let dstats = backend.device_stats();
     info!(?stats, ?dstats, "vrnic exiting");
@@ -210,11 +238,19 @@ fn run_daemon(cli: DaemonArgs) -> Result<()> {
 }
 
 /// The QEMU command-line fragment that attaches a guest to this daemon.
-fn qemu_args(socket: &Path, virtio_id: u32, queue_size: u16) -> String {
+/// With `qemu_listens` (`--connect`), QEMU is the socket's server and waits
+/// for the daemon's first connection before it starts the guest
+/// (`server=on,wait=on`; QEMU's `qemu_chr_wait_connected`).
+fn qemu_args(socket: &Path, qemu_listens: bool, virtio_id: u32, queue_size: u16) -> String {
+    let server = if qemu_listens {
+        ",server=on,wait=on"
+    } else {
+        ""
+    };
     format!(
         "-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
-         -chardev socket,id=vr0,path={} \
-         -device vhost-user-test-device-pci,chardev=vr0,virtio-id={virtio_id},num_vqs={},vq_size={queue_size},config_size={}",
+         -chardev socket,id=vr0,path={}{server} \
+         -device vhost-user-test-device-pci,id=vrnic0,chardev=vr0,virtio-id={virtio_id},num_vqs={},vq_size={queue_size},config_size={}",
         socket.display(),
         abi::NUM_QUEUES,
         size_of::<abi::ConfigSpace>(),
@@ -299,7 +335,7 @@ mod tests {
         let cli = parse(&["--socket", "s", "--ip", "10.0.0.1/24", "--tap", "t0"]).unwrap();
         assert!(cli.command.is_none());
         let d = cli.daemon.unwrap();
-        assert_eq!(d.socket, PathBuf::from("s"));
+        assert_eq!(d.socket, Some(PathBuf::from("s")));
         assert_eq!(d.tap.as_deref(), Some("t0"));
         assert_eq!((d.mtu, d.once, d.stats_socket), (1500, false, None));
         let with = parse(&[
@@ -317,8 +353,21 @@ mod tests {
             with.daemon.unwrap().stats_socket,
             Some(PathBuf::from("/run/x"))
         );
+        let c = parse(&["--connect", "q", "--ip", "10.0.0.1/24", "--tap", "t0"]).unwrap();
+        let c = c.daemon.unwrap();
+        assert_eq!((c.socket, c.connect), (None, Some(PathBuf::from("q"))));
         for bad in [
-            &["--socket", "s", "--ip", "10.0.0.1/24"][..],
+            &[
+                "--socket",
+                "s",
+                "--connect",
+                "q",
+                "--ip",
+                "10.0.0.1/24",
+                "--tap",
+                "t",
+            ][..],
+            &["--socket", "s", "--ip", "10.0.0.1/24"],
             &["--socket", "s", "--ip", "10.0.0.1", "--tap", "t"],
             &[
                 "--socket",

@@ -1,11 +1,15 @@
 //! Serving the backend on a vhost-user socket (vhost-user spec,
-//! "Communication": the backend listens, the frontend connects), one
-//! frontend connection at a time.
+//! "Communication"), one frontend connection at a time: either the backend
+//! listens and the frontend connects ([`run`]), or the frontend (QEMU with
+//! `server=on`) listens and the backend connects, and connects again when
+//! the connection ends ([`run_client`]; a restarted daemon finds its guest
+//! again this way).
 //!
 //! Each connection gets a fresh vhost-user-backend `VhostUserDaemon` (its
 //! protocol state, vrings and worker thread live exactly as long as the
 //! connection); the [`VrnicBackend`] — device, link, counters — carries
-//! over, reset between connections.
+//! over, reset between connections, without the memory table of the
+//! frontend that left (its guest's RAM is unmapped and its fds closed).
 
 use std::fs;
 use std::io;
@@ -14,8 +18,9 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::{Error as DaemonError, ShutdownHandle, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
@@ -132,6 +137,34 @@ impl Stopper {
     fn detach(&self) {
         *self.conn() = None;
     }
+
+    /// Waits `d`, or less if the stopper fires: `Ok(false)` then.
+    fn sleep(&self, d: Duration) -> Result<bool, ServeError> {
+        let deadline = Instant::now() + d;
+        loop {
+            if self.is_stopped() {
+                return Ok(false);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(true);
+            }
+            let mut fd = libc::pollfd {
+                fd: self.inner.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = left.as_millis().clamp(1, 60_000) as libc::c_int;
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut fd, 1, ms) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(ServeError::Poll(e));
+                }
+            }
+        }
+    }
 }
 
 /// Binds the vhost-user socket at `path`. A stale socket there is
@@ -153,7 +186,8 @@ pub fn bind(path: &Path) -> Result<Listener, ServeError> {
 }
 
 /// Waits for one frontend on `listener`, serves it until it disconnects
-/// (or `stop` fires), then resets the device and gives the backend back.
+/// (or `stop` fires), then resets the device, drops the frontend's memory
+/// table and gives the backend back.
 ///
 /// # Errors
 /// [`ServeError`] when the daemon cannot be set up or accept fails; the
@@ -167,6 +201,76 @@ pub fn serve_connection(
     if !wait_for_connection(listener, stop)? {
         return Ok((backend, ConnectionEnd::Stopped));
     }
+    match serve_with(backend, stop, |d| d.start(listener))? {
+        Served::Ended(b, end) => Ok((b, end)),
+        Served::NotStarted(_, e) => Err(ServeError::Daemon(e.to_string())),
+    }
+}
+
+/// Connects to the frontend listening at `path` (QEMU with
+/// `-chardev socket,path=PATH,server=on`), retrying while the socket is
+/// missing or refuses (waits of [`CONNECT_RETRY_MIN`] doubling up to
+/// [`CONNECT_RETRY_MAX`]) until `stop` fires; serves the frontend until it
+/// disconnects, then resets the device, drops the frontend's memory table
+/// and gives the backend back. vhost-user spec, "Communication": either
+/// side may be the socket's server.
+///
+/// # Errors
+/// [`ServeError`] when the daemon cannot be set up; the backend is lost
+/// then.
+pub fn serve_client_connection(
+    path: &Path,
+    mut backend: VrnicBackend,
+    stop: &Stopper,
+) -> Result<(VrnicBackend, ConnectionEnd), ServeError> {
+    let target = path.to_string_lossy().into_owned();
+    let mut wait = CONNECT_RETRY_MIN;
+    let mut said = false;
+    loop {
+        if stop.is_stopped() {
+            return Ok((backend, ConnectionEnd::Stopped));
+        }
+        match serve_with(backend, stop, |d| d.start_client(&target))? {
+            Served::Ended(b, end) => return Ok((b, end)),
+            Served::NotStarted(b, e) => {
+                backend = b;
+                if !said {
+                    info!("cannot connect to {target} ({e}); retrying");
+                    said = true;
+                }
+                debug!("connecting to {target}: {e}; next try in {wait:?}");
+                if !stop.sleep(wait)? {
+                    return Ok((backend, ConnectionEnd::Stopped));
+                }
+                wait = (wait * 2).min(CONNECT_RETRY_MAX);
+            }
+        }
+    }
+}
+
+/// First wait between two connection attempts of
+/// [`serve_client_connection`].
+pub const CONNECT_RETRY_MIN: Duration = Duration::from_millis(50);
+/// Longest wait between two connection attempts of
+/// [`serve_client_connection`]: a frontend that comes back is served at
+/// most this late.
+pub const CONNECT_RETRY_MAX: Duration = Duration::from_millis(500);
+
+enum Served {
+    /// A connection was served and ended.
+    Ended(VrnicBackend, ConnectionEnd),
+    /// No connection was made (`start` failed); the backend is untouched.
+    NotStarted(VrnicBackend, DaemonError),
+}
+
+/// Makes a vhost-user daemon for `backend` with the link and timer
+/// registered, connects it with `start`, serves until the connection ends,
+/// then resets the device and drops the memory table.
+fn serve_with(
+    backend: VrnicBackend,
+    stop: &Stopper,
+    start: impl FnOnce(&mut VhostUserDaemon<Arc<VrnicBackend>>) -> Result<(), DaemonError>,
+) -> Result<Served, ServeError> {
     let link_fd = backend.link_fd();
     let timer_fd = backend.timer_fd();
     let backend = Arc::new(backend);
@@ -198,16 +302,21 @@ pub fn serve_connection(
         })?;
     drop(handlers);
 
-    daemon
-        .start(listener)
-        .map_err(|e| ServeError::Daemon(e.to_string()))?;
+    if let Err(e) = start(&mut daemon) {
+        drop(daemon);
+        backend.close_exit_events();
+        let backend = Arc::try_unwrap(backend).map_err(|_| ServeError::BackendHeld)?;
+        return Ok(Served::NotStarted(backend, e));
+    }
     info!("frontend connected");
     stop.attach(daemon.shutdown_handle());
     let result = daemon.wait();
     stop.detach();
     // Dropping the daemon stops and joins its worker thread, which releases
-    // the worker's references to the backend.
+    // the worker's references to the backend (and its vrings, with their
+    // eventfds, and its copy of the memory table).
     drop(daemon);
+    backend.close_exit_events();
 
     let end = if stop.is_stopped() {
         ConnectionEnd::Stopped
@@ -223,12 +332,12 @@ pub fn serve_connection(
         }
     };
     let backend = Arc::try_unwrap(backend).map_err(|_| ServeError::BackendHeld)?;
-    backend.reset();
+    backend.disconnected();
     match &end {
         ConnectionEnd::Failed(e) => warn!("frontend connection failed: {e}"),
         end => info!("frontend connection ended: {end:?}"),
     }
-    Ok((backend, end))
+    Ok(Served::Ended(backend, end))
 }
 
 /// Serves frontends one after another until `stop` fires, or, with
@@ -244,6 +353,27 @@ pub fn run(
 ) -> Result<VrnicBackend, ServeError> {
     loop {
         let (b, end) = serve_connection(listener, backend, stop)?;
+        backend = b;
+        if once || end == ConnectionEnd::Stopped {
+            return Ok(backend);
+        }
+    }
+}
+
+/// [`run`] as the socket's client: connects to the frontend at `path`
+/// ([`serve_client_connection`]), and after each connection ends connects
+/// again, until `stop` fires or, with `once`, the first connection ends.
+///
+/// # Errors
+/// As [`serve_client_connection`].
+pub fn run_client(
+    path: &Path,
+    mut backend: VrnicBackend,
+    stop: &Stopper,
+    once: bool,
+) -> Result<VrnicBackend, ServeError> {
+    loop {
+        let (b, end) = serve_client_connection(path, backend, stop)?;
         backend = b;
         if once || end == ConnectionEnd::Stopped {
             return Ok(backend);

@@ -42,7 +42,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 }
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 42;
+pub const COUNTERS: usize = 44;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -89,6 +89,8 @@ pub const NAMES: [&str; COUNTERS] = [
     "device_stops",
     "device_resumes",
     "rx_dropped_stopped",
+    "device_lost",
+    "lost_requests",
 ];
 
 /// Largest reply [`query`] accepts, bytes: room for the device counters
@@ -167,6 +169,8 @@ impl Snapshot {
             device_stops,
             device_resumes,
             rx_dropped_stopped,
+            device_lost,
+            lost_requests,
         } = *backend;
         Self {
             values: [
@@ -212,6 +216,8 @@ impl Snapshot {
                 device_stops,
                 device_resumes,
                 rx_dropped_stopped,
+                device_lost,
+                lost_requests,
             ],
         }
     }
@@ -599,7 +605,7 @@ mod tests {
         let b = BackendStats {
             commands: 12,
             engine_panics: 23,
-            rx_dropped_stopped: 24,
+            lost_requests: 24,
             ..Default::default()
         };
         let s = Snapshot::new(&d, &b);
@@ -615,7 +621,7 @@ mod tests {
         let parsed = parse(&s.render()).unwrap();
         assert_eq!(parsed.len(), COUNTERS);
         assert_eq!(parsed[0], ("tx_frames".to_string(), 1));
-        assert_eq!(parsed[COUNTERS - 1], ("rx_dropped_stopped".to_string(), 24));
+        assert_eq!(parsed[COUNTERS - 1], ("lost_requests".to_string(), 24));
     }
 
     #[test]

@@ -817,3 +817,151 @@ fn events_reach_the_event_queue_and_wait_for_buffers() {
     assert_eq!(s.events_delivered, 2);
     assert_eq!(s.events_dropped, 0);
 }
+
+/// A daemon restarted under a running guest (issue 9): the frontend sends
+/// the new daemon the whole setup again, with the same memory and rings
+/// and each queue starting where the driver left it (what QEMU's
+/// `vhost_dev_start` does for a backend that reconnects). The new daemon
+/// never had the driver's objects: it raises `EV_DEVICE_FATAL`, answers
+/// every command with `STATUS_ENODEV` and ignores doorbells, so no handle
+/// of the first daemon reaches its engine, until the driver resets the
+/// device and starts its queues from index 0.
+#[test]
+fn a_driver_set_up_against_an_earlier_daemon_finds_the_device_lost() {
+    let (first, _p1) = start();
+    let mut fe = connect(&first);
+    let pd: abi::Handle = ok(&mut fe, abi::CMD_ALLOC_PD, &[]);
+    fe.post_event_buffers(4).unwrap();
+    let bases = fe.stop_device().unwrap();
+    assert_eq!(bases[usize::from(abi::CONTROLQ)], 1);
+    stop(first);
+
+    let (ours, _p2) = MemLink::pair();
+    let second = TestDaemon::with_device_and_stats(test_device_config(), Box::new(ours)).unwrap();
+    fe.reattach(second.socket(), &FrontendOptions::default(), &bases)
+        .expect("the running driver's setup, sent to the new daemon");
+    let ev = fe.next_event(WAIT).unwrap().expect("an event");
+    assert_eq!(
+        (ev.kind, ev.handle),
+        (abi::EV_DEVICE_FATAL, 0),
+        "the driver is told: {ev:?}"
+    );
+    for (opcode, body) in [
+        (abi::CMD_DEALLOC_PD, pd.as_bytes().to_vec()),
+        (abi::CMD_QUERY_DEVICE, Vec::new()),
+    ] {
+        let (h, b) = fe.control(opcode, &body).unwrap();
+        assert_valid_response(&h, &b);
+        assert_eq!(h.status, abi::STATUS_ENODEV, "opcode {opcode}: {h:?}");
+    }
+    let db = abi::Doorbell {
+        kind: abi::DB_SQ,
+        handle: 0x11,
+        index: 1,
+        ..Default::default()
+    };
+    fe.doorbell(&db).expect("the doorbell is consumed");
+    wait_for_counter(&second, "lost_requests", 3);
+
+    // The driver resets the device: it works again, from scratch.
+    fe.stop_device().unwrap();
+    fe.reinit_device().unwrap();
+    let _: abi::DeviceAttr = ok(&mut fe, abi::CMD_QUERY_DEVICE, &[]);
+    let pd2: abi::Handle = ok(&mut fe, abi::CMD_ALLOC_PD, &[]);
+    let (h, _) = fe.control(abi::CMD_DEALLOC_PD, pd2.as_bytes()).unwrap();
+    assert_eq!(h.status, abi::STATUS_OK);
+    drop(fe);
+    let s = stop(second).stats();
+    assert_eq!((s.device_lost, s.lost_requests), (1, 3));
+}
+
+/// A driver that starts its queues at index 0 on a new daemon is a new
+/// driver: the device is not lost.
+#[test]
+fn a_fresh_driver_on_a_new_connection_is_not_lost() {
+    let (d, _p) = start();
+    for _ in 0..2 {
+        let mut fe = connect(&d);
+        let _: abi::Handle = ok(&mut fe, abi::CMD_ALLOC_PD, &[]);
+    }
+    assert_eq!(stop(d).stats().device_lost, 0);
+}
+
+/// The daemon as the socket's client (`vrnic --connect`, for QEMU with
+/// `server=on`): it retries until the frontend listens, and after a
+/// connection ends it connects again, to a device reset in between.
+#[test]
+fn a_connecting_daemon_waits_for_its_frontend_and_comes_back_after_each_connection() {
+    use std::os::unix::net::UnixListener;
+    use vrnic_vhost::server::{self, Stopper};
+
+    let dir = std::env::temp_dir().join(format!("vrnic-connect-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    let path = dir.join("qemu.sock");
+    let (ours, _peer) = MemLink::pair();
+    let backend = VrnicBackend::new(
+        vrnic::device::Device::new(test_device_config()),
+        Box::new(ours),
+        vrnic_vhost::BackendConfig::default(),
+    )
+    .unwrap();
+    let stop = Stopper::new().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (p, s) = (path.clone(), stop.clone());
+    let t = std::thread::spawn(move || {
+        let _ = tx.send(server::run_client(&p, backend, &s, false));
+    });
+    // The socket is not there yet: the daemon keeps trying.
+    std::thread::yield_now();
+    let listener = UnixListener::bind(&path).unwrap();
+    let opts = FrontendOptions::default();
+    let mut fe = TestFrontend::accept(&listener, &opts).expect("the daemon connects");
+    let pd: abi::Handle = ok(&mut fe, abi::CMD_ALLOC_PD, &[]);
+    drop(fe);
+    // It comes back by itself, to a device without the old objects.
+    let mut fe = TestFrontend::accept(&listener, &opts).expect("the daemon connects again");
+    let (h, _) = fe.control(abi::CMD_DEALLOC_PD, pd.as_bytes()).unwrap();
+    assert_eq!(h.status, abi::STATUS_ENOENT, "the old PD is gone: {h:?}");
+    drop(fe);
+    stop.stop();
+    let b = rx
+        .recv_timeout(WAIT)
+        .expect("the daemon stops within the bound")
+        .expect("no error");
+    t.join().unwrap();
+    assert_eq!(b.stats().commands, 2);
+    assert_eq!(b.mapped_regions(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Regression (seen in the e2e restart step): a driver that resets a device
+/// in use and starts again may have commands served before QEMU has started
+/// its doorbell queue; the control queue's index then moves on from 0 with
+/// the device's own service, which is not a driver from another daemon.
+#[test]
+fn commands_before_the_doorbell_queue_restarts_do_not_make_the_device_lost() {
+    let (d, _p) = start();
+    let mut fe = connect(&d);
+    let _: abi::Handle = ok(&mut fe, abi::CMD_ALLOC_PD, &[]);
+    fe.stop_device().unwrap();
+    let regions = fe.memory().region_infos().unwrap();
+    vhost::VhostBackend::set_mem_table(fe.vhost(), &regions).unwrap();
+    fe.reinit_queue(abi::CONTROLQ).unwrap();
+    let _: abi::Handle = ok(&mut fe, abi::CMD_ALLOC_PD, &[]);
+    let _: abi::Handle = ok(&mut fe, abi::CMD_ALLOC_PD, &[]);
+    fe.reinit_queue(abi::DOORBELLQ).unwrap();
+    fe.reinit_queue(abi::EVENTQ).unwrap();
+    let _: abi::Handle = ok(&mut fe, abi::CMD_ALLOC_PD, &[]);
+    let db = abi::Doorbell {
+        kind: abi::DB_SQ,
+        handle: 0x11,
+        index: 1,
+        ..Default::default()
+    };
+    fe.doorbell(&db).unwrap();
+    let _: abi::Handle = ok(&mut fe, abi::CMD_ALLOC_PD, &[]);
+    drop(fe);
+    let s = stop(d).stats();
+    assert_eq!((s.device_lost, s.lost_requests), (0, 0));
+}

@@ -329,3 +329,88 @@ fn rdma_write_with_a_bad_rkey_is_nakked_with_a_remote_access_error() {
     assert_eq!(bb.device_stats().naks_sent, 1, "the responder sent one NAK");
     assert_eq!(ba.device_stats().naks_received, 1, "the requester got it");
 }
+
+/// A guest killed in the middle of a transfer (issue 9): B sends A two
+/// 256 KiB messages and A has posted one receive, so the first arrives and
+/// the second waits at A (RNR NAKs) when A's guest dies: its QEMU goes
+/// away and daemon A's connection ends. Daemon A destroys everything that
+/// guest had and drops what B keeps sending (no NAK: no QP of that number
+/// exists any more), so B's QP runs out of retries and completes the
+/// second SEND with `IBV_WC_RETRY_EXC_ERR` within a bounded time (7
+/// retries of the 67 ms ACK timeout); daemon A serves a new guest on the
+/// same socket.
+#[test]
+fn a_guest_killed_mid_transfer_leaves_its_peer_with_retry_exceeded() {
+    let (mut a, mut b) = connected_pair();
+    let len = 256 << 10;
+    let dst = buffer(&mut a, len, &[]);
+    a.fe.post_recv(&mut a.qp, 1, &[dst.sge(0, len as u32)])
+        .expect("post RECV");
+    let src = buffer(&mut b, len, &pattern(len, 3));
+    for wr_id in [8, 9] {
+        let wqe = abi::SendWqe {
+            wr_id,
+            opcode: abi::WR_SEND,
+            send_flags: abi::SEND_SIGNALED,
+            ..Default::default()
+        };
+        b.fe.post_send(&mut b.qp, wqe, &[src.sge(0, len as u32)])
+            .expect("post SEND");
+    }
+    let first = cqe(&mut b);
+    assert_eq!(
+        (first.status, first.wr_id),
+        (abi::WC_SUCCESS, 8),
+        "the first SEND arrived: {first:?}"
+    );
+    let old_qpn = a.qp.qpn;
+    // The guest dies: its connection ends with the second SEND under way.
+    drop(a.fe);
+
+    let t0 = Instant::now();
+    let sc =
+        b.fe.wait_cqe(&mut b.cq, WAIT)
+            .expect("B's SEND completes, never hangs");
+    assert_eq!(
+        (sc.status, sc.wr_id, sc.qp_num),
+        (abi::WC_RETRY_EXC_ERR, 9, b.qp.qpn),
+        "B's SEND fails with RETRY_EXC_ERR: {sc:?}"
+    );
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "RETRY_EXC_ERR after {took:?}"
+    );
+
+    // Daemon A serves a new guest on the same socket; the dead guest's QP
+    // is gone.
+    let mut fe = a
+        .daemon
+        .connect(&FrontendOptions::default())
+        .expect("a new guest attaches to daemon A");
+    let pd = fe.alloc_pd().expect("ALLOC_PD for the new guest");
+    let cq = fe.create_cq(16).expect("CREATE_CQ");
+    let qp = fe
+        .create_rc_qp(pd, &cq, &cq, QpSizes::default())
+        .expect("CREATE_QP");
+    assert_ne!(qp.qpn, old_qpn, "QP numbers are not reused at once");
+    let q = abi::Handle {
+        handle: old_qpn,
+        ..Default::default()
+    };
+    let (h, _) = fe
+        .control_obj(abi::CMD_QUERY_QP, &q)
+        .expect("QUERY_QP answered");
+    assert_eq!(h.status, abi::STATUS_ENOENT, "the dead guest's QP is gone");
+    drop(fe);
+    let (ba, _bb) = shut_down_daemons(a.daemon, b);
+    assert_eq!(ba.mapped_regions(), 0, "no guest memory kept mapped");
+}
+
+/// Stops daemon `a` (its frontend already gone) and side `b`.
+fn shut_down_daemons(a: TestDaemon, b: Side) -> (VrnicBackend, VrnicBackend) {
+    drop(b.fe);
+    let ba = a.stop(WAIT).expect("daemon A stops");
+    let bb = b.daemon.stop(WAIT).expect("daemon B stops");
+    (ba, bb)
+}

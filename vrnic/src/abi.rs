@@ -214,6 +214,10 @@ pub const STATUS_EFAULT: Status = 14;
 pub const STATUS_EBUSY: Status = 16;
 /// Invalid argument.
 pub const STATUS_EINVAL: Status = 22;
+/// No such device: the device has no state for this driver (a vhost-user
+/// backend that restarted under a running driver; device spec §5.x.9). The
+/// driver must reset the device and start again.
+pub const STATUS_ENODEV: Status = 19;
 /// Unknown command.
 pub const STATUS_ENOSYS: Status = 38;
 /// Not supported.
@@ -756,6 +760,11 @@ pub const EV_SRQ_LIMIT: u16 = 5;
 /// `IBV_EVENT_QP_LAST_WQE_REACHED`: a QP on an SRQ left the receive path
 /// (moved to ERR); no further receive completions will name it.
 pub const EV_QP_LAST_WQE_REACHED: u16 = 6;
+/// `IBV_EVENT_DEVICE_FATAL` (`handle` 0): the device lost every object the
+/// driver made (its vhost-user backend restarted under a running driver,
+/// device spec §5.x.9); commands fail with [`STATUS_ENODEV`] until the
+/// driver resets the device.
+pub const EV_DEVICE_FATAL: u16 = 7;
 
 // ---------------------------------------------------------------------------
 // Work queue entries and completions

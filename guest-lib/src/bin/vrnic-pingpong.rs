@@ -35,6 +35,13 @@
 //!   or 0x7b at page starts), consistently for the whole run;
 //! - every receive must carry exactly `size` bytes.
 //!
+//! A side that gets no completion for `--stall-timeout` seconds (30) checks
+//! whether its peer is still there, which RC tells only through a SEND:
+//! it sends one empty message; a dead peer (its VM killed) makes that fail
+//! with `Failed status transport retry counter exceeded (12) for wr_id 4`
+//! within the QP's retry budget (`pingpong::probe_peer`), else the stall is
+//! reported. `ibv_rc_pingpong` waits for ever there.
+//!
 //! It then prints `data verified: N messages`. Any mismatch, error
 //! completion (named as `ibv_wc_status_str` names it), `-c` failure or
 //! failed step exits with status 1.
@@ -50,7 +57,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 use vrnic_guest::pingpong::{
     self, client_exchange, fill_pattern, server_exchange, system_page_size, Common, CqPoller,
-    Receives, Role, Verifier, POISON, RECV_WRID, SEND_WRID,
+    Receives, Role, Stalled, Verifier, POISON, RECV_WRID, SEND_WRID,
 };
 use vrnic_guest::tools::{
     self, parse_c_int, parse_mtu, random_psn, say, Dest, LINK_LAYER_ETHERNET,
@@ -176,7 +183,23 @@ fn run(a: &Args, transport: Box<dyn Transport>, role: Role, tag: &str) -> Result
     let mut wc = [WorkCompletion::default(); 2];
     let mut poller = CqPoller::new(stall);
     while rcnt < a.common.iters || scnt < a.common.iters {
-        for w in poller.poll(&mut cq, &mut wc, rcnt, scnt)? {
+        let done = match poller.poll(&mut cq, &mut wc, rcnt, scnt) {
+            Ok(done) => done,
+            Err(e) => match e.downcast_ref::<Stalled>() {
+                // Is the peer still there? (Its death shows only on a SEND.)
+                Some(&stall) => {
+                    return Err(pingpong::probe_peer(
+                        &mut qp,
+                        &mut cq,
+                        a.common.qp_timeout,
+                        tools::RC_RETRY_CNT,
+                        stall,
+                    ))
+                }
+                None => return Err(e),
+            },
+        };
+        for w in done {
             match w.wr_id {
                 SEND_WRID => scnt += 1,
                 RECV_WRID => {

@@ -71,6 +71,11 @@ impl Cq {
         self.shared.cqn
     }
 
+    /// The context the CQ belongs to.
+    pub fn context(&self) -> &Context {
+        &self.shared.ctx
+    }
+
     /// Number of CQEs in the ring.
     pub fn capacity(&self) -> u32 {
         self.ring.size

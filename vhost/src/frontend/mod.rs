@@ -151,37 +151,44 @@ impl TestFrontend {
     /// # Errors
     /// [`FrontendError`] when any step fails.
     pub fn connect(socket: &Path, opts: &FrontendOptions) -> Result<Self, FrontendError> {
-        let mut fe = Frontend::connect(socket, abi::NUM_QUEUES as u64)?;
-        set_recv_timeout(&fe, opts.timeout)?;
-        let offered = fe.get_features()?;
-        let need = (1u64 << VIRTIO_F_VERSION_1) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
-        if offered & need != need {
-            return Err(FrontendError::Negotiation(format!(
-                "features {offered:#x} lack {need:#x}"
+        let fe = Frontend::connect(socket, abi::NUM_QUEUES as u64)?;
+        Self::start(fe, opts)
+    }
+
+    /// [`TestFrontend::connect`] the other way round, as QEMU with
+    /// `-chardev socket,...,server=on`: waits up to `opts.timeout` for a
+    /// backend to connect to `listener` (the daemon's `--connect` mode),
+    /// then starts the device.
+    ///
+    /// # Errors
+    /// [`FrontendError::Timeout`]-like [`FrontendError::Setup`] when no
+    /// backend came; as [`TestFrontend::connect`].
+    pub fn accept(
+        listener: &std::os::unix::net::UnixListener,
+        opts: &FrontendOptions,
+    ) -> Result<Self, FrontendError> {
+        let mut p = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = opts.timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut p, 1, ms) } != 1 {
+            return Err(FrontendError::Setup(format!(
+                "no backend connected within {:?}",
+                opts.timeout
             )));
         }
-        let pf = fe.get_protocol_features()?;
-        if !pf.contains(VhostUserProtocolFeatures::CONFIG) {
-            return Err(FrontendError::Negotiation(format!(
-                "protocol features {pf:?} lack CONFIG"
-            )));
-        }
-        let ack = pf & VhostUserProtocolFeatures::REPLY_ACK;
-        fe.set_protocol_features(VhostUserProtocolFeatures::CONFIG | ack)?;
-        if !ack.is_empty() {
-            // Every request that has no reply of its own gets an ack, so a
-            // refused request fails here rather than later.
-            fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
-        }
-        fe.set_owner()?;
-        let event_idx = opts.event_idx && offered & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
-        let acked = need
-            | if event_idx {
-                1 << VIRTIO_RING_F_EVENT_IDX
-            } else {
-                0
-            };
-        fe.set_features(acked)?;
+        let (stream, _) = listener
+            .accept()
+            .map_err(|e| FrontendError::Setup(format!("accept: {e}")))?;
+        Self::start(Frontend::from_stream(stream, abi::NUM_QUEUES as u64), opts)
+    }
+
+    fn start(mut fe: Frontend, opts: &FrontendOptions) -> Result<Self, FrontendError> {
+        let acked = negotiate(&mut fe, opts)?;
+        let event_idx = acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
 
         let mut mem = DriverMemory::new(&opts.memory)?;
         fe.set_mem_table(&mem.region_infos()?)?;
@@ -514,21 +521,65 @@ impl TestFrontend {
         Ok(())
     }
 
+    /// Connects to the backend at `socket` (a new one, standing for a
+    /// restarted daemon) and sets the running device up there as QEMU does
+    /// for a backend that (re)connects: the negotiation, `SET_MEM_TABLE`
+    /// with the same memory, and every queue with its rings and `bases[q]`
+    /// as the start index (what QEMU restores from the used rings). The
+    /// driver's state (rings, buffers, handles) is kept.
+    ///
+    /// # Errors
+    /// [`FrontendError`] when any step fails; [`FrontendError::Setup`] when
+    /// `bases` does not hold one index per queue.
+    pub fn reattach(
+        &mut self,
+        socket: &Path,
+        opts: &FrontendOptions,
+        bases: &[u32],
+    ) -> Result<(), FrontendError> {
+        let mut fe = Frontend::connect(socket, abi::NUM_QUEUES as u64)?;
+        let acked = negotiate(&mut fe, opts)?;
+        if acked != self.acked {
+            return Err(FrontendError::Negotiation(format!(
+                "features {acked:#x} differ from the first backend's {:#x}",
+                self.acked
+            )));
+        }
+        self.fe = fe;
+        self.resume_device(bases)
+    }
+
     /// Starts the device with new, empty rings at index 0, as a driver does
     /// after resetting the device (the objects the device had are gone).
     ///
     /// # Errors
     /// [`FrontendError`] when allocating or any vhost-user step fails.
     pub fn reinit_device(&mut self) -> Result<(), FrontendError> {
-        let event_idx = self.acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
         self.fe.set_mem_table(&self.mem.region_infos()?)?;
         for q in 0..abi::NUM_QUEUES {
-            let size = self.queues[q].size();
-            self.queues[q] = SplitQueue::new(&mut self.mem, q as u16, size, event_idx)?;
-            self.start_queue(q, 0)?;
+            self.reinit_queue(q as u16)?;
         }
-        self.db_next = 0;
-        self.event_bufs.clear();
+        Ok(())
+    }
+
+    /// Starts queue `q` with a new, empty ring at index 0 (one step of
+    /// [`TestFrontend::reinit_device`], for tests that interleave the
+    /// queues' start with traffic, as QEMU's `vhost_dev_start` may).
+    ///
+    /// # Errors
+    /// [`FrontendError`] when allocating or any vhost-user step fails.
+    pub fn reinit_queue(&mut self, q: u16) -> Result<(), FrontendError> {
+        let event_idx = self.acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+        let q = usize::from(q);
+        let size = self.queues[q].size();
+        self.queues[q] = SplitQueue::new(&mut self.mem, q as u16, size, event_idx)?;
+        self.start_queue(q, 0)?;
+        if q == usize::from(abi::DOORBELLQ) {
+            self.db_next = 0;
+        }
+        if q == usize::from(abi::EVENTQ) {
+            self.event_bufs.clear();
+        }
         Ok(())
     }
 
@@ -542,6 +593,44 @@ impl TestFrontend {
         self.fe.set_vring_enable(q, true)?;
         Ok(())
     }
+}
+
+/// The negotiation QEMU runs on a new connection (`vhost_dev_init`, then
+/// `vhost_dev_start`'s `SET_FEATURES`): `GET_FEATURES`,
+/// `GET_PROTOCOL_FEATURES`, `SET_PROTOCOL_FEATURES`, `SET_OWNER`,
+/// `SET_FEATURES`. Returns the acknowledged features.
+fn negotiate(fe: &mut Frontend, opts: &FrontendOptions) -> Result<u64, FrontendError> {
+    set_recv_timeout(fe, opts.timeout)?;
+    let offered = fe.get_features()?;
+    let need = (1u64 << VIRTIO_F_VERSION_1) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+    if offered & need != need {
+        return Err(FrontendError::Negotiation(format!(
+            "features {offered:#x} lack {need:#x}"
+        )));
+    }
+    let pf = fe.get_protocol_features()?;
+    if !pf.contains(VhostUserProtocolFeatures::CONFIG) {
+        return Err(FrontendError::Negotiation(format!(
+            "protocol features {pf:?} lack CONFIG"
+        )));
+    }
+    let ack = pf & VhostUserProtocolFeatures::REPLY_ACK;
+    fe.set_protocol_features(VhostUserProtocolFeatures::CONFIG | ack)?;
+    if !ack.is_empty() {
+        // Every request that has no reply of its own gets an ack, so a
+        // refused request fails here rather than later.
+        fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+    }
+    fe.set_owner()?;
+    let event_idx = opts.event_idx && offered & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+    let acked = need
+        | if event_idx {
+            1 << VIRTIO_RING_F_EVENT_IDX
+        } else {
+            0
+        };
+    fe.set_features(acked)?;
+    Ok(acked)
 }
 
 /// Bounds every wait for a vhost-user reply by `timeout` (`SO_RCVTIMEO`).
