@@ -9,6 +9,8 @@
 #               never reach the wrong server
 #   RUN_TIMEOUT bound on one run (s)              CONNECT_WAIT how long a client retries (s)
 #   EXTRA       extra tool options
+#   PERF_TOOLS  perftest tools to run afterwards (e.g. "ib_write_bw ib_send_lat"), PERF_ARGS their
+#               options besides -x GID -p PORT (e.g. "-n 200"); empty: none
 #   XRUNS       "ud srq" (or a subset): afterwards run the UD and SRQ ping-pongs (ibv_ud_pingpong /
 #               ibv_srq_pingpong on rxe, vrnic-ud-pingpong / vrnic-srq-pingpong on vrnic), in ROLES
 #               order, XITERS iterations each; one line per run:
@@ -43,7 +45,7 @@ run_retry() {
         rc=$?
         # A client retries only while the server is not listening yet.
         if [ $rc -ne 0 ] && [ "$role" = client ] && [ "$(now)" -lt "$deadline" ] &&
-            grep -qiE "couldn't connect to [^ ]+:[0-9]+|connection refused" /tmp/out; then
+            grep -qiE "couldn't connect to [^ ]+:[0-9]+|connection refused|unable to init the socket connection" /tmp/out; then
             sleep 0.5
             continue
         fi
@@ -165,6 +167,29 @@ for role in ${RDMA_ROLES:-}; do
         [ $rc -eq 0 ] && [ $verified = yes ] || fails=$((fails + 1))
     fi
     i=$((i + 1))
+done
+# perftest without -R (the TCP exchange): each of PERF_TOOLS once per role, in ROLES order, with
+# PERF_ARGS; one line per run, with the figure perftest printed (BW average, or the typical latency)
+# where this side printed one:
+#   VRNIC-PERF <name> <tool> <role> rc=<rc> bytes=<b> value=<v> unit=<MB/sec|Gb/sec|usec|none>
+p=0
+for tool in ${PERF_TOOLS:-}; do
+    for role in $ROLES; do
+        # shellcheck disable=SC2086
+        run_retry "$role" "$tool" -x "$GID" -p $((BASEPORT + 1000 + p)) ${PERF_ARGS:-}
+        p=$((p + 1))
+        echo "--- $NAME perf $tool $role"
+        cat /tmp/out
+        # shellcheck disable=SC2046 # the three words
+        set -- $(awk '/#bytes/ { getline; if ($1 ~ /^[0-9]+$/) print $1, $4, $5; exit }' /tmp/out)
+        bytes=${1:-none} value=none unit=none
+        case $tool in
+        *_bw) [ -n "${2:-}" ] && value=$2 unit=$(grep -o 'average\[[^]]*\]' /tmp/out | head -1 | tr -d '[]' | sed 's/average//') ;;
+        *_lat) [ -n "${3:-}" ] && value=$3 unit=usec ;;
+        esac
+        echo "VRNIC-PERF $NAME $tool $role rc=$rc bytes=$bytes value=$value unit=${unit:-none}"
+        [ "$rc" -eq 0 ] || fails=$((fails + 1))
+    done
 done
 echo "VRNIC-SUMMARY $NAME failures=$fails"
 [ $fails -eq 0 ]

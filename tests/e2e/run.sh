@@ -101,6 +101,11 @@ RDMA_SIZES=${E2E_RDMA_SIZES:-1,4097,1048576}
 RDMA_READS=${E2E_RDMA_READS:-2}
 RDMA_FAA=${E2E_RDMA_FAA:-100}
 
+# perftest in the rxe-rxe and ibv-* pairs: these tools, each in both roles, with these options
+# (besides -x 1 and a port of its own). Figures land in RESULTS/perftest.csv and a table at the end.
+PERF_TOOLS_ALL=${E2E_PERF_TOOLS:-ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat ib_atomic_lat}
+PERF_ARGS_ALL=${E2E_PERF_ARGS:--n 200}
+
 # job FILE NAME TOOL PEER_IP ROLES [WRITE_IMM_ROLE [RDMA_ROLES]]: writes a guest job (parameters +
 # tests/e2e/guest-pp.sh).
 job() {
@@ -110,6 +115,7 @@ job() {
         echo "XRUNS='$XRUNS' XITERS=$XITERS"
         echo "RDMA_ROLES='${7:-}' RDMA_SIZES='$RDMA_SIZES' RDMA_READS=$RDMA_READS RDMA_FAA=$RDMA_FAA"
         echo "BASEPORT=18515 RUN_TIMEOUT=$RUN_TIMEOUT CONNECT_WAIT=$((RUN_TIMEOUT + 120)) EXTRA='${E2E_EXTRA:-}'"
+        echo "PERF_TOOLS='${PERF_TOOLS:-}' PERF_ARGS='${PERF_ARGS:-}'"
         cat "$VR_TOP/tests/e2e/guest-pp.sh"
     } >"$1"
 }
@@ -213,6 +219,12 @@ run_pair() {
         # stock tools' own check (-c) on both sides (job() reads these).
         local SIZES=${E2E_IBV_SIZES:-1 1025 1048576} ITERS=${E2E_IBV_ITERS:-20} E2E_EXTRA="-c"
     fi
+    # perftest (Debian's, unmodified) in the pairs whose figures are compared: rxe-rxe, ibv-rxe,
+    # ibv-ibv (same QEMU, same accelerator, same run); E2E_PERF=0 leaves it out.
+    local PERF_TOOLS='' PERF_ARGS=''
+    if [ "$base" = "$pair" ] && [ "${E2E_PERF:-1}" = 1 ] && [[ $pair == rxe-rxe || $pair == ibv-* ]]; then
+        PERF_TOOLS=$PERF_TOOLS_ALL PERF_ARGS=$PERF_ARGS_ALL
+    fi
     if [ "$base" != "$pair" ]; then
         # Seen by job() and the checks: fewer sizes, no UD/SRQ runs (UD has no recovery; stock tools
         # would hang); the RDMA READ/atomic runs stay (E2E_LOSSY_RDMA=0 drops them).
@@ -238,8 +250,12 @@ run_pair() {
         if [ "$kind" = vrnic ] || [ "$kind" = ibv ]; then
             tool=vrnic-pingpong
             [ "$kind" = ibv ] && tool=ibv_rc_pingpong
+            # Captures are checked in the vrnic pairs; the ibv pairs test the library, and their
+            # 1 MiB messages and perftest would make ~120,000-frame captures (minutes to check).
+            local pcap=$dir/vrnic-$side.pcap
+            [ "$kind" = ibv ] && pcap=
             if ! vr_daemon "vrnic-$side" "$NS" "$dir/vrnic-$side.sock" "tap-v$side" "10.0.0.10${ip##*.}/24" \
-                "$dir" "$dir/vrnic-$side.pcap"; then
+                "$dir" $pcap; then
                 fail "$pair: daemon vrnic-$side did not start (log $dir/vrnic-$side.log)"
                 [ ${#daemons[@]} = 0 ] || vr_stop "${daemons[@]}"
                 [ -n "$capture" ] && vr_stop "$capture"
@@ -319,6 +335,17 @@ run_pair() {
             else fail "$rwhat $5 $6"; fi
         done < <(grep -a '^VRNIC-RDMA ' "$dir/$side.log" | tr -d '\r')
         [ "$got" = "$want" ] || fail "$pair $side: $got of $want RDMA READ/atomic checks reported"
+        want=$(($(wc -w <<<"$PERF_TOOLS") * 2)) got=0
+        while read -r line; do
+            got=$((got + 1))
+            # VRNIC-PERF name tool role rc=R bytes=B value=V unit=U
+            # shellcheck disable=SC2086
+            set -- $line
+            local pwhat="$pair $side ${kind_of[$side]} $3 $4"
+            if [ "$5" = rc=0 ]; then pass "$pwhat ${7#value=} ${8#unit=} (${6#bytes=} B)"; else fail "$pwhat $5"; fi
+            echo "$pair,$side,${kind_of[$side]},${kind_of[$other]},$3,$4,${6#bytes=},${7#value=},${8#unit=}" >>"$RESULTS/perftest.csv"
+        done < <(grep -a '^VRNIC-PERF ' "$dir/$side.log" | tr -d '\r')
+        [ "$got" = "$want" ] || fail "$pair $side: $got of $want perftest runs reported"
         [ "$pair" = vrnic-vrnic ] || continue
         want=$(wc -w <<<"$WRITE_IMM_SIZES") got=0
         while read -r line; do
@@ -343,8 +370,7 @@ run_pair() {
         pcaps+=("$pair a (rxe, captured on tap-ga)|$dir/rxe-a.pcap")
     fi
     for side in a b; do
-        [[ ${kind_of[$side]} == vrnic || ${kind_of[$side]} == ibv ]] &&
-            pcaps+=("$pair $side (vrnic daemon)|$dir/vrnic-$side.pcap")
+        [ "${kind_of[$side]}" = vrnic ] && pcaps+=("$pair $side (vrnic daemon)|$dir/vrnic-$side.pcap")
     done
     [ ${#pcaps[@]} = 0 ] || check_pcaps "${pcaps[@]}"
     echo "=== $pair took $((SECONDS - tp)) s"
@@ -814,6 +840,9 @@ for p in "${PAIRS[@]}"; do
     *) run_pair "$p" ;;
     esac
 done
+if [ -s "$RESULTS/perftest.csv" ]; then
+    /usr/bin/python3 "$VR_TOP/tests/e2e/perf-table.py" "$RESULTS/perftest.csv" | tee "$RESULTS/perftest.txt"
+fi
 echo "results: $RESULTS ($((SECONDS - T_START)) s)"
 SUMMARY_DONE=1
 echo "e2e: $PASSED passed, $FAILED failed"
