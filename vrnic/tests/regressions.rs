@@ -944,10 +944,11 @@ fn modify_qp_refuses_rd_atomic_limits_beyond_the_device_maximum() {
         };
         conn_attrs(qpn, s.a.ip, s.qa.qpn, o)
     };
-    let [init, rtr16, rts16] = attrs(16);
-    let [_, rtr17, rts17] = attrs(17);
+    // ibv_query_device's max_qp_rd_atom / max_qp_init_rd_atom (128, as rxe).
+    let max = vrnic::verbs::qp::MAX_QP_RD_ATOM as u8;
+    let [init, rtr16, rts16] = attrs(max);
+    let [_, rtr17, rts17] = attrs(max + 1);
     s.b.cmd(abi::CMD_MODIFY_QP, &init).unwrap();
-    // ibv_query_device's max_qp_rd_atom / max_qp_init_rd_atom are 16.
     assert_eq!(
         s.b.cmd(abi::CMD_MODIFY_QP, &rtr17).err(),
         Some(abi::STATUS_EINVAL)

@@ -197,7 +197,7 @@ impl RespState {
     }
 
     /// Remembers an executed READ or atomic, forgetting the oldest beyond
-    /// `max_dest_rd_atomic` (at least 1) resources: at most 16 entries
+    /// `max_dest_rd_atomic` (at least 1) resources: at most 128 entries
     /// (`MAX_QP_RD_ATOM`, the most `modify_qp` accepts).
     fn push_rd_atomic(&mut self, res: RdAtomicRes, max_dest_rd_atomic: u8) {
         let cap = usize::from(max_dest_rd_atomic.max(1));

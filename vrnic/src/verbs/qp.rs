@@ -121,7 +121,10 @@ pub fn transition_masks(qp_type: u32, cur: u32, next: u32) -> Option<(u32, u32)>
 /// Outstanding RDMA READ and atomic requests a QP may have as requester
 /// (`max_rd_atomic`) or as responder (`max_dest_rd_atomic`): the device's
 /// `max_qp_init_rd_atom` and `max_qp_rd_atom` (`ibv_query_device(3)`).
-pub const MAX_QP_RD_ATOM: u32 = 16;
+/// 128, as rxe (`RXE_MAX_QP_RD_ATOM`, `RXE_MAX_QP_INIT_RD_ATOM`): perftest's
+/// READ and atomic tests set a QP's `max_rd_atomic` to the peer's
+/// `max_qp_rd_atom`, so against rxe a smaller device fails `ibv_modify_qp`.
+pub const MAX_QP_RD_ATOM: u32 = 128;
 
 /// Validates a modify request against the transition table and value
 /// ranges; returns the status to answer on failure (`EINVAL`).
