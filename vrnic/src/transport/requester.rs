@@ -140,9 +140,14 @@ fn wc_opcode(wr: u8) -> u8 {
     }
 }
 
-/// Writes the send completion of `op` (if signaled or failed) and advances
-/// the SQ consumer index.
+/// Advances the SQ consumer index past `op` and then writes its send
+/// completion (if signaled or failed). The QP record goes out first: an
+/// application that polls the completion may post at once into the slot it
+/// frees (perftest keeps exactly `max_send_wr` outstanding), so the driver
+/// must see the slot free no later than the CQE.
 pub fn complete_op(qp: &mut Qp, env: &mut Env, op: &SendOp, status: u8) {
+    qp.req.sq_ci = op.index.wrapping_add(1);
+    crate::transport::write_record(qp, env);
     let signaled = qp.sq_sig_all || op.wqe.send_flags & abi::SEND_SIGNALED != 0;
     if signaled || status != abi::WC_SUCCESS {
         let cqe = abi::Cqe {
@@ -155,7 +160,6 @@ pub fn complete_op(qp: &mut Qp, env: &mut Env, op: &SendOp, status: u8) {
         };
         env.complete(qp.send_cqn, cqe, false);
     }
-    qp.req.sq_ci = op.index.wrapping_add(1);
     if qp.state == abi::QPS_SQD && qp.req.drain_pending && qp.req.inflight.is_empty() {
         qp.req.drain_pending = false;
         env.out.event(abi::EV_SQ_DRAINED, qp.qpn, 0);
