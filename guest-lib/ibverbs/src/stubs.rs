@@ -116,7 +116,7 @@ stubs! {
         ibv_get_sysfs_path,
         ibv_reg_dmabuf_mr,
         ibv_create_ah_from_wc,
-        ibv_import_device, ibv_import_dm, ibv_import_mr, ibv_import_pd, ibv_qp_to_qp_ex,
+        ibv_import_device, ibv_import_dm, ibv_import_mr, ibv_import_pd,
         verbs_open_device, _verbs_init_and_alloc_context, __ioctl_final_num_attrs,
     ]
     void: [

@@ -31,7 +31,7 @@ use crate::events::{
 };
 use crate::mr::{ibv_dereg_mr, ibv_reg_mr, ibv_reg_mr_iova, ibv_reg_mr_iova2};
 use crate::pd::{ibv_alloc_pd, ibv_dealloc_pd};
-use crate::qp::{ibv_create_qp, ibv_destroy_qp, ibv_modify_qp, ibv_query_qp};
+use crate::qp::{ibv_create_qp, ibv_destroy_qp, ibv_modify_qp, ibv_qp_to_qp_ex, ibv_query_qp};
 use crate::srq::{ibv_create_srq, ibv_destroy_srq, ibv_modify_srq, ibv_query_srq};
 use crate::strings::{
     ibv_dofork_range, ibv_dontfork_range, ibv_event_type_str, ibv_fork_init,
