@@ -7,8 +7,9 @@
 //! `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll` and the `ibv_wc_read_*`
 //! readers, `ibv_create_qp_ex` + `ibv_qp_to_qp_ex` and `ibv_wr_*` with each
 //! opcode (data and completions checked on both sides), a batch in one
-//! `ibv_wr_complete`, `ibv_wr_abort`, and `ibv_wr_complete` failing
-//! without posting. Skipped, saying why, without root, `ip`, gcc or
+//! `ibv_wr_complete`, `ibv_wr_abort`, `ibv_wr_complete` failing without
+//! posting, and a UD reply through `ibv_create_ah_from_wc` and
+//! `ibv_wr_set_ud_addr`. Skipped, saying why, without root, `ip`, gcc or
 //! libibverbs-dev.
 
 mod common;

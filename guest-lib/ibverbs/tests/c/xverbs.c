@@ -12,7 +12,8 @@
  * XVERBS_PEER, e.g. the other end of a veth pair) the plain QP b, whose
  * receives it checks with ibv_start_poll too; they exchange QPN, GID,
  * address and rkey over pipes. Data and completions are checked on both
- * sides. Prints "xverbs: ok" and exits 0, or names the failed step and
+ * sides. Then UD: b sends to a, a answers through ibv_create_ah_from_wc
+ * (ibv_init_ah_from_wc checked) and ibv_wr_set_ud_addr. Prints "xverbs: ok" and exits 0, or names the failed step and
  * exits 1. Every wait is bounded (polls 10 s; pipes end with the peer).
  */
 #include <endian.h>
@@ -123,10 +124,34 @@ static void connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid gid)
 			     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC), "RTS");
 }
 
+static void ud_ready(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1, .qkey = 0x11111111 };
+	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY),
+	      "UD INIT");
+	a.qp_state = IBV_QPS_RTR;
+	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE), "UD RTR");
+	a.qp_state = IBV_QPS_RTS;
+	a.sq_psn = 0;
+	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN), "UD RTS");
+}
+
+static struct ibv_wc poll_plain(struct ibv_cq *cq, const char *what)
+{
+	struct ibv_wc wc;
+	double end = now() + 10;
+	int k;
+	while ((k = ibv_poll_cq(cq, 1, &wc)) == 0)
+		CHECK(now() < end, "%s: no completion within 10 s", what);
+	CHECK(k == 1 && wc.status == IBV_WC_SUCCESS, "%s: %s", what,
+	      k == 1 ? ibv_wc_status_str(wc.status) : "poll error");
+	return wc;
+}
+
 #define SZ 8192
 /* What each side tells the other. */
 struct info {
-	uint32_t qpn, rkey;
+	uint32_t qpn, rkey, ud_qpn;
 	uint64_t addr;
 	union ibv_gid gid;
 };
@@ -202,7 +227,17 @@ static int side_b(int wfd, int rfd)
 		struct ibv_recv_wr wr = { .wr_id = rx[i].id, .sg_list = &sge, .num_sge = 1 }, *bad;
 		CHECK(!ibv_post_recv(qp, &wr, &bad), "ibv_post_recv: %m");
 	}
-	struct info mine = { qp->qp_num, s.mr->rkey, (uintptr_t)b, s.gid }, a;
+	/* UD: b sends to a, a answers with an AH made from the completion. */
+	struct ibv_cq *udcq = ibv_create_cq(s.ctx, 8, NULL, NULL, 0);
+	struct ibv_qp_init_attr iu = { .send_cq = udcq, .recv_cq = udcq, .qp_type = IBV_QPT_UD,
+		.cap = { .max_send_wr = 2, .max_recv_wr = 2, .max_send_sge = 1, .max_recv_sge = 1 } };
+	struct ibv_qp *ud = udcq ? ibv_create_qp(s.pd, &iu) : NULL;
+	CHECK(ud, "b: UD QP: %m");
+	ud_ready(ud);
+	struct ibv_sge usge = { (uintptr_t)b + 7600, 40 + 64, s.mr->lkey };
+	struct ibv_recv_wr urw = { .wr_id = 201, .sg_list = &usge, .num_sge = 1 }, *ubad;
+	CHECK(!ibv_post_recv(ud, &urw, &ubad), "b: UD recv: %m");
+	struct info mine = { qp->qp_num, s.mr->rkey, ud->qp_num, (uintptr_t)b, s.gid }, a;
 	xfer(wfd, rfd, &mine, &a);
 	connect_qp(qp, a.qpn, a.gid);
 	char ready = 1;
@@ -235,6 +270,25 @@ static int side_b(int wfd, int rfd)
 	      "the atomics' or the last write's result at b");
 	CHECK(ibv_start_poll(s.cq, &(struct ibv_poll_cq_attr){}) == ENOENT,
 	      "b: a completion beyond the last request");
+	struct ibv_ah_attr aa = { .is_global = 1, .port_num = 1,
+		.grh = { .dgid = a.gid, .sgid_index = 1, .hop_limit = 1 } };
+	struct ibv_ah *ah = ibv_create_ah(s.pd, &aa);
+	CHECK(ah, "b: ibv_create_ah: %m");
+	memcpy(b + 7800, "ping", 4);
+	struct ibv_sge ssge = { (uintptr_t)b + 7800, 4, s.mr->lkey };
+	struct ibv_send_wr sw = { .wr_id = 202, .sg_list = &ssge, .num_sge = 1,
+		.opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED }, *sbad;
+	sw.wr.ud.ah = ah;
+	sw.wr.ud.remote_qpn = a.ud_qpn;
+	sw.wr.ud.remote_qkey = 0x11111111;
+	CHECK(!ibv_post_send(ud, &sw, &sbad), "b: UD send: %m");
+	struct ibv_wc w1 = poll_plain(udcq, "b: UD send");
+	struct ibv_wc w2 = poll_plain(udcq, "b: UD reply");
+	struct ibv_wc *rw = w1.wr_id == 201 ? &w1 : &w2;
+	CHECK(rw->wr_id == 201 && rw->byte_len == 40 + 4 && rw->src_qp == a.ud_qpn &&
+	      !memcmp(b + 7600 + 40, "pong", 4), "b: UD reply data or completion");
+	CHECK(!ibv_destroy_ah(ah) && !ibv_destroy_qp(ud) && !ibv_destroy_cq(udcq), "b: UD cleanup");
+
 	/* a is done with b's memory once it got our last message. */
 	CHECK(write(wfd, &ready, 1) == 1 && read(rfd, &ready, 1) == 1, "pipe");
 	close_side(&s, qp);
@@ -302,7 +356,24 @@ int main(void)
 	struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(qpa);
 	CHECK(qx == (struct ibv_qp_ex *)qpa, "ibv_qp_to_qp_ex");
 
-	struct info mine = { qpa->qp_num, mra->rkey, (uintptr_t)bufa, s.gid }, b;
+	struct ibv_cq *udcq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+	struct ibv_qp_init_attr_ex iu = { .send_cq = udcq, .recv_cq = udcq, .qp_type = IBV_QPT_UD,
+		.cap = { .max_send_wr = 2, .max_recv_wr = 2, .max_send_sge = 1, .max_recv_sge = 1 },
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, .pd = s.pd,
+		.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM };
+	struct ibv_qp *ud = udcq ? ibv_create_qp_ex(ctx, &iu) : NULL;
+	CHECK(ud, "a: UD QP: %m");
+	iu.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE;
+	errno = 0;
+	CHECK(!ibv_create_qp_ex(ctx, &iu) && errno == EOPNOTSUPP, "RDMA WRITE on UD must be refused");
+	struct ibv_qp_ex *udx = ibv_qp_to_qp_ex(ud);
+	CHECK(udx, "a: ibv_qp_to_qp_ex(UD)");
+	ud_ready(ud);
+	struct ibv_sge usge = { (uintptr_t)bufa + 7600, 40 + 64, mra->lkey };
+	struct ibv_recv_wr urw = { .wr_id = 301, .sg_list = &usge, .num_sge = 1 }, *ubad;
+	CHECK(!ibv_post_recv(ud, &urw, &ubad), "a: UD recv: %m");
+
+	struct info mine = { qpa->qp_num, mra->rkey, ud->qp_num, (uintptr_t)bufa, s.gid }, b;
 	xfer(wfd, rfd, &mine, &b);
 	connect_qp(qpa, b.qpn, b.gid);
 	char ready;
@@ -452,7 +523,34 @@ int main(void)
 	c = poll_one(cqa, "last send");
 	CHECK(c.wr_id == 15, "last send completion %lu", (unsigned long)c.wr_id);
 
+	/* UD: answer b's ping through an AH made from its completion. */
+	struct ibv_wc uw = poll_plain(udcq, "a: UD receive");
+	CHECK(uw.wr_id == 301 && (uw.wc_flags & IBV_WC_GRH) && uw.byte_len == 44 &&
+	      uw.src_qp == b.ud_qpn && !memcmp(bufa + 7600 + 40, "ping", 4), "a: UD receive");
+	struct ibv_ah_attr got;
+	CHECK(!ibv_init_ah_from_wc(ctx, 1, &uw, (struct ibv_grh *)(bufa + 7600), &got) &&
+	      got.is_global && got.grh.sgid_index == 1 &&
+	      !memcmp(&got.grh.dgid, &b.gid, sizeof(b.gid)), "ibv_init_ah_from_wc");
+	struct ibv_ah *ah = ibv_create_ah_from_wc(s.pd, &uw, (struct ibv_grh *)(bufa + 7600), 1);
+	CHECK(ah, "ibv_create_ah_from_wc: %m");
+	memcpy(bufa + 7800, "pong", 4);
+	ibv_wr_start(udx);
+	udx->wr_id = 302;
+	udx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send(udx);
+	ibv_wr_set_ud_addr(udx, ah, uw.src_qp, 0x11111111);
+	ibv_wr_set_sge(udx, mra->lkey, (uintptr_t)bufa + 7800, 4);
+	CHECK(ibv_wr_complete(udx) == 0, "wr_complete UD");
+	uw = poll_plain(udcq, "a: UD send");
+	CHECK(uw.wr_id == 302, "a: UD send completion");
+	ibv_wr_start(udx);
+	udx->wr_id = 303;
+	ibv_wr_send(udx);
+	ibv_wr_set_sge(udx, mra->lkey, (uintptr_t)bufa + 7800, 4);
+	CHECK(ibv_wr_complete(udx) == EINVAL, "a UD send without ibv_wr_set_ud_addr must fail");
+
 	CHECK(read(rfd, &ready, 1) == 1, "b failed");
+	CHECK(!ibv_destroy_ah(ah) && !ibv_destroy_qp(ud) && !ibv_destroy_cq(udcq), "a: UD cleanup");
 	CHECK(ibv_start_poll(cqa, &pa) == ENOENT, "a: a completion beyond the last request");
 	CHECK(write(wfd, &ready, 1) == 1, "pipe write");
 	int st;
