@@ -94,6 +94,9 @@ pub(crate) extern "C" fn ibv_open_device(device: *mut c::ibv_device) -> *mut c::
         let mut vctx = c::verbs_context {
             sz: size_of::<c::verbs_context>(),
             query_port: Some(query_port_op),
+            query_device_ex: Some(query_device_ex),
+            create_cq_ex: Some(crate::cq::create_cq_ex),
+            create_qp_ex: Some(crate::qp::create_qp_ex),
             ..Default::default()
         };
         let ctx = &mut vctx.context;
@@ -154,43 +157,89 @@ pub(crate) extern "C" fn ibv_query_device(
         if device_attr.is_null() {
             return libc::EINVAL;
         }
-        let a = &ctx.attr;
-        let cfg = ctx.verbs.config();
-        let i = |v: u32| c_int::try_from(v).unwrap_or(c_int::MAX);
-        let mut d = c::ibv_device_attr {
-            node_guid: u64::from_ne_bytes(a.node_guid),
-            sys_image_guid: u64::from_ne_bytes(a.node_guid),
-            max_mr_size: a.max_mr_size,
-            page_size_cap: a.page_size_cap,
-            vendor_id: u32::from(abi::PCI_VENDOR_ID),
-            vendor_part_id: u32::from(abi::PCI_DEVICE_ID_BASE) + abi::DEFAULT_VIRTIO_ID,
-            hw_ver: cfg.abi_version,
-            max_qp: i(a.max_qp),
-            max_qp_wr: i(a.max_qp_wr),
-            device_cap_flags: c::ibv_device_cap_flags_IBV_DEVICE_RC_RNR_NAK_GEN
-                | c::ibv_device_cap_flags_IBV_DEVICE_SYS_IMAGE_GUID,
-            max_sge: i(a.max_sge),
-            max_sge_rd: i(a.max_sge),
-            max_cq: i(a.max_cq),
-            max_cqe: i(a.max_cqe),
-            max_mr: i(a.max_mr),
-            max_pd: i(a.max_pd),
-            max_qp_rd_atom: i(a.max_qp_rd_atom),
-            max_res_rd_atom: i(a.max_qp_rd_atom.saturating_mul(a.max_qp)),
-            max_qp_init_rd_atom: i(a.max_qp_init_rd_atom),
-            atomic_cap: c::ibv_atomic_cap_IBV_ATOMIC_HCA,
-            max_ah: i(a.max_qp),
-            max_srq: i(a.max_qp),
-            max_srq_wr: i(a.max_qp_wr),
-            max_srq_sge: i(a.max_sge),
-            max_pkeys: 1,
-            local_ca_ack_delay: 15,
-            phys_port_cnt: cfg.phys_port_cnt,
+        // SAFETY: non-NULL (checked), points at the caller's ibv_device_attr.
+        unsafe { device_attr.write(device_attr_of(ctx)) };
+        0
+    })
+}
+
+/// `struct ibv_device_attr` of the device (from `CMD_QUERY_DEVICE`; what
+/// vrnic has no notion of, e.g. multicast, is 0).
+fn device_attr_of(ctx: &VrnicContext) -> c::ibv_device_attr {
+    let a = &ctx.attr;
+    let cfg = ctx.verbs.config();
+    let i = |v: u32| c_int::try_from(v).unwrap_or(c_int::MAX);
+    let mut d = c::ibv_device_attr {
+        node_guid: u64::from_ne_bytes(a.node_guid),
+        sys_image_guid: u64::from_ne_bytes(a.node_guid),
+        max_mr_size: a.max_mr_size,
+        page_size_cap: a.page_size_cap,
+        vendor_id: u32::from(abi::PCI_VENDOR_ID),
+        vendor_part_id: u32::from(abi::PCI_DEVICE_ID_BASE) + abi::DEFAULT_VIRTIO_ID,
+        hw_ver: cfg.abi_version,
+        max_qp: i(a.max_qp),
+        max_qp_wr: i(a.max_qp_wr),
+        device_cap_flags: c::ibv_device_cap_flags_IBV_DEVICE_RC_RNR_NAK_GEN
+            | c::ibv_device_cap_flags_IBV_DEVICE_SYS_IMAGE_GUID,
+        max_sge: i(a.max_sge),
+        max_sge_rd: i(a.max_sge),
+        max_cq: i(a.max_cq),
+        max_cqe: i(a.max_cqe),
+        max_mr: i(a.max_mr),
+        max_pd: i(a.max_pd),
+        max_qp_rd_atom: i(a.max_qp_rd_atom),
+        max_res_rd_atom: i(a.max_qp_rd_atom.saturating_mul(a.max_qp)),
+        max_qp_init_rd_atom: i(a.max_qp_init_rd_atom),
+        atomic_cap: c::ibv_atomic_cap_IBV_ATOMIC_HCA,
+        max_ah: i(a.max_qp),
+        max_srq: i(a.max_qp),
+        max_srq_wr: i(a.max_qp_wr),
+        max_srq_sge: i(a.max_sge),
+        max_pkeys: 1,
+        local_ca_ack_delay: 15,
+        phys_port_cnt: cfg.phys_port_cnt,
+        ..Default::default()
+    };
+    copy_cstr(&mut d.fw_ver, concat!("vrnic ", env!("CARGO_PKG_VERSION")));
+    d
+}
+
+/// `verbs_context.query_device_ex` (`ibv_query_device_ex(3)`, whose inline
+/// wrapper refuses a non-zero `input->comp_mask` itself): `orig_attr` as
+/// [`ibv_query_device`], `phys_port_cnt_ex`, and 0 for every extended
+/// capability — no ODP, TSO, RSS, packet pacing, tag matching, CQ
+/// moderation, device memory, and `completion_timestamp_mask` 0 with
+/// `hca_core_clock` 0 (the CQE carries no timestamp; rxe reports none
+/// either, so `ibv_rc_pingpong -t` says "The device isn't completion
+/// timestamp capable" on both). Writes the first `attr_size` bytes (an
+/// older application's shorter structure, as rdma-core's
+/// `ibv_cmd_query_device_any`); 0 or an errno.
+unsafe extern "C" fn query_device_ex(
+    context: *mut c::ibv_context,
+    input: *const c::ibv_query_device_ex_input,
+    attr: *mut c::ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    ffi("ibv_query_device_ex", libc::EIO, || {
+        let ctx = match ctx_of(context) {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
+        // SAFETY: the application passes its input or NULL.
+        if !input.is_null() && unsafe { (*input).comp_mask } != 0 {
+            return libc::EINVAL;
+        }
+        if attr.is_null() || attr_size < size_of::<c::ibv_device_attr>() {
+            return libc::EINVAL;
+        }
+        let orig_attr = device_attr_of(ctx);
+        let x = c::ibv_device_attr_ex {
+            phys_port_cnt_ex: u32::from(orig_attr.phys_port_cnt),
+            orig_attr,
             ..Default::default()
         };
-        copy_cstr(&mut d.fw_ver, concat!("vrnic ", env!("CARGO_PKG_VERSION")));
-        // SAFETY: non-NULL (checked), points at the caller's ibv_device_attr.
-        unsafe { device_attr.write(d) };
+        // SAFETY: the caller's structure holds attr_size bytes.
+        unsafe { write_prefix(attr, &x, attr_size) };
         0
     })
 }

@@ -14,6 +14,7 @@
 //!   whose first field is the C structure applications see.
 //! - `events`: completion channels and asynchronous events (a per-context
 //!   event thread, eventfds applications can poll).
+//! - `wr`: the extended post-send API (`ibv_qp_ex`, `ibv_wr_*`).
 //! - `strings`: the `*_str` and rate conversions.
 //! - `stubs`: what vrnic does not implement (`EOPNOTSUPP`), in one table.
 //! - `boundary`: errno, and panics caught at the C boundary.
@@ -42,6 +43,7 @@ mod strings;
 mod stubs;
 #[cfg(not(test))]
 mod symbols;
+mod wr;
 
 #[cfg(test)]
 mod layout_tests;

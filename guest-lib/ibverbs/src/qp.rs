@@ -1,6 +1,11 @@
-//! Queue pairs: `ibv_create_qp(3)`, `ibv_modify_qp(3)`, `ibv_query_qp(3)`,
-//! `ibv_destroy_qp(3)`, and the inline fast path's `ops.post_send`
-//! (`ibv_post_send(3)`) and `ops.post_recv` (`ibv_post_recv(3)`).
+//! Queue pairs: `ibv_create_qp(3)`, `ibv_create_qp_ex(3)`
+//! (`verbs_context.create_qp_ex`), `ibv_modify_qp(3)`, `ibv_query_qp(3)`,
+//! `ibv_destroy_qp(3)`, the inline fast path's `ops.post_send`
+//! (`ibv_post_send(3)`) and `ops.post_recv` (`ibv_post_recv(3)`), and the
+//! extended post-send API of `ibv_wr_post(3)` (`ibv_qp_to_qp_ex`, the
+//! `ibv_wr_*` inline functions calling through `struct ibv_qp_ex`), as
+//! rdma-core's rxe provider (`rxe_create_qp_ex`, `wr_start`,
+//! `wr_complete`, `wr_abort`, `wr_send`, ... in `providers/rxe/rxe.c`).
 
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex};
@@ -17,13 +22,20 @@ use crate::cq::VrnicCq;
 use crate::events::{lock, Events};
 use crate::ffi as c;
 use crate::pd::VrnicPd;
+use crate::wr::Batch;
 
-/// A QP: the `struct ibv_qp` applications see, first.
+/// A QP: the `struct ibv_qp_ex` applications see, first (its first member
+/// is the `struct ibv_qp`, as in rdma-core's `struct verbs_qp`).
 #[repr(C)]
 pub(crate) struct VrnicQp {
-    pub(crate) qp: c::ibv_qp,
+    pub(crate) qp: c::ibv_qp_ex,
     pub(crate) inner: Mutex<Qp>,
     sq_sig_all: c_int,
+    /// Created with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`: `ibv_qp_to_qp_ex`
+    /// answers (rdma-core's `VERBS_QP_EX`).
+    is_ex: bool,
+    /// The work requests built since `ibv_wr_start`.
+    pub(crate) batch: Mutex<Batch>,
     /// The context's event tables (see `VrnicCq::events`).
     events: Arc<Events>,
 }
@@ -33,7 +45,7 @@ impl VrnicQp {
     ///
     /// # Safety
     /// A non-NULL `qp` must come from [`ibv_create_qp`] and be alive.
-    unsafe fn from_ptr<'a>(qp: *mut c::ibv_qp) -> Option<&'a VrnicQp> {
+    pub(crate) unsafe fn from_ptr<'a>(qp: *mut c::ibv_qp) -> Option<&'a VrnicQp> {
         // SAFETY: per the contract, `qp` is the start of a live VrnicQp.
         (!qp.is_null()).then(|| unsafe { &*qp.cast::<VrnicQp>() })
     }
@@ -77,6 +89,16 @@ pub(crate) extern "C" fn ibv_create_qp(
 }
 
 fn create(pd: *mut c::ibv_pd, init: *mut c::ibv_qp_init_attr) -> Result<*mut c::ibv_qp, c_int> {
+    create_with(pd, init, false)
+}
+
+/// Creates the QP of `init` on `pd`; `is_ex` makes it an extended QP
+/// whose `ibv_wr_*` function pointers are filled.
+fn create_with(
+    pd: *mut c::ibv_pd,
+    init: *mut c::ibv_qp_init_attr,
+    is_ex: bool,
+) -> Result<*mut c::ibv_qp, c_int> {
     // SAFETY: the application passes a live PD or NULL.
     let vpd = unsafe { VrnicPd::from_ptr(pd) }.ok_or(libc::EINVAL)?;
     if init.is_null() {
@@ -116,7 +138,7 @@ fn create(pd: *mut c::ibv_pd, init: *mut c::ibv_qp_init_attr) -> Result<*mut c::
     ia.cap = to_cap(&inner.cap());
     let qpn = inner.qp_num();
     let context = vpd.pd.context;
-    let qp = c::ibv_qp {
+    let qp_base = c::ibv_qp {
         context,
         qp_context: ia.qp_context,
         pd,
@@ -129,15 +151,111 @@ fn create(pd: *mut c::ibv_pd, init: *mut c::ibv_qp_init_attr) -> Result<*mut c::
         qp_type: ia.qp_type,
         ..Default::default()
     };
+    let mut qp = c::ibv_qp_ex {
+        qp_base,
+        ..Default::default()
+    };
+    if is_ex {
+        crate::wr::install(&mut qp);
+    }
     let p = Box::into_raw(Box::new(VrnicQp {
         qp,
         inner: Mutex::new(inner),
         sq_sig_all: ia.sq_sig_all,
+        is_ex,
+        batch: Mutex::new(Batch::default()),
         events: ctx.events.events.clone(),
     }))
     .cast::<c::ibv_qp>();
     ctx.events.events.add_qp(qpn, p);
     Ok(p)
+}
+
+/// The `IBV_QP_INIT_ATTR_*` bits [`create_qp_ex`] accepts.
+const QP_INIT_ATTR_SUPPORTED: u32 = c::ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD
+    | c::ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_CREATE_FLAGS
+    | c::ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+
+/// `verbs_context.create_qp_ex` (`ibv_create_qp_ex(3)`; verbs.h's inline
+/// wrapper calls `ibv_create_qp` itself when `comp_mask` is only
+/// `IBV_QP_INIT_ATTR_PD`). The PD is required; `create_flags` must be 0
+/// and no XRC domain, TSO, RSS or source QPN may be asked
+/// (`EOPNOTSUPP`). With `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` the QP is an
+/// extended one for `ibv_qp_to_qp_ex` and `ibv_wr_*`; `send_ops_flags` may
+/// name only what the QP type can post (as rxe's `map_send_flags`: RC every
+/// operation but memory windows, local invalidate and TSO; UC RDMA WRITE
+/// (with immediate) and SEND (with immediate); UD SEND (with immediate)),
+/// else `EOPNOTSUPP`. The QP, or NULL with errno.
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    context: *mut c::ibv_context,
+    attr: *mut c::ibv_qp_init_attr_ex,
+) -> *mut c::ibv_qp {
+    ffi(
+        "ibv_create_qp_ex",
+        std::ptr::null_mut(),
+        || match create_ex(context, attr) {
+            Ok(p) => p,
+            Err(e) => {
+                set_errno(e);
+                std::ptr::null_mut()
+            }
+        },
+    )
+}
+
+fn create_ex(
+    context: *mut c::ibv_context,
+    attr: *mut c::ibv_qp_init_attr_ex,
+) -> Result<*mut c::ibv_qp, c_int> {
+    if attr.is_null() || context.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: non-NULL (checked), the caller's attributes.
+    let a = unsafe { &mut *attr };
+    if a.comp_mask & !QP_INIT_ATTR_SUPPORTED != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    if a.comp_mask & c::ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
+        return Err(libc::EINVAL);
+    }
+    if a.comp_mask & c::ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_CREATE_FLAGS != 0
+        && a.create_flags != 0
+    {
+        return Err(libc::EOPNOTSUPP);
+    }
+    // SAFETY: a live PD (the application's contract).
+    if unsafe { (*a.pd).context } != context {
+        return Err(libc::EINVAL);
+    }
+    let is_ex = a.comp_mask & c::ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
+    if is_ex && a.send_ops_flags & !crate::wr::supported_send_ops(a.qp_type) != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let mut init = c::ibv_qp_init_attr {
+        qp_context: a.qp_context,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        cap: a.cap,
+        qp_type: a.qp_type,
+        sq_sig_all: a.sq_sig_all,
+    };
+    let p = create_with(a.pd, &mut init, is_ex)?;
+    a.cap = init.cap;
+    Ok(p)
+}
+
+/// `ibv_qp_to_qp_ex(3)` (IBVERBS_1.6): the `struct ibv_qp_ex` of a QP made
+/// by `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`, else NULL
+/// (as rdma-core's, which checks `VERBS_QP_EX`; errno untouched).
+pub(crate) extern "C" fn ibv_qp_to_qp_ex(qp: *mut c::ibv_qp) -> *mut c::ibv_qp_ex {
+    ffi("ibv_qp_to_qp_ex", std::ptr::null_mut(), || {
+        // SAFETY: the application passes a live QP or NULL.
+        match unsafe { VrnicQp::from_ptr(qp) } {
+            Some(v) if v.is_ex => qp.cast(),
+            _ => std::ptr::null_mut(),
+        }
+    })
 }
 
 /// `ibv_destroy_qp(3)`: 0, or `EINVAL` for NULL.
@@ -148,7 +266,7 @@ pub(crate) extern "C" fn ibv_destroy_qp(qp: *mut c::ibv_qp) -> c_int {
         }
         // SAFETY: `qp` is the start of a VrnicQp boxed by ibv_create_qp, freed once.
         let b = unsafe { Box::from_raw(qp.cast::<VrnicQp>()) };
-        b.events.remove_qp(b.qp.qp_num, qp);
+        b.events.remove_qp(b.qp.qp_base.qp_num, qp);
         drop(b);
         0
     })
@@ -287,7 +405,7 @@ pub(crate) extern "C" fn ibv_query_qp(
             max_dest_rd_atomic: q.max_dest_rd_atomic,
             ..Default::default()
         };
-        let q0 = &vqp.qp;
+        let q0 = &vqp.qp.qp_base;
         let ia = c::ibv_qp_init_attr {
             qp_context: q0.qp_context,
             send_cq: q0.send_cq,
@@ -330,7 +448,7 @@ pub(crate) unsafe fn sges(sg_list: *const c::ibv_sge, num_sge: c_int) -> Result<
         .collect())
 }
 
-fn opcode(op: c::ibv_wr_opcode) -> Option<WrOpcode> {
+pub(crate) fn opcode(op: c::ibv_wr_opcode) -> Option<WrOpcode> {
     Some(match op {
         c::ibv_wr_opcode_IBV_WR_RDMA_WRITE => WrOpcode::RdmaWrite,
         c::ibv_wr_opcode_IBV_WR_RDMA_WRITE_WITH_IMM => WrOpcode::RdmaWriteWithImm,

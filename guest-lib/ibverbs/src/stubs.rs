@@ -83,7 +83,7 @@ stubs! {
     errno: [
         // Public verbs vrnic does not offer (yet).
         ibv_attach_mcast, ibv_detach_mcast, ibv_resize_cq, ibv_query_ece, ibv_set_ece,
-        ibv_init_ah_from_wc, ibv_resolve_eth_l2_from_gid, ibv_rereg_mr,
+        ibv_resolve_eth_l2_from_gid, ibv_rereg_mr,
 
 
 
@@ -115,8 +115,7 @@ stubs! {
     null: [
         ibv_get_sysfs_path,
         ibv_reg_dmabuf_mr,
-        ibv_create_ah_from_wc,
-        ibv_import_device, ibv_import_dm, ibv_import_mr, ibv_import_pd, ibv_qp_to_qp_ex,
+        ibv_import_device, ibv_import_dm, ibv_import_mr, ibv_import_pd,
         verbs_open_device, _verbs_init_and_alloc_context, __ioctl_final_num_attrs,
     ]
     void: [

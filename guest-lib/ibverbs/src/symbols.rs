@@ -15,7 +15,7 @@
 //! without an implementation or a stub here is a compile error, and one
 //! the map lacks cannot be exported.
 
-use crate::ah::{ibv_create_ah, ibv_destroy_ah};
+use crate::ah::{ibv_create_ah, ibv_create_ah_from_wc, ibv_destroy_ah, ibv_init_ah_from_wc};
 use crate::context::{
     _ibv_query_gid_ex, ibv_close_device, ibv_get_pkey_index, ibv_open_device, ibv_query_device,
     ibv_query_gid, ibv_query_gid_type, ibv_query_pkey, ibv_query_port, ibv_read_sysfs_file,
@@ -31,7 +31,7 @@ use crate::events::{
 };
 use crate::mr::{ibv_dereg_mr, ibv_reg_mr, ibv_reg_mr_iova, ibv_reg_mr_iova2};
 use crate::pd::{ibv_alloc_pd, ibv_dealloc_pd};
-use crate::qp::{ibv_create_qp, ibv_destroy_qp, ibv_modify_qp, ibv_query_qp};
+use crate::qp::{ibv_create_qp, ibv_destroy_qp, ibv_modify_qp, ibv_qp_to_qp_ex, ibv_query_qp};
 use crate::srq::{ibv_create_srq, ibv_destroy_srq, ibv_modify_srq, ibv_query_srq};
 use crate::strings::{
     ibv_dofork_range, ibv_dontfork_range, ibv_event_type_str, ibv_fork_init,

@@ -723,6 +723,56 @@ impl Qp {
     /// past 2^64; the transport's doorbell error. Nothing is posted on
     /// error.
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<()> {
+        self.post_send_list(std::slice::from_ref(wr))
+    }
+
+    /// Posts the work requests `wrs` in order with one doorbell, all or
+    /// none: every request is checked as [`Qp::post_send`] checks it, and
+    /// the send queue must have room for all of them, before the first WQE
+    /// is written. This is what rdma-core's `ibv_wr_complete(3)` needs
+    /// (rxe's `wr_complete` moves the producer index over the whole batch,
+    /// or on an error over none of it). An empty list posts nothing and
+    /// rings no doorbell.
+    ///
+    /// Errors: those of [`Qp::post_send`]; [`VerbsError::QueueFull`]
+    /// (`ENOMEM`) when the batch does not fit beside the outstanding requests.
+    pub fn post_send_list(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        for wr in wrs {
+            self.check_send(wr)?;
+        }
+        let ci = self.consumer_index(0);
+        let outstanding = self.sq.pi.wrapping_sub(ci);
+        if u64::from(outstanding) + wrs.len() as u64 > u64::from(self.sq.size) {
+            return Err(VerbsError::QueueFull {
+                queue: "send queue",
+                outstanding,
+                size: self.sq.size,
+            });
+        }
+        for wr in wrs {
+            let slot = self.sq.next_slot(ci, "send queue")?;
+            let hdr = wr.to_wqe();
+            // SAFETY: the slot holds `stride` bytes, checked at creation to
+            // fit the header plus max_send_sge SGEs or max_inline_data
+            // bytes, which check_send bounds the payload by.
+            unsafe {
+                write_bytes(slot, hdr.as_bytes());
+                let body = slot.add(size_of::<abi::SendWqe>());
+                match wr.inline_data {
+                    Some(inline) => write_bytes(body, inline),
+                    None => write_sges(body, wr.sg_list),
+                }
+            }
+            self.sq.pi = self.sq.pi.wrapping_add(1);
+        }
+        self.ring(abi::DB_SQ, self.sq.pi)
+    }
+
+    /// The checks [`Qp::post_send`] documents, before anything is written.
+    fn check_send(&self, wr: &SendWr<'_>) -> Result<()> {
         let inline = wr.inline_data.unwrap_or(&[]);
         if wr.send_flags & abi::SEND_INLINE != 0 {
             return Err(VerbsError::InvalidArgument(
@@ -782,22 +832,7 @@ impl Qp {
                 )));
             }
         }
-        let slot = self.sq.next_slot(self.consumer_index(0), "send queue")?;
-        let hdr = wr.to_wqe();
-        // SAFETY: the slot holds `stride` bytes, checked at creation to fit
-        // the header plus max_send_sge SGEs or max_inline_data bytes, which
-        // the checks above bound the payload by.
-        unsafe {
-            write_bytes(slot, hdr.as_bytes());
-            let body = slot.add(size_of::<abi::SendWqe>());
-            if wr.inline_data.is_some() {
-                write_bytes(body, inline);
-            } else {
-                write_sges(body, wr.sg_list);
-            }
-        }
-        self.sq.pi = self.sq.pi.wrapping_add(1);
-        self.ring(abi::DB_SQ, self.sq.pi)
+        Ok(())
     }
 
     /// Posts one receive work request (`ibv_post_recv(3)`): writes the WQE
