@@ -34,9 +34,9 @@
 //! reads the ISR (which de-asserts the line) and unmasks INTx again (the
 //! kernel's handler masked it with the Interrupt Disable bit of the PCI
 //! Command register, which `uio_pci_generic` leaves to user space to
-//! clear). Without `uio_pci_generic` (or with MSI-X found enabled, or no
-//! interrupt pin) the transport says so once on stderr and has no event
-//! descriptor: its user polls.
+//! clear). Without `uio_pci_generic` (or with MSI-X found enabled, no
+//! interrupt pin, or [`NO_IRQ_ENV`] set) the transport says so once on
+//! stderr and has no event descriptor: its user polls.
 //!
 //! Everything else is polled; nothing sleeps. Needs root (sysfs writes,
 //! full configuration space, pagemap PFNs).
@@ -90,6 +90,9 @@ pub const PCI_MSIX_FLAGS_ENABLE: u16 = 0x8000;
 pub const IORESOURCE_MEM: u64 = 0x200;
 /// The kernel driver that hands the function's interrupt to user space.
 pub const UIO_DRIVER: &str = "uio_pci_generic";
+/// Set (to anything) in the environment, the transport uses no interrupt:
+/// events are polled (for comparison and debugging).
+pub const NO_IRQ_ENV: &str = "VRNIC_PCI_NO_IRQ";
 /// Where device nodes of UIO devices appear.
 pub const DEV_DIR: &str = "/dev";
 
@@ -1003,6 +1006,9 @@ impl PciTransport {
         // The interrupt: INTx through uio_pci_generic, or none (polled).
         // (After the unbind: virtio-pci's remove disables MSI-X.)
         let mut no_irq = intx_unusable(&claim.config, &space)?;
+        if no_irq.is_none() && std::env::var_os(NO_IRQ_ENV).is_some() {
+            no_irq = Some(format!("{NO_IRQ_ENV} is set"));
+        }
         if no_irq.is_none() && caps.isr.is_none() {
             no_irq = Some("no ISR status capability".into());
         }
