@@ -20,16 +20,35 @@
 //! 4. set up the three virtqueues ([`abi::CONTROLQ`], [`abi::DOORBELLQ`],
 //!    [`abi::EVENTQ`]) in DMA memory from [`crate::dma`] and set DRIVER_OK.
 //!
-//! Everything is polled; nothing sleeps. Needs root (sysfs writes, full
-//! configuration space, pagemap PFNs).
+//! Interrupts (Linux `Documentation/driver-api/uio-howto.rst`, "Generic
+//! PCI UIO driver"): in step 2 the function is bound to `uio_pci_generic`
+//! (through its `driver_override`) unless it already is; that driver
+//! claims no BAR, so `config` and `resourceN` work as before, and it
+//! hands the function's INTx interrupt to user space as `/dev/uioN`. MSI-X
+//! stays disabled and every virtio vector is `VIRTIO_MSI_NO_VECTOR`, so
+//! the device interrupts through INTx and the ISR status (virtio 1.2
+//! §4.1.4.5). Only the event queue asks for interrupts; the control and
+//! doorbell queues keep `VIRTQ_AVAIL_F_NO_INTERRUPT` and are polled, since
+//! their caller waits for the answer anyway. `/dev/uioN` is the
+//! transport's [`Transport::event_fd`]; [`Transport::ack_event`] reads it,
+//! reads the ISR (which de-asserts the line) and unmasks INTx again (the
+//! kernel's handler masked it with the Interrupt Disable bit of the PCI
+//! Command register, which `uio_pci_generic` leaves to user space to
+//! clear). Without `uio_pci_generic` (or with MSI-X found enabled, no
+//! interrupt pin, or [`NO_IRQ_ENV`] set) the transport says so once on
+//! stderr and has no event descriptor: its user polls.
+//!
+//! Everything else is polled; nothing sleeps. Needs root (sysfs writes,
+//! full configuration space, pagemap PFNs).
 //!
 //! On drop the device is reset (so it stops using driver memory) and left
-//! unbound, ready for the next process to open it.
+//! bound to `uio_pci_generic` (or unbound), ready for the next process to
+//! open it.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr;
 use std::time::{Duration, Instant};
@@ -39,7 +58,7 @@ use vrnic::abi::{self, Pod};
 use crate::dma::{DmaAllocator, DmaMode};
 use crate::transport::{DmaBuf, Transport, TransportError};
 use crate::virtio::{
-    BufDesc, Mmio, Notifier, QueueLayout, SplitQueue, UsedElem, VirtioPci, VirtioPciCaps,
+    BufDesc, Isr, Mmio, Notifier, QueueLayout, SplitQueue, UsedElem, VirtioPci, VirtioPciCaps,
 };
 
 /// Where the kernel lists PCI functions.
@@ -60,8 +79,25 @@ pub const PCI_COMMAND: u64 = 0x04;
 pub const PCI_COMMAND_MEMORY: u16 = 0x2;
 /// Command register: Bus Master enable.
 pub const PCI_COMMAND_MASTER: u16 = 0x4;
+/// Command register: INTx Emulation Disable (PCI Local Bus 3.0 §6.2.2),
+/// bit 10: set by the kernel's `uio_pci_generic` handler to mask the
+/// interrupt, cleared by the driver to unmask it.
+pub const PCI_COMMAND_INTX_DISABLE: u16 = 0x400;
+/// Interrupt Pin register offset in configuration space (0: none).
+pub const PCI_INTERRUPT_PIN: u64 = 0x3d;
+/// Capability ID of MSI-X (PCI Local Bus 3.0 §6.8.2).
+pub const PCI_CAP_ID_MSIX: u8 = 0x11;
+/// MSI-X Message Control: MSI-X Enable (bit 15).
+pub const PCI_MSIX_FLAGS_ENABLE: u16 = 0x8000;
 /// sysfs `resource` flags: a memory BAR (`IORESOURCE_MEM`).
 pub const IORESOURCE_MEM: u64 = 0x200;
+/// The kernel driver that hands the function's interrupt to user space.
+pub const UIO_DRIVER: &str = "uio_pci_generic";
+/// Set (to anything) in the environment, the transport uses no interrupt:
+/// events are polled (for comparison and debugging).
+pub const NO_IRQ_ENV: &str = "VRNIC_PCI_NO_IRQ";
+/// Where device nodes of UIO devices appear.
+pub const DEV_DIR: &str = "/dev";
 
 /// Control bounce buffer layout: `CmdHeader + body` at 0, `RespHeader +
 /// body` at `RESP_OFF`.
@@ -267,6 +303,8 @@ struct Claim {
     orig_driver: Option<String>,
     orig_command: u16,
     unbound: bool,
+    /// This claim bound the function to [`UIO_DRIVER`] (undone on restore).
+    uio_bound: bool,
     /// Restore Command register and driver on drop (set until accepted).
     restore: bool,
 }
@@ -295,12 +333,157 @@ impl Drop for Claim {
         if let Err(e) = self.set_command(self.orig_command) {
             tracing::warn!("{e}");
         }
+        if self.uio_bound {
+            if let Err(e) = self.dev.driver_op(UIO_DRIVER, "unbind") {
+                tracing::warn!("{e}");
+            }
+            if let Err(e) = fs::write(self.dev.path("driver_override"), b"\n") {
+                tracing::warn!("{}: clearing driver_override: {e}", self.dev.bdf);
+            }
+        }
         if let (true, Some(d)) = (self.unbound, &self.orig_driver) {
             if let Err(e) = self.dev.driver_op(d, "bind") {
                 tracing::warn!("{e}");
             }
         }
     }
+}
+
+/// Offset of the first capability with ID `id` in a type-0 configuration
+/// space (the standard list at 0x34), if any. Bounded: at most 64 hops.
+pub fn find_capability(space: &[u8], id: u8) -> Option<usize> {
+    let status = u16::from_le_bytes([*space.get(6)?, *space.get(7)?]);
+    if status & crate::virtio::PCI_STATUS_CAP_LIST == 0 {
+        return None;
+    }
+    let mut ptr = (*space.get(0x34)? & 0xfc) as usize;
+    for _ in 0..64 {
+        if ptr < 0x40 {
+            return None;
+        }
+        if *space.get(ptr)? == id {
+            return Some(ptr);
+        }
+        ptr = (*space.get(ptr + 1)? & 0xfc) as usize;
+    }
+    None
+}
+
+/// The function's INTx interrupt through `uio_pci_generic` (kernel
+/// `Documentation/driver-api/uio-howto.rst`): `/dev/uioN` becomes readable
+/// when the interrupt fires (the kernel's handler then masks INTx with the
+/// Command register's Interrupt Disable bit); the virtio ISR (§4.1.4.5)
+/// says why and de-asserts the line when read.
+#[derive(Debug)]
+struct Intx {
+    /// `/dev/uioN`, non-blocking: `read(2)` of 4 bytes returns the
+    /// interrupt count, or `EAGAIN` when no interrupt came since the last read.
+    uio: File,
+    isr: Isr,
+}
+
+impl Intx {
+    /// Consumes the pending wake-up and re-arms the interrupt, in the order
+    /// that loses none: the uio count, then the ISR (clears it, de-asserts
+    /// the line), then INTx unmasked through `config` (Command register
+    /// high byte, offset 5). A buffer the device uses after the ISR read
+    /// raises the line again; with INTx still masked it stays pending and
+    /// fires once unmasked. Returns the ISR bits.
+    fn ack(&self, config: &File) -> Result<u8, TransportError> {
+        let mut count = [0u8; 4];
+        match (&self.uio).read(&mut count) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(io_err("reading the uio interrupt count", e)),
+        }
+        let bits = self.isr.read_and_clear()?;
+        unmask_intx(config)?;
+        Ok(bits)
+    }
+}
+
+/// Clears the Interrupt Disable bit of the Command register (bit 2 of its
+/// high byte, configuration offset 5), as the uio howto's example does;
+/// writes only when it is set.
+fn unmask_intx(config: &File) -> Result<(), TransportError> {
+    let mut hi = [0u8; 1];
+    config
+        .read_exact_at(&mut hi, PCI_COMMAND + 1)
+        .map_err(|e| io_err("reading the command register", e))?;
+    let bit = (PCI_COMMAND_INTX_DISABLE >> 8) as u8;
+    if hi[0] & bit != 0 {
+        config
+            .write_all_at(&[hi[0] & !bit], PCI_COMMAND + 1)
+            .map_err(|e| io_err("unmasking INTx in the command register", e))?;
+    }
+    Ok(())
+}
+
+/// Why the function cannot interrupt through INTx, if it cannot: MSI-X
+/// enabled (the device would then signal MSI-X vectors, which nobody
+/// receives) or no interrupt pin.
+fn intx_unusable(config: &File, space: &[u8]) -> Result<Option<String>, TransportError> {
+    let mut pin = [0u8; 1];
+    config
+        .read_exact_at(&mut pin, PCI_INTERRUPT_PIN)
+        .map_err(|e| io_err("reading the interrupt pin", e))?;
+    if pin[0] == 0 {
+        return Ok(Some("no INTx pin".into()));
+    }
+    if let Some(cap) = find_capability(space, PCI_CAP_ID_MSIX) {
+        let mut ctl = [0u8; 2];
+        config
+            .read_exact_at(&mut ctl, cap as u64 + 2)
+            .map_err(|e| io_err("reading the MSI-X control", e))?;
+        if u16::from_le_bytes(ctl) & PCI_MSIX_FLAGS_ENABLE != 0 {
+            return Ok(Some("MSI-X is enabled".into()));
+        }
+    }
+    Ok(None)
+}
+
+/// Binds the function to [`UIO_DRIVER`] unless it already is (it must be
+/// unbound): `driver_override`, then `drivers/uio_pci_generic/bind`. Sets
+/// `claim.uio_bound` when it bound it. Errors: the module is not loaded, or
+/// the bind failed (`driver_override` is cleared again).
+fn bind_uio(claim: &mut Claim, drivers: &Path) -> Result<(), TransportError> {
+    let dev = &claim.dev;
+    if dev.driver().as_deref() == Some(UIO_DRIVER) {
+        return Ok(());
+    }
+    if !drivers.join(UIO_DRIVER).is_dir() {
+        return Err(TransportError::NoDevice(format!(
+            "{UIO_DRIVER} is not loaded (modprobe {UIO_DRIVER})"
+        )));
+    }
+    let ovr = dev.path("driver_override");
+    fs::write(&ovr, UIO_DRIVER.as_bytes())
+        .map_err(|e| io_err(format!("writing {}", ovr.display()), e))?;
+    if let Err(e) = dev.driver_op(UIO_DRIVER, "bind") {
+        let _ = fs::write(&ovr, b"\n");
+        return Err(e);
+    }
+    claim.uio_bound = true;
+    Ok(())
+}
+
+/// Opens the `/dev/uioN` of a function bound to [`UIO_DRIVER`] (`dev_dir`:
+/// normally [`DEV_DIR`]), non-blocking.
+fn open_uio(dev: &SysfsDevice, dev_dir: &Path) -> Result<File, TransportError> {
+    let d = dev.path("uio");
+    let name = fs::read_dir(&d)
+        .map_err(|e| io_err(format!("listing {}", d.display()), e))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with("uio"))
+        .ok_or_else(|| TransportError::NoDevice(format!("no uio device under {}", d.display())))?;
+    let p = dev_dir.join(&name);
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&p)
+        .map_err(|e| io_err(format!("opening {}", p.display()), e))
 }
 
 /// A BAR mapped through sysfs `resourceN`.
@@ -685,6 +868,8 @@ pub struct PciTransport {
     dma: DmaAllocator,
     /// Kept mapped until after the reset in `drop`.
     _bars: Vec<BarMap>,
+    /// The INTx interrupt, if `uio_pci_generic` delivers it.
+    intx: Option<Intx>,
     claim: Claim,
 }
 
@@ -787,7 +972,7 @@ impl PciTransport {
                 )));
             }
             let mut end = 0usize;
-            for cap in [Some(caps.common), Some(caps.notify), caps.device]
+            for cap in [Some(caps.common), Some(caps.notify), caps.isr, caps.device]
                 .into_iter()
                 .flatten()
             {
@@ -815,13 +1000,40 @@ impl PciTransport {
             orig_driver,
             orig_command: 0,
             unbound: false,
+            uio_bound: false,
             restore: true,
         };
         claim.orig_command = claim.command()?;
         if let Some(d) = claim.orig_driver.clone() {
-            dev.driver_op(&d, "unbind")?;
-            claim.unbound = true;
+            if d != UIO_DRIVER {
+                dev.driver_op(&d, "unbind")?;
+                claim.unbound = true;
+            }
         }
+        // The interrupt: INTx through uio_pci_generic, or none (polled).
+        // (After the unbind: virtio-pci's remove disables MSI-X.)
+        let mut no_irq = intx_unusable(&claim.config, &space)?;
+        if no_irq.is_none() && std::env::var_os(NO_IRQ_ENV).is_some() {
+            no_irq = Some(format!("{NO_IRQ_ENV} is set"));
+        }
+        if no_irq.is_none() && caps.isr.is_none() {
+            no_irq = Some("no ISR status capability".into());
+        }
+        let mut uio = None;
+        if no_irq.is_none() {
+            let drivers = dev
+                .dir
+                .parent()
+                .and_then(Path::parent)
+                .map(|bus| bus.join("drivers"))
+                .unwrap_or_default();
+            match bind_uio(&mut claim, &drivers).and_then(|()| open_uio(dev, Path::new(DEV_DIR))) {
+                Ok(f) => uio = Some(f),
+                Err(e) => no_irq = Some(e.to_string()),
+            }
+        }
+        // Bus Master after /dev/uioN is open: uio_pci_generic clears it
+        // when the last descriptor is closed.
         claim.set_command(claim.orig_command | PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER)?;
 
         let mut bars = Vec::new();
@@ -840,6 +1052,13 @@ impl PciTransport {
             caps.notify_off_multiplier,
             window(devcap)?,
         )?;
+        let intx = match (uio, caps.isr) {
+            (Some(uio), Some(cap)) => Some(Intx {
+                uio,
+                isr: Isr::new(window(cap)?)?,
+            }),
+            _ => None,
+        };
         let mut dma = DmaAllocator::new()?;
         let mut guard = ResetGuard(Some(virtio));
 
@@ -901,6 +1120,11 @@ impl PciTransport {
             slots: dma.alloc(SLOT * ev_size as usize, 64)?,
         };
         ev.prefill()?;
+        // Only the event queue interrupts (and only with an interrupt to
+        // receive it); control and doorbell answers are polled.
+        if intx.is_some() {
+            ev.queue.q.set_interrupts(true);
+        }
         let ctrl = ControlQueue {
             queue: ctrlq,
             bounce: ctrl_bounce,
@@ -914,6 +1138,14 @@ impl PciTransport {
             )));
         }
         ev.queue.kick()?;
+        if let Some(i) = &intx {
+            // Clear a stale ISR and unmask INTx (the kernel's handler may
+            // have masked it since the last process).
+            i.ack(&claim.config)?;
+        }
+        if let Some(why) = &no_irq {
+            eprintln!("vrnic {bdf}: no device interrupt ({why}); waiting for events polls");
+        }
 
         guard.0 = None;
         claim.restore = false;
@@ -932,6 +1164,7 @@ impl PciTransport {
             timeout: DEFAULT_TIMEOUT,
             dma,
             _bars: bars,
+            intx,
             claim,
         })
     }
@@ -963,6 +1196,12 @@ impl PciTransport {
     /// Whether DMA memory comes from huge pages or the 4 KiB fallback.
     pub fn dma_mode(&self) -> DmaMode {
         self.dma.mode()
+    }
+
+    /// Whether device events arrive as an interrupt ([`Transport::event_fd`]
+    /// is `/dev/uioN`); `false`: they must be polled.
+    pub fn has_interrupt(&self) -> bool {
+        self.intx.is_some()
     }
 }
 
@@ -1032,11 +1271,29 @@ impl Transport for PciTransport {
     fn poll_event(&mut self) -> Option<abi::Event> {
         self.ev.pop_event()
     }
+
+    /// `/dev/uioN` of the function (readable when its INTx interrupt
+    /// fired), or `None` when it has no usable interrupt.
+    fn event_fd(&self) -> Option<RawFd> {
+        self.intx.as_ref().map(|i| i.uio.as_raw_fd())
+    }
+
+    /// Reads the uio interrupt count, the ISR (de-asserting INTx) and
+    /// unmasks INTx again; errors are logged.
+    fn ack_event(&mut self) {
+        if let Some(i) = &self.intx {
+            if let Err(e) = i.ack(&self.claim.config) {
+                tracing::warn!("{}: acknowledging the interrupt: {e}", self.claim.dev.bdf);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
+    use std::os::fd::FromRawFd;
     use std::os::unix::fs::symlink;
 
     struct TempDir(PathBuf);
@@ -1114,6 +1371,148 @@ mod tests {
         );
         let err = PciTransport::attach(&SysfsDevice::new(&t.0, "0000:00:01.0")).unwrap_err();
         assert!(matches!(err, TransportError::NoDevice(_)), "{err}");
+    }
+
+    /// A configuration space file: Command 0x0406 (memory, master, INTx
+    /// masked), pin A, MSI-X capability at 0x40 (control `msix_ctl`).
+    fn fake_config(t: &TempDir, msix_ctl: u16, pin: u8) -> File {
+        let mut c = vec![0u8; 256];
+        c[0..4].copy_from_slice(&[0xf4, 0x1a, 0x46, 0x10]);
+        c[4..6].copy_from_slice(&0x0406u16.to_le_bytes());
+        c[6] = crate::virtio::PCI_STATUS_CAP_LIST as u8;
+        c[0x34] = 0x50;
+        c[0x3d] = pin;
+        c[0x50..0x52].copy_from_slice(&[0x09, 0x40]); // vendor cap, then MSI-X
+        c[0x40..0x42].copy_from_slice(&[PCI_CAP_ID_MSIX, 0]);
+        c[0x42..0x44].copy_from_slice(&msix_ctl.to_le_bytes());
+        let p = t.0.join(format!("config-{msix_ctl:x}-{pin}"));
+        fs::write(&p, &c).unwrap();
+        OpenOptions::new().read(true).write(true).open(&p).unwrap()
+    }
+
+    fn space(f: &File) -> Vec<u8> {
+        let mut v = vec![0u8; 256];
+        f.read_exact_at(&mut v, 0).unwrap();
+        v
+    }
+
+    #[test]
+    fn intx_is_usable_only_with_a_pin_and_msix_disabled() {
+        let t = TempDir::new("intx");
+        let ok = fake_config(&t, 0x0002, 1);
+        assert_eq!(find_capability(&space(&ok), PCI_CAP_ID_MSIX), Some(0x40));
+        assert_eq!(find_capability(&space(&ok), 0x05), None);
+        assert_eq!(intx_unusable(&ok, &space(&ok)).unwrap(), None);
+        let msix = fake_config(&t, 0x8002, 1);
+        assert_eq!(
+            intx_unusable(&msix, &space(&msix)).unwrap().as_deref(),
+            Some("MSI-X is enabled")
+        );
+        let nopin = fake_config(&t, 0x0002, 0);
+        assert_eq!(
+            intx_unusable(&nopin, &space(&nopin)).unwrap().as_deref(),
+            Some("no INTx pin")
+        );
+        // A looping or truncated capability list ends the walk.
+        let mut looped = space(&ok);
+        looped[0x41] = 0x50;
+        looped[0x40] = 0x10;
+        assert_eq!(find_capability(&looped, PCI_CAP_ID_MSIX), None);
+        assert_eq!(find_capability(&looped[..0x30], PCI_CAP_ID_MSIX), None);
+    }
+
+    #[test]
+    fn ack_reads_the_count_then_the_isr_then_unmasks_intx() {
+        let t = TempDir::new("ack");
+        let config = fake_config(&t, 0, 1);
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: pipe2 into a live array; both ends are owned below.
+        assert_eq!(
+            unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) },
+            0
+        );
+        // SAFETY: fresh descriptors nobody else owns.
+        let (rd, wr) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+        let isr_mem = Mem::new(16);
+        // SAFETY: 16 bytes of test memory standing for the ISR window.
+        unsafe { ptr::write_volatile(isr_mem.ptr, crate::virtio::VIRTIO_PCI_ISR_QUEUE) };
+        let intx = Intx {
+            uio: rd,
+            // SAFETY: isr_mem outlives intx.
+            isr: Isr::new(unsafe { Mmio::new(isr_mem.ptr, 1) }).unwrap(),
+        };
+        // An interrupt: the uio count (4 bytes) is readable, INTx masked.
+        (&wr).write_all(&7u32.to_ne_bytes()).unwrap();
+        assert_eq!(
+            intx.ack(&config).unwrap(),
+            crate::virtio::VIRTIO_PCI_ISR_QUEUE
+        );
+        let mut b = [0u8; 4];
+        assert_eq!(
+            (&intx.uio).read(&mut b).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock,
+            "count consumed"
+        );
+        let cmd = u16::from_le_bytes(space(&config)[4..6].try_into().unwrap());
+        assert_eq!(cmd, 0x0006, "INTx unmasked, memory and master kept");
+        // Nothing pending: still fine, and INTx stays unmasked.
+        intx.ack(&config).unwrap();
+        assert_eq!(space(&config)[5], 0);
+    }
+
+    #[test]
+    fn binding_to_uio_pci_generic_and_undoing_it() {
+        let t = TempDir::new("uio");
+        let devs = t.0.join("devices");
+        let bdf = "0000:00:04.0";
+        let d = devs.join(bdf);
+        fs::create_dir_all(d.join("driver")).unwrap();
+        fs::write(d.join("driver/unbind"), "").unwrap();
+        fs::write(d.join("driver_override"), "(null)\n").unwrap();
+        let drivers = t.0.join("drivers");
+        let config = fake_config(&t, 0, 1);
+        let mut claim = Claim {
+            dev: SysfsDevice::new(&devs, bdf),
+            config,
+            orig_driver: None,
+            orig_command: 0x0406,
+            unbound: false,
+            uio_bound: false,
+            restore: true,
+        };
+        // Module not loaded: a clear error, nothing written.
+        let e = bind_uio(&mut claim, &drivers).unwrap_err();
+        assert!(
+            e.to_string().contains("uio_pci_generic is not loaded"),
+            "{e}"
+        );
+        assert_eq!(
+            fs::read_to_string(d.join("driver_override")).unwrap(),
+            "(null)\n"
+        );
+        fs::create_dir_all(drivers.join(UIO_DRIVER)).unwrap();
+        fs::write(drivers.join(UIO_DRIVER).join("bind"), "").unwrap();
+        bind_uio(&mut claim, &drivers).unwrap();
+        assert!(claim.uio_bound);
+        assert_eq!(
+            fs::read_to_string(d.join("driver_override")).unwrap(),
+            UIO_DRIVER
+        );
+        assert_eq!(
+            fs::read_to_string(drivers.join(UIO_DRIVER).join("bind")).unwrap(),
+            bdf
+        );
+        // Its /dev/uioN.
+        fs::create_dir_all(d.join("uio/uio3")).unwrap();
+        let dev_dir = t.0.join("dev");
+        fs::create_dir_all(&dev_dir).unwrap();
+        assert!(open_uio(&claim.dev, &dev_dir).is_err(), "no node yet");
+        fs::write(dev_dir.join("uio3"), "").unwrap();
+        open_uio(&claim.dev, &dev_dir).unwrap();
+        // A rejected device: unbound from uio, override cleared.
+        drop(claim);
+        assert_eq!(fs::read_to_string(d.join("driver/unbind")).unwrap(), bdf);
+        assert_eq!(fs::read_to_string(d.join("driver_override")).unwrap(), "\n");
     }
 
     #[test]

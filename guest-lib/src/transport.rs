@@ -99,11 +99,26 @@ pub trait Transport: Send {
     /// Next asynchronous event from the event queue, if any.
     fn poll_event(&mut self) -> Option<abi::Event>;
     /// A descriptor that becomes readable (`poll(2)`) when events are queued
-    /// for [`Transport::poll_event`], if the transport has one; the reader
-    /// clears it by reading 8 bytes (an eventfd). `None` (the default): the
-    /// caller must poll.
+    /// for [`Transport::poll_event`], if the transport has one: the
+    /// loopback engine's eventfd, or in a VM the function's `/dev/uioN`
+    /// (its INTx interrupt through `uio_pci_generic`). After it polls
+    /// readable, the waiter calls [`Transport::ack_event`] and then drains
+    /// [`Transport::poll_event`]. `None` (the default): the caller must poll.
     fn event_fd(&self) -> Option<RawFd> {
         None
+    }
+    /// Consumes the wake-up of [`Transport::event_fd`] and re-arms it: an
+    /// event queued after this call makes the descriptor readable again,
+    /// so draining [`Transport::poll_event`] after it never misses one. The
+    /// default reads the eventfd's counter (8 bytes; the descriptor is
+    /// non-blocking, so nothing waiting is fine).
+    fn ack_event(&mut self) {
+        if let Some(fd) = self.event_fd() {
+            let mut v: libc::eventfd_t = 0;
+            // SAFETY: eventfd_read into a live u64 on the transport's
+            // descriptor; an error (nothing waiting) is harmless.
+            unsafe { libc::eventfd_read(fd, &mut v) };
+        }
     }
     /// Makes `[va, va + len)` of this process reachable by the device, before
     /// an MR covering it is registered ([`crate::verbs::Mr::register`]). A

@@ -15,8 +15,11 @@
 //! ([`SplitQueue`]). Finding the device, mapping BARs and allocating DMA
 //! memory is [`crate::pci`]'s and [`crate::dma`]'s business.
 //!
-//! The driver polls: it never enables MSI-X or reads the ISR, and it asks
-//! the device not to interrupt (`VIRTQ_AVAIL_F_NO_INTERRUPT`).
+//! Interrupts: the driver never enables MSI-X. It sets every vector to
+//! [`VIRTIO_MSI_NO_VECTOR`] (§4.1.4.3, §4.1.5.1.2) so that a device that
+//! interrupts does it through INTx and the ISR status (§4.1.4.5, [`Isr`]).
+//! Queues are created with `VIRTQ_AVAIL_F_NO_INTERRUPT` set (polled); the
+//! owner turns interrupts on per queue with [`SplitQueue::set_interrupts`].
 
 use std::io;
 use std::ptr;
@@ -55,6 +58,14 @@ pub const VIRTIO_PCI_CAP_COMMON_CFG: u8 = 1;
 pub const VIRTIO_PCI_CAP_NOTIFY_CFG: u8 = 2;
 /// `cfg_type` of the ISR status capability.
 pub const VIRTIO_PCI_CAP_ISR_CFG: u8 = 3;
+/// "No MSI-X vector" (§4.1.4.3, `VIRTIO_MSI_NO_VECTOR`): written to
+/// `config_msix_vector` and `queue_msix_vector`, the device uses no
+/// vector for that source; with MSI-X disabled it interrupts through INTx.
+pub const VIRTIO_MSI_NO_VECTOR: u16 = 0xffff;
+/// ISR status bit 0 (§4.1.4.5): a queue interrupt (used buffers).
+pub const VIRTIO_PCI_ISR_QUEUE: u8 = 0x1;
+/// ISR status bit 1 (§4.1.4.5): a device configuration change.
+pub const VIRTIO_PCI_ISR_CONFIG: u8 = 0x2;
 /// `cfg_type` of the device-specific configuration capability.
 pub const VIRTIO_PCI_CAP_DEVICE_CFG: u8 = 4;
 /// `cfg_type` of the PCI configuration access capability.
@@ -327,7 +338,7 @@ pub struct VirtioPciCaps {
     /// `notify_off_multiplier` of the notification capability: bytes per
     /// unit of `queue_notify_off` (0: all queues share one address).
     pub notify_off_multiplier: u32,
-    /// ISR status (§4.1.4.5), unused by this polling driver.
+    /// ISR status (§4.1.4.5), read to learn and acknowledge an INTx interrupt ([`Isr`]).
     pub isr: Option<VirtioPciCap>,
     /// Device-specific configuration (§4.1.4.6).
     pub device: Option<VirtioPciCap>,
@@ -410,7 +421,7 @@ impl VirtioPciCaps {
 
     /// The distinct BAR indices the used structures live in, ascending.
     pub fn bars(&self) -> Vec<u8> {
-        let mut v: Vec<u8> = [Some(self.common), Some(self.notify), self.device]
+        let mut v: Vec<u8> = [Some(self.common), Some(self.notify), self.isr, self.device]
             .into_iter()
             .flatten()
             .map(|c| c.bar)
@@ -550,6 +561,51 @@ impl CommonCfg {
     pub fn enable_queue(&self) -> Result<(), TransportError> {
         self.mmio.write16(common::QUEUE_ENABLE, 1)
     }
+
+    /// Sets the selected queue's MSI-X vector and returns what the device
+    /// reads back (§4.1.5.1.2: the device answers
+    /// [`VIRTIO_MSI_NO_VECTOR`] when it cannot use the vector).
+    pub fn set_queue_msix_vector(&self, vector: u16) -> Result<u16, TransportError> {
+        self.mmio.write16(common::QUEUE_MSIX_VECTOR, vector)?;
+        self.mmio.read16(common::QUEUE_MSIX_VECTOR)
+    }
+
+    /// Sets the configuration-change MSI-X vector and returns what the
+    /// device reads back (§4.1.5.1.2).
+    pub fn set_config_msix_vector(&self, vector: u16) -> Result<u16, TransportError> {
+        self.mmio.write16(common::CONFIG_MSIX_VECTOR, vector)?;
+        self.mmio.read16(common::CONFIG_MSIX_VECTOR)
+    }
+}
+
+/// The ISR status register (§4.1.4.5): one byte in the window named by the
+/// ISR capability. With MSI-X disabled the device raises its INTx line when
+/// it sets a bit ([`VIRTIO_PCI_ISR_QUEUE`], [`VIRTIO_PCI_ISR_CONFIG`]);
+/// reading the register returns the bits, clears them and de-asserts the
+/// line.
+#[derive(Clone, Copy, Debug)]
+pub struct Isr {
+    mmio: Mmio,
+}
+
+impl Isr {
+    /// Wraps the window named by the ISR capability. Errors: the window is
+    /// empty ([`TransportError::Io`]).
+    pub fn new(mmio: Mmio) -> Result<Self, TransportError> {
+        if mmio.is_empty() {
+            return Err(invalid(
+                "ISR status window".into(),
+                "ISR status capability of length 0",
+            ));
+        }
+        Ok(Isr { mmio })
+    }
+
+    /// Reads (and so clears) the ISR status: the interrupt causes since the
+    /// last read.
+    pub fn read_and_clear(&self) -> Result<u8, TransportError> {
+        self.mmio.read8(0)
+    }
 }
 
 /// Notifies one queue (§4.1.4.4): a 16-bit write of the queue index to
@@ -638,6 +694,10 @@ impl VirtioPci {
             )));
         }
         self.common.set_driver_features(VIRTIO_F_VERSION_1)?;
+        // Configuration changes never interrupt through MSI-X (it stays
+        // disabled); the device may still set ISR bit 1, which the driver
+        // ignores (it reads the configuration once).
+        self.common.set_config_msix_vector(VIRTIO_MSI_NO_VECTOR)?;
         let s = STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK;
         self.common.set_status(s)?;
         let back = self.common.status()?;
@@ -714,7 +774,8 @@ impl VirtioPci {
     }
 
     /// Configures and enables queue `index` on the ring memory of `queue`
-    /// (§4.1.5.1.3): select, size, addresses, enable. Must run after
+    /// (§4.1.5.1.3): select, size, addresses, MSI-X vector
+    /// [`VIRTIO_MSI_NO_VECTOR`] (§4.1.5.1.2), enable. Must run after
     /// [`VirtioPci::negotiate`] and before [`VirtioPci::driver_ok`]. Returns
     /// the queue's [`Notifier`]. Errors: the queue does not exist, is
     /// already enabled, its maximum size is below `queue.size()`, or its
@@ -745,6 +806,15 @@ impl VirtioPci {
         let mmio = self.notify.window(at, 2)?;
         c.set_queue_size(queue.size())?;
         c.set_queue_addrs(queue.desc_gpa(), queue.avail_gpa(), queue.used_gpa())?;
+        // No MSI-X vector: interrupts, where the queue asks for them, go
+        // through INTx and the ISR (MSI-X stays disabled).
+        let v = c.set_queue_msix_vector(VIRTIO_MSI_NO_VECTOR)?;
+        if v != VIRTIO_MSI_NO_VECTOR {
+            return Err(protocol(
+                format!("virtqueue {index}"),
+                format!("queue_msix_vector reads {v:#x} after writing VIRTIO_MSI_NO_VECTOR"),
+            ));
+        }
         c.enable_queue()?;
         Ok(Notifier { mmio, queue: index })
     }
@@ -903,7 +973,8 @@ unsafe impl Send for SplitQueue {}
 impl SplitQueue {
     /// A queue of `layout.size` descriptors on the memory at `ptr`
     /// (guest-physical `gpa`), which it zeroes. The available ring's flags
-    /// are set to `VIRTQ_AVAIL_F_NO_INTERRUPT`: this driver polls.
+    /// are set to `VIRTQ_AVAIL_F_NO_INTERRUPT`: the queue is polled until
+    /// [`SplitQueue::set_interrupts`] asks for interrupts.
     ///
     /// # Safety
     /// `ptr` must be valid for reads and writes of `layout.len` bytes,
@@ -971,6 +1042,24 @@ impl SplitQueue {
     /// Guest-physical address of the used ring (device area).
     pub fn used_gpa(&self) -> u64 {
         self.used_gpa
+    }
+
+    /// Asks the device to interrupt after it adds used buffers (`true`:
+    /// clears `VIRTQ_AVAIL_F_NO_INTERRUPT`) or not to (`false`: sets it),
+    /// §2.7.7 without `VIRTIO_F_EVENT_IDX` (this driver never negotiates
+    /// it, so `used_event` is unused). A full fence follows, so a caller
+    /// that then re-checks the used ring cannot miss a buffer the device
+    /// added without interrupting.
+    pub fn set_interrupts(&mut self, on: bool) {
+        self.write_avail_flags(if on { 0 } else { VIRTQ_AVAIL_F_NO_INTERRUPT });
+        fence(Ordering::SeqCst);
+    }
+
+    /// Whether the queue asks for interrupts (`VIRTQ_AVAIL_F_NO_INTERRUPT` clear).
+    pub fn interrupts(&self) -> bool {
+        // SAFETY: offset 0 of the avail ring, 2-aligned.
+        let f = u16::from_le(unsafe { ptr::read_volatile(self.avail as *const u16) });
+        f & VIRTQ_AVAIL_F_NO_INTERRUPT == 0
     }
 
     fn write_avail_flags(&mut self, flags: u16) {
@@ -1249,6 +1338,70 @@ mod tests {
             len,
             writable: true,
         }
+    }
+
+    /// A fake BAR: common configuration at 0, ISR at 0x100, notifications
+    /// at 0x200; plain memory, so registers read back what was written.
+    fn fake_bar() -> (Mem, VirtioPci, Isr) {
+        let bar = Mem::new(0x300);
+        // SAFETY: bar is 0x300 bytes and outlives the windows (returned together).
+        let m = unsafe { Mmio::new(bar.ptr, 0x300) };
+        let v = VirtioPci::new(
+            m.window(0, common::LEN).unwrap(),
+            m.window(0x200, 0x100).unwrap(),
+            4,
+            m.window(0x2f0, 0).unwrap(),
+        )
+        .unwrap();
+        (bar, v, Isr::new(m.window(0x100, 4).unwrap()).unwrap())
+    }
+
+    #[test]
+    fn driver_sets_no_msix_vector_for_config_and_every_queue() {
+        let (bar, v, isr) = fake_bar();
+        let m = v.common.mmio();
+        // Vectors a previous owner left behind; VERSION_1 offered.
+        m.write16(common::CONFIG_MSIX_VECTOR, 0).unwrap();
+        m.write16(common::QUEUE_MSIX_VECTOR, 1).unwrap();
+        m.write32(common::DEVICE_FEATURE, 1).unwrap();
+        v.negotiate(Duration::from_millis(100)).unwrap();
+        assert_eq!(
+            m.read16(common::CONFIG_MSIX_VECTOR).unwrap(),
+            VIRTIO_MSI_NO_VECTOR
+        );
+        // A queue of 8: its maximum is what QUEUE_SIZE reads before setup.
+        m.write16(common::QUEUE_SIZE, 8).unwrap();
+        let (_ring, q, _dev) = setup(8);
+        let n = v.setup_queue(2, &q).unwrap();
+        assert_eq!(n.queue(), 2);
+        assert_eq!(m.read16(common::QUEUE_SELECT).unwrap(), 2);
+        assert_eq!(
+            m.read16(common::QUEUE_MSIX_VECTOR).unwrap(),
+            VIRTIO_MSI_NO_VECTOR
+        );
+        assert_eq!(m.read16(common::QUEUE_ENABLE).unwrap(), 1);
+        // The ISR is the first byte of its window.
+        // SAFETY: offset 0x100 of the fake BAR.
+        unsafe { ptr::write_volatile(bar.ptr.add(0x100), VIRTIO_PCI_ISR_QUEUE) };
+        assert_eq!(isr.read_and_clear().unwrap(), VIRTIO_PCI_ISR_QUEUE);
+        // SAFETY: a zero-length window cannot be an ISR.
+        assert!(Isr::new(unsafe { Mmio::new(bar.ptr, 0) }).is_err());
+    }
+
+    #[test]
+    fn queues_are_polled_until_interrupts_are_asked_for() {
+        let (_mem, mut q, dev) = setup(4);
+        let avail_flags = || dev.rd16(QueueLayout::new(4).unwrap().avail);
+        assert!(!q.interrupts());
+        assert_eq!(avail_flags(), VIRTQ_AVAIL_F_NO_INTERRUPT);
+        q.set_interrupts(true);
+        assert!(q.interrupts());
+        assert_eq!(avail_flags(), 0);
+        // Adding buffers leaves the flag alone.
+        q.add(&[wb(GPA, 16)]).unwrap();
+        assert_eq!(avail_flags(), 0);
+        q.set_interrupts(false);
+        assert_eq!(avail_flags(), VIRTQ_AVAIL_F_NO_INTERRUPT);
     }
 
     #[test]

@@ -24,12 +24,56 @@
 #               compare-and-swaps); one line per check:
 #               VRNIC-RDMA <name> active <read-S|fetch-add|cmp-swap> rc=<rc> verified=<yes|no>
 #               VRNIC-RDMA <name> passive responder rc=<rc> verified=<yes|no>
+#   EVENT_ROLES e.g. "server client" (empty: skip): afterwards, per role, two RC runs of TOOL,
+#               EVENT_SIZE bytes x EVENT_ITERS: mode=spin (no -e: polls the CQ) and mode=events
+#               (-e: the process sleeps in ibv_get_cq_event until the CQ's completion event); one
+#               line per run:
+#               VRNIC-ERESULT <name> <role> size=<s> rc=<rc> cpu_pct=<p> wall_cs=<w> irqs=<n|n/a> mode=<m>
+#               cpu_pct: the run's CPU time (user + system, all its threads: the shell's `times`
+#               for its children) over its wall time, in percent; irqs: how much the
+#               uio_pci_generic line of /proc/interrupts rose during the run (n/a: no such line)
+#   IDLE_CHECK  1: before those runs, an idle check of vrnic's libibverbs.so.1: an ibv_rc_pingpong -e
+#               server that no client ever reaches (its context open, its event thread waiting) is
+#               watched for IDLE_WINDOW seconds, then killed; one line:
+#               VRNIC-IDLE <name> found=<yes|no> window_cs=<w> wakeups=<n> cpu_cs=<c> irqs=<n|n/a> mode=<irq|poll>
+#               (twice: mode=irq as is, mode=poll with VRNIC_PCI_NO_IRQ=1, the 1 ms polling fallback)
+#               wakeups: context switches of its event thread (`vrnic-events`) in the window (a
+#               1 ms poll makes ~10 per cs, a thread asleep on an interrupt none); cpu_cs: that
+#               thread's CPU time
 # Each run prints its output, then one line:
-#   VRNIC-RESULT <name> <role> size=<s> rc=<rc> tool=<tool> usec_per_iter=<x> verified=<yes|no|n/a>
+#   VRNIC-RESULT <name> <role> size=<s> rc=<rc> tool=<tool> usec_per_iter=<x> verified=<yes|no|n/a> cpu_pct=<p>
 # verified=yes: the tool printed "data verified: ITERS messages" (vrnic-pingpong does; the rxe
 # side's ibv_rc_pingpong does not, and is not asked to).
 
 now() { cut -d. -f1 /proc/uptime; }
+
+# Wall clock in centiseconds (/proc/uptime), and CPU time of all waited-for children in
+# centiseconds (the second line of `times`: "XmY.YYs XmY.YYs", user and system). `times` runs in
+# this shell (into a file): in a $(...) subshell it would count the subshell's children only.
+now_cs() { tr -d . </proc/uptime | cut -d' ' -f1; }
+child_cpu_cs() {
+    times >/tmp/times
+    sed -n 2p /tmp/times | awk '{
+        t = 0
+        for (i = 1; i <= 2; i++) { split($i, a, "m"); sub("s", "", a[2]); t += a[1] * 6000 + a[2] * 100 }
+        printf "%d\n", t }'
+}
+# Interrupts of the uio_pci_generic line(s) in /proc/interrupts, summed over CPUs; empty if none.
+uio_irqs() {
+    awk '/uio_pci_generic/ { for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/) n += $i; found = 1 }
+        END { if (found) print n + 0 }' /proc/interrupts
+}
+# measure_start / measure_end: CPU and wall time of the runs between them; sets cpu_pct, wall_cs.
+measure_start() {
+    child_cpu_cs >/tmp/cpu
+    c0=$(cat /tmp/cpu) w0=$(now_cs)
+}
+measure_end() {
+    wall_cs=$(($(now_cs) - w0))
+    child_cpu_cs >/tmp/cpu
+    cpu_cs=$(($(cat /tmp/cpu) - c0))
+    cpu_pct=$((cpu_cs * 100 / (wall_cs > 0 ? wall_cs : 1)))
+}
 
 # run_retry ROLE CMD...: runs CMD (with PEER_IP appended for a client) into /tmp/out, bounded by
 # RUN_TIMEOUT; a client retries while the server is not listening yet. Sets rc and attempt.
@@ -56,8 +100,10 @@ run_retry() {
 
 run_one() { # role size port
     role=$1 size=$2 port=$3
+    measure_start
     # shellcheck disable=SC2086
     run_retry "$role" "$TOOL" -g "$GID" -m "$MTU" -s "$size" -n "$ITERS" -p "$port" $EXTRA
+    measure_end
     echo "--- $NAME $role size=$size port=$port"
     cat /tmp/out
     usec=$(sed -n 's/.* = \([0-9.]*\) usec\/iter.*/\1/p' /tmp/out | tail -1)
@@ -66,7 +112,7 @@ run_one() { # role size port
     [ "$TOOL" = vrnic-pingpong ] || verified=n/a
     n=$(sed -n 's/.*data verified: \([0-9]*\) messages.*/\1/p' /tmp/out | tail -1)
     [ "${n:-0}" -eq "$ITERS" ] && verified=yes
-    echo "VRNIC-RESULT $NAME $role size=$size rc=$rc tool=$TOOL usec_per_iter=${usec:-none} verified=$verified"
+    echo "VRNIC-RESULT $NAME $role size=$size rc=$rc tool=$TOOL usec_per_iter=${usec:-none} verified=$verified cpu_pct=$cpu_pct"
     [ "$rc" -eq 0 ]
 }
 
@@ -79,6 +125,75 @@ for role in $ROLES; do
         i=$((i + 1))
     done
     phase=$((phase + 1))
+done
+# thread_stat DIR: "<context switches> <CPU cs>" of the task at DIR (/proc/PID/task/TID), from
+# status (voluntary + nonvoluntary) and stat (utime + stime, fields 14 and 15, in USER_HZ = 100).
+thread_stat() {
+    sw=$(awk '/ctxt_switches/ { n += $2 } END { print n + 0 }' "$1/status" 2>/dev/null)
+    cpu=$(sed 's/.*) //' "$1/stat" 2>/dev/null | awk '{ print $12 + $13 }')
+    echo "${sw:-0} ${cpu:-0}"
+}
+# The idle check (IDLE_CHECK=1): is the event thread of an idle context asleep?
+# Twice: as is (irq), and with VRNIC_PCI_NO_IRQ=1 (poll: the library's 1 ms fallback), which
+# shows what the check would see without the interrupt.
+for how in ${IDLE_CHECK:+irq poll}; do
+    [ "$IDLE_CHECK" = 1 ] || break
+    if [ $how = irq ]; then
+        "$TOOL" -g "$GID" -m "$MTU" -e -p $((BASEPORT + 650)) >/tmp/idle.out 2>&1 &
+    else
+        VRNIC_PCI_NO_IRQ=1 "$TOOL" -g "$GID" -m "$MTU" -e -p $((BASEPORT + 651)) >/tmp/idle.out 2>&1 &
+    fi
+    ipid=$!
+    # Wait (at most 30 s) for the context's event thread to exist.
+    evt=
+    deadline=$(($(now) + 30))
+    while [ -z "$evt" ] && [ "$(now)" -lt "$deadline" ] && kill -0 $ipid 2>/dev/null; do
+        for t in /proc/$ipid/task/*; do
+            [ "$(cat "$t/comm" 2>/dev/null)" = vrnic-events ] && evt=$t
+        done
+        [ -n "$evt" ] || sleep 0.1
+    done
+    found=no window=0 wakeups=0 ecpu=0 irqs=n/a
+    if [ -n "$evt" ]; then
+        found=yes
+        # Let the server finish its set-up (QP, MR, listen) before the window opens.
+        sleep 1
+        i0=$(uio_irqs) w0=$(now_cs)
+        set -- $(thread_stat "$evt")
+        s0=$1 c0=$2
+        sleep "${IDLE_WINDOW:-3}" # the measurement window, not a synchronisation
+        set -- $(thread_stat "$evt")
+        window=$(($(now_cs) - w0)) wakeups=$(($1 - s0)) ecpu=$(($2 - c0))
+        i1=$(uio_irqs)
+        [ -n "$i0" ] && [ -n "$i1" ] && irqs=$((i1 - i0))
+    fi
+    kill $ipid 2>/dev/null
+    wait $ipid 2>/dev/null
+    cat /tmp/idle.out
+    echo "VRNIC-IDLE $NAME found=$found window_cs=$window wakeups=$wakeups cpu_cs=$ecpu irqs=$irqs mode=$how"
+    [ $found = yes ] || fails=$((fails + 1))
+done
+# RC ping-pong with completion events (-e): the process should sleep, not spin.
+# Per role: the same run twice, first spinning on the CQ (no -e: the baseline), then with -e.
+e=0
+for role in ${EVENT_ROLES:-}; do
+    for mode in spin events; do
+        eopt=
+        [ $mode = events ] && eopt=-e
+        i0=$(uio_irqs)
+        measure_start
+        # shellcheck disable=SC2086
+        run_retry "$role" "$TOOL" -g "$GID" -m "$MTU" -s "$EVENT_SIZE" -n "$EVENT_ITERS" \
+            -p $((BASEPORT + 600 + e)) $eopt $EXTRA
+        measure_end
+        i1=$(uio_irqs)
+        irqs=n/a
+        [ -n "$i0" ] && [ -n "$i1" ] && irqs=$((i1 - i0))
+        cat /tmp/out
+        echo "VRNIC-ERESULT $NAME $role size=$EVENT_SIZE rc=$rc cpu_pct=$cpu_pct wall_cs=$wall_cs irqs=$irqs mode=$mode"
+        [ "$rc" -eq 0 ] || fails=$((fails + 1))
+        e=$((e + 1))
+    done
 done
 # UD and SRQ ping-pong against the stock rdma-core tools (or ours on both sides).
 x=0

@@ -94,6 +94,20 @@ WRITE_IMM_SIZES=${E2E_WRITE_IMM_SIZES:-1 4097 65536}
 XRUNS=${E2E_XRUNS-ud srq}
 XITERS=${E2E_XITERS:-200}
 
+# ibv pairs: after the RC matrix, per role, one RC run spinning on the CQ (the baseline) and one with
+# completion events (-e), EVENT_SIZE bytes x EVENT_ITERS each. On a vrnic (ibv) side the -e run must
+# sleep until the device's interrupt: its CPU time at least E2E_EVENT_CPU_GAP percentage points of
+# wall time below the spinning run's, and the guest's uio_pci_generic interrupt count rising.
+# Before that, the idle check (ibv sides): the event thread of an open but idle context, watched
+# for E2E_IDLE_WINDOW seconds, must wake fewer than E2E_IDLE_MAX_WAKEUPS times (a 1 ms poll wakes
+# ~1000 times a second); the same check with the library's polling fallback (VRNIC_PCI_NO_IRQ=1)
+# is reported beside it.
+EVENT_SIZE=${E2E_EVENT_SIZE:-4096}
+EVENT_ITERS=${E2E_EVENT_ITERS:-1000}
+EVENT_CPU_GAP=${E2E_EVENT_CPU_GAP:-25}
+IDLE_WINDOW=${E2E_IDLE_WINDOW:-3}
+IDLE_MAX_WAKEUPS=${E2E_IDLE_MAX_WAKEUPS:-20}
+
 # RDMA READ and atomics after that (vrnic-rdma / rxe-rdma-peer), one run per role: the server is
 # the passive side (responder), the client the active one (requester). E2E_RDMA=0 skips them.
 RDMA=${E2E_RDMA:-1}
@@ -116,6 +130,8 @@ job() {
         echo "RDMA_ROLES='${7:-}' RDMA_SIZES='$RDMA_SIZES' RDMA_READS=$RDMA_READS RDMA_FAA=$RDMA_FAA"
         echo "BASEPORT=18515 RUN_TIMEOUT=$RUN_TIMEOUT CONNECT_WAIT=$((RUN_TIMEOUT + 120)) EXTRA='${E2E_EXTRA:-}'"
         echo "PERF_TOOLS='${PERF_TOOLS:-}' PERF_ARGS='${PERF_ARGS:-}'"
+        echo "EVENT_ROLES='${EVENT_ROLES:-}' EVENT_SIZE=$EVENT_SIZE EVENT_ITERS=$EVENT_ITERS"
+        echo "IDLE_CHECK=${IDLE_CHECK:-0} IDLE_WINDOW=$IDLE_WINDOW"
         cat "$VR_TOP/tests/e2e/guest-pp.sh"
     } >"$1"
 }
@@ -218,6 +234,7 @@ run_pair() {
         # Debian's unmodified tools on vrnic's libibverbs.so.1: sizes 1, MTU+1 and 1 MiB, the
         # stock tools' own check (-c) on both sides (job() reads these).
         local SIZES=${E2E_IBV_SIZES:-1 1025 1048576} ITERS=${E2E_IBV_ITERS:-20} E2E_EXTRA="-c"
+        local EVENT_ROLES=set
     fi
     # perftest (Debian's, unmodified) in the pairs whose figures are compared: rxe-rxe, ibv-rxe,
     # ibv-ibv (same QEMU, same accelerator, same run); E2E_PERF=0 leaves it out.
@@ -272,6 +289,8 @@ run_pair() {
         fi
         local rroles=
         [ "$RDMA" = 1 ] && rroles=$roles
+        local EVENT_ROLES=${EVENT_ROLES:+$roles} IDLE_CHECK=0
+        [ "$kind" = ibv ] && IDLE_CHECK=1
         job "$dir/job-$side.sh" "$pair-$side" "$tool" "$peer" "$roles" "$wroles" "$rroles"
         local image=$kind
         [ "$kind" = ibv ] && image=vrnic
@@ -298,7 +317,7 @@ run_pair() {
             # VRNIC-RESULT name role size=S rc=R tool=T usec_per_iter=U verified=V
             # shellcheck disable=SC2086
             set -- $line
-            local what="$pair $side ${kind_of[$side]} $3 $4 $7"
+            local what="$pair $side ${kind_of[$side]} $3 $4 $7 ${9:-}"
             if [ "$5" != rc=0 ]; then fail "$what $5"
             elif [ "$6" = tool=vrnic-pingpong ] && [ "$8" != verified=yes ]; then fail "$what: data not verified"
             elif [ "${kind_of[$side]}" = ibv ]; then pass "$what (Debian's ibv_rc_pingpong on vrnic's libibverbs.so.1)"
@@ -306,6 +325,41 @@ run_pair() {
             else pass "$what"; fi
         done < <(grep -a '^VRNIC-RESULT ' "$dir/$side.log" | tr -d '\r')
         [ "$got" = "$want" ] || fail "$pair $side: $got of $want runs reported"
+        # Completion events (-e): VRNIC-ERESULT name role size=S rc=R cpu_pct=P wall_cs=W irqs=N mode=M
+        want=0 got=0
+        [ -n "${EVENT_ROLES:-}" ] && want=4
+        local spin_cpu=
+        while read -r line; do
+            got=$((got + 1))
+            # shellcheck disable=SC2086
+            set -- $line
+            local cpu=${6#cpu_pct=} irqs=${8#irqs=} mode=${9#mode=}
+            local ewhat="$pair $side ${kind_of[$side]} $3 $4 $mode: $5, CPU $cpu% of ${7#wall_cs=} cs wall, irqs $irqs"
+            if [ "$5" != rc=0 ]; then fail "$ewhat"
+            elif [ "$mode" = spin ]; then spin_cpu=$cpu; pass "$ewhat (baseline: polls the CQ)"
+            elif [ "${kind_of[$side]}" != ibv ]; then pass "$ewhat (rxe)"
+            elif ! [[ $cpu =~ ^[0-9]+$ && ${spin_cpu:-x} =~ ^[0-9]+$ ]] || [ $((cpu + EVENT_CPU_GAP)) -gt "$spin_cpu" ]; then
+                fail "$ewhat: did not sleep (the spinning run used ${spin_cpu:-?}%)"
+            elif ! [[ $irqs =~ ^[0-9]+$ ]] || [ "$irqs" -eq 0 ]; then
+                fail "$ewhat: no uio_pci_generic interrupt during the run"
+            else pass "$ewhat: slept on the device's interrupt (spinning: $spin_cpu%)"; fi
+        done < <(grep -a '^VRNIC-ERESULT ' "$dir/$side.log" | tr -d '\r')
+        # Idle: VRNIC-IDLE name found=F window_cs=W wakeups=N cpu_cs=C irqs=I mode=irq|poll
+        local iwant=0 igot=0
+        [ "${kind_of[$side]}" = ibv ] && iwant=2
+        while read -r line; do
+            igot=$((igot + 1))
+            # shellcheck disable=SC2086
+            set -- $line
+            local wk=${5#wakeups=} imode=${8#mode=}
+            local iwhat="$pair $side idle event thread ($imode): $4, $5, $6, $7"
+            if [ "$3" != found=yes ] || ! [[ $wk =~ ^[0-9]+$ ]]; then fail "$iwhat: $3"
+            elif [ "$imode" = poll ]; then pass "$iwhat (VRNIC_PCI_NO_IRQ=1: the 1 ms polling fallback, for comparison)"
+            elif [ "$wk" -ge "$IDLE_MAX_WAKEUPS" ]; then fail "$iwhat: not asleep (>= $IDLE_MAX_WAKEUPS wake-ups)"
+            else pass "$iwhat: asleep on the interrupt"; fi
+        done < <(grep -a '^VRNIC-IDLE ' "$dir/$side.log" | tr -d '\r')
+        [ "$igot" = "$iwant" ] || fail "$pair $side: $igot of $iwant idle checks reported"
+        [ "$got" = "$want" ] || fail "$pair $side: $got of $want completion-event (-e) runs reported"
         want=$(($(wc -w <<<"$XRUNS") * 2)) got=0
         while read -r line; do
             got=$((got + 1))

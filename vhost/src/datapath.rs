@@ -565,7 +565,7 @@ impl DataPath {
             }
         }
         if used_any {
-            signal(vring);
+            signal(vring, mem.table());
         }
     }
 
@@ -638,7 +638,7 @@ impl DataPath {
         }
         self.segs = segs;
         if used_any {
-            signal(vring);
+            signal(vring, mem.table());
         }
     }
 
@@ -747,19 +747,74 @@ fn queue_live(vring: &Vring) -> bool {
     state.get_queue().ready() && state.is_enabled()
 }
 
+/// `VIRTQ_AVAIL_F_NO_INTERRUPT` (virtio 1.2 §2.7.7).
+const VIRTQ_AVAIL_F_NO_INTERRUPT: u16 = 1;
+
+/// Whether the driver wants a used-buffer notification for what was just
+/// added to `queue`'s used ring. With `VIRTIO_F_EVENT_IDX`: virtio-queue's
+/// `needs_notification` (`used_event`, §2.7.10). Without it: unless the
+/// driver set `VIRTQ_AVAIL_F_NO_INTERRUPT` in `avail.flags` (§2.7.7.1: the
+/// device SHOULD NOT notify then), which virtio-queue 0.18 does not check
+/// ("isn't supported yet") — so a driver that polls a queue (guest-lib's
+/// control and doorbell queues) is not interrupted for it.
+fn driver_wants_interrupt(
+    queue: &mut impl QueueT,
+    mem: &GuestMemoryMmap,
+) -> Result<bool, virtio_queue::Error> {
+    if queue.event_idx_enabled() {
+        return queue.needs_notification(mem);
+    }
+    // The used entries are written before the flag is read (§2.7.13.3.1).
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    let flags: u16 = vm_memory::Bytes::read_obj(mem, vm_memory::GuestAddress(queue.avail_ring()))
+        .map_err(virtio_queue::Error::GuestMemory)?;
+    Ok(u16::from_le(flags) & VIRTQ_AVAIL_F_NO_INTERRUPT == 0)
+}
+
 fn complete(vring: &Vring, head: u16, used: u32) {
     if let Err(e) = vring.add_used(head, used) {
         debug!(head, "cannot add a used element: {e}");
     }
 }
 
-fn signal(vring: &Vring) {
-    match vring.needs_notification() {
+fn signal(vring: &Vring, mem: &GuestMemoryMmap) {
+    let wants = {
+        let mut state = vring.get_mut();
+        driver_wants_interrupt(state.get_queue_mut(), mem)
+    };
+    match wants {
         Ok(false) => {}
         Ok(true) | Err(_) => {
             if let Err(e) = vring.signal_used_queue() {
                 debug!("cannot signal the driver: {e}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtio_queue::Queue;
+    use vm_memory::{Bytes, GuestAddress};
+
+    #[test]
+    fn no_interrupt_flag_is_honoured_without_event_idx() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let mut q = Queue::new(16).unwrap();
+        q.set_size(16);
+        q.set_desc_table_address(Some(0x1000), Some(0));
+        q.set_avail_ring_address(Some(0x2000), Some(0));
+        q.set_used_ring_address(Some(0x3000), Some(0));
+        // A polled queue (guest-lib's control and doorbell queues): no interrupt.
+        mem.write_obj(VIRTQ_AVAIL_F_NO_INTERRUPT.to_le(), GuestAddress(0x2000))
+            .unwrap();
+        assert!(!driver_wants_interrupt(&mut q, &mem).unwrap());
+        // The event queue asks for them.
+        mem.write_obj(0u16, GuestAddress(0x2000)).unwrap();
+        assert!(driver_wants_interrupt(&mut q, &mem).unwrap());
+        // An avail ring outside guest memory is an error (the caller signals).
+        q.set_avail_ring_address(Some(0x20000), Some(0));
+        assert!(driver_wants_interrupt(&mut q, &mem).is_err());
     }
 }

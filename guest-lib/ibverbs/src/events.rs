@@ -3,8 +3,10 @@
 //! `ibv_ack_async_event(3)`.
 //!
 //! Every open context has an event thread. It sleeps on the transport's
-//! event descriptor ([`vrnic_guest::transport::Transport::event_fd`]; a
-//! transport without one is polled every millisecond) and on a stop
+//! event descriptor ([`vrnic_guest::transport::Transport::event_fd`]: the
+//! loopback engine's eventfd, or in a VM the device's INTx interrupt
+//! through `/dev/uioN`; a transport without one, e.g. a VM without
+//! `uio_pci_generic`, is polled every millisecond) and on a stop
 //! eventfd, drains the device's events and routes them: a completion event
 //! (`EV_COMP`) to the channel of its CQ, anything else to the context's
 //! asynchronous event queue (QP fatal, SQ drained, last WQE reached, CQ
@@ -260,10 +262,10 @@ fn run(verbs: &Context, ev: &Events) {
         if fds[0].revents != 0 {
             return;
         }
-        if let Some(fd) = dev_fd {
-            let mut v: libc::eventfd_t = 0;
-            // SAFETY: clears the transport's (non-blocking) eventfd into a live u64.
-            unsafe { libc::eventfd_read(fd, &mut v) };
+        if dev_fd.is_some() {
+            // Consume the wake-up and re-arm it before draining, so an
+            // event queued meanwhile wakes the next poll.
+            verbs.ack_event();
         }
         while let Some(e) = verbs.poll_event() {
             ev.dispatch(e);

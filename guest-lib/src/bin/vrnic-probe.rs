@@ -92,6 +92,14 @@ fn run(args: &Args, errors: &mut Vec<String>) -> Result<(), TransportError> {
     let [cq, dq, eq] = t.queue_sizes();
     println!("device.queue_sizes: control={cq} doorbell={dq} event={eq}");
     println!("device.dma: {:?}", t.dma_mode());
+    println!(
+        "device.interrupt: {}",
+        if t.has_interrupt() {
+            "INTx via uio_pci_generic (event queue)"
+        } else {
+            "none (events polled)"
+        }
+    );
     let c = t.config();
     print_config(&c);
 

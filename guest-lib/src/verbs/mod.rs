@@ -299,6 +299,13 @@ impl Context {
         lock(&self.inner.transport).event_fd()
     }
 
+    /// Consumes and re-arms the wake-up of [`Context::event_fd`]
+    /// ([`Transport::ack_event`]); call it after the descriptor polled
+    /// readable and before draining [`Context::poll_event`].
+    pub fn ack_event(&self) {
+        lock(&self.inner.transport).ack_event()
+    }
+
     /// True when `self` and `other` are the same open device (clones of one
     /// [`Context::open`]).
     pub(crate) fn same_device(&self, other: &Context) -> bool {
