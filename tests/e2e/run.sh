@@ -522,7 +522,7 @@ run_pause() {
         local line
         line=$(grep -a '^VRNIC-RESULT ' "$dir/$side.log" | tr -d '\r' | tail -1)
         case $line in
-        *" rc=0 "*verified=yes) pass "vrnic-vrnic-pause $side: $PAUSE_ITERS x 4096 B across the pause, data verified" ;;
+        *" rc=0 "*" verified=yes"*) pass "vrnic-vrnic-pause $side: $PAUSE_ITERS x 4096 B across the pause, data verified" ;;
         *) fail "vrnic-vrnic-pause $side: ${line:-no result line}" ;;
         esac
     done
