@@ -571,28 +571,42 @@ pub(crate) unsafe extern "C" fn post_recv(
             return libc::EINVAL;
         };
         let mut inner = lock(&vqp.inner);
-        let mut cur = wr;
-        while !cur.is_null() {
-            // SAFETY: a non-NULL element of the application's list.
-            let w = unsafe { &*cur };
-            // SAFETY: the list holds num_sge SGEs (ibv_post_recv(3)).
-            let r = unsafe { sges(w.sg_list, w.num_sge) }.and_then(|sg| {
-                inner
-                    .post_recv(&RecvWr {
-                        wr_id: w.wr_id,
-                        sg_list: &sg,
-                    })
-                    .map_err(|e| e.errno())
-            });
-            if let Err(e) = r {
-                if !bad_wr.is_null() {
-                    // SAFETY: non-NULL (checked).
-                    unsafe { *bad_wr = cur };
-                }
-                return e;
-            }
-            cur = w.next;
-        }
-        0
+        // SAFETY: the application's list and bad_wr (ibv_post_recv(3)).
+        unsafe { post_recv_list(wr, bad_wr, |r| inner.post_recv(r).map_err(|e| e.errno())) }
     })
+}
+
+/// Walks an application's `ibv_recv_wr` list, posting each request through
+/// `post`: 0, or the errno of the first request not posted with `*bad_wr`
+/// set to it (`ibv_post_recv(3)`, `ibv_post_srq_recv(3)`).
+///
+/// # Safety
+/// `wr` is NULL or a list of valid `ibv_recv_wr`, each with `num_sge`
+/// valid SGEs; `bad_wr` is NULL or writable.
+pub(crate) unsafe fn post_recv_list(
+    wr: *mut c::ibv_recv_wr,
+    bad_wr: *mut *mut c::ibv_recv_wr,
+    mut post: impl FnMut(&RecvWr<'_>) -> Result<(), c_int>,
+) -> c_int {
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: a non-NULL element of the application's list.
+        let w = unsafe { &*cur };
+        // SAFETY: the list holds num_sge SGEs (per the contract).
+        let r = unsafe { sges(w.sg_list, w.num_sge) }.and_then(|sg| {
+            post(&RecvWr {
+                wr_id: w.wr_id,
+                sg_list: &sg,
+            })
+        });
+        if let Err(e) = r {
+            if !bad_wr.is_null() {
+                // SAFETY: non-NULL (checked).
+                unsafe { *bad_wr = cur };
+            }
+            return e;
+        }
+        cur = w.next;
+    }
+    0
 }

@@ -5,14 +5,14 @@
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex};
 
-use vrnic_guest::verbs::{RecvWr, Srq, SrqAttr, SrqInitAttr};
+use vrnic_guest::verbs::{Srq, SrqAttr, SrqInitAttr};
 
 use crate::boundary::{ffi, set_errno};
 use crate::context::VrnicContext;
 use crate::events::{lock, Events};
 use crate::ffi as c;
 use crate::pd::VrnicPd;
-use crate::qp::sges;
+use crate::qp::post_recv_list;
 
 /// An SRQ: the `struct ibv_srq` applications see, first.
 #[repr(C)]
@@ -174,28 +174,7 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
             return libc::EINVAL;
         };
         let mut inner = lock(&v.inner);
-        let mut cur = wr;
-        while !cur.is_null() {
-            // SAFETY: a non-NULL element of the application's list.
-            let w = unsafe { &*cur };
-            // SAFETY: the list holds num_sge SGEs (ibv_post_srq_recv(3)).
-            let r = unsafe { sges(w.sg_list, w.num_sge) }.and_then(|sg| {
-                inner
-                    .post_recv(&RecvWr {
-                        wr_id: w.wr_id,
-                        sg_list: &sg,
-                    })
-                    .map_err(|e| e.errno())
-            });
-            if let Err(e) = r {
-                if !bad_wr.is_null() {
-                    // SAFETY: non-NULL (checked).
-                    unsafe { *bad_wr = cur };
-                }
-                return e;
-            }
-            cur = w.next;
-        }
-        0
+        // SAFETY: the application's list and bad_wr (ibv_post_srq_recv(3)).
+        unsafe { post_recv_list(wr, bad_wr, |r| inner.post_recv(r).map_err(|e| e.errno())) }
     })
 }
