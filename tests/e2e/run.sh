@@ -158,49 +158,17 @@ collect_pcap() {
 #   no module), so this mode is untested there.
 LOSS=${E2E_LOSS:-nft}
 
-# lossy_start: installs the loss; fails if it cannot.
-lossy_start() {
-    case $LOSS in
-    netem)
-        modprobe sch_netem 2>/dev/null || true
-        ip netns exec "$NS" tc qdisc add dev tap-va root netem loss 1% &&
-            ip netns exec "$NS" tc qdisc add dev tap-gb root netem loss 1%
-        ;;
-    nft)
-        command -v nft >/dev/null || return 1
-        ip netns exec "$NS" nft -f - <<'EOF'
-table bridge vrnic_loss {
-    chain forward {
-        type filter hook forward priority 0;
-        iifname "tap-va" udp dport 4791 numgen random mod 100 == 0 counter drop
-        oifname "tap-va" udp dport 4791 numgen random mod 100 == 0 counter drop
-    }
-}
-EOF
-        ;;
-    *) return 1 ;;
-    esac
-}
+# lossy_start: installs the loss (scripts/lib.sh, vr_loss_start); fails if it cannot.
+lossy_start() { vr_loss_start "$NS" "$LOSS" tap-va tap-gb; }
 # lossy_stop PAIR: removes the loss and reports how many frames it dropped towards vrnic and from
 # it (towards its peer); a loss run must have lost some in each direction.
 lossy_stop() {
-    local c from to
-    if [ "$LOSS" = netem ]; then
-        # tc -s: " Sent B bytes P pkt (dropped D, overlimits ...".
-        to=$(ip netns exec "$NS" tc -s qdisc show dev tap-va | sed -n 's/.*(dropped \([0-9]*\),.*/\1/p' | head -1)
-        from=$(ip netns exec "$NS" tc -s qdisc show dev tap-gb | sed -n 's/.*(dropped \([0-9]*\),.*/\1/p' | head -1)
-        ip netns exec "$NS" tc qdisc del dev tap-va root 2>/dev/null || true
-        ip netns exec "$NS" tc qdisc del dev tap-gb root 2>/dev/null || true
-    else
-        c=$(ip netns exec "$NS" nft list table bridge vrnic_loss 2>/dev/null |
-            sed -n 's/.*\(iif\|oif\)name "tap-va".*counter packets \([0-9]*\).*/\1 \2/p')
-        ip netns exec "$NS" nft delete table bridge vrnic_loss 2>/dev/null || true
-        from=$(awk '$1 == "iif" { print $2 }' <<<"$c") to=$(awk '$1 == "oif" { print $2 }' <<<"$c")
-    fi
-    if [ "${from:-0}" -gt 0 ] && [ "${to:-0}" -gt 0 ]; then
+    vr_loss_stop "$NS" "$LOSS" tap-va tap-gb
+    local to=$VR_LOSS_TO from=$VR_LOSS_FROM
+    if [ "$from" -gt 0 ] && [ "$to" -gt 0 ]; then
         pass "$1: 1% loss ($LOSS) dropped $to frames to vrnic and $from from vrnic"
     else
-        fail "$1: the loss ($LOSS) dropped ${to:-0} frames to vrnic and ${from:-0} from it"
+        fail "$1: the loss ($LOSS) dropped $to frames to vrnic and $from from it"
     fi
 }
 
