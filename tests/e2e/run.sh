@@ -4,10 +4,11 @@
 #
 # Usage: tests/e2e/run.sh [STEP...]     STEP: qemu-select | rxe-rxe | probe | vrnic-rxe | vrnic-vrnic |
 #                                             vrnic-rxe-lossy | vrnic-vrnic-pause | vrnic-vrnic-kill |
-#                                             vrnic-vrnic-restart | hostile-peer | ibv-rxe | ibv-ibv |
-#                                             ibv-vrnic
+#                                             vrnic-vrnic-restart | hostile-peer | soak-2min | ibv-rxe |
+#                                             ibv-ibv | ibv-vrnic
 #   default: qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause
-#   vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer ibv-rxe ibv-ibv (qemu-select: which QEMU the
+#   vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min ibv-rxe ibv-ibv (soak-2min:
+#   scripts/soak.sh --minutes 2, two daemons and the vrnic-soak driver, no QEMU; qemu-select: which QEMU the
 #   scripts pick, tests/e2e/qemu-select.sh; vrnic-vrnic-pause: a VM paused and resumed mid-run, see
 #   run_pause; vrnic-vrnic-kill: a guest's QEMU killed mid-run, see run_kill; vrnic-vrnic-restart:
 #   a daemon killed mid-run and restarted, see run_restart; hostile-peer: an independent scapy peer
@@ -40,7 +41,7 @@ trap 'rc=$?; if [ $SUMMARY_DONE = 0 ]; then echo "FAIL: e2e aborted (exit $rc)";
 
 PAIRS=("$@")
 [ ${#PAIRS[@]} -gt 0 ] || PAIRS=(qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause
-    vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer ibv-rxe ibv-ibv)
+    vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min ibv-rxe ibv-ibv)
 [ "${E2E_BASELINE:-0}" = 1 ] && PAIRS=(rxe-rxe "${PAIRS[@]}")
 if [ -z "${E2E_RESULTS:-}" ] && [ -d "$VR_TOP/out" ]; then
     # Default results dirs out/e2e-DATE: keep the last 5 (daemon pcaps are ~60 MB each).
@@ -67,6 +68,7 @@ for p in "${PAIRS[@]}"; do
     case $p in
     rxe-rxe | qemu-select) ;;
     probe | vrnic-rxe | vrnic-vrnic | vrnic-rxe-lossy | vrnic-vrnic-lossy | vrnic-vrnic-pause | vrnic-vrnic-kill | vrnic-vrnic-restart | hostile-peer) need_vrnic=1 ;;
+    soak-2min) need_vrnic=1 ;;
     ibv-rxe | ibv-ibv | ibv-vrnic) need_vrnic=1 ;;
     *) vr_die "unknown pair $p" ;;
     esac
@@ -776,9 +778,25 @@ run_qemu_select() {
     done < <("$VR_TOP/tests/e2e/qemu-select.sh" 2>&1)
 }
 
+# run_soak: scripts/soak.sh --minutes 2 (E2E_SOAK_MINUTES) in a namespace of its own, results in
+# RESULTS/soak-2min; its PASS:/FAIL: lines count here.
+run_soak() {
+    local line
+    echo "=== soak-2min"
+    while IFS= read -r line; do
+        case $line in
+        "PASS: "*) pass "soak: ${line#PASS: }" ;;
+        "FAIL: "*) fail "soak: ${line#FAIL: }" ;;
+        *) echo "$line" ;;
+        esac
+    done < <(SOAK_NO_BUILD=1 SOAK_RESULTS=$RESULTS/soak-2min timeout -k 30 $((${E2E_SOAK_MINUTES:-2} * 60 + 600)) \
+        "$VR_TOP/scripts/soak.sh" --minutes "${E2E_SOAK_MINUTES:-2}" 2>&1 || echo "FAIL: scripts/soak.sh exit $?")
+}
+
 for p in "${PAIRS[@]}"; do
     case $p in
     qemu-select) run_qemu_select ;;
+    soak-2min) run_soak ;;
     probe) run_probe ;;
     hostile-peer)
         if [ $PROBE_OK = 0 ] && [ "${E2E_KEEP_GOING:-0}" != 1 ]; then
