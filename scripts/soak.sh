@@ -95,6 +95,7 @@ driver() {
     done
     wait "$pid" || rc=$?
     vr_stop "$pid" # only drops it from the list: it has ended
+    grep '^soak ' "$log" | tail -n +$((seen + 1)) || true
     grep -v '^soak ' "$log" | tail -20 || true
     return $rc
 }
