@@ -373,8 +373,71 @@ print("replug: %s added again on %s after %.1f s" % (props["id"], sock, time.tim
 PYEOF
 }
 
+# ---------------------------------------------------------------------------------------------
+# Loss on the bridge (tests/e2e/run.sh's lossy pairs, scripts/soak.sh)
+
+# vr_loss_start NS MODE TAP PEER_TAP: drops 1% of the frames to and from TAP in NS. MODE nft: an
+#   nftables bridge rule (table bridge vrnic_loss) drops 1% of the RoCEv2 frames (UDP 4791) the
+#   bridge forwards from TAP and to it, by a random number per frame (`numgen random`); PEER_TAP
+#   is not used. MODE netem: `tc qdisc add dev TAP root netem loss 1%` (frames towards TAP) and
+#   the same on PEER_TAP (towards the peer), every frame, RoCEv2 or not; needs sch_netem.
+#   Fails if the loss cannot be installed.
+vr_loss_start() {
+    local ns=$1 mode=$2 tap=$3 peer=$4
+    case $mode in
+    netem)
+        modprobe sch_netem 2>/dev/null || true
+        ip netns exec "$ns" tc qdisc add dev "$tap" root netem loss 1% &&
+            ip netns exec "$ns" tc qdisc add dev "$peer" root netem loss 1%
+        ;;
+    nft)
+        command -v nft >/dev/null || return 1
+        ip netns exec "$ns" nft -f - <<NFT
+table bridge vrnic_loss {
+    chain forward {
+        type filter hook forward priority 0;
+        iifname "$tap" udp dport 4791 numgen random mod 100 == 0 counter drop
+        oifname "$tap" udp dport 4791 numgen random mod 100 == 0 counter drop
+    }
+}
+NFT
+        ;;
+    *) return 1 ;;
+    esac
+}
+
+# vr_loss_count NS MODE TAP PEER_TAP: sets VR_LOSS_TO (frames dropped towards TAP) and
+#   VR_LOSS_FROM (dropped from TAP, towards its peer) so far, without removing the loss.
+vr_loss_count() {
+    local ns=$1 mode=$2 tap=$3 peer=$4 c
+    if [ "$mode" = netem ]; then
+        # tc -s: " Sent B bytes P pkt (dropped D, overlimits ...".
+        VR_LOSS_TO=$(ip netns exec "$ns" tc -s qdisc show dev "$tap" | sed -n 's/.*(dropped \([0-9]*\),.*/\1/p' | head -1)
+        VR_LOSS_FROM=$(ip netns exec "$ns" tc -s qdisc show dev "$peer" | sed -n 's/.*(dropped \([0-9]*\),.*/\1/p' | head -1)
+    else
+        c=$(ip netns exec "$ns" nft list table bridge vrnic_loss 2>/dev/null |
+            sed -n "s/.*\(iif\|oif\)name \"$tap\".*counter packets \([0-9]*\).*/\1 \2/p")
+        VR_LOSS_FROM=$(awk '$1 == "iif" { print $2 }' <<<"$c") VR_LOSS_TO=$(awk '$1 == "oif" { print $2 }' <<<"$c")
+    fi
+    VR_LOSS_TO=${VR_LOSS_TO:-0} VR_LOSS_FROM=${VR_LOSS_FROM:-0}
+}
+
+# vr_loss_stop NS MODE TAP PEER_TAP: vr_loss_count, then removes the loss.
+vr_loss_stop() {
+    local ns=$1 mode=$2 tap=$3 peer=$4
+    vr_loss_count "$@"
+    if [ "$mode" = netem ]; then
+        ip netns exec "$ns" tc qdisc del dev "$tap" root 2>/dev/null || true
+        ip netns exec "$ns" tc qdisc del dev "$peer" root 2>/dev/null || true
+    else
+        ip netns exec "$ns" nft delete table bridge vrnic_loss 2>/dev/null || true
+    fi
+}
+
 # vr_rss_kb PID: the process's resident set (VmRSS, kB); vr_fd_count PID: its open descriptors.
 vr_rss_kb() { awk '$1 == "VmRSS:" { print $2 }' "/proc/$1/status" 2>/dev/null; }
+# vr_status_kb PID FIELD: a /proc/PID/status field in kB (VmRSS, VmHWM, RssAnon, ...).
+vr_status_kb() { awk -v f="$2:" '$1 == f { print $2 }' "/proc/$1/status" 2>/dev/null; }
 vr_fd_count() { find "/proc/$1/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l; }
 
 # vr_wait_job NAME LOGDIR PID TIMEOUT: waits (bounded) for the guest's "VRNIC-JOB-EXIT rc" line;

@@ -4,10 +4,11 @@
 #
 # Usage: tests/e2e/run.sh [STEP...]     STEP: qemu-select | rxe-rxe | probe | vrnic-rxe | vrnic-vrnic |
 #                                             vrnic-rxe-lossy | vrnic-vrnic-pause | vrnic-vrnic-kill |
-#                                             vrnic-vrnic-restart | hostile-peer | ibv-rxe | ibv-ibv |
-#                                             ibv-vrnic
+#                                             vrnic-vrnic-restart | hostile-peer | soak-2min | ibv-rxe |
+#                                             ibv-ibv | ibv-vrnic
 #   default: qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause
-#   vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer ibv-rxe ibv-ibv (qemu-select: which QEMU the
+#   vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min ibv-rxe ibv-ibv (soak-2min:
+#   scripts/soak.sh --minutes 2, two daemons and the vrnic-soak driver, no QEMU; qemu-select: which QEMU the
 #   scripts pick, tests/e2e/qemu-select.sh; vrnic-vrnic-pause: a VM paused and resumed mid-run, see
 #   run_pause; vrnic-vrnic-kill: a guest's QEMU killed mid-run, see run_kill; vrnic-vrnic-restart:
 #   a daemon killed mid-run and restarted, see run_restart; hostile-peer: an independent scapy peer
@@ -40,7 +41,7 @@ trap 'rc=$?; if [ $SUMMARY_DONE = 0 ]; then echo "FAIL: e2e aborted (exit $rc)";
 
 PAIRS=("$@")
 [ ${#PAIRS[@]} -gt 0 ] || PAIRS=(qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause
-    vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer ibv-rxe ibv-ibv)
+    vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min ibv-rxe ibv-ibv)
 [ "${E2E_BASELINE:-0}" = 1 ] && PAIRS=(rxe-rxe "${PAIRS[@]}")
 if [ -z "${E2E_RESULTS:-}" ] && [ -d "$VR_TOP/out" ]; then
     # Default results dirs out/e2e-DATE: keep the last 5 (daemon pcaps are ~60 MB each).
@@ -67,6 +68,7 @@ for p in "${PAIRS[@]}"; do
     case $p in
     rxe-rxe | qemu-select) ;;
     probe | vrnic-rxe | vrnic-vrnic | vrnic-rxe-lossy | vrnic-vrnic-lossy | vrnic-vrnic-pause | vrnic-vrnic-kill | vrnic-vrnic-restart | hostile-peer) need_vrnic=1 ;;
+    soak-2min) need_vrnic=1 ;;
     ibv-rxe | ibv-ibv | ibv-vrnic) need_vrnic=1 ;;
     *) vr_die "unknown pair $p" ;;
     esac
@@ -174,49 +176,17 @@ collect_pcap() {
 #   no module), so this mode is untested there.
 LOSS=${E2E_LOSS:-nft}
 
-# lossy_start: installs the loss; fails if it cannot.
-lossy_start() {
-    case $LOSS in
-    netem)
-        modprobe sch_netem 2>/dev/null || true
-        ip netns exec "$NS" tc qdisc add dev tap-va root netem loss 1% &&
-            ip netns exec "$NS" tc qdisc add dev tap-gb root netem loss 1%
-        ;;
-    nft)
-        command -v nft >/dev/null || return 1
-        ip netns exec "$NS" nft -f - <<'EOF'
-table bridge vrnic_loss {
-    chain forward {
-        type filter hook forward priority 0;
-        iifname "tap-va" udp dport 4791 numgen random mod 100 == 0 counter drop
-        oifname "tap-va" udp dport 4791 numgen random mod 100 == 0 counter drop
-    }
-}
-EOF
-        ;;
-    *) return 1 ;;
-    esac
-}
+# lossy_start: installs the loss (scripts/lib.sh, vr_loss_start); fails if it cannot.
+lossy_start() { vr_loss_start "$NS" "$LOSS" tap-va tap-gb; }
 # lossy_stop PAIR: removes the loss and reports how many frames it dropped towards vrnic and from
 # it (towards its peer); a loss run must have lost some in each direction.
 lossy_stop() {
-    local c from to
-    if [ "$LOSS" = netem ]; then
-        # tc -s: " Sent B bytes P pkt (dropped D, overlimits ...".
-        to=$(ip netns exec "$NS" tc -s qdisc show dev tap-va | sed -n 's/.*(dropped \([0-9]*\),.*/\1/p' | head -1)
-        from=$(ip netns exec "$NS" tc -s qdisc show dev tap-gb | sed -n 's/.*(dropped \([0-9]*\),.*/\1/p' | head -1)
-        ip netns exec "$NS" tc qdisc del dev tap-va root 2>/dev/null || true
-        ip netns exec "$NS" tc qdisc del dev tap-gb root 2>/dev/null || true
-    else
-        c=$(ip netns exec "$NS" nft list table bridge vrnic_loss 2>/dev/null |
-            sed -n 's/.*\(iif\|oif\)name "tap-va".*counter packets \([0-9]*\).*/\1 \2/p')
-        ip netns exec "$NS" nft delete table bridge vrnic_loss 2>/dev/null || true
-        from=$(awk '$1 == "iif" { print $2 }' <<<"$c") to=$(awk '$1 == "oif" { print $2 }' <<<"$c")
-    fi
-    if [ "${from:-0}" -gt 0 ] && [ "${to:-0}" -gt 0 ]; then
+    vr_loss_stop "$NS" "$LOSS" tap-va tap-gb
+    local to=$VR_LOSS_TO from=$VR_LOSS_FROM
+    if [ "$from" -gt 0 ] && [ "$to" -gt 0 ]; then
         pass "$1: 1% loss ($LOSS) dropped $to frames to vrnic and $from from vrnic"
     else
-        fail "$1: the loss ($LOSS) dropped ${to:-0} frames to vrnic and ${from:-0} from it"
+        fail "$1: the loss ($LOSS) dropped $to frames to vrnic and $from from it"
     fi
 }
 
@@ -862,9 +832,25 @@ run_qemu_select() {
     done < <("$VR_TOP/tests/e2e/qemu-select.sh" 2>&1)
 }
 
+# run_soak: scripts/soak.sh --minutes 2 (E2E_SOAK_MINUTES) in a namespace of its own, results in
+# RESULTS/soak-2min; its PASS:/FAIL: lines count here.
+run_soak() {
+    local line
+    echo "=== soak-2min"
+    while IFS= read -r line; do
+        case $line in
+        "PASS: "*) pass "soak: ${line#PASS: }" ;;
+        "FAIL: "*) fail "soak: ${line#FAIL: }" ;;
+        *) echo "$line" ;;
+        esac
+    done < <(SOAK_NO_BUILD=1 SOAK_RESULTS=$RESULTS/soak-2min timeout -k 30 $((${E2E_SOAK_MINUTES:-2} * 60 + 600)) \
+        "$VR_TOP/scripts/soak.sh" --minutes "${E2E_SOAK_MINUTES:-2}" 2>&1 || echo "FAIL: scripts/soak.sh exit $?")
+}
+
 for p in "${PAIRS[@]}"; do
     case $p in
     qemu-select) run_qemu_select ;;
+    soak-2min) run_soak ;;
     probe) run_probe ;;
     hostile-peer)
         if [ $PROBE_OK = 0 ] && [ "${E2E_KEEP_GOING:-0}" != 1 ]; then

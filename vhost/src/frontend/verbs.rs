@@ -8,6 +8,7 @@
 //! guest-physical ones, so the device's address translation is exercised.
 
 use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use vrnic::abi::{self, Pod};
@@ -488,12 +489,7 @@ impl TestFrontend {
             if let Some(c) = self.poll_cq(cq)? {
                 return Ok(c);
             }
-            self.doorbell(&abi::Doorbell {
-                kind: abi::DB_CQ_ARM,
-                handle: cq.cqn,
-                index: cq.ci,
-                ..Default::default()
-            })?;
+            self.arm_cq(cq)?;
             if let Some(c) = self.poll_cq(cq)? {
                 return Ok(c);
             }
@@ -506,6 +502,35 @@ impl TestFrontend {
                 });
             }
         }
+    }
+
+    /// Arms `cq` (`DB_CQ_ARM` at its consumer index): the next CQE
+    /// written raises one `EV_COMP` event. A CQE written before the arm
+    /// raises none, so poll once more after arming.
+    ///
+    /// # Errors
+    /// As [`TestFrontend::doorbell`].
+    pub fn arm_cq(&mut self, cq: &Cq) -> Result<(), FrontendError> {
+        self.doorbell(&abi::Doorbell {
+            kind: abi::DB_CQ_ARM,
+            handle: cq.cqn,
+            index: cq.ci,
+            ..Default::default()
+        })?;
+        Ok(())
+    }
+
+    /// Every event the device has delivered so far, without waiting (the
+    /// buffers go back to the device).
+    ///
+    /// # Errors
+    /// As [`TestFrontend::next_event`].
+    pub fn take_events(&mut self) -> Result<Vec<abi::Event>, FrontendError> {
+        let mut evs = Vec::new();
+        while let Some(ev) = self.next_event(Duration::ZERO)? {
+            evs.push(ev);
+        }
+        Ok(evs)
     }
 
     /// Reads `len` bytes of driver memory at `gpa`.
@@ -536,4 +561,50 @@ fn check_sges(qp: &Qp, n: usize) -> Result<(), FrontendError> {
         )));
     }
     Ok(())
+}
+
+/// Waits up to `timeout` until one of `fes` has an event to deliver (one
+/// thread driving several devices): takes every event already delivered
+/// (which also asks each device to signal the next one), and only if
+/// there was none sleeps on the event queues' call eventfds. Returns the
+/// events, `(index into fes, event)`; empty when none came in time. Arm
+/// the CQs first ([`TestFrontend::arm_cq`]) to get completion events.
+///
+/// # Errors
+/// As [`TestFrontend::take_events`].
+pub fn wait_events(
+    fes: &mut [&mut TestFrontend],
+    timeout: Duration,
+) -> Result<Vec<(usize, abi::Event)>, FrontendError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut out = Vec::new();
+        for (i, fe) in fes.iter_mut().enumerate() {
+            if fe.event_buffers() == 0 {
+                fe.post_event_buffers(16)?;
+            }
+            out.extend(fe.take_events()?.into_iter().map(|e| (i, e)));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if !out.is_empty() || left.is_zero() {
+            return Ok(out);
+        }
+        let mut pfds: Vec<libc::pollfd> = fes
+            .iter_mut()
+            .map(|fe| libc::pollfd {
+                fd: fe.queue(abi::EVENTQ).call_fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        let ms = left.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+        // SAFETY: `pfds` holds `pfds.len()` valid pollfds.
+        unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+        for (fe, p) in fes.iter_mut().zip(&pfds) {
+            if p.revents != 0 {
+                // Consume the notification; the used ring says what came.
+                let _ = fe.queue(abi::EVENTQ).call_fd().read();
+            }
+        }
+    }
 }

@@ -1,0 +1,739 @@
+//! `vrnic-soak`: a traffic driver for soak tests (issue 9). Connects as
+//! the vhost-user frontend (`vrnic_vhost::frontend`, no QEMU) to two
+//! running `vrnic` daemons, creates `--qps` RC QP pairs between them and,
+//! for `--duration` seconds, keeps every QP busy in both directions with a
+//! seeded mix of SEND, RDMA WRITE, RDMA WRITE with immediate and RDMA READ
+//! of 1 B to 256 KiB. Every completion's status, opcode, length and
+//! immediate is checked, and every byte: destinations are filled with
+//! [`POISON`] before each operation, the data is a pattern that never
+//! holds that byte, and 16 guard bytes after each message must stay
+//! poisoned. Prints a progress line every `--report` seconds (operations,
+//! bytes, the daemons' retransmits) and exits non-zero on any error, any
+//! operation older than `--op-timeout` or no progress for `--stall`
+//! seconds: every wait is bounded.
+//!
+//! `scripts/soak.sh` runs it between two daemons over a lossy link.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use clap::Parser;
+use vrnic::abi;
+use vrnic_vhost::frontend::verbs::{self, Cq, Mr, Qp, QpSizes, RcPath};
+use vrnic_vhost::frontend::{FrontendOptions, TestFrontend, PAGE};
+use vrnic_vhost::stats;
+
+/// The byte every destination holds before an operation; patterns never
+/// contain it, so every byte of a message must have been written.
+const POISON: u8 = 0xa5;
+/// Largest message, bytes.
+const MAX_LEN: u64 = 256 << 10;
+/// Guard bytes after a message that must stay [`POISON`].
+const GUARD: u64 = 16;
+/// Largest extra offset of a message in its slot (misaligned addresses).
+const MAX_SKEW: u64 = 63;
+/// Bytes per buffer slot: a message, its skew and guard, page-rounded.
+const SLOT: u64 = MAX_LEN + PAGE;
+/// Operations outstanding per flow (QP and direction).
+const DEPTH: usize = 4;
+/// Receive buffers per QP (twice [`DEPTH`], so SENDs rarely meet RNR).
+const RECVS: usize = 2 * DEPTH;
+/// Path MTU 1024 bytes, as `ibv_mtu`.
+const MTU_1024: u32 = 3;
+/// All the access rights the traffic needs.
+const ACCESS: u32 = abi::ACCESS_LOCAL_WRITE | abi::ACCESS_REMOTE_WRITE | abi::ACCESS_REMOTE_READ;
+
+/// Soak traffic between two vrnic daemons.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Cli {
+    /// Daemon A's vhost-user socket.
+    #[arg(long)]
+    a: PathBuf,
+    /// Daemon A's RoCE IPv4 address (its --ip, without the prefix).
+    #[arg(long)]
+    a_ip: Ipv4Addr,
+    /// Daemon B's vhost-user socket.
+    #[arg(long)]
+    b: PathBuf,
+    /// Daemon B's RoCE IPv4 address.
+    #[arg(long)]
+    b_ip: Ipv4Addr,
+    /// RC QP pairs.
+    #[arg(long, default_value_t = 32)]
+    qps: usize,
+    /// Seconds of traffic (then the outstanding operations are drained).
+    #[arg(long, default_value_t = 60)]
+    duration: u64,
+    /// Seconds between progress lines.
+    #[arg(long, default_value_t = 10)]
+    report: u64,
+    /// Seed of the operation mix.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Fail when one operation takes longer than this many seconds.
+    #[arg(long, default_value_t = 60)]
+    op_timeout: u64,
+    /// Fail when nothing completes for this many seconds.
+    #[arg(long, default_value_t = 30)]
+    stall: u64,
+}
+
+/// splitmix64: the seeded generator of sizes, kinds and patterns.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// `len` bytes of the pattern of `key`; never [`POISON`].
+fn pattern(key: u64, len: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len + 8);
+    let mut i = 0u64;
+    while v.len() < len {
+        v.extend_from_slice(&mix(key ^ i.wrapping_mul(0x1000_0000_01b3)).to_le_bytes());
+        i += 1;
+    }
+    v.truncate(len);
+    for b in &mut v {
+        if *b == POISON {
+            *b = !POISON;
+        }
+    }
+    v
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Send,
+    Write,
+    WriteImm,
+    Read,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Send => "send",
+            Kind::Write => "write",
+            Kind::WriteImm => "write_imm",
+            Kind::Read => "read",
+        }
+    }
+    /// Consumes a receive WQE at the responder.
+    fn consumes_recv(self) -> bool {
+        matches!(self, Kind::Send | Kind::WriteImm)
+    }
+}
+
+/// One operation in flight.
+#[derive(Debug, Clone)]
+struct Op {
+    kind: Kind,
+    key: u64,
+    len: u64,
+    /// Offset of the data in the requester's slot / the responder's.
+    local_off: u64,
+    remote_off: u64,
+    posted: Instant,
+    req_done: bool,
+    resp_done: bool,
+}
+
+/// One daemon with its frontend, one PD, one CQ, one MR over all buffers.
+struct Side {
+    name: &'static str,
+    fe: TestFrontend,
+    ip: Ipv4Addr,
+    stats: PathBuf,
+    cq: Cq,
+    mr: Mr,
+    qps: Vec<Qp>,
+    qp_index: HashMap<u32, usize>,
+    /// Per QP: the receive slot of each posted receive, by wr_id.
+    recv_slots: Vec<VecDeque<u64>>,
+}
+
+/// Per QP, slots in the MR: DEPTH local (sources/READ destinations),
+/// DEPTH targets (of the peer's WRITEs), RECVS receive buffers, one READ
+/// source.
+const SLOTS_PER_QP: u64 = (2 * DEPTH + RECVS + 1) as u64;
+
+impl Side {
+    fn slot(&self, qp: usize, n: u64) -> u64 {
+        (qp as u64 * SLOTS_PER_QP + n) * SLOT
+    }
+    fn local(&self, qp: usize, s: usize) -> u64 {
+        self.slot(qp, s as u64)
+    }
+    fn target(&self, qp: usize, s: usize) -> u64 {
+        self.slot(qp, (DEPTH + s) as u64)
+    }
+    fn recv(&self, qp: usize, r: usize) -> u64 {
+        self.slot(qp, (2 * DEPTH + r) as u64)
+    }
+    fn read_src(&self, qp: usize) -> u64 {
+        self.slot(qp, (2 * DEPTH + RECVS) as u64)
+    }
+    fn write(&self, off: u64, data: &[u8]) -> Result<()> {
+        self.fe.write_bytes(self.mr.gpa + off, data)?;
+        Ok(())
+    }
+    fn poison(&self, off: u64, len: u64) -> Result<()> {
+        self.write(off, &vec![POISON; len as usize])
+    }
+    /// Checks `want` at `off` followed by [`GUARD`] poisoned bytes.
+    fn check(&self, off: u64, want: &[u8], what: &str) -> Result<()> {
+        let got = self
+            .fe
+            .read_bytes(self.mr.gpa + off, want.len() + GUARD as usize)?;
+        if let Some(i) = got[..want.len()].iter().zip(want).position(|(g, w)| g != w) {
+            bail!(
+                "{what}: byte {i} of {} is {:#04x}, expected {:#04x}",
+                want.len(),
+                got[i],
+                want[i]
+            );
+        }
+        if let Some(i) = got[want.len()..].iter().position(|&b| b != POISON) {
+            bail!("{what}: byte {} past the message was written", i);
+        }
+        Ok(())
+    }
+    fn post_recv(&mut self, qp: usize, r: usize) -> Result<()> {
+        let off = self.recv(qp, r);
+        self.poison(off, SLOT)?;
+        let sge = self.mr.sge(off, MAX_LEN as u32 + MAX_SKEW as u32);
+        let mut q = self.qps[qp].clone();
+        self.fe.post_recv(&mut q, r as u64, &[sge])?;
+        self.qps[qp] = q;
+        self.recv_slots[qp].push_back(r as u64);
+        Ok(())
+    }
+    fn counters(&self) -> Result<HashMap<String, u64>> {
+        let reply = stats::query(&self.stats, Duration::from_secs(5))
+            .with_context(|| format!("{}: vrnic stats", self.name))?;
+        Ok(stats::parse(&reply)?.into_iter().collect())
+    }
+}
+
+fn connect(name: &'static str, socket: &Path, ip: Ipv4Addr, qps: usize) -> Result<Side> {
+    let data = qps as u64 * SLOTS_PER_QP * SLOT;
+    let opts = FrontendOptions {
+        queue_size: 256,
+        memory: vec![(0x4000_0000, (data + (32 << 20)) as usize)],
+        timeout: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let mut fe = TestFrontend::connect(socket, &opts)
+        .with_context(|| format!("{name}: connecting to {}", socket.display()))?;
+    fe.post_event_buffers(32)?;
+    let pd = fe.alloc_pd()?;
+    let cq = fe.create_cq((qps as u32 * 64).next_power_of_two())?;
+    let gpa = fe.alloc_buffer(data)?;
+    let mr = fe.reg_mr(pd, gpa, data, ACCESS)?;
+    let sizes = QpSizes {
+        sq: 16,
+        rq: 16,
+        sge: 1,
+    };
+    let mut list = Vec::new();
+    let mut qp_index = HashMap::new();
+    for i in 0..qps {
+        let qp = fe.create_rc_qp(pd, &cq, &cq, sizes)?;
+        qp_index.insert(qp.qpn, i);
+        list.push(qp);
+    }
+    Ok(Side {
+        name,
+        fe,
+        ip,
+        stats: stats::default_socket(socket),
+        cq,
+        mr,
+        qps: list,
+        qp_index,
+        recv_slots: vec![VecDeque::new(); qps],
+    })
+}
+
+/// Operations of one direction of one QP pair.
+struct Flow {
+    /// The requester's side (0 = A, 1 = B) and QP index.
+    req: usize,
+    qp: usize,
+    n: u64,
+    slots: [Option<Op>; DEPTH],
+    /// Operations that consume a receive, in posting order: (slot).
+    recv_order: VecDeque<usize>,
+    /// The responder's READ source pattern.
+    read_src: Vec<u8>,
+}
+
+#[derive(Default)]
+struct Totals {
+    ops: [u64; 4],
+    bytes: u64,
+}
+
+struct Soak {
+    sides: [Side; 2],
+    flows: Vec<Flow>,
+    seed: u64,
+    totals: Totals,
+    op_timeout: Duration,
+}
+
+fn kind_index(k: Kind) -> usize {
+    match k {
+        Kind::Send => 0,
+        Kind::Write => 1,
+        Kind::WriteImm => 2,
+        Kind::Read => 3,
+    }
+}
+
+impl Soak {
+    fn flow_of(&self, req: usize, qp: usize) -> usize {
+        req * self.sides[0].qps.len() + qp
+    }
+
+    /// Posts a new operation in free slot `s` of flow `f`.
+    fn post(&mut self, f: usize, s: usize) -> Result<()> {
+        let fl = &mut self.flows[f];
+        let (req, qp) = (fl.req, fl.qp);
+        let r = mix(self.seed ^ (f as u64) << 40 ^ fl.n);
+        fl.n += 1;
+        let kind = match r % 100 {
+            0..30 => Kind::Send,
+            30..55 => Kind::Write,
+            55..75 => Kind::WriteImm,
+            _ => Kind::Read,
+        };
+        let r2 = mix(r);
+        let e = (r2 >> 8) % 19; // 2^0 .. 2^18 = 256 KiB
+        let len = 1 + (r2 >> 16) % (1u64 << e);
+        let local_off = (r2 >> 40) % (MAX_SKEW + 1);
+        let mut remote_off = (r2 >> 48) % (MAX_SKEW + 1);
+        let key = mix(r2);
+        if kind == Kind::Read {
+            remote_off = (r2 >> 20) % (MAX_LEN - len + 1);
+        }
+        let (rs, ls) = (1 - req, req);
+        let local = self.sides[ls].local(qp, s) + local_off;
+        let mut wqe = abi::SendWqe {
+            wr_id: ((f as u64) << 8) | s as u64,
+            send_flags: abi::SEND_SIGNALED,
+            ..Default::default()
+        };
+        match kind {
+            Kind::Read => {
+                self.sides[ls].poison(local, len + GUARD)?;
+                wqe.opcode = abi::WR_RDMA_READ;
+                wqe.remote_addr = self.sides[rs]
+                    .mr
+                    .va(self.sides[rs].read_src(qp) + remote_off);
+                wqe.rkey = self.sides[rs].mr.rkey;
+            }
+            _ => {
+                self.sides[ls].write(local, &pattern(key, len as usize))?;
+                if kind != Kind::Send {
+                    let t = self.sides[rs].target(qp, s) + remote_off;
+                    self.sides[rs].poison(t, len + GUARD)?;
+                    wqe.remote_addr = self.sides[rs].mr.va(t);
+                    wqe.rkey = self.sides[rs].mr.rkey;
+                }
+                wqe.opcode = match kind {
+                    Kind::Send => abi::WR_SEND,
+                    Kind::Write => abi::WR_RDMA_WRITE,
+                    _ => abi::WR_RDMA_WRITE_WITH_IMM,
+                };
+                if kind == Kind::WriteImm {
+                    wqe.imm_data = (key as u32).to_le_bytes();
+                }
+            }
+        }
+        let fl = &mut self.flows[f];
+        fl.slots[s] = Some(Op {
+            kind,
+            key,
+            len,
+            local_off,
+            remote_off,
+            posted: Instant::now(),
+            req_done: false,
+            resp_done: !kind.consumes_recv(),
+        });
+        if kind.consumes_recv() {
+            fl.recv_order.push_back(s);
+        }
+        let side = &mut self.sides[ls];
+        let sge = side.mr.sge(local, len as u32);
+        let mut q = side.qps[qp].clone();
+        side.fe.post_send(&mut q, wqe, &[sge])?;
+        side.qps[qp] = q;
+        Ok(())
+    }
+
+    /// Frees slot `s` of flow `f` once both ends are done with it.
+    fn maybe_free(&mut self, f: usize, s: usize) {
+        let fl = &mut self.flows[f];
+        if let Some(op) = &fl.slots[s] {
+            if op.req_done && op.resp_done {
+                self.totals.ops[kind_index(op.kind)] += 1;
+                self.totals.bytes += op.len;
+                fl.slots[s] = None;
+            }
+        }
+    }
+
+    /// Handles one CQE of side `side`.
+    fn complete(&mut self, side: usize, c: abi::Cqe) -> Result<()> {
+        let qp = *self.sides[side].qp_index.get(&c.qp_num).with_context(|| {
+            format!("{}: CQE for unknown QP {}", self.sides[side].name, c.qp_num)
+        })?;
+        let who = format!("{} QP {} ({c:?})", self.sides[side].name, c.qp_num);
+        ensure!(
+            c.status == abi::WC_SUCCESS,
+            "{who}: completion status {}",
+            c.status
+        );
+        if c.opcode & abi::WC_OP_RECV != 0 {
+            // A receive: the flow whose requester is the other side.
+            let f = self.flow_of(1 - side, qp);
+            let r = self.sides[side].recv_slots[qp]
+                .pop_front()
+                .with_context(|| format!("{who}: a receive completion with no receive posted"))?;
+            ensure!(
+                c.wr_id == r,
+                "{who}: receive wr_id {} out of order (expected {r})",
+                c.wr_id
+            );
+            let s = self.flows[f]
+                .recv_order
+                .pop_front()
+                .with_context(|| format!("{who}: a receive completion with no SEND posted"))?;
+            let op = self.flows[f].slots[s]
+                .clone()
+                .context("receive for a free slot")?;
+            ensure!(
+                c.byte_len as u64 == op.len,
+                "{who}: byte_len, expected {}",
+                op.len
+            );
+            let want = pattern(op.key, op.len as usize);
+            match op.kind {
+                Kind::Send => {
+                    ensure!(c.opcode == abi::WC_OP_RECV, "{who}: opcode, expected RECV");
+                    let off = self.sides[side].recv(qp, r as usize);
+                    self.sides[side].check(off, &want, &format!("{who}: SEND data"))?;
+                }
+                Kind::WriteImm => {
+                    ensure!(
+                        c.opcode == abi::WC_OP_RECV_RDMA_WITH_IMM
+                            && c.wc_flags & abi::WC_WITH_IMM != 0
+                            && c.imm_data == (op.key as u32).to_le_bytes(),
+                        "{who}: expected RECV_RDMA_WITH_IMM with immediate {:#x}",
+                        op.key as u32
+                    );
+                    let off = self.sides[side].target(qp, s) + op.remote_off;
+                    self.sides[side].check(off, &want, &format!("{who}: WRITE_IMM data"))?;
+                }
+                _ => bail!("{who}: a receive for a {}", op.kind.name()),
+            }
+            self.sides[side].post_recv(qp, r as usize)?;
+            if let Some(o) = &mut self.flows[f].slots[s] {
+                o.resp_done = true;
+            }
+            self.maybe_free(f, s);
+            return Ok(());
+        }
+        let f = (c.wr_id >> 8) as usize;
+        let s = (c.wr_id & 0xff) as usize;
+        ensure!(
+            f < self.flows.len()
+                && s < DEPTH
+                && self.flows[f].req == side
+                && self.flows[f].qp == qp,
+            "{who}: wr_id {:#x} names no operation of this QP",
+            c.wr_id
+        );
+        let op = self.flows[f].slots[s]
+            .clone()
+            .context("completion for a free slot")?;
+        ensure!(!op.req_done, "{who}: a second completion");
+        let want_op = match op.kind {
+            Kind::Send => abi::WC_OP_SEND,
+            Kind::Write | Kind::WriteImm => abi::WC_OP_RDMA_WRITE,
+            Kind::Read => abi::WC_OP_RDMA_READ,
+        };
+        ensure!(
+            c.opcode == want_op,
+            "{who}: opcode, expected {want_op} for {}",
+            op.kind.name()
+        );
+        let rs = 1 - side;
+        match op.kind {
+            Kind::Write => {
+                let off = self.sides[rs].target(qp, s) + op.remote_off;
+                let want = pattern(op.key, op.len as usize);
+                self.sides[rs].check(off, &want, &format!("{who}: WRITE data at the responder"))?;
+            }
+            Kind::Read => {
+                ensure!(
+                    c.byte_len as u64 == op.len,
+                    "{who}: READ byte_len, expected {}",
+                    op.len
+                );
+                let fl = &self.flows[f];
+                let want = &fl.read_src[op.remote_off as usize..(op.remote_off + op.len) as usize];
+                let off = self.sides[side].local(qp, s) + op.local_off;
+                self.sides[side].check(off, want, &format!("{who}: READ data"))?;
+            }
+            _ => {}
+        }
+        if let Some(o) = &mut self.flows[f].slots[s] {
+            o.req_done = true;
+        }
+        self.maybe_free(f, s);
+        Ok(())
+    }
+
+    /// Polls both CQs dry; returns how many CQEs there were.
+    fn poll(&mut self) -> Result<usize> {
+        let mut n = 0;
+        for side in 0..2 {
+            loop {
+                let sd = &mut self.sides[side];
+                let mut cq = sd.cq.clone();
+                let c = sd.fe.poll_cq(&mut cq)?;
+                sd.cq = cq;
+                match c {
+                    Some(c) => {
+                        n += 1;
+                        self.complete(side, c)?;
+                    }
+                    None => break,
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Fills every free slot; returns how many operations were posted.
+    fn fill(&mut self) -> Result<usize> {
+        let mut n = 0;
+        for f in 0..self.flows.len() {
+            for s in 0..DEPTH {
+                if self.flows[f].slots[s].is_none() {
+                    self.post(f, s)?;
+                    n += 1;
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    fn outstanding(&self) -> usize {
+        self.flows
+            .iter()
+            .map(|f| f.slots.iter().flatten().count())
+            .sum()
+    }
+
+    /// The oldest operation in flight, if it is older than the bound.
+    fn check_ages(&self) -> Result<()> {
+        for fl in &self.flows {
+            for op in fl.slots.iter().flatten() {
+                let age = op.posted.elapsed();
+                ensure!(
+                    age <= self.op_timeout,
+                    "{} QP {}: a {} of {} B outstanding for {age:?} (completed at the requester: {}, at the responder: {})",
+                    self.sides[fl.req].name,
+                    self.sides[fl.req].qps[fl.qp].qpn,
+                    op.kind.name(),
+                    op.len,
+                    op.req_done,
+                    op.resp_done
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Sleeps until a completion event or `timeout`, arming both CQs
+    /// first; fails on any event other than a completion.
+    fn wait(&mut self, timeout: Duration) -> Result<()> {
+        for sd in &mut self.sides {
+            let cq = sd.cq.clone();
+            sd.fe.arm_cq(&cq)?;
+        }
+        if self.poll()? > 0 {
+            return Ok(());
+        }
+        let [a, b] = &mut self.sides;
+        let evs = verbs::wait_events(&mut [&mut a.fe, &mut b.fe], timeout)?;
+        for (i, ev) in evs {
+            ensure!(
+                ev.kind == abi::EV_COMP,
+                "{}: async event {} for handle {} (info {})",
+                self.sides[i].name,
+                ev.kind,
+                ev.handle,
+                ev.info
+            );
+        }
+        Ok(())
+    }
+
+    fn retransmits(&self) -> Result<[u64; 2]> {
+        let mut r = [0; 2];
+        for (i, sd) in self.sides.iter().enumerate() {
+            r[i] = sd.counters()?.get("retransmits").copied().unwrap_or(0);
+        }
+        Ok(r)
+    }
+
+    fn progress(&self, t0: Instant, tag: &str) -> Result<()> {
+        let t = &self.totals;
+        let r = self.retransmits()?;
+        println!(
+            "soak {tag} t={}s ops={} send={} write={} write_imm={} read={} bytes={} MiB/s={:.1} in_flight={} retransmits_a={} retransmits_b={}",
+            t0.elapsed().as_secs(),
+            t.ops.iter().sum::<u64>(),
+            t.ops[0],
+            t.ops[1],
+            t.ops[2],
+            t.ops[3],
+            t.bytes,
+            t.bytes as f64 / (1 << 20) as f64 / t0.elapsed().as_secs_f64().max(1e-3),
+            self.outstanding(),
+            r[0],
+            r[1]
+        );
+        Ok(())
+    }
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    ensure!(cli.qps >= 1 && cli.qps <= 256, "--qps must be 1..=256");
+    ensure!(cli.report >= 1, "--report must be at least 1");
+    let a = connect("A", &cli.a, cli.a_ip, cli.qps)?;
+    let b = connect("B", &cli.b, cli.b_ip, cli.qps)?;
+    let mut soak = Soak {
+        sides: [a, b],
+        flows: Vec::new(),
+        seed: cli.seed,
+        totals: Totals::default(),
+        op_timeout: Duration::from_secs(cli.op_timeout),
+    };
+    // Connect the pairs: PSNs from the seed, MTU 1024.
+    for i in 0..cli.qps {
+        let psn = |s: usize| (mix(cli.seed ^ (i as u64) << 1 ^ s as u64) & 0xff_ffff) as u32;
+        for s in 0..2 {
+            let peer = &soak.sides[1 - s];
+            let path = RcPath {
+                peer_ip: peer.ip,
+                peer_qpn: peer.qps[i].qpn,
+                peer_psn: psn(1 - s),
+                my_psn: psn(s),
+                path_mtu: MTU_1024,
+            };
+            let sd = &mut soak.sides[s];
+            let qp = sd.qps[i].clone();
+            sd.fe
+                .connect_rc(&qp, &path)
+                .with_context(|| format!("{}: connecting QP {}", sd.name, qp.qpn))?;
+        }
+    }
+    // Receives and READ sources.
+    for s in 0..2 {
+        for i in 0..cli.qps {
+            for r in 0..RECVS {
+                soak.sides[s].post_recv(i, r)?;
+            }
+        }
+    }
+    for req in 0..2 {
+        for i in 0..cli.qps {
+            let rs = 1 - req;
+            let read_src = pattern(
+                mix(cli.seed ^ 0x5eed ^ ((rs * 1000 + i) as u64)),
+                MAX_LEN as usize,
+            );
+            let off = soak.sides[rs].read_src(i);
+            soak.sides[rs].write(off, &read_src)?;
+            soak.flows.push(Flow {
+                req,
+                qp: i,
+                n: 0,
+                slots: Default::default(),
+                recv_order: VecDeque::new(),
+                read_src,
+            });
+        }
+    }
+    println!(
+        "soak start: {} QP pairs, {} flows x {DEPTH} operations in flight, 1 B..{} KiB, seed {}, {} s",
+        cli.qps,
+        soak.flows.len(),
+        MAX_LEN >> 10,
+        cli.seed,
+        cli.duration
+    );
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_secs(cli.duration);
+    let report = Duration::from_secs(cli.report);
+    let stall = Duration::from_secs(cli.stall);
+    let mut next_report = t0 + report;
+    let mut last_progress = Instant::now();
+    let mut last_ops = 0;
+    loop {
+        let now = Instant::now();
+        let running = now < end;
+        if !running && soak.outstanding() == 0 {
+            break;
+        }
+        if running {
+            soak.fill()?;
+        }
+        if Instant::now() >= next_report {
+            soak.progress(t0, "progress")?;
+            next_report += report;
+        }
+        let done = soak.poll()?;
+        let ops: u64 = soak.totals.ops.iter().sum();
+        if done > 0 || ops != last_ops {
+            last_progress = Instant::now();
+            last_ops = ops;
+        } else {
+            ensure!(
+                last_progress.elapsed() <= stall,
+                "no completion for {stall:?} with {} operations in flight",
+                soak.outstanding()
+            );
+            soak.check_ages()?;
+            soak.wait(Duration::from_millis(100))?;
+        }
+    }
+    // Every QP still in RTS.
+    for sd in &mut soak.sides {
+        for qp in sd.qps.clone() {
+            let st = sd.fe.query_qp(&qp)?.qp_state;
+            ensure!(
+                st == abi::QPS_RTS,
+                "{}: QP {} in state {st} at the end",
+                sd.name,
+                qp.qpn
+            );
+        }
+    }
+    soak.progress(t0, "done")?;
+    println!("soak: ok");
+    Ok(())
+}
