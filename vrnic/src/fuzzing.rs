@@ -778,9 +778,18 @@ pub fn fuzz_receive(data: &[u8]) {
     }
 }
 
+/// Record kind of [`fuzz_control`]: a doorbell.
+pub const REC_DOORBELL: u8 = 0xdb;
+/// Record kind of [`fuzz_control`]: a send WQE written into a QP's SQ in
+/// the fake guest memory, then its doorbell.
+pub const REC_WQE: u8 = 0x5e;
+
 /// The `control` fuzz target: up to 64 records `[kind, len, bytes...]`;
-/// kind 0xDB is a doorbell (16 bytes, zero-padded), anything else a
-/// control command of `len` bytes.
+/// kind [`REC_DOORBELL`] is a doorbell (16 bytes, zero-padded),
+/// [`REC_WQE`] a send WQE (`[qp index, SendWqe (64 bytes), Sge (16
+/// bytes)]`, zero-padded; the QP index taken modulo the target's five QPs)
+/// posted on one of the target's QPs, anything else a control command of
+/// `len` bytes.
 pub fn fuzz_control(data: &[u8]) {
     let mut t = Target::new(Peer::default());
     let mut rest = data;
@@ -791,12 +800,24 @@ pub fn fuzz_control(data: &[u8]) {
         let len = usize::from(*len).min(tail.len());
         let bytes = &tail[..len];
         rest = &tail[len..];
-        if *kind == 0xdb {
+        if *kind == REC_DOORBELL {
             let mut b = [0u8; size_of::<abi::Doorbell>()];
             let n = bytes.len().min(b.len());
             b[..n].copy_from_slice(&bytes[..n]);
             if let Some(db) = abi::Doorbell::read_from(&b) {
                 t.doorbell(&db);
+            }
+        } else if *kind == REC_WQE {
+            let mut b = [0u8; 1 + size_of::<abi::SendWqe>() + size_of::<abi::Sge>()];
+            let n = bytes.len().min(b.len());
+            b[..n].copy_from_slice(&bytes[..n]);
+            let k = usize::from(b[0]) % t.qps.len();
+            let w = &b[1..];
+            if let (Some(wqe), Some(sge)) = (
+                abi::SendWqe::read_from(&w[..size_of::<abi::SendWqe>()]),
+                abi::Sge::read_from(&w[size_of::<abi::SendWqe>()..]),
+            ) {
+                t.post_send(k, wqe, sge);
             }
         } else {
             t.control(bytes);
