@@ -14,43 +14,13 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{lib_dir, run_bounded};
-
-/// A network namespace deleted on drop.
-struct Netns(String);
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
+use common::{c_test_netns, lib_dir, run_bounded};
 
 #[test]
 fn channel_and_async_fds_wake_poll_and_name_their_objects() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipping: needs root (network namespace)");
+    let Some(ns) = c_test_netns("events") else {
         return;
-    }
-    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
-        eprintln!("skipping: libibverbs-dev not installed");
-        return;
-    }
-    let name = format!("vrnic-ibv-{}-events", std::process::id());
-    let ok = Command::new("ip")
-        .args(["netns", "add", &name])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipping: cannot create a network namespace");
-        return;
-    }
-    let ns = Netns(name);
-    let up = Command::new("ip")
-        .args(["-n", &ns.0, "link", "set", "lo", "up"])
-        .status()
-        .expect("ip runs");
-    assert!(up.success(), "lo up");
+    };
 
     let dir = std::env::temp_dir().join(format!("vrnic-ibverbs-events-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");

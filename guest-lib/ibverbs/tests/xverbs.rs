@@ -18,38 +18,13 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{lib_dir, run_bounded};
-
-/// A network namespace deleted on drop.
-struct Netns(String);
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
+use common::{c_test_netns, lib_dir, run_bounded};
 
 #[test]
 fn extended_cq_and_qp_post_and_poll_every_opcode() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipping: needs root (network namespace)");
+    let Some(ns) = c_test_netns("xverbs") else {
         return;
-    }
-    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
-        eprintln!("skipping: libibverbs-dev not installed");
-        return;
-    }
-    let name = format!("vrnic-ibv-{}-xverbs", std::process::id());
-    let ok = Command::new("ip")
-        .args(["netns", "add", &name])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipping: cannot create a network namespace");
-        return;
-    }
-    let ns = Netns(name);
+    };
     for args in [
         &["link", "add", "xa", "type", "veth", "peer", "name", "xb"][..],
         &["link", "set", "xa", "up"],

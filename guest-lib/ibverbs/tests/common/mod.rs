@@ -106,3 +106,44 @@ pub fn versioned_exports(lib: &Path) -> Vec<String> {
     v.sort();
     v
 }
+
+/// A network namespace, deleted on drop.
+pub struct Netns(pub String);
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// A new network namespace `vrnic-ibv-PID-TAG` with `lo` up for a test
+/// that compiles a C program against verbs.h and runs it there; `None`,
+/// with the reason printed, where that cannot run (not root, no
+/// libibverbs-dev, no namespaces).
+pub fn c_test_netns(tag: &str) -> Option<Netns> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipping: needs root (network namespace)");
+        return None;
+    }
+    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
+        eprintln!("skipping: libibverbs-dev not installed");
+        return None;
+    }
+    let name = format!("vrnic-ibv-{}-{tag}", std::process::id());
+    let ok = Command::new("ip")
+        .args(["netns", "add", &name])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipping: cannot create a network namespace");
+        return None;
+    }
+    let ns = Netns(name);
+    let up = Command::new("ip")
+        .args(["-n", &ns.0, "link", "set", "lo", "up"])
+        .status()
+        .expect("ip runs");
+    assert!(up.success(), "lo up");
+    Some(ns)
+}
