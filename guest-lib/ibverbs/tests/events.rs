@@ -10,11 +10,10 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{c_test_netns, lib_dir, run_bounded};
+use common::{c_test_netns, compile_c_test, lib_dir, run_bounded};
 
 #[test]
 fn channel_and_async_fds_wake_poll_and_name_their_objects() {
@@ -22,22 +21,7 @@ fn channel_and_async_fds_wake_poll_and_name_their_objects() {
         return;
     };
 
-    let dir = std::env::temp_dir().join(format!("vrnic-ibverbs-events-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let exe = dir.join("events");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/events.c");
-    let cc = Command::new("gcc")
-        .args(["-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg("-libverbs")
-        .output()
-        .expect("gcc runs");
-    assert!(
-        cc.status.success(),
-        "gcc: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    let (dir, exe) = compile_c_test("events");
     let out = run_bounded(
         Command::new("ip")
             .args(["netns", "exec", &ns.0, "timeout", "60"])

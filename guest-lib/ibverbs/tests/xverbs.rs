@@ -14,11 +14,10 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{c_test_netns, lib_dir, run_bounded};
+use common::{c_test_netns, compile_c_test, lib_dir, run_bounded};
 
 #[test]
 fn extended_cq_and_qp_post_and_poll_every_opcode() {
@@ -38,22 +37,7 @@ fn extended_cq_and_qp_post_and_poll_every_opcode() {
         assert!(ok.success(), "ip {args:?}");
     }
 
-    let dir = std::env::temp_dir().join(format!("vrnic-ibverbs-xverbs-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let exe = dir.join("xverbs");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/xverbs.c");
-    let cc = Command::new("gcc")
-        .args(["-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg("-libverbs")
-        .output()
-        .expect("gcc runs");
-    assert!(
-        cc.status.success(),
-        "gcc: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    let (dir, exe) = compile_c_test("xverbs");
     let out = run_bounded(
         Command::new("ip")
             .args(["netns", "exec", &ns.0, "timeout", "60"])

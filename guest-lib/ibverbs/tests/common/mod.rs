@@ -147,3 +147,27 @@ pub fn c_test_netns(tag: &str) -> Option<Netns> {
     assert!(up.success(), "lo up");
     Some(ns)
 }
+
+/// Compiles `tests/c/NAME.c` with gcc (`-Wall -Werror`, against Debian's
+/// `<infiniband/verbs.h>`, linked with `-libverbs`) into a temporary
+/// directory of its own; returns that directory (the caller removes it)
+/// and the executable. Panics with gcc's messages if it fails.
+pub fn compile_c_test(name: &str) -> (PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("vrnic-ibverbs-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let exe = dir.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let cc = Command::new("gcc")
+        .args(["-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .expect("gcc runs");
+    assert!(
+        cc.status.success(),
+        "gcc: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    (dir, exe)
+}
