@@ -274,6 +274,28 @@ impl LoopbackTransport {
     /// thread cannot be created; [`TransportError::Timeout`] when the thread
     /// does not start in time.
     pub fn new(cfg: DeviceConfig, link: Box<dyn Link>) -> Result<Self, TransportError> {
+        Self::start(cfg, link, None)
+    }
+
+    /// Like [`LoopbackTransport::new`], but the device reaches driver
+    /// memory through `device_mem` instead of this transport's own DMA
+    /// memory: for a guest agent serving other processes
+    /// ([`crate::agent::procmem::ProcessMemory`]). [`Transport::alloc_dma`]
+    /// still hands out this transport's own memory, which the device then
+    /// cannot reach.
+    pub fn with_device_memory(
+        cfg: DeviceConfig,
+        link: Box<dyn Link>,
+        device_mem: Arc<dyn DmaMemory + Send + Sync>,
+    ) -> Result<Self, TransportError> {
+        Self::start(cfg, link, Some(device_mem))
+    }
+
+    fn start(
+        cfg: DeviceConfig,
+        link: Box<dyn Link>,
+        device_mem: Option<Arc<dyn DmaMemory + Send + Sync>>,
+    ) -> Result<Self, TransportError> {
         // SAFETY: plain syscall; the result is checked and then owned.
         let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if raw < 0 {
@@ -302,7 +324,7 @@ impl LoopbackTransport {
         let (config_tx, config_rx) = mpsc::sync_channel(1);
         let (exited_tx, exited) = mpsc::sync_channel::<()>(0);
         let engine = Engine {
-            mem: mem.clone(),
+            mem: device_mem.unwrap_or_else(|| mem.clone()),
             events: events.clone(),
             event_fd: event_fd.clone(),
             rx,
@@ -396,9 +418,19 @@ impl Transport for LoopbackTransport {
         body: &[u8],
         resp: &mut [u8],
     ) -> Result<usize, TransportError> {
+        self.command_in(abi::DEFAULT_CTX, opcode, body, resp)
+    }
+
+    fn command_in(
+        &mut self,
+        ctx: u16,
+        opcode: u16,
+        body: &[u8],
+        resp: &mut [u8],
+    ) -> Result<usize, TransportError> {
         let hdr = abi::CmdHeader {
             opcode,
-            flags: 0,
+            ctx,
             len: body.len() as u32,
         };
         let mut req = Vec::with_capacity(size_of::<abi::CmdHeader>() + body.len());
@@ -493,7 +525,7 @@ impl Drop for LoopbackTransport {
 
 /// The engine thread's state (everything but the device).
 struct Engine {
-    mem: Arc<LoopbackMemory>,
+    mem: Arc<dyn DmaMemory + Send + Sync>,
     events: Arc<Mutex<VecDeque<abi::Event>>>,
     event_fd: Arc<OwnedFd>,
     rx: mpsc::Receiver<Msg>,

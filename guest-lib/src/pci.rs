@@ -714,6 +714,7 @@ impl ControlQueue {
     /// See [`PciTransport`]'s [`Transport::command`].
     fn execute(
         &mut self,
+        ctx: u16,
         opcode: u16,
         body: &[u8],
         resp: &mut [u8],
@@ -741,7 +742,7 @@ impl ControlQueue {
         let b = self.bounce;
         let hdr = abi::CmdHeader {
             opcode,
-            flags: 0,
+            ctx,
             len: body.len() as u32,
         };
         let hlen = size_of::<abi::CmdHeader>();
@@ -1236,7 +1237,18 @@ impl Transport for PciTransport {
         body: &[u8],
         resp: &mut [u8],
     ) -> Result<usize, TransportError> {
-        let r = self.ctrl.execute(opcode, body, resp, self.timeout);
+        self.command_in(abi::DEFAULT_CTX, opcode, body, resp)
+    }
+
+    /// [`Transport::command`] for device context `ctx` (the guest agent's).
+    fn command_in(
+        &mut self,
+        ctx: u16,
+        opcode: u16,
+        body: &[u8],
+        resp: &mut [u8],
+    ) -> Result<usize, TransportError> {
+        let r = self.ctrl.execute(ctx, opcode, body, resp, self.timeout);
         if let Err(TransportError::Timeout(_)) = r {
             if let Ok(true) = self.virtio.needs_reset() {
                 tracing::warn!("{}: device signals DEVICE_NEEDS_RESET", self.bdf());
@@ -1644,7 +1656,7 @@ mod tests {
 
         let mut resp = [0u8; 16];
         assert_eq!(
-            ctrl.execute(abi::CMD_QUERY_PORT, &[1, 2, 3], &mut resp, t)
+            ctrl.execute(0, abi::CMD_QUERY_PORT, &[1, 2, 3], &mut resp, t)
                 .unwrap(),
             3
         );
@@ -1652,10 +1664,10 @@ mod tests {
         assert_eq!(notified(&notify), abi::CONTROLQ);
         // Body truncated to the caller's buffer; empty body.
         let mut small = [0u8; 2];
-        assert_eq!(ctrl.execute(5, &[9, 8, 7, 6], &mut small, t).unwrap(), 2);
+        assert_eq!(ctrl.execute(0, 5, &[9, 8, 7, 6], &mut small, t).unwrap(), 2);
         assert_eq!(small, [6, 7]);
         assert_eq!(
-            ctrl.execute(abi::CMD_QUERY_DEVICE, &[], &mut resp, t)
+            ctrl.execute(0, abi::CMD_QUERY_DEVICE, &[], &mut resp, t)
                 .unwrap(),
             0
         );
@@ -1663,33 +1675,33 @@ mod tests {
         let big: Vec<u8> = (0..abi::MAX_CMD_BODY as u8).collect();
         let mut out = [0u8; abi::MAX_CMD_BODY];
         assert_eq!(
-            ctrl.execute(6, &big, &mut out, t).unwrap(),
+            ctrl.execute(0, 6, &big, &mut out, t).unwrap(),
             abi::MAX_CMD_BODY
         );
         assert_eq!(out[0], abi::MAX_CMD_BODY as u8 - 1);
         assert!(matches!(
-            ctrl.execute(6, &[0; abi::MAX_CMD_BODY + 1], &mut out, t),
+            ctrl.execute(0, 6, &[0; abi::MAX_CMD_BODY + 1], &mut out, t),
             Err(TransportError::Io { .. })
         ));
         // Error status, short and inconsistent responses.
         assert!(matches!(
-            ctrl.execute(77, &[], &mut resp, t),
+            ctrl.execute(0, 77, &[], &mut resp, t),
             Err(TransportError::Status {
                 opcode: 77,
                 status: 22
             })
         ));
         assert!(matches!(
-            ctrl.execute(78, &[], &mut resp, t),
+            ctrl.execute(0, 78, &[], &mut resp, t),
             Err(TransportError::Io { .. })
         ));
         assert!(matches!(
-            ctrl.execute(79, &[], &mut resp, t),
+            ctrl.execute(0, 79, &[], &mut resp, t),
             Err(TransportError::Io { .. })
         ));
         // Timeout, then recovery once the device answers the stale command.
         assert!(matches!(
-            ctrl.execute(99, &[], &mut resp, Duration::from_millis(50)),
+            ctrl.execute(0, 99, &[], &mut resp, Duration::from_millis(50)),
             Err(TransportError::Timeout(50))
         ));
         assert!(ctrl.pending.is_some());

@@ -84,6 +84,25 @@ pub trait Transport: Send {
         body: &[u8],
         resp: &mut [u8],
     ) -> Result<usize, TransportError>;
+    /// [`Transport::command`] for device context `ctx` (device spec
+    /// §5.x.6.13): what a guest agent does for the processes it serves.
+    /// The default serves only [`abi::DEFAULT_CTX`]; other contexts are
+    /// `EOPNOTSUPP` ([`TransportError::Status`]).
+    fn command_in(
+        &mut self,
+        ctx: u16,
+        opcode: u16,
+        body: &[u8],
+        resp: &mut [u8],
+    ) -> Result<usize, TransportError> {
+        if ctx != abi::DEFAULT_CTX {
+            return Err(TransportError::Status {
+                opcode,
+                status: abi::STATUS_EOPNOTSUPP,
+            });
+        }
+        self.command(opcode, body, resp)
+    }
     /// Rings a doorbell (posts it on the doorbell queue and notifies).
     fn doorbell(&mut self, db: &abi::Doorbell) -> Result<(), TransportError>;
     /// Allocates `len` zeroed bytes of DMA memory aligned to `align` (a power

@@ -394,6 +394,7 @@ impl DataPath {
         // Raised before any command of that driver is served.
         self.pending_events.push_front(abi::Event {
             kind: abi::EV_DEVICE_FATAL,
+            ctx: abi::ALL_CTX,
             ..Default::default()
         });
     }

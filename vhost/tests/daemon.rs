@@ -141,7 +141,7 @@ fn pipelined_commands_all_complete() {
         let resp = fe.memory_mut().alloc(64, 8).unwrap();
         let h = abi::CmdHeader {
             opcode: BOGUS_OPCODE,
-            flags: 0,
+            ctx: 0,
             len: 0,
         };
         fe.memory().mem().write(req, h.as_bytes()).unwrap();
@@ -179,7 +179,7 @@ fn control_chains_outside_guest_memory_are_rejected_and_the_daemon_carries_on() 
     let req = fe.memory_mut().alloc(8, 8).unwrap();
     let h = abi::CmdHeader {
         opcode: BOGUS_OPCODE,
-        flags: 0,
+        ctx: 0,
         len: 0,
     };
     fe.memory().mem().write(req, h.as_bytes()).unwrap();
@@ -268,7 +268,7 @@ fn malformed_control_chains_do_not_kill_the_daemon() {
     let resp = fe.memory_mut().alloc(64, 8).unwrap();
     let h = abi::CmdHeader {
         opcode: BOGUS_OPCODE,
-        flags: 0,
+        ctx: 0,
         len: 0,
     };
     fe.memory().mem().write(req, h.as_bytes()).unwrap();
@@ -319,7 +319,7 @@ fn malformed_control_chains_do_not_kill_the_daemon() {
             big,
             abi::CmdHeader {
                 opcode: abi::CMD_QUERY_DEVICE,
-                flags: 0,
+                ctx: 0,
                 len: 4000,
             }
             .as_bytes(),

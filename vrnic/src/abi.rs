@@ -70,7 +70,7 @@ pub const DEFAULT_VIRTIO_ID: u32 = 6;
 /// First 8 bytes of the device configuration space.
 pub const SIGNATURE: [u8; 8] = *b"vrnic\0\0\0";
 /// Version of this ABI, in [`ConfigSpace::abi_version`].
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// Control virtqueue index.
 pub const CONTROLQ: u16 = 0;
@@ -133,8 +133,10 @@ pub struct ConfigSpace {
 pub struct CmdHeader {
     /// One of the `CMD_*` codes.
     pub opcode: u16,
-    /// Reserved, zero.
-    pub flags: u16,
+    /// The device context the command acts for ([`DEFAULT_CTX`], or one
+    /// opened by [`CMD_OPEN_CTX`]; device spec §5.x.6.13): it owns every
+    /// object the command creates, and may name only objects it owns.
+    pub ctx: u16,
     /// Length of the body that follows, bytes.
     pub len: u32,
 }
@@ -196,6 +198,24 @@ pub const CMD_DESTROY_SRQ: u16 = 19;
 /// `CMD_QUERY_PKEY`: body [`QueryPkey`]; response [`PkeyEntry`]
 /// (`ibv_query_pkey(3)`).
 pub const CMD_QUERY_PKEY: u16 = 20;
+/// `CMD_OPEN_CTX`: body none; response [`Handle`] naming a new device
+/// context (device spec §5.x.6.13). Only [`DEFAULT_CTX`] may open one;
+/// `STATUS_ENOMEM` past [`MAX_CTX`].
+pub const CMD_OPEN_CTX: u16 = 21;
+/// `CMD_CLOSE_CTX`: body [`Handle`] naming a context other than
+/// [`DEFAULT_CTX`]; destroys every object the context owns (QPs, SRQs,
+/// CQs, AHs, MRs, PDs, as the kernel's `uverbs` does for a closed file)
+/// and frees its number. Only [`DEFAULT_CTX`] may close one.
+pub const CMD_CLOSE_CTX: u16 = 22;
+
+/// The device context every driver has without opening one: the context
+/// of a driver that does not share the device, and of a guest agent's own
+/// commands (device spec §5.x.6.13).
+pub const DEFAULT_CTX: u16 = 0;
+/// [`Event::ctx`] of an event about the whole device.
+pub const ALL_CTX: u16 = u16::MAX;
+/// Device contexts open at once, [`DEFAULT_CTX`] included.
+pub const MAX_CTX: usize = 256;
 
 /// Command status codes: 0 or a positive Linux errno.
 pub type Status = u32;
@@ -709,8 +729,9 @@ pub fn mtu_enum(bytes: u32) -> Option<u32> {
 pub struct Doorbell {
     /// `DB_*` kind.
     pub kind: u16,
-    /// Reserved, zero.
-    pub reserved: u16,
+    /// The device context ringing it (device spec §5.x.6.13): a doorbell
+    /// naming an object of another context is ignored.
+    pub ctx: u16,
     /// QP number (`DB_SQ`, `DB_RQ`), CQ number (`DB_CQ_ARM*`) or SRQ number (`DB_SRQ`).
     pub handle: u32,
     /// Producer index (free-running u32; slot = index mod ring size) for
@@ -737,8 +758,10 @@ pub const DB_SRQ: u16 = 5;
 pub struct Event {
     /// `EV_*` kind.
     pub kind: u16,
-    /// Reserved, zero.
-    pub reserved: u16,
+    /// The device context owning the object the event is about (device
+    /// spec §5.x.6.13); [`ALL_CTX`] for an event about the whole device
+    /// (`EV_DEVICE_FATAL`).
+    pub ctx: u16,
     /// The CQ or QP number the event is about.
     pub handle: u32,
     /// For `EV_QP_FATAL`: the `ibv_wc_status` that moved the QP to ERR.

@@ -311,7 +311,7 @@ impl Target {
     pub fn command<T: Pod>(&mut self, opcode: u16, body: &T) -> (u32, Vec<u8>) {
         let mut req = abi::CmdHeader {
             opcode,
-            flags: 0,
+            ctx: 0,
             len: size_of::<T>() as u32,
         }
         .as_bytes()

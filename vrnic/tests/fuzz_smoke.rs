@@ -508,7 +508,7 @@ fn arbitrary_control_commands_and_doorbells_are_answered_without_panic() {
         let len = rng.below(abi::MAX_CMD_BODY as u64 + 16) as usize;
         let mut req = abi::CmdHeader {
             opcode,
-            flags: 0,
+            ctx: 0,
             len: len as u32,
         }
         .as_bytes()
@@ -573,7 +573,7 @@ fn fuzz_entry_points_run_on_the_exchange_frames() {
     ] {
         let mut req = abi::CmdHeader {
             opcode: op,
-            flags: 0,
+            ctx: 0,
             len: body.len() as u32,
         }
         .as_bytes()

@@ -361,7 +361,7 @@ impl TestFrontend {
         }
         let h = abi::CmdHeader {
             opcode,
-            flags: 0,
+            ctx: 0,
             len: body.len() as u32,
         };
         let m = self.mem.mem();

@@ -72,14 +72,22 @@ impl Device {
         used + u64::from(a) + u64::from(b) <= u64::from(MAX_TOTAL_WR)
     }
 
+    /// Executes command `opcode` with body `args` for context `ctx`
+    /// (device spec §5.x.6.13: objects of other contexts answer
+    /// `STATUS_ENOENT`, as if they did not exist); the response body goes
+    /// to `out`, its length is returned.
     pub(super) fn command(
         &mut self,
         mem: &dyn DmaMemory,
+        ctx: u16,
         opcode: u16,
         args: &[u8],
         out: &mut [u8],
         now: Nanos,
     ) -> Result<usize, Status> {
+        if !self.ctxs.is_open(ctx) {
+            return Err(abi::STATUS_ENOENT);
+        }
         match opcode {
             abi::CMD_QUERY_DEVICE => {
                 let mac = self.port.mac;
@@ -165,7 +173,7 @@ impl Device {
                 if self.pds.len() >= MAX_PD {
                     return Err(abi::STATUS_ENOMEM);
                 }
-                let pdn = self.pds.insert_with(0, |_| ()).ok_or(abi::STATUS_ENOMEM)?;
+                let pdn = self.pds.insert_with(0, |_| ctx).ok_or(abi::STATUS_ENOMEM)?;
                 Ok(put(
                     out,
                     &abi::Handle {
@@ -176,7 +184,7 @@ impl Device {
             }
             abi::CMD_DEALLOC_PD => {
                 let pdn = handle(args)?;
-                if !self.pds.contains(pdn) {
+                if !self.owns_pd(ctx, pdn) {
                     return Err(abi::STATUS_ENOENT);
                 }
                 if self.mrs.uses_pd(pdn)
@@ -189,16 +197,19 @@ impl Device {
                 self.pds.remove(pdn);
                 Ok(0)
             }
-            abi::CMD_REG_MR => self.reg_mr(mem, arg(args)?, out),
+            abi::CMD_REG_MR => self.reg_mr(mem, ctx, arg(args)?, out),
             abi::CMD_DEREG_MR => {
                 let lkey = handle(args)?;
+                if !self.owns_mr(ctx, lkey) {
+                    return Err(abi::STATUS_ENOENT);
+                }
                 self.mrs.remove(lkey).ok_or(abi::STATUS_ENOENT)?;
                 Ok(0)
             }
-            abi::CMD_CREATE_CQ => self.create_cq(mem, arg(args)?, out),
+            abi::CMD_CREATE_CQ => self.create_cq(mem, ctx, arg(args)?, out),
             abi::CMD_DESTROY_CQ => {
                 let cqn = handle(args)?;
-                if !self.cqs.contains(cqn) {
+                if !self.owns_cq(ctx, cqn) {
                     return Err(abi::STATUS_ENOENT);
                 }
                 if self
@@ -211,10 +222,20 @@ impl Device {
                 self.cqs.remove(cqn);
                 Ok(0)
             }
-            abi::CMD_CREATE_QP => self.create_qp(mem, arg(args)?, out),
-            abi::CMD_MODIFY_QP => self.modify_qp(mem, arg(args)?, now),
+            abi::CMD_CREATE_QP => self.create_qp(mem, ctx, arg(args)?, out),
+            abi::CMD_MODIFY_QP => {
+                let a: abi::QpAttr = arg(args)?;
+                if !self.owns_qp(ctx, a.qpn) {
+                    return Err(abi::STATUS_ENOENT);
+                }
+                self.modify_qp(mem, a, now)
+            }
             abi::CMD_QUERY_QP => {
-                let qp = self.qps.get(handle(args)?).ok_or(abi::STATUS_ENOENT)?;
+                let qpn = handle(args)?;
+                if !self.owns_qp(ctx, qpn) {
+                    return Err(abi::STATUS_ENOENT);
+                }
+                let qp = self.qps.get(qpn).ok_or(abi::STATUS_ENOENT)?;
                 let mut a = qp.attr;
                 a.qpn = qp.qpn;
                 a.qp_state = qp.state;
@@ -222,13 +243,16 @@ impl Device {
             }
             abi::CMD_DESTROY_QP => {
                 let qpn = handle(args)?;
+                if !self.owns_qp(ctx, qpn) {
+                    return Err(abi::STATUS_ENOENT);
+                }
                 let mut qp = self.qps.remove(qpn).ok_or(abi::STATUS_ENOENT)?;
                 qp.resp.release(&mut self.out);
                 Ok(0)
             }
             abi::CMD_CREATE_AH => {
                 let c: abi::CreateAh = arg(args)?;
-                if !self.pds.contains(c.pdn) {
+                if !self.owns_pd(ctx, c.pdn) {
                     return Err(abi::STATUS_ENOENT);
                 }
                 if c.port_num != 1 || c.is_global == 0 {
@@ -259,12 +283,18 @@ impl Device {
             }
             abi::CMD_DESTROY_AH => {
                 let ahn = handle(args)?;
+                if !self.owns_ah(ctx, ahn) {
+                    return Err(abi::STATUS_ENOENT);
+                }
                 self.ahs.remove(ahn).ok_or(abi::STATUS_ENOENT)?;
                 Ok(0)
             }
-            abi::CMD_CREATE_SRQ => self.create_srq(mem, arg(args)?, out),
+            abi::CMD_CREATE_SRQ => self.create_srq(mem, ctx, arg(args)?, out),
             abi::CMD_MODIFY_SRQ => {
                 let a: abi::SrqAttr = arg(args)?;
+                if !self.owns_srq(ctx, a.srqn) {
+                    return Err(abi::STATUS_ENOENT);
+                }
                 let srq = self.srqs.get_mut(a.srqn).ok_or(abi::STATUS_ENOENT)?;
                 if a.attr_mask & !(abi::SRQ_ATTR_MAX_WR | abi::SRQ_ATTR_LIMIT) != 0 {
                     return Err(abi::STATUS_EINVAL);
@@ -281,7 +311,11 @@ impl Device {
                 Ok(0)
             }
             abi::CMD_QUERY_SRQ => {
-                let srq = self.srqs.get(handle(args)?).ok_or(abi::STATUS_ENOENT)?;
+                let srqn = handle(args)?;
+                if !self.owns_srq(ctx, srqn) {
+                    return Err(abi::STATUS_ENOENT);
+                }
+                let srq = self.srqs.get(srqn).ok_or(abi::STATUS_ENOENT)?;
                 Ok(put(
                     out,
                     &abi::SrqAttr {
@@ -296,13 +330,27 @@ impl Device {
             }
             abi::CMD_DESTROY_SRQ => {
                 let srqn = handle(args)?;
-                if !self.srqs.contains(srqn) {
+                if !self.owns_srq(ctx, srqn) {
                     return Err(abi::STATUS_ENOENT);
                 }
                 if self.qps.values().any(|q| q.srqn == srqn) {
                     return Err(abi::STATUS_EBUSY);
                 }
                 self.srqs.remove(srqn);
+                Ok(0)
+            }
+            abi::CMD_OPEN_CTX => {
+                let c = self.open_ctx(ctx)?;
+                Ok(put(
+                    out,
+                    &abi::Handle {
+                        handle: c,
+                        reserved: 0,
+                    },
+                ))
+            }
+            abi::CMD_CLOSE_CTX => {
+                self.close_ctx(ctx, handle(args)?)?;
                 Ok(0)
             }
             _ => Err(abi::STATUS_ENOSYS),
@@ -312,10 +360,11 @@ impl Device {
     fn reg_mr(
         &mut self,
         mem: &dyn DmaMemory,
+        ctx: u16,
         r: abi::RegMr,
         out: &mut [u8],
     ) -> Result<usize, Status> {
-        if !self.pds.contains(r.pdn) {
+        if !self.owns_pd(ctx, r.pdn) {
             return Err(abi::STATUS_ENOENT);
         }
         validate_reg(&r, MAX_MR_SIZE)?;
@@ -375,6 +424,7 @@ impl Device {
     fn create_cq(
         &mut self,
         mem: &dyn DmaMemory,
+        ctx: u16,
         c: abi::CreateCq,
         out: &mut [u8],
     ) -> Result<usize, Status> {
@@ -390,6 +440,7 @@ impl Device {
             .cqs
             .insert_with(0, |cqn| Cq {
                 cqn,
+                ctx,
                 ring: c.ring,
                 size: c.cqe,
                 db: c.db,
@@ -410,19 +461,23 @@ impl Device {
     fn create_qp(
         &mut self,
         mem: &dyn DmaMemory,
+        ctx: u16,
         c: abi::CreateQp,
         out: &mut [u8],
     ) -> Result<usize, Status> {
         if !matches!(c.qp_type, abi::QPT_RC | abi::QPT_UC | abi::QPT_UD) {
             return Err(abi::STATUS_EOPNOTSUPP);
         }
-        if !self.pds.contains(c.pdn)
-            || !self.cqs.contains(c.send_cqn)
-            || !self.cqs.contains(c.recv_cqn)
+        if !self.owns_pd(ctx, c.pdn)
+            || !self.owns_cq(ctx, c.send_cqn)
+            || !self.owns_cq(ctx, c.recv_cqn)
         {
             return Err(abi::STATUS_ENOENT);
         }
         if c.srqn != 0 {
+            if !self.owns_srq(ctx, c.srqn) {
+                return Err(abi::STATUS_ENOENT);
+            }
             let srq = self.srqs.get(c.srqn).ok_or(abi::STATUS_ENOENT)?;
             if srq.pdn != c.pdn {
                 return Err(abi::STATUS_EINVAL);
@@ -507,10 +562,11 @@ impl Device {
     fn create_srq(
         &mut self,
         mem: &dyn DmaMemory,
+        ctx: u16,
         c: abi::CreateSrq,
         out: &mut [u8],
     ) -> Result<usize, Status> {
-        if !self.pds.contains(c.pdn) {
+        if !self.owns_pd(ctx, c.pdn) {
             return Err(abi::STATUS_ENOENT);
         }
         if c.max_wr == 0 || !c.max_wr.is_power_of_two() || c.max_wr > MAX_QP_WR {

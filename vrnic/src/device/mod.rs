@@ -33,6 +33,7 @@ pub struct DeviceConfig {
 /// Monotonic time in nanoseconds.
 pub type Nanos = u64;
 
+mod contexts;
 mod control;
 mod neigh;
 mod qp_stats;
@@ -270,13 +271,15 @@ pub fn producer_index_ok(index: u32, fetch: u32, ci: u32, size: u32) -> bool {
 pub struct Device {
     cfg: DeviceConfig,
     port: PortId,
-    pds: HandleTable<()>,
+    /// PDs and the context owning each.
+    pds: HandleTable<u16>,
     mrs: MrTable,
     cqs: HandleTable<Cq>,
     qps: HandleTable<Qp>,
     ahs: HandleTable<Ah>,
     srqs: HandleTable<Srq>,
     neigh: NeighTable,
+    ctxs: contexts::Contexts,
     out: Output,
     /// The QP table slot [`Device::poll`] serves first: the first QP that
     /// found the link backlog full in the previous poll, so that QPs
@@ -314,6 +317,7 @@ impl Device {
             ahs: HandleTable::new(HandleSpace::numbers(MAX_AH)),
             srqs: HandleTable::new(HandleSpace::numbers(MAX_SRQ)),
             neigh: NeighTable::default(),
+            ctxs: contexts::Contexts::default(),
             out: Output::default(),
             poll_from: 0,
         }
@@ -368,7 +372,7 @@ impl Device {
             None => (abi::STATUS_EINVAL, 0),
             Some(h) => {
                 let args = &req[8..];
-                match self.command(mem, h.opcode, args, &mut body, now) {
+                match self.command(mem, h.ctx, h.opcode, args, &mut body, now) {
                     Ok(n) => (abi::STATUS_OK, n),
                     Err(s) => (s, 0),
                 }
@@ -391,7 +395,8 @@ impl Device {
     }
 
     /// Handles one doorbell from the doorbell queue. A doorbell naming no
-    /// QP, CQ or SRQ, of an unknown kind, or whose producer index is
+    /// QP, CQ or SRQ of its context ([`abi::Doorbell::ctx`], device spec
+    /// §5.x.6.13), of an unknown kind, or whose producer index is
     /// outside its queue's window ([`producer_index_ok`]) is ignored and
     /// counted in [`DeviceStats::doorbells_ignored`] (device spec
     /// §5.x.6.9): the queue keeps its previous producer index.
@@ -409,6 +414,15 @@ impl Device {
 
     /// [`Device::doorbell`]; false when the doorbell was ignored.
     fn try_doorbell(&mut self, mem: &dyn DmaMemory, db: &abi::Doorbell, now: Nanos) -> bool {
+        let owned = match db.kind {
+            abi::DB_SQ | abi::DB_RQ => self.owns_qp(db.ctx, db.handle),
+            abi::DB_SRQ => self.owns_srq(db.ctx, db.handle),
+            abi::DB_CQ_ARM | abi::DB_CQ_ARM_SOLICITED => self.owns_cq(db.ctx, db.handle),
+            _ => false,
+        };
+        if !owned {
+            return false;
+        }
         match db.kind {
             abi::DB_SQ | abi::DB_RQ => {
                 let Some(qp) = self.qps.get_mut(db.handle) else {
@@ -616,9 +630,17 @@ impl Device {
         self.out.tx.pop_front()
     }
 
-    /// Next asynchronous event for the event queue.
+    /// Next asynchronous event for the event queue, its
+    /// [`abi::Event::ctx`] naming the context owning the object it is
+    /// about. Events about objects destroyed since are dropped.
     pub fn pop_event(&mut self) -> Option<abi::Event> {
-        self.out.events.pop_front()
+        while let Some(mut ev) = self.out.events.pop_front() {
+            if let Some(ctx) = self.event_ctx(&ev) {
+                ev.ctx = ctx;
+                return Some(ev);
+            }
+        }
+        None
     }
 
     /// Device reset (virtio 1.2 §2.4): destroys every object. Handle
@@ -630,6 +652,7 @@ impl Device {
         let old = std::mem::replace(self, fresh);
         self.out.stats = old.out.stats;
         self.pds.continue_after(&old.pds);
+        self.ctxs.continue_after(&old.ctxs);
         self.mrs.continue_after(&old.mrs);
         self.cqs.continue_after(&old.cqs);
         self.qps.continue_after(&old.qps);

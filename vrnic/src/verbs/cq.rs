@@ -20,6 +20,8 @@ pub enum CqError {
 pub struct Cq {
     /// CQ number.
     pub cqn: u32,
+    /// The device context owning the CQ (device spec §5.x.6.13).
+    pub ctx: u16,
     /// Guest-physical address of the ring.
     pub ring: u64,
     /// Number of CQEs (power of two).
@@ -79,6 +81,7 @@ mod tests {
     fn owner_bit_flips_per_pass_and_overrun_is_detected() {
         let mem = VecMemory::new(0, 0x1000);
         let mut cq = Cq {
+            ctx: 0,
             cqn: 1,
             ring: 0x100,
             size: 2,
@@ -132,6 +135,7 @@ mod tests {
     fn armed_cq_fires_once() {
         let mem = VecMemory::new(0, 0x1000);
         let mut cq = Cq {
+            ctx: 0,
             cqn: 1,
             ring: 0x100,
             size: 8,

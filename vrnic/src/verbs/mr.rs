@@ -195,6 +195,20 @@ impl MrTable {
         Ok(())
     }
 
+    /// Removes every MR of `pdn` (a device context closing; device spec
+    /// §5.x.6.13). O(MRs).
+    pub fn remove_pd(&mut self, pdn: u32) {
+        let keys: Vec<u32> = self
+            .table
+            .values()
+            .filter(|m| m.pdn == pdn)
+            .map(|m| m.lkey)
+            .collect();
+        for k in keys {
+            self.remove(k);
+        }
+    }
+
     /// True when some MR belongs to `pdn`.
     pub fn uses_pd(&self, pdn: u32) -> bool {
         self.table.values().any(|m| m.pdn == pdn)

@@ -22,6 +22,9 @@ pub struct Node {
     /// The node's simulated clock: the time of the last [`Node::pump`],
     /// at which [`Node::cmd`] runs commands.
     pub now: Nanos,
+    /// The device context [`Node::cmd`] and the doorbells act for
+    /// (`abi::DEFAULT_CTX` unless a test opens another).
+    pub ctx: u16,
 }
 
 pub struct Qp {
@@ -100,6 +103,7 @@ impl Node {
             next: MEM_BASE,
             ip,
             now: 0,
+            ctx: abi::DEFAULT_CTX,
         }
     }
 
@@ -117,7 +121,7 @@ impl Node {
     pub fn cmd<T: Pod>(&mut self, opcode: u16, body: &T) -> Result<Vec<u8>, u32> {
         let mut req = abi::CmdHeader {
             opcode,
-            flags: 0,
+            ctx: self.ctx,
             len: size_of::<T>() as u32,
         }
         .as_bytes()
@@ -288,6 +292,7 @@ impl Node {
         }
         qp.sq_pi += 1;
         let db = abi::Doorbell {
+            ctx: self.ctx,
             kind: abi::DB_SQ,
             handle: qp.qpn,
             index: qp.sq_pi,
@@ -313,6 +318,7 @@ impl Node {
         }
         qp.rq_pi += 1;
         let db = abi::Doorbell {
+            ctx: self.ctx,
             kind: abi::DB_RQ,
             handle: qp.qpn,
             index: qp.rq_pi,

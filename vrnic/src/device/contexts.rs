@@ -1,0 +1,205 @@
+//! Device contexts (device spec §5.x.6.13): several programs share one
+//! device, each through a context of its own, the way the kernel's
+//! `uverbs` gives every open file its own objects.
+//!
+//! Ownership follows the objects' own links: a PD and a CQ record the
+//! context that created them; an MR, QP, AH or SRQ belongs to the context
+//! of its PD. A command or doorbell may name only objects of its context
+//! (others answer `STATUS_ENOENT` or are ignored, as if they did not
+//! exist), and [`abi::CMD_CLOSE_CTX`] destroys everything a context owns.
+
+use super::*;
+use crate::abi::Status;
+
+/// Which device contexts are open: [`abi::DEFAULT_CTX`] always, others
+/// from [`abi::CMD_OPEN_CTX`] to [`abi::CMD_CLOSE_CTX`]. Numbers are
+/// handed out cyclically, so a closed context's number is not reused
+/// until the other [`abi::MAX_CTX`]` - 2` have been.
+#[derive(Debug, Clone)]
+pub(super) struct Contexts {
+    open: Vec<bool>,
+    next: usize,
+}
+
+impl Default for Contexts {
+    fn default() -> Self {
+        let mut open = vec![false; abi::MAX_CTX];
+        open[usize::from(abi::DEFAULT_CTX)] = true;
+        Contexts { open, next: 1 }
+    }
+}
+
+impl Contexts {
+    /// True when `ctx` is open.
+    pub(super) fn is_open(&self, ctx: u16) -> bool {
+        self.open.get(usize::from(ctx)).copied().unwrap_or(false)
+    }
+
+    /// Number of open contexts, [`abi::DEFAULT_CTX`] included.
+    pub(super) fn count(&self) -> usize {
+        self.open.iter().filter(|o| **o).count()
+    }
+
+    /// Opens the next free context; `None` when all [`abi::MAX_CTX`] are open.
+    fn open(&mut self) -> Option<u16> {
+        for i in 0..abi::MAX_CTX {
+            let c = (self.next + i) % abi::MAX_CTX;
+            if c != usize::from(abi::DEFAULT_CTX) && !self.open[c] {
+                self.open[c] = true;
+                self.next = (c + 1) % abi::MAX_CTX;
+                return u16::try_from(c).ok();
+            }
+        }
+        None
+    }
+
+    /// Keeps the cyclic position of `old` (across a device reset).
+    pub(super) fn continue_after(&mut self, old: &Contexts) {
+        self.next = old.next;
+    }
+}
+
+impl Device {
+    /// The context owning PD `pdn`, if it exists.
+    pub(super) fn pd_ctx(&self, pdn: u32) -> Option<u16> {
+        self.pds.get(pdn).copied()
+    }
+
+    /// True when PD `pdn` exists and `ctx` owns it.
+    pub(super) fn owns_pd(&self, ctx: u16, pdn: u32) -> bool {
+        self.pd_ctx(pdn) == Some(ctx)
+    }
+
+    /// True when CQ `cqn` exists and `ctx` owns it.
+    pub(super) fn owns_cq(&self, ctx: u16, cqn: u32) -> bool {
+        self.cqs.get(cqn).is_some_and(|c| c.ctx == ctx)
+    }
+
+    /// True when QP `qpn` exists and `ctx` owns it (through its PD).
+    pub(super) fn owns_qp(&self, ctx: u16, qpn: u32) -> bool {
+        self.qps.get(qpn).is_some_and(|q| self.owns_pd(ctx, q.pdn))
+    }
+
+    /// True when SRQ `srqn` exists and `ctx` owns it (through its PD).
+    pub(super) fn owns_srq(&self, ctx: u16, srqn: u32) -> bool {
+        self.srqs
+            .get(srqn)
+            .is_some_and(|s| self.owns_pd(ctx, s.pdn))
+    }
+
+    /// True when AH `ahn` exists and `ctx` owns it (through its PD).
+    pub(super) fn owns_ah(&self, ctx: u16, ahn: u32) -> bool {
+        self.ahs.get(ahn).is_some_and(|a| self.owns_pd(ctx, a.pdn))
+    }
+
+    /// True when the MR with local key `lkey` exists and `ctx` owns it
+    /// (through its PD).
+    pub(super) fn owns_mr(&self, ctx: u16, lkey: u32) -> bool {
+        self.mrs.get(lkey).is_ok_and(|m| self.owns_pd(ctx, m.pdn))
+    }
+
+    /// The context an event is for: the owner of the CQ, QP or SRQ it
+    /// names; [`abi::ALL_CTX`] for a device event; `None` when the object
+    /// is gone (the event is then dropped: nobody can act on it).
+    pub(super) fn event_ctx(&self, ev: &abi::Event) -> Option<u16> {
+        match ev.kind {
+            abi::EV_COMP | abi::EV_CQ_ERR => self.cqs.get(ev.handle).map(|c| c.ctx),
+            abi::EV_SRQ_LIMIT => self.srqs.get(ev.handle).and_then(|s| self.pd_ctx(s.pdn)),
+            abi::EV_DEVICE_FATAL => Some(abi::ALL_CTX),
+            _ => self.qps.get(ev.handle).and_then(|q| self.pd_ctx(q.pdn)),
+        }
+    }
+
+    /// Number of open device contexts, [`abi::DEFAULT_CTX`] included.
+    pub fn context_count(&self) -> usize {
+        self.ctxs.count()
+    }
+
+    /// Numbers of live objects `(PDs, MRs, CQs, QPs, AHs, SRQs)`, over all
+    /// contexts: what a closed context must give back.
+    pub fn object_counts(&self) -> [usize; 6] {
+        [
+            self.pds.len(),
+            self.mrs.len(),
+            self.cqs.len(),
+            self.qps.len(),
+            self.ahs.len(),
+            self.srqs.len(),
+        ]
+    }
+
+    /// `CMD_OPEN_CTX` from context `ctx`.
+    pub(super) fn open_ctx(&mut self, ctx: u16) -> Result<u32, Status> {
+        if ctx != abi::DEFAULT_CTX {
+            return Err(abi::STATUS_EPERM);
+        }
+        self.ctxs.open().map(u32::from).ok_or(abi::STATUS_ENOMEM)
+    }
+
+    /// `CMD_CLOSE_CTX` of `target` from context `ctx`: destroys the
+    /// target's QPs (releasing their responder resources), SRQs, CQs, AHs,
+    /// MRs and PDs, in that order, then frees its number. Bounded by the
+    /// device's object limits.
+    pub(super) fn close_ctx(&mut self, ctx: u16, target: u32) -> Result<(), Status> {
+        if ctx != abi::DEFAULT_CTX {
+            return Err(abi::STATUS_EPERM);
+        }
+        let target = u16::try_from(target).map_err(|_| abi::STATUS_EINVAL)?;
+        if target == abi::DEFAULT_CTX {
+            return Err(abi::STATUS_EINVAL);
+        }
+        if !self.ctxs.is_open(target) {
+            return Err(abi::STATUS_ENOENT);
+        }
+        let qpns: Vec<u32> = self
+            .qps
+            .values()
+            .filter(|q| self.owns_pd(target, q.pdn))
+            .map(|q| q.qpn)
+            .collect();
+        for qpn in qpns {
+            if let Some(mut qp) = self.qps.remove(qpn) {
+                qp.resp.release(&mut self.out);
+            }
+        }
+        let srqns: Vec<u32> = self
+            .srqs
+            .values()
+            .filter(|s| self.owns_pd(target, s.pdn))
+            .map(|s| s.srqn)
+            .collect();
+        for srqn in srqns {
+            self.srqs.remove(srqn);
+        }
+        let cqns: Vec<u32> = self
+            .cqs
+            .values()
+            .filter(|c| c.ctx == target)
+            .map(|c| c.cqn)
+            .collect();
+        for cqn in cqns {
+            self.cqs.remove(cqn);
+        }
+        let ahns: Vec<u32> = self
+            .ahs
+            .values()
+            .filter(|a| self.owns_pd(target, a.pdn))
+            .map(|a| a.ahn)
+            .collect();
+        for ahn in ahns {
+            self.ahs.remove(ahn);
+        }
+        let pdns: Vec<u32> = self
+            .pds
+            .iter()
+            .filter(|(_, c)| **c == target)
+            .map(|(pdn, _)| pdn)
+            .collect();
+        for pdn in &pdns {
+            self.mrs.remove_pd(*pdn);
+            self.pds.remove(*pdn);
+        }
+        self.ctxs.open[usize::from(target)] = false;
+        Ok(())
+    }
+}
