@@ -1709,7 +1709,7 @@ mod tests {
         // command fails within the grace, not after its own timeout.
         let t0 = Instant::now();
         assert!(matches!(
-            ctrl.execute(1, &[4, 5], &mut resp, t),
+            ctrl.execute(0, 1, &[4, 5], &mut resp, t),
             Err(TransportError::Timeout(ms)) if ms == STALE_COMMAND_GRACE.as_millis() as u64
         ));
         assert!(
@@ -1719,12 +1719,12 @@ mod tests {
         );
         assert!(ctrl.pending.is_some());
         release.store(true, Ordering::SeqCst);
-        assert_eq!(ctrl.execute(1, &[4, 5], &mut resp, t).unwrap(), 2);
+        assert_eq!(ctrl.execute(0, 1, &[4, 5], &mut resp, t).unwrap(), 2);
         assert_eq!(&resp[..2], &[5, 4]);
         assert!(ctrl.pending.is_none());
         // Many commands: the ring wraps.
         for i in 0..50u8 {
-            assert_eq!(ctrl.execute(2, &[i, 1], &mut resp, t).unwrap(), 2);
+            assert_eq!(ctrl.execute(0, 2, &[i, 1], &mut resp, t).unwrap(), 2);
             assert_eq!(&resp[..2], &[1, i]);
         }
         assert_eq!(ctrl.queue.q.num_free(), 4);
