@@ -11,6 +11,7 @@
 //!   (the TCP exchange, message checks, the `--loopback` run).
 #![deny(missing_docs)]
 
+pub mod agent;
 pub mod dma;
 pub mod loopback;
 pub mod pci;

@@ -31,6 +31,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use std::net::Ipv4Addr;
+
 use vrnic::abi::{self, Pod};
 use vrnic::device::{Device, DeviceConfig, DeviceStats, Nanos};
 use vrnic::link::Link;
@@ -224,6 +226,80 @@ impl Drop for LoopbackMemory {
             unsafe { libc::munmap(a.base as *mut libc::c_void, a.size) };
         }
     }
+}
+
+/// Parses an in-process device's description,
+/// `netdev=IF,ip=A.B.C.D/N[,mac=xx:..][,mtu=M]` (libibverbs'
+/// `VRNIC_LOOPBACK`, `vrnic-agent --loopback`): the interface, the port's
+/// IPv4 address and prefix (GID index 1), the MAC and link MTU (default:
+/// the interface's, from sysfs). Errors: a readable message.
+pub fn parse_spec(spec: &str) -> Result<(String, DeviceConfig), String> {
+    let mut netdev = None;
+    let mut ip = None;
+    let mut mac = None;
+    let mut mtu = None;
+    for kv in spec.split(',').filter(|s| !s.is_empty()) {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("{kv:?} is not key=value"))?;
+        match k.trim() {
+            "netdev" => netdev = Some(v.trim().to_string()),
+            "ip" => {
+                let (a, n) = v.split_once('/').unwrap_or((v, "24"));
+                let a: Ipv4Addr = a.trim().parse().map_err(|e| format!("ip {a:?}: {e}"))?;
+                let n: u8 = n
+                    .trim()
+                    .parse()
+                    .ok()
+                    .filter(|n| *n <= 32)
+                    .ok_or_else(|| format!("prefix length {n:?}"))?;
+                ip = Some((a, n));
+            }
+            "mac" => mac = Some(parse_mac(v.trim())?),
+            "mtu" => mtu = Some(v.trim().parse().map_err(|e| format!("mtu {v:?}: {e}"))?),
+            other => return Err(format!("unknown key {other:?}")),
+        }
+    }
+    let netdev = netdev.ok_or("netdev= missing")?;
+    let (ipv4, prefix_len) = ip.ok_or("ip= missing")?;
+    let mac = match mac {
+        Some(m) => m,
+        None => parse_mac(sysfs_net(&netdev, "address")?.trim())?,
+    };
+    let link_mtu = match mtu {
+        Some(m) => m,
+        None => sysfs_net(&netdev, "mtu")?
+            .trim()
+            .parse()
+            .map_err(|e| format!("mtu of {netdev}: {e}"))?,
+    };
+    Ok((
+        netdev,
+        DeviceConfig {
+            mac,
+            ipv4,
+            prefix_len,
+            ipv6: Vec::new(),
+            link_mtu,
+        },
+    ))
+}
+
+fn sysfs_net(netdev: &str, attr: &str) -> Result<String, String> {
+    let p = format!("/sys/class/net/{netdev}/{attr}");
+    std::fs::read_to_string(&p).map_err(|e| format!("{p}: {e}"))
+}
+
+fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let mut m = [0u8; 6];
+    let parts: Vec<&str> = s.split(':').collect();
+    if parts.len() != 6 {
+        return Err(format!("MAC {s:?}"));
+    }
+    for (b, p) in m.iter_mut().zip(parts) {
+        *b = u8::from_str_radix(p, 16).map_err(|_| format!("MAC {s:?}"))?;
+    }
+    Ok(m)
 }
 
 /// Requests to the engine thread.

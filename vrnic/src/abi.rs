@@ -208,6 +208,33 @@ pub const CMD_OPEN_CTX: u16 = 21;
 /// and frees its number. Only [`DEFAULT_CTX`] may close one.
 pub const CMD_CLOSE_CTX: u16 = 22;
 
+/// `CMD_QUERY_USAGE`: body none; response [`Usage`]: the objects that
+/// exist in the whole device, every context together (what `rdma
+/// resource` shows for a kernel RNIC). Only [`DEFAULT_CTX`] may ask.
+pub const CMD_QUERY_USAGE: u16 = 23;
+
+/// Response of [`CMD_QUERY_USAGE`], 32 bytes: counts of live objects.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Open device contexts, [`DEFAULT_CTX`] included.
+    pub ctxs: u32,
+    /// Protection domains.
+    pub pds: u32,
+    /// Memory regions.
+    pub mrs: u32,
+    /// Completion queues.
+    pub cqs: u32,
+    /// Queue pairs.
+    pub qps: u32,
+    /// Address handles.
+    pub ahs: u32,
+    /// Shared receive queues.
+    pub srqs: u32,
+    /// Page-list entries of all MRs.
+    pub mr_pages: u32,
+}
+
 /// The device context every driver has without opening one: the context
 /// of a driver that does not share the device, and of a guest agent's own
 /// commands (device spec §5.x.6.13).
@@ -983,6 +1010,7 @@ pub fn rq_stride(max_sge: u32) -> u32 {
 
 pod!(
     ConfigSpace = 64,
+    Usage = 32,
     CmdHeader = 8,
     RespHeader = 8,
     Handle = 8,

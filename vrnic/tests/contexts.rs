@@ -245,6 +245,13 @@ fn closing_a_context_mid_transfer_frees_everything_and_others_carry_on() {
         "the closed context left objects behind"
     );
     assert_eq!(p.a.dev.context_count(), 2);
+    p.a.ctx = abi::DEFAULT_CTX;
+    let u = abi::Usage::read_from(&p.a.cmd(abi::CMD_QUERY_USAGE, &h(0)).unwrap()).unwrap();
+    assert_eq!(
+        [u.ctxs, u.pds, u.mrs, u.cqs, u.qps, u.ahs, u.srqs, u.mr_pages],
+        [2, 2, 1, 2, 2, 0, 0, 1],
+        "usage after the close: a's default-context pair, the other program's objects"
+    );
 
     // The peer fails cleanly (no hang): RNR or retry exhaustion.
     let mut cb = std::mem::replace(&mut p.cb, p.b.create_cq(1));

@@ -8,18 +8,24 @@
 //!   interface `IF`, with IPv4 address `A.B.C.D/N` (GID index 1), the
 //!   interface's MAC unless `mac=` is given, and the interface's MTU unless
 //!   `mtu=` is given;
-//! - otherwise (in a VM) one device per vrnic virtio-pci function, opened
-//!   with guest-lib's user-space driver (`PciTransport`), as guest-lib's
-//!   tools open it; `VRNIC_PCI=BDF` picks the function, default the first.
+//! - with `VRNIC_AGENT_SOCKET=PATH`: one device, `vrnic0`, served by the
+//!   guest agent listening at `PATH` (`vrnic-agent`, `vrnic_guest::agent`);
+//! - otherwise (in a VM) one device per vrnic virtio-pci function
+//!   (`VRNIC_PCI=BDF` picks the function, default the first), reached
+//!   through the guest agent, which is started on first use
+//!   (`/usr/lib/vrnic/vrnic-agent`, or `VRNIC_AGENT=PATH`), so several
+//!   processes can use the device at once; with `VRNIC_AGENT=off`, or
+//!   without the agent binary, opened directly with guest-lib's user-space
+//!   driver (`PciTransport`) by this one process.
 //!
 //! Devices are created once per process and never freed, as rdma-core keeps
 //! its device list; `ibv_free_device_list(3)` frees only the array.
 
 use std::ffi::{c_char, c_int, CStr};
-use std::net::Ipv4Addr;
 use std::sync::OnceLock;
 
 use vrnic::device::DeviceConfig;
+use vrnic_guest::agent::{self, client::AgentTransport};
 use vrnic_guest::loopback::LoopbackTransport;
 use vrnic_guest::transport::Transport;
 
@@ -39,8 +45,20 @@ pub enum DeviceKind {
         /// Device configuration (MAC, IPv4, MTU).
         cfg: DeviceConfig,
     },
-    /// A virtio-pci function (`None`: the first found).
+    /// A virtio-pci function (`None`: the first found), opened directly
+    /// (`VRNIC_AGENT=off`, or no agent binary installed): this process
+    /// then has the device to itself.
     Pci(Option<String>),
+    /// A device served by a guest agent on a Unix socket
+    /// (`vrnic_guest::agent`): several processes share it. `spawn`: the
+    /// agent binary to start, and the function it should serve, when no
+    /// agent answers.
+    Agent {
+        /// The agent's socket.
+        socket: std::path::PathBuf,
+        /// The agent to start when none answers.
+        spawn: Option<(std::path::PathBuf, Option<String>)>,
+    },
 }
 
 /// A device of the list: the `struct ibv_device` applications see, first,
@@ -55,74 +73,9 @@ pub struct VrnicDevice {
     pub guid: u64,
 }
 
-/// Parses `VRNIC_LOOPBACK`'s value.
+/// Parses `VRNIC_LOOPBACK`'s value ([`vrnic_guest::loopback::parse_spec`]).
 pub fn parse_loopback(spec: &str) -> Result<(String, DeviceConfig), String> {
-    let mut netdev = None;
-    let mut ip = None;
-    let mut mac = None;
-    let mut mtu = None;
-    for kv in spec.split(',').filter(|s| !s.is_empty()) {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| format!("{kv:?} is not key=value"))?;
-        match k.trim() {
-            "netdev" => netdev = Some(v.trim().to_string()),
-            "ip" => {
-                let (a, n) = v.split_once('/').unwrap_or((v, "24"));
-                let a: Ipv4Addr = a.trim().parse().map_err(|e| format!("ip {a:?}: {e}"))?;
-                let n: u8 = n
-                    .trim()
-                    .parse()
-                    .ok()
-                    .filter(|n| *n <= 32)
-                    .ok_or_else(|| format!("prefix length {n:?}"))?;
-                ip = Some((a, n));
-            }
-            "mac" => mac = Some(parse_mac(v.trim())?),
-            "mtu" => mtu = Some(v.trim().parse().map_err(|e| format!("mtu {v:?}: {e}"))?),
-            other => return Err(format!("unknown key {other:?}")),
-        }
-    }
-    let netdev = netdev.ok_or("netdev= missing")?;
-    let (ipv4, prefix_len) = ip.ok_or("ip= missing")?;
-    let mac = match mac {
-        Some(m) => m,
-        None => parse_mac(sysfs_net(&netdev, "address")?.trim())?,
-    };
-    let link_mtu = match mtu {
-        Some(m) => m,
-        None => sysfs_net(&netdev, "mtu")?
-            .trim()
-            .parse()
-            .map_err(|e| format!("mtu of {netdev}: {e}"))?,
-    };
-    Ok((
-        netdev,
-        DeviceConfig {
-            mac,
-            ipv4,
-            prefix_len,
-            ipv6: Vec::new(),
-            link_mtu,
-        },
-    ))
-}
-
-fn sysfs_net(netdev: &str, attr: &str) -> Result<String, String> {
-    let p = format!("/sys/class/net/{netdev}/{attr}");
-    std::fs::read_to_string(&p).map_err(|e| format!("{p}: {e}"))
-}
-
-fn parse_mac(s: &str) -> Result<[u8; 6], String> {
-    let mut m = [0u8; 6];
-    let parts: Vec<&str> = s.split(':').collect();
-    if parts.len() != 6 {
-        return Err(format!("MAC {s:?}"));
-    }
-    for (b, p) in m.iter_mut().zip(parts) {
-        *b = u8::from_str_radix(p, 16).map_err(|_| format!("MAC {s:?}"))?;
-    }
-    Ok(m)
+    vrnic_guest::loopback::parse_spec(spec)
 }
 
 /// The node GUID rxe derives from a MAC (modified EUI-64), in network byte order.
@@ -176,6 +129,13 @@ fn devices() -> &'static [&'static VrnicDevice] {
                 }
             };
         }
+        if let Some(sock) = std::env::var_os(agent::SOCKET_ENV) {
+            let kind = DeviceKind::Agent {
+                socket: sock.into(),
+                spawn: None,
+            };
+            return vec![&*Box::leak(Box::new(new_device("vrnic0", kind, 0)))];
+        }
         let bdf = std::env::var("VRNIC_PCI").ok();
         let root = std::path::Path::new(vrnic_guest::pci::SYSFS_PCI_DEVICES);
         // A usable virtio-pci function (one no kernel driver holds): whether it
@@ -183,12 +143,29 @@ fn devices() -> &'static [&'static VrnicDevice] {
         let candidate = bdf.is_some()
             || vrnic_guest::pci::scan(root).is_ok_and(|v| v.iter().any(|c| c.skip.is_none()));
         if candidate {
-            let d = new_device("vrnic0", DeviceKind::Pci(bdf), 0);
+            let d = new_device("vrnic0", pci_kind(bdf), 0);
             vec![&*Box::leak(Box::new(d))]
         } else {
             Vec::new()
         }
     })
+}
+
+/// How this process reaches PCI function `bdf`: through the guest agent
+/// (started on first use from `VRNIC_AGENT`, default
+/// `/usr/lib/vrnic/vrnic-agent`), or directly when `VRNIC_AGENT=off` or
+/// the agent binary is not installed.
+fn pci_kind(bdf: Option<String>) -> DeviceKind {
+    let bin = std::env::var_os(agent::AGENT_BIN_ENV)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| agent::DEFAULT_AGENT_BIN.into());
+    if bin.as_os_str() == "off" || !bin.exists() {
+        return DeviceKind::Pci(bdf);
+    }
+    DeviceKind::Agent {
+        socket: agent::default_socket(bdf.as_deref()),
+        spawn: Some((bin, bdf)),
+    }
 }
 
 /// Writes a line to stderr, ignoring failure (no panic at the C boundary).
@@ -212,6 +189,14 @@ pub fn open_transport(dev: &VrnicDevice) -> Result<Box<dyn Transport>, (c_int, S
         DeviceKind::Pci(bdf) => vrnic_guest::pci::PciTransport::open(bdf.as_deref())
             .map(|t| Box::new(t) as Box<dyn Transport>)
             .map_err(|e| (libc::ENODEV, e.to_string())),
+        DeviceKind::Agent { socket, spawn } => {
+            let t = match spawn {
+                Some((bin, bdf)) => AgentTransport::connect_or_spawn(socket, bin, bdf.as_deref()),
+                None => AgentTransport::connect(socket),
+            };
+            t.map(|t| Box::new(t) as Box<dyn Transport>)
+                .map_err(|e| (libc::ENODEV, e.to_string()))
+        }
     }
 }
 

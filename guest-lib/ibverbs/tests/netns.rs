@@ -21,6 +21,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{lib_dir, run_bounded, which};
+use vrnic_guest::agent::client::AgentTransport;
 
 /// Bound on one program run (also passed to timeout(1)).
 const RUN_LIMIT: Duration = Duration::from_secs(60);
@@ -111,6 +112,71 @@ impl Pair {
     /// The kernel's address of side `side` (rc_pingpong's TCP exchange).
     fn host_ip(&self, side: usize) -> String {
         format!("10.9.{}.{}", self.net, side + 1)
+    }
+
+    /// Like [`Pair::command`], but the program reaches the device through
+    /// the agent `agent` (`VRNIC_AGENT_SOCKET`), and runs without
+    /// timeout(1) (so that its pid is the child's: the kill test signals
+    /// it; [`Reaped`] bounds it instead).
+    fn agent_command(
+        &self,
+        side: usize,
+        lib: &PathBuf,
+        agent: &Agent,
+        prog: &str,
+        args: &[&str],
+    ) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns[side], prog])
+            .args(args)
+            .env("LD_LIBRARY_PATH", lib)
+            .env("VRNIC_AGENT_SOCKET", &agent.socket)
+            .env_remove("VRNIC_LOOPBACK");
+        c
+    }
+
+    /// Starts `vrnic-agent` over a loopback device on side `side`'s veth
+    /// (the address [`Pair::command`] gives that side), its socket in a
+    /// directory of its own; waits (bounded) until it answers.
+    fn start_agent(&self, side: usize) -> Agent {
+        let dir = std::env::temp_dir().join(format!(
+            "vrnic-agent-{}-{}-{side}",
+            std::process::id(),
+            self.net
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("agent dir");
+        let socket = dir.join("agent.sock");
+        let spec = format!(
+            "netdev={},ip=10.9.{}.{}/24",
+            self.ifname[side],
+            self.net,
+            side + 11
+        );
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.ns[side]])
+            .arg(agent_bin())
+            .args(["--linger", "0", "--loopback", &spec, "--socket"])
+            .arg(&socket)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("agent.log")).expect("agent log"))
+            .spawn()
+            .expect("start vrnic-agent");
+        let agent = Agent {
+            child: Some(child),
+            socket,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while AgentTransport::status(&agent.socket).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "vrnic-agent did not answer:\n{}",
+                agent.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        agent
     }
 
     /// A command run in side `side`'s namespace under timeout(1), with
@@ -442,4 +508,256 @@ fn perftest_all_sizes_and_several_qps() {
         }
         eprintln!("{t} {extra:?}:\n{c}");
     }
+}
+
+/// The `vrnic-agent` binary of this tree: built here (cargo's lock on
+/// the target directory is free while tests run), so a test never runs a
+/// stale agent. Built once per test process.
+fn agent_bin() -> PathBuf {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    let dir = lib_dir().parent().expect("target/<profile>").to_path_buf();
+    BUILT.call_once(|| {
+        let mut c = Command::new(env!("CARGO"));
+        c.args(["build", "-p", "vrnic-guest", "--bin", "vrnic-agent"]);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            c.arg("--release");
+        }
+        let out = run_bounded(&mut c, Duration::from_secs(900));
+        assert!(
+            out.status.success(),
+            "building vrnic-agent failed: {}",
+            text(&out)
+        );
+    });
+    dir.join("vrnic-agent")
+}
+
+/// A running `vrnic-agent`; stopped with SIGTERM (bounded, then SIGKILL)
+/// and its directory removed on drop.
+struct Agent {
+    child: Option<Child>,
+    socket: PathBuf,
+    dir: PathBuf,
+}
+
+impl Agent {
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+    }
+
+    /// (programs, usage) from `vrnic-agent --status`'s query.
+    fn status(&self) -> (u32, vrnic::abi::Usage) {
+        AgentTransport::status(&self.socket).expect("agent status")
+    }
+
+    /// Waits (bounded) until the agent serves no program and its device
+    /// holds no object: what every program left must be gone.
+    fn wait_empty(&self, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (programs, u) = self.status();
+            let left = [u.pds, u.mrs, u.cqs, u.qps, u.ahs, u.srqs, u.mr_pages];
+            if programs == 0 && u.ctxs == 1 && left == [0; 7] {
+                eprintln!("{what}: empty: {u:?}");
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: the agent still has {programs} programs, {u:?}\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: signalling the agent process this test started.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Starts `prog args` as server on side 0 and, once it listens on `port`,
+/// `prog args <server>` as client on side 1, both through their side's agent.
+fn start_agent_pair(
+    pair: &Pair,
+    lib: &PathBuf,
+    agents: &[Agent; 2],
+    prog: &str,
+    args: &[&str],
+    port: u16,
+) -> (Reaped, Reaped) {
+    let mut server = pair
+        .agent_command(0, lib, &agents[0], prog, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    pair.wait_listening(0, port, &mut server);
+    let host = pair.host_ip(0);
+    let mut cargs = args.to_vec();
+    cargs.push(&host);
+    let client = pair
+        .agent_command(1, lib, &agents[1], prog, &cargs)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the client");
+    (Reaped(Some(server)), Reaped(Some(client)))
+}
+
+/// Two perftest pairs at once through one agent per side (several
+/// processes on one device), `ibv_devinfo` while they run, and afterwards
+/// nothing left on either device.
+#[test]
+fn several_programs_share_a_device_through_the_agent() {
+    let Some(pair) = Pair::create("agent", 49) else {
+        return;
+    };
+    if which("ib_write_bw").is_none() {
+        eprintln!("skipping: perftest not installed");
+        return;
+    }
+    let lib = lib_dir();
+    let agents = [pair.start_agent(0), pair.start_agent(1)];
+    let port = 21300u16 + (std::process::id() % 500) as u16;
+    let (p1, p2) = (port.to_string(), (port + 1).to_string());
+    let a = start_agent_pair(
+        &pair,
+        &lib,
+        &agents,
+        "ib_write_bw",
+        &["-x", "1", "-p", &p1, "-n", "2000"],
+        port,
+    );
+    let b = start_agent_pair(
+        &pair,
+        &lib,
+        &agents,
+        "ib_send_bw",
+        &["-x", "1", "-p", &p2, "-n", "2000"],
+        port + 1,
+    );
+    let info = run_bounded(
+        &mut pair.agent_command(0, &lib, &agents[0], "ibv_devinfo", &["-v"]),
+        RUN_LIMIT,
+    );
+    let t = text(&info);
+    assert!(
+        info.status.success() && t.contains("hca_id:\tvrnic0") && t.contains("::ffff:10.9.49.11"),
+        "ibv_devinfo beside two benchmarks:\n{t}"
+    );
+    for (name, (server, client)) in [("ib_write_bw", a), ("ib_send_bw", b)] {
+        let c = client.wait_bounded(RUN_LIMIT);
+        let s = server.wait_bounded(RUN_LIMIT);
+        assert!(c.status.success(), "{name} client:\n{}", text(&c));
+        assert!(s.status.success(), "{name} server:\n{}", text(&s));
+        assert!(
+            text(&c).contains("#bytes"),
+            "{name}: no result\n{}",
+            text(&c)
+        );
+    }
+    agents[0].wait_empty("side 0 after the benchmarks");
+    agents[1].wait_empty("side 1 after the benchmarks");
+}
+
+/// A program killed with SIGKILL while its QPs are connected and
+/// transferring: its peer fails with an error (no hang), the agent closes
+/// its context (every QP, CQ, MR and PD gone), and a second program on the
+/// same device, running meanwhile, completes.
+#[test]
+fn a_program_killed_mid_transfer_leaves_nothing_behind() {
+    let Some(pair) = Pair::create("kill", 50) else {
+        return;
+    };
+    if which("ib_write_bw").is_none() {
+        eprintln!("skipping: perftest not installed");
+        return;
+    }
+    let lib = lib_dir();
+    let agents = [pair.start_agent(0), pair.start_agent(1)];
+    let port = 21900u16 + (std::process::id() % 500) as u16;
+    let (p1, p2) = (port.to_string(), (port + 1).to_string());
+    // The survivor: a latency run of a few seconds.
+    let survivor = start_agent_pair(
+        &pair,
+        &lib,
+        &agents,
+        "ib_write_lat",
+        &["-x", "1", "-p", &p2, "-n", "5000"],
+        port + 1,
+    );
+    // The victim: a bandwidth run of 30 s, killed once both of its QPs exist.
+    let (mut victim, victim_client) = start_agent_pair(
+        &pair,
+        &lib,
+        &agents,
+        "ib_write_bw",
+        &["-x", "1", "-p", &p1, "-D", "30"],
+        port,
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        // Two programs each side (victim and survivor), each with a QP.
+        let (n0, u0) = agents[0].status();
+        let (n1, u1) = agents[1].status();
+        if n0 >= 2 && n1 >= 2 && u0.qps >= 2 && u1.qps >= 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the victim never connected: {u0:?} {u1:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (_, before) = agents[0].status();
+    assert!(before.mrs >= 2 && before.mr_pages > 0, "{before:?}");
+    let child = victim.0.as_mut().expect("victim");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the victim ended before the kill"
+    );
+    // SAFETY: killing the ib_write_bw this test started (ip netns exec
+    // execs it: same pid).
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGKILL) }, 0);
+    let v = victim.wait_bounded(RUN_LIMIT);
+    assert!(!v.status.success());
+    // Its peer fails, within the bound, rather than hanging for 30 s more.
+    let started = Instant::now();
+    let vc = victim_client.wait_bounded(RUN_LIMIT);
+    assert!(
+        !vc.status.success(),
+        "the killed server's client succeeded:\n{}",
+        text(&vc)
+    );
+    eprintln!(
+        "victim's client failed after {:?}:\n{}",
+        started.elapsed(),
+        text(&vc)
+    );
+    // The survivor completes.
+    let (server, client) = survivor;
+    let c = client.wait_bounded(RUN_LIMIT);
+    let s = server.wait_bounded(RUN_LIMIT);
+    assert!(c.status.success(), "survivor client:\n{}", text(&c));
+    assert!(s.status.success(), "survivor server:\n{}", text(&s));
+    // Nothing of anyone is left.
+    agents[0].wait_empty("side 0 after the kill");
+    agents[1].wait_empty("side 1 after the kill");
+    assert!(
+        agents[0].log().contains("program gone; context closed"),
+        "{}",
+        agents[0].log()
+    );
 }

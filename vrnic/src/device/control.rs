@@ -349,6 +349,25 @@ impl Device {
                     },
                 ))
             }
+            abi::CMD_QUERY_USAGE => {
+                if ctx != abi::DEFAULT_CTX {
+                    return Err(abi::STATUS_EPERM);
+                }
+                let [pds, mrs, cqs, qps, ahs, srqs] = self.object_counts().map(|n| n as u32);
+                Ok(put(
+                    out,
+                    &abi::Usage {
+                        ctxs: self.context_count() as u32,
+                        pds,
+                        mrs,
+                        cqs,
+                        qps,
+                        ahs,
+                        srqs,
+                        mr_pages: self.mrs.pages() as u32,
+                    },
+                ))
+            }
             abi::CMD_CLOSE_CTX => {
                 self.close_ctx(ctx, handle(args)?)?;
                 Ok(0)

@@ -1,0 +1,415 @@
+//! A program's side: [`AgentTransport`], a [`Transport`] to a device
+//! through its guest agent (see the [module documentation](super)).
+//!
+//! Commands and doorbells go over the agent socket; events arrive on a
+//! second socket whose other end the program handed the agent
+//! ([`Transport::event_fd`] is that socket, so completion channels sleep
+//! in `poll(2)` on it). DMA memory and address translation are the
+//! program's own: hugepage memory and `/proc/self/pagemap` in a VM
+//! ([`proto::MODE_PHYS`], pinned with [`Pins`]), plain memory and
+//! `ctx << 48 | address` for an agent over an in-process device
+//! ([`proto::MODE_PROCESS`]).
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use vrnic::abi::{self, Pod};
+
+use super::pin::Pins;
+use super::procmem::device_address;
+use super::proto::{self, Welcome};
+use crate::dma::DmaAllocator;
+use crate::transport::{DmaBuf, Transport, TransportError};
+
+/// Longest wait for the agent's answer to a command (a large `REG_MR`
+/// takes the device tens of ms; the agent serves programs in turn).
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for a started agent to accept connections.
+pub const SPAWN_TIMEOUT: Duration = Duration::from_secs(20);
+
+fn io_err(what: impl Into<String>, source: std::io::Error) -> TransportError {
+    TransportError::Io {
+        what: what.into(),
+        source,
+    }
+}
+
+fn gone() -> TransportError {
+    TransportError::NoDevice("the vrnic agent has gone away".into())
+}
+
+/// Where DMA memory comes from.
+#[derive(Debug)]
+enum Memory {
+    /// A VM: hugepages, pagemap, pins.
+    Phys { dma: DmaAllocator },
+    /// An in-process device in the agent: plain mappings of this process.
+    Process { maps: Vec<(usize, usize)> },
+}
+
+/// A [`Transport`] through the guest agent. See the [module documentation](self).
+#[derive(Debug)]
+pub struct AgentTransport {
+    sock: OwnedFd,
+    events: OwnedFd,
+    config: abi::ConfigSpace,
+    ctx: u16,
+    mem: Memory,
+    pins: Option<Pins>,
+    /// An `EV_DEVICE_FATAL` is owed: the agent went away.
+    lost: bool,
+    pending: VecDeque<abi::Event>,
+}
+
+impl AgentTransport {
+    /// Connects to the agent at `path`. Errors: no agent there
+    /// ([`TransportError::Io`] with the `connect(2)` error), or the agent
+    /// refused (`NoDevice`, or `Status` with its errno).
+    pub fn connect(path: &Path) -> Result<AgentTransport, TransportError> {
+        let sock = proto::connect(path).map_err(|e| io_err("connecting to the vrnic agent", e))?;
+        let (events, events_peer) =
+            proto::seqpacket_pair().map_err(|e| io_err("creating the event socket", e))?;
+        proto::set_nonblocking(&events).map_err(|e| io_err("event socket", e))?;
+        // Pins matter only where the device uses physical addresses; without
+        // io_uring the pages are still locked (mlock) but may be reused if the
+        // program is killed mid-transfer, which is said once on stderr.
+        let pins = match Pins::new() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(
+                    "io_uring page pins unavailable ({e}); registered memory is only mlocked"
+                );
+                None
+            }
+        };
+        let mut hello = vec![proto::MSG_HELLO];
+        hello.extend_from_slice(&proto::VERSION.to_le_bytes());
+        let pin_fd: i32 = pins.as_ref().map_or(-1, |p| p.fd());
+        hello.extend_from_slice(&pin_fd.to_le_bytes());
+        proto::send(sock.as_raw_fd(), &hello, &[events_peer.as_raw_fd()], 0)
+            .map_err(|e| io_err("agent hello", e))?;
+        drop(events_peer);
+        let mut buf = [0u8; proto::MAX_MSG];
+        if !proto::wait_readable(sock.as_raw_fd(), COMMAND_TIMEOUT)
+            .map_err(|e| io_err("waiting for the agent", e))?
+        {
+            return Err(TransportError::Timeout(COMMAND_TIMEOUT.as_millis() as u64));
+        }
+        let (n, _) = proto::recv(sock.as_raw_fd(), &mut buf, 0).map_err(|e| io_err("agent", e))?;
+        let w = Welcome::decode(&buf[..n]).ok_or_else(gone)?;
+        if w.status != 0 {
+            return Err(TransportError::Status {
+                opcode: abi::CMD_OPEN_CTX,
+                status: w.status,
+            });
+        }
+        let mem = match w.mode {
+            proto::MODE_PHYS => Memory::Phys {
+                dma: DmaAllocator::new()?,
+            },
+            proto::MODE_PROCESS => Memory::Process { maps: Vec::new() },
+            m => {
+                return Err(TransportError::NoDevice(format!(
+                    "agent memory mode {m} unknown"
+                )))
+            }
+        };
+        // An in-process device reaches this process by process_vm_*: a
+        // killed program's memory simply becomes unreachable, no pins needed.
+        let pins = if w.mode == proto::MODE_PHYS {
+            pins
+        } else {
+            None
+        };
+        Ok(AgentTransport {
+            sock,
+            events,
+            config: w.config,
+            ctx: w.ctx,
+            mem,
+            pins,
+            lost: false,
+            pending: VecDeque::new(),
+        })
+    }
+
+    /// Connects to the agent at `path`, starting `agent_bin` first when no
+    /// agent answers there (`agent_bin --socket PATH [--pci BDF]`, detached,
+    /// its log in `PATH.log`), then waiting at most [`SPAWN_TIMEOUT`] for it.
+    /// Two programs starting at once may both start one: the second agent
+    /// finds the device taken and exits, and both programs connect to the first.
+    pub fn connect_or_spawn(
+        path: &Path,
+        agent_bin: &Path,
+        bdf: Option<&str>,
+    ) -> Result<AgentTransport, TransportError> {
+        match Self::connect(path) {
+            Ok(t) => return Ok(t),
+            Err(TransportError::Io { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        let log = PathBuf::from(format!("{}.log", path.display()));
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| io_err("creating the agent's directory", e))?;
+        }
+        let logf = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|e| io_err(format!("opening {}", log.display()), e))?;
+        let mut cmd = Command::new(agent_bin);
+        cmd.arg("--socket").arg(path);
+        if let Some(b) = bdf {
+            cmd.arg("--pci").arg(b);
+        }
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(logf.try_clone().map_err(|e| io_err("agent log", e))?)
+            .stderr(logf);
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setsid is async-signal-safe; the agent leaves this
+            // program's session so that it outlives it.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::setsid();
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| io_err(format!("starting {}", agent_bin.display()), e))?;
+        let deadline = Instant::now() + SPAWN_TIMEOUT;
+        loop {
+            match Self::connect(path) {
+                Ok(t) => {
+                    // Reaped by init once this program exits; no zombie kept
+                    // beyond it. Not waited for here: it keeps running.
+                    drop(child);
+                    return Ok(t);
+                }
+                Err(TransportError::Io { .. }) if Instant::now() < deadline => {
+                    if let Ok(Some(st)) = child.try_wait() {
+                        // Lost the race to another agent, or failed: a last try.
+                        return Self::connect(path).map_err(|_| {
+                            TransportError::NoDevice(format!(
+                                "the vrnic agent exited ({st}); see {}",
+                                log.display()
+                            ))
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Asks the agent at `path` how many programs it serves and what
+    /// objects exist on its device (`abi::Usage`, all contexts).
+    pub fn status(path: &Path) -> Result<(u32, abi::Usage), TransportError> {
+        let sock = proto::connect(path).map_err(|e| io_err("connecting to the vrnic agent", e))?;
+        proto::send(sock.as_raw_fd(), &[proto::MSG_STATUS], &[], 0)
+            .map_err(|e| io_err("agent status", e))?;
+        if !proto::wait_readable(sock.as_raw_fd(), COMMAND_TIMEOUT)
+            .map_err(|e| io_err("waiting for the agent", e))?
+        {
+            return Err(TransportError::Timeout(COMMAND_TIMEOUT.as_millis() as u64));
+        }
+        let mut buf = [0u8; proto::MAX_MSG];
+        let (n, _) = proto::recv(sock.as_raw_fd(), &mut buf, 0).map_err(|e| io_err("agent", e))?;
+        if n < 5 + size_of::<abi::Usage>() || buf[0] != proto::MSG_STATUS {
+            return Err(gone());
+        }
+        let programs = u32::from_le_bytes([buf[1], buf[2], buf[3], buf[4]]);
+        let usage = abi::Usage::read_from(&buf[5..n]).ok_or_else(gone)?;
+        Ok((programs, usage))
+    }
+
+    /// This program's device context.
+    pub fn ctx(&self) -> u16 {
+        self.ctx
+    }
+
+    fn fail(&mut self) -> TransportError {
+        self.lost = true;
+        gone()
+    }
+}
+
+impl Transport for AgentTransport {
+    fn config(&self) -> abi::ConfigSpace {
+        self.config
+    }
+
+    /// Sends the command and waits for the answer, at most [`COMMAND_TIMEOUT`].
+    fn command(
+        &mut self,
+        opcode: u16,
+        body: &[u8],
+        resp: &mut [u8],
+    ) -> Result<usize, TransportError> {
+        if self.lost {
+            return Err(gone());
+        }
+        if body.len() > abi::MAX_CMD_BODY {
+            return Err(io_err(
+                format!("command {opcode}"),
+                std::io::Error::from_raw_os_error(libc::EINVAL),
+            ));
+        }
+        let mut m = Vec::with_capacity(3 + body.len());
+        m.push(proto::MSG_CMD);
+        m.extend_from_slice(&opcode.to_le_bytes());
+        m.extend_from_slice(body);
+        if proto::send(self.sock.as_raw_fd(), &m, &[], 0).is_err() {
+            return Err(self.fail());
+        }
+        match proto::wait_readable(self.sock.as_raw_fd(), COMMAND_TIMEOUT) {
+            Ok(true) => {}
+            Ok(false) => return Err(TransportError::Timeout(COMMAND_TIMEOUT.as_millis() as u64)),
+            Err(_) => return Err(self.fail()),
+        }
+        let mut buf = [0u8; proto::MAX_MSG];
+        let n = match proto::recv(self.sock.as_raw_fd(), &mut buf, 0) {
+            Ok((n, _)) if n >= 5 && buf[0] == proto::MSG_RESP => n,
+            _ => return Err(self.fail()),
+        };
+        let status = u32::from_le_bytes([buf[1], buf[2], buf[3], buf[4]]);
+        if status != 0 {
+            return Err(TransportError::Status { opcode, status });
+        }
+        let body = &buf[5..n];
+        let k = body.len().min(resp.len());
+        resp[..k].copy_from_slice(&body[..k]);
+        Ok(k)
+    }
+
+    fn doorbell(&mut self, db: &abi::Doorbell) -> Result<(), TransportError> {
+        if self.lost {
+            return Err(gone());
+        }
+        let mut m = Vec::with_capacity(1 + size_of::<abi::Doorbell>());
+        m.push(proto::MSG_DB);
+        m.extend_from_slice(db.as_bytes());
+        proto::send(self.sock.as_raw_fd(), &m, &[], 0).map_err(|_| self.fail())
+    }
+
+    fn alloc_dma(&mut self, len: usize, align: usize) -> Result<DmaBuf, TransportError> {
+        match &mut self.mem {
+            Memory::Phys { dma } => {
+                let b = dma.alloc(len, align)?;
+                if let Some(p) = &mut self.pins {
+                    p.pin(b.ptr as usize, b.len)
+                        .map_err(|e| io_err("pinning DMA memory", e))?;
+                }
+                Ok(b)
+            }
+            Memory::Process { maps } => {
+                if !align.is_power_of_two() || align > 2 << 20 {
+                    return Err(TransportError::NoDmaMemory(len));
+                }
+                let align = align.max(4096);
+                let size = len.max(1).div_ceil(4096) * 4096 + align;
+                // SAFETY: an anonymous private mapping; the result is checked.
+                let p = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        size,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                        -1,
+                        0,
+                    )
+                };
+                if p == libc::MAP_FAILED {
+                    return Err(TransportError::NoDmaMemory(len));
+                }
+                maps.push((p as usize, size));
+                let start = (p as usize).next_multiple_of(align);
+                Ok(DmaBuf {
+                    ptr: start as *mut u8,
+                    len,
+                    gpa: device_address(self.ctx, start),
+                })
+            }
+        }
+    }
+
+    fn virt_to_phys(&self, va: usize) -> Result<u64, TransportError> {
+        match &self.mem {
+            Memory::Phys { dma } => dma.pagemap().virt_to_phys(va),
+            Memory::Process { .. } => Ok(device_address(self.ctx, va)),
+        }
+    }
+
+    fn page_size(&self) -> usize {
+        match &self.mem {
+            Memory::Phys { dma } => dma.pagemap().page_size(),
+            Memory::Process { .. } => 4096,
+        }
+    }
+
+    /// Next event from the agent; after the agent went away, one
+    /// `EV_DEVICE_FATAL` (and nothing more).
+    fn poll_event(&mut self) -> Option<abi::Event> {
+        if let Some(e) = self.pending.pop_front() {
+            return Some(e);
+        }
+        let mut buf = [0u8; proto::MAX_MSG];
+        match proto::recv(self.events.as_raw_fd(), &mut buf, libc::MSG_DONTWAIT) {
+            Ok((n, _)) if n > 1 && buf[0] == proto::MSG_EVENT => abi::Event::read_from(&buf[1..n]),
+            Ok((0, _)) if !self.lost => {
+                self.lost = true;
+                Some(abi::Event {
+                    kind: abi::EV_DEVICE_FATAL,
+                    ctx: abi::ALL_CTX,
+                    ..Default::default()
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// The event socket: readable when the agent sent an event.
+    fn event_fd(&self) -> Option<RawFd> {
+        Some(self.events.as_raw_fd())
+    }
+
+    /// Nothing to acknowledge: [`Transport::poll_event`] consumes the messages.
+    fn ack_event(&mut self) {}
+
+    /// Pins the range (the verbs layer has locked it already).
+    fn map_user(&mut self, va: usize, len: usize) -> Result<(), TransportError> {
+        if let Some(p) = &mut self.pins {
+            if let Err(e) = p.pin(va, len) {
+                // A mapping io_uring cannot pin (read-only, file-backed):
+                // locked only, as before pins existed.
+                tracing::debug!("pinning {va:#x}+{len}: {e}; the range is only mlocked");
+            }
+        }
+        Ok(())
+    }
+
+    fn unmap_user(&mut self, va: usize, len: usize) {
+        if let Some(p) = &mut self.pins {
+            p.unpin(va, len);
+        }
+    }
+}
+
+impl Drop for AgentTransport {
+    fn drop(&mut self) {
+        if let Memory::Process { maps } = &self.mem {
+            for &(p, size) in maps {
+                // SAFETY: mappings this transport made; the device no longer
+                // uses them (the caller destroyed its objects first).
+                unsafe { libc::munmap(p as *mut libc::c_void, size) };
+            }
+        }
+    }
+}

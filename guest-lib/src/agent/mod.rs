@@ -1,0 +1,54 @@
+//! The guest agent: one process owns a vrnic device and serves several
+//! programs, each in a device context of its own (device spec §5.x.6.13).
+//!
+//! A virtqueue has one driver, so programs cannot share the device's
+//! queues directly. `vrnic-agent` ([`server::Agent`]) opens the device
+//! (the only process that does) and listens on a Unix socket
+//! (`SOCK_SEQPACKET`). Each program connects ([`client::AgentTransport`],
+//! what vrnic's `libibverbs.so.1` uses in a VM); the agent opens a device
+//! context for it, forwards its commands and doorbells tagged with that
+//! context, and routes the device's events to it by the context they name.
+//! Data never passes through the agent: the device reads WQEs and buffers
+//! and writes CQEs straight in the program's memory, as before.
+//!
+//! When a program goes away (exit, crash, SIGKILL: its socket closes), the
+//! agent closes its context, which destroys every object it had
+//! (`CMD_CLOSE_CTX`), and only then lets its pinned pages go: the program
+//! hands the agent a descriptor that holds its DMA pins ([`pin::Pins`], an
+//! `io_uring` whose registered buffers are long-term page pins), so a
+//! killed program's pages cannot be reused by the kernel while the device
+//! may still write them.
+//!
+//! Two memory modes ([`proto::Welcome::mode`]):
+//! - [`proto::MODE_PHYS`] (a VM): device addresses are guest-physical; the
+//!   program translates its own pages (`/proc/self/pagemap`, as root).
+//! - [`proto::MODE_PROCESS`] (an agent over an in-process device, for tests
+//!   and development on a host): a device address is `ctx << 48 | virtual
+//!   address`, and the agent reaches the program's memory with
+//!   `process_vm_readv(2)`/`process_vm_writev(2)` ([`procmem`]).
+
+pub mod client;
+pub mod pin;
+pub mod procmem;
+pub mod proto;
+pub mod server;
+
+/// Environment variable naming the agent's socket a program connects to.
+pub const SOCKET_ENV: &str = "VRNIC_AGENT_SOCKET";
+/// Environment variable naming the agent binary a program starts when no
+/// agent answers (`off`: do not use an agent; open the device directly).
+pub const AGENT_BIN_ENV: &str = "VRNIC_AGENT";
+/// Where the agent binary is installed in a vrnic guest.
+pub const DEFAULT_AGENT_BIN: &str = "/usr/lib/vrnic/vrnic-agent";
+/// Directory of the agents' sockets and logs in a guest.
+pub const RUN_DIR: &str = "/run/vrnic";
+
+/// The socket of the agent serving PCI function `bdf` (`None`: the first
+/// vrnic function), in [`RUN_DIR`].
+pub fn default_socket(bdf: Option<&str>) -> std::path::PathBuf {
+    let name = match bdf {
+        Some(b) => format!("agent-{}.sock", b.replace(':', "_")),
+        None => "agent.sock".to_string(),
+    };
+    std::path::Path::new(RUN_DIR).join(name)
+}

@@ -1,0 +1,99 @@
+//! `vrnic-agent`: owns a vrnic device and serves several programs on it,
+//! each in a device context of its own ([`vrnic_guest::agent`]; device
+//! spec §5.x.6.13). vrnic's `libibverbs.so.1` starts it on first use in a
+//! VM; it exits after `--linger` seconds without programs.
+//!
+//! In a VM: `vrnic-agent [--pci BDF] [--socket PATH]` (root). On a host,
+//! for tests and development: `vrnic-agent --loopback
+//! netdev=IF,ip=A.B.C.D/N --socket PATH` runs an in-process device on an
+//! AF_PACKET link and reaches the programs' memory with
+//! `process_vm_readv(2)`.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use vrnic_guest::agent::{self, client::AgentTransport, procmem::ProcessMemory, server::Agent};
+use vrnic_guest::loopback::{self, LoopbackTransport};
+use vrnic_guest::pci::PciTransport;
+use vrnic_guest::transport::Transport;
+
+/// Serve a vrnic device to several programs.
+#[derive(Parser, Debug)]
+#[command(name = "vrnic-agent", version)]
+struct Args {
+    /// PCI address of the device (default: the first vrnic found).
+    #[arg(long)]
+    pci: Option<String>,
+    /// An in-process device instead: `netdev=IF,ip=A.B.C.D/N[,mac=..][,mtu=M]`.
+    #[arg(long, conflicts_with = "pci")]
+    loopback: Option<String>,
+    /// The socket to listen on (default: /run/vrnic/agent.sock, or
+    /// /run/vrnic/agent-BDF.sock with --pci).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Print what the agent at --socket serves (programs, and the objects
+    /// on its device, all programs together) and exit.
+    #[arg(long)]
+    status: bool,
+    /// Exit after this many seconds without programs (0: never).
+    #[arg(long, default_value_t = 10)]
+    linger: u64,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let socket = args
+        .socket
+        .clone()
+        .unwrap_or_else(|| agent::default_socket(args.pci.as_deref()));
+    if args.status {
+        let (programs, u) = AgentTransport::status(&socket)
+            .with_context(|| format!("asking the agent at {}", socket.display()))?;
+        println!(
+            "programs {programs} contexts {} pds {} mrs {} cqs {} qps {} ahs {} srqs {} mr_pages {}",
+            u.ctxs, u.pds, u.mrs, u.cqs, u.qps, u.ahs, u.srqs, u.mr_pages
+        );
+        return Ok(());
+    }
+    let (dev, procmem): (Box<dyn Transport>, _) = match &args.loopback {
+        Some(spec) => {
+            let (netdev, cfg) = loopback::parse_spec(spec).map_err(anyhow::Error::msg)?;
+            let link = vrnic::link::PacketLink::open(&netdev)
+                .with_context(|| format!("opening {netdev}"))?;
+            let pm = Arc::new(ProcessMemory::default());
+            let t = LoopbackTransport::with_device_memory(cfg, Box::new(link), pm.clone())?;
+            (Box::new(t), Some(pm))
+        }
+        None => (Box::new(PciTransport::open(args.pci.as_deref())?), None),
+    };
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    let linger = (args.linger > 0).then(|| Duration::from_secs(args.linger));
+    let mut a = Agent::new(dev, socket.clone(), procmem, linger)
+        .with_context(|| format!("listening on {}", socket.display()))?;
+    tracing::info!("serving on {}", socket.display());
+    let stats = a.run(&STOP)?;
+    tracing::info!(?stats, "stopped");
+    Ok(())
+}
