@@ -122,6 +122,26 @@ impl Pins {
     }
 }
 
+/// Duplicates descriptor `fd` of process `pid` into this process
+/// (`pidfd_open(2)` + `pidfd_getfd(2)`; needs `PTRACE_MODE_ATTACH` over
+/// it, e.g. root). How the agent takes a program's [`Pins`].
+pub fn take_fd(pid: i32, fd: RawFd) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain syscalls; results checked, and each descriptor owned once.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid, 0);
+        if pidfd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let pidfd = std::os::fd::OwnedFd::from_raw_fd(pidfd as RawFd);
+        let dup = libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0);
+        if dup < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(std::os::fd::OwnedFd::from_raw_fd(dup as RawFd))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,25 +163,5 @@ mod tests {
         // Another process (here: ourselves) can take the ring's descriptor.
         let dup = take_fd(std::process::id() as i32, p.fd()).unwrap();
         assert_ne!(dup.as_raw_fd(), p.fd());
-    }
-}
-
-/// Duplicates descriptor `fd` of process `pid` into this process
-/// (`pidfd_open(2)` + `pidfd_getfd(2)`; needs `PTRACE_MODE_ATTACH` over
-/// it, e.g. root). How the agent takes a program's [`Pins`].
-pub fn take_fd(pid: i32, fd: RawFd) -> io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: plain syscalls; results checked, and each descriptor owned once.
-    unsafe {
-        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid, 0);
-        if pidfd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let pidfd = std::os::fd::OwnedFd::from_raw_fd(pidfd as RawFd);
-        let dup = libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0);
-        if dup < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(std::os::fd::OwnedFd::from_raw_fd(dup as RawFd))
     }
 }
