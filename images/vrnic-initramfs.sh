@@ -2,7 +2,7 @@
 # Recipe: the vrnic guest's initramfs, an uncompressed cpio of the bookworm root (rdma-core's user
 # land: ibverbs-utils, perftest, ...; the same root as the rxe guest's) without docs, locales and
 # apt lists, plus the 6.12 modules for virtio-net, fw_cfg and uio_pci_generic, the job-running /init
-# (images/init/), /etc/vrnic-setup (images/init/vrnic-setup), the static guest-lib tools and, with
+# (images/init/), /etc/vrnic-setup (images/init/vrnic-setup), the static vrnic-tools binaries and, with
 # --lib, vrnic's libibverbs.so.1 as /usr/lib/vrnic/libibverbs.so.1, found before Debian's through
 # /etc/ld.so.conf.d/00-vrnic.conf (the one line a user adds on their own guest), and the libibverbs
 # READ/atomic peer /usr/bin/rxe-rdma-peer (as in the rxe image), which then runs on vrnic.

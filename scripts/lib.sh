@@ -542,7 +542,7 @@ vr_build_rust() {
     # vrnic's libibverbs.so.1 for the guest: a dynamic library (glibc of bookworm, like the guests').
     (cd "$VR_TOP" && cargo build -q --release -p vrnic-ibverbs) || vr_die "cargo build -p vrnic-ibverbs failed"
     (cd "$VR_TOP" && RUSTFLAGS="-C target-feature=+crt-static" \
-        cargo build -q --release -p vrnic-guest --target x86_64-unknown-linux-gnu) ||
+        cargo build -q --release -p vrnic-tools --target x86_64-unknown-linux-gnu) ||
         vr_die "cargo build of the static guest tools failed"
     vr_log "cargo builds took $((SECONDS - t0)) s"
 }
