@@ -2,13 +2,15 @@
 # Recipe: the vrnic guest's initramfs, an uncompressed cpio of the bookworm root (rdma-core's user
 # land: ibverbs-utils, perftest, ...; the same root as the rxe guest's) without docs, locales and
 # apt lists, plus the 6.12 modules for virtio-net, fw_cfg and uio_pci_generic, the job-running /init
-# (images/init/), /etc/vrnic-setup (images/init/vrnic-setup), the static guest-lib tools and, with
-# --lib, vrnic's libibverbs.so.1 as /usr/lib/vrnic/libibverbs.so.1, found before Debian's through
-# /etc/ld.so.conf.d/00-vrnic.conf (the one line a user adds on their own guest), and the libibverbs
-# READ/atomic peer /usr/bin/rxe-rdma-peer (as in the rxe image), which then runs on vrnic.
-# Usage: vrnic-initramfs.sh [--lib LIBFILE] [BINARY...]   each BINARY (a static executable) goes to
-# /usr/bin; missing ones are skipped with a warning. Output directory: initramfs.cpio. Prints the
-# directory.
+# (images/init/) and /etc/vrnic-setup (images/init/vrnic-setup). With --deb, the root is a copy of
+# the bookworm root with vrnic's Debian package (scripts/deb.sh: vrnic's libibverbs.so.1 as
+# /usr/lib/vrnic/libibverbs.so.1, found before Debian's through /etc/ld.so.conf.d/00-vrnic.conf,
+# and the vrnic-* tools in /usr/bin) installed by `dpkg -i` in a chroot, as a user would on their
+# own guest, so every run of the e2e test proves the package installs and works; the image also
+# gets the libibverbs READ/atomic peer /usr/bin/rxe-rdma-peer (as in the rxe image), which then runs
+# on vrnic. The package's content is part of the cache key: a changed package, a new image.
+# Usage: vrnic-initramfs.sh [--deb DEB]. Output directory: initramfs.cpio (and dpkg.log, the
+# installation's output). Prints the directory.
 set -euo pipefail
 # shellcheck source=images/common.sh
 . "$(dirname "$0")/common.sh"
@@ -16,50 +18,43 @@ set -euo pipefail
 MODULES=(virtio_net qemu_fw_cfg uio_pci_generic)
 
 build_vrnic() {
-    local out=$1 root=$2 kdir=$3 lib=$4 extra=$1/extra b
-    shift 4
+    local out=$1 root=$2 kdir=$3 deb=$4 extra=$1/extra img=$1/root
+    if [ -n "$deb" ]; then
+        # A copy of the shared root (the rxe image uses it as it is), removed on every exit path.
+        # shellcheck disable=SC2064 # $img now: it is a local
+        trap "rm -rf --one-file-system '$img'" EXIT
+        cp -a "$root" "$img"
+        cp "$deb" "$img/tmp/vrnic-guest.deb"
+        chroot "$img" dpkg -i /tmp/vrnic-guest.deb >"$out/dpkg.log" 2>&1 ||
+            { tail -20 "$out/dpkg.log" >&2; die "dpkg -i $(basename "$deb") in the image root failed"; }
+        rm "$img/tmp/vrnic-guest.deb"
+        root=$img
+    fi
     root_cpio "$root" "$out/root.cpio"
+    [ -z "$deb" ] || rm -rf --one-file-system "$img"
     # Our additions, as a second archive: the kernel unpacks concatenated archives in turn.
-    mkdir -p "$extra/etc/ld.so.conf.d" "$extra/usr/bin" "$extra/usr/lib/vrnic"
+    mkdir -p "$extra/usr/bin"
     copy_modules "$kdir" "$extra" "${MODULES[@]}"
     install -m 0755 "$IMAGES_DIR/init/init" "$extra/init"
     install -m 0644 "$IMAGES_DIR/init/vrnic-setup" "$extra/etc/vrnic-setup"
-    for b in "$@"; do
-        install -m 0755 "$b" "$extra/usr/bin/$(basename "$b")"
-        strip --strip-debug "$extra/usr/bin/$(basename "$b")" 2>/dev/null || true
-    done
-    if [ -n "$lib" ]; then
-        # The libibverbs READ/atomic peer runs on vrnic's library too.
-        build_rdma_peer "$extra/usr/bin/rxe-rdma-peer"
-        install -m 0755 "$lib" "$extra/usr/lib/vrnic/libibverbs.so.1"
-        strip --strip-debug "$extra/usr/lib/vrnic/libibverbs.so.1" 2>/dev/null || true
-        echo /usr/lib/vrnic >"$extra/etc/ld.so.conf.d/00-vrnic.conf"
-    fi
+    # The libibverbs READ/atomic peer runs on vrnic's library too.
+    [ -z "$deb" ] || build_rdma_peer "$extra/usr/bin/rxe-rdma-peer"
     pack_cpio "$extra" "$out/extra.cpio"
     cat "$out/root.cpio" "$out/extra.cpio" >"$out/initramfs.cpio"
     rm -rf "$extra" "$out/root.cpio" "$out/extra.cpio"
-    log "vrnic initramfs: $(du -m "$out/initramfs.cpio" | cut -f1) MiB, tools: ${*:-none}, libibverbs: ${lib:-none}"
+    log "vrnic initramfs: $(du -m "$out/initramfs.cpio" | cut -f1) MiB, package: $(basename "${deb:-none}")"
 }
 
-lib=
-if [ "${1:-}" = --lib ]; then
-    [ -f "${2:-}" ] || die "--lib ${2:-}: no such file"
-    lib=$(readlink -f "$2")
+deb=
+if [ "${1:-}" = --deb ]; then
+    [ -f "${2:-}" ] || die "--deb ${2:-}: no such file"
+    deb=$(readlink -f "$2")
     shift 2
 fi
-bins=()
-for b in "$@"; do
-    if [ -f "$b" ]; then
-        readelf -l "$b" 2>/dev/null | grep 'program interpreter' >/dev/null &&
-            log "warning: $b is dynamically linked; build the guest tools with crt-static"
-        bins+=("$(readlink -f "$b")")
-    else
-        log "warning: $b not found, not included"
-    fi
-done
+[ $# = 0 ] || die "usage: vrnic-initramfs.sh [--deb DEB]"
 root=$("$IMAGES_DIR/bookworm-root.sh")
 kdir=$("$IMAGES_DIR/kernel.sh")
 k=$(key "$IMAGES_DIR/common.sh" "$0" "$IMAGES_DIR/init/init" "$IMAGES_DIR/init/vrnic-setup" \
-    "$RDMA_PEER_SRC" <(echo "$root $kdir ${bins[*]} $lib"; gcc --version | head -1
-        dpkg-query -W libibverbs-dev 2>/dev/null) ${bins[@]+"${bins[@]}"} ${lib:+"$lib"})
-cached vrnic-initramfs "$k" build_vrnic "$root" "$kdir" "$lib" ${bins[@]+"${bins[@]}"}
+    "$RDMA_PEER_SRC" <(echo "$root $kdir ${deb:+package}"; gcc --version | head -1
+        dpkg-query -W libibverbs-dev 2>/dev/null) ${deb:+"$deb"})
+cached vrnic-initramfs "$k" build_vrnic "$root" "$kdir" "$deb"

@@ -32,8 +32,7 @@ vr_qemu_find
 t0=$SECONDS
 if [ $kind_a = vrnic ]; then
     vr_build_rust
-    mapfile -t bins < <(vr_guest_bins)
-    vr_vrnic_image "${bins[@]}"
+    vr_vrnic_image
 fi
 vr_images
 vr_qemu_setup

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Boot one guest, run a job script in it, print its result; exit status = the job's.
 #   scripts/guest.sh [options] NAME JOB.sh
-#     --kind rxe|vrnic   rxe: Soft-RoCE peer (Debian user land); vrnic: busybox + guest-lib tools
+#     --kind rxe|vrnic   rxe: Soft-RoCE peer (Debian user land); vrnic: Debian user land + vrnic's package
 #     --ns NS            existing namespace (scripts/netns.sh); default: a private one for this guest
 #     --tap TAP          TAP in NS for eth0 (default: tap-NAME, created in the private namespace)
 #     --ip A.B.C.D/N     eth0's address (default 10.0.0.1/24)
@@ -34,8 +34,7 @@ logdir=${logdir:-$VR_TOP/out/guest-$name}
 mkdir -p "$logdir"
 vr_images
 if [ "$kind" = vrnic ]; then
-    mapfile -t bins < <(vr_guest_bins)
-    vr_vrnic_image "${bins[@]}"
+    vr_vrnic_image
 fi
 vr_qemu_setup
 if [ -z "$ns" ]; then

@@ -126,8 +126,8 @@ vr_netns_destroy() {
 # Images
 
 # vr_images: builds (or finds in the cache) the kernel and the rxe initramfs; sets VR_KERNEL,
-# VR_RXE_INITRD. vr_vrnic_image [BIN...] sets VR_VRNIC_INITRD (with vrnic's libibverbs.so.1 when
-# vr_build_rust built it).
+# VR_RXE_INITRD. vr_vrnic_image sets VR_VRNIC_INITRD: the vrnic image with vrnic's Debian package
+# installed (VR_GUEST_DEB, made by vr_build_rust; else packaged from what target/release holds).
 vr_images() {
     local kdir rdir
     kdir=$("$VR_TOP/images/kernel.sh") || vr_die "kernel image failed"
@@ -137,9 +137,13 @@ vr_images() {
 }
 
 vr_vrnic_image() {
-    local d lib=()
-    [ -f "$VR_IBVERBS_LIB" ] && lib=(--lib "$VR_IBVERBS_LIB")
-    d=$("$VR_TOP/images/vrnic-initramfs.sh" ${lib[@]+"${lib[@]}"} "$@") || vr_die "vrnic initramfs failed"
+    local d deb=()
+    if [ -z "${VR_GUEST_DEB:-}" ]; then
+        VR_GUEST_DEB=$("$VR_SCRIPTS/deb.sh" --no-build 2>/dev/null) ||
+            vr_log "warning: no vrnic package (the release build is missing: cargo build --release -p vrnic-ibverbs -p vrnic-tools); the vrnic image has neither vrnic's libibverbs nor its tools"
+    fi
+    [ -n "${VR_GUEST_DEB:-}" ] && deb=(--deb "$VR_GUEST_DEB")
+    d=$("$VR_TOP/images/vrnic-initramfs.sh" ${deb[@]+"${deb[@]}"}) || vr_die "vrnic initramfs failed"
     VR_VRNIC_INITRD=$d/initramfs.cpio
 }
 
@@ -238,8 +242,8 @@ vr_qemu_exec() {
 }
 
 # vr_guest NAME KIND NS TAP IP JOB LOGDIR [SOCK]
-#   Boots a guest in the background: KIND rxe (Soft-RoCE peer) or vrnic (busybox + guest-lib
-#   tools, with the vhost-user device on SOCK; without SOCK, no device). eth0 on TAP gets IP (A.B.C.D/N); the job script
+#   Boots a guest in the background: KIND rxe (Soft-RoCE peer) or vrnic (Debian root with vrnic's
+#   package: libibverbs.so.1 and tools, with the vhost-user device on SOCK; without SOCK, no device). eth0 on TAP gets IP (A.B.C.D/N); the job script
 #   JOB runs in the guest. Serial console: LOGDIR/NAME.log, QEMU's own output LOGDIR/NAME.qemu,
 #   its QMP socket LOGDIR/NAME.qmp (vr_qmp).
 #   Sets VR_LAST_PID.
@@ -527,28 +531,13 @@ vr_daemon() {
 # ---------------------------------------------------------------------------------------------
 # Rust builds
 
-VR_GUEST_TARGET_DIR=$VR_TOP/target/x86_64-unknown-linux-gnu/release
-# vrnic's libibverbs.so.1 (guest-lib/ibverbs), built by vr_build_rust, put in the vrnic image.
-VR_IBVERBS_LIB=$VR_TOP/target/release/libvrnic_ibverbs.so
-VR_GUEST_TOOLS=(vrnic-pingpong vrnic-probe vrnic-write-imm)
-VR_GUEST_TOOLS+=(vrnic-ud-pingpong vrnic-srq-pingpong)
-VR_GUEST_TOOLS+=(vrnic-rdma)
-
 # vr_build_rust: the vrnic daemon (debug: shares cargo test's artefacts, keeps overflow checks)
-# and the static guest tools (release, crt-static, so they run in the busybox guest).
+# and vrnic's Debian package for the guest (scripts/deb.sh: release builds of vrnic's
+# libibverbs.so.1 and the tools, dynamically linked against the glibc of bookworm, like the
+# guests'); sets VR_GUEST_DEB, its path.
 vr_build_rust() {
     local t0=$SECONDS
     (cd "$VR_TOP" && cargo build -q -p vrnic-vhost) || vr_die "cargo build -p vrnic-vhost failed"
-    # vrnic's libibverbs.so.1 for the guest: a dynamic library (glibc of bookworm, like the guests').
-    (cd "$VR_TOP" && cargo build -q --release -p vrnic-ibverbs) || vr_die "cargo build -p vrnic-ibverbs failed"
-    (cd "$VR_TOP" && RUSTFLAGS="-C target-feature=+crt-static" \
-        cargo build -q --release -p vrnic-guest --target x86_64-unknown-linux-gnu) ||
-        vr_die "cargo build of the static guest tools failed"
-    vr_log "cargo builds took $((SECONDS - t0)) s"
-}
-
-# vr_guest_bins: prints the guest tools' paths (existing or not: the recipe skips missing ones).
-vr_guest_bins() {
-    local t
-    for t in "${VR_GUEST_TOOLS[@]}"; do echo "$VR_GUEST_TARGET_DIR/$t"; done
+    VR_GUEST_DEB=$("$VR_SCRIPTS/deb.sh") || vr_die "scripts/deb.sh (vrnic's Debian package) failed"
+    vr_log "cargo builds took $((SECONDS - t0)) s; package $VR_GUEST_DEB"
 }

@@ -79,8 +79,7 @@ t0=$SECONDS
 if [ $need_vrnic = 1 ] && [ "${E2E_NO_BUILD:-0}" != 1 ]; then vr_build_rust; fi
 vr_images
 if [ $need_vrnic = 1 ]; then
-    mapfile -t bins < <(vr_guest_bins)
-    vr_vrnic_image "${bins[@]}"
+    vr_vrnic_image
 fi
 vr_qemu_setup
 export VRNIC_GUEST_APPEND="vrnic.timeout=$GUEST_TIMEOUT ${VRNIC_GUEST_APPEND:-}"

@@ -518,7 +518,7 @@ fn agent_bin() -> PathBuf {
     let dir = lib_dir().parent().expect("target/<profile>").to_path_buf();
     BUILT.call_once(|| {
         let mut c = Command::new(env!("CARGO"));
-        c.args(["build", "-p", "vrnic-guest", "--bin", "vrnic-agent"]);
+        c.args(["build", "-p", "vrnic-tools", "--bin", "vrnic-agent"]);
         if dir.file_name().is_some_and(|n| n == "release") {
             c.arg("--release");
         }

@@ -1,7 +1,7 @@
 /*
  * rxe-rdma-peer: RDMA READ, compare-and-swap and fetch-and-add against a
  * peer's memory over libibverbs (RC QP), every byte and every returned value
- * checked. The C twin of guest-lib's vrnic-rdma (guest-lib/src/bin/
+ * checked. The C twin of vrnic-tools' vrnic-rdma (tools/src/bin/
  * vrnic-rdma.rs, whose module documentation is the protocol's specification);
  * the two speak the same protocol, so either can be on either side. rdma-core
  * has no stock tool for this.

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
 use vrnic::abi;
 
-use crate::transport::Transport;
-use crate::verbs::{
+use vrnic_guest::transport::Transport;
+use vrnic_guest::verbs::{
     AhAttr, Context, Cq, Gid, Mr, Pd, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, SendWr, Srq,
     WorkCompletion, ACCESS_LOCAL_WRITE, QP_ATTR_ACCESS_FLAGS, QP_ATTR_AV, QP_ATTR_DEST_QPN,
     QP_ATTR_MAX_DEST_RD_ATOMIC, QP_ATTR_MAX_QP_RD_ATOMIC, QP_ATTR_MIN_RNR_TIMER, QP_ATTR_PATH_MTU,
@@ -236,7 +236,7 @@ pub fn random_psn() -> u32 {
 /// Opens the vrnic PCI function at `bdf` (e.g. `0000:00:04.0`), or the
 /// first one found. Errors: `No vrnic device found`, with the cause.
 pub fn open_pci(bdf: Option<&str>) -> Result<Box<dyn Transport>> {
-    let t = crate::pci::PciTransport::open(bdf).context("No vrnic device found")?;
+    let t = vrnic_guest::pci::PciTransport::open(bdf).context("No vrnic device found")?;
     Ok(Box::new(t))
 }
 
@@ -245,8 +245,8 @@ pub fn open_pci(bdf: Option<&str>) -> Result<Box<dyn Transport>> {
 /// 10.0.0.2 (MAC `02:00:00:00:00:0n`, /24), with a link MTU of 9000 bytes
 /// when `path_mtu` (an `ibv_mtu` value) is above 1024 bytes, else 1500.
 pub fn loopback_pair(path_mtu: u32) -> Result<(Box<dyn Transport>, Box<dyn Transport>)> {
-    use crate::loopback::LoopbackTransport;
     use vrnic::device::DeviceConfig;
+    use vrnic_guest::loopback::LoopbackTransport;
     let link_mtu = if abi::mtu_bytes(path_mtu).unwrap_or(1024) > 1024 {
         9000
     } else {

@@ -49,15 +49,15 @@ use std::time::Instant;
 
 use anyhow::{bail, Context as _, Result};
 use clap::Parser;
-use vrnic_guest::pingpong::{
+use vrnic_guest::transport::Transport;
+use vrnic_guest::verbs::*;
+use vrnic_tools::pingpong::{
     self, client_exchange, fill_pattern, server_exchange, system_page_size, Common, CqPoller,
     Receives, Role, Side, Verifier, CHK_BYTE, POISON, RECV_WRID, SEND_WRID,
 };
-use vrnic_guest::tools::{
+use vrnic_tools::tools::{
     self, parse_c_int, random_psn, say, Dest, LINK_LAYER_ETHERNET, UD_PINGPONG_QKEY,
 };
-use vrnic_guest::transport::Transport;
-use vrnic_guest::verbs::*;
 
 /// The byte `ibv_ud_pingpong` fills its buffer with.
 const UD_FILL: u8 = 0x7b;

@@ -31,9 +31,9 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context as _, Result};
 
 use crate::tools::{self, parse_c_int, say, Dest, PollPacer, RC_MSG_LEN};
-use crate::transport::Transport;
-use crate::verbs::{Context, Cq, Gid, Qp, RecvWr, Sge, WorkCompletion};
 use vrnic::abi;
+use vrnic_guest::transport::Transport;
+use vrnic_guest::verbs::{Context, Cq, Gid, Qp, RecvWr, Sge, WorkCompletion};
 
 /// Work request ID of the examples' receives (`PINGPONG_RECV_WRID`).
 pub const RECV_WRID: u64 = 1;
@@ -562,10 +562,10 @@ pub fn probe_peer(
     retry_cnt: u8,
     stall: Stalled,
 ) -> anyhow::Error {
-    let wr = crate::verbs::SendWr {
+    let wr = vrnic_guest::verbs::SendWr {
         wr_id: PROBE_WRID,
-        opcode: crate::verbs::WrOpcode::Send,
-        send_flags: crate::verbs::SEND_SIGNALED,
+        opcode: vrnic_guest::verbs::WrOpcode::Send,
+        send_flags: vrnic_guest::verbs::SEND_SIGNALED,
         ..Default::default()
     };
     if let Err(e) = qp.post_send(&wr) {
@@ -774,7 +774,7 @@ mod tests {
     /// A loopback device whose event queue reports `EV_DEVICE_FATAL` once
     /// `fatal` is set, as a vrnic daemon restarted under the driver does.
     struct Lost {
-        inner: crate::loopback::LoopbackTransport,
+        inner: vrnic_guest::loopback::LoopbackTransport,
         fatal: std::sync::Arc<std::sync::atomic::AtomicBool>,
     }
 
@@ -787,20 +787,24 @@ mod tests {
             opcode: u16,
             body: &[u8],
             resp: &mut [u8],
-        ) -> Result<usize, crate::transport::TransportError> {
+        ) -> Result<usize, vrnic_guest::transport::TransportError> {
             self.inner.command(opcode, body, resp)
         }
-        fn doorbell(&mut self, db: &abi::Doorbell) -> Result<(), crate::transport::TransportError> {
+        fn doorbell(
+            &mut self,
+            db: &abi::Doorbell,
+        ) -> Result<(), vrnic_guest::transport::TransportError> {
             self.inner.doorbell(db)
         }
         fn alloc_dma(
             &mut self,
             len: usize,
             align: usize,
-        ) -> Result<crate::transport::DmaBuf, crate::transport::TransportError> {
+        ) -> Result<vrnic_guest::transport::DmaBuf, vrnic_guest::transport::TransportError>
+        {
             self.inner.alloc_dma(len, align)
         }
-        fn virt_to_phys(&self, va: usize) -> Result<u64, crate::transport::TransportError> {
+        fn virt_to_phys(&self, va: usize) -> Result<u64, vrnic_guest::transport::TransportError> {
             self.inner.virt_to_phys(va)
         }
         fn poll_event(&mut self) -> Option<abi::Event> {
@@ -868,7 +872,7 @@ mod tests {
         };
         let fatal = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let t = Lost {
-            inner: crate::loopback::LoopbackTransport::new(cfg, Box::new(link)).unwrap(),
+            inner: vrnic_guest::loopback::LoopbackTransport::new(cfg, Box::new(link)).unwrap(),
             fatal: fatal.clone(),
         };
         let ctx = Context::open(Box::new(t)).unwrap();

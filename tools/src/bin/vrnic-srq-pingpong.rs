@@ -48,15 +48,15 @@ use std::time::Instant;
 
 use anyhow::{bail, Context as _, Result};
 use clap::Parser;
-use vrnic_guest::pingpong::{
+use vrnic_guest::transport::Transport;
+use vrnic_guest::verbs::*;
+use vrnic_tools::pingpong::{
     self, client_exchange, fill_pattern, server_exchange, system_page_size, Common, CqPoller, Role,
     Side, Verifier, POISON, RECV_WRID, SEND_WRID,
 };
-use vrnic_guest::tools::{
+use vrnic_tools::tools::{
     self, parse_c_int, parse_mtu, random_psn, say, Dest, LINK_LAYER_ETHERNET,
 };
-use vrnic_guest::transport::Transport;
-use vrnic_guest::verbs::*;
 
 /// srq_pingpong's `MAX_QP`: the number of exchange messages each way, and
 /// one more than the most QPs.

@@ -57,14 +57,14 @@ use std::process::ExitCode;
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
 use clap::{Parser, ValueEnum};
 use vrnic::abi;
-use vrnic_guest::pingpong::{self, Role};
-use vrnic_guest::tools::{
+use vrnic_guest::transport::Transport;
+use vrnic_guest::verbs::*;
+use vrnic_tools::pingpong::{self, Role};
+use vrnic_tools::tools::{
     self, accept_bounded, connect_bounded, hex_field, oob_session, parse_c_int, parse_dest_fields,
     parse_positive, post_send_wait, rc_side_connect, say, say_dest, wait_one, wc_error, Dest, Oob,
     RcSide, RcToolArgs,
 };
-use vrnic_guest::transport::Transport;
-use vrnic_guest::verbs::*;
 
 /// Bytes of guard before (and at least after) the target in the server's buffer.
 const GUARD: usize = 64;

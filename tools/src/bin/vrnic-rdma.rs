@@ -69,14 +69,14 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
 use clap::{Parser, ValueEnum};
 use vrnic::abi;
-use vrnic_guest::pingpong::{self, Role};
-use vrnic_guest::tools::{
+use vrnic_guest::transport::Transport;
+use vrnic_guest::verbs::*;
+use vrnic_tools::pingpong::{self, Role};
+use vrnic_tools::tools::{
     self, accept_bounded, connect_bounded, hex_field, oob_session, parse_c_int, parse_dest_fields,
     parse_positive, post_send_wait, random_psn, rc_side_connect, say, say_dest, Dest, Oob, RcSide,
     RcToolArgs,
 };
-use vrnic_guest::transport::Transport;
-use vrnic_guest::verbs::*;
 
 /// Offset of the data region in the passive side's MR.
 const DATA_OFF: usize = 64;
