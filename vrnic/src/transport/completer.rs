@@ -15,7 +15,7 @@ use crate::wire::{rnr_timer_ns, AethKind, NakCode, Opcode, RocePacket};
 /// and for a READ response or atomic ACK [`on_read_or_atomic_response`]
 /// ([`check_resp_psn`], [`do_read`] or [`do_atomic`], [`complete_wqe`]).
 pub fn on_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
-    if !matches!(qp.state, abi::QPS_RTS | abi::QPS_SQD) || qp.qp_type != abi::QPT_RC {
+    if !matches!(qp.state, abi::QpState::Rts | abi::QpState::Sqd) || qp.qp_type != abi::QpType::Rc {
         return;
     }
     if !check_psn(qp, pkt) {
@@ -207,7 +207,7 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
         }
     }
     if (qp.req.waiting_arp.is_some() || qp.req.more)
-        && matches!(qp.state, abi::QPS_RTS | abi::QPS_SQD)
+        && matches!(qp.state, abi::QpState::Rts | abi::QpState::Sqd)
     {
         requester::run(qp, env);
     }

@@ -36,7 +36,7 @@ pub fn send_qkey(qp: &Qp, wqe_qkey: u32) -> u32 {
 /// moves the QP to SQE. A WQE whose destination MAC is still being
 /// resolved waits at the head.
 pub fn run(qp: &mut Qp, env: &mut Env) {
-    if qp.state != abi::QPS_RTS {
+    if qp.state != abi::QpState::Rts {
         return;
     }
     qp.req.waiting_arp = None;
@@ -125,7 +125,7 @@ fn grh_area(pkt: &RocePacket, net_hdr: &[u8]) -> [u8; GRH_LEN] {
 pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, net_hdr: &[u8]) {
     let ok_state = matches!(
         qp.state,
-        abi::QPS_RTR | abi::QPS_RTS | abi::QPS_SQD | abi::QPS_SQE
+        abi::QpState::Rtr | abi::QpState::Rts | abi::QpState::Sqd | abi::QpState::Sqe
     );
     let Some(deth) = pkt.hdr.deth else {
         env.out.stats.rx_dropped += 1;

@@ -308,11 +308,10 @@ pub fn write_record(qp: &Qp, env: &Env) {
 /// completes with `IBV_WC_WR_FLUSH_ERR`, and `EV_QP_FATAL` carries `status`
 /// when the move was caused by an error (`status != WC_SUCCESS`).
 pub fn qp_to_error(qp: &mut Qp, env: &mut Env, status: u8) {
-    if qp.state == abi::QPS_ERR {
+    if qp.state == abi::QpState::Err {
         return;
     }
-    qp.state = abi::QPS_ERR;
-    qp.attr.qp_state = abi::QPS_ERR;
+    qp.state = abi::QpState::Err;
     if status != abi::WC_SUCCESS {
         env.out.event(abi::EV_QP_FATAL, qp.qpn, status as u32);
     }
@@ -326,15 +325,14 @@ pub fn qp_to_error(qp: &mut Qp, env: &mut Env, status: u8) {
 /// QPs move to SQE, where the SQ is flushed with `IBV_WC_WR_FLUSH_ERR`
 /// while the receive side keeps working (IBTA §10.3.1.6, Table 93).
 pub fn send_queue_error(qp: &mut Qp, env: &mut Env, status: u8) {
-    if qp.qp_type == abi::QPT_RC {
+    if qp.qp_type == abi::QpType::Rc {
         qp_to_error(qp, env, status);
         return;
     }
-    if matches!(qp.state, abi::QPS_ERR | abi::QPS_SQE) {
+    if matches!(qp.state, abi::QpState::Err | abi::QpState::Sqe) {
         return;
     }
-    qp.state = abi::QPS_SQE;
-    qp.attr.qp_state = abi::QPS_SQE;
+    qp.state = abi::QpState::Sqe;
     requester::flush(qp, env);
     write_record(qp, env);
 }

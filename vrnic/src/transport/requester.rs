@@ -160,7 +160,7 @@ pub fn complete_op(qp: &mut Qp, env: &mut Env, op: &SendOp, status: u8) {
         };
         env.complete(qp.send_cqn, cqe, false);
     }
-    if qp.state == abi::QPS_SQD && qp.req.drain_pending && qp.req.inflight.is_empty() {
+    if qp.state == abi::QpState::Sqd && qp.req.drain_pending && qp.req.inflight.is_empty() {
         qp.req.drain_pending = false;
         env.out.event(abi::EV_SQ_DRAINED, qp.qpn, 0);
     }
@@ -208,12 +208,11 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8
     let send = matches!(w.opcode, abi::WR_SEND | abi::WR_SEND_WITH_IMM);
     let write = matches!(w.opcode, abi::WR_RDMA_WRITE | abi::WR_RDMA_WRITE_WITH_IMM);
     let supported = match qp.qp_type {
-        abi::QPT_RC => {
+        abi::QpType::Rc => {
             send || write || w.opcode == abi::WR_SEND_WITH_INV || is_read_or_atomic(w.opcode)
         }
-        abi::QPT_UC => send || write,
-        abi::QPT_UD => send,
-        _ => false,
+        abi::QpType::Uc => send || write,
+        abi::QpType::Ud => send,
     };
     // READ and atomic results are written into the local buffers: their
     // SGEs need ACCESS_LOCAL_WRITE, the others only local read. rxe finds
@@ -337,9 +336,9 @@ pub(crate) fn gather(env: &Env, op: &SendOp, offset: u32, buf: &mut [u8]) -> Res
 /// Packet opcode for packet `k` of `npkts` of a message with WR opcode
 /// `wr` on a QP of type `qp_type` (UC opcodes are the RC ones + 0x20,
 /// IBTA Table 35).
-fn packet_opcode(qp_type: u32, wr: u8, k: u32, npkts: u32) -> Opcode {
+fn packet_opcode(qp_type: abi::QpType, wr: u8, k: u32, npkts: u32) -> Opcode {
     let rc = rc_packet_opcode(wr, k, npkts);
-    if qp_type == abi::QPT_UC {
+    if qp_type == abi::QpType::Uc {
         Opcode::from_u8(rc as u8 | 0x20).unwrap_or(rc)
     } else {
         rc
@@ -372,7 +371,7 @@ fn rc_packet_opcode(wr: u8, k: u32, npkts: u32) -> Opcode {
 /// How far PSN `p` is beyond the oldest unacknowledged PSN of an RC QP
 /// (0: it is that PSN); always 0 for UC, which has no acknowledgements.
 fn window_ahead(qp: &Qp, p: u32) -> i32 {
-    if qp.qp_type != abi::QPT_RC {
+    if qp.qp_type != abi::QpType::Rc {
         return 0;
     }
     psn::diff(p, psn::add(qp.req.acked_psn, 1))
@@ -433,8 +432,8 @@ fn send_packet(
     let mut payload = vec![0u8; n as usize];
     gather(env, op, offset, &mut payload)?;
     let last = k + 1 == op.npkts;
-    hdr.bth.ack_req =
-        qp.qp_type == abi::QPT_RC && (last || window_full || (k + 1).is_multiple_of(ACK_REQ_EVERY));
+    hdr.bth.ack_req = qp.qp_type == abi::QpType::Rc
+        && (last || window_full || (k + 1).is_multiple_of(ACK_REQ_EVERY));
     hdr.bth.solicited = last && op.wqe.send_flags & abi::SEND_SOLICITED != 0;
     if opcode.has_reth() {
         hdr.reth = Some(Reth {
@@ -484,11 +483,11 @@ fn must_wait(qp: &Qp, pos: usize) -> bool {
 /// sent (and retransmitted); nothing new is fetched. UD QPs are served by
 /// [`crate::transport::datagram::run`].
 pub fn run(qp: &mut Qp, env: &mut Env) {
-    if qp.qp_type == abi::QPT_UD {
+    if qp.qp_type == abi::QpType::Ud {
         crate::transport::datagram::run(qp, env);
         return;
     }
-    if !matches!(qp.state, abi::QPS_RTS | abi::QPS_SQD) || qp.req.rnr_deadline.is_some() {
+    if !matches!(qp.state, abi::QpState::Rts | abi::QpState::Sqd) || qp.req.rnr_deadline.is_some() {
         return;
     }
     qp.req.waiting_arp = None;
@@ -538,7 +537,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
                 op.sent + 1
             };
             budget -= 1;
-            if qp.qp_type == abi::QPT_UC {
+            if qp.qp_type == abi::QpType::Uc {
                 // Unreliable: a message is complete once its last packet is
                 // on the wire (IBTA §9.7.2 has no acknowledgement for UC).
                 complete_sent(qp, env);
@@ -550,7 +549,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             continue;
         }
         // Fetch a new WQE (not in SQD: IBTA §10.3.1.4).
-        if qp.req.sq_next == qp.req.sq_pi || qp.state != abi::QPS_RTS {
+        if qp.req.sq_next == qp.req.sq_pi || qp.state != abi::QpState::Rts {
             break;
         }
         if window_ahead(qp, qp.req.psn) >= MAX_INFLIGHT_PKTS as i32 {

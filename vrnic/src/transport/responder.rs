@@ -215,7 +215,7 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, frame: &[u8]) {
     let busy = qp.resp.read.is_some() || !qp.resp.held.is_empty();
     let dup_read =
         pkt.hdr.bth.opcode == Opcode::RcReadRequest && psn::diff(pkt.hdr.bth.psn, qp.resp.epsn) < 0;
-    if busy && qp.qp_type == abi::QPT_RC && !dup_read {
+    if busy && qp.qp_type == abi::QpType::Rc && !dup_read {
         hold(qp, env, frame);
         return;
     }
@@ -341,13 +341,13 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
 fn process(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     if !matches!(
         qp.state,
-        abi::QPS_RTR | abi::QPS_RTS | abi::QPS_SQD | abi::QPS_SQE
+        abi::QpState::Rtr | abi::QpState::Rts | abi::QpState::Sqd | abi::QpState::Sqe
     ) {
         return;
     }
     match (qp.qp_type, pkt.hdr.bth.opcode.transport()) {
-        (abi::QPT_RC, Transport::Rc) if qp.state != abi::QPS_SQE => {}
-        (abi::QPT_UC, Transport::Uc) => return on_uc_request(qp, env, pkt),
+        (abi::QpType::Rc, Transport::Rc) if qp.state != abi::QpState::Sqe => {}
+        (abi::QpType::Uc, Transport::Uc) => return on_uc_request(qp, env, pkt),
         _ => {
             env.out.stats.rx_dropped += 1;
             return;
