@@ -256,7 +256,7 @@ fn check_resp_psn(qp: &Qp, pkt: &RocePacket) -> RespPsn {
     if !op.needs_response() || op.error.is_some() {
         return RespPsn::NotForHead;
     }
-    let atomic = op.wqe.opcode != abi::WR_RDMA_READ;
+    let atomic = op.opcode != abi::WrOpcode::RdmaRead;
     if atomic != (pkt.hdr.bth.opcode == Opcode::RcAtomicAck) {
         return RespPsn::NotForHead;
     }

@@ -65,7 +65,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             return;
         }
         let ah = ah.expect("checked above");
-        let opcode = if op.wqe.opcode == abi::WR_SEND_WITH_IMM {
+        let opcode = if op.opcode == abi::WrOpcode::SendWithImm {
             Opcode::UdSendOnlyImm
         } else {
             Opcode::UdSendOnly

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use crate::abi::{self, Sge};
+use crate::abi::{self, Sge, WrOpcode};
 use crate::device::MAX_MSG_SZ;
 use crate::mem;
 use crate::transport::{peer_headers, psn, Env, TX_BACKLOG_MAX};
@@ -39,6 +39,11 @@ pub struct SendOp {
     pub index: u32,
     /// The WQE header as posted.
     pub wqe: abi::SendWqe,
+    /// Its opcode, typed: `wqe.opcode` converted at fetch. A WQE whose
+    /// opcode names no operation fails at fetch with `WC_LOC_QP_OP_ERR`
+    /// and keeps the default, [`WrOpcode::Send`] (its completion reports
+    /// `WC_OP_SEND`).
+    pub opcode: WrOpcode,
     /// Message bytes.
     pub payload: Payload,
     /// Message length, bytes.
@@ -67,16 +72,13 @@ impl SendOp {
     /// True for operations that complete only on their responses (RDMA
     /// READ and atomics), never on a plain ACK (IBTA §9.7.5.1.5).
     pub fn needs_response(&self) -> bool {
-        is_read_or_atomic(self.wqe.opcode)
+        is_read_or_atomic(self.opcode)
     }
 }
 
 /// True for RDMA READ and the atomics.
-pub fn is_read_or_atomic(wr: u8) -> bool {
-    matches!(
-        wr,
-        abi::WR_RDMA_READ | abi::WR_ATOMIC_CMP_AND_SWP | abi::WR_ATOMIC_FETCH_AND_ADD
-    )
+pub fn is_read_or_atomic(wr: WrOpcode) -> bool {
+    wr == WrOpcode::RdmaRead || wr.is_atomic()
 }
 
 /// Requester state of a QP.
@@ -130,13 +132,14 @@ pub fn ack_timeout_ns(timeout: u8) -> Option<u64> {
     (timeout != 0).then(|| (4096u64 << timeout.min(31)).max(1_000_000))
 }
 
-fn wc_opcode(wr: u8) -> u8 {
+/// The `ibv_wc_opcode` of a send completion for a WR of opcode `wr`.
+fn wc_opcode(wr: WrOpcode) -> u8 {
     match wr {
-        abi::WR_RDMA_WRITE | abi::WR_RDMA_WRITE_WITH_IMM => abi::WC_OP_RDMA_WRITE,
-        abi::WR_RDMA_READ => abi::WC_OP_RDMA_READ,
-        abi::WR_ATOMIC_CMP_AND_SWP => abi::WC_OP_COMP_SWAP,
-        abi::WR_ATOMIC_FETCH_AND_ADD => abi::WC_OP_FETCH_ADD,
-        _ => abi::WC_OP_SEND,
+        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => abi::WC_OP_RDMA_WRITE,
+        WrOpcode::RdmaRead => abi::WC_OP_RDMA_READ,
+        WrOpcode::AtomicCmpAndSwp => abi::WC_OP_COMP_SWAP,
+        WrOpcode::AtomicFetchAndAdd => abi::WC_OP_FETCH_ADD,
+        WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => abi::WC_OP_SEND,
     }
 }
 
@@ -155,7 +158,7 @@ pub fn complete_op(qp: &mut Qp, env: &mut Env, op: &SendOp, status: u8) {
             byte_len: op.len,
             qp_num: qp.qpn,
             status,
-            opcode: wc_opcode(op.wqe.opcode),
+            opcode: wc_opcode(op.opcode),
             ..Default::default()
         };
         env.complete(qp.send_cqn, cqe, false);
@@ -172,6 +175,7 @@ pub(crate) fn fetch(qp: &Qp, env: &Env, index: u32) -> SendOp {
     let mut op = SendOp {
         index,
         wqe: abi::SendWqe::default(),
+        opcode: WrOpcode::default(),
         payload: Payload::Sges(Vec::new()),
         len: 0,
         first_psn: qp.req.psn,
@@ -188,13 +192,18 @@ pub(crate) fn fetch(qp: &Qp, env: &Env, index: u32) -> SendOp {
             return op;
         }
     }
+    match WrOpcode::try_from(op.wqe.opcode) {
+        Ok(o) => op.opcode = o,
+        Err(_) => {
+            op.error = Some(abi::WC_LOC_QP_OP_ERR);
+            return op;
+        }
+    }
     if let Err(status) = load_payload(qp, env, slot, &mut op) {
         op.error = Some(status);
         return op;
     }
-    op.npkts = if op.wqe.opcode == abi::WR_ATOMIC_CMP_AND_SWP
-        || op.wqe.opcode == abi::WR_ATOMIC_FETCH_AND_ADD
-    {
+    op.npkts = if op.opcode.is_atomic() {
         1
     } else {
         op.len.div_ceil(qp.mtu()).max(1)
@@ -204,13 +213,12 @@ pub(crate) fn fetch(qp: &Qp, env: &Env, index: u32) -> SendOp {
 
 fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8> {
     let w = op.wqe;
+    let wr = op.opcode;
     // Operations per transport (IBTA Table 38 "service types").
-    let send = matches!(w.opcode, abi::WR_SEND | abi::WR_SEND_WITH_IMM);
-    let write = matches!(w.opcode, abi::WR_RDMA_WRITE | abi::WR_RDMA_WRITE_WITH_IMM);
+    let send = matches!(wr, WrOpcode::Send | WrOpcode::SendWithImm);
+    let write = matches!(wr, WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm);
     let supported = match qp.qp_type {
-        abi::QpType::Rc => {
-            send || write || w.opcode == abi::WR_SEND_WITH_INV || is_read_or_atomic(w.opcode)
-        }
+        abi::QpType::Rc => send || write || wr == WrOpcode::SendWithInv || is_read_or_atomic(wr),
         abi::QpType::Uc => send || write,
         abi::QpType::Ud => send,
     };
@@ -220,7 +228,7 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8
     // copy_data with IB_ACCESS_LOCAL_WRITE, else IB_WC_LOC_PROT_ERR); we
     // check at fetch, so nothing is asked of the peer, and again at the
     // write (scatter_sges).
-    let local_access = if is_read_or_atomic(w.opcode) {
+    let local_access = if is_read_or_atomic(wr) {
         abi::ACCESS_LOCAL_WRITE
     } else {
         0
@@ -237,7 +245,7 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8
         env.mem
             .read(body, &mut data)
             .map_err(|_| abi::WC_LOC_QP_OP_ERR)?;
-        check_remote_range(w.opcode, w.remote_addr, u64::from(w.inline_len))?;
+        check_remote_range(wr, w.remote_addr, u64::from(w.inline_len))?;
         op.len = w.inline_len;
         op.payload = Payload::Inline(data);
         return Ok(());
@@ -267,9 +275,9 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8
     if total > u64::from(MAX_MSG_SZ) {
         return Err(abi::WC_LOC_LEN_ERR);
     }
-    check_remote_range(w.opcode, w.remote_addr, total)?;
+    check_remote_range(wr, w.remote_addr, total)?;
     // An atomic returns the original 8 bytes into its one SGE (ibv_post_send(3)).
-    if w.opcode == abi::WR_ATOMIC_CMP_AND_SWP || w.opcode == abi::WR_ATOMIC_FETCH_AND_ADD {
+    if wr.is_atomic() {
         if total != 8 {
             return Err(abi::WC_LOC_LEN_ERR);
         }
@@ -288,11 +296,11 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8
 /// Every later `remote_addr + offset` of the message is then below 2^64
 /// (issue 9, item 4: a re-requested READ near `u64::MAX` overflowed).
 /// guest-lib's `post_send` refuses such a WR with `EINVAL`.
-fn check_remote_range(wr: u8, remote_addr: u64, len: u64) -> Result<(), u8> {
+fn check_remote_range(wr: WrOpcode, remote_addr: u64, len: u64) -> Result<(), u8> {
     let len = match wr {
-        abi::WR_RDMA_WRITE | abi::WR_RDMA_WRITE_WITH_IMM | abi::WR_RDMA_READ => len,
-        abi::WR_ATOMIC_CMP_AND_SWP | abi::WR_ATOMIC_FETCH_AND_ADD => 8,
-        _ => return Ok(()),
+        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm | WrOpcode::RdmaRead => len,
+        WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 8,
+        WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => return Ok(()),
     };
     match remote_addr.checked_add(len) {
         Some(_) => Ok(()),
@@ -336,7 +344,7 @@ pub(crate) fn gather(env: &Env, op: &SendOp, offset: u32, buf: &mut [u8]) -> Res
 /// Packet opcode for packet `k` of `npkts` of a message with WR opcode
 /// `wr` on a QP of type `qp_type` (UC opcodes are the RC ones + 0x20,
 /// IBTA Table 35).
-fn packet_opcode(qp_type: abi::QpType, wr: u8, k: u32, npkts: u32) -> Opcode {
+fn packet_opcode(qp_type: abi::QpType, wr: WrOpcode, k: u32, npkts: u32) -> Opcode {
     let rc = rc_packet_opcode(wr, k, npkts);
     if qp_type == abi::QpType::Uc {
         Opcode::from_u8(rc as u8 | 0x20).unwrap_or(rc)
@@ -345,26 +353,27 @@ fn packet_opcode(qp_type: abi::QpType, wr: u8, k: u32, npkts: u32) -> Opcode {
     }
 }
 
-fn rc_packet_opcode(wr: u8, k: u32, npkts: u32) -> Opcode {
+fn rc_packet_opcode(wr: WrOpcode, k: u32, npkts: u32) -> Opcode {
+    use WrOpcode as W;
     let (first, last) = (k == 0, k + 1 == npkts);
     match (wr, first, last) {
-        (abi::WR_RDMA_READ, _, _) => Opcode::RcReadRequest,
-        (abi::WR_ATOMIC_CMP_AND_SWP, _, _) => Opcode::RcCompareSwap,
-        (abi::WR_ATOMIC_FETCH_AND_ADD, _, _) => Opcode::RcFetchAdd,
-        (abi::WR_RDMA_WRITE | abi::WR_RDMA_WRITE_WITH_IMM, true, false) => Opcode::RcWriteFirst,
-        (abi::WR_RDMA_WRITE | abi::WR_RDMA_WRITE_WITH_IMM, false, false) => Opcode::RcWriteMiddle,
-        (abi::WR_RDMA_WRITE, true, true) => Opcode::RcWriteOnly,
-        (abi::WR_RDMA_WRITE, false, true) => Opcode::RcWriteLast,
-        (abi::WR_RDMA_WRITE_WITH_IMM, true, true) => Opcode::RcWriteOnlyImm,
-        (abi::WR_RDMA_WRITE_WITH_IMM, false, true) => Opcode::RcWriteLastImm,
-        (_, true, false) => Opcode::RcSendFirst,
-        (_, false, false) => Opcode::RcSendMiddle,
-        (abi::WR_SEND_WITH_IMM, true, true) => Opcode::RcSendOnlyImm,
-        (abi::WR_SEND_WITH_IMM, false, true) => Opcode::RcSendLastImm,
-        (abi::WR_SEND_WITH_INV, true, true) => Opcode::RcSendOnlyInv,
-        (abi::WR_SEND_WITH_INV, false, true) => Opcode::RcSendLastInv,
-        (_, true, true) => Opcode::RcSendOnly,
-        (_, false, true) => Opcode::RcSendLast,
+        (W::RdmaRead, _, _) => Opcode::RcReadRequest,
+        (W::AtomicCmpAndSwp, _, _) => Opcode::RcCompareSwap,
+        (W::AtomicFetchAndAdd, _, _) => Opcode::RcFetchAdd,
+        (W::RdmaWrite | W::RdmaWriteWithImm, true, false) => Opcode::RcWriteFirst,
+        (W::RdmaWrite | W::RdmaWriteWithImm, false, false) => Opcode::RcWriteMiddle,
+        (W::RdmaWrite, true, true) => Opcode::RcWriteOnly,
+        (W::RdmaWrite, false, true) => Opcode::RcWriteLast,
+        (W::RdmaWriteWithImm, true, true) => Opcode::RcWriteOnlyImm,
+        (W::RdmaWriteWithImm, false, true) => Opcode::RcWriteLastImm,
+        (W::Send | W::SendWithImm | W::SendWithInv, true, false) => Opcode::RcSendFirst,
+        (W::Send | W::SendWithImm | W::SendWithInv, false, false) => Opcode::RcSendMiddle,
+        (W::SendWithImm, true, true) => Opcode::RcSendOnlyImm,
+        (W::SendWithImm, false, true) => Opcode::RcSendLastImm,
+        (W::SendWithInv, true, true) => Opcode::RcSendOnlyInv,
+        (W::SendWithInv, false, true) => Opcode::RcSendLastInv,
+        (W::Send, true, true) => Opcode::RcSendOnly,
+        (W::Send, false, true) => Opcode::RcSendLast,
     }
 }
 
@@ -389,7 +398,7 @@ fn send_packet(
 ) -> Result<bool, u8> {
     let mtu = qp.mtu();
     let op = &qp.req.inflight[i];
-    let opcode = packet_opcode(qp.qp_type, op.wqe.opcode, k, op.npkts);
+    let opcode = packet_opcode(qp.qp_type, op.opcode, k, op.npkts);
     let Some(mut hdr) = peer_headers(qp, env, opcode, psn::add(op.first_psn, k)) else {
         return Ok(false);
     };
@@ -631,9 +640,11 @@ pub fn flush(qp: &mut Qp, env: &mut Env) {
 }
 
 fn fetch_header_only(qp: &Qp, env: &Env, index: u32) -> SendOp {
+    let wqe: abi::SendWqe = mem::read_obj(env.mem, qp.sq.slot(index)).unwrap_or_default();
     SendOp {
         index,
-        wqe: mem::read_obj(env.mem, qp.sq.slot(index)).unwrap_or_default(),
+        wqe,
+        opcode: WrOpcode::try_from(wqe.opcode).unwrap_or_default(),
         payload: Payload::Sges(Vec::new()),
         len: 0,
         first_psn: 0,
