@@ -612,7 +612,7 @@ impl Device {
                 }
                 abi::QpState::Err => {
                     qp.state = prev;
-                    crate::transport::qp_to_error(qp, &mut env, abi::WC_SUCCESS);
+                    crate::transport::qp_to_error(qp, &mut env, abi::WcStatus::Success);
                 }
                 _ => {}
             }

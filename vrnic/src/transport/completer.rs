@@ -95,7 +95,7 @@ fn rnr_retry(qp: &mut Qp, env: &mut Env, p: u32, timer: u8) {
     ack_up_to(qp, env, psn::add(p, psn::PSN_MASK));
     env.out.stats.rnr_naks_received += 1;
     if qp.req.rnr_left == 0 {
-        fail_head(qp, env, abi::WC_RNR_RETRY_EXC_ERR);
+        fail_head(qp, env, abi::WcStatus::RnrRetryExcErr);
         return;
     }
     if qp.attr.rnr_retry != 7 {
@@ -119,10 +119,10 @@ fn on_nak(qp: &mut Qp, env: &mut Env, p: u32, code: NakCode) {
             requester::run(qp, env);
         }
         NakCode::InvalidRequest | NakCode::InvalidRdRequest => {
-            fail_head(qp, env, abi::WC_REM_INV_REQ_ERR)
+            fail_head(qp, env, abi::WcStatus::RemInvReqErr)
         }
-        NakCode::RemoteAccessError => fail_head(qp, env, abi::WC_REM_ACCESS_ERR),
-        NakCode::RemoteOperationalError => fail_head(qp, env, abi::WC_REM_OP_ERR),
+        NakCode::RemoteAccessError => fail_head(qp, env, abi::WcStatus::RemAccessErr),
+        NakCode::RemoteOperationalError => fail_head(qp, env, abi::WcStatus::RemOpErr),
     }
 }
 
@@ -144,7 +144,7 @@ fn ack_up_to(qp: &mut Qp, env: &mut Env, p: u32) {
         }
         let op = qp.req.inflight.pop_front().expect("front exists");
         qp.req.send_pos = qp.req.send_pos.saturating_sub(1);
-        requester::complete_op(qp, env, &op, abi::WC_SUCCESS);
+        requester::complete_op(qp, env, &op, abi::WcStatus::Success);
         progress = true;
     }
     if progress {
@@ -171,7 +171,7 @@ pub fn complete_head_errors(qp: &mut Qp, env: &mut Env) {
 
 /// Completes the oldest WQE with `status` and moves the QP to ERR (RC) or
 /// SQE (UC, UD).
-fn fail_head(qp: &mut Qp, env: &mut Env, status: u8) {
+fn fail_head(qp: &mut Qp, env: &mut Env, status: abi::WcStatus) {
     if let Some(op) = qp.req.inflight.pop_front() {
         qp.req.send_pos = qp.req.send_pos.saturating_sub(1);
         requester::complete_op(qp, env, &op, status);
@@ -196,7 +196,7 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
             if qp.req.inflight.is_empty() {
                 qp.req.ack_deadline = None;
             } else if qp.req.retry_left == 0 {
-                fail_head(qp, env, abi::WC_RETRY_EXC_ERR);
+                fail_head(qp, env, abi::WcStatus::RetryExcErr);
             } else {
                 qp.req.retry_left -= 1;
                 env.out.stats.retransmits += 1;
@@ -339,10 +339,10 @@ fn rerequest(qp: &mut Qp, env: &mut Env, p: u32, expected: u32) {
 /// (re-)request they answer, §9.7.5.1.5), and its payload the path MTU,
 /// or the rest for the last one; else `WC_BAD_RESP_ERR`. A scatter error
 /// is the WQE's status.
-fn do_read(qp: &Qp, env: &Env, pkt: &RocePacket, last: bool) -> Result<(), u8> {
-    let op = qp.req.inflight.front().ok_or(abi::WC_BAD_RESP_ERR)?;
+fn do_read(qp: &Qp, env: &Env, pkt: &RocePacket, last: bool) -> Result<(), abi::WcStatus> {
+    let op = qp.req.inflight.front().ok_or(abi::WcStatus::BadRespErr)?;
     let mtu = qp.mtu();
-    let len = u32::try_from(pkt.payload.len()).map_err(|_| abi::WC_BAD_RESP_ERR)?;
+    let len = u32::try_from(pkt.payload.len()).map_err(|_| abi::WcStatus::BadRespErr)?;
     // resp_pkts < npkts = ceil(len / mtu) keeps this below len, unless
     // the path MTU changed since the request: then it is a bad response.
     let offset = op.resp_pkts.checked_mul(mtu);
@@ -362,18 +362,18 @@ fn do_read(qp: &Qp, env: &Env, pkt: &RocePacket, last: bool) -> Result<(), u8> {
         Some(offset) if kind_ok && Some(len) == want => {
             requester::scatter(env, qp.pdn, op, offset, pkt.payload)
         }
-        _ => Err(abi::WC_BAD_RESP_ERR),
+        _ => Err(abi::WcStatus::BadRespErr),
     }
 }
 
 /// rxe's `do_atomic`: the atomic ACK's original value lands in the head
 /// WQE's 8-byte SGE; an atomic ACK without an AtomicAckETH is
 /// `WC_BAD_RESP_ERR`.
-fn do_atomic(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<(), u8> {
-    let op = qp.req.inflight.front().ok_or(abi::WC_BAD_RESP_ERR)?;
+fn do_atomic(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<(), abi::WcStatus> {
+    let op = qp.req.inflight.front().ok_or(abi::WcStatus::BadRespErr)?;
     match pkt.hdr.atomic_ack_eth {
         Some(a) => requester::scatter(env, qp.pdn, op, 0, &a.orig.to_le_bytes()),
-        None => Err(abi::WC_BAD_RESP_ERR),
+        None => Err(abi::WcStatus::BadRespErr),
     }
 }
 
@@ -389,7 +389,7 @@ fn complete_wqe(qp: &mut Qp, env: &mut Env) {
     if psn::diff(op.last_psn(), qp.req.acked_psn) > 0 {
         qp.req.acked_psn = op.last_psn();
     }
-    requester::complete_op(qp, env, &op, abi::WC_SUCCESS);
+    requester::complete_op(qp, env, &op, abi::WcStatus::Success);
     write_record(qp, env);
     complete_head_errors(qp, env);
     ack_up_to(qp, env, qp.req.acked_psn);

@@ -55,7 +55,7 @@ pub struct SendOp {
     /// Packets sent in the current pass.
     pub sent: u32,
     /// A local error found at fetch (`ibv_wc_status`): the WQE completes with it.
-    pub error: Option<u8>,
+    pub error: Option<abi::WcStatus>,
     /// READ: response packets received in order so far.
     pub resp_pkts: u32,
     /// READ: the response count at which the rest was last re-requested
@@ -148,16 +148,16 @@ fn wc_opcode(wr: WrOpcode) -> u8 {
 /// application that polls the completion may post at once into the slot it
 /// frees (perftest keeps exactly `max_send_wr` outstanding), so the driver
 /// must see the slot free no later than the CQE.
-pub fn complete_op(qp: &mut Qp, env: &mut Env, op: &SendOp, status: u8) {
+pub fn complete_op(qp: &mut Qp, env: &mut Env, op: &SendOp, status: abi::WcStatus) {
     qp.req.sq_ci = op.index.wrapping_add(1);
     crate::transport::write_record(qp, env);
     let signaled = qp.sq_sig_all || op.wqe.send_flags & abi::SEND_SIGNALED != 0;
-    if signaled || status != abi::WC_SUCCESS {
+    if signaled || status != abi::WcStatus::Success {
         let cqe = abi::Cqe {
             wr_id: op.wqe.wr_id,
             byte_len: op.len,
             qp_num: qp.qpn,
-            status,
+            status: status.raw(),
             opcode: wc_opcode(op.opcode),
             ..Default::default()
         };
@@ -188,14 +188,14 @@ pub(crate) fn fetch(qp: &Qp, env: &Env, index: u32) -> SendOp {
     match mem::read_obj::<abi::SendWqe>(env.mem, slot) {
         Ok(w) => op.wqe = w,
         Err(_) => {
-            op.error = Some(abi::WC_LOC_QP_OP_ERR);
+            op.error = Some(abi::WcStatus::LocQpOpErr);
             return op;
         }
     }
     match WrOpcode::try_from(op.wqe.opcode) {
         Ok(o) => op.opcode = o,
         Err(_) => {
-            op.error = Some(abi::WC_LOC_QP_OP_ERR);
+            op.error = Some(abi::WcStatus::LocQpOpErr);
             return op;
         }
     }
@@ -211,7 +211,7 @@ pub(crate) fn fetch(qp: &Qp, env: &Env, index: u32) -> SendOp {
     op
 }
 
-fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8> {
+fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), abi::WcStatus> {
     let w = op.wqe;
     let wr = op.opcode;
     // Operations per transport (IBTA Table 38 "service types").
@@ -234,37 +234,38 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8
         0
     };
     if !supported {
-        return Err(abi::WC_LOC_QP_OP_ERR);
+        return Err(abi::WcStatus::LocQpOpErr);
     }
     let body = slot + size_of::<abi::SendWqe>() as u64;
     if w.send_flags & abi::SEND_INLINE != 0 && local_access == 0 {
         if w.inline_len > qp.max_inline {
-            return Err(abi::WC_LOC_LEN_ERR);
+            return Err(abi::WcStatus::LocLenErr);
         }
         let mut data = vec![0u8; w.inline_len as usize];
         env.mem
             .read(body, &mut data)
-            .map_err(|_| abi::WC_LOC_QP_OP_ERR)?;
+            .map_err(|_| abi::WcStatus::LocQpOpErr)?;
         check_remote_range(wr, w.remote_addr, u64::from(w.inline_len))?;
         op.len = w.inline_len;
         op.payload = Payload::Inline(data);
         return Ok(());
     }
     if w.num_sge as u32 > qp.max_send_sge {
-        return Err(abi::WC_LOC_LEN_ERR);
+        return Err(abi::WcStatus::LocLenErr);
     }
     let mut sges = Vec::with_capacity(w.num_sge as usize);
     let mut total: u64 = 0;
     for i in 0..w.num_sge as u64 {
-        let sge: Sge = mem::read_obj(env.mem, body + i * 16).map_err(|_| abi::WC_LOC_QP_OP_ERR)?;
+        let sge: Sge =
+            mem::read_obj(env.mem, body + i * 16).map_err(|_| abi::WcStatus::LocQpOpErr)?;
         if sge.length == 0 {
             continue;
         }
         env.mrs
             .check(sge.lkey, qp.pdn, local_access, sge.addr, sge.length as u64)
             .map_err(|e| match e {
-                MrError::Bounds => abi::WC_LOC_LEN_ERR,
-                _ => abi::WC_LOC_PROT_ERR,
+                MrError::Bounds => abi::WcStatus::LocLenErr,
+                _ => abi::WcStatus::LocProtErr,
             })?;
         // At most max_send_sge (32) lengths below 2^32: no overflow.
         total += u64::from(sge.length);
@@ -273,16 +274,16 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8
     // max_msg_sz (ibv_port_attr; rxe's validate_send_wr refuses it at post
     // time, the device cannot trust the driver to have done so).
     if total > u64::from(MAX_MSG_SZ) {
-        return Err(abi::WC_LOC_LEN_ERR);
+        return Err(abi::WcStatus::LocLenErr);
     }
     check_remote_range(wr, w.remote_addr, total)?;
     // An atomic returns the original 8 bytes into its one SGE (ibv_post_send(3)).
     if wr.is_atomic() {
         if total != 8 {
-            return Err(abi::WC_LOC_LEN_ERR);
+            return Err(abi::WcStatus::LocLenErr);
         }
         if !w.remote_addr.is_multiple_of(8) {
-            return Err(abi::WC_LOC_QP_OP_ERR);
+            return Err(abi::WcStatus::LocQpOpErr);
         }
     }
     op.len = total as u32;
@@ -296,7 +297,7 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8
 /// Every later `remote_addr + offset` of the message is then below 2^64
 /// (issue 9, item 4: a re-requested READ near `u64::MAX` overflowed).
 /// guest-lib's `post_send` refuses such a WR with `EINVAL`.
-fn check_remote_range(wr: WrOpcode, remote_addr: u64, len: u64) -> Result<(), u8> {
+fn check_remote_range(wr: WrOpcode, remote_addr: u64, len: u64) -> Result<(), abi::WcStatus> {
     let len = match wr {
         WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm | WrOpcode::RdmaRead => len,
         WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 8,
@@ -304,17 +305,22 @@ fn check_remote_range(wr: WrOpcode, remote_addr: u64, len: u64) -> Result<(), u8
     };
     match remote_addr.checked_add(len) {
         Some(_) => Ok(()),
-        None => Err(abi::WC_LOC_QP_OP_ERR),
+        None => Err(abi::WcStatus::LocQpOpErr),
     }
 }
 
 /// Gathers `buf.len()` message bytes starting at byte `offset` of `op`.
-pub(crate) fn gather(env: &Env, op: &SendOp, offset: u32, buf: &mut [u8]) -> Result<(), u8> {
+pub(crate) fn gather(
+    env: &Env,
+    op: &SendOp,
+    offset: u32,
+    buf: &mut [u8],
+) -> Result<(), abi::WcStatus> {
     match &op.payload {
         Payload::Inline(d) => {
             let o = offset as usize;
-            let end = o.checked_add(buf.len()).ok_or(abi::WC_LOC_LEN_ERR)?;
-            buf.copy_from_slice(d.get(o..end).ok_or(abi::WC_LOC_LEN_ERR)?);
+            let end = o.checked_add(buf.len()).ok_or(abi::WcStatus::LocLenErr)?;
+            buf.copy_from_slice(d.get(o..end).ok_or(abi::WcStatus::LocLenErr)?);
         }
         Payload::Sges(sges) => {
             let mut skip = offset as u64;
@@ -329,10 +335,16 @@ pub(crate) fn gather(env: &Env, op: &SendOp, offset: u32, buf: &mut [u8]) -> Res
                     continue;
                 }
                 let n = ((l - skip) as usize).min(buf.len() - done);
-                let mr = env.mrs.get(sge.lkey).map_err(|_| abi::WC_LOC_PROT_ERR)?;
-                let va = sge.addr.checked_add(skip).ok_or(abi::WC_LOC_PROT_ERR)?;
+                let mr = env
+                    .mrs
+                    .get(sge.lkey)
+                    .map_err(|_| abi::WcStatus::LocProtErr)?;
+                let va = sge
+                    .addr
+                    .checked_add(skip)
+                    .ok_or(abi::WcStatus::LocProtErr)?;
                 mr.read(env.mem, va, &mut buf[done..done + n])
-                    .map_err(|_| abi::WC_LOC_PROT_ERR)?;
+                    .map_err(|_| abi::WcStatus::LocProtErr)?;
                 done += n;
                 skip = 0;
             }
@@ -395,7 +407,7 @@ fn send_packet(
     i: usize,
     k: u32,
     window_full: bool,
-) -> Result<bool, u8> {
+) -> Result<bool, abi::WcStatus> {
     let mtu = qp.mtu();
     let op = &qp.req.inflight[i];
     let opcode = packet_opcode(qp.qp_type, op.opcode, k, op.npkts);
@@ -403,7 +415,7 @@ fn send_packet(
         return Ok(false);
     };
     // k < npkts = ceil(len / mtu) and len <= MAX_MSG_SZ: below 2^32.
-    let offset = k.checked_mul(mtu).ok_or(abi::WC_LOC_LEN_ERR)?;
+    let offset = k.checked_mul(mtu).ok_or(abi::WcStatus::LocLenErr)?;
     if op.needs_response() {
         // One request asks for the rest of the message from packet k on
         // (a resent READ restarts at the first missing response, §9.7.5.1.5).
@@ -415,7 +427,7 @@ fn send_packet(
             let va = w
                 .remote_addr
                 .checked_add(u64::from(offset))
-                .ok_or(abi::WC_LOC_QP_OP_ERR)?;
+                .ok_or(abi::WcStatus::LocQpOpErr)?;
             hdr.reth = Some(Reth {
                 va,
                 rkey: w.rkey,
@@ -586,7 +598,7 @@ fn complete_sent(qp: &mut Qp, env: &mut Env) {
         let op = qp.req.inflight.pop_front().expect("front exists");
         qp.req.send_pos = qp.req.send_pos.saturating_sub(1);
         qp.req.acked_psn = op.last_psn();
-        complete_op(qp, env, &op, abi::WC_SUCCESS);
+        complete_op(qp, env, &op, abi::WcStatus::Success);
     }
     crate::transport::write_record(qp, env);
 }
@@ -621,7 +633,7 @@ pub fn rewind(qp: &mut Qp, from: u32) {
 pub fn flush(qp: &mut Qp, env: &mut Env) {
     let ops: Vec<SendOp> = qp.req.inflight.drain(..).collect();
     for op in &ops {
-        complete_op(qp, env, op, abi::WC_WR_FLUSH_ERR);
+        complete_op(qp, env, op, abi::WcStatus::WrFlushErr);
     }
     // Bounded by the ring size: the doorbell keeps sq_pi within a ring of
     // the fetch index (`device::producer_index_ok`); the bound holds even
@@ -632,7 +644,7 @@ pub fn flush(qp: &mut Qp, env: &mut Env) {
         }
         let op = fetch_header_only(qp, env, qp.req.sq_next);
         qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
-        complete_op(qp, env, &op, abi::WC_WR_FLUSH_ERR);
+        complete_op(qp, env, &op, abi::WcStatus::WrFlushErr);
     }
     qp.req.send_pos = 0;
     qp.req.ack_deadline = None;
@@ -658,9 +670,15 @@ fn fetch_header_only(qp: &Qp, env: &Env, index: u32) -> SendOp {
 
 /// Scatters `data` into `op`'s local SGEs (of a QP in PD `pdn`) at message
 /// byte `offset` (READ responses and atomic results).
-pub fn scatter(env: &Env, pdn: u32, op: &SendOp, offset: u32, data: &[u8]) -> Result<(), u8> {
+pub fn scatter(
+    env: &Env,
+    pdn: u32,
+    op: &SendOp,
+    offset: u32,
+    data: &[u8],
+) -> Result<(), abi::WcStatus> {
     let Payload::Sges(sges) = &op.payload else {
-        return Err(abi::WC_LOC_PROT_ERR);
+        return Err(abi::WcStatus::LocProtErr);
     };
     crate::transport::scatter_sges(env, pdn, sges, offset, data)
 }

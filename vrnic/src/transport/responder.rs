@@ -301,7 +301,7 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
                 let aeth = Aeth::nak(qp.resp.msn, NakCode::RemoteAccessError);
                 let mut hdr = reply_headers(qp, env.port, &st.req, Opcode::RcAck, st.psn, aeth);
                 env.out.send(&mut hdr, &[]);
-                qp_to_error(qp, env, abi::WC_REM_ACCESS_ERR);
+                qp_to_error(qp, env, abi::WcStatus::RemAccessErr);
                 return true;
             }
         }
@@ -496,7 +496,7 @@ enum RespError {
         /// The NAK code (IBTA Table 45).
         code: NakCode,
         /// wr_id and `WC_*` status of a consumed receive WQE.
-        wqe: Option<(u64, u8)>,
+        wqe: Option<(u64, abi::WcStatus)>,
     },
 }
 
@@ -801,16 +801,22 @@ fn acknowledge(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, reply: Reply) {
 /// WQE `wqe` with its status, and move the QP to ERR with the matching
 /// status (an RC responder error is fatal to the QP, IBTA §10.3.1, as
 /// rxe's `rxe_qp_error`).
-fn nak_error(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, code: NakCode, wqe: Option<(u64, u8)>) {
+fn nak_error(
+    qp: &mut Qp,
+    env: &mut Env,
+    pkt: &RocePacket,
+    code: NakCode,
+    wqe: Option<(u64, abi::WcStatus)>,
+) {
     env.out.stats.nak_sent(code);
     send_aeth(qp, env, pkt, pkt.hdr.bth.psn, Aeth::nak(qp.resp.msn, code));
     if let Some((wr_id, status)) = wqe {
         complete_recv_error(qp, env, wr_id, status);
     }
     let status = match code {
-        NakCode::RemoteAccessError => abi::WC_REM_ACCESS_ERR,
-        NakCode::RemoteOperationalError => abi::WC_REM_OP_ERR,
-        _ => abi::WC_REM_INV_REQ_ERR,
+        NakCode::RemoteAccessError => abi::WcStatus::RemAccessErr,
+        NakCode::RemoteOperationalError => abi::WcStatus::RemOpErr,
+        _ => abi::WcStatus::RemInvReqErr,
     };
     qp_to_error(qp, env, status);
 }
@@ -963,13 +969,13 @@ fn execute_send(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Reply, R
     let Some(offset) = offset else {
         return Err(RespError::Nak {
             code: NakCode::InvalidRequest,
-            wqe: Some((ctx.wr_id, abi::WC_LOC_LEN_ERR)),
+            wqe: Some((ctx.wr_id, abi::WcStatus::LocLenErr)),
         });
     };
     if let Err(status) =
         crate::transport::scatter_sges(env, qp.pdn, &ctx.sges, ctx.offset, pkt.payload)
     {
-        let code = if status == abi::WC_LOC_LEN_ERR {
+        let code = if status == abi::WcStatus::LocLenErr {
             NakCode::InvalidRequest
         } else {
             NakCode::RemoteOperationalError
@@ -991,7 +997,7 @@ fn execute_send(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Reply, R
         if env.mrs.invalidate(ieth.rkey, qp.pdn).is_err() {
             return Err(RespError::Nak {
                 code: NakCode::InvalidRequest,
-                wqe: Some((ctx.wr_id, abi::WC_REM_INV_REQ_ERR)),
+                wqe: Some((ctx.wr_id, abi::WcStatus::RemInvReqErr)),
             });
         }
     }
@@ -1004,7 +1010,7 @@ fn execute_send(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Reply, R
         wr_id: ctx.wr_id,
         byte_len: ctx.offset,
         imm_data: imm,
-        status: abi::WC_SUCCESS,
+        status: abi::WcStatus::Success.raw(),
         opcode: abi::WC_OP_RECV,
         wc_flags: flags,
         ..Default::default()
@@ -1057,7 +1063,7 @@ fn execute_write(
             wr_id: ctx.wr_id,
             byte_len: w.total,
             imm_data: imm.0,
-            status: abi::WC_SUCCESS,
+            status: abi::WcStatus::Success.raw(),
             opcode: abi::WC_OP_RECV_RDMA_WITH_IMM,
             wc_flags: abi::WC_WITH_IMM,
             ..Default::default()
@@ -1082,10 +1088,10 @@ fn complete_recv(qp: &Qp, env: &mut Env, cqe: abi::Cqe, solicited: bool) {
 
 /// Completes the consumed receive WQE `wr_id` with the error `status`
 /// (a flush, or a failed request).
-fn complete_recv_error(qp: &Qp, env: &mut Env, wr_id: u64, status: u8) {
+fn complete_recv_error(qp: &Qp, env: &mut Env, wr_id: u64, status: abi::WcStatus) {
     let cqe = abi::Cqe {
         wr_id,
-        status,
+        status: status.raw(),
         opcode: abi::WC_OP_RECV,
         ..Default::default()
     };
@@ -1103,7 +1109,7 @@ pub fn flush(qp: &mut Qp, env: &mut Env) {
         _ => None,
     };
     for ctx in [taken, qp.resp.spare.take()].into_iter().flatten() {
-        complete_recv_error(qp, env, ctx.wr_id, abi::WC_WR_FLUSH_ERR);
+        complete_recv_error(qp, env, ctx.wr_id, abi::WcStatus::WrFlushErr);
     }
     if qp.srqn != 0 {
         return;
@@ -1117,7 +1123,7 @@ pub fn flush(qp: &mut Qp, env: &mut Env) {
         }
         let wr_id = recv_queue::wr_id_at(qp, env, qp.resp.rq_ci);
         qp.resp.rq_ci = qp.resp.rq_ci.wrapping_add(1);
-        complete_recv_error(qp, env, wr_id, abi::WC_WR_FLUSH_ERR);
+        complete_recv_error(qp, env, wr_id, abi::WcStatus::WrFlushErr);
     }
     write_record(qp, env);
 }
