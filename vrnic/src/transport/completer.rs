@@ -10,10 +10,10 @@ use crate::wire::{rnr_timer_ns, AethKind, NakCode, Opcode, RocePacket};
 
 /// Handles a response packet (ACK, NAK, READ response, atomic ACK)
 /// addressed to `qp`: the driver of rxe's completer state machine
-/// (`rxe_completer`): [`check_psn`], [`check_ack`], then for an ACK
-/// [`complete_ack`], for an RNR NAK [`rnr_retry`], for a NAK [`on_nak`],
-/// and for a READ response or atomic ACK [`on_read_or_atomic_response`]
-/// ([`check_resp_psn`], [`do_read`] or [`do_atomic`], [`complete_wqe`]).
+/// (`rxe_completer`): `check_psn`, `check_ack`, then for an ACK
+/// `complete_ack`, for an RNR NAK `rnr_retry`, for a NAK `on_nak`,
+/// and for a READ response or atomic ACK `on_read_or_atomic_response`
+/// (`check_resp_psn`, `do_read` or `do_atomic`, `complete_wqe`).
 pub fn on_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     if !matches!(qp.state, abi::QpState::Rts | abi::QpState::Sqd) || qp.qp_type != abi::QpType::Rc {
         return;

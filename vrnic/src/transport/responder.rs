@@ -461,7 +461,7 @@ fn duplicate_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
 }
 
 /// The inbound message the responder is in the middle of: the one state
-/// the opcode sequence check ([`check_op_seq`]) and the execution of
+/// the opcode sequence check (`check_op_seq`) and the execution of
 /// MIDDLE and LAST packets work from (rxe keeps it as `resp.opcode`, the
 /// last opcode seen, with `resp.wqe`, `resp.va`/`resid` and `drop_msg`).
 #[derive(Debug, Default)]
