@@ -1078,3 +1078,225 @@ mod tests {
         assert_eq!(c.wr_id, 8);
     }
 }
+
+// ---------------------------------------------------------------------------
+// Typed vocabulary
+// ---------------------------------------------------------------------------
+
+/// A raw ABI value that names no variant of the enum it was converted to
+/// (`TryFrom` of [`QpType`], [`QpState`], [`WrOpcode`], [`WcStatus`]).
+/// The structures in driver memory and on the control queue carry raw
+/// integers; they are converted at the edges, and an unknown value is this
+/// error, never a panic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnknownValue {
+    /// The enum the value was meant for (`"QpState"`, ...).
+    pub what: &'static str,
+    /// The raw value.
+    pub value: u32,
+}
+
+impl std::fmt::Display for UnknownValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "unknown {} value {}", self.what, self.value)
+    }
+}
+
+impl std::error::Error for UnknownValue {}
+
+/// Defines a `#[repr($raw)]` enum of ABI values with `From<enum> for
+/// $raw` and `TryFrom<$raw>` (unknown values: [`UnknownValue`]).
+macro_rules! abi_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident: $raw:ty {
+            $( $(#[$vmeta:meta])* $variant:ident = $value:expr, )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+        #[repr($raw)]
+        pub enum $name {
+            $( $(#[$vmeta])* $variant = $value, )+
+        }
+
+        impl $name {
+            /// Every variant, in ABI value order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The raw ABI value.
+            pub const fn raw(self) -> $raw {
+                self as $raw
+            }
+        }
+
+        impl From<$name> for $raw {
+            fn from(v: $name) -> $raw {
+                v as $raw
+            }
+        }
+
+        impl TryFrom<$raw> for $name {
+            type Error = UnknownValue;
+
+            fn try_from(value: $raw) -> Result<Self, UnknownValue> {
+                match value {
+                    $( x if x == $value => Ok($name::$variant), )+
+                    _ => Err(UnknownValue {
+                        what: stringify!($name),
+                        value: u32::from(value),
+                    }),
+                }
+            }
+        }
+    };
+}
+
+abi_enum! {
+    /// `ibv_qp_type` (the [`QPT_RC`], [`QPT_UC`], [`QPT_UD`] values of
+    /// [`CreateQp::qp_type`]): the transport service (IBTA Vol 1
+    /// chapter 9: RC, UC, UD). Default: RC.
+    pub enum QpType: u32 {
+        /// Reliable connected (`IBV_QPT_RC`).
+        #[default]
+        Rc = QPT_RC,
+        /// Unreliable connected (`IBV_QPT_UC`).
+        Uc = QPT_UC,
+        /// Unreliable datagram (`IBV_QPT_UD`).
+        Ud = QPT_UD,
+    }
+}
+
+abi_enum! {
+    /// `ibv_qp_state` (the `QPS_*` values of [`QpAttr::qp_state`]), the QP
+    /// states of IBTA Vol 1 §10.3.1. Default: RESET, the state after
+    /// creation.
+    pub enum QpState: u32 {
+        /// `IBV_QPS_RESET`: the state after creation.
+        #[default]
+        Reset = QPS_RESET,
+        /// `IBV_QPS_INIT`.
+        Init = QPS_INIT,
+        /// `IBV_QPS_RTR`: ready to receive.
+        Rtr = QPS_RTR,
+        /// `IBV_QPS_RTS`: ready to send.
+        Rts = QPS_RTS,
+        /// `IBV_QPS_SQD`: send queue drained.
+        Sqd = QPS_SQD,
+        /// `IBV_QPS_SQE`: send queue error (UC, UD).
+        Sqe = QPS_SQE,
+        /// `IBV_QPS_ERR`.
+        Err = QPS_ERR,
+    }
+}
+
+abi_enum! {
+    /// `ibv_wr_opcode` of a send work request (the `WR_*` values of
+    /// [`SendWqe::opcode`]). Default: SEND.
+    pub enum WrOpcode: u8 {
+        /// `IBV_WR_RDMA_WRITE`.
+        RdmaWrite = WR_RDMA_WRITE,
+        /// `IBV_WR_RDMA_WRITE_WITH_IMM`: as `RdmaWrite`, and consumes a
+        /// receive WQE at the peer carrying the immediate data.
+        RdmaWriteWithImm = WR_RDMA_WRITE_WITH_IMM,
+        /// `IBV_WR_SEND`.
+        #[default]
+        Send = WR_SEND,
+        /// `IBV_WR_SEND_WITH_IMM`.
+        SendWithImm = WR_SEND_WITH_IMM,
+        /// `IBV_WR_RDMA_READ`.
+        RdmaRead = WR_RDMA_READ,
+        /// `IBV_WR_ATOMIC_CMP_AND_SWP`: the original value lands in the
+        /// WR's one 8-byte SGE.
+        AtomicCmpAndSwp = WR_ATOMIC_CMP_AND_SWP,
+        /// `IBV_WR_ATOMIC_FETCH_AND_ADD`.
+        AtomicFetchAndAdd = WR_ATOMIC_FETCH_AND_ADD,
+        /// `IBV_WR_SEND_WITH_INV`: the immediate field is the rkey to
+        /// invalidate at the peer.
+        SendWithInv = WR_SEND_WITH_INV,
+    }
+}
+
+impl WrOpcode {
+    /// An atomic: compare-and-swap or fetch-and-add (IBTA §9.4.5).
+    pub fn is_atomic(self) -> bool {
+        matches!(
+            self,
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd
+        )
+    }
+}
+
+abi_enum! {
+    /// `ibv_wc_status` values the device writes in [`Cqe::status`] (the
+    /// `WC_*` constants; libibverbs defines more, which vrnic never
+    /// produces). Default: success.
+    pub enum WcStatus: u8 {
+        /// `IBV_WC_SUCCESS`.
+        #[default]
+        Success = WC_SUCCESS,
+        /// `IBV_WC_LOC_LEN_ERR`: local length error.
+        LocLenErr = WC_LOC_LEN_ERR,
+        /// `IBV_WC_LOC_QP_OP_ERR`: local QP operation error.
+        LocQpOpErr = WC_LOC_QP_OP_ERR,
+        /// `IBV_WC_LOC_PROT_ERR`: local protection error.
+        LocProtErr = WC_LOC_PROT_ERR,
+        /// `IBV_WC_WR_FLUSH_ERR`: flushed because the QP went to ERR.
+        WrFlushErr = WC_WR_FLUSH_ERR,
+        /// `IBV_WC_BAD_RESP_ERR`: bad response.
+        BadRespErr = WC_BAD_RESP_ERR,
+        /// `IBV_WC_LOC_ACCESS_ERR`: local access error.
+        LocAccessErr = WC_LOC_ACCESS_ERR,
+        /// `IBV_WC_REM_INV_REQ_ERR`: remote invalid request.
+        RemInvReqErr = WC_REM_INV_REQ_ERR,
+        /// `IBV_WC_REM_ACCESS_ERR`: remote access error.
+        RemAccessErr = WC_REM_ACCESS_ERR,
+        /// `IBV_WC_REM_OP_ERR`: remote operational error.
+        RemOpErr = WC_REM_OP_ERR,
+        /// `IBV_WC_RETRY_EXC_ERR`: transport retry counter exceeded.
+        RetryExcErr = WC_RETRY_EXC_ERR,
+        /// `IBV_WC_RNR_RETRY_EXC_ERR`: RNR retry counter exceeded.
+        RnrRetryExcErr = WC_RNR_RETRY_EXC_ERR,
+        /// `IBV_WC_FATAL_ERR`.
+        FatalErr = WC_FATAL_ERR,
+        /// `IBV_WC_GENERAL_ERR`.
+        GeneralErr = WC_GENERAL_ERR,
+    }
+}
+
+#[cfg(test)]
+mod typed_tests {
+    use super::*;
+
+    #[test]
+    fn typed_values_round_trip_and_unknown_values_are_errors() {
+        for &s in QpState::ALL {
+            assert_eq!(QpState::try_from(u32::from(s)), Ok(s));
+        }
+        for &t in QpType::ALL {
+            assert_eq!(QpType::try_from(t.raw()), Ok(t));
+        }
+        for &o in WrOpcode::ALL {
+            assert_eq!(WrOpcode::try_from(o.raw()), Ok(o));
+        }
+        for &w in WcStatus::ALL {
+            assert_eq!(WcStatus::try_from(w.raw()), Ok(w));
+        }
+        assert_eq!(QpState::Err.raw(), QPS_ERR);
+        assert_eq!(QpType::Ud.raw(), QPT_UD);
+        assert_eq!(WrOpcode::SendWithInv.raw(), WR_SEND_WITH_INV);
+        assert_eq!(WcStatus::GeneralErr.raw(), WC_GENERAL_ERR);
+        assert!(QpState::try_from(7).is_err());
+        assert!(QpType::try_from(0).is_err());
+        assert!(WrOpcode::try_from(7).is_err());
+        assert!(WrOpcode::try_from(u8::MAX).is_err());
+        assert!(WcStatus::try_from(3).is_err());
+        assert_eq!(
+            QpState::try_from(u32::MAX),
+            Err(UnknownValue {
+                what: "QpState",
+                value: u32::MAX
+            })
+        );
+    }
+}

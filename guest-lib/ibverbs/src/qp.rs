@@ -323,9 +323,9 @@ pub(crate) extern "C" fn ibv_modify_qp(
         let a = unsafe { &*attr };
         let mask = attr_mask as u32;
         let state = if mask & c::ibv_qp_attr_mask_IBV_QP_STATE != 0 {
-            match QpState::from_code(a.qp_state) {
-                Some(s) => s,
-                None => return libc::EINVAL,
+            match QpState::try_from(a.qp_state) {
+                Ok(s) => s,
+                Err(_) => return libc::EINVAL,
             }
         } else {
             QpState::Reset
@@ -385,8 +385,8 @@ pub(crate) extern "C" fn ibv_query_qp(
         };
         let cap = to_cap(&inner.cap());
         let a = c::ibv_qp_attr {
-            qp_state: q.qp_state.code(),
-            cur_qp_state: q.qp_state.code(),
+            qp_state: q.qp_state.raw(),
+            cur_qp_state: q.qp_state.raw(),
             path_mtu: q.path_mtu,
             qkey: q.qkey,
             rq_psn: q.rq_psn,

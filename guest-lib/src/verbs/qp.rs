@@ -11,78 +11,12 @@ use super::srq::{Srq, SrqShared};
 use super::{AhAttr, Context, Cq, Gid, Pd, Result, Sge, VerbsError};
 use crate::transport::DmaBuf;
 
-/// `ibv_qp_type`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum QpType {
-    /// Reliable connected (`IBV_QPT_RC`).
-    #[default]
-    Rc,
-    /// Unreliable connected (`IBV_QPT_UC`).
-    Uc,
-    /// Unreliable datagram (`IBV_QPT_UD`).
-    Ud,
-}
-
-impl QpType {
-    /// The `ibv_qp_type` value (`abi::QPT_*`).
-    pub fn code(self) -> u32 {
-        match self {
-            QpType::Rc => abi::QPT_RC,
-            QpType::Uc => abi::QPT_UC,
-            QpType::Ud => abi::QPT_UD,
-        }
-    }
-}
-
-/// `ibv_qp_state`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum QpState {
-    /// `IBV_QPS_RESET`: the state after creation.
-    #[default]
-    Reset,
-    /// `IBV_QPS_INIT`.
-    Init,
-    /// `IBV_QPS_RTR`: ready to receive.
-    Rtr,
-    /// `IBV_QPS_RTS`: ready to send.
-    Rts,
-    /// `IBV_QPS_SQD`: send queue drained.
-    Sqd,
-    /// `IBV_QPS_SQE`: send queue error.
-    Sqe,
-    /// `IBV_QPS_ERR`.
-    Err,
-}
-
-impl QpState {
-    /// The `ibv_qp_state` value (`abi::QPS_*`).
-    pub fn code(self) -> u32 {
-        match self {
-            QpState::Reset => abi::QPS_RESET,
-            QpState::Init => abi::QPS_INIT,
-            QpState::Rtr => abi::QPS_RTR,
-            QpState::Rts => abi::QPS_RTS,
-            QpState::Sqd => abi::QPS_SQD,
-            QpState::Sqe => abi::QPS_SQE,
-            QpState::Err => abi::QPS_ERR,
-        }
-    }
-
-    /// The state of an `ibv_qp_state` value.
-    pub fn from_code(code: u32) -> Option<QpState> {
-        [
-            QpState::Reset,
-            QpState::Init,
-            QpState::Rtr,
-            QpState::Rts,
-            QpState::Sqd,
-            QpState::Sqe,
-            QpState::Err,
-        ]
-        .into_iter()
-        .find(|s| s.code() == code)
-    }
-}
+/// `ibv_qp_type`, `ibv_qp_state` and `ibv_wr_opcode`: the device ABI's
+/// typed values ([`vrnic::abi`]), shared with the device, so the driver and
+/// the device cannot disagree on a code. Their raw values are
+/// [`QpType::raw`] etc.; `TryFrom` converts back (unknown values are an
+/// error).
+pub use vrnic::abi::{QpState, QpType, WrOpcode};
 
 /// QP capacities (`struct ibv_qp_cap`): requested at creation, actual from
 /// [`Qp::cap`].
@@ -186,7 +120,7 @@ impl QpAttr {
         abi::QpAttr {
             qpn,
             attr_mask: mask,
-            qp_state: self.qp_state.code(),
+            qp_state: self.qp_state.raw(),
             path_mtu: self.path_mtu,
             qkey: self.qkey,
             rq_psn: self.rq_psn,
@@ -213,8 +147,8 @@ impl QpAttr {
     }
 
     fn from_abi(a: &abi::QpAttr) -> Result<QpAttr> {
-        let qp_state = QpState::from_code(a.qp_state)
-            .ok_or_else(|| VerbsError::BadResponse(format!("QP state {}", a.qp_state)))?;
+        let qp_state = QpState::try_from(a.qp_state)
+            .map_err(|_| VerbsError::BadResponse(format!("QP state {}", a.qp_state)))?;
         Ok(QpAttr {
             qp_state,
             path_mtu: a.path_mtu,
@@ -242,53 +176,6 @@ impl QpAttr {
             max_rd_atomic: a.max_rd_atomic,
             max_dest_rd_atomic: a.max_dest_rd_atomic,
         })
-    }
-}
-
-/// `ibv_wr_opcode` of a send work request.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum WrOpcode {
-    /// `IBV_WR_RDMA_WRITE`: write `sg_list` to [`SendWr::rdma`].
-    RdmaWrite,
-    /// `IBV_WR_RDMA_WRITE_WITH_IMM`: as `RdmaWrite`, and consume a receive
-    /// at the peer carrying `imm_data`.
-    RdmaWriteWithImm,
-    /// `IBV_WR_SEND`.
-    #[default]
-    Send,
-    /// `IBV_WR_SEND_WITH_IMM`.
-    SendWithImm,
-    /// `IBV_WR_RDMA_READ`: read [`SendWr::rdma`] into `sg_list`.
-    RdmaRead,
-    /// `IBV_WR_ATOMIC_CMP_AND_SWP` on [`SendWr::atomic`]; the original value
-    /// lands in `sg_list` (8 bytes).
-    AtomicCmpAndSwp,
-    /// `IBV_WR_ATOMIC_FETCH_AND_ADD` on [`SendWr::atomic`].
-    AtomicFetchAndAdd,
-    /// `IBV_WR_SEND_WITH_INV`: `imm_data` is the rkey to invalidate.
-    SendWithInv,
-}
-
-impl WrOpcode {
-    /// The `ibv_wr_opcode` value (`abi::WR_*`).
-    pub fn code(self) -> u8 {
-        match self {
-            WrOpcode::RdmaWrite => abi::WR_RDMA_WRITE,
-            WrOpcode::RdmaWriteWithImm => abi::WR_RDMA_WRITE_WITH_IMM,
-            WrOpcode::Send => abi::WR_SEND,
-            WrOpcode::SendWithImm => abi::WR_SEND_WITH_IMM,
-            WrOpcode::RdmaRead => abi::WR_RDMA_READ,
-            WrOpcode::AtomicCmpAndSwp => abi::WR_ATOMIC_CMP_AND_SWP,
-            WrOpcode::AtomicFetchAndAdd => abi::WR_ATOMIC_FETCH_AND_ADD,
-            WrOpcode::SendWithInv => abi::WR_SEND_WITH_INV,
-        }
-    }
-
-    fn is_atomic(self) -> bool {
-        matches!(
-            self,
-            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd
-        )
     }
 }
 
@@ -371,7 +258,7 @@ impl SendWr<'_> {
         let inline = self.inline_data.map_or(0, <[u8]>::len);
         abi::SendWqe {
             wr_id: self.wr_id,
-            opcode: self.opcode.code(),
+            opcode: self.opcode.raw(),
             send_flags: self.send_flags
                 | if self.inline_data.is_some() {
                     abi::SEND_INLINE
@@ -569,7 +456,7 @@ impl Qp {
         let record = ctx.alloc_dma(16, 64)?;
         let body = abi::CreateQp {
             pdn: pd.pdn(),
-            qp_type: init.qp_type.code(),
+            qp_type: init.qp_type.raw(),
             send_cqn: init.send_cq.cqn(),
             recv_cqn: init.recv_cq.cqn(),
             sq_size,

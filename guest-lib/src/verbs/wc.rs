@@ -7,7 +7,8 @@ use vrnic::abi;
 pub struct WorkCompletion {
     /// The completed work request's `wr_id`.
     pub wr_id: u64,
-    /// `ibv_wc_status` (`abi::WC_*`; 0 = success). See [`Self::status_str`].
+    /// `ibv_wc_status` (`abi::WC_*`; 0 = success), raw. See
+    /// [`Self::wc_status`] for it typed, [`Self::status_str`] for its name.
     pub status: u8,
     /// `ibv_wc_opcode` (`abi::WC_OP_*`). Valid only when `status` is success.
     pub opcode: u8,
@@ -58,7 +59,14 @@ impl WorkCompletion {
 
     /// True when `status` is `WC_SUCCESS`.
     pub fn is_success(&self) -> bool {
-        self.status == abi::WC_SUCCESS
+        self.wc_status() == Ok(abi::WcStatus::Success)
+    }
+
+    /// The status, typed ([`abi::WcStatus`], the values the device
+    /// writes); `Err` for a value that names none of them. `status` keeps
+    /// the raw `ibv_wc_status`, which libibverbs passes through as is.
+    pub fn wc_status(&self) -> std::result::Result<abi::WcStatus, abi::UnknownValue> {
+        abi::WcStatus::try_from(self.status)
     }
 
     /// The status as `ibv_wc_status_str(3)` names it.
@@ -102,6 +110,19 @@ pub fn wc_status_str(status: u8) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wc_status_is_typed_and_unknown_values_are_errors() {
+        let mut wc = WorkCompletion::default();
+        assert!(wc.is_success());
+        assert_eq!(wc.wc_status(), Ok(abi::WcStatus::Success));
+        wc.status = abi::WC_RETRY_EXC_ERR;
+        assert!(!wc.is_success());
+        assert_eq!(wc.wc_status(), Ok(abi::WcStatus::RetryExcErr));
+        wc.status = 3; // IBV_WC_LOC_EEC_OP_ERR: never written by vrnic
+        assert!(wc.wc_status().is_err());
+        assert!(!wc.is_success());
+    }
 
     #[test]
     fn status_names_match_rdma_core() {

@@ -238,7 +238,7 @@ impl Device {
                 let qp = self.qps.get(qpn).ok_or(abi::STATUS_ENOENT)?;
                 let mut a = qp.attr;
                 a.qpn = qp.qpn;
-                a.qp_state = qp.state;
+                a.qp_state = qp.state.into();
                 Ok(put(out, &a))
             }
             abi::CMD_DESTROY_QP => {
@@ -484,9 +484,9 @@ impl Device {
         c: abi::CreateQp,
         out: &mut [u8],
     ) -> Result<usize, Status> {
-        if !matches!(c.qp_type, abi::QPT_RC | abi::QPT_UC | abi::QPT_UD) {
+        let Ok(qp_type) = abi::QpType::try_from(c.qp_type) else {
             return Err(abi::STATUS_EOPNOTSUPP);
-        }
+        };
         if !self.owns_pd(ctx, c.pdn)
             || !self.owns_cq(ctx, c.send_cqn)
             || !self.owns_cq(ctx, c.recv_cqn)
@@ -538,8 +538,8 @@ impl Device {
         let make = |qpn| Qp {
             qpn,
             pdn: c.pdn,
-            qp_type: c.qp_type,
-            state: abi::QPS_RESET,
+            qp_type,
+            state: abi::QpState::Reset,
             send_cqn: c.send_cqn,
             recv_cqn: c.recv_cqn,
             sq_sig_all: c.sq_sig_all != 0,
@@ -656,24 +656,23 @@ impl Device {
         let prev = qp.state;
         apply_attrs(&mut qp.attr, &a);
         qp.state = next;
-        qp.attr.qp_state = next;
         qp_step!(self, qp, mem, now, |env| {
             match next {
-                abi::QPS_RESET => {
+                abi::QpState::Reset => {
                     qp.req = ReqState::default();
                     qp.resp.release(env.out);
                     qp.resp = RespState::default();
                     // The rings restart empty: publish consumer indices 0.
                     crate::transport::write_record(qp, &env);
                 }
-                abi::QPS_RTR if prev == abi::QPS_INIT => {
+                abi::QpState::Rtr if prev == abi::QpState::Init => {
                     qp.resp.epsn = qp.attr.rq_psn;
                 }
-                abi::QPS_RTS if prev == abi::QPS_RTR => {
+                abi::QpState::Rts if prev == abi::QpState::Rtr => {
                     qp.req
                         .start(qp.attr.sq_psn, qp.attr.retry_cnt, qp.attr.rnr_retry);
                 }
-                abi::QPS_SQD if prev == abi::QPS_RTS => {
+                abi::QpState::Sqd if prev == abi::QpState::Rts => {
                     // EV_SQ_DRAINED once every fetched WQE completed (IBTA
                     // §10.3.1.4, `IBV_EVENT_SQ_DRAINED`).
                     if qp.req.inflight.is_empty() {
@@ -682,20 +681,20 @@ impl Device {
                         qp.req.drain_pending = true;
                     }
                 }
-                abi::QPS_RTS if prev == abi::QPS_SQD || prev == abi::QPS_SQE => {
+                abi::QpState::Rts if prev == abi::QpState::Sqd || prev == abi::QpState::Sqe => {
                     qp.req.drain_pending = false;
                     requester::run(qp, &mut env);
                 }
-                abi::QPS_ERR => {
+                abi::QpState::Err => {
                     qp.state = prev;
-                    crate::transport::qp_to_error(qp, &mut env, abi::WC_SUCCESS);
+                    crate::transport::qp_to_error(qp, &mut env, abi::WcStatus::Success);
                 }
                 _ => {}
             }
         });
-        let connected = qp.qp_type != abi::QPT_UD;
-        let dgid =
-            (connected && (next == abi::QPS_RTR || next == abi::QPS_RTS)).then_some(qp.attr.dgid);
+        let connected = qp.qp_type != abi::QpType::Ud;
+        let dgid = (connected && (next == abi::QpState::Rtr || next == abi::QpState::Rts))
+            .then_some(qp.attr.dgid);
         if let Some(dgid) = dgid {
             // Resolve the peer early so the first send does not wait for ARP.
             self.resolve(dgid, now);

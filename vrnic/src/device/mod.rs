@@ -445,9 +445,9 @@ impl Device {
                     qp.resp.rq_pi = db.index;
                 }
                 qp_step!(self, qp, mem, now, |env| {
-                    if qp.state == abi::QPS_ERR {
+                    if qp.state == abi::QpState::Err {
                         crate::transport::flush(qp, &mut env);
-                    } else if db.kind == abi::DB_SQ && qp.state == abi::QPS_SQE {
+                    } else if db.kind == abi::DB_SQ && qp.state == abi::QpState::Sqe {
                         // SQE flushes new send WQEs too (IBTA §10.3.1.6).
                         requester::flush(qp, &mut env);
                         crate::transport::write_record(qp, &env);
@@ -539,14 +539,14 @@ impl Device {
             if let Err(why) = hdr_check::hdr_check(qp, env.port, &pkt) {
                 env.out.stats.hdr_drop(why);
             } else if pkt.hdr.bth.opcode.transport() == wire::Transport::Ud {
-                if qp.qp_type == abi::QPT_UD && pkt.hdr.bth.opcode.is_request() {
+                if qp.qp_type == abi::QpType::Ud && pkt.hdr.bth.opcode.is_request() {
                     // parse_frame accepted an Ethernet header of 14 bytes.
                     let ip = frame.get(14..).unwrap_or_default();
                     datagram::on_request(qp, &mut env, &pkt, ip);
                 } else {
                     env.out.stats.rx_dropped += 1;
                 }
-            } else if qp.qp_type == abi::QPT_UD {
+            } else if qp.qp_type == abi::QpType::Ud {
                 env.out.stats.rx_dropped += 1;
             } else if pkt.hdr.bth.opcode.is_request() {
                 responder::on_request(qp, &mut env, &pkt, frame);
@@ -574,7 +574,7 @@ impl Device {
                 starved = Some(slot);
             }
             let t = qp_step!(self, qp, mem, now, |env| {
-                if qp.qp_type == abi::QPT_UD {
+                if qp.qp_type == abi::QpType::Ud {
                     if qp.req.waiting_arp.is_some() || qp.req.more {
                         datagram::run(qp, &mut env);
                     }

@@ -8,59 +8,121 @@ use crate::transport::{psn, send_queue_error, write_record, Env};
 use crate::verbs::qp::Qp;
 use crate::wire::{rnr_timer_ns, AethKind, NakCode, Opcode, RocePacket};
 
-/// Handles a response packet (ACK, NAK) addressed to `qp`.
+/// Handles a response packet (ACK, NAK, READ response, atomic ACK)
+/// addressed to `qp`: the driver of rxe's completer state machine
+/// (`rxe_completer`): `check_psn`, `check_ack`, then for an ACK
+/// `complete_ack`, for an RNR NAK `rnr_retry`, for a NAK `on_nak`,
+/// and for a READ response or atomic ACK `on_read_or_atomic_response`
+/// (`check_resp_psn`, `do_read` or `do_atomic`, `complete_wqe`).
 pub fn on_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
-    if !matches!(qp.state, abi::QPS_RTS | abi::QPS_SQD) || qp.qp_type != abi::QPT_RC {
+    if !matches!(qp.state, abi::QpState::Rts | abi::QpState::Sqd) || qp.qp_type != abi::QpType::Rc {
+        return;
+    }
+    if !check_psn(qp, pkt) {
         return;
     }
     let p = pkt.hdr.bth.psn;
-    // A response for a PSN we never sent is stale or bogus.
-    if psn::diff(p, qp.req.psn) >= 0 || psn::diff(p, qp.req.acked_psn) < -(1 << 22) {
-        return;
+    match check_ack(pkt) {
+        AckKind::ReadOrAtomic => on_read_or_atomic_response(qp, env, pkt),
+        AckKind::Ack => {
+            complete_ack(qp, env, p);
+            requester::run(qp, env);
+        }
+        AckKind::Rnr { timer } => rnr_retry(qp, env, p, timer),
+        AckKind::Nak(code) => on_nak(qp, env, p, code),
+        AckKind::Ignore => {}
     }
+}
+
+/// rxe's `check_psn`, its first part: a response must be for a PSN the
+/// requester sent, before the next PSN and not far (2^22) behind the
+/// last acknowledged one; anything else is stale or bogus and dropped.
+/// (The checks against the WQE a READ response or atomic ACK answers are
+/// [`check_resp_psn`].)
+fn check_psn(qp: &Qp, pkt: &RocePacket) -> bool {
+    let p = pkt.hdr.bth.psn;
+    psn::diff(p, qp.req.psn) < 0 && psn::diff(p, qp.req.acked_psn) >= -(1 << 22)
+}
+
+/// What a response asks of the completer ([`check_ack`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AckKind {
+    /// A READ response or an atomic ACK: data for the WQE at the head.
+    ReadOrAtomic,
+    /// An ACK: every WQE up to its PSN is done.
+    Ack,
+    /// An RNR NAK with its encoded timer (IBTA Table 45).
+    Rnr {
+        /// Encoded RNR timer, 0-31.
+        timer: u8,
+    },
+    /// A NAK with its code (IBTA Table 45; [`on_nak`]).
+    Nak(NakCode),
+    /// Nothing to do: no AETH, a reserved syndrome, or an ACK syndrome on
+    /// an opcode that is not an acknowledgement.
+    Ignore,
+}
+
+/// rxe's `check_ack`: classifies a response by its opcode and its AETH
+/// syndrome (IBTA §9.3.5, Table 44).
+fn check_ack(pkt: &RocePacket) -> AckKind {
     let op = pkt.hdr.bth.opcode;
     if op.is_read_response() || op == Opcode::RcAtomicAck {
-        on_read_or_atomic_response(qp, env, pkt);
+        return AckKind::ReadOrAtomic;
+    }
+    let Some(aeth) = pkt.hdr.aeth else {
+        return AckKind::Ignore;
+    };
+    match aeth.kind() {
+        AethKind::Ack { .. } if op.is_ack() => AckKind::Ack,
+        AethKind::Ack { .. } | AethKind::Reserved(_) => AckKind::Ignore,
+        AethKind::RnrNak { timer } => AckKind::Rnr { timer },
+        AethKind::Nak(code) => AckKind::Nak(code),
+    }
+}
+
+/// An ACK for PSN `p`: completes every WQE up to it (rxe's
+/// `COMPST_COMP_ACK` and `complete_ack`).
+fn complete_ack(qp: &mut Qp, env: &mut Env, p: u32) {
+    ack_up_to(qp, env, p);
+}
+
+/// An RNR NAK for PSN `p` (IBTA §9.7.5.1; rxe's `COMPST_RNR_RETRY`):
+/// everything before it is acknowledged; with RNR retries left (7 is
+/// infinite) the requester goes back to `p` after the timer, else the WQE
+/// fails with `WC_RNR_RETRY_EXC_ERR`.
+fn rnr_retry(qp: &mut Qp, env: &mut Env, p: u32, timer: u8) {
+    ack_up_to(qp, env, psn::add(p, psn::PSN_MASK));
+    env.out.stats.rnr_naks_received += 1;
+    if qp.req.rnr_left == 0 {
+        fail_head(qp, env, abi::WcStatus::RnrRetryExcErr);
         return;
     }
-    let Some(aeth) = pkt.hdr.aeth else { return };
-    match aeth.kind() {
-        AethKind::Ack { .. } => {
-            if pkt.hdr.bth.opcode.is_ack() {
-                ack_up_to(qp, env, p);
-                requester::run(qp, env);
-            }
-        }
-        AethKind::RnrNak { timer } => {
-            ack_up_to(qp, env, psn::add(p, psn::PSN_MASK));
-            env.out.stats.rnr_naks_received += 1;
-            if qp.req.rnr_left == 0 {
-                fail_head(qp, env, abi::WC_RNR_RETRY_EXC_ERR);
-                return;
-            }
-            if qp.attr.rnr_retry != 7 {
-                qp.req.rnr_left -= 1;
-            }
+    if qp.attr.rnr_retry != 7 {
+        qp.req.rnr_left -= 1;
+    }
+    requester::rewind(qp, p);
+    qp.req.rnr_deadline = Some(env.now + rnr_timer_ns(timer));
+    qp.req.ack_deadline = None;
+}
+
+/// A NAK for PSN `p`: everything before it is acknowledged; a PSN
+/// sequence error goes back to `p` (rxe's `COMPST_ERROR_RETRY`), any other
+/// code fails the WQE with the matching remote error (rxe's
+/// `COMPST_ERROR`; IBTA §9.7.5.1, Table 45).
+fn on_nak(qp: &mut Qp, env: &mut Env, p: u32, code: NakCode) {
+    ack_up_to(qp, env, psn::add(p, psn::PSN_MASK));
+    env.out.stats.nak_received(code);
+    match code {
+        NakCode::PsnSequenceError => {
             requester::rewind(qp, p);
-            qp.req.rnr_deadline = Some(env.now + rnr_timer_ns(timer));
-            qp.req.ack_deadline = None;
+            requester::run(qp, env);
         }
-        AethKind::Nak(code) => {
-            ack_up_to(qp, env, psn::add(p, psn::PSN_MASK));
-            env.out.stats.nak_received(code);
-            match code {
-                NakCode::PsnSequenceError => {
-                    requester::rewind(qp, p);
-                    requester::run(qp, env);
-                }
-                NakCode::InvalidRequest | NakCode::InvalidRdRequest => {
-                    fail_head(qp, env, abi::WC_REM_INV_REQ_ERR)
-                }
-                NakCode::RemoteAccessError => fail_head(qp, env, abi::WC_REM_ACCESS_ERR),
-                NakCode::RemoteOperationalError => fail_head(qp, env, abi::WC_REM_OP_ERR),
-            }
+        NakCode::InvalidRequest | NakCode::InvalidRdRequest => {
+            fail_head(qp, env, abi::WcStatus::RemInvReqErr)
         }
-        AethKind::Reserved(_) => {}
+        NakCode::RemoteAccessError => fail_head(qp, env, abi::WcStatus::RemAccessErr),
+        NakCode::RemoteOperationalError => fail_head(qp, env, abi::WcStatus::RemOpErr),
     }
 }
 
@@ -82,7 +144,7 @@ fn ack_up_to(qp: &mut Qp, env: &mut Env, p: u32) {
         }
         let op = qp.req.inflight.pop_front().expect("front exists");
         qp.req.send_pos = qp.req.send_pos.saturating_sub(1);
-        requester::complete_op(qp, env, &op, abi::WC_SUCCESS);
+        requester::complete_op(qp, env, &op, abi::WcStatus::Success);
         progress = true;
     }
     if progress {
@@ -109,7 +171,7 @@ pub fn complete_head_errors(qp: &mut Qp, env: &mut Env) {
 
 /// Completes the oldest WQE with `status` and moves the QP to ERR (RC) or
 /// SQE (UC, UD).
-fn fail_head(qp: &mut Qp, env: &mut Env, status: u8) {
+fn fail_head(qp: &mut Qp, env: &mut Env, status: abi::WcStatus) {
     if let Some(op) = qp.req.inflight.pop_front() {
         qp.req.send_pos = qp.req.send_pos.saturating_sub(1);
         requester::complete_op(qp, env, &op, status);
@@ -134,7 +196,7 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
             if qp.req.inflight.is_empty() {
                 qp.req.ack_deadline = None;
             } else if qp.req.retry_left == 0 {
-                fail_head(qp, env, abi::WC_RETRY_EXC_ERR);
+                fail_head(qp, env, abi::WcStatus::RetryExcErr);
             } else {
                 qp.req.retry_left -= 1;
                 env.out.stats.retransmits += 1;
@@ -145,7 +207,7 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
         }
     }
     if (qp.req.waiting_arp.is_some() || qp.req.more)
-        && matches!(qp.state, abi::QPS_RTS | abi::QPS_SQD)
+        && matches!(qp.state, abi::QpState::Rts | abi::QpState::Sqd)
     {
         requester::run(qp, env);
     }
@@ -166,97 +228,88 @@ fn resume_psn(qp: &Qp) -> u32 {
     }
 }
 
+/// Where a READ response or atomic ACK falls against the WQE at the head
+/// ([`check_resp_psn`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RespPsn {
+    /// Not for the head WQE: none, not a READ or atomic, failed already,
+    /// or a response of the other kind. Ignored.
+    NotForHead,
+    /// A response already received. Counted and ignored.
+    Duplicate,
+    /// Responses before it were lost; `expected` is the first missing one.
+    Gap {
+        /// PSN of the first missing response.
+        expected: u32,
+    },
+    /// The next response expected.
+    InOrder,
+}
+
+/// rxe's `check_psn` (its part against the WQE) for a READ response or
+/// atomic ACK: the head WQE must be a READ (for a READ response) or an
+/// atomic (for an atomic ACK) still waiting, and the response its next one.
+fn check_resp_psn(qp: &Qp, pkt: &RocePacket) -> RespPsn {
+    let Some(op) = qp.req.inflight.front() else {
+        return RespPsn::NotForHead;
+    };
+    if !op.needs_response() || op.error.is_some() {
+        return RespPsn::NotForHead;
+    }
+    let atomic = op.opcode != abi::WrOpcode::RdmaRead;
+    if atomic != (pkt.hdr.bth.opcode == Opcode::RcAtomicAck) {
+        return RespPsn::NotForHead;
+    }
+    let expected = psn::add(op.first_psn, op.resp_pkts);
+    match psn::diff(pkt.hdr.bth.psn, expected) {
+        d if d < 0 => RespPsn::Duplicate,
+        d if d > 0 => RespPsn::Gap { expected },
+        _ => RespPsn::InOrder,
+    }
+}
+
 /// Handles a READ response or an atomic ACK (IBTA §9.7.5.1.5–6): the
 /// response implicitly acknowledges every earlier request; its payload
-/// lands in the READ's local SGEs (or the atomic's original value in its
-/// 8-byte SGE); the last response completes the WQE. A gap in the response
-/// PSNs re-requests from the first missing one; repeats are ignored.
+/// lands in the READ's local SGEs ([`do_read`]) or the atomic's original
+/// value in its 8-byte SGE ([`do_atomic`]); the last response completes
+/// the WQE ([`complete_wqe`]). A gap in the response PSNs re-requests from
+/// the first missing one; repeats are ignored ([`check_resp_psn`]).
 fn on_read_or_atomic_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     let p = pkt.hdr.bth.psn;
-    let opcode = pkt.hdr.bth.opcode;
     // Everything before this response is implicitly acknowledged.
     ack_up_to(qp, env, psn::add(p, psn::PSN_MASK));
-    let mtu = qp.mtu();
+    match check_resp_psn(qp, pkt) {
+        RespPsn::NotForHead => return,
+        RespPsn::Duplicate => {
+            env.out.stats.duplicates += 1;
+            return;
+        }
+        RespPsn::Gap { expected } => {
+            rerequest(qp, env, p, expected);
+            return;
+        }
+        RespPsn::InOrder => {}
+    }
     let Some(op) = qp.req.inflight.front() else {
         return;
     };
-    if !op.needs_response() || op.error.is_some() {
-        return;
-    }
-    let atomic = op.wqe.opcode != abi::WR_RDMA_READ;
-    if atomic != (opcode == Opcode::RcAtomicAck) {
-        return;
-    }
-    let expected = psn::add(op.first_psn, op.resp_pkts);
-    let d = psn::diff(p, expected);
-    if d < 0 {
-        env.out.stats.duplicates += 1;
-        return;
-    }
-    if d > 0 {
-        // Responses were lost: ask again from the first missing one, once
-        // per gap (the ACK timer covers a lost re-request).
-        if psn::diff(p, op.last_psn()) <= 0 && op.rerequested_at != Some(op.resp_pkts) {
-            let n = op.resp_pkts;
-            qp.req
-                .inflight
-                .front_mut()
-                .expect("checked above")
-                .rerequested_at = Some(n);
-            requester::rewind(qp, expected);
-            requester::run(qp, env);
-        }
-        return;
-    }
     let last = op.resp_pkts + 1 == op.npkts;
-    let result = if atomic {
-        match pkt.hdr.atomic_ack_eth {
-            Some(a) => requester::scatter(env, qp.pdn, op, 0, &a.orig.to_le_bytes()),
-            None => Err(abi::WC_BAD_RESP_ERR),
-        }
+    let result = if pkt.hdr.bth.opcode == Opcode::RcAtomicAck {
+        do_atomic(qp, env, pkt)
     } else {
-        let len = pkt.payload.len() as u32;
-        // resp_pkts < npkts = ceil(len / mtu) keeps this below len, unless
-        // the path MTU changed since the request: then it is a bad response.
-        let offset = op.resp_pkts.checked_mul(mtu);
-        let want = offset.map(|o| op.len.saturating_sub(o).min(mtu));
-        // Response opcodes count from the (re-)request they answer
-        // (§9.7.5.1.5): only the final one must be LAST or ONLY.
-        let kind_ok = if last {
-            matches!(
-                opcode,
-                Opcode::RcReadResponseLast | Opcode::RcReadResponseOnly
-            )
-        } else {
-            matches!(
-                opcode,
-                Opcode::RcReadResponseFirst | Opcode::RcReadResponseMiddle
-            )
-        };
-        match offset {
-            Some(offset) if kind_ok && Some(len) == want => {
-                requester::scatter(env, qp.pdn, op, offset, pkt.payload)
-            }
-            _ => Err(abi::WC_BAD_RESP_ERR),
-        }
+        do_read(qp, env, pkt, last)
     };
     if let Err(status) = result {
         fail_head(qp, env, status);
         return;
     }
-    let op = qp.req.inflight.front_mut().expect("checked above");
+    let Some(op) = qp.req.inflight.front_mut() else {
+        return;
+    };
     op.resp_pkts += 1;
     qp.req.retry_left = qp.attr.retry_cnt;
     if last {
-        let op = qp.req.inflight.pop_front().expect("checked above");
-        qp.req.send_pos = qp.req.send_pos.saturating_sub(1);
-        if psn::diff(op.last_psn(), qp.req.acked_psn) > 0 {
-            qp.req.acked_psn = op.last_psn();
-        }
-        requester::complete_op(qp, env, &op, abi::WC_SUCCESS);
-        write_record(qp, env);
-        complete_head_errors(qp, env);
-        ack_up_to(qp, env, qp.req.acked_psn);
+        complete_wqe(qp, env);
     }
     qp.req.ack_deadline = if qp.req.inflight.is_empty() {
         None
@@ -264,4 +317,80 @@ fn on_read_or_atomic_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
         ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t)
     };
     requester::run(qp, env);
+}
+
+/// Responses before PSN `p` were lost: asks again from the first missing
+/// one, `expected`, once per gap (the ACK timer covers a lost re-request);
+/// rxe's `COMPST_ERROR_RETRY` for a READ.
+fn rerequest(qp: &mut Qp, env: &mut Env, p: u32, expected: u32) {
+    let Some(op) = qp.req.inflight.front_mut() else {
+        return;
+    };
+    if psn::diff(p, op.last_psn()) <= 0 && op.rerequested_at != Some(op.resp_pkts) {
+        op.rerequested_at = Some(op.resp_pkts);
+        requester::rewind(qp, expected);
+        requester::run(qp, env);
+    }
+}
+
+/// rxe's `do_read`: the in-order READ response `pkt` for the head WQE
+/// lands at its message offset. Its opcode must be LAST or ONLY exactly
+/// when it is the `last` response (response opcodes count from the
+/// (re-)request they answer, §9.7.5.1.5), and its payload the path MTU,
+/// or the rest for the last one; else `WC_BAD_RESP_ERR`. A scatter error
+/// is the WQE's status.
+fn do_read(qp: &Qp, env: &Env, pkt: &RocePacket, last: bool) -> Result<(), abi::WcStatus> {
+    let op = qp.req.inflight.front().ok_or(abi::WcStatus::BadRespErr)?;
+    let mtu = qp.mtu();
+    let len = u32::try_from(pkt.payload.len()).map_err(|_| abi::WcStatus::BadRespErr)?;
+    // resp_pkts < npkts = ceil(len / mtu) keeps this below len, unless
+    // the path MTU changed since the request: then it is a bad response.
+    let offset = op.resp_pkts.checked_mul(mtu);
+    let want = offset.map(|o| op.len.saturating_sub(o).min(mtu));
+    let kind_ok = if last {
+        matches!(
+            pkt.hdr.bth.opcode,
+            Opcode::RcReadResponseLast | Opcode::RcReadResponseOnly
+        )
+    } else {
+        matches!(
+            pkt.hdr.bth.opcode,
+            Opcode::RcReadResponseFirst | Opcode::RcReadResponseMiddle
+        )
+    };
+    match offset {
+        Some(offset) if kind_ok && Some(len) == want => {
+            requester::scatter(env, qp.pdn, op, offset, pkt.payload)
+        }
+        _ => Err(abi::WcStatus::BadRespErr),
+    }
+}
+
+/// rxe's `do_atomic`: the atomic ACK's original value lands in the head
+/// WQE's 8-byte SGE; an atomic ACK without an AtomicAckETH is
+/// `WC_BAD_RESP_ERR`.
+fn do_atomic(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<(), abi::WcStatus> {
+    let op = qp.req.inflight.front().ok_or(abi::WcStatus::BadRespErr)?;
+    match pkt.hdr.atomic_ack_eth {
+        Some(a) => requester::scatter(env, qp.pdn, op, 0, &a.orig.to_le_bytes()),
+        None => Err(abi::WcStatus::BadRespErr),
+    }
+}
+
+/// rxe's `complete_wqe` for a READ or atomic whose last response arrived:
+/// the head WQE completes successfully, its PSNs count as acknowledged,
+/// and the WQEs behind it that were already acknowledged (or failed
+/// locally) complete too.
+fn complete_wqe(qp: &mut Qp, env: &mut Env) {
+    let Some(op) = qp.req.inflight.pop_front() else {
+        return;
+    };
+    qp.req.send_pos = qp.req.send_pos.saturating_sub(1);
+    if psn::diff(op.last_psn(), qp.req.acked_psn) > 0 {
+        qp.req.acked_psn = op.last_psn();
+    }
+    requester::complete_op(qp, env, &op, abi::WcStatus::Success);
+    write_record(qp, env);
+    complete_head_errors(qp, env);
+    ack_up_to(qp, env, qp.req.acked_psn);
 }

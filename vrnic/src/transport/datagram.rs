@@ -36,7 +36,7 @@ pub fn send_qkey(qp: &Qp, wqe_qkey: u32) -> u32 {
 /// moves the QP to SQE. A WQE whose destination MAC is still being
 /// resolved waits at the head.
 pub fn run(qp: &mut Qp, env: &mut Env) {
-    if qp.state != abi::QPS_RTS {
+    if qp.state != abi::QpState::Rts {
         return;
     }
     qp.req.waiting_arp = None;
@@ -53,9 +53,9 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
         let ah = env.ahs.get(op.wqe.ah).filter(|a| a.pdn == qp.pdn).copied();
         if op.error.is_none() {
             if ah.is_none() {
-                op.error = Some(abi::WC_LOC_QP_OP_ERR);
+                op.error = Some(abi::WcStatus::LocQpOpErr);
             } else if op.len > qp.mtu() {
-                op.error = Some(abi::WC_LOC_LEN_ERR);
+                op.error = Some(abi::WcStatus::LocLenErr);
             }
         }
         if let Some(status) = op.error {
@@ -65,7 +65,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             return;
         }
         let ah = ah.expect("checked above");
-        let opcode = if op.wqe.opcode == abi::WR_SEND_WITH_IMM {
+        let opcode = if op.opcode == abi::WrOpcode::SendWithImm {
             Opcode::UdSendOnlyImm
         } else {
             Opcode::UdSendOnly
@@ -93,7 +93,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
         env.out.send(&mut hdr, &payload);
         qp.req.psn = psn::add(qp.req.psn, 1);
         qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
-        complete_op(qp, env, &op, abi::WC_SUCCESS);
+        complete_op(qp, env, &op, abi::WcStatus::Success);
     }
     write_record(qp, env);
 }
@@ -125,7 +125,7 @@ fn grh_area(pkt: &RocePacket, net_hdr: &[u8]) -> [u8; GRH_LEN] {
 pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, net_hdr: &[u8]) {
     let ok_state = matches!(
         qp.state,
-        abi::QPS_RTR | abi::QPS_RTS | abi::QPS_SQD | abi::QPS_SQE
+        abi::QpState::Rtr | abi::QpState::Rts | abi::QpState::Sqd | abi::QpState::Sqe
     );
     let Some(deth) = pkt.hdr.deth else {
         env.out.stats.rx_dropped += 1;
@@ -151,7 +151,7 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, net_hdr: &[u8]) 
     let result = scatter_sges(env, qp.pdn, &ctx.sges, 0, &grh)
         .and_then(|_| scatter_sges(env, qp.pdn, &ctx.sges, GRH_LEN as u32, pkt.payload));
     let status = match result {
-        Ok(()) => abi::WC_SUCCESS,
+        Ok(()) => abi::WcStatus::Success,
         Err(s) => s,
     };
     complete(qp, env, ctx.wr_id, status, total as u32, pkt, deth.src_qp);
@@ -161,7 +161,7 @@ fn complete(
     qp: &Qp,
     env: &mut Env,
     wr_id: u64,
-    status: u8,
+    status: abi::WcStatus,
     len: u32,
     pkt: &RocePacket,
     src_qp: u32,
@@ -173,13 +173,21 @@ fn complete(
     }
     let cqe = abi::Cqe {
         wr_id,
-        byte_len: if status == abi::WC_SUCCESS { len } else { 0 },
+        byte_len: if status == abi::WcStatus::Success {
+            len
+        } else {
+            0
+        },
         imm_data: imm.unwrap_or_default(),
         qp_num: qp.qpn,
         src_qp,
-        status,
+        status: status.raw(),
         opcode: abi::WC_OP_RECV,
-        wc_flags: if status == abi::WC_SUCCESS { flags } else { 0 },
+        wc_flags: if status == abi::WcStatus::Success {
+            flags
+        } else {
+            0
+        },
         ..Default::default()
     };
     env.complete(qp.recv_cqn, cqe, pkt.hdr.bth.solicited);

@@ -48,10 +48,9 @@ pub fn hdr_check(qp: &Qp, port: &PortId, pkt: &RocePacket) -> Result<(), HdrDrop
 /// to drain in the responder, vrnic drops it here.
 pub fn check_type_state(qp: &Qp, pkt: &RocePacket) -> Result<(), HdrDrop> {
     let want = match qp.qp_type {
-        abi::QPT_RC => Transport::Rc,
-        abi::QPT_UC => Transport::Uc,
-        abi::QPT_UD => Transport::Ud,
-        _ => return Err(HdrDrop::QpType),
+        abi::QpType::Rc => Transport::Rc,
+        abi::QpType::Uc => Transport::Uc,
+        abi::QpType::Ud => Transport::Ud,
     };
     if pkt.hdr.bth.opcode.transport() != want {
         return Err(HdrDrop::QpType);
@@ -59,10 +58,10 @@ pub fn check_type_state(qp: &Qp, pkt: &RocePacket) -> Result<(), HdrDrop> {
     let ok = if pkt.hdr.bth.opcode.is_request() {
         matches!(
             qp.state,
-            abi::QPS_RTR | abi::QPS_RTS | abi::QPS_SQD | abi::QPS_SQE
+            abi::QpState::Rtr | abi::QpState::Rts | abi::QpState::Sqd | abi::QpState::Sqe
         )
     } else {
-        matches!(qp.state, abi::QPS_RTS | abi::QPS_SQD)
+        matches!(qp.state, abi::QpState::Rts | abi::QpState::Sqd)
     };
     if !ok {
         return Err(HdrDrop::QpState);
@@ -77,7 +76,7 @@ pub fn check_type_state(qp: &Qp, pkt: &RocePacket) -> Result<(), HdrDrop> {
 /// the IP addresses (Annex A17.4). rxe's `check_addr`. UD QPs accept any
 /// source.
 pub fn check_addr(qp: &Qp, port: &PortId, pkt: &RocePacket) -> Result<(), HdrDrop> {
-    if qp.qp_type != abi::QPT_RC && qp.qp_type != abi::QPT_UC {
+    if qp.qp_type != abi::QpType::Rc && qp.qp_type != abi::QpType::Uc {
         return Ok(());
     }
     let av = Av::of_qp(&qp.attr);
@@ -97,7 +96,7 @@ pub fn check_keys(qp: &Qp, port: &PortId, pkt: &RocePacket) -> Result<(), HdrDro
     if !own.is_some_and(|k| pkey_match(pkt.hdr.bth.pkey, k)) {
         return Err(HdrDrop::BadPkey);
     }
-    if qp.qp_type == abi::QPT_UD && pkt.hdr.deth.is_some_and(|d| d.qkey != qp.attr.qkey) {
+    if qp.qp_type == abi::QpType::Ud && pkt.hdr.deth.is_some_and(|d| d.qkey != qp.attr.qkey) {
         return Err(HdrDrop::BadQkey);
     }
     Ok(())

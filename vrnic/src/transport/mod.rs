@@ -307,14 +307,14 @@ pub fn write_record(qp: &Qp, env: &Env) {
 /// Moves `qp` to ERR (IBTA §10.3.1): every outstanding send and receive WQE
 /// completes with `IBV_WC_WR_FLUSH_ERR`, and `EV_QP_FATAL` carries `status`
 /// when the move was caused by an error (`status != WC_SUCCESS`).
-pub fn qp_to_error(qp: &mut Qp, env: &mut Env, status: u8) {
-    if qp.state == abi::QPS_ERR {
+pub fn qp_to_error(qp: &mut Qp, env: &mut Env, status: abi::WcStatus) {
+    if qp.state == abi::QpState::Err {
         return;
     }
-    qp.state = abi::QPS_ERR;
-    qp.attr.qp_state = abi::QPS_ERR;
-    if status != abi::WC_SUCCESS {
-        env.out.event(abi::EV_QP_FATAL, qp.qpn, status as u32);
+    qp.state = abi::QpState::Err;
+    if status != abi::WcStatus::Success {
+        env.out
+            .event(abi::EV_QP_FATAL, qp.qpn, u32::from(status.raw()));
     }
     flush(qp, env);
     if qp.srqn != 0 {
@@ -325,16 +325,15 @@ pub fn qp_to_error(qp: &mut Qp, env: &mut Env, status: u8) {
 /// A send-side error: for RC the QP moves to ERR (IBTA §10.8.3); UC and UD
 /// QPs move to SQE, where the SQ is flushed with `IBV_WC_WR_FLUSH_ERR`
 /// while the receive side keeps working (IBTA §10.3.1.6, Table 93).
-pub fn send_queue_error(qp: &mut Qp, env: &mut Env, status: u8) {
-    if qp.qp_type == abi::QPT_RC {
+pub fn send_queue_error(qp: &mut Qp, env: &mut Env, status: abi::WcStatus) {
+    if qp.qp_type == abi::QpType::Rc {
         qp_to_error(qp, env, status);
         return;
     }
-    if matches!(qp.state, abi::QPS_ERR | abi::QPS_SQE) {
+    if matches!(qp.state, abi::QpState::Err | abi::QpState::Sqe) {
         return;
     }
-    qp.state = abi::QPS_SQE;
-    qp.attr.qp_state = abi::QPS_SQE;
+    qp.state = abi::QpState::Sqe;
     requester::flush(qp, env);
     write_record(qp, env);
 }
@@ -359,7 +358,7 @@ pub fn scatter_sges(
     sges: &[abi::Sge],
     offset: u32,
     data: &[u8],
-) -> Result<(), u8> {
+) -> Result<(), abi::WcStatus> {
     let mut skip = offset as u64;
     let mut done = 0usize;
     for sge in sges {
@@ -372,18 +371,21 @@ pub fn scatter_sges(
             continue;
         }
         let n = ((l - skip) as usize).min(data.len() - done);
-        let va = sge.addr.checked_add(skip).ok_or(abi::WC_LOC_PROT_ERR)?;
+        let va = sge
+            .addr
+            .checked_add(skip)
+            .ok_or(abi::WcStatus::LocProtErr)?;
         let mr = env
             .mrs
             .check(sge.lkey, pdn, abi::ACCESS_LOCAL_WRITE, va, n as u64)
-            .map_err(|_| abi::WC_LOC_PROT_ERR)?;
+            .map_err(|_| abi::WcStatus::LocProtErr)?;
         mr.write(env.mem, va, &data[done..done + n])
-            .map_err(|_| abi::WC_LOC_PROT_ERR)?;
+            .map_err(|_| abi::WcStatus::LocProtErr)?;
         done += n;
         skip = 0;
     }
     if done < data.len() {
-        return Err(abi::WC_LOC_LEN_ERR);
+        return Err(abi::WcStatus::LocLenErr);
     }
     Ok(())
 }

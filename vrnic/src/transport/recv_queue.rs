@@ -33,7 +33,7 @@ pub fn available(qp: &Qp, env: &Env) -> bool {
 /// `WC_LOC_LEN_ERR`; an SGE outside a local-write MR of the PD:
 /// `WC_LOC_PROT_ERR`) — it is consumed all the same and completes with
 /// that status.
-pub fn take(qp: &mut Qp, env: &mut Env) -> Option<Result<RecvCtx, (u64, u8)>> {
+pub fn take(qp: &mut Qp, env: &mut Env) -> Option<Result<RecvCtx, (u64, abi::WcStatus)>> {
     if qp.srqn != 0 {
         let srq = env.srqs.get_mut(qp.srqn)?;
         if srq.available() == 0 {
@@ -68,17 +68,24 @@ pub fn take(qp: &mut Qp, env: &mut Env) -> Option<Result<RecvCtx, (u64, u8)>> {
 }
 
 /// Reads the receive WQE at index `ci` of `ring` and validates its SGEs.
-fn read_wqe(env: &Env, ring: Ring, ci: u32, pdn: u32, max_sge: u32) -> Result<RecvCtx, (u64, u8)> {
+fn read_wqe(
+    env: &Env,
+    ring: Ring,
+    ci: u32,
+    pdn: u32,
+    max_sge: u32,
+) -> Result<RecvCtx, (u64, abi::WcStatus)> {
     let slot = ring.slot(ci);
-    let wqe: abi::RecvWqe = mem::read_obj(env.mem, slot).map_err(|_| (0, abi::WC_LOC_PROT_ERR))?;
+    let wqe: abi::RecvWqe =
+        mem::read_obj(env.mem, slot).map_err(|_| (0, abi::WcStatus::LocProtErr))?;
     let bad = |status| (wqe.wr_id, status);
     if wqe.num_sge > max_sge {
-        return Err(bad(abi::WC_LOC_LEN_ERR));
+        return Err(bad(abi::WcStatus::LocLenErr));
     }
     let mut sges = Vec::with_capacity(wqe.num_sge as usize);
     for i in 0..wqe.num_sge as u64 {
-        let sge: Sge =
-            mem::read_obj(env.mem, slot + 16 + i * 16).map_err(|_| bad(abi::WC_LOC_PROT_ERR))?;
+        let sge: Sge = mem::read_obj(env.mem, slot + 16 + i * 16)
+            .map_err(|_| bad(abi::WcStatus::LocProtErr))?;
         if sge.length == 0 {
             continue;
         }
@@ -90,7 +97,7 @@ fn read_wqe(env: &Env, ring: Ring, ci: u32, pdn: u32, max_sge: u32) -> Result<Re
                 sge.addr,
                 sge.length as u64,
             )
-            .map_err(|_| bad(abi::WC_LOC_PROT_ERR))?;
+            .map_err(|_| bad(abi::WcStatus::LocProtErr))?;
         sges.push(sge);
     }
     Ok(RecvCtx {

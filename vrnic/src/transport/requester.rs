@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use crate::abi::{self, Sge};
+use crate::abi::{self, Sge, WrOpcode};
 use crate::device::MAX_MSG_SZ;
 use crate::mem;
 use crate::transport::{peer_headers, psn, Env, TX_BACKLOG_MAX};
@@ -39,6 +39,11 @@ pub struct SendOp {
     pub index: u32,
     /// The WQE header as posted.
     pub wqe: abi::SendWqe,
+    /// Its opcode, typed: `wqe.opcode` converted at fetch. A WQE whose
+    /// opcode names no operation fails at fetch with `WC_LOC_QP_OP_ERR`
+    /// and keeps the default, [`WrOpcode::Send`] (its completion reports
+    /// `WC_OP_SEND`).
+    pub opcode: WrOpcode,
     /// Message bytes.
     pub payload: Payload,
     /// Message length, bytes.
@@ -50,7 +55,7 @@ pub struct SendOp {
     /// Packets sent in the current pass.
     pub sent: u32,
     /// A local error found at fetch (`ibv_wc_status`): the WQE completes with it.
-    pub error: Option<u8>,
+    pub error: Option<abi::WcStatus>,
     /// READ: response packets received in order so far.
     pub resp_pkts: u32,
     /// READ: the response count at which the rest was last re-requested
@@ -67,16 +72,13 @@ impl SendOp {
     /// True for operations that complete only on their responses (RDMA
     /// READ and atomics), never on a plain ACK (IBTA §9.7.5.1.5).
     pub fn needs_response(&self) -> bool {
-        is_read_or_atomic(self.wqe.opcode)
+        is_read_or_atomic(self.opcode)
     }
 }
 
 /// True for RDMA READ and the atomics.
-pub fn is_read_or_atomic(wr: u8) -> bool {
-    matches!(
-        wr,
-        abi::WR_RDMA_READ | abi::WR_ATOMIC_CMP_AND_SWP | abi::WR_ATOMIC_FETCH_AND_ADD
-    )
+pub fn is_read_or_atomic(wr: WrOpcode) -> bool {
+    wr == WrOpcode::RdmaRead || wr.is_atomic()
 }
 
 /// Requester state of a QP.
@@ -130,13 +132,14 @@ pub fn ack_timeout_ns(timeout: u8) -> Option<u64> {
     (timeout != 0).then(|| (4096u64 << timeout.min(31)).max(1_000_000))
 }
 
-fn wc_opcode(wr: u8) -> u8 {
+/// The `ibv_wc_opcode` of a send completion for a WR of opcode `wr`.
+fn wc_opcode(wr: WrOpcode) -> u8 {
     match wr {
-        abi::WR_RDMA_WRITE | abi::WR_RDMA_WRITE_WITH_IMM => abi::WC_OP_RDMA_WRITE,
-        abi::WR_RDMA_READ => abi::WC_OP_RDMA_READ,
-        abi::WR_ATOMIC_CMP_AND_SWP => abi::WC_OP_COMP_SWAP,
-        abi::WR_ATOMIC_FETCH_AND_ADD => abi::WC_OP_FETCH_ADD,
-        _ => abi::WC_OP_SEND,
+        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => abi::WC_OP_RDMA_WRITE,
+        WrOpcode::RdmaRead => abi::WC_OP_RDMA_READ,
+        WrOpcode::AtomicCmpAndSwp => abi::WC_OP_COMP_SWAP,
+        WrOpcode::AtomicFetchAndAdd => abi::WC_OP_FETCH_ADD,
+        WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => abi::WC_OP_SEND,
     }
 }
 
@@ -145,22 +148,22 @@ fn wc_opcode(wr: u8) -> u8 {
 /// application that polls the completion may post at once into the slot it
 /// frees (perftest keeps exactly `max_send_wr` outstanding), so the driver
 /// must see the slot free no later than the CQE.
-pub fn complete_op(qp: &mut Qp, env: &mut Env, op: &SendOp, status: u8) {
+pub fn complete_op(qp: &mut Qp, env: &mut Env, op: &SendOp, status: abi::WcStatus) {
     qp.req.sq_ci = op.index.wrapping_add(1);
     crate::transport::write_record(qp, env);
     let signaled = qp.sq_sig_all || op.wqe.send_flags & abi::SEND_SIGNALED != 0;
-    if signaled || status != abi::WC_SUCCESS {
+    if signaled || status != abi::WcStatus::Success {
         let cqe = abi::Cqe {
             wr_id: op.wqe.wr_id,
             byte_len: op.len,
             qp_num: qp.qpn,
-            status,
-            opcode: wc_opcode(op.wqe.opcode),
+            status: status.raw(),
+            opcode: wc_opcode(op.opcode),
             ..Default::default()
         };
         env.complete(qp.send_cqn, cqe, false);
     }
-    if qp.state == abi::QPS_SQD && qp.req.drain_pending && qp.req.inflight.is_empty() {
+    if qp.state == abi::QpState::Sqd && qp.req.drain_pending && qp.req.inflight.is_empty() {
         qp.req.drain_pending = false;
         env.out.event(abi::EV_SQ_DRAINED, qp.qpn, 0);
     }
@@ -172,6 +175,7 @@ pub(crate) fn fetch(qp: &Qp, env: &Env, index: u32) -> SendOp {
     let mut op = SendOp {
         index,
         wqe: abi::SendWqe::default(),
+        opcode: WrOpcode::default(),
         payload: Payload::Sges(Vec::new()),
         len: 0,
         first_psn: qp.req.psn,
@@ -184,7 +188,14 @@ pub(crate) fn fetch(qp: &Qp, env: &Env, index: u32) -> SendOp {
     match mem::read_obj::<abi::SendWqe>(env.mem, slot) {
         Ok(w) => op.wqe = w,
         Err(_) => {
-            op.error = Some(abi::WC_LOC_QP_OP_ERR);
+            op.error = Some(abi::WcStatus::LocQpOpErr);
+            return op;
+        }
+    }
+    match WrOpcode::try_from(op.wqe.opcode) {
+        Ok(o) => op.opcode = o,
+        Err(_) => {
+            op.error = Some(abi::WcStatus::LocQpOpErr);
             return op;
         }
     }
@@ -192,9 +203,7 @@ pub(crate) fn fetch(qp: &Qp, env: &Env, index: u32) -> SendOp {
         op.error = Some(status);
         return op;
     }
-    op.npkts = if op.wqe.opcode == abi::WR_ATOMIC_CMP_AND_SWP
-        || op.wqe.opcode == abi::WR_ATOMIC_FETCH_AND_ADD
-    {
+    op.npkts = if op.opcode.is_atomic() {
         1
     } else {
         op.len.div_ceil(qp.mtu()).max(1)
@@ -202,18 +211,16 @@ pub(crate) fn fetch(qp: &Qp, env: &Env, index: u32) -> SendOp {
     op
 }
 
-fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8> {
+fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), abi::WcStatus> {
     let w = op.wqe;
+    let wr = op.opcode;
     // Operations per transport (IBTA Table 38 "service types").
-    let send = matches!(w.opcode, abi::WR_SEND | abi::WR_SEND_WITH_IMM);
-    let write = matches!(w.opcode, abi::WR_RDMA_WRITE | abi::WR_RDMA_WRITE_WITH_IMM);
+    let send = matches!(wr, WrOpcode::Send | WrOpcode::SendWithImm);
+    let write = matches!(wr, WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm);
     let supported = match qp.qp_type {
-        abi::QPT_RC => {
-            send || write || w.opcode == abi::WR_SEND_WITH_INV || is_read_or_atomic(w.opcode)
-        }
-        abi::QPT_UC => send || write,
-        abi::QPT_UD => send,
-        _ => false,
+        abi::QpType::Rc => send || write || wr == WrOpcode::SendWithInv || is_read_or_atomic(wr),
+        abi::QpType::Uc => send || write,
+        abi::QpType::Ud => send,
     };
     // READ and atomic results are written into the local buffers: their
     // SGEs need ACCESS_LOCAL_WRITE, the others only local read. rxe finds
@@ -221,43 +228,44 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8
     // copy_data with IB_ACCESS_LOCAL_WRITE, else IB_WC_LOC_PROT_ERR); we
     // check at fetch, so nothing is asked of the peer, and again at the
     // write (scatter_sges).
-    let local_access = if is_read_or_atomic(w.opcode) {
+    let local_access = if is_read_or_atomic(wr) {
         abi::ACCESS_LOCAL_WRITE
     } else {
         0
     };
     if !supported {
-        return Err(abi::WC_LOC_QP_OP_ERR);
+        return Err(abi::WcStatus::LocQpOpErr);
     }
     let body = slot + size_of::<abi::SendWqe>() as u64;
     if w.send_flags & abi::SEND_INLINE != 0 && local_access == 0 {
         if w.inline_len > qp.max_inline {
-            return Err(abi::WC_LOC_LEN_ERR);
+            return Err(abi::WcStatus::LocLenErr);
         }
         let mut data = vec![0u8; w.inline_len as usize];
         env.mem
             .read(body, &mut data)
-            .map_err(|_| abi::WC_LOC_QP_OP_ERR)?;
-        check_remote_range(w.opcode, w.remote_addr, u64::from(w.inline_len))?;
+            .map_err(|_| abi::WcStatus::LocQpOpErr)?;
+        check_remote_range(wr, w.remote_addr, u64::from(w.inline_len))?;
         op.len = w.inline_len;
         op.payload = Payload::Inline(data);
         return Ok(());
     }
     if w.num_sge as u32 > qp.max_send_sge {
-        return Err(abi::WC_LOC_LEN_ERR);
+        return Err(abi::WcStatus::LocLenErr);
     }
     let mut sges = Vec::with_capacity(w.num_sge as usize);
     let mut total: u64 = 0;
     for i in 0..w.num_sge as u64 {
-        let sge: Sge = mem::read_obj(env.mem, body + i * 16).map_err(|_| abi::WC_LOC_QP_OP_ERR)?;
+        let sge: Sge =
+            mem::read_obj(env.mem, body + i * 16).map_err(|_| abi::WcStatus::LocQpOpErr)?;
         if sge.length == 0 {
             continue;
         }
         env.mrs
             .check(sge.lkey, qp.pdn, local_access, sge.addr, sge.length as u64)
             .map_err(|e| match e {
-                MrError::Bounds => abi::WC_LOC_LEN_ERR,
-                _ => abi::WC_LOC_PROT_ERR,
+                MrError::Bounds => abi::WcStatus::LocLenErr,
+                _ => abi::WcStatus::LocProtErr,
             })?;
         // At most max_send_sge (32) lengths below 2^32: no overflow.
         total += u64::from(sge.length);
@@ -266,16 +274,16 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8
     // max_msg_sz (ibv_port_attr; rxe's validate_send_wr refuses it at post
     // time, the device cannot trust the driver to have done so).
     if total > u64::from(MAX_MSG_SZ) {
-        return Err(abi::WC_LOC_LEN_ERR);
+        return Err(abi::WcStatus::LocLenErr);
     }
-    check_remote_range(w.opcode, w.remote_addr, total)?;
+    check_remote_range(wr, w.remote_addr, total)?;
     // An atomic returns the original 8 bytes into its one SGE (ibv_post_send(3)).
-    if w.opcode == abi::WR_ATOMIC_CMP_AND_SWP || w.opcode == abi::WR_ATOMIC_FETCH_AND_ADD {
+    if wr.is_atomic() {
         if total != 8 {
-            return Err(abi::WC_LOC_LEN_ERR);
+            return Err(abi::WcStatus::LocLenErr);
         }
         if !w.remote_addr.is_multiple_of(8) {
-            return Err(abi::WC_LOC_QP_OP_ERR);
+            return Err(abi::WcStatus::LocQpOpErr);
         }
     }
     op.len = total as u32;
@@ -289,25 +297,30 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), u8
 /// Every later `remote_addr + offset` of the message is then below 2^64
 /// (issue 9, item 4: a re-requested READ near `u64::MAX` overflowed).
 /// guest-lib's `post_send` refuses such a WR with `EINVAL`.
-fn check_remote_range(wr: u8, remote_addr: u64, len: u64) -> Result<(), u8> {
+fn check_remote_range(wr: WrOpcode, remote_addr: u64, len: u64) -> Result<(), abi::WcStatus> {
     let len = match wr {
-        abi::WR_RDMA_WRITE | abi::WR_RDMA_WRITE_WITH_IMM | abi::WR_RDMA_READ => len,
-        abi::WR_ATOMIC_CMP_AND_SWP | abi::WR_ATOMIC_FETCH_AND_ADD => 8,
-        _ => return Ok(()),
+        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm | WrOpcode::RdmaRead => len,
+        WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 8,
+        WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => return Ok(()),
     };
     match remote_addr.checked_add(len) {
         Some(_) => Ok(()),
-        None => Err(abi::WC_LOC_QP_OP_ERR),
+        None => Err(abi::WcStatus::LocQpOpErr),
     }
 }
 
 /// Gathers `buf.len()` message bytes starting at byte `offset` of `op`.
-pub(crate) fn gather(env: &Env, op: &SendOp, offset: u32, buf: &mut [u8]) -> Result<(), u8> {
+pub(crate) fn gather(
+    env: &Env,
+    op: &SendOp,
+    offset: u32,
+    buf: &mut [u8],
+) -> Result<(), abi::WcStatus> {
     match &op.payload {
         Payload::Inline(d) => {
             let o = offset as usize;
-            let end = o.checked_add(buf.len()).ok_or(abi::WC_LOC_LEN_ERR)?;
-            buf.copy_from_slice(d.get(o..end).ok_or(abi::WC_LOC_LEN_ERR)?);
+            let end = o.checked_add(buf.len()).ok_or(abi::WcStatus::LocLenErr)?;
+            buf.copy_from_slice(d.get(o..end).ok_or(abi::WcStatus::LocLenErr)?);
         }
         Payload::Sges(sges) => {
             let mut skip = offset as u64;
@@ -322,10 +335,16 @@ pub(crate) fn gather(env: &Env, op: &SendOp, offset: u32, buf: &mut [u8]) -> Res
                     continue;
                 }
                 let n = ((l - skip) as usize).min(buf.len() - done);
-                let mr = env.mrs.get(sge.lkey).map_err(|_| abi::WC_LOC_PROT_ERR)?;
-                let va = sge.addr.checked_add(skip).ok_or(abi::WC_LOC_PROT_ERR)?;
+                let mr = env
+                    .mrs
+                    .get(sge.lkey)
+                    .map_err(|_| abi::WcStatus::LocProtErr)?;
+                let va = sge
+                    .addr
+                    .checked_add(skip)
+                    .ok_or(abi::WcStatus::LocProtErr)?;
                 mr.read(env.mem, va, &mut buf[done..done + n])
-                    .map_err(|_| abi::WC_LOC_PROT_ERR)?;
+                    .map_err(|_| abi::WcStatus::LocProtErr)?;
                 done += n;
                 skip = 0;
             }
@@ -337,42 +356,43 @@ pub(crate) fn gather(env: &Env, op: &SendOp, offset: u32, buf: &mut [u8]) -> Res
 /// Packet opcode for packet `k` of `npkts` of a message with WR opcode
 /// `wr` on a QP of type `qp_type` (UC opcodes are the RC ones + 0x20,
 /// IBTA Table 35).
-fn packet_opcode(qp_type: u32, wr: u8, k: u32, npkts: u32) -> Opcode {
+fn packet_opcode(qp_type: abi::QpType, wr: WrOpcode, k: u32, npkts: u32) -> Opcode {
     let rc = rc_packet_opcode(wr, k, npkts);
-    if qp_type == abi::QPT_UC {
+    if qp_type == abi::QpType::Uc {
         Opcode::from_u8(rc as u8 | 0x20).unwrap_or(rc)
     } else {
         rc
     }
 }
 
-fn rc_packet_opcode(wr: u8, k: u32, npkts: u32) -> Opcode {
+fn rc_packet_opcode(wr: WrOpcode, k: u32, npkts: u32) -> Opcode {
+    use WrOpcode as W;
     let (first, last) = (k == 0, k + 1 == npkts);
     match (wr, first, last) {
-        (abi::WR_RDMA_READ, _, _) => Opcode::RcReadRequest,
-        (abi::WR_ATOMIC_CMP_AND_SWP, _, _) => Opcode::RcCompareSwap,
-        (abi::WR_ATOMIC_FETCH_AND_ADD, _, _) => Opcode::RcFetchAdd,
-        (abi::WR_RDMA_WRITE | abi::WR_RDMA_WRITE_WITH_IMM, true, false) => Opcode::RcWriteFirst,
-        (abi::WR_RDMA_WRITE | abi::WR_RDMA_WRITE_WITH_IMM, false, false) => Opcode::RcWriteMiddle,
-        (abi::WR_RDMA_WRITE, true, true) => Opcode::RcWriteOnly,
-        (abi::WR_RDMA_WRITE, false, true) => Opcode::RcWriteLast,
-        (abi::WR_RDMA_WRITE_WITH_IMM, true, true) => Opcode::RcWriteOnlyImm,
-        (abi::WR_RDMA_WRITE_WITH_IMM, false, true) => Opcode::RcWriteLastImm,
-        (_, true, false) => Opcode::RcSendFirst,
-        (_, false, false) => Opcode::RcSendMiddle,
-        (abi::WR_SEND_WITH_IMM, true, true) => Opcode::RcSendOnlyImm,
-        (abi::WR_SEND_WITH_IMM, false, true) => Opcode::RcSendLastImm,
-        (abi::WR_SEND_WITH_INV, true, true) => Opcode::RcSendOnlyInv,
-        (abi::WR_SEND_WITH_INV, false, true) => Opcode::RcSendLastInv,
-        (_, true, true) => Opcode::RcSendOnly,
-        (_, false, true) => Opcode::RcSendLast,
+        (W::RdmaRead, _, _) => Opcode::RcReadRequest,
+        (W::AtomicCmpAndSwp, _, _) => Opcode::RcCompareSwap,
+        (W::AtomicFetchAndAdd, _, _) => Opcode::RcFetchAdd,
+        (W::RdmaWrite | W::RdmaWriteWithImm, true, false) => Opcode::RcWriteFirst,
+        (W::RdmaWrite | W::RdmaWriteWithImm, false, false) => Opcode::RcWriteMiddle,
+        (W::RdmaWrite, true, true) => Opcode::RcWriteOnly,
+        (W::RdmaWrite, false, true) => Opcode::RcWriteLast,
+        (W::RdmaWriteWithImm, true, true) => Opcode::RcWriteOnlyImm,
+        (W::RdmaWriteWithImm, false, true) => Opcode::RcWriteLastImm,
+        (W::Send | W::SendWithImm | W::SendWithInv, true, false) => Opcode::RcSendFirst,
+        (W::Send | W::SendWithImm | W::SendWithInv, false, false) => Opcode::RcSendMiddle,
+        (W::SendWithImm, true, true) => Opcode::RcSendOnlyImm,
+        (W::SendWithImm, false, true) => Opcode::RcSendLastImm,
+        (W::SendWithInv, true, true) => Opcode::RcSendOnlyInv,
+        (W::SendWithInv, false, true) => Opcode::RcSendLastInv,
+        (W::Send, true, true) => Opcode::RcSendOnly,
+        (W::Send, false, true) => Opcode::RcSendLast,
     }
 }
 
 /// How far PSN `p` is beyond the oldest unacknowledged PSN of an RC QP
 /// (0: it is that PSN); always 0 for UC, which has no acknowledgements.
 fn window_ahead(qp: &Qp, p: u32) -> i32 {
-    if qp.qp_type != abi::QPT_RC {
+    if qp.qp_type != abi::QpType::Rc {
         return 0;
     }
     psn::diff(p, psn::add(qp.req.acked_psn, 1))
@@ -387,15 +407,15 @@ fn send_packet(
     i: usize,
     k: u32,
     window_full: bool,
-) -> Result<bool, u8> {
+) -> Result<bool, abi::WcStatus> {
     let mtu = qp.mtu();
     let op = &qp.req.inflight[i];
-    let opcode = packet_opcode(qp.qp_type, op.wqe.opcode, k, op.npkts);
+    let opcode = packet_opcode(qp.qp_type, op.opcode, k, op.npkts);
     let Some(mut hdr) = peer_headers(qp, env, opcode, psn::add(op.first_psn, k)) else {
         return Ok(false);
     };
     // k < npkts = ceil(len / mtu) and len <= MAX_MSG_SZ: below 2^32.
-    let offset = k.checked_mul(mtu).ok_or(abi::WC_LOC_LEN_ERR)?;
+    let offset = k.checked_mul(mtu).ok_or(abi::WcStatus::LocLenErr)?;
     if op.needs_response() {
         // One request asks for the rest of the message from packet k on
         // (a resent READ restarts at the first missing response, §9.7.5.1.5).
@@ -407,7 +427,7 @@ fn send_packet(
             let va = w
                 .remote_addr
                 .checked_add(u64::from(offset))
-                .ok_or(abi::WC_LOC_QP_OP_ERR)?;
+                .ok_or(abi::WcStatus::LocQpOpErr)?;
             hdr.reth = Some(Reth {
                 va,
                 rkey: w.rkey,
@@ -433,8 +453,8 @@ fn send_packet(
     let mut payload = vec![0u8; n as usize];
     gather(env, op, offset, &mut payload)?;
     let last = k + 1 == op.npkts;
-    hdr.bth.ack_req =
-        qp.qp_type == abi::QPT_RC && (last || window_full || (k + 1).is_multiple_of(ACK_REQ_EVERY));
+    hdr.bth.ack_req = qp.qp_type == abi::QpType::Rc
+        && (last || window_full || (k + 1).is_multiple_of(ACK_REQ_EVERY));
     hdr.bth.solicited = last && op.wqe.send_flags & abi::SEND_SOLICITED != 0;
     if opcode.has_reth() {
         hdr.reth = Some(Reth {
@@ -484,11 +504,11 @@ fn must_wait(qp: &Qp, pos: usize) -> bool {
 /// sent (and retransmitted); nothing new is fetched. UD QPs are served by
 /// [`crate::transport::datagram::run`].
 pub fn run(qp: &mut Qp, env: &mut Env) {
-    if qp.qp_type == abi::QPT_UD {
+    if qp.qp_type == abi::QpType::Ud {
         crate::transport::datagram::run(qp, env);
         return;
     }
-    if !matches!(qp.state, abi::QPS_RTS | abi::QPS_SQD) || qp.req.rnr_deadline.is_some() {
+    if !matches!(qp.state, abi::QpState::Rts | abi::QpState::Sqd) || qp.req.rnr_deadline.is_some() {
         return;
     }
     qp.req.waiting_arp = None;
@@ -538,7 +558,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
                 op.sent + 1
             };
             budget -= 1;
-            if qp.qp_type == abi::QPT_UC {
+            if qp.qp_type == abi::QpType::Uc {
                 // Unreliable: a message is complete once its last packet is
                 // on the wire (IBTA §9.7.2 has no acknowledgement for UC).
                 complete_sent(qp, env);
@@ -550,7 +570,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             continue;
         }
         // Fetch a new WQE (not in SQD: IBTA §10.3.1.4).
-        if qp.req.sq_next == qp.req.sq_pi || qp.state != abi::QPS_RTS {
+        if qp.req.sq_next == qp.req.sq_pi || qp.state != abi::QpState::Rts {
             break;
         }
         if window_ahead(qp, qp.req.psn) >= MAX_INFLIGHT_PKTS as i32 {
@@ -578,7 +598,7 @@ fn complete_sent(qp: &mut Qp, env: &mut Env) {
         let op = qp.req.inflight.pop_front().expect("front exists");
         qp.req.send_pos = qp.req.send_pos.saturating_sub(1);
         qp.req.acked_psn = op.last_psn();
-        complete_op(qp, env, &op, abi::WC_SUCCESS);
+        complete_op(qp, env, &op, abi::WcStatus::Success);
     }
     crate::transport::write_record(qp, env);
 }
@@ -613,7 +633,7 @@ pub fn rewind(qp: &mut Qp, from: u32) {
 pub fn flush(qp: &mut Qp, env: &mut Env) {
     let ops: Vec<SendOp> = qp.req.inflight.drain(..).collect();
     for op in &ops {
-        complete_op(qp, env, op, abi::WC_WR_FLUSH_ERR);
+        complete_op(qp, env, op, abi::WcStatus::WrFlushErr);
     }
     // Bounded by the ring size: the doorbell keeps sq_pi within a ring of
     // the fetch index (`device::producer_index_ok`); the bound holds even
@@ -624,7 +644,7 @@ pub fn flush(qp: &mut Qp, env: &mut Env) {
         }
         let op = fetch_header_only(qp, env, qp.req.sq_next);
         qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
-        complete_op(qp, env, &op, abi::WC_WR_FLUSH_ERR);
+        complete_op(qp, env, &op, abi::WcStatus::WrFlushErr);
     }
     qp.req.send_pos = 0;
     qp.req.ack_deadline = None;
@@ -632,9 +652,11 @@ pub fn flush(qp: &mut Qp, env: &mut Env) {
 }
 
 fn fetch_header_only(qp: &Qp, env: &Env, index: u32) -> SendOp {
+    let wqe: abi::SendWqe = mem::read_obj(env.mem, qp.sq.slot(index)).unwrap_or_default();
     SendOp {
         index,
-        wqe: mem::read_obj(env.mem, qp.sq.slot(index)).unwrap_or_default(),
+        wqe,
+        opcode: WrOpcode::try_from(wqe.opcode).unwrap_or_default(),
         payload: Payload::Sges(Vec::new()),
         len: 0,
         first_psn: 0,
@@ -648,9 +670,15 @@ fn fetch_header_only(qp: &Qp, env: &Env, index: u32) -> SendOp {
 
 /// Scatters `data` into `op`'s local SGEs (of a QP in PD `pdn`) at message
 /// byte `offset` (READ responses and atomic results).
-pub fn scatter(env: &Env, pdn: u32, op: &SendOp, offset: u32, data: &[u8]) -> Result<(), u8> {
+pub fn scatter(
+    env: &Env,
+    pdn: u32,
+    op: &SendOp,
+    offset: u32,
+    data: &[u8],
+) -> Result<(), abi::WcStatus> {
     let Payload::Sges(sges) = &op.payload else {
-        return Err(abi::WC_LOC_PROT_ERR);
+        return Err(abi::WcStatus::LocProtErr);
     };
     crate::transport::scatter_sges(env, pdn, sges, offset, data)
 }

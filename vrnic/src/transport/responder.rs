@@ -11,7 +11,7 @@ use crate::transport::{
 };
 use crate::verbs::qp::Qp;
 use crate::wire::{
-    self, Aeth, AtomicAckEth, Frame, NakCode, Opcode, RoceHeaders, RocePacket, Transport,
+    self, Aeth, AtomicAckEth, AtomicEth, Frame, NakCode, Opcode, RoceHeaders, RocePacket, Transport,
 };
 
 /// "Unlimited" credit count in an ACK's AETH (IBTA Table 44: 0x1F is
@@ -93,16 +93,11 @@ pub struct RespState {
     pub rq_pi: u32,
     /// Oldest unconsumed RQ index.
     pub rq_ci: u32,
-    /// SEND in progress (its receive WQE already taken).
-    pub recv: Option<RecvCtx>,
+    /// The message in progress, if any ([`InboundMsg`]).
+    pub msg: InboundMsg,
     /// UC: a receive WQE taken for a message that was abandoned after a
     /// lost packet; the next SEND uses it (it was never completed).
     pub spare: Option<RecvCtx>,
-    /// UC: dropping the rest of a message after a lost packet, until the
-    /// next FIRST or ONLY (IBTA §9.7.5.2, UC responder).
-    pub uc_drop: bool,
-    /// WRITE in progress.
-    pub write: Option<WriteCtx>,
     /// A PSN sequence error NAK was sent and not yet cleared by the expected PSN.
     pub nak_sent: bool,
     /// The most recent RDMA READ and atomic requests executed, oldest
@@ -208,20 +203,6 @@ impl RespState {
     }
 }
 
-/// Why a request failed at the responder: the NAK to send and the receive
-/// completion status, if a receive WQE was consumed.
-struct Fail {
-    nak: NakCode,
-    recv_status: Option<u8>,
-}
-
-fn fail(nak: NakCode) -> Fail {
-    Fail {
-        nak,
-        recv_status: None,
-    }
-}
-
 /// Handles a request packet addressed to `qp` (RC or UC; UD requests go
 /// to [`crate::transport::datagram::on_request`]); `frame` is the whole
 /// frame it was parsed from. Packets of another transport than the QP's
@@ -234,7 +215,7 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, frame: &[u8]) {
     let busy = qp.resp.read.is_some() || !qp.resp.held.is_empty();
     let dup_read =
         pkt.hdr.bth.opcode == Opcode::RcReadRequest && psn::diff(pkt.hdr.bth.psn, qp.resp.epsn) < 0;
-    if busy && qp.qp_type == abi::QPT_RC && !dup_read {
+    if busy && qp.qp_type == abi::QpType::Rc && !dup_read {
         hold(qp, env, frame);
         return;
     }
@@ -320,7 +301,7 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
                 let aeth = Aeth::nak(qp.resp.msn, NakCode::RemoteAccessError);
                 let mut hdr = reply_headers(qp, env.port, &st.req, Opcode::RcAck, st.psn, aeth);
                 env.out.send(&mut hdr, &[]);
-                qp_to_error(qp, env, abi::WC_REM_ACCESS_ERR);
+                qp_to_error(qp, env, abi::WcStatus::RemAccessErr);
                 return true;
             }
         }
@@ -349,279 +330,377 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
 }
 
 /// [`on_request`] without holding and without the stream: checks and
-/// executes one request.
+/// executes one request. The driver of rxe's responder state machine
+/// (`rxe_responder`): [`check_psn`], then for a request in sequence
+/// [`check_request`] ([`check_op_seq`], [`check_op_valid`],
+/// [`check_resource`], [`check_length`], [`check_rkey`]) and [`execute`],
+/// then [`acknowledge`] or, on an error, [`nak_error`]. A duplicate goes
+/// to [`duplicate_request`], a PSN beyond the expected one to
+/// [`nak_psn_out_of_seq`]. The header checks ([`crate::transport::hdr_check`]:
+/// type, state, addresses, keys) ran before, as rxe's `hdr_check`.
 fn process(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     if !matches!(
         qp.state,
-        abi::QPS_RTR | abi::QPS_RTS | abi::QPS_SQD | abi::QPS_SQE
+        abi::QpState::Rtr | abi::QpState::Rts | abi::QpState::Sqd | abi::QpState::Sqe
     ) {
         return;
     }
-    let bth = pkt.hdr.bth;
-    match (qp.qp_type, bth.opcode.transport()) {
-        (abi::QPT_RC, Transport::Rc) if qp.state != abi::QPS_SQE => {}
-        (abi::QPT_UC, Transport::Uc) => return on_uc_request(qp, env, pkt),
+    match (qp.qp_type, pkt.hdr.bth.opcode.transport()) {
+        (abi::QpType::Rc, Transport::Rc) if qp.state != abi::QpState::Sqe => {}
+        (abi::QpType::Uc, Transport::Uc) => return on_uc_request(qp, env, pkt),
         _ => {
             env.out.stats.rx_dropped += 1;
             return;
         }
     }
-    let d = psn::diff(bth.psn, qp.resp.epsn);
-    if d > 0 {
-        // Missing packets: ask once for a resend from the expected PSN.
-        if !qp.resp.nak_sent {
-            qp.resp.nak_sent = true;
-            send_aeth(
-                qp,
-                env,
-                pkt,
-                qp.resp.epsn,
-                Aeth::nak(qp.resp.msn, NakCode::PsnSequenceError),
-            );
-            env.out.stats.nak_sent(NakCode::PsnSequenceError);
-        }
-        return;
+    match check_psn(qp, pkt) {
+        PsnCheck::OutOfSequence => return nak_psn_out_of_seq(qp, env, pkt),
+        PsnCheck::Duplicate => return duplicate_request(qp, env, pkt),
+        PsnCheck::Expected => qp.resp.nak_sent = false,
     }
-    if d < 0 {
-        env.out.stats.duplicates += 1;
-        if bth.opcode == Opcode::RcReadRequest || bth.opcode.is_atomic() {
-            // Only a request within one of the responder resources is
-            // answered again (IBTA §9.7.5.2.3, §9.7.5.2.5; rxe drops the
-            // others): READ responses re-generated from the requested PSN
-            // (a resent READ may start inside the original one) if it asks
-            // for part of the original's bytes with its R_Key, an atomic
-            // from its remembered result, never executed twice.
-            match qp.resp.rd_atomic_res(bth.psn) {
-                Some(r) if bth.opcode == Opcode::RcReadRequest && r.replays_read(pkt, qp.mtu()) => {
-                    // The stream restarts here, replacing any other in
-                    // progress (the requester goes back N: it re-requests
-                    // what followed too); never a second stream.
-                    if let Ok(st) = read_stream(qp, env, pkt) {
-                        qp.resp.read = Some(ReadStream {
-                            msn: qp.resp.msn,
-                            ..st
-                        });
-                    }
-                }
-                Some(RdAtomicRes {
-                    psn,
-                    kind: RdAtomicKind::Atomic { orig },
-                    ..
-                }) if bth.opcode.is_atomic() && psn == bth.psn => {
-                    send_atomic_ack(qp, env, pkt, orig);
-                }
-                _ => env.out.stats.rx_dropped += 1,
-            }
-            return;
-        }
-        // SEND/WRITE: already executed; acknowledge what we have (rxe does the same).
-        let last = psn::add(qp.resp.epsn, psn::PSN_MASK);
-        send_aeth(
-            qp,
-            env,
-            pkt,
-            last,
-            Aeth::ack(qp.resp.msn, CREDITS_UNLIMITED),
-        );
-        return;
-    }
-    qp.resp.nak_sent = false;
-    match execute(qp, env, pkt) {
-        Ok(Some(())) if bth.opcode == Opcode::RcReadRequest || bth.opcode.is_atomic() => {
-            // A READ's responses stream from qp.resp.read (an atomic's ACK
-            // was sent by execute); a READ consumes one PSN per response.
-            let n = match pkt.hdr.reth {
-                Some(r) if bth.opcode == Opcode::RcReadRequest => {
-                    r.dma_len.div_ceil(qp.mtu()).max(1)
-                }
-                _ => 1,
-            };
-            if let (Opcode::RcReadRequest, Some(reth)) = (bth.opcode, pkt.hdr.reth) {
-                let res = RdAtomicRes {
-                    psn: bth.psn,
-                    npsn: n,
-                    kind: RdAtomicKind::Read {
-                        rkey: reth.rkey,
-                        va: reth.va,
-                        len: reth.dma_len,
-                    },
-                };
-                qp.resp.push_rd_atomic(res, qp.attr.max_dest_rd_atomic);
-            }
-            qp.resp.epsn = psn::add(qp.resp.epsn, n);
-        }
-        Ok(Some(())) => {
-            qp.resp.epsn = psn::add(qp.resp.epsn, 1);
-            if bth.ack_req {
-                send_aeth(
-                    qp,
-                    env,
-                    pkt,
-                    bth.psn,
-                    Aeth::ack(qp.resp.msn, CREDITS_UNLIMITED),
-                );
-            }
-        }
-        Ok(None) => {
+    match check_request(qp, env, pkt).and_then(|target| execute(qp, env, pkt, target)) {
+        Ok(reply) => acknowledge(qp, env, pkt, reply),
+        Err(RespError::Rnr) => {
             // RNR: nothing consumed, the requester retries this PSN later.
             env.out.stats.rnr_naks_sent += 1;
             send_aeth(
                 qp,
                 env,
                 pkt,
-                bth.psn,
+                pkt.hdr.bth.psn,
                 Aeth::rnr_nak(qp.resp.msn, qp.attr.min_rnr_timer),
             );
         }
-        Err(f) => {
-            env.out.stats.nak_sent(f.nak);
-            send_aeth(qp, env, pkt, bth.psn, Aeth::nak(qp.resp.msn, f.nak));
-            if let Some(status) = f.recv_status {
-                complete_recv(qp, env, status, 0, None, abi::WC_OP_RECV, false);
-            }
-            let status = match f.nak {
-                NakCode::RemoteAccessError => abi::WC_REM_ACCESS_ERR,
-                NakCode::RemoteOperationalError => abi::WC_REM_OP_ERR,
-                _ => abi::WC_REM_INV_REQ_ERR,
-            };
-            qp_to_error(qp, env, status);
-        }
+        Err(RespError::Nak { code, wqe }) => nak_error(qp, env, pkt, code, wqe),
     }
 }
 
-/// UC responder (IBTA §9.7.5.2, §9.8.4): no acknowledgements, no
-/// retransmission. A PSN gap abandons the message in progress (its receive
-/// WQE is kept for the next SEND) and the rest of it is dropped until the
-/// next FIRST or ONLY; a message that cannot be executed (no receive WQE,
-/// bad R_Key, too long) is silently dropped and the QP carries on.
-fn on_uc_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
-    let bth = pkt.hdr.bth;
-    let op = bth.opcode;
-    let starts = op.is_first() || op.is_only();
-    if bth.psn != qp.resp.epsn {
-        abandon_uc_message(qp);
-        qp.resp.uc_drop = !starts;
+/// Where a request's PSN falls against the expected PSN (rxe's
+/// `check_psn`, RC; IBTA §9.7.5.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PsnCheck {
+    /// The expected PSN: the request is checked and executed.
+    Expected,
+    /// Before it: a duplicate, answered by [`duplicate_request`].
+    Duplicate,
+    /// After it: packets were lost, [`nak_psn_out_of_seq`].
+    OutOfSequence,
+}
+
+/// rxe's `check_psn` for an RC request: compares its PSN with the
+/// expected one (24-bit serial arithmetic, [`psn::diff`]).
+fn check_psn(qp: &Qp, pkt: &RocePacket) -> PsnCheck {
+    match psn::diff(pkt.hdr.bth.psn, qp.resp.epsn) {
+        d if d > 0 => PsnCheck::OutOfSequence,
+        d if d < 0 => PsnCheck::Duplicate,
+        _ => PsnCheck::Expected,
     }
-    qp.resp.epsn = psn::add(bth.psn, 1);
-    if qp.resp.uc_drop && !starts {
-        env.out.stats.rx_dropped += 1;
+}
+
+/// Missing packets: asks once for a resend from the expected PSN with a
+/// PSN sequence error NAK (IBTA §9.7.5.2; rxe's
+/// `RESPST_ERR_PSN_OUT_OF_SEQ`, sent once per gap as its `sent_psn_nak`).
+fn nak_psn_out_of_seq(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
+    if qp.resp.nak_sent {
         return;
     }
-    qp.resp.uc_drop = false;
-    let dropped = match execute(qp, env, pkt) {
-        Ok(Some(())) => false,
-        Ok(None) => true,
-        Err(f) => {
-            if let Some(status) = f.recv_status {
-                complete_recv(qp, env, status, 0, None, abi::WC_OP_RECV, false);
+    qp.resp.nak_sent = true;
+    send_aeth(
+        qp,
+        env,
+        pkt,
+        qp.resp.epsn,
+        Aeth::nak(qp.resp.msn, NakCode::PsnSequenceError),
+    );
+    env.out.stats.nak_sent(NakCode::PsnSequenceError);
+}
+
+/// A duplicate request (rxe's `duplicate_request`). Only a READ or
+/// atomic within one of the responder resources is answered again (IBTA
+/// §9.7.5.2.3, §9.7.5.2.5; rxe drops the others): READ responses
+/// re-generated from the requested PSN (a resent READ may start inside the
+/// original one) if it asks for part of the original's bytes with its
+/// R_Key, an atomic from its remembered result, never executed twice. A
+/// SEND or WRITE was already executed: it is acknowledged with the last
+/// PSN executed, as rxe does.
+fn duplicate_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
+    env.out.stats.duplicates += 1;
+    let bth = pkt.hdr.bth;
+    if bth.opcode == Opcode::RcReadRequest || bth.opcode.is_atomic() {
+        match qp.resp.rd_atomic_res(bth.psn) {
+            Some(r) if bth.opcode == Opcode::RcReadRequest && r.replays_read(pkt, qp.mtu()) => {
+                // The stream restarts here, replacing any other in
+                // progress (the requester goes back N: it re-requests
+                // what followed too); never a second stream.
+                if let Ok(st) = read_stream(qp, env, pkt) {
+                    qp.resp.read = Some(ReadStream {
+                        msn: qp.resp.msn,
+                        ..st
+                    });
+                }
             }
-            true
+            Some(RdAtomicRes {
+                psn,
+                kind: RdAtomicKind::Atomic { orig },
+                ..
+            }) if bth.opcode.is_atomic() && psn == bth.psn => {
+                send_atomic_ack(qp, env, pkt, orig);
+            }
+            _ => env.out.stats.rx_dropped += 1,
         }
-    };
-    if dropped {
-        env.out.stats.rx_dropped += 1;
-        abandon_uc_message(qp);
-        qp.resp.uc_drop = !op.is_last() && !op.is_only();
+        return;
     }
+    let last = psn::add(qp.resp.epsn, psn::PSN_MASK);
+    send_aeth(
+        qp,
+        env,
+        pkt,
+        last,
+        Aeth::ack(qp.resp.msn, CREDITS_UNLIMITED),
+    );
 }
 
-/// UC: forgets the message in progress, keeping its receive WQE.
-fn abandon_uc_message(qp: &mut Qp) {
-    qp.resp.write = None;
-    if let Some(mut ctx) = qp.resp.recv.take() {
-        ctx.offset = 0;
-        qp.resp.spare = Some(ctx);
-    }
+/// The inbound message the responder is in the middle of: the one state
+/// the opcode sequence check (`check_op_seq`) and the execution of
+/// MIDDLE and LAST packets work from (rxe keeps it as `resp.opcode`, the
+/// last opcode seen, with `resp.wqe`, `resp.va`/`resid` and `drop_msg`).
+#[derive(Debug, Default)]
+pub enum InboundMsg {
+    /// No message in progress: the next request must be a FIRST or ONLY
+    /// (or a READ or atomic).
+    #[default]
+    Idle,
+    /// A SEND in progress, its receive WQE already taken (and counted
+    /// off its RQ or SRQ): the next packet must be a SEND MIDDLE or LAST.
+    Send(RecvCtx),
+    /// An RDMA WRITE in progress: the next packet must be a WRITE MIDDLE
+    /// or LAST.
+    Write(WriteCtx),
+    /// UC: the rest of a message is being dropped after a lost packet,
+    /// until the next FIRST or ONLY (IBTA §9.7.5.2, UC responder; rxe's
+    /// `drop_msg`).
+    UcDrop,
 }
 
-fn send_aeth(qp: &Qp, env: &mut Env, pkt: &RocePacket, p: u32, aeth: Aeth) {
-    let mut hdr = reply_headers(qp, env.port, &pkt.hdr, Opcode::RcAck, p, aeth);
-    env.out.send(&mut hdr, &[]);
+/// Why the responder does not execute a request (rxe's `RESPST_ERR_*`
+/// states): the answer to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RespError {
+    /// No receive WQE posted: RNR NAK, nothing consumed (rxe's
+    /// `RESPST_ERR_RNR`).
+    Rnr,
+    /// A NAK with `code`; `wqe` is the receive WQE consumed for the
+    /// request (its wr_id) and the status it completes with, if any. An
+    /// RC QP then moves to ERR; a UC QP drops the message.
+    Nak {
+        /// The NAK code (IBTA Table 45).
+        code: NakCode,
+        /// wr_id and `WC_*` status of a consumed receive WQE.
+        wqe: Option<(u64, abi::WcStatus)>,
+    },
 }
 
-/// Executes one in-sequence request. `Ok(None)` asks for an RNR NAK.
-fn execute(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<()>, Fail> {
+/// A NAK with `code` and no receive WQE to complete.
+fn nak(code: NakCode) -> RespError {
+    RespError::Nak { code, wqe: None }
+}
+
+/// Where [`check_rkey`] found the request's bytes go or come from: what
+/// [`execute`] works on (rxe's `resp.va`, `resp.resid`, `resp.mr`).
+#[derive(Debug, Clone)]
+enum Target {
+    /// A SEND: its receive WQE, taken by [`execute`].
+    Recv,
+    /// An RDMA WRITE packet: the WRITE's position before this packet's
+    /// payload.
+    Write(WriteCtx),
+    /// An RDMA READ: its response stream (boxed: it carries the
+    /// request's headers).
+    Read(Box<ReadStream>),
+    /// An atomic: its AtomicETH, checked.
+    Atomic(AtomicEth),
+}
+
+/// What [`acknowledge`] answers an executed request with.
+#[derive(Debug, Clone)]
+enum Reply {
+    /// A SEND or WRITE packet: an ACK if it asked for one.
+    Ack,
+    /// An RDMA READ: its response stream, sent by [`run`] (boxed: it
+    /// carries the request's headers).
+    Read(Box<ReadStream>),
+    /// An atomic: the original value at the target.
+    Atomic(u64),
+}
+
+/// The checks of a request in sequence, in rxe's order (`rxe_responder`'s
+/// states `RESPST_CHK_OP_SEQ` to `RESPST_CHK_RKEY`); the first that fails
+/// decides the answer. `Ok` with what [`execute`] works on.
+fn check_request(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<Target, RespError> {
+    check_op_seq(qp, pkt)?;
+    check_op_valid(qp, pkt)?;
+    check_resource(qp, env, pkt)?;
+    check_length(pkt, qp.mtu())?;
+    check_rkey(qp, env, pkt)
+}
+
+/// Opcode sequence (IBTA §9.8.3.1; rxe's `check_op_seq`): a FIRST or ONLY
+/// (READ and atomics are ONLY) may not interrupt a message, a MIDDLE or
+/// LAST must continue one of the same kind ([`InboundMsg`]). Else an
+/// invalid request.
+fn check_op_seq(qp: &Qp, pkt: &RocePacket) -> Result<(), RespError> {
     let op = pkt.hdr.bth.opcode;
-    let mtu = qp.mtu();
-    // Opcode sequence (IBTA §9.8.3.1): a FIRST/ONLY may not interrupt a
-    // message, a MIDDLE/LAST must continue one of the same kind.
-    let in_send = qp.resp.recv.is_some();
-    let in_write = qp.resp.write.is_some();
-    let ok_seq = if op.is_first() {
-        !in_send && !in_write
-    } else if op.is_send() {
-        in_send
-    } else if op.is_write() {
-        in_write
-    } else {
-        true
+    let ok = match &qp.resp.msg {
+        _ if op.is_first() => matches!(qp.resp.msg, InboundMsg::Idle | InboundMsg::UcDrop),
+        InboundMsg::Send(_) => op.is_send(),
+        InboundMsg::Write(_) => op.is_write(),
+        InboundMsg::Idle | InboundMsg::UcDrop => !op.is_send() && !op.is_write(),
     };
-    if !ok_seq {
-        return Err(fail(NakCode::InvalidRequest));
+    if ok {
+        Ok(())
+    } else {
+        Err(nak(NakCode::InvalidRequest))
     }
-    check_length(pkt, mtu)?;
-    if op.is_send() {
-        return execute_send(qp, env, pkt);
+}
+
+/// The operation is allowed on this QP (rxe's `check_op_valid`; IBTA
+/// §9.7.4.1.3, §10.2.4 remote access rights): a READ or the first packet
+/// of a WRITE that moves bytes needs `ACCESS_REMOTE_READ` or
+/// `ACCESS_REMOTE_WRITE` in the QP's access flags, an atomic
+/// `ACCESS_REMOTE_ATOMIC` (else a remote access error); the RETH or
+/// AtomicETH they need must be there (else an invalid request).
+fn check_op_valid(qp: &Qp, pkt: &RocePacket) -> Result<(), RespError> {
+    let op = pkt.hdr.bth.opcode;
+    let need = if op == Opcode::RcReadRequest || (op.is_write() && op.is_first()) {
+        let reth = pkt.hdr.reth.ok_or(nak(NakCode::InvalidRequest))?;
+        match (reth.dma_len, op == Opcode::RcReadRequest) {
+            (0, _) => 0,
+            (_, true) => abi::ACCESS_REMOTE_READ,
+            (_, false) => abi::ACCESS_REMOTE_WRITE,
+        }
+    } else if op.is_atomic() {
+        pkt.hdr.atomic_eth.ok_or(nak(NakCode::InvalidRequest))?;
+        abi::ACCESS_REMOTE_ATOMIC
+    } else {
+        0
+    };
+    if qp.attr.qp_access_flags & need != need {
+        return Err(nak(NakCode::RemoteAccessError));
     }
-    if op.is_write() {
-        return execute_write(qp, env, pkt);
+    Ok(())
+}
+
+/// The responder has what the request consumes (rxe's `check_resource`):
+/// a SEND's FIRST or ONLY packet and an RDMA WRITE with immediate's LAST
+/// or ONLY packet need a receive WQE (a UC spare, or one posted on the RQ
+/// or SRQ), else RNR; a READ or atomic needs responder resources
+/// (`max_dest_rd_atomic` > 0, IBTA §9.5), else an invalid request
+/// (`RESPST_ERR_TOO_MANY_RDMA_ATM_REQ`).
+fn check_resource(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<(), RespError> {
+    let op = pkt.hdr.bth.opcode;
+    let needs_wqe = (op.is_send() && op.is_first()) || (op.is_write() && op.has_immdt());
+    if needs_wqe && qp.resp.spare.is_none() && !recv_queue::available(qp, env) {
+        return Err(RespError::Rnr);
     }
     if (op == Opcode::RcReadRequest || op.is_atomic()) && qp.attr.max_dest_rd_atomic == 0 {
-        // No responder resources for READ or atomics: NAK invalid request,
-        // as rxe_resp.c's check_resource (RESPST_ERR_TOO_MANY_RDMA_ATM_REQ).
-        return Err(fail(NakCode::InvalidRequest));
+        return Err(nak(NakCode::InvalidRequest));
     }
-    if op == Opcode::RcReadRequest {
-        let st = read_stream(qp, env, pkt)?;
-        // C9-148: the MSN counts the READ at once (rxe's execute).
-        qp.resp.msn = psn::add(qp.resp.msn, 1);
-        qp.resp.read = Some(ReadStream {
-            msn: qp.resp.msn,
-            ..st
-        });
-        return Ok(Some(()));
-    }
-    if op.is_atomic() {
-        return execute_atomic(qp, env, pkt);
-    }
-    Err(fail(NakCode::InvalidRequest))
+    Ok(())
 }
 
 /// rxe's `check_length` (IBTA §9.7.4.1.2, C9-26): a packet's payload is
 /// at most the path MTU (`mtu`, bytes), exactly it for FIRST and MIDDLE
 /// packets; a READ or WRITE asks for at most [`MAX_MSG_SZ`] bytes in its
 /// RETH. Anything else is an invalid request. (A SEND growing past
-/// `MAX_MSG_SZ` or its receive WQE is caught as it is scattered.)
-fn check_length(pkt: &RocePacket, mtu: u32) -> Result<(), Fail> {
+/// `MAX_MSG_SZ` or its receive WQE is caught as it is scattered, in
+/// [`execute`]; a WRITE packet beyond its RETH's length in [`check_rkey`].)
+fn check_length(pkt: &RocePacket, mtu: u32) -> Result<(), RespError> {
     let op = pkt.hdr.bth.opcode;
     let len = pkt.payload.len();
     let mtu = mtu as usize;
     if op.has_payload() && (len > mtu || (!op.is_last() && len != mtu)) {
-        return Err(fail(NakCode::InvalidRequest));
+        return Err(nak(NakCode::InvalidRequest));
     }
     if let Some(reth) = pkt.hdr.reth {
         if reth.dma_len > MAX_MSG_SZ {
-            return Err(fail(NakCode::InvalidRequest));
+            return Err(nak(NakCode::InvalidRequest));
         }
     }
     Ok(())
 }
 
-/// Validates a READ request (IBTA §9.7.4.1.4; rxe's `check_rkey` for a
-/// READ) and returns the response stream that answers it, starting at the
-/// request's PSN (its `msn` to be filled in by the caller). Nothing is
-/// sent here: [`run`] sends the responses, a burst at a time.
-fn read_stream(qp: &Qp, env: &mut Env, pkt: &RocePacket) -> Result<ReadStream, Fail> {
-    let Some(reth) = pkt.hdr.reth else {
-        return Err(fail(NakCode::InvalidRequest));
+/// The remote address and key (rxe's `check_rkey`; IBTA §9.7.4.1.3,
+/// §10.6.3.1): a WRITE's first packet and a READ that move bytes, and an
+/// atomic, need their R_Key to name an MR of the QP's PD with the remote
+/// access right covering `[va, va + len)` (else a remote access error);
+/// an atomic's address must be 8-byte aligned, a WRITE packet's payload
+/// within what its RETH announced and its LAST packet end it exactly
+/// (else an invalid request). Returns what [`execute`] works on.
+fn check_rkey(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<Target, RespError> {
+    let op = pkt.hdr.bth.opcode;
+    if op == Opcode::RcReadRequest {
+        return read_stream(qp, env, pkt).map(|st| Target::Read(Box::new(st)));
+    }
+    if op.is_atomic() {
+        let a = pkt.hdr.atomic_eth.ok_or(nak(NakCode::InvalidRequest))?;
+        if !a.va.is_multiple_of(8) {
+            return Err(nak(NakCode::InvalidRequest));
+        }
+        env.mrs
+            .check(a.rkey, qp.pdn, abi::ACCESS_REMOTE_ATOMIC, a.va, 8)
+            .map_err(|_| nak(NakCode::RemoteAccessError))?;
+        return Ok(Target::Atomic(a));
+    }
+    if !op.is_write() {
+        return Ok(Target::Recv);
+    }
+    let w = if op.is_first() {
+        let reth = pkt.hdr.reth.ok_or(nak(NakCode::InvalidRequest))?;
+        if reth.dma_len > 0 {
+            env.mrs
+                .check(
+                    reth.rkey,
+                    qp.pdn,
+                    abi::ACCESS_REMOTE_WRITE,
+                    reth.va,
+                    u64::from(reth.dma_len),
+                )
+                .map_err(|_| nak(NakCode::RemoteAccessError))?;
+        }
+        WriteCtx {
+            rkey: reth.rkey,
+            va: reth.va,
+            remaining: reth.dma_len,
+            total: reth.dma_len,
+        }
+    } else if let InboundMsg::Write(w) = qp.resp.msg {
+        w
+    } else {
+        return Err(nak(NakCode::InvalidRequest));
     };
-    // Also checked by check_length, which a duplicate READ skips.
+    let len = u32::try_from(pkt.payload.len()).unwrap_or(u32::MAX);
+    if len > w.remaining || (op.is_last() && len != w.remaining) {
+        return Err(nak(NakCode::InvalidRequest));
+    }
+    Ok(Target::Write(w))
+}
+
+/// A READ request's RETH checked (IBTA §9.7.4.1.4; rxe's `check_rkey` for
+/// a READ) and the response stream that answers it, starting at the
+/// request's PSN (its `msn` to be filled in by the caller). Checks on its
+/// own what [`check_op_valid`] and [`check_length`] check too, for
+/// [`duplicate_request`], which skips them. Nothing is sent here: [`run`]
+/// sends the responses, a burst at a time.
+fn read_stream(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<ReadStream, RespError> {
+    let Some(reth) = pkt.hdr.reth else {
+        return Err(nak(NakCode::InvalidRequest));
+    };
     if reth.dma_len > MAX_MSG_SZ {
-        return Err(fail(NakCode::InvalidRequest));
+        return Err(nak(NakCode::InvalidRequest));
     }
     if reth.dma_len > 0 {
         if qp.attr.qp_access_flags & abi::ACCESS_REMOTE_READ == 0 {
-            return Err(fail(NakCode::RemoteAccessError));
+            return Err(nak(NakCode::RemoteAccessError));
         }
         env.mrs
             .check(
@@ -629,9 +708,9 @@ fn read_stream(qp: &Qp, env: &mut Env, pkt: &RocePacket) -> Result<ReadStream, F
                 qp.pdn,
                 abi::ACCESS_REMOTE_READ,
                 reth.va,
-                reth.dma_len as u64,
+                u64::from(reth.dma_len),
             )
-            .map_err(|_| fail(NakCode::RemoteAccessError))?;
+            .map_err(|_| nak(NakCode::RemoteAccessError))?;
     }
     Ok(ReadStream {
         psn: pkt.hdr.bth.psn,
@@ -644,25 +723,177 @@ fn read_stream(qp: &Qp, env: &mut Env, pkt: &RocePacket) -> Result<ReadStream, F
     })
 }
 
-/// Executes a compare-and-swap or fetch-and-add on an aligned 8-byte
-/// operand (IBTA §9.4.5) and answers with its original value.
-fn execute_atomic(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<()>, Fail> {
-    let Some(a) = pkt.hdr.atomic_eth else {
-        return Err(fail(NakCode::InvalidRequest));
+/// Executes a checked request (rxe's `execute`, with its `send_data_in`,
+/// `write_data_in`, `do_atomic` and `do_complete`): scatters a SEND into
+/// its receive WQE, writes a WRITE's payload, executes an atomic, and
+/// completes the receive WQE of a SEND or WRITE with immediate on its last
+/// packet; a READ only starts its stream, in [`acknowledge`].
+fn execute(
+    qp: &mut Qp,
+    env: &mut Env,
+    pkt: &RocePacket,
+    target: Target,
+) -> Result<Reply, RespError> {
+    match target {
+        Target::Recv => execute_send(qp, env, pkt),
+        Target::Write(w) => execute_write(qp, env, pkt, w),
+        Target::Read(st) => Ok(Reply::Read(st)),
+        Target::Atomic(a) => execute_atomic(qp, env, pkt, a),
+    }
+}
+
+/// Answers an executed RC request and moves the expected PSN past it
+/// (rxe's `acknowledge`, `read_reply` set-up and `atomic_reply`): an ACK
+/// when a SEND or WRITE packet asked for one; a READ's response stream
+/// (counted by the MSN at once, C9-148, and remembered as a responder
+/// resource, it consumes one PSN per response); an atomic's ACK with its
+/// original value (remembered for a duplicate).
+fn acknowledge(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, reply: Reply) {
+    let bth = pkt.hdr.bth;
+    match reply {
+        Reply::Ack => {
+            qp.resp.epsn = psn::add(qp.resp.epsn, 1);
+            if bth.ack_req {
+                send_aeth(
+                    qp,
+                    env,
+                    pkt,
+                    bth.psn,
+                    Aeth::ack(qp.resp.msn, CREDITS_UNLIMITED),
+                );
+            }
+        }
+        Reply::Read(st) => {
+            let n = st.resid.div_ceil(qp.mtu()).max(1);
+            let res = RdAtomicRes {
+                psn: bth.psn,
+                npsn: n,
+                kind: RdAtomicKind::Read {
+                    rkey: st.rkey,
+                    va: st.va,
+                    len: st.resid,
+                },
+            };
+            qp.resp.msn = psn::add(qp.resp.msn, 1);
+            qp.resp.read = Some(ReadStream {
+                msn: qp.resp.msn,
+                ..*st
+            });
+            qp.resp.push_rd_atomic(res, qp.attr.max_dest_rd_atomic);
+            qp.resp.epsn = psn::add(qp.resp.epsn, n);
+        }
+        Reply::Atomic(orig) => {
+            let res = RdAtomicRes {
+                psn: bth.psn,
+                npsn: 1,
+                kind: RdAtomicKind::Atomic { orig },
+            };
+            qp.resp.push_rd_atomic(res, qp.attr.max_dest_rd_atomic);
+            qp.resp.msn = psn::add(qp.resp.msn, 1);
+            send_atomic_ack(qp, env, pkt, orig);
+            qp.resp.epsn = psn::add(qp.resp.epsn, 1);
+        }
+    }
+}
+
+/// An RC request that cannot be executed (rxe's `RESPST_ERR_*` with
+/// `do_class_ac_error`): NAK with `code`, complete the consumed receive
+/// WQE `wqe` with its status, and move the QP to ERR with the matching
+/// status (an RC responder error is fatal to the QP, IBTA §10.3.1, as
+/// rxe's `rxe_qp_error`).
+fn nak_error(
+    qp: &mut Qp,
+    env: &mut Env,
+    pkt: &RocePacket,
+    code: NakCode,
+    wqe: Option<(u64, abi::WcStatus)>,
+) {
+    env.out.stats.nak_sent(code);
+    send_aeth(qp, env, pkt, pkt.hdr.bth.psn, Aeth::nak(qp.resp.msn, code));
+    if let Some((wr_id, status)) = wqe {
+        complete_recv_error(qp, env, wr_id, status);
+    }
+    let status = match code {
+        NakCode::RemoteAccessError => abi::WcStatus::RemAccessErr,
+        NakCode::RemoteOperationalError => abi::WcStatus::RemOpErr,
+        _ => abi::WcStatus::RemInvReqErr,
     };
-    if !a.va.is_multiple_of(8) {
-        return Err(fail(NakCode::InvalidRequest));
+    qp_to_error(qp, env, status);
+}
+
+/// UC responder (IBTA §9.7.5.2, §9.8.4): no acknowledgements, no
+/// retransmission. A PSN gap abandons the message in progress (its receive
+/// WQE is kept for the next SEND) and the rest of it is dropped until the
+/// next FIRST or ONLY ([`InboundMsg::UcDrop`]); a message that cannot be
+/// executed (no receive WQE, bad R_Key, too long) is silently dropped and
+/// the QP carries on. The checks and execution are the RC ones.
+fn on_uc_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
+    let bth = pkt.hdr.bth;
+    let op = bth.opcode;
+    let starts = op.is_first();
+    if bth.psn != qp.resp.epsn {
+        abandon_uc_message(qp);
+        if !starts {
+            qp.resp.msg = InboundMsg::UcDrop;
+        }
     }
-    if qp.attr.qp_access_flags & abi::ACCESS_REMOTE_ATOMIC == 0 {
-        return Err(fail(NakCode::RemoteAccessError));
+    qp.resp.epsn = psn::add(bth.psn, 1);
+    if matches!(qp.resp.msg, InboundMsg::UcDrop) {
+        if !starts {
+            env.out.stats.rx_dropped += 1;
+            return;
+        }
+        qp.resp.msg = InboundMsg::Idle;
     }
+    let dropped = match check_request(qp, env, pkt).and_then(|t| execute(qp, env, pkt, t)) {
+        Ok(_) => false,
+        Err(RespError::Rnr) => true,
+        Err(RespError::Nak { wqe, .. }) => {
+            if let Some((wr_id, status)) = wqe {
+                complete_recv_error(qp, env, wr_id, status);
+            }
+            true
+        }
+    };
+    if dropped {
+        env.out.stats.rx_dropped += 1;
+        abandon_uc_message(qp);
+        if !op.is_last() {
+            qp.resp.msg = InboundMsg::UcDrop;
+        }
+    }
+}
+
+/// UC: forgets the message in progress, keeping its receive WQE as the
+/// spare for the next SEND (it was never completed).
+fn abandon_uc_message(qp: &mut Qp) {
+    if let InboundMsg::Send(mut ctx) = std::mem::take(&mut qp.resp.msg) {
+        ctx.offset = 0;
+        qp.resp.spare = Some(ctx);
+    }
+}
+
+fn send_aeth(qp: &Qp, env: &mut Env, pkt: &RocePacket, p: u32, aeth: Aeth) {
+    let mut hdr = reply_headers(qp, env.port, &pkt.hdr, Opcode::RcAck, p, aeth);
+    env.out.send(&mut hdr, &[]);
+}
+
+/// Executes a compare-and-swap or fetch-and-add on the aligned 8-byte
+/// operand [`check_rkey`] checked (IBTA §9.4.5; rxe's `do_atomic`):
+/// returns its original value for the atomic ACK.
+fn execute_atomic(
+    qp: &mut Qp,
+    env: &mut Env,
+    pkt: &RocePacket,
+    a: AtomicEth,
+) -> Result<Reply, RespError> {
     let mr = env
         .mrs
         .check(a.rkey, qp.pdn, abi::ACCESS_REMOTE_ATOMIC, a.va, 8)
-        .map_err(|_| fail(NakCode::RemoteAccessError))?;
+        .map_err(|_| nak(NakCode::RemoteAccessError))?;
     let mut cur = [0u8; 8];
     mr.read(env.mem, a.va, &mut cur)
-        .map_err(|_| fail(NakCode::RemoteAccessError))?;
+        .map_err(|_| nak(NakCode::RemoteAccessError))?;
     let orig = u64::from_le_bytes(cur);
     let new = if pkt.hdr.bth.opcode == Opcode::RcCompareSwap {
         if orig == a.compare {
@@ -674,16 +905,8 @@ fn execute_atomic(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option
         orig.wrapping_add(a.swap_add)
     };
     mr.write(env.mem, a.va, &new.to_le_bytes())
-        .map_err(|_| fail(NakCode::RemoteAccessError))?;
-    let res = RdAtomicRes {
-        psn: pkt.hdr.bth.psn,
-        npsn: 1,
-        kind: RdAtomicKind::Atomic { orig },
-    };
-    qp.resp.push_rd_atomic(res, qp.attr.max_dest_rd_atomic);
-    qp.resp.msn = psn::add(qp.resp.msn, 1);
-    send_atomic_ack(qp, env, pkt, orig);
-    Ok(Some(()))
+        .map_err(|_| nak(NakCode::RemoteAccessError))?;
+    Ok(Reply::Atomic(orig))
 }
 
 fn send_atomic_ack(qp: &Qp, env: &mut Env, pkt: &RocePacket, orig: u64) {
@@ -702,43 +925,39 @@ fn send_atomic_ack(qp: &Qp, env: &mut Env, pkt: &RocePacket, orig: u64) {
 
 /// Takes the next receive WQE (a UC spare first, then the RQ or SRQ), or
 /// `None` when none is posted. A WQE that fails validation is still
-/// consumed: it is left in `qp.resp.recv` to complete with the error.
-fn take_recv(qp: &mut Qp, env: &mut Env) -> Result<Option<RecvCtx>, Fail> {
+/// consumed: the error names it, to complete with its status.
+fn take_recv(qp: &mut Qp, env: &mut Env) -> Result<Option<RecvCtx>, RespError> {
     if let Some(ctx) = qp.resp.spare.take() {
         return Ok(Some(ctx));
     }
     match recv_queue::take(qp, env) {
         None => Ok(None),
         Some(Ok(ctx)) => Ok(Some(ctx)),
-        Some(Err((wr_id, status))) => {
-            qp.resp.recv = Some(RecvCtx {
-                wr_id,
-                sges: Vec::new(),
-                offset: 0,
-            });
-            Err(Fail {
-                nak: NakCode::RemoteOperationalError,
-                recv_status: Some(status),
-            })
-        }
+        Some(Err((wr_id, status))) => Err(RespError::Nak {
+            code: NakCode::RemoteOperationalError,
+            wqe: Some((wr_id, status)),
+        }),
     }
 }
 
-/// Scatters `data` at byte `offset` of the receive WQE's SGEs.
-fn scatter(env: &Env, pdn: u32, ctx: &RecvCtx, data: &[u8]) -> Result<(), u8> {
-    crate::transport::scatter_sges(env, pdn, &ctx.sges, ctx.offset, data)
-}
-
-fn execute_send(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<()>, Fail> {
+/// A SEND packet (rxe's `send_data_in` and, on the last packet,
+/// `do_complete`): the FIRST or ONLY takes a receive WQE, every packet
+/// scatters its payload at the message offset, the LAST (or ONLY)
+/// invalidates an IETH's R_Key and completes the WQE.
+fn execute_send(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Reply, RespError> {
     let op = pkt.hdr.bth.opcode;
-    if op.is_first() {
-        match take_recv(qp, env)? {
-            Some(ctx) => qp.resp.recv = Some(ctx),
-            None => return Ok(None),
+    let mut ctx = if op.is_first() {
+        // check_resource found one; none now is RNR all the same.
+        take_recv(qp, env)?.ok_or(RespError::Rnr)?
+    } else {
+        match std::mem::take(&mut qp.resp.msg) {
+            InboundMsg::Send(ctx) => ctx,
+            other => {
+                // check_op_seq let only a SEND in progress through.
+                qp.resp.msg = other;
+                return Err(nak(NakCode::InvalidRequest));
+            }
         }
-    }
-    let Some(ctx) = qp.resp.recv.as_ref() else {
-        return Err(fail(NakCode::InvalidRequest));
     };
     // The message so far plus this packet: at most max_msg_sz, else the
     // receive WQE completes with a length error and the request is
@@ -748,202 +967,149 @@ fn execute_send(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<(
         .and_then(|n| ctx.offset.checked_add(n))
         .filter(|&end| end <= MAX_MSG_SZ);
     let Some(offset) = offset else {
-        return Err(Fail {
-            nak: NakCode::InvalidRequest,
-            recv_status: Some(abi::WC_LOC_LEN_ERR),
+        return Err(RespError::Nak {
+            code: NakCode::InvalidRequest,
+            wqe: Some((ctx.wr_id, abi::WcStatus::LocLenErr)),
         });
     };
-    if let Err(status) = scatter(env, qp.pdn, ctx, pkt.payload) {
-        let nak = if status == abi::WC_LOC_LEN_ERR {
+    if let Err(status) =
+        crate::transport::scatter_sges(env, qp.pdn, &ctx.sges, ctx.offset, pkt.payload)
+    {
+        let code = if status == abi::WcStatus::LocLenErr {
             NakCode::InvalidRequest
         } else {
             NakCode::RemoteOperationalError
         };
-        return Err(Fail {
-            nak,
-            recv_status: Some(status),
+        return Err(RespError::Nak {
+            code,
+            wqe: Some((ctx.wr_id, status)),
         });
     }
-    let ctx = qp.resp.recv.as_mut().expect("checked above");
     ctx.offset = offset;
-    if let (true, Some(ieth)) = (op.is_last(), pkt.hdr.ieth) {
+    if !op.is_last() {
+        qp.resp.msg = InboundMsg::Send(ctx);
+        return Ok(Reply::Ack);
+    }
+    if let Some(ieth) = pkt.hdr.ieth {
         // SEND with invalidate: the named rkey stops working for remote
         // access (IBTA §9.4.1.3, §10.6.6). One not of this PD is an
         // invalid request, as rxe answers it.
         if env.mrs.invalidate(ieth.rkey, qp.pdn).is_err() {
-            return Err(Fail {
-                nak: NakCode::InvalidRequest,
-                recv_status: Some(abi::WC_REM_INV_REQ_ERR),
+            return Err(RespError::Nak {
+                code: NakCode::InvalidRequest,
+                wqe: Some((ctx.wr_id, abi::WcStatus::RemInvReqErr)),
             });
         }
     }
-    if op.is_last() {
-        let imm = pkt.hdr.immdt.map(|i| i.0);
-        let (imm, flags) = match (imm, pkt.hdr.ieth) {
-            (Some(i), _) => (Some(i), abi::WC_WITH_IMM),
-            (None, Some(ieth)) => (Some(ieth.rkey.to_be_bytes()), abi::WC_WITH_INV),
-            _ => (None, 0),
-        };
-        let len = ctx.offset;
-        complete_recv_flags(
-            qp,
-            env,
-            abi::WC_SUCCESS,
-            len,
-            imm,
-            abi::WC_OP_RECV,
-            pkt.hdr.bth.solicited,
-            flags,
-        );
-        qp.resp.msn = psn::add(qp.resp.msn, 1);
-    }
-    Ok(Some(()))
+    let (imm, flags) = match (pkt.hdr.immdt, pkt.hdr.ieth) {
+        (Some(i), _) => (i.0, abi::WC_WITH_IMM),
+        (None, Some(ieth)) => (ieth.rkey.to_be_bytes(), abi::WC_WITH_INV),
+        _ => ([0; 4], 0),
+    };
+    let cqe = abi::Cqe {
+        wr_id: ctx.wr_id,
+        byte_len: ctx.offset,
+        imm_data: imm,
+        status: abi::WcStatus::Success.raw(),
+        opcode: abi::WC_OP_RECV,
+        wc_flags: flags,
+        ..Default::default()
+    };
+    complete_recv(qp, env, cqe, pkt.hdr.bth.solicited);
+    qp.resp.msn = psn::add(qp.resp.msn, 1);
+    Ok(Reply::Ack)
 }
 
-fn execute_write(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Option<()>, Fail> {
+/// An RDMA WRITE packet (rxe's `write_data_in` and, for a WRITE with
+/// immediate's last packet, `do_complete`): writes the payload at the
+/// WRITE's position `w` ([`check_rkey`] checked it), then either keeps the
+/// WRITE in progress or, on its LAST packet, ends it, taking and
+/// completing a receive WQE for the immediate data.
+fn execute_write(
+    qp: &mut Qp,
+    env: &mut Env,
+    pkt: &RocePacket,
+    w: WriteCtx,
+) -> Result<Reply, RespError> {
     let op = pkt.hdr.bth.opcode;
-    // WRITE with immediate consumes a receive WQE: make sure one exists
-    // before touching memory, so an RNR retry re-executes cleanly.
-    if op.has_immdt() && qp.resp.spare.is_none() && !recv_queue::available(qp, env) {
-        return Ok(None);
-    }
-    if op.is_first() {
-        let Some(reth) = pkt.hdr.reth else {
-            return Err(fail(NakCode::InvalidRequest));
-        };
-        if reth.dma_len > 0 {
-            if qp.attr.qp_access_flags & abi::ACCESS_REMOTE_WRITE == 0 {
-                return Err(fail(NakCode::RemoteAccessError));
-            }
-            env.mrs
-                .check(
-                    reth.rkey,
-                    qp.pdn,
-                    abi::ACCESS_REMOTE_WRITE,
-                    reth.va,
-                    reth.dma_len as u64,
-                )
-                .map_err(|_| fail(NakCode::RemoteAccessError))?;
-        }
-        qp.resp.write = Some(WriteCtx {
-            rkey: reth.rkey,
-            va: reth.va,
-            remaining: reth.dma_len,
-            total: reth.dma_len,
-        });
-    }
-    let Some(w) = qp.resp.write else {
-        return Err(fail(NakCode::InvalidRequest));
-    };
-    let len = pkt.payload.len() as u32;
-    if len > w.remaining || (op.is_last() && len != w.remaining) {
-        qp.resp.write = None;
-        return Err(fail(NakCode::InvalidRequest));
-    }
+    // check_rkey: len <= w.remaining.
+    let len = u32::try_from(pkt.payload.len()).map_err(|_| nak(NakCode::InvalidRequest))?;
     if len > 0 {
         let mr = env
             .mrs
             .get(w.rkey)
-            .map_err(|_| fail(NakCode::RemoteAccessError))?;
+            .map_err(|_| nak(NakCode::RemoteAccessError))?;
         mr.write(env.mem, w.va, pkt.payload)
-            .map_err(|_| fail(NakCode::RemoteAccessError))?;
+            .map_err(|_| nak(NakCode::RemoteAccessError))?;
     }
-    // len <= remaining (checked above), and va + total was checked
-    // against the MR at the FIRST packet.
+    // va + total was checked against the MR at the FIRST packet.
     let w = WriteCtx {
         va: w
             .va
             .checked_add(u64::from(len))
-            .ok_or(fail(NakCode::RemoteAccessError))?,
-        remaining: w.remaining - len,
+            .ok_or(nak(NakCode::RemoteAccessError))?,
+        remaining: w.remaining.saturating_sub(len),
         ..w
     };
-    qp.resp.write = Some(w);
-    if op.is_last() {
-        qp.resp.write = None;
-        if let Some(imm) = pkt.hdr.immdt {
-            match take_recv(qp, env)? {
-                Some(ctx) => qp.resp.recv = Some(ctx),
-                None => return Ok(None),
-            }
-            complete_recv_flags(
-                qp,
-                env,
-                abi::WC_SUCCESS,
-                w.total,
-                Some(imm.0),
-                abi::WC_OP_RECV_RDMA_WITH_IMM,
-                pkt.hdr.bth.solicited,
-                abi::WC_WITH_IMM,
-            );
-        }
-        qp.resp.msn = psn::add(qp.resp.msn, 1);
+    if !op.is_last() {
+        qp.resp.msg = InboundMsg::Write(w);
+        return Ok(Reply::Ack);
     }
-    Ok(Some(()))
+    qp.resp.msg = InboundMsg::Idle;
+    if let Some(imm) = pkt.hdr.immdt {
+        // check_resource found one; none now is RNR all the same.
+        let ctx = take_recv(qp, env)?.ok_or(RespError::Rnr)?;
+        let cqe = abi::Cqe {
+            wr_id: ctx.wr_id,
+            byte_len: w.total,
+            imm_data: imm.0,
+            status: abi::WcStatus::Success.raw(),
+            opcode: abi::WC_OP_RECV_RDMA_WITH_IMM,
+            wc_flags: abi::WC_WITH_IMM,
+            ..Default::default()
+        };
+        complete_recv(qp, env, cqe, pkt.hdr.bth.solicited);
+    }
+    qp.resp.msn = psn::add(qp.resp.msn, 1);
+    Ok(Reply::Ack)
 }
 
-fn complete_recv(
-    qp: &mut Qp,
-    env: &mut Env,
-    status: u8,
-    len: u32,
-    imm: Option<[u8; 4]>,
-    opcode: u8,
-    solicited: bool,
-) {
-    complete_recv_flags(qp, env, status, len, imm, opcode, solicited, 0)
-}
-
-/// Completes the receive WQE in `qp.resp.recv` (already consumed from its
-/// RQ or SRQ when it was taken).
-#[allow(clippy::too_many_arguments)]
-fn complete_recv_flags(
-    qp: &mut Qp,
-    env: &mut Env,
-    status: u8,
-    len: u32,
-    imm: Option<[u8; 4]>,
-    opcode: u8,
-    solicited: bool,
-    wc_flags: u8,
-) {
-    let Some(ctx) = qp.resp.recv.take() else {
-        return;
-    };
+/// Writes the receive completion `cqe` of this QP (its `qp_num` and
+/// `src_qp` filled in) to the receive CQ; the WQE was consumed from its
+/// RQ or SRQ when it was taken.
+fn complete_recv(qp: &Qp, env: &mut Env, cqe: abi::Cqe, solicited: bool) {
     let cqe = abi::Cqe {
-        wr_id: ctx.wr_id,
-        byte_len: len,
-        imm_data: imm.unwrap_or_default(),
         qp_num: qp.qpn,
         src_qp: qp.attr.dest_qp_num,
-        status,
-        opcode,
-        wc_flags,
-        ..Default::default()
+        ..cqe
     };
     env.complete(qp.recv_cqn, cqe, solicited);
+}
+
+/// Completes the consumed receive WQE `wr_id` with the error `status`
+/// (a flush, or a failed request).
+fn complete_recv_error(qp: &Qp, env: &mut Env, wr_id: u64, status: abi::WcStatus) {
+    let cqe = abi::Cqe {
+        wr_id,
+        status: status.raw(),
+        opcode: abi::WC_OP_RECV,
+        ..Default::default()
+    };
+    complete_recv(qp, env, cqe, false);
 }
 
 /// Flushes every posted receive WQE (QP in ERR): the ones taken for a
 /// message in progress, then the QP's own RQ. WQEs on an SRQ stay there for
 /// the other QPs (IBTA §10.2.9.5; the driver gets `EV_QP_LAST_WQE_REACHED`).
 pub fn flush(qp: &mut Qp, env: &mut Env) {
-    qp.resp.write = None;
+    let msg = std::mem::take(&mut qp.resp.msg);
     qp.resp.release(env.out);
-    for ctx in [qp.resp.recv.take(), qp.resp.spare.take()]
-        .into_iter()
-        .flatten()
-    {
-        qp.resp.recv = Some(ctx);
-        complete_recv(
-            qp,
-            env,
-            abi::WC_WR_FLUSH_ERR,
-            0,
-            None,
-            abi::WC_OP_RECV,
-            false,
-        );
+    let taken = match msg {
+        InboundMsg::Send(ctx) => Some(ctx),
+        _ => None,
+    };
+    for ctx in [taken, qp.resp.spare.take()].into_iter().flatten() {
+        complete_recv_error(qp, env, ctx.wr_id, abi::WcStatus::WrFlushErr);
     }
     if qp.srqn != 0 {
         return;
@@ -957,20 +1123,7 @@ pub fn flush(qp: &mut Qp, env: &mut Env) {
         }
         let wr_id = recv_queue::wr_id_at(qp, env, qp.resp.rq_ci);
         qp.resp.rq_ci = qp.resp.rq_ci.wrapping_add(1);
-        qp.resp.recv = Some(RecvCtx {
-            wr_id,
-            sges: Vec::new(),
-            offset: 0,
-        });
-        complete_recv(
-            qp,
-            env,
-            abi::WC_WR_FLUSH_ERR,
-            0,
-            None,
-            abi::WC_OP_RECV,
-            false,
-        );
+        complete_recv_error(qp, env, wr_id, abi::WcStatus::WrFlushErr);
     }
     write_record(qp, env);
 }

@@ -2,7 +2,7 @@
 //! `ibv_modify_qp(3)` (IBTA Vol 1 §10.3, §11.2.5 "Modify QP" with the
 //! required/optional attribute tables).
 
-use crate::abi;
+use crate::abi::{self, QpState, QpType};
 use crate::transport::{requester::ReqState, responder::RespState};
 
 /// A work queue ring in driver memory.
@@ -31,10 +31,11 @@ pub struct Qp {
     pub qpn: u32,
     /// Protection domain.
     pub pdn: u32,
-    /// `abi::QPT_*`.
-    pub qp_type: u32,
-    /// `abi::QPS_*`.
-    pub state: u32,
+    /// Transport service.
+    pub qp_type: abi::QpType,
+    /// The QP's state: the one copy (`attr.qp_state` is not kept; a query
+    /// answers with this).
+    pub state: abi::QpState,
     /// CQ for send completions.
     pub send_cqn: u32,
     /// CQ for receive completions.
@@ -85,34 +86,34 @@ use abi::{
 /// Required and optional attribute masks for a transition of a QP type, per
 /// IBTA Vol 1 Table 91 / `ibv_modify_qp(3)`; `None` when the transition is
 /// not allowed.
-pub fn transition_masks(qp_type: u32, cur: u32, next: u32) -> Option<(u32, u32)> {
-    use abi::{QPS_ERR, QPS_INIT, QPS_RESET, QPS_RTR, QPS_RTS, QPS_SQD, QPS_SQE};
-    let ud = qp_type == abi::QPT_UD;
-    let uc = qp_type == abi::QPT_UC;
+pub fn transition_masks(qp_type: QpType, cur: QpState, next: QpState) -> Option<(u32, u32)> {
+    use QpState::{Err, Init, Reset, Rtr, Rts, Sqd, Sqe};
+    let ud = qp_type == QpType::Ud;
+    let uc = qp_type == QpType::Uc;
     let m = match (cur, next) {
-        (_, QPS_RESET) | (_, QPS_ERR) => (STATE, 0),
-        (QPS_RESET, QPS_INIT) if ud => (STATE | PKEY | PORT | QKEY, 0),
-        (QPS_RESET, QPS_INIT) => (STATE | PKEY | PORT | ACCESS, 0),
-        (QPS_INIT, QPS_INIT) if ud => (STATE, PKEY | PORT | QKEY),
-        (QPS_INIT, QPS_INIT) => (STATE, PKEY | PORT | ACCESS),
-        (QPS_INIT, QPS_RTR) if ud => (STATE, PKEY | QKEY),
-        (QPS_INIT, QPS_RTR) if uc => (STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN, ACCESS | PKEY),
-        (QPS_INIT, QPS_RTR) => (
+        (_, Reset) | (_, Err) => (STATE, 0),
+        (Reset, Init) if ud => (STATE | PKEY | PORT | QKEY, 0),
+        (Reset, Init) => (STATE | PKEY | PORT | ACCESS, 0),
+        (Init, Init) if ud => (STATE, PKEY | PORT | QKEY),
+        (Init, Init) => (STATE, PKEY | PORT | ACCESS),
+        (Init, Rtr) if ud => (STATE, PKEY | QKEY),
+        (Init, Rtr) if uc => (STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN, ACCESS | PKEY),
+        (Init, Rtr) => (
             STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD | MIN_RNR,
             ACCESS | PKEY,
         ),
-        (QPS_RTR, QPS_RTS) if ud => (STATE | SQ_PSN, CUR | QKEY),
-        (QPS_RTR, QPS_RTS) if uc => (STATE | SQ_PSN, CUR | ACCESS),
-        (QPS_RTR, QPS_RTS) => (
+        (Rtr, Rts) if ud => (STATE | SQ_PSN, CUR | QKEY),
+        (Rtr, Rts) if uc => (STATE | SQ_PSN, CUR | ACCESS),
+        (Rtr, Rts) => (
             STATE | SQ_PSN | TIMEOUT | RETRY | RNR_RETRY | MAX_RD,
             CUR | ACCESS | MIN_RNR,
         ),
-        (QPS_RTS, QPS_RTS) if ud => (STATE, CUR | QKEY),
-        (QPS_RTS, QPS_RTS) => (STATE, CUR | ACCESS | MIN_RNR),
-        (QPS_RTS, QPS_SQD) => (STATE, 0),
-        (QPS_SQD, QPS_RTS) => (STATE, CUR | ACCESS | MIN_RNR | QKEY),
-        (QPS_SQD, QPS_SQD) => (STATE, ACCESS | MIN_RNR | TIMEOUT | RETRY | RNR_RETRY | QKEY),
-        (QPS_SQE, QPS_RTS) => (STATE, CUR | QKEY | ACCESS),
+        (Rts, Rts) if ud => (STATE, CUR | QKEY),
+        (Rts, Rts) => (STATE, CUR | ACCESS | MIN_RNR),
+        (Rts, Sqd) => (STATE, 0),
+        (Sqd, Rts) => (STATE, CUR | ACCESS | MIN_RNR | QKEY),
+        (Sqd, Sqd) => (STATE, ACCESS | MIN_RNR | TIMEOUT | RETRY | RNR_RETRY | QKEY),
+        (Sqe, Rts) => (STATE, CUR | QKEY | ACCESS),
         _ => return None,
     };
     Some(m)
@@ -127,14 +128,15 @@ pub fn transition_masks(qp_type: u32, cur: u32, next: u32) -> Option<(u32, u32)>
 pub const MAX_QP_RD_ATOM: u32 = 128;
 
 /// Validates a modify request against the transition table and value
-/// ranges; returns the status to answer on failure (`EINVAL`).
-pub fn validate_modify(qp: &Qp, a: &abi::QpAttr) -> Result<u32, abi::Status> {
+/// ranges; returns the state to move to, or the status to answer on
+/// failure (`EINVAL`, also for a `qp_state` that names no state).
+pub fn validate_modify(qp: &Qp, a: &abi::QpAttr) -> Result<QpState, abi::Status> {
     let next = if a.attr_mask & STATE != 0 {
-        a.qp_state
+        QpState::try_from(a.qp_state).map_err(|_| abi::STATUS_EINVAL)?
     } else {
         qp.state
     };
-    if a.attr_mask & CUR != 0 && a.qp_state != qp.state && a.attr_mask & STATE == 0 {
+    if a.attr_mask & CUR != 0 && a.qp_state != u32::from(qp.state) && a.attr_mask & STATE == 0 {
         return Err(abi::STATUS_EINVAL);
     }
     let (req, opt) = transition_masks(qp.qp_type, qp.state, next).ok_or(abi::STATUS_EINVAL)?;
@@ -169,12 +171,10 @@ pub fn validate_modify(qp: &Qp, a: &abi::QpAttr) -> Result<u32, abi::Status> {
     Ok(next)
 }
 
-/// Copies the attributes named by `a.attr_mask` into `cur`.
+/// Copies the attributes named by `a.attr_mask` into `cur`, except the
+/// state, which lives in [`Qp::state`] alone.
 pub fn apply_attrs(cur: &mut abi::QpAttr, a: &abi::QpAttr) {
     let m = a.attr_mask;
-    if m & STATE != 0 {
-        cur.qp_state = a.qp_state;
-    }
     if m & ACCESS != 0 {
         cur.qp_access_flags = a.qp_access_flags;
     }
@@ -234,10 +234,10 @@ mod tests {
 
     #[test]
     fn rc_transitions_require_ibv_attributes() {
-        let (req, _) = transition_masks(abi::QPT_RC, abi::QPS_RESET, abi::QPS_INIT).unwrap();
+        let (req, _) = transition_masks(QpType::Rc, QpState::Reset, QpState::Init).unwrap();
         assert_eq!(req, STATE | PKEY | PORT | ACCESS);
-        assert!(transition_masks(abi::QPT_RC, abi::QPS_RESET, abi::QPS_RTS).is_none());
-        assert!(transition_masks(abi::QPT_RC, abi::QPS_INIT, abi::QPS_RTS).is_none());
-        assert!(transition_masks(abi::QPT_RC, abi::QPS_RTS, abi::QPS_ERR).is_some());
+        assert!(transition_masks(QpType::Rc, QpState::Reset, QpState::Rts).is_none());
+        assert!(transition_masks(QpType::Rc, QpState::Init, QpState::Rts).is_none());
+        assert!(transition_masks(QpType::Rc, QpState::Rts, QpState::Err).is_some());
     }
 }
