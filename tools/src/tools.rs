@@ -234,10 +234,21 @@ pub fn random_psn() -> u32 {
 // ---------------------------------------------------------------------------
 
 /// Opens the vrnic PCI function at `bdf` (e.g. `0000:00:04.0`), or the
-/// first one found. Errors: `No vrnic device found`, with the cause.
+/// first one found, directly; when a guest agent serves it (the function
+/// is taken and the agent's socket answers), through the agent, beside
+/// the programs it serves (`vrnic_guest::agent`). Errors: `No vrnic device
+/// found`, with the cause.
 pub fn open_pci(bdf: Option<&str>) -> Result<Box<dyn Transport>> {
-    let t = vrnic_guest::pci::PciTransport::open(bdf).context("No vrnic device found")?;
-    Ok(Box::new(t))
+    match vrnic_guest::pci::PciTransport::open(bdf) {
+        Ok(t) => Ok(Box::new(t)),
+        Err(e) => {
+            let sock = vrnic_guest::agent::default_socket(bdf);
+            match vrnic_guest::agent::client::AgentTransport::connect(&sock) {
+                Ok(t) => Ok(Box::new(t)),
+                Err(_) => Err(anyhow::Error::new(e).context("No vrnic device found")),
+            }
+        }
+    }
 }
 
 /// Two in-process devices joined by a memory link, for the tools'
