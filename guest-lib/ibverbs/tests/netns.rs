@@ -547,7 +547,8 @@ impl Agent {
 
     /// (programs, usage) from `vrnic-agent --status`'s query.
     fn status(&self) -> (u32, vrnic::abi::Usage) {
-        AgentTransport::status(&self.socket).expect("agent status")
+        let st = AgentTransport::status(&self.socket).expect("agent status");
+        (st.programs, st.usage)
     }
 
     /// Waits (bounded) until the agent serves no program and its device
@@ -558,7 +559,6 @@ impl Agent {
             let (programs, u) = self.status();
             let left = [u.pds, u.mrs, u.cqs, u.qps, u.ahs, u.srqs, u.mr_pages];
             if programs == 0 && u.ctxs == 1 && left == [0; 7] {
-                eprintln!("{what}: empty: {u:?}");
                 return;
             }
             assert!(

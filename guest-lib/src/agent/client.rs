@@ -209,9 +209,9 @@ impl AgentTransport {
         }
     }
 
-    /// Asks the agent at `path` how many programs it serves and what
-    /// objects exist on its device (`abi::Usage`, all contexts).
-    pub fn status(path: &Path) -> Result<(u32, abi::Usage), TransportError> {
+    /// Asks the agent at `path` how many programs it serves (and holds
+    /// pins of) and what objects exist on its device (all contexts).
+    pub fn status(path: &Path) -> Result<proto::Status, TransportError> {
         let sock = proto::connect(path).map_err(|e| io_err("connecting to the vrnic agent", e))?;
         proto::send(sock.as_raw_fd(), &[proto::MSG_STATUS], &[], 0)
             .map_err(|e| io_err("agent status", e))?;
@@ -222,12 +222,7 @@ impl AgentTransport {
         }
         let mut buf = [0u8; proto::MAX_MSG];
         let (n, _) = proto::recv(sock.as_raw_fd(), &mut buf, 0).map_err(|e| io_err("agent", e))?;
-        if n < 5 + size_of::<abi::Usage>() || buf[0] != proto::MSG_STATUS {
-            return Err(gone());
-        }
-        let programs = u32::from_le_bytes([buf[1], buf[2], buf[3], buf[4]]);
-        let usage = abi::Usage::read_from(&buf[5..n]).ok_or_else(gone)?;
-        Ok((programs, usage))
+        proto::Status::decode(&buf[..n]).ok_or_else(gone)
     }
 
     /// This program's device context.

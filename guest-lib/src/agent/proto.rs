@@ -11,7 +11,7 @@
 //! | [`MSG_DB`] | program → agent | an `abi::Doorbell` (its `ctx` is overwritten) |
 //! | [`MSG_EVENT`] | agent → program, on the event socket | an `abi::Event` |
 //! | [`MSG_STATUS`] | anyone → agent, instead of a hello | none |
-//! | [`MSG_STATUS`] | agent → asker | `programs: u32`, then the device's `abi::Usage` (all contexts) |
+//! | [`MSG_STATUS`] | agent → asker | [`Status`] |
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -37,6 +37,40 @@ pub const MSG_EVENT: u8 = 6;
 
 /// A status query (`vrnic-agent --status`) and its answer.
 pub const MSG_STATUS: u8 = 7;
+
+/// The agent's answer to [`MSG_STATUS`]: 40 bytes after the tag.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Status {
+    /// Programs connected (each with a context).
+    pub programs: u32,
+    /// Programs whose page pins the agent holds ([`super::pin`]).
+    pub pinned: u32,
+    /// The device's objects, all contexts together (`CMD_QUERY_USAGE`).
+    pub usage: abi::Usage,
+}
+
+impl Status {
+    /// Encodes the message, tag included.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut m = vec![MSG_STATUS];
+        m.extend_from_slice(&self.programs.to_le_bytes());
+        m.extend_from_slice(&self.pinned.to_le_bytes());
+        m.extend_from_slice(self.usage.as_bytes());
+        m
+    }
+
+    /// Decodes a message; `None` when it is not a whole [`MSG_STATUS`].
+    pub fn decode(m: &[u8]) -> Option<Status> {
+        if m.first() != Some(&MSG_STATUS) {
+            return None;
+        }
+        Some(Status {
+            programs: u32::from_le_bytes(m.get(1..5)?.try_into().ok()?),
+            pinned: u32::from_le_bytes(m.get(5..9)?.try_into().ok()?),
+            usage: abi::Usage::read_from(m.get(9..)?)?,
+        })
+    }
+}
 
 /// Device addresses are guest-physical (a VM).
 pub const MODE_PHYS: u8 = 0;

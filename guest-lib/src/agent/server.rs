@@ -289,10 +289,12 @@ impl Agent {
                 abi::Usage::default()
             }
         };
-        let programs = self.programs.iter().filter(|p| p.ctx.is_some()).count() as u32;
-        let mut m = vec![proto::MSG_STATUS];
-        m.extend_from_slice(&programs.to_le_bytes());
-        m.extend_from_slice(usage.as_bytes());
+        let st = proto::Status {
+            programs: self.programs.iter().filter(|p| p.ctx.is_some()).count() as u32,
+            pinned: self.programs.iter().filter(|p| p._pins.is_some()).count() as u32,
+            usage,
+        };
+        let m = st.encode();
         let _ = proto::send(
             self.programs[i].sock.as_raw_fd(),
             &m,

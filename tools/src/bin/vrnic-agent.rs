@@ -64,11 +64,12 @@ fn main() -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| agent::default_socket(args.pci.as_deref()));
     if args.status {
-        let (programs, u) = AgentTransport::status(&socket)
+        let st = AgentTransport::status(&socket)
             .with_context(|| format!("asking the agent at {}", socket.display()))?;
+        let u = st.usage;
         println!(
-            "programs {programs} contexts {} pds {} mrs {} cqs {} qps {} ahs {} srqs {} mr_pages {}",
-            u.ctxs, u.pds, u.mrs, u.cqs, u.qps, u.ahs, u.srqs, u.mr_pages
+            "programs {} pinned {} contexts {} pds {} mrs {} cqs {} qps {} ahs {} srqs {} mr_pages {}",
+            st.programs, st.pinned, u.ctxs, u.pds, u.mrs, u.cqs, u.qps, u.ahs, u.srqs, u.mr_pages
         );
         return Ok(());
     }
