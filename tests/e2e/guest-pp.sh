@@ -32,6 +32,8 @@
 #               cpu_pct: the run's CPU time (user + system, all its threads: the shell's `times`
 #               for its children) over its wall time, in percent; irqs: how much the
 #               uio_pci_generic line of /proc/interrupts rose during the run (n/a: no such line)
+#   MULTI_ROLE  server or client (empty: skip): several programs on one device through the guest
+#               agent, one killed (see the block before the summary); VRNIC-MULTI lines
 #   IDLE_CHECK  1: before those runs, an idle check of vrnic's libibverbs.so.1: an ibv_rc_pingpong -e
 #               server that no client ever reaches (its context open, its event thread waiting) is
 #               watched for IDLE_WINDOW seconds, then killed; one line:
@@ -306,5 +308,116 @@ for tool in ${PERF_TOOLS:-}; do
         [ "$rc" -eq 0 ] || fails=$((fails + 1))
     done
 done
+# Several programs on one vrnic device (MULTI_ROLE server: a vrnic guest on vrnic's libibverbs, whose
+# programs share the device through the guest agent; client: the peer). The server side runs two
+# benchmark servers (ib_write_bw, ib_send_bw) and a victim (ib_write_bw -D 60) at once, ibv_devinfo
+# while they run, kills the victim with SIGKILL once its client is connected (its "remote address"
+# line printed), then checks that the agent serves nobody and its device holds nothing. The client
+# side runs the three clients at once; the victim's must fail, not hang. One line per check:
+#   VRNIC-MULTI <name> <check> ok=<yes|no> <details>
+multi_field() { # name: the value after NAME in `vrnic-agent --status`'s line
+    /usr/lib/vrnic/vrnic-agent --status 2>/dev/null | awk -v k="$1" '{ for (i = 1; i < NF; i++) if ($i == k) print $(i + 1) }'
+}
+multi_client() { # out port tool args...: retries while the server is not listening yet
+    out=$1 port=$2
+    shift 2
+    deadline=$(($(now) + CONNECT_WAIT))
+    while :; do
+        timeout 150 "$@" -x "$GID" -p "$port" "$PEER_IP" >"$out" 2>&1
+        rc=$?
+        if [ $rc -ne 0 ] && [ "$(now)" -lt "$deadline" ] &&
+            grep -qiE "couldn't connect|connection refused|unable to init the socket" "$out"; then
+            sleep 0.5
+            continue
+        fi
+        echo "rc=$rc" >>"$out"
+        return $rc
+    done
+}
+mp=$((BASEPORT + 1900))
+case ${MULTI_ROLE:-} in
+server)
+    t0=$(now)
+    timeout 150 ib_write_bw -x "$GID" -p $mp -n 3000 >/tmp/m1 2>&1 &
+    m1=$!
+    timeout 150 ib_send_bw -x "$GID" -p $((mp + 1)) -n 3000 >/tmp/m2 2>&1 &
+    m2=$!
+    stdbuf -oL ib_write_bw -x "$GID" -p $((mp + 2)) -D 60 >/tmp/m3 2>&1 &
+    m3=$!
+    deadline=$(($(now) + CONNECT_WAIT + 30))
+    while ! grep -q 'remote address' /tmp/m3 && [ "$(now)" -lt "$deadline" ]; do sleep 0.2; done
+    before=$(/usr/lib/vrnic/vrnic-agent --status 2>&1)
+    echo "--- $NAME multi: agent before the kill: $before"
+    timeout 60 ibv_devinfo >/tmp/m4 2>&1
+    rc4=$?
+    ok=no
+    [ $rc4 -eq 0 ] && grep -q 'hca_id:.*vrnic0' /tmp/m4 && ok=yes
+    echo "VRNIC-MULTI $NAME devinfo-beside-benchmarks ok=$ok rc=$rc4"
+    [ $ok = yes ] || fails=$((fails + 1))
+    connected=no
+    grep -q 'remote address' /tmp/m3 && connected=yes
+    kill -9 $m3
+    wait $m3
+    rc3=$?
+    ok=no
+    [ $connected = yes ] && [ $rc3 -eq 137 ] && ok=yes
+    echo "VRNIC-MULTI $NAME victim-killed ok=$ok connected=$connected rc=$rc3 programs_before=$(echo "$before" | awk '{print $2}')"
+    [ $ok = yes ] || fails=$((fails + 1))
+    wait $m1
+    r1=$?
+    wait $m2
+    r2=$?
+    echo "--- $NAME multi ib_write_bw server:"
+    cat /tmp/m1
+    echo "--- $NAME multi ib_send_bw server:"
+    cat /tmp/m2
+    ok=no
+    [ $r1 -eq 0 ] && [ $r2 -eq 0 ] && ok=yes
+    echo "VRNIC-MULTI $NAME two-servers-beside-the-kill ok=$ok rc_write=$r1 rc_send=$r2 wall_s=$(($(now) - t0))"
+    [ $ok = yes ] || fails=$((fails + 1))
+    # Everything the three programs had is gone: no program, no pins, only the default context,
+    # no object on the device.
+    deadline=$(($(now) + 30))
+    while :; do
+        st=$(/usr/lib/vrnic/vrnic-agent --status 2>&1)
+        case $st in
+        "programs 0 pinned 0 contexts 1 pds 0 mrs 0 cqs 0 qps 0 ahs 0 srqs 0 mr_pages 0") ok=yes; break ;;
+        esac
+        [ "$(now)" -lt "$deadline" ] || { ok=no; break; }
+        sleep 0.2
+    done
+    closed=$(grep -c 'program gone; context closed' /run/vrnic/agent.sock.log 2>/dev/null)
+    echo "VRNIC-MULTI $NAME nothing-left ok=$ok contexts_closed=${closed:-0} status=\"$st\""
+    [ $ok = yes ] || fails=$((fails + 1))
+    echo "--- $NAME multi: agent log"
+    tail -20 /run/vrnic/agent.sock.log 2>/dev/null
+    ;;
+client)
+    multi_client /tmp/c1 $mp ib_write_bw -n 3000 &
+    c1=$!
+    multi_client /tmp/c2 $((mp + 1)) ib_send_bw -n 3000 &
+    c2=$!
+    multi_client /tmp/c3 $((mp + 2)) ib_write_bw -D 60 &
+    c3=$!
+    wait $c1
+    r1=$?
+    wait $c2
+    r2=$?
+    wait $c3
+    r3=$?
+    for f in /tmp/c1 /tmp/c2 /tmp/c3; do
+        echo "--- $NAME multi client $f:"
+        cat $f
+    done
+    ok=no
+    [ $r1 -eq 0 ] && [ $r2 -eq 0 ] && ok=yes
+    echo "VRNIC-MULTI $NAME two-clients ok=$ok rc_write=$r1 rc_send=$r2"
+    [ $ok = yes ] || fails=$((fails + 1))
+    ok=no
+    [ $r3 -ne 0 ] && [ $r3 -ne 124 ] && ok=yes
+    echo "VRNIC-MULTI $NAME victim-peer-failed ok=$ok rc=$r3"
+    [ $ok = yes ] || fails=$((fails + 1))
+    ;;
+esac
 echo "VRNIC-SUMMARY $NAME failures=$fails"
 [ $fails -eq 0 ]

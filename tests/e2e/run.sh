@@ -132,6 +132,7 @@ job() {
         echo "PERF_TOOLS='${PERF_TOOLS:-}' PERF_ARGS='${PERF_ARGS:-}'"
         echo "EVENT_ROLES='${EVENT_ROLES:-}' EVENT_SIZE=$EVENT_SIZE EVENT_ITERS=$EVENT_ITERS"
         echo "IDLE_CHECK=${IDLE_CHECK:-0} IDLE_WINDOW=$IDLE_WINDOW"
+        echo "MULTI_ROLE='${MULTI_ROLE:-}'"
         cat "$VR_TOP/tests/e2e/guest-pp.sh"
     } >"$1"
 }
@@ -259,6 +260,12 @@ run_pair() {
         [ "$RDMA" = 1 ] && rroles=$roles
         local EVENT_ROLES=${EVENT_ROLES:+$roles} IDLE_CHECK=0
         [ "$kind" = ibv ] && IDLE_CHECK=1
+        # Several programs on one device through the guest agent, one killed: the ibv guest of
+        # side a serves, side b's guest (rxe or ibv) runs the clients.
+        local MULTI_ROLE=
+        if [ "$base" = "$pair" ] && [ "${kind_of[a]}" = ibv ]; then
+            if [ $side = a ]; then MULTI_ROLE=server; else MULTI_ROLE=client; fi
+        fi
         job "$dir/job-$side.sh" "$pair-$side" "$tool" "$peer" "$roles" "$wroles" "$rroles"
         local image=$kind
         [ "$kind" = ibv ] && image=vrnic
@@ -371,6 +378,20 @@ run_pair() {
             echo "$pair,$side,${kind_of[$side]},${kind_of[$other]},$3,$4,${6#bytes=},${7#value=},${8#unit=}" >>"$RESULTS/perftest.csv"
         done < <(grep -a '^VRNIC-PERF ' "$dir/$side.log" | tr -d '\r')
         [ "$got" = "$want" ] || fail "$pair $side: $got of $want perftest runs reported"
+        # Several programs through the guest agent: VRNIC-MULTI name check ok=yes|no details...
+        want=0 got=0
+        if [ "$base" = "$pair" ] && [ "${kind_of[a]}" = ibv ]; then
+            want=2
+            [ $side = a ] && want=4
+        fi
+        while read -r line; do
+            got=$((got + 1))
+            # shellcheck disable=SC2086
+            set -- $line
+            local mwhat="$pair $side ${kind_of[$side]} several programs: $3 ${*:5}"
+            if [ "$4" = ok=yes ]; then pass "$mwhat"; else fail "$mwhat $4"; fi
+        done < <(grep -a '^VRNIC-MULTI ' "$dir/$side.log" | tr -d '\r')
+        [ "$got" = "$want" ] || fail "$pair $side: $got of $want several-programs checks reported"
         [ "$pair" = vrnic-vrnic ] || continue
         want=$(wc -w <<<"$WRITE_IMM_SIZES") got=0
         while read -r line; do
