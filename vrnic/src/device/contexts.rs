@@ -16,7 +16,7 @@ use crate::abi::Status;
 /// handed out cyclically, so a closed context's number is not reused
 /// until the other [`abi::MAX_CTX`]` - 2` have been.
 #[derive(Debug, Clone)]
-pub(super) struct Contexts {
+pub struct Contexts {
     open: Vec<bool>,
     next: usize,
 }
@@ -62,7 +62,7 @@ impl Contexts {
 impl Device {
     /// The context owning PD `pdn`, if it exists.
     pub(super) fn pd_ctx(&self, pdn: u32) -> Option<u16> {
-        self.pds.get(pdn).copied()
+        self.res.pds.get(pdn).copied()
     }
 
     /// True when PD `pdn` exists and `ctx` owns it.
@@ -72,7 +72,7 @@ impl Device {
 
     /// True when CQ `cqn` exists and `ctx` owns it.
     pub(super) fn owns_cq(&self, ctx: u16, cqn: u32) -> bool {
-        self.cqs.get(cqn).is_some_and(|c| c.ctx == ctx)
+        self.res.cqs.get(cqn).is_some_and(|c| c.ctx == ctx)
     }
 
     /// True when QP `qpn` exists and `ctx` owns it (through its PD).
@@ -82,20 +82,27 @@ impl Device {
 
     /// True when SRQ `srqn` exists and `ctx` owns it (through its PD).
     pub(super) fn owns_srq(&self, ctx: u16, srqn: u32) -> bool {
-        self.srqs
+        self.res
+            .srqs
             .get(srqn)
             .is_some_and(|s| self.owns_pd(ctx, s.pdn))
     }
 
     /// True when AH `ahn` exists and `ctx` owns it (through its PD).
     pub(super) fn owns_ah(&self, ctx: u16, ahn: u32) -> bool {
-        self.ahs.get(ahn).is_some_and(|a| self.owns_pd(ctx, a.pdn))
+        self.res
+            .ahs
+            .get(ahn)
+            .is_some_and(|a| self.owns_pd(ctx, a.pdn))
     }
 
     /// True when the MR with local key `lkey` exists and `ctx` owns it
     /// (through its PD).
     pub(super) fn owns_mr(&self, ctx: u16, lkey: u32) -> bool {
-        self.mrs.get(lkey).is_ok_and(|m| self.owns_pd(ctx, m.pdn))
+        self.res
+            .mrs
+            .get(lkey)
+            .is_ok_and(|m| self.owns_pd(ctx, m.pdn))
     }
 
     /// The context an event is for: the owner of the CQ, QP or SRQ it
@@ -103,8 +110,12 @@ impl Device {
     /// is gone (the event is then dropped: nobody can act on it).
     pub(super) fn event_ctx(&self, ev: &abi::Event) -> Option<u16> {
         match ev.kind {
-            abi::EV_COMP | abi::EV_CQ_ERR => self.cqs.get(ev.handle).map(|c| c.ctx),
-            abi::EV_SRQ_LIMIT => self.srqs.get(ev.handle).and_then(|s| self.pd_ctx(s.pdn)),
+            abi::EV_COMP | abi::EV_CQ_ERR => self.res.cqs.get(ev.handle).map(|c| c.ctx),
+            abi::EV_SRQ_LIMIT => self
+                .res
+                .srqs
+                .get(ev.handle)
+                .and_then(|s| self.pd_ctx(s.pdn)),
             abi::EV_DEVICE_FATAL => Some(abi::ALL_CTX),
             _ => self.qps.get(ev.handle).and_then(|q| self.pd_ctx(q.pdn)),
         }
@@ -112,19 +123,19 @@ impl Device {
 
     /// Number of open device contexts, [`abi::DEFAULT_CTX`] included.
     pub fn context_count(&self) -> usize {
-        self.ctxs.count()
+        self.res.ctxs.count()
     }
 
     /// Numbers of live objects `(PDs, MRs, CQs, QPs, AHs, SRQs)`, over all
     /// contexts: what a closed context must give back.
     pub fn object_counts(&self) -> [usize; 6] {
         [
-            self.pds.len(),
-            self.mrs.len(),
-            self.cqs.len(),
+            self.res.pds.len(),
+            self.res.mrs.len(),
+            self.res.cqs.len(),
             self.qps.len(),
-            self.ahs.len(),
-            self.srqs.len(),
+            self.res.ahs.len(),
+            self.res.srqs.len(),
         ]
     }
 
@@ -133,7 +144,11 @@ impl Device {
         if ctx != abi::DEFAULT_CTX {
             return Err(abi::STATUS_EPERM);
         }
-        self.ctxs.open().map(u32::from).ok_or(abi::STATUS_ENOMEM)
+        self.res
+            .ctxs
+            .open()
+            .map(u32::from)
+            .ok_or(abi::STATUS_ENOMEM)
     }
 
     /// `CMD_CLOSE_CTX` of `target` from context `ctx`: destroys the
@@ -148,7 +163,7 @@ impl Device {
         if target == abi::DEFAULT_CTX {
             return Err(abi::STATUS_EINVAL);
         }
-        if !self.ctxs.is_open(target) {
+        if !self.res.ctxs.is_open(target) {
             return Err(abi::STATUS_ENOENT);
         }
         let qpns: Vec<u32> = self
@@ -159,47 +174,51 @@ impl Device {
             .collect();
         for qpn in qpns {
             if let Some(mut qp) = self.qps.remove(qpn) {
-                qp.resp.release(&mut self.out);
+                qp.resp.release(&mut self.res.out);
             }
         }
         let srqns: Vec<u32> = self
+            .res
             .srqs
             .values()
             .filter(|s| self.owns_pd(target, s.pdn))
             .map(|s| s.srqn)
             .collect();
         for srqn in srqns {
-            self.srqs.remove(srqn);
+            self.res.srqs.remove(srqn);
         }
         let cqns: Vec<u32> = self
+            .res
             .cqs
             .values()
             .filter(|c| c.ctx == target)
             .map(|c| c.cqn)
             .collect();
         for cqn in cqns {
-            self.cqs.remove(cqn);
+            self.res.cqs.remove(cqn);
         }
         let ahns: Vec<u32> = self
+            .res
             .ahs
             .values()
             .filter(|a| self.owns_pd(target, a.pdn))
             .map(|a| a.ahn)
             .collect();
         for ahn in ahns {
-            self.ahs.remove(ahn);
+            self.res.ahs.remove(ahn);
         }
         let pdns: Vec<u32> = self
+            .res
             .pds
             .iter()
             .filter(|(_, c)| **c == target)
             .map(|(pdn, _)| pdn)
             .collect();
         for pdn in &pdns {
-            self.mrs.remove_pd(*pdn);
-            self.pds.remove(*pdn);
+            self.res.mrs.remove_pd(*pdn);
+            self.res.pds.remove(*pdn);
         }
-        self.ctxs.open[usize::from(target)] = false;
+        self.res.ctxs.open[usize::from(target)] = false;
         Ok(())
     }
 }

@@ -40,7 +40,7 @@ impl Device {
     /// IPv4-mapped RoCEv2 GID (as Linux rxe lays it out), then the port's
     /// further IPv6 addresses ([`crate::transport::PortId::gid`]).
     pub fn gid(&self, index: u32) -> Option<Gid> {
-        self.port.gid(index)
+        self.res.port.gid(index)
     }
 
     /// Checks an address vector against the GID table: the source GID
@@ -67,7 +67,7 @@ impl Device {
             .qps
             .values()
             .map(|q| u64::from(q.sq.size) + u64::from(q.rq.size));
-        let srqs = self.srqs.values().map(|s| u64::from(s.ring.size));
+        let srqs = self.res.srqs.values().map(|s| u64::from(s.ring.size));
         let used: u64 = qps.chain(srqs).sum();
         used + u64::from(a) + u64::from(b) <= u64::from(MAX_TOTAL_WR)
     }
@@ -85,12 +85,12 @@ impl Device {
         out: &mut [u8],
         now: Nanos,
     ) -> Result<usize, Status> {
-        if !self.ctxs.is_open(ctx) {
+        if !self.res.ctxs.is_open(ctx) {
             return Err(abi::STATUS_ENOENT);
         }
         match opcode {
             abi::CMD_QUERY_DEVICE => {
-                let mac = self.port.mac;
+                let mac = self.res.port.mac;
                 let attr = abi::DeviceAttr {
                     node_guid: [
                         mac[0] ^ 2,
@@ -134,7 +134,7 @@ impl Device {
                     state: 4,
                     max_mtu: 5,
                     active_mtu: self.active_mtu(),
-                    gid_tbl_len: self.port.gid_count(),
+                    gid_tbl_len: self.res.port.gid_count(),
                     max_msg_sz: MAX_MSG_SZ,
                     link_layer: 2,
                 };
@@ -160,7 +160,7 @@ impl Device {
                 if q.port != 1 {
                     return Err(abi::STATUS_EINVAL);
                 }
-                let pkey = self.port.pkey(q.index).ok_or(abi::STATUS_ENOENT)?;
+                let pkey = self.res.port.pkey(q.index).ok_or(abi::STATUS_ENOENT)?;
                 Ok(put(
                     out,
                     &abi::PkeyEntry {
@@ -170,10 +170,14 @@ impl Device {
                 ))
             }
             abi::CMD_ALLOC_PD => {
-                if self.pds.len() >= MAX_PD {
+                if self.res.pds.len() >= MAX_PD {
                     return Err(abi::STATUS_ENOMEM);
                 }
-                let pdn = self.pds.insert_with(0, |_| ctx).ok_or(abi::STATUS_ENOMEM)?;
+                let pdn = self
+                    .res
+                    .pds
+                    .insert_with(0, |_| ctx)
+                    .ok_or(abi::STATUS_ENOMEM)?;
                 Ok(put(
                     out,
                     &abi::Handle {
@@ -187,14 +191,14 @@ impl Device {
                 if !self.owns_pd(ctx, pdn) {
                     return Err(abi::STATUS_ENOENT);
                 }
-                if self.mrs.uses_pd(pdn)
+                if self.res.mrs.uses_pd(pdn)
                     || self.qps.values().any(|q| q.pdn == pdn)
-                    || self.ahs.values().any(|a| a.pdn == pdn)
-                    || self.srqs.values().any(|s| s.pdn == pdn)
+                    || self.res.ahs.values().any(|a| a.pdn == pdn)
+                    || self.res.srqs.values().any(|s| s.pdn == pdn)
                 {
                     return Err(abi::STATUS_EBUSY);
                 }
-                self.pds.remove(pdn);
+                self.res.pds.remove(pdn);
                 Ok(0)
             }
             abi::CMD_REG_MR => self.reg_mr(mem, ctx, arg(args)?, out),
@@ -203,7 +207,7 @@ impl Device {
                 if !self.owns_mr(ctx, lkey) {
                     return Err(abi::STATUS_ENOENT);
                 }
-                self.mrs.remove(lkey).ok_or(abi::STATUS_ENOENT)?;
+                self.res.mrs.remove(lkey).ok_or(abi::STATUS_ENOENT)?;
                 Ok(0)
             }
             abi::CMD_CREATE_CQ => self.create_cq(mem, ctx, arg(args)?, out),
@@ -219,7 +223,7 @@ impl Device {
                 {
                     return Err(abi::STATUS_EBUSY);
                 }
-                self.cqs.remove(cqn);
+                self.res.cqs.remove(cqn);
                 Ok(0)
             }
             abi::CMD_CREATE_QP => self.create_qp(mem, ctx, arg(args)?, out),
@@ -247,7 +251,7 @@ impl Device {
                     return Err(abi::STATUS_ENOENT);
                 }
                 let mut qp = self.qps.remove(qpn).ok_or(abi::STATUS_ENOENT)?;
-                qp.resp.release(&mut self.out);
+                qp.resp.release(&mut self.res.out);
                 Ok(0)
             }
             abi::CMD_CREATE_AH => {
@@ -260,10 +264,11 @@ impl Device {
                 }
                 let av = Av::of_ah(&c);
                 self.check_av(&av)?;
-                if self.ahs.len() >= MAX_AH {
+                if self.res.ahs.len() >= MAX_AH {
                     return Err(abi::STATUS_ENOMEM);
                 }
                 let ahn = self
+                    .res
                     .ahs
                     .insert_with(0, |ahn| Ah {
                         ahn,
@@ -286,7 +291,7 @@ impl Device {
                 if !self.owns_ah(ctx, ahn) {
                     return Err(abi::STATUS_ENOENT);
                 }
-                self.ahs.remove(ahn).ok_or(abi::STATUS_ENOENT)?;
+                self.res.ahs.remove(ahn).ok_or(abi::STATUS_ENOENT)?;
                 Ok(0)
             }
             abi::CMD_CREATE_SRQ => self.create_srq(mem, ctx, arg(args)?, out),
@@ -295,7 +300,7 @@ impl Device {
                 if !self.owns_srq(ctx, a.srqn) {
                     return Err(abi::STATUS_ENOENT);
                 }
-                let srq = self.srqs.get_mut(a.srqn).ok_or(abi::STATUS_ENOENT)?;
+                let srq = self.res.srqs.get_mut(a.srqn).ok_or(abi::STATUS_ENOENT)?;
                 if a.attr_mask & !(abi::SRQ_ATTR_MAX_WR | abi::SRQ_ATTR_LIMIT) != 0 {
                     return Err(abi::STATUS_EINVAL);
                 }
@@ -315,7 +320,7 @@ impl Device {
                 if !self.owns_srq(ctx, srqn) {
                     return Err(abi::STATUS_ENOENT);
                 }
-                let srq = self.srqs.get(srqn).ok_or(abi::STATUS_ENOENT)?;
+                let srq = self.res.srqs.get(srqn).ok_or(abi::STATUS_ENOENT)?;
                 Ok(put(
                     out,
                     &abi::SrqAttr {
@@ -336,7 +341,7 @@ impl Device {
                 if self.qps.values().any(|q| q.srqn == srqn) {
                     return Err(abi::STATUS_EBUSY);
                 }
-                self.srqs.remove(srqn);
+                self.res.srqs.remove(srqn);
                 Ok(0)
             }
             abi::CMD_OPEN_CTX => {
@@ -364,7 +369,7 @@ impl Device {
                         qps,
                         ahs,
                         srqs,
-                        mr_pages: self.mrs.pages() as u32,
+                        mr_pages: self.res.mrs.pages() as u32,
                     },
                 ))
             }
@@ -394,8 +399,8 @@ impl Device {
             return Err(abi::STATUS_EINVAL);
         }
         let npages = r.npages as usize;
-        if self.mrs.len() >= MAX_MR
-            || self.mrs.pages().saturating_add(npages) > MAX_MR_PAGES_TOTAL as usize
+        if self.res.mrs.len() >= MAX_MR
+            || self.res.mrs.pages().saturating_add(npages) > MAX_MR_PAGES_TOTAL as usize
         {
             return Err(abi::STATUS_ENOMEM);
         }
@@ -436,7 +441,7 @@ impl Device {
             pages,
             invalidated: false,
         };
-        let (lkey, rkey) = self.mrs.insert(mr).ok_or(abi::STATUS_ENOMEM)?;
+        let (lkey, rkey) = self.res.mrs.insert(mr).ok_or(abi::STATUS_ENOMEM)?;
         Ok(put(out, &abi::MrKeys { lkey, rkey }))
     }
 
@@ -450,12 +455,13 @@ impl Device {
         if c.cqe == 0 || !c.cqe.is_power_of_two() || c.cqe > MAX_CQE {
             return Err(abi::STATUS_EINVAL);
         }
-        if self.cqs.len() >= MAX_CQ {
+        if self.res.cqs.len() >= MAX_CQ {
             return Err(abi::STATUS_ENOMEM);
         }
         probe(mem, c.ring, c.cqe as u64 * size_of::<abi::Cqe>() as u64)?;
         probe(mem, c.db, 8)?;
         let cqn = self
+            .res
             .cqs
             .insert_with(0, |cqn| Cq {
                 cqn,
@@ -497,7 +503,7 @@ impl Device {
             if !self.owns_srq(ctx, c.srqn) {
                 return Err(abi::STATUS_ENOENT);
             }
-            let srq = self.srqs.get(c.srqn).ok_or(abi::STATUS_ENOENT)?;
+            let srq = self.res.srqs.get(c.srqn).ok_or(abi::STATUS_ENOENT)?;
             if srq.pdn != c.pdn {
                 return Err(abi::STATUS_EINVAL);
             }
@@ -594,7 +600,7 @@ impl Device {
         if c.max_sge > MAX_SGE || c.srq_limit > c.max_wr {
             return Err(abi::STATUS_EINVAL);
         }
-        if self.srqs.len() >= MAX_SRQ || !self.ring_entries_fit(c.max_wr, 0) {
+        if self.res.srqs.len() >= MAX_SRQ || !self.ring_entries_fit(c.max_wr, 0) {
             return Err(abi::STATUS_ENOMEM);
         }
         let stride = abi::rq_stride(c.max_sge);
@@ -602,6 +608,7 @@ impl Device {
         probe(mem, c.db, 8)?;
         mem.write(c.db, &[0u8; 8]).map_err(|_| abi::STATUS_EFAULT)?;
         let srqn = self
+            .res
             .srqs
             .insert_with(0, |srqn| Srq {
                 srqn,
@@ -642,7 +649,7 @@ impl Device {
         let next = validate_modify(qp, &a)?;
         // rxe_qp_chk_attr: the P_Key index must name a table entry.
         if a.attr_mask & abi::QP_ATTR_PKEY_INDEX != 0
-            && self.port.pkey(a.pkey_index.into()).is_none()
+            && self.res.port.pkey(a.pkey_index.into()).is_none()
         {
             return Err(abi::STATUS_EINVAL);
         }
@@ -660,7 +667,7 @@ impl Device {
             match next {
                 abi::QpState::Reset => {
                     qp.req = ReqState::default();
-                    qp.resp.release(env.out);
+                    qp.resp.release(&mut env.res.out);
                     qp.resp = RespState::default();
                     // The rings restart empty: publish consumer indices 0.
                     crate::transport::write_record(qp, &env);
@@ -676,7 +683,7 @@ impl Device {
                     // EV_SQ_DRAINED once every fetched WQE completed (IBTA
                     // §10.3.1.4, `IBV_EVENT_SQ_DRAINED`).
                     if qp.req.inflight.is_empty() {
-                        env.out.event(abi::EV_SQ_DRAINED, qp.qpn, 0);
+                        env.res.out.event(abi::EV_SQ_DRAINED, qp.qpn, 0);
                     } else {
                         qp.req.drain_pending = true;
                     }

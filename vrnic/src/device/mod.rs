@@ -53,19 +53,13 @@ use crate::verbs::srq::Srq;
 use crate::verbs::table::{HandleSpace, HandleTable, KeySource};
 use crate::wire::{self, Frame};
 
-/// Builds the transport's [`Env`] from a device's fields, borrowing them
-/// one by one so that a QP taken from `qps` can be borrowed alongside.
+/// Builds the transport's [`Env`] from a device: its [`Resources`],
+/// borrowed whole, so that a QP taken from `qps` can be borrowed alongside.
 macro_rules! transport_env {
     ($d:expr, $mem:expr, $now:expr) => {
         Env {
             mem: $mem,
-            mrs: &mut $d.mrs,
-            cqs: &mut $d.cqs,
-            srqs: &mut $d.srqs,
-            ahs: &$d.ahs,
-            port: &$d.port,
-            neigh: &$d.neigh,
-            out: &mut $d.out,
+            res: &mut $d.res,
             now: $now,
         }
     };
@@ -78,13 +72,13 @@ pub(crate) use transport_env;
 /// how every per-QP counter is attributed. Evaluates to `$body`'s value.
 macro_rules! qp_step {
     ($d:expr, $qp:expr, $mem:expr, $now:expr, |$env:ident| $body:block) => {{
-        let before = $d.out.stats.clone();
+        let before = $d.res.out.stats.clone();
         let r = {
             #[allow(unused_mut)]
             let mut $env = transport_env!($d, $mem, $now);
             $body
         };
-        $qp.stats.add_delta(&before, &$d.out.stats);
+        $qp.stats.add_delta(&before, &$d.res.out.stats);
         r
     }};
 }
@@ -267,20 +261,39 @@ pub fn producer_index_ok(index: u32, fetch: u32, ci: u32, size: u32) -> bool {
     fetched <= posted && posted <= size
 }
 
+/// A device's objects other than its QPs, its port identity, neighbour
+/// table, contexts and output queues: what a transport step ([`Env`])
+/// borrows beside the one QP it serves. Fields are public to the crate's
+/// transport; the device owns the only instance.
+#[derive(Debug)]
+pub struct Resources {
+    /// The port's addresses and P_Key table.
+    pub port: PortId,
+    /// PDs and the context owning each (device spec §5.x.6.13).
+    pub pds: HandleTable<u16>,
+    /// Memory regions (mutable for SEND with invalidate).
+    pub mrs: MrTable,
+    /// Completion queues.
+    pub cqs: HandleTable<Cq>,
+    /// Address handles.
+    pub ahs: HandleTable<Ah>,
+    /// Shared receive queues.
+    pub srqs: HandleTable<Srq>,
+    /// Known neighbours (IP → MAC).
+    pub neigh: NeighTable,
+    /// Open device contexts.
+    pub(crate) ctxs: contexts::Contexts,
+    /// Output queues (frames, events) and counters.
+    pub out: Output,
+}
+
 /// One RNIC port: verbs objects, RoCEv2 transport and ARP.
 pub struct Device {
     cfg: DeviceConfig,
-    port: PortId,
-    /// PDs and the context owning each.
-    pds: HandleTable<u16>,
-    mrs: MrTable,
-    cqs: HandleTable<Cq>,
+    /// The QP table: what the transport runs on.
     qps: HandleTable<Qp>,
-    ahs: HandleTable<Ah>,
-    srqs: HandleTable<Srq>,
-    neigh: NeighTable,
-    ctxs: contexts::Contexts,
-    out: Output,
+    /// Everything else, which the transport borrows while it serves a QP.
+    res: Resources,
     /// The QP table slot [`Device::poll`] serves first: the first QP that
     /// found the link backlog full in the previous poll, so that QPs
     /// resuming READ streams and long sends take turns.
@@ -309,16 +322,18 @@ impl Device {
         };
         Self {
             cfg,
-            port,
-            pds: HandleTable::new(HandleSpace::numbers(MAX_PD)),
-            mrs: MrTable::new(MAX_MR, keys),
-            cqs: HandleTable::new(HandleSpace::numbers(MAX_CQ)),
             qps: HandleTable::new(QPN_SPACE),
-            ahs: HandleTable::new(HandleSpace::numbers(MAX_AH)),
-            srqs: HandleTable::new(HandleSpace::numbers(MAX_SRQ)),
-            neigh: NeighTable::default(),
-            ctxs: contexts::Contexts::default(),
-            out: Output::default(),
+            res: Resources {
+                port,
+                pds: HandleTable::new(HandleSpace::numbers(MAX_PD)),
+                mrs: MrTable::new(MAX_MR, keys),
+                cqs: HandleTable::new(HandleSpace::numbers(MAX_CQ)),
+                ahs: HandleTable::new(HandleSpace::numbers(MAX_AH)),
+                srqs: HandleTable::new(HandleSpace::numbers(MAX_SRQ)),
+                neigh: NeighTable::default(),
+                ctxs: contexts::Contexts::default(),
+                out: Output::default(),
+            },
             poll_from: 0,
         }
     }
@@ -379,7 +394,7 @@ impl Device {
             }
         };
         if status != abi::STATUS_OK {
-            self.out.stats.cmd_errors += 1;
+            self.res.out.stats.cmd_errors += 1;
         }
         if resp.len() < 8 {
             return 0;
@@ -408,7 +423,7 @@ impl Device {
                 index = db.index,
                 "doorbell ignored"
             );
-            self.out.stats.doorbells_ignored += 1;
+            self.res.out.stats.doorbells_ignored += 1;
         }
     }
 
@@ -460,7 +475,7 @@ impl Device {
                 }
             }
             abi::DB_SRQ => {
-                let Some(srq) = self.srqs.get_mut(db.handle) else {
+                let Some(srq) = self.res.srqs.get_mut(db.handle) else {
                     return false;
                 };
                 if !producer_index_ok(db.index, srq.ci, srq.ci, srq.ring.size) {
@@ -469,7 +484,7 @@ impl Device {
                 srq.pi = db.index;
             }
             abi::DB_CQ_ARM | abi::DB_CQ_ARM_SOLICITED => {
-                let Some(cq) = self.cqs.get_mut(db.handle) else {
+                let Some(cq) = self.res.cqs.get_mut(db.handle) else {
                     return false;
                 };
                 if cq.pi != db.index {
@@ -481,7 +496,7 @@ impl Device {
                     // asynchronous). Fire at once, as mlx5 does with
                     // its arm's consumer index.
                     cq.armed = None;
-                    self.out.event(abi::EV_COMP, db.handle, 0);
+                    self.res.out.event(abi::EV_COMP, db.handle, 0);
                 } else {
                     cq.armed = Some(db.kind == abi::DB_CQ_ARM_SOLICITED);
                 }
@@ -494,7 +509,7 @@ impl Device {
     /// Handles one frame received from the link. Frames not for this port,
     /// malformed frames and frames with a bad ICRC are dropped and counted.
     pub fn receive(&mut self, mem: &dyn DmaMemory, frame: &[u8], now: Nanos) {
-        self.out.stats.rx_frames += 1;
+        self.res.out.stats.rx_frames += 1;
         let pkt = match wire::parse_frame(frame) {
             Ok(Frame::Roce(p)) => p,
             Ok(Frame::Arp(arp)) => {
@@ -508,20 +523,20 @@ impl Device {
             }
             Ok(Frame::Other) => {
                 if !self.on_ndp(frame, now) {
-                    self.out.stats.rx_dropped += 1;
+                    self.res.out.stats.rx_dropped += 1;
                 }
                 return;
             }
             Err(e) => {
                 if e == wire::WireError::BadIcrc {
-                    self.out.stats.icrc_errors += 1;
+                    self.res.out.stats.icrc_errors += 1;
                 }
-                self.out.stats.rx_dropped += 1;
+                self.res.out.stats.rx_dropped += 1;
                 return;
             }
         };
-        if !self.port.owns(pkt.hdr.ip_dst) || pkt.hdr.eth_dst != self.port.mac {
-            self.out.stats.rx_dropped += 1;
+        if !self.res.port.owns(pkt.hdr.ip_dst) || pkt.hdr.eth_dst != self.res.port.mac {
+            self.res.out.stats.rx_dropped += 1;
             return;
         }
         // Neighbours are learnt from ARP / neighbour discovery only, never
@@ -530,24 +545,24 @@ impl Device {
         // later request of the QPs to that peer (replies go to the
         // request's source MAC and need no table).
         let Some(qp) = self.qps.get_mut(pkt.hdr.bth.dest_qp) else {
-            self.out.stats.rx_dropped += 1;
+            self.res.out.stats.rx_dropped += 1;
             return;
         };
         qp.stats.rx_packets += 1;
         qp_step!(self, qp, mem, now, |env| {
-            env.out.stats.rx_bytes += pkt.payload.len() as u64;
-            if let Err(why) = hdr_check::hdr_check(qp, env.port, &pkt) {
-                env.out.stats.hdr_drop(why);
+            env.res.out.stats.rx_bytes += pkt.payload.len() as u64;
+            if let Err(why) = hdr_check::hdr_check(qp, &env.res.port, &pkt) {
+                env.res.out.stats.hdr_drop(why);
             } else if pkt.hdr.bth.opcode.transport() == wire::Transport::Ud {
                 if qp.qp_type == abi::QpType::Ud && pkt.hdr.bth.opcode.is_request() {
                     // parse_frame accepted an Ethernet header of 14 bytes.
                     let ip = frame.get(14..).unwrap_or_default();
                     datagram::on_request(qp, &mut env, &pkt, ip);
                 } else {
-                    env.out.stats.rx_dropped += 1;
+                    env.res.out.stats.rx_dropped += 1;
                 }
             } else if qp.qp_type == abi::QpType::Ud {
-                env.out.stats.rx_dropped += 1;
+                env.res.out.stats.rx_dropped += 1;
             } else if pkt.hdr.bth.opcode.is_request() {
                 responder::on_request(qp, &mut env, &pkt, frame);
             } else {
@@ -570,7 +585,7 @@ impl Device {
         let start = self.poll_from;
         let mut starved = None;
         for (slot, qp) in self.qps.values_mut_from(start) {
-            if starved.is_none() && self.out.tx.len() >= crate::transport::TX_BACKLOG_MAX {
+            if starved.is_none() && self.res.out.tx.len() >= crate::transport::TX_BACKLOG_MAX {
                 starved = Some(slot);
             }
             let t = qp_step!(self, qp, mem, now, |env| {
@@ -611,30 +626,30 @@ impl Device {
     /// The MAC address of neighbour `ip`, if resolved (for tests and
     /// diagnostics; does not count as a use).
     pub fn neighbour(&self, ip: IpAddr) -> Option<[u8; 6]> {
-        self.neigh.peek(&ip)
+        self.res.neigh.peek(&ip)
     }
 
     /// Number of resolved neighbours (at most [`NEIGH_MAX`]).
     pub fn neighbour_count(&self) -> usize {
-        self.neigh.len()
+        self.res.neigh.len()
     }
 
     /// Number of neighbour resolutions in progress (at most
     /// [`NEIGH_PENDING_MAX`]).
     pub fn neighbour_pending(&self) -> usize {
-        self.neigh.pending_len()
+        self.res.neigh.pending_len()
     }
 
     /// Next frame to hand to the link.
     pub fn pop_tx(&mut self) -> Option<Vec<u8>> {
-        self.out.tx.pop_front()
+        self.res.out.tx.pop_front()
     }
 
     /// Next asynchronous event for the event queue, its
     /// [`abi::Event::ctx`] naming the context owning the object it is
     /// about. Events about objects destroyed since are dropped.
     pub fn pop_event(&mut self) -> Option<abi::Event> {
-        while let Some(mut ev) = self.out.events.pop_front() {
+        while let Some(mut ev) = self.res.out.events.pop_front() {
             if let Some(ctx) = self.event_ctx(&ev) {
                 ev.ctx = ctx;
                 return Some(ev);
@@ -650,19 +665,19 @@ impl Device {
     pub fn reset(&mut self) {
         let fresh = Self::new(self.cfg.clone());
         let old = std::mem::replace(self, fresh);
-        self.out.stats = old.out.stats;
-        self.pds.continue_after(&old.pds);
-        self.ctxs.continue_after(&old.ctxs);
-        self.mrs.continue_after(&old.mrs);
-        self.cqs.continue_after(&old.cqs);
+        self.res.out.stats = old.res.out.stats;
+        self.res.pds.continue_after(&old.res.pds);
+        self.res.ctxs.continue_after(&old.res.ctxs);
+        self.res.mrs.continue_after(&old.res.mrs);
+        self.res.cqs.continue_after(&old.res.cqs);
         self.qps.continue_after(&old.qps);
-        self.ahs.continue_after(&old.ahs);
-        self.srqs.continue_after(&old.srqs);
+        self.res.ahs.continue_after(&old.res.ahs);
+        self.res.srqs.continue_after(&old.res.srqs);
     }
 
     /// Counters.
     pub fn stats(&self) -> &DeviceStats {
-        &self.out.stats
+        &self.res.out.stats
     }
 
     /// Per-QP counters of every QP, by QP number (ascending). A QP's

@@ -256,39 +256,39 @@ impl Device {
     /// (RFC 826; learning as the module documentation says). A request
     /// for the port's IPv4 address is answered.
     pub(super) fn on_arp(&mut self, arp: &ArpPacket, eth_dst: [u8; 6], now: Nanos) {
-        if eth_dst != self.port.mac && eth_dst != [0xff; 6] {
-            self.out.stats.rx_dropped += 1;
+        if eth_dst != self.res.port.mac && eth_dst != [0xff; 6] {
+            self.res.out.stats.rx_dropped += 1;
             return;
         }
-        let for_us = arp.target_ip == self.port.ipv4;
+        let for_us = arp.target_ip == self.res.port.ipv4;
         let sender = IpAddr::V4(arp.sender_ip);
         let s = arp.sender_ip;
         let plausible = !(s.is_unspecified()
             || s.is_broadcast()
             || s.is_multicast()
             || s.is_loopback()
-            || self.port.owns(sender))
+            || self.res.port.owns(sender))
             && unicast_mac(arp.sender_mac);
         if plausible {
             // RFC 826: update the sender if known; add it only when we are
             // the target of its request, or of its reply to our request.
             let create = for_us
                 && (arp.op == ArpPacket::REQUEST
-                    || arp.op == ArpPacket::REPLY && self.neigh.pending.contains_key(&sender));
-            self.neigh.confirm(sender, arp.sender_mac, create, now);
+                    || arp.op == ArpPacket::REPLY && self.res.neigh.pending.contains_key(&sender));
+            self.res.neigh.confirm(sender, arp.sender_mac, create, now);
         }
         if arp.op == ArpPacket::REQUEST && for_us && unicast_mac(arp.sender_mac) {
             let reply = ArpPacket {
                 op: ArpPacket::REPLY,
-                sender_mac: self.port.mac,
-                sender_ip: self.port.ipv4,
+                sender_mac: self.res.port.mac,
+                sender_ip: self.res.port.ipv4,
                 target_mac: arp.sender_mac,
                 target_ip: arp.sender_ip,
             };
             let mut frame = Vec::with_capacity(64);
-            wire::emit_arp(self.port.mac, arp.sender_mac, &reply, &mut frame);
-            self.out.stats.tx_frames += 1;
-            self.out.tx.push_back(frame);
+            wire::emit_arp(self.res.port.mac, arp.sender_mac, &reply, &mut frame);
+            self.res.out.stats.tx_frames += 1;
+            self.res.out.tx.push_back(frame);
         }
     }
 
@@ -314,7 +314,7 @@ impl Device {
         };
         // For the port: its MAC, or an IPv6 multicast MAC (RFC 2464 §7:
         // the solicited-node and all-nodes groups it listens to).
-        let for_port = eth.destination == self.port.mac || eth.destination[..2] == [0x33, 0x33];
+        let for_port = eth.destination == self.res.port.mac || eth.destination[..2] == [0x33, 0x33];
         let h = ip.header();
         let (src, dst) = (h.source_addr(), h.destination_addr());
         if h.hop_limit() != 255 || !icmp.is_checksum_valid(src.octets(), dst.octets()) {
@@ -343,12 +343,12 @@ impl Device {
         };
         match icmp.icmp_type() {
             Icmpv6Type::NeighborSolicitation => {
-                if !self.port.owns(IpAddr::V6(target)) || !for_port {
+                if !self.res.port.owns(IpAddr::V6(target)) || !for_port {
                     return true;
                 }
-                if !src.is_unspecified() && !self.port.owns(IpAddr::V6(src)) {
+                if !src.is_unspecified() && !self.res.port.owns(IpAddr::V6(src)) {
                     if let Some(mac) = option_mac(1).filter(|m| unicast_mac(*m)) {
-                        self.neigh.confirm(IpAddr::V6(src), mac, true, now);
+                        self.res.neigh.confirm(IpAddr::V6(src), mac, true, now);
                     }
                 }
                 let (reply_to, reply_mac) = if src.is_unspecified() {
@@ -366,7 +366,7 @@ impl Device {
                 };
                 let mut payload = target.octets().to_vec();
                 payload.extend_from_slice(&[2, 1]);
-                payload.extend_from_slice(&self.port.mac);
+                payload.extend_from_slice(&self.res.port.mac);
                 self.emit_icmpv6(
                     target,
                     reply_to,
@@ -383,8 +383,8 @@ impl Device {
                 if let Some(mac) = option_mac(2).filter(|m| unicast_mac(*m)) {
                     // Updates only (RFC 4861 §7.2.5): an entry, or the
                     // resolution we started.
-                    let create = self.neigh.pending.contains_key(&ip);
-                    self.neigh.confirm(ip, mac, create, now);
+                    let create = self.res.neigh.pending.contains_key(&ip);
+                    self.res.neigh.confirm(ip, mac, create, now);
                 }
             }
             _ => return false,
@@ -400,13 +400,13 @@ impl Device {
         kind: Icmpv6Type,
         payload: &[u8],
     ) {
-        let b = PacketBuilder::ethernet2(self.port.mac, eth_dst)
+        let b = PacketBuilder::ethernet2(self.res.port.mac, eth_dst)
             .ipv6(src.octets(), dst.octets(), 255)
             .icmpv6(kind);
         let mut frame = Vec::with_capacity(b.size(payload.len()));
         if b.write(&mut frame, payload).is_ok() {
-            self.out.stats.tx_frames += 1;
-            self.out.tx.push_back(frame);
+            self.res.out.stats.tx_frames += 1;
+            self.res.out.tx.push_back(frame);
         }
     }
 
@@ -414,11 +414,11 @@ impl Device {
     /// multicast address (RFC 4861 §7.2.2), from the port's link-local
     /// address (or the GID of the same scope when `dst` is global).
     fn solicit(&mut self, dst: Ipv6Addr) {
-        let link_local = Ipv6Addr::from(Gid::link_local_from_mac(self.port.mac).0);
+        let link_local = Ipv6Addr::from(Gid::link_local_from_mac(self.res.port.mac).0);
         let src = if dst.is_unicast_link_local() {
             link_local
         } else {
-            self.port.ipv6.first().copied().unwrap_or(link_local)
+            self.res.port.ipv6.first().copied().unwrap_or(link_local)
         };
         let o = dst.octets();
         let group = Ipv6Addr::new(
@@ -434,7 +434,7 @@ impl Device {
         let mac = [0x33, 0x33, 0xff, o[13], o[14], o[15]];
         let mut payload = dst.octets().to_vec();
         payload.extend_from_slice(&[1, 1]);
-        payload.extend_from_slice(&self.port.mac);
+        payload.extend_from_slice(&self.res.port.mac);
         self.emit_icmpv6(src, group, mac, Icmpv6Type::NeighborSolicitation, &payload);
     }
 
@@ -449,15 +449,15 @@ impl Device {
         };
         let req = ArpPacket {
             op: ArpPacket::REQUEST,
-            sender_mac: self.port.mac,
-            sender_ip: self.port.ipv4,
+            sender_mac: self.res.port.mac,
+            sender_ip: self.res.port.ipv4,
             target_mac: [0; 6],
             target_ip: ip,
         };
         let mut frame = Vec::with_capacity(64);
-        wire::emit_arp(self.port.mac, eth_dst, &req, &mut frame);
-        self.out.stats.tx_frames += 1;
-        self.out.tx.push_back(frame);
+        wire::emit_arp(self.res.port.mac, eth_dst, &req, &mut frame);
+        self.res.out.stats.tx_frames += 1;
+        self.res.out.tx.push_back(frame);
     }
 
     /// Resolves the IP of `dgid`: sends an ARP request or neighbour
@@ -465,7 +465,7 @@ impl Device {
     /// (retransmit interval, or resting after a failure).
     pub(super) fn resolve(&mut self, dgid: [u8; 16], now: Nanos) {
         let dst = Gid(dgid).to_ip();
-        if self.neigh.entries.contains_key(&dst) || !self.neigh.want_request(dst, now) {
+        if self.res.neigh.entries.contains_key(&dst) || !self.res.neigh.want_request(dst, now) {
             return;
         }
         self.request(dst, [0xff; 6]);
@@ -475,9 +475,9 @@ impl Device {
     /// stale entries in use, drops the others. Returns when it next needs
     /// to run.
     pub(super) fn age_neighbours(&mut self, now: Nanos) -> Option<Nanos> {
-        let (probe, next) = self.neigh.age(now);
+        let (probe, next) = self.res.neigh.age(now);
         for ip in probe {
-            let mac = self.neigh.entries.get(&ip).map_or([0xff; 6], |e| e.mac);
+            let mac = self.res.neigh.entries.get(&ip).map_or([0xff; 6], |e| e.mac);
             self.request(ip, mac);
         }
         next

@@ -93,7 +93,7 @@ fn complete_ack(qp: &mut Qp, env: &mut Env, p: u32) {
 /// fails with `WC_RNR_RETRY_EXC_ERR`.
 fn rnr_retry(qp: &mut Qp, env: &mut Env, p: u32, timer: u8) {
     ack_up_to(qp, env, psn::add(p, psn::PSN_MASK));
-    env.out.stats.rnr_naks_received += 1;
+    env.res.out.stats.rnr_naks_received += 1;
     if qp.req.rnr_left == 0 {
         fail_head(qp, env, abi::WcStatus::RnrRetryExcErr);
         return;
@@ -112,7 +112,7 @@ fn rnr_retry(qp: &mut Qp, env: &mut Env, p: u32, timer: u8) {
 /// `COMPST_ERROR`; IBTA §9.7.5.1, Table 45).
 fn on_nak(qp: &mut Qp, env: &mut Env, p: u32, code: NakCode) {
     ack_up_to(qp, env, psn::add(p, psn::PSN_MASK));
-    env.out.stats.nak_received(code);
+    env.res.out.stats.nak_received(code);
     match code {
         NakCode::PsnSequenceError => {
             requester::rewind(qp, p);
@@ -187,7 +187,7 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
     if let Some(t) = qp.req.rnr_deadline {
         if env.now >= t {
             qp.req.rnr_deadline = None;
-            env.out.stats.retransmits += 1;
+            env.res.out.stats.retransmits += 1;
             requester::run(qp, env);
         }
     }
@@ -199,7 +199,7 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
                 fail_head(qp, env, abi::WcStatus::RetryExcErr);
             } else {
                 qp.req.retry_left -= 1;
-                env.out.stats.retransmits += 1;
+                env.res.out.stats.retransmits += 1;
                 qp.req.ack_deadline = ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t);
                 requester::rewind(qp, resume_psn(qp));
                 requester::run(qp, env);
@@ -281,7 +281,7 @@ fn on_read_or_atomic_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     match check_resp_psn(qp, pkt) {
         RespPsn::NotForHead => return,
         RespPsn::Duplicate => {
-            env.out.stats.duplicates += 1;
+            env.res.out.stats.duplicates += 1;
             return;
         }
         RespPsn::Gap { expected } => {

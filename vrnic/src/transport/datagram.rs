@@ -45,12 +45,17 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
         if qp.req.sq_next == qp.req.sq_pi {
             break;
         }
-        if n == BURST || env.out.tx.len() >= crate::transport::TX_BACKLOG_MAX {
+        if n == BURST || env.res.out.tx.len() >= crate::transport::TX_BACKLOG_MAX {
             qp.req.more = true;
             break;
         }
         let mut op = fetch(qp, env, qp.req.sq_next);
-        let ah = env.ahs.get(op.wqe.ah).filter(|a| a.pdn == qp.pdn).copied();
+        let ah = env
+            .res
+            .ahs
+            .get(op.wqe.ah)
+            .filter(|a| a.pdn == qp.pdn)
+            .copied();
         if op.error.is_none() {
             if ah.is_none() {
                 op.error = Some(abi::WcStatus::LocQpOpErr);
@@ -90,7 +95,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
         if opcode == Opcode::UdSendOnlyImm {
             hdr.immdt = Some(Immdt(op.wqe.imm_data));
         }
-        env.out.send(&mut hdr, &payload);
+        env.res.out.send(&mut hdr, &payload);
         qp.req.psn = psn::add(qp.req.psn, 1);
         qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
         complete_op(qp, env, &op, abi::WcStatus::Success);
@@ -128,16 +133,16 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, net_hdr: &[u8]) 
         abi::QpState::Rtr | abi::QpState::Rts | abi::QpState::Sqd | abi::QpState::Sqe
     );
     let Some(deth) = pkt.hdr.deth else {
-        env.out.stats.rx_dropped += 1;
+        env.res.out.stats.rx_dropped += 1;
         return;
     };
     if !ok_state || !pkt.hdr.bth.opcode.has_deth() || deth.qkey != qp.attr.qkey {
-        env.out.stats.rx_dropped += 1;
+        env.res.out.stats.rx_dropped += 1;
         return;
     }
     let ctx = match recv_queue::take(qp, env) {
         None => {
-            env.out.stats.rx_dropped += 1;
+            env.res.out.stats.rx_dropped += 1;
             return;
         }
         Some(Err((wr_id, status))) => {

@@ -20,12 +20,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use crate::abi;
 use crate::device::{DeviceStats, Nanos};
 use crate::mem::{self, DmaMemory};
-use crate::verbs::ah::{Ah, Av};
-use crate::verbs::cq::Cq;
-use crate::verbs::mr::MrTable;
+use crate::verbs::ah::Av;
 use crate::verbs::qp::Qp;
-use crate::verbs::srq::Srq;
-use crate::verbs::table::HandleTable;
 use crate::wire::{self, Aeth, Bth, Gid, Opcode, RoceHeaders};
 
 /// The port's identity: addresses used in packets, and its GID table.
@@ -138,20 +134,9 @@ impl Output {
 pub struct Env<'a> {
     /// Driver memory.
     pub mem: &'a dyn DmaMemory,
-    /// Memory regions (mutable for SEND with invalidate).
-    pub mrs: &'a mut MrTable,
-    /// Completion queues.
-    pub cqs: &'a mut HandleTable<Cq>,
-    /// Shared receive queues.
-    pub srqs: &'a mut HandleTable<Srq>,
-    /// Address handles.
-    pub ahs: &'a HandleTable<Ah>,
-    /// The port's addresses.
-    pub port: &'a PortId,
-    /// Known neighbours (IP → MAC).
-    pub neigh: &'a crate::device::NeighTable,
-    /// Output queues.
-    pub out: &'a mut Output,
+    /// The device's objects other than QPs, its port, neighbours and
+    /// output queues, borrowed whole beside the QP being served.
+    pub res: &'a mut crate::device::Resources,
     /// Current time.
     pub now: Nanos,
 }
@@ -160,15 +145,15 @@ impl Env<'_> {
     /// Writes a CQE to CQ `cqn`, raising `EV_COMP` when the CQ was armed and
     /// `EV_CQ_ERR` on overrun.
     pub fn complete(&mut self, cqn: u32, cqe: abi::Cqe, solicited: bool) {
-        let Some(cq) = self.cqs.get_mut(cqn) else {
+        let Some(cq) = self.res.cqs.get_mut(cqn) else {
             return;
         };
         match cq.push(self.mem, cqe, solicited) {
-            Ok(true) => self.out.event(abi::EV_COMP, cqn, 0),
+            Ok(true) => self.res.out.event(abi::EV_COMP, cqn, 0),
             Ok(false) => {}
             Err(e) => {
                 tracing::warn!(cqn, "CQ error: {e}");
-                self.out.event(abi::EV_CQ_ERR, cqn, 0);
+                self.res.out.event(abi::EV_CQ_ERR, cqn, 0);
             }
         }
     }
@@ -199,8 +184,8 @@ pub fn headers_to(
     psn: u32,
 ) -> Option<RoceHeaders> {
     let dst = Gid(av.dgid).to_ip();
-    let src = source_ip(env.port, av)?;
-    let eth_dst = *env.neigh.get(&dst)?;
+    let src = source_ip(&env.res.port, av)?;
+    let eth_dst = *env.res.neigh.get(&dst)?;
     let bth = Bth {
         opcode,
         solicited: false,
@@ -215,7 +200,7 @@ pub fn headers_to(
         psn,
     };
     Some(RoceHeaders {
-        eth_src: env.port.mac,
+        eth_src: env.res.port.mac,
         eth_dst,
         ip_src: src,
         ip_dst: dst,
@@ -313,12 +298,13 @@ pub fn qp_to_error(qp: &mut Qp, env: &mut Env, status: abi::WcStatus) {
     }
     qp.state = abi::QpState::Err;
     if status != abi::WcStatus::Success {
-        env.out
+        env.res
+            .out
             .event(abi::EV_QP_FATAL, qp.qpn, u32::from(status.raw()));
     }
     flush(qp, env);
     if qp.srqn != 0 {
-        env.out.event(abi::EV_QP_LAST_WQE_REACHED, qp.qpn, 0);
+        env.res.out.event(abi::EV_QP_LAST_WQE_REACHED, qp.qpn, 0);
     }
 }
 
@@ -376,6 +362,7 @@ pub fn scatter_sges(
             .checked_add(skip)
             .ok_or(abi::WcStatus::LocProtErr)?;
         let mr = env
+            .res
             .mrs
             .check(sge.lkey, pdn, abi::ACCESS_LOCAL_WRITE, va, n as u64)
             .map_err(|_| abi::WcStatus::LocProtErr)?;

@@ -23,7 +23,7 @@ pub struct RecvCtx {
 /// True when a receive WQE is posted for `qp` (on its RQ or its SRQ).
 pub fn available(qp: &Qp, env: &Env) -> bool {
     if qp.srqn != 0 {
-        return env.srqs.get(qp.srqn).is_some_and(|s| s.available() > 0);
+        return env.res.srqs.get(qp.srqn).is_some_and(|s| s.available() > 0);
     }
     qp.resp.rq_ci != qp.resp.rq_pi
 }
@@ -35,7 +35,7 @@ pub fn available(qp: &Qp, env: &Env) -> bool {
 /// that status.
 pub fn take(qp: &mut Qp, env: &mut Env) -> Option<Result<RecvCtx, (u64, abi::WcStatus)>> {
     if qp.srqn != 0 {
-        let srq = env.srqs.get_mut(qp.srqn)?;
+        let srq = env.res.srqs.get_mut(qp.srqn)?;
         if srq.available() == 0 {
             return None;
         }
@@ -54,7 +54,7 @@ pub fn take(qp: &mut Qp, env: &mut Env) -> Option<Result<RecvCtx, (u64, abi::WcS
             tracing::warn!(srqn, "SRQ record: {e}");
         }
         if limit {
-            env.out.event(abi::EV_SRQ_LIMIT, srqn, 0);
+            env.res.out.event(abi::EV_SRQ_LIMIT, srqn, 0);
         }
         return Some(read_wqe(env, ring, ci, pdn, max_sge));
     }
@@ -89,7 +89,8 @@ fn read_wqe(
         if sge.length == 0 {
             continue;
         }
-        env.mrs
+        env.res
+            .mrs
             .check(
                 sge.lkey,
                 pdn,

@@ -165,7 +165,7 @@ pub fn complete_op(qp: &mut Qp, env: &mut Env, op: &SendOp, status: abi::WcStatu
     }
     if qp.state == abi::QpState::Sqd && qp.req.drain_pending && qp.req.inflight.is_empty() {
         qp.req.drain_pending = false;
-        env.out.event(abi::EV_SQ_DRAINED, qp.qpn, 0);
+        env.res.out.event(abi::EV_SQ_DRAINED, qp.qpn, 0);
     }
 }
 
@@ -261,7 +261,8 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), ab
         if sge.length == 0 {
             continue;
         }
-        env.mrs
+        env.res
+            .mrs
             .check(sge.lkey, qp.pdn, local_access, sge.addr, sge.length as u64)
             .map_err(|e| match e {
                 MrError::Bounds => abi::WcStatus::LocLenErr,
@@ -336,6 +337,7 @@ pub(crate) fn gather(
                 }
                 let n = ((l - skip) as usize).min(buf.len() - done);
                 let mr = env
+                    .res
                     .mrs
                     .get(sge.lkey)
                     .map_err(|_| abi::WcStatus::LocProtErr)?;
@@ -446,7 +448,7 @@ fn send_packet(
                 compare: w.compare_add,
             });
         }
-        env.out.send(&mut hdr, &[]);
+        env.res.out.send(&mut hdr, &[]);
         return Ok(true);
     }
     let n = op.len.saturating_sub(offset).min(mtu);
@@ -471,7 +473,7 @@ fn send_packet(
             rkey: u32::from_be_bytes(op.wqe.imm_data),
         });
     }
-    env.out.send(&mut hdr, &payload);
+    env.res.out.send(&mut hdr, &payload);
     Ok(true)
 }
 
@@ -516,7 +518,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
     let mut budget = BURST;
     let mut backlog = false;
     while budget > 0 {
-        if env.out.tx.len() >= TX_BACKLOG_MAX {
+        if env.res.out.tx.len() >= TX_BACKLOG_MAX {
             backlog = true;
             break;
         }

@@ -226,13 +226,13 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, frame: &[u8]) {
 /// Keeps `frame` for after the READ stream, within the bounds.
 fn hold(qp: &mut Qp, env: &mut Env, frame: &[u8]) {
     if qp.resp.held.len() < RESP_HOLD_MAX
-        && env.out.held_frames < RESP_HOLD_DEVICE_MAX
+        && env.res.out.held_frames < RESP_HOLD_DEVICE_MAX
         && frame.len() <= HELD_FRAME_MAX
     {
         qp.resp.held.push_back(frame.to_vec());
-        env.out.held_frames += 1;
+        env.res.out.held_frames += 1;
     } else {
-        env.out.stats.rx_dropped += 1;
+        env.res.out.stats.rx_dropped += 1;
     }
 }
 
@@ -251,7 +251,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) -> bool {
         let Some(frame) = qp.resp.held.pop_front() else {
             return false;
         };
-        env.out.held_frames = env.out.held_frames.saturating_sub(1);
+        env.res.out.held_frames = env.res.out.held_frames.saturating_sub(1);
         // It parsed when it arrived; parsed again, it borrows this copy.
         if let Ok(Frame::Roce(pkt)) = wire::parse_frame(&frame) {
             process(qp, env, &pkt);
@@ -271,7 +271,7 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
     let mtu = qp.mtu();
     let mut buf = [0u8; 4096];
     loop {
-        if *budget == 0 || env.out.tx.len() >= TX_BACKLOG_MAX {
+        if *budget == 0 || env.res.out.tx.len() >= TX_BACKLOG_MAX {
             qp.resp.read = Some(st);
             return false;
         }
@@ -286,6 +286,7 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
         let data = buf.get_mut(..len as usize).unwrap_or_default();
         if len > 0 {
             let read = env
+                .res
                 .mrs
                 .check(
                     st.rkey,
@@ -297,20 +298,21 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
                 .map_err(|_| ())
                 .and_then(|mr| mr.read(env.mem, st.va, data).map_err(|_| ()));
             if read.is_err() {
-                env.out.stats.nak_sent(NakCode::RemoteAccessError);
+                env.res.out.stats.nak_sent(NakCode::RemoteAccessError);
                 let aeth = Aeth::nak(qp.resp.msn, NakCode::RemoteAccessError);
-                let mut hdr = reply_headers(qp, env.port, &st.req, Opcode::RcAck, st.psn, aeth);
-                env.out.send(&mut hdr, &[]);
+                let mut hdr =
+                    reply_headers(qp, &env.res.port, &st.req, Opcode::RcAck, st.psn, aeth);
+                env.res.out.send(&mut hdr, &[]);
                 qp_to_error(qp, env, abi::WcStatus::RemAccessErr);
                 return true;
             }
         }
         let aeth = Aeth::ack(st.msn, CREDITS_UNLIMITED);
-        let mut hdr = reply_headers(qp, env.port, &st.req, opcode, st.psn, aeth);
+        let mut hdr = reply_headers(qp, &env.res.port, &st.req, opcode, st.psn, aeth);
         if opcode == Opcode::RcReadResponseMiddle {
             hdr.aeth = None;
         }
-        env.out.send(&mut hdr, data);
+        env.res.out.send(&mut hdr, data);
         *budget -= 1;
         if last {
             return true;
@@ -349,7 +351,7 @@ fn process(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
         (abi::QpType::Rc, Transport::Rc) if qp.state != abi::QpState::Sqe => {}
         (abi::QpType::Uc, Transport::Uc) => return on_uc_request(qp, env, pkt),
         _ => {
-            env.out.stats.rx_dropped += 1;
+            env.res.out.stats.rx_dropped += 1;
             return;
         }
     }
@@ -362,7 +364,7 @@ fn process(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
         Ok(reply) => acknowledge(qp, env, pkt, reply),
         Err(RespError::Rnr) => {
             // RNR: nothing consumed, the requester retries this PSN later.
-            env.out.stats.rnr_naks_sent += 1;
+            env.res.out.stats.rnr_naks_sent += 1;
             send_aeth(
                 qp,
                 env,
@@ -412,7 +414,7 @@ fn nak_psn_out_of_seq(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
         qp.resp.epsn,
         Aeth::nak(qp.resp.msn, NakCode::PsnSequenceError),
     );
-    env.out.stats.nak_sent(NakCode::PsnSequenceError);
+    env.res.out.stats.nak_sent(NakCode::PsnSequenceError);
 }
 
 /// A duplicate request (rxe's `duplicate_request`). Only a READ or
@@ -424,7 +426,7 @@ fn nak_psn_out_of_seq(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
 /// SEND or WRITE was already executed: it is acknowledged with the last
 /// PSN executed, as rxe does.
 fn duplicate_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
-    env.out.stats.duplicates += 1;
+    env.res.out.stats.duplicates += 1;
     let bth = pkt.hdr.bth;
     if bth.opcode == Opcode::RcReadRequest || bth.opcode.is_atomic() {
         match qp.resp.rd_atomic_res(bth.psn) {
@@ -446,7 +448,7 @@ fn duplicate_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
             }) if bth.opcode.is_atomic() && psn == bth.psn => {
                 send_atomic_ack(qp, env, pkt, orig);
             }
-            _ => env.out.stats.rx_dropped += 1,
+            _ => env.res.out.stats.rx_dropped += 1,
         }
         return;
     }
@@ -646,7 +648,8 @@ fn check_rkey(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<Target, RespError>
         if !a.va.is_multiple_of(8) {
             return Err(nak(NakCode::InvalidRequest));
         }
-        env.mrs
+        env.res
+            .mrs
             .check(a.rkey, qp.pdn, abi::ACCESS_REMOTE_ATOMIC, a.va, 8)
             .map_err(|_| nak(NakCode::RemoteAccessError))?;
         return Ok(Target::Atomic(a));
@@ -657,7 +660,8 @@ fn check_rkey(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<Target, RespError>
     let w = if op.is_first() {
         let reth = pkt.hdr.reth.ok_or(nak(NakCode::InvalidRequest))?;
         if reth.dma_len > 0 {
-            env.mrs
+            env.res
+                .mrs
                 .check(
                     reth.rkey,
                     qp.pdn,
@@ -702,7 +706,8 @@ fn read_stream(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<ReadStream, RespE
         if qp.attr.qp_access_flags & abi::ACCESS_REMOTE_READ == 0 {
             return Err(nak(NakCode::RemoteAccessError));
         }
-        env.mrs
+        env.res
+            .mrs
             .check(
                 reth.rkey,
                 qp.pdn,
@@ -808,7 +813,7 @@ fn nak_error(
     code: NakCode,
     wqe: Option<(u64, abi::WcStatus)>,
 ) {
-    env.out.stats.nak_sent(code);
+    env.res.out.stats.nak_sent(code);
     send_aeth(qp, env, pkt, pkt.hdr.bth.psn, Aeth::nak(qp.resp.msn, code));
     if let Some((wr_id, status)) = wqe {
         complete_recv_error(qp, env, wr_id, status);
@@ -840,7 +845,7 @@ fn on_uc_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     qp.resp.epsn = psn::add(bth.psn, 1);
     if matches!(qp.resp.msg, InboundMsg::UcDrop) {
         if !starts {
-            env.out.stats.rx_dropped += 1;
+            env.res.out.stats.rx_dropped += 1;
             return;
         }
         qp.resp.msg = InboundMsg::Idle;
@@ -856,7 +861,7 @@ fn on_uc_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
         }
     };
     if dropped {
-        env.out.stats.rx_dropped += 1;
+        env.res.out.stats.rx_dropped += 1;
         abandon_uc_message(qp);
         if !op.is_last() {
             qp.resp.msg = InboundMsg::UcDrop;
@@ -874,8 +879,8 @@ fn abandon_uc_message(qp: &mut Qp) {
 }
 
 fn send_aeth(qp: &Qp, env: &mut Env, pkt: &RocePacket, p: u32, aeth: Aeth) {
-    let mut hdr = reply_headers(qp, env.port, &pkt.hdr, Opcode::RcAck, p, aeth);
-    env.out.send(&mut hdr, &[]);
+    let mut hdr = reply_headers(qp, &env.res.port, &pkt.hdr, Opcode::RcAck, p, aeth);
+    env.res.out.send(&mut hdr, &[]);
 }
 
 /// Executes a compare-and-swap or fetch-and-add on the aligned 8-byte
@@ -888,6 +893,7 @@ fn execute_atomic(
     a: AtomicEth,
 ) -> Result<Reply, RespError> {
     let mr = env
+        .res
         .mrs
         .check(a.rkey, qp.pdn, abi::ACCESS_REMOTE_ATOMIC, a.va, 8)
         .map_err(|_| nak(NakCode::RemoteAccessError))?;
@@ -913,14 +919,14 @@ fn send_atomic_ack(qp: &Qp, env: &mut Env, pkt: &RocePacket, orig: u64) {
     let aeth = Aeth::ack(qp.resp.msn, CREDITS_UNLIMITED);
     let mut hdr = reply_headers(
         qp,
-        env.port,
+        &env.res.port,
         &pkt.hdr,
         Opcode::RcAtomicAck,
         pkt.hdr.bth.psn,
         aeth,
     );
     hdr.atomic_ack_eth = Some(AtomicAckEth { orig });
-    env.out.send(&mut hdr, &[]);
+    env.res.out.send(&mut hdr, &[]);
 }
 
 /// Takes the next receive WQE (a UC spare first, then the RQ or SRQ), or
@@ -994,7 +1000,7 @@ fn execute_send(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Reply, R
         // SEND with invalidate: the named rkey stops working for remote
         // access (IBTA §9.4.1.3, §10.6.6). One not of this PD is an
         // invalid request, as rxe answers it.
-        if env.mrs.invalidate(ieth.rkey, qp.pdn).is_err() {
+        if env.res.mrs.invalidate(ieth.rkey, qp.pdn).is_err() {
             return Err(RespError::Nak {
                 code: NakCode::InvalidRequest,
                 wqe: Some((ctx.wr_id, abi::WcStatus::RemInvReqErr)),
@@ -1036,6 +1042,7 @@ fn execute_write(
     let len = u32::try_from(pkt.payload.len()).map_err(|_| nak(NakCode::InvalidRequest))?;
     if len > 0 {
         let mr = env
+            .res
             .mrs
             .get(w.rkey)
             .map_err(|_| nak(NakCode::RemoteAccessError))?;
@@ -1103,7 +1110,7 @@ fn complete_recv_error(qp: &Qp, env: &mut Env, wr_id: u64, status: abi::WcStatus
 /// the other QPs (IBTA §10.2.9.5; the driver gets `EV_QP_LAST_WQE_REACHED`).
 pub fn flush(qp: &mut Qp, env: &mut Env) {
     let msg = std::mem::take(&mut qp.resp.msg);
-    qp.resp.release(env.out);
+    qp.resp.release(&mut env.res.out);
     let taken = match msg {
         InboundMsg::Send(ctx) => Some(ctx),
         _ => None,
