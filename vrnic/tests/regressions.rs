@@ -1018,3 +1018,38 @@ fn a_long_write_stops_at_the_window_until_acknowledged() {
     assert_eq!(s.b.read(dst, len), data);
     assert_eq!(s.a.dev.stats().retransmits, 0, "no timeout needed");
 }
+
+/// rxe's `check_op_valid`: a WRITE needs `IBV_ACCESS_REMOTE_WRITE` on the
+/// responder's QP whatever its length; a zero-length WRITE (no RETH
+/// address or rkey needed, C9-88) to a QP without it is a remote access
+/// error too, not a silent success.
+#[test]
+fn zero_length_write_needs_remote_write_on_the_qp() {
+    let mut p = RcPair::on(
+        {
+            let (la, lb) = vrnic::link::mem::MemLink::pair();
+            (Box::new(la), Box::new(lb))
+        },
+        ConnOpts::default(),
+        true,
+    );
+    // RTS → RTS: the responder's QP keeps local write only.
+    let a = abi::QpAttr {
+        qpn: p.qb.qpn,
+        attr_mask: abi::QP_ATTR_ACCESS_FLAGS,
+        qp_access_flags: abi::ACCESS_LOCAL_WRITE,
+        ..Default::default()
+    };
+    p.b.cmd(abi::CMD_MODIFY_QP, &a).unwrap();
+    p.post(
+        abi::SendWqe {
+            wr_id: 7,
+            opcode: abi::WR_RDMA_WRITE,
+            send_flags: abi::SEND_SIGNALED,
+            ..Default::default()
+        },
+        &[],
+    );
+    let c = p.cqe(false, "zero-length WRITE");
+    assert_eq!((c.wr_id, c.status), (7, abi::WC_REM_ACCESS_ERR));
+}

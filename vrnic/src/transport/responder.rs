@@ -566,20 +566,24 @@ fn check_op_seq(qp: &Qp, pkt: &RocePacket) -> Result<(), RespError> {
 }
 
 /// The operation is allowed on this QP (rxe's `check_op_valid`; IBTA
-/// §9.7.4.1.3, §10.2.4 remote access rights): a READ or the first packet
-/// of a WRITE that moves bytes needs `ACCESS_REMOTE_READ` or
-/// `ACCESS_REMOTE_WRITE` in the QP's access flags, an atomic
-/// `ACCESS_REMOTE_ATOMIC` (else a remote access error); the RETH or
-/// AtomicETH they need must be there (else an invalid request).
+/// §9.7.4.1.3, §10.2.4 remote access rights): a READ needs
+/// `ACCESS_REMOTE_READ` in the QP's access flags, every packet of a WRITE
+/// `ACCESS_REMOTE_WRITE`, an atomic `ACCESS_REMOTE_ATOMIC`, whatever the
+/// length (else a remote access error); the RETH or AtomicETH they need
+/// must be there (else an invalid request).
 fn check_op_valid(qp: &Qp, pkt: &RocePacket) -> Result<(), RespError> {
     let op = pkt.hdr.bth.opcode;
-    let need = if op == Opcode::RcReadRequest || (op.is_write() && op.is_first()) {
-        let reth = pkt.hdr.reth.ok_or(nak(NakCode::InvalidRequest))?;
-        match (reth.dma_len, op == Opcode::RcReadRequest) {
-            (0, _) => 0,
-            (_, true) => abi::ACCESS_REMOTE_READ,
-            (_, false) => abi::ACCESS_REMOTE_WRITE,
+    // As rxe's check_op_valid: the QP's access flags gate every READ,
+    // every packet of a WRITE and every atomic, whatever its length (a
+    // zero-length transfer skips only the rkey check, C9-88).
+    let need = if op == Opcode::RcReadRequest {
+        pkt.hdr.reth.ok_or(nak(NakCode::InvalidRequest))?;
+        abi::ACCESS_REMOTE_READ
+    } else if op.is_write() {
+        if op.is_first() {
+            pkt.hdr.reth.ok_or(nak(NakCode::InvalidRequest))?;
         }
+        abi::ACCESS_REMOTE_WRITE
     } else if op.is_atomic() {
         pkt.hdr.atomic_eth.ok_or(nak(NakCode::InvalidRequest))?;
         abi::ACCESS_REMOTE_ATOMIC
