@@ -810,8 +810,8 @@ impl ControlQueue {
     }
 }
 
-/// Polls `f` until it yields a value, spinning then yielding the CPU,
-/// at most `timeout`. Never sleeps.
+/// Polls `f` until it yields a value, spinning (4096 polls), then
+/// sleeping 50 µs between polls, at most `timeout`.
 fn poll_until<T>(
     timeout: Duration,
     mut f: impl FnMut() -> Result<Option<T>, TransportError>,
@@ -828,7 +828,10 @@ fn poll_until<T>(
                 return Err(TransportError::Timeout(timeout.as_millis() as u64));
             }
             if spins >= 4096 {
-                std::thread::yield_now();
+                // Sleep rather than yield: a real-time caller (the guest
+                // agent) would otherwise keep the CPU from every normal
+                // thread for the whole wait.
+                std::thread::sleep(Duration::from_micros(50));
             }
         } else {
             std::hint::spin_loop();

@@ -609,6 +609,9 @@ impl DataPath {
         let mem = GuestMem::new(&guard);
         let mut segs = std::mem::take(&mut self.segs);
         let mut used_any = false;
+        // Passes in a row that popped nothing although the queue said
+        // chains were available.
+        let mut idle_passes = 0;
         loop {
             if let Err(e) = vring.disable_notification() {
                 debug!("cannot disable notifications: {e}");
@@ -625,12 +628,24 @@ impl DataPath {
                 complete(vring, head, used);
                 used_any = true;
             }
-            // Re-enable and re-check for chains added meanwhile; stop when
-            // a pass made no progress (an avail index the queue rejects
-            // would otherwise loop forever).
+            // Re-enable and re-check for chains added meanwhile. A chain
+            // the driver added while notifications were off came without a
+            // kick, so it must be served now even after a pass that found
+            // nothing (it may have arrived just after that pass looked);
+            // only a second empty pass in a row stops (an avail index the
+            // queue rejects would otherwise loop forever).
+            if progress {
+                idle_passes = 0;
+            } else {
+                idle_passes += 1;
+            }
             match vring.enable_notification() {
-                Ok(true) if progress => continue,
-                Ok(_) => break,
+                Ok(true) if idle_passes < 2 => continue,
+                Ok(true) => {
+                    debug!("avail index ahead but no chain could be popped; waiting for a kick");
+                    break;
+                }
+                Ok(false) => break,
                 Err(e) => {
                     debug!("cannot enable notifications: {e}");
                     break;

@@ -291,6 +291,8 @@ impl Transport for AgentTransport {
         let mut m = Vec::with_capacity(1 + size_of::<abi::Doorbell>());
         m.push(proto::MSG_DB);
         m.extend_from_slice(db.as_bytes());
+        // The agent runs at a real-time priority (vrnic-agent --rt), so this
+        // send switches to it at once even when this program then spins.
         proto::send(self.sock.as_raw_fd(), &m, &[], 0).map_err(|_| self.fail())
     }
 

@@ -39,6 +39,13 @@ struct Args {
     /// on its device, all programs together) and exit.
     #[arg(long)]
     status: bool,
+    /// Real-time priority (SCHED_FIFO) of the agent, 0 for none. A program
+    /// that posts a doorbell through the agent and then spins (on its CQ,
+    /// or on memory a peer writes) would otherwise hold a one-vCPU guest's
+    /// CPU for its whole time slice before the agent forwards it. The
+    /// agent only ever runs briefly per message.
+    #[arg(long, default_value_t = 1)]
+    rt: i32,
     /// Exit after this many seconds without programs (0: never).
     #[arg(long, default_value_t = 10)]
     linger: u64,
@@ -89,6 +96,19 @@ fn main() -> anyhow::Result<()> {
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    if args.rt > 0 {
+        let p = libc::sched_param {
+            sched_priority: args.rt,
+        };
+        // SAFETY: sets this thread's policy; `p` is a valid sched_param.
+        if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } != 0 {
+            tracing::warn!(
+                "SCHED_FIFO {}: {}; doorbells wait for spinning programs' time slices",
+                args.rt,
+                std::io::Error::last_os_error()
+            );
+        }
     }
     let linger = (args.linger > 0).then(|| Duration::from_secs(args.linger));
     let mut a = Agent::new(dev, socket.clone(), procmem, linger)
