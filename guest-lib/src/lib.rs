@@ -9,6 +9,7 @@
 #![deny(missing_docs)]
 
 pub mod agent;
+pub mod dbring;
 pub mod dma;
 pub mod loopback;
 pub mod pci;

@@ -539,6 +539,11 @@ impl Transport for LoopbackTransport {
         self.send(Msg::Doorbell(*db))
     }
 
+    /// True: the engine thread runs on this process's CPUs.
+    fn yield_when_idle(&self) -> bool {
+        true
+    }
+
     fn alloc_dma(&mut self, len: usize, align: usize) -> Result<DmaBuf, TransportError> {
         self.mem.alloc(len, align)
     }

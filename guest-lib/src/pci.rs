@@ -47,7 +47,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr;
@@ -700,6 +700,149 @@ impl SlotQueue {
     }
 }
 
+/// The doorbell queue: private to this process, or shared with the
+/// programs of a guest agent ([`crate::dbring`]).
+#[derive(Debug)]
+enum Doorbells {
+    Private(SlotQueue),
+    Shared(SharedDb),
+}
+
+/// A shared mapping (a memfd, or a device's resource file), unmapped on drop.
+#[derive(Debug)]
+pub struct SharedMap {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: plain shared memory; its users synchronise.
+unsafe impl Send for SharedMap {}
+
+impl SharedMap {
+    /// Maps `len` bytes of `fd` from `offset` (page-aligned), shared,
+    /// read-write; `flags` are added (`MAP_POPULATE`, `MAP_LOCKED`).
+    pub fn map(
+        fd: RawFd,
+        len: usize,
+        offset: u64,
+        flags: i32,
+    ) -> Result<SharedMap, TransportError> {
+        // SAFETY: a new shared mapping at a kernel-chosen address.
+        let m = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | flags,
+                fd,
+                offset as libc::off_t,
+            )
+        };
+        if m == libc::MAP_FAILED {
+            return Err(io_err(
+                format!("mmap of {len} bytes"),
+                io::Error::last_os_error(),
+            ));
+        }
+        Ok(SharedMap { ptr: m.cast(), len })
+    }
+
+    /// The mapping's first byte.
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len came from a successful mmap.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// What a program needs to post to a guest agent's shared doorbell queue
+/// ([`PciTransport::shared_doorbells`]).
+#[derive(Debug, Clone)]
+pub struct SharedDoorbells {
+    /// The huge-page memfd holding the ring (map `layout.len` bytes, rounded
+    /// up to 2 MiB, shared).
+    pub memfd: RawFd,
+    /// Where the ring's parts lie in it.
+    pub layout: crate::dbring::DbRingLayout,
+    /// The resource file of the BAR holding the queue's notification register.
+    pub notify_file: PathBuf,
+    /// The register's offset in that file, bytes.
+    pub notify_offset: u64,
+}
+
+/// Size of the shared doorbell region: one 2 MiB huge page.
+pub const SHARED_DB_REGION: usize = 2 << 20;
+
+/// Maps the notification register at `offset` of resource file `path`;
+/// returns the mapping and the register's address.
+pub fn map_notify(path: &Path, offset: u64) -> Result<(SharedMap, *mut u16), TransportError> {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| io_err(format!("opening {}", path.display()), e))?;
+    let page = crate::dma::page_size() as u64;
+    let base = offset - offset % page;
+    let m = SharedMap::map(f.as_raw_fd(), page as usize, base, 0)?;
+    // SAFETY: offset - base < page: inside the mapping.
+    let reg = unsafe { m.ptr.add((offset - base) as usize) }.cast::<u16>();
+    Ok((m, reg))
+}
+
+/// The agent's shared doorbell queue.
+#[derive(Debug)]
+struct SharedDb {
+    _memfd: OwnedFd,
+    _region: SharedMap,
+    ring: crate::dbring::DbRing,
+    _notify: SharedMap,
+    info: SharedDoorbells,
+    /// Kept for its size only: nothing is posted through it.
+    _queue: Queue,
+}
+
+impl SharedDb {
+    /// A huge-page memfd holding a doorbell ring of `size` descriptors,
+    /// mapped and locked; `gpa` of its first byte.
+    fn region(pagemap: &crate::dma::Pagemap) -> Result<(OwnedFd, SharedMap, u64), TransportError> {
+        // SAFETY: plain syscall with a static name; the result is checked.
+        let fd = unsafe {
+            libc::memfd_create(
+                c"vrnic-doorbells".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_HUGETLB | libc::MFD_HUGE_2MB,
+            )
+        };
+        if fd < 0 {
+            return Err(io_err(
+                "memfd_create (huge pages)",
+                io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: a fresh descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: plain syscall on our descriptor.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), SHARED_DB_REGION as libc::off_t) } != 0 {
+            return Err(io_err(
+                "ftruncate of the doorbell memfd",
+                io::Error::last_os_error(),
+            ));
+        }
+        let m = SharedMap::map(
+            fd.as_raw_fd(),
+            SHARED_DB_REGION,
+            0,
+            libc::MAP_POPULATE | libc::MAP_LOCKED,
+        )?;
+        let gpa = pagemap.virt_to_phys(m.ptr as usize)?;
+        Ok((fd, m, gpa))
+    }
+}
+
 /// The control queue: one command at a time through a DMA bounce buffer
 /// (`CmdHeader + body` at 0, `RespHeader + body` at `RESP_OFF`).
 #[derive(Debug)]
@@ -866,7 +1009,7 @@ pub struct PciTransport {
     virtio: VirtioPci,
     config: abi::ConfigSpace,
     ctrl: ControlQueue,
-    db: SlotQueue,
+    db: Doorbells,
     ev: SlotQueue,
     timeout: Duration,
     dma: DmaAllocator,
@@ -890,10 +1033,23 @@ impl PciTransport {
     /// pagemap failures, e.g. when not root; [`TransportError::Timeout`]
     /// when the device does not reset).
     pub fn open(bdf: Option<&str>) -> Result<PciTransport, TransportError> {
+        Self::open_with(bdf, false)
+    }
+
+    /// Like [`PciTransport::open`], with the doorbell queue in a shared
+    /// huge-page memfd that other processes may post to
+    /// ([`PciTransport::shared_doorbells`], [`crate::dbring`]): what the
+    /// guest agent opens. Errors as [`PciTransport::open`], and
+    /// [`TransportError::Io`] when no huge page can be had for the ring.
+    pub fn open_shared(bdf: Option<&str>) -> Result<PciTransport, TransportError> {
+        Self::open_with(bdf, true)
+    }
+
+    fn open_with(bdf: Option<&str>, shared: bool) -> Result<PciTransport, TransportError> {
         let root = Path::new(SYSFS_PCI_DEVICES);
         if let Some(b) = bdf {
             let bdf = normalize_bdf(b);
-            return Self::attach(&SysfsDevice::new(root, &bdf));
+            return Self::attach(&SysfsDevice::new(root, &bdf), shared);
         }
         let mut reasons = Vec::new();
         for c in scan(root)? {
@@ -902,7 +1058,7 @@ impl PciTransport {
                 reasons.push(format!("{}: {why}", c.bdf));
                 continue;
             }
-            match Self::attach(&SysfsDevice::new(root, &c.bdf)) {
+            match Self::attach(&SysfsDevice::new(root, &c.bdf), shared) {
                 Ok(t) => return Ok(t),
                 Err(e) => {
                     tracing::debug!("{}: {e}", c.bdf);
@@ -917,7 +1073,7 @@ impl PciTransport {
         }))
     }
 
-    fn attach(dev: &SysfsDevice) -> Result<PciTransport, TransportError> {
+    fn attach(dev: &SysfsDevice, shared: bool) -> Result<PciTransport, TransportError> {
         let bdf = &dev.bdf;
         let (vendor, device_id) = dev.ids()?;
         if vendor != abi::PCI_VENDOR_ID || !(0x1040..=0x107f).contains(&device_id) {
@@ -1113,11 +1269,50 @@ impl PciTransport {
             Ok((Queue { q, notifier }, size))
         };
         let (ctrlq, _) = make_queue(abi::CONTROLQ)?;
-        let (dbq, db_size) = make_queue(abi::DOORBELLQ)?;
         let (evq, ev_size) = make_queue(abi::EVENTQ)?;
-        let db = SlotQueue {
-            queue: dbq,
-            slots: dma.alloc(SLOT * db_size as usize, 64)?,
+        let (db, db_size) = if shared {
+            let size = virtio.max_queue_size(abi::DOORBELLQ)?.min(256);
+            let layout = crate::dbring::DbRingLayout::new(size).ok_or_else(|| {
+                TransportError::NoDevice(format!("{bdf}: doorbell queue size {size}"))
+            })?;
+            let (memfd, region, gpa) = SharedDb::region(dma.pagemap())?;
+            let ql = QueueLayout::new(size)?;
+            // SAFETY: the region is 2 MiB of locked, physically contiguous
+            // (one huge page) shared memory at gpa, kept until after reset.
+            let q = unsafe { SplitQueue::new(ql, region.ptr, gpa) };
+            let notifier = virtio.setup_queue(abi::DOORBELLQ, &q)?;
+            virtio.common.select_queue(abi::DOORBELLQ)?;
+            let notify_off = u64::from(virtio.common.queue_notify_off()?);
+            let notify_offset =
+                u64::from(caps.notify.offset) + notify_off * u64::from(caps.notify_off_multiplier);
+            let notify_file = dev.path(&format!("resource{}", caps.notify.bar));
+            let (nmap, reg) = map_notify(&notify_file, notify_offset)?;
+            // SAFETY: region and register stay mapped in the SharedDb.
+            let ring =
+                unsafe { crate::dbring::DbRing::new(region.ptr, layout, reg, abi::DOORBELLQ) };
+            ring.init_descriptors(gpa + u64::from(layout.slots));
+            let info = SharedDoorbells {
+                memfd: memfd.as_raw_fd(),
+                layout,
+                notify_file,
+                notify_offset,
+            };
+            let db = SharedDb {
+                _memfd: memfd,
+                _region: region,
+                ring,
+                _notify: nmap,
+                info,
+                _queue: Queue { q, notifier },
+            };
+            (Doorbells::Shared(db), size)
+        } else {
+            let (dbq, db_size) = make_queue(abi::DOORBELLQ)?;
+            let db = SlotQueue {
+                queue: dbq,
+                slots: dma.alloc(SLOT * db_size as usize, 64)?,
+            };
+            (Doorbells::Private(db), db_size)
         };
         let mut ev = SlotQueue {
             queue: evq,
@@ -1173,6 +1368,15 @@ impl PciTransport {
         })
     }
 
+    /// The shared doorbell queue of a transport opened with
+    /// [`PciTransport::open_shared`]; `None` otherwise.
+    pub fn shared_doorbells(&self) -> Option<SharedDoorbells> {
+        match &self.db {
+            Doorbells::Shared(s) => Some(s.info.clone()),
+            Doorbells::Private(_) => None,
+        }
+    }
+
     /// The device's PCI address.
     pub fn bdf(&self) -> &str {
         &self.claim.dev.bdf
@@ -1192,7 +1396,10 @@ impl PciTransport {
     pub fn queue_sizes(&self) -> [u16; 3] {
         [
             self.ctrl.queue.q.size(),
-            self.db.queue.q.size(),
+            match &self.db {
+                Doorbells::Private(d) => d.queue.q.size(),
+                Doorbells::Shared(d) => d.info.layout.size,
+            },
             self.ev.queue.q.size(),
         ]
     }
@@ -1265,7 +1472,10 @@ impl Transport for PciTransport {
     /// are with the device, polls for one to come back for at most
     /// [`PciTransport::timeout`] ([`TransportError::Timeout`]).
     fn doorbell(&mut self, db: &abi::Doorbell) -> Result<(), TransportError> {
-        self.db.ring(db, self.timeout)
+        match &mut self.db {
+            Doorbells::Private(q) => q.ring(db, self.timeout),
+            Doorbells::Shared(s) => s.ring.post(db, self.timeout),
+        }
     }
 
     fn alloc_dma(&mut self, len: usize, align: usize) -> Result<DmaBuf, TransportError> {
@@ -1379,12 +1589,12 @@ mod tests {
         assert_eq!(dev.driver().as_deref(), Some("virtio-pci"));
         assert_eq!(dev.ids().unwrap(), (0x1af4, 0x1046));
         // A kernel-owned function is refused before anything is touched.
-        let err = PciTransport::attach(&SysfsDevice::new(&t.0, "0000:00:03.0")).unwrap_err();
+        let err = PciTransport::attach(&SysfsDevice::new(&t.0, "0000:00:03.0"), false).unwrap_err();
         assert!(
             matches!(err, TransportError::NoDevice(ref m) if m.contains("virtio_net")),
             "{err}"
         );
-        let err = PciTransport::attach(&SysfsDevice::new(&t.0, "0000:00:01.0")).unwrap_err();
+        let err = PciTransport::attach(&SysfsDevice::new(&t.0, "0000:00:01.0"), false).unwrap_err();
         assert!(matches!(err, TransportError::NoDevice(_)), "{err}");
     }
 

@@ -139,6 +139,13 @@ pub trait Transport: Send {
             unsafe { libc::eventfd_read(fd, &mut v) };
         }
     }
+    /// Whether a thread waiting for completions should yield the CPU
+    /// between empty polls: true where the device's work needs this
+    /// process's CPU (an in-process engine thread, a guest agent
+    /// forwarding doorbells). Default false.
+    fn yield_when_idle(&self) -> bool {
+        false
+    }
     /// Makes `[va, va + len)` of this process reachable by the device, before
     /// an MR covering it is registered ([`crate::verbs::Mr::register`]). A
     /// no-op where the device reaches all of the process's memory (the

@@ -97,10 +97,7 @@ fn create(
         cq,
         inner: Mutex::new(inner),
         current: Mutex::new(WorkCompletion::default()),
-        yield_when_empty: matches!(
-            ctx.dev.kind,
-            crate::device::DeviceKind::Loopback { .. } | crate::device::DeviceKind::Agent { .. }
-        ),
+        yield_when_empty: ctx.verbs.yield_when_idle(),
         events: ctx.events.events.clone(),
     }))
     .cast::<c::ibv_cq_ex>();
@@ -234,9 +231,10 @@ pub(crate) unsafe extern "C" fn poll_cq(
         drop(inner);
         if done == 0 && vcq.yield_when_empty {
             // The device runs on an engine thread of this process, or its
-            // doorbells pass through the guest agent: an application
-            // spinning on an empty CQ lets them run (on a loaded machine a
-            // busy-polling ping-pong is otherwise ~100x slower).
+            // doorbells pass through the guest agent (Transport::
+            // yield_when_idle): an application spinning on an empty CQ lets
+            // them run (on a loaded machine a busy-polling ping-pong is
+            // otherwise ~100x slower).
             std::thread::yield_now();
         }
         done as c_int

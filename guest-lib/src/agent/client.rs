@@ -22,11 +22,14 @@ use super::pin::Pins;
 use super::procmem::device_address;
 use super::proto::{self, Welcome};
 use crate::dma::DmaAllocator;
+use crate::pci::SharedMap;
 use crate::transport::{DmaBuf, Transport, TransportError};
 
 /// Longest wait for the agent's answer to a command (a large `REG_MR`
 /// takes the device tens of ms; the agent serves programs in turn).
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for the shared doorbell queue (its lock, a free slot).
+pub const DOORBELL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest wait for a started agent to accept connections.
 pub const SPAWN_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -59,6 +62,9 @@ pub struct AgentTransport {
     ctx: u16,
     mem: Memory,
     pins: Option<Pins>,
+    /// The agent's doorbell queue, posted to directly; `None`: doorbells
+    /// go through the agent.
+    ring: Option<(crate::dbring::DbRing, SharedMap, SharedMap)>,
     /// An `EV_DEVICE_FATAL` is owed: the agent went away.
     lost: bool,
     pending: VecDeque<abi::Event>,
@@ -98,7 +104,8 @@ impl AgentTransport {
         {
             return Err(TransportError::Timeout(COMMAND_TIMEOUT.as_millis() as u64));
         }
-        let (n, _) = proto::recv(sock.as_raw_fd(), &mut buf, 0).map_err(|e| io_err("agent", e))?;
+        let (n, wfds) =
+            proto::recv(sock.as_raw_fd(), &mut buf, 0).map_err(|e| io_err("agent", e))?;
         let w = Welcome::decode(&buf[..n]).ok_or_else(gone)?;
         if w.status != 0 {
             return Err(TransportError::Status {
@@ -124,6 +131,26 @@ impl AgentTransport {
         } else {
             None
         };
+        let ring = match (&w.db, wfds.first()) {
+            (Some(db), Some(memfd)) => {
+                if (db.layout.len as usize) > crate::pci::SHARED_DB_REGION {
+                    return Err(gone());
+                }
+                let region = SharedMap::map(
+                    memfd.as_raw_fd(),
+                    crate::pci::SHARED_DB_REGION,
+                    0,
+                    libc::MAP_POPULATE,
+                )?;
+                let (nmap, reg) = crate::pci::map_notify(&db.notify_file, db.notify_offset)?;
+                // SAFETY: both mappings are kept beside the ring.
+                let r = unsafe {
+                    crate::dbring::DbRing::new(region.ptr(), db.layout, reg, abi::DOORBELLQ)
+                };
+                Some((r, region, nmap))
+            }
+            _ => None,
+        };
         Ok(AgentTransport {
             sock,
             events,
@@ -131,6 +158,7 @@ impl AgentTransport {
             ctx: w.ctx,
             mem,
             pins,
+            ring,
             lost: false,
             pending: VecDeque::new(),
         })
@@ -288,6 +316,13 @@ impl Transport for AgentTransport {
         if self.lost {
             return Err(gone());
         }
+        if let Some((ring, _, _)) = &self.ring {
+            let db = abi::Doorbell {
+                ctx: self.ctx,
+                ..*db
+            };
+            return ring.post(&db, DOORBELL_TIMEOUT);
+        }
         let mut m = Vec::with_capacity(1 + size_of::<abi::Doorbell>());
         m.push(proto::MSG_DB);
         m.extend_from_slice(db.as_bytes());
@@ -370,6 +405,12 @@ impl Transport for AgentTransport {
             }
             _ => None,
         }
+    }
+
+    /// True when doorbells go through the agent (no shared doorbell
+    /// queue): it must get the CPU to forward them.
+    fn yield_when_idle(&self) -> bool {
+        self.ring.is_none()
     }
 
     /// The event socket: readable when the agent sent an event.

@@ -81,10 +81,23 @@ pub const MODE_PROCESS: u8 = 1;
 pub const PROCESS_CTX_SHIFT: u32 = 48;
 
 /// Largest message, bytes.
-pub const MAX_MSG: usize = 8 + abi::MAX_CMD_BODY + 64;
+pub const MAX_MSG: usize = 512;
 
-/// The agent's [`MSG_WELCOME`]: 72 bytes after the tag.
-#[derive(Debug, Clone, Copy)]
+/// The agent's shared doorbell queue, as a program maps it
+/// ([`crate::dbring`]); the memfd travels with the [`MSG_WELCOME`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedDb {
+    /// Where the ring's parts lie in the memfd.
+    pub layout: crate::dbring::DbRingLayout,
+    /// The resource file of the BAR with the queue's notification register.
+    pub notify_file: std::path::PathBuf,
+    /// The register's offset in it, bytes.
+    pub notify_offset: u64,
+}
+
+/// The agent's [`MSG_WELCOME`]: 73 bytes after the tag, then the shared
+/// doorbell queue if any (its memfd attached).
+#[derive(Debug, Clone)]
 pub struct Welcome {
     /// 0, or the errno why the program is refused.
     pub status: u32,
@@ -94,6 +107,9 @@ pub struct Welcome {
     pub mode: u8,
     /// The device's configuration space.
     pub config: abi::ConfigSpace,
+    /// The doorbell queue the program posts to itself ([`MODE_PHYS`]);
+    /// `None`: doorbells go to the agent ([`MSG_DB`]).
+    pub db: Option<SharedDb>,
 }
 
 impl Welcome {
@@ -105,6 +121,16 @@ impl Welcome {
         m.push(self.mode);
         m.push(0);
         m.extend_from_slice(self.config.as_bytes());
+        match &self.db {
+            None => m.push(0),
+            Some(d) => {
+                use std::os::unix::ffi::OsStrExt;
+                m.push(1);
+                m.extend_from_slice(&d.layout.encode());
+                m.extend_from_slice(&d.notify_offset.to_le_bytes());
+                m.extend_from_slice(d.notify_file.as_os_str().as_bytes());
+            }
+        }
         m
     }
 
@@ -113,11 +139,27 @@ impl Welcome {
         if m.first() != Some(&MSG_WELCOME) || m.len() < 9 + size_of::<abi::ConfigSpace>() {
             return None;
         }
+        let rest = &m[9 + size_of::<abi::ConfigSpace>()..];
+        let db = match rest.first() {
+            None | Some(0) => None,
+            Some(_) => {
+                use std::os::unix::ffi::OsStrExt;
+                let layout = crate::dbring::DbRingLayout::decode(rest.get(1..29)?)?;
+                let notify_offset = u64::from_le_bytes(rest.get(29..37)?.try_into().ok()?);
+                let path = std::ffi::OsStr::from_bytes(rest.get(37..)?);
+                Some(SharedDb {
+                    layout,
+                    notify_file: path.into(),
+                    notify_offset,
+                })
+            }
+        };
         Some(Welcome {
             status: u32::from_le_bytes(m[1..5].try_into().ok()?),
             ctx: u16::from_le_bytes(m[5..7].try_into().ok()?),
             mode: m[7],
             config: abi::ConfigSpace::read_from(&m[9..])?,
+            db,
         })
     }
 }
@@ -385,11 +427,23 @@ mod tests {
                 abi_version: abi::ABI_VERSION,
                 ..Default::default()
             },
+            db: None,
         };
         let m = w.encode();
         let d = Welcome::decode(&m).unwrap();
         assert_eq!((d.ctx, d.mode, d.config), (7, MODE_PROCESS, w.config));
-        assert!(Welcome::decode(&m[..m.len() - 1]).is_none());
+        assert!(d.db.is_none());
+        assert!(Welcome::decode(&m[..m.len() - 2]).is_none());
+        let db = SharedDb {
+            layout: crate::dbring::DbRingLayout::new(256).unwrap(),
+            notify_file: "/sys/bus/pci/devices/0000:00:04.0/resource4".into(),
+            notify_offset: 0x3004,
+        };
+        let w2 = Welcome {
+            db: Some(db.clone()),
+            ..w
+        };
+        assert_eq!(Welcome::decode(&w2.encode()).unwrap().db, Some(db));
         assert!(Welcome::decode(&[MSG_RESP; 80]).is_none());
     }
 

@@ -62,6 +62,8 @@ pub struct Agent {
     procmem: Option<Arc<ProcessMemory>>,
     /// Exit after this long without programs (`None`: never).
     linger: Option<Duration>,
+    /// The device's doorbell queue, which programs post to themselves.
+    shared_db: Option<crate::pci::SharedDoorbells>,
     stats: AgentStats,
 }
 
@@ -95,8 +97,16 @@ impl Agent {
             },
             procmem,
             linger,
+            shared_db: None,
             stats: AgentStats::default(),
         })
+    }
+
+    /// Lets programs post doorbells to `db` themselves (the transport's
+    /// [`crate::pci::PciTransport::shared_doorbells`]): no hop through the
+    /// agent per doorbell.
+    pub fn share_doorbells(&mut self, db: crate::pci::SharedDoorbells) {
+        self.shared_db = Some(db);
     }
 
     /// Counters so far.
@@ -261,9 +271,15 @@ impl Agent {
             ctx,
             mode: self.mode,
             config: self.dev.config(),
+            db: self.shared_db.as_ref().map(|d| proto::SharedDb {
+                layout: d.layout,
+                notify_file: d.notify_file.clone(),
+                notify_offset: d.notify_offset,
+            }),
         };
+        let fds: Vec<RawFd> = self.shared_db.iter().map(|d| d.memfd).collect();
         let p = &mut self.programs[i];
-        if proto::send(p.sock.as_raw_fd(), &w.encode(), &[], 0).is_err() || status != 0 {
+        if proto::send(p.sock.as_raw_fd(), &w.encode(), &fds, 0).is_err() || status != 0 {
             if status == 0 {
                 p.ctx = Some(ctx);
             }

@@ -293,6 +293,11 @@ impl Context {
         lock(&self.inner.transport).poll_event()
     }
 
+    /// Whether to yield between empty CQ polls ([`Transport::yield_when_idle`]).
+    pub fn yield_when_idle(&self) -> bool {
+        lock(&self.inner.transport).yield_when_idle()
+    }
+
     /// The transport's event descriptor ([`Transport::event_fd`]): readable
     /// when [`Context::poll_event`] has something.
     pub fn event_fd(&self) -> Option<std::os::fd::RawFd> {

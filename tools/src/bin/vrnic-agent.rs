@@ -80,6 +80,7 @@ fn main() -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    let mut shared = None;
     let (dev, procmem): (Box<dyn Transport>, _) = match &args.loopback {
         Some(spec) => {
             let (netdev, cfg) = loopback::parse_spec(spec).map_err(anyhow::Error::msg)?;
@@ -89,7 +90,19 @@ fn main() -> anyhow::Result<()> {
             let t = LoopbackTransport::with_device_memory(cfg, Box::new(link), pm.clone())?;
             (Box::new(t), Some(pm))
         }
-        None => (Box::new(PciTransport::open(args.pci.as_deref())?), None),
+        None => {
+            let t = match PciTransport::open_shared(args.pci.as_deref()) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(
+                        "no shared doorbell queue ({e}); doorbells go through the agent"
+                    );
+                    PciTransport::open(args.pci.as_deref())?
+                }
+            };
+            shared = t.shared_doorbells();
+            (Box::new(t), None)
+        }
     };
     // SAFETY: the handler only stores to an atomic.
     unsafe {
@@ -113,6 +126,9 @@ fn main() -> anyhow::Result<()> {
     let linger = (args.linger > 0).then(|| Duration::from_secs(args.linger));
     let mut a = Agent::new(dev, socket.clone(), procmem, linger)
         .with_context(|| format!("listening on {}", socket.display()))?;
+    if let Some(db) = shared {
+        a.share_doorbells(db);
+    }
     tracing::info!("serving on {}", socket.display());
     let stats = a.run(&STOP)?;
     tracing::info!(?stats, "stopped");
