@@ -5,7 +5,8 @@
 # (images/init/), /etc/vrnic-setup (images/init/vrnic-setup), the static guest-lib tools and, with
 # --lib, vrnic's libibverbs.so.1 as /usr/lib/vrnic/libibverbs.so.1, found before Debian's through
 # /etc/ld.so.conf.d/00-vrnic.conf (the one line a user adds on their own guest), and the libibverbs
-# READ/atomic peer /usr/bin/rxe-rdma-peer (as in the rxe image), which then runs on vrnic.
+# READ/atomic peer /usr/bin/rxe-rdma-peer (as in the rxe image), which then runs on vrnic, and
+# /usr/bin/pin-check (tests/e2e/peer/pin-check.c: registered pages stay in place under compaction).
 # Usage: vrnic-initramfs.sh [--lib LIBFILE] [BINARY...]   each BINARY (a static executable) goes to
 # /usr/bin; missing ones are skipped with a warning. Output directory: initramfs.cpio. Prints the
 # directory.
@@ -14,6 +15,14 @@ set -euo pipefail
 . "$(dirname "$0")/common.sh"
 
 MODULES=(virtio_net qemu_fw_cfg uio_pci_generic)
+PIN_CHECK_SRC=$IMAGES_DIR/../tests/e2e/peer/pin-check.c
+
+# build_pin_check FILE: compiles PIN_CHECK_SRC against the host's libibverbs-dev (as
+# build_rdma_peer does; in the guest it runs on vrnic's libibverbs.so.1).
+build_pin_check() {
+    gcc -O2 -Wall -Wextra -Wno-missing-field-initializers -o "$1" "$PIN_CHECK_SRC" -libverbs ||
+        die "compiling $PIN_CHECK_SRC failed"
+}
 
 build_vrnic() {
     local out=$1 root=$2 kdir=$3 lib=$4 extra=$1/extra b
@@ -31,6 +40,7 @@ build_vrnic() {
     if [ -n "$lib" ]; then
         # The libibverbs READ/atomic peer runs on vrnic's library too.
         build_rdma_peer "$extra/usr/bin/rxe-rdma-peer"
+        build_pin_check "$extra/usr/bin/pin-check"
         install -m 0755 "$lib" "$extra/usr/lib/vrnic/libibverbs.so.1"
         strip --strip-debug "$extra/usr/lib/vrnic/libibverbs.so.1" 2>/dev/null || true
         echo /usr/lib/vrnic >"$extra/etc/ld.so.conf.d/00-vrnic.conf"
@@ -60,6 +70,6 @@ done
 root=$("$IMAGES_DIR/bookworm-root.sh")
 kdir=$("$IMAGES_DIR/kernel.sh")
 k=$(key "$IMAGES_DIR/common.sh" "$0" "$IMAGES_DIR/init/init" "$IMAGES_DIR/init/vrnic-setup" \
-    "$RDMA_PEER_SRC" <(echo "$root $kdir ${bins[*]} $lib"; gcc --version | head -1
+    "$RDMA_PEER_SRC" "$PIN_CHECK_SRC" <(echo "$root $kdir ${bins[*]} $lib"; gcc --version | head -1
         dpkg-query -W libibverbs-dev 2>/dev/null) ${bins[@]+"${bins[@]}"} ${lib:+"$lib"})
 cached vrnic-initramfs "$k" build_vrnic "$root" "$kdir" "$lib" ${bins[@]+"${bins[@]}"}
