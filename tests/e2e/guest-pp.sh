@@ -143,6 +143,17 @@ for role in $ROLES; do
     done
     phase=$((phase + 1))
 done
+# Which libibverbs.so.1 Debian's tools get, and the device list (IDLE_CHECK=1: ibv sides):
+#   VRNIC-LIB <name> lib=<path> devices=<names,>
+if [ "${IDLE_CHECK:-0}" = 1 ]; then
+    echo "--- $NAME ldd /usr/bin/ib_write_bw; ibv_devices"
+    ldd /usr/bin/ib_write_bw | grep libibverbs
+    timeout 60 ibv_devices >/tmp/devices.out 2>&1
+    cat /tmp/devices.out
+    lib=$(ldd /usr/bin/ib_write_bw | sed -n 's/.*libibverbs.so.1 => \([^ ]*\).*/\1/p')
+    devs=$(awk 'NR > 2 && NF >= 1 { printf "%s,", $1 }' /tmp/devices.out)
+    echo "VRNIC-LIB $NAME lib=${lib:-none} devices=${devs:-none}"
+fi
 # thread_stat DIR: "<context switches> <CPU cs>" of the task at DIR (/proc/PID/task/TID), from
 # status (voluntary + nonvoluntary) and stat (utime + stime, fields 14 and 15, in USER_HZ = 100).
 thread_stat() {
