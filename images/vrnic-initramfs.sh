@@ -8,7 +8,8 @@
 # and the vrnic-* tools in /usr/bin) installed by `dpkg -i` in a chroot, as a user would on their
 # own guest, so every run of the e2e test proves the package installs and works; the image also
 # gets the libibverbs READ/atomic peer /usr/bin/rxe-rdma-peer (as in the rxe image), which then runs
-# on vrnic. The package's content is part of the cache key: a changed package, a new image.
+# on vrnic, and /usr/bin/pin-check (tests/e2e/peer/pin-check.c: registered pages stay in place
+# under compaction). The package's content is part of the cache key: a changed package, a new image.
 # Usage: vrnic-initramfs.sh [--deb DEB]. Output directory: initramfs.cpio (and dpkg.log, the
 # installation's output). Prints the directory.
 set -euo pipefail
@@ -16,6 +17,14 @@ set -euo pipefail
 . "$(dirname "$0")/common.sh"
 
 MODULES=(virtio_net qemu_fw_cfg uio_pci_generic)
+PIN_CHECK_SRC=$IMAGES_DIR/../tests/e2e/peer/pin-check.c
+
+# build_pin_check FILE: compiles PIN_CHECK_SRC against the host's libibverbs-dev (as
+# build_rdma_peer does; in the guest it runs on vrnic's libibverbs.so.1).
+build_pin_check() {
+    gcc -O2 -Wall -Wextra -Wno-missing-field-initializers -o "$1" "$PIN_CHECK_SRC" -libverbs ||
+        die "compiling $PIN_CHECK_SRC failed"
+}
 
 build_vrnic() {
     local out=$1 root=$2 kdir=$3 deb=$4 extra=$1/extra img=$1/root
@@ -37,8 +46,11 @@ build_vrnic() {
     copy_modules "$kdir" "$extra" "${MODULES[@]}"
     install -m 0755 "$IMAGES_DIR/init/init" "$extra/init"
     install -m 0644 "$IMAGES_DIR/init/vrnic-setup" "$extra/etc/vrnic-setup"
-    # The libibverbs READ/atomic peer runs on vrnic's library too.
-    [ -z "$deb" ] || build_rdma_peer "$extra/usr/bin/rxe-rdma-peer"
+    # The libibverbs READ/atomic peer and the compaction check run on vrnic's library too.
+    if [ -n "$deb" ]; then
+        build_rdma_peer "$extra/usr/bin/rxe-rdma-peer"
+        build_pin_check "$extra/usr/bin/pin-check"
+    fi
     pack_cpio "$extra" "$out/extra.cpio"
     cat "$out/root.cpio" "$out/extra.cpio" >"$out/initramfs.cpio"
     rm -rf "$extra" "$out/root.cpio" "$out/extra.cpio"
@@ -55,6 +67,6 @@ fi
 root=$("$IMAGES_DIR/bookworm-root.sh")
 kdir=$("$IMAGES_DIR/kernel.sh")
 k=$(key "$IMAGES_DIR/common.sh" "$0" "$IMAGES_DIR/init/init" "$IMAGES_DIR/init/vrnic-setup" \
-    "$RDMA_PEER_SRC" <(echo "$root $kdir ${deb:+package}"; gcc --version | head -1
+    "$RDMA_PEER_SRC" "$PIN_CHECK_SRC" <(echo "$root $kdir ${deb:+package}"; gcc --version | head -1
         dpkg-query -W libibverbs-dev 2>/dev/null) ${deb:+"$deb"})
 cached vrnic-initramfs "$k" build_vrnic "$root" "$kdir" "$deb"

@@ -11,6 +11,23 @@
 #   EXTRA       extra tool options
 #   PERF_TOOLS  perftest tools to run afterwards (e.g. "ib_write_bw ib_send_lat"), PERF_ARGS their
 #               options besides -x GID -p PORT (e.g. "-n 200"); empty: none
+#   PERF_ALL_TOOLS, PERF_ALL_ARGS  perftest tools to run again with PERF_ALL_ARGS (e.g. "-a -n 5":
+#               every size from 2 B to 8 MiB), and
+#   PERF_QP_TOOLS, PERF_QP_ARGS    with PERF_QP_ARGS (e.g. "-q 4 -n 100": several QPs); each in
+#               ROLES order, one line per run and one per size the tool printed:
+#               VRNIC-PERFX <name> <tool> <role> <all|qp> rc=<rc> rows=<n> bytes=<first>-<last> cs=<wall>
+#               VRNIC-PERFROW <name> <tool> <role> <all|qp> <bytes> <value>
+#               (value: BW average, or the typical latency)
+#   PIN_CHECK   1: at the end, pin-check (tests/e2e/peer/pin-check.c: registered pages keep their
+#               PFNs while memory is fragmented and compacted; meanwhile a second process,
+#               ibv_devinfo, tries the device), then per role an ibv_rc_pingpong -c of
+#               PIN_SIZE x PIN_ITERS and an rxe-rdma-peer run (READs of PIN_RDMA_SIZES,
+#               PIN_RDMA_READS each, 20 fetch-adds), each with pin-check --compact-loop fragmenting
+#               and compacting memory every 0.2 s in the background; lines:
+#               VRNIC-PIN <name> check rc=<rc> <pin-check's result fields> second_open=<rc>
+#               VRNIC-PIN <name> unguarded rc=<rc> <fields>  (the same with
+#               /proc/sys/vm/compact_unevictable_allowed=1 for its duration: for comparison)
+#               VRNIC-PIN <name> transfer <role> rc=<rc> verified=<yes|no> compactions=<n> migrated=<n> <what>
 #   XRUNS       "ud srq" (or a subset): afterwards run the UD and SRQ ping-pongs (ibv_ud_pingpong /
 #               ibv_srq_pingpong on rxe, vrnic-ud-pingpong / vrnic-srq-pingpong on vrnic), in ROLES
 #               order, XITERS iterations each; one line per run:
@@ -128,6 +145,17 @@ for role in $ROLES; do
     done
     phase=$((phase + 1))
 done
+# Which libibverbs.so.1 Debian's tools get, and the device list (IDLE_CHECK=1: ibv sides):
+#   VRNIC-LIB <name> lib=<path> devices=<names,>
+if [ "${IDLE_CHECK:-0}" = 1 ]; then
+    echo "--- $NAME ldd /usr/bin/ib_write_bw; ibv_devices"
+    ldd /usr/bin/ib_write_bw | grep libibverbs
+    timeout 60 ibv_devices >/tmp/devices.out 2>&1
+    cat /tmp/devices.out
+    lib=$(ldd /usr/bin/ib_write_bw | sed -n 's/.*libibverbs.so.1 => \([^ ]*\).*/\1/p')
+    devs=$(awk 'NR > 2 && NF >= 1 { printf "%s,", $1 }' /tmp/devices.out)
+    echo "VRNIC-LIB $NAME lib=${lib:-none} devices=${devs:-none}"
+fi
 # thread_stat DIR: "<context switches> <CPU cs>" of the task at DIR (/proc/PID/task/TID), from
 # status (voluntary + nonvoluntary) and stat (utime + stime, fields 14 and 15, in USER_HZ = 100).
 thread_stat() {
@@ -419,5 +447,119 @@ client)
     [ $ok = yes ] || fails=$((fails + 1))
     ;;
 esac
+# perftest again, with all sizes (-a) and with several QPs (-q 4): only the exit status is judged
+# (and, on the client, that it printed a row); the rows go to the harness's perftest-sweep.csv.
+p=0
+for variant in all qp; do
+    if [ $variant = all ]; then vtools=${PERF_ALL_TOOLS:-} vargs=${PERF_ALL_ARGS:-}; else
+        vtools=${PERF_QP_TOOLS:-} vargs=${PERF_QP_ARGS:-}; fi
+    for tool in $vtools; do
+        for role in $ROLES; do
+            w0=$(now_cs)
+            # shellcheck disable=SC2086
+            run_retry "$role" "$tool" -x "$GID" -p $((BASEPORT + 1100 + p)) $vargs
+            p=$((p + 1))
+            echo "--- $NAME perf $tool $role ($variant)"
+            cat /tmp/out
+            # Result rows: "#bytes" header, then one numeric row per size (BW average: 4th
+            # column; latency: t_typical, 5th).
+            awk -v n="$NAME" -v t="$tool" -v r="$role" -v v="$variant" '
+                /#bytes/ { on = 1; next }
+                on && $1 ~ /^[0-9]+$/ && NF >= 5 { print "VRNIC-PERFROW", n, t, r, v, $1, (t ~ /_lat$/ ? $5 : $4) }
+                on && /^-+$/ { on = 0 }' /tmp/out >/tmp/rows
+            cat /tmp/rows
+            rows=$(wc -l </tmp/rows)
+            first=$(awk 'NR == 1 { print $6 }' /tmp/rows) last=$(awk 'END { print $6 }' /tmp/rows)
+            echo "VRNIC-PERFX $NAME $tool $role $variant rc=$rc rows=$rows bytes=${first:-none}-${last:-none} cs=$(($(now_cs) - w0))"
+            [ "$rc" -eq 0 ] || fails=$((fails + 1))
+        done
+    done
+done
+# Registered memory stays in place under compaction (PIN_CHECK=1, vrnic guests only).
+if [ "${PIN_CHECK:-0}" = 1 ]; then
+    rm -f /tmp/pin-go /tmp/pin.out
+    timeout $((RUN_TIMEOUT * 2)) pin-check --hold /tmp/pin-go --hold-timeout 60 >/tmp/pin.out 2>&1 &
+    ppid=$!
+    # While it holds the device (bounded wait for its line), a second process tries it.
+    deadline=$(($(now) + RUN_TIMEOUT))
+    while ! grep -q 'holding the device' /tmp/pin.out && kill -0 $ppid 2>/dev/null && [ "$(now)" -lt "$deadline" ]; do
+        sleep 0.2
+    done
+    second=n/a
+    if grep -q 'holding the device' /tmp/pin.out; then
+        timeout 60 ibv_devinfo >/tmp/devinfo.out 2>&1
+        second=$?
+        echo "--- $NAME ibv_devinfo while pin-check holds the device: exit $second"
+        cat /tmp/devinfo.out
+    fi
+    touch /tmp/pin-go
+    wait $ppid
+    rc=$?
+    echo "--- $NAME pin-check"
+    cat /tmp/pin.out
+    res=$(sed -n 's/^pin-check: result //p' /tmp/pin.out | tail -1)
+    echo "VRNIC-PIN $NAME check rc=$rc ${res:-no-result} second_open=$second"
+    [ "$rc" -eq 0 ] || fails=$((fails + 1))
+    # For comparison, not judged: the same check with the image's compact_unevictable_allowed=0
+    # undone for its duration, i.e. without what keeps mlocked pages out of compaction today.
+    cua=/proc/sys/vm/compact_unevictable_allowed
+    if [ -w $cua ]; then
+        old=$(cat $cua)
+        echo 1 >$cua
+        timeout $((RUN_TIMEOUT * 2)) pin-check >/tmp/pin.out 2>&1
+        rc=$?
+        echo "$old" >$cua
+        echo "--- $NAME pin-check with compact_unevictable_allowed=1 (restored to $old)"
+        cat /tmp/pin.out
+        res=$(sed -n 's/^pin-check: result //p' /tmp/pin.out | tail -1)
+        echo "VRNIC-PIN $NAME unguarded rc=$rc ${res:-no-result}"
+    fi
+    # Data-checked transfers while memory is fragmented and compacted every 0.2 s: per role,
+    # Debian's ibv_rc_pingpong -c (which checks the first byte of every page) and rxe-rdma-peer
+    # (RDMA READs checked byte for byte with their guard bytes, fetch-adds, compare-and-swaps).
+    i=0
+    for role in $ROLES; do
+        for t in pingpong rdma; do
+            rm -f /tmp/pin-stop
+            pin-check --compact-loop $((RUN_TIMEOUT * 2 + 60)) --stop /tmp/pin-stop >/tmp/loop.out 2>&1 &
+            lpid=$!
+            port=$((BASEPORT + 1300 + i))
+            i=$((i + 1))
+            if [ $t = pingpong ]; then
+                run_retry "$role" ibv_rc_pingpong -g "$GID" -m "$MTU" -s "$PIN_SIZE" -n "$PIN_ITERS" -p "$port" -c
+            else
+                set -- rxe-rdma-peer -g "$GID" -m "$MTU" -s "$PIN_RDMA_SIZES" -r "$PIN_RDMA_READS" -n 20 \
+                    -p "$port" --timeout "$RUN_TIMEOUT"
+                # The active side (client) retries a refused connection itself, within --timeout.
+                [ "$role" = client ] && set -- "$@" "$PEER_IP"
+                echo "--- $NAME $role: $*"
+                timeout $((RUN_TIMEOUT * 2 + 30)) "$@" >/tmp/out 2>&1
+                rc=$?
+            fi
+            touch /tmp/pin-stop
+            wait $lpid
+            cat /tmp/out /tmp/loop.out
+            n=$(sed -n 's/.*compact-loop compactions=\([0-9]*\).*/\1/p' /tmp/loop.out)
+            m=$(sed -n 's/.*compact-loop .* migrated=\([0-9]*\).*/\1/p' /tmp/loop.out)
+            if [ $t = pingpong ]; then
+                what="ibv_rc_pingpong -c $PIN_SIZE B x $PIN_ITERS"
+                verified=yes
+                grep -q 'invalid data' /tmp/out && verified=no
+            else
+                what="rxe-rdma-peer READs of $PIN_RDMA_SIZES B x $PIN_RDMA_READS"
+                verified=no
+                if [ "$role" = server ]; then
+                    grep -q '^responder verified: 20 fetch-adds, .*data intact' /tmp/out && verified=yes
+                else
+                    want=$(echo "$PIN_RDMA_SIZES" | tr ',' ' ' | wc -w)
+                    got=$(grep -c "^rdma-read verified: $PIN_RDMA_READS reads of " /tmp/out)
+                    [ "$got" -eq "$want" ] && grep -q '^cmp-swap verified' /tmp/out && verified=yes
+                fi
+            fi
+            echo "VRNIC-PIN $NAME transfer $role rc=$rc verified=$verified compactions=${n:-0} migrated=${m:-0} $what"
+            [ "$rc" -eq 0 ] && [ $verified = yes ] && [ "${n:-0}" -gt 0 ] || fails=$((fails + 1))
+        done
+    done
+fi
 echo "VRNIC-SUMMARY $NAME failures=$fails"
 [ $fails -eq 0 ]

@@ -28,7 +28,10 @@
 # E2E_GUEST_TIMEOUT (bound on one guest's whole job, 900 s), E2E_NO_BUILD=1 (skip cargo build),
 # E2E_RDMA=0 (no RDMA READ/atomic runs), E2E_RDMA_SIZES ("1,4097,1048576"), E2E_RDMA_READS (2),
 # E2E_RDMA_FAA (100), E2E_LOSSY_RDMA, E2E_LOSSY_SIZES, E2E_LOSS (nft|netem), E2E_CRASH_ITERS,
-# E2E_CRASH_AFTER, E2E_KILL_RSS_SLACK_KB (kill/restart steps),
+# E2E_CRASH_AFTER, E2E_KILL_RSS_SLACK_KB (kill/restart steps), E2E_PERF=0 (no perftest),
+# E2E_PERF_SWEEP=0 (no perftest -a / -q 4 runs in the ibv pairs), E2E_PERF_ALL_TOOLS/ARGS,
+# E2E_PERF_QP_TOOLS/ARGS, E2E_PIN=0 (no compaction check in ibv-ibv), E2E_PIN_SIZE, E2E_PIN_ITERS,
+# E2E_PIN_RDMA_SIZES, E2E_PIN_RDMA_READS,
 # VRNIC_BIN (daemon binary), VRNIC_ACCEL (kvm|tcg, default: probed), VRNIC_CACHE.
 # Prints PASS:/FAIL: lines and a closing "e2e: N passed, N failed"; exit status 0 iff no failure.
 set -euo pipefail
@@ -119,6 +122,24 @@ RDMA_FAA=${E2E_RDMA_FAA:-100}
 # (besides -x 1 and a port of its own). Figures land in RESULTS/perftest.csv and a table at the end.
 PERF_TOOLS_ALL=${E2E_PERF_TOOLS:-ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat ib_atomic_lat}
 PERF_ARGS_ALL=${E2E_PERF_ARGS:--n 200}
+# In the ibv-* pairs perftest runs again, each tool in both roles: with every size from 2 B to
+# 8 MiB (-a; not the atomics, whose size is fixed at 8 B and which have no -a) and with 4 QPs
+# (-q 4; the bandwidth tools only: the latency tools have no -q). Few iterations per size (perftest
+# takes at least 5) to bound the time under TCG; ib_read_lat is left out of -a for time (about 14 s
+# a run under TCG; READs of every size are in ib_read_bw -a). Only exit status and rows are judged,
+# the rows go to RESULTS/perftest-sweep.csv. E2E_PERF_SWEEP=0 leaves them out.
+PERF_ALL_TOOLS_ALL=${E2E_PERF_ALL_TOOLS-ib_write_bw ib_read_bw ib_send_bw ib_write_lat ib_send_lat}
+PERF_ALL_ARGS_ALL=${E2E_PERF_ALL_ARGS:--a -n 5}
+PERF_QP_TOOLS_ALL=${E2E_PERF_QP_TOOLS-ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw}
+PERF_QP_ARGS_ALL=${E2E_PERF_QP_ARGS:--q 4 -n 100}
+
+# ibv-ibv: registered memory stays in place under compaction (tests/e2e/peer/pin-check.c), then
+# data-checked transfers (ibv_rc_pingpong -c, PIN_SIZE x PIN_ITERS; rxe-rdma-peer READs of
+# PIN_RDMA_SIZES x PIN_RDMA_READS) while memory is compacted every 0.2 s. E2E_PIN=0 skips it.
+PIN_SIZE=${E2E_PIN_SIZE:-1048576}
+PIN_ITERS=${E2E_PIN_ITERS:-100}
+PIN_RDMA_SIZES=${E2E_PIN_RDMA_SIZES:-4097,1048576}
+PIN_RDMA_READS=${E2E_PIN_RDMA_READS:-32}
 
 # job FILE NAME TOOL PEER_IP ROLES [WRITE_IMM_ROLE [RDMA_ROLES]]: writes a guest job (parameters +
 # tests/e2e/guest-pp.sh).
@@ -130,6 +151,9 @@ job() {
         echo "RDMA_ROLES='${7:-}' RDMA_SIZES='$RDMA_SIZES' RDMA_READS=$RDMA_READS RDMA_FAA=$RDMA_FAA"
         echo "BASEPORT=18515 RUN_TIMEOUT=$RUN_TIMEOUT CONNECT_WAIT=$((RUN_TIMEOUT + 120)) EXTRA='${E2E_EXTRA:-}'"
         echo "PERF_TOOLS='${PERF_TOOLS:-}' PERF_ARGS='${PERF_ARGS:-}'"
+        echo "PERF_ALL_TOOLS='${PERF_ALL_TOOLS:-}' PERF_ALL_ARGS='${PERF_ALL_ARGS:-}'"
+        echo "PERF_QP_TOOLS='${PERF_QP_TOOLS:-}' PERF_QP_ARGS='${PERF_QP_ARGS:-}'"
+        echo "PIN_CHECK=${PIN_CHECK:-0} PIN_SIZE=$PIN_SIZE PIN_ITERS=$PIN_ITERS PIN_RDMA_SIZES=$PIN_RDMA_SIZES PIN_RDMA_READS=$PIN_RDMA_READS"
         echo "EVENT_ROLES='${EVENT_ROLES:-}' EVENT_SIZE=$EVENT_SIZE EVENT_ITERS=$EVENT_ITERS"
         echo "IDLE_CHECK=${IDLE_CHECK:-0} IDLE_WINDOW=$IDLE_WINDOW"
         echo "MULTI_ROLE='${MULTI_ROLE:-}'"
@@ -211,6 +235,15 @@ run_pair() {
     if [ "$base" = "$pair" ] && [ "${E2E_PERF:-1}" = 1 ] && [[ $pair == rxe-rxe || $pair == ibv-* ]]; then
         PERF_TOOLS=$PERF_TOOLS_ALL PERF_ARGS=$PERF_ARGS_ALL
     fi
+    # The -a and -q 4 sweeps in the ibv pairs (both sides run them).
+    local PERF_ALL_TOOLS='' PERF_ALL_ARGS='' PERF_QP_TOOLS='' PERF_QP_ARGS=''
+    if [ "$base" = "$pair" ] && [ "${E2E_PERF:-1}" = 1 ] && [ "${E2E_PERF_SWEEP:-1}" = 1 ] && [[ $pair == ibv-* ]]; then
+        PERF_ALL_TOOLS=$PERF_ALL_TOOLS_ALL PERF_ALL_ARGS=$PERF_ALL_ARGS_ALL
+        PERF_QP_TOOLS=$PERF_QP_TOOLS_ALL PERF_QP_ARGS=$PERF_QP_ARGS_ALL
+    fi
+    # The compaction check where both guests run vrnic's libibverbs.so.1.
+    local PIN_CHECK=0
+    [ "$pair" = ibv-ibv ] && [ "${E2E_PIN:-1}" = 1 ] && PIN_CHECK=1
     if [ "$base" != "$pair" ]; then
         # Seen by job() and the checks: fewer sizes, no UD/SRQ runs (UD has no recovery; stock tools
         # would hang); the RDMA READ/atomic runs stay (E2E_LOSSY_RDMA=0 drops them).
@@ -337,6 +370,15 @@ run_pair() {
             else pass "$iwhat: asleep on the interrupt"; fi
         done < <(grep -a '^VRNIC-IDLE ' "$dir/$side.log" | tr -d '\r')
         [ "$igot" = "$iwant" ] || fail "$pair $side: $igot of $iwant idle checks reported"
+        # VRNIC-LIB name lib=PATH devices=NAMES (ibv sides): what `ldd` and `ibv_devices` show.
+        if [ "${kind_of[$side]}" = ibv ]; then
+            line=$(grep -a -m1 '^VRNIC-LIB ' "$dir/$side.log" | tr -d '\r') || line=
+            if [[ $line == *" lib=/usr/lib/vrnic/libibverbs.so.1 devices=vrnic0,"* ]]; then
+                pass "$pair $side: ldd and ibv_devices show vrnic's library and device (${line#VRNIC-LIB * })"
+            else
+                fail "$pair $side: ldd/ibv_devices: ${line:-no VRNIC-LIB line}"
+            fi
+        fi
         [ "$got" = "$want" ] || fail "$pair $side: $got of $want completion-event (-e) runs reported"
         want=$(($(wc -w <<<"$XRUNS") * 2)) got=0
         while read -r line; do
@@ -392,6 +434,62 @@ run_pair() {
             if [ "$4" = ok=yes ]; then pass "$mwhat"; else fail "$mwhat $4"; fi
         done < <(grep -a '^VRNIC-MULTI ' "$dir/$side.log" | tr -d '\r')
         [ "$got" = "$want" ] || fail "$pair $side: $got of $want several-programs checks reported"
+        # The -a / -q 4 sweeps: VRNIC-PERFX name tool role all|qp rc=R rows=N bytes=FIRST-LAST
+        want=$((($(wc -w <<<"$PERF_ALL_TOOLS") + $(wc -w <<<"$PERF_QP_TOOLS")) * 2)) got=0
+        while read -r line; do
+            got=$((got + 1))
+            # shellcheck disable=SC2086
+            set -- $line
+            local args=$PERF_QP_ARGS rows=${7#rows=}
+            [ "$5" = all ] && args=$PERF_ALL_ARGS
+            local xwhat="$pair $side ${kind_of[$side]} $3 $args $4 (${kind_of[$other]} peer)"
+            if [ "$6" != rc=0 ]; then fail "$xwhat $6"
+            elif [ "$4" = client ] && [ "$5" = all ] && [ "$rows" != 23 ]; then
+                fail "$xwhat: $rows sizes reported, not the 23 from 2 B to 8 MiB"
+            elif [ "$4" = client ] && [ "$rows" -lt 1 ]; then fail "$xwhat: no result row"
+            else pass "$xwhat: $rows sizes, ${8#bytes=} B"; fi
+        done < <(grep -a '^VRNIC-PERFX ' "$dir/$side.log" | tr -d '\r')
+        [ "$got" = "$want" ] || fail "$pair $side: $got of $want perftest -a/-q runs reported"
+        [ "$want" = 0 ] || vr_log "$pair $side: the perftest -a/-q runs took $(grep -a '^VRNIC-PERFX ' "$dir/$side.log" |
+            tr -d '\r' | awk '{ sub("cs=", "", $NF); t += $NF } END { printf "%.0f", t / 100 }') s"
+        # (awk, not a grep pipeline: no row must not end the script under set -e -o pipefail)
+        [ "$want" = 0 ] || tr -d '\r' <"$dir/$side.log" |
+            awk -v p="$pair" -v s="$side" -v k="${kind_of[$side]}" -v o="${kind_of[$other]}" \
+                '/^VRNIC-PERFROW / { print p "," s "," k "," o "," $3 "," $4 "," $5 "," $6 "," $7 }' >>"$RESULTS/perftest-sweep.csv"
+        # Compaction: VRNIC-PIN name check rc=R registered_moved=.. ... second_open=S
+        #             VRNIC-PIN name transfer role rc=R verified=V compactions=N migrated=M what...
+        want=0 got=0
+        [ "$PIN_CHECK" = 1 ] && want=6
+        while read -r line; do
+            got=$((got + 1))
+            # shellcheck disable=SC2086
+            set -- $line
+            if [ "$3" = check ]; then
+                local figs=${line#* check }
+                if [ "$4" = rc=0 ] && [[ $figs == *" registered_moved=0 "* ]] && [[ $figs == *" data=intact"* ]]; then
+                    pass "$pair $side pin-check: registered pages kept their PFNs under compaction: $figs"
+                else
+                    fail "$pair $side pin-check: $figs (console $dir/$side.log)"
+                fi
+            elif [ "$3" = unguarded ]; then
+                # Not judged (rc 1: registered pages moved, as may be expected without the
+                # setting); only a set-up error (rc 2, no result) fails.
+                local ufigs=${line#* unguarded }
+                if [ "$4" = rc=0 ] || [ "$4" = rc=1 ]; then
+                    pass "$pair $side pin-check with compact_unevictable_allowed=1 (for comparison, not judged): $ufigs"
+                else
+                    fail "$pair $side pin-check with compact_unevictable_allowed=1: $ufigs"
+                fi
+            else
+                local twhat="$pair $side ${kind_of[$side]} under compaction $4: ${line#* migrated=* }, ${7#compactions=} compactions, ${8#migrated=} pages migrated"
+                if [ "$5" = rc=0 ] && [ "$6" = verified=yes ] && [ "${7#compactions=}" -gt 0 ]; then
+                    pass "$twhat, data verified"
+                else
+                    fail "$twhat: $5 $6"
+                fi
+            fi
+        done < <(grep -a '^VRNIC-PIN ' "$dir/$side.log" | tr -d '\r')
+        [ "$got" = "$want" ] || fail "$pair $side: $got of $want compaction checks reported"
         [ "$pair" = vrnic-vrnic ] || continue
         want=$(wc -w <<<"$WRITE_IMM_SIZES") got=0
         while read -r line; do
