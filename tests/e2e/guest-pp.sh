@@ -20,7 +20,7 @@
 #               (value: BW average, or the typical latency)
 #   PIN_CHECK   1: at the end, pin-check (tests/e2e/peer/pin-check.c: registered pages keep their
 #               PFNs while memory is fragmented and compacted; meanwhile a second process,
-#               ibv_devinfo, tries the device), then per role an ibv_rc_pingpong -c of
+#               ibv_devinfo, uses the device beside it through the guest agent), then per role an ibv_rc_pingpong -c of
 #               PIN_SIZE x PIN_ITERS and an rxe-rdma-peer run (READs of PIN_RDMA_SIZES,
 #               PIN_RDMA_READS each, 20 fetch-adds), each with pin-check --compact-loop fragmenting
 #               and compacting memory every 0.2 s in the background; lines:
@@ -480,7 +480,7 @@ if [ "${PIN_CHECK:-0}" = 1 ]; then
     rm -f /tmp/pin-go /tmp/pin.out
     timeout $((RUN_TIMEOUT * 2)) pin-check --hold /tmp/pin-go --hold-timeout 60 >/tmp/pin.out 2>&1 &
     ppid=$!
-    # While it holds the device (bounded wait for its line), a second process tries it.
+    # While it holds the device (bounded wait for its line), a second process uses it too.
     deadline=$(($(now) + RUN_TIMEOUT))
     while ! grep -q 'holding the device' /tmp/pin.out && kill -0 $ppid 2>/dev/null && [ "$(now)" -lt "$deadline" ]; do
         sleep 0.2
@@ -500,8 +500,8 @@ if [ "${PIN_CHECK:-0}" = 1 ]; then
     res=$(sed -n 's/^pin-check: result //p' /tmp/pin.out | tail -1)
     echo "VRNIC-PIN $NAME check rc=$rc ${res:-no-result} second_open=$second"
     [ "$rc" -eq 0 ] || fails=$((fails + 1))
-    # For comparison, not judged: the same check with the image's compact_unevictable_allowed=0
-    # undone for its duration, i.e. without what keeps mlocked pages out of compaction today.
+    # The same check with the image's compact_unevictable_allowed=0 undone for its duration:
+    # what keeps registered pages in place is then the library's io_uring pins alone.
     cua=/proc/sys/vm/compact_unevictable_allowed
     if [ -w $cua ]; then
         old=$(cat $cua)
