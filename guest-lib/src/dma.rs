@@ -163,8 +163,10 @@ fn page_span(ptr: *const u8, len: usize) -> (usize, usize) {
 /// being registered as an MR). `len == 0` is a no-op.
 ///
 /// Caveat: Linux may still migrate mlocked pages during memory compaction
-/// unless `/proc/sys/vm/compact_unevictable_allowed` is 0; the vrnic guest
-/// image sets that. Errors: `mlock` fails (`ENOMEM`: over
+/// unless `/proc/sys/vm/compact_unevictable_allowed` is 0 (the vrnic guest
+/// image sets that); programs served by the guest agent also pin them with
+/// io_uring registered buffers ([`crate::agent::pin`]), which compaction
+/// cannot move. Errors: `mlock` fails (`ENOMEM`: over
 /// `RLIMIT_MEMLOCK` or unmapped range; `EPERM`): [`TransportError::Io`].
 pub fn lock_range(ptr: *const u8, len: usize) -> Result<(), TransportError> {
     if len == 0 {
