@@ -619,6 +619,10 @@ fn start_agent_pair(
 /// Two perftest pairs at once through one agent per side (several
 /// processes on one device), `ibv_devinfo` while they run, and afterwards
 /// nothing left on either device.
+/// The pairs use perftest's `-u 20` (ACK timeout 4 s instead of 67 ms):
+/// the suite's tests run in parallel on two cores, and an agent's engine
+/// thread starved for half a second would otherwise end a pair with
+/// `RETRY_EXC_ERR` (seen once in CI).
 #[test]
 fn several_programs_share_a_device_through_the_agent() {
     let Some(pair) = Pair::create("agent", 49) else {
@@ -637,7 +641,7 @@ fn several_programs_share_a_device_through_the_agent() {
         &lib,
         &agents,
         "ib_write_bw",
-        &["-x", "1", "-p", &p1, "-n", "2000"],
+        &["-x", "1", "-p", &p1, "-n", "2000", "-u", "20"],
         port,
     );
     let b = start_agent_pair(
@@ -645,7 +649,7 @@ fn several_programs_share_a_device_through_the_agent() {
         &lib,
         &agents,
         "ib_send_bw",
-        &["-x", "1", "-p", &p2, "-n", "2000"],
+        &["-x", "1", "-p", &p2, "-n", "2000", "-u", "20"],
         port + 1,
     );
     let info = run_bounded(
@@ -695,7 +699,7 @@ fn a_program_killed_mid_transfer_leaves_nothing_behind() {
         &lib,
         &agents,
         "ib_write_lat",
-        &["-x", "1", "-p", &p2, "-n", "5000"],
+        &["-x", "1", "-p", &p2, "-n", "5000", "-u", "20"],
         port + 1,
     );
     // The victim: a bandwidth run of 30 s, killed once both of its QPs exist.
