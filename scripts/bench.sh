@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# vrnic benchmark (issue 10, first part): the machine's own limits and Debian's perftest on vrnic,
+# measured in the same run and printed side by side with ratios; figures, never verdicts.
+#
+# Usage: scripts/bench.sh [--quick] [--guests] [--out DIR]
+#   1. vrnic-limits in a namespace of its own with a veth pair: memcpy, AF_PACKET frame rates
+#      (send and sendmmsg, 64 B / 1 KiB / 4 KiB payload frames), busy-poll and blocking round trips;
+#   2. perftest (ib_write_bw, ib_read_bw at 64 B, 4 KiB, 64 KiB, 1 MiB; ib_send_lat, ib_write_lat
+#      at 64 B) between two host processes in two namespaces joined by a veth pair (MTU 9000, path
+#      MTU 4096), each with an in-process vrnic device (VRNIC_LOOPBACK), then each through a guest
+#      agent over such a device (vrnic-agent --loopback, VRNIC_AGENT_SOCKET);
+#   3. with --guests: tests/e2e/run.sh rxe-rxe ibv-ibv (perftest between two rxe guests and two
+#      vrnic guests under the same QEMU accelerator; several minutes under TCG).
+# --quick: shorter runs. Results: DIR (default out/bench-DATE) with bench.csv, bench.json and the
+# printed table (bench.txt). Needs root, perftest and iproute2 (scripts/deps.sh installs them).
+# Not yet (issue 10): the embedded switch and container figures, a chart.
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+quick=0 guests=0 out=
+while [ $# -gt 0 ]; do
+    case $1 in
+    --quick) quick=1 ;;
+    --guests) guests=1 ;;
+    --out) out=$2; shift ;;
+    *) echo "usage: scripts/bench.sh [--quick] [--guests] [--out DIR]" >&2; exit 2 ;;
+    esac
+    shift
+done
+[ "$(id -u)" = 0 ] || { echo "bench: needs root (network namespaces)" >&2; exit 1; }
+for b in ib_write_bw ip timeout; do
+    command -v $b >/dev/null || { echo "bench: $b missing (scripts/deps.sh)" >&2; exit 1; }
+done
+out=${out:-$top/out/bench-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$out"
+secs=1 iters=2000 lat_iters=2000
+[ $quick = 1 ] && secs=0.3 iters=300 lat_iters=300
+tag=vrb$$
+ns_l=$tag-l ns_a=$tag-a ns_b=$tag-b
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    for n in $ns_l $ns_a $ns_b; do ip netns del "$n" 2>/dev/null || true; done
+    rm -rf "/tmp/$tag"
+}
+trap cleanup EXIT
+log() { echo "[bench $(date +%H:%M:%S)] $*" >&2; }
+
+log "building (release)"
+(cd "$top" && cargo build -q --release -p vrnic-ibverbs -p vrnic-tools)
+lib=$("$top/scripts/ibverbs-lib.sh" --release)
+rel=$top/target/release
+mkdir -p "/tmp/$tag"
+
+# Namespaces: one with both ends of a veth pair (the limits probe), two joined by one.
+ip netns add $ns_l
+ip -n $ns_l link add vA type veth peer name vB
+for i in vA vB; do ip -n $ns_l link set $i mtu 9000 up; done
+ip netns add $ns_a
+ip netns add $ns_b
+ip -n $ns_a link add veth-a type veth peer name veth-b netns $ns_b
+ip -n $ns_a addr add 10.77.0.1/24 dev veth-a
+ip -n $ns_b addr add 10.77.0.2/24 dev veth-b
+for s in a b; do
+    n=$tag-$s
+    ip -n "$n" link set "veth-$s" mtu 9000 up
+    ip -n "$n" link set lo up
+done
+
+log "machine limits (vrnic-limits, ${secs}s per figure)"
+ip netns exec $ns_l "$rel/vrnic-limits" --a vA --b vB --secs $secs >"$out/limits.txt"
+lim() { sed -n "s/^$1=//p" "$out/limits.txt"; }
+
+# run_pair MODE TOOL PORT ARGS...: server in ns_a, client in ns_b; prints the client's figure
+# (BW average MB/s, or t_typical µs) or "fail".
+run_pair() {
+    local mode=$1 tool=$2 port=$3
+    shift 3
+    local env_a env_b
+    if [ "$mode" = loopback ]; then
+        env_a=(VRNIC_LOOPBACK="netdev=veth-a,ip=10.77.0.11/24")
+        env_b=(VRNIC_LOOPBACK="netdev=veth-b,ip=10.77.0.12/24")
+    else
+        env_a=(VRNIC_AGENT_SOCKET="/tmp/$tag/a.sock")
+        env_b=(VRNIC_AGENT_SOCKET="/tmp/$tag/b.sock")
+    fi
+    ip netns exec $ns_a env LD_LIBRARY_PATH="$lib" "${env_a[@]}" timeout 120 \
+        "$tool" -x 1 -p "$port" "$@" >"/tmp/$tag/server.out" 2>&1 &
+    local srv=$!
+    local t=0 c
+    while :; do
+        if ip netns exec $ns_b env LD_LIBRARY_PATH="$lib" "${env_b[@]}" timeout 120 \
+            "$tool" -x 1 -p "$port" "$@" 10.77.0.1 >"/tmp/$tag/client.out" 2>&1; then
+            break
+        fi
+        t=$((t + 1))
+        if [ $t -ge 50 ] || ! grep -qiE "couldn't connect|connection refused" "/tmp/$tag/client.out"; then
+            wait $srv || true
+            echo fail
+            return
+        fi
+        sleep 0.2
+    done
+    wait $srv || true
+    case $tool in
+    *_bw) c=4 ;;
+    *) c=5 ;;
+    esac
+    awk -v c=$c '/#bytes/ { getline; if ($1 ~ /^[0-9]+$/) { print $c; found = 1 } exit }
+        END { if (!found) print "fail" }' "/tmp/$tag/client.out"
+}
+
+start_agents() {
+    for s in a b; do
+        local o=12
+        [ $s = a ] && o=11
+        ip netns exec "$tag-$s" "$rel/vrnic-agent" --linger 0 --rt 0 \
+            --loopback "netdev=veth-$s,ip=10.77.0.$o/24" --socket "/tmp/$tag/$s.sock" \
+            >"$out/agent-$s.log" 2>&1 &
+        pids+=($!)
+    done
+    local t=0
+    until "$rel/vrnic-agent" --status --socket "/tmp/$tag/a.sock" >/dev/null 2>&1 &&
+        "$rel/vrnic-agent" --status --socket "/tmp/$tag/b.sock" >/dev/null 2>&1; do
+        t=$((t + 1))
+        [ $t -lt 100 ] || { log "agents did not start (see $out/agent-*.log)"; exit 1; }
+        sleep 0.1
+    done
+}
+
+echo "what,mode,bytes,value,unit" >"$out/bench.csv"
+port=23000
+for mode in loopback agent; do
+    [ $mode = agent ] && start_agents
+    for tool in ib_write_bw ib_read_bw; do
+        for size in 64 4096 65536 1048576; do
+            n=$iters
+            [ $size -ge 65536 ] && n=$((iters / 4))
+            port=$((port + 1))
+            log "$mode $tool $size B x $n"
+            v=$(run_pair $mode $tool $port -s $size -n $n)
+            echo "$tool,$mode,$size,$v,MB/s" >>"$out/bench.csv"
+        done
+    done
+    for tool in ib_send_lat ib_write_lat; do
+        port=$((port + 1))
+        log "$mode $tool 64 B x $lat_iters"
+        v=$(run_pair $mode $tool $port -s 64 -n $lat_iters)
+        echo "$tool,$mode,64,$v,us" >>"$out/bench.csv"
+    done
+done
+
+if [ $guests = 1 ]; then
+    log "guests: tests/e2e/run.sh rxe-rxe ibv-ibv (several minutes under TCG)"
+    E2E_RESULTS=$out/e2e E2E_PERF_SWEEP=0 "$top/tests/e2e/run.sh" rxe-rxe ibv-ibv >"$out/e2e.log" 2>&1 || true
+    awk -F, 'NR > 1 && $2 == "a" && $6 == "client" { print "guest-" $1 "," $5 "," $7 "," $8 "," $9 }' \
+        "$out/e2e/perftest.csv" 2>/dev/null | sed 's/MB\/sec/MB\/s/; s/usec/us/' |
+        awk -F, '{ print $2 ",guests-" substr($1, 7) "," $3 "," $4 "," $5 }' >>"$out/bench.csv" || true
+fi
+
+# The table: each figure beside the limit it is compared with (same run).
+python3 - "$out" <<'PY' | tee "$out/bench.txt"
+import csv, json, sys
+out = sys.argv[1]
+lim = dict(l.strip().split("=", 1) for l in open(f"{out}/limits.txt") if "=" in l)
+rows = list(csv.DictReader(open(f"{out}/bench.csv")))
+best = max(float(lim.get("pkt_sendmmsg64_4154_gbps", 0)), float(lim.get("pkt_send_4154_gbps", 0)))
+rtt = float(lim.get("rtt_busy_us", 0))
+print("machine limits (same run):")
+for k in sorted(lim):
+    print(f"  {k:32} {lim[k]}")
+print()
+print(f"{'perftest':14} {'mode':18} {'bytes':>8} {'figure':>12}  {'limit':>22}  ratio")
+doc = {"limits": lim, "runs": []}
+for r in rows:
+    v = r["value"]
+    try:
+        x = float(v)
+    except ValueError:
+        print(f"{r['what']:14} {r['mode']:18} {r['bytes']:>8} {v:>12}")
+        doc["runs"].append(dict(r, ratio=None))
+        continue
+    if r["unit"] == "MB/s":
+        gbps = x * 8 / 1000
+        ratio = gbps / best if best else None
+        fig, limtxt = f"{gbps:.2f} Gb/s", f"{best:.2f} Gb/s frames"
+    else:
+        ratio = x / rtt if rtt else None
+        fig, limtxt = f"{x:.1f} us", f"{rtt:.1f} us busy RTT"
+    rs = f"{ratio:.2f}" if ratio is not None else "-"
+    print(f"{r['what']:14} {r['mode']:18} {r['bytes']:>8} {fig:>12}  {limtxt:>22}  {rs}")
+    doc["runs"].append(dict(r, ratio=ratio))
+json.dump(doc, open(f"{out}/bench.json", "w"), indent=1)
+PY
+log "results in $out"
