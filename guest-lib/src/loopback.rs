@@ -35,7 +35,7 @@ use std::net::Ipv4Addr;
 
 use vrnic::abi::{self, Pod};
 use vrnic::device::{Device, DeviceConfig, DeviceStats, Nanos};
-use vrnic::link::Link;
+use vrnic::link::{Link, LinkStats};
 use vrnic::mem::{DmaMemory, MemError};
 
 use crate::transport::{DmaBuf, Transport, TransportError};
@@ -56,6 +56,12 @@ const SPIN_AFTER_WORK: Duration = Duration::from_micros(50);
 const RX_BATCH: usize = 64;
 /// Channel messages handled per engine-loop round.
 const MSG_BATCH: usize = 256;
+/// Environment variable: when set (to anything), the engine thread prints
+/// the device's and the link's counters in one `vrnic-stats:` line on
+/// stderr when it stops ([`stats_line`]), so a benchmark run (Debian's
+/// perftest under libibverbs.so.1, `scripts/bench.sh`) shows the drops and
+/// retransmissions behind its figure.
+pub const STATS_ENV: &str = "VRNIC_STATS";
 /// Default size of a DMA arena, bytes (reserved, not committed).
 const ARENA_SIZE: usize = 64 << 20;
 /// Largest DMA alignment ([`Transport::alloc_dma`]).
@@ -654,7 +660,12 @@ impl Engine {
                         work = true;
                     }
                     Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => return,
+                    Err(TryRecvError::Disconnected) => {
+                        if std::env::var_os(STATS_ENV).is_some() {
+                            eprintln!("{}", stats_line(dev.stats(), self.link.link_stats()));
+                        }
+                        return;
+                    }
                 }
             }
             for _ in 0..RX_BATCH {
@@ -735,6 +746,33 @@ impl Engine {
             )
         };
     }
+}
+
+/// The `vrnic-stats:` line of [`STATS_ENV`]: `key=value` pairs, the
+/// device's frame, retransmission, NAK and duplicate counters
+/// ([`DeviceStats`]), then the link's (`link_` prefix; [`LinkStats`],
+/// absent for a link without counters). `link_rx_dropped` counts frames
+/// the kernel dropped before the engine could read them.
+pub fn stats_line(d: &DeviceStats, l: Option<LinkStats>) -> String {
+    let mut s = format!(
+        "vrnic-stats: tx_frames={} rx_frames={} rx_dropped={} retransmits={} \
+         nak_psn_seq_sent={} nak_psn_seq_received={} duplicates={} rnr_naks_sent={}",
+        d.tx_frames,
+        d.rx_frames,
+        d.rx_dropped,
+        d.retransmits,
+        d.nak_psn_seq_sent,
+        d.nak_psn_seq_received,
+        d.duplicates,
+        d.rnr_naks_sent,
+    );
+    if let Some(l) = l {
+        s += &format!(
+            " link_tx_frames={} link_tx_dropped={} link_rx_frames={} link_rx_dropped={}",
+            l.tx_frames, l.tx_dropped, l.rx_frames, l.rx_dropped
+        );
+    }
+    s
 }
 
 #[cfg(test)]

@@ -148,6 +148,10 @@ impl Link for MemLink {
     fn raw_fd(&self) -> Option<RawFd> {
         self.rx.efd.as_ref().map(|fd| fd.as_raw_fd())
     }
+
+    fn link_stats(&self) -> Option<LinkStats> {
+        Some(self.stats())
+    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,12 @@ pub trait Link: Send {
     /// A descriptor that polls readable while frames are waiting, for epoll;
     /// `None` for links that are polled by calling [`Link::recv`].
     fn raw_fd(&self) -> Option<RawFd>;
+    /// The link's frame counters, for reports; `None` for a link that
+    /// keeps none. Wrappers (fault injection, pcap) answer for their inner
+    /// link.
+    fn link_stats(&self) -> Option<LinkStats> {
+        None
+    }
 }
 
 pub mod fault;

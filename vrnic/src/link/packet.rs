@@ -19,6 +19,17 @@ use super::Link;
 /// Upper bound of frames one [`Link::recv`] call skips (outgoing or
 /// oversize) before it returns `Ok(None)`, so a flood cannot pin the caller.
 const MAX_SKIPPED_PER_RECV: usize = 64;
+/// `PACKET_STATISTICS` (linux/if_packet.h): the socket's `tpacket_stats`,
+/// reset by each read.
+const PACKET_STATISTICS: libc::c_int = 6;
+
+/// `struct tpacket_stats` (linux/if_packet.h).
+#[repr(C)]
+#[derive(Default)]
+struct TpacketStats {
+    tp_packets: u32,
+    tp_drops: u32,
+}
 
 /// A [`Link`] over an AF_PACKET socket bound to one interface.
 #[derive(Debug)]
@@ -27,6 +38,9 @@ pub struct PacketLink {
     ifname: String,
     ifindex: u32,
     stats: LinkStats,
+    /// Kernel receive-queue drops read so far (`PACKET_STATISTICS` resets
+    /// its counters on every read, so they are summed here).
+    kernel_drops: std::cell::Cell<u64>,
 }
 
 fn err(ifname: &str, step: &'static str) -> io::Error {
@@ -124,6 +138,7 @@ impl PacketLink {
             ifname: ifname.to_owned(),
             ifindex,
             stats: LinkStats::default(),
+            kernel_drops: std::cell::Cell::new(0),
         })
     }
 
@@ -137,9 +152,30 @@ impl PacketLink {
         self.ifindex
     }
 
-    /// Frame counters.
+    /// Frame counters. [`LinkStats::rx_dropped`] is the kernel's count of
+    /// frames dropped because the socket's receive queue was full
+    /// (`PACKET_STATISTICS`, read by this call; 0 if the read fails).
     pub fn stats(&self) -> LinkStats {
-        self.stats
+        let mut st = TpacketStats::default();
+        let mut len = size_of::<TpacketStats>() as libc::socklen_t;
+        // SAFETY: the option value points at a live tpacket_stats of `len` bytes.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                PACKET_STATISTICS,
+                &mut st as *mut TpacketStats as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        if rc == 0 {
+            self.kernel_drops
+                .set(self.kernel_drops.get().wrapping_add(st.tp_drops.into()));
+        }
+        LinkStats {
+            rx_dropped: self.kernel_drops.get(),
+            ..self.stats
+        }
     }
 }
 
@@ -205,5 +241,9 @@ impl Link for PacketLink {
 
     fn raw_fd(&self) -> Option<RawFd> {
         Some(self.fd.as_raw_fd())
+    }
+
+    fn link_stats(&self) -> Option<LinkStats> {
+        Some(self.stats())
     }
 }

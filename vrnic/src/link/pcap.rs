@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use pcap_file::pcap::{PcapHeader, PcapPacket, PcapWriter};
 use pcap_file::{DataLink, Endianness, TsResolution};
 
-use super::Link;
+use super::{Link, LinkStats};
 
 /// Snapshot length of the file, bytes: longer frames are cut to this length
 /// in the file (their original length is kept in the record header, as
@@ -188,6 +188,10 @@ impl Link for PcapLink {
 
     fn raw_fd(&self) -> Option<RawFd> {
         self.inner.raw_fd()
+    }
+
+    fn link_stats(&self) -> Option<LinkStats> {
+        self.inner.link_stats()
     }
 }
 

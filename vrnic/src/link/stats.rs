@@ -17,6 +17,12 @@ pub struct LinkStats {
     /// Frames [`super::Link::recv`] discarded because they did not fit the
     /// caller's buffer (a NIC drops frames longer than its receive buffers).
     pub rx_oversize: u64,
+    /// Frames the kernel dropped for this end before [`super::Link::recv`]
+    /// could take them, because its receive queue was full (AF_PACKET's
+    /// `PACKET_STATISTICS` `tp_drops`, packet(7)); 0 for links that do not
+    /// count such drops. A receiver that falls behind a sender shows here
+    /// first; the RC transport then recovers by retransmission.
+    pub rx_dropped: u64,
 }
 
 /// Opening a link on a named interface failed. Carried inside the

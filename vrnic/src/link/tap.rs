@@ -135,4 +135,8 @@ impl Link for TapLink {
     fn raw_fd(&self) -> Option<RawFd> {
         Some(self.iface.as_raw_fd())
     }
+
+    fn link_stats(&self) -> Option<LinkStats> {
+        Some(self.stats())
+    }
 }
