@@ -280,3 +280,28 @@ fn packet_link_counts_the_kernels_receive_queue_drops() {
         );
     });
 }
+
+#[test]
+fn packet_link_queues_a_burst_of_1000_jumbo_frames_sent_while_it_does_not_read() {
+    let Some(ns) = Netns::create("burst") else {
+        return;
+    };
+    jumbo_veth(&ns);
+    ns.run(|| {
+        let mut a = PacketLink::open("va").expect("open va");
+        let mut b = PacketLink::open("vb").expect("open vb");
+        // A window of 4 KiB-MTU packets (8.5 MB of skbs) arriving while the
+        // engine thread is off the CPU: all of it must wait in the socket
+        // (the default 208 KiB receive buffer holds about 23 of them).
+        const SENT: u32 = 1000;
+        for i in 0..SENT {
+            a.send(&numbered_frame(i, 4154)).expect("send");
+        }
+        let got = count_numbered(&mut b, 4154);
+        assert_eq!(
+            (got, b.stats().rx_dropped),
+            (SENT, 0),
+            "(frames received, frames the kernel dropped)"
+        );
+    });
+}

@@ -19,6 +19,23 @@ use super::Link;
 /// Upper bound of frames one [`Link::recv`] call skips (outgoing or
 /// oversize) before it returns `Ok(None)`, so a flood cannot pin the caller.
 const MAX_SKIPPED_PER_RECV: usize = 64;
+/// Receive buffer asked for, bytes (the kernel doubles it for its
+/// bookkeeping, socket(7)): 8 MiB, so about 1,900 frames of a 4 KiB path
+/// MTU (each costs about 8.5 KiB of buffer) wait while the engine thread
+/// is not running. A veth or TAP peer delivers in the sender's context, as
+/// fast as it sends; with the default 208 KiB the receiver's queue held
+/// about 23 such frames and a 64 KiB `ib_write_bw` lost 70 % of its
+/// frames there (issue 10). `SO_RCVBUFFORCE` (`CAP_NET_ADMIN`) can exceed
+/// `net.core.rmem_max`; without it `SO_RCVBUF` is capped there.
+pub const RCVBUF_BYTES: usize = 8 << 20;
+/// Send buffer asked for, bytes (as [`RCVBUF_BYTES`]; `SO_SNDBUFFORCE`,
+/// else `SO_SNDBUF` capped at `net.core.wmem_max`): frames the interface
+/// has not yet consumed, before `send` answers `EAGAIN`.
+pub const SNDBUF_BYTES: usize = 4 << 20;
+/// `SO_RCVBUFFORCE` (asm-generic/socket.h).
+const SO_RCVBUFFORCE: libc::c_int = 33;
+/// `SO_SNDBUFFORCE` (asm-generic/socket.h).
+const SO_SNDBUFFORCE: libc::c_int = 32;
 /// `PACKET_STATISTICS` (linux/if_packet.h): the socket's `tpacket_stats`,
 /// reset by each read.
 const PACKET_STATISTICS: libc::c_int = 6;
@@ -117,6 +134,9 @@ impl PacketLink {
             );
         }
 
+        set_buffer(&fd, SO_RCVBUFFORCE, libc::SO_RCVBUF, RCVBUF_BYTES);
+        set_buffer(&fd, SO_SNDBUFFORCE, libc::SO_SNDBUF, SNDBUF_BYTES);
+
         // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as u16;
@@ -177,6 +197,33 @@ impl PacketLink {
             ..self.stats
         }
     }
+}
+
+/// Asks for a `bytes` socket buffer with `force` (beyond the sysctl
+/// maximum, needs `CAP_NET_ADMIN`), else with `plain` (capped by the
+/// kernel). Best effort: a buffer that stays smaller costs drops, not
+/// correctness, so failures are only logged.
+fn set_buffer(fd: &OwnedFd, force: libc::c_int, plain: libc::c_int, bytes: usize) {
+    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    for opt in [force, plain] {
+        // SAFETY: the option value points at a live c_int of the given size.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                &v as *const libc::c_int as *const libc::c_void,
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            return;
+        }
+    }
+    tracing::debug!(
+        "AF_PACKET socket buffer of {bytes} bytes refused: {}",
+        io::Error::last_os_error()
+    );
 }
 
 impl Link for PacketLink {
