@@ -689,6 +689,7 @@ impl Engine {
                 if let Err(e) = self.link.send(&f) {
                     tracing::debug!("loopback link dropped a frame: {e}");
                 }
+                dev.recycle_tx(f);
             }
             let mut events = self.events.lock().unwrap_or_else(|e| e.into_inner());
             let mut queued = false;

@@ -509,6 +509,7 @@ impl DataPath {
                 self.stats.link_tx_errors += 1;
                 debug!("link send failed: {e}");
             }
+            self.device.recycle_tx(frame);
         }
     }
 

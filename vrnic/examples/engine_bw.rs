@@ -15,16 +15,11 @@
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::collections::VecDeque;
-use std::io;
-use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use common::{sge, ConnOpts, RcPair};
+use common::{pool_pair, sge, ConnOpts, RcPair};
 use vrnic::abi;
-use vrnic::link::Link;
 
 /// Counts every allocation and reallocation.
 struct Counting;
@@ -51,57 +46,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static COUNTING: Counting = Counting;
-
-/// Frames in flight one way, and spare buffers.
-#[derive(Default)]
-struct Wire {
-    frames: VecDeque<Vec<u8>>,
-    spare: Vec<Vec<u8>>,
-}
-
-/// One end of a buffer-recycling in-memory link (unbounded: the RC window
-/// bounds it).
-struct PoolLink {
-    tx: Arc<Mutex<Wire>>,
-    rx: Arc<Mutex<Wire>>,
-}
-
-fn pool_pair() -> (PoolLink, PoolLink) {
-    let (ab, ba) = (Arc::default(), Arc::default());
-    (
-        PoolLink {
-            tx: Arc::clone(&ab),
-            rx: Arc::clone(&ba),
-        },
-        PoolLink { tx: ba, rx: ab },
-    )
-}
-
-impl Link for PoolLink {
-    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
-        let mut w = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-        let mut b = w.spare.pop().unwrap_or_default();
-        b.clear();
-        b.extend_from_slice(frame);
-        w.frames.push_back(b);
-        Ok(())
-    }
-
-    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        let mut w = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(f) = w.frames.pop_front() else {
-            return Ok(None);
-        };
-        let n = f.len().min(buf.len());
-        buf[..n].copy_from_slice(&f[..n]);
-        w.spare.push(f);
-        Ok(Some(n))
-    }
-
-    fn raw_fd(&self) -> Option<RawFd> {
-        None
-    }
-}
 
 fn run(op: u8, size: usize, count: u64) {
     let (la, lb) = pool_pair();

@@ -70,7 +70,9 @@ impl Netns {
             .output()
             .expect("ip -s link");
         let text = String::from_utf8_lossy(&out.stdout);
-        let mut lines = text.lines().skip_while(|l| !l.trim_start().starts_with("TX:"));
+        let mut lines = text
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("TX:"));
         lines
             .nth(1)
             .and_then(|l| l.split_whitespace().nth(3))
