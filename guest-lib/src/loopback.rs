@@ -35,7 +35,7 @@ use std::net::Ipv4Addr;
 
 use vrnic::abi::{self, Pod};
 use vrnic::device::{Device, DeviceConfig, DeviceStats, Nanos};
-use vrnic::link::{Link, LinkStats};
+use vrnic::link::{Link, LinkStats, TxFlush};
 use vrnic::mem::{DmaMemory, MemError};
 
 use crate::transport::{DmaBuf, Transport, TransportError};
@@ -412,6 +412,7 @@ impl LoopbackTransport {
             rx,
             wake: wake.clone(),
             link,
+            tx: TxFlush::new(),
             epoch: Instant::now(),
         };
         let thread = std::thread::Builder::new()
@@ -618,6 +619,8 @@ struct Engine {
     rx: mpsc::Receiver<Msg>,
     wake: Arc<OwnedFd>,
     link: Box<dyn Link>,
+    /// A frame the link was too full to take, sent first next time.
+    tx: TxFlush,
     epoch: Instant,
 }
 
@@ -662,7 +665,8 @@ impl Engine {
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => {
                         if std::env::var_os(STATS_ENV).is_some() {
-                            eprintln!("{}", stats_line(dev.stats(), self.link.link_stats()));
+                            let line = stats_line(dev.stats(), self.link.link_stats());
+                            eprintln!("{line} tx_given_up={}", self.tx.given_up());
                         }
                         return;
                     }
@@ -684,13 +688,11 @@ impl Engine {
             let now = self.now();
             let next = dev.poll(&*self.mem, now);
             work |= next.is_some_and(|t| t <= now);
-            while let Some(f) = dev.pop_tx() {
-                work = true;
-                if let Err(e) = self.link.send(&f) {
-                    tracing::debug!("loopback link dropped a frame: {e}");
-                }
-                dev.recycle_tx(f);
-            }
+            // A full link keeps the frame (and those behind it) for the
+            // next pass instead of losing it to a retransmission timeout.
+            let now = self.now();
+            let flushed = self.tx.flush(&mut *self.link, &mut dev, now);
+            work |= flushed.sent > 0;
             let mut events = self.events.lock().unwrap_or_else(|e| e.into_inner());
             let mut queued = false;
             while let Some(ev) = dev.pop_event() {
@@ -707,20 +709,22 @@ impl Engine {
                 last_work = Instant::now();
                 continue;
             }
-            if last_work.elapsed() < SPIN_AFTER_WORK {
+            // Waiting for a full link to drain: sleep on its descriptor.
+            if !flushed.held && last_work.elapsed() < SPIN_AFTER_WORK {
                 std::thread::yield_now();
                 continue;
             }
             let until_timer = next.map_or(IDLE_WAIT, |t| {
                 Duration::from_nanos(t.saturating_sub(self.now()))
             });
-            self.wait(until_timer.min(IDLE_WAIT));
+            self.wait(until_timer.min(IDLE_WAIT), flushed.held);
         }
     }
 
     /// Sleeps until a request or (on a link with a descriptor) a frame
-    /// arrives, or `timeout` passes.
-    fn wait(&self, timeout: Duration) {
+    /// arrives, the link can take a frame again (`writable`: a frame is
+    /// held for it), or `timeout` passes.
+    fn wait(&self, timeout: Duration, writable: bool) {
         let mut fds = [
             libc::pollfd {
                 fd: self.wake.as_raw_fd(),
@@ -729,7 +733,11 @@ impl Engine {
             },
             libc::pollfd {
                 fd: self.link.raw_fd().unwrap_or(-1),
-                events: libc::POLLIN,
+                events: if writable {
+                    libc::POLLIN | libc::POLLOUT
+                } else {
+                    libc::POLLIN
+                },
                 revents: 0,
             },
         ];

@@ -246,6 +246,23 @@ impl Link for PacketLink {
         Ok(())
     }
 
+    /// As [`Link::send`], but `EAGAIN`/`ENOBUFS` hand the frame back
+    /// (`Ok(false)`, [`LinkStats::tx_busy`]) instead of dropping it.
+    fn try_send(&mut self, frame: &[u8]) -> io::Result<bool> {
+        // SAFETY: the buffer is a live slice of the given length.
+        let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if is_transient_tx_error(&e) {
+                self.stats.tx_busy += 1;
+                return Ok(false);
+            }
+            return Err(e);
+        }
+        self.stats.tx_frames += 1;
+        Ok(true)
+    }
+
     /// Receives one frame. Frames longer than `buf` are discarded
     /// ([`LinkStats::rx_oversize`], detected with `MSG_TRUNC`), as are
     /// outgoing frames on kernels without `PACKET_IGNORE_OUTGOING`.

@@ -175,6 +175,15 @@ impl Link for PcapLink {
         Ok(())
     }
 
+    /// Tries the inner link; records the frame when it was taken.
+    fn try_send(&mut self, frame: &[u8]) -> io::Result<bool> {
+        let taken = self.inner.try_send(frame)?;
+        if taken {
+            self.record(frame);
+        }
+        Ok(taken)
+    }
+
     /// Receives from the inner link and records what it returns.
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
         let got = self.inner.recv(buf)?;

@@ -12,6 +12,9 @@ pub struct LinkStats {
     /// Frames [`super::Link::send`] dropped because the link could not take
     /// them now (queue full, `EAGAIN`/`ENOBUFS`, interface down).
     pub tx_dropped: u64,
+    /// Times [`super::Link::try_send`] found the link full and handed the
+    /// frame back to the caller (not lost: the caller sends it again).
+    pub tx_busy: u64,
     /// Frames returned by [`super::Link::recv`].
     pub rx_frames: u64,
     /// Frames [`super::Link::recv`] discarded because they did not fit the
