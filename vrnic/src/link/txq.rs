@@ -49,8 +49,12 @@ impl FrameSource for Device {
 /// What one [`TxFlush::flush`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Flushed {
-    /// Frames the link took (or dropped for good, or that failed).
+    /// Frames the link took, or that were lost: given up or failed.
     pub sent: usize,
+    /// Of those, frames given up after [`TX_HOLD_MAX_NS`] of a full link.
+    pub given_up: usize,
+    /// Of those, frames the link refused with an error other than "full".
+    pub failed: usize,
     /// A frame is held for the full link: call again when the link's
     /// descriptor polls writable (or soon, for a link without one).
     pub held: bool,
@@ -99,9 +103,13 @@ impl TxFlush {
                 }
                 Ok(false) => {
                     self.given_up = self.given_up.wrapping_add(1);
+                    done.given_up += 1;
                     tracing::debug!("link full for {TX_HOLD_MAX_NS} ns: a frame given up");
                 }
-                Err(e) => tracing::debug!("link send failed: {e}"),
+                Err(e) => {
+                    done.failed += 1;
+                    tracing::debug!("link send failed: {e}");
+                }
             }
             self.held_since = 0;
             done.sent += 1;
@@ -206,7 +214,7 @@ mod tests {
             passes[3],
             Flushed {
                 sent: 5,
-                held: false
+                ..Flushed::default()
             }
         );
         assert_eq!((src.recycled, tx.given_up(), tx.holding()), (5, 0, false));
@@ -230,7 +238,9 @@ mod tests {
             f,
             Flushed {
                 sent: 1,
-                held: true
+                given_up: 1,
+                held: true,
+                ..Flushed::default()
             }
         );
         assert_eq!((tx.given_up(), src.frames.len()), (1, 1));
@@ -257,7 +267,7 @@ mod tests {
             f,
             Flushed {
                 sent: FLUSH_MAX,
-                held: false
+                ..Flushed::default()
             }
         );
     }
