@@ -795,6 +795,29 @@ mod tests {
     }
 
     #[test]
+    fn stats_line_names_the_counters_bench_sh_reads() {
+        let d = DeviceStats {
+            retransmits: 3,
+            nak_psn_seq_received: 4,
+            ..Default::default()
+        };
+        let l = LinkStats {
+            rx_dropped: 5,
+            ..Default::default()
+        };
+        let line = stats_line(&d, Some(l));
+        assert!(line.starts_with("vrnic-stats: "), "{line}");
+        for kv in [
+            "retransmits=3",
+            "nak_psn_seq_received=4",
+            "link_rx_dropped=5",
+        ] {
+            assert!(line.split(' ').any(|w| w == kv), "{kv} in {line}");
+        }
+        assert!(!stats_line(&d, None).contains("link_"));
+    }
+
+    #[test]
     fn memory_allows_only_allocated_ranges_and_honours_alignment() {
         let m = LoopbackMemory::new();
         let a = m.alloc(100, 4096).unwrap();
