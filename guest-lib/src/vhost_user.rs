@@ -297,7 +297,12 @@ impl VhostUserTransport {
         let mut fe = Frontend::connect(socket, abi::NUM_QUEUES as u64)
             .map_err(|e| nodev(format!("connect: {e}")))?;
         set_recv_timeout(&fe, DEFAULT_TIMEOUT)?;
-        negotiate(&mut fe).map_err(|e| nodev(e.to_string()))?;
+        negotiate(&mut fe).map_err(|e| {
+            nodev(format!(
+                "{e} (no answer: does the function serve another program? \
+                 a vrnic function takes one frontend at a time)"
+            ))
+        })?;
         let buf = vec![0u8; size_of::<abi::ConfigSpace>()];
         let (_, raw) = fe
             .get_config(
@@ -405,29 +410,33 @@ impl VhostUserTransport {
                 libc::ENOMEM,
             )
         })?;
-        // SAFETY: `off + bytes` lies inside the mapping (take checked it).
-        let dst = unsafe { self.ram.base.add(off) };
-        // Copy through process_vm_readv so an unmapped page is EFAULT, not
-        // a crash.
-        let local = libc::iovec {
-            iov_base: dst.cast(),
-            iov_len: bytes,
-        };
-        let remote = libc::iovec {
-            iov_base: va as *mut libc::c_void,
-            iov_len: bytes,
-        };
-        // SAFETY: `local` is our own mapping of `bytes` bytes; `remote` is
-        // read by the kernel, which checks it.
-        let got = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-        if got != bytes as isize {
-            let e = if got < 0 {
-                io::Error::last_os_error()
-            } else {
-                io::Error::from_raw_os_error(libc::EFAULT)
+        // Copy with pwrite(2) from the program's pages into the memfd: an
+        // unmapped page is EFAULT, not a crash (and no ptrace-class call a
+        // container's seccomp profile may refuse).
+        let mut done = 0usize;
+        while done < bytes {
+            // SAFETY: the kernel reads `[va + done, va + bytes)` and checks it.
+            let got = unsafe {
+                libc::pwrite(
+                    self.ram.fd.as_raw_fd(),
+                    (va + done) as *const libc::c_void,
+                    bytes - done,
+                    (off + done) as libc::off_t,
+                )
             };
-            self.ram.give_back(off, bytes);
-            return Err(io_err(format!("reading memory at {va:#x}+{bytes}"), e));
+            if got <= 0 {
+                let e = if got < 0 {
+                    io::Error::last_os_error()
+                } else {
+                    io::Error::from_raw_os_error(libc::EFAULT)
+                };
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                self.ram.give_back(off, bytes);
+                return Err(io_err(format!("reading memory at {va:#x}+{bytes}"), e));
+            }
+            done += got as usize;
         }
         // SAFETY: replaces the program's own pages `[va, va + bytes)` (which
         // it asked to register) by the same bytes in shared memory.
@@ -652,6 +661,14 @@ impl Transport for VhostUserTransport {
 
     fn page_size(&self) -> usize {
         PAGE
+    }
+
+    /// The daemon's worker runs on this machine's CPUs: a program spinning
+    /// on an empty CQ yields so it does not hold the core the worker needs
+    /// (on a 2-CPU host, two spinning perftest processes would otherwise
+    /// starve both daemons' workers).
+    fn yield_when_idle(&self) -> bool {
+        true
     }
 
     /// The daemon reaches registered pages through the memfd: no lock.

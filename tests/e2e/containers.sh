@@ -1,0 +1,175 @@
+# shellcheck shell=bash
+# The e2e step `containers` (issue 10), sourced by tests/e2e/run.sh: Debian's unmodified
+# ibv_rc_pingpong and ib_write_bw in podman containers on vrnic, the container's only link to its
+# vrnic function being the daemon's vhost-user socket mounted at /run/vrnic/vhost-user.sock
+# (guest-lib/src/vhost_user.rs: the process is the device's vhost-user frontend). No kernel
+# module, no privilege (podman's default capabilities and seccomp profile).
+#
+# Topology (all in the e2e namespace's bridge br0): containers c1 and c2 each run in a network
+# namespace of their own with a veth into the bridge for their TCP exchange (10.0.0.5, 10.0.0.6),
+# and each has a vrnic daemon (function) on a TAP of the bridge with RoCE addresses 10.0.0.105 and
+# 10.0.0.106, writing a pcap that tests/pcap_check.py then checks. Beside them a vrnic guest A
+# (10.0.0.1, daemon 10.0.0.101, Debian's tools on vrnic's libibverbs.so.1) and an rxe guest B
+# (10.0.0.2) serve the same two tools.
+# Checks, each both tools, data checked by ibv_rc_pingpong -c (every buffer validated):
+#   container c1 (server) <-> container c2 (client)
+#   vrnic guest A (server) <-> container c1 (client)
+#   rxe guest B (server)   <-> container c2 (client)
+# E2E_CT_ITERS (200): ping-pong iterations (4 KiB) and ib_write_bw iterations (64 KiB).
+
+CT_ITERS=${E2E_CT_ITERS:-200}
+CT_PODMAN=(podman --runtime runc --cgroup-manager=cgroupfs)
+
+# ct_image: imports the container image (images/container.sh, with vrnic's package) into podman
+# once per build; sets CT_IMAGE.
+ct_image() {
+    local d
+    d=$("$VR_TOP/images/container.sh" --deb "$VR_GUEST_DEB") || return 1
+    CT_IMAGE=localhost/vrnic-e2e:$(basename "$d" | tr 'A-Z' 'a-z')
+    "${CT_PODMAN[@]}" image exists "$CT_IMAGE" ||
+        "${CT_PODMAN[@]}" import -q "$d/image.tar" "$CT_IMAGE" >/dev/null
+}
+
+# ct_run C LOG CMD...: runs CMD in a fresh container on function C's socket and in namespace
+# NS-cC, bounded by RUN_TIMEOUT; output to LOG.
+ct_run() {
+    local c=$1 log=$2
+    shift 2
+    timeout -k 5 "$RUN_TIMEOUT" "${CT_PODMAN[@]}" run --rm --network "ns:/run/netns/$NS-c$c" \
+        --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 \
+        -v "$CT_DIR/c$c.sock:/run/vrnic/vhost-user.sock" "$CT_IMAGE" "$@" >"$log" 2>&1
+}
+
+# ct_client C LOG CMD...: ct_run, again while the server is not listening yet (bounded).
+ct_client() {
+    local c=$1 log=$2 t0=$SECONDS rc
+    shift 2
+    while :; do
+        rc=0
+        ct_run "$c" "$log" "$@" || rc=$?
+        [ $rc = 0 ] && return 0
+        grep -qiE "couldn't connect|connection refused" "$log" || return $rc
+        [ $((SECONDS - t0)) -lt $((RUN_TIMEOUT + 120)) ] || return $rc
+        sleep 1
+    done
+}
+
+# ct_judge WHAT SERVER_RC SERVER_LOG CLIENT_RC CLIENT_LOG: one PASS/FAIL line for a tool's run.
+ct_judge() {
+    local what=$1 src=$2 slog=$3 crc=$4 clog=$5 fig
+    fig=$(grep -aE 'usec/iter|^ *65536 ' "$clog" | tail -1 | tr -s ' \t' ' ' | tr -d '\r')
+    if [ "$src" = 0 ] && [ "$crc" = 0 ]; then
+        pass "containers: $what (${fig# })"
+    else
+        fail "containers: $what: server rc=$src ($slog), client rc=$crc ($clog): $(tail -2 "$clog" | tr '\n' ' ')"
+    fi
+}
+
+# ct_guest_job FILE NAME: a guest job serving ibv_rc_pingpong -c then ib_write_bw, each once,
+# printing "VRNIC-CT <name> <tool> rc=<rc>".
+ct_guest_job() {
+    cat >"$1" <<EOF
+ibv_rc_pingpong -g 1 -s 4096 -n $CT_ITERS -c -p 18600 >/tmp/pp.out 2>&1; rc=\$?
+cat /tmp/pp.out; echo "VRNIC-CT $2 ibv_rc_pingpong rc=\$rc"
+ib_write_bw -x 1 -n $CT_ITERS -p 18601 >/tmp/bw.out 2>&1; rc=\$?
+cat /tmp/bw.out; echo "VRNIC-CT $2 ib_write_bw rc=\$rc"
+EOF
+}
+
+# ct_guest_rc LOG NAME TOOL: the guest's exit status for TOOL, waiting (bounded) for its line.
+ct_guest_rc() {
+    local l t0=$SECONDS
+    while :; do
+        l=$(grep -a "^VRNIC-CT $2 $3 rc=" "$1" 2>/dev/null | tr -d '\r' | tail -1) || true
+        [ -n "$l" ] && { echo "${l##*rc=}"; return 0; }
+        if [ $((SECONDS - t0)) -ge $((RUN_TIMEOUT + 60)) ]; then echo timeout; return 0; fi
+        sleep 0.5
+    done
+}
+
+run_containers() {
+    local dir=$RESULTS/containers tc=$SECONDS c pids=() daemons=() rc src crc spid
+    CT_DIR=$dir
+    mkdir -p "$dir"
+    echo "=== containers"
+    if ! command -v podman >/dev/null; then
+        fail "containers: podman is not installed (scripts/deps.sh installs it)"
+        return 0
+    fi
+    if [ -z "${VR_GUEST_DEB:-}" ] || ! ct_image >"$dir/image.log" 2>&1; then
+        fail "containers: no container image (log $dir/image.log)"
+        return 0
+    fi
+    for c in 1 2; do
+        vr_netns_tap "$NS" "tap-vc$c"
+        if ! vr_daemon "vrnic-c$c" "$NS" "$dir/c$c.sock" "tap-vc$c" "10.0.0.10$((4 + c))/24" "$dir" \
+            "$dir/vrnic-c$c.pcap"; then
+            fail "containers: daemon c$c did not start (log $dir/vrnic-c$c.log)"
+            for p in "${daemons[@]}"; do vr_stop "$p"; done
+            return 0
+        fi
+        daemons+=("$VR_LAST_PID")
+        vr_netns_create "$NS-c$c"
+        ip link add "c$c" netns "$NS-c$c" type veth peer name "c$c-br" netns "$NS"
+        ip -n "$NS" link set "c$c-br" master br0 up
+        ip -n "$NS-c$c" addr add "10.0.0.$((4 + c))/24" dev "c$c"
+        ip -n "$NS-c$c" link set "c$c" up
+    done
+
+    # The guests boot while the containers talk to each other.
+    if [ "${E2E_CT_GUESTS:-1}" = 1 ]; then
+        ct_guest_job "$dir/job-a.sh" ct-a
+        ct_guest_job "$dir/job-b.sh" ct-b
+        if vr_daemon vrnic-a "$NS" "$dir/vrnic-a.sock" tap-va 10.0.0.101/24 "$dir"; then
+            daemons+=("$VR_LAST_PID")
+            vr_guest a vrnic "$NS" tap-ga 10.0.0.1/24 "$dir/job-a.sh" "$dir" "$dir/vrnic-a.sock"
+            pids+=("$VR_LAST_PID")
+        else
+            fail "containers: daemon for the vrnic guest did not start"
+        fi
+        vr_guest b rxe "$NS" tap-gb 10.0.0.2/24 "$dir/job-b.sh" "$dir"
+        pids+=("$VR_LAST_PID")
+    fi
+
+    # Container to container.
+    local tool args
+    for tool in ibv_rc_pingpong ib_write_bw; do
+        if [ $tool = ibv_rc_pingpong ]; then args=(-g 1 -s 4096 -n "$CT_ITERS" -c -p 18610)
+        else args=(-x 1 -n "$CT_ITERS" -p 18611); fi
+        ct_run 1 "$dir/cc-$tool-server.log" $tool "${args[@]}" &
+        spid=$!
+        crc=0
+        ct_client 2 "$dir/cc-$tool-client.log" $tool "${args[@]}" 10.0.0.5 || crc=$?
+        src=0
+        wait $spid || src=$?
+        ct_judge "container <-> container $tool" $src "$dir/cc-$tool-server.log" $crc "$dir/cc-$tool-client.log"
+    done
+
+    # Containers against the guests' servers: c1 -> vrnic guest A, c2 -> rxe guest B, at once.
+    if [ "${E2E_CT_GUESTS:-1}" = 1 ]; then
+        local g peer cc name
+        for tool in ibv_rc_pingpong ib_write_bw; do
+            if [ $tool = ibv_rc_pingpong ]; then args=(-g 1 -s 4096 -n "$CT_ITERS" -c -p 18600)
+            else args=(-x 1 -n "$CT_ITERS" -p 18601); fi
+            local cpids=()
+            for g in a b; do
+                if [ $g = a ]; then peer=10.0.0.1 cc=1; else peer=10.0.0.2 cc=2; fi
+                ct_client $cc "$dir/g$g-$tool-client.log" $tool "${args[@]}" $peer &
+                cpids+=($!)
+            done
+            for g in a b; do
+                if [ $g = a ]; then name="vrnic guest <-> container"; else name="rxe guest <-> container"; fi
+                crc=0
+                wait "${cpids[0]}" || crc=$?
+                cpids=("${cpids[@]:1}")
+                src=$(ct_guest_rc "$dir/$g.log" "ct-$g" $tool)
+                ct_judge "$name $tool" "$src" "$dir/$g.log" $crc "$dir/g$g-$tool-client.log"
+            done
+        done
+        for g in a b; do vr_wait_job $g "$dir" "${pids[0]}" 120 >/dev/null 2>&1 || true; pids=("${pids[@]:1}"); done
+    fi
+    for p in "${daemons[@]}"; do vr_stop "$p"; done
+    for c in 1 2; do vr_netns_destroy "$NS-c$c"; ip -n "$NS" link del "tap-vc$c" 2>/dev/null || true; done
+    check_pcaps "containers c1|$dir/vrnic-c1.pcap" "containers c2|$dir/vrnic-c2.pcap"
+    echo "=== containers took $((SECONDS - tc)) s"
+}
