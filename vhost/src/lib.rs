@@ -9,6 +9,7 @@
 //! - [`backend`]: the `VhostUserBackend` (features, config, lifecycle).
 //! - [`server`]: listening on a socket and serving frontends one at a time.
 //! - [`stats`]: the counters' published snapshot and management socket.
+//! - [`switch`]: the embedded switch between a daemon's functions and its uplink.
 //! - [`addr`]: command-line address parsing and the default MAC.
 //! - [`frontend`]: a vhost-user frontend and virtio driver for tests.
 #![deny(missing_docs)]
@@ -21,6 +22,7 @@ pub mod frontend;
 pub mod memory;
 pub mod server;
 pub mod stats;
+pub mod switch;
 pub mod timer;
 
 pub use backend::{BackendConfig, BackendError, VrnicBackend};
