@@ -9,6 +9,7 @@
 //! - [`backend`]: the `VhostUserBackend` (features, config, lifecycle).
 //! - [`server`]: listening on a socket and serving frontends one at a time.
 //! - [`stats`]: the counters' published snapshot and management socket.
+//! - [`functions`]: many functions (devices) per daemon, added and removed while it runs.
 //! - [`switch`]: the embedded switch between a daemon's functions and its uplink.
 //! - [`addr`]: command-line address parsing and the default MAC.
 //! - [`frontend`]: a vhost-user frontend and virtio driver for tests.
@@ -19,6 +20,7 @@ pub mod backend;
 pub mod chain;
 pub mod datapath;
 pub mod frontend;
+pub mod functions;
 pub mod memory;
 pub mod server;
 pub mod stats;
