@@ -9,6 +9,7 @@
 //! - [`backend`]: the `VhostUserBackend` (features, config, lifecycle).
 //! - [`server`]: listening on a socket and serving frontends one at a time.
 //! - [`stats`]: the counters' published snapshot and management socket.
+//! - [`control`]: the control socket (`vrnic function add|del|list`).
 //! - [`functions`]: many functions (devices) per daemon, added and removed while it runs.
 //! - [`switch`]: the embedded switch between a daemon's functions and its uplink.
 //! - [`addr`]: command-line address parsing and the default MAC.
@@ -18,6 +19,7 @@
 pub mod addr;
 pub mod backend;
 pub mod chain;
+pub mod control;
 pub mod datapath;
 pub mod frontend;
 pub mod functions;

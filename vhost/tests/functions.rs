@@ -407,3 +407,79 @@ fn deleting_a_connected_function_does_not_wait_for_its_frontend() {
     assert!(fns.is_empty());
     drop(a);
 }
+
+/// (c, d) The control socket: add, list and delete over the protocol;
+/// garbage, over-long and non-UTF-8 requests are answered with an error
+/// and the server keeps serving.
+#[test]
+fn the_control_socket_adds_lists_deletes_and_refuses_garbage() {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    use std::sync::Arc;
+    use vrnic_vhost::control::{self, ControlError, ControlServer, Request};
+
+    let dir = TempDir::new("control");
+    let (fns, _outside) = daemon();
+    let fns = Arc::new(fns);
+    let path = dir.0.join("vrnic.control");
+    let server = ControlServer::start(&path, fns.clone()).expect("control server");
+    let t = Duration::from_secs(30);
+
+    let sa = spec(&dir.0, "a", 1);
+    let added = control::request(&path, &Request::Add(sa.clone()), t).expect("add a");
+    assert_eq!(added.len(), 2, "{added:?}");
+    assert!(
+        added[0].starts_with("# 1 of at most 64 functions"),
+        "{added:?}"
+    );
+    assert!(
+        added[1].starts_with(&format!(
+            "name=a socket={} mac=02:76:0a:00:00:01 ip=10.0.0.1/24 connected=no",
+            sa.socket.display()
+        )),
+        "{added:?}"
+    );
+    let sb = spec(&dir.0, "b", 2);
+    control::request(&path, &Request::Add(sb.clone()), t).expect("add b");
+    let fe = TestFrontend::connect(&sb.socket, &FrontendOptions::default()).unwrap();
+    let list = control::request(&path, &Request::List, t).expect("list");
+    assert_eq!(list.len(), 3, "{list:?}");
+    assert!(list[1].starts_with("name=a ") && list[1].contains(" connected=no "));
+    assert!(list[2].starts_with("name=b ") && list[2].contains(" connected=yes "));
+    assert!(list[2].contains(" rx_frames=0 "), "{list:?}");
+
+    match control::request(&path, &Request::Add(sa.clone()), t) {
+        Err(ControlError::Refused(m)) => assert!(m.contains("already used"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    for garbage in ["", "hello", "add x=y", "del", "list please", "del a b"] {
+        match control::request_line(&path, garbage, t) {
+            Err(ControlError::Refused(m)) => assert!(m.starts_with("bad request"), "{m}"),
+            other => panic!("{garbage:?}: {other:?}"),
+        }
+    }
+    // Not UTF-8, and longer than MAX_REQUEST without a newline.
+    for raw in [
+        vec![0xff, 0xfe, b'\n'],
+        vec![b'a'; control::MAX_REQUEST * 4],
+    ] {
+        let mut s = UnixStream::connect(&path).unwrap();
+        s.set_read_timeout(Some(t)).unwrap();
+        // The server may close before reading everything: ignore EPIPE.
+        let _ = s.write_all(&raw);
+        let mut reply = String::new();
+        let _ = s.read_to_string(&mut reply);
+        assert!(reply.starts_with("error bad request"), "{reply:?}");
+    }
+
+    control::request(&path, &Request::Del("b".into()), t).expect("del b");
+    drop(fe);
+    match control::request(&path, &Request::Del("b".into()), t) {
+        Err(ControlError::Refused(m)) => assert!(m.contains("no function b"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let list = control::request(&path, &Request::List, t).unwrap();
+    assert_eq!(list.len(), 2, "{list:?}");
+    drop(server);
+    assert!(!path.exists(), "the control socket is removed");
+}
