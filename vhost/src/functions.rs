@@ -552,8 +552,20 @@ impl Functions {
         } else {
             Some(server::bind(&socket).map_err(|e| setup(e.to_string()))?)
         };
-        let stats =
-            StatsServer::start(&stats_path, board.clone()).map_err(|e| setup(e.to_string()))?;
+        let (sw, port_mac) = (self.switch.clone(), mac.0);
+        let extra: stats::ExtraCounters = Arc::new(move || {
+            let p = sw.port_stats(port_mac).unwrap_or_default();
+            vec![
+                ("switch_tx_local", p.tx_local),
+                ("switch_tx_uplink", p.tx_uplink),
+                ("switch_tx_runt", p.tx_runt),
+                ("switch_rx_local", p.rx_local),
+                ("switch_rx_uplink", p.rx_uplink),
+                ("switch_rx_dropped", p.rx_queue_dropped),
+            ]
+        });
+        let stats = StatsServer::start_with(&stats_path, board.clone(), Some(extra))
+            .map_err(|e| setup(e.to_string()))?;
         let stopper = Stopper::new().map_err(|e| setup(format!("stop event: {e}")))?;
         let (tx, done) = mpsc::channel();
         let s = stopper.clone();

@@ -391,6 +391,11 @@ pub enum StatsError {
     },
 }
 
+/// Further counters a [`StatsServer`] serves after the board's, read at
+/// each request: `(name, value)` pairs, names as [`parse`] accepts them
+/// (the daemon's functions add their switch port's, `switch_*`).
+pub type ExtraCounters = Arc<dyn Fn() -> Vec<(&'static str, u64)> + Send + Sync>;
+
 /// Serves a [`StatsBoard`] on a Unix socket from a thread of its own.
 /// Dropping it stops the thread and removes the socket file.
 pub struct StatsServer {
@@ -409,6 +414,19 @@ impl StatsServer {
     /// [`StatsError::NotASocket`], [`StatsError::InUse`] or
     /// [`StatsError::Serve`].
     pub fn start(path: &Path, board: Arc<StatsBoard>) -> Result<Self, StatsError> {
+        Self::start_with(path, board, None)
+    }
+
+    /// [`StatsServer::start`], also serving `extra`'s counters after the
+    /// board's snapshot and before the per-QP lines.
+    ///
+    /// # Errors
+    /// As [`StatsServer::start`].
+    pub fn start_with(
+        path: &Path,
+        board: Arc<StatsBoard>,
+        extra: Option<ExtraCounters>,
+    ) -> Result<Self, StatsError> {
         let shown = || path.display().to_string();
         let serve = |source| StatsError::Serve {
             path: shown(),
@@ -430,7 +448,7 @@ impl StatsServer {
             let stop_rx = stop.try_clone()?;
             thread::Builder::new()
                 .name("vrnic-stats".into())
-                .spawn(move || serve_loop(&listener, &stop_rx, &board))
+                .spawn(move || serve_loop(&listener, &stop_rx, &board, extra.as_ref()))
         })();
         match setup {
             Ok(thread) => Ok(Self {
@@ -464,7 +482,12 @@ impl Drop for StatsServer {
 }
 
 /// Accepts connections until `stop` is signalled; answers each one.
-fn serve_loop(listener: &UnixListener, stop: &EventFd, board: &StatsBoard) {
+fn serve_loop(
+    listener: &UnixListener,
+    stop: &EventFd,
+    board: &StatsBoard,
+    extra: Option<&ExtraCounters>,
+) {
     loop {
         let mut fds = [
             libc::pollfd {
@@ -493,7 +516,7 @@ fn serve_loop(listener: &UnixListener, stop: &EventFd, board: &StatsBoard) {
         }
         match listener.accept() {
             Ok((stream, _)) => {
-                if let Err(e) = answer(stream, board) {
+                if let Err(e) = answer(stream, board, extra) {
                     debug!("stats client: {e}");
                 }
             }
@@ -507,10 +530,17 @@ fn serve_loop(listener: &UnixListener, stop: &EventFd, board: &StatsBoard) {
     }
 }
 
-fn answer(mut stream: UnixStream, board: &StatsBoard) -> io::Result<()> {
+fn answer(
+    mut stream: UnixStream,
+    board: &StatsBoard,
+    extra: Option<&ExtraCounters>,
+) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
     let mut reply = board.read().render();
+    for (name, value) in extra.map(|f| f()).unwrap_or_default() {
+        let _ = writeln!(reply, "{name} {value}");
+    }
     reply.push_str(&render_qps(&board.read_qps()));
     stream.write_all(reply.as_bytes())?;
     stream.shutdown(std::net::Shutdown::Both)

@@ -162,7 +162,9 @@ fn assert_only_arp_reached_the_uplink(outside: &mut MemLink) -> usize {
 fn two_functions_of_one_daemon_talk_through_the_switch_not_the_uplink() {
     let dir = TempDir::new("ab");
     let (fns, mut outside) = daemon();
-    let sa = spec(&dir.0, "a", 1);
+    let mut sa = spec(&dir.0, "a", 1);
+    let pcap = dir.0.join("a.pcap");
+    sa.pcap = Some(pcap.clone());
     let sb = spec(&dir.0, "b", 2);
     fns.add(&sa).expect("function a");
     fns.add(&sb).expect("function b");
@@ -219,12 +221,45 @@ fn two_functions_of_one_daemon_talk_through_the_switch_not_the_uplink() {
         assert!(f.port.rx_local >= 3, "frames came through the switch: {f}");
         assert_eq!(f.port.rx_queue_dropped, 0, "{f}");
     }
+    // Each function's stats socket has its switch port's counters.
+    let reply = vrnic_vhost::stats::query(&sb.stats_path(), WAIT).expect("b's counters");
+    let counters = vrnic_vhost::stats::parse(&reply).expect("name value lines");
+    let get = |n: &str| counters.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
+    assert!(get("switch_rx_local").is_some_and(|v| v >= 5), "{reply}");
+    assert_eq!(get("switch_rx_dropped"), Some(0), "{reply}");
+
+    // A's pcap file shows the RoCEv2 frames it exchanged with B.
+    let roce_frames = roce_frames_in_pcap(&pcap);
+    assert!(roce_frames >= 5 + 3, "{roce_frames} RoCEv2 frames recorded");
+
     drop((a, b));
     assert!(fns.shutdown().is_empty());
     assert!(
         !sa.socket.exists() && !sb.socket.exists(),
         "sockets removed"
     );
+}
+
+/// Frames to UDP port 4791 (RoCEv2) over IPv4 in a classic pcap file
+/// (`pcap-savefile(5)`, host byte order, as `PcapLink` writes it).
+fn roce_frames_in_pcap(path: &Path) -> usize {
+    let bytes = std::fs::read(path).expect("pcap file");
+    assert_eq!(&bytes[..4], &0xa1b2c3d4u32.to_ne_bytes(), "pcap magic");
+    let mut at = 24;
+    let mut n = 0;
+    while at + 16 <= bytes.len() {
+        let incl = u32::from_ne_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+        let frame = &bytes[at + 16..at + 16 + incl];
+        if frame.len() >= 38 && frame[12..14] == [0x08, 0x00] && frame[23] == 17 {
+            let ihl = usize::from(frame[14] & 0x0f) * 4;
+            let dport = &frame[14 + ihl + 2..14 + ihl + 4];
+            if dport == 4791u16.to_be_bytes() {
+                n += 1;
+            }
+        }
+        at += 16 + incl;
+    }
+    n
 }
 
 /// (b) A WRITE with a bad R_Key through the switch: the responder NAKs
