@@ -518,3 +518,40 @@ fn the_control_socket_adds_lists_deletes_and_refuses_garbage() {
     drop(server);
     assert!(!path.exists(), "the control socket is removed");
 }
+
+/// A QP addressing its own function's IP: the device resolves its own
+/// address to its own MAC, the switch loops the frames back, and a SEND
+/// between two QPs of one function completes without touching the uplink.
+#[test]
+fn a_qp_can_send_to_a_qp_of_its_own_function() {
+    let dir = TempDir::new("self");
+    let (fns, outside) = daemon();
+    let sa = spec(&dir.0, "a", 1);
+    fns.add(&sa).unwrap();
+    let mut a = attach(&sa.socket, 1);
+    let mut q1 = qp(&mut a);
+    let mut q2 = qp(&mut a);
+    let path = |peer: &Qp| RcPath {
+        peer_ip: ip(1).addr,
+        peer_qpn: peer.qpn,
+        peer_psn: 5,
+        my_psn: 5,
+        path_mtu: MTU_1024,
+    };
+    a.fe.connect_rc(&q1, &path(&q2)).unwrap();
+    a.fe.connect_rc(&q2, &path(&q1)).unwrap();
+    let data = pattern(3000, 4);
+    let src = buffer(&mut a, 3000, &data);
+    let dst = buffer(&mut a, 3000, &[]);
+    a.fe.post_recv(&mut q2, 3, &[dst.sge(0, 3000)]).unwrap();
+    send(&mut a, &mut q1, 4, &src, 3000);
+    let mut got = [cqe(&mut a), cqe(&mut a)];
+    got.sort_by_key(|c| c.wr_id);
+    assert_eq!(
+        got.map(|c| (c.wr_id, c.status)),
+        [(3, abi::WC_SUCCESS), (4, abi::WC_SUCCESS)]
+    );
+    assert_eq!(a.fe.read_bytes(dst.gpa, 3000).unwrap(), data);
+    assert_eq!(outside.pending(), 0, "nothing reached the uplink");
+    assert_eq!(fns.switch().uplink_stats().tx_frames, 0);
+}
