@@ -18,12 +18,14 @@
 //! function ([`FunctionInfo`]'s `Display`). Requests are untrusted: a
 //! request longer than [`MAX_REQUEST`], not UTF-8, or not one of the above
 //! is answered with an error; a client is served for at most
-//! [`CLIENT_TIMEOUT`] per read and per write, one client at a time.
+//! [`CLIENT_TIMEOUT`] per read and per write, one client at a time. The
+//! socket is the owner's only (mode 0600): a client makes the daemon
+//! create sockets and files (`pcap=`) wherever the daemon may.
 
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -222,6 +224,9 @@ impl ControlServer {
         let listener = UnixListener::bind(path).map_err(io_err)?;
         let stop = EventFd::new(EFD_NONBLOCK).map_err(io_err)?;
         let setup = (|| {
+            // Whoever may connect makes the daemon create sockets and
+            // (pcap=) files where it may: the owner only.
+            fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
             listener.set_nonblocking(true)?;
             let stop_rx = stop.try_clone()?;
             thread::Builder::new()

@@ -461,26 +461,26 @@ impl Functions {
     }
 
     /// Adds a function and starts serving its socket (listening, or
-    /// connecting for [`FunctionSpec::connect`]), until it is deleted;
-    /// with `once`, the server ends after its first connection and then
-    /// fires `on_end` (the daemon's `--once`).
+    /// connecting for [`FunctionSpec::connect`]) until it is deleted.
     ///
     /// # Errors
     /// [`FunctionError::TooMany`], [`FunctionError::Duplicate`] (name,
     /// socket, stats socket, MAC, IPv4 or IPv6 address of another
     /// function), [`FunctionError::Switch`] or [`FunctionError::Setup`].
     pub fn add(&self, spec: &FunctionSpec) -> Result<FunctionInfo, FunctionError> {
-        self.add_with(spec, None)
+        self.add_with(spec, false, None)
     }
 
-    /// [`Functions::add`]; with `on_end`, the server serves one connection
-    /// and then fires that stopper.
+    /// [`Functions::add`]; with `once`, the server ends after its first
+    /// connection (the daemon's `--once`); `on_end` fires when the server
+    /// ends by itself (`once`, or an error), so the daemon can end with it.
     ///
     /// # Errors
     /// As [`Functions::add`].
     pub fn add_with(
         &self,
         spec: &FunctionSpec,
+        once: bool,
         on_end: Option<Stopper>,
     ) -> Result<FunctionInfo, FunctionError> {
         let name = spec.name();
@@ -569,7 +569,6 @@ impl Functions {
         let stopper = Stopper::new().map_err(|e| setup(format!("stop event: {e}")))?;
         let (tx, done) = mpsc::channel();
         let s = stopper.clone();
-        let once = on_end.is_some();
         let target = socket.clone();
         let thread = thread::Builder::new()
             .name(format!(

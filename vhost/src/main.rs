@@ -362,10 +362,13 @@ fn run_daemon(cli: DaemonArgs) -> Result<()> {
         },
     ));
     for (i, spec) in specs.iter().enumerate() {
-        // `--once` ends the daemon with the first function's first connection.
-        let on_end = (i == 0 && cli.once).then(|| stopper.clone());
+        // The daemon ends with the --socket/--connect function's server
+        // (with --once, after its first connection; or when it fails), as
+        // when that was the daemon's only server.
+        let single = i == 0 && (cli.socket.is_some() || cli.connect.is_some());
+        let on_end = single.then(|| stopper.clone());
         let f = functions
-            .add_with(spec, on_end)
+            .add_with(spec, single && cli.once, on_end)
             .with_context(|| format!("function {}", spec.name()))?;
         if spec.connect {
             info!(mac = %f.mac, ip = %f.ip, mtu = cli.mtu, "vrnic connecting to {}", f.socket.display());
@@ -415,10 +418,14 @@ fn run_daemon(cli: DaemonArgs) -> Result<()> {
     for f in functions.list() {
         info!(function = %f.name, counters = ?f.counters, port = ?f.port, "function stopping");
     }
-    for e in functions.shutdown() {
+    let errors = functions.shutdown();
+    for e in &errors {
         warn!("{e}");
     }
     info!(uplink = ?functions.switch().uplink_stats(), "vrnic exiting");
+    if let Some(e) = errors.into_iter().next() {
+        return Err(e.into());
+    }
     Ok(())
 }
 

@@ -333,3 +333,64 @@ fn functions_are_declared_added_listed_and_deleted_with_the_binary() {
         assert!(!p.exists(), "{} removed", p.display());
     }
 }
+
+/// `--once`: the daemon ends, cleanly, when its first frontend leaves,
+/// also with a second function declared.
+#[test]
+fn once_ends_the_daemon_with_the_first_functions_first_connection() {
+    let dir = TempDir::new("once");
+    let a = dir.0.join("a.sock");
+    let b = dir.0.join("b.sock");
+    let mut child = Child(Some(
+        Command::new("unshare")
+            .args([
+                "--net",
+                BIN,
+                "--tap",
+                "vr0",
+                "--ip",
+                "10.0.0.1/24",
+                "--once",
+                "--socket",
+            ])
+            .arg(&a)
+            .arg("--function")
+            .arg(format!("socket={},ip=10.0.0.2/24", b.display()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("unshare runs"),
+    ));
+    let ch = child.0.as_mut().unwrap();
+    let pid = ch.id() as libc::pid_t;
+    let stdout = ch.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    loop {
+        let line = rx.recv_timeout(WAIT).expect("the daemon starts");
+        if line.starts_with("vrnic: control socket") {
+            break;
+        }
+    }
+    let mut fe = TestFrontend::connect(&a, &FrontendOptions::default()).unwrap();
+    assert_eq!(fe.config_space().unwrap().signature, abi::SIGNATURE);
+    drop(fe);
+    let mut ch = child.0.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(ch.wait());
+    });
+    let Ok(status) = rx.recv_timeout(WAIT) else {
+        // SAFETY: kills our own child, by PID.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        panic!("vrnic --once did not exit within {WAIT:?}");
+    };
+    assert!(status.unwrap().success());
+    assert!(!a.exists() && !b.exists(), "sockets removed");
+}
