@@ -103,8 +103,8 @@ fn spec_err(msg: impl Into<String>) -> FunctionError {
 /// Keys: `socket=PATH` (vhost-user socket to listen on; required),
 /// `ip=ADDR/PREFIX` (required), `mac=XX:XX:XX:XX:XX:XX` (default 02:76
 /// and the IPv4 address), `ipv6=ADDR` (repeatable, at most [`MAX_IPV6`]),
-/// `name=NAME` (letters, digits, `.`, `_`, `-`; default the socket's file
-/// name), `stats=PATH` (default `<socket>.stats`), `pcap=PATH` (record
+/// `name=NAME` (letters, digits, `.`, `_`, `-`; default from the socket's
+/// file name, [`FunctionSpec::name`]), `stats=PATH` (default `<socket>.stats`), `pcap=PATH` (record
 /// this function's frames). Values may not contain `,` or whitespace; at
 /// most [`MAX_SPEC_LEN`] bytes in all.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,14 +148,34 @@ impl FunctionSpec {
         self.mac.unwrap_or_else(|| Mac::from_ipv4(self.ip.addr))
     }
 
-    /// The function's name: `name=`, else the socket's file name.
+    /// The function's name: `name=`, else the socket's file name with
+    /// every character a name may not have replaced by `_`, cut to
+    /// [`MAX_NAME_LEN`] bytes (when another function has that name,
+    /// [`Functions::add`] appends `-2`, `-3`, ...).
     pub fn name(&self) -> String {
-        self.name.clone().unwrap_or_else(|| {
-            self.socket
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| self.socket.display().to_string())
-        })
+        if let Some(n) = &self.name {
+            return n.clone();
+        }
+        let file = self
+            .socket
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut n: String = file
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .take(MAX_NAME_LEN - 4)
+            .collect();
+        if n.is_empty() {
+            n.push('f');
+        }
+        n
     }
 
     /// The stats socket the function gets.
@@ -483,8 +503,6 @@ impl Functions {
         once: bool,
         on_end: Option<Stopper>,
     ) -> Result<FunctionInfo, FunctionError> {
-        let name = spec.name();
-        check_name(&name)?;
         let socket = absolute(&spec.socket);
         let stats_path = absolute(&spec.stats_path());
         let mac = spec.mac();
@@ -492,6 +510,21 @@ impl Functions {
         if table.len() >= MAX_FUNCTIONS {
             return Err(FunctionError::TooMany);
         }
+        let name = match &spec.name {
+            Some(n) => n.clone(),
+            // A default name is made unique (at most MAX_FUNCTIONS tries).
+            None => {
+                let base = spec.name();
+                (1..=MAX_FUNCTIONS + 1)
+                    .map(|i| match i {
+                        1 => base.clone(),
+                        i => format!("{base}-{i}"),
+                    })
+                    .find(|n| !table.contains_key(n))
+                    .unwrap_or(base)
+            }
+        };
+        check_name(&name)?;
         for f in table.values() {
             let dup = |what, value: String| FunctionError::Duplicate {
                 what,
@@ -690,6 +723,10 @@ mod tests {
         assert_eq!(s.to_string().parse::<FunctionSpec>().unwrap(), s);
         let d: FunctionSpec = "ip=10.0.0.2/24,socket=/run/b.sock".parse().unwrap();
         assert_eq!(d.name(), "b.sock");
+        let odd = FunctionSpec::new("/run/a b\u{e9}.sock", d.ip);
+        assert_eq!(odd.name(), "a_b_.sock");
+        check_name(&FunctionSpec::new("/", d.ip).name()).unwrap();
+        check_name(&FunctionSpec::new(format!("/{}", "x".repeat(300)), d.ip).name()).unwrap();
         assert_eq!(d.mac().0, [2, 0x76, 10, 0, 0, 2]);
         assert_eq!(d.stats_path(), PathBuf::from("/run/b.sock.stats"));
     }

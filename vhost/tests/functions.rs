@@ -422,6 +422,17 @@ fn the_number_of_functions_is_bounded() {
         fns.add(&s).unwrap();
     }
     let over = spec(&dir.0, "over", 200);
+    // Unnamed functions whose sockets have one file name get distinct names.
+    fns.del("f1").unwrap();
+    fns.del("f2").unwrap();
+    let sub = dir.0.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let mut names = Vec::new();
+    for (d, last) in [(&dir.0, 201), (&sub, 202)] {
+        let s = FunctionSpec::new(d.join("vrnic.sock"), ip(last));
+        names.push(fns.add(&s).unwrap().name);
+    }
+    assert_eq!(names, ["vrnic.sock", "vrnic.sock-2"]);
     assert!(matches!(fns.add(&over), Err(FunctionError::TooMany)));
     fns.del("f0").unwrap();
     fns.add(&over).expect("room again after a delete");
