@@ -566,3 +566,63 @@ fn a_qp_can_send_to_a_qp_of_its_own_function() {
     assert_eq!(outside.pending(), 0, "nothing reached the uplink");
     assert_eq!(fns.switch().uplink_stats().tx_frames, 0);
 }
+
+/// Through the uplink: a device outside the daemon (another daemon on the
+/// uplink's other end) runs RC with one of two connected functions; the
+/// uplink's frames reach the function whichever function's worker reads
+/// the uplink.
+#[test]
+fn a_function_talks_to_a_device_beyond_the_uplink() {
+    use vrnic_vhost::frontend::TestDaemon;
+    let dir = TempDir::new("uplink");
+    let (fns, outside) = daemon();
+    let sa = spec(&dir.0, "a", 1);
+    let sb = spec(&dir.0, "b", 2);
+    fns.add(&sa).unwrap();
+    fns.add(&sb).unwrap();
+    let mut cfg = vrnic_vhost::frontend::test_device_config();
+    cfg.ipv4 = ip(3).addr;
+    cfg.mac = vrnic_vhost::addr::Mac::from_ipv4(cfg.ipv4).0;
+    let far = TestDaemon::with_device(cfg, Box::new(outside)).expect("the far daemon");
+    let _a = attach(&sa.socket, 1);
+    let mut b = attach(&sb.socket, 2);
+    let mut c = {
+        let mut fe = far.connect(&FrontendOptions::default()).unwrap();
+        let pd = fe.alloc_pd().unwrap();
+        let cq = fe.create_cq(64).unwrap();
+        Side {
+            fe,
+            ip: ip(3).addr,
+            pd,
+            cq,
+        }
+    };
+    let mut qb = qp(&mut b);
+    let mut qc = qp(&mut c);
+    connect(&mut b, &qb, &mut c, &qc);
+    for (from_b, len) in [(true, 5000), (false, 7000)] {
+        let data = pattern(len, len as u8);
+        let (tx, q_tx, rx, q_rx) = if from_b {
+            (&mut b, &mut qb, &mut c, &mut qc)
+        } else {
+            (&mut c, &mut qc, &mut b, &mut qb)
+        };
+        let src = buffer(tx, len, &data);
+        let dst = buffer(rx, len, &[]);
+        rx.fe.post_recv(q_rx, 1, &[dst.sge(0, len as u32)]).unwrap();
+        send(tx, q_tx, 2, &src, len);
+        let rc = cqe(rx);
+        assert_eq!((rc.wr_id, rc.status), (1, abi::WC_SUCCESS), "{rc:?}");
+        assert_eq!(rx.fe.read_bytes(dst.gpa, len).unwrap(), data);
+        assert_eq!(cqe(tx).status, abi::WC_SUCCESS);
+    }
+    let port = fns
+        .switch()
+        .port_stats(vrnic_vhost::addr::Mac::from_ipv4(ip(2).addr).0);
+    assert!(
+        port.is_some_and(|p| p.rx_uplink >= 7 && p.tx_uplink >= 5),
+        "{port:?}"
+    );
+    drop((b, c));
+    far.stop(WAIT).expect("the far daemon stops");
+}
