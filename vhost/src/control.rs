@@ -22,20 +22,14 @@
 //! socket is the owner's only (mode 0600): a client makes the daemon
 //! create sockets and files (`pcap=`) wherever the daemon may.
 
-use std::fs;
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::thread;
 use std::time::Duration;
 
-use tracing::debug;
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-
 use crate::functions::{FunctionInfo, FunctionSpec, Functions, MAX_FUNCTIONS};
+use crate::sockserv::{SocketServer, StartError};
 
 /// Longest request line, bytes, `\n` included.
 pub const MAX_REQUEST: usize = 8192;
@@ -193,9 +187,7 @@ fn error_reply(msg: &str) -> String {
 /// own. Dropping it stops the thread (after the request being served, if
 /// any) and removes the socket file.
 pub struct ControlServer {
-    path: PathBuf,
-    stop: EventFd,
-    thread: Option<thread::JoinHandle<()>>,
+    server: SocketServer,
 }
 
 impl ControlServer {
@@ -208,102 +200,23 @@ impl ControlServer {
     /// [`ControlError::Io`].
     pub fn start(path: &Path, functions: Arc<Functions>) -> Result<Self, ControlError> {
         let shown = || path.display().to_string();
-        let io_err = |source| ControlError::Io {
-            path: shown(),
-            source,
-        };
-        if let Ok(meta) = fs::symlink_metadata(path) {
-            if !meta.file_type().is_socket() {
-                return Err(ControlError::NotASocket(shown()));
-            }
-            if UnixStream::connect(path).is_ok() {
-                return Err(ControlError::InUse(shown()));
-            }
-            fs::remove_file(path).map_err(io_err)?;
-        }
-        let listener = UnixListener::bind(path).map_err(io_err)?;
-        let stop = EventFd::new(EFD_NONBLOCK).map_err(io_err)?;
-        let setup = (|| {
-            // Whoever may connect makes the daemon create sockets and
-            // (pcap=) files where it may: the owner only.
-            fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
-            listener.set_nonblocking(true)?;
-            let stop_rx = stop.try_clone()?;
-            thread::Builder::new()
-                .name("vrnic-control".into())
-                .spawn(move || serve_loop(&listener, &stop_rx, &functions))
-        })();
-        match setup {
-            Ok(thread) => Ok(Self {
-                path: path.to_path_buf(),
-                stop,
-                thread: Some(thread),
+        let handle = move |stream| answer(stream, &functions);
+        // Whoever may connect makes the daemon create sockets and (pcap=)
+        // files where it may: the owner only.
+        match SocketServer::start(path, "vrnic-control", Some(0o600), handle) {
+            Ok(server) => Ok(Self { server }),
+            Err(StartError::NotASocket) => Err(ControlError::NotASocket(shown())),
+            Err(StartError::InUse) => Err(ControlError::InUse(shown())),
+            Err(StartError::Io(source)) => Err(ControlError::Io {
+                path: shown(),
+                source,
             }),
-            Err(e) => {
-                let _ = fs::remove_file(path);
-                Err(io_err(e))
-            }
         }
     }
 
     /// The socket path.
     pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Drop for ControlServer {
-    fn drop(&mut self) {
-        let _ = self.stop.write(1);
-        if let Some(t) = self.thread.take() {
-            // Reads and writes are bounded by CLIENT_TIMEOUT and a delete
-            // by STOP_TIMEOUT, so this join is bounded.
-            let _ = t.join();
-        }
-        let _ = fs::remove_file(&self.path);
-    }
-}
-
-fn serve_loop(listener: &UnixListener, stop: &EventFd, functions: &Functions) {
-    loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: listener.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stop.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a valid array of two pollfds.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            debug!("control server: poll failed: {e}");
-            return;
-        }
-        if fds[1].revents != 0 {
-            return;
-        }
-        match listener.accept() {
-            Ok((stream, _)) => {
-                if let Err(e) = answer(stream, functions) {
-                    debug!("control client: {e}");
-                }
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) => {}
-            Err(e) => debug!("control server: accept failed: {e}"),
-        }
+        self.server.path()
     }
 }
 

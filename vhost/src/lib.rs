@@ -25,6 +25,7 @@ pub mod frontend;
 pub mod functions;
 pub mod memory;
 pub mod server;
+mod sockserv;
 pub mod stats;
 pub mod switch;
 pub mod timer;

@@ -469,6 +469,9 @@ fn the_control_socket_adds_lists_deletes_and_refuses_garbage() {
     let fns = Arc::new(fns);
     let path = dir.0.join("vrnic.control");
     let server = ControlServer::start(&path, fns.clone()).expect("control server");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the owner's only");
     let t = Duration::from_secs(30);
 
     let sa = spec(&dir.0, "a", 1);
