@@ -6,9 +6,12 @@
 # module, no privilege (podman's default capabilities and seccomp profile).
 #
 # Topology (all in the e2e namespace's bridge br0): containers c1 and c2 each run in a network
-# namespace of their own with a veth into the bridge for their TCP exchange (10.0.0.5, 10.0.0.6),
-# and each has a vrnic daemon (function) on a TAP of the bridge with RoCE addresses 10.0.0.105 and
-# 10.0.0.106, writing a pcap that tests/pcap_check.py then checks. Beside them a vrnic guest A
+# namespace of their own with a veth into the bridge for their TCP exchange (10.0.0.5, 10.0.0.6).
+# Their vrnic functions are two functions of ONE daemon (RoCE addresses 10.0.0.105 and
+# 10.0.0.106) on one TAP of the bridge, so c1 and c2 reach each other through the daemon's
+# embedded switch (judged: `vrnic stats` switch_tx_local of both functions grows by at least the
+# run's frames while switch_tx_uplink does not), and everything else through the TAP. Each
+# function writes a pcap (local frames included) that tests/pcap_check.py then checks. Beside them a vrnic guest A
 # (10.0.0.1, daemon 10.0.0.101, Debian's tools on vrnic's libibverbs.so.1) and an rxe guest B
 # (10.0.0.2) serve the same two tools.
 # Checks, each both tools, data checked by ibv_rc_pingpong -c (every buffer validated):
@@ -52,6 +55,13 @@ ct_client() {
         [ $((SECONDS - t0)) -lt $((RUN_TIMEOUT + 120)) ] || return $rc
         sleep 1
     done
+}
+
+# ct_stat C NAME: counter NAME of function C (its stats socket), 0 when unreadable.
+ct_stat() {
+    local v
+    v=$(stat_of "$CT_DIR/c$1.sock" "$2")
+    echo "${v:-0}"
 }
 
 # ct_judge WHAT SERVER_RC SERVER_LOG CLIENT_RC CLIENT_LOG: one PASS/FAIL line for a tool's run.
@@ -100,15 +110,17 @@ run_containers() {
         fail "containers: no container image (log $dir/image.log)"
         return 0
     fi
+    # One daemon, two functions: c1 (--socket) and c2 (--function), on one TAP.
+    vr_netns_tap "$NS" tap-vc
+    local VR_DAEMON_EXTRA=(--function "socket=$dir/c2.sock,ip=10.0.0.106/24,pcap=$dir/vrnic-c2.pcap")
+    if ! vr_daemon vrnic-ct "$NS" "$dir/c1.sock" tap-vc 10.0.0.105/24 "$dir" "$dir/vrnic-c1.pcap"; then
+        fail "containers: the daemon did not start (log $dir/vrnic-ct.log)"
+        return 0
+    fi
+    unset VR_DAEMON_EXTRA
+    daemons+=("$VR_LAST_PID")
     for c in 1 2; do
-        vr_netns_tap "$NS" "tap-vc$c"
-        if ! vr_daemon "vrnic-c$c" "$NS" "$dir/c$c.sock" "tap-vc$c" "10.0.0.10$((4 + c))/24" "$dir" \
-            "$dir/vrnic-c$c.pcap"; then
-            fail "containers: daemon c$c did not start (log $dir/vrnic-c$c.log)"
-            for p in "${daemons[@]}"; do vr_stop "$p"; done
-            return 0
-        fi
-        daemons+=("$VR_LAST_PID")
+        for _ in $(seq 50); do [ -S "$dir/c$c.sock" ] && break; sleep 0.1; done
         vr_netns_create "$NS-c$c"
         ip link add "c$c" netns "$NS-c$c" type veth peer name "c$c-br" netns "$NS"
         ip -n "$NS" link set "c$c-br" master br0 up
@@ -131,8 +143,10 @@ run_containers() {
         pids+=("$VR_LAST_PID")
     fi
 
-    # Container to container.
-    local tool args
+    # Container to container, through the embedded switch.
+    local tool args sw0 sw1 up0 up1
+    sw0=$(( $(ct_stat 1 switch_tx_local) + $(ct_stat 2 switch_tx_local) ))
+    up0=$(( $(ct_stat 1 switch_tx_uplink) + $(ct_stat 2 switch_tx_uplink) ))
     for tool in ibv_rc_pingpong ib_write_bw; do
         if [ $tool = ibv_rc_pingpong ]; then args=(-g 1 -s 4096 -n "$CT_ITERS" -c -p 18610)
         else args=(-x 1 -n "$CT_ITERS" -p 18611); fi
@@ -144,6 +158,15 @@ run_containers() {
         wait $spid || src=$?
         ct_judge "container <-> container $tool" $src "$dir/cc-$tool-server.log" $crc "$dir/cc-$tool-client.log"
     done
+    sw1=$(( $(ct_stat 1 switch_tx_local) + $(ct_stat 2 switch_tx_local) ))
+    up1=$(( $(ct_stat 1 switch_tx_uplink) + $(ct_stat 2 switch_tx_uplink) ))
+    # 200 x 4 KiB ping-pong + 200 x 64 KiB WRITEs: well over 10,000 RoCEv2 frames. The uplink may
+    # carry a few ARP broadcasts, never the traffic.
+    if [ $((sw1 - sw0)) -ge 10000 ] && [ $((up1 - up0)) -lt 100 ]; then
+        pass "containers: two functions of one daemon through the embedded switch ($((sw1 - sw0)) frames switched locally, $((up1 - up0)) to the uplink)"
+    else
+        fail "containers: embedded switch: $((sw1 - sw0)) frames switched locally, $((up1 - up0)) to the uplink"
+    fi
 
     # Containers against the guests' servers: c1 -> vrnic guest A, c2 -> rxe guest B, at once.
     if [ "${E2E_CT_GUESTS:-1}" = 1 ]; then
@@ -169,7 +192,8 @@ run_containers() {
         for g in a b; do vr_wait_job $g "$dir" "${pids[0]}" 120 >/dev/null 2>&1 || true; pids=("${pids[@]:1}"); done
     fi
     for p in "${daemons[@]}"; do vr_stop "$p"; done
-    for c in 1 2; do vr_netns_destroy "$NS-c$c"; ip -n "$NS" link del "tap-vc$c" 2>/dev/null || true; done
+    for c in 1 2; do vr_netns_destroy "$NS-c$c"; done
+    ip -n "$NS" link del tap-vc 2>/dev/null || true
     check_pcaps "containers c1|$dir/vrnic-c1.pcap" "containers c2|$dir/vrnic-c2.pcap"
     echo "=== containers took $((SECONDS - tc)) s"
 }
