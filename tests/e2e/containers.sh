@@ -18,6 +18,8 @@
 #   container c1 (server) <-> container c2 (client)
 #   vrnic guest A (server) <-> container c1 (client)
 #   rxe guest B (server)   <-> container c2 (client)
+# Then fairness between functions (ct_fairness: two more functions added and deleted while the
+# daemon runs, one pair's latency measured while another pair floods).
 # E2E_CT_ITERS (200): ping-pong iterations (4 KiB) and ib_write_bw iterations (64 KiB).
 
 CT_ITERS=${E2E_CT_ITERS:-200}
@@ -34,11 +36,11 @@ ct_image() {
 }
 
 # ct_run C LOG CMD...: runs CMD in a fresh container on function C's socket and in namespace
-# NS-cC, bounded by RUN_TIMEOUT; output to LOG.
+# NS-cC (NS-c$CT_NS_OF if set), bounded by RUN_TIMEOUT; output to LOG.
 ct_run() {
     local c=$1 log=$2
     shift 2
-    timeout -k 5 "$RUN_TIMEOUT" "${CT_PODMAN[@]}" run --rm --network "ns:/run/netns/$NS-c$c" \
+    timeout -k 5 "$RUN_TIMEOUT" "${CT_PODMAN[@]}" run --rm --network "ns:/run/netns/$NS-c${CT_NS_OF:-$c}" \
         --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 \
         -v "$CT_DIR/c$c.sock:/run/vrnic/vhost-user.sock" "$CT_IMAGE" "$@" >"$log" 2>&1
 }
@@ -95,6 +97,73 @@ ct_guest_rc() {
         if [ $((SECONDS - t0)) -ge $((RUN_TIMEOUT + 60)) ]; then echo timeout; return 0; fi
         sleep 0.5
     done
+}
+
+# ct_fairness: one function's load must not starve another's. Functions c3 and c4 are added to
+# the running daemon (`vrnic function add`, no pcap; their containers in c1's and c2's network
+# namespaces for the TCP exchange). c1<->c2's 64 B ib_write_lat is measured idle, then again while
+# c3 and c4 flood each other through the same daemon (ib_write_bw 64 KiB for CT_FLOOD_SECS s).
+# Judged: every run exits 0 and the loaded typical latency stays under CT_FAIR_BOUND_US (each
+# function has its own worker thread: a flood costs the others CPU share, never a place in a
+# queue behind its frames). Then c3 and c4 are deleted (`vrnic function del`) and `vrnic function
+# list` must show 2 again.
+CT_FLOOD_SECS=${E2E_CT_FLOOD_SECS:-12}
+CT_FAIR_BOUND_US=${E2E_CT_FAIR_BOUND_US:-1000}
+ct_fairness() {
+    local bin=${VRNIC_BIN:-$VR_TOP/target/debug/vrnic} ctl=$CT_DIR/c1.sock.control c spid fpid src frc
+    local idle loaded n
+    for c in 3 4; do
+        if ! "$bin" function add --control "$ctl" --socket "$CT_DIR/c$c.sock" \
+            --ip "10.0.0.10$((4 + c))/24" >"$CT_DIR/function-add-c$c.log" 2>&1; then
+            fail "containers: vrnic function add c$c: $(tail -1 "$CT_DIR/function-add-c$c.log")"
+            return 0
+        fi
+    done
+    n=$("$bin" function list --control "$ctl" 2>/dev/null | grep -vc '^#')
+    if [ "$n" = 4 ]; then pass "containers: vrnic function add: 4 functions listed"
+    else fail "containers: vrnic function list shows $n functions after adding 2 to 2"; fi
+    idle=$(ct_lat idle 18620)
+    CT_NS_OF=1 ct_run 3 "$CT_DIR/flood-server.log" ib_write_bw -x 1 -D "$CT_FLOOD_SECS" -p 18621 &
+    spid=$!
+    CT_NS_OF=2 ct_client 4 "$CT_DIR/flood-client.log" ib_write_bw -x 1 -D "$CT_FLOOD_SECS" -p 18621 10.0.0.5 &
+    fpid=$!
+    # The latency pair starts once the flood carries traffic (bounded wait on c3's counters).
+    local t0=$SECONDS f0
+    f0=$(ct_stat 3 switch_tx_local)
+    while [ $(($(ct_stat 3 switch_tx_local) - f0)) -lt 1000 ] && [ $((SECONDS - t0)) -lt 60 ]; do sleep 0.2; done
+    loaded=$(ct_lat loaded 18622)
+    frc=0
+    wait $fpid || frc=$?
+    src=0
+    wait $spid || src=$?
+    if [ "$idle" != fail ] && [ "$loaded" != fail ] && [ $frc = 0 ] && [ $src = 0 ] &&
+        awk -v l="$loaded" -v b="$CT_FAIR_BOUND_US" 'BEGIN { exit !(l <= b) }'; then
+        pass "containers: fairness: c1<->c2 ib_write_lat 64 B ${idle} us idle, ${loaded} us while c3<->c4 flood the same daemon (bound ${CT_FAIR_BOUND_US} us; flood $(grep -aE '^ *65536 ' "$CT_DIR/flood-client.log" | tr -s ' ' | cut -d' ' -f5) MB/s)"
+    else
+        fail "containers: fairness: idle=$idle loaded=$loaded (bound $CT_FAIR_BOUND_US us), flood client rc=$frc server rc=$src (logs $CT_DIR/fair-*, flood-*)"
+    fi
+    for c in 3 4; do
+        "$bin" function del --control "$ctl" --socket "$CT_DIR/c$c.sock" >"$CT_DIR/function-del-c$c.log" 2>&1 ||
+            fail "containers: vrnic function del c$c: $(tail -1 "$CT_DIR/function-del-c$c.log")"
+    done
+    n=$("$bin" function list --control "$ctl" 2>/dev/null | grep -vc '^#')
+    if [ "$n" = 2 ]; then pass "containers: vrnic function del: 2 functions left"
+    else fail "containers: vrnic function list shows $n functions after deleting 2 of 4"; fi
+}
+
+# ct_lat TAG PORT: c1 (server) <-> c2 (client) ib_write_lat 64 B x 2000; prints the client's
+# t_typical (us) or "fail".
+ct_lat() {
+    local sp rc=0 rs=0
+    ct_run 1 "$CT_DIR/fair-$1-server.log" ib_write_lat -x 1 -s 64 -n 2000 -p "$2" &
+    sp=$!
+    ct_client 2 "$CT_DIR/fair-$1-client.log" ib_write_lat -x 1 -s 64 -n 2000 -p "$2" 10.0.0.5 || rc=$?
+    wait $sp || rs=$?
+    if [ $rc = 0 ] && [ $rs = 0 ]; then
+        awk '/#bytes/ { getline; print $5; exit }' "$CT_DIR/fair-$1-client.log"
+    else
+        echo fail
+    fi
 }
 
 run_containers() {
@@ -167,6 +236,8 @@ run_containers() {
     else
         fail "containers: embedded switch: $((sw1 - sw0)) frames switched locally, $((up1 - up0)) to the uplink"
     fi
+
+    ct_fairness
 
     # Containers against the guests' servers: c1 -> vrnic guest A, c2 -> rxe guest B, at once.
     if [ "${E2E_CT_GUESTS:-1}" = 1 ]; then
