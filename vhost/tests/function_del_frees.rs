@@ -76,6 +76,10 @@ fn deleting_a_connected_function_frees_everything_it_had() {
             "round {round}: the guest's memory is mapped"
         );
         // The frontend stays connected: the delete closes its connection.
+        assert!(
+            conn.is_connected(),
+            "round {round}: the program is connected"
+        );
         fns.del("f.sock").expect("deleted");
         assert!(
             !conn.is_connected(),
