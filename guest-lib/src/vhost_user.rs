@@ -260,7 +260,7 @@ type UserPages = BTreeMap<usize, (usize, u32)>;
 /// Field order matters for drop: the connection closes first (the daemon
 /// stops using the memory), then the queues' eventfds and the memory go.
 pub struct VhostUserTransport {
-    _conn: Frontend,
+    conn: Frontend,
     config: abi::ConfigSpace,
     ctrl: ControlQueue,
     db: SlotQueue,
@@ -376,7 +376,7 @@ impl VhostUserTransport {
             config.mac
         );
         Ok(VhostUserTransport {
-            _conn: fe,
+            conn: fe,
             config,
             ctrl,
             db,
@@ -398,6 +398,21 @@ impl VhostUserTransport {
     /// Pages of the program currently remapped onto shared memory.
     pub fn user_pages(&self) -> usize {
         self.user.len()
+    }
+
+    /// Whether the daemon still holds this connection: false once it has
+    /// closed or shut down its end (the daemon stopped, or its function
+    /// was deleted). A command on a connection that ended is never answered:
+    /// it fails after [`DEFAULT_TIMEOUT`]; this asks without waiting.
+    pub fn is_connected(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.conn.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd on our own socket; no waiting.
+        let r = unsafe { libc::poll(&mut p, 1, 0) };
+        !(r == 1 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0)
     }
 
     /// Remaps the run of pages `[va, va + n * PAGE)` (none of them

@@ -2,18 +2,19 @@
 //! daemon's process (issue 10): nothing — descriptors, guest memory
 //! mappings and threads are counted in `/proc/self`. Alone in its test
 //! binary, so no other test opens descriptors, maps memory or starts
-//! threads meanwhile.
+//! threads meanwhile. The frontend is a program on guest-lib's verbs over
+//! `VhostUserTransport` (`common`).
+
+mod common;
 
 use std::net::Ipv4Addr;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use common::{rc_qp, WAIT};
 use vrnic::link::MemLink;
+use vrnic_guest::verbs::{Cq, Mr, Pd};
 use vrnic_vhost::addr::Ipv4Prefix;
-use vrnic_vhost::frontend::verbs::QpSizes;
-use vrnic_vhost::frontend::{FrontendOptions, TestFrontend};
 use vrnic_vhost::functions::{FunctionSpec, Functions, FunctionsConfig};
-
-const WAIT: Duration = Duration::from_secs(10);
 
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd")
@@ -65,20 +66,31 @@ fn deleting_a_connected_function_frees_everything_it_had() {
             },
         );
         fns.add(&spec).unwrap();
-        let mut fe = TestFrontend::connect(&socket, &FrontendOptions::default()).unwrap();
-        let pd = fe.alloc_pd().unwrap();
-        let cq = fe.create_cq(64).unwrap();
-        let _qp = fe.create_rc_qp(pd, &cq, &cq, QpSizes::default()).unwrap();
-        let buf = fe.alloc_buffer(1 << 20).unwrap();
-        let _mr = fe.reg_mr(pd, buf, 1 << 20, 0).unwrap();
+        let (ctx, conn) = common::open(&socket);
+        let pd = Pd::alloc(&ctx).unwrap();
+        let cq = Cq::new(&ctx, 64).unwrap();
+        let qp = rc_qp(&pd, &cq);
+        let mr = Mr::alloc(&pd, 1 << 20, 0).unwrap();
         assert!(
             memfd_mappings() > 0,
             "round {round}: the guest's memory is mapped"
         );
         // The frontend stays connected: the delete closes its connection.
+        assert!(
+            conn.is_connected(),
+            "round {round}: the program is connected"
+        );
         fns.del("f.sock").expect("deleted");
-        // The test frontend's own descriptors and mapping go with it.
-        drop(fe);
+        assert!(
+            !conn.is_connected(),
+            "round {round}: the program was disconnected"
+        );
+        // The program's own descriptors and mapping go with it (killed:
+        // its objects can no longer be destroyed on a deleted function).
+        // SAFETY: the objects are only dropped from now on; the MR is
+        // `Mr::alloc`'s.
+        unsafe { conn.kill() };
+        drop((mr, qp, cq, pd, ctx));
         assert_eq!(
             settle(fds, open_fds),
             fds,

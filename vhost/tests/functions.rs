@@ -1,26 +1,27 @@
 //! Several functions of one daemon (issue 10), in process: a
 //! [`Functions`] on a `MemLink` uplink whose other end the tests watch,
-//! each function driven through its own vhost-user socket by a test
-//! frontend. Traffic between functions goes through the embedded switch;
-//! only group frames (ARP) may reach the uplink. Every wait is bounded.
+//! each function driven through its own vhost-user socket by a program
+//! on guest-lib's verbs over `VhostUserTransport` (`common`). Traffic
+//! between functions goes through the embedded switch; only group frames
+//! (ARP) may reach the uplink. Every wait is bounded.
+
+mod common;
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::{connect_rc, gid, pattern, rc_qp, recv, wait_cq, Conn, Peer, WAIT};
 use vrnic::abi;
 use vrnic::link::{Link, MemLink};
+use vrnic_guest::verbs::{
+    Context, Cq, Mr, Pd, Qp, QpState, RdmaWr, SendWr, WorkCompletion, WrOpcode, SEND_SIGNALED,
+};
+use vrnic_guest::vhost_user::VhostUserTransport;
 use vrnic_vhost::addr::Ipv4Prefix;
-use vrnic_vhost::frontend::verbs::{Cq, Mr, Qp, QpSizes, RcPath};
-use vrnic_vhost::frontend::{FrontendOptions, TestFrontend};
 use vrnic_vhost::functions::{
     FunctionError, FunctionSpec, Functions, FunctionsConfig, MAX_FUNCTIONS,
 };
-
-const WAIT: Duration = Duration::from_secs(10);
-const MTU_1024: u32 = 3;
-const ALL_ACCESS: u32 =
-    abi::ACCESS_LOCAL_WRITE | abi::ACCESS_REMOTE_WRITE | abi::ACCESS_REMOTE_READ;
 
 /// A fresh directory, removed on drop.
 struct TempDir(PathBuf);
@@ -62,74 +63,59 @@ fn daemon() -> (Functions, MemLink) {
     )
 }
 
-/// A connected frontend with one PD and CQ.
+/// A connected program with one PD and CQ. Field order is drop order.
 struct Side {
-    fe: TestFrontend,
-    ip: Ipv4Addr,
-    pd: u32,
     cq: Cq,
+    pd: Pd,
+    ctx: Context,
+    conn: Conn,
+    ip: Ipv4Addr,
 }
 
 fn attach(socket: &Path, last: u8) -> Side {
-    let mut fe =
-        TestFrontend::connect(socket, &FrontendOptions::default()).expect("frontend connects");
-    let pd = fe.alloc_pd().expect("ALLOC_PD");
-    let cq = fe.create_cq(64).expect("CREATE_CQ");
+    let (ctx, conn) = common::open(socket);
+    let pd = Pd::alloc(&ctx).expect("ALLOC_PD");
+    let cq = Cq::new(&ctx, 64).expect("CREATE_CQ");
     Side {
-        fe,
-        ip: ip(last).addr,
-        pd,
         cq,
+        pd,
+        ctx,
+        conn,
+        ip: ip(last).addr,
     }
 }
 
-fn qp(s: &mut Side) -> Qp {
-    s.fe.create_rc_qp(s.pd, &s.cq, &s.cq, QpSizes::default())
-        .expect("CREATE_QP")
+fn qp(s: &Side) -> Qp {
+    rc_qp(&s.pd, &s.cq)
 }
 
 /// Connects `qa` of `a` and `qb` of `b` to each other (RTS).
-fn connect(a: &mut Side, qa: &Qp, b: &mut Side, qb: &Qp) {
-    let path = |peer: &Side, peer_qp: &Qp, my_psn, peer_psn| RcPath {
-        peer_ip: peer.ip,
-        peer_qpn: peer_qp.qpn,
-        peer_psn,
-        my_psn,
-        path_mtu: MTU_1024,
+fn connect(a: &Side, qa: &mut Qp, b: &Side, qb: &mut Qp) {
+    let to_b = Peer {
+        gid: gid(&b.ctx),
+        qpn: qb.qp_num(),
+        psn: 2000,
     };
-    let to_b = path(b, qb, 10, 2000);
-    let to_a = path(a, qa, 2000, 10);
-    a.fe.connect_rc(qa, &to_b).expect("A's QP to RTS");
-    b.fe.connect_rc(qb, &to_a).expect("B's QP to RTS");
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
-        .collect()
-}
-
-fn buffer(s: &mut Side, len: usize, data: &[u8]) -> Mr {
-    let gpa = s.fe.alloc_buffer(len as u64).expect("driver memory");
-    s.fe.write_bytes(gpa, data).expect("fill the buffer");
-    s.fe.reg_mr(s.pd, gpa, len as u64, ALL_ACCESS)
-        .expect("REG_MR")
-}
-
-fn cqe(s: &mut Side) -> abi::Cqe {
-    s.fe.wait_cqe(&mut s.cq, WAIT)
-        .unwrap_or_else(|e| panic!("{}: {e}", s.ip))
-}
-
-fn send(s: &mut Side, q: &mut Qp, wr_id: u64, mr: &Mr, len: usize) {
-    let wqe = abi::SendWqe {
-        wr_id,
-        opcode: abi::WR_SEND,
-        send_flags: abi::SEND_SIGNALED,
-        ..Default::default()
+    let to_a = Peer {
+        gid: gid(&a.ctx),
+        qpn: qa.qp_num(),
+        psn: 10,
     };
-    s.fe.post_send(q, wqe, &[mr.sge(0, len as u32)])
-        .expect("post SEND");
+    connect_rc(qa, to_b, 10);
+    connect_rc(qb, to_a, 2000);
+}
+
+fn buffer(s: &Side, len: usize, data: &[u8]) -> Mr<'static> {
+    common::buffer(&s.pd, len, data)
+}
+
+fn cqe(s: &mut Side) -> WorkCompletion {
+    let what = s.ip.to_string();
+    wait_cq(&mut s.cq, &what)
+}
+
+fn send(q: &mut Qp, wr_id: u64, mr: &Mr, len: usize) {
+    common::send(q, wr_id, mr.sge(0, len));
 }
 
 /// Every frame the uplink's other end got; each must be a broadcast ARP
@@ -170,46 +156,47 @@ fn two_functions_of_one_daemon_talk_through_the_switch_not_the_uplink() {
     fns.add(&sb).expect("function b");
     let mut a = attach(&sa.socket, 1);
     let mut b = attach(&sb.socket, 2);
-    let mut qa = qp(&mut a);
-    let mut qb = qp(&mut b);
-    connect(&mut a, &qa, &mut b, &qb);
+    let mut qa = qp(&a);
+    let mut qb = qp(&b);
+    connect(&a, &mut qa, &b, &mut qb);
 
     // SEND of 5000 bytes at path MTU 1024: 5 packets.
     let len = 5000;
     let data = pattern(len, 1);
-    let src = buffer(&mut a, len, &data);
-    let dst = buffer(&mut b, len + 100, &[]);
-    b.fe.post_recv(&mut qb, 7, &[dst.sge(0, (len + 100) as u32)])
-        .expect("post RECV");
-    send(&mut a, &mut qa, 1, &src, len);
+    let src = buffer(&a, len, &data);
+    let dst = buffer(&b, len + 100, &[]);
+    recv(&mut qb, 7, Some(dst.sge(0, len + 100)));
+    send(&mut qa, 1, &src, len);
     let rc = cqe(&mut b);
     assert_eq!(
         (rc.status, rc.opcode, rc.wr_id, rc.byte_len),
         (abi::WC_SUCCESS, abi::WC_OP_RECV, 7, len as u32),
         "{rc:?}"
     );
-    assert_eq!(b.fe.read_bytes(dst.gpa, len).unwrap(), data);
+    assert_eq!(&dst.to_vec()[..len], &data[..]);
     let sc = cqe(&mut a);
     assert_eq!((sc.status, sc.wr_id), (abi::WC_SUCCESS, 1), "{sc:?}");
 
     // RDMA WRITE of 3000 bytes from B into A's buffer.
     let wlen = 3000;
     let wdata = pattern(wlen, 9);
-    let wsrc = buffer(&mut b, wlen, &wdata);
-    let wdst = buffer(&mut a, wlen, &[]);
-    let wqe = abi::SendWqe {
+    let wsrc = buffer(&b, wlen, &wdata);
+    let wdst = buffer(&a, wlen, &[]);
+    qb.post_send(&SendWr {
         wr_id: 2,
-        opcode: abi::WR_RDMA_WRITE,
-        send_flags: abi::SEND_SIGNALED,
-        remote_addr: wdst.va(0),
-        rkey: wdst.rkey,
+        opcode: WrOpcode::RdmaWrite,
+        send_flags: SEND_SIGNALED,
+        sg_list: &[wsrc.sge(0, wlen)],
+        rdma: RdmaWr {
+            remote_addr: wdst.addr(),
+            rkey: wdst.rkey(),
+        },
         ..Default::default()
-    };
-    b.fe.post_send(&mut qb, wqe, &[wsrc.sge(0, wlen as u32)])
-        .expect("post WRITE");
+    })
+    .expect("post WRITE");
     let wc = cqe(&mut b);
     assert_eq!((wc.status, wc.wr_id), (abi::WC_SUCCESS, 2), "{wc:?}");
-    assert_eq!(a.fe.read_bytes(wdst.gpa, wlen).unwrap(), wdata);
+    assert_eq!(wdst.to_vec(), wdata);
 
     let n_arp = assert_only_arp_reached_the_uplink(&mut outside);
     let up = fns.switch().uplink_stats();
@@ -232,7 +219,7 @@ fn two_functions_of_one_daemon_talk_through_the_switch_not_the_uplink() {
     let roce_frames = roce_frames_in_pcap(&pcap);
     assert!(roce_frames >= 5 + 3, "{roce_frames} RoCEv2 frames recorded");
 
-    drop((a, b));
+    drop((src, dst, wsrc, wdst, qa, qb, a, b));
     assert!(fns.shutdown().is_empty());
     assert!(
         !sa.socket.exists() && !sb.socket.exists(),
@@ -273,26 +260,28 @@ fn a_bad_rkey_through_the_switch_is_a_remote_access_error() {
     fns.add(&sa).unwrap();
     fns.add(&sb).unwrap();
     let mut a = attach(&sa.socket, 1);
-    let mut b = attach(&sb.socket, 2);
-    let mut qa = qp(&mut a);
-    let qb = qp(&mut b);
-    connect(&mut a, &qa, &mut b, &qb);
-    let src = buffer(&mut a, 2000, &pattern(2000, 3));
-    let dst = buffer(&mut b, 4096, &[]);
-    let wqe = abi::SendWqe {
+    let b = attach(&sb.socket, 2);
+    let mut qa = qp(&a);
+    let mut qb = qp(&b);
+    connect(&a, &mut qa, &b, &mut qb);
+    let src = buffer(&a, 2000, &pattern(2000, 3));
+    let dst = buffer(&b, 4096, &[]);
+    qa.post_send(&SendWr {
         wr_id: 8,
-        opcode: abi::WR_RDMA_WRITE,
-        send_flags: abi::SEND_SIGNALED,
-        remote_addr: dst.va(0),
-        rkey: dst.rkey ^ 0x100,
+        opcode: WrOpcode::RdmaWrite,
+        send_flags: SEND_SIGNALED,
+        sg_list: &[src.sge(0, 2000)],
+        rdma: RdmaWr {
+            remote_addr: dst.addr(),
+            rkey: dst.rkey() ^ 0x100,
+        },
         ..Default::default()
-    };
-    a.fe.post_send(&mut qa, wqe, &[src.sge(0, 2000)])
-        .expect("post WRITE");
+    })
+    .expect("post WRITE");
     let c = cqe(&mut a);
     assert_eq!((c.wr_id, c.status), (8, abi::WC_REM_ACCESS_ERR), "{c:?}");
-    assert_eq!(b.fe.read_bytes(dst.gpa, 4096).unwrap(), vec![0; 4096]);
-    assert_eq!(a.fe.query_qp(&qa).unwrap().qp_state, abi::QPS_ERR);
+    assert_eq!(dst.to_vec(), vec![0; 4096]);
+    assert_eq!(qa.query().unwrap().qp_state, QpState::Err);
     assert_only_arp_reached_the_uplink(&mut outside);
 }
 
@@ -313,18 +302,18 @@ fn functions_are_added_listed_and_deleted_while_running() {
     fns.add(&sa).unwrap();
     fns.add(&sb).unwrap();
     let mut a = attach(&sa.socket, 1);
-    let mut b = attach(&sb.socket, 2);
-    let mut qa = qp(&mut a);
-    let qb = qp(&mut b);
-    connect(&mut a, &qa, &mut b, &qb);
+    let b = attach(&sb.socket, 2);
+    let mut qa = qp(&a);
+    let mut qb = qp(&b);
+    connect(&a, &mut qa, &b, &mut qb);
 
     // Added while A and B are connected.
     let info = fns.add(&sc).expect("function c added while running");
     assert!(!info.connected);
     let mut c = attach(&sc.socket, 3);
-    let mut qa2 = qp(&mut a);
-    let mut qc = qp(&mut c);
-    connect(&mut a, &qa2, &mut c, &qc);
+    let mut qa2 = qp(&a);
+    let mut qc = qp(&c);
+    connect(&a, &mut qa2, &c, &mut qc);
     let connected: Vec<(String, bool)> = fns
         .list()
         .into_iter()
@@ -359,19 +348,25 @@ fn functions_are_added_listed_and_deleted_while_running() {
     assert_eq!(fns.len(), 3);
 
     // B goes while its frontend is connected, by socket path.
+    assert!(b.conn.is_connected(), "b's program is connected");
     let b_socket = sb.socket.to_str().unwrap().to_string();
     fns.del(&b_socket).expect("b deleted");
     assert!(!sb.socket.exists(), "b's socket removed");
     assert!(!sb.stats_path().exists(), "b's stats socket removed");
     assert_eq!(fns.switch().ports(), 2, "b's switch port freed");
     assert!(
-        b.fe.config_space().is_err(),
+        !b.conn.is_connected(),
         "b's vhost-user connection is closed"
     );
+    // B's program can do nothing more; it ends as a killed one does (its
+    // objects cannot be destroyed on a deleted function).
+    // SAFETY: B's objects are only dropped from now on; it has no MR.
+    unsafe { b.conn.kill() };
+    drop((qb, b));
 
     // A's QP to B runs out of retries.
-    let src = buffer(&mut a, 1000, &pattern(1000, 5));
-    send(&mut a, &mut qa, 11, &src, 1000);
+    let src = buffer(&a, 1000, &pattern(1000, 5));
+    send(&mut qa, 11, &src, 1000);
     let fail = cqe(&mut a);
     assert_eq!(
         (fail.wr_id, fail.status),
@@ -380,12 +375,12 @@ fn functions_are_added_listed_and_deleted_while_running() {
     );
 
     // A and C carry on.
-    let dst = buffer(&mut c, 1000, &[]);
-    c.fe.post_recv(&mut qc, 12, &[dst.sge(0, 1000)]).unwrap();
-    send(&mut a, &mut qa2, 13, &src, 1000);
+    let dst = buffer(&c, 1000, &[]);
+    recv(&mut qc, 12, Some(dst.sge(0, 1000)));
+    send(&mut qa2, 13, &src, 1000);
     let rc = cqe(&mut c);
     assert_eq!((rc.wr_id, rc.status), (12, abi::WC_SUCCESS), "{rc:?}");
-    assert_eq!(c.fe.read_bytes(dst.gpa, 1000).unwrap(), pattern(1000, 5));
+    assert_eq!(dst.to_vec(), pattern(1000, 5));
     assert_eq!(cqe(&mut a).status, abi::WC_SUCCESS);
     let names: Vec<String> = fns.list().into_iter().map(|f| f.name).collect();
     assert_eq!(names, ["a", "c"]);
@@ -402,7 +397,7 @@ fn functions_are_added_listed_and_deleted_while_running() {
     // A function with the deleted one's name, socket and addresses can
     // come back.
     fns.add(&sb).expect("b again");
-    drop((a, b, c));
+    drop((src, dst, qa, qa2, qc, a, c));
     assert!(fns.shutdown().is_empty());
 }
 
@@ -451,6 +446,8 @@ fn deleting_a_connected_function_does_not_wait_for_its_frontend() {
     let a = attach(&sa.socket, 1);
     fns.del("a").expect("stopped within STOP_TIMEOUT");
     assert!(fns.is_empty());
+    // SAFETY: A's objects are only dropped from now on; it has no MR.
+    unsafe { a.conn.kill() };
     drop(a);
 }
 
@@ -490,7 +487,7 @@ fn the_control_socket_adds_lists_deletes_and_refuses_garbage() {
     );
     let sb = spec(&dir.0, "b", 2);
     control::request(&path, &Request::Add(sb.clone()), t).expect("add b");
-    let fe = TestFrontend::connect(&sb.socket, &FrontendOptions::default()).unwrap();
+    let fe = VhostUserTransport::open(&sb.socket).unwrap();
     let list = control::request(&path, &Request::List, t).expect("list");
     assert_eq!(list.len(), 3, "{list:?}");
     assert!(list[1].starts_with("name=a ") && list[1].contains(" connected=no "));
@@ -543,29 +540,29 @@ fn a_qp_can_send_to_a_qp_of_its_own_function() {
     let sa = spec(&dir.0, "a", 1);
     fns.add(&sa).unwrap();
     let mut a = attach(&sa.socket, 1);
-    let mut q1 = qp(&mut a);
-    let mut q2 = qp(&mut a);
-    let path = |peer: &Qp| RcPath {
-        peer_ip: ip(1).addr,
-        peer_qpn: peer.qpn,
-        peer_psn: 5,
-        my_psn: 5,
-        path_mtu: MTU_1024,
+    let mut q1 = qp(&a);
+    let mut q2 = qp(&a);
+    let own = gid(&a.ctx);
+    let peer = |q: &Qp| Peer {
+        gid: own,
+        qpn: q.qp_num(),
+        psn: 5,
     };
-    a.fe.connect_rc(&q1, &path(&q2)).unwrap();
-    a.fe.connect_rc(&q2, &path(&q1)).unwrap();
+    let (to_q2, to_q1) = (peer(&q2), peer(&q1));
+    connect_rc(&mut q1, to_q2, 5);
+    connect_rc(&mut q2, to_q1, 5);
     let data = pattern(3000, 4);
-    let src = buffer(&mut a, 3000, &data);
-    let dst = buffer(&mut a, 3000, &[]);
-    a.fe.post_recv(&mut q2, 3, &[dst.sge(0, 3000)]).unwrap();
-    send(&mut a, &mut q1, 4, &src, 3000);
+    let src = buffer(&a, 3000, &data);
+    let dst = buffer(&a, 3000, &[]);
+    recv(&mut q2, 3, Some(dst.sge(0, 3000)));
+    send(&mut q1, 4, &src, 3000);
     let mut got = [cqe(&mut a), cqe(&mut a)];
     got.sort_by_key(|c| c.wr_id);
     assert_eq!(
         got.map(|c| (c.wr_id, c.status)),
         [(3, abi::WC_SUCCESS), (4, abi::WC_SUCCESS)]
     );
-    assert_eq!(a.fe.read_bytes(dst.gpa, 3000).unwrap(), data);
+    assert_eq!(dst.to_vec(), data);
     assert_eq!(outside.pending(), 0, "nothing reached the uplink");
     assert_eq!(fns.switch().uplink_stats().tx_frames, 0);
 }
@@ -589,20 +586,10 @@ fn a_function_talks_to_a_device_beyond_the_uplink() {
     let far = TestDaemon::with_device(cfg, Box::new(outside)).expect("the far daemon");
     let _a = attach(&sa.socket, 1);
     let mut b = attach(&sb.socket, 2);
-    let mut c = {
-        let mut fe = far.connect(&FrontendOptions::default()).unwrap();
-        let pd = fe.alloc_pd().unwrap();
-        let cq = fe.create_cq(64).unwrap();
-        Side {
-            fe,
-            ip: ip(3).addr,
-            pd,
-            cq,
-        }
-    };
-    let mut qb = qp(&mut b);
-    let mut qc = qp(&mut c);
-    connect(&mut b, &qb, &mut c, &qc);
+    let mut c = attach(far.socket(), 3);
+    let mut qb = qp(&b);
+    let mut qc = qp(&c);
+    connect(&b, &mut qb, &c, &mut qc);
     for (from_b, len) in [(true, 5000), (false, 7000)] {
         let data = pattern(len, len as u8);
         let (tx, q_tx, rx, q_rx) = if from_b {
@@ -612,11 +599,11 @@ fn a_function_talks_to_a_device_beyond_the_uplink() {
         };
         let src = buffer(tx, len, &data);
         let dst = buffer(rx, len, &[]);
-        rx.fe.post_recv(q_rx, 1, &[dst.sge(0, len as u32)]).unwrap();
-        send(tx, q_tx, 2, &src, len);
+        recv(q_rx, 1, Some(dst.sge(0, len)));
+        send(q_tx, 2, &src, len);
         let rc = cqe(rx);
         assert_eq!((rc.wr_id, rc.status), (1, abi::WC_SUCCESS), "{rc:?}");
-        assert_eq!(rx.fe.read_bytes(dst.gpa, len).unwrap(), data);
+        assert_eq!(dst.to_vec(), data);
         assert_eq!(cqe(tx).status, abi::WC_SUCCESS);
     }
     let port = fns
@@ -626,6 +613,6 @@ fn a_function_talks_to_a_device_beyond_the_uplink() {
         port.is_some_and(|p| p.rx_uplink >= 7 && p.tx_uplink >= 5),
         "{port:?}"
     );
-    drop((b, c));
+    drop((qb, qc, b, c));
     far.stop(WAIT).expect("the far daemon stops");
 }

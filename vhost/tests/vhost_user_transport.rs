@@ -3,11 +3,13 @@
 //! daemons: two daemons on the ends of a `MemLink` pair, one program-side
 //! context on each, verbs through `vrnic_guest::verbs` on memory the
 //! program allocated itself (a `Vec`, not DMA memory), every byte checked.
-//! Every wait is bounded ([`DEADLINE`]).
+//! Every wait is bounded (`common::WAIT`).
+
+mod common;
 
 use std::net::Ipv4Addr;
-use std::time::{Duration, Instant};
 
+use common::{connect_rc, gid, rc_qp, wait_cq_n, Peer};
 use vrnic::device::DeviceConfig;
 use vrnic::link::MemLink;
 use vrnic_guest::transport::Transport;
@@ -15,10 +17,6 @@ use vrnic_guest::verbs::*;
 use vrnic_guest::vhost_user::VhostUserTransport;
 use vrnic_vhost::addr::Mac;
 use vrnic_vhost::frontend::TestDaemon;
-
-const DEADLINE: Duration = Duration::from_secs(10);
-const PATH_MTU_1024: u32 = 3;
-const GID_INDEX: u32 = 1;
 
 fn config(n: u8) -> DeviceConfig {
     let ip = Ipv4Addr::new(10, 0, 0, n);
@@ -31,27 +29,8 @@ fn config(n: u8) -> DeviceConfig {
     }
 }
 
-fn wait_cq(cq: &mut Cq, n: usize, what: &str) -> Vec<WorkCompletion> {
-    let start = Instant::now();
-    let mut got = Vec::new();
-    let mut wc = [WorkCompletion::default(); 8];
-    while got.len() < n {
-        let k = cq.poll(&mut wc[..(n - got.len()).min(8)]);
-        got.extend_from_slice(&wc[..k]);
-        if k == 0 {
-            assert!(
-                start.elapsed() < DEADLINE,
-                "{what}: {} of {n} completions after {DEADLINE:?}: {got:?}",
-                got.len()
-            );
-            std::thread::yield_now();
-        }
-    }
-    got
-}
-
 /// One program: its context over the daemon's socket, a PD, a CQ and an
-/// RC QP in INIT.
+/// RC QP.
 struct Program {
     qp: Qp,
     cq: Cq,
@@ -61,85 +40,20 @@ struct Program {
 
 impl Program {
     fn open(daemon: &TestDaemon) -> Program {
-        let t = VhostUserTransport::open(daemon.socket()).expect("vhost-user transport opens");
-        let ctx = Context::open(Box::new(t)).expect("context opens");
+        let (ctx, _conn) = common::open(daemon.socket());
         let pd = Pd::alloc(&ctx).expect("PD");
         let cq = Cq::new(&ctx, 64).expect("CQ");
-        let init = QpInitAttr {
-            qp_type: QpType::Rc,
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            cap: QpCap {
-                max_send_wr: 16,
-                max_recv_wr: 16,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            sq_sig_all: false,
-        };
-        let mut qp = Qp::new(&pd, &init).expect("QP");
-        let attr = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qp_access_flags: ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ,
-            ..Default::default()
-        };
-        qp.modify(
-            &attr,
-            QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS,
-        )
-        .expect("RESET -> INIT");
+        let qp = rc_qp(&pd, &cq);
         Program { qp, cq, pd, ctx }
     }
 
     fn connect(&mut self, peer: &Program, my_psn: u32, peer_psn: u32) {
-        let mut attr = QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: PATH_MTU_1024,
-            dest_qp_num: peer.qp.qp_num(),
-            rq_psn: peer_psn,
-            max_dest_rd_atomic: 1,
-            min_rnr_timer: 12,
-            ah_attr: AhAttr {
-                dgid: peer.ctx.query_gid(1, GID_INDEX).expect("peer GID"),
-                sgid_index: GID_INDEX as u8,
-                hop_limit: 64,
-                is_global: true,
-                ..Default::default()
-            },
-            ..Default::default()
+        let to = Peer {
+            gid: gid(&peer.ctx),
+            qpn: peer.qp.qp_num(),
+            psn: peer_psn,
         };
-        self.qp
-            .modify(
-                &attr,
-                QP_ATTR_STATE
-                    | QP_ATTR_AV
-                    | QP_ATTR_PATH_MTU
-                    | QP_ATTR_DEST_QPN
-                    | QP_ATTR_RQ_PSN
-                    | QP_ATTR_MAX_DEST_RD_ATOMIC
-                    | QP_ATTR_MIN_RNR_TIMER,
-            )
-            .expect("INIT -> RTR");
-        attr.qp_state = QpState::Rts;
-        attr.sq_psn = my_psn;
-        attr.timeout = 14;
-        attr.retry_cnt = 7;
-        attr.rnr_retry = 7;
-        attr.max_rd_atomic = 1;
-        self.qp
-            .modify(
-                &attr,
-                QP_ATTR_STATE
-                    | QP_ATTR_SQ_PSN
-                    | QP_ATTR_TIMEOUT
-                    | QP_ATTR_RETRY_CNT
-                    | QP_ATTR_RNR_RETRY
-                    | QP_ATTR_MAX_QP_RD_ATOMIC,
-            )
-            .expect("RTR -> RTS");
+        connect_rc(&mut self.qp, to, my_psn);
     }
 }
 
@@ -219,9 +133,9 @@ fn programs_on_two_daemons_send_and_write_into_their_own_heap_memory() {
             ..Default::default()
         })
         .expect("post send");
-        let wa = wait_cq(&mut a.cq, 1, "A's SEND");
+        let wa = wait_cq_n(&mut a.cq, 1, "A's SEND");
         assert_eq!(wa[0].status_str(), "success", "{wa:?}");
-        let wb = wait_cq(&mut b.cq, 1, "B's receive");
+        let wb = wait_cq_n(&mut b.cq, 1, "B's receive");
         assert_eq!(wb[0].status_str(), "success", "{wb:?}");
         assert_eq!(wb[0].byte_len as usize, len);
 
@@ -238,7 +152,7 @@ fn programs_on_two_daemons_send_and_write_into_their_own_heap_memory() {
             ..Default::default()
         })
         .expect("post write");
-        let wa = wait_cq(&mut a.cq, 1, "A's WRITE");
+        let wa = wait_cq_n(&mut a.cq, 1, "A's WRITE");
         assert_eq!(wa[0].status_str(), "success", "{wa:?}");
     }
     // Deregistered: the program's memory holds what the device wrote, in

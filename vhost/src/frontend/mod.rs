@@ -8,15 +8,19 @@
 //! - [`TestFrontend`]: the connected frontend + driver.
 //! - [`DriverMemory`], [`SplitQueue`]: guest RAM and the driver side of a
 //!   virtqueue, for tests that build chains by hand.
-//! - [`verbs`]: PDs, MRs, CQs, RC QPs, work requests and completions
-//!   built through the control and doorbell queues.
+//!
+//! This is the daemon's protocol-level test tool: raw chains, avail
+//! indices, pauses, resets, reconnects, raw control commands and
+//! doorbells. Verbs traffic through a daemon is driven by the driver
+//! programs use, guest-lib's verbs over its vhost-user transport
+//! (`vrnic_guest::vhost_user::VhostUserTransport`; see `tests/common`):
+//! one driver-side implementation, not two.
 //!
 //! Every wait is bounded by [`FrontendOptions::timeout`].
 
 mod daemon;
 mod memory;
 mod queue;
-pub mod verbs;
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
@@ -85,22 +89,6 @@ pub enum FrontendError {
     /// The daemon thread failed or did not finish in time.
     #[error("daemon: {0}")]
     Daemon(String),
-    /// A control command the caller needed failed.
-    #[error("command {opcode} failed with status {status}")]
-    Command {
-        /// The command's opcode (`CMD_*`).
-        opcode: u16,
-        /// The status the device answered (a Linux errno).
-        status: u32,
-    },
-    /// No completion arrived on a CQ in time.
-    #[error("CQ {cqn}: no completion within {waited:?}")]
-    NoCompletion {
-        /// CQ number.
-        cqn: u32,
-        /// How long the frontend waited.
-        waited: Duration,
-    },
 }
 
 /// How the test frontend sets the device up.
@@ -234,11 +222,6 @@ impl TestFrontend {
     /// Virtio features acknowledged with `SET_FEATURES`.
     pub fn acked_features(&self) -> u64 {
         self.acked
-    }
-
-    /// The driver side of queue `q`.
-    pub fn queue(&mut self, q: u16) -> &mut SplitQueue {
-        &mut self.queues[usize::from(q)]
     }
 
     /// Bound on waits for the device.
@@ -383,18 +366,6 @@ impl TestFrontend {
         Ok((hdr, resp.split_off(8)))
     }
 
-    /// [`TestFrontend::control`] with a structure as the body.
-    ///
-    /// # Errors
-    /// As [`TestFrontend::control`].
-    pub fn control_obj<T: Pod>(
-        &mut self,
-        opcode: u16,
-        body: &T,
-    ) -> Result<(abi::RespHeader, Vec<u8>), FrontendError> {
-        self.control(opcode, body.as_bytes())
-    }
-
     /// Posts one doorbell without waiting for the device to consume it.
     ///
     /// # Errors
@@ -434,11 +405,6 @@ impl TestFrontend {
             self.event_bufs.insert(head, buf);
         }
         Ok(())
-    }
-
-    /// Event buffers the device holds.
-    pub fn event_buffers(&self) -> usize {
-        self.event_bufs.len()
     }
 
     /// The next event the device delivered, waiting up to `timeout`; the
