@@ -402,8 +402,8 @@ impl VhostUserTransport {
 
     /// Whether the daemon still holds this connection: false once it has
     /// closed or shut down its end (the daemon stopped, or its function
-    /// was deleted). A command on a connection that ended is never answered:
-    /// it fails after [`DEFAULT_TIMEOUT`]; this asks without waiting.
+    /// was deleted). Commands check it first and fail with `STATUS_ENODEV`
+    /// on a connection that ended; this asks without waiting.
     pub fn is_connected(&self) -> bool {
         let mut p = libc::pollfd {
             fd: self.conn.as_raw_fd(),
@@ -632,6 +632,8 @@ impl Transport for VhostUserTransport {
 
     /// As the virtio-pci driver's: one command at a time through a bounce
     /// buffer in shared memory, polled for at most [`DEFAULT_TIMEOUT`].
+    /// On a connection the daemon closed (it stopped, or the function was
+    /// deleted) every command fails at once with `STATUS_ENODEV`.
     fn command(
         &mut self,
         opcode: u16,
@@ -648,6 +650,14 @@ impl Transport for VhostUserTransport {
         body: &[u8],
         resp: &mut [u8],
     ) -> Result<usize, TransportError> {
+        // A daemon that went away never answers: say so now rather than
+        // after the timeout (one non-blocking poll per command).
+        if !self.is_connected() {
+            return Err(TransportError::Status {
+                opcode,
+                status: abi::STATUS_ENODEV,
+            });
+        }
         self.ctrl.execute(ctx, opcode, body, resp, self.timeout)
     }
 

@@ -14,7 +14,7 @@ use vrnic::device::DeviceConfig;
 use vrnic::link::MemLink;
 use vrnic_guest::transport::Transport;
 use vrnic_guest::verbs::*;
-use vrnic_guest::vhost_user::VhostUserTransport;
+use vrnic_guest::vhost_user::{VhostUserTransport, DEFAULT_TIMEOUT};
 use vrnic_vhost::addr::Mac;
 use vrnic_vhost::frontend::TestDaemon;
 
@@ -217,4 +217,28 @@ fn registration_is_counted_per_page_and_undone_by_the_last_mr() {
     );
     assert!(t.map_user(va + 1, 4096).is_err(), "unaligned range refused");
     assert_eq!(t.user_pages(), 0);
+}
+
+#[test]
+fn commands_fail_at_once_with_enodev_once_the_daemon_is_gone() {
+    let (la, _lb) = MemLink::pair();
+    let d = TestDaemon::with_device(config(1), Box::new(la)).expect("daemon");
+    let mut t = VhostUserTransport::open(d.socket()).expect("transport");
+    let mut resp = [0u8; 64];
+    t.command(vrnic::abi::CMD_QUERY_DEVICE, &[], &mut resp)
+        .expect("a command while the daemon runs");
+    d.stop(DEFAULT_TIMEOUT).expect("daemon stops");
+    let t0 = std::time::Instant::now();
+    let e = t
+        .command(vrnic::abi::CMD_QUERY_DEVICE, &[], &mut resp)
+        .expect_err("no daemon");
+    assert!(
+        matches!(e, vrnic_guest::transport::TransportError::Status { status, .. } if status == vrnic::abi::STATUS_ENODEV),
+        "{e}"
+    );
+    assert!(
+        t0.elapsed() < DEFAULT_TIMEOUT,
+        "failed at once, not after the command timeout"
+    );
+    assert!(!t.is_connected());
 }
