@@ -23,11 +23,9 @@ use anyhow::{bail, ensure, Context as _, Result};
 use clap::Parser;
 use vrnic::abi;
 use vrnic_guest::verbs::{
-    AhAttr, Context, Cq, Mr, Pd, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RdmaWr, RecvWr,
-    SendWr, WorkCompletion, WrOpcode, QP_ATTR_ACCESS_FLAGS, QP_ATTR_AV, QP_ATTR_DEST_QPN,
-    QP_ATTR_MAX_DEST_RD_ATOMIC, QP_ATTR_MAX_QP_RD_ATOMIC, QP_ATTR_MIN_RNR_TIMER, QP_ATTR_PATH_MTU,
-    QP_ATTR_PKEY_INDEX, QP_ATTR_PORT, QP_ATTR_RETRY_CNT, QP_ATTR_RNR_RETRY, QP_ATTR_RQ_PSN,
-    QP_ATTR_SQ_PSN, QP_ATTR_STATE, QP_ATTR_TIMEOUT, SEND_SIGNALED,
+    Context, Cq, Mr, Pd, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RcPath, RdmaWr, RecvWr,
+    SendWr, WorkCompletion, WrOpcode, QP_ATTR_ACCESS_FLAGS, QP_ATTR_PKEY_INDEX, QP_ATTR_PORT,
+    QP_ATTR_STATE, SEND_SIGNALED,
 };
 use vrnic_guest::vhost_user::VhostUserTransport;
 use vrnic_vhost::stats;
@@ -275,59 +273,6 @@ fn connect(name: &'static str, socket: &Path, qps: usize) -> Result<Side> {
         qp_index,
         recv_slots: vec![VecDeque::new(); qps],
     })
-}
-
-/// Moves `qp` to RTS towards `peer_qpn` at the peer's IPv4-mapped GID
-/// (index 1), path MTU 1024, with `ibv_rc_pingpong`'s attributes.
-fn connect_qp(
-    qp: &mut Qp,
-    peer: &Context,
-    peer_qpn: u32,
-    peer_psn: u32,
-    my_psn: u32,
-) -> Result<()> {
-    let mut attr = QpAttr {
-        qp_state: QpState::Rtr,
-        path_mtu: MTU_1024,
-        dest_qp_num: peer_qpn,
-        rq_psn: peer_psn,
-        max_dest_rd_atomic: 1,
-        min_rnr_timer: 12,
-        ah_attr: AhAttr {
-            dgid: peer.query_gid(1, 1)?,
-            sgid_index: 1,
-            hop_limit: 64,
-            is_global: true,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    qp.modify(
-        &attr,
-        QP_ATTR_STATE
-            | QP_ATTR_AV
-            | QP_ATTR_PATH_MTU
-            | QP_ATTR_DEST_QPN
-            | QP_ATTR_RQ_PSN
-            | QP_ATTR_MAX_DEST_RD_ATOMIC
-            | QP_ATTR_MIN_RNR_TIMER,
-    )?;
-    attr.qp_state = QpState::Rts;
-    attr.sq_psn = my_psn;
-    attr.timeout = 14;
-    attr.retry_cnt = 7;
-    attr.rnr_retry = 7;
-    attr.max_rd_atomic = 1;
-    qp.modify(
-        &attr,
-        QP_ATTR_STATE
-            | QP_ATTR_SQ_PSN
-            | QP_ATTR_TIMEOUT
-            | QP_ATTR_RETRY_CNT
-            | QP_ATTR_RNR_RETRY
-            | QP_ATTR_MAX_QP_RD_ATOMIC,
-    )?;
-    Ok(())
 }
 
 /// Operations of one direction of one QP pair.
@@ -729,7 +674,8 @@ fn main() -> Result<()> {
             let peer_qpn = peer.qps[i].qp_num();
             let qp = &mut me.qps[i];
             let qpn = qp.qp_num();
-            connect_qp(qp, &peer.ctx, peer_qpn, psn(1 - s), psn(s))
+            let gid = peer.ctx.query_gid(1, 1)?;
+            qp.connect_rc(&RcPath::new(gid, 1, peer_qpn, psn(1 - s), psn(s), MTU_1024))
                 .with_context(|| format!("{}: connecting QP {qpn}", me.name))?;
         }
     }

@@ -225,49 +225,15 @@ pub fn connect_rc(qp: &mut Qp, peer: Peer, my_psn: u32) {
         QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS,
     )
     .expect("RESET -> INIT");
-    let mut attr = QpAttr {
-        qp_state: QpState::Rtr,
-        path_mtu: MTU_1024,
-        dest_qp_num: peer.qpn,
-        rq_psn: peer.psn,
-        max_dest_rd_atomic: 1,
-        min_rnr_timer: 12,
-        ah_attr: AhAttr {
-            dgid: peer.gid,
-            sgid_index: GID_INDEX as u8,
-            hop_limit: 64,
-            is_global: true,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    qp.modify(
-        &attr,
-        QP_ATTR_STATE
-            | QP_ATTR_AV
-            | QP_ATTR_PATH_MTU
-            | QP_ATTR_DEST_QPN
-            | QP_ATTR_RQ_PSN
-            | QP_ATTR_MAX_DEST_RD_ATOMIC
-            | QP_ATTR_MIN_RNR_TIMER,
-    )
-    .expect("INIT -> RTR");
-    attr.qp_state = QpState::Rts;
-    attr.sq_psn = my_psn;
-    attr.timeout = 14;
-    attr.retry_cnt = 7;
-    attr.rnr_retry = 7;
-    attr.max_rd_atomic = 1;
-    qp.modify(
-        &attr,
-        QP_ATTR_STATE
-            | QP_ATTR_SQ_PSN
-            | QP_ATTR_TIMEOUT
-            | QP_ATTR_RETRY_CNT
-            | QP_ATTR_RNR_RETRY
-            | QP_ATTR_MAX_QP_RD_ATOMIC,
-    )
-    .expect("RTR -> RTS");
+    qp.connect_rc(&RcPath::new(
+        peer.gid,
+        GID_INDEX as u8,
+        peer.qpn,
+        peer.psn,
+        my_psn,
+        MTU_1024,
+    ))
+    .expect("INIT -> RTR -> RTS");
 }
 
 /// The next `n` completions of `cq`; panics, naming `what`, when they have
