@@ -71,6 +71,9 @@ use crate::driver::{ControlQueue, Kick, Queue, SlotQueue, RESP_LEN, RESP_OFF, SL
 use crate::transport::{DmaBuf, Transport, TransportError};
 use crate::virtio::{QueueLayout, SplitQueue, VIRTIO_F_VERSION_1};
 
+/// `VIRTIO_RING_F_EVENT_IDX` (virtio 1.2 §6): bit number.
+const VIRTIO_RING_F_EVENT_IDX: u32 = 29;
+
 /// Environment variable naming the daemon's vhost-user socket.
 pub const SOCKET_ENV: &str = "VRNIC_VHOST_USER";
 /// Where a container finds the socket when [`SOCKET_ENV`] is not set (the
@@ -297,7 +300,7 @@ impl VhostUserTransport {
         let mut fe = Frontend::connect(socket, abi::NUM_QUEUES as u64)
             .map_err(|e| nodev(format!("connect: {e}")))?;
         set_recv_timeout(&fe, DEFAULT_TIMEOUT)?;
-        negotiate(&mut fe).map_err(|e| {
+        negotiate(&mut fe, false).map_err(|e| {
             nodev(format!(
                 "{e} (no answer: does the function serve another program? \
                  a vrnic function takes one frontend at a time)"
@@ -568,9 +571,18 @@ fn start_queue(
 }
 
 /// The negotiation QEMU runs on a new connection (`vhost_dev_init`, then
-/// `vhost_dev_start`'s `SET_FEATURES`). No `VIRTIO_RING_F_EVENT_IDX`: the
-/// shared driver code uses the flags of virtio 1.2 §2.7.7.
-fn negotiate(fe: &mut Frontend) -> Result<(), TransportError> {
+/// `vhost_dev_start`'s `SET_FEATURES`): `GET_FEATURES`,
+/// `GET_PROTOCOL_FEATURES`, `SET_PROTOCOL_FEATURES` (`CONFIG`, and
+/// `REPLY_ACK` when offered, after which every request without a reply of
+/// its own is acknowledged, so a refused one fails where it is made),
+/// `SET_OWNER`, `SET_FEATURES`. `VIRTIO_RING_F_EVENT_IDX` is acknowledged
+/// only with `event_idx` and when offered (this transport's driver code
+/// uses the flags of virtio 1.2 §2.7.7 and passes false). Returns the
+/// acknowledged features. Also used by the daemon's protocol test harness.
+///
+/// Errors: [`TransportError::Io`] (`EPROTO`) when the backend lacks
+/// `VIRTIO_F_VERSION_1`, protocol features or `CONFIG`; a failed request.
+pub fn negotiate(fe: &mut Frontend, event_idx: bool) -> Result<u64, TransportError> {
     let offered = fe
         .get_features()
         .map_err(|e| vhost_err("GET_FEATURES", e))?;
@@ -594,17 +606,24 @@ fn negotiate(fe: &mut Frontend) -> Result<(), TransportError> {
     fe.set_protocol_features(VhostUserProtocolFeatures::CONFIG | ack)
         .map_err(|e| vhost_err("SET_PROTOCOL_FEATURES", e))?;
     if !ack.is_empty() {
-        // A refused request fails where it is made.
         fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
     }
     fe.set_owner().map_err(|e| vhost_err("SET_OWNER", e))?;
-    fe.set_features(need)
+    let event_idx_bit = 1u64 << VIRTIO_RING_F_EVENT_IDX;
+    let acked = need
+        | if event_idx && offered & event_idx_bit != 0 {
+            event_idx_bit
+        } else {
+            0
+        };
+    fe.set_features(acked)
         .map_err(|e| vhost_err("SET_FEATURES", e))?;
-    Ok(())
+    Ok(acked)
 }
 
 /// Bounds every wait for a vhost-user reply by `timeout` (`SO_RCVTIMEO`).
-fn set_recv_timeout(fe: &Frontend, timeout: Duration) -> Result<(), TransportError> {
+/// Errors: [`TransportError::Io`] from `setsockopt(2)`.
+pub fn set_recv_timeout(fe: &Frontend, timeout: Duration) -> Result<(), TransportError> {
     let tv = libc::timeval {
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_usec: timeout.subsec_micros() as libc::suseconds_t,
