@@ -41,8 +41,10 @@
 //!   more); a thread writing the range *during* `ibv_reg_mr` may lose that
 //!   write (the same caveat as FreeFlow's);
 //! - remapped pages are `PROT_READ | PROT_WRITE` whatever they were;
-//! - pages of a hugetlb mapping cannot be remapped with 4 KiB pages:
-//!   `ibv_reg_mr` fails with `EINVAL` there;
+//! - pages of a hugetlb mapping cannot be remapped with 4 KiB pages, and
+//!   memory already shared with another process (`MAP_SHARED`, shm) would
+//!   silently stop being shared: `ibv_reg_mr` fails with `EINVAL` on both
+//!   (`/proc/self/maps` is read at registration);
 //! - after `fork(2)`, remapped pages are shared with the child rather than
 //!   copied on write (as with `ibv_fork_init(3)`, children must not touch
 //!   registered memory);
@@ -422,6 +424,7 @@ impl VhostUserTransport {
     /// remapped yet) onto fresh shared memory, contents kept.
     fn remap_run(&mut self, va: usize, n: usize) -> Result<(), TransportError> {
         let bytes = n * PAGE;
+        check_private(va, bytes)?;
         let off = self.ram.take(bytes).ok_or_else(|| {
             errno(
                 format!("registering {bytes} bytes at {va:#x}"),
@@ -512,6 +515,56 @@ impl VhostUserTransport {
             }
         }
     }
+}
+
+/// Refuses to remap `[va, va + bytes)` when any of it is a shared mapping
+/// (`s` in `/proc/self/maps`: memory shared with another process, which
+/// remapping would silently unshare) or a hugetlb one (`/anon_hugepage`,
+/// hugetlbfs: 4 KiB pages cannot be mapped over it). Errors: `EINVAL` for
+/// those, `EFAULT` for a range no mapping covers, `Io` when the maps cannot
+/// be read.
+fn check_private(va: usize, bytes: usize) -> Result<(), TransportError> {
+    let maps = std::fs::read_to_string("/proc/self/maps")
+        .map_err(|e| io_err("reading /proc/self/maps", e))?;
+    let end = va + bytes;
+    let mut covered = va;
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let Some((s, e)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(s), Ok(e)) = (usize::from_str_radix(s, 16), usize::from_str_radix(e, 16)) else {
+            continue;
+        };
+        if e <= va || s >= end {
+            continue;
+        }
+        let path = f.nth(3).unwrap_or("");
+        let hugetlb = path.starts_with("/anon_hugepage") || path.contains("hugepages");
+        if perms.as_bytes().get(3) == Some(&b's') || hugetlb {
+            let what = if hugetlb { "a hugetlb" } else { "a shared" };
+            return Err(errno(
+                format!(
+                    "registering {va:#x}+{bytes}: {what} mapping ({line}) cannot be moved onto \
+                     the daemon's memory"
+                ),
+                libc::EINVAL,
+            ));
+        }
+        if s <= covered {
+            covered = covered.max(e);
+        }
+    }
+    if covered < end {
+        return Err(errno(
+            format!("registering {va:#x}+{bytes}: {covered:#x} is not mapped"),
+            libc::EFAULT,
+        ));
+    }
+    Ok(())
 }
 
 /// Sets queue `index` up: rings in shared memory (the largest size the

@@ -216,6 +216,25 @@ fn registration_is_counted_per_page_and_undone_by_the_last_mr() {
         "unmapped range refused"
     );
     assert!(t.map_user(va + 1, 4096).is_err(), "unaligned range refused");
+    // Memory shared with another process would silently stop being shared.
+    // SAFETY: a fresh shared anonymous mapping, unmapped below.
+    let shared = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(shared, libc::MAP_FAILED);
+    let e = t
+        .map_user(shared as usize, 8192)
+        .expect_err("a shared mapping is refused");
+    assert!(e.to_string().contains("shared mapping"), "{e}");
+    // SAFETY: our own mapping.
+    unsafe { libc::munmap(shared, 8192) };
     assert_eq!(t.user_pages(), 0);
 }
 
