@@ -4,7 +4,7 @@
 # roots (images/), never from the host's apt sources, which are left as they are.
 set -euo pipefail
 PKGS=(debootstrap cpio iproute2 kmod xz-utils zstd binutils util-linux tshark python3-scapy
-    ca-certificates nftables gcc libc6-dev libibverbs-dev libclang-dev ibverbs-utils perftest)
+    ca-certificates nftables gcc libc6-dev libibverbs-dev libclang-dev ibverbs-utils perftest podman runc)
 missing=()
 for p in "${PKGS[@]}"; do
     [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" = "install ok installed" ] || missing+=("$p")

@@ -491,6 +491,8 @@ vr_daemon() {
     [ "$connect" = 1 ] && args=(--connect "$sock" --tap "$tap" --ip "$ip")
     [ -x "$bin" ] || { vr_log "ERROR: vrnic daemon $bin not built (cargo build -p vrnic-vhost)"; return 1; }
     [ -n "$pcap" ] && args+=(--pcap "$pcap")
+    # Further daemon options (e.g. --function specs) from the array VR_DAEMON_EXTRA, if set.
+    args+=(${VR_DAEMON_EXTRA[@]+"${VR_DAEMON_EXTRA[@]}"})
     [ "$connect" = 1 ] || rm -f "$sock"
     rm -f "$sock.qemu-args"
     vr_spawn "$logdir/$name.log" ip netns exec "$ns" env RUST_LOG="${RUST_LOG:-info}" NO_COLOR=1 "$bin" "${args[@]}"

@@ -76,8 +76,8 @@ done
 # daemons (samples.csv) and echoing its progress lines; returns its exit status.
 driver() {
     local secs=$1 log=$2 pid t0=$SECONDS seen=0 n rc=0
-    vr_spawn "$log" timeout -k 10 $((secs + 300)) "$DRIVER_BIN" --a "$RESULTS/vrnic-a.sock" --a-ip 10.0.0.101 \
-        --b "$RESULTS/vrnic-b.sock" --b-ip 10.0.0.102 --qps "$QPS" --duration "$secs" --report "$REPORT" \
+    vr_spawn "$log" timeout -k 10 $((secs + 300)) "$DRIVER_BIN" --a "$RESULTS/vrnic-a.sock" \
+        --b "$RESULTS/vrnic-b.sock" --qps "$QPS" --duration "$secs" --report "$REPORT" \
         --seed "$SEED"
     pid=$VR_LAST_PID
     # Pacing only: the loop ends when the driver does (itself bounded by timeout).

@@ -105,9 +105,36 @@ pub struct DbRing {
 // SAFETY: the ring is plain shared memory; access goes through the lock.
 unsafe impl Send for DbRing {}
 
-fn tid() -> u32 {
+thread_local! {
     // SAFETY: gettid has no preconditions.
-    unsafe { libc::gettid() as u32 }
+    static TID: u32 = unsafe { libc::gettid() as u32 };
+}
+
+/// This thread's ID, from a thread-local: one `gettid(2)` per thread, not
+/// one per doorbell (a system call costs microseconds in a TCG guest). A
+/// forked child inherits its parent's value; as with `ibv_fork_init(3)`,
+/// a child must not use its parent's device contexts.
+fn tid() -> u32 {
+    TID.with(|t| *t)
+}
+
+/// A deadline computed on first need: the fast path (lock free, a slot
+/// free) reads no clock.
+struct LazyDeadline {
+    timeout: Duration,
+    at: Option<Instant>,
+}
+
+impl LazyDeadline {
+    fn new(timeout: Duration) -> Self {
+        LazyDeadline { timeout, at: None }
+    }
+
+    /// Whether the deadline has passed (the first call starts it).
+    fn passed(&mut self) -> bool {
+        let now = Instant::now();
+        now >= *self.at.get_or_insert(now + self.timeout)
+    }
 }
 
 fn alive(tid: u32) -> bool {
@@ -169,7 +196,7 @@ impl DbRing {
         }
     }
 
-    fn lock(&self, deadline: Instant) -> Result<(), TransportError> {
+    fn lock(&self, deadline: &mut LazyDeadline) -> Result<(), TransportError> {
         let me = tid();
         let w = self.lock_word();
         let mut spins = 0u32;
@@ -188,7 +215,7 @@ impl DbRing {
             }
             spins += 1;
             if spins.is_multiple_of(64) {
-                if Instant::now() >= deadline {
+                if deadline.passed() {
                     return Err(TransportError::Timeout(0));
                 }
                 // Let a holder preempted inside its critical section finish.
@@ -204,9 +231,9 @@ impl DbRing {
     /// `size` slots are with the device, for one to come back.
     /// Errors: [`TransportError::Timeout`].
     pub fn post(&self, db: &abi::Doorbell, timeout: Duration) -> Result<(), TransportError> {
-        let deadline = Instant::now() + timeout;
-        self.lock(deadline)?;
-        let r = self.post_locked(db, deadline);
+        let mut deadline = LazyDeadline::new(timeout);
+        self.lock(&mut deadline)?;
+        let r = self.post_locked(db, &mut deadline);
         self.lock_word().store(0, Ordering::Release);
         r?;
         fence(Ordering::SeqCst);
@@ -219,14 +246,18 @@ impl DbRing {
         Ok(())
     }
 
-    fn post_locked(&self, db: &abi::Doorbell, deadline: Instant) -> Result<(), TransportError> {
+    fn post_locked(
+        &self,
+        db: &abi::Doorbell,
+        deadline: &mut LazyDeadline,
+    ) -> Result<(), TransportError> {
         let size = self.layout.size;
         let n = u16::from_le(self.avail_idx().load(Ordering::Acquire));
         let mut spins = 0u32;
         while n.wrapping_sub(u16::from_le(self.used_idx().load(Ordering::Acquire))) >= size {
             spins += 1;
             if spins.is_multiple_of(64) {
-                if Instant::now() >= deadline {
+                if deadline.passed() {
                     return Err(TransportError::Timeout(0));
                 }
                 std::thread::yield_now();

@@ -5,14 +5,19 @@
 //! - [`transport`]: how the library reaches a device ([`transport::Transport`]).
 //! - [`pci`], [`virtio`], [`dma`]: the virtio-pci user-space driver used in a VM.
 //! - [`verbs`]: the verbs API (`ibv_*` semantics).
+//! - [`vhost_user`]: the device from a container or host process, over the
+//!   daemon's vhost-user socket.
+//! - [`driver`]: the queue handling both drivers share.
 //! - [`loopback`]: an in-process device for tests.
 #![deny(missing_docs)]
 
 pub mod agent;
 pub mod dbring;
 pub mod dma;
+pub(crate) mod driver;
 pub mod loopback;
 pub mod pci;
 pub mod transport;
 pub mod verbs;
+pub mod vhost_user;
 pub mod virtio;

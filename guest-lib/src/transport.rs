@@ -2,7 +2,8 @@
 //!
 //! Implementations: the virtio-pci user-space driver in a VM
 //! ([`crate::pci`]), an in-process device for tests ([`crate::loopback`]),
-//! and (later) a vhost-user frontend for containers. The verbs layer
+//! and the vhost-user frontend of a container or host process
+//! ([`crate::vhost_user`]). The verbs layer
 //! ([`crate::verbs`]) is written only against this trait.
 
 use std::os::fd::RawFd;
@@ -153,6 +154,14 @@ pub trait Transport: Send {
     fn map_user(&mut self, va: usize, len: usize) -> Result<(), TransportError> {
         let _ = (va, len);
         Ok(())
+    }
+    /// Whether registered pages must be locked (`mlock(2)`) to stay where
+    /// the device addresses them: true in a VM (guest-physical pages); false
+    /// where the device reaches memory by file offset or virtual address
+    /// (vhost-user shared memory, the in-process device), which also spares
+    /// a container's `RLIMIT_MEMLOCK`.
+    fn needs_locked_pages(&self) -> bool {
+        true
     }
     /// Undoes one [`Transport::map_user`] of the same range, after the MR
     /// was deregistered.

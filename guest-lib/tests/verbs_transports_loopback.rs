@@ -429,49 +429,9 @@ fn sqd_holds_new_sends_until_rts_and_raises_sq_drained() {
 /// INIT → RTR → RTS for an RC QP as rc_pingpong does it, with the
 /// requester's `max_rd_atomic` given.
 fn connect_rc(qp: &mut Qp, peer: &Qp, peer_gid: Gid, max_rd_atomic: u8) {
-    let mut attr = QpAttr {
-        qp_state: QpState::Rtr,
-        path_mtu: PATH_MTU,
-        dest_qp_num: peer.qp_num(),
-        rq_psn: 0x100,
-        max_dest_rd_atomic: 1,
-        min_rnr_timer: 12,
-        ah_attr: AhAttr {
-            dgid: peer_gid,
-            sgid_index: GID_INDEX,
-            hop_limit: 64,
-            is_global: true,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    qp.modify(
-        &attr,
-        QP_ATTR_STATE
-            | QP_ATTR_AV
-            | QP_ATTR_PATH_MTU
-            | QP_ATTR_DEST_QPN
-            | QP_ATTR_RQ_PSN
-            | QP_ATTR_MAX_DEST_RD_ATOMIC
-            | QP_ATTR_MIN_RNR_TIMER,
-    )
-    .expect("INIT -> RTR");
-    attr.qp_state = QpState::Rts;
-    attr.sq_psn = 0x100;
-    attr.timeout = 14;
-    attr.retry_cnt = 7;
-    attr.rnr_retry = 7;
-    attr.max_rd_atomic = max_rd_atomic;
-    qp.modify(
-        &attr,
-        QP_ATTR_STATE
-            | QP_ATTR_SQ_PSN
-            | QP_ATTR_TIMEOUT
-            | QP_ATTR_RETRY_CNT
-            | QP_ATTR_RNR_RETRY
-            | QP_ATTR_MAX_QP_RD_ATOMIC,
-    )
-    .expect("RTR -> RTS");
+    let mut path = RcPath::new(peer_gid, GID_INDEX, peer.qp_num(), 0x100, 0x100, PATH_MTU);
+    path.max_rd_atomic = max_rd_atomic;
+    qp.connect_rc(&path).expect("INIT -> RTR -> RTS");
 }
 
 /// `max_rd_atomic` 0 works as 1 (as on rxe), and a fenced SEND behind

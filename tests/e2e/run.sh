@@ -5,9 +5,11 @@
 # Usage: tests/e2e/run.sh [STEP...]     STEP: qemu-select | rxe-rxe | probe | vrnic-rxe | vrnic-vrnic |
 #                                             vrnic-rxe-lossy | vrnic-vrnic-pause | vrnic-vrnic-kill |
 #                                             vrnic-vrnic-restart | hostile-peer | soak-2min | ibv-rxe |
-#                                             ibv-ibv | ibv-vrnic
+#                                             ibv-ibv | ibv-vrnic | containers
 #   default: qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause
-#   vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min ibv-rxe ibv-ibv (soak-2min:
+#   vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min ibv-rxe ibv-ibv containers
+#   (containers: Debian's tools in podman containers on vrnic through the daemon's vhost-user
+#   socket, against each other and against a vrnic and an rxe guest, tests/e2e/containers.sh; soak-2min:
 #   scripts/soak.sh --minutes 2, two daemons and the vrnic-soak driver, no QEMU; qemu-select: which QEMU the
 #   scripts pick, tests/e2e/qemu-select.sh; vrnic-vrnic-pause: a VM paused and resumed mid-run, see
 #   run_pause; vrnic-vrnic-kill: a guest's QEMU killed mid-run, see run_kill; vrnic-vrnic-restart:
@@ -44,7 +46,7 @@ trap 'rc=$?; if [ $SUMMARY_DONE = 0 ]; then echo "FAIL: e2e aborted (exit $rc)";
 
 PAIRS=("$@")
 [ ${#PAIRS[@]} -gt 0 ] || PAIRS=(qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause
-    vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min ibv-rxe ibv-ibv)
+    vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min ibv-rxe ibv-ibv containers)
 [ "${E2E_BASELINE:-0}" = 1 ] && PAIRS=(rxe-rxe "${PAIRS[@]}")
 if [ -z "${E2E_RESULTS:-}" ] && [ -d "$VR_TOP/out" ]; then
     # Default results dirs out/e2e-DATE: keep the last 5 (daemon pcaps are ~60 MB each).
@@ -63,6 +65,9 @@ mkdir -p "$RESULTS"
 RESULTS=$(readlink -f "$RESULTS")
 exec > >(tee -a "$RESULTS/summary.log") 2>&1
 
+# shellcheck source=tests/e2e/containers.sh
+. "$VR_TOP/tests/e2e/containers.sh"
+
 pass() { PASSED=$((PASSED + 1)); echo "PASS: $*"; }
 fail() { FAILED=$((FAILED + 1)); echo "FAIL: $*"; }
 
@@ -72,7 +77,7 @@ for p in "${PAIRS[@]}"; do
     rxe-rxe | qemu-select) ;;
     probe | vrnic-rxe | vrnic-vrnic | vrnic-rxe-lossy | vrnic-vrnic-lossy | vrnic-vrnic-pause | vrnic-vrnic-kill | vrnic-vrnic-restart | hostile-peer) need_vrnic=1 ;;
     soak-2min) need_vrnic=1 ;;
-    ibv-rxe | ibv-ibv | ibv-vrnic) need_vrnic=1 ;;
+    ibv-rxe | ibv-ibv | ibv-vrnic | containers) need_vrnic=1 ;;
     *) vr_die "unknown pair $p" ;;
     esac
 done
@@ -972,6 +977,7 @@ for p in "${PAIRS[@]}"; do
     qemu-select) run_qemu_select ;;
     soak-2min) run_soak ;;
     probe) run_probe ;;
+    containers) run_containers ;;
     hostile-peer)
         if [ $PROBE_OK = 0 ] && [ "${E2E_KEEP_GOING:-0}" != 1 ]; then
             fail "$p: not run, the probe failed (E2E_KEEP_GOING=1 runs it anyway)"

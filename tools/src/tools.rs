@@ -26,11 +26,9 @@ use vrnic::abi;
 
 use vrnic_guest::transport::Transport;
 use vrnic_guest::verbs::{
-    AhAttr, Context, Cq, Gid, Mr, Pd, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, SendWr, Srq,
-    WorkCompletion, ACCESS_LOCAL_WRITE, QP_ATTR_ACCESS_FLAGS, QP_ATTR_AV, QP_ATTR_DEST_QPN,
-    QP_ATTR_MAX_DEST_RD_ATOMIC, QP_ATTR_MAX_QP_RD_ATOMIC, QP_ATTR_MIN_RNR_TIMER, QP_ATTR_PATH_MTU,
-    QP_ATTR_PKEY_INDEX, QP_ATTR_PORT, QP_ATTR_QKEY, QP_ATTR_RETRY_CNT, QP_ATTR_RNR_RETRY,
-    QP_ATTR_RQ_PSN, QP_ATTR_SQ_PSN, QP_ATTR_STATE, QP_ATTR_TIMEOUT,
+    AhAttr, Context, Cq, Gid, Mr, Pd, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RcPath,
+    SendWr, Srq, WorkCompletion, ACCESS_LOCAL_WRITE, QP_ATTR_ACCESS_FLAGS, QP_ATTR_PKEY_INDEX,
+    QP_ATTR_PORT, QP_ATTR_QKEY, QP_ATTR_SQ_PSN, QP_ATTR_STATE,
 };
 
 // ---------------------------------------------------------------------------
@@ -396,38 +394,15 @@ pub fn rc_qp_connect(
     rem: &Dest,
     timeout: u8,
 ) -> Result<()> {
-    let mut attr = QpAttr {
-        qp_state: QpState::Rtr,
-        path_mtu,
-        dest_qp_num: rem.qpn,
-        rq_psn: rem.psn,
-        max_dest_rd_atomic: 1,
-        min_rnr_timer: 12,
-        ah_attr: ah,
-        ..Default::default()
+    let path = RcPath {
+        ah,
+        timeout,
+        retry_cnt: RC_RETRY_CNT,
+        ..RcPath::new(ah.dgid, ah.sgid_index, rem.qpn, rem.psn, my_psn, path_mtu)
     };
-    let rtr = QP_ATTR_STATE
-        | QP_ATTR_AV
-        | QP_ATTR_PATH_MTU
-        | QP_ATTR_DEST_QPN
-        | QP_ATTR_RQ_PSN
-        | QP_ATTR_MAX_DEST_RD_ATOMIC
-        | QP_ATTR_MIN_RNR_TIMER;
-    qp.modify(&attr, rtr)
+    qp.modify_to_rtr(&path)
         .context("Failed to modify QP to RTR")?;
-    attr.qp_state = QpState::Rts;
-    attr.timeout = timeout;
-    attr.retry_cnt = RC_RETRY_CNT;
-    attr.rnr_retry = 7;
-    attr.sq_psn = my_psn;
-    attr.max_rd_atomic = 1;
-    let rts = QP_ATTR_STATE
-        | QP_ATTR_TIMEOUT
-        | QP_ATTR_RETRY_CNT
-        | QP_ATTR_RNR_RETRY
-        | QP_ATTR_SQ_PSN
-        | QP_ATTR_MAX_QP_RD_ATOMIC;
-    qp.modify(&attr, rts)
+    qp.modify_to_rts(&path)
         .context("Failed to modify QP to RTS")?;
     Ok(())
 }

@@ -9,6 +9,9 @@
 //! - [`backend`]: the `VhostUserBackend` (features, config, lifecycle).
 //! - [`server`]: listening on a socket and serving frontends one at a time.
 //! - [`stats`]: the counters' published snapshot and management socket.
+//! - [`control`]: the control socket (`vrnic function add|del|list`).
+//! - [`functions`]: many functions (devices) per daemon, added and removed while it runs.
+//! - [`switch`]: the embedded switch between a daemon's functions and its uplink.
 //! - [`addr`]: command-line address parsing and the default MAC.
 //! - [`frontend`]: a vhost-user frontend and virtio driver for tests.
 #![deny(missing_docs)]
@@ -16,11 +19,15 @@
 pub mod addr;
 pub mod backend;
 pub mod chain;
+pub mod control;
 pub mod datapath;
 pub mod frontend;
+pub mod functions;
 pub mod memory;
 pub mod server;
+mod sockserv;
 pub mod stats;
+pub mod switch;
 pub mod timer;
 
 pub use backend::{BackendConfig, BackendError, VrnicBackend};

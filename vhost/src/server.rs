@@ -120,6 +120,37 @@ impl Stopper {
         self.inner.stopped.load(Ordering::SeqCst)
     }
 
+    /// Whether a frontend is connected to the server this stopper
+    /// controls (between accepting it and the end of its connection).
+    pub fn connected(&self) -> bool {
+        self.conn().is_some()
+    }
+
+    /// Blocks until [`Stopper::stop`] is called, waking at most every
+    /// `tick` to check (the wake eventfd is shared with the servers, which
+    /// may consume its count first).
+    ///
+    /// # Errors
+    /// `poll(2)` failed.
+    pub fn wait(&self, tick: Duration) -> io::Result<()> {
+        while !self.is_stopped() {
+            let mut fd = libc::pollfd {
+                fd: self.inner.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = tick.as_millis().clamp(1, 60_000) as libc::c_int;
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(&mut fd, 1, ms) } < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn conn(&self) -> std::sync::MutexGuard<'_, Option<ShutdownHandle>> {
         self.inner.conn.lock().unwrap_or_else(|e| e.into_inner())
     }

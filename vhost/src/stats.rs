@@ -16,22 +16,18 @@
 //! - [`query`] and [`parse`]: the client side.
 
 use std::fmt::Write as _;
-use std::fs;
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use tracing::debug;
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vrnic::device::{DeviceStats, QpStats};
 
 use crate::datapath::BackendStats;
+use crate::sockserv::{SocketServer, StartError};
 
 /// Where a daemon serving the vhost-user socket `socket` serves its
 /// counters unless told otherwise: `<socket>.stats`.
@@ -391,12 +387,15 @@ pub enum StatsError {
     },
 }
 
+/// Further counters a [`StatsServer`] serves after the board's, read at
+/// each request: `(name, value)` pairs, names as [`parse`] accepts them
+/// (the daemon's functions add their switch port's, `switch_*`).
+pub type ExtraCounters = Arc<dyn Fn() -> Vec<(&'static str, u64)> + Send + Sync>;
+
 /// Serves a [`StatsBoard`] on a Unix socket from a thread of its own.
 /// Dropping it stops the thread and removes the socket file.
 pub struct StatsServer {
-    path: PathBuf,
-    stop: EventFd,
-    thread: Option<thread::JoinHandle<()>>,
+    server: SocketServer,
 }
 
 impl StatsServer {
@@ -409,108 +408,50 @@ impl StatsServer {
     /// [`StatsError::NotASocket`], [`StatsError::InUse`] or
     /// [`StatsError::Serve`].
     pub fn start(path: &Path, board: Arc<StatsBoard>) -> Result<Self, StatsError> {
+        Self::start_with(path, board, None)
+    }
+
+    /// [`StatsServer::start`], also serving `extra`'s counters after the
+    /// board's snapshot and before the per-QP lines.
+    ///
+    /// # Errors
+    /// As [`StatsServer::start`].
+    pub fn start_with(
+        path: &Path,
+        board: Arc<StatsBoard>,
+        extra: Option<ExtraCounters>,
+    ) -> Result<Self, StatsError> {
         let shown = || path.display().to_string();
-        let serve = |source| StatsError::Serve {
-            path: shown(),
-            source,
-        };
-        if let Ok(meta) = fs::symlink_metadata(path) {
-            if !meta.file_type().is_socket() {
-                return Err(StatsError::NotASocket(shown()));
-            }
-            if UnixStream::connect(path).is_ok() {
-                return Err(StatsError::InUse(shown()));
-            }
-            fs::remove_file(path).map_err(serve)?;
-        }
-        let listener = UnixListener::bind(path).map_err(serve)?;
-        let stop = EventFd::new(EFD_NONBLOCK).map_err(serve)?;
-        let setup = (|| {
-            listener.set_nonblocking(true)?;
-            let stop_rx = stop.try_clone()?;
-            thread::Builder::new()
-                .name("vrnic-stats".into())
-                .spawn(move || serve_loop(&listener, &stop_rx, &board))
-        })();
-        match setup {
-            Ok(thread) => Ok(Self {
-                path: path.to_path_buf(),
-                stop,
-                thread: Some(thread),
+        let handle = move |stream| answer(stream, &board, extra.as_ref());
+        match SocketServer::start(path, "vrnic-stats", None, handle) {
+            Ok(server) => Ok(Self { server }),
+            Err(StartError::NotASocket) => Err(StatsError::NotASocket(shown())),
+            Err(StartError::InUse) => Err(StatsError::InUse(shown())),
+            Err(StartError::Io(source)) => Err(StatsError::Serve {
+                path: shown(),
+                source,
             }),
-            Err(e) => {
-                let _ = fs::remove_file(path);
-                Err(serve(e))
-            }
         }
     }
 
     /// The socket path.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.server.path()
     }
 }
 
-impl Drop for StatsServer {
-    fn drop(&mut self) {
-        let _ = self.stop.write(1);
-        if let Some(t) = self.thread.take() {
-            // The thread waits on the stop event and writes with a timeout,
-            // so this join is bounded.
-            let _ = t.join();
-        }
-        let _ = fs::remove_file(&self.path);
-    }
-}
-
-/// Accepts connections until `stop` is signalled; answers each one.
-fn serve_loop(listener: &UnixListener, stop: &EventFd, board: &StatsBoard) {
-    loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: listener.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stop.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a valid array of two pollfds.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            debug!("stats server: poll failed: {e}");
-            return;
-        }
-        if fds[1].revents != 0 {
-            return;
-        }
-        match listener.accept() {
-            Ok((stream, _)) => {
-                if let Err(e) = answer(stream, board) {
-                    debug!("stats client: {e}");
-                }
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) => {}
-            Err(e) => debug!("stats server: accept failed: {e}"),
-        }
-    }
-}
-
-fn answer(mut stream: UnixStream, board: &StatsBoard) -> io::Result<()> {
+/// Answers one connection; its write is bounded by [`WRITE_TIMEOUT`].
+fn answer(
+    mut stream: UnixStream,
+    board: &StatsBoard,
+    extra: Option<&ExtraCounters>,
+) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
     let mut reply = board.read().render();
+    for (name, value) in extra.map(|f| f()).unwrap_or_default() {
+        let _ = writeln!(reply, "{name} {value}");
+    }
     reply.push_str(&render_qps(&board.read_qps()));
     stream.write_all(reply.as_bytes())?;
     stream.shutdown(std::net::Shutdown::Both)
@@ -590,6 +531,8 @@ pub fn parse(reply: &str) -> Result<Vec<(String, u64)>, StatsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
+    use std::os::unix::net::UnixListener;
 
     fn temp_path(tag: &str) -> PathBuf {
         std::env::temp_dir().join(format!("vrnic-stats-{tag}-{}", std::process::id()))

@@ -112,42 +112,71 @@ impl Drop for Child {
     }
 }
 
+impl Child {
+    /// Starts `vrnic ARGS` in a network namespace of its own
+    /// (`unshare --net`); its stdout lines come on the channel, read in a
+    /// thread so that every wait on them is bounded.
+    fn daemon<S: AsRef<std::ffi::OsStr>>(
+        args: impl IntoIterator<Item = S>,
+    ) -> (Child, mpsc::Receiver<String>) {
+        let mut c = Command::new("unshare")
+            .args(["--net", BIN])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("unshare runs");
+        let stdout = c.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        (Child(Some(c)), rx)
+    }
+
+    fn pid(&self) -> libc::pid_t {
+        self.0.as_ref().map_or(0, |c| c.id() as libc::pid_t)
+    }
+
+    /// Waits up to [`WAIT`] for the child to exit (then kills it and
+    /// panics, saying `after`); its exit status.
+    fn wait_exit(mut self, after: &str) -> std::process::ExitStatus {
+        let pid = self.pid();
+        let mut c = self.0.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(c.wait());
+        });
+        let Ok(status) = rx.recv_timeout(WAIT) else {
+            // SAFETY: kills our own child, by PID, so a failed test leaves nothing behind.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("vrnic did not exit within {WAIT:?} {after}");
+        };
+        status.unwrap()
+    }
+}
+
 #[test]
 fn serves_a_frontend_on_a_tap_and_exits_cleanly_on_sigterm() {
     let dir = TempDir::new("tap");
     let socket = dir.0.join("vrnic.sock");
-    let mut child = Child(Some(
-        Command::new("unshare")
-            .args([
-                "--net",
-                BIN,
-                "--tap",
-                "vr0",
-                "--ip",
-                "10.0.0.1/24",
-                "--queue-size",
-                "128",
-                "--socket",
-            ])
-            .arg(&socket)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("unshare runs"),
-    ));
-    let c = child.0.as_mut().unwrap();
-    let pid = c.id() as libc::pid_t;
+    let (child, rx) = Child::daemon([
+        "--tap".as_ref(),
+        "vr0".as_ref(),
+        "--ip".as_ref(),
+        "10.0.0.1/24".as_ref(),
+        "--queue-size".as_ref(),
+        "128".as_ref(),
+        "--socket".as_ref(),
+        socket.as_os_str(),
+    ]);
+    let pid = child.pid();
 
-    // The start-up output, read in a thread so the wait is bounded.
-    let stdout = c.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    // The start-up output.
     let mut lines = Vec::new();
     while !lines
         .iter()
@@ -188,17 +217,144 @@ fn serves_a_frontend_on_a_tap_and_exits_cleanly_on_sigterm() {
     // SIGTERM: a clean exit that removes the socket.
     // SAFETY: signals our own child, by PID.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let mut c = child.0.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(c.wait());
-    });
-    let Ok(status) = rx.recv_timeout(WAIT) else {
-        // SAFETY: kills our own child, by PID, so a failed test leaves nothing behind.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-        panic!("vrnic did not exit within {WAIT:?} after SIGTERM");
-    };
-    let status = status.unwrap();
+    let status = child.wait_exit("after SIGTERM");
     assert!(status.success(), "{status:?}");
     assert!(!socket.exists(), "the socket file is removed");
+}
+
+/// Runs `vrnic ARGS` to completion (bounded by its own CONTROL_TIMEOUT);
+/// its stdout, or its stderr as the error.
+fn vrnic(args: &[&str]) -> Result<String, String> {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// One daemon with two functions from the command line; a third added,
+/// listed, attached to and deleted with `vrnic function` while it runs;
+/// SIGTERM removes every socket.
+#[test]
+fn functions_are_declared_added_listed_and_deleted_with_the_binary() {
+    let dir = TempDir::new("functions");
+    let a = dir.0.join("a.sock");
+    let b = dir.0.join("b.sock");
+    let c = dir.0.join("c.sock");
+    let ctl = dir.0.join("a.sock.control");
+    let b_spec = format!("socket={},ip=10.0.0.2/24,name=b", b.display());
+    let (child, rx) = Child::daemon([
+        "--tap".as_ref(),
+        "vr0".as_ref(),
+        "--ip".as_ref(),
+        "10.0.0.1/24".as_ref(),
+        "--socket".as_ref(),
+        a.as_os_str(),
+        "--function".as_ref(),
+        std::ffi::OsStr::new(&b_spec),
+    ]);
+    let pid = child.pid();
+    let mut lines = Vec::new();
+    while !lines
+        .iter()
+        .any(|l: &String| l.starts_with("vrnic: control socket"))
+    {
+        let line = rx
+            .recv_timeout(WAIT)
+            .unwrap_or_else(|_| panic!("no control socket printed: {lines:?}"));
+        lines.push(line);
+    }
+    let qemu: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("vhost-user-test-device-pci"))
+        .collect();
+    assert_eq!(qemu.len(), 2, "QEMU arguments for each function: {lines:?}");
+    assert!(qemu[1].contains(&format!("path={}", b.display())));
+
+    let ctl_s = ctl.to_str().unwrap();
+    let list = vrnic(&["function", "list", "--control", ctl_s]).unwrap();
+    let fl: Vec<&str> = list.lines().collect();
+    assert_eq!(fl.len(), 3, "{list}");
+    assert!(fl[0].starts_with("# 2 of at most 64"), "{list}");
+    assert!(fl[1].starts_with("name=a.sock ") && fl[1].contains("ip=10.0.0.1/24"));
+    assert!(fl[2].starts_with("name=b ") && fl[2].contains("mac=02:76:0a:00:00:02"));
+
+    vrnic(&[
+        "function",
+        "add",
+        "--control",
+        ctl_s,
+        "--socket",
+        c.to_str().unwrap(),
+        "--ip",
+        "10.0.0.3/24",
+        "--mac",
+        "02:00:00:00:00:33",
+    ])
+    .expect("function add");
+    let mut fe = TestFrontend::connect(&c, &FrontendOptions::default()).unwrap();
+    assert_eq!(fe.config_space().unwrap().mac, [2, 0, 0, 0, 0, 0x33]);
+    let list = vrnic(&["function", "list", "--control", ctl_s]).unwrap();
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with("name=c.sock ") && l.contains(" connected=yes ")),
+        "{list}"
+    );
+    let dup = vrnic(&[
+        "function",
+        "add",
+        "--control",
+        ctl_s,
+        "--socket",
+        "/nonexistent/d",
+        "--ip",
+        "10.0.0.3/24",
+    ])
+    .unwrap_err();
+    assert!(dup.contains("already used"), "{dup}");
+    vrnic(&["function", "del", "--control", ctl_s, "--name", "c.sock"]).expect("function del");
+    assert!(!c.exists(), "c's socket removed");
+    assert!(fe.config_space().is_err(), "c's connection closed");
+
+    // SAFETY: signals our own child, by PID.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = child.wait_exit("after SIGTERM");
+    assert!(status.success(), "{status:?}");
+    for p in [&a, &b, &ctl] {
+        assert!(!p.exists(), "{} removed", p.display());
+    }
+}
+
+/// `--once`: the daemon ends, cleanly, when its first frontend leaves,
+/// also with a second function declared.
+#[test]
+fn once_ends_the_daemon_with_the_first_functions_first_connection() {
+    let dir = TempDir::new("once");
+    let a = dir.0.join("a.sock");
+    let b = dir.0.join("b.sock");
+    let b_spec = format!("socket={},ip=10.0.0.2/24", b.display());
+    let (child, rx) = Child::daemon([
+        "--tap".as_ref(),
+        "vr0".as_ref(),
+        "--ip".as_ref(),
+        "10.0.0.1/24".as_ref(),
+        "--once".as_ref(),
+        "--socket".as_ref(),
+        a.as_os_str(),
+        "--function".as_ref(),
+        std::ffi::OsStr::new(&b_spec),
+    ]);
+    loop {
+        let line = rx.recv_timeout(WAIT).expect("the daemon starts");
+        if line.starts_with("vrnic: control socket") {
+            break;
+        }
+    }
+    let mut fe = TestFrontend::connect(&a, &FrontendOptions::default()).unwrap();
+    assert_eq!(fe.config_space().unwrap().signature, abi::SIGNATURE);
+    drop(fe);
+    let status = child.wait_exit("after its frontend left (--once)");
+    assert!(status.success(), "{status:?}");
+    assert!(!a.exists() && !b.exists(), "sockets removed");
 }

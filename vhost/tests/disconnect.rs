@@ -1,15 +1,18 @@
 //! What a frontend that goes away leaves in the daemon's process (issue 9,
 //! a guest killed mid-run): nothing (descriptors and mappings are counted
-//! in `/proc/self`). Alone in its test binary, so no other
-//! test opens descriptors or maps memory meanwhile.
+//! in `/proc/self`). The frontend is a program on guest-lib's verbs over
+//! `VhostUserTransport`, killed with its objects alive (`common::Conn::kill`).
+//! Alone in its test binary, so no other test opens descriptors or maps
+//! memory meanwhile.
 
-use std::time::{Duration, Instant};
+mod common;
 
+use std::time::Instant;
+
+use common::{rc_qp, WAIT};
 use vrnic::link::MemLink;
-use vrnic_vhost::frontend::verbs::QpSizes;
-use vrnic_vhost::frontend::{test_device_config, FrontendOptions, TestDaemon};
-
-const WAIT: Duration = Duration::from_secs(10);
+use vrnic_guest::verbs::{Cq, Mr, Pd};
+use vrnic_vhost::frontend::{test_device_config, TestDaemon};
 
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd")
@@ -51,18 +54,20 @@ fn a_frontend_that_goes_away_leaves_no_descriptor_and_no_mapping() {
     let fds = open_fds();
     assert_eq!(memfd_mappings(), 0, "no guest memory before a guest comes");
     for round in 1..=3u64 {
-        let mut fe = d.connect(&FrontendOptions::default()).unwrap();
-        let pd = fe.alloc_pd().unwrap();
-        let cq = fe.create_cq(64).unwrap();
-        let _qp = fe.create_rc_qp(pd, &cq, &cq, QpSizes::default()).unwrap();
-        let buf = fe.alloc_buffer(1 << 20).unwrap();
-        let _mr = fe.reg_mr(pd, buf, 1 << 20, 0).unwrap();
-        fe.post_event_buffers(8).unwrap();
+        // The transport gives the event queue its buffers when it opens.
+        let (ctx, conn) = common::open(d.socket());
+        let pd = Pd::alloc(&ctx).unwrap();
+        let cq = Cq::new(&ctx, 64).unwrap();
+        let qp = rc_qp(&pd, &cq);
+        let mr = Mr::alloc(&pd, 1 << 20, 0).unwrap();
         assert!(
             open_fds() > fds,
             "round {round}: the connection holds descriptors"
         );
-        drop(fe);
+        // SAFETY: the objects are only dropped from now on; the MR is
+        // `Mr::alloc`'s.
+        unsafe { conn.kill() };
+        drop((mr, qp, cq, pd, ctx));
         // The daemon handles the end of the connection in its own time.
         assert_eq!(
             settle(fds, open_fds),

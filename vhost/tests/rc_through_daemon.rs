@@ -1,40 +1,55 @@
 //! RC traffic between two vrnic daemons, in process: each daemon's link is
 //! one end of a `MemLink` pair, and each is driven through its vhost-user
-//! socket by a test frontend that builds PDs, MRs, CQs and QPs with
-//! control commands and posts work requests with doorbells, as a guest
-//! driver would. Every wait is bounded by wall-clock time.
+//! socket by a program using guest-lib's verbs over `VhostUserTransport`
+//! (`common`), as a container's program drives a daemon. Every wait is
+//! bounded by wall-clock time.
+
+mod common;
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use vrnic::abi;
+use common::{buffer, connect_rc, gid, pattern, rc_qp, recv, send, wait_cq, Conn, Peer, WAIT};
+use vrnic::abi::{self, Pod};
 use vrnic::device::DeviceConfig;
 use vrnic::link::MemLink;
+use vrnic_guest::transport::TransportError;
+use vrnic_guest::verbs::{Context, Cq, Pd, Qp, QpState, RdmaWr, SendWr, WrOpcode, SEND_SIGNALED};
 use vrnic_vhost::addr::Mac;
-use vrnic_vhost::frontend::verbs::{Cq, Mr, Qp, QpSizes, RcPath};
-use vrnic_vhost::frontend::{FrontendOptions, TestDaemon, TestFrontend};
+use vrnic_vhost::frontend::TestDaemon;
 use vrnic_vhost::VrnicBackend;
 
-/// Bound on every wait for the device.
-const WAIT: Duration = Duration::from_secs(10);
-/// Path MTU 1024 bytes, as `ibv_mtu`.
-const MTU_1024: u32 = 3;
 /// First PSNs: A's close to the 24-bit wrap, so multi-packet messages
 /// cross it.
 const PSN_A: u32 = 0xff_fffd;
 const PSN_B: u32 = 100;
-const ALL_ACCESS: u32 =
-    abi::ACCESS_LOCAL_WRITE | abi::ACCESS_REMOTE_WRITE | abi::ACCESS_REMOTE_READ;
 
-/// One daemon with a connected frontend and an RC QP whose send and
-/// receive completions share one CQ.
+/// One daemon with a connected program and an RC QP whose send and
+/// receive completions share one CQ. Field order is drop order.
 struct Side {
-    daemon: TestDaemon,
-    fe: TestFrontend,
-    ip: Ipv4Addr,
-    pd: u32,
-    cq: Cq,
     qp: Qp,
+    cq: Cq,
+    pd: Pd,
+    ctx: Context,
+    conn: Conn,
+    daemon: TestDaemon,
+}
+
+impl Side {
+    /// The program ends (its objects destroyed, its connection closed);
+    /// the daemon is left.
+    fn close(self) -> TestDaemon {
+        let Side {
+            qp,
+            cq,
+            pd,
+            ctx,
+            conn,
+            daemon,
+        } = self;
+        drop((qp, cq, pd, ctx, conn));
+        daemon
+    }
 }
 
 /// The counters of `s.qp` from its daemon's stats socket (names without
@@ -42,7 +57,7 @@ struct Side {
 /// [`WAIT`].
 fn wait_for_qp_counter(s: &Side, name: &str, want: u64) -> Vec<(String, u64)> {
     let path = s.daemon.stats_socket().expect("stats server");
-    let prefix = format!("qp_{}_", s.qp.qpn);
+    let prefix = format!("qp_{}_", s.qp.qp_num());
     let deadline = Instant::now() + WAIT;
     loop {
         let reply = vrnic_vhost::stats::query(path, WAIT).expect("stats reply");
@@ -77,23 +92,18 @@ fn device_config(last_octet: u8) -> DeviceConfig {
 
 fn side(last_octet: u8, link: MemLink) -> Side {
     let cfg = device_config(last_octet);
-    let ip = cfg.ipv4;
     let daemon = TestDaemon::with_device_and_stats(cfg, Box::new(link)).expect("daemon starts");
-    let mut fe = daemon
-        .connect(&FrontendOptions::default())
-        .expect("frontend connects");
-    let pd = fe.alloc_pd().expect("ALLOC_PD");
-    let cq = fe.create_cq(64).expect("CREATE_CQ");
-    let qp = fe
-        .create_rc_qp(pd, &cq, &cq, QpSizes::default())
-        .expect("CREATE_QP");
+    let (ctx, conn) = common::open(daemon.socket());
+    let pd = Pd::alloc(&ctx).expect("ALLOC_PD");
+    let cq = Cq::new(&ctx, 64).expect("CREATE_CQ");
+    let qp = rc_qp(&pd, &cq);
     Side {
-        daemon,
-        fe,
-        ip,
-        pd,
-        cq,
         qp,
+        cq,
+        pd,
+        ctx,
+        conn,
+        daemon,
     }
 }
 
@@ -104,59 +114,37 @@ fn connected_pair() -> (Side, Side) {
     let mut a = side(1, la);
     let mut b = side(2, lb);
     assert_ne!(device_config(1).mac, device_config(2).mac, "distinct MACs");
-    let to_b = RcPath {
-        peer_ip: b.ip,
-        peer_qpn: b.qp.qpn,
-        peer_psn: PSN_B,
-        my_psn: PSN_A,
-        path_mtu: MTU_1024,
+    let to_b = Peer {
+        gid: gid(&b.ctx),
+        qpn: b.qp.qp_num(),
+        psn: PSN_B,
     };
-    let to_a = RcPath {
-        peer_ip: a.ip,
-        peer_qpn: a.qp.qpn,
-        peer_psn: PSN_A,
-        my_psn: PSN_B,
-        path_mtu: MTU_1024,
+    let to_a = Peer {
+        gid: gid(&a.ctx),
+        qpn: a.qp.qp_num(),
+        psn: PSN_A,
     };
-    a.fe.connect_rc(&a.qp, &to_b)
-        .expect("A: RESET→INIT→RTR→RTS");
-    b.fe.connect_rc(&b.qp, &to_a)
-        .expect("B: RESET→INIT→RTR→RTS");
-    for s in [&mut a, &mut b] {
-        let attr = s.fe.query_qp(&s.qp).expect("QUERY_QP");
-        assert_eq!(attr.qp_state, abi::QPS_RTS, "QP {} in RTS", s.qp.qpn);
+    connect_rc(&mut a.qp, to_b, PSN_A);
+    connect_rc(&mut b.qp, to_a, PSN_B);
+    for s in [&a, &b] {
+        let attr = s.qp.query().expect("QUERY_QP");
+        assert_eq!(attr.qp_state, QpState::Rts, "QP {} in RTS", s.qp.qp_num());
     }
     (a, b)
 }
 
-/// Disconnects both frontends and stops both daemons; gives back A's and
-/// B's backends (their counters survive the end of the connection).
+/// Ends both programs and stops both daemons; gives back A's and B's
+/// backends (their counters survive the end of the connection).
 fn shut_down(a: Side, b: Side) -> (VrnicBackend, VrnicBackend) {
-    drop(a.fe);
-    drop(b.fe);
-    let ba = a.daemon.stop(WAIT).expect("daemon A stops");
-    let bb = b.daemon.stop(WAIT).expect("daemon B stops");
+    let (da, db) = (a.close(), b.close());
+    let ba = da.stop(WAIT).expect("daemon A stops");
+    let bb = db.stop(WAIT).expect("daemon B stops");
     (ba, bb)
 }
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
-        .collect()
-}
-
-/// A buffer of `len` bytes in `s`'s driver memory holding `data` (zeros
-/// if empty), registered with every access right.
-fn buffer(s: &mut Side, len: usize, data: &[u8]) -> Mr {
-    let gpa = s.fe.alloc_buffer(len as u64).expect("driver memory");
-    s.fe.write_bytes(gpa, data).expect("fill the buffer");
-    s.fe.reg_mr(s.pd, gpa, len as u64, ALL_ACCESS)
-        .expect("REG_MR")
-}
-
-fn cqe(s: &mut Side) -> abi::Cqe {
-    s.fe.wait_cqe(&mut s.cq, WAIT)
-        .unwrap_or_else(|e| panic!("QP {}: {e}", s.qp.qpn))
+fn cqe(s: &mut Side) -> vrnic_guest::verbs::WorkCompletion {
+    let what = format!("QP {}", s.qp.qp_num());
+    wait_cq(&mut s.cq, &what)
 }
 
 #[test]
@@ -164,44 +152,40 @@ fn send_of_5000_bytes_at_mtu_1024_arrives_byte_for_byte() {
     let (mut a, mut b) = connected_pair();
     let len = 5000;
     let data = pattern(len, 1);
-    let src = buffer(&mut a, len, &data);
+    let src = buffer(&a.pd, len, &data);
     // Room to spare, so a wrong length would show.
-    let dst = buffer(&mut b, len + 1000, &[]);
+    let dst = buffer(&b.pd, len + 1000, &[]);
 
-    b.fe.post_recv(&mut b.qp, 77, &[dst.sge(0, (len + 1000) as u32)])
-        .expect("post RECV");
-    let wqe = abi::SendWqe {
-        wr_id: 5,
-        opcode: abi::WR_SEND,
-        send_flags: abi::SEND_SIGNALED,
-        ..Default::default()
-    };
-    a.fe.post_send(&mut a.qp, wqe, &[src.sge(0, len as u32)])
-        .expect("post SEND");
+    recv(&mut b.qp, 77, Some(dst.sge(0, len + 1000)));
+    send(&mut a.qp, 5, src.sge(0, len));
 
     let rc = cqe(&mut b);
     assert_eq!(
         (rc.status, rc.opcode, rc.wr_id, rc.byte_len, rc.qp_num),
-        (abi::WC_SUCCESS, abi::WC_OP_RECV, 77, len as u32, b.qp.qpn),
+        (
+            abi::WC_SUCCESS,
+            abi::WC_OP_RECV,
+            77,
+            len as u32,
+            b.qp.qp_num()
+        ),
         "receive completion: {rc:?}"
     );
+    let got = dst.to_vec();
+    assert_eq!(&got[..len], &data[..], "the payload, byte for byte");
     assert_eq!(
-        b.fe.read_bytes(dst.gpa, len).unwrap(),
-        data,
-        "the payload, byte for byte"
-    );
-    assert_eq!(
-        b.fe.read_bytes(dst.gpa + len as u64, 1000).unwrap(),
-        vec![0; 1000],
+        &got[len..],
+        &[0; 1000][..],
         "nothing written past the message"
     );
     let sc = cqe(&mut a);
     assert_eq!(
         (sc.status, sc.opcode, sc.wr_id, sc.qp_num),
-        (abi::WC_SUCCESS, abi::WC_OP_SEND, 5, a.qp.qpn),
+        (abi::WC_SUCCESS, abi::WC_OP_SEND, 5, a.qp.qp_num()),
         "send completion: {sc:?}"
     );
 
+    drop((src, dst));
     let (ba, bb) = shut_down(a, b);
     let (da, db) = (ba.device_stats(), bb.device_stats());
     assert_eq!((da.naks_sent, db.naks_sent), (0, 0));
@@ -216,23 +200,25 @@ fn rdma_write_with_immediate_of_3000_bytes_lands_byte_for_byte() {
     let (mut a, mut b) = connected_pair();
     let len = 3000;
     let data = pattern(len, 9);
-    let src = buffer(&mut a, len, &data);
-    let dst = buffer(&mut b, len + 200, &[]);
-    let imm = [0xde, 0xad, 0xbe, 0xef];
+    let src = buffer(&a.pd, len, &data);
+    let dst = buffer(&b.pd, len + 200, &[]);
+    let imm = 0xdead_beef;
 
     // The immediate consumes a receive WQE (no SGE needed).
-    b.fe.post_recv(&mut b.qp, 31, &[]).expect("post RECV");
-    let wqe = abi::SendWqe {
+    recv(&mut b.qp, 31, None);
+    a.qp.post_send(&SendWr {
         wr_id: 6,
-        opcode: abi::WR_RDMA_WRITE_WITH_IMM,
-        send_flags: abi::SEND_SIGNALED,
+        opcode: WrOpcode::RdmaWriteWithImm,
+        send_flags: SEND_SIGNALED,
+        sg_list: &[src.sge(0, len)],
         imm_data: imm,
-        remote_addr: dst.va(100),
-        rkey: dst.rkey,
+        rdma: RdmaWr {
+            remote_addr: dst.addr() + 100,
+            rkey: dst.rkey(),
+        },
         ..Default::default()
-    };
-    a.fe.post_send(&mut a.qp, wqe, &[src.sge(0, len as u32)])
-        .expect("post WRITE_WITH_IMM");
+    })
+    .expect("post WRITE_WITH_IMM");
 
     let rc = cqe(&mut b);
     assert_eq!(
@@ -245,21 +231,22 @@ fn rdma_write_with_immediate_of_3000_bytes_lands_byte_for_byte() {
         ),
         "receive completion: {rc:?}"
     );
-    assert_eq!(rc.imm_data, imm, "the immediate");
+    assert_eq!(rc.imm_data, Some(imm), "the immediate");
     assert_eq!(rc.wc_flags & abi::WC_WITH_IMM, abi::WC_WITH_IMM);
+    let got = dst.to_vec();
     assert_eq!(
-        b.fe.read_bytes(dst.gpa + 100, len).unwrap(),
-        data,
+        &got[100..100 + len],
+        &data[..],
         "the payload, byte for byte"
     );
     assert_eq!(
-        b.fe.read_bytes(dst.gpa, 100).unwrap(),
-        vec![0; 100],
+        &got[..100],
+        &[0; 100][..],
         "bytes before the target untouched"
     );
     assert_eq!(
-        b.fe.read_bytes(dst.gpa + 100 + len as u64, 100).unwrap(),
-        vec![0; 100],
+        &got[100 + len..],
+        &[0; 100][..],
         "bytes after the target untouched"
     );
     let sc = cqe(&mut a);
@@ -268,26 +255,29 @@ fn rdma_write_with_immediate_of_3000_bytes_lands_byte_for_byte() {
         (abi::WC_SUCCESS, abi::WC_OP_RDMA_WRITE, 6),
         "send completion: {sc:?}"
     );
+    drop((src, dst));
     shut_down(a, b);
 }
 
 #[test]
 fn rdma_write_with_a_bad_rkey_is_nakked_with_a_remote_access_error() {
-    let (mut a, mut b) = connected_pair();
+    let (mut a, b) = connected_pair();
     let len = 2000;
-    let src = buffer(&mut a, len, &pattern(len, 3));
-    let dst = buffer(&mut b, 4096, &[]);
+    let src = buffer(&a.pd, len, &pattern(len, 3));
+    let dst = buffer(&b.pd, 4096, &[]);
 
-    let wqe = abi::SendWqe {
+    a.qp.post_send(&SendWr {
         wr_id: 8,
-        opcode: abi::WR_RDMA_WRITE,
-        send_flags: abi::SEND_SIGNALED,
-        remote_addr: dst.va(0),
-        rkey: dst.rkey ^ 0x100,
+        opcode: WrOpcode::RdmaWrite,
+        send_flags: SEND_SIGNALED,
+        sg_list: &[src.sge(0, len)],
+        rdma: RdmaWr {
+            remote_addr: dst.addr(),
+            rkey: dst.rkey() ^ 0x100,
+        },
         ..Default::default()
-    };
-    a.fe.post_send(&mut a.qp, wqe, &[src.sge(0, len as u32)])
-        .expect("post WRITE");
+    })
+    .expect("post WRITE");
 
     let c = cqe(&mut a);
     assert_eq!(
@@ -295,14 +285,10 @@ fn rdma_write_with_a_bad_rkey_is_nakked_with_a_remote_access_error() {
         (8, abi::WC_REM_ACCESS_ERR),
         "the requester completes with WC_REM_ACCESS_ERR: {c:?}"
     );
+    assert_eq!(dst.to_vec(), vec![0; 4096], "nothing written");
     assert_eq!(
-        b.fe.read_bytes(dst.gpa, 4096).unwrap(),
-        vec![0; 4096],
-        "nothing written"
-    );
-    assert_eq!(
-        a.fe.query_qp(&a.qp).unwrap().qp_state,
-        abi::QPS_ERR,
+        a.qp.query().unwrap().qp_state,
+        QpState::Err,
         "the requester's QP moved to ERR"
     );
     // Per-QP counters reach the stats socket at most
@@ -325,6 +311,7 @@ fn rdma_write_with_a_bad_rkey_is_nakked_with_a_remote_access_error() {
     assert_eq!(get(&b_qp, "tx_packets"), 1, "the NAK");
     assert_eq!(get(&b_qp, "nak_inv_req_sent"), 0, "{b_qp:?}");
 
+    drop((src, dst));
     let (ba, bb) = shut_down(a, b);
     assert_eq!(bb.device_stats().naks_sent, 1, "the responder sent one NAK");
     assert_eq!(ba.device_stats().naks_received, 1, "the requester got it");
@@ -332,30 +319,22 @@ fn rdma_write_with_a_bad_rkey_is_nakked_with_a_remote_access_error() {
 
 /// A guest killed in the middle of a transfer (issue 9): B sends A two
 /// 256 KiB messages and A has posted one receive, so the first arrives and
-/// the second waits at A (RNR NAKs) when A's guest dies: its QEMU goes
-/// away and daemon A's connection ends. Daemon A destroys everything that
-/// guest had and drops what B keeps sending (no NAK: no QP of that number
-/// exists any more), so B's QP runs out of retries and completes the
-/// second SEND with `IBV_WC_RETRY_EXC_ERR` within a bounded time (7
-/// retries of the 67 ms ACK timeout); daemon A serves a new guest on the
-/// same socket.
+/// the second waits at A (RNR NAKs) when A's program dies: its connection
+/// ends with every object it had (nothing destroyed). Daemon A destroys
+/// everything that program had and drops what B keeps sending (no NAK: no
+/// QP of that number exists any more), so B's QP runs out of retries and
+/// completes the second SEND with `IBV_WC_RETRY_EXC_ERR` within a bounded
+/// time (7 retries of the 67 ms ACK timeout); daemon A serves a new program
+/// on the same socket.
 #[test]
 fn a_guest_killed_mid_transfer_leaves_its_peer_with_retry_exceeded() {
     let (mut a, mut b) = connected_pair();
     let len = 256 << 10;
-    let dst = buffer(&mut a, len, &[]);
-    a.fe.post_recv(&mut a.qp, 1, &[dst.sge(0, len as u32)])
-        .expect("post RECV");
-    let src = buffer(&mut b, len, &pattern(len, 3));
+    let dst = buffer(&a.pd, len, &[]);
+    recv(&mut a.qp, 1, Some(dst.sge(0, len)));
+    let src = buffer(&b.pd, len, &pattern(len, 3));
     for wr_id in [8, 9] {
-        let wqe = abi::SendWqe {
-            wr_id,
-            opcode: abi::WR_SEND,
-            send_flags: abi::SEND_SIGNALED,
-            ..Default::default()
-        };
-        b.fe.post_send(&mut b.qp, wqe, &[src.sge(0, len as u32)])
-            .expect("post SEND");
+        send(&mut b.qp, wr_id, src.sge(0, len));
     }
     let first = cqe(&mut b);
     assert_eq!(
@@ -363,17 +342,20 @@ fn a_guest_killed_mid_transfer_leaves_its_peer_with_retry_exceeded() {
         (abi::WC_SUCCESS, 8),
         "the first SEND arrived: {first:?}"
     );
-    let old_qpn = a.qp.qpn;
-    // The guest dies: its connection ends with the second SEND under way.
-    drop(a.fe);
+    let old_qpn = a.qp.qp_num();
+    // The program dies: its connection ends with the second SEND under
+    // way and its QP, CQ, PD and MR alive.
+    // SAFETY: A's objects are only dropped from now on; its MR is
+    // `Mr::alloc`'s.
+    unsafe { a.conn.kill() };
+    drop(dst);
+    let daemon_a = a.close();
 
     let t0 = Instant::now();
-    let sc =
-        b.fe.wait_cqe(&mut b.cq, WAIT)
-            .expect("B's SEND completes, never hangs");
+    let sc = cqe(&mut b);
     assert_eq!(
         (sc.status, sc.wr_id, sc.qp_num),
-        (abi::WC_RETRY_EXC_ERR, 9, b.qp.qpn),
+        (abi::WC_RETRY_EXC_ERR, 9, b.qp.qp_num()),
         "B's SEND fails with RETRY_EXC_ERR: {sc:?}"
     );
     let took = t0.elapsed();
@@ -382,79 +364,57 @@ fn a_guest_killed_mid_transfer_leaves_its_peer_with_retry_exceeded() {
         "RETRY_EXC_ERR after {took:?}"
     );
 
-    // Daemon A serves a new guest on the same socket; the dead guest's QP
-    // is gone.
-    let mut fe = a
-        .daemon
-        .connect(&FrontendOptions::default())
-        .expect("a new guest attaches to daemon A");
-    let pd = fe.alloc_pd().expect("ALLOC_PD for the new guest");
-    let cq = fe.create_cq(16).expect("CREATE_CQ");
-    let qp = fe
-        .create_rc_qp(pd, &cq, &cq, QpSizes::default())
-        .expect("CREATE_QP");
-    assert_ne!(qp.qpn, old_qpn, "QP numbers are not reused at once");
+    // Daemon A serves a new program on the same socket; the dead
+    // program's QP is gone.
+    let (ctx, conn) = common::open(daemon_a.socket());
+    let pd = Pd::alloc(&ctx).expect("ALLOC_PD for the new program");
+    let cq = Cq::new(&ctx, 16).expect("CREATE_CQ");
+    let qp = rc_qp(&pd, &cq);
+    assert_ne!(qp.qp_num(), old_qpn, "QP numbers are not reused at once");
     let q = abi::Handle {
         handle: old_qpn,
         ..Default::default()
     };
-    let (h, _) = fe
-        .control_obj(abi::CMD_QUERY_QP, &q)
-        .expect("QUERY_QP answered");
-    assert_eq!(h.status, abi::STATUS_ENOENT, "the dead guest's QP is gone");
-    drop(fe);
-    let (ba, _bb) = shut_down_daemons(a.daemon, b);
+    match conn.command(abi::CMD_QUERY_QP, q.as_bytes()) {
+        Err(TransportError::Status { status, .. }) => {
+            assert_eq!(status, abi::STATUS_ENOENT, "the dead program's QP is gone")
+        }
+        other => panic!("QUERY_QP of the dead program's QP: {other:?}"),
+    }
+    drop((qp, cq, pd, ctx, conn, src));
+    let ba = daemon_a.stop(WAIT).expect("daemon A stops");
+    b.close().stop(WAIT).expect("daemon B stops");
     assert_eq!(ba.mapped_regions(), 0, "no guest memory kept mapped");
 }
 
-/// Stops daemon `a` (its frontend already gone) and side `b`.
-fn shut_down_daemons(a: TestDaemon, b: Side) -> (VrnicBackend, VrnicBackend) {
-    drop(b.fe);
-    let ba = a.stop(WAIT).expect("daemon A stops");
-    let bb = b.daemon.stop(WAIT).expect("daemon B stops");
-    (ba, bb)
-}
-
 /// One thread driving two devices (as `vrnic-soak` does) sleeps on both
-/// event queues at once: with both CQs armed, a SEND from A to B raises a
-/// completion event on each side, and `verbs::wait_events` returns them.
+/// contexts' event descriptors at once: with both CQs armed, a SEND from
+/// A to B raises a completion event on each side, and
+/// `common::wait_events` returns them.
 #[test]
-fn wait_events_wakes_on_either_of_two_frontends() {
+fn wait_events_wakes_on_either_of_two_programs() {
     let (mut a, mut b) = connected_pair();
     let len = 100;
-    let src = buffer(&mut a, len, &pattern(len, 5));
-    let dst = buffer(&mut b, len, &[]);
-    b.fe.post_recv(&mut b.qp, 1, &[dst.sge(0, len as u32)])
-        .expect("post RECV");
+    let src = buffer(&a.pd, len, &pattern(len, 5));
+    let dst = buffer(&b.pd, len, &[]);
+    recv(&mut b.qp, 1, Some(dst.sge(0, len)));
     // Nothing is armed yet: nothing comes.
-    let none = vrnic_vhost::frontend::verbs::wait_events(
-        &mut [&mut a.fe, &mut b.fe],
-        Duration::from_millis(50),
-    )
-    .expect("wait_events");
+    let none = common::wait_events(&[&a.ctx, &b.ctx], Duration::from_millis(50));
     assert!(none.is_empty(), "{none:?}");
-    a.fe.arm_cq(&a.cq).expect("arm A");
-    b.fe.arm_cq(&b.cq).expect("arm B");
-    let wqe = abi::SendWqe {
-        wr_id: 2,
-        opcode: abi::WR_SEND,
-        send_flags: abi::SEND_SIGNALED,
-        ..Default::default()
-    };
-    a.fe.post_send(&mut a.qp, wqe, &[src.sge(0, len as u32)])
-        .expect("post SEND");
+    a.cq.req_notify(false).expect("arm A");
+    b.cq.req_notify(false).expect("arm B");
+    send(&mut a.qp, 2, src.sge(0, len));
     let mut sides = std::collections::BTreeSet::new();
     let deadline = Instant::now() + WAIT;
     while sides.len() < 2 && Instant::now() < deadline {
-        for (i, ev) in vrnic_vhost::frontend::verbs::wait_events(&mut [&mut a.fe, &mut b.fe], WAIT)
-            .expect("wait_events")
-        {
+        for (i, ev) in common::wait_events(&[&a.ctx, &b.ctx], WAIT) {
             assert_eq!(ev.kind, abi::EV_COMP, "{ev:?}");
             sides.insert(i);
         }
     }
-    assert_eq!(sides.len(), 2, "a completion event from each frontend");
+    assert_eq!(sides.len(), 2, "a completion event from each program");
     assert_eq!(cqe(&mut a).status, abi::WC_SUCCESS);
     assert_eq!(cqe(&mut b).status, abi::WC_SUCCESS);
+    drop((src, dst));
     shut_down(a, b);
 }

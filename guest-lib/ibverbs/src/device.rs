@@ -10,6 +10,11 @@
 //!   `mtu=` is given;
 //! - with `VRNIC_AGENT_SOCKET=PATH`: one device, `vrnic0`, served by the
 //!   guest agent listening at `PATH` (`vrnic-agent`, `vrnic_guest::agent`);
+//! - with `VRNIC_VHOST_USER=PATH`, or when `/run/vrnic/vhost-user.sock`
+//!   exists (a container with the daemon's socket mounted there, or a
+//!   host process): one device, `vrnic0`, the vrnic function behind that
+//!   vhost-user socket, this process being its frontend
+//!   (`vrnic_guest::vhost_user`; no kernel module, no privilege);
 //! - otherwise (in a VM) one device per vrnic virtio-pci function
 //!   (`VRNIC_PCI=BDF` picks the function, default the first), reached
 //!   through the guest agent, which is started on first use
@@ -49,6 +54,11 @@ pub enum DeviceKind {
     /// (`VRNIC_AGENT=off`, or no agent binary installed): this process
     /// then has the device to itself.
     Pci(Option<String>),
+    /// A vrnic function reached over its daemon's vhost-user socket, this
+    /// process being the frontend (`vrnic_guest::vhost_user`): a container
+    /// or a host process. Chosen by `VRNIC_VHOST_USER=PATH`, or when
+    /// `/run/vrnic/vhost-user.sock` exists.
+    VhostUser(std::path::PathBuf),
     /// A device served by a guest agent on a Unix socket
     /// (`vrnic_guest::agent`): several processes share it. `spawn`: the
     /// agent binary to start, and the function it should serve, when no
@@ -136,6 +146,10 @@ fn devices() -> &'static [&'static VrnicDevice] {
             };
             return vec![&*Box::leak(Box::new(new_device("vrnic0", kind, 0)))];
         }
+        if let Some(sock) = vrnic_guest::vhost_user::socket_from_env() {
+            let d = new_device("vrnic0", DeviceKind::VhostUser(sock), 0);
+            return vec![&*Box::leak(Box::new(d))];
+        }
         let bdf = std::env::var("VRNIC_PCI").ok();
         let root = std::path::Path::new(vrnic_guest::pci::SYSFS_PCI_DEVICES);
         // A usable virtio-pci function (one no kernel driver holds): whether it
@@ -186,6 +200,9 @@ pub fn open_transport(dev: &VrnicDevice) -> Result<Box<dyn Transport>, (c_int, S
             t.allow_user_memory();
             Ok(Box::new(t))
         }
+        DeviceKind::VhostUser(socket) => vrnic_guest::vhost_user::VhostUserTransport::open(socket)
+            .map(|t| Box::new(t) as Box<dyn Transport>)
+            .map_err(|e| (libc::ENODEV, e.to_string())),
         DeviceKind::Pci(bdf) => vrnic_guest::pci::PciTransport::open(bdf.as_deref())
             .map(|t| Box::new(t) as Box<dyn Transport>)
             .map_err(|e| (libc::ENODEV, e.to_string())),

@@ -70,7 +70,7 @@ pub use device::Gid;
 pub use mr::Mr;
 pub use pd::Pd;
 pub use qp::{
-    AtomicWr, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RdmaWr, RecvWr, SendWr, UdWr,
+    AtomicWr, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RcPath, RdmaWr, RecvWr, SendWr, UdWr,
     WrOpcode,
 };
 pub use srq::{Srq, SrqAttr, SrqInitAttr};

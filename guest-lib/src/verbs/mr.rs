@@ -66,13 +66,13 @@ impl<'a> Mr<'a> {
         let end = start.checked_add(len).ok_or_else(|| {
             VerbsError::InvalidArgument("memory region wraps the address space".into())
         })?;
-        let locked = if lock_pages {
+        let ctx = pd.context();
+        let locked = if lock_pages && ctx.with_transport(|t| t.needs_locked_pages()) {
             Some(LockedRange::lock(start, len)?)
         } else {
             None
         };
 
-        let ctx = pd.context();
         let ps = ctx.page_size();
         let first = start & !(ps - 1);
         let npages = (end - first).div_ceil(ps);

@@ -114,6 +114,72 @@ pub struct QpAttr {
     pub max_dest_rd_atomic: u8,
 }
 
+/// What RC's RTR and RTS transitions need from the out-of-band exchange
+/// (`ibv_rc_pingpong`'s `pp_dest`: the peer's QPN, PSN and GID) and the
+/// attributes `ibv_rc_pingpong` sets beside them; [`Qp::connect_rc`] applies
+/// it. [`RcPath::new`] fills in rc_pingpong's values; change fields before
+/// use where a program differs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RcPath {
+    /// Address vector to the peer (GRH with its GID for RoCE).
+    pub ah: AhAttr,
+    /// Path MTU as `ibv_mtu` (3 = 1024 bytes).
+    pub path_mtu: u32,
+    /// The peer's QP number.
+    pub dest_qp_num: u32,
+    /// The peer's initial send PSN (our receive PSN), 24 bits.
+    pub rq_psn: u32,
+    /// Our initial send PSN, 24 bits.
+    pub sq_psn: u32,
+    /// Local ACK timeout exponent (14: 4.096 µs × 2^14 ≈ 67 ms).
+    pub timeout: u8,
+    /// Retries on timeout (7).
+    pub retry_cnt: u8,
+    /// Retries on RNR NAK (7 = infinite).
+    pub rnr_retry: u8,
+    /// Minimum RNR NAK timer field (12 = 0.64 ms).
+    pub min_rnr_timer: u8,
+    /// Outstanding RDMA READ/atomic as requester (1).
+    pub max_rd_atomic: u8,
+    /// Outstanding RDMA READ/atomic as responder (1).
+    pub max_dest_rd_atomic: u8,
+}
+
+impl RcPath {
+    /// rc_pingpong's path to the peer with GID `dgid` from our GID at
+    /// `sgid_index` (hop limit 64), QP `dest_qp_num` whose first PSN is
+    /// `rq_psn`, ours `sq_psn`, path MTU `path_mtu` (`ibv_mtu`).
+    pub fn new(
+        dgid: Gid,
+        sgid_index: u8,
+        dest_qp_num: u32,
+        rq_psn: u32,
+        sq_psn: u32,
+        path_mtu: u32,
+    ) -> Self {
+        RcPath {
+            ah: AhAttr {
+                dgid,
+                sgid_index,
+                hop_limit: 64,
+                is_global: true,
+                port_num: 1,
+                ..Default::default()
+            },
+            path_mtu,
+            dest_qp_num,
+            rq_psn,
+            sq_psn,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+        }
+    }
+}
+
 impl QpAttr {
     fn to_abi(self, qpn: u32, mask: u32) -> abi::QpAttr {
         let ah = self.ah_attr;
@@ -565,6 +631,63 @@ impl Qp {
             }
         }
         Ok(())
+    }
+
+    /// INIT → RTR of an RC QP along `path`, with the mask `ibv_modify_qp(3)`
+    /// requires (`STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN |
+    /// MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER`). Errors: as [`Qp::modify`].
+    pub fn modify_to_rtr(&mut self, path: &RcPath) -> Result<()> {
+        let attr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: path.path_mtu,
+            dest_qp_num: path.dest_qp_num,
+            rq_psn: path.rq_psn,
+            max_dest_rd_atomic: path.max_dest_rd_atomic,
+            min_rnr_timer: path.min_rnr_timer,
+            ah_attr: path.ah,
+            ..Default::default()
+        };
+        self.modify(
+            &attr,
+            abi::QP_ATTR_STATE
+                | abi::QP_ATTR_AV
+                | abi::QP_ATTR_PATH_MTU
+                | abi::QP_ATTR_DEST_QPN
+                | abi::QP_ATTR_RQ_PSN
+                | abi::QP_ATTR_MAX_DEST_RD_ATOMIC
+                | abi::QP_ATTR_MIN_RNR_TIMER,
+        )
+    }
+
+    /// RTR → RTS of an RC QP along `path`, with the mask `ibv_modify_qp(3)`
+    /// requires (`STATE | SQ_PSN | TIMEOUT | RETRY_CNT | RNR_RETRY |
+    /// MAX_QP_RD_ATOMIC`). Errors: as [`Qp::modify`].
+    pub fn modify_to_rts(&mut self, path: &RcPath) -> Result<()> {
+        let attr = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: path.sq_psn,
+            timeout: path.timeout,
+            retry_cnt: path.retry_cnt,
+            rnr_retry: path.rnr_retry,
+            max_rd_atomic: path.max_rd_atomic,
+            ..Default::default()
+        };
+        self.modify(
+            &attr,
+            abi::QP_ATTR_STATE
+                | abi::QP_ATTR_SQ_PSN
+                | abi::QP_ATTR_TIMEOUT
+                | abi::QP_ATTR_RETRY_CNT
+                | abi::QP_ATTR_RNR_RETRY
+                | abi::QP_ATTR_MAX_QP_RD_ATOMIC,
+        )
+    }
+
+    /// [`Qp::modify_to_rtr`] then [`Qp::modify_to_rts`]: an RC QP in INIT
+    /// connected along `path`, as `ibv_rc_pingpong`'s `pp_connect_ctx`.
+    pub fn connect_rc(&mut self, path: &RcPath) -> Result<()> {
+        self.modify_to_rtr(path)?;
+        self.modify_to_rts(path)
     }
 
     /// The QP's current attributes (`ibv_query_qp(3)`, `CMD_QUERY_QP`).

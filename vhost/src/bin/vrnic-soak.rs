@@ -1,6 +1,7 @@
 //! `vrnic-soak`: a traffic driver for soak tests (issue 9). Connects as
-//! the vhost-user frontend (`vrnic_vhost::frontend`, no QEMU) to two
-//! running `vrnic` daemons, creates `--qps` RC QP pairs between them and,
+//! the vhost-user frontend to two running `vrnic` daemons through
+//! guest-lib's verbs over its vhost-user transport
+//! (`vrnic_guest::vhost_user`, the containers' driver; no QEMU), creates `--qps` RC QP pairs between them and,
 //! for `--duration` seconds, keeps every QP busy in both directions with a
 //! seeded mix of SEND, RDMA WRITE, RDMA WRITE with immediate and RDMA READ
 //! of 1 B to 256 KiB. Every completion's status, opcode, length and
@@ -15,16 +16,22 @@
 //! `scripts/soak.sh` runs it between two daemons over a lossy link.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, ensure, Context as _, Result};
 use clap::Parser;
 use vrnic::abi;
-use vrnic_vhost::frontend::verbs::{self, Cq, Mr, Qp, QpSizes, RcPath};
-use vrnic_vhost::frontend::{FrontendOptions, TestFrontend, PAGE};
+use vrnic_guest::verbs::{
+    Context, Cq, Mr, Pd, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RcPath, RdmaWr, RecvWr,
+    SendWr, WorkCompletion, WrOpcode, QP_ATTR_ACCESS_FLAGS, QP_ATTR_PKEY_INDEX, QP_ATTR_PORT,
+    QP_ATTR_STATE, SEND_SIGNALED,
+};
+use vrnic_guest::vhost_user::VhostUserTransport;
 use vrnic_vhost::stats;
+
+/// Page size the buffer slots are rounded to, bytes.
+const PAGE: u64 = 4096;
 
 /// The byte every destination holds before an operation; patterns never
 /// contain it, so every byte of a message must have been written.
@@ -53,15 +60,9 @@ struct Cli {
     /// Daemon A's vhost-user socket.
     #[arg(long)]
     a: PathBuf,
-    /// Daemon A's RoCE IPv4 address (its --ip, without the prefix).
-    #[arg(long)]
-    a_ip: Ipv4Addr,
     /// Daemon B's vhost-user socket.
     #[arg(long)]
     b: PathBuf,
-    /// Daemon B's RoCE IPv4 address.
-    #[arg(long)]
-    b_ip: Ipv4Addr,
     /// RC QP pairs.
     #[arg(long, default_value_t = 32)]
     qps: usize,
@@ -145,14 +146,15 @@ struct Op {
 }
 
 /// One daemon with its frontend, one PD, one CQ, one MR over all buffers.
+/// Field order is drop order: QPs, MR, CQ, PD, context.
 struct Side {
     name: &'static str,
-    fe: TestFrontend,
-    ip: Ipv4Addr,
-    stats: PathBuf,
-    cq: Cq,
-    mr: Mr,
     qps: Vec<Qp>,
+    mr: Mr<'static>,
+    cq: Cq,
+    _pd: Pd,
+    ctx: Context,
+    stats: PathBuf,
     qp_index: HashMap<u32, usize>,
     /// Per QP: the receive slot of each posted receive, by wr_id.
     recv_slots: Vec<VecDeque<u64>>,
@@ -180,7 +182,7 @@ impl Side {
         self.slot(qp, (2 * DEPTH + RECVS) as u64)
     }
     fn write(&self, off: u64, data: &[u8]) -> Result<()> {
-        self.fe.write_bytes(self.mr.gpa + off, data)?;
+        self.mr.write(off as usize, data);
         Ok(())
     }
     fn poison(&self, off: u64, len: u64) -> Result<()> {
@@ -188,9 +190,8 @@ impl Side {
     }
     /// Checks `want` at `off` followed by [`GUARD`] poisoned bytes.
     fn check(&self, off: u64, want: &[u8], what: &str) -> Result<()> {
-        let got = self
-            .fe
-            .read_bytes(self.mr.gpa + off, want.len() + GUARD as usize)?;
+        let mut got = vec![0u8; want.len() + GUARD as usize];
+        self.mr.read(off as usize, &mut got);
         if let Some(i) = got[..want.len()].iter().zip(want).position(|(g, w)| g != w) {
             bail!(
                 "{what}: byte {i} of {} is {:#04x}, expected {:#04x}",
@@ -207,10 +208,11 @@ impl Side {
     fn post_recv(&mut self, qp: usize, r: usize) -> Result<()> {
         let off = self.recv(qp, r);
         self.poison(off, SLOT)?;
-        let sge = self.mr.sge(off, MAX_LEN as u32 + MAX_SKEW as u32);
-        let mut q = self.qps[qp].clone();
-        self.fe.post_recv(&mut q, r as u64, &[sge])?;
-        self.qps[qp] = q;
+        let sge = self.mr.sge(off as usize, (MAX_LEN + MAX_SKEW) as usize);
+        self.qps[qp].post_recv(&RecvWr {
+            wr_id: r as u64,
+            sg_list: &[sge],
+        })?;
         self.recv_slots[qp].push_back(r as u64);
         Ok(())
     }
@@ -221,41 +223,53 @@ impl Side {
     }
 }
 
-fn connect(name: &'static str, socket: &Path, ip: Ipv4Addr, qps: usize) -> Result<Side> {
+fn connect(name: &'static str, socket: &Path, qps: usize) -> Result<Side> {
     let data = qps as u64 * SLOTS_PER_QP * SLOT;
-    let opts = FrontendOptions {
-        queue_size: 256,
-        memory: vec![(0x4000_0000, (data + (32 << 20)) as usize)],
-        timeout: Duration::from_secs(10),
-        ..Default::default()
-    };
-    let mut fe = TestFrontend::connect(socket, &opts)
+    let t = VhostUserTransport::open(socket)
         .with_context(|| format!("{name}: connecting to {}", socket.display()))?;
-    fe.post_event_buffers(32)?;
-    let pd = fe.alloc_pd()?;
-    let cq = fe.create_cq((qps as u32 * 64).next_power_of_two())?;
-    let gpa = fe.alloc_buffer(data)?;
-    let mr = fe.reg_mr(pd, gpa, data, ACCESS)?;
-    let sizes = QpSizes {
-        sq: 16,
-        rq: 16,
-        sge: 1,
-    };
+    let ctx = Context::open(Box::new(t)).with_context(|| format!("{name}: opening the device"))?;
+    let pd = Pd::alloc(&ctx)?;
+    let cq = Cq::new(&ctx, (qps as u32 * 64).next_power_of_two())?;
+    let mr = Mr::alloc(&pd, data as usize, ACCESS)?;
     let mut list = Vec::new();
     let mut qp_index = HashMap::new();
     for i in 0..qps {
-        let qp = fe.create_rc_qp(pd, &cq, &cq, sizes)?;
-        qp_index.insert(qp.qpn, i);
+        let init = QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            cap: QpCap {
+                max_send_wr: 16,
+                max_recv_wr: 16,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        };
+        let mut qp = Qp::new(&pd, &init)?;
+        let attr = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: abi::ACCESS_REMOTE_WRITE | abi::ACCESS_REMOTE_READ,
+            ..Default::default()
+        };
+        qp.modify(
+            &attr,
+            QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS,
+        )?;
+        qp_index.insert(qp.qp_num(), i);
         list.push(qp);
     }
     Ok(Side {
         name,
-        fe,
-        ip,
-        stats: stats::default_socket(socket),
-        cq,
-        mr,
         qps: list,
+        mr,
+        cq,
+        _pd: pd,
+        ctx,
+        stats: stats::default_socket(socket),
         qp_index,
         recv_slots: vec![VecDeque::new(); qps],
     })
@@ -325,38 +339,36 @@ impl Soak {
         }
         let (rs, ls) = (1 - req, req);
         let local = self.sides[ls].local(qp, s) + local_off;
-        let mut wqe = abi::SendWqe {
-            wr_id: ((f as u64) << 8) | s as u64,
-            send_flags: abi::SEND_SIGNALED,
-            ..Default::default()
-        };
-        match kind {
+        let remote = &self.sides[rs].mr;
+        let (opcode, rdma, imm_data) = match kind {
             Kind::Read => {
                 self.sides[ls].poison(local, len + GUARD)?;
-                wqe.opcode = abi::WR_RDMA_READ;
-                wqe.remote_addr = self.sides[rs]
-                    .mr
-                    .va(self.sides[rs].read_src(qp) + remote_off);
-                wqe.rkey = self.sides[rs].mr.rkey;
+                let at = self.sides[rs].read_src(qp) + remote_off;
+                let rdma = RdmaWr {
+                    remote_addr: remote.addr() + at,
+                    rkey: remote.rkey(),
+                };
+                (WrOpcode::RdmaRead, rdma, 0)
             }
             _ => {
                 self.sides[ls].write(local, &pattern(key, len as usize))?;
+                let mut rdma = RdmaWr::default();
                 if kind != Kind::Send {
                     let t = self.sides[rs].target(qp, s) + remote_off;
                     self.sides[rs].poison(t, len + GUARD)?;
-                    wqe.remote_addr = self.sides[rs].mr.va(t);
-                    wqe.rkey = self.sides[rs].mr.rkey;
+                    rdma = RdmaWr {
+                        remote_addr: self.sides[rs].mr.addr() + t,
+                        rkey: self.sides[rs].mr.rkey(),
+                    };
                 }
-                wqe.opcode = match kind {
-                    Kind::Send => abi::WR_SEND,
-                    Kind::Write => abi::WR_RDMA_WRITE,
-                    _ => abi::WR_RDMA_WRITE_WITH_IMM,
+                let opcode = match kind {
+                    Kind::Send => WrOpcode::Send,
+                    Kind::Write => WrOpcode::RdmaWrite,
+                    _ => WrOpcode::RdmaWriteWithImm,
                 };
-                if kind == Kind::WriteImm {
-                    wqe.imm_data = (key as u32).to_le_bytes();
-                }
+                (opcode, rdma, key as u32)
             }
-        }
+        };
         let fl = &mut self.flows[f];
         fl.slots[s] = Some(Op {
             kind,
@@ -372,10 +384,16 @@ impl Soak {
             fl.recv_order.push_back(s);
         }
         let side = &mut self.sides[ls];
-        let sge = side.mr.sge(local, len as u32);
-        let mut q = side.qps[qp].clone();
-        side.fe.post_send(&mut q, wqe, &[sge])?;
-        side.qps[qp] = q;
+        let sge = side.mr.sge(local as usize, len as usize);
+        side.qps[qp].post_send(&SendWr {
+            wr_id: ((f as u64) << 8) | s as u64,
+            opcode,
+            send_flags: SEND_SIGNALED,
+            sg_list: &[sge],
+            imm_data,
+            rdma,
+            ..Default::default()
+        })?;
         Ok(())
     }
 
@@ -392,7 +410,7 @@ impl Soak {
     }
 
     /// Handles one CQE of side `side`.
-    fn complete(&mut self, side: usize, c: abi::Cqe) -> Result<()> {
+    fn complete(&mut self, side: usize, c: WorkCompletion) -> Result<()> {
         let qp = *self.sides[side].qp_index.get(&c.qp_num).with_context(|| {
             format!("{}: CQE for unknown QP {}", self.sides[side].name, c.qp_num)
         })?;
@@ -436,7 +454,7 @@ impl Soak {
                     ensure!(
                         c.opcode == abi::WC_OP_RECV_RDMA_WITH_IMM
                             && c.wc_flags & abi::WC_WITH_IMM != 0
-                            && c.imm_data == (op.key as u32).to_le_bytes(),
+                            && c.imm_data == Some(op.key as u32),
                         "{who}: expected RECV_RDMA_WITH_IMM with immediate {:#x}",
                         op.key as u32
                     );
@@ -508,16 +526,14 @@ impl Soak {
         let mut n = 0;
         for side in 0..2 {
             loop {
-                let sd = &mut self.sides[side];
-                let mut cq = sd.cq.clone();
-                let c = sd.fe.poll_cq(&mut cq)?;
-                sd.cq = cq;
-                match c {
-                    Some(c) => {
-                        n += 1;
-                        self.complete(side, c)?;
-                    }
-                    None => break,
+                let mut wc = [WorkCompletion::default(); 16];
+                let k = self.sides[side].cq.poll(&mut wc);
+                for c in &wc[..k] {
+                    n += 1;
+                    self.complete(side, *c)?;
+                }
+                if k < wc.len() {
+                    break;
                 }
             }
         }
@@ -554,7 +570,7 @@ impl Soak {
                     age <= self.op_timeout,
                     "{} QP {}: a {} of {} B outstanding for {age:?} (completed at the requester: {}, at the responder: {})",
                     self.sides[fl.req].name,
-                    self.sides[fl.req].qps[fl.qp].qpn,
+                    self.sides[fl.req].qps[fl.qp].qp_num(),
                     op.kind.name(),
                     op.len,
                     op.req_done,
@@ -569,14 +585,31 @@ impl Soak {
     /// first; fails on any event other than a completion.
     fn wait(&mut self, timeout: Duration) -> Result<()> {
         for sd in &mut self.sides {
-            let cq = sd.cq.clone();
-            sd.fe.arm_cq(&cq)?;
+            sd.cq.req_notify(false)?;
         }
         if self.poll()? > 0 {
             return Ok(());
         }
-        let [a, b] = &mut self.sides;
-        let evs = verbs::wait_events(&mut [&mut a.fe, &mut b.fe], timeout)?;
+        let mut fds: Vec<libc::pollfd> = self
+            .sides
+            .iter()
+            .filter_map(|sd| sd.ctx.event_fd())
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+        // SAFETY: `fds` is a valid array of pollfds for its length.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        let mut evs = Vec::new();
+        for (i, sd) in self.sides.iter().enumerate() {
+            sd.ctx.ack_event();
+            while let Some(ev) = sd.ctx.poll_event() {
+                evs.push((i, ev));
+            }
+        }
         for (i, ev) in evs {
             ensure!(
                 ev.kind == abi::EV_COMP,
@@ -623,8 +656,8 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     ensure!(cli.qps >= 1 && cli.qps <= 256, "--qps must be 1..=256");
     ensure!(cli.report >= 1, "--report must be at least 1");
-    let a = connect("A", &cli.a, cli.a_ip, cli.qps)?;
-    let b = connect("B", &cli.b, cli.b_ip, cli.qps)?;
+    let a = connect("A", &cli.a, cli.qps)?;
+    let b = connect("B", &cli.b, cli.qps)?;
     let mut soak = Soak {
         sides: [a, b],
         flows: Vec::new(),
@@ -636,19 +669,14 @@ fn main() -> Result<()> {
     for i in 0..cli.qps {
         let psn = |s: usize| (mix(cli.seed ^ (i as u64) << 1 ^ s as u64) & 0xff_ffff) as u32;
         for s in 0..2 {
-            let peer = &soak.sides[1 - s];
-            let path = RcPath {
-                peer_ip: peer.ip,
-                peer_qpn: peer.qps[i].qpn,
-                peer_psn: psn(1 - s),
-                my_psn: psn(s),
-                path_mtu: MTU_1024,
-            };
-            let sd = &mut soak.sides[s];
-            let qp = sd.qps[i].clone();
-            sd.fe
-                .connect_rc(&qp, &path)
-                .with_context(|| format!("{}: connecting QP {}", sd.name, qp.qpn))?;
+            let [a, b] = &mut soak.sides;
+            let (me, peer) = if s == 0 { (a, &*b) } else { (b, &*a) };
+            let peer_qpn = peer.qps[i].qp_num();
+            let qp = &mut me.qps[i];
+            let qpn = qp.qp_num();
+            let gid = peer.ctx.query_gid(1, 1)?;
+            qp.connect_rc(&RcPath::new(gid, 1, peer_qpn, psn(1 - s), psn(s), MTU_1024))
+                .with_context(|| format!("{}: connecting QP {qpn}", me.name))?;
         }
     }
     // Receives and READ sources.
@@ -722,14 +750,14 @@ fn main() -> Result<()> {
         }
     }
     // Every QP still in RTS.
-    for sd in &mut soak.sides {
-        for qp in sd.qps.clone() {
-            let st = sd.fe.query_qp(&qp)?.qp_state;
+    for sd in &soak.sides {
+        for qp in &sd.qps {
+            let st = qp.query()?.qp_state;
             ensure!(
-                st == abi::QPS_RTS,
-                "{}: QP {} in state {st} at the end",
+                st == QpState::Rts,
+                "{}: QP {} in state {st:?} at the end",
                 sd.name,
-                qp.qpn
+                qp.qp_num()
             );
         }
     }

@@ -8,27 +8,28 @@
 //! - [`TestFrontend`]: the connected frontend + driver.
 //! - [`DriverMemory`], [`SplitQueue`]: guest RAM and the driver side of a
 //!   virtqueue, for tests that build chains by hand.
-//! - [`verbs`]: PDs, MRs, CQs, RC QPs, work requests and completions
-//!   built through the control and doorbell queues.
+//!
+//! This is the daemon's protocol-level test tool: raw chains, avail
+//! indices, pauses, resets, reconnects, raw control commands and
+//! doorbells. Verbs traffic through a daemon is driven by the driver
+//! programs use, guest-lib's verbs over its vhost-user transport
+//! (`vrnic_guest::vhost_user::VhostUserTransport`; see `tests/common`):
+//! one driver-side implementation, not two.
 //!
 //! Every wait is bounded by [`FrontendOptions::timeout`].
 
 mod daemon;
 mod memory;
 mod queue;
-pub mod verbs;
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::Duration;
 
-use vhost::vhost_user::message::{
-    VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
-};
+use vhost::vhost_user::message::VhostUserConfigFlags;
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::VhostBackend;
-use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use vrnic::abi::{self, Pod};
 use vrnic::mem::{DmaMemory, MemError};
@@ -85,22 +86,6 @@ pub enum FrontendError {
     /// The daemon thread failed or did not finish in time.
     #[error("daemon: {0}")]
     Daemon(String),
-    /// A control command the caller needed failed.
-    #[error("command {opcode} failed with status {status}")]
-    Command {
-        /// The command's opcode (`CMD_*`).
-        opcode: u16,
-        /// The status the device answered (a Linux errno).
-        status: u32,
-    },
-    /// No completion arrived on a CQ in time.
-    #[error("CQ {cqn}: no completion within {waited:?}")]
-    NoCompletion {
-        /// CQ number.
-        cqn: u32,
-        /// How long the frontend waited.
-        waited: Duration,
-    },
 }
 
 /// How the test frontend sets the device up.
@@ -234,11 +219,6 @@ impl TestFrontend {
     /// Virtio features acknowledged with `SET_FEATURES`.
     pub fn acked_features(&self) -> u64 {
         self.acked
-    }
-
-    /// The driver side of queue `q`.
-    pub fn queue(&mut self, q: u16) -> &mut SplitQueue {
-        &mut self.queues[usize::from(q)]
     }
 
     /// Bound on waits for the device.
@@ -383,18 +363,6 @@ impl TestFrontend {
         Ok((hdr, resp.split_off(8)))
     }
 
-    /// [`TestFrontend::control`] with a structure as the body.
-    ///
-    /// # Errors
-    /// As [`TestFrontend::control`].
-    pub fn control_obj<T: Pod>(
-        &mut self,
-        opcode: u16,
-        body: &T,
-    ) -> Result<(abi::RespHeader, Vec<u8>), FrontendError> {
-        self.control(opcode, body.as_bytes())
-    }
-
     /// Posts one doorbell without waiting for the device to consume it.
     ///
     /// # Errors
@@ -434,11 +402,6 @@ impl TestFrontend {
             self.event_bufs.insert(head, buf);
         }
         Ok(())
-    }
-
-    /// Event buffers the device holds.
-    pub fn event_buffers(&self) -> usize {
-        self.event_bufs.len()
     }
 
     /// The next event the device delivered, waiting up to `timeout`; the
@@ -595,65 +558,12 @@ impl TestFrontend {
     }
 }
 
-/// The negotiation QEMU runs on a new connection (`vhost_dev_init`, then
-/// `vhost_dev_start`'s `SET_FEATURES`): `GET_FEATURES`,
-/// `GET_PROTOCOL_FEATURES`, `SET_PROTOCOL_FEATURES`, `SET_OWNER`,
-/// `SET_FEATURES`. Returns the acknowledged features.
+/// The negotiation QEMU runs on a new connection, as guest-lib's
+/// vhost-user driver runs it ([`vrnic_guest::vhost_user::negotiate`]), with
+/// every reply bounded by `opts.timeout`. Returns the acknowledged features.
 fn negotiate(fe: &mut Frontend, opts: &FrontendOptions) -> Result<u64, FrontendError> {
-    set_recv_timeout(fe, opts.timeout)?;
-    let offered = fe.get_features()?;
-    let need = (1u64 << VIRTIO_F_VERSION_1) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
-    if offered & need != need {
-        return Err(FrontendError::Negotiation(format!(
-            "features {offered:#x} lack {need:#x}"
-        )));
-    }
-    let pf = fe.get_protocol_features()?;
-    if !pf.contains(VhostUserProtocolFeatures::CONFIG) {
-        return Err(FrontendError::Negotiation(format!(
-            "protocol features {pf:?} lack CONFIG"
-        )));
-    }
-    let ack = pf & VhostUserProtocolFeatures::REPLY_ACK;
-    fe.set_protocol_features(VhostUserProtocolFeatures::CONFIG | ack)?;
-    if !ack.is_empty() {
-        // Every request that has no reply of its own gets an ack, so a
-        // refused request fails here rather than later.
-        fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
-    }
-    fe.set_owner()?;
-    let event_idx = opts.event_idx && offered & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
-    let acked = need
-        | if event_idx {
-            1 << VIRTIO_RING_F_EVENT_IDX
-        } else {
-            0
-        };
-    fe.set_features(acked)?;
-    Ok(acked)
-}
-
-/// Bounds every wait for a vhost-user reply by `timeout` (`SO_RCVTIMEO`).
-fn set_recv_timeout(fe: &Frontend, timeout: Duration) -> Result<(), FrontendError> {
-    let tv = libc::timeval {
-        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
-        tv_usec: timeout.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: `tv` is a valid timeval of the size passed.
-    let r = unsafe {
-        libc::setsockopt(
-            fe.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        return Err(FrontendError::Setup(format!(
-            "SO_RCVTIMEO: {}",
-            std::io::Error::last_os_error()
-        )));
-    }
-    Ok(())
+    vrnic_guest::vhost_user::set_recv_timeout(fe, opts.timeout)
+        .map_err(|e| FrontendError::Setup(e.to_string()))?;
+    vrnic_guest::vhost_user::negotiate(fe, opts.event_idx)
+        .map_err(|e| FrontendError::Negotiation(e.to_string()))
 }

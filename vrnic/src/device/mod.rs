@@ -320,6 +320,10 @@ impl Device {
             ipv6: cfg.ipv6.clone(),
             pkeys: vec![crate::transport::DEFAULT_PKEY],
         };
+        let neigh = NeighTable::with_own(
+            port.mac,
+            (0..port.gid_count()).filter_map(|i| port.gid(i).map(|g| g.to_ip())),
+        );
         Self {
             cfg,
             qps: HandleTable::new(QPN_SPACE),
@@ -330,7 +334,7 @@ impl Device {
                 cqs: HandleTable::new(HandleSpace::numbers(MAX_CQ)),
                 ahs: HandleTable::new(HandleSpace::numbers(MAX_AH)),
                 srqs: HandleTable::new(HandleSpace::numbers(MAX_SRQ)),
-                neigh: NeighTable::default(),
+                neigh,
                 ctxs: contexts::Contexts::default(),
                 out: Output::default(),
             },

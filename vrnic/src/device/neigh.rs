@@ -90,12 +90,37 @@ pub struct NeighTable {
     /// No entry needs aging before this time (`None`: none needs it), so
     /// that a poll does not walk the tables for nothing.
     due: Option<Nanos>,
+    /// The port's own addresses (its GIDs) and MAC: resolved without ARP
+    /// or neighbour discovery, never aged, not counted in `len`. A QP
+    /// addressing its own port sends to its own MAC, which a switch in
+    /// front of the port (the daemon's, issue 10) loops back; the port
+    /// never learns its own address from the wire (module documentation).
+    own: Vec<(IpAddr, [u8; 6])>,
 }
 
 impl NeighTable {
+    /// An empty table that resolves each of `addrs` (the port's own) to
+    /// `mac`.
+    pub fn with_own(mac: [u8; 6], addrs: impl IntoIterator<Item = IpAddr>) -> Self {
+        Self {
+            own: addrs.into_iter().map(|a| (a, mac)).collect(),
+            ..Self::default()
+        }
+    }
+
+    /// Whether `ip` resolves (one of the port's own addresses, or a
+    /// resolved neighbour).
+    fn resolved(&self, ip: &IpAddr) -> bool {
+        self.own.iter().any(|(a, _)| a == ip) || self.entries.contains_key(ip)
+    }
+
     /// The MAC of `ip` if it is resolved; marks the entry used (so that it
     /// is re-probed rather than dropped when its reachable time ends).
+    /// The port's own addresses resolve to its own MAC.
     pub fn get(&self, ip: &IpAddr) -> Option<&[u8; 6]> {
+        if let Some((_, mac)) = self.own.iter().find(|(a, _)| a == ip) {
+            return Some(mac);
+        }
         let e = self.entries.get(ip)?;
         e.used.set(true);
         Some(&e.mac)
@@ -465,7 +490,7 @@ impl Device {
     /// (retransmit interval, or resting after a failure).
     pub(super) fn resolve(&mut self, dgid: [u8; 16], now: Nanos) {
         let dst = Gid(dgid).to_ip();
-        if self.res.neigh.entries.contains_key(&dst) || !self.res.neigh.want_request(dst, now) {
+        if self.res.neigh.resolved(&dst) || !self.res.neigh.want_request(dst, now) {
             return;
         }
         self.request(dst, [0xff; 6]);
@@ -481,5 +506,25 @@ impl Device {
             self.request(ip, mac);
         }
         next
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    #[test]
+    fn own_addresses_resolve_to_the_port_mac_without_being_learnt() {
+        let mac = [2, 0x76, 10, 0, 0, 1];
+        let me = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+        let other = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+        let t = NeighTable::with_own(mac, [me]);
+        assert_eq!(t.get(&me), Some(&mac));
+        assert!(t.resolved(&me));
+        assert_eq!(t.get(&other), None);
+        assert!(!t.resolved(&other));
+        // Not a neighbour: not listed, counted or aged.
+        assert_eq!((t.peek(&me), t.len()), (None, 0));
     }
 }

@@ -1,0 +1,270 @@
+# shellcheck shell=bash
+# The e2e step `containers` (issue 10), sourced by tests/e2e/run.sh: Debian's unmodified
+# ibv_rc_pingpong and ib_write_bw in podman containers on vrnic, the container's only link to its
+# vrnic function being the daemon's vhost-user socket mounted at /run/vrnic/vhost-user.sock
+# (guest-lib/src/vhost_user.rs: the process is the device's vhost-user frontend). No kernel
+# module, no privilege (podman's default capabilities and seccomp profile).
+#
+# Topology (all in the e2e namespace's bridge br0): containers c1 and c2 each run in a network
+# namespace of their own with a veth into the bridge for their TCP exchange (10.0.0.5, 10.0.0.6).
+# Their vrnic functions are two functions of ONE daemon (RoCE addresses 10.0.0.105 and
+# 10.0.0.106) on one TAP of the bridge, so c1 and c2 reach each other through the daemon's
+# embedded switch (judged: `vrnic stats` switch_tx_local of both functions grows by at least the
+# run's frames while switch_tx_uplink does not), and everything else through the TAP. Each
+# function writes a pcap (local frames included) that tests/pcap_check.py then checks. Beside them a vrnic guest A
+# (10.0.0.1, daemon 10.0.0.101, Debian's tools on vrnic's libibverbs.so.1) and an rxe guest B
+# (10.0.0.2) serve the same two tools.
+# Checks, each both tools, data checked by ibv_rc_pingpong -c (every buffer validated):
+#   container c1 (server) <-> container c2 (client)
+#   vrnic guest A (server) <-> container c1 (client)
+#   rxe guest B (server)   <-> container c2 (client)
+# Then fairness between functions (ct_fairness: two more functions added and deleted while the
+# daemon runs, one pair's latency measured while another pair floods).
+# E2E_CT_ITERS (200): ping-pong iterations (4 KiB) and ib_write_bw iterations (64 KiB).
+
+CT_ITERS=${E2E_CT_ITERS:-200}
+CT_PODMAN=(podman --runtime runc --cgroup-manager=cgroupfs)
+
+# ct_image: imports the container image (images/container.sh, with vrnic's package) into podman
+# once per build; sets CT_IMAGE.
+ct_image() {
+    local d
+    d=$("$VR_TOP/images/container.sh" --deb "$VR_GUEST_DEB") || return 1
+    CT_IMAGE=localhost/vrnic-e2e:$(basename "$d" | tr 'A-Z' 'a-z')
+    "${CT_PODMAN[@]}" image exists "$CT_IMAGE" ||
+        "${CT_PODMAN[@]}" import -q "$d/image.tar" "$CT_IMAGE" >/dev/null
+}
+
+# ct_run C LOG CMD...: runs CMD in a fresh container on function C's socket and in namespace
+# NS-cC (NS-c$CT_NS_OF if set), bounded by RUN_TIMEOUT; output to LOG.
+ct_run() {
+    local c=$1 log=$2
+    shift 2
+    timeout -k 5 "$RUN_TIMEOUT" "${CT_PODMAN[@]}" run --rm --network "ns:/run/netns/$NS-c${CT_NS_OF:-$c}" \
+        --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 \
+        -v "$CT_DIR/c$c.sock:/run/vrnic/vhost-user.sock" "$CT_IMAGE" "$@" >"$log" 2>&1
+}
+
+# ct_client C LOG CMD...: ct_run, again while the server is not listening yet (bounded).
+ct_client() {
+    local c=$1 log=$2 t0=$SECONDS rc
+    shift 2
+    while :; do
+        rc=0
+        ct_run "$c" "$log" "$@" || rc=$?
+        [ $rc = 0 ] && return 0
+        grep -qiE "couldn't connect|connection refused" "$log" || return $rc
+        [ $((SECONDS - t0)) -lt $((RUN_TIMEOUT + 120)) ] || return $rc
+        sleep 1
+    done
+}
+
+# ct_stat C NAME: counter NAME of function C (its stats socket), 0 when unreadable.
+ct_stat() {
+    local v
+    v=$(stat_of "$CT_DIR/c$1.sock" "$2")
+    echo "${v:-0}"
+}
+
+# ct_judge WHAT SERVER_RC SERVER_LOG CLIENT_RC CLIENT_LOG: one PASS/FAIL line for a tool's run.
+ct_judge() {
+    local what=$1 src=$2 slog=$3 crc=$4 clog=$5 fig
+    fig=$(grep -aE 'usec/iter|^ *65536 ' "$clog" | tail -1 | tr -s ' \t' ' ' | tr -d '\r')
+    if [ "$src" = 0 ] && [ "$crc" = 0 ]; then
+        pass "containers: $what (${fig# })"
+    else
+        fail "containers: $what: server rc=$src ($slog), client rc=$crc ($clog): $(tail -2 "$clog" | tr '\n' ' ')"
+    fi
+}
+
+# ct_guest_job FILE NAME: a guest job serving ibv_rc_pingpong -c then ib_write_bw, each once,
+# printing "VRNIC-CT <name> <tool> rc=<rc>".
+ct_guest_job() {
+    cat >"$1" <<EOF
+ibv_rc_pingpong -g 1 -s 4096 -n $CT_ITERS -c -p 18600 >/tmp/pp.out 2>&1; rc=\$?
+cat /tmp/pp.out; echo "VRNIC-CT $2 ibv_rc_pingpong rc=\$rc"
+ib_write_bw -x 1 -n $CT_ITERS -p 18601 >/tmp/bw.out 2>&1; rc=\$?
+cat /tmp/bw.out; echo "VRNIC-CT $2 ib_write_bw rc=\$rc"
+EOF
+}
+
+# ct_guest_rc LOG NAME TOOL: the guest's exit status for TOOL, waiting (bounded) for its line.
+ct_guest_rc() {
+    local l t0=$SECONDS
+    while :; do
+        l=$(grep -a "^VRNIC-CT $2 $3 rc=" "$1" 2>/dev/null | tr -d '\r' | tail -1) || true
+        [ -n "$l" ] && { echo "${l##*rc=}"; return 0; }
+        if [ $((SECONDS - t0)) -ge $((RUN_TIMEOUT + 60)) ]; then echo timeout; return 0; fi
+        sleep 0.5
+    done
+}
+
+# ct_fairness: one function's load must not starve another's. Functions c3 and c4 are added to
+# the running daemon (`vrnic function add`, no pcap; their containers in c1's and c2's network
+# namespaces for the TCP exchange). c1<->c2's 64 B ib_write_lat is measured idle, then again while
+# c3 and c4 flood each other through the same daemon (ib_write_bw 64 KiB for CT_FLOOD_SECS s).
+# Judged: every run exits 0 and the loaded typical latency stays under CT_FAIR_BOUND_US (each
+# function has its own worker thread: a flood costs the others CPU share, never a place in a
+# queue behind its frames). Then c3 and c4 are deleted (`vrnic function del`) and `vrnic function
+# list` must show 2 again.
+CT_FLOOD_SECS=${E2E_CT_FLOOD_SECS:-12}
+CT_FAIR_BOUND_US=${E2E_CT_FAIR_BOUND_US:-1000}
+ct_fairness() {
+    local bin=${VRNIC_BIN:-$VR_TOP/target/debug/vrnic} ctl=$CT_DIR/c1.sock.control c spid fpid src frc
+    local idle loaded n
+    for c in 3 4; do
+        if ! "$bin" function add --control "$ctl" --socket "$CT_DIR/c$c.sock" \
+            --ip "10.0.0.10$((4 + c))/24" >"$CT_DIR/function-add-c$c.log" 2>&1; then
+            fail "containers: vrnic function add c$c: $(tail -1 "$CT_DIR/function-add-c$c.log")"
+            return 0
+        fi
+    done
+    n=$("$bin" function list --control "$ctl" 2>/dev/null | grep -vc '^#')
+    if [ "$n" = 4 ]; then pass "containers: vrnic function add: 4 functions listed"
+    else fail "containers: vrnic function list shows $n functions after adding 2 to 2"; fi
+    idle=$(ct_lat idle 18620)
+    CT_NS_OF=1 ct_run 3 "$CT_DIR/flood-server.log" ib_write_bw -x 1 -D "$CT_FLOOD_SECS" -p 18621 &
+    spid=$!
+    CT_NS_OF=2 ct_client 4 "$CT_DIR/flood-client.log" ib_write_bw -x 1 -D "$CT_FLOOD_SECS" -p 18621 10.0.0.5 &
+    fpid=$!
+    # The latency pair starts once the flood carries traffic (bounded wait on c3's counters).
+    local t0=$SECONDS f0
+    f0=$(ct_stat 3 switch_tx_local)
+    while [ $(($(ct_stat 3 switch_tx_local) - f0)) -lt 1000 ] && [ $((SECONDS - t0)) -lt 60 ]; do sleep 0.2; done
+    loaded=$(ct_lat loaded 18622)
+    frc=0
+    wait $fpid || frc=$?
+    src=0
+    wait $spid || src=$?
+    if [ "$idle" != fail ] && [ "$loaded" != fail ] && [ $frc = 0 ] && [ $src = 0 ] &&
+        awk -v l="$loaded" -v b="$CT_FAIR_BOUND_US" 'BEGIN { exit !(l <= b) }'; then
+        pass "containers: fairness: c1<->c2 ib_write_lat 64 B ${idle} us idle, ${loaded} us while c3<->c4 flood the same daemon (bound ${CT_FAIR_BOUND_US} us; flood $(grep -aE '^ *65536 ' "$CT_DIR/flood-client.log" | tr -s ' ' | cut -d' ' -f5) MB/s)"
+    else
+        fail "containers: fairness: idle=$idle loaded=$loaded (bound $CT_FAIR_BOUND_US us), flood client rc=$frc server rc=$src (logs $CT_DIR/fair-*, flood-*)"
+    fi
+    for c in 3 4; do
+        "$bin" function del --control "$ctl" --socket "$CT_DIR/c$c.sock" >"$CT_DIR/function-del-c$c.log" 2>&1 ||
+            fail "containers: vrnic function del c$c: $(tail -1 "$CT_DIR/function-del-c$c.log")"
+    done
+    n=$("$bin" function list --control "$ctl" 2>/dev/null | grep -vc '^#')
+    if [ "$n" = 2 ]; then pass "containers: vrnic function del: 2 functions left"
+    else fail "containers: vrnic function list shows $n functions after deleting 2 of 4"; fi
+}
+
+# ct_lat TAG PORT: c1 (server) <-> c2 (client) ib_write_lat 64 B x 2000; prints the client's
+# t_typical (us) or "fail".
+ct_lat() {
+    local sp rc=0 rs=0
+    ct_run 1 "$CT_DIR/fair-$1-server.log" ib_write_lat -x 1 -s 64 -n 2000 -p "$2" &
+    sp=$!
+    ct_client 2 "$CT_DIR/fair-$1-client.log" ib_write_lat -x 1 -s 64 -n 2000 -p "$2" 10.0.0.5 || rc=$?
+    wait $sp || rs=$?
+    if [ $rc = 0 ] && [ $rs = 0 ]; then
+        awk '/#bytes/ { getline; print $5; exit }' "$CT_DIR/fair-$1-client.log"
+    else
+        echo fail
+    fi
+}
+
+run_containers() {
+    local dir=$RESULTS/containers tc=$SECONDS c pids=() daemons=() rc src crc spid
+    CT_DIR=$dir
+    mkdir -p "$dir"
+    echo "=== containers"
+    if ! command -v podman >/dev/null; then
+        fail "containers: podman is not installed (scripts/deps.sh installs it)"
+        return 0
+    fi
+    if [ -z "${VR_GUEST_DEB:-}" ] || ! ct_image >"$dir/image.log" 2>&1; then
+        fail "containers: no container image (log $dir/image.log)"
+        return 0
+    fi
+    # One daemon, two functions: c1 (--socket) and c2 (--function), on one TAP.
+    vr_netns_tap "$NS" tap-vc
+    local VR_DAEMON_EXTRA=(--function "socket=$dir/c2.sock,ip=10.0.0.106/24,pcap=$dir/vrnic-c2.pcap")
+    if ! vr_daemon vrnic-ct "$NS" "$dir/c1.sock" tap-vc 10.0.0.105/24 "$dir" "$dir/vrnic-c1.pcap"; then
+        fail "containers: the daemon did not start (log $dir/vrnic-ct.log)"
+        return 0
+    fi
+    unset VR_DAEMON_EXTRA
+    daemons+=("$VR_LAST_PID")
+    for c in 1 2; do
+        for _ in $(seq 50); do [ -S "$dir/c$c.sock" ] && break; sleep 0.1; done
+        vr_netns_create "$NS-c$c"
+        ip link add "c$c" netns "$NS-c$c" type veth peer name "c$c-br" netns "$NS"
+        ip -n "$NS" link set "c$c-br" master br0 up
+        ip -n "$NS-c$c" addr add "10.0.0.$((4 + c))/24" dev "c$c"
+        ip -n "$NS-c$c" link set "c$c" up
+    done
+
+    # The guests boot while the containers talk to each other.
+    if [ "${E2E_CT_GUESTS:-1}" = 1 ]; then
+        ct_guest_job "$dir/job-a.sh" ct-a
+        ct_guest_job "$dir/job-b.sh" ct-b
+        if vr_daemon vrnic-a "$NS" "$dir/vrnic-a.sock" tap-va 10.0.0.101/24 "$dir"; then
+            daemons+=("$VR_LAST_PID")
+            vr_guest a vrnic "$NS" tap-ga 10.0.0.1/24 "$dir/job-a.sh" "$dir" "$dir/vrnic-a.sock"
+            pids+=("$VR_LAST_PID")
+        else
+            fail "containers: daemon for the vrnic guest did not start"
+        fi
+        vr_guest b rxe "$NS" tap-gb 10.0.0.2/24 "$dir/job-b.sh" "$dir"
+        pids+=("$VR_LAST_PID")
+    fi
+
+    # Container to container, through the embedded switch.
+    local tool args sw0 sw1 up0 up1
+    sw0=$(( $(ct_stat 1 switch_tx_local) + $(ct_stat 2 switch_tx_local) ))
+    up0=$(( $(ct_stat 1 switch_tx_uplink) + $(ct_stat 2 switch_tx_uplink) ))
+    for tool in ibv_rc_pingpong ib_write_bw; do
+        if [ $tool = ibv_rc_pingpong ]; then args=(-g 1 -s 4096 -n "$CT_ITERS" -c -p 18610)
+        else args=(-x 1 -n "$CT_ITERS" -p 18611); fi
+        ct_run 1 "$dir/cc-$tool-server.log" $tool "${args[@]}" &
+        spid=$!
+        crc=0
+        ct_client 2 "$dir/cc-$tool-client.log" $tool "${args[@]}" 10.0.0.5 || crc=$?
+        src=0
+        wait $spid || src=$?
+        ct_judge "container <-> container $tool" $src "$dir/cc-$tool-server.log" $crc "$dir/cc-$tool-client.log"
+    done
+    sw1=$(( $(ct_stat 1 switch_tx_local) + $(ct_stat 2 switch_tx_local) ))
+    up1=$(( $(ct_stat 1 switch_tx_uplink) + $(ct_stat 2 switch_tx_uplink) ))
+    # 200 x 4 KiB ping-pong + 200 x 64 KiB WRITEs: well over 10,000 RoCEv2 frames. The uplink may
+    # carry a few ARP broadcasts, never the traffic.
+    if [ $((sw1 - sw0)) -ge 10000 ] && [ $((up1 - up0)) -lt 100 ]; then
+        pass "containers: two functions of one daemon through the embedded switch ($((sw1 - sw0)) frames switched locally, $((up1 - up0)) to the uplink)"
+    else
+        fail "containers: embedded switch: $((sw1 - sw0)) frames switched locally, $((up1 - up0)) to the uplink"
+    fi
+
+    ct_fairness
+
+    # Containers against the guests' servers: c1 -> vrnic guest A, c2 -> rxe guest B, at once.
+    if [ "${E2E_CT_GUESTS:-1}" = 1 ]; then
+        local g peer cc name
+        for tool in ibv_rc_pingpong ib_write_bw; do
+            if [ $tool = ibv_rc_pingpong ]; then args=(-g 1 -s 4096 -n "$CT_ITERS" -c -p 18600)
+            else args=(-x 1 -n "$CT_ITERS" -p 18601); fi
+            local cpids=()
+            for g in a b; do
+                if [ $g = a ]; then peer=10.0.0.1 cc=1; else peer=10.0.0.2 cc=2; fi
+                ct_client $cc "$dir/g$g-$tool-client.log" $tool "${args[@]}" $peer &
+                cpids+=($!)
+            done
+            for g in a b; do
+                if [ $g = a ]; then name="vrnic guest <-> container"; else name="rxe guest <-> container"; fi
+                crc=0
+                wait "${cpids[0]}" || crc=$?
+                cpids=("${cpids[@]:1}")
+                src=$(ct_guest_rc "$dir/$g.log" "ct-$g" $tool)
+                ct_judge "$name $tool" "$src" "$dir/$g.log" $crc "$dir/g$g-$tool-client.log"
+            done
+        done
+        for g in a b; do vr_wait_job $g "$dir" "${pids[0]}" 120 >/dev/null 2>&1 || true; pids=("${pids[@]:1}"); done
+    fi
+    for p in "${daemons[@]}"; do vr_stop "$p"; done
+    for c in 1 2; do vr_netns_destroy "$NS-c$c"; done
+    ip -n "$NS" link del tap-vc 2>/dev/null || true
+    check_pcaps "containers c1|$dir/vrnic-c1.pcap" "containers c2|$dir/vrnic-c2.pcap"
+    echo "=== containers took $((SECONDS - tc)) s"
+}

@@ -1,0 +1,364 @@
+//! The daemon's control socket: adds, deletes and lists functions
+//! ([`crate::functions`]) while the daemon runs (`vrnic function ...`).
+//!
+//! The protocol is line-based over a Unix stream socket: the client sends
+//! one request line (at most [`MAX_REQUEST`] bytes with its `\n`), the
+//! server answers and closes the connection. Requests:
+//!
+//! - `add <spec>`: adds a function; `<spec>` is a
+//!   [`FunctionSpec`](crate::functions::FunctionSpec) in its text form
+//!   (`socket=PATH,ip=A/N[,mac=M][,ipv6=A]...[,name=N][,stats=PATH][,pcap=PATH]`);
+//! - `del <name-or-socket>`: deletes a function (by name, or by its
+//!   vhost-user socket path), waiting up to
+//!   [`STOP_TIMEOUT`](crate::functions::STOP_TIMEOUT) for it to stop;
+//! - `list`: lists the functions.
+//!
+//! A reply's first line is `ok` or `error <message>`; `add` and `list`
+//! follow an `ok` with a `#` comment line (the limits) and one line per
+//! function ([`FunctionInfo`]'s `Display`). Requests are untrusted: a
+//! request longer than [`MAX_REQUEST`], not UTF-8, or not one of the above
+//! is answered with an error; a client is served for at most
+//! [`CLIENT_TIMEOUT`] per read and per write, one client at a time. The
+//! socket is the owner's only (mode 0600): a client makes the daemon
+//! create sockets and files (`pcap=`) wherever the daemon may.
+
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::functions::{FunctionInfo, FunctionSpec, Functions, MAX_FUNCTIONS};
+use crate::sockserv::{SocketServer, StartError};
+
+/// Longest request line, bytes, `\n` included.
+pub const MAX_REQUEST: usize = 8192;
+/// Longest reply [`request`] accepts, bytes.
+pub const MAX_REPLY: u64 = 1 << 20;
+/// Bound on each read of a request and each write of a reply.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Where a daemon whose first function listens on `socket` serves its
+/// control socket unless told otherwise: `<socket>.control`.
+pub fn default_socket(socket: &Path) -> PathBuf {
+    let mut p = socket.as_os_str().to_owned();
+    p.push(".control");
+    PathBuf::from(p)
+}
+
+/// A parsed request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// `add <spec>`.
+    Add(FunctionSpec),
+    /// `del <name-or-socket>`.
+    Del(String),
+    /// `list`.
+    List,
+}
+
+impl Request {
+    /// The request line (without `\n`).
+    pub fn line(&self) -> String {
+        match self {
+            Request::Add(s) => format!("add {s}"),
+            Request::Del(k) => format!("del {k}"),
+            Request::List => "list".to_string(),
+        }
+    }
+}
+
+/// Errors of the control socket, on either side.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// A request that is not one of the protocol's.
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    /// The daemon refused the request; its message.
+    #[error("{0}")]
+    Refused(String),
+    /// The path exists and is not a socket (it is left alone).
+    #[error("{0} exists and is not a socket")]
+    NotASocket(String),
+    /// A server already answers on the path.
+    #[error("{0} is in use by a running server")]
+    InUse(String),
+    /// Serving, connecting, reading or writing failed.
+    #[error("control socket {path}: {source}")]
+    Io {
+        /// The socket path.
+        path: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A reply that is not `ok` or `error <message>` first.
+    #[error("malformed reply: {0:?}")]
+    Malformed(String),
+}
+
+fn bad(msg: impl Into<String>) -> ControlError {
+    ControlError::BadRequest(msg.into())
+}
+
+/// Parses one request line (a trailing `\n` is allowed).
+///
+/// # Errors
+/// [`ControlError::BadRequest`] for anything but the requests of the
+/// module documentation.
+pub fn parse_request(line: &str) -> Result<Request, ControlError> {
+    if line.len() > MAX_REQUEST {
+        return Err(bad(format!("longer than {MAX_REQUEST} bytes")));
+    }
+    let line = line.strip_suffix('\n').unwrap_or(line);
+    if line.chars().any(|c| c.is_control()) {
+        return Err(bad("control characters"));
+    }
+    let (verb, arg) = match line.split_once(' ') {
+        Some((v, a)) => (v, Some(a)),
+        None => (line, None),
+    };
+    match (verb, arg) {
+        ("list", None) => Ok(Request::List),
+        ("add", Some(spec)) => spec
+            .parse()
+            .map(Request::Add)
+            .map_err(|e| bad(e.to_string())),
+        ("del", Some(key)) if !key.is_empty() && !key.contains(char::is_whitespace) => {
+            Ok(Request::Del(key.to_string()))
+        }
+        ("list", Some(_)) => Err(bad("list takes no argument")),
+        ("add" | "del", _) => Err(bad(format!("{verb} needs one argument"))),
+        _ => Err(bad(format!(
+            "unknown request {:?} (add, del or list)",
+            verb.chars().take(32).collect::<String>()
+        ))),
+    }
+}
+
+/// The `#` line before the function lines of `add` and `list` replies:
+/// the function count, the limits and where fairness comes from.
+pub fn limits_line(functions: usize) -> String {
+    use vrnic::device as d;
+    format!(
+        "# {functions} of at most {MAX_FUNCTIONS} functions; each has its own worker thread \
+         and the per-device limits (QPs {}, MRs {}, CQs {}, PDs {}, SRQs {}, AHs {})",
+        d::MAX_QP,
+        d::MAX_MR,
+        d::MAX_CQ,
+        d::MAX_PD,
+        d::MAX_SRQ,
+        d::MAX_AH
+    )
+}
+
+/// Executes `req` on `functions`; the reply text (ending in `\n`).
+pub fn execute(functions: &Functions, req: &Request) -> String {
+    let listing = |infos: &[FunctionInfo]| {
+        let mut s = format!("ok\n{}\n", limits_line(functions.len()));
+        for i in infos {
+            s.push_str(&format!("{i}\n"));
+        }
+        s
+    };
+    match req {
+        Request::List => listing(&functions.list()),
+        Request::Add(spec) => match functions.add(spec) {
+            Ok(info) => listing(&[info]),
+            Err(e) => error_reply(&e.to_string()),
+        },
+        Request::Del(key) => match functions.del(key) {
+            Ok(()) => "ok\n".to_string(),
+            Err(e) => error_reply(&e.to_string()),
+        },
+    }
+}
+
+fn error_reply(msg: &str) -> String {
+    // One line: a message never breaks the framing.
+    let one: String = msg
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    format!("error {one}\n")
+}
+
+/// Serves a daemon's [`Functions`] on a Unix socket from a thread of its
+/// own. Dropping it stops the thread (after the request being served, if
+/// any) and removes the socket file.
+pub struct ControlServer {
+    server: SocketServer,
+}
+
+impl ControlServer {
+    /// Binds `path` and starts answering requests. A stale socket at
+    /// `path` is replaced; a socket a server still answers on, or any other
+    /// file, is an error.
+    ///
+    /// # Errors
+    /// [`ControlError::NotASocket`], [`ControlError::InUse`] or
+    /// [`ControlError::Io`].
+    pub fn start(path: &Path, functions: Arc<Functions>) -> Result<Self, ControlError> {
+        let shown = || path.display().to_string();
+        let handle = move |stream| answer(stream, &functions);
+        // Whoever may connect makes the daemon create sockets and (pcap=)
+        // files where it may: the owner only.
+        match SocketServer::start(path, "vrnic-control", Some(0o600), handle) {
+            Ok(server) => Ok(Self { server }),
+            Err(StartError::NotASocket) => Err(ControlError::NotASocket(shown())),
+            Err(StartError::InUse) => Err(ControlError::InUse(shown())),
+            Err(StartError::Io(source)) => Err(ControlError::Io {
+                path: shown(),
+                source,
+            }),
+        }
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        self.server.path()
+    }
+}
+
+/// Reads one request line: up to `\n`, end of stream, or
+/// [`MAX_REQUEST`] + 1 bytes (which the parser refuses).
+fn read_request(stream: &mut UnixStream) -> io::Result<Vec<u8>> {
+    let mut buf = Vec::with_capacity(256);
+    let mut chunk = [0u8; 1024];
+    while buf.len() <= MAX_REQUEST && !buf.contains(&b'\n') {
+        let n = stream.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    if let Some(i) = buf.iter().position(|&b| b == b'\n') {
+        buf.truncate(i + 1);
+    }
+    Ok(buf)
+}
+
+fn answer(mut stream: UnixStream, functions: &Functions) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
+    stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
+    let raw = read_request(&mut stream)?;
+    let reply = match std::str::from_utf8(&raw) {
+        Ok(line) => match parse_request(line) {
+            Ok(req) => execute(functions, &req),
+            Err(e) => error_reply(&e.to_string()),
+        },
+        Err(_) => error_reply("bad request: not UTF-8"),
+    };
+    stream.write_all(reply.as_bytes())?;
+    stream.shutdown(std::net::Shutdown::Both)
+}
+
+/// Sends `req` to the control socket at `path`; returns the lines after
+/// `ok`. Every read and write is bounded by `timeout`, the reply by
+/// [`MAX_REPLY`] bytes.
+///
+/// # Errors
+/// [`ControlError::Refused`] with the daemon's message,
+/// [`ControlError::Io`], or [`ControlError::Malformed`].
+pub fn request(path: &Path, req: &Request, timeout: Duration) -> Result<Vec<String>, ControlError> {
+    request_line(path, &req.line(), timeout)
+}
+
+/// [`request`] with a raw line (tests send garbage this way).
+///
+/// # Errors
+/// As [`request`].
+pub fn request_line(
+    path: &Path,
+    line: &str,
+    timeout: Duration,
+) -> Result<Vec<String>, ControlError> {
+    let io_err = |source| ControlError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut stream = UnixStream::connect(path).map_err(io_err)?;
+    stream.set_read_timeout(Some(timeout)).map_err(io_err)?;
+    stream.set_write_timeout(Some(timeout)).map_err(io_err)?;
+    let mut msg = line.as_bytes().to_vec();
+    msg.push(b'\n');
+    stream.write_all(&msg).map_err(io_err)?;
+    let mut reply = String::new();
+    (&mut stream)
+        .take(MAX_REPLY + 1)
+        .read_to_string(&mut reply)
+        .map_err(io_err)?;
+    if reply.len() as u64 > MAX_REPLY {
+        return Err(ControlError::Malformed(format!(
+            "reply longer than {MAX_REPLY} bytes"
+        )));
+    }
+    let mut lines = reply.lines();
+    match lines.next() {
+        Some("ok") => Ok(lines.map(str::to_string).collect()),
+        Some(l) if l.starts_with("error ") => Err(ControlError::Refused(l[6..].to_string())),
+        other => Err(ControlError::Malformed(
+            other.unwrap_or("").chars().take(80).collect(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse() {
+        assert_eq!(parse_request("list").unwrap(), Request::List);
+        assert_eq!(parse_request("list\n").unwrap(), Request::List);
+        assert_eq!(
+            parse_request("del f1").unwrap(),
+            Request::Del("f1".to_string())
+        );
+        let add = parse_request("add socket=/run/a.sock,ip=10.0.0.1/24,name=a\n").unwrap();
+        let Request::Add(spec) = &add else {
+            panic!("{add:?}");
+        };
+        assert_eq!(spec.name(), "a");
+        assert_eq!(parse_request(&add.line()).unwrap(), add);
+    }
+
+    #[test]
+    fn garbage_is_refused() {
+        let long = format!("del {}", "x".repeat(MAX_REQUEST));
+        for bad in [
+            "",
+            "\n",
+            " ",
+            "LIST",
+            "list x",
+            "list ",
+            "del",
+            "del ",
+            "del a b",
+            "del a\tb",
+            "add",
+            "add ",
+            "add socket=/s",
+            "add socket=/s,ip=10.0.0.1/24 extra",
+            "add  socket=/s,ip=10.0.0.1/24",
+            "frobnicate",
+            "list\r",
+            "list\n\n",
+            "\u{0}list",
+            "del \u{7f}",
+            long.as_str(),
+        ] {
+            assert!(
+                matches!(parse_request(bad), Err(ControlError::BadRequest(_))),
+                "{bad:?} refused"
+            );
+        }
+    }
+
+    #[test]
+    fn an_error_reply_is_one_line() {
+        assert_eq!(error_reply("a\nb\rc"), "error a b c\n");
+    }
+}

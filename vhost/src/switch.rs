@@ -1,0 +1,656 @@
+//! The embedded switch: the functions of one daemon share one uplink
+//! ([`Link`]: TAP, AF_PACKET, ...) and reach each other without it.
+//!
+//! Each function's device gets a [`SwitchPort`], itself a [`Link`]. What a
+//! port sends is forwarded by its destination MAC address (IEEE 802.1Q
+//! forwarding with a static table: the ports' own MACs):
+//!
+//! - a group address (broadcast or multicast: ARP requests, IPv6 neighbour
+//!   discovery) goes to every *other* port and to the uplink;
+//! - a port's MAC (the sender's own too: a QP that addresses its own
+//!   device's IP is looped back) goes into that port's receive queue;
+//! - anything else goes to the uplink.
+//!
+//! Frames from the uplink go to the port whose MAC they are addressed to
+//! (a group address: to every port); others are dropped and counted
+//! ([`UplinkStats::rx_unknown`]), as a NIC drops frames for another MAC.
+//!
+//! **Receive queues.** Each port has a bounded FIFO of
+//! [`PORT_QUEUE_DEPTH`] frames; a frame for a full queue is dropped and
+//! counted ([`PortStats::rx_queue_dropped`]), as a NIC with a full receive
+//! ring (or rxe with a full `skb` queue) drops; RC retransmits. An
+//! `eventfd(2)` polls readable while the queue is non-empty.
+//!
+//! **The uplink has no reader thread.** A port's [`Link::recv`] first takes
+//! its own queue's frames, then reads the uplink itself (under the uplink's
+//! lock, at most [`UPLINK_PULL_MAX`] frames per call): a frame for the
+//! caller is returned directly (no copy more than a device alone on the
+//! uplink makes), one for another port goes into that port's queue. A
+//! port's [`Link::raw_fd`] is an `epoll(7)` descriptor watching both its
+//! eventfd and the uplink's descriptor, so the port's worker wakes for
+//! either. With one function this is today's path: the worker reads the
+//! uplink. With several, a frame on the uplink may wake every connected
+//! function's worker; the first to take the lock reads it, the others find
+//! the uplink empty. An uplink without a descriptor (a polled link) gives
+//! ports without one: their workers poll every
+//! [`crate::datapath::LINK_POLL_INTERVAL_NS`].
+//!
+//! Locks: the port table (read for every frame, written when a port comes
+//! or goes), each queue (a leaf), and the uplink (held for one send, or
+//! one pull of at most [`UPLINK_PULL_MAX`] frames). A sender never holds
+//! the table while it waits for the uplink, so there is no cycle.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use vrnic::link::Link;
+
+/// Receive queue depth of a port, frames.
+pub const PORT_QUEUE_DEPTH: usize = 1024;
+/// Most ports one switch has (the daemon's function limit).
+pub const MAX_PORTS: usize = 64;
+/// Frames one [`Link::recv`] of a port reads from the uplink, at most,
+/// before it returns without a frame for itself (the others went to their
+/// ports' queues); the uplink stays readable, so its worker comes back.
+pub const UPLINK_PULL_MAX: usize = 64;
+/// Length of an Ethernet header, bytes: a shorter frame is dropped.
+const ETH_HLEN: usize = 14;
+
+/// Errors adding a port.
+#[derive(Debug, thiserror::Error)]
+pub enum SwitchError {
+    /// Another port has this MAC address.
+    #[error("MAC {0} is already a port of this switch")]
+    DuplicateMac(String),
+    /// The MAC address is a group (multicast or broadcast) address.
+    #[error("MAC {0} is a group address")]
+    GroupMac(String),
+    /// The switch has [`MAX_PORTS`] ports.
+    #[error("the switch has its maximum of {MAX_PORTS} ports")]
+    Full,
+    /// The port's eventfd or epoll descriptor could not be made.
+    #[error("cannot make the port's descriptors: {0}")]
+    Fd(#[source] io::Error),
+}
+
+/// Counters of one port, in frames, since the port was added.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortStats {
+    /// Frames this port sent to local ports (itself included).
+    pub tx_local: u64,
+    /// Frames this port sent to the uplink (group frames counted here and,
+    /// once per other port, in `tx_local`).
+    pub tx_uplink: u64,
+    /// Frames this port sent that were shorter than an Ethernet header.
+    pub tx_runt: u64,
+    /// Frames received from local ports.
+    pub rx_local: u64,
+    /// Frames received from the uplink.
+    pub rx_uplink: u64,
+    /// Frames for this port dropped because its receive queue held
+    /// [`PORT_QUEUE_DEPTH`] frames.
+    pub rx_queue_dropped: u64,
+}
+
+/// Counters of the uplink, in frames, since the switch was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UplinkStats {
+    /// Frames handed to the uplink's `send`.
+    pub tx_frames: u64,
+    /// Frames the uplink's `send` refused with an error.
+    pub tx_errors: u64,
+    /// Frames read from the uplink.
+    pub rx_frames: u64,
+    /// Frames read from the uplink for no port's MAC, or shorter than an
+    /// Ethernet header; dropped.
+    pub rx_unknown: u64,
+}
+
+#[derive(Debug, Default)]
+struct PortCounters {
+    tx_local: AtomicU64,
+    tx_uplink: AtomicU64,
+    tx_runt: AtomicU64,
+    rx_local: AtomicU64,
+    rx_uplink: AtomicU64,
+    rx_queue_dropped: AtomicU64,
+}
+
+fn inc(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+impl PortCounters {
+    fn get(&self) -> PortStats {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        PortStats {
+            tx_local: g(&self.tx_local),
+            tx_uplink: g(&self.tx_uplink),
+            tx_runt: g(&self.tx_runt),
+            rx_local: g(&self.rx_local),
+            rx_uplink: g(&self.rx_uplink),
+            rx_queue_dropped: g(&self.rx_queue_dropped),
+        }
+    }
+}
+
+/// What the switch keeps of a port: its MAC, receive queue and counters.
+#[derive(Debug)]
+struct PortShared {
+    id: u64,
+    mac: [u8; 6],
+    queue: Mutex<VecDeque<Vec<u8>>>,
+    /// Readable while `queue` is non-empty.
+    efd: OwnedFd,
+    counters: PortCounters,
+}
+
+impl PortShared {
+    fn lock(&self) -> MutexGuard<'_, VecDeque<Vec<u8>>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues a copy of `frame`; drops and counts it when the queue is full.
+    /// Returns whether it was queued.
+    fn push(&self, frame: &[u8]) -> bool {
+        let mut q = self.lock();
+        if q.len() >= PORT_QUEUE_DEPTH {
+            inc(&self.counters.rx_queue_dropped);
+            return false;
+        }
+        q.push_back(frame.to_vec());
+        // SAFETY: eventfd_write on our own descriptor; EAGAIN only when the
+        // counter would overflow, when it is readable anyway.
+        unsafe { libc::eventfd_write(self.efd.as_raw_fd(), 1) };
+        true
+    }
+}
+
+struct Inner {
+    uplink: Mutex<Box<dyn Link>>,
+    uplink_fd: Option<RawFd>,
+    ports: RwLock<Vec<Arc<PortShared>>>,
+    next_id: AtomicU64,
+    uplink_tx: AtomicU64,
+    uplink_tx_errors: AtomicU64,
+    uplink_rx: AtomicU64,
+    uplink_rx_unknown: AtomicU64,
+}
+
+impl Inner {
+    fn ports(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<PortShared>>> {
+        self.ports.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn uplink(&self) -> MutexGuard<'_, Box<dyn Link>> {
+        self.uplink.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends `frame` on the uplink. Errors are counted, not returned: the
+    /// sender's `send` succeeded as far as the switch is concerned (a
+    /// switch does not tell a port that its uplink dropped a frame).
+    fn to_uplink(&self, frame: &[u8]) {
+        inc(&self.uplink_tx);
+        if let Err(e) = self.uplink().send(frame) {
+            inc(&self.uplink_tx_errors);
+            tracing::debug!("uplink send failed: {e}");
+        }
+    }
+}
+
+/// The switch: an uplink and up to [`MAX_PORTS`] ports. Cheap to clone
+/// (all clones are the same switch).
+#[derive(Clone)]
+pub struct Switch {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Switch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Switch")
+            .field("ports", &self.inner.ports().len())
+            .finish()
+    }
+}
+
+fn is_group(mac: &[u8]) -> bool {
+    mac.first().is_some_and(|b| b & 1 != 0)
+}
+
+fn show_mac(m: &[u8; 6]) -> String {
+    crate::addr::Mac(*m).to_string()
+}
+
+impl Switch {
+    /// A switch with no port yet on `uplink`.
+    pub fn new(uplink: Box<dyn Link>) -> Self {
+        let uplink_fd = uplink.raw_fd();
+        Self {
+            inner: Arc::new(Inner {
+                uplink: Mutex::new(uplink),
+                uplink_fd,
+                ports: RwLock::new(Vec::new()),
+                next_id: AtomicU64::new(0),
+                uplink_tx: AtomicU64::new(0),
+                uplink_tx_errors: AtomicU64::new(0),
+                uplink_rx: AtomicU64::new(0),
+                uplink_rx_unknown: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Adds a port with MAC address `mac`. The port leaves the switch when
+    /// it is dropped (frames waiting in its queue are dropped with it).
+    ///
+    /// # Errors
+    /// [`SwitchError::DuplicateMac`], [`SwitchError::GroupMac`],
+    /// [`SwitchError::Full`], or [`SwitchError::Fd`].
+    pub fn add_port(&self, mac: [u8; 6]) -> Result<SwitchPort, SwitchError> {
+        if is_group(&mac) {
+            return Err(SwitchError::GroupMac(show_mac(&mac)));
+        }
+        // SAFETY: plain syscall; the result is checked and then owned.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(SwitchError::Fd(io::Error::last_os_error()));
+        }
+        // SAFETY: `raw` is a fresh descriptor nobody else owns.
+        let efd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let epfd = match self.inner.uplink_fd {
+            Some(up) => Some(port_epoll(efd.as_raw_fd(), up).map_err(SwitchError::Fd)?),
+            None => None,
+        };
+        let shared = Arc::new(PortShared {
+            id: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
+            mac,
+            queue: Mutex::new(VecDeque::new()),
+            efd,
+            counters: PortCounters::default(),
+        });
+        let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
+        if ports.iter().any(|p| p.mac == mac) {
+            return Err(SwitchError::DuplicateMac(show_mac(&mac)));
+        }
+        if ports.len() >= MAX_PORTS {
+            return Err(SwitchError::Full);
+        }
+        ports.push(shared.clone());
+        Ok(SwitchPort {
+            shared,
+            sw: self.inner.clone(),
+            epfd,
+        })
+    }
+
+    /// Number of ports.
+    pub fn ports(&self) -> usize {
+        self.inner.ports().len()
+    }
+
+    /// The counters of the port with MAC `mac`, if there is one.
+    pub fn port_stats(&self, mac: [u8; 6]) -> Option<PortStats> {
+        self.inner
+            .ports()
+            .iter()
+            .find(|p| p.mac == mac)
+            .map(|p| p.counters.get())
+    }
+
+    /// The uplink's counters.
+    pub fn uplink_stats(&self) -> UplinkStats {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        UplinkStats {
+            tx_frames: g(&self.inner.uplink_tx),
+            tx_errors: g(&self.inner.uplink_tx_errors),
+            rx_frames: g(&self.inner.uplink_rx),
+            rx_unknown: g(&self.inner.uplink_rx_unknown),
+        }
+    }
+}
+
+/// An epoll descriptor readable while `efd` or `uplink` is.
+fn port_epoll(efd: RawFd, uplink: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall; the result is checked and then owned.
+    let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor nobody else owns.
+    let ep = unsafe { OwnedFd::from_raw_fd(raw) };
+    for fd in [efd, uplink] {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: valid epoll and target descriptors; `ev` is live.
+        if unsafe { libc::epoll_ctl(raw, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(ep)
+}
+
+/// One port of a [`Switch`]: the [`Link`] of one function's device.
+pub struct SwitchPort {
+    shared: Arc<PortShared>,
+    sw: Arc<Inner>,
+    /// Readable while the queue or the uplink is (none for a polled uplink).
+    epfd: Option<OwnedFd>,
+}
+
+impl std::fmt::Debug for SwitchPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SwitchPort")
+            .field("mac", &show_mac(&self.shared.mac))
+            .finish()
+    }
+}
+
+impl SwitchPort {
+    /// The port's MAC address.
+    pub fn mac(&self) -> [u8; 6] {
+        self.shared.mac
+    }
+
+    /// The port's counters.
+    pub fn stats(&self) -> PortStats {
+        self.shared.counters.get()
+    }
+
+    /// Takes the oldest frame of the port's own queue into `buf`; frames
+    /// longer than `buf` are dropped (counted as queue drops).
+    fn pop_own(&self, buf: &mut [u8]) -> Option<usize> {
+        let mut q = self.shared.lock();
+        // The eventfd is readable exactly while the queue is non-empty
+        // (both change under the queue's lock): an empty queue costs no
+        // system call, which keeps a lone function's path to the uplink
+        // as cheap as a device on the uplink itself.
+        if q.is_empty() {
+            return None;
+        }
+        let mut got = None;
+        while let Some(frame) = q.pop_front() {
+            if let Some(dst) = buf.get_mut(..frame.len()) {
+                dst.copy_from_slice(&frame);
+                got = Some(frame.len());
+                break;
+            }
+            inc(&self.shared.counters.rx_queue_dropped);
+        }
+        if q.is_empty() {
+            let mut v: libc::eventfd_t = 0;
+            // SAFETY: eventfd_read into a live u64; EAGAIN when already zero.
+            unsafe { libc::eventfd_read(self.shared.efd.as_raw_fd(), &mut v) };
+        }
+        got
+    }
+
+    /// Reads the uplink (at most [`UPLINK_PULL_MAX`] frames) until a frame
+    /// for this port arrives in `buf`; frames for other ports go to their
+    /// queues.
+    fn pull_uplink(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        let mut uplink = self.sw.uplink();
+        for _ in 0..UPLINK_PULL_MAX {
+            let n = match uplink.recv(buf) {
+                Ok(Some(n)) => n.min(buf.len()),
+                Ok(None) => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            inc(&self.sw.uplink_rx);
+            let frame = &buf[..n];
+            let Some(dst) = frame.get(..6).filter(|_| n >= ETH_HLEN) else {
+                inc(&self.sw.uplink_rx_unknown);
+                continue;
+            };
+            let ports = self.sw.ports();
+            if is_group(dst) {
+                for p in ports.iter().filter(|p| p.id != self.shared.id) {
+                    if p.push(frame) {
+                        inc(&p.counters.rx_uplink);
+                    }
+                }
+                inc(&self.shared.counters.rx_uplink);
+                return Ok(Some(n));
+            }
+            if dst == self.shared.mac {
+                inc(&self.shared.counters.rx_uplink);
+                return Ok(Some(n));
+            }
+            match ports.iter().find(|p| p.mac == dst) {
+                Some(p) => {
+                    if p.push(frame) {
+                        inc(&p.counters.rx_uplink);
+                    }
+                }
+                None => inc(&self.sw.uplink_rx_unknown),
+            }
+        }
+        Ok(None)
+    }
+}
+
+impl Link for SwitchPort {
+    /// Forwards `frame` by its destination MAC (see the module). Never
+    /// fails: a frame a queue or the uplink cannot take is dropped and
+    /// counted, like a switch does.
+    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+        let Some(dst) = frame.get(..6).filter(|_| frame.len() >= ETH_HLEN) else {
+            inc(&self.shared.counters.tx_runt);
+            return Ok(());
+        };
+        let c = &self.shared.counters;
+        {
+            let ports = self.sw.ports();
+            if is_group(dst) {
+                for p in ports.iter().filter(|p| p.id != self.shared.id) {
+                    inc(&c.tx_local);
+                    if p.push(frame) {
+                        inc(&p.counters.rx_local);
+                    }
+                }
+            } else if let Some(p) = ports.iter().find(|p| p.mac == dst) {
+                inc(&c.tx_local);
+                if p.push(frame) {
+                    inc(&p.counters.rx_local);
+                }
+                return Ok(());
+            }
+        }
+        inc(&c.tx_uplink);
+        self.sw.to_uplink(frame);
+        Ok(())
+    }
+
+    /// A frame from the port's queue, else from the uplink (see the
+    /// module); `Ok(None)` when neither has one for this port.
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        if let Some(n) = self.pop_own(buf) {
+            return Ok(Some(n));
+        }
+        self.pull_uplink(buf)
+    }
+
+    fn raw_fd(&self) -> Option<RawFd> {
+        self.epfd.as_ref().map(|fd| fd.as_raw_fd())
+    }
+}
+
+impl Drop for SwitchPort {
+    fn drop(&mut self) {
+        let mut ports = self.sw.ports.write().unwrap_or_else(|e| e.into_inner());
+        ports.retain(|p| p.id != self.shared.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vrnic::link::MemLink;
+
+    const A: [u8; 6] = [2, 0x76, 10, 0, 0, 1];
+    const B: [u8; 6] = [2, 0x76, 10, 0, 0, 2];
+    const C: [u8; 6] = [2, 0x76, 10, 0, 0, 3];
+    const OUTSIDE: [u8; 6] = [2, 0, 0, 0, 0, 9];
+
+    fn frame(dst: [u8; 6], src: [u8; 6], tag: u8) -> Vec<u8> {
+        let mut f = dst.to_vec();
+        f.extend_from_slice(&src);
+        f.extend_from_slice(&[0x08, 0x00, tag]);
+        f.resize(60, tag);
+        f
+    }
+
+    fn recv_all(l: &mut dyn Link) -> Vec<Vec<u8>> {
+        let mut buf = vec![0u8; 2048];
+        let mut out = Vec::new();
+        for _ in 0..10_000 {
+            match l.recv(&mut buf).unwrap() {
+                Some(n) => out.push(buf[..n].to_vec()),
+                None => break,
+            }
+        }
+        out
+    }
+
+    fn readable(fd: RawFd) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd; timeout 0 never blocks.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    #[test]
+    fn unicast_between_ports_never_touches_the_uplink() {
+        let (up, mut outside) = MemLink::pair();
+        let sw = Switch::new(Box::new(up));
+        let mut a = sw.add_port(A).unwrap();
+        let mut b = sw.add_port(B).unwrap();
+        let fb = b.raw_fd().unwrap();
+        assert!(!readable(fb));
+        a.send(&frame(B, A, 1)).unwrap();
+        assert!(readable(fb), "B's worker is woken");
+        b.send(&frame(A, B, 2)).unwrap();
+        assert_eq!(recv_all(&mut b), vec![frame(B, A, 1)]);
+        assert!(!readable(fb));
+        assert_eq!(recv_all(&mut a), vec![frame(A, B, 2)]);
+        assert_eq!(outside.pending(), 0);
+        assert_eq!(recv_all(&mut outside), Vec::<Vec<u8>>::new());
+        assert_eq!(sw.uplink_stats(), UplinkStats::default());
+        assert_eq!(a.stats().tx_local, 1);
+        assert_eq!(a.stats().rx_local, 1);
+    }
+
+    #[test]
+    fn a_frame_to_the_senders_own_mac_comes_back() {
+        let (up, outside) = MemLink::pair();
+        let sw = Switch::new(Box::new(up));
+        let mut a = sw.add_port(A).unwrap();
+        a.send(&frame(A, A, 7)).unwrap();
+        assert_eq!(recv_all(&mut a), vec![frame(A, A, 7)]);
+        assert_eq!(outside.pending(), 0);
+    }
+
+    #[test]
+    fn group_frames_reach_every_other_port_and_the_uplink() {
+        let (up, mut outside) = MemLink::pair();
+        let sw = Switch::new(Box::new(up));
+        let mut a = sw.add_port(A).unwrap();
+        let mut b = sw.add_port(B).unwrap();
+        let mut c = sw.add_port(C).unwrap();
+        let bc = frame([0xff; 6], A, 3);
+        a.send(&bc).unwrap();
+        let mc = frame([0x33, 0x33, 0xff, 0, 0, 1], A, 4);
+        a.send(&mc).unwrap();
+        assert_eq!(recv_all(&mut a), Vec::<Vec<u8>>::new(), "not to itself");
+        assert_eq!(recv_all(&mut b), vec![bc.clone(), mc.clone()]);
+        assert_eq!(recv_all(&mut c), vec![bc.clone(), mc.clone()]);
+        assert_eq!(recv_all(&mut outside), vec![bc, mc]);
+    }
+
+    #[test]
+    fn uplink_frames_go_to_the_port_of_their_mac() {
+        let (up, mut outside) = MemLink::pair();
+        let sw = Switch::new(Box::new(up));
+        let mut a = sw.add_port(A).unwrap();
+        let mut b = sw.add_port(B).unwrap();
+        let fb = b.raw_fd().unwrap();
+        outside.send(&frame(B, OUTSIDE, 1)).unwrap();
+        outside.send(&frame(OUTSIDE, OUTSIDE, 2)).unwrap();
+        outside.send(&frame([0xff; 6], OUTSIDE, 3)).unwrap();
+        outside.send(&frame(A, OUTSIDE, 4)).unwrap();
+        outside.send(&[1, 2, 3]).unwrap();
+        assert!(readable(fb), "the uplink wakes every port");
+        // A reads the uplink: its frames come back, B's are queued for B.
+        assert_eq!(
+            recv_all(&mut a),
+            vec![frame([0xff; 6], OUTSIDE, 3), frame(A, OUTSIDE, 4)]
+        );
+        assert!(readable(fb), "B's queue holds its frames");
+        assert_eq!(
+            recv_all(&mut b),
+            vec![frame(B, OUTSIDE, 1), frame([0xff; 6], OUTSIDE, 3)]
+        );
+        assert!(!readable(fb));
+        let s = sw.uplink_stats();
+        assert_eq!((s.rx_frames, s.rx_unknown), (5, 2), "{s:?}");
+        // A frame the outside sends later wakes B and reaches it directly.
+        outside.send(&frame(B, OUTSIDE, 5)).unwrap();
+        assert!(readable(fb));
+        assert_eq!(recv_all(&mut b), vec![frame(B, OUTSIDE, 5)]);
+        // Unicast to outside MACs goes out.
+        a.send(&frame(OUTSIDE, A, 6)).unwrap();
+        assert_eq!(recv_all(&mut outside), vec![frame(OUTSIDE, A, 6)]);
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts() {
+        let (up, _outside) = MemLink::pair();
+        let sw = Switch::new(Box::new(up));
+        let mut a = sw.add_port(A).unwrap();
+        let mut b = sw.add_port(B).unwrap();
+        for i in 0..PORT_QUEUE_DEPTH + 5 {
+            a.send(&frame(B, A, i as u8)).unwrap();
+        }
+        assert_eq!(b.stats().rx_queue_dropped, 5);
+        assert_eq!(b.stats().rx_local, PORT_QUEUE_DEPTH as u64);
+        assert_eq!(recv_all(&mut b).len(), PORT_QUEUE_DEPTH);
+        a.send(&[0; 10]).unwrap();
+        assert_eq!(a.stats().tx_runt, 1);
+    }
+
+    #[test]
+    fn ports_are_unique_bounded_and_leave_when_dropped() {
+        let (up, mut outside) = MemLink::pair();
+        let sw = Switch::new(Box::new(up));
+        let a = sw.add_port(A).unwrap();
+        assert!(matches!(sw.add_port(A), Err(SwitchError::DuplicateMac(_))));
+        assert!(matches!(
+            sw.add_port([3, 0, 0, 0, 0, 1]),
+            Err(SwitchError::GroupMac(_))
+        ));
+        let mut b = sw.add_port(B).unwrap();
+        drop(a);
+        assert_eq!(sw.ports(), 1);
+        // A's MAC is no port's now: frames for it go out.
+        b.send(&frame(A, B, 1)).unwrap();
+        assert_eq!(recv_all(&mut outside), vec![frame(A, B, 1)]);
+        let mut more = Vec::new();
+        for i in 1..MAX_PORTS {
+            more.push(sw.add_port([2, 0, 0, 0, 1, i as u8]).unwrap());
+        }
+        assert!(matches!(
+            sw.add_port([2, 0, 0, 0, 2, 0]),
+            Err(SwitchError::Full)
+        ));
+        drop(more);
+        assert_eq!(sw.ports(), 1);
+        assert!(sw.add_port(A).is_ok(), "A's MAC is free again");
+    }
+}

@@ -1,0 +1,618 @@
+//! Several functions of one daemon (issue 10), in process: a
+//! [`Functions`] on a `MemLink` uplink whose other end the tests watch,
+//! each function driven through its own vhost-user socket by a program
+//! on guest-lib's verbs over `VhostUserTransport` (`common`). Traffic
+//! between functions goes through the embedded switch; only group frames
+//! (ARP) may reach the uplink. Every wait is bounded.
+
+mod common;
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{connect_rc, gid, pattern, rc_qp, recv, wait_cq, Conn, Peer, WAIT};
+use vrnic::abi;
+use vrnic::link::{Link, MemLink};
+use vrnic_guest::verbs::{
+    Context, Cq, Mr, Pd, Qp, QpState, RdmaWr, SendWr, WorkCompletion, WrOpcode, SEND_SIGNALED,
+};
+use vrnic_guest::vhost_user::VhostUserTransport;
+use vrnic_vhost::addr::Ipv4Prefix;
+use vrnic_vhost::functions::{
+    FunctionError, FunctionSpec, Functions, FunctionsConfig, MAX_FUNCTIONS,
+};
+
+/// A fresh directory, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("vrnic-fn-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir(&p).unwrap();
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn ip(last: u8) -> Ipv4Prefix {
+    Ipv4Prefix {
+        addr: Ipv4Addr::new(10, 0, 0, last),
+        len: 24,
+    }
+}
+
+fn spec(dir: &Path, name: &str, last: u8) -> FunctionSpec {
+    let mut s = FunctionSpec::new(dir.join(format!("{name}.sock")), ip(last));
+    s.name = Some(name.to_string());
+    s
+}
+
+/// A daemon's functions on an uplink whose other end is returned.
+fn daemon() -> (Functions, MemLink) {
+    let (uplink, outside) = MemLink::pair();
+    (
+        Functions::new(Box::new(uplink), FunctionsConfig::default()),
+        outside,
+    )
+}
+
+/// A connected program with one PD and CQ. Field order is drop order.
+struct Side {
+    cq: Cq,
+    pd: Pd,
+    ctx: Context,
+    conn: Conn,
+    ip: Ipv4Addr,
+}
+
+fn attach(socket: &Path, last: u8) -> Side {
+    let (ctx, conn) = common::open(socket);
+    let pd = Pd::alloc(&ctx).expect("ALLOC_PD");
+    let cq = Cq::new(&ctx, 64).expect("CREATE_CQ");
+    Side {
+        cq,
+        pd,
+        ctx,
+        conn,
+        ip: ip(last).addr,
+    }
+}
+
+fn qp(s: &Side) -> Qp {
+    rc_qp(&s.pd, &s.cq)
+}
+
+/// Connects `qa` of `a` and `qb` of `b` to each other (RTS).
+fn connect(a: &Side, qa: &mut Qp, b: &Side, qb: &mut Qp) {
+    let to_b = Peer {
+        gid: gid(&b.ctx),
+        qpn: qb.qp_num(),
+        psn: 2000,
+    };
+    let to_a = Peer {
+        gid: gid(&a.ctx),
+        qpn: qa.qp_num(),
+        psn: 10,
+    };
+    connect_rc(qa, to_b, 10);
+    connect_rc(qb, to_a, 2000);
+}
+
+fn buffer(s: &Side, len: usize, data: &[u8]) -> Mr<'static> {
+    common::buffer(&s.pd, len, data)
+}
+
+fn cqe(s: &mut Side) -> WorkCompletion {
+    let what = s.ip.to_string();
+    wait_cq(&mut s.cq, &what)
+}
+
+fn send(q: &mut Qp, wr_id: u64, mr: &Mr, len: usize) {
+    common::send(q, wr_id, mr.sge(0, len));
+}
+
+/// Every frame the uplink's other end got; each must be a broadcast ARP
+/// frame (a function resolving another's address), never unicast and
+/// never RoCEv2.
+fn assert_only_arp_reached_the_uplink(outside: &mut MemLink) -> usize {
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut n_arp = 0;
+    while let Some(n) = outside.recv(&mut buf).unwrap() {
+        let f = &buf[..n];
+        assert_eq!(
+            &f[..6],
+            &[0xff; 6],
+            "only broadcast reaches the uplink: {f:02x?}"
+        );
+        assert_eq!(
+            &f[12..14],
+            &[0x08, 0x06],
+            "only ARP reaches the uplink: {f:02x?}"
+        );
+        n_arp += 1;
+    }
+    n_arp
+}
+
+/// (a) Two functions of one daemon run SEND and RDMA WRITE between each
+/// other through the switch; the payloads arrive byte for byte and no
+/// frame but the ARP broadcasts touched the uplink.
+#[test]
+fn two_functions_of_one_daemon_talk_through_the_switch_not_the_uplink() {
+    let dir = TempDir::new("ab");
+    let (fns, mut outside) = daemon();
+    let mut sa = spec(&dir.0, "a", 1);
+    let pcap = dir.0.join("a.pcap");
+    sa.pcap = Some(pcap.clone());
+    let sb = spec(&dir.0, "b", 2);
+    fns.add(&sa).expect("function a");
+    fns.add(&sb).expect("function b");
+    let mut a = attach(&sa.socket, 1);
+    let mut b = attach(&sb.socket, 2);
+    let mut qa = qp(&a);
+    let mut qb = qp(&b);
+    connect(&a, &mut qa, &b, &mut qb);
+
+    // SEND of 5000 bytes at path MTU 1024: 5 packets.
+    let len = 5000;
+    let data = pattern(len, 1);
+    let src = buffer(&a, len, &data);
+    let dst = buffer(&b, len + 100, &[]);
+    recv(&mut qb, 7, Some(dst.sge(0, len + 100)));
+    send(&mut qa, 1, &src, len);
+    let rc = cqe(&mut b);
+    assert_eq!(
+        (rc.status, rc.opcode, rc.wr_id, rc.byte_len),
+        (abi::WC_SUCCESS, abi::WC_OP_RECV, 7, len as u32),
+        "{rc:?}"
+    );
+    assert_eq!(&dst.to_vec()[..len], &data[..]);
+    let sc = cqe(&mut a);
+    assert_eq!((sc.status, sc.wr_id), (abi::WC_SUCCESS, 1), "{sc:?}");
+
+    // RDMA WRITE of 3000 bytes from B into A's buffer.
+    let wlen = 3000;
+    let wdata = pattern(wlen, 9);
+    let wsrc = buffer(&b, wlen, &wdata);
+    let wdst = buffer(&a, wlen, &[]);
+    qb.post_send(&SendWr {
+        wr_id: 2,
+        opcode: WrOpcode::RdmaWrite,
+        send_flags: SEND_SIGNALED,
+        sg_list: &[wsrc.sge(0, wlen)],
+        rdma: RdmaWr {
+            remote_addr: wdst.addr(),
+            rkey: wdst.rkey(),
+        },
+        ..Default::default()
+    })
+    .expect("post WRITE");
+    let wc = cqe(&mut b);
+    assert_eq!((wc.status, wc.wr_id), (abi::WC_SUCCESS, 2), "{wc:?}");
+    assert_eq!(wdst.to_vec(), wdata);
+
+    let n_arp = assert_only_arp_reached_the_uplink(&mut outside);
+    let up = fns.switch().uplink_stats();
+    assert_eq!(up.tx_frames as usize, n_arp, "{up:?}");
+    let list = fns.list();
+    assert_eq!(list.len(), 2);
+    for f in &list {
+        assert!(f.connected, "{f}");
+        assert!(f.port.rx_local >= 3, "frames came through the switch: {f}");
+        assert_eq!(f.port.rx_queue_dropped, 0, "{f}");
+    }
+    // Each function's stats socket has its switch port's counters.
+    let reply = vrnic_vhost::stats::query(&sb.stats_path(), WAIT).expect("b's counters");
+    let counters = vrnic_vhost::stats::parse(&reply).expect("name value lines");
+    let get = |n: &str| counters.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
+    assert!(get("switch_rx_local").is_some_and(|v| v >= 5), "{reply}");
+    assert_eq!(get("switch_rx_dropped"), Some(0), "{reply}");
+
+    // A's pcap file shows the RoCEv2 frames it exchanged with B.
+    let roce_frames = roce_frames_in_pcap(&pcap);
+    assert!(roce_frames >= 5 + 3, "{roce_frames} RoCEv2 frames recorded");
+
+    drop((src, dst, wsrc, wdst, qa, qb, a, b));
+    assert!(fns.shutdown().is_empty());
+    assert!(
+        !sa.socket.exists() && !sb.socket.exists(),
+        "sockets removed"
+    );
+}
+
+/// Frames to UDP port 4791 (RoCEv2) over IPv4 in a classic pcap file
+/// (`pcap-savefile(5)`, host byte order, as `PcapLink` writes it).
+fn roce_frames_in_pcap(path: &Path) -> usize {
+    let bytes = std::fs::read(path).expect("pcap file");
+    assert_eq!(&bytes[..4], &0xa1b2c3d4u32.to_ne_bytes(), "pcap magic");
+    let mut at = 24;
+    let mut n = 0;
+    while at + 16 <= bytes.len() {
+        let incl = u32::from_ne_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+        let frame = &bytes[at + 16..at + 16 + incl];
+        if frame.len() >= 38 && frame[12..14] == [0x08, 0x00] && frame[23] == 17 {
+            let ihl = usize::from(frame[14] & 0x0f) * 4;
+            let dport = &frame[14 + ihl + 2..14 + ihl + 4];
+            if dport == 4791u16.to_be_bytes() {
+                n += 1;
+            }
+        }
+        at += 16 + incl;
+    }
+    n
+}
+
+/// (b) A WRITE with a bad R_Key through the switch: the responder NAKs
+/// and the requester completes with REM_ACCESS_ERR, as between daemons.
+#[test]
+fn a_bad_rkey_through_the_switch_is_a_remote_access_error() {
+    let dir = TempDir::new("rkey");
+    let (fns, mut outside) = daemon();
+    let sa = spec(&dir.0, "a", 1);
+    let sb = spec(&dir.0, "b", 2);
+    fns.add(&sa).unwrap();
+    fns.add(&sb).unwrap();
+    let mut a = attach(&sa.socket, 1);
+    let b = attach(&sb.socket, 2);
+    let mut qa = qp(&a);
+    let mut qb = qp(&b);
+    connect(&a, &mut qa, &b, &mut qb);
+    let src = buffer(&a, 2000, &pattern(2000, 3));
+    let dst = buffer(&b, 4096, &[]);
+    qa.post_send(&SendWr {
+        wr_id: 8,
+        opcode: WrOpcode::RdmaWrite,
+        send_flags: SEND_SIGNALED,
+        sg_list: &[src.sge(0, 2000)],
+        rdma: RdmaWr {
+            remote_addr: dst.addr(),
+            rkey: dst.rkey() ^ 0x100,
+        },
+        ..Default::default()
+    })
+    .expect("post WRITE");
+    let c = cqe(&mut a);
+    assert_eq!((c.wr_id, c.status), (8, abi::WC_REM_ACCESS_ERR), "{c:?}");
+    assert_eq!(dst.to_vec(), vec![0; 4096]);
+    assert_eq!(qa.query().unwrap().qp_state, QpState::Err);
+    assert_only_arp_reached_the_uplink(&mut outside);
+}
+
+/// (c) Functions come and go while the daemon runs: a third is added
+/// beside two connected ones; deleting one with a connected frontend
+/// closes its connection and frees its sockets, its peer QP fails with
+/// RETRY_EXC_ERR, and traffic between the others goes on. Duplicates and
+/// unknown names are refused, and the number of functions is bounded.
+#[test]
+fn functions_are_added_listed_and_deleted_while_running() {
+    let dir = TempDir::new("adddel");
+    let (fns, mut outside) = daemon();
+    let (sa, sb, sc) = (
+        spec(&dir.0, "a", 1),
+        spec(&dir.0, "b", 2),
+        spec(&dir.0, "c", 3),
+    );
+    fns.add(&sa).unwrap();
+    fns.add(&sb).unwrap();
+    let mut a = attach(&sa.socket, 1);
+    let b = attach(&sb.socket, 2);
+    let mut qa = qp(&a);
+    let mut qb = qp(&b);
+    connect(&a, &mut qa, &b, &mut qb);
+
+    // Added while A and B are connected.
+    let info = fns.add(&sc).expect("function c added while running");
+    assert!(!info.connected);
+    let mut c = attach(&sc.socket, 3);
+    let mut qa2 = qp(&a);
+    let mut qc = qp(&c);
+    connect(&a, &mut qa2, &c, &mut qc);
+    let connected: Vec<(String, bool)> = fns
+        .list()
+        .into_iter()
+        .map(|f| (f.name, f.connected))
+        .collect();
+    assert_eq!(
+        connected,
+        [("a".into(), true), ("b".into(), true), ("c".into(), true)]
+    );
+
+    // Refused: duplicates of name, socket, MAC, IPv4, and unknown names.
+    let mut dup_name = spec(&dir.0, "x", 9);
+    dup_name.name = Some("a".into());
+    let mut dup_mac = spec(&dir.0, "y", 9);
+    dup_mac.mac = Some(vrnic_vhost::addr::Mac::from_ipv4(ip(2).addr));
+    let mut dup_socket = spec(&dir.0, "z", 9);
+    dup_socket.socket = sa.socket.clone();
+    let mut dup_ip = spec(&dir.0, "w", 3);
+    dup_ip.mac = Some("02:00:00:00:00:77".parse().unwrap());
+    for (s, what) in [
+        (&dup_name, "name"),
+        (&dup_mac, "MAC"),
+        (&dup_socket, "socket"),
+        (&dup_ip, "IPv4 address"),
+    ] {
+        match fns.add(s) {
+            Err(FunctionError::Duplicate { what: w, .. }) => assert_eq!(w, what),
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    assert!(matches!(fns.del("nope"), Err(FunctionError::NotFound(_))));
+    assert_eq!(fns.len(), 3);
+
+    // B goes while its frontend is connected, by socket path.
+    assert!(b.conn.is_connected(), "b's program is connected");
+    let b_socket = sb.socket.to_str().unwrap().to_string();
+    fns.del(&b_socket).expect("b deleted");
+    assert!(!sb.socket.exists(), "b's socket removed");
+    assert!(!sb.stats_path().exists(), "b's stats socket removed");
+    assert_eq!(fns.switch().ports(), 2, "b's switch port freed");
+    assert!(
+        !b.conn.is_connected(),
+        "b's vhost-user connection is closed"
+    );
+    // B's program can do nothing more; it ends as a killed one does (its
+    // objects cannot be destroyed on a deleted function).
+    // SAFETY: B's objects are only dropped from now on; it has no MR.
+    unsafe { b.conn.kill() };
+    drop((qb, b));
+
+    // A's QP to B runs out of retries.
+    let src = buffer(&a, 1000, &pattern(1000, 5));
+    send(&mut qa, 11, &src, 1000);
+    let fail = cqe(&mut a);
+    assert_eq!(
+        (fail.wr_id, fail.status),
+        (11, abi::WC_RETRY_EXC_ERR),
+        "{fail:?}"
+    );
+
+    // A and C carry on.
+    let dst = buffer(&c, 1000, &[]);
+    recv(&mut qc, 12, Some(dst.sge(0, 1000)));
+    send(&mut qa2, 13, &src, 1000);
+    let rc = cqe(&mut c);
+    assert_eq!((rc.wr_id, rc.status), (12, abi::WC_SUCCESS), "{rc:?}");
+    assert_eq!(dst.to_vec(), pattern(1000, 5));
+    assert_eq!(cqe(&mut a).status, abi::WC_SUCCESS);
+    let names: Vec<String> = fns.list().into_iter().map(|f| f.name).collect();
+    assert_eq!(names, ["a", "c"]);
+
+    // B's frames after the delete went to the uplink (its MAC is nobody's
+    // now): the retries of A's SEND. Nothing else did.
+    let mut buf = vec![0u8; 16 * 1024];
+    while let Some(n) = outside.recv(&mut buf).unwrap() {
+        let f = &buf[..n];
+        let to_b = f[..6] == vrnic_vhost::addr::Mac::from_ipv4(ip(2).addr).0;
+        assert!(to_b || f[..6] == [0xff; 6], "{f:02x?}");
+    }
+
+    // A function with the deleted one's name, socket and addresses can
+    // come back.
+    fns.add(&sb).expect("b again");
+    drop((src, dst, qa, qa2, qc, a, c));
+    assert!(fns.shutdown().is_empty());
+}
+
+#[test]
+fn the_number_of_functions_is_bounded() {
+    let dir = TempDir::new("max");
+    let (fns, _outside) = daemon();
+    for i in 0..MAX_FUNCTIONS {
+        let mut s = FunctionSpec::new(
+            dir.0.join(format!("f{i}.sock")),
+            Ipv4Prefix {
+                addr: Ipv4Addr::new(10, 1, 0, i as u8 + 1),
+                len: 16,
+            },
+        );
+        s.name = Some(format!("f{i}"));
+        fns.add(&s).unwrap();
+    }
+    let over = spec(&dir.0, "over", 200);
+    // Unnamed functions whose sockets have one file name get distinct names.
+    fns.del("f1").unwrap();
+    fns.del("f2").unwrap();
+    let sub = dir.0.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let mut names = Vec::new();
+    for (d, last) in [(&dir.0, 201), (&sub, 202)] {
+        let s = FunctionSpec::new(d.join("vrnic.sock"), ip(last));
+        names.push(fns.add(&s).unwrap().name);
+    }
+    assert_eq!(names, ["vrnic.sock", "vrnic.sock-2"]);
+    assert!(matches!(fns.add(&over), Err(FunctionError::TooMany)));
+    fns.del("f0").unwrap();
+    fns.add(&over).expect("room again after a delete");
+    assert!(fns.shutdown().is_empty());
+    assert!(fns.is_empty());
+}
+
+/// Deleting a connected function does not wait for the frontend to go
+/// away: its connection is shut down (`del` fails after STOP_TIMEOUT).
+#[test]
+fn deleting_a_connected_function_does_not_wait_for_its_frontend() {
+    let dir = TempDir::new("delconn");
+    let (fns, _outside) = daemon();
+    let sa = spec(&dir.0, "a", 1);
+    fns.add(&sa).unwrap();
+    let a = attach(&sa.socket, 1);
+    fns.del("a").expect("stopped within STOP_TIMEOUT");
+    assert!(fns.is_empty());
+    // SAFETY: A's objects are only dropped from now on; it has no MR.
+    unsafe { a.conn.kill() };
+    drop(a);
+}
+
+/// (c, d) The control socket: add, list and delete over the protocol;
+/// garbage, over-long and non-UTF-8 requests are answered with an error
+/// and the server keeps serving.
+#[test]
+fn the_control_socket_adds_lists_deletes_and_refuses_garbage() {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    use std::sync::Arc;
+    use vrnic_vhost::control::{self, ControlError, ControlServer, Request};
+
+    let dir = TempDir::new("control");
+    let (fns, _outside) = daemon();
+    let fns = Arc::new(fns);
+    let path = dir.0.join("vrnic.control");
+    let server = ControlServer::start(&path, fns.clone()).expect("control server");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the owner's only");
+    let t = Duration::from_secs(30);
+
+    let sa = spec(&dir.0, "a", 1);
+    let added = control::request(&path, &Request::Add(sa.clone()), t).expect("add a");
+    assert_eq!(added.len(), 2, "{added:?}");
+    assert!(
+        added[0].starts_with("# 1 of at most 64 functions"),
+        "{added:?}"
+    );
+    assert!(
+        added[1].starts_with(&format!(
+            "name=a socket={} mac=02:76:0a:00:00:01 ip=10.0.0.1/24 connected=no",
+            sa.socket.display()
+        )),
+        "{added:?}"
+    );
+    let sb = spec(&dir.0, "b", 2);
+    control::request(&path, &Request::Add(sb.clone()), t).expect("add b");
+    let fe = VhostUserTransport::open(&sb.socket).unwrap();
+    let list = control::request(&path, &Request::List, t).expect("list");
+    assert_eq!(list.len(), 3, "{list:?}");
+    assert!(list[1].starts_with("name=a ") && list[1].contains(" connected=no "));
+    assert!(list[2].starts_with("name=b ") && list[2].contains(" connected=yes "));
+    assert!(list[2].contains(" rx_frames=0 "), "{list:?}");
+
+    match control::request(&path, &Request::Add(sa.clone()), t) {
+        Err(ControlError::Refused(m)) => assert!(m.contains("already used"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    for garbage in ["", "hello", "add x=y", "del", "list please", "del a b"] {
+        match control::request_line(&path, garbage, t) {
+            Err(ControlError::Refused(m)) => assert!(m.starts_with("bad request"), "{m}"),
+            other => panic!("{garbage:?}: {other:?}"),
+        }
+    }
+    // Not UTF-8, and longer than MAX_REQUEST without a newline.
+    for raw in [
+        vec![0xff, 0xfe, b'\n'],
+        vec![b'a'; control::MAX_REQUEST * 4],
+    ] {
+        let mut s = UnixStream::connect(&path).unwrap();
+        s.set_read_timeout(Some(t)).unwrap();
+        // The server may close before reading everything: ignore EPIPE.
+        let _ = s.write_all(&raw);
+        let mut reply = String::new();
+        let _ = s.read_to_string(&mut reply);
+        assert!(reply.starts_with("error bad request"), "{reply:?}");
+    }
+
+    control::request(&path, &Request::Del("b".into()), t).expect("del b");
+    drop(fe);
+    match control::request(&path, &Request::Del("b".into()), t) {
+        Err(ControlError::Refused(m)) => assert!(m.contains("no function b"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let list = control::request(&path, &Request::List, t).unwrap();
+    assert_eq!(list.len(), 2, "{list:?}");
+    drop(server);
+    assert!(!path.exists(), "the control socket is removed");
+}
+
+/// A QP addressing its own function's IP: the device resolves its own
+/// address to its own MAC, the switch loops the frames back, and a SEND
+/// between two QPs of one function completes without touching the uplink.
+#[test]
+fn a_qp_can_send_to_a_qp_of_its_own_function() {
+    let dir = TempDir::new("self");
+    let (fns, outside) = daemon();
+    let sa = spec(&dir.0, "a", 1);
+    fns.add(&sa).unwrap();
+    let mut a = attach(&sa.socket, 1);
+    let mut q1 = qp(&a);
+    let mut q2 = qp(&a);
+    let own = gid(&a.ctx);
+    let peer = |q: &Qp| Peer {
+        gid: own,
+        qpn: q.qp_num(),
+        psn: 5,
+    };
+    let (to_q2, to_q1) = (peer(&q2), peer(&q1));
+    connect_rc(&mut q1, to_q2, 5);
+    connect_rc(&mut q2, to_q1, 5);
+    let data = pattern(3000, 4);
+    let src = buffer(&a, 3000, &data);
+    let dst = buffer(&a, 3000, &[]);
+    recv(&mut q2, 3, Some(dst.sge(0, 3000)));
+    send(&mut q1, 4, &src, 3000);
+    let mut got = [cqe(&mut a), cqe(&mut a)];
+    got.sort_by_key(|c| c.wr_id);
+    assert_eq!(
+        got.map(|c| (c.wr_id, c.status)),
+        [(3, abi::WC_SUCCESS), (4, abi::WC_SUCCESS)]
+    );
+    assert_eq!(dst.to_vec(), data);
+    assert_eq!(outside.pending(), 0, "nothing reached the uplink");
+    assert_eq!(fns.switch().uplink_stats().tx_frames, 0);
+}
+
+/// Through the uplink: a device outside the daemon (another daemon on the
+/// uplink's other end) runs RC with one of two connected functions; the
+/// uplink's frames reach the function whichever function's worker reads
+/// the uplink.
+#[test]
+fn a_function_talks_to_a_device_beyond_the_uplink() {
+    use vrnic_vhost::frontend::TestDaemon;
+    let dir = TempDir::new("uplink");
+    let (fns, outside) = daemon();
+    let sa = spec(&dir.0, "a", 1);
+    let sb = spec(&dir.0, "b", 2);
+    fns.add(&sa).unwrap();
+    fns.add(&sb).unwrap();
+    let mut cfg = vrnic_vhost::frontend::test_device_config();
+    cfg.ipv4 = ip(3).addr;
+    cfg.mac = vrnic_vhost::addr::Mac::from_ipv4(cfg.ipv4).0;
+    let far = TestDaemon::with_device(cfg, Box::new(outside)).expect("the far daemon");
+    let _a = attach(&sa.socket, 1);
+    let mut b = attach(&sb.socket, 2);
+    let mut c = attach(far.socket(), 3);
+    let mut qb = qp(&b);
+    let mut qc = qp(&c);
+    connect(&b, &mut qb, &c, &mut qc);
+    for (from_b, len) in [(true, 5000), (false, 7000)] {
+        let data = pattern(len, len as u8);
+        let (tx, q_tx, rx, q_rx) = if from_b {
+            (&mut b, &mut qb, &mut c, &mut qc)
+        } else {
+            (&mut c, &mut qc, &mut b, &mut qb)
+        };
+        let src = buffer(tx, len, &data);
+        let dst = buffer(rx, len, &[]);
+        recv(q_rx, 1, Some(dst.sge(0, len)));
+        send(q_tx, 2, &src, len);
+        let rc = cqe(rx);
+        assert_eq!((rc.wr_id, rc.status), (1, abi::WC_SUCCESS), "{rc:?}");
+        assert_eq!(dst.to_vec(), data);
+        assert_eq!(cqe(tx).status, abi::WC_SUCCESS);
+    }
+    let port = fns
+        .switch()
+        .port_stats(vrnic_vhost::addr::Mac::from_ipv4(ip(2).addr).0);
+    assert!(
+        port.is_some_and(|p| p.rx_uplink >= 7 && p.tx_uplink >= 5),
+        "{port:?}"
+    );
+    drop((qb, qc, b, c));
+    far.stop(WAIT).expect("the far daemon stops");
+}
