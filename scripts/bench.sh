@@ -5,12 +5,14 @@
 # Usage: scripts/bench.sh [--quick] [--guests] [--out DIR]
 #   1. vrnic-limits in a namespace of its own with a veth pair: memcpy, AF_PACKET frame rates
 #      (send and sendmmsg, 64 B / 1 KiB / 4 KiB payload frames), busy-poll and blocking round trips;
-#   2. perftest (ib_write_bw, ib_read_bw at 64 B, 4 KiB, 64 KiB, 1 MiB; ib_send_lat, ib_write_lat
-#      at 64 B) between two host processes in two namespaces joined by a veth pair (MTU 9000, path
+#   2. perftest (ib_write_bw, ib_read_bw at 64 B, 4 KiB, 64 KiB, 1 MiB for 3 s each, 1 s with
+#      --quick; ib_send_lat, ib_write_lat at 64 B) between two host processes in two namespaces joined by a veth pair (MTU 9000, path
 #      MTU 4096), each with an in-process vrnic device (VRNIC_LOOPBACK), then each through a guest
 #      agent over such a device (vrnic-agent --loopback, VRNIC_AGENT_SOCKET);
 #   3. with --guests: tests/e2e/run.sh rxe-rxe ibv-ibv (perftest between two rxe guests and two
 #      vrnic guests under the same QEMU accelerator; several minutes under TCG).
+# Each perftest row also shows why a figure is low: the frames the receive queues dropped and, for
+# in-process devices (VRNIC_STATS=1), the ACK timeouts and sequence NAKs of that run.
 # --quick: shorter runs. Results: DIR (default out/bench-DATE) with bench.csv, bench.json and the
 # printed table (bench.txt). Needs root, perftest and iproute2 (scripts/deps.sh installs them).
 # Not yet (issue 10): the embedded switch and container figures, a chart.
@@ -32,8 +34,10 @@ for b in ib_write_bw ip timeout; do
 done
 out=${out:-$top/out/bench-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
-secs=1 iters=2000 lat_iters=2000
-[ $quick = 1 ] && secs=0.3 iters=300 lat_iters=300
+# Bandwidth runs are timed (perftest -D, whole seconds): a fixed count of 1 MiB messages made
+# runs of a few tens of ms whose figure was mostly start-up and scheduling noise.
+secs=1 bw_secs=3 lat_iters=2000
+[ $quick = 1 ] && secs=0.3 bw_secs=1 lat_iters=300
 tag=vrb$$
 ns_l=$tag-l ns_a=$tag-a ns_b=$tag-b
 pids=()
@@ -71,19 +75,36 @@ log "machine limits (vrnic-limits, ${secs}s per figure)"
 ip netns exec $ns_l "$rel/vrnic-limits" --a vA --b vB --secs $secs >"$out/limits.txt"
 lim() { sed -n "s/^$1=//p" "$out/limits.txt"; }
 
+# socket_drops NS: the receive-queue drops (ss's skmem d) summed over the AF_PACKET sockets in NS.
+socket_drops() {
+    ip netns exec "$1" ss -0 -m 2>/dev/null | sed -n 's/.*skmem:(.*,d\([0-9]*\)).*/\1/p' |
+        awk '{ s += $1 } END { print s + 0 }'
+}
+
+# stat KEY FILE...: KEY's value summed over the vrnic-stats lines (VRNIC_STATS=1) of FILEs.
+stat() {
+    local k=$1
+    shift
+    cat "$@" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$k=//p" | awk '{ s += $1; n++ } END { print n ? s : "-" }'
+}
+
 # run_pair MODE TOOL PORT ARGS...: server in ns_a, client in ns_b; prints the client's figure
-# (BW average MB/s, or t_typical µs) or "fail".
+# (BW average MB/s, or t_typical µs) or "fail", then the frames the receive queues dropped
+# (both sides), the ACK timeouts (retransmits) and the sequence NAKs of the run ("-": not known).
+# In-process devices report their own counters when they stop (VRNIC_STATS=1); the agents' are
+# long-lived, so for them only their sockets' drops are known (ss, before and after the run).
 run_pair() {
     local mode=$1 tool=$2 port=$3
     shift 3
     local env_a env_b
     if [ "$mode" = loopback ]; then
-        env_a=(VRNIC_LOOPBACK="netdev=veth-a,ip=10.77.0.11/24")
-        env_b=(VRNIC_LOOPBACK="netdev=veth-b,ip=10.77.0.12/24")
+        env_a=(VRNIC_LOOPBACK="netdev=veth-a,ip=10.77.0.11/24" VRNIC_STATS=1)
+        env_b=(VRNIC_LOOPBACK="netdev=veth-b,ip=10.77.0.12/24" VRNIC_STATS=1)
     else
         env_a=(VRNIC_AGENT_SOCKET="/tmp/$tag/a.sock")
         env_b=(VRNIC_AGENT_SOCKET="/tmp/$tag/b.sock")
     fi
+    local d0=$(($(socket_drops $ns_a) + $(socket_drops $ns_b)))
     ip netns exec $ns_a env LD_LIBRARY_PATH="$lib" "${env_a[@]}" timeout 120 \
         "$tool" -x 1 -p "$port" "$@" >"/tmp/$tag/server.out" 2>&1 &
     local srv=$!
@@ -96,7 +117,7 @@ run_pair() {
         t=$((t + 1))
         if [ $t -ge 50 ] || ! grep -qiE "couldn't connect|connection refused" "/tmp/$tag/client.out"; then
             wait $srv || true
-            echo fail
+            echo "fail $(counters "$mode" "$d0")"
             return
         fi
         sleep 0.2
@@ -106,8 +127,18 @@ run_pair() {
     *_bw) c=4 ;;
     *) c=5 ;;
     esac
-    awk -v c=$c '/#bytes/ { getline; if ($1 ~ /^[0-9]+$/) { print $c; found = 1 } exit }
-        END { if (!found) print "fail" }' "/tmp/$tag/client.out"
+    echo "$(awk -v c=$c '/#bytes/ { getline; if ($1 ~ /^[0-9]+$/) { print $c; found = 1 } exit }
+        END { if (!found) print "fail" }' "/tmp/$tag/client.out") $(counters "$mode" "$d0")"
+}
+
+# counters MODE DROPS_BEFORE: "drops timeouts seq_naks" of the run that just ended (run_pair).
+counters() {
+    local f=("/tmp/$tag/server.out" "/tmp/$tag/client.out")
+    if [ "$1" = loopback ]; then
+        echo "$(stat link_rx_dropped "${f[@]}") $(stat retransmits "${f[@]}") $(stat nak_psn_seq_received "${f[@]}")"
+    else
+        echo "$(($(socket_drops $ns_a) + $(socket_drops $ns_b) - $2)) - -"
+    fi
 }
 
 start_agents() {
@@ -128,25 +159,23 @@ start_agents() {
     done
 }
 
-echo "what,mode,bytes,value,unit" >"$out/bench.csv"
+echo "what,mode,bytes,value,unit,drops,timeouts,seq_naks" >"$out/bench.csv"
 port=23000
 for mode in loopback agent; do
     [ $mode = agent ] && start_agents
     for tool in ib_write_bw ib_read_bw; do
         for size in 64 4096 65536 1048576; do
-            n=$iters
-            [ $size -ge 65536 ] && n=$((iters / 4))
             port=$((port + 1))
-            log "$mode $tool $size B x $n"
-            v=$(run_pair $mode $tool $port -s $size -n $n)
-            echo "$tool,$mode,$size,$v,MB/s" >>"$out/bench.csv"
+            log "$mode $tool $size B for ${bw_secs}s"
+            read -r v dr to nk < <(run_pair $mode $tool $port -s $size -D $bw_secs)
+            echo "$tool,$mode,$size,$v,MB/s,$dr,$to,$nk" >>"$out/bench.csv"
         done
     done
     for tool in ib_send_lat ib_write_lat; do
         port=$((port + 1))
         log "$mode $tool 64 B x $lat_iters"
-        v=$(run_pair $mode $tool $port -s 64 -n $lat_iters)
-        echo "$tool,$mode,64,$v,us" >>"$out/bench.csv"
+        read -r v dr to nk < <(run_pair $mode $tool $port -s 64 -n $lat_iters)
+        echo "$tool,$mode,64,$v,us,$dr,$to,$nk" >>"$out/bench.csv"
     done
 done
 
@@ -155,7 +184,7 @@ if [ $guests = 1 ]; then
     E2E_RESULTS=$out/e2e E2E_PERF_SWEEP=0 "$top/tests/e2e/run.sh" rxe-rxe ibv-ibv >"$out/e2e.log" 2>&1 || true
     awk -F, 'NR > 1 && $2 == "a" && $6 == "client" { print "guest-" $1 "," $5 "," $7 "," $8 "," $9 }' \
         "$out/e2e/perftest.csv" 2>/dev/null | sed 's/MB\/sec/MB\/s/; s/usec/us/' |
-        awk -F, '{ print $2 ",guests-" substr($1, 7) "," $3 "," $4 "," $5 }' >>"$out/bench.csv" || true
+        awk -F, '{ print $2 ",guests-" substr($1, 7) "," $3 "," $4 "," $5 ",-,-,-" }' >>"$out/bench.csv" || true
 fi
 
 # The table: each figure beside the limit it is compared with (same run).
@@ -170,14 +199,18 @@ print("machine limits (same run):")
 for k in sorted(lim):
     print(f"  {k:32} {lim[k]}")
 print()
-print(f"{'perftest':14} {'mode':18} {'bytes':>8} {'figure':>12}  {'limit':>22}  ratio")
+print(f"{'perftest':14} {'mode':18} {'bytes':>8} {'figure':>12}  {'limit':>22}  {'ratio':>5}  "
+      f"{'drops':>7} {'timeouts':>8} {'seq_naks':>8}")
+print("  (drops: frames the receive queues dropped, both sides; timeouts: ACK timeouts that")
+print("   retransmitted; seq_naks: PSN sequence NAKs; '-': not known for agents' long-lived devices)")
 doc = {"limits": lim, "runs": []}
 for r in rows:
     v = r["value"]
     try:
         x = float(v)
     except ValueError:
-        print(f"{r['what']:14} {r['mode']:18} {r['bytes']:>8} {v:>12}")
+        print(f"{r['what']:14} {r['mode']:18} {r['bytes']:>8} {v:>12}  {'':>22}  {'':>5}  "
+              f"{r['drops']:>7} {r['timeouts']:>8} {r['seq_naks']:>8}")
         doc["runs"].append(dict(r, ratio=None))
         continue
     if r["unit"] == "MB/s":
@@ -188,7 +221,8 @@ for r in rows:
         ratio = x / rtt if rtt else None
         fig, limtxt = f"{x:.1f} us", f"{rtt:.1f} us busy RTT"
     rs = f"{ratio:.2f}" if ratio is not None else "-"
-    print(f"{r['what']:14} {r['mode']:18} {r['bytes']:>8} {fig:>12}  {limtxt:>22}  {rs}")
+    print(f"{r['what']:14} {r['mode']:18} {r['bytes']:>8} {fig:>12}  {limtxt:>22}  {rs:>5}  "
+          f"{r['drops']:>7} {r['timeouts']:>8} {r['seq_naks']:>8}")
     doc["runs"].append(dict(r, ratio=ratio))
 json.dump(doc, open(f"{out}/bench.json", "w"), indent=1)
 PY

@@ -25,7 +25,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -35,7 +35,7 @@ use std::net::Ipv4Addr;
 
 use vrnic::abi::{self, Pod};
 use vrnic::device::{Device, DeviceConfig, DeviceStats, Nanos};
-use vrnic::link::Link;
+use vrnic::link::{Link, LinkStats, TxFlush};
 use vrnic::mem::{DmaMemory, MemError};
 
 use crate::transport::{DmaBuf, Transport, TransportError};
@@ -56,6 +56,12 @@ const SPIN_AFTER_WORK: Duration = Duration::from_micros(50);
 const RX_BATCH: usize = 64;
 /// Channel messages handled per engine-loop round.
 const MSG_BATCH: usize = 256;
+/// Environment variable: when set (to anything), the engine thread prints
+/// the device's and the link's counters in one `vrnic-stats:` line on
+/// stderr when it stops ([`stats_line`]), so a benchmark run (Debian's
+/// perftest under libibverbs.so.1, `scripts/bench.sh`) shows the drops and
+/// retransmissions behind its figure.
+pub const STATS_ENV: &str = "VRNIC_STATS";
 /// Default size of a DMA arena, bytes (reserved, not committed).
 const ARENA_SIZE: usize = 64 << 20;
 /// Largest DMA alignment ([`Transport::alloc_dma`]).
@@ -302,6 +308,68 @@ fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     Ok(m)
 }
 
+/// How requests wake the engine thread: an eventfd it sleeps on, written
+/// only while it sleeps. A doorbell to an engine that is polling costs no
+/// system call (in this VM one costs microseconds, as much as the rest of
+/// a 64-byte message's handling).
+///
+/// The two sides order their accesses with sequentially consistent fences
+/// (Dekker): a requester counts its message in `queued` before sending
+/// it, fences, then writes the eventfd if `asleep`; the engine sets
+/// `asleep`, fences, and sleeps only if `queued` is 0. So either the
+/// engine sees the message coming or the requester sees it asleep: no
+/// wake-up is lost.
+#[derive(Debug)]
+struct Wake {
+    fd: OwnedFd,
+    /// The engine is (about to be) in `ppoll`.
+    asleep: AtomicBool,
+    /// Messages sent and not yet taken by the engine.
+    queued: AtomicUsize,
+}
+
+impl Wake {
+    /// A wake-up over the eventfd `fd`, for an engine that is awake.
+    fn new(fd: OwnedFd) -> Self {
+        Wake {
+            fd,
+            asleep: AtomicBool::new(false),
+            queued: AtomicUsize::new(0),
+        }
+    }
+
+    /// After a message counted in `queued` was sent: wakes the engine if
+    /// it sleeps.
+    fn notify(&self) {
+        fence(Ordering::SeqCst);
+        if self.asleep.load(Ordering::Relaxed) {
+            // SAFETY: eventfd_write on our own descriptor; it fails only when
+            // the counter would overflow, and then it is readable anyway.
+            unsafe { libc::eventfd_write(self.fd.as_raw_fd(), 1) };
+        }
+    }
+
+    /// The engine is going to sleep: false (and stays awake) when a
+    /// message is waiting.
+    fn may_sleep(&self) -> bool {
+        self.asleep.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if self.queued.load(Ordering::Relaxed) > 0 {
+            self.asleep.store(false, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// The engine woke up: clears the eventfd for the next sleep.
+    fn awake(&self) {
+        self.asleep.store(false, Ordering::Relaxed);
+        let mut count: libc::eventfd_t = 0;
+        // SAFETY: eventfd_read into a live u64; EAGAIN when already clear.
+        unsafe { libc::eventfd_read(self.fd.as_raw_fd(), &mut count) };
+    }
+}
+
 /// Requests to the engine thread.
 enum Msg {
     /// A control command (`CmdHeader` + body); the reply is the device's
@@ -327,8 +395,8 @@ pub struct LoopbackTransport {
     /// Signalled (eventfd) by the engine thread when it queues events.
     event_fd: Arc<OwnedFd>,
     tx: Option<mpsc::Sender<Msg>>,
-    /// Readable while requests wait for the engine thread.
-    wake: Arc<OwnedFd>,
+    /// Wakes the engine thread for requests.
+    wake: Arc<Wake>,
     events: Arc<Mutex<VecDeque<abi::Event>>>,
     /// Closed by the engine thread when it exits.
     exited: mpsc::Receiver<()>,
@@ -382,7 +450,7 @@ impl LoopbackTransport {
             });
         }
         // SAFETY: `raw` is a fresh descriptor nobody else owns.
-        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
+        let wake = Arc::new(Wake::new(unsafe { OwnedFd::from_raw_fd(raw) }));
         // SAFETY: as above.
         let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if raw < 0 {
@@ -406,6 +474,7 @@ impl LoopbackTransport {
             rx,
             wake: wake.clone(),
             link,
+            tx: TxFlush::new(),
             epoch: Instant::now(),
         };
         let thread = std::thread::Builder::new()
@@ -462,10 +531,12 @@ impl LoopbackTransport {
 
     fn send(&self, m: Msg) -> Result<(), TransportError> {
         let tx = self.tx.as_ref().ok_or_else(stopped)?;
-        tx.send(m).map_err(|_| stopped())?;
-        // SAFETY: eventfd_write on our own descriptor; it fails only when the
-        // counter would overflow, and then the descriptor is readable anyway.
-        unsafe { libc::eventfd_write(self.wake.as_raw_fd(), 1) };
+        self.wake.queued.fetch_add(1, Ordering::Relaxed);
+        if tx.send(m).is_err() {
+            self.wake.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(stopped());
+        }
+        self.wake.notify();
         Ok(())
     }
 
@@ -610,8 +681,10 @@ struct Engine {
     events: Arc<Mutex<VecDeque<abi::Event>>>,
     event_fd: Arc<OwnedFd>,
     rx: mpsc::Receiver<Msg>,
-    wake: Arc<OwnedFd>,
+    wake: Arc<Wake>,
     link: Box<dyn Link>,
+    /// A frame the link was too full to take, sent first next time.
+    tx: TxFlush,
     epoch: Instant,
 }
 
@@ -642,19 +715,21 @@ impl Engine {
         let mut last_work = Instant::now();
         loop {
             let mut work = false;
-            // Clear the wake-up before draining: a request queued after this
-            // makes the next wait return at once.
-            let mut count: libc::eventfd_t = 0;
-            // SAFETY: eventfd_read into a live u64; EAGAIN when already clear.
-            unsafe { libc::eventfd_read(self.wake.as_raw_fd(), &mut count) };
             for _ in 0..MSG_BATCH {
                 match self.rx.try_recv() {
                     Ok(m) => {
+                        self.wake.queued.fetch_sub(1, Ordering::Relaxed);
                         self.handle(&mut dev, m);
                         work = true;
                     }
                     Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => return,
+                    Err(TryRecvError::Disconnected) => {
+                        if std::env::var_os(STATS_ENV).is_some() {
+                            let line = stats_line(dev.stats(), self.link.link_stats());
+                            eprintln!("{line} tx_given_up={}", self.tx.given_up());
+                        }
+                        return;
+                    }
                 }
             }
             for _ in 0..RX_BATCH {
@@ -673,12 +748,11 @@ impl Engine {
             let now = self.now();
             let next = dev.poll(&*self.mem, now);
             work |= next.is_some_and(|t| t <= now);
-            while let Some(f) = dev.pop_tx() {
-                work = true;
-                if let Err(e) = self.link.send(&f) {
-                    tracing::debug!("loopback link dropped a frame: {e}");
-                }
-            }
+            // A full link keeps the frame (and those behind it) for the
+            // next pass instead of losing it to a retransmission timeout.
+            let now = self.now();
+            let flushed = self.tx.flush(&mut *self.link, &mut dev, now);
+            work |= flushed.sent > 0;
             let mut events = self.events.lock().unwrap_or_else(|e| e.into_inner());
             let mut queued = false;
             while let Some(ev) = dev.pop_event() {
@@ -695,29 +769,38 @@ impl Engine {
                 last_work = Instant::now();
                 continue;
             }
-            if last_work.elapsed() < SPIN_AFTER_WORK {
+            // Waiting for a full link to drain: sleep on its descriptor.
+            if !flushed.held && last_work.elapsed() < SPIN_AFTER_WORK {
                 std::thread::yield_now();
                 continue;
             }
             let until_timer = next.map_or(IDLE_WAIT, |t| {
                 Duration::from_nanos(t.saturating_sub(self.now()))
             });
-            self.wait(until_timer.min(IDLE_WAIT));
+            self.wait(until_timer.min(IDLE_WAIT), flushed.held);
         }
     }
 
     /// Sleeps until a request or (on a link with a descriptor) a frame
-    /// arrives, or `timeout` passes.
-    fn wait(&self, timeout: Duration) {
+    /// arrives, the link can take a frame again (`writable`: a frame is
+    /// held for it), or `timeout` passes.
+    fn wait(&self, timeout: Duration, writable: bool) {
+        if !self.wake.may_sleep() {
+            return;
+        }
         let mut fds = [
             libc::pollfd {
-                fd: self.wake.as_raw_fd(),
+                fd: self.wake.fd.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             },
             libc::pollfd {
                 fd: self.link.raw_fd().unwrap_or(-1),
-                events: libc::POLLIN,
+                events: if writable {
+                    libc::POLLIN | libc::POLLOUT
+                } else {
+                    libc::POLLIN
+                },
                 revents: 0,
             },
         ];
@@ -734,7 +817,35 @@ impl Engine {
                 std::ptr::null(),
             )
         };
+        self.wake.awake();
     }
+}
+
+/// The `vrnic-stats:` line of [`STATS_ENV`]: `key=value` pairs, the
+/// device's frame, retransmission, NAK and duplicate counters
+/// ([`DeviceStats`]), then the link's (`link_` prefix; [`LinkStats`],
+/// absent for a link without counters). `link_rx_dropped` counts frames
+/// the kernel dropped before the engine could read them.
+pub fn stats_line(d: &DeviceStats, l: Option<LinkStats>) -> String {
+    let mut s = format!(
+        "vrnic-stats: tx_frames={} rx_frames={} rx_dropped={} retransmits={} \
+         nak_psn_seq_sent={} nak_psn_seq_received={} duplicates={} rnr_naks_sent={}",
+        d.tx_frames,
+        d.rx_frames,
+        d.rx_dropped,
+        d.retransmits,
+        d.nak_psn_seq_sent,
+        d.nak_psn_seq_received,
+        d.duplicates,
+        d.rnr_naks_sent,
+    );
+    if let Some(l) = l {
+        s += &format!(
+            " link_tx_frames={} link_tx_dropped={} link_rx_frames={} link_rx_dropped={}",
+            l.tx_frames, l.tx_dropped, l.rx_frames, l.rx_dropped
+        );
+    }
+    s
 }
 
 #[cfg(test)]
@@ -745,6 +856,63 @@ mod tests {
         fn virt_ok(&self, gpa: u64) -> bool {
             self.translate(gpa, 1).is_ok()
         }
+    }
+
+    fn readable(fd: &OwnedFd) -> bool {
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd, no waiting.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    #[test]
+    fn wake_writes_the_eventfd_only_for_a_sleeping_engine_and_loses_no_message() {
+        // SAFETY: plain syscall; the result is checked and then owned.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: `raw` is a fresh descriptor nobody else owns.
+        let w = Wake::new(unsafe { OwnedFd::from_raw_fd(raw) });
+        // An engine that is polling: a message costs no eventfd write.
+        w.queued.fetch_add(1, Ordering::Relaxed);
+        w.notify();
+        assert!(!readable(&w.fd));
+        // A message counted before the engine's check keeps it awake.
+        assert!(!w.may_sleep(), "slept with a message waiting");
+        assert!(!w.asleep.load(Ordering::Relaxed));
+        w.queued.fetch_sub(1, Ordering::Relaxed);
+        // Nothing waiting: it sleeps, and the next message wakes it.
+        assert!(w.may_sleep());
+        w.queued.fetch_add(1, Ordering::Relaxed);
+        w.notify();
+        assert!(readable(&w.fd), "a sleeping engine was not woken");
+        w.awake();
+        assert!(!readable(&w.fd) && !w.asleep.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn stats_line_names_the_counters_bench_sh_reads() {
+        let d = DeviceStats {
+            retransmits: 3,
+            nak_psn_seq_received: 4,
+            ..Default::default()
+        };
+        let l = LinkStats {
+            rx_dropped: 5,
+            ..Default::default()
+        };
+        let line = stats_line(&d, Some(l));
+        assert!(line.starts_with("vrnic-stats: "), "{line}");
+        for kv in [
+            "retransmits=3",
+            "nak_psn_seq_received=4",
+            "link_rx_dropped=5",
+        ] {
+            assert!(line.split(' ').any(|w| w == kv), "{kv} in {line}");
+        }
+        assert!(!stats_line(&d, None).contains("link_"));
     }
 
     #[test]

@@ -22,7 +22,7 @@ use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vrnic::abi::{self, Pod};
 use vrnic::device::{Device, Nanos};
-use vrnic::link::Link;
+use vrnic::link::{Link, TxFlush};
 
 use crate::chain::{self, Segment};
 use crate::memory::GuestMem;
@@ -37,6 +37,10 @@ pub type Vring = VringRwLock<GuestMemoryAtomic<GuestMemoryMmap>>;
 pub const MAX_CONTROL_MSG: usize = abi::MAX_CMD_BODY + 8;
 /// Frames received from the link per readiness event, at most.
 pub const RX_BATCH: usize = 64;
+/// While a frame waits for a full link ([`TxFlush`]), the worker tries
+/// again this soon (ns) even without another wake-up: 50 µs, a few frame
+/// times.
+pub const TX_RETRY_NS: Nanos = 50_000;
 /// Receive buffer size, bytes: the largest frame accepted from the link
 /// (9000-byte MTU plus Ethernet and VLAN headers, with room to spare).
 pub const RX_BUF_SIZE: usize = 16 * 1024;
@@ -80,7 +84,8 @@ pub struct BackendStats {
     /// Event-queue buffers completed unused: smaller than 16 writable bytes
     /// or outside guest memory.
     pub bad_event_buffers: u64,
-    /// Frames the link refused with an error.
+    /// Frames the link refused with an error, or stayed too full to take
+    /// for `vrnic::link::txq::TX_HOLD_MAX_NS`.
     pub link_tx_errors: u64,
     /// Errors receiving from the link.
     pub link_rx_errors: u64,
@@ -123,6 +128,8 @@ pub struct DataPath {
     req: [u8; MAX_CONTROL_MSG],
     resp: [u8; MAX_CONTROL_MSG],
     rx_buf: Vec<u8>,
+    /// A frame the link was too full to take, sent first next time.
+    txq: TxFlush,
     /// The driver has used a queue since the last reset.
     running: bool,
     /// The frontend stopped the control queue of the device in use
@@ -166,6 +173,7 @@ impl DataPath {
             req: [0; MAX_CONTROL_MSG],
             resp: [0; MAX_CONTROL_MSG],
             rx_buf: vec![0; RX_BUF_SIZE],
+            txq: TxFlush::new(),
             running: false,
             stopped: false,
             ctrl_next_avail: 0,
@@ -499,17 +507,20 @@ impl DataPath {
         if let Some(due) = self.qp_stats_due.filter(|&d| d > self.now()) {
             next = Some(next.map_or(due, |d| d.min(due)));
         }
+        if self.txq.holding() {
+            let retry = self.now() + TX_RETRY_NS;
+            next = Some(next.map_or(retry, |d| d.min(retry)));
+        }
         self.arm(next);
     }
 
-    /// Hands every frame the device queued to the link.
+    /// Hands the frames the device queued to the link; a frame the link is
+    /// too full to take waits, first in line, for the next pass
+    /// ([`TxFlush`]; the timer brings that pass within [`TX_RETRY_NS`]).
     fn flush_tx(&mut self) {
-        while let Some(frame) = self.device.pop_tx() {
-            if let Err(e) = self.link.send(&frame) {
-                self.stats.link_tx_errors += 1;
-                debug!("link send failed: {e}");
-            }
-        }
+        let now = self.now();
+        let done = self.txq.flush(&mut *self.link, &mut self.device, now);
+        self.stats.link_tx_errors += (done.failed + done.given_up) as u64;
     }
 
     fn arm(&mut self, next: Option<Nanos>) {

@@ -8,7 +8,10 @@
 //! Run it inside a network namespace holding both ends of a veth pair:
 //! `vrnic-limits --a vA --b vB`. Output: one `key=value` line per figure
 //! (`memcpy_gbytes_per_s_<size>`, `pkt_<mode>_<bytes>_mpps`, `pkt_<mode>_<bytes>_gbps`,
-//! `rtt_<mode>_us`), every measurement bounded by `--secs`.
+//! `rtt_<mode>_us`, `pkt_rcvbuf_bytes`), every measurement bounded by `--secs`.
+//! The sockets get the buffers vrnic's AF_PACKET link asks for
+//! (`vrnic::link::packet::RCVBUF_BYTES`, `SNDBUF_BYTES`), so the frame
+//! rates are those of the same sockets the engine uses.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -50,6 +53,29 @@ fn packet_socket(ifname: &str) -> anyhow::Result<OwnedFd> {
     }
     // SAFETY: a fresh descriptor.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SO_RCVBUFFORCE / SO_SNDBUFFORCE (asm-generic/socket.h), else the
+    // plain options capped by the sysctls, as vrnic's PacketLink.
+    for (force, plain, bytes) in [
+        (33, libc::SO_RCVBUF, vrnic::link::packet::RCVBUF_BYTES),
+        (32, libc::SO_SNDBUF, vrnic::link::packet::SNDBUF_BYTES),
+    ] {
+        let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+        let set = |opt| {
+            // SAFETY: the option value points at a live c_int of the given size.
+            unsafe {
+                libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&v as *const libc::c_int).cast(),
+                    size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            }
+        };
+        if set(force) != 0 {
+            set(plain);
+        }
+    }
     let name = std::ffi::CString::new(ifname)?;
     // SAFETY: a NUL-terminated name.
     let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
@@ -258,6 +284,19 @@ fn main() -> anyhow::Result<()> {
     }
     let a = packet_socket(&args.a).with_context(|| args.a.clone())?;
     let b = packet_socket(&args.b).with_context(|| args.b.clone())?;
+    let mut rcvbuf: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the option value points at a live c_int of `len` bytes.
+    unsafe {
+        libc::getsockopt(
+            b.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&mut rcvbuf as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    println!("pkt_rcvbuf_bytes={rcvbuf}");
     // RoCEv2-shaped frame sizes: 58 bytes of headers around 6 B, 1 KiB and 4 KiB.
     for len in [64usize, 1082, 4154] {
         for (mode, batch) in [("send", 1usize), ("sendmmsg64", 64)] {

@@ -644,9 +644,17 @@ impl Device {
         self.res.neigh.pending_len()
     }
 
-    /// Next frame to hand to the link.
+    /// Next frame to hand to the link. Give the buffer back with
+    /// [`Device::recycle_tx`] once the link has taken the frame, so the
+    /// next frames need no allocation.
     pub fn pop_tx(&mut self) -> Option<Vec<u8>> {
         self.res.out.tx.pop_front()
+    }
+
+    /// Returns a buffer [`Device::pop_tx`] gave out, for reuse by a later
+    /// frame (bounded pool: `transport::TX_POOL_MAX` buffers).
+    pub fn recycle_tx(&mut self, frame: Vec<u8>) {
+        self.res.out.recycle(frame);
     }
 
     /// Next asynchronous event for the event queue, its

@@ -29,7 +29,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
 
-use super::Link;
+use super::{Link, LinkStats};
 
 /// Largest number of inner frames one [`Link::recv`] call consumes before
 /// it gives up (returns `Ok(None)`), so a drop rate of 1 under a flood
@@ -404,6 +404,10 @@ impl Link for FaultLink {
 
     fn raw_fd(&self) -> Option<RawFd> {
         self.inner.raw_fd()
+    }
+
+    fn link_stats(&self) -> Option<LinkStats> {
+        self.inner.link_stats()
     }
 }
 

@@ -123,6 +123,21 @@ impl Link for MemLink {
         Ok(())
     }
 
+    /// Queues a copy of the frame for the peer, or hands it back
+    /// (`Ok(false)`, [`LinkStats::tx_busy`]) while the peer's queue holds
+    /// `depth` frames.
+    fn try_send(&mut self, frame: &[u8]) -> io::Result<bool> {
+        let mut q = self.tx.lock();
+        if q.len() >= self.tx.depth {
+            self.stats.tx_busy += 1;
+            return Ok(false);
+        }
+        q.push_back(frame.to_vec());
+        self.tx.signal();
+        self.stats.tx_frames += 1;
+        Ok(true)
+    }
+
     /// Takes the oldest waiting frame. A frame longer than `buf` is discarded
     /// ([`LinkStats::rx_oversize`]) and the next one is tried.
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
@@ -147,6 +162,10 @@ impl Link for MemLink {
 
     fn raw_fd(&self) -> Option<RawFd> {
         self.rx.efd.as_ref().map(|fd| fd.as_raw_fd())
+    }
+
+    fn link_stats(&self) -> Option<LinkStats> {
+        Some(self.stats())
     }
 }
 

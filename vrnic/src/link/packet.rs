@@ -19,6 +19,34 @@ use super::Link;
 /// Upper bound of frames one [`Link::recv`] call skips (outgoing or
 /// oversize) before it returns `Ok(None)`, so a flood cannot pin the caller.
 const MAX_SKIPPED_PER_RECV: usize = 64;
+/// Receive buffer asked for, bytes (the kernel doubles it for its
+/// bookkeeping, socket(7)): 8 MiB, so about 1,900 frames of a 4 KiB path
+/// MTU (each costs about 8.5 KiB of buffer) wait while the engine thread
+/// is not running. A veth or TAP peer delivers in the sender's context, as
+/// fast as it sends; with the default 208 KiB the receiver's queue held
+/// about 23 such frames and a 64 KiB `ib_write_bw` lost 70 % of its
+/// frames there (issue 10). `SO_RCVBUFFORCE` (`CAP_NET_ADMIN`) can exceed
+/// `net.core.rmem_max`; without it `SO_RCVBUF` is capped there.
+pub const RCVBUF_BYTES: usize = 8 << 20;
+/// Send buffer asked for, bytes (as [`RCVBUF_BYTES`]; `SO_SNDBUFFORCE`,
+/// else `SO_SNDBUF` capped at `net.core.wmem_max`): frames the interface
+/// has not yet consumed, before `send` answers `EAGAIN`.
+pub const SNDBUF_BYTES: usize = 4 << 20;
+/// `SO_RCVBUFFORCE` (asm-generic/socket.h).
+const SO_RCVBUFFORCE: libc::c_int = 33;
+/// `SO_SNDBUFFORCE` (asm-generic/socket.h).
+const SO_SNDBUFFORCE: libc::c_int = 32;
+/// `PACKET_STATISTICS` (linux/if_packet.h): the socket's `tpacket_stats`,
+/// reset by each read.
+const PACKET_STATISTICS: libc::c_int = 6;
+
+/// `struct tpacket_stats` (linux/if_packet.h).
+#[repr(C)]
+#[derive(Default)]
+struct TpacketStats {
+    tp_packets: u32,
+    tp_drops: u32,
+}
 
 /// A [`Link`] over an AF_PACKET socket bound to one interface.
 #[derive(Debug)]
@@ -27,6 +55,9 @@ pub struct PacketLink {
     ifname: String,
     ifindex: u32,
     stats: LinkStats,
+    /// Kernel receive-queue drops read so far (`PACKET_STATISTICS` resets
+    /// its counters on every read, so they are summed here).
+    kernel_drops: std::cell::Cell<u64>,
 }
 
 fn err(ifname: &str, step: &'static str) -> io::Error {
@@ -103,6 +134,9 @@ impl PacketLink {
             );
         }
 
+        set_buffer(&fd, SO_RCVBUFFORCE, libc::SO_RCVBUF, RCVBUF_BYTES);
+        set_buffer(&fd, SO_SNDBUFFORCE, libc::SO_SNDBUF, SNDBUF_BYTES);
+
         // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as u16;
@@ -124,6 +158,7 @@ impl PacketLink {
             ifname: ifname.to_owned(),
             ifindex,
             stats: LinkStats::default(),
+            kernel_drops: std::cell::Cell::new(0),
         })
     }
 
@@ -137,10 +172,58 @@ impl PacketLink {
         self.ifindex
     }
 
-    /// Frame counters.
+    /// Frame counters. [`LinkStats::rx_dropped`] is the kernel's count of
+    /// frames dropped because the socket's receive queue was full
+    /// (`PACKET_STATISTICS`, read by this call; 0 if the read fails).
     pub fn stats(&self) -> LinkStats {
-        self.stats
+        let mut st = TpacketStats::default();
+        let mut len = size_of::<TpacketStats>() as libc::socklen_t;
+        // SAFETY: the option value points at a live tpacket_stats of `len` bytes.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                PACKET_STATISTICS,
+                &mut st as *mut TpacketStats as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        if rc == 0 {
+            self.kernel_drops
+                .set(self.kernel_drops.get().wrapping_add(st.tp_drops.into()));
+        }
+        LinkStats {
+            rx_dropped: self.kernel_drops.get(),
+            ..self.stats
+        }
     }
+}
+
+/// Asks for a `bytes` socket buffer with `force` (beyond the sysctl
+/// maximum, needs `CAP_NET_ADMIN`), else with `plain` (capped by the
+/// kernel). Best effort: a buffer that stays smaller costs drops, not
+/// correctness, so failures are only logged.
+fn set_buffer(fd: &OwnedFd, force: libc::c_int, plain: libc::c_int, bytes: usize) {
+    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    for opt in [force, plain] {
+        // SAFETY: the option value points at a live c_int of the given size.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                &v as *const libc::c_int as *const libc::c_void,
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            return;
+        }
+    }
+    tracing::debug!(
+        "AF_PACKET socket buffer of {bytes} bytes refused: {}",
+        io::Error::last_os_error()
+    );
 }
 
 impl Link for PacketLink {
@@ -161,6 +244,23 @@ impl Link for PacketLink {
         }
         self.stats.tx_frames += 1;
         Ok(())
+    }
+
+    /// As [`Link::send`], but `EAGAIN`/`ENOBUFS` hand the frame back
+    /// (`Ok(false)`, [`LinkStats::tx_busy`]) instead of dropping it.
+    fn try_send(&mut self, frame: &[u8]) -> io::Result<bool> {
+        // SAFETY: the buffer is a live slice of the given length.
+        let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if is_transient_tx_error(&e) {
+                self.stats.tx_busy += 1;
+                return Ok(false);
+            }
+            return Err(e);
+        }
+        self.stats.tx_frames += 1;
+        Ok(true)
     }
 
     /// Receives one frame. Frames longer than `buf` are discarded
@@ -205,5 +305,9 @@ impl Link for PacketLink {
 
     fn raw_fd(&self) -> Option<RawFd> {
         Some(self.fd.as_raw_fd())
+    }
+
+    fn link_stats(&self) -> Option<LinkStats> {
+        Some(self.stats())
     }
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use pcap_file::pcap::{PcapHeader, PcapPacket, PcapWriter};
 use pcap_file::{DataLink, Endianness, TsResolution};
 
-use super::Link;
+use super::{Link, LinkStats};
 
 /// Snapshot length of the file, bytes: longer frames are cut to this length
 /// in the file (their original length is kept in the record header, as
@@ -175,6 +175,15 @@ impl Link for PcapLink {
         Ok(())
     }
 
+    /// Tries the inner link; records the frame when it was taken.
+    fn try_send(&mut self, frame: &[u8]) -> io::Result<bool> {
+        let taken = self.inner.try_send(frame)?;
+        if taken {
+            self.record(frame);
+        }
+        Ok(taken)
+    }
+
     /// Receives from the inner link and records what it returns.
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
         let got = self.inner.recv(buf)?;
@@ -188,6 +197,10 @@ impl Link for PcapLink {
 
     fn raw_fd(&self) -> Option<RawFd> {
         self.inner.raw_fd()
+    }
+
+    fn link_stats(&self) -> Option<LinkStats> {
+        self.inner.link_stats()
     }
 }
 

@@ -12,11 +12,20 @@ pub struct LinkStats {
     /// Frames [`super::Link::send`] dropped because the link could not take
     /// them now (queue full, `EAGAIN`/`ENOBUFS`, interface down).
     pub tx_dropped: u64,
+    /// Times [`super::Link::try_send`] found the link full and handed the
+    /// frame back to the caller (not lost: the caller sends it again).
+    pub tx_busy: u64,
     /// Frames returned by [`super::Link::recv`].
     pub rx_frames: u64,
     /// Frames [`super::Link::recv`] discarded because they did not fit the
     /// caller's buffer (a NIC drops frames longer than its receive buffers).
     pub rx_oversize: u64,
+    /// Frames the kernel dropped for this end before [`super::Link::recv`]
+    /// could take them, because its receive queue was full (AF_PACKET's
+    /// `PACKET_STATISTICS` `tp_drops`, packet(7)); 0 for links that do not
+    /// count such drops. A receiver that falls behind a sender shows here
+    /// first; the RC transport then recovers by retransmission.
+    pub rx_dropped: u64,
 }
 
 /// Opening a link on a named interface failed. Carried inside the

@@ -112,6 +112,27 @@ impl Link for TapLink {
         }
     }
 
+    /// As [`Link::send`], but `EAGAIN`/`ENOBUFS` hand the frame back
+    /// (`Ok(false)`, [`LinkStats::tx_busy`]); `EIO` (interface down) still
+    /// drops it.
+    fn try_send(&mut self, frame: &[u8]) -> io::Result<bool> {
+        match self.iface.send(frame) {
+            Ok(_) => {
+                self.stats.tx_frames += 1;
+                Ok(true)
+            }
+            Err(e) if is_transient_tx_error(&e) => {
+                self.stats.tx_busy += 1;
+                Ok(false)
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => {
+                self.stats.tx_dropped += 1;
+                Ok(true)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Reads one frame. The kernel truncates frames longer than `buf`; such
     /// frames (a read that fills `buf` exactly is taken as complete) are not
     /// detectable here, so pass a buffer of at least the interface MTU + 14.
@@ -134,5 +155,9 @@ impl Link for TapLink {
 
     fn raw_fd(&self) -> Option<RawFd> {
         Some(self.iface.as_raw_fd())
+    }
+
+    fn link_stats(&self) -> Option<LinkStats> {
+        Some(self.stats())
     }
 }

@@ -80,13 +80,6 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             qp.req.waiting_arp = Some(ah.av.dgid);
             break;
         };
-        let mut payload = vec![0u8; op.len as usize];
-        if let Err(status) = requester::gather(env, &op, 0, &mut payload) {
-            qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
-            complete_op(qp, env, &op, status);
-            send_queue_error(qp, env, status);
-            return;
-        }
         hdr.bth.solicited = op.wqe.send_flags & abi::SEND_SOLICITED != 0;
         hdr.deth = Some(Deth {
             qkey: send_qkey(qp, op.wqe.remote_qkey),
@@ -95,7 +88,17 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
         if opcode == Opcode::UdSendOnlyImm {
             hdr.immdt = Some(Immdt(op.wqe.imm_data));
         }
-        env.res.out.send(&mut hdr, &payload);
+        // The payload goes from driver memory straight into the frame.
+        let res = &mut *env.res;
+        let sent = res.out.send_with(&mut hdr, op.len as usize, |buf| {
+            requester::gather(env.mem, &res.mrs, &op, 0, buf)
+        });
+        if let Err(status) = sent {
+            qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
+            complete_op(qp, env, &op, status);
+            send_queue_error(qp, env, status);
+            return;
+        }
         qp.req.psn = psn::add(qp.req.psn, 1);
         qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
         complete_op(qp, env, &op, abi::WcStatus::Success);

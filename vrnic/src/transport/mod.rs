@@ -89,7 +89,16 @@ pub struct Output {
     /// streams are in progress, all QPs together (at most
     /// [`responder::RESP_HOLD_DEVICE_MAX`]).
     pub held_frames: usize,
+    /// Frame buffers handed back by the owner after the link took them
+    /// ([`Output::recycle`]), reused by [`Output::send_with`] so that a
+    /// frame costs no heap allocation once the pool is warm (at most
+    /// [`TX_POOL_MAX`]).
+    pub spare: Vec<Vec<u8>>,
 }
+
+/// Most frame buffers kept for reuse ([`Output::recycle`]): the frames of
+/// a full backlog ([`TX_BACKLOG_MAX`]) plus the answers one input makes.
+pub const TX_POOL_MAX: usize = TX_BACKLOG_MAX + 64;
 
 /// Frames queued for the link (device-wide, [`Output::tx`]) at or above
 /// which the transport produces no more data packets: READ responses
@@ -118,15 +127,48 @@ impl Output {
         }
     }
 
-    /// Emits one RoCEv2 frame.
+    /// Emits one RoCEv2 frame with `payload`.
     pub fn send(&mut self, hdr: &mut RoceHeaders, payload: &[u8]) {
+        let copy = |b: &mut [u8]| {
+            b.copy_from_slice(payload);
+            Ok::<(), std::convert::Infallible>(())
+        };
+        match self.send_with(hdr, payload.len(), copy) {
+            Ok(()) => {}
+            Err(never) => match never {},
+        }
+    }
+
+    /// Emits one RoCEv2 frame whose `len`-byte payload `fill` writes in
+    /// place ([`wire::emit_frame_with`]): from driver memory straight into
+    /// the frame, a buffer of the pool ([`Output::recycle`]). When `fill`
+    /// fails nothing is sent (the buffer goes back to the pool) and its
+    /// error is returned.
+    pub fn send_with<E>(
+        &mut self,
+        hdr: &mut RoceHeaders,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
         hdr.ip_id = self.ip_id;
+        let mut frame = self.spare.pop().unwrap_or_default();
+        if let Err(e) = wire::emit_frame_with(hdr, len, &mut frame, fill) {
+            self.spare.push(frame);
+            return Err(e);
+        }
         self.ip_id = self.ip_id.wrapping_add(1);
-        let mut frame = Vec::with_capacity(payload.len() + 96);
-        wire::emit_frame(hdr, payload, &mut frame);
         self.stats.tx_frames += 1;
-        self.stats.tx_bytes += payload.len() as u64;
+        self.stats.tx_bytes += len as u64;
         self.tx.push_back(frame);
+        Ok(())
+    }
+
+    /// Takes back a frame buffer the owner has handed to the link, for
+    /// reuse by the next frame (dropped when [`TX_POOL_MAX`] are kept).
+    pub fn recycle(&mut self, frame: Vec<u8>) {
+        if self.spare.len() < TX_POOL_MAX {
+            self.spare.push(frame);
+        }
     }
 }
 

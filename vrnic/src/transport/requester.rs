@@ -310,9 +310,15 @@ fn check_remote_range(wr: WrOpcode, remote_addr: u64, len: u64) -> Result<(), ab
     }
 }
 
-/// Gathers `buf.len()` message bytes starting at byte `offset` of `op`.
+/// Gathers `buf.len()` message bytes starting at byte `offset` of `op`
+/// from `mem` through the MR table `mrs` (not the whole `Env`, so the
+/// caller can hold the output queue mutably meanwhile:
+/// [`Output::send_with`] fills the frame with it).
+///
+/// [`Output::send_with`]: crate::transport::Output::send_with
 pub(crate) fn gather(
-    env: &Env,
+    mem: &dyn crate::mem::DmaMemory,
+    mrs: &crate::verbs::mr::MrTable,
     op: &SendOp,
     offset: u32,
     buf: &mut [u8],
@@ -336,16 +342,12 @@ pub(crate) fn gather(
                     continue;
                 }
                 let n = ((l - skip) as usize).min(buf.len() - done);
-                let mr = env
-                    .res
-                    .mrs
-                    .get(sge.lkey)
-                    .map_err(|_| abi::WcStatus::LocProtErr)?;
+                let mr = mrs.get(sge.lkey).map_err(|_| abi::WcStatus::LocProtErr)?;
                 let va = sge
                     .addr
                     .checked_add(skip)
                     .ok_or(abi::WcStatus::LocProtErr)?;
-                mr.read(env.mem, va, &mut buf[done..done + n])
+                mr.read(mem, va, &mut buf[done..done + n])
                     .map_err(|_| abi::WcStatus::LocProtErr)?;
                 done += n;
                 skip = 0;
@@ -452,8 +454,6 @@ fn send_packet(
         return Ok(true);
     }
     let n = op.len.saturating_sub(offset).min(mtu);
-    let mut payload = vec![0u8; n as usize];
-    gather(env, op, offset, &mut payload)?;
     let last = k + 1 == op.npkts;
     hdr.bth.ack_req = qp.qp_type == abi::QpType::Rc
         && (last || window_full || (k + 1).is_multiple_of(ACK_REQ_EVERY));
@@ -473,7 +473,11 @@ fn send_packet(
             rkey: u32::from_be_bytes(op.wqe.imm_data),
         });
     }
-    env.res.out.send(&mut hdr, &payload);
+    // The payload goes from driver memory straight into the frame.
+    let res = &mut *env.res;
+    res.out.send_with(&mut hdr, n as usize, |buf| {
+        gather(env.mem, &res.mrs, op, offset, buf)
+    })?;
     Ok(true)
 }
 

@@ -269,7 +269,6 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
         return true;
     };
     let mtu = qp.mtu();
-    let mut buf = [0u8; 4096];
     loop {
         if *budget == 0 || env.res.out.tx.len() >= TX_BACKLOG_MAX {
             qp.resp.read = Some(st);
@@ -283,36 +282,32 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
             (false, true) => Opcode::RcReadResponseLast,
             (false, false) => Opcode::RcReadResponseMiddle,
         };
-        let data = buf.get_mut(..len as usize).unwrap_or_default();
-        if len > 0 {
-            let read = env
-                .res
-                .mrs
-                .check(
-                    st.rkey,
-                    qp.pdn,
-                    abi::ACCESS_REMOTE_READ,
-                    st.va,
-                    u64::from(len),
-                )
-                .map_err(|_| ())
-                .and_then(|mr| mr.read(env.mem, st.va, data).map_err(|_| ()));
-            if read.is_err() {
-                env.res.out.stats.nak_sent(NakCode::RemoteAccessError);
-                let aeth = Aeth::nak(qp.resp.msn, NakCode::RemoteAccessError);
-                let mut hdr =
-                    reply_headers(qp, &env.res.port, &st.req, Opcode::RcAck, st.psn, aeth);
-                env.res.out.send(&mut hdr, &[]);
-                qp_to_error(qp, env, abi::WcStatus::RemAccessErr);
-                return true;
-            }
-        }
         let aeth = Aeth::ack(st.msn, CREDITS_UNLIMITED);
         let mut hdr = reply_headers(qp, &env.res.port, &st.req, opcode, st.psn, aeth);
         if opcode == Opcode::RcReadResponseMiddle {
             hdr.aeth = None;
         }
-        env.res.out.send(&mut hdr, data);
+        // The payload goes from driver memory straight into the frame.
+        let res = &mut *env.res;
+        let (mem, pdn, va) = (env.mem, qp.pdn, st.va);
+        let sent = res.out.send_with(&mut hdr, len as usize, |data| {
+            if data.is_empty() {
+                return Ok(());
+            }
+            let mr = res
+                .mrs
+                .check(st.rkey, pdn, abi::ACCESS_REMOTE_READ, va, u64::from(len))
+                .map_err(|_| ())?;
+            mr.read(mem, va, data).map_err(|_| ())
+        });
+        if sent.is_err() {
+            env.res.out.stats.nak_sent(NakCode::RemoteAccessError);
+            let aeth = Aeth::nak(qp.resp.msn, NakCode::RemoteAccessError);
+            let mut hdr = reply_headers(qp, &env.res.port, &st.req, Opcode::RcAck, st.psn, aeth);
+            env.res.out.send(&mut hdr, &[]);
+            qp_to_error(qp, env, abi::WcStatus::RemAccessErr);
+            return true;
+        }
         *budget -= 1;
         if last {
             return true;

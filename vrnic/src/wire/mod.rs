@@ -42,7 +42,9 @@ pub use gid::Gid;
 pub use icrc::{icrc, ICRC_LEN};
 pub use immdt::{Ieth, Immdt};
 pub use opcode::{Opcode, Transport};
-pub use packet::{emit_frame, parse_frame, parse_roce, Frame, RoceHeaders, RocePacket};
+pub use packet::{
+    emit_frame, emit_frame_with, parse_frame, parse_roce, Frame, RoceHeaders, RocePacket,
+};
 pub use reth::Reth;
 
 /// The UDP destination port that identifies RoCEv2 (IBTA Annex A17.2.1,

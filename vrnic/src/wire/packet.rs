@@ -359,10 +359,32 @@ fn ones_complement_sum(data: &[u8]) -> u16 {
 /// 65535 bytes (MTU-sized payloads); longer payloads are a bug
 /// (debug-asserted) and would get wrapped length fields.
 pub fn emit_frame(hdr: &RoceHeaders, payload: &[u8], out: &mut Vec<u8>) {
+    let copy = |b: &mut [u8]| {
+        b.copy_from_slice(payload);
+        Ok::<(), std::convert::Infallible>(())
+    };
+    match emit_frame_with(hdr, payload.len(), out, copy) {
+        Ok(()) => {}
+        Err(never) => match never {},
+    }
+}
+
+/// [`emit_frame`] with the payload written in place: `fill` gets the
+/// `payload_len` bytes of the frame where the payload goes (zeroed) and
+/// writes them, e.g. gathered straight from driver memory, so the payload
+/// is copied once between driver memory and the frame. The ICRC is
+/// computed once, after `fill`. When `fill` fails, its error is returned
+/// and `out` holds no valid frame.
+pub fn emit_frame_with<E>(
+    hdr: &RoceHeaders,
+    payload_len: usize,
+    out: &mut Vec<u8>,
+    fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+) -> Result<(), E> {
     out.clear();
-    out.reserve(hdr.frame_len(payload.len()));
-    let pad = pad_len(payload.len());
-    let udp_len = UDP_LEN + Bth::LEN + hdr.ext_len() + payload.len() + pad + ICRC_LEN;
+    out.reserve(hdr.frame_len(payload_len));
+    let pad = pad_len(payload_len);
+    let udp_len = UDP_LEN + Bth::LEN + hdr.ext_len() + payload_len + pad + ICRC_LEN;
     debug_assert!(
         udp_len + IPV6_LEN <= usize::from(u16::MAX),
         "RoCE payload too long"
@@ -457,8 +479,9 @@ pub fn emit_frame(hdr: &RoceHeaders, payload: &[u8], out: &mut Vec<u8>) {
     if let Some(h) = &hdr.ieth {
         push(out, Ieth::LEN, |b| h.emit(b));
     }
-    out.extend_from_slice(payload);
-    out.resize(out.len() + pad, 0);
+    let start = out.len();
+    out.resize(start + payload_len + pad, 0);
+    fill(&mut out[start..start + payload_len])?;
     let crc = icrc(&out[ETH_LEN..]);
     out.extend_from_slice(&crc.to_be_bytes());
 
@@ -468,6 +491,7 @@ pub fn emit_frame(hdr: &RoceHeaders, payload: &[u8], out: &mut Vec<u8>) {
             .unwrap_or(0);
         out[udp_off + 6..udp_off + 8].copy_from_slice(&sum.to_be_bytes());
     }
+    Ok(())
 }
 
 /// Appends `len` zero bytes to `out` and lets `emit` fill them.

@@ -354,6 +354,7 @@ impl Node {
         self.dev.poll(&self.mem, now);
         while let Some(f) = self.dev.pop_tx() {
             let _ = self.link.send(&f);
+            self.dev.recycle_tx(f);
             moved += 1;
         }
         let mut buf = vec![0u8; 10000];
@@ -368,6 +369,7 @@ impl Node {
         }
         while let Some(f) = self.dev.pop_tx() {
             let _ = self.link.send(&f);
+            self.dev.recycle_tx(f);
             moved += 1;
         }
         moved
@@ -750,5 +752,56 @@ impl RcPair {
     pub fn post(&mut self, wqe: abi::SendWqe, sges: &[abi::Sge]) {
         let now = self.now;
         self.a.post_send(&mut self.qa, wqe, sges, now);
+    }
+}
+
+/// Frames in flight one way, and spare buffers.
+#[derive(Default)]
+pub struct Wire {
+    pub frames: std::collections::VecDeque<Vec<u8>>,
+    pub spare: Vec<Vec<u8>>,
+}
+
+/// One end of a buffer-recycling in-memory link (unbounded: the RC window
+/// bounds it).
+pub struct PoolLink {
+    tx: std::sync::Arc<std::sync::Mutex<Wire>>,
+    rx: std::sync::Arc<std::sync::Mutex<Wire>>,
+}
+
+pub fn pool_pair() -> (PoolLink, PoolLink) {
+    let (ab, ba) = (std::sync::Arc::default(), std::sync::Arc::default());
+    (
+        PoolLink {
+            tx: std::sync::Arc::clone(&ab),
+            rx: std::sync::Arc::clone(&ba),
+        },
+        PoolLink { tx: ba, rx: ab },
+    )
+}
+
+impl Link for PoolLink {
+    fn send(&mut self, frame: &[u8]) -> std::io::Result<()> {
+        let mut w = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        let mut b = w.spare.pop().unwrap_or_default();
+        b.clear();
+        b.extend_from_slice(frame);
+        w.frames.push_back(b);
+        Ok(())
+    }
+
+    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
+        let mut w = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(f) = w.frames.pop_front() else {
+            return Ok(None);
+        };
+        let n = f.len().min(buf.len());
+        buf[..n].copy_from_slice(&f[..n]);
+        w.spare.push(f);
+        Ok(Some(n))
+    }
+
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
     }
 }

@@ -1,0 +1,274 @@
+//! Handing a device's frames to a link without losing them to a full link.
+//!
+//! [`super::Link::send`] drops a frame the link cannot take now, as a NIC
+//! with a full TX ring would, and the RC transport then recovers by
+//! retransmission: for a frame at the tail of a window that is the local
+//! ACK timeout (67 ms at perftest's `timeout` 14). An owner that drains a
+//! device through [`TxFlush`] instead keeps such a frame
+//! ([`super::Link::try_send`] answered "full"), sends nothing behind it,
+//! and tries it again first on its next pass (when the link's descriptor
+//! polls writable), so the frames leave complete and in order. While a
+//! frame is held the device's own queue fills, and at
+//! `transport::TX_BACKLOG_MAX` frames its requesters and READ responders
+//! stop producing: backpressure up to the WQEs. A link that stays full for
+//! [`TX_HOLD_MAX_NS`] loses the held frame after all (counted), so a
+//! stuck link cannot stall the device's other work forever.
+
+use crate::device::{Device, Nanos};
+
+use super::Link;
+
+/// Longest a frame is held for a full link, ns (10 ms): then it is given
+/// up ([`TxFlush::given_up`]) and the RC transport retransmits it.
+pub const TX_HOLD_MAX_NS: Nanos = 10_000_000;
+/// Most frames one [`TxFlush::flush`] hands to the link, so one call is
+/// bounded however fast a source refills (the device's queue is bounded
+/// too: `transport::TX_BACKLOG_MAX` data frames plus answers).
+pub const FLUSH_MAX: usize = 4096;
+
+/// Where [`TxFlush`] takes frames from: a [`Device`]'s transmit queue, in
+/// order, with the buffers given back for reuse.
+pub trait FrameSource {
+    /// The next frame to send, if any.
+    fn next_frame(&mut self) -> Option<Vec<u8>>;
+    /// Takes back the buffer of a frame the link has taken (or that was
+    /// given up).
+    fn recycle(&mut self, frame: Vec<u8>);
+}
+
+impl FrameSource for Device {
+    fn next_frame(&mut self) -> Option<Vec<u8>> {
+        self.pop_tx()
+    }
+
+    fn recycle(&mut self, frame: Vec<u8>) {
+        self.recycle_tx(frame);
+    }
+}
+
+/// What one [`TxFlush::flush`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Flushed {
+    /// Frames the link took, or that were lost: given up or failed.
+    pub sent: usize,
+    /// Of those, frames given up after [`TX_HOLD_MAX_NS`] of a full link.
+    pub given_up: usize,
+    /// Of those, frames the link refused with an error other than "full".
+    pub failed: usize,
+    /// A frame is held for the full link: call again when the link's
+    /// descriptor polls writable (or soon, for a link without one).
+    pub held: bool,
+}
+
+/// The frame held for a full link between passes; see the
+/// [module documentation](self).
+#[derive(Debug, Default)]
+pub struct TxFlush {
+    held: Option<Vec<u8>>,
+    /// When the link first refused the held frame.
+    held_since: Nanos,
+    given_up: u64,
+}
+
+impl TxFlush {
+    /// A flusher holding nothing.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Hands the held frame, then `src`'s frames, to `link` in order, until
+    /// `src` is empty, the link is full (the frame is held; nothing is sent
+    /// behind it), or [`FLUSH_MAX`] frames went. `now` (ns, any fixed
+    /// epoch) times the hold: a frame held for [`TX_HOLD_MAX_NS`] is given
+    /// up. A link error other than "full" loses that one frame (it is
+    /// logged), as [`Link::send`] errors do.
+    pub fn flush(&mut self, link: &mut dyn Link, src: &mut dyn FrameSource, now: Nanos) -> Flushed {
+        let mut done = Flushed::default();
+        for _ in 0..FLUSH_MAX {
+            let Some(frame) = self.held.take().or_else(|| src.next_frame()) else {
+                return done;
+            };
+            match link.try_send(&frame) {
+                Ok(true) => {}
+                Ok(false) if self.held_since == 0 => {
+                    self.held_since = now.max(1);
+                    self.held = Some(frame);
+                    done.held = true;
+                    return done;
+                }
+                Ok(false) if now.saturating_sub(self.held_since) < TX_HOLD_MAX_NS => {
+                    self.held = Some(frame);
+                    done.held = true;
+                    return done;
+                }
+                Ok(false) => {
+                    self.given_up = self.given_up.wrapping_add(1);
+                    done.given_up += 1;
+                    tracing::debug!("link full for {TX_HOLD_MAX_NS} ns: a frame given up");
+                }
+                Err(e) => {
+                    done.failed += 1;
+                    tracing::debug!("link send failed: {e}");
+                }
+            }
+            self.held_since = 0;
+            done.sent += 1;
+            src.recycle(frame);
+        }
+        done
+    }
+
+    /// True while a frame waits for the link.
+    pub fn holding(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// Frames given up after being held for [`TX_HOLD_MAX_NS`].
+    pub fn given_up(&self) -> u64 {
+        self.given_up
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::io;
+    use std::os::fd::RawFd;
+
+    use super::*;
+
+    /// A link that is full for its first `refuse` tries, then takes
+    /// everything; what it took, in order.
+    struct Stubborn {
+        refuse: usize,
+        took: Vec<Vec<u8>>,
+    }
+
+    impl Link for Stubborn {
+        fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+            // What a NIC-like link does when full: the frame is lost.
+            if self.refuse == 0 {
+                self.took.push(frame.to_vec());
+            }
+            self.refuse = self.refuse.saturating_sub(1);
+            Ok(())
+        }
+
+        fn try_send(&mut self, frame: &[u8]) -> io::Result<bool> {
+            if self.refuse > 0 {
+                self.refuse -= 1;
+                return Ok(false);
+            }
+            self.took.push(frame.to_vec());
+            Ok(true)
+        }
+
+        fn recv(&mut self, _: &mut [u8]) -> io::Result<Option<usize>> {
+            Ok(None)
+        }
+
+        fn raw_fd(&self) -> Option<RawFd> {
+            None
+        }
+    }
+
+    #[derive(Default)]
+    struct Queue {
+        frames: VecDeque<Vec<u8>>,
+        recycled: usize,
+    }
+
+    impl FrameSource for Queue {
+        fn next_frame(&mut self) -> Option<Vec<u8>> {
+            self.frames.pop_front()
+        }
+        fn recycle(&mut self, _: Vec<u8>) {
+            self.recycled += 1;
+        }
+    }
+
+    fn frames(n: u8) -> Queue {
+        Queue {
+            frames: (0..n).map(|i| vec![i; 60]).collect(),
+            ..Queue::default()
+        }
+    }
+
+    #[test]
+    fn a_link_that_is_full_for_a_while_gets_every_frame_in_order() {
+        let mut link = Stubborn {
+            refuse: 3,
+            took: Vec::new(),
+        };
+        let mut src = frames(5);
+        let mut tx = TxFlush::new();
+        let mut now = 1_000;
+        let mut passes = Vec::new();
+        for _ in 0..10 {
+            passes.push(tx.flush(&mut link, &mut src, now));
+            now += 1_000;
+        }
+        assert_eq!(link.took, (0..5).map(|i| vec![i; 60]).collect::<Vec<_>>());
+        assert_eq!(passes[..4].iter().filter(|f| f.held).count(), 3);
+        assert_eq!(
+            passes[3],
+            Flushed {
+                sent: 5,
+                ..Flushed::default()
+            }
+        );
+        assert_eq!((src.recycled, tx.given_up(), tx.holding()), (5, 0, false));
+    }
+
+    #[test]
+    fn a_link_full_for_longer_than_the_hold_loses_only_the_held_frame() {
+        let mut link = Stubborn {
+            refuse: usize::MAX,
+            took: Vec::new(),
+        };
+        let mut src = frames(3);
+        let mut tx = TxFlush::new();
+        let t0 = 5_000;
+        assert!(tx.flush(&mut link, &mut src, t0).held);
+        assert!(tx.flush(&mut link, &mut src, t0 + TX_HOLD_MAX_NS - 1).held);
+        assert_eq!(tx.given_up(), 0);
+        // Frame 0 is given up; frame 1 is then held from now on.
+        let f = tx.flush(&mut link, &mut src, t0 + TX_HOLD_MAX_NS);
+        assert_eq!(
+            f,
+            Flushed {
+                sent: 1,
+                given_up: 1,
+                held: true,
+                ..Flushed::default()
+            }
+        );
+        assert_eq!((tx.given_up(), src.frames.len()), (1, 1));
+        link.refuse = 0;
+        tx.flush(&mut link, &mut src, t0 + TX_HOLD_MAX_NS + 1);
+        assert_eq!(link.took, vec![vec![1; 60], vec![2; 60]]);
+    }
+
+    #[test]
+    fn one_pass_is_bounded() {
+        let mut link = Stubborn {
+            refuse: 0,
+            took: Vec::new(),
+        };
+        struct Endless;
+        impl FrameSource for Endless {
+            fn next_frame(&mut self) -> Option<Vec<u8>> {
+                Some(vec![0; 60])
+            }
+            fn recycle(&mut self, _: Vec<u8>) {}
+        }
+        let f = TxFlush::new().flush(&mut link, &mut Endless, 1);
+        assert_eq!(
+            f,
+            Flushed {
+                sent: FLUSH_MAX,
+                ..Flushed::default()
+            }
+        );
+    }
+}
