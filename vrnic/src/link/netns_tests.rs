@@ -337,3 +337,31 @@ fn packet_link_queues_a_burst_of_900_jumbo_frames_sent_while_it_does_not_read() 
         );
     });
 }
+
+#[test]
+fn tap_link_holds_a_burst_of_3000_frames_sent_while_it_does_not_read() {
+    let Some(ns) = Netns::create("tapq") else {
+        return;
+    };
+    ns.ip(&["tuntap", "add", "dev", "vrtapq", "mode", "tap"]);
+    let mut tap = ns.run(|| TapLink::open("vrtapq").expect("open tap"));
+    ns.ip(&["link", "set", "vrtapq", "up"]);
+    let len = 256;
+    let sent = ns.run(|| {
+        let mut sock = PacketLink::open("vrtapq").expect("AF_PACKET on the tap");
+        for seq in 0..3000 {
+            sock.send(&numbered_frame(seq, len)).expect("send");
+        }
+        sock.link_stats().map_or(0, |s| s.tx_frames)
+    });
+    assert_eq!(sent, 3000, "the sender handed every frame on");
+    // Only now does the daemon's side read: the ring (TX_QUEUE_LEN, 4096,
+    // instead of the default 1000) held them all.
+    let got = count_numbered(&mut tap, len);
+    assert_eq!(
+        got,
+        3000,
+        "frames read from the TAP (the interface dropped {})",
+        ns.tx_dropped("vrtapq")
+    );
+}

@@ -62,6 +62,12 @@ impl TapLink {
             .map_err(|e| OpenError::wrap("TAP", name, "TUNSETIFF", e))?;
         set_nonblocking(iface.as_raw_fd())
             .map_err(|e| OpenError::wrap("TAP", name, "fcntl(O_NONBLOCK)", e))?;
+        if let Err(e) = set_tx_queue_len(iface.name(), TX_QUEUE_LEN) {
+            tracing::warn!(
+                "TAP {}: cannot raise its queue to {TX_QUEUE_LEN} frames: {e}",
+                iface.name()
+            );
+        }
         Ok(TapLink {
             iface,
             stats: LinkStats::default(),
@@ -78,6 +84,60 @@ impl TapLink {
     pub fn stats(&self) -> LinkStats {
         self.stats
     }
+}
+
+/// Frames the kernel may hold for the daemon on its TAP, the interface's
+/// `txqueuelen`: the tun driver's receive ring has this many slots, and a
+/// frame arriving while it is full is dropped (the interface's TX
+/// `dropped`). The default, 1000, is about 2 ms of 4 KiB frames at the
+/// rate the bridge delivers them: a daemon whose worker waits that long
+/// for a CPU (under load, beside busy VMs) lost READ response bursts and
+/// recovered only through ACK timeouts (an `ib_read_bw -a` between two TCG
+/// guests ended in `RETRY_EXC_ERR` at 4 MiB). As the AF_PACKET link's
+/// receive buffer (issue 10).
+pub const TX_QUEUE_LEN: u32 = 4096;
+
+/// Sets interface `name`'s `txqueuelen` (`SIOCSIFTXQLEN`, netdevice(7);
+/// needs `CAP_NET_ADMIN`). The tun driver resizes the ring of an attached
+/// queue at once.
+fn set_tx_queue_len(name: &str, len: u32) -> io::Result<()> {
+    let mut req: libc::ifreq = unsafe_zeroed_ifreq();
+    for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    req.ifr_ifru.ifru_metric = len as libc::c_int;
+    // SAFETY: a plain socket for the ioctl, closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: SIOCSIFTXQLEN reads the ifreq we pass (name NUL-terminated:
+    // names are at most MAX_IFNAME_LEN < IFNAMSIZ bytes, the rest is zero).
+    let r = unsafe { libc::ioctl(fd, libc::SIOCSIFTXQLEN as _, &req) };
+    let e = io::Error::last_os_error();
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(fd) };
+    if r < 0 {
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// An all-zero `ifreq`.
+fn unsafe_zeroed_ifreq() -> libc::ifreq {
+    // SAFETY: ifreq is plain C data (a name array and a union of integers
+    // and pointers) for which all-zero bytes are a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// The kernel's count of frames it dropped for the daemon because the
+/// TAP's ring was full (`/sys/class/net/NAME/statistics/tx_dropped`: the
+/// interface transmits towards the daemon); 0 when unreadable.
+fn queue_drops(name: &str) -> u64 {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/statistics/tx_dropped"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Sets `O_NONBLOCK` on `fd` (`fcntl(2)`).
@@ -157,7 +217,12 @@ impl Link for TapLink {
         Some(self.iface.as_raw_fd())
     }
 
+    /// [`TapLink::stats`], with [`LinkStats::rx_dropped`] the frames the
+    /// kernel dropped at the TAP's full ring ([`TX_QUEUE_LEN`]).
     fn link_stats(&self) -> Option<LinkStats> {
-        Some(self.stats())
+        Some(LinkStats {
+            rx_dropped: queue_drops(self.iface.name()),
+            ..self.stats()
+        })
     }
 }
