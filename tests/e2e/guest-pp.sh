@@ -139,19 +139,23 @@ run_one() { # role size port
 # counting runs. perftest calibrates its cycle counter against gettimeofday when it reports, and
 # gives up ("Can't produce a report", exit 1) when the fit is poor (r^2 < 0.9), which a loaded
 # TCG guest sometimes is; its peer then fails the final exchange. Both sides then see one of those
-# messages and run the same tool once more, on the next port, in step (the peer's failure is always
-# one of them); any other failure, or a second one, stands.
+# messages and run the same tool once more, on a port of its own, in step (the peer's failure is
+# usually one of them); any other failure, or a second one, stands.
 perf_run() {
     role=$1 base=$2
     shift 2
-    run_retry "$role" "$@" -x "$GID" -p $((BASEPORT + base + p))
+    # Every tool's first run has a port fixed by its place in the list, whatever happened to the
+    # runs before it, and a retry has a port of its own (+50): should only one side retry (each
+    # judges its own output), the two still meet at the next tool instead of staying a port
+    # apart for the rest of the list.
+    port=$((BASEPORT + base + p))
     p=$((p + 1))
+    run_retry "$role" "$@" -x "$GID" -p $port
     if [ "$rc" -ne 0 ] &&
         grep -qE "Can't produce a report|Failed to exchange data|Couldn't read remote address" /tmp/out; then
         echo "--- $NAME $1 $role: perftest could not report (clock calibration) or lost its peer at the end; once more"
         cat /tmp/out
-        run_retry "$role" "$@" -x "$GID" -p $((BASEPORT + base + p))
-        p=$((p + 1))
+        run_retry "$role" "$@" -x "$GID" -p $((port + 50))
     fi
 }
 
