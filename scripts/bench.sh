@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# vrnic benchmark (issue 10, first part): the machine's own limits and Debian's perftest on vrnic,
+# vrnic benchmark (issue 10): the machine's own limits and Debian's perftest on vrnic,
 # measured in the same run and printed side by side with ratios; figures, never verdicts.
 #
 # Usage: scripts/bench.sh [--quick] [--guests] [--out DIR]
@@ -7,15 +7,24 @@
 #      (send and sendmmsg, 64 B / 1 KiB / 4 KiB payload frames), busy-poll and blocking round trips;
 #   2. perftest (ib_write_bw, ib_read_bw at 64 B, 4 KiB, 64 KiB, 1 MiB for 3 s each, 1 s with
 #      --quick; ib_send_lat, ib_write_lat at 64 B) between two host processes in two namespaces joined by a veth pair (MTU 9000, path
-#      MTU 4096), each with an in-process vrnic device (VRNIC_LOOPBACK), then each through a guest
-#      agent over such a device (vrnic-agent --loopback, VRNIC_AGENT_SOCKET);
+#      MTU 4096), each with an in-process vrnic device (VRNIC_LOOPBACK: the engine alone on
+#      AF_PACKET, mode "loopback"), then through daemons (modes switch, tap, packet, below);
 #   3. with --guests: tests/e2e/run.sh rxe-rxe ibv-ibv (perftest between two rxe guests and two
 #      vrnic guests under the same QEMU accelerator; several minutes under TCG).
 # Each perftest row also shows why a figure is low: the frames the receive queues dropped and, for
 # in-process devices (VRNIC_STATS=1), the ACK timeouts and sequence NAKs of that run.
 # --quick: shorter runs. Results: DIR (default out/bench-DATE) with bench.csv, bench.json and the
-# printed table (bench.txt). Needs root, perftest and iproute2 (scripts/deps.sh installs them).
-# Not yet (issue 10): the embedded switch and container figures, a chart.
+# printed table (bench.txt), the chart (bench.png). Needs root, perftest and iproute2 (scripts/deps.sh installs them).
+# Daemon modes (2b): the same perftest between two host processes each attached to a vrnic
+# function of a release `vrnic` daemon through its vhost-user socket (VRNIC_VHOST_USER: the
+# containers' path, guest-lib/src/vhost_user.rs), the two in one namespace (TCP over lo):
+#   switch: one daemon, two functions, through its embedded switch (its uplink a TAP nobody reads);
+#   tap:    two daemons on two TAPs of a bridge (MTU 9000);
+#   packet: two daemons on the two ends of a veth pair (AF_PACKET, MTU 9000).
+# Their rows show the daemons' dropped frames (rx_dropped + link_rx_dropped), retransmits and
+# sequence NAKs received during the run (`vrnic stats`). The chart (bench.png, scripts/bench-chart.py,
+# python3-matplotlib) shows bandwidth by size per mode and the latencies against the limits.
+# With --guests the guests' daemons are the release build too (VRNIC_BIN).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 quick=0 guests=0 out=
@@ -39,12 +48,14 @@ mkdir -p "$out"
 secs=1 bw_secs=3 lat_iters=2000
 [ $quick = 1 ] && secs=0.3 bw_secs=1 lat_iters=300
 tag=vrb$$
-ns_l=$tag-l ns_a=$tag-a ns_b=$tag-b
-pids=()
+ns_l=$tag-l ns_a=$tag-a ns_b=$tag-b ns_v=$tag-v
+pids=() dpids=()
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    for n in $ns_l $ns_a $ns_b; do ip netns del "$n" 2>/dev/null || true; done
+    for p in ${dpids[@]+"${dpids[@]}"}; do kill "$p" 2>/dev/null || true; done
+    for p in ${dpids[@]+"${dpids[@]}"}; do wait "$p" 2>/dev/null || true; done
+    for n in $ns_l $ns_a $ns_b $ns_v; do ip netns del "$n" 2>/dev/null || true; done
     rm -rf "/tmp/$tag"
 }
 trap cleanup EXIT
@@ -141,47 +152,132 @@ counters() {
     fi
 }
 
-start_agents() {
-    for s in a b; do
-        local o=12
-        [ $s = a ] && o=11
-        ip netns exec "$tag-$s" "$rel/vrnic-agent" --linger 0 --rt 0 \
-            --loopback "netdev=veth-$s,ip=10.77.0.$o/24" --socket "/tmp/$tag/$s.sock" \
-            >"$out/agent-$s.log" 2>&1 &
-        pids+=($!)
-    done
+
+# Daemon modes: namespace ns_v, daemons started per mode by start_daemons, stopped by stop_daemons.
+ip netns add $ns_v
+ip -n $ns_v link set lo up
+# start_daemons MODE: the daemons of MODE (see the header), their sockets /tmp/$tag/f1.sock and
+# f2.sock; waits (bounded) for both.
+start_daemons() {
+    local v=$rel/vrnic d=/tmp/$tag
+    rm -f $d/f1.sock* $d/f2.sock*
+    case $1 in
+    switch)
+        ip netns exec $ns_v "$v" --socket $d/f1.sock --ip 10.78.0.1/24 --mtu 9000 --tap vr-sw \
+            --function socket=$d/f2.sock,ip=10.78.0.2/24 >"$out/daemon-switch.log" 2>&1 &
+        dpids+=($!)
+        ;;
+    tap)
+        ip -n $ns_v link add br-v type bridge
+        ip -n $ns_v link set br-v up
+        for i in 1 2; do
+            ip -n $ns_v tuntap add dev vr-t$i mode tap
+            ip -n $ns_v link set vr-t$i mtu 9000 master br-v up
+            ip netns exec $ns_v "$v" --socket $d/f$i.sock --ip 10.78.0.$i/24 --mtu 9000 --tap vr-t$i \
+                >"$out/daemon-tap-$i.log" 2>&1 &
+            dpids+=($!)
+        done
+        ;;
+    packet)
+        ip -n $ns_v link add vr-p1 type veth peer name vr-p2
+        for i in 1 2; do
+            ip -n $ns_v link set vr-p$i mtu 9000 up
+            ip netns exec $ns_v "$v" --socket $d/f$i.sock --ip 10.78.0.$i/24 --mtu 9000 --netdev vr-p$i \
+                >"$out/daemon-packet-$i.log" 2>&1 &
+            dpids+=($!)
+        done
+        ;;
+    esac
     local t=0
-    until "$rel/vrnic-agent" --status --socket "/tmp/$tag/a.sock" >/dev/null 2>&1 &&
-        "$rel/vrnic-agent" --status --socket "/tmp/$tag/b.sock" >/dev/null 2>&1; do
+    until [ -S $d/f1.sock ] && [ -S $d/f2.sock ]; do
         t=$((t + 1))
-        [ $t -lt 100 ] || { log "agents did not start (see $out/agent-*.log)"; exit 1; }
+        [ $t -lt 100 ] || { log "daemons for $1 did not start (see $out/daemon-$1*.log)"; exit 1; }
         sleep 0.1
     done
+}
+stop_daemons() {
+    local p
+    for p in ${dpids[@]+"${dpids[@]}"}; do kill "$p" 2>/dev/null || true; done
+    for p in ${dpids[@]+"${dpids[@]}"}; do wait "$p" 2>/dev/null || true; done
+    dpids=()
+    ip -n $ns_v link del br-v 2>/dev/null || true
+    for l in vr-t1 vr-t2 vr-p1 vr-sw; do ip -n $ns_v link del $l 2>/dev/null || true; done
+}
+# dstat NAME: NAME summed over both functions' `vrnic stats`.
+dstat() {
+    local i v s=0
+    for i in 1 2; do
+        v=$("$rel/vrnic" stats --socket /tmp/$tag/f$i.sock 2>/dev/null | awk -v n="$1" '$1 == n { print $2 }')
+        s=$((s + ${v:-0}))
+    done
+    echo $s
+}
+dcounters() { echo "$(($(dstat rx_dropped) + $(dstat link_rx_dropped))) $(dstat retransmits) $(dstat naks_received)"; }
+
+# run_daemon_pair MODE TOOL PORT ARGS...: as run_pair, through the daemons of MODE.
+run_daemon_pair() {
+    local mode=$1 tool=$2 port=$3 c t=0 srv
+    shift 3
+    local e=(env LD_LIBRARY_PATH="$lib")
+    read -r d0 r0 n0 < <(dcounters)
+    ip netns exec $ns_v "${e[@]}" VRNIC_VHOST_USER=/tmp/$tag/f1.sock timeout 120 \
+        "$tool" -x 1 -p "$port" "$@" >"/tmp/$tag/server.out" 2>&1 &
+    srv=$!
+    while ! ip netns exec $ns_v "${e[@]}" VRNIC_VHOST_USER=/tmp/$tag/f2.sock timeout 120 \
+        "$tool" -x 1 -p "$port" "$@" 127.0.0.1 >"/tmp/$tag/client.out" 2>&1; do
+        t=$((t + 1))
+        if [ $t -ge 50 ] || ! grep -qiE "couldn't connect|connection refused" "/tmp/$tag/client.out"; then
+            wait $srv || true
+            read -r d1 r1 n1 < <(dcounters)
+            echo "fail $((d1 - d0)) $((r1 - r0)) $((n1 - n0))"
+            return
+        fi
+        sleep 0.2
+    done
+    wait $srv || true
+    case $tool in
+    *_bw) c=4 ;;
+    *) c=5 ;;
+    esac
+    read -r d1 r1 n1 < <(dcounters)
+    echo "$(awk -v c=$c '/#bytes/ { getline; if ($1 ~ /^[0-9]+$/) { print $c; found = 1 } exit }
+        END { if (!found) print "fail" }' "/tmp/$tag/client.out") $((d1 - d0)) $((r1 - r0)) $((n1 - n0))"
 }
 
 echo "what,mode,bytes,value,unit,drops,timeouts,seq_naks" >"$out/bench.csv"
 port=23000
-for mode in loopback agent; do
-    [ $mode = agent ] && start_agents
+log "building the daemon (release)"
+(cd "$top" && cargo build -q --release -p vrnic-vhost)
+for mode in loopback switch tap packet; do
+    [ $mode != loopback ] && start_daemons $mode
     for tool in ib_write_bw ib_read_bw; do
         for size in 64 4096 65536 1048576; do
             port=$((port + 1))
             log "$mode $tool $size B for ${bw_secs}s"
-            read -r v dr to nk < <(run_pair $mode $tool $port -s $size -D $bw_secs)
+            if [ $mode = loopback ]; then
+                read -r v dr to nk < <(run_pair $mode $tool $port -s $size -D $bw_secs)
+            else
+                read -r v dr to nk < <(run_daemon_pair $mode $tool $port -s $size -D $bw_secs)
+            fi
             echo "$tool,$mode,$size,$v,MB/s,$dr,$to,$nk" >>"$out/bench.csv"
         done
     done
     for tool in ib_send_lat ib_write_lat; do
         port=$((port + 1))
         log "$mode $tool 64 B x $lat_iters"
-        read -r v dr to nk < <(run_pair $mode $tool $port -s 64 -n $lat_iters)
+        if [ $mode = loopback ]; then
+            read -r v dr to nk < <(run_pair $mode $tool $port -s 64 -n $lat_iters)
+        else
+            read -r v dr to nk < <(run_daemon_pair $mode $tool $port -s 64 -n $lat_iters)
+        fi
         echo "$tool,$mode,64,$v,us,$dr,$to,$nk" >>"$out/bench.csv"
     done
+    [ $mode != loopback ] && stop_daemons
 done
 
 if [ $guests = 1 ]; then
     log "guests: tests/e2e/run.sh rxe-rxe ibv-ibv (several minutes under TCG)"
-    E2E_RESULTS=$out/e2e E2E_PERF_SWEEP=0 "$top/tests/e2e/run.sh" rxe-rxe ibv-ibv >"$out/e2e.log" 2>&1 || true
+    VRNIC_BIN=$rel/vrnic E2E_RESULTS=$out/e2e E2E_PERF_SWEEP=0 "$top/tests/e2e/run.sh" rxe-rxe ibv-ibv >"$out/e2e.log" 2>&1 || true
     awk -F, 'NR > 1 && $2 == "a" && $6 == "client" { print "guest-" $1 "," $5 "," $7 "," $8 "," $9 }' \
         "$out/e2e/perftest.csv" 2>/dev/null | sed 's/MB\/sec/MB\/s/; s/usec/us/' |
         awk -F, '{ print $2 ",guests-" substr($1, 7) "," $3 "," $4 "," $5 ",-,-,-" }' >>"$out/bench.csv" || true
@@ -213,7 +309,13 @@ for r in rows:
               f"{r['drops']:>7} {r['timeouts']:>8} {r['seq_naks']:>8}")
         doc["runs"].append(dict(r, ratio=None))
         continue
-    if r["unit"] == "MB/s":
+    if r["unit"] == "MB/s" and r["mode"] == "switch":
+        # Between two functions of one daemon the limit is a memory copy (same size).
+        gbps = x * 8 / 1000
+        mc = float(lim.get(f"memcpy_gbytes_per_s_{r['bytes']}", 0) or 0) * 8
+        ratio = gbps / mc if mc else None
+        fig, limtxt = f"{gbps:.2f} Gb/s", f"{mc:.0f} Gb/s memcpy"
+    elif r["unit"] == "MB/s":
         gbps = x * 8 / 1000
         ratio = gbps / best if best else None
         fig, limtxt = f"{gbps:.2f} Gb/s", f"{best:.2f} Gb/s frames"
@@ -226,4 +328,6 @@ for r in rows:
     doc["runs"].append(dict(r, ratio=ratio))
 json.dump(doc, open(f"{out}/bench.json", "w"), indent=1)
 PY
+/usr/bin/python3 "$top/scripts/bench-chart.py" "$out" 2>"$out/chart.log" ||
+    log "no chart: $(tail -1 "$out/chart.log") (apt-get install python3-matplotlib)"
 log "results in $out"
