@@ -298,7 +298,7 @@ print()
 print(f"{'perftest':14} {'mode':18} {'bytes':>8} {'figure':>12}  {'limit':>22}  {'ratio':>5}  "
       f"{'drops':>7} {'timeouts':>8} {'seq_naks':>8}")
 print("  (drops: frames the receive queues dropped, both sides; timeouts: ACK timeouts that")
-print("   retransmitted; seq_naks: PSN sequence NAKs; '-': not known for agents' long-lived devices)")
+print("   retransmitted; seq_naks: PSN sequence NAKs; '-': not known)")
 doc = {"limits": lim, "runs": []}
 for r in rows:
     v = r["value"]
