@@ -27,10 +27,10 @@ def main() -> int:
                float(lim.get("pkt_send_4154_gbps", 0) or 0))
     rtt = float(lim.get("rtt_busy_us", 0) or 0)
 
-    fig, (bw, lat) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (bw, lat) = plt.subplots(1, 2, figsize=(13, 5.5))
     series = {}
     for r in runs:
-        if r.get("unit") != "MB/s":
+        if r.get("unit") != "MB/s" or "atomic" in r["what"]:
             continue
         try:
             v = float(r["value"]) * 8 / 1000
@@ -51,16 +51,16 @@ def main() -> int:
 
     names, vals = [], []
     for r in runs:
-        if r.get("unit") != "us":
+        if r.get("unit") != "us" or r["what"] not in ("ib_send_lat", "ib_write_lat"):
             continue
         try:
             v = float(r["value"])
         except ValueError:
             continue
-        names.append(f"{r['what'].replace('ib_', '')}\n{r['mode']}")
+        names.append(f"{r['what'].replace('ib_', '').replace('_lat', '')} {r['mode']}")
         vals.append(v)
     lat.bar(range(len(vals)), vals, color="tab:blue")
-    lat.set_xticks(range(len(vals)), names, fontsize=7)
+    lat.set_xticks(range(len(vals)), names, fontsize=7, rotation=60, ha="right")
     if rtt:
         lat.axhline(rtt, linestyle="--", color="grey", label=f"busy-poll RTT {rtt:.1f} us")
         lat.legend(fontsize=7)
