@@ -33,6 +33,11 @@ ct_image() {
     CT_IMAGE=localhost/vrnic-e2e:$(basename "$d" | tr 'A-Z' 'a-z')
     "${CT_PODMAN[@]}" image exists "$CT_IMAGE" ||
         "${CT_PODMAN[@]}" import -q "$d/image.tar" "$CT_IMAGE" >/dev/null
+    # Older imports go, except the two most recent others (as the image cache keeps 3 builds:
+    # another checkout's run may be using one); never the one this run uses.
+    "${CT_PODMAN[@]}" images --sort created --format '{{.Repository}}:{{.Tag}}' 2>/dev/null |
+        grep '^localhost/vrnic-e2e:' | grep -vxF "$CT_IMAGE" | tail -n +3 |
+        xargs -r "${CT_PODMAN[@]}" rmi >/dev/null 2>&1 || true
 }
 
 # ct_run C LOG CMD...: runs CMD in a fresh container on function C's socket and in namespace
