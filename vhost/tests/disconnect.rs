@@ -7,40 +7,10 @@
 
 mod common;
 
-use std::time::Instant;
-
-use common::{rc_qp, WAIT};
+use common::{memfd_mappings, open_fds, rc_qp, settle, WAIT};
 use vrnic::link::MemLink;
 use vrnic_guest::verbs::{Cq, Mr, Pd};
 use vrnic_vhost::frontend::{test_device_config, TestDaemon};
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .expect("/proc/self/fd")
-        .count()
-}
-
-/// Mappings of memfd files (guest RAM is a memfd, as QEMU's
-/// `memory-backend-memfd`).
-fn memfd_mappings() -> usize {
-    std::fs::read_to_string("/proc/self/maps")
-        .expect("/proc/self/maps")
-        .lines()
-        .filter(|l| l.contains("/memfd:"))
-        .count()
-}
-
-/// Waits (bounded by [`WAIT`]) until `f` gives `want`; the last value.
-fn settle(want: usize, f: fn() -> usize) -> usize {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let got = f();
-        if got == want || Instant::now() >= deadline {
-            return got;
-        }
-        std::thread::yield_now();
-    }
-}
 
 /// A frontend with guest memory, vrings and verbs objects goes away: once
 /// the daemon has handled the end of the connection (its device reset), the

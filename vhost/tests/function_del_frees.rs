@@ -8,45 +8,12 @@
 mod common;
 
 use std::net::Ipv4Addr;
-use std::time::Instant;
 
-use common::{rc_qp, WAIT};
+use common::{memfd_mappings, open_fds, rc_qp, settle, threads};
 use vrnic::link::MemLink;
 use vrnic_guest::verbs::{Cq, Mr, Pd};
 use vrnic_vhost::addr::Ipv4Prefix;
 use vrnic_vhost::functions::{FunctionSpec, Functions, FunctionsConfig};
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .expect("/proc/self/fd")
-        .count()
-}
-
-fn memfd_mappings() -> usize {
-    std::fs::read_to_string("/proc/self/maps")
-        .expect("/proc/self/maps")
-        .lines()
-        .filter(|l| l.contains("/memfd:"))
-        .count()
-}
-
-fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .expect("/proc/self/task")
-        .count()
-}
-
-/// Waits (bounded by [`WAIT`]) until `f` gives `want`; the last value.
-fn settle(want: usize, f: fn() -> usize) -> usize {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let got = f();
-        if got == want || Instant::now() >= deadline {
-            return got;
-        }
-        std::thread::yield_now();
-    }
-}
 
 #[test]
 fn deleting_a_connected_function_frees_everything_it_had() {

@@ -333,3 +333,38 @@ pub fn wait_events(ctxs: &[&Context], timeout: Duration) -> Vec<(usize, abi::Eve
         unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
     }
 }
+
+/// Open descriptors of this process (`/proc/self/fd`).
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .count()
+}
+
+/// Mappings of memfds in this process: guest memory a daemon maps.
+pub fn memfd_mappings() -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .expect("/proc/self/maps")
+        .lines()
+        .filter(|l| l.contains("/memfd:"))
+        .count()
+}
+
+/// Threads of this process (`/proc/self/task`).
+pub fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .count()
+}
+
+/// Waits (bounded by [`WAIT`]) until `f` gives `want`; the last value.
+pub fn settle(want: usize, f: fn() -> usize) -> usize {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let got = f();
+        if got == want || Instant::now() >= deadline {
+            return got;
+        }
+        std::thread::yield_now();
+    }
+}
