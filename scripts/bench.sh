@@ -86,12 +86,6 @@ log "machine limits (vrnic-limits, ${secs}s per figure)"
 ip netns exec $ns_l "$rel/vrnic-limits" --a vA --b vB --secs $secs >"$out/limits.txt"
 lim() { sed -n "s/^$1=//p" "$out/limits.txt"; }
 
-# socket_drops NS: the receive-queue drops (ss's skmem d) summed over the AF_PACKET sockets in NS.
-socket_drops() {
-    ip netns exec "$1" ss -0 -m 2>/dev/null | sed -n 's/.*skmem:(.*,d\([0-9]*\)).*/\1/p' |
-        awk '{ s += $1 } END { print s + 0 }'
-}
-
 # stat KEY FILE...: KEY's value summed over the vrnic-stats lines (VRNIC_STATS=1) of FILEs.
 stat() {
     local k=$1
@@ -99,36 +93,35 @@ stat() {
     cat "$@" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$k=//p" | awk '{ s += $1; n++ } END { print n ? s : "-" }'
 }
 
-# run_pair MODE TOOL PORT ARGS...: server in ns_a, client in ns_b; prints the client's figure
-# (BW average MB/s, or t_typical µs) or "fail", then the frames the receive queues dropped
-# (both sides), the ACK timeouts (retransmits) and the sequence NAKs of the run ("-": not known).
-# In-process devices report their own counters when they stop (VRNIC_STATS=1); the agents' are
-# long-lived, so for them only their sockets' drops are known (ss, before and after the run).
+# run_pair MODE TOOL PORT ARGS...: a perftest server and client (the client retrying, bounded,
+# while the server is not listening yet); prints the client's figure (BW average MB/s, or
+# t_typical µs) or "fail", then the run's dropped frames, ACK timeouts (retransmits) and sequence
+# NAKs. Mode loopback: server in ns_a, client in ns_b, each with an in-process device, which
+# reports its counters when it stops (VRNIC_STATS=1). Daemon modes (start_daemons): both in ns_v
+# on the functions f1 and f2, the counters the daemons' differences over the run (dcounters).
 run_pair() {
-    local mode=$1 tool=$2 port=$3
+    local mode=$1 tool=$2 port=$3 ns_s ns_c peer base= c t=0 srv
     shift 3
     local env_a env_b
     if [ "$mode" = loopback ]; then
+        ns_s=$ns_a ns_c=$ns_b peer=10.77.0.1
         env_a=(VRNIC_LOOPBACK="netdev=veth-a,ip=10.77.0.11/24" VRNIC_STATS=1)
         env_b=(VRNIC_LOOPBACK="netdev=veth-b,ip=10.77.0.12/24" VRNIC_STATS=1)
     else
-        env_a=(VRNIC_AGENT_SOCKET="/tmp/$tag/a.sock")
-        env_b=(VRNIC_AGENT_SOCKET="/tmp/$tag/b.sock")
+        ns_s=$ns_v ns_c=$ns_v peer=127.0.0.1
+        env_a=(VRNIC_VHOST_USER="/tmp/$tag/f1.sock")
+        env_b=(VRNIC_VHOST_USER="/tmp/$tag/f2.sock")
+        base=$(dcounters)
     fi
-    local d0=$(($(socket_drops $ns_a) + $(socket_drops $ns_b)))
-    ip netns exec $ns_a env LD_LIBRARY_PATH="$lib" "${env_a[@]}" timeout 120 \
+    ip netns exec "$ns_s" env LD_LIBRARY_PATH="$lib" "${env_a[@]}" timeout 120 \
         "$tool" -x 1 -p "$port" "$@" >"/tmp/$tag/server.out" 2>&1 &
-    local srv=$!
-    local t=0 c
-    while :; do
-        if ip netns exec $ns_b env LD_LIBRARY_PATH="$lib" "${env_b[@]}" timeout 120 \
-            "$tool" -x 1 -p "$port" "$@" 10.77.0.1 >"/tmp/$tag/client.out" 2>&1; then
-            break
-        fi
+    srv=$!
+    while ! ip netns exec "$ns_c" env LD_LIBRARY_PATH="$lib" "${env_b[@]}" timeout 120 \
+        "$tool" -x 1 -p "$port" "$@" "$peer" >"/tmp/$tag/client.out" 2>&1; do
         t=$((t + 1))
         if [ $t -ge 50 ] || ! grep -qiE "couldn't connect|connection refused" "/tmp/$tag/client.out"; then
             wait $srv || true
-            echo "fail $(counters "$mode" "$d0")"
+            echo "fail $(counters "$mode" "$base")"
             return
         fi
         sleep 0.2
@@ -139,16 +132,19 @@ run_pair() {
     *) c=5 ;;
     esac
     echo "$(awk -v c=$c '/#bytes/ { getline; if ($1 ~ /^[0-9]+$/) { print $c; found = 1 } exit }
-        END { if (!found) print "fail" }' "/tmp/$tag/client.out") $(counters "$mode" "$d0")"
+        END { if (!found) print "fail" }' "/tmp/$tag/client.out") $(counters "$mode" "$base")"
 }
 
-# counters MODE DROPS_BEFORE: "drops timeouts seq_naks" of the run that just ended (run_pair).
+# counters MODE BASE: "drops timeouts seq_naks" of the run that just ended (run_pair); BASE is
+# dcounters' line from before the run in the daemon modes.
 counters() {
-    local f=("/tmp/$tag/server.out" "/tmp/$tag/client.out")
+    local f=("/tmp/$tag/server.out" "/tmp/$tag/client.out") d0 r0 n0 d1 r1 n1
     if [ "$1" = loopback ]; then
         echo "$(stat link_rx_dropped "${f[@]}") $(stat retransmits "${f[@]}") $(stat nak_psn_seq_received "${f[@]}")"
     else
-        echo "$(($(socket_drops $ns_a) + $(socket_drops $ns_b) - $2)) - -"
+        read -r d0 r0 n0 <<<"$2"
+        read -r d1 r1 n1 < <(dcounters)
+        echo "$((d1 - d0)) $((r1 - r0)) $((n1 - n0))"
     fi
 }
 
@@ -214,36 +210,6 @@ dstat() {
 }
 dcounters() { echo "$(($(dstat rx_dropped) + $(dstat link_rx_dropped))) $(dstat retransmits) $(dstat naks_received)"; }
 
-# run_daemon_pair MODE TOOL PORT ARGS...: as run_pair, through the daemons of MODE.
-run_daemon_pair() {
-    local mode=$1 tool=$2 port=$3 c t=0 srv
-    shift 3
-    local e=(env LD_LIBRARY_PATH="$lib")
-    read -r d0 r0 n0 < <(dcounters)
-    ip netns exec $ns_v "${e[@]}" VRNIC_VHOST_USER=/tmp/$tag/f1.sock timeout 120 \
-        "$tool" -x 1 -p "$port" "$@" >"/tmp/$tag/server.out" 2>&1 &
-    srv=$!
-    while ! ip netns exec $ns_v "${e[@]}" VRNIC_VHOST_USER=/tmp/$tag/f2.sock timeout 120 \
-        "$tool" -x 1 -p "$port" "$@" 127.0.0.1 >"/tmp/$tag/client.out" 2>&1; do
-        t=$((t + 1))
-        if [ $t -ge 50 ] || ! grep -qiE "couldn't connect|connection refused" "/tmp/$tag/client.out"; then
-            wait $srv || true
-            read -r d1 r1 n1 < <(dcounters)
-            echo "fail $((d1 - d0)) $((r1 - r0)) $((n1 - n0))"
-            return
-        fi
-        sleep 0.2
-    done
-    wait $srv || true
-    case $tool in
-    *_bw) c=4 ;;
-    *) c=5 ;;
-    esac
-    read -r d1 r1 n1 < <(dcounters)
-    echo "$(awk -v c=$c '/#bytes/ { getline; if ($1 ~ /^[0-9]+$/) { print $c; found = 1 } exit }
-        END { if (!found) print "fail" }' "/tmp/$tag/client.out") $((d1 - d0)) $((r1 - r0)) $((n1 - n0))"
-}
-
 echo "what,mode,bytes,value,unit,drops,timeouts,seq_naks" >"$out/bench.csv"
 port=23000
 log "building the daemon (release)"
@@ -254,22 +220,14 @@ for mode in loopback switch tap packet; do
         for size in 64 4096 65536 1048576; do
             port=$((port + 1))
             log "$mode $tool $size B for ${bw_secs}s"
-            if [ $mode = loopback ]; then
-                read -r v dr to nk < <(run_pair $mode $tool $port -s $size -D $bw_secs)
-            else
-                read -r v dr to nk < <(run_daemon_pair $mode $tool $port -s $size -D $bw_secs)
-            fi
+            read -r v dr to nk < <(run_pair $mode $tool $port -s $size -D $bw_secs)
             echo "$tool,$mode,$size,$v,MB/s,$dr,$to,$nk" >>"$out/bench.csv"
         done
     done
     for tool in ib_send_lat ib_write_lat; do
         port=$((port + 1))
         log "$mode $tool 64 B x $lat_iters"
-        if [ $mode = loopback ]; then
-            read -r v dr to nk < <(run_pair $mode $tool $port -s 64 -n $lat_iters)
-        else
-            read -r v dr to nk < <(run_daemon_pair $mode $tool $port -s 64 -n $lat_iters)
-        fi
+        read -r v dr to nk < <(run_pair $mode $tool $port -s 64 -n $lat_iters)
         echo "$tool,$mode,64,$v,us,$dr,$to,$nk" >>"$out/bench.csv"
     done
     [ $mode != loopback ] && stop_daemons
