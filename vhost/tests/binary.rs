@@ -2,35 +2,19 @@
 //! a TAP device, and a clean exit on SIGTERM. The daemon runs in a network
 //! namespace of its own (`unshare --net`), which disappears with it.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use common::TempDir;
 use vrnic::abi;
 use vrnic_vhost::frontend::{FrontendOptions, TestFrontend};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vrnic");
 const WAIT: Duration = Duration::from_secs(20);
-
-/// A fresh directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("vrnic-bin-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 #[test]
 fn the_command_line_requires_one_link() {

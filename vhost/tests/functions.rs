@@ -8,10 +8,10 @@
 mod common;
 
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use common::{connect_rc, gid, pattern, rc_qp, recv, wait_cq, Conn, Peer, WAIT};
+use common::{connect_rc, gid, pattern, rc_qp, recv, wait_cq, Conn, Peer, TempDir, WAIT};
 use vrnic::abi;
 use vrnic::link::{Link, MemLink};
 use vrnic_guest::verbs::{
@@ -22,24 +22,6 @@ use vrnic_vhost::addr::Ipv4Prefix;
 use vrnic_vhost::functions::{
     FunctionError, FunctionSpec, Functions, FunctionsConfig, MAX_FUNCTIONS,
 };
-
-/// A fresh directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("vrnic-fn-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn ip(last: u8) -> Ipv4Prefix {
     Ipv4Prefix {

@@ -368,3 +368,24 @@ pub fn settle(want: usize, f: fn() -> usize) -> usize {
         std::thread::yield_now();
     }
 }
+
+/// A fresh directory under the system's temporary directory, named after
+/// `tag` and this process, removed on drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    /// Creates `vrnic-test-TAG-PID`, replacing what a crashed earlier run
+    /// left there.
+    pub fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("vrnic-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir(&p).unwrap();
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
