@@ -25,6 +25,8 @@
 # sequence NAKs received during the run (`vrnic stats`). The chart (bench.png, scripts/bench-chart.py,
 # python3-matplotlib) shows bandwidth by size per mode and the latencies against the limits.
 # With --guests the guests' daemons are the release build too (VRNIC_BIN).
+# For A/B runs: BENCH_MODES="switch tap" runs only those host modes (default: all four);
+# BENCH_DAEMON_ARGS="--poll-us 0" adds arguments to every daemon of the daemon modes.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 quick=0 guests=0 out=
@@ -154,13 +156,14 @@ ip netns add $ns_v
 ip -n $ns_v link set lo up
 # start_daemons MODE: the daemons of MODE (see the header), their sockets /tmp/$tag/f1.sock and
 # f2.sock; waits (bounded) for both.
+read -ra daemon_args <<<"${BENCH_DAEMON_ARGS:-}"
 start_daemons() {
     local v=$rel/vrnic d=/tmp/$tag
     rm -f $d/f1.sock* $d/f2.sock*
     case $1 in
     switch)
         ip netns exec $ns_v "$v" --socket $d/f1.sock --ip 10.78.0.1/24 --mtu 9000 --tap vr-sw \
-            --function socket=$d/f2.sock,ip=10.78.0.2/24 >"$out/daemon-switch.log" 2>&1 &
+            --function socket=$d/f2.sock,ip=10.78.0.2/24 ${daemon_args[@]+"${daemon_args[@]}"} >"$out/daemon-switch.log" 2>&1 &
         dpids+=($!)
         ;;
     tap)
@@ -170,7 +173,7 @@ start_daemons() {
             ip -n $ns_v tuntap add dev vr-t$i mode tap
             ip -n $ns_v link set vr-t$i mtu 9000 master br-v up
             ip netns exec $ns_v "$v" --socket $d/f$i.sock --ip 10.78.0.$i/24 --mtu 9000 --tap vr-t$i \
-                >"$out/daemon-tap-$i.log" 2>&1 &
+                ${daemon_args[@]+"${daemon_args[@]}"} >"$out/daemon-tap-$i.log" 2>&1 &
             dpids+=($!)
         done
         ;;
@@ -179,7 +182,7 @@ start_daemons() {
         for i in 1 2; do
             ip -n $ns_v link set vr-p$i mtu 9000 up
             ip netns exec $ns_v "$v" --socket $d/f$i.sock --ip 10.78.0.$i/24 --mtu 9000 --netdev vr-p$i \
-                >"$out/daemon-packet-$i.log" 2>&1 &
+                ${daemon_args[@]+"${daemon_args[@]}"} >"$out/daemon-packet-$i.log" 2>&1 &
             dpids+=($!)
         done
         ;;
@@ -214,7 +217,7 @@ echo "what,mode,bytes,value,unit,drops,timeouts,seq_naks" >"$out/bench.csv"
 port=23000
 log "building the daemon (release)"
 (cd "$top" && cargo build -q --release -p vrnic-vhost)
-for mode in loopback switch tap packet; do
+for mode in ${BENCH_MODES:-loopback switch tap packet}; do
     [ $mode != loopback ] && start_daemons $mode
     for tool in ib_write_bw ib_read_bw; do
         for size in 64 4096 65536 1048576; do

@@ -13,7 +13,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tracing::{debug, error, info};
@@ -31,6 +31,7 @@ use vrnic::device::{Device, DeviceStats};
 use vrnic::link::Link;
 
 use crate::datapath::{BackendStats, DataPath, Vring};
+use crate::spin::PollConfig;
 use crate::stats::{Snapshot, StatsBoard};
 
 /// Worker event id of the link's descriptor (ids `0..NUM_QUEUES` are the
@@ -61,12 +62,15 @@ pub struct BackendConfig {
     /// Largest virtqueue size the backend accepts (`SET_VRING_NUM`): a
     /// power of two in `1..=abi::MAX_QUEUE_SIZE`.
     pub queue_size: u16,
+    /// Adaptive polling of the worker ([`crate::spin`]).
+    pub poll: PollConfig,
 }
 
 impl Default for BackendConfig {
     fn default() -> Self {
         Self {
             queue_size: abi::MAX_QUEUE_SIZE,
+            poll: PollConfig::default(),
         }
     }
 }
@@ -87,7 +91,11 @@ pub enum BackendError {
 /// `VhostUserDaemon`; [`crate::server`] does that.
 pub struct VrnicBackend {
     dp: Mutex<DataPath>,
+    /// Threads other than the worker waiting for `dp`: a polling worker
+    /// gives way when non-zero ([`crate::spin`]).
+    waiters: AtomicUsize,
     queue_size: u16,
+    poll: PollConfig,
     acked_features: AtomicU64,
     board: Arc<StatsBoard>,
     /// Descriptors of the exit-event consumers handed to vhost-user-backend
@@ -114,14 +122,26 @@ impl VrnicBackend {
         }
         Ok(Self {
             dp: Mutex::new(DataPath::new(device, link).map_err(BackendError::Timer)?),
+            waiters: AtomicUsize::new(0),
             queue_size: q,
+            poll: cfg.poll,
             acked_features: AtomicU64::new(0),
             board: Arc::new(StatsBoard::new()),
             exit_consumers: Mutex::new(Vec::new()),
         })
     }
 
+    /// The data path, for any thread but the worker: counted in
+    /// `waiters` while it waits, so a polling worker lets go.
     fn lock(&self) -> MutexGuard<'_, DataPath> {
+        self.waiters.fetch_add(1, Ordering::Relaxed);
+        let dp = self.lock_worker();
+        self.waiters.fetch_sub(1, Ordering::Relaxed);
+        dp
+    }
+
+    /// The data path, for the worker.
+    fn lock_worker(&self) -> MutexGuard<'_, DataPath> {
         // A panic in the engine is caught inside the lock (see
         // `handle_event`), so poisoning only follows a bug here; the data
         // path is still usable.
@@ -371,9 +391,12 @@ impl VhostUserBackend for VrnicBackend {
         vrings: &[Vring],
         _thread_id: usize,
     ) -> io::Result<()> {
-        let mut dp = self.lock();
+        let mut dp = self.lock_worker();
         let r = catch_unwind(AssertUnwindSafe(|| {
-            Self::dispatch(&mut dp, device_event, vrings)
+            Self::dispatch(&mut dp, device_event, vrings);
+            dp.spin(vrings, self.poll, &self.waiters, &mut |dp| {
+                self.publish(dp, false)
+            });
         }));
         if r.is_err() {
             error!(

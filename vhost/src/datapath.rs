@@ -111,6 +111,15 @@ pub struct BackendStats {
     /// Commands refused (`STATUS_ENODEV`) and doorbells ignored while the
     /// device was lost.
     pub lost_requests: u64,
+    /// Polling sessions the worker ran after work ([`crate::spin`]).
+    pub poll_sessions: u64,
+    /// Sessions ended by a neighbour that does not yield the core, each
+    /// followed by a pause without polling ([`crate::spin::PollConfig`]).
+    pub poll_backoffs: u64,
+    /// Time the worker polled without finding work, nanoseconds: the CPU
+    /// time adaptive polling costs beyond the work itself (time yielded to
+    /// other threads included).
+    pub poll_idle_ns: u64,
 }
 
 /// The data-path state: the device, its link, its timer and the event
@@ -153,6 +162,11 @@ pub struct DataPath {
     /// A per-QP publish is owed at this device time (the timer is armed
     /// for it).
     qp_stats_due: Option<Nanos>,
+    /// The worker is polling ([`crate::spin`]): queues drained leave the
+    /// driver's notifications off.
+    pub(crate) spinning: bool,
+    /// The worker does not poll before this device time ([`crate::spin`]).
+    pub(crate) spin_backoff_until: Nanos,
 }
 
 impl DataPath {
@@ -183,6 +197,8 @@ impl DataPath {
             qp_stats_seen: None,
             qp_stats_next: 0,
             qp_stats_due: None,
+            spinning: false,
+            spin_backoff_until: 0,
         })
     }
 
@@ -431,32 +447,42 @@ impl DataPath {
     /// Receives up to [`RX_BATCH`] frames from the link into the device.
     /// Returns whether the batch was full (more frames may be waiting).
     pub fn receive(&mut self) -> bool {
+        self.receive_counted().1
+    }
+
+    /// [`DataPath::receive`], also returning how many frames it took.
+    pub(crate) fn receive_counted(&mut self) -> (usize, bool) {
         let guard = self.mem.memory();
         let mem = GuestMem::new(&guard);
-        for _ in 0..RX_BATCH {
+        for i in 0..RX_BATCH {
             match self.link.recv(&mut self.rx_buf) {
                 Ok(Some(n)) => {
                     let now = self.now();
                     let n = n.min(self.rx_buf.len());
                     self.device.receive(&mem, &self.rx_buf[..n], now);
                 }
-                Ok(None) => return false,
+                Ok(None) => return (i, false),
                 Err(e)
                     if matches!(
                         e.kind(),
                         io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
                     ) =>
                 {
-                    return false
+                    return (i, false)
                 }
                 Err(e) => {
                     self.stats.link_rx_errors += 1;
                     debug!("link receive failed: {e}");
-                    return false;
+                    return (i, false);
                 }
             }
         }
-        true
+        (RX_BATCH, true)
+    }
+
+    /// Whether the deadline the timer is armed for has passed by `now`.
+    pub(crate) fn deadline_passed(&self, now: Nanos) -> bool {
+        self.armed.is_some_and(|d| d <= now)
     }
 
     /// The timer fired: consumes the expiry. The deadline's work runs in
@@ -638,6 +664,11 @@ impl DataPath {
                 let used = handle(self, &mem, &segs);
                 complete(vring, head, used);
                 used_any = true;
+            }
+            // While the worker polls, the driver need not kick: it sees
+            // notifications off. `spin` re-enables and re-checks at the end.
+            if self.spinning {
+                break;
             }
             // Re-enable and re-check for chains added meanwhile. A chain
             // the driver added while notifications were off came without a

@@ -26,6 +26,7 @@ pub mod functions;
 pub mod memory;
 pub mod server;
 mod sockserv;
+pub mod spin;
 pub mod stats;
 pub mod switch;
 pub mod timer;

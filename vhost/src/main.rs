@@ -231,6 +231,14 @@ struct DaemonArgs {
     /// Largest virtqueue size accepted (a power of two, at most 256).
     #[arg(long, default_value_t = abi::MAX_QUEUE_SIZE)]
     queue_size: u16,
+    /// Adaptive polling: after work, each function's worker keeps polling
+    /// its queues and link this many microseconds after the last work it
+    /// found (yielding the CPU between empty rounds) before it sleeps; 0
+    /// sleeps at once. Cuts a blocking wake-up (≈13 µs) out of each
+    /// message of a ping-pong.
+    #[arg(long, value_name = "US", default_value_t = vrnic_vhost::spin::DEFAULT_POLL_NS / 1000,
+          value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    poll_us: u64,
     /// Exit when the first frontend of the --socket/--connect function
     /// disconnects instead of waiting for the next.
     #[arg(long, requires = "single")]
@@ -358,6 +366,10 @@ fn run_daemon(cli: DaemonArgs) -> Result<()> {
             link_mtu: cli.mtu,
             backend: BackendConfig {
                 queue_size: cli.queue_size,
+                poll: vrnic_vhost::spin::PollConfig {
+                    budget_ns: cli.poll_us * 1000,
+                    ..Default::default()
+                },
             },
         },
     ));

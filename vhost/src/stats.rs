@@ -38,7 +38,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 }
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 44;
+pub const COUNTERS: usize = 47;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -87,6 +87,9 @@ pub const NAMES: [&str; COUNTERS] = [
     "rx_dropped_stopped",
     "device_lost",
     "lost_requests",
+    "poll_sessions",
+    "poll_backoffs",
+    "poll_idle_ns",
 ];
 
 /// Largest reply [`query`] accepts, bytes: room for the device counters
@@ -167,6 +170,9 @@ impl Snapshot {
             rx_dropped_stopped,
             device_lost,
             lost_requests,
+            poll_sessions,
+            poll_backoffs,
+            poll_idle_ns,
         } = *backend;
         Self {
             values: [
@@ -214,6 +220,9 @@ impl Snapshot {
                 rx_dropped_stopped,
                 device_lost,
                 lost_requests,
+                poll_sessions,
+                poll_backoffs,
+                poll_idle_ns,
             ],
         }
     }

@@ -668,7 +668,10 @@ fn once_server_finishes_when_the_frontend_leaves() {
 #[test]
 fn queue_sizes_above_the_maximum_are_refused() {
     let (ours, _peer) = MemLink::pair();
-    let cfg = vrnic_vhost::BackendConfig { queue_size: 16 };
+    let cfg = vrnic_vhost::BackendConfig {
+        queue_size: 16,
+        ..Default::default()
+    };
     let backend = VrnicBackend::new(
         vrnic::device::Device::new(test_device_config()),
         Box::new(ours),
@@ -696,7 +699,10 @@ fn queue_sizes_above_the_maximum_are_refused() {
     stop(d);
     for bad in [0, 3, 512] {
         let (ours, _peer) = MemLink::pair();
-        let cfg = vrnic_vhost::BackendConfig { queue_size: bad };
+        let cfg = vrnic_vhost::BackendConfig {
+            queue_size: bad,
+            ..Default::default()
+        };
         assert!(VrnicBackend::new(
             vrnic::device::Device::new(test_device_config()),
             Box::new(ours),

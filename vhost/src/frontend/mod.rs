@@ -281,6 +281,15 @@ impl TestFrontend {
         self.queues[usize::from(q)].pop_used(&self.mem)
     }
 
+    /// Whether the device would want a kick for the next chain on queue
+    /// `q` ([`SplitQueue::wants_kick`]).
+    ///
+    /// # Errors
+    /// As [`SplitQueue::wants_kick`].
+    pub fn wants_kick(&self, q: u16) -> Result<bool, FrontendError> {
+        self.queues[usize::from(q)].wants_kick(&self.mem)
+    }
+
     /// Overwrites queue `q`'s available index with `idx` and kicks; for
     /// robustness tests. [`TestFrontend::republish`] undoes it.
     ///

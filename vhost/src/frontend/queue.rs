@@ -233,6 +233,16 @@ impl SplitQueue {
         Ok(())
     }
 
+    /// Whether the device would want a kick for the next chain made
+    /// available (notifications on: no `VIRTQ_USED_F_NO_NOTIFY`, or with
+    /// `VIRTIO_F_EVENT_IDX` an avail event at the current index).
+    ///
+    /// # Errors
+    /// [`FrontendError::Mem`] if the ring is outside memory.
+    pub fn wants_kick(&self, mem: &DriverMemory) -> Result<bool, FrontendError> {
+        self.needs_kick(mem, self.avail_idx, self.avail_idx.wrapping_add(1))
+    }
+
     /// Whether the device wants a kick for entries `old..new`.
     fn needs_kick(&self, mem: &DriverMemory, old: u16, new: u16) -> Result<bool, FrontendError> {
         let m = mem.mem();

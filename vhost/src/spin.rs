@@ -1,0 +1,184 @@
+//! Adaptive polling: spin briefly, then sleep (issue 10).
+//!
+//! A blocking wake-up costs about 13 µs one way on this kind of machine
+//! (`epoll_wait` → eventfd → scheduler; ../shared/reference, "RTT eventfd
+//! thread↔thread 26.7 µs"), and a 64-byte ping-pong through vrnic takes
+//! several of them. So after a wake-up that found work, the worker keeps
+//! polling its doorbell and control queues, its link and its timer for up
+//! to a budget (`vrnic --poll-us`, [`DEFAULT_POLL_NS`]) after the *last*
+//! work it found, and only then sleeps in `epoll_wait` again.
+//!
+//! - While it polls, the driver's notifications stay off (virtio 1.2
+//!   §2.7.7: `VIRTQ_USED_F_NO_NOTIFY`; with `VIRTIO_F_EVENT_IDX` the
+//!   avail event is simply not moved, §2.7.10), so a driver posting a
+//!   doorbell does not kick: no eventfd write in a process, no MMIO exit in
+//!   a guest. The session ends with notifications on and the queues
+//!   checked once more, so nothing posted meanwhile waits for a kick.
+//! - Every empty round yields the CPU (`sched_yield(2)`): a program that
+//!   polls its CQ and yields when it finds nothing (guest-lib's verbs over
+//!   vhost-user do, `Transport::yield_when_idle`) or another function's
+//!   worker on the same core runs at once, and posts its doorbell while
+//!   this worker waits for it. Without the yield, a worker sharing a core
+//!   with its own program polls for nothing until the budget ends (55 µs
+//!   per 64-byte `ib_send_lat` iteration instead of 8 measured here).
+//! - But a thread that does not yield (perftest's `ib_write_lat` spins on
+//!   its buffer; a vCPU running a polling guest) keeps the core for a whole
+//!   time slice once it gets it: 2 ms per `ib_write_lat` iteration was
+//!   measured. A yield that took [`LONG_YIELD_NS`] or more shows such a
+//!   neighbour: the session ends and the worker does not poll for
+//!   [`BACKOFF_NS`], sleeping in `epoll_wait` as without polling, where a
+//!   wake-up preempts the neighbour.
+//! - A session lasts at most [`SESSION_MAX_NS`], and ends at once when
+//!   another thread waits for the data path (a vhost-user request of the
+//!   frontend: memory table, ring stop; a stats reader), so neither waits
+//!   behind a busy worker; the worker's exit event is seen at the next
+//!   `epoll_wait`.
+//! - A stopped or lost device ([`DataPath::stop`], [`DataPath::lost`]),
+//!   or one the driver has not used yet, is not polled.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use vhost_user_backend::VringT;
+use virtio_queue::QueueT;
+use vm_memory::GuestAddressSpace;
+use vrnic::abi;
+use vrnic::device::Nanos;
+
+use crate::datapath::{DataPath, Vring};
+
+/// Default polling budget after the last work found, nanoseconds (50 µs:
+/// a few round trips of a busy 64-byte ping-pong through vrnic, ≈6–8 µs
+/// each here). `vrnic --poll-us 0` turns polling off.
+pub const DEFAULT_POLL_NS: Nanos = 50_000;
+/// Longest polling session before the worker goes back to `epoll_wait`
+/// (where its other events, such as the exit event, are seen),
+/// nanoseconds.
+pub const SESSION_MAX_NS: Nanos = 2_000_000;
+/// A `sched_yield` that kept the worker off the core this long shows a
+/// neighbour that does not yield, nanoseconds (100 µs: a yielding poller
+/// gives the core back within a few µs; a time slice is ≥ 700 µs).
+pub const LONG_YIELD_NS: Nanos = 100_000;
+/// How long the worker does not poll after a [`LONG_YIELD_NS`] yield,
+/// nanoseconds (100 ms: one lost time slice per 100 ms at most).
+pub const BACKOFF_NS: Nanos = 100_000_000;
+
+/// How a worker polls ([`DataPath::spin`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PollConfig {
+    /// Polling budget after the last work found, nanoseconds; 0: the
+    /// worker never polls.
+    pub budget_ns: Nanos,
+    /// How long the worker does not poll after a yield of
+    /// [`LONG_YIELD_NS`] or more, nanoseconds.
+    pub backoff_ns: Nanos,
+}
+
+impl Default for PollConfig {
+    /// [`DEFAULT_POLL_NS`] and [`BACKOFF_NS`].
+    fn default() -> Self {
+        Self {
+            budget_ns: DEFAULT_POLL_NS,
+            backoff_ns: BACKOFF_NS,
+        }
+    }
+}
+
+impl DataPath {
+    /// Polls the device's queues, link and timer until `cfg.budget_ns` pass
+    /// without work, [`SESSION_MAX_NS`] pass in all, or `waiters` is
+    /// non-zero (another thread wants the data path). See the module.
+    /// `vrings` are all the device's vrings, indexed by queue number;
+    /// `after` runs after each round that found work (the backend publishes
+    /// the counters, as after each wake-up).
+    pub(crate) fn spin(
+        &mut self,
+        vrings: &[Vring],
+        cfg: PollConfig,
+        waiters: &AtomicUsize,
+        after: &mut dyn FnMut(&mut DataPath),
+    ) {
+        if cfg.budget_ns == 0
+            || !self.running()
+            || self.stopped()
+            || self.lost()
+            || self.now() < self.spin_backoff_until
+        {
+            return;
+        }
+        let (Some(ctrl), Some(db)) = (
+            vrings.get(usize::from(abi::CONTROLQ)),
+            vrings.get(usize::from(abi::DOORBELLQ)),
+        ) else {
+            return;
+        };
+        let start = self.now();
+        let mut last_work = start;
+        self.spinning = true;
+        self.stats.poll_sessions += 1;
+        loop {
+            let mut work = false;
+            if self.has_avail(db) {
+                self.process_doorbells(db);
+                work = true;
+            }
+            if self.has_avail(ctrl) {
+                self.process_control(ctrl);
+                work = true;
+            }
+            let (frames, more_rx) = self.receive_counted();
+            work |= frames > 0;
+            let now = self.now();
+            if self.deadline_passed(now) {
+                self.on_timer();
+                work = true;
+            }
+            if work {
+                self.after_work(vrings, more_rx);
+                after(self);
+                // The idle rounds before this work are polling's cost.
+                self.stats.poll_idle_ns += now.saturating_sub(last_work);
+                last_work = self.now();
+            } else if now.saturating_sub(last_work) >= cfg.budget_ns {
+                break;
+            }
+            if now.saturating_sub(start) >= SESSION_MAX_NS
+                || waiters.load(Ordering::Relaxed) > 0
+                || self.lost()
+            {
+                break;
+            }
+            if !work {
+                std::hint::spin_loop();
+                let before = self.now();
+                // SAFETY: no arguments; it cannot fail on Linux.
+                unsafe { libc::sched_yield() };
+                if self.now().saturating_sub(before) >= LONG_YIELD_NS {
+                    // A thread that does not yield shares this core: stop
+                    // polling for a while (see the module).
+                    self.spin_backoff_until = self.now().saturating_add(cfg.backoff_ns);
+                    self.stats.poll_backoffs += 1;
+                    break;
+                }
+            }
+        }
+        self.spinning = false;
+        self.stats.poll_idle_ns += self.now().saturating_sub(last_work);
+        // Notifications on again, and what came while they were off served.
+        self.process_doorbells(db);
+        self.process_control(ctrl);
+        self.after_work(vrings, false);
+    }
+
+    /// Whether `vring` is live and the driver made chains available that
+    /// the device has not taken (the avail index read from guest memory).
+    fn has_avail(&self, vring: &Vring) -> bool {
+        let guard = self.memory().memory();
+        let state = vring.get_ref();
+        let q = state.get_queue();
+        if !q.ready() || !state.is_enabled() {
+            return false;
+        }
+        q.avail_idx(&*guard, Ordering::Acquire)
+            .is_ok_and(|idx| idx.0 != q.next_avail())
+    }
+}
