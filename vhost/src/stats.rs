@@ -558,6 +558,7 @@ mod tests {
             commands: 12,
             engine_panics: 23,
             lost_requests: 24,
+            poll_idle_ns: 25,
             ..Default::default()
         };
         let s = Snapshot::new(&d, &b);
@@ -573,7 +574,8 @@ mod tests {
         let parsed = parse(&s.render()).unwrap();
         assert_eq!(parsed.len(), COUNTERS);
         assert_eq!(parsed[0], ("tx_frames".to_string(), 1));
-        assert_eq!(parsed[COUNTERS - 1], ("lost_requests".to_string(), 24));
+        assert_eq!(parsed[COUNTERS - 1], ("poll_idle_ns".to_string(), 25));
+        assert_eq!(s.get("lost_requests"), Some(24));
     }
 
     #[test]
