@@ -137,19 +137,30 @@ impl PortCounters {
     }
 }
 
+/// Frame buffers a port's queue keeps for reuse, at most: a frame costs
+/// no allocation once the queue has carried this many.
+const SPARE_BUFFERS: usize = 64;
+
+/// A port's receive queue and the buffers of frames already taken.
+#[derive(Debug, Default)]
+struct PortQueue {
+    frames: VecDeque<Vec<u8>>,
+    spare: Vec<Vec<u8>>,
+}
+
 /// What the switch keeps of a port: its MAC, receive queue and counters.
 #[derive(Debug)]
 struct PortShared {
     id: u64,
     mac: [u8; 6],
-    queue: Mutex<VecDeque<Vec<u8>>>,
+    queue: Mutex<PortQueue>,
     /// Readable while `queue` is non-empty.
     efd: OwnedFd,
     counters: PortCounters,
 }
 
 impl PortShared {
-    fn lock(&self) -> MutexGuard<'_, VecDeque<Vec<u8>>> {
+    fn lock(&self) -> MutexGuard<'_, PortQueue> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -157,14 +168,22 @@ impl PortShared {
     /// Returns whether it was queued.
     fn push(&self, frame: &[u8]) -> bool {
         let mut q = self.lock();
-        if q.len() >= PORT_QUEUE_DEPTH {
+        if q.frames.len() >= PORT_QUEUE_DEPTH {
             inc(&self.counters.rx_queue_dropped);
             return false;
         }
-        q.push_back(frame.to_vec());
-        // SAFETY: eventfd_write on our own descriptor; EAGAIN only when the
-        // counter would overflow, when it is readable anyway.
-        unsafe { libc::eventfd_write(self.efd.as_raw_fd(), 1) };
+        let mut buf = q.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(frame);
+        q.frames.push_back(buf);
+        // The eventfd is readable while the queue is non-empty: only the
+        // first frame of an empty queue makes it so (a system call saved
+        // per frame of a burst).
+        if q.frames.len() == 1 {
+            // SAFETY: eventfd_write on our own descriptor; EAGAIN only when
+            // the counter would overflow, when it is readable anyway.
+            unsafe { libc::eventfd_write(self.efd.as_raw_fd(), 1) };
+        }
         true
     }
 }
@@ -266,7 +285,7 @@ impl Switch {
         let shared = Arc::new(PortShared {
             id: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
             mac,
-            queue: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(PortQueue::default()),
             efd,
             counters: PortCounters::default(),
         });
@@ -368,19 +387,25 @@ impl SwitchPort {
         // (both change under the queue's lock): an empty queue costs no
         // system call, which keeps a lone function's path to the uplink
         // as cheap as a device on the uplink itself.
-        if q.is_empty() {
+        if q.frames.is_empty() {
             return None;
         }
         let mut got = None;
-        while let Some(frame) = q.pop_front() {
-            if let Some(dst) = buf.get_mut(..frame.len()) {
+        while let Some(frame) = q.frames.pop_front() {
+            let fits = buf.get_mut(..frame.len()).map(|dst| {
                 dst.copy_from_slice(&frame);
-                got = Some(frame.len());
+                frame.len()
+            });
+            if q.spare.len() < SPARE_BUFFERS {
+                q.spare.push(frame);
+            }
+            if fits.is_some() {
+                got = fits;
                 break;
             }
             inc(&self.shared.counters.rx_queue_dropped);
         }
-        if q.is_empty() {
+        if q.frames.is_empty() {
             let mut v: libc::eventfd_t = 0;
             // SAFETY: eventfd_read into a live u64; EAGAIN when already zero.
             unsafe { libc::eventfd_read(self.shared.efd.as_raw_fd(), &mut v) };
@@ -392,7 +417,16 @@ impl SwitchPort {
     /// for this port arrives in `buf`; frames for other ports go to their
     /// queues.
     fn pull_uplink(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        let mut uplink = self.sw.uplink();
+        // Another port reading or sending on the uplink: do not wait for
+        // it. A reader forwards this port's frames to its queue; after a
+        // sender, the uplink's descriptor is still readable, so this port
+        // comes back. (Polling workers call this on every empty round;
+        // waiting here made the lock the switch's hottest spot.)
+        let mut uplink = match self.sw.uplink.try_lock() {
+            Ok(u) => u,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(None),
+        };
         for _ in 0..UPLINK_PULL_MAX {
             let n = match uplink.recv(buf) {
                 Ok(Some(n)) => n.min(buf.len()),
