@@ -111,6 +111,14 @@ impl DataPath {
         ) else {
             return;
         };
+        // Notifications off from the start: a driver posting while the
+        // worker polls does not kick (a kick would also wake the worker
+        // once more after the session, for nothing).
+        for q in [db, ctrl] {
+            if let Err(e) = q.disable_notification() {
+                tracing::debug!("cannot disable notifications: {e}");
+            }
+        }
         let start = self.now();
         let mut last_work = start;
         self.spinning = true;
