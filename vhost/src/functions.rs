@@ -362,7 +362,7 @@ impl fmt::Display for FunctionInfo {
     /// One line: `name=.. socket=.. mac=.. ip=.. [ipv6=..]... connected=yes|no
     /// stats=.. tx_frames=.. rx_frames=.. rx_dropped=.. retransmits=..
     /// switch_tx_local=.. switch_tx_uplink=.. switch_rx_local=..
-    /// switch_rx_uplink=.. switch_rx_dropped=..`.
+    /// switch_rx_uplink=.. switch_rx_dropped=.. switch_tx_busy=..`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -387,8 +387,8 @@ impl fmt::Display for FunctionInfo {
         let p = &self.port;
         write!(
             f,
-            " switch_tx_local={} switch_tx_uplink={} switch_rx_local={} switch_rx_uplink={} switch_rx_dropped={}",
-            p.tx_local, p.tx_uplink, p.rx_local, p.rx_uplink, p.rx_queue_dropped
+            " switch_tx_local={} switch_tx_uplink={} switch_rx_local={} switch_rx_uplink={} switch_rx_dropped={} switch_tx_busy={}",
+            p.tx_local, p.tx_uplink, p.rx_local, p.rx_uplink, p.rx_queue_dropped, p.tx_busy
         )
     }
 }
@@ -595,6 +595,7 @@ impl Functions {
                 ("switch_rx_local", p.rx_local),
                 ("switch_rx_uplink", p.rx_uplink),
                 ("switch_rx_dropped", p.rx_queue_dropped),
+                ("switch_tx_busy", p.tx_busy),
             ]
         });
         let stats = StatsServer::start_with(&stats_path, board.clone(), Some(extra))

@@ -16,7 +16,11 @@
 //! ([`UplinkStats::rx_unknown`]), as a NIC drops frames for another MAC.
 //!
 //! **Receive queues.** Each port has a bounded FIFO of
-//! [`PORT_QUEUE_DEPTH`] frames; a frame for a full queue is dropped and
+//! [`PORT_QUEUE_DEPTH`] frames. A device offering a frame for a full queue
+//! with [`Link::try_send`] (what its `TxFlush` does) gets it back and sends
+//! it again later, counted in [`PortStats::tx_busy`]: local traffic is held
+//! back, not lost, as behind a NIC's full TX ring. A frame pushed by
+//! [`Link::send`] or from the uplink into a full queue is dropped and
 //! counted ([`PortStats::rx_queue_dropped`]), as a NIC with a full receive
 //! ring (or rxe with a full `skb` queue) drops; RC retransmits. An
 //! `eventfd(2)` polls readable while the queue is non-empty.
@@ -93,6 +97,10 @@ pub struct PortStats {
     /// Frames for this port dropped because its receive queue held
     /// [`PORT_QUEUE_DEPTH`] frames.
     pub rx_queue_dropped: u64,
+    /// Times this port's device offered a frame ([`Link::try_send`]) that
+    /// the destination (a full port queue, a full uplink) could not take
+    /// yet: the device kept it and sent it again later, nothing was lost.
+    pub tx_busy: u64,
 }
 
 /// Counters of the uplink, in frames, since the switch was made.
@@ -117,6 +125,7 @@ struct PortCounters {
     rx_local: AtomicU64,
     rx_uplink: AtomicU64,
     rx_queue_dropped: AtomicU64,
+    tx_busy: AtomicU64,
 }
 
 fn inc(c: &AtomicU64) {
@@ -133,6 +142,7 @@ impl PortCounters {
             rx_local: g(&self.rx_local),
             rx_uplink: g(&self.rx_uplink),
             rx_queue_dropped: g(&self.rx_queue_dropped),
+            tx_busy: g(&self.tx_busy),
         }
     }
 }
@@ -167,9 +177,18 @@ impl PortShared {
     /// Queues a copy of `frame`; drops and counts it when the queue is full.
     /// Returns whether it was queued.
     fn push(&self, frame: &[u8]) -> bool {
+        let queued = self.try_push(frame);
+        if !queued {
+            inc(&self.counters.rx_queue_dropped);
+        }
+        queued
+    }
+
+    /// Queues a copy of `frame` if the queue has room; returns whether it
+    /// was queued (a full queue counts nothing: the sender keeps the frame).
+    fn try_push(&self, frame: &[u8]) -> bool {
         let mut q = self.lock();
         if q.frames.len() >= PORT_QUEUE_DEPTH {
-            inc(&self.counters.rx_queue_dropped);
             return false;
         }
         let mut buf = q.spare.pop().unwrap_or_default();
@@ -499,6 +518,49 @@ impl Link for SwitchPort {
         Ok(())
     }
 
+    /// As [`Link::send`], but a unicast frame the destination cannot take
+    /// now (a full port queue, a full uplink) is handed back (`Ok(false)`,
+    /// counted in [`PortStats::tx_busy`]) for the device to send again
+    /// later ([`vrnic::link::txq::TxFlush`]), as a NIC's full TX ring
+    /// holds the host back instead of losing frames. Group frames are sent
+    /// as by [`Link::send`].
+    fn try_send(&mut self, frame: &[u8]) -> io::Result<bool> {
+        let Some(dst) = frame.get(..6).filter(|_| frame.len() >= ETH_HLEN) else {
+            return self.send(frame).map(|()| true);
+        };
+        if is_group(dst) {
+            return self.send(frame).map(|()| true);
+        }
+        let c = &self.shared.counters;
+        {
+            let ports = self.sw.ports();
+            if let Some(p) = ports.iter().find(|p| p.mac == dst) {
+                if !p.try_push(frame) {
+                    inc(&c.tx_busy);
+                    return Ok(false);
+                }
+                inc(&c.tx_local);
+                inc(&p.counters.rx_local);
+                return Ok(true);
+            }
+        }
+        let taken = match self.sw.uplink().try_send(frame) {
+            Ok(taken) => taken,
+            Err(e) => {
+                inc(&self.sw.uplink_tx_errors);
+                tracing::debug!("uplink send failed: {e}");
+                true
+            }
+        };
+        if taken {
+            inc(&c.tx_uplink);
+            inc(&self.sw.uplink_tx);
+        } else {
+            inc(&c.tx_busy);
+        }
+        Ok(taken)
+    }
+
     /// A frame from the port's queue, else from the uplink (see the
     /// module); `Ok(None)` when neither has one for this port.
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
@@ -657,6 +719,30 @@ mod tests {
         assert_eq!(recv_all(&mut b).len(), PORT_QUEUE_DEPTH);
         a.send(&[0; 10]).unwrap();
         assert_eq!(a.stats().tx_runt, 1);
+    }
+
+    #[test]
+    fn a_full_queue_holds_a_try_send_back_without_loss() {
+        let (up, _outside) = MemLink::pair();
+        let sw = Switch::new(Box::new(up));
+        let mut a = sw.add_port(A).unwrap();
+        let mut b = sw.add_port(B).unwrap();
+        for i in 0..PORT_QUEUE_DEPTH {
+            assert!(a.try_send(&frame(B, A, i as u8)).unwrap());
+        }
+        let last = frame(B, A, 0xee);
+        assert!(!a.try_send(&last).unwrap(), "a full queue refuses");
+        assert!(!a.try_send(&last).unwrap(), "and keeps refusing");
+        assert_eq!(a.stats().tx_busy, 2);
+        assert_eq!(b.stats().rx_queue_dropped, 0, "nothing was lost");
+        // The receiver takes one frame: the held frame goes in, last.
+        let mut buf = [0u8; 64];
+        assert!(b.recv(&mut buf).unwrap().is_some());
+        assert!(a.try_send(&last).unwrap());
+        let got = recv_all(&mut b);
+        assert_eq!(got.len(), PORT_QUEUE_DEPTH);
+        assert_eq!(got.last(), Some(&last), "in order, at the end");
+        assert_eq!(a.stats().tx_local, PORT_QUEUE_DEPTH as u64 + 1);
     }
 
     #[test]
