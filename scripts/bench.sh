@@ -3,8 +3,10 @@
 # measured in the same run and printed side by side with ratios; figures, never verdicts.
 #
 # Usage: scripts/bench.sh [--quick] [--guests] [--out DIR]
-#   1. vrnic-limits in a namespace of its own with a veth pair: memcpy, AF_PACKET frame rates
-#      (send and sendmmsg, 64 B / 1 KiB / 4 KiB payload frames), busy-poll and blocking round trips;
+#   1. vrnic-limits in a namespace of its own with a veth pair and two TAPs on a bridge: memcpy,
+#      AF_PACKET frame rates (send and sendmmsg) and raw TAP frame rates (write into one TAP, read
+#      from the other), 64 B / 1 KiB / 4 KiB payload frames, busy-poll and blocking round trips
+#      over both;
 #   2. perftest (ib_write_bw, ib_read_bw at 64 B, 4 KiB, 64 KiB, 1 MiB for 3 s each, 1 s with
 #      --quick; ib_send_lat, ib_write_lat at 64 B) between two host processes in two namespaces joined by a veth pair (MTU 9000, path
 #      MTU 4096), each with an in-process vrnic device (VRNIC_LOOPBACK: the engine alone on
@@ -67,10 +69,17 @@ lib=$("$top/scripts/ibverbs-lib.sh" --release)
 rel=$top/target/release
 mkdir -p "/tmp/$tag"
 
-# Namespaces: one with both ends of a veth pair (the limits probe), two joined by one.
+# Namespaces: one with both ends of a veth pair and two TAPs on a bridge (the limits probe), two
+# joined by a veth pair. Deleting a namespace (cleanup) deletes its interfaces.
 ip netns add $ns_l
 ip -n $ns_l link add vA type veth peer name vB
 for i in vA vB; do ip -n $ns_l link set $i mtu 9000 up; done
+ip -n $ns_l link add br-l type bridge
+for i in tA tB; do
+    ip -n $ns_l tuntap add dev $i mode tap
+    ip -n $ns_l link set $i mtu 9000 master br-l up
+done
+ip -n $ns_l link set br-l up
 ip netns add $ns_a
 ip netns add $ns_b
 ip -n $ns_a link add veth-a type veth peer name veth-b netns $ns_b
@@ -83,7 +92,7 @@ for s in a b; do
 done
 
 log "machine limits (vrnic-limits, ${secs}s per figure)"
-ip netns exec $ns_l "$rel/vrnic-limits" --a vA --b vB --secs $secs >"$out/limits.txt"
+ip netns exec $ns_l "$rel/vrnic-limits" --a vA --b vB --tap-a tA --tap-b tB --secs $secs >"$out/limits.txt"
 lim() { sed -n "s/^$1=//p" "$out/limits.txt"; }
 
 # stat KEY FILE...: KEY's value summed over the vrnic-stats lines (VRNIC_STATS=1) of FILEs.
@@ -247,43 +256,55 @@ import csv, json, sys
 out = sys.argv[1]
 lim = dict(l.strip().split("=", 1) for l in open(f"{out}/limits.txt") if "=" in l)
 rows = list(csv.DictReader(open(f"{out}/bench.csv")))
-best = max(float(lim.get("pkt_sendmmsg64_4154_gbps", 0)), float(lim.get("pkt_send_4154_gbps", 0)))
-rtt = float(lim.get("rtt_busy_us", 0))
+num = lambda k: float(lim.get(k, 0) or 0)
+best = max(num("pkt_sendmmsg64_4154_gbps"), num("pkt_send_4154_gbps"))
+rtt = num("rtt_busy_us")
+# The TAP rows against the raw TAP path too: write() per frame into a TAP, through a bridge.
+tap_best, tap_rtt = num("tap_write_4154_gbps"), num("rtt_tap_busy_us")
+def fnum(v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+opt = lambda x, f: f.format(x) if x is not None else "-"
 print("machine limits (same run):")
 for k in sorted(lim):
     print(f"  {k:32} {lim[k]}")
 print()
-print(f"{'perftest':14} {'mode':18} {'bytes':>8} {'figure':>12}  {'limit':>22}  {'ratio':>5}  "
-      f"{'drops':>7} {'timeouts':>8} {'seq_naks':>8}")
-print("  (drops: frames the receive queues dropped, both sides; timeouts: ACK timeouts that")
-print("   retransmitted; seq_naks: PSN sequence NAKs; '-': not known)")
+print(f"{'perftest':14} {'mode':18} {'bytes':>8} {'figure':>11}  {'limit':>20}  {'ratio':>5} {'vs_tap':>6}  "
+      f"{'drops':>6} {'timeouts':>8} {'seq_naks':>8}")
+print("  (ratio: figure / limit; vs_tap, TAP rows: figure / the raw TAP path, tap_write_4154_gbps or")
+print("   rtt_tap_busy_us; drops: frames the receive queues dropped, both sides; timeouts: ACK timeouts")
+print("   that retransmitted; seq_naks: PSN sequence NAKs; '-': not known)")
 doc = {"limits": lim, "runs": []}
 for r in rows:
     v = r["value"]
-    try:
-        x = float(v)
-    except ValueError:
-        print(f"{r['what']:14} {r['mode']:18} {r['bytes']:>8} {v:>12}  {'':>22}  {'':>5}  "
-              f"{r['drops']:>7} {r['timeouts']:>8} {r['seq_naks']:>8}")
-        doc["runs"].append(dict(r, ratio=None))
-        continue
-    if r["unit"] == "MB/s" and r["mode"] == "switch":
+    x = fnum(v)
+    ratio = tap_ratio = None
+    fig = limtxt = ""
+    if x is None:
+        fig = v
+    elif r["unit"] == "MB/s" and r["mode"] == "switch":
         # Between two functions of one daemon the limit is a memory copy (same size).
         gbps = x * 8 / 1000
-        mc = float(lim.get(f"memcpy_gbytes_per_s_{r['bytes']}", 0) or 0) * 8
+        mc = num(f"memcpy_gbytes_per_s_{r['bytes']}") * 8
         ratio = gbps / mc if mc else None
         fig, limtxt = f"{gbps:.2f} Gb/s", f"{mc:.0f} Gb/s memcpy"
     elif r["unit"] == "MB/s":
         gbps = x * 8 / 1000
         ratio = gbps / best if best else None
+        if r["mode"] == "tap" and tap_best:
+            tap_ratio = gbps / tap_best
         fig, limtxt = f"{gbps:.2f} Gb/s", f"{best:.2f} Gb/s frames"
     else:
         ratio = x / rtt if rtt else None
+        if r["mode"] == "tap" and tap_rtt:
+            tap_ratio = x / tap_rtt
         fig, limtxt = f"{x:.1f} us", f"{rtt:.1f} us busy RTT"
-    rs = f"{ratio:.2f}" if ratio is not None else "-"
-    print(f"{r['what']:14} {r['mode']:18} {r['bytes']:>8} {fig:>12}  {limtxt:>22}  {rs:>5}  "
-          f"{r['drops']:>7} {r['timeouts']:>8} {r['seq_naks']:>8}")
-    doc["runs"].append(dict(r, ratio=ratio))
+    print(f"{r['what']:14} {r['mode']:18} {r['bytes']:>8} {fig:>11}  {limtxt:>20}  "
+          f"{opt(ratio, '{:.2f}'):>5} {opt(tap_ratio, '{:.2f}'):>6}  "
+          f"{r['drops']:>6} {r['timeouts']:>8} {r['seq_naks']:>8}")
+    doc["runs"].append(dict(r, ratio=ratio, tap_ratio=tap_ratio))
 json.dump(doc, open(f"{out}/bench.json", "w"), indent=1)
 PY
 /usr/bin/python3 "$top/scripts/bench-chart.py" "$out" 2>"$out/chart.log" ||
