@@ -14,7 +14,11 @@
 #   3. with --guests: tests/e2e/run.sh rxe-rxe ibv-ibv (perftest between two rxe guests and two
 #      vrnic guests under the same QEMU accelerator; several minutes under TCG).
 # Each perftest row also shows why a figure is low: the frames the receive queues dropped and, for
-# in-process devices (VRNIC_STATS=1), the ACK timeouts and sequence NAKs of that run.
+# in-process devices (VRNIC_STATS=1), the ACK timeouts and sequence NAKs of that run; and what it
+# cost: the CPU time of every process of the run (both perftest processes, from getrusage at
+# their exit, and the daemons, from /proc/PID/stat before and after) over its wall time, the CPU
+# cores used, and for bandwidth rows CPU seconds per Gbit of RoCEv2 payload the devices sent
+# (their tx_bytes counters, retransmissions included).
 # --quick: shorter runs. Results: DIR (default out/bench-DATE) with bench.csv, bench.json and the
 # printed table (bench.txt), the chart (bench.png). Needs root, perftest and iproute2 (scripts/deps.sh installs them).
 # Daemon modes (2b): the same perftest between two host processes each attached to a vrnic
@@ -102,14 +106,38 @@ stat() {
     cat "$@" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$k=//p" | awk '{ s += $1; n++ } END { print n ? s : "-" }'
 }
 
+# CPU time of a run's processes. cpu_wrap runs its arguments (as `bash -c "$cpu_wrap" FILE CMD...`)
+# and then writes bash's `times` to FILE: its second line is the user and system time of every
+# process it waited for (getrusage RUSAGE_CHILDREN: the command and the processes it waited for,
+# all threads, to the microsecond). times_cpu FILE...: those seconds summed over FILEs.
+# proc_ticks PID...: user + system time of running processes, all their threads (ended ones
+# too), in clock ticks (/proc/PID/stat fields 14 and 15).
+cpu_wrap='f=$0; "$@"; r=$?; times >"$f"; exit $r'
+times_cpu() {
+    cat "$@" 2>/dev/null | awk 'NR % 2 == 0 { for (i = 1; i <= 2; i++) { split($i, t, "m"); s += t[1] * 60 + t[2] } }
+        END { printf "%.3f\n", s }'
+}
+hz=$(getconf CLK_TCK)
+proc_ticks() {
+    local p st s=0
+    for p in "$@"; do
+        st=$(cat "/proc/$p/stat" 2>/dev/null) || continue
+        read -ra st <<<"${st##*) }"
+        s=$((s + st[11] + st[12]))
+    done
+    echo $s
+}
+
 # run_pair MODE TOOL PORT ARGS...: a perftest server and client (the client retrying, bounded,
 # while the server is not listening yet); prints the client's figure (BW average MB/s, or
-# t_typical µs) or "fail", then the run's dropped frames, ACK timeouts (retransmits) and sequence
-# NAKs. Mode loopback: server in ns_a, client in ns_b, each with an in-process device, which
-# reports its counters when it stops (VRNIC_STATS=1). Daemon modes (start_daemons): both in ns_v
-# on the functions f1 and f2, the counters the daemons' differences over the run (dcounters).
+# t_typical µs) or "fail", then the run's dropped frames, ACK timeouts (retransmits), sequence
+# NAKs and Gbit of payload the devices sent, then its CPU seconds (both perftest processes, every
+# client attempt, and the daemons) and wall seconds (server start to both ended). Mode loopback:
+# server in ns_a, client in ns_b, each with an in-process device, which reports its counters when
+# it stops (VRNIC_STATS=1). Daemon modes (start_daemons): both in ns_v on the functions f1 and f2,
+# the counters the daemons' differences over the run (dcounters).
 run_pair() {
-    local mode=$1 tool=$2 port=$3 ns_s ns_c peer base= c t=0 srv
+    local mode=$1 tool=$2 port=$3 ns_s ns_c peer base= c t=0 srv d0 t0 v
     shift 3
     local env_a env_b
     if [ "$mode" = loopback ]; then
@@ -122,39 +150,54 @@ run_pair() {
         env_b=(VRNIC_VHOST_USER="/tmp/$tag/f2.sock")
         base=$(dcounters)
     fi
-    ip netns exec "$ns_s" env LD_LIBRARY_PATH="$lib" "${env_a[@]}" timeout 120 \
-        "$tool" -x 1 -p "$port" "$@" >"/tmp/$tag/server.out" 2>&1 &
+    rm -f "/tmp/$tag"/cpu-*
+    d0=$(proc_ticks ${dpids[@]+"${dpids[@]}"})
+    t0=$EPOCHREALTIME
+    ip netns exec "$ns_s" env LD_LIBRARY_PATH="$lib" "${env_a[@]}" bash -c "$cpu_wrap" "/tmp/$tag/cpu-server" \
+        timeout 120 "$tool" -x 1 -p "$port" "$@" >"/tmp/$tag/server.out" 2>&1 &
     srv=$!
-    while ! ip netns exec "$ns_c" env LD_LIBRARY_PATH="$lib" "${env_b[@]}" timeout 120 \
-        "$tool" -x 1 -p "$port" "$@" "$peer" >"/tmp/$tag/client.out" 2>&1; do
+    v=
+    while ! ip netns exec "$ns_c" env LD_LIBRARY_PATH="$lib" "${env_b[@]}" bash -c "$cpu_wrap" "/tmp/$tag/cpu-client-$t" \
+        timeout 120 "$tool" -x 1 -p "$port" "$@" "$peer" >"/tmp/$tag/client.out" 2>&1; do
         t=$((t + 1))
         if [ $t -ge 50 ] || ! grep -qiE "couldn't connect|connection refused" "/tmp/$tag/client.out"; then
-            wait $srv || true
-            echo "fail $(counters "$mode" "$base")"
-            return
+            v=fail
+            break
         fi
         sleep 0.2
     done
     wait $srv || true
-    case $tool in
-    *_bw) c=4 ;;
-    *) c=5 ;;
-    esac
-    echo "$(awk -v c=$c '/#bytes/ { getline; if ($1 ~ /^[0-9]+$/) { print $c; found = 1 } exit }
-        END { if (!found) print "fail" }' "/tmp/$tag/client.out") $(counters "$mode" "$base")"
+    # The run's CPU seconds and wall seconds.
+    local cpu wall
+    cpu=$(awk -v a="$(times_cpu "/tmp/$tag"/cpu-*)" -v d="$(($(proc_ticks ${dpids[@]+"${dpids[@]}"}) - d0))" \
+        -v hz="$hz" 'BEGIN { printf "%.3f", a + d / hz }')
+    wall=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.3f", b - a }')
+    if [ -z "$v" ]; then
+        case $tool in
+        *_bw) c=4 ;;
+        *) c=5 ;;
+        esac
+        v=$(awk -v c=$c '/#bytes/ { getline; if ($1 ~ /^[0-9]+$/) { print $c; found = 1 } exit }
+            END { if (!found) print "fail" }' "/tmp/$tag/client.out")
+    fi
+    echo "$v $(counters "$mode" "$base") $cpu $wall"
 }
 
-# counters MODE BASE: "drops timeouts seq_naks" of the run that just ended (run_pair); BASE is
-# dcounters' line from before the run in the daemon modes.
+# counters MODE BASE: "drops timeouts seq_naks gbit" of the run that just ended (run_pair), gbit
+# the RoCEv2 payload both devices sent; BASE is dcounters' line from before the run in the daemon
+# modes.
 counters() {
-    local f=("/tmp/$tag/server.out" "/tmp/$tag/client.out") d0 r0 n0 d1 r1 n1
+    local f=("/tmp/$tag/server.out" "/tmp/$tag/client.out") d0 r0 n0 b0 d1 r1 n1 b1 bytes
     if [ "$1" = loopback ]; then
-        echo "$(stat link_rx_dropped "${f[@]}") $(stat retransmits "${f[@]}") $(stat nak_psn_seq_received "${f[@]}")"
+        bytes=$(stat tx_bytes "${f[@]}")
+        echo -n "$(stat link_rx_dropped "${f[@]}") $(stat retransmits "${f[@]}") $(stat nak_psn_seq_received "${f[@]}")"
     else
-        read -r d0 r0 n0 <<<"$2"
-        read -r d1 r1 n1 < <(dcounters)
-        echo "$((d1 - d0)) $((r1 - r0)) $((n1 - n0))"
+        read -r d0 r0 n0 b0 <<<"$2"
+        read -r d1 r1 n1 b1 < <(dcounters)
+        bytes=$((b1 - b0))
+        echo -n "$((d1 - d0)) $((r1 - r0)) $((n1 - n0))"
     fi
+    echo " $(awk -v b="$bytes" 'BEGIN { if (b == "-") print "-"; else printf "%.4f\n", b * 8 / 1e9 }')"
 }
 
 
@@ -217,9 +260,11 @@ dstat() {
     done
     echo $s
 }
-dcounters() { echo "$(($(dstat rx_dropped) + $(dstat link_rx_dropped))) $(dstat retransmits) $(dstat naks_received)"; }
+dcounters() {
+    echo "$(($(dstat rx_dropped) + $(dstat link_rx_dropped))) $(dstat retransmits) $(dstat naks_received) $(dstat tx_bytes)"
+}
 
-echo "what,mode,bytes,value,unit,drops,timeouts,seq_naks" >"$out/bench.csv"
+echo "what,mode,bytes,value,unit,drops,timeouts,seq_naks,gbit,cpu_s,wall_s" >"$out/bench.csv"
 port=23000
 log "building the daemon (release)"
 (cd "$top" && cargo build -q --release -p vrnic-vhost)
@@ -229,15 +274,15 @@ for mode in loopback switch tap packet; do
         for size in 64 4096 65536 1048576; do
             port=$((port + 1))
             log "$mode $tool $size B for ${bw_secs}s"
-            read -r v dr to nk < <(run_pair $mode $tool $port -s $size -D $bw_secs)
-            echo "$tool,$mode,$size,$v,MB/s,$dr,$to,$nk" >>"$out/bench.csv"
+            read -r v dr to nk gb cpu wall < <(run_pair $mode $tool $port -s $size -D $bw_secs)
+            echo "$tool,$mode,$size,$v,MB/s,$dr,$to,$nk,$gb,$cpu,$wall" >>"$out/bench.csv"
         done
     done
     for tool in ib_send_lat ib_write_lat; do
         port=$((port + 1))
         log "$mode $tool 64 B x $lat_iters"
-        read -r v dr to nk < <(run_pair $mode $tool $port -s 64 -n $lat_iters)
-        echo "$tool,$mode,64,$v,us,$dr,$to,$nk" >>"$out/bench.csv"
+        read -r v dr to nk gb cpu wall < <(run_pair $mode $tool $port -s 64 -n $lat_iters)
+        echo "$tool,$mode,64,$v,us,$dr,$to,$nk,$gb,$cpu,$wall" >>"$out/bench.csv"
     done
     [ $mode != loopback ] && stop_daemons
 done
@@ -247,7 +292,7 @@ if [ $guests = 1 ]; then
     VRNIC_BIN=$rel/vrnic E2E_RESULTS=$out/e2e E2E_PERF_SWEEP=0 "$top/tests/e2e/run.sh" rxe-rxe ibv-ibv >"$out/e2e.log" 2>&1 || true
     awk -F, 'NR > 1 && $2 == "a" && $6 == "client" { print "guest-" $1 "," $5 "," $7 "," $8 "," $9 }' \
         "$out/e2e/perftest.csv" 2>/dev/null | sed 's/MB\/sec/MB\/s/; s/usec/us/' |
-        awk -F, '{ print $2 ",guests-" substr($1, 7) "," $3 "," $4 "," $5 ",-,-,-" }' >>"$out/bench.csv" || true
+        awk -F, '{ print $2 ",guests-" substr($1, 7) "," $3 "," $4 "," $5 ",-,-,-,-,-,-" }' >>"$out/bench.csv" || true
 fi
 
 # The table: each figure beside the limit it is compared with (same run).
@@ -272,14 +317,19 @@ for k in sorted(lim):
     print(f"  {k:32} {lim[k]}")
 print()
 print(f"{'perftest':14} {'mode':18} {'bytes':>8} {'figure':>11}  {'limit':>20}  {'ratio':>5} {'vs_tap':>6}  "
-      f"{'drops':>6} {'timeouts':>8} {'seq_naks':>8}")
+      f"{'drops':>6} {'timeouts':>8} {'seq_naks':>8}  {'cores':>5} {'cpu_s/Gbit':>10}")
 print("  (ratio: figure / limit; vs_tap, TAP rows: figure / the raw TAP path, tap_write_4154_gbps or")
 print("   rtt_tap_busy_us; drops: frames the receive queues dropped, both sides; timeouts: ACK timeouts")
-print("   that retransmitted; seq_naks: PSN sequence NAKs; '-': not known)")
+print("   that retransmitted; seq_naks: PSN sequence NAKs; cores: CPU seconds of the run's processes,")
+print("   both perftests and the daemons, over its wall seconds, start-up included; cpu_s/Gbit: those CPU")
+print("   seconds per Gbit of RoCEv2 payload the devices sent; '-': not known)")
 doc = {"limits": lim, "runs": []}
 for r in rows:
     v = r["value"]
     x = fnum(v)
+    cpu, wall, gbit = fnum(r.get("cpu_s")), fnum(r.get("wall_s")), fnum(r.get("gbit"))
+    cores = cpu / wall if cpu is not None and wall else None
+    per_gbit = cpu / gbit if cpu is not None and gbit and r["unit"] == "MB/s" else None
     ratio = tap_ratio = None
     fig = limtxt = ""
     if x is None:
@@ -303,8 +353,9 @@ for r in rows:
         fig, limtxt = f"{x:.1f} us", f"{rtt:.1f} us busy RTT"
     print(f"{r['what']:14} {r['mode']:18} {r['bytes']:>8} {fig:>11}  {limtxt:>20}  "
           f"{opt(ratio, '{:.2f}'):>5} {opt(tap_ratio, '{:.2f}'):>6}  "
-          f"{r['drops']:>6} {r['timeouts']:>8} {r['seq_naks']:>8}")
-    doc["runs"].append(dict(r, ratio=ratio, tap_ratio=tap_ratio))
+          f"{r['drops']:>6} {r['timeouts']:>8} {r['seq_naks']:>8}  "
+          f"{opt(cores, '{:.2f}'):>5} {opt(per_gbit, '{:.3f}'):>10}")
+    doc["runs"].append(dict(r, ratio=ratio, tap_ratio=tap_ratio, cores=cores, cpu_s_per_gbit=per_gbit))
 json.dump(doc, open(f"{out}/bench.json", "w"), indent=1)
 PY
 /usr/bin/python3 "$top/scripts/bench-chart.py" "$out" 2>"$out/chart.log" ||
