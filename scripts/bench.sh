@@ -132,10 +132,10 @@ proc_ticks() {
 # while the server is not listening yet); prints the client's figure (BW average MB/s, or
 # t_typical µs) or "fail", then the run's dropped frames, ACK timeouts (retransmits), sequence
 # NAKs and Gbit of payload the devices sent, then its CPU seconds (both perftest processes, every
-# client attempt, and the daemons) and wall seconds (server start to both ended). Mode loopback:
-# server in ns_a, client in ns_b, each with an in-process device, which reports its counters when
-# it stops (VRNIC_STATS=1). Daemon modes (start_daemons): both in ns_v on the functions f1 and f2,
-# the counters the daemons' differences over the run (dcounters).
+# client attempt, and the daemons) and wall seconds (the last client attempt's start to both
+# ended). Mode loopback: server in ns_a, client in ns_b, each with an in-process device, which
+# reports its counters when it stops (VRNIC_STATS=1). Daemon modes (start_daemons): both in ns_v
+# on the functions f1 and f2, the counters the daemons' differences over the run (dcounters).
 run_pair() {
     local mode=$1 tool=$2 port=$3 ns_s ns_c peer base= c t=0 srv d0 t0 v
     shift 3
@@ -152,12 +152,12 @@ run_pair() {
     fi
     rm -f "/tmp/$tag"/cpu-*
     d0=$(proc_ticks ${dpids[@]+"${dpids[@]}"})
-    t0=$EPOCHREALTIME
     ip netns exec "$ns_s" env LD_LIBRARY_PATH="$lib" "${env_a[@]}" bash -c "$cpu_wrap" "/tmp/$tag/cpu-server" \
         timeout 120 "$tool" -x 1 -p "$port" "$@" >"/tmp/$tag/server.out" 2>&1 &
     srv=$!
     v=
-    while ! ip netns exec "$ns_c" env LD_LIBRARY_PATH="$lib" "${env_b[@]}" bash -c "$cpu_wrap" "/tmp/$tag/cpu-client-$t" \
+    # t0: the start of the client attempt that connects (the retries' pauses are not the run's).
+    while t0=$EPOCHREALTIME; ! ip netns exec "$ns_c" env LD_LIBRARY_PATH="$lib" "${env_b[@]}" bash -c "$cpu_wrap" "/tmp/$tag/cpu-client-$t" \
         timeout 120 "$tool" -x 1 -p "$port" "$@" "$peer" >"/tmp/$tag/client.out" 2>&1; do
         t=$((t + 1))
         if [ $t -ge 50 ] || ! grep -qiE "couldn't connect|connection refused" "/tmp/$tag/client.out"; then
