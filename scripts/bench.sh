@@ -132,10 +132,11 @@ proc_ticks() {
 # while the server is not listening yet); prints the client's figure (BW average MB/s, or
 # t_typical µs) or "fail", then the run's dropped frames, ACK timeouts (retransmits), sequence
 # NAKs and Gbit of payload the devices sent, then its CPU seconds (both perftest processes, every
-# client attempt, and the daemons) and wall seconds (the last client attempt's start to both
-# ended). Mode loopback: server in ns_a, client in ns_b, each with an in-process device, which
-# reports its counters when it stops (VRNIC_STATS=1). Daemon modes (start_daemons): both in ns_v
-# on the functions f1 and f2, the counters the daemons' differences over the run (dcounters).
+# client attempt, and the daemons), wall seconds (the last client attempt's start to both ended)
+# and the daemons' share of those CPU seconds. Mode loopback: server in ns_a, client in ns_b, each
+# with an in-process device, which reports its counters when it stops (VRNIC_STATS=1). Daemon
+# modes (start_daemons): both in ns_v on the functions f1 and f2, the counters the daemons'
+# differences over the run (dcounters).
 run_pair() {
     local mode=$1 tool=$2 port=$3 ns_s ns_c peer base= c t=0 srv d0 t0 v
     shift 3
@@ -167,11 +168,10 @@ run_pair() {
         sleep 0.2
     done
     wait $srv || true
-    # The run's CPU seconds and wall seconds.
-    local cpu wall
-    cpu=$(awk -v a="$(times_cpu "/tmp/$tag"/cpu-*)" -v d="$(($(proc_ticks ${dpids[@]+"${dpids[@]}"}) - d0))" \
-        -v hz="$hz" 'BEGIN { printf "%.3f", a + d / hz }')
-    wall=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.3f", b - a }')
+    # "cpu_s wall_s daemon_cpu_s" of the run.
+    local cost
+    cost=$(awk -v a="$(times_cpu "/tmp/$tag"/cpu-*)" -v d="$(($(proc_ticks ${dpids[@]+"${dpids[@]}"}) - d0))" \
+        -v hz="$hz" -v t0="$t0" -v t1="$EPOCHREALTIME" 'BEGIN { printf "%.3f %.3f %.2f", a + d / hz, t1 - t0, d / hz }')
     if [ -z "$v" ]; then
         case $tool in
         *_bw) c=4 ;;
@@ -180,7 +180,7 @@ run_pair() {
         v=$(awk -v c=$c '/#bytes/ { getline; if ($1 ~ /^[0-9]+$/) { print $c; found = 1 } exit }
             END { if (!found) print "fail" }' "/tmp/$tag/client.out")
     fi
-    echo "$v $(counters "$mode" "$base") $cpu $wall"
+    echo "$v $(counters "$mode" "$base") $cost"
 }
 
 # counters MODE BASE: "drops timeouts seq_naks gbit" of the run that just ended (run_pair), gbit
@@ -264,7 +264,7 @@ dcounters() {
     echo "$(($(dstat rx_dropped) + $(dstat link_rx_dropped))) $(dstat retransmits) $(dstat naks_received) $(dstat tx_bytes)"
 }
 
-echo "what,mode,bytes,value,unit,drops,timeouts,seq_naks,gbit,cpu_s,wall_s" >"$out/bench.csv"
+echo "what,mode,bytes,value,unit,drops,timeouts,seq_naks,gbit,cpu_s,wall_s,daemon_cpu_s" >"$out/bench.csv"
 port=23000
 log "building the daemon (release)"
 (cd "$top" && cargo build -q --release -p vrnic-vhost)
@@ -274,15 +274,15 @@ for mode in loopback switch tap packet; do
         for size in 64 4096 65536 1048576; do
             port=$((port + 1))
             log "$mode $tool $size B for ${bw_secs}s"
-            read -r v dr to nk gb cpu wall < <(run_pair $mode $tool $port -s $size -D $bw_secs)
-            echo "$tool,$mode,$size,$v,MB/s,$dr,$to,$nk,$gb,$cpu,$wall" >>"$out/bench.csv"
+            read -r v dr to nk gb cpu wall dcpu < <(run_pair $mode $tool $port -s $size -D $bw_secs)
+            echo "$tool,$mode,$size,$v,MB/s,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu" >>"$out/bench.csv"
         done
     done
     for tool in ib_send_lat ib_write_lat; do
         port=$((port + 1))
         log "$mode $tool 64 B x $lat_iters"
-        read -r v dr to nk gb cpu wall < <(run_pair $mode $tool $port -s 64 -n $lat_iters)
-        echo "$tool,$mode,64,$v,us,$dr,$to,$nk,$gb,$cpu,$wall" >>"$out/bench.csv"
+        read -r v dr to nk gb cpu wall dcpu < <(run_pair $mode $tool $port -s 64 -n $lat_iters)
+        echo "$tool,$mode,64,$v,us,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu" >>"$out/bench.csv"
     done
     [ $mode != loopback ] && stop_daemons
 done
@@ -292,7 +292,7 @@ if [ $guests = 1 ]; then
     VRNIC_BIN=$rel/vrnic E2E_RESULTS=$out/e2e E2E_PERF_SWEEP=0 "$top/tests/e2e/run.sh" rxe-rxe ibv-ibv >"$out/e2e.log" 2>&1 || true
     awk -F, 'NR > 1 && $2 == "a" && $6 == "client" { print "guest-" $1 "," $5 "," $7 "," $8 "," $9 }' \
         "$out/e2e/perftest.csv" 2>/dev/null | sed 's/MB\/sec/MB\/s/; s/usec/us/' |
-        awk -F, '{ print $2 ",guests-" substr($1, 7) "," $3 "," $4 "," $5 ",-,-,-,-,-,-" }' >>"$out/bench.csv" || true
+        awk -F, '{ print $2 ",guests-" substr($1, 7) "," $3 "," $4 "," $5 ",-,-,-,-,-,-,-" }' >>"$out/bench.csv" || true
 fi
 
 # The table: each figure beside the limit it is compared with (same run).
