@@ -3,8 +3,9 @@
 
 Left: perftest bandwidth (Gb/s of payload) against message size, one line per
 mode (how the two programs reach vrnic), with the machine's best raw frame
-rate measured in the same run as a dashed line. Right: 64 B latencies (us) per
-mode and tool, with the busy-poll round trip of the same run as a dashed line.
+rate and its raw TAP frame rate measured in the same run as dashed lines.
+Right: 64 B latencies (us) per mode and tool, with the busy-poll round trips
+(AF_PACKET and TAP) of the same run as dashed lines.
 
 Usage: bench-chart.py OUT_DIR   (reads OUT_DIR/bench.json, writes OUT_DIR/bench.png)
 Needs python3-matplotlib (Debian package).
@@ -26,6 +27,8 @@ def main() -> int:
     best = max(float(lim.get("pkt_sendmmsg64_4154_gbps", 0) or 0),
                float(lim.get("pkt_send_4154_gbps", 0) or 0))
     rtt = float(lim.get("rtt_busy_us", 0) or 0)
+    tap = float(lim.get("tap_write_4154_gbps", 0) or 0)
+    tap_rtt = float(lim.get("rtt_tap_busy_us", 0) or 0)
 
     fig, (bw, lat) = plt.subplots(1, 2, figsize=(13, 5.5))
     series = {}
@@ -42,6 +45,8 @@ def main() -> int:
         bw.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{what} {mode}")
     if best:
         bw.axhline(best, linestyle="--", color="grey", label=f"AF_PACKET frames {best:.1f} Gb/s")
+    if tap:
+        bw.axhline(tap, linestyle=":", color="grey", label=f"TAP frames {tap:.1f} Gb/s")
     bw.set_xscale("log", base=2)
     bw.set_xlabel("message size (bytes)")
     bw.set_ylabel("payload Gb/s")
@@ -63,6 +68,9 @@ def main() -> int:
     lat.set_xticks(range(len(vals)), names, fontsize=7, rotation=60, ha="right")
     if rtt:
         lat.axhline(rtt, linestyle="--", color="grey", label=f"busy-poll RTT {rtt:.1f} us")
+    if tap_rtt:
+        lat.axhline(tap_rtt, linestyle=":", color="grey", label=f"TAP busy-poll RTT {tap_rtt:.1f} us")
+    if rtt or tap_rtt:
         lat.legend(fontsize=7)
     lat.set_yscale("log")
     lat.set_ylim(bottom=1)

@@ -3,8 +3,10 @@
 # measured in the same run and printed side by side with ratios; figures, never verdicts.
 #
 # Usage: scripts/bench.sh [--quick] [--guests] [--out DIR]
-#   1. vrnic-limits in a namespace of its own with a veth pair: memcpy, AF_PACKET frame rates
-#      (send and sendmmsg, 64 B / 1 KiB / 4 KiB payload frames), busy-poll and blocking round trips;
+#   1. vrnic-limits in a namespace of its own with a veth pair and two TAPs on a bridge: memcpy,
+#      AF_PACKET frame rates (send and sendmmsg) and raw TAP frame rates (write into one TAP, read
+#      from the other), 64 B / 1 KiB / 4 KiB payload frames, busy-poll and blocking round trips
+#      over both;
 #   2. perftest (ib_write_bw, ib_read_bw at 64 B, 4 KiB, 64 KiB, 1 MiB for 3 s each, 1 s with
 #      --quick; ib_send_lat, ib_write_lat at 64 B) between two host processes in two namespaces joined by a veth pair (MTU 9000, path
 #      MTU 4096), each with an in-process vrnic device (VRNIC_LOOPBACK: the engine alone on
@@ -12,7 +14,11 @@
 #   3. with --guests: tests/e2e/run.sh rxe-rxe ibv-ibv (perftest between two rxe guests and two
 #      vrnic guests under the same QEMU accelerator; several minutes under TCG).
 # Each perftest row also shows why a figure is low: the frames the receive queues dropped and, for
-# in-process devices (VRNIC_STATS=1), the ACK timeouts and sequence NAKs of that run.
+# in-process devices (VRNIC_STATS=1), the ACK timeouts and sequence NAKs of that run; and what it
+# cost: the CPU time of every process of the run (both perftest processes, from getrusage at
+# their exit, and the daemons, from /proc/PID/stat before and after) over its wall time, the CPU
+# cores used, and for bandwidth rows CPU seconds per Gbit of RoCEv2 payload the devices sent
+# (their tx_bytes counters, retransmissions included).
 # --quick: shorter runs. Results: DIR (default out/bench-DATE) with bench.csv, bench.json and the
 # printed table (bench.txt), the chart (bench.png). Needs root, perftest and iproute2 (scripts/deps.sh installs them).
 # Daemon modes (2b): the same perftest between two host processes each attached to a vrnic
@@ -69,10 +75,17 @@ lib=$("$top/scripts/ibverbs-lib.sh" --release)
 rel=$top/target/release
 mkdir -p "/tmp/$tag"
 
-# Namespaces: one with both ends of a veth pair (the limits probe), two joined by one.
+# Namespaces: one with both ends of a veth pair and two TAPs on a bridge (the limits probe), two
+# joined by a veth pair. Deleting a namespace (cleanup) deletes its interfaces.
 ip netns add $ns_l
 ip -n $ns_l link add vA type veth peer name vB
 for i in vA vB; do ip -n $ns_l link set $i mtu 9000 up; done
+ip -n $ns_l link add br-l type bridge
+for i in tA tB; do
+    ip -n $ns_l tuntap add dev $i mode tap
+    ip -n $ns_l link set $i mtu 9000 master br-l up
+done
+ip -n $ns_l link set br-l up
 ip netns add $ns_a
 ip netns add $ns_b
 ip -n $ns_a link add veth-a type veth peer name veth-b netns $ns_b
@@ -85,7 +98,7 @@ for s in a b; do
 done
 
 log "machine limits (vrnic-limits, ${secs}s per figure)"
-ip netns exec $ns_l "$rel/vrnic-limits" --a vA --b vB --secs $secs >"$out/limits.txt"
+ip netns exec $ns_l "$rel/vrnic-limits" --a vA --b vB --tap-a tA --tap-b tB --secs $secs >"$out/limits.txt"
 lim() { sed -n "s/^$1=//p" "$out/limits.txt"; }
 
 # stat KEY FILE...: KEY's value summed over the vrnic-stats lines (VRNIC_STATS=1) of FILEs.
@@ -95,14 +108,39 @@ stat() {
     cat "$@" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$k=//p" | awk '{ s += $1; n++ } END { print n ? s : "-" }'
 }
 
+# CPU time of a run's processes. cpu_wrap runs its arguments (as `bash -c "$cpu_wrap" FILE CMD...`)
+# and then writes bash's `times` to FILE: its second line is the user and system time of every
+# process it waited for (getrusage RUSAGE_CHILDREN: the command and the processes it waited for,
+# all threads, to the microsecond). times_cpu FILE...: those seconds summed over FILEs.
+# proc_ticks PID...: user + system time of running processes, all their threads (ended ones
+# too), in clock ticks (/proc/PID/stat fields 14 and 15).
+cpu_wrap='f=$0; "$@"; r=$?; times >"$f"; exit $r'
+times_cpu() {
+    cat "$@" 2>/dev/null | awk 'NR % 2 == 0 { for (i = 1; i <= 2; i++) { split($i, t, "m"); s += t[1] * 60 + t[2] } }
+        END { printf "%.3f\n", s }'
+}
+hz=$(getconf CLK_TCK)
+proc_ticks() {
+    local p st s=0
+    for p in "$@"; do
+        st=$(cat "/proc/$p/stat" 2>/dev/null) || continue
+        read -ra st <<<"${st##*) }"
+        s=$((s + st[11] + st[12]))
+    done
+    echo $s
+}
+
 # run_pair MODE TOOL PORT ARGS...: a perftest server and client (the client retrying, bounded,
 # while the server is not listening yet); prints the client's figure (BW average MB/s, or
-# t_typical µs) or "fail", then the run's dropped frames, ACK timeouts (retransmits) and sequence
-# NAKs. Mode loopback: server in ns_a, client in ns_b, each with an in-process device, which
-# reports its counters when it stops (VRNIC_STATS=1). Daemon modes (start_daemons): both in ns_v
-# on the functions f1 and f2, the counters the daemons' differences over the run (dcounters).
+# t_typical µs) or "fail", then the run's dropped frames, ACK timeouts (retransmits), sequence
+# NAKs and Gbit of payload the devices sent, then its CPU seconds (both perftest processes, every
+# client attempt, and the daemons), wall seconds (the last client attempt's start to both ended)
+# and the daemons' share of those CPU seconds. Mode loopback: server in ns_a, client in ns_b, each
+# with an in-process device, which reports its counters when it stops (VRNIC_STATS=1). Daemon
+# modes (start_daemons): both in ns_v on the functions f1 and f2, the counters the daemons'
+# differences over the run (dcounters).
 run_pair() {
-    local mode=$1 tool=$2 port=$3 ns_s ns_c peer base= c t=0 srv
+    local mode=$1 tool=$2 port=$3 ns_s ns_c peer base= c t=0 srv d0 t0 v
     shift 3
     local env_a env_b
     if [ "$mode" = loopback ]; then
@@ -115,39 +153,53 @@ run_pair() {
         env_b=(VRNIC_VHOST_USER="/tmp/$tag/f2.sock")
         base=$(dcounters)
     fi
-    ip netns exec "$ns_s" env LD_LIBRARY_PATH="$lib" "${env_a[@]}" timeout 120 \
-        "$tool" -x 1 -p "$port" "$@" >"/tmp/$tag/server.out" 2>&1 &
+    rm -f "/tmp/$tag"/cpu-*
+    d0=$(proc_ticks ${dpids[@]+"${dpids[@]}"})
+    ip netns exec "$ns_s" env LD_LIBRARY_PATH="$lib" "${env_a[@]}" bash -c "$cpu_wrap" "/tmp/$tag/cpu-server" \
+        timeout 120 "$tool" -x 1 -p "$port" "$@" >"/tmp/$tag/server.out" 2>&1 &
     srv=$!
-    while ! ip netns exec "$ns_c" env LD_LIBRARY_PATH="$lib" "${env_b[@]}" timeout 120 \
-        "$tool" -x 1 -p "$port" "$@" "$peer" >"/tmp/$tag/client.out" 2>&1; do
+    v=
+    # t0: the start of the client attempt that connects (the retries' pauses are not the run's).
+    while t0=$EPOCHREALTIME; ! ip netns exec "$ns_c" env LD_LIBRARY_PATH="$lib" "${env_b[@]}" bash -c "$cpu_wrap" "/tmp/$tag/cpu-client-$t" \
+        timeout 120 "$tool" -x 1 -p "$port" "$@" "$peer" >"/tmp/$tag/client.out" 2>&1; do
         t=$((t + 1))
         if [ $t -ge 50 ] || ! grep -qiE "couldn't connect|connection refused" "/tmp/$tag/client.out"; then
-            wait $srv || true
-            echo "fail $(counters "$mode" "$base")"
-            return
+            v=fail
+            break
         fi
         sleep 0.2
     done
     wait $srv || true
-    case $tool in
-    *_bw) c=4 ;;
-    *) c=5 ;;
-    esac
-    echo "$(awk -v c=$c '/#bytes/ { getline; if ($1 ~ /^[0-9]+$/) { print $c; found = 1 } exit }
-        END { if (!found) print "fail" }' "/tmp/$tag/client.out") $(counters "$mode" "$base")"
+    # "cpu_s wall_s daemon_cpu_s" of the run.
+    local cost
+    cost=$(awk -v a="$(times_cpu "/tmp/$tag"/cpu-*)" -v d="$(($(proc_ticks ${dpids[@]+"${dpids[@]}"}) - d0))" \
+        -v hz="$hz" -v t0="$t0" -v t1="$EPOCHREALTIME" 'BEGIN { printf "%.3f %.3f %.2f", a + d / hz, t1 - t0, d / hz }')
+    if [ -z "$v" ]; then
+        case $tool in
+        *_bw) c=4 ;;
+        *) c=5 ;;
+        esac
+        v=$(awk -v c=$c '/#bytes/ { getline; if ($1 ~ /^[0-9]+$/) { print $c; found = 1 } exit }
+            END { if (!found) print "fail" }' "/tmp/$tag/client.out")
+    fi
+    echo "$v $(counters "$mode" "$base") $cost"
 }
 
-# counters MODE BASE: "drops timeouts seq_naks" of the run that just ended (run_pair); BASE is
-# dcounters' line from before the run in the daemon modes.
+# counters MODE BASE: "drops timeouts seq_naks gbit" of the run that just ended (run_pair), gbit
+# the RoCEv2 payload both devices sent; BASE is dcounters' line from before the run in the daemon
+# modes.
 counters() {
-    local f=("/tmp/$tag/server.out" "/tmp/$tag/client.out") d0 r0 n0 d1 r1 n1
+    local f=("/tmp/$tag/server.out" "/tmp/$tag/client.out") d0 r0 n0 b0 d1 r1 n1 b1 bytes
     if [ "$1" = loopback ]; then
-        echo "$(stat link_rx_dropped "${f[@]}") $(stat retransmits "${f[@]}") $(stat nak_psn_seq_received "${f[@]}")"
+        bytes=$(stat tx_bytes "${f[@]}")
+        echo -n "$(stat link_rx_dropped "${f[@]}") $(stat retransmits "${f[@]}") $(stat nak_psn_seq_received "${f[@]}")"
     else
-        read -r d0 r0 n0 <<<"$2"
-        read -r d1 r1 n1 < <(dcounters)
-        echo "$((d1 - d0)) $((r1 - r0)) $((n1 - n0))"
+        read -r d0 r0 n0 b0 <<<"$2"
+        read -r d1 r1 n1 b1 < <(dcounters)
+        bytes=$((b1 - b0))
+        echo -n "$((d1 - d0)) $((r1 - r0)) $((n1 - n0))"
     fi
+    echo " $(awk -v b="$bytes" 'BEGIN { if (b == "-") print "-"; else printf "%.4f\n", b * 8 / 1e9 }')"
 }
 
 
@@ -211,9 +263,11 @@ dstat() {
     done
     echo $s
 }
-dcounters() { echo "$(($(dstat rx_dropped) + $(dstat link_rx_dropped))) $(dstat retransmits) $(dstat naks_received)"; }
+dcounters() {
+    echo "$(($(dstat rx_dropped) + $(dstat link_rx_dropped))) $(dstat retransmits) $(dstat naks_received) $(dstat tx_bytes)"
+}
 
-echo "what,mode,bytes,value,unit,drops,timeouts,seq_naks" >"$out/bench.csv"
+echo "what,mode,bytes,value,unit,drops,timeouts,seq_naks,gbit,cpu_s,wall_s,daemon_cpu_s" >"$out/bench.csv"
 port=23000
 log "building the daemon (release)"
 (cd "$top" && cargo build -q --release -p vrnic-vhost)
@@ -223,15 +277,15 @@ for mode in ${BENCH_MODES:-loopback switch tap packet}; do
         for size in 64 4096 65536 1048576; do
             port=$((port + 1))
             log "$mode $tool $size B for ${bw_secs}s"
-            read -r v dr to nk < <(run_pair $mode $tool $port -s $size -D $bw_secs)
-            echo "$tool,$mode,$size,$v,MB/s,$dr,$to,$nk" >>"$out/bench.csv"
+            read -r v dr to nk gb cpu wall dcpu < <(run_pair $mode $tool $port -s $size -D $bw_secs)
+            echo "$tool,$mode,$size,$v,MB/s,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu" >>"$out/bench.csv"
         done
     done
     for tool in ib_send_lat ib_write_lat; do
         port=$((port + 1))
         log "$mode $tool 64 B x $lat_iters"
-        read -r v dr to nk < <(run_pair $mode $tool $port -s 64 -n $lat_iters)
-        echo "$tool,$mode,64,$v,us,$dr,$to,$nk" >>"$out/bench.csv"
+        read -r v dr to nk gb cpu wall dcpu < <(run_pair $mode $tool $port -s 64 -n $lat_iters)
+        echo "$tool,$mode,64,$v,us,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu" >>"$out/bench.csv"
     done
     [ $mode != loopback ] && stop_daemons
 done
@@ -241,7 +295,7 @@ if [ $guests = 1 ]; then
     VRNIC_BIN=$rel/vrnic E2E_RESULTS=$out/e2e E2E_PERF_SWEEP=0 "$top/tests/e2e/run.sh" rxe-rxe ibv-ibv >"$out/e2e.log" 2>&1 || true
     awk -F, 'NR > 1 && $2 == "a" && $6 == "client" { print "guest-" $1 "," $5 "," $7 "," $8 "," $9 }' \
         "$out/e2e/perftest.csv" 2>/dev/null | sed 's/MB\/sec/MB\/s/; s/usec/us/' |
-        awk -F, '{ print $2 ",guests-" substr($1, 7) "," $3 "," $4 "," $5 ",-,-,-" }' >>"$out/bench.csv" || true
+        awk -F, '{ print $2 ",guests-" substr($1, 7) "," $3 "," $4 "," $5 ",-,-,-,-,-,-,-" }' >>"$out/bench.csv" || true
 fi
 
 # The table: each figure beside the limit it is compared with (same run).
@@ -250,43 +304,61 @@ import csv, json, sys
 out = sys.argv[1]
 lim = dict(l.strip().split("=", 1) for l in open(f"{out}/limits.txt") if "=" in l)
 rows = list(csv.DictReader(open(f"{out}/bench.csv")))
-best = max(float(lim.get("pkt_sendmmsg64_4154_gbps", 0)), float(lim.get("pkt_send_4154_gbps", 0)))
-rtt = float(lim.get("rtt_busy_us", 0))
+num = lambda k: float(lim.get(k, 0) or 0)
+best = max(num("pkt_sendmmsg64_4154_gbps"), num("pkt_send_4154_gbps"))
+rtt = num("rtt_busy_us")
+# The TAP rows against the raw TAP path too: write() per frame into a TAP, through a bridge.
+tap_best, tap_rtt = num("tap_write_4154_gbps"), num("rtt_tap_busy_us")
+def fnum(v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+opt = lambda x, f: f.format(x) if x is not None else "-"
 print("machine limits (same run):")
 for k in sorted(lim):
     print(f"  {k:32} {lim[k]}")
 print()
-print(f"{'perftest':14} {'mode':18} {'bytes':>8} {'figure':>12}  {'limit':>22}  {'ratio':>5}  "
-      f"{'drops':>7} {'timeouts':>8} {'seq_naks':>8}")
-print("  (drops: frames the receive queues dropped, both sides; timeouts: ACK timeouts that")
-print("   retransmitted; seq_naks: PSN sequence NAKs; '-': not known)")
+print(f"{'perftest':14} {'mode':18} {'bytes':>8} {'figure':>11}  {'limit':>20}  {'ratio':>5} {'vs_tap':>6}  "
+      f"{'drops':>6} {'timeouts':>8} {'seq_naks':>8}  {'cores':>5} {'cpu_s/Gbit':>10}")
+print("  (ratio: figure / limit; vs_tap, TAP rows: figure / the raw TAP path, tap_write_4154_gbps or")
+print("   rtt_tap_busy_us; drops: frames the receive queues dropped, both sides; timeouts: ACK timeouts")
+print("   that retransmitted; seq_naks: PSN sequence NAKs; cores: CPU seconds of the run's processes,")
+print("   both perftests and the daemons, over its wall seconds, start-up included; cpu_s/Gbit: those CPU")
+print("   seconds per Gbit of RoCEv2 payload the devices sent; '-': not known)")
 doc = {"limits": lim, "runs": []}
 for r in rows:
     v = r["value"]
-    try:
-        x = float(v)
-    except ValueError:
-        print(f"{r['what']:14} {r['mode']:18} {r['bytes']:>8} {v:>12}  {'':>22}  {'':>5}  "
-              f"{r['drops']:>7} {r['timeouts']:>8} {r['seq_naks']:>8}")
-        doc["runs"].append(dict(r, ratio=None))
-        continue
-    if r["unit"] == "MB/s" and r["mode"] == "switch":
+    x = fnum(v)
+    cpu, wall, gbit = fnum(r.get("cpu_s")), fnum(r.get("wall_s")), fnum(r.get("gbit"))
+    cores = cpu / wall if cpu is not None and wall else None
+    per_gbit = cpu / gbit if cpu is not None and gbit and r["unit"] == "MB/s" else None
+    ratio = tap_ratio = None
+    fig = limtxt = ""
+    if x is None:
+        fig = v
+    elif r["unit"] == "MB/s" and r["mode"] == "switch":
         # Between two functions of one daemon the limit is a memory copy (same size).
         gbps = x * 8 / 1000
-        mc = float(lim.get(f"memcpy_gbytes_per_s_{r['bytes']}", 0) or 0) * 8
+        mc = num(f"memcpy_gbytes_per_s_{r['bytes']}") * 8
         ratio = gbps / mc if mc else None
         fig, limtxt = f"{gbps:.2f} Gb/s", f"{mc:.0f} Gb/s memcpy"
     elif r["unit"] == "MB/s":
         gbps = x * 8 / 1000
         ratio = gbps / best if best else None
+        if r["mode"] == "tap" and tap_best:
+            tap_ratio = gbps / tap_best
         fig, limtxt = f"{gbps:.2f} Gb/s", f"{best:.2f} Gb/s frames"
     else:
         ratio = x / rtt if rtt else None
+        if r["mode"] == "tap" and tap_rtt:
+            tap_ratio = x / tap_rtt
         fig, limtxt = f"{x:.1f} us", f"{rtt:.1f} us busy RTT"
-    rs = f"{ratio:.2f}" if ratio is not None else "-"
-    print(f"{r['what']:14} {r['mode']:18} {r['bytes']:>8} {fig:>12}  {limtxt:>22}  {rs:>5}  "
-          f"{r['drops']:>7} {r['timeouts']:>8} {r['seq_naks']:>8}")
-    doc["runs"].append(dict(r, ratio=ratio))
+    print(f"{r['what']:14} {r['mode']:18} {r['bytes']:>8} {fig:>11}  {limtxt:>20}  "
+          f"{opt(ratio, '{:.2f}'):>5} {opt(tap_ratio, '{:.2f}'):>6}  "
+          f"{r['drops']:>6} {r['timeouts']:>8} {r['seq_naks']:>8}  "
+          f"{opt(cores, '{:.2f}'):>5} {opt(per_gbit, '{:.3f}'):>10}")
+    doc["runs"].append(dict(r, ratio=ratio, tap_ratio=tap_ratio, cores=cores, cpu_s_per_gbit=per_gbit))
 json.dump(doc, open(f"{out}/bench.json", "w"), indent=1)
 PY
 /usr/bin/python3 "$top/scripts/bench-chart.py" "$out" 2>"$out/chart.log" ||

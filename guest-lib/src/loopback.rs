@@ -822,16 +822,19 @@ impl Engine {
 }
 
 /// The `vrnic-stats:` line of [`STATS_ENV`]: `key=value` pairs, the
-/// device's frame, retransmission, NAK and duplicate counters
+/// device's frame, payload byte, retransmission, NAK and duplicate counters
 /// ([`DeviceStats`]), then the link's (`link_` prefix; [`LinkStats`],
 /// absent for a link without counters). `link_rx_dropped` counts frames
 /// the kernel dropped before the engine could read them.
 pub fn stats_line(d: &DeviceStats, l: Option<LinkStats>) -> String {
     let mut s = format!(
-        "vrnic-stats: tx_frames={} rx_frames={} rx_dropped={} retransmits={} \
-         nak_psn_seq_sent={} nak_psn_seq_received={} duplicates={} rnr_naks_sent={}",
+        "vrnic-stats: tx_frames={} rx_frames={} tx_bytes={} rx_bytes={} rx_dropped={} \
+         retransmits={} nak_psn_seq_sent={} nak_psn_seq_received={} duplicates={} \
+         rnr_naks_sent={}",
         d.tx_frames,
         d.rx_frames,
+        d.tx_bytes,
+        d.rx_bytes,
         d.rx_dropped,
         d.retransmits,
         d.nak_psn_seq_sent,
@@ -897,6 +900,7 @@ mod tests {
         let d = DeviceStats {
             retransmits: 3,
             nak_psn_seq_received: 4,
+            tx_bytes: 6,
             ..Default::default()
         };
         let l = LinkStats {
@@ -909,6 +913,7 @@ mod tests {
             "retransmits=3",
             "nak_psn_seq_received=4",
             "link_rx_dropped=5",
+            "tx_bytes=6",
         ] {
             assert!(line.split(' ').any(|w| w == kv), "{kv} in {line}");
         }

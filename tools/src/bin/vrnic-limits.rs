@@ -2,26 +2,34 @@
 //! in the same run as the benchmark that is compared with them
 //! (`scripts/bench.sh`, issue 10): memcpy bandwidth, AF_PACKET frame rates
 //! over a veth pair with one `send(2)` per frame and with `sendmmsg(2)`
-//! batches, and 64-byte round trips over the pair with a busy-polling and
-//! with a blocking receiver.
+//! batches, raw TAP frame rates (one `write(2)` per frame into one TAP of a
+//! bridge, `read(2)` from another), and 64-byte round trips over both paths
+//! with a busy-polling and with a blocking receiver.
 //!
-//! Run it inside a network namespace holding both ends of a veth pair:
-//! `vrnic-limits --a vA --b vB`. Output: one `key=value` line per figure
+//! Run it inside a network namespace holding both ends of a veth pair and,
+//! for the TAP figures, two TAP interfaces (`ip tuntap add NAME mode tap`)
+//! on one bridge, all up: `vrnic-limits --a vA --b vB [--tap-a tA --tap-b
+//! tB]`. Output: one `key=value` line per figure
 //! (`memcpy_gbytes_per_s_<size>`, `pkt_<mode>_<bytes>_mpps`, `pkt_<mode>_<bytes>_gbps`,
-//! `rtt_<mode>_us`, `pkt_rcvbuf_bytes`), every measurement bounded by `--secs`.
+//! `tap_write_<bytes>_mpps`, `tap_write_<bytes>_gbps`, `rtt_<mode>_us`,
+//! `rtt_tap_<mode>_us`, `pkt_rcvbuf_bytes`), every measurement bounded by `--secs`.
 //! The sockets get the buffers vrnic's AF_PACKET link asks for
-//! (`vrnic::link::packet::RCVBUF_BYTES`, `SNDBUF_BYTES`), so the frame
-//! rates are those of the same sockets the engine uses.
+//! (`vrnic::link::packet::RCVBUF_BYTES`, `SNDBUF_BYTES`) and the TAPs are
+//! opened by vrnic's own TAP link (`vrnic::link::TapLink`, with its queue
+//! length), so the frame rates are those of the same descriptors the
+//! engine uses. Frame rates count what the receiver got; the receiver
+//! reads without blocking and waits in `poll(2)` (`recvmmsg(2)`'s timeout
+//! for AF_PACKET) when nothing is there.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use clap::Parser;
+use vrnic::link::{Link as _, TapLink};
 
-/// Measure memcpy, AF_PACKET frame rates and round trips on a veth pair.
+/// Measure memcpy, AF_PACKET and TAP frame rates and round trips.
 #[derive(Parser, Debug)]
 #[command(name = "vrnic-limits", version)]
 struct Args {
@@ -31,6 +39,12 @@ struct Args {
     /// The other end (receiver).
     #[arg(long)]
     b: String,
+    /// A TAP interface on a bridge (sender); with --tap-b, adds the TAP figures.
+    #[arg(long, requires = "tap_b")]
+    tap_a: Option<String>,
+    /// Another TAP interface on the same bridge (receiver).
+    #[arg(long, requires = "tap_a")]
+    tap_b: Option<String>,
     /// Seconds per measurement.
     #[arg(long, default_value_t = 1.0)]
     secs: f64,
@@ -38,6 +52,206 @@ struct Args {
 
 /// EtherType of the probe's frames (IEEE 802 local experimental 1).
 const ETHERTYPE: u16 = 0x88b5;
+/// The sender's MAC address (the source of every probe frame).
+const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 1];
+/// The receiver's MAC address: the destination of every probe frame, so a
+/// bridge forwards them to the other TAP only, as it does RoCEv2 frames
+/// (a broadcast would also go up the bridge's own stack).
+const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 2];
+/// Longest wait of one receive for a frame; it then reports none. Bounds
+/// every wait of the probe.
+const RECV_WAIT: Duration = Duration::from_millis(100);
+/// Frames one batched receive (`recvmmsg(2)`, or TAP reads in a row) takes.
+const RX_BATCH: usize = 64;
+/// Receive buffer per frame, bytes (MTU 9000 and headers).
+const RX_FRAME: usize = 9216;
+
+/// One end of a measured path: an AF_PACKET socket on a veth, or a TAP on
+/// a bridge.
+trait Port: Send {
+    /// Sends one frame with one system call; a frame the kernel refuses is
+    /// lost (the receiver counts what arrived).
+    fn send(&mut self, frame: &[u8]);
+    /// Sends `n` copies of `frame` in as few system calls as the port can;
+    /// by default one [`Port::send`] each.
+    fn send_batch(&mut self, frame: &[u8], n: usize) {
+        for _ in 0..n {
+            self.send(frame);
+        }
+    }
+    /// One probe frame into `buf`: its length, or `None` when none came
+    /// (`busy`: none is waiting now; else none within [`RECV_WAIT`]).
+    fn recv(&mut self, buf: &mut [u8], busy: bool) -> Option<usize>;
+    /// Up to [`RX_BATCH`] frames, waiting at most [`RECV_WAIT`] for the
+    /// first: how many probe frames, or `None` when nothing came.
+    fn recv_many(&mut self) -> Option<u64>;
+}
+
+/// An AF_PACKET socket bound to the probe's EtherType on one interface.
+struct PacketPort {
+    fd: OwnedFd,
+    /// [`RX_BATCH`] frames of [`RX_FRAME`] bytes for `recvmmsg(2)`.
+    bufs: Vec<[u8; RX_FRAME]>,
+}
+
+impl PacketPort {
+    fn open(ifname: &str) -> anyhow::Result<PacketPort> {
+        Ok(PacketPort {
+            fd: packet_socket(ifname)?,
+            bufs: vec![[0u8; RX_FRAME]; RX_BATCH],
+        })
+    }
+}
+
+impl Port for PacketPort {
+    fn send(&mut self, frame: &[u8]) {
+        // SAFETY: sending our buffer on our socket.
+        unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+    }
+
+    fn send_batch(&mut self, frame: &[u8], n: usize) {
+        let mut iov: Vec<libc::iovec> = (0..n)
+            .map(|_| libc::iovec {
+                iov_base: frame.as_ptr() as *mut libc::c_void,
+                iov_len: frame.len(),
+            })
+            .collect();
+        // SAFETY: mmsghdr is plain data.
+        let mut msgs: Vec<libc::mmsghdr> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
+        for (m, v) in msgs.iter_mut().zip(iov.iter_mut()) {
+            m.msg_hdr.msg_iov = v;
+            m.msg_hdr.msg_iovlen = 1;
+        }
+        // SAFETY: msgs/iov/frame live for the call.
+        unsafe { libc::sendmmsg(self.fd.as_raw_fd(), msgs.as_mut_ptr(), n as u32, 0) };
+    }
+
+    fn recv(&mut self, buf: &mut [u8], busy: bool) -> Option<usize> {
+        // A blocking receive is bounded by SO_RCVTIMEO (RECV_WAIT).
+        let flags = if busy { libc::MSG_DONTWAIT } else { 0 };
+        // SAFETY: receiving into our buffer.
+        let n = unsafe {
+            libc::recv(
+                self.fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                flags,
+            )
+        };
+        usize::try_from(n).ok().filter(|&n| n > 0)
+    }
+
+    fn recv_many(&mut self) -> Option<u64> {
+        let mut iov: Vec<libc::iovec> = self
+            .bufs
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect();
+        // SAFETY: mmsghdr is plain data.
+        let mut msgs: Vec<libc::mmsghdr> = (0..RX_BATCH)
+            .map(|_| unsafe { std::mem::zeroed() })
+            .collect();
+        for (m, v) in msgs.iter_mut().zip(iov.iter_mut()) {
+            m.msg_hdr.msg_iov = v;
+            m.msg_hdr.msg_iovlen = 1;
+        }
+        // The socket's SO_RCVTIMEO bounds the wait for the first frame.
+        // SAFETY: msgs/iov/bufs live for the call.
+        let n = unsafe {
+            libc::recvmmsg(
+                self.fd.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                RX_BATCH as u32,
+                libc::MSG_WAITFORONE,
+                std::ptr::null_mut(),
+            )
+        };
+        u64::try_from(n).ok().filter(|&n| n > 0)
+    }
+}
+
+/// A TAP interface through vrnic's own TAP link (nonblocking, the engine's
+/// queue length); frames other than the probe's (the kernel's IPv6
+/// neighbour discovery on the bridge) are read and not counted.
+struct TapPort {
+    link: TapLink,
+    fd: RawFd,
+    /// One frame for [`Port::recv_many`].
+    buf: Vec<u8>,
+}
+
+impl TapPort {
+    fn open(name: &str) -> anyhow::Result<TapPort> {
+        let link = TapLink::open(name)?;
+        let fd = link.raw_fd().context("a TAP link has a descriptor")?;
+        Ok(TapPort {
+            link,
+            fd,
+            buf: vec![0; RX_FRAME],
+        })
+    }
+}
+
+impl Port for TapPort {
+    fn send(&mut self, frame: &[u8]) {
+        // A frame the TAP refuses is counted by the link and lost.
+        let _ = self.link.send(frame);
+    }
+
+    fn recv(&mut self, buf: &mut [u8], busy: bool) -> Option<usize> {
+        // Bounded: at most RX_BATCH frames read or waits of RECV_WAIT.
+        for _ in 0..RX_BATCH {
+            match self.link.recv(buf) {
+                Ok(Some(n)) if is_probe(&buf[..n]) => return Some(n),
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => {
+                    if busy || !readable(self.fd, RECV_WAIT) {
+                        return None;
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    fn recv_many(&mut self) -> Option<u64> {
+        let (mut frames, mut probes) = (0u64, 0u64);
+        for _ in 0..RX_BATCH {
+            match self.link.recv(&mut self.buf) {
+                Ok(Some(n)) => {
+                    frames += 1;
+                    probes += u64::from(is_probe(&self.buf[..n]));
+                }
+                Ok(None) | Err(_) => {
+                    if frames > 0 || !readable(self.fd, RECV_WAIT) {
+                        break;
+                    }
+                }
+            }
+        }
+        (frames > 0).then_some(probes)
+    }
+}
+
+/// Whether `f` is one of the probe's frames (its EtherType).
+fn is_probe(f: &[u8]) -> bool {
+    f.get(12..14) == Some(&ETHERTYPE.to_be_bytes()[..])
+}
+
+/// Waits at most `wait` for `fd` to poll readable (`poll(2)`).
+fn readable(fd: RawFd, wait: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(wait.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: one pollfd that lives for the call.
+    unsafe { libc::poll(&mut p, 1, ms) > 0 }
+}
 
 fn packet_socket(ifname: &str) -> anyhow::Result<OwnedFd> {
     // SAFETY: plain syscall; the result is checked.
@@ -98,11 +312,11 @@ fn packet_socket(ifname: &str) -> anyhow::Result<OwnedFd> {
     if r != 0 {
         bail!("bind {ifname}: {}", std::io::Error::last_os_error());
     }
-    // Every receive is bounded (recvmmsg's own timeout is checked only
-    // after a datagram arrives).
+    // Every receive is bounded by RECV_WAIT (recvmmsg's own timeout is
+    // checked only after a datagram arrives).
     let tv = libc::timeval {
         tv_sec: 0,
-        tv_usec: 100_000,
+        tv_usec: RECV_WAIT.as_micros() as libc::suseconds_t,
     };
     // SAFETY: setting a timeval option on our socket.
     unsafe {
@@ -129,10 +343,11 @@ fn packet_socket(ifname: &str) -> anyhow::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// A probe frame of `len` bytes (at least 60) from [`MAC_A`] to [`MAC_B`].
 fn frame(len: usize) -> Vec<u8> {
     let mut f = vec![0u8; len.max(60)];
-    f[..6].copy_from_slice(&[0xff; 6]);
-    f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
+    f[..6].copy_from_slice(&MAC_B);
+    f[6..12].copy_from_slice(&MAC_A);
     f[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
     f
 }
@@ -154,123 +369,103 @@ fn memcpy_gbps(size: usize, secs: f64) -> f64 {
     bytes as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9
 }
 
-/// Frames per second from `a` to `b` for `secs` (the receiver counts).
-fn frame_rate(a: &OwnedFd, b: &OwnedFd, len: usize, batch: usize, secs: f64) -> f64 {
-    let stop = Arc::new(AtomicBool::new(false));
-    let got = Arc::new(AtomicU64::new(0));
-    let rx = {
-        let (stop, got) = (stop.clone(), got.clone());
-        let fd = b.as_raw_fd();
-        std::thread::spawn(move || {
-            let mut bufs = vec![[0u8; 9216]; 64];
-            let mut iov: Vec<libc::iovec> = bufs
-                .iter_mut()
-                .map(|b| libc::iovec {
-                    iov_base: b.as_mut_ptr().cast(),
-                    iov_len: b.len(),
-                })
-                .collect();
-            // SAFETY: mmsghdr is plain data.
-            let mut msgs: Vec<libc::mmsghdr> =
-                (0..64).map(|_| unsafe { std::mem::zeroed() }).collect();
-            for (m, v) in msgs.iter_mut().zip(iov.iter_mut()) {
-                m.msg_hdr.msg_iov = v;
-                m.msg_hdr.msg_iovlen = 1;
-            }
-            let mut ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 50_000_000,
-            };
-            while !stop.load(Ordering::Relaxed) {
-                // SAFETY: msgs/iov/bufs live for the call.
-                let n = unsafe {
-                    libc::recvmmsg(fd, msgs.as_mut_ptr(), 64, libc::MSG_WAITFORONE, &mut ts)
-                };
-                if n > 0 {
-                    got.fetch_add(n as u64, Ordering::Relaxed);
+/// Frames per second from `a` to `b` for `secs`, `batch` frames per send
+/// call (1: [`Port::send`], else [`Port::send_batch`]); the receiver counts.
+/// After the sender stops, the receiver reads until `b` is quiet for
+/// [`RECV_WAIT`] (at most 1 s), so the frames in flight are counted and
+/// none is left for the next measurement.
+fn frame_rate(a: &mut impl Port, b: &mut impl Port, len: usize, batch: usize, secs: f64) -> f64 {
+    let stop = AtomicBool::new(false);
+    let f = frame(len);
+    std::thread::scope(|s| {
+        let rx = s.spawn(|| {
+            let mut got = 0u64;
+            let mut stopped: Option<Instant> = None;
+            loop {
+                let n = b.recv_many();
+                got += n.unwrap_or(0);
+                if stopped.is_none() && stop.load(Ordering::Relaxed) {
+                    stopped = Some(Instant::now());
+                }
+                if stopped.is_some_and(|t| n.is_none() || t.elapsed() > Duration::from_secs(1)) {
+                    return got;
                 }
             }
-        })
-    };
-    let f = frame(len);
-    let start = Instant::now();
-    while start.elapsed().as_secs_f64() < secs {
-        if batch <= 1 {
-            // SAFETY: sending our buffer on our socket.
-            unsafe { libc::send(a.as_raw_fd(), f.as_ptr().cast(), f.len(), 0) };
-        } else {
-            let mut iov: Vec<libc::iovec> = (0..batch)
-                .map(|_| libc::iovec {
-                    iov_base: f.as_ptr() as *mut libc::c_void,
-                    iov_len: f.len(),
-                })
-                .collect();
-            // SAFETY: mmsghdr is plain data.
-            let mut msgs: Vec<libc::mmsghdr> =
-                (0..batch).map(|_| unsafe { std::mem::zeroed() }).collect();
-            for (m, v) in msgs.iter_mut().zip(iov.iter_mut()) {
-                m.msg_hdr.msg_iov = v;
-                m.msg_hdr.msg_iovlen = 1;
+        });
+        let start = Instant::now();
+        while start.elapsed().as_secs_f64() < secs {
+            if batch <= 1 {
+                a.send(&f);
+            } else {
+                a.send_batch(&f, batch);
             }
-            // SAFETY: msgs/iov/f live for the call.
-            unsafe { libc::sendmmsg(a.as_raw_fd(), msgs.as_mut_ptr(), batch as u32, 0) };
         }
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    // Let the receiver drain what is in flight (bounded).
-    std::thread::sleep(Duration::from_millis(100));
-    stop.store(true, Ordering::Relaxed);
-    let _ = rx.join();
-    got.load(Ordering::Relaxed) as f64 / elapsed
+        let elapsed = start.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        rx.join().unwrap_or(0) as f64 / elapsed
+    })
 }
 
-/// Mean 64-byte round trip over the pair, µs: `a` sends, `b` echoes.
-fn rtt_us(a: &OwnedFd, b: &OwnedFd, busy: bool, secs: f64) -> f64 {
-    let stop = Arc::new(AtomicBool::new(false));
-    let echo = {
-        let stop = stop.clone();
-        let fd = b.as_raw_fd();
-        std::thread::spawn(move || {
+/// Mean 64-byte round trip from `a` to `b` and back, µs, over `secs`: `b`
+/// echoes each frame to `a` (addresses swapped); both receive busy-polling
+/// (`busy`) or blocking. A round trip that takes over 200 ms ends the
+/// measurement.
+fn rtt_us(a: &mut impl Port, b: &mut impl Port, busy: bool, secs: f64) -> f64 {
+    let stop = AtomicBool::new(false);
+    let f = frame(64);
+    std::thread::scope(|s| {
+        s.spawn(|| {
             let mut buf = [0u8; 2048];
-            let flags = if busy { libc::MSG_DONTWAIT } else { 0 };
+            // A blocking receive returns within RECV_WAIT, so a stop is seen.
             while !stop.load(Ordering::Relaxed) {
-                // SAFETY: receiving into our buffer.
-                let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) };
-                if n > 0 {
-                    // SAFETY: echoing the bytes received.
-                    unsafe { libc::send(fd, buf.as_ptr().cast(), n as usize, 0) };
+                if let Some(n) = b.recv(&mut buf, busy) {
+                    let (dst, src) = buf.split_at_mut(6);
+                    dst.swap_with_slice(&mut src[..6]);
+                    b.send(&buf[..n]);
                 }
             }
-        })
-    };
-    let f = frame(64);
-    let mut buf = [0u8; 2048];
-    let flags = if busy { libc::MSG_DONTWAIT } else { 0 };
-    let start = Instant::now();
-    let mut n = 0u64;
-    'outer: while start.elapsed().as_secs_f64() < secs {
-        // SAFETY: sending our frame.
-        unsafe { libc::send(a.as_raw_fd(), f.as_ptr().cast(), f.len(), 0) };
-        let t = Instant::now();
-        loop {
-            // SAFETY: receiving into our buffer.
-            let r = unsafe { libc::recv(a.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), flags) };
-            if r > 0 {
-                break;
+        });
+        let mut buf = [0u8; 2048];
+        let start = Instant::now();
+        let mut n = 0u64;
+        'outer: while start.elapsed().as_secs_f64() < secs {
+            a.send(&f);
+            let t = Instant::now();
+            while a.recv(&mut buf, busy).is_none() {
+                if t.elapsed() > Duration::from_millis(200) {
+                    break 'outer;
+                }
             }
-            if t.elapsed() > Duration::from_millis(200) {
-                break 'outer;
-            }
+            n += 1;
         }
-        n += 1;
+        let us = start.elapsed().as_secs_f64() * 1e6 / n.max(1) as f64;
+        stop.store(true, Ordering::Relaxed);
+        us
+    })
+}
+
+/// Waits (at most `bound`) until a probe frame sent on `a` arrives on `b`,
+/// then empties `b`: a TAP's bridge port forwards only once the kernel has
+/// seen its carrier (the probe's open brought it up).
+fn wait_path(a: &mut impl Port, b: &mut impl Port, bound: Duration) -> anyhow::Result<()> {
+    let f = frame(64);
+    let mut buf = [0u8; RX_FRAME];
+    let start = Instant::now();
+    loop {
+        a.send(&f);
+        if b.recv(&mut buf, false).is_some() {
+            break;
+        }
+        if start.elapsed() > bound {
+            bail!("no frame crossed within {bound:?}");
+        }
     }
-    let us = start.elapsed().as_secs_f64() * 1e6 / n.max(1) as f64;
-    stop.store(true, Ordering::Relaxed);
-    // Unblock a blocking echo thread.
-    // SAFETY: sending a last frame to the echo side.
-    unsafe { libc::send(a.as_raw_fd(), f.as_ptr().cast(), f.len(), 0) };
-    let _ = echo.join();
-    us
+    for _ in 0..1000 {
+        if b.recv(&mut buf, true).is_none() {
+            break;
+        }
+    }
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -282,14 +477,14 @@ fn main() -> anyhow::Result<()> {
             memcpy_gbps(size, secs) / 8.0
         );
     }
-    let a = packet_socket(&args.a).with_context(|| args.a.clone())?;
-    let b = packet_socket(&args.b).with_context(|| args.b.clone())?;
+    let mut a = PacketPort::open(&args.a).with_context(|| args.a.clone())?;
+    let mut b = PacketPort::open(&args.b).with_context(|| args.b.clone())?;
     let mut rcvbuf: libc::c_int = 0;
     let mut len = size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: the option value points at a live c_int of `len` bytes.
     unsafe {
         libc::getsockopt(
-            b.as_raw_fd(),
+            b.fd.as_raw_fd(),
             libc::SOL_SOCKET,
             libc::SO_RCVBUF,
             (&mut rcvbuf as *mut libc::c_int).cast(),
@@ -298,14 +493,39 @@ fn main() -> anyhow::Result<()> {
     };
     println!("pkt_rcvbuf_bytes={rcvbuf}");
     // RoCEv2-shaped frame sizes: 58 bytes of headers around 6 B, 1 KiB and 4 KiB.
-    for len in [64usize, 1082, 4154] {
+    for len in FRAME_SIZES {
         for (mode, batch) in [("send", 1usize), ("sendmmsg64", 64)] {
-            let fps = frame_rate(&a, &b, len, batch, secs);
-            println!("pkt_{mode}_{len}_mpps={:.3}", fps / 1e6);
-            println!("pkt_{mode}_{len}_gbps={:.2}", fps * len as f64 * 8.0 / 1e9);
+            let fps = frame_rate(&mut a, &mut b, len, batch, secs);
+            print_rate(&format!("pkt_{mode}"), len, fps);
         }
     }
-    println!("rtt_busy_us={:.1}", rtt_us(&a, &b, true, secs));
-    println!("rtt_blocking_us={:.1}", rtt_us(&a, &b, false, secs));
+    println!("rtt_busy_us={:.1}", rtt_us(&mut a, &mut b, true, secs));
+    println!("rtt_blocking_us={:.1}", rtt_us(&mut a, &mut b, false, secs));
+    if let (Some(ta), Some(tb)) = (&args.tap_a, &args.tap_b) {
+        let mut a = TapPort::open(ta)?;
+        let mut b = TapPort::open(tb)?;
+        wait_path(&mut a, &mut b, Duration::from_secs(5))
+            .with_context(|| format!("TAP {ta} -> bridge -> {tb}"))?;
+        for len in FRAME_SIZES {
+            let fps = frame_rate(&mut a, &mut b, len, 1, secs);
+            print_rate("tap_write", len, fps);
+        }
+        println!("rtt_tap_busy_us={:.1}", rtt_us(&mut a, &mut b, true, secs));
+        println!(
+            "rtt_tap_blocking_us={:.1}",
+            rtt_us(&mut a, &mut b, false, secs)
+        );
+    }
     Ok(())
+}
+
+/// The probe's frame sizes, bytes: RoCEv2-shaped, 58 bytes of headers
+/// around 6 B, 1 KiB and 4 KiB of payload.
+const FRAME_SIZES: [usize; 3] = [64, 1082, 4154];
+
+/// Prints `<prefix>_<len>_mpps` and `<prefix>_<len>_gbps` (frame bits) for
+/// `fps` frames of `len` bytes a second.
+fn print_rate(prefix: &str, len: usize, fps: f64) {
+    println!("{prefix}_{len}_mpps={:.3}", fps / 1e6);
+    println!("{prefix}_{len}_gbps={:.2}", fps * len as f64 * 8.0 / 1e9);
 }
