@@ -493,6 +493,10 @@ vr_daemon() {
     [ -n "$pcap" ] && args+=(--pcap "$pcap")
     # Further daemon options (e.g. --function specs) from the array VR_DAEMON_EXTRA, if set.
     args+=(${VR_DAEMON_EXTRA[@]+"${VR_DAEMON_EXTRA[@]}"})
+    # And from the environment, for A/B runs (e.g. VRNIC_DAEMON_ARGS="--poll-us 0").
+    local env_args
+    read -ra env_args <<<"${VRNIC_DAEMON_ARGS:-}"
+    args+=(${env_args[@]+"${env_args[@]}"})
     [ "$connect" = 1 ] || rm -f "$sock"
     rm -f "$sock.qemu-args"
     vr_spawn "$logdir/$name.log" ip netns exec "$ns" env RUST_LOG="${RUST_LOG:-info}" NO_COLOR=1 "$bin" "${args[@]}"
