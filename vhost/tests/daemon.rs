@@ -672,13 +672,7 @@ fn queue_sizes_above_the_maximum_are_refused() {
         queue_size: 16,
         ..Default::default()
     };
-    let backend = VrnicBackend::new(
-        vrnic::device::Device::new(test_device_config()),
-        Box::new(ours),
-        cfg,
-    )
-    .unwrap();
-    let d = TestDaemon::start(backend, false).unwrap();
+    let d = TestDaemon::with_backend_config(Box::new(ours), cfg, false).unwrap();
     let opts = FrontendOptions {
         queue_size: 32,
         ..Default::default()

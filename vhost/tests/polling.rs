@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use vrnic::abi;
 use vrnic::link::MemLink;
-use vrnic_vhost::frontend::{test_device_config, FrontendOptions, TestDaemon};
+use vrnic_vhost::frontend::{FrontendOptions, TestDaemon};
 use vrnic_vhost::spin::PollConfig;
-use vrnic_vhost::{BackendConfig, VrnicBackend};
+use vrnic_vhost::BackendConfig;
 
 const WAIT: Duration = Duration::from_secs(10);
 /// Back-to-back commands per run: enough that many are posted while the
@@ -28,13 +28,7 @@ fn run(budget_ns: u64, event_idx: bool) -> vrnic_vhost::BackendStats {
         },
         ..Default::default()
     };
-    let backend = VrnicBackend::new(
-        vrnic::device::Device::new(test_device_config()),
-        Box::new(ours),
-        cfg,
-    )
-    .unwrap();
-    let d = TestDaemon::start(backend, true).unwrap();
+    let d = TestDaemon::with_backend_config(Box::new(ours), cfg, true).unwrap();
     let opts = FrontendOptions {
         event_idx,
         timeout: WAIT,

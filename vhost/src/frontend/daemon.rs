@@ -120,6 +120,22 @@ impl TestDaemon {
         Self::start(backend, false)
     }
 
+    /// [`TestDaemon::start`] with a new device of [`test_device_config`] on
+    /// `link` and the backend settings `backend`.
+    ///
+    /// # Errors
+    /// [`FrontendError::Setup`] when the backend refuses `backend`; as
+    /// [`TestDaemon::start`].
+    pub fn with_backend_config(
+        link: Box<dyn Link>,
+        backend: BackendConfig,
+        once: bool,
+    ) -> Result<Self, FrontendError> {
+        let backend = VrnicBackend::new(Device::new(test_device_config()), link, backend)
+            .map_err(|e| FrontendError::Setup(e.to_string()))?;
+        Self::start(backend, once)
+    }
+
     /// [`TestDaemon::with_device`] with the stats server
     /// ([`TestDaemon::start_with_stats`]).
     ///
