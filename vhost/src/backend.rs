@@ -394,6 +394,10 @@ impl VhostUserBackend for VrnicBackend {
         let mut dp = self.lock_worker();
         let r = catch_unwind(AssertUnwindSafe(|| {
             Self::dispatch(&mut dp, device_event, vrings);
+            // Counters are published after each round of work, the
+            // wake-up's own included, so what a driver saw answered is in
+            // the snapshot before the next round answers anything.
+            self.publish(&mut dp, false);
             dp.spin(vrings, self.poll, &self.waiters, &mut |dp| {
                 self.publish(dp, false)
             });
