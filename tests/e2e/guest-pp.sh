@@ -341,11 +341,39 @@ done
 # PERF_ARGS; one line per run, with the figure perftest printed (BW average, or the typical latency)
 # where this side printed one:
 #   VRNIC-PERF <name> <tool> <role> rc=<rc> bytes=<b> value=<v> unit=<MB/sec|Gb/sec|usec|none>
+# After each run, where this guest's CPU went during it (the run is short under TCG, so a busy
+# guest is a busy vCPU thread on the host):
+#   VRNIC-PERFCPU <name> <tool> <role> busy_pct=<guest CPU not idle, %> perftest_cpu_pct=<%>
+#       top=<comm:ticks,...>
+# (perftest's own CPU over the run's wall time; the three living processes that used the most CPU
+# ticks, kernel threads included).
+cpu_ticks() { # "pid comm ticks" per process (utime + stime, clock ticks; comm's blanks as _)
+    awk '{ r = $0; sub(/.*\) /, "", r); split(r, f, " "); c = $0; sub(/^[0-9]+ \(/, "", c)
+        sub(/\) [^)]*$/, "", c); gsub(/ /, "_", c); print $1, c, f[12] + f[13] }' \
+        /proc/[0-9]*/stat 2>/dev/null
+}
+cpu_idle() { awk '/^cpu / { print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 }' /proc/stat; }
+cpu_report() { # TOOL ROLE: against the snapshots cpu_ticks/cpu_idle took before the run
+    read -r c_i0 c_t0 </tmp/cpu-idle0
+    cpu_idle >/tmp/cpu-idle1
+    read -r c_i1 c_t1 </tmp/cpu-idle1
+    cpu_ticks >/tmp/cpu-ticks1
+    c_top=$(awk 'NR == FNR { b[$1] = $3; next } { d = $3 - b[$1]; if (d > 0) print d, $2 }' \
+        /tmp/cpu-ticks0 /tmp/cpu-ticks1 | sort -rn | head -3 | awk '{ printf "%s%s:%s", s, $2, $1; s = "," }')
+    c_dt=$((c_t1 - c_t0))
+    [ "$c_dt" -gt 0 ] || c_dt=1
+    echo "VRNIC-PERFCPU $NAME $1 $2 busy_pct=$(((c_dt - (c_i1 - c_i0)) * 100 / c_dt)) perftest_cpu_pct=$cpu_pct top=${c_top:-none}"
+}
 p=0
 for tool in ${PERF_TOOLS:-}; do
     for role in $ROLES; do
+        cpu_ticks >/tmp/cpu-ticks0
+        cpu_idle >/tmp/cpu-idle0
+        measure_start
         # shellcheck disable=SC2086
         perf_run "$role" 1000 "$tool" ${PERF_ARGS:-}
+        measure_end
+        cpu_report "$tool" "$role"
         echo "--- $NAME perf $tool $role"
         cat /tmp/out
         # shellcheck disable=SC2046 # the three words
