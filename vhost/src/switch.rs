@@ -230,12 +230,25 @@ impl Inner {
     /// Sends `frame` on the uplink. Errors are counted, not returned: the
     /// sender's `send` succeeded as far as the switch is concerned (a
     /// switch does not tell a port that its uplink dropped a frame).
-    fn to_uplink(&self, frame: &[u8]) {
-        inc(&self.uplink_tx);
-        if let Err(e) = self.uplink().send(frame) {
-            inc(&self.uplink_tx_errors);
-            tracing::debug!("uplink send failed: {e}");
+    ///
+    /// With `hold`, a frame the uplink is too full to take now is not
+    /// taken (`false`, not counted) instead of dropped.
+    fn to_uplink(&self, frame: &[u8], hold: bool) -> bool {
+        let sent = if hold {
+            self.uplink().try_send(frame)
+        } else {
+            self.uplink().send(frame).map(|()| true)
+        };
+        match sent {
+            Ok(false) => return false,
+            Ok(true) => {}
+            Err(e) => {
+                inc(&self.uplink_tx_errors);
+                tracing::debug!("uplink send failed: {e}");
+            }
         }
+        inc(&self.uplink_tx);
+        true
     }
 }
 
@@ -398,6 +411,53 @@ impl SwitchPort {
         self.shared.counters.get()
     }
 
+    /// Forwards `frame` by its destination MAC (see the module); returns
+    /// whether the switch took it. With `hold`, a unicast frame whose
+    /// destination cannot take it now (a full port queue, a full uplink)
+    /// is not taken and is counted in [`PortStats::tx_busy`]; without, and
+    /// for group frames (they may already sit in some queues), it is
+    /// dropped and counted where it could not go.
+    fn forward(&self, frame: &[u8], hold: bool) -> bool {
+        let c = &self.shared.counters;
+        let Some(dst) = frame.get(..6).filter(|_| frame.len() >= ETH_HLEN) else {
+            inc(&c.tx_runt);
+            return true;
+        };
+        let hold = hold && !is_group(dst);
+        {
+            let ports = self.sw.ports();
+            if is_group(dst) {
+                for p in ports.iter().filter(|p| p.id != self.shared.id) {
+                    inc(&c.tx_local);
+                    if p.push(frame) {
+                        inc(&p.counters.rx_local);
+                    }
+                }
+            } else if let Some(p) = ports.iter().find(|p| p.mac == dst) {
+                let queued = if hold {
+                    p.try_push(frame)
+                } else {
+                    p.push(frame)
+                };
+                if hold && !queued {
+                    inc(&c.tx_busy);
+                    return false;
+                }
+                inc(&c.tx_local);
+                if queued {
+                    inc(&p.counters.rx_local);
+                }
+                return true;
+            }
+        }
+        if !self.sw.to_uplink(frame, hold) {
+            inc(&c.tx_busy);
+            return false;
+        }
+        inc(&c.tx_uplink);
+        true
+    }
+
     /// Takes the oldest frame of the port's own queue into `buf`; frames
     /// longer than `buf` are dropped (counted as queue drops).
     fn pop_own(&self, buf: &mut [u8]) -> Option<usize> {
@@ -491,30 +551,7 @@ impl Link for SwitchPort {
     /// fails: a frame a queue or the uplink cannot take is dropped and
     /// counted, like a switch does.
     fn send(&mut self, frame: &[u8]) -> io::Result<()> {
-        let Some(dst) = frame.get(..6).filter(|_| frame.len() >= ETH_HLEN) else {
-            inc(&self.shared.counters.tx_runt);
-            return Ok(());
-        };
-        let c = &self.shared.counters;
-        {
-            let ports = self.sw.ports();
-            if is_group(dst) {
-                for p in ports.iter().filter(|p| p.id != self.shared.id) {
-                    inc(&c.tx_local);
-                    if p.push(frame) {
-                        inc(&p.counters.rx_local);
-                    }
-                }
-            } else if let Some(p) = ports.iter().find(|p| p.mac == dst) {
-                inc(&c.tx_local);
-                if p.push(frame) {
-                    inc(&p.counters.rx_local);
-                }
-                return Ok(());
-            }
-        }
-        inc(&c.tx_uplink);
-        self.sw.to_uplink(frame);
+        self.forward(frame, false);
         Ok(())
     }
 
@@ -525,40 +562,7 @@ impl Link for SwitchPort {
     /// holds the host back instead of losing frames. Group frames are sent
     /// as by [`Link::send`].
     fn try_send(&mut self, frame: &[u8]) -> io::Result<bool> {
-        let Some(dst) = frame.get(..6).filter(|_| frame.len() >= ETH_HLEN) else {
-            return self.send(frame).map(|()| true);
-        };
-        if is_group(dst) {
-            return self.send(frame).map(|()| true);
-        }
-        let c = &self.shared.counters;
-        {
-            let ports = self.sw.ports();
-            if let Some(p) = ports.iter().find(|p| p.mac == dst) {
-                if !p.try_push(frame) {
-                    inc(&c.tx_busy);
-                    return Ok(false);
-                }
-                inc(&c.tx_local);
-                inc(&p.counters.rx_local);
-                return Ok(true);
-            }
-        }
-        let taken = match self.sw.uplink().try_send(frame) {
-            Ok(taken) => taken,
-            Err(e) => {
-                inc(&self.sw.uplink_tx_errors);
-                tracing::debug!("uplink send failed: {e}");
-                true
-            }
-        };
-        if taken {
-            inc(&c.tx_uplink);
-            inc(&self.sw.uplink_tx);
-        } else {
-            inc(&c.tx_busy);
-        }
-        Ok(taken)
+        Ok(self.forward(frame, true))
     }
 
     /// A frame from the port's queue, else from the uplink (see the
@@ -743,6 +747,28 @@ mod tests {
         assert_eq!(got.len(), PORT_QUEUE_DEPTH);
         assert_eq!(got.last(), Some(&last), "in order, at the end");
         assert_eq!(a.stats().tx_local, PORT_QUEUE_DEPTH as u64 + 1);
+    }
+
+    #[test]
+    fn a_full_uplink_holds_unicast_but_never_group_frames() {
+        let (up, mut outside) = MemLink::pair();
+        let sw = Switch::new(Box::new(up));
+        let mut a = sw.add_port(A).unwrap();
+        let mut b = sw.add_port(B).unwrap();
+        let far = [2, 0, 0, 0, 0, 0x99];
+        for i in 0..vrnic::link::mem::DEFAULT_DEPTH {
+            assert!(a.try_send(&frame(far, A, i as u8)).unwrap());
+        }
+        assert!(!a.try_send(&frame(far, A, 0xee)).unwrap(), "held back");
+        assert_eq!(a.stats().tx_busy, 1);
+        // A broadcast is taken even so: held, it would reach B again.
+        let bcast = frame([0xff; 6], A, 0xbb);
+        assert!(a.try_send(&bcast).unwrap());
+        assert_eq!(recv_all(&mut b), vec![bcast], "B got the broadcast once");
+        assert_eq!(
+            recv_all(&mut outside).len(),
+            vrnic::link::mem::DEFAULT_DEPTH
+        );
     }
 
     #[test]
