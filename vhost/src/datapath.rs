@@ -237,6 +237,9 @@ impl DataPath {
         self.ctrl_next_avail = 0;
         self.checked = false;
         self.lost = false;
+        // A panic caught while the worker polled ends here: the queues must
+        // not stay in polling mode (notifications left off for good).
+        self.spinning = false;
         self.stats.device_resets += 1;
         self.qp_stats_due = None;
     }
