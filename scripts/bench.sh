@@ -71,6 +71,8 @@ log() { echo "[bench $(date +%H:%M:%S)] $*" >&2; }
 
 log "building (release)"
 (cd "$top" && cargo build -q --release -p vrnic-ibverbs -p vrnic-tools)
+# shellcheck source=scripts/lib.sh
+. "$top/scripts/lib.sh" # vr_netns_no_brnf (bridges without netfilter hooks, as in the e2e)
 lib=$("$top/scripts/ibverbs-lib.sh" --release)
 rel=$top/target/release
 mkdir -p "/tmp/$tag"
@@ -78,6 +80,7 @@ mkdir -p "/tmp/$tag"
 # Namespaces: one with both ends of a veth pair and two TAPs on a bridge (the limits probe), two
 # joined by a veth pair. Deleting a namespace (cleanup) deletes its interfaces.
 ip netns add $ns_l
+vr_netns_no_brnf $ns_l
 ip -n $ns_l link add vA type veth peer name vB
 for i in vA vB; do ip -n $ns_l link set $i mtu 9000 up; done
 ip -n $ns_l link add br-l type bridge
@@ -205,6 +208,7 @@ counters() {
 
 # Daemon modes: namespace ns_v, daemons started per mode by start_daemons, stopped by stop_daemons.
 ip netns add $ns_v
+vr_netns_no_brnf $ns_v
 ip -n $ns_v link set lo up
 # start_daemons MODE: the daemons of MODE (see the header), their sockets /tmp/$tag/f1.sock and
 # f2.sock; waits (bounded) for both.

@@ -101,8 +101,25 @@ vr_netns_create() {
             echo 1 > /proc/sys/net/ipv4/conf/$k/arp_ignore
             echo 1 > /proc/sys/net/ipv6/conf/$k/disable_ipv6
         done' || vr_die "netns sysctls failed"
+    vr_netns_no_brnf "$ns"
     ip -n "$ns" link add br0 type bridge stp_state 0 forward_delay 0
     ip -n "$ns" link set br0 up
+}
+
+# vr_netns_no_brnf NS: bridged frames in NS skip iptables, ip6tables and arptables. With
+# br_netfilter loaded (Docker and podman load it) each new namespace starts with the
+# bridge-nf-call-* sysctls at 1, and every frame a bridge forwards walks the netfilter hooks
+# although the namespace has no rule: a sixth of the vrnic daemons' CPU in a guest ib_write_bw
+# (perf, 2026-11-25). Both vrnic and rxe guests' frames cross these bridges. The loss injection
+# (vr_loss_start) is an nft bridge-family table, which does not need br_netfilter. Without
+# br_netfilter the files are absent and nothing changes.
+vr_netns_no_brnf() {
+    # shellcheck disable=SC2016
+    ip netns exec "$1" sh -c '
+        for k in iptables ip6tables arptables; do
+            f=/proc/sys/net/bridge/bridge-nf-call-$k
+            [ ! -e "$f" ] || echo 0 >"$f"
+        done' || vr_die "netns $1: bridge-nf sysctls failed"
 }
 
 # vr_netns_tap NS TAP [MTU]: a persistent TAP on br0 (for QEMU or the vrnic daemon to attach to).

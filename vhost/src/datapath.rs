@@ -653,8 +653,12 @@ impl DataPath {
         // chains were available.
         let mut idle_passes = 0;
         loop {
-            if let Err(e) = vring.disable_notification() {
-                debug!("cannot disable notifications: {e}");
+            // While the worker polls, notifications are already off (from
+            // the session's start): no write to guest memory per round.
+            if !self.spinning {
+                if let Err(e) = vring.disable_notification() {
+                    debug!("cannot disable notifications: {e}");
+                }
             }
             let mut progress = false;
             // (`pop_chain` releases the vring lock before `complete` takes it.)
