@@ -26,7 +26,7 @@
 # tests/e2e/peer/rxe-rdma-peer, built into the rxe image).
 #
 # Environment: E2E_RESULTS (results dir, default out/e2e-DATE), E2E_SIZES ("1 1024 4096 65536"),
-# E2E_ITERS (200), E2E_MTU (1024), E2E_RUN_TIMEOUT (bound on one ping-pong run, 90 s),
+# E2E_ITERS (200), E2E_MTU (1024), E2E_LINK_MTU (1500: every link's MTU, see below), E2E_RUN_TIMEOUT (bound on one ping-pong run, 90 s),
 # E2E_GUEST_TIMEOUT (bound on one guest's whole job, 900 s), E2E_NO_BUILD=1 (skip cargo build),
 # E2E_RDMA=0 (no RDMA READ/atomic runs), E2E_RDMA_SIZES ("1,4097,1048576"), E2E_RDMA_READS (2),
 # E2E_RDMA_FAA (100), E2E_LOSSY_RDMA, E2E_LOSSY_SIZES, E2E_LOSS (nft|netem), E2E_CRASH_ITERS,
@@ -91,10 +91,19 @@ if [ $need_vrnic = 1 ]; then
 fi
 vr_qemu_setup
 export VRNIC_GUEST_APPEND="vrnic.timeout=$GUEST_TIMEOUT ${VRNIC_GUEST_APPEND:-}"
+# E2E_LINK_MTU (default 1500): the MTU of every link of the test network, the same for both kinds
+# of guest: the TAPs and bridge, the guests' eth0 (an rxe guest's path MTU follows it: 4096 at
+# 9000) and the daemons' --mtu. The tests' sizes assume 1500 (path MTU 1024): the jumbo runs are
+# for perftest (scripts/bench.sh --guests).
+LINK_MTU=${E2E_LINK_MTU:-1500}
+if [ "$LINK_MTU" != 1500 ]; then
+    VRNIC_GUEST_APPEND+=" vrnic.mtu=$LINK_MTU"
+    export VRNIC_DAEMON_ARGS="--mtu $LINK_MTU ${VRNIC_DAEMON_ARGS:-}"
+fi
 vr_log "build/images: $((SECONDS - t0)) s; results in $RESULTS"
 
 vr_netns_create "$NS"
-for t in ga gb va vb; do vr_netns_tap "$NS" "tap-$t"; done
+for t in ga gb va vb; do vr_netns_tap "$NS" "tap-$t" "$LINK_MTU"; done
 
 # Sizes of the vrnic-to-vrnic RDMA WRITE with immediate check (vrnic-write-imm, 10 writes each).
 WRITE_IMM_SIZES=${E2E_WRITE_IMM_SIZES:-1 4097 65536}
