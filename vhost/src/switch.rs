@@ -22,8 +22,12 @@
 //! back, not lost, as behind a NIC's full TX ring. A frame pushed by
 //! [`Link::send`] or from the uplink into a full queue is dropped and
 //! counted ([`PortStats::rx_queue_dropped`]), as a NIC with a full receive
-//! ring (or rxe with a full `skb` queue) drops; RC retransmits. An
-//! `eventfd(2)` polls readable while the queue is non-empty.
+//! ring (or rxe with a full `skb` queue) drops; RC retransmits. The
+//! receiving port takes all queued frames at once (one lock per burst; no
+//! frame is copied under the lock, by sender or receiver), so a port holds
+//! at most twice [`PORT_QUEUE_DEPTH`] frames: those taken and not yet
+//! returned by its `recv`, and a full queue behind them. An `eventfd(2)`
+//! polls readable while the port has frames.
 //!
 //! **The uplink has no reader thread.** A port's [`Link::recv`] first takes
 //! its own queue's frames, then reads the uplink itself (under the uplink's
@@ -47,7 +51,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use vrnic::link::Link;
@@ -156,6 +160,9 @@ const SPARE_BUFFERS: usize = 64;
 struct PortQueue {
     frames: VecDeque<Vec<u8>>,
     spare: Vec<Vec<u8>>,
+    /// The port's eventfd is set (written since it was last reset; both
+    /// happen under this lock only).
+    signalled: bool,
 }
 
 /// What the switch keeps of a port: its MAC, receive queue and counters.
@@ -164,7 +171,12 @@ struct PortShared {
     id: u64,
     mac: [u8; 6],
     queue: Mutex<PortQueue>,
-    /// Readable while `queue` is non-empty.
+    /// Frames were queued or the eventfd is set: the receiver must look
+    /// under the lock. Written under the lock; read without it, so a
+    /// polling receiver does not take the lock (and pull its cache line
+    /// from the sender's core) on every empty round.
+    pending: AtomicBool,
+    /// Readable while the port has frames (see [`SwitchPort::take_batch`]).
     efd: OwnedFd,
     counters: PortCounters,
 }
@@ -186,22 +198,37 @@ impl PortShared {
 
     /// Queues a copy of `frame` if the queue has room; returns whether it
     /// was queued (a full queue counts nothing: the sender keeps the frame).
+    /// The copy is made outside the lock (held twice, briefly: for a spare
+    /// buffer, then to queue it), so a sender never holds the receiver up
+    /// for a frame's length of copying.
     fn try_push(&self, frame: &[u8]) -> bool {
-        let mut q = self.lock();
-        if q.frames.len() >= PORT_QUEUE_DEPTH {
-            return false;
-        }
-        let mut buf = q.spare.pop().unwrap_or_default();
+        let mut buf = {
+            let mut q = self.lock();
+            if q.frames.len() >= PORT_QUEUE_DEPTH {
+                return false;
+            }
+            q.spare.pop().unwrap_or_default()
+        };
         buf.clear();
         buf.extend_from_slice(frame);
+        let mut q = self.lock();
+        // Other senders may have filled the queue meanwhile.
+        if q.frames.len() >= PORT_QUEUE_DEPTH {
+            if q.spare.len() < SPARE_BUFFERS {
+                q.spare.push(buf);
+            }
+            return false;
+        }
         q.frames.push_back(buf);
-        // The eventfd is readable while the queue is non-empty: only the
-        // first frame of an empty queue makes it so (a system call saved
-        // per frame of a burst).
-        if q.frames.len() == 1 {
+        self.pending.store(true, Ordering::Release);
+        // The eventfd is readable while the port has frames (see
+        // `SwitchPort::take_batch`): only a frame finding it reset writes
+        // it (a system call saved per frame of a burst).
+        if !q.signalled {
             // SAFETY: eventfd_write on our own descriptor; EAGAIN only when
             // the counter would overflow, when it is readable anyway.
             unsafe { libc::eventfd_write(self.efd.as_raw_fd(), 1) };
+            q.signalled = true;
         }
         true
     }
@@ -318,6 +345,7 @@ impl Switch {
             id: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
             mac,
             queue: Mutex::new(PortQueue::default()),
+            pending: AtomicBool::new(false),
             efd,
             counters: PortCounters::default(),
         });
@@ -333,6 +361,8 @@ impl Switch {
             shared,
             sw: self.inner.clone(),
             epfd,
+            taken: VecDeque::new(),
+            used: Vec::new(),
         })
     }
 
@@ -390,6 +420,12 @@ pub struct SwitchPort {
     sw: Arc<Inner>,
     /// Readable while the queue or the uplink is (none for a polled uplink).
     epfd: Option<OwnedFd>,
+    /// Frames taken from the queue in one go, oldest first, that
+    /// [`Link::recv`] has not returned yet (at most [`PORT_QUEUE_DEPTH`]).
+    taken: VecDeque<Vec<u8>>,
+    /// Buffers of frames returned, for the queue's spares (at most
+    /// [`SPARE_BUFFERS`]).
+    used: Vec<Vec<u8>>,
 }
 
 impl std::fmt::Debug for SwitchPort {
@@ -460,36 +496,57 @@ impl SwitchPort {
 
     /// Takes the oldest frame of the port's own queue into `buf`; frames
     /// longer than `buf` are dropped (counted as queue drops).
-    fn pop_own(&self, buf: &mut [u8]) -> Option<usize> {
-        let mut q = self.shared.lock();
-        // The eventfd is readable exactly while the queue is non-empty
-        // (both change under the queue's lock): an empty queue costs no
-        // system call, which keeps a lone function's path to the uplink
-        // as cheap as a device on the uplink itself.
-        if q.frames.is_empty() {
-            return None;
-        }
-        let mut got = None;
-        while let Some(frame) = q.frames.pop_front() {
+    fn pop_own(&mut self, buf: &mut [u8]) -> Option<usize> {
+        loop {
+            if self.taken.is_empty() && !self.take_batch() {
+                return None;
+            }
+            let frame = self.taken.pop_front()?;
             let fits = buf.get_mut(..frame.len()).map(|dst| {
                 dst.copy_from_slice(&frame);
                 frame.len()
             });
-            if q.spare.len() < SPARE_BUFFERS {
-                q.spare.push(frame);
+            if self.used.len() < SPARE_BUFFERS {
+                self.used.push(frame);
             }
             if fits.is_some() {
-                got = fits;
-                break;
+                return fits;
             }
             inc(&self.shared.counters.rx_queue_dropped);
         }
-        if q.frames.is_empty() {
-            let mut v: libc::eventfd_t = 0;
-            // SAFETY: eventfd_read into a live u64; EAGAIN when already zero.
-            unsafe { libc::eventfd_read(self.shared.efd.as_raw_fd(), &mut v) };
+    }
+
+    /// Moves every frame of the shared queue to `taken` under one lock
+    /// (a sender's burst costs the receiver one lock, not one per frame,
+    /// and no copy is made under it), and gives the used buffers back as
+    /// spares. Returns false when the queue was empty: the port then has
+    /// no frame at all and its eventfd is reset, under the lock, so that
+    /// it is readable exactly while the port has frames (queued or taken)
+    /// or a frame came after this reset. An empty queue costs no system
+    /// call when the eventfd was already reset: a lone function's path to
+    /// the uplink stays as cheap as a device on the uplink itself.
+    fn take_batch(&mut self) -> bool {
+        // A frame queued just after this load is not lost: its sender set
+        // the eventfd, and the next call sees the flag.
+        if !self.shared.pending.load(Ordering::Acquire) {
+            return false;
         }
-        got
+        let mut q = self.shared.lock();
+        let room = SPARE_BUFFERS.saturating_sub(q.spare.len());
+        let give = self.used.len().min(room);
+        q.spare.extend(self.used.drain(..give));
+        if q.frames.is_empty() {
+            if q.signalled {
+                let mut v: libc::eventfd_t = 0;
+                // SAFETY: eventfd_read into a live u64 on our own descriptor.
+                unsafe { libc::eventfd_read(self.shared.efd.as_raw_fd(), &mut v) };
+                q.signalled = false;
+            }
+            self.shared.pending.store(false, Ordering::Relaxed);
+            return false;
+        }
+        std::mem::swap(&mut q.frames, &mut self.taken);
+        true
     }
 
     /// Reads the uplink (at most [`UPLINK_PULL_MAX`] frames) until a frame
@@ -645,6 +702,34 @@ mod tests {
         assert_eq!(sw.uplink_stats(), UplinkStats::default());
         assert_eq!(a.stats().tx_local, 1);
         assert_eq!(a.stats().rx_local, 1);
+    }
+
+    #[test]
+    fn frames_taken_in_a_burst_keep_the_port_readable_and_in_order() {
+        let (up, _outside) = MemLink::pair();
+        let sw = Switch::new(Box::new(up));
+        let mut a = sw.add_port(A).unwrap();
+        let mut b = sw.add_port(B).unwrap();
+        let fb = b.raw_fd().unwrap();
+        for t in 0..3 {
+            a.send(&frame(B, A, t)).unwrap();
+        }
+        let mut buf = [0u8; 64];
+        let n = b.recv(&mut buf).unwrap().unwrap();
+        assert_eq!(buf[..n], frame(B, A, 0)[..]);
+        // Two frames are taken but not returned yet: a worker that stops
+        // reading here (its budget spent) must still be woken for them.
+        assert!(readable(fb), "taken frames keep the port readable");
+        for t in 3..5 {
+            a.send(&frame(B, A, t)).unwrap();
+        }
+        let got = recv_all(&mut b);
+        assert_eq!(got, (1..5).map(|t| frame(B, A, t)).collect::<Vec<_>>());
+        assert!(!readable(fb));
+        a.send(&frame(B, A, 5)).unwrap();
+        assert!(readable(fb), "a frame after the reset sets it again");
+        assert_eq!(recv_all(&mut b), vec![frame(B, A, 5)]);
+        assert!(!readable(fb));
     }
 
     #[test]
