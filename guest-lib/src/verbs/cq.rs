@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use vrnic::abi::{self, Pod};
 
@@ -88,6 +89,15 @@ impl Cq {
         self.ring.poll(wc)
     }
 
+    /// Polls until `n` completions have come or `timeout` has passed,
+    /// yielding the CPU between empty polls; returns those that came,
+    /// oldest first (fewer than `n` only when `timeout` passed). A loop of
+    /// [`Cq::poll`] (`ibv_poll_cq(3)`) for callers that wait for a known
+    /// number of completions (tools, tests); it never calls the device.
+    pub fn poll_wait(&mut self, n: usize, timeout: Duration) -> Vec<WorkCompletion> {
+        poll_wait_with(|wc| self.ring.poll(wc), n, timeout)
+    }
+
     /// Requests a completion event for the next completion, or the next
     /// solicited one (`ibv_req_notify_cq(3)`, doorbell `DB_CQ_ARM` /
     /// `DB_CQ_ARM_SOLICITED`). Events arrive through
@@ -106,6 +116,28 @@ impl Cq {
         };
         self.shared.ctx.doorbell(&db)
     }
+}
+
+/// [`Cq::poll_wait`] over any poll function.
+fn poll_wait_with(
+    mut poll: impl FnMut(&mut [WorkCompletion]) -> usize,
+    n: usize,
+    timeout: Duration,
+) -> Vec<WorkCompletion> {
+    let start = Instant::now();
+    let mut got = Vec::with_capacity(n);
+    let mut wc = [WorkCompletion::default(); 8];
+    while got.len() < n {
+        let k = poll(&mut wc[..(n - got.len()).min(8)]);
+        got.extend_from_slice(&wc[..k]);
+        if k == 0 {
+            if start.elapsed() >= timeout {
+                break;
+            }
+            std::thread::yield_now();
+        }
+    }
+    got
 }
 
 /// The driver side of a CQ ring: the owner-bit rule and the consumer index.
@@ -267,6 +299,29 @@ mod tests {
         assert_eq!(wc[2].wr_id, 108);
         assert_eq!(h.consumer_index(), 9);
         assert_eq!(h.ring.poll(&mut wc), 0);
+    }
+
+    #[test]
+    fn poll_wait_takes_what_is_asked_and_stops_at_its_timeout() {
+        let mut h = HandRing::new(16);
+        for pi in 0..12 {
+            h.produce(pi, u64::from(pi));
+        }
+        // More than one poll's batch of 8, and no more than asked.
+        let got = poll_wait_with(|wc| h.ring.poll(wc), 10, Duration::from_secs(10));
+        assert_eq!(
+            got.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+            (0..10).collect::<Vec<_>>()
+        );
+        // Two are left: asking for five gives those two once the timeout passed.
+        let t0 = Instant::now();
+        let got = poll_wait_with(|wc| h.ring.poll(wc), 5, Duration::from_millis(20));
+        assert_eq!(
+            got.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+            vec![10, 11]
+        );
+        assert!(t0.elapsed() >= Duration::from_millis(20));
+        assert_eq!(h.consumer_index(), 12);
     }
 
     #[test]

@@ -50,21 +50,13 @@ pub fn two_contexts() -> (Context, Context) {
 /// Polls `cq` until `n` completions arrived or [`DEADLINE`] passed; panics
 /// then, naming `what`.
 pub fn wait_cq(cq: &mut Cq, n: usize, what: &str) -> Vec<WorkCompletion> {
-    let start = Instant::now();
-    let mut got = Vec::new();
-    let mut wc = [WorkCompletion::default(); 8];
-    while got.len() < n {
-        let k = cq.poll(&mut wc[..(n - got.len()).min(8)]);
-        got.extend_from_slice(&wc[..k]);
-        if k == 0 {
-            assert!(
-                start.elapsed() < DEADLINE,
-                "{what}: {} of {n} completions after {DEADLINE:?}: {got:?}",
-                got.len()
-            );
-            std::thread::yield_now();
-        }
-    }
+    let got = cq.poll_wait(n, DEADLINE);
+    assert_eq!(
+        got.len(),
+        n,
+        "{what}: {} of {n} completions after {DEADLINE:?}: {got:?}",
+        got.len()
+    );
     got
 }
 

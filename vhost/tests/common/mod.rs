@@ -239,21 +239,13 @@ pub fn connect_rc(qp: &mut Qp, peer: Peer, my_psn: u32) {
 /// The next `n` completions of `cq`; panics, naming `what`, when they have
 /// not all come within [`WAIT`].
 pub fn wait_cq_n(cq: &mut Cq, n: usize, what: &str) -> Vec<WorkCompletion> {
-    let start = Instant::now();
-    let mut got = Vec::new();
-    let mut wc = [WorkCompletion::default(); 8];
-    while got.len() < n {
-        let k = cq.poll(&mut wc[..(n - got.len()).min(8)]);
-        got.extend_from_slice(&wc[..k]);
-        if k == 0 {
-            assert!(
-                start.elapsed() < WAIT,
-                "{what}: {} of {n} completions after {WAIT:?}: {got:?}",
-                got.len()
-            );
-            std::thread::yield_now();
-        }
-    }
+    let got = cq.poll_wait(n, WAIT);
+    assert_eq!(
+        got.len(),
+        n,
+        "{what}: {} of {n} completions after {WAIT:?}: {got:?}",
+        got.len()
+    );
     got
 }
 
