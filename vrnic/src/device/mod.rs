@@ -456,6 +456,19 @@ impl Device {
                     producer_index_ok(db.index, qp.resp.rq_ci, qp.resp.rq_ci, qp.rq.size)
                 };
                 if !ok {
+                    tracing::debug!(
+                        kind = db.kind,
+                        qpn = db.handle,
+                        index = db.index,
+                        sq_pi = qp.req.sq_pi,
+                        sq_next = qp.req.sq_next,
+                        sq_ci = qp.req.sq_ci,
+                        sq_size = qp.sq.size,
+                        rq_pi = qp.resp.rq_pi,
+                        rq_ci = qp.resp.rq_ci,
+                        rq_size = qp.rq.size,
+                        "producer index outside the queue's window"
+                    );
                     return false;
                 }
                 if db.kind == abi::DB_SQ {
