@@ -13,10 +13,11 @@
 #               options besides -x GID -p PORT (e.g. "-n 200"); empty: none
 #   PERF_ALL_TOOLS, PERF_ALL_ARGS  perftest tools to run again with PERF_ALL_ARGS (e.g. "-a -n 5":
 #               every size from 2 B to 8 MiB), and
-#   PERF_QP_TOOLS, PERF_QP_ARGS    with PERF_QP_ARGS (e.g. "-q 4 -n 100": several QPs); each in
+#   PERF_QP_TOOLS, PERF_QP_ARGS    with PERF_QP_ARGS (e.g. "-q 4 -n 100": several QPs), and
+#   PERF_LONG_TOOLS, PERF_LONG_ARGS with PERF_LONG_ARGS (e.g. "-n 5000": a long run); each in
 #               ROLES order, one line per run and one per size the tool printed:
-#               VRNIC-PERFX <name> <tool> <role> <all|qp> rc=<rc> rows=<n> bytes=<first>-<last> cs=<wall>
-#               VRNIC-PERFROW <name> <tool> <role> <all|qp> <bytes> <value>
+#               VRNIC-PERFX <name> <tool> <role> <all|qp|long> rc=<rc> rows=<n> bytes=<first>-<last> cs=<wall>
+#               VRNIC-PERFROW <name> <tool> <role> <all|qp|long> <bytes> <value>
 #               (value: BW average, or the typical latency)
 #   PIN_CHECK   1: at the end, pin-check (tests/e2e/peer/pin-check.c: registered pages keep their
 #               PFNs while memory is fragmented and compacted; meanwhile a second process,
@@ -501,9 +502,12 @@ esac
 # perftest again, with all sizes (-a) and with several QPs (-q 4): only the exit status is judged
 # (and, on the client, that it printed a row); the rows go to the harness's perftest-sweep.csv.
 p=0
-for variant in all qp; do
-    if [ $variant = all ]; then vtools=${PERF_ALL_TOOLS:-} vargs=${PERF_ALL_ARGS:-}; else
-        vtools=${PERF_QP_TOOLS:-} vargs=${PERF_QP_ARGS:-}; fi
+for variant in all qp long; do
+    case $variant in
+    all) vtools=${PERF_ALL_TOOLS:-} vargs=${PERF_ALL_ARGS:-} ;;
+    qp) vtools=${PERF_QP_TOOLS:-} vargs=${PERF_QP_ARGS:-} ;;
+    long) vtools=${PERF_LONG_TOOLS:-} vargs=${PERF_LONG_ARGS:-} ;;
+    esac
     for tool in $vtools; do
         for role in $ROLES; do
             w0=$(now_cs)

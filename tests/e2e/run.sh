@@ -32,7 +32,7 @@
 # E2E_RDMA_FAA (100), E2E_LOSSY_RDMA, E2E_LOSSY_SIZES, E2E_LOSS (nft|netem), E2E_CRASH_ITERS,
 # E2E_CRASH_AFTER, E2E_KILL_RSS_SLACK_KB (kill/restart steps), E2E_PERF=0 (no perftest),
 # E2E_PERF_SWEEP=0 (no perftest -a / -q 4 runs in the ibv pairs), E2E_PERF_ALL_TOOLS/ARGS,
-# E2E_PERF_QP_TOOLS/ARGS, E2E_PIN=0 (no compaction check in ibv-ibv), E2E_PIN_SIZE, E2E_PIN_ITERS,
+# E2E_PERF_QP_TOOLS/ARGS, E2E_PERF_LONG_TOOLS/ARGS (ib_send_lat -n 5000 in the ibv pairs), E2E_PIN=0 (no compaction check in ibv-ibv), E2E_PIN_SIZE, E2E_PIN_ITERS,
 # E2E_PIN_RDMA_SIZES, E2E_PIN_RDMA_READS,
 # VRNIC_BIN (daemon binary), VRNIC_ACCEL (kvm|tcg, default: probed), VRNIC_CACHE.
 # Prints PASS:/FAIL: lines and a closing "e2e: N passed, N failed"; exit status 0 iff no failure.
@@ -146,6 +146,10 @@ PERF_ALL_TOOLS_ALL=${E2E_PERF_ALL_TOOLS-ib_write_bw ib_read_bw ib_send_bw ib_wri
 PERF_ALL_ARGS_ALL=${E2E_PERF_ALL_ARGS:--a -n 5}
 PERF_QP_TOOLS_ALL=${E2E_PERF_QP_TOOLS-ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw}
 PERF_QP_ARGS_ALL=${E2E_PERF_QP_ARGS:--q 4 -n 100}
+# And a long ib_send_lat (5000 ping-pongs, ~0.3 s): a doorbell left without a kick stalled it until
+# an unrelated wake-up in most runs before the worker served late chains (DataPath::serve_late).
+PERF_LONG_TOOLS_ALL=${E2E_PERF_LONG_TOOLS-ib_send_lat}
+PERF_LONG_ARGS_ALL=${E2E_PERF_LONG_ARGS:--n 5000}
 
 # ibv-ibv: registered memory stays in place under compaction (tests/e2e/peer/pin-check.c), then
 # data-checked transfers (ibv_rc_pingpong -c, PIN_SIZE x PIN_ITERS; rxe-rdma-peer READs of
@@ -167,6 +171,7 @@ job() {
         echo "PERF_TOOLS='${PERF_TOOLS:-}' PERF_ARGS='${PERF_ARGS:-}'"
         echo "PERF_ALL_TOOLS='${PERF_ALL_TOOLS:-}' PERF_ALL_ARGS='${PERF_ALL_ARGS:-}'"
         echo "PERF_QP_TOOLS='${PERF_QP_TOOLS:-}' PERF_QP_ARGS='${PERF_QP_ARGS:-}'"
+        echo "PERF_LONG_TOOLS='${PERF_LONG_TOOLS:-}' PERF_LONG_ARGS='${PERF_LONG_ARGS:-}'"
         echo "PIN_CHECK=${PIN_CHECK:-0} PIN_SIZE=$PIN_SIZE PIN_ITERS=$PIN_ITERS PIN_RDMA_SIZES=$PIN_RDMA_SIZES PIN_RDMA_READS=$PIN_RDMA_READS"
         echo "EVENT_ROLES='${EVENT_ROLES:-}' EVENT_SIZE=$EVENT_SIZE EVENT_ITERS=$EVENT_ITERS"
         echo "IDLE_CHECK=${IDLE_CHECK:-0} IDLE_WINDOW=$IDLE_WINDOW"
@@ -250,10 +255,14 @@ run_pair() {
         PERF_TOOLS=$PERF_TOOLS_ALL PERF_ARGS=$PERF_ARGS_ALL
     fi
     # The -a and -q 4 sweeps in the ibv pairs (both sides run them).
-    local PERF_ALL_TOOLS='' PERF_ALL_ARGS='' PERF_QP_TOOLS='' PERF_QP_ARGS=''
+    local PERF_ALL_TOOLS='' PERF_ALL_ARGS='' PERF_QP_TOOLS='' PERF_QP_ARGS='' PERF_LONG_TOOLS='' PERF_LONG_ARGS=''
     if [ "$base" = "$pair" ] && [ "${E2E_PERF:-1}" = 1 ] && [ "${E2E_PERF_SWEEP:-1}" = 1 ] && [[ $pair == ibv-* ]]; then
         PERF_ALL_TOOLS=$PERF_ALL_TOOLS_ALL PERF_ALL_ARGS=$PERF_ALL_ARGS_ALL
         PERF_QP_TOOLS=$PERF_QP_TOOLS_ALL PERF_QP_ARGS=$PERF_QP_ARGS_ALL
+    fi
+    # The long run: in the ibv pairs, sweep or not.
+    if [ "$base" = "$pair" ] && [ "${E2E_PERF:-1}" = 1 ] && [[ $pair == ibv-* ]]; then
+        PERF_LONG_TOOLS=$PERF_LONG_TOOLS_ALL PERF_LONG_ARGS=$PERF_LONG_ARGS_ALL
     fi
     # The compaction check where both guests run vrnic's libibverbs.so.1.
     local PIN_CHECK=0
@@ -449,13 +458,14 @@ run_pair() {
         done < <(grep -a '^VRNIC-MULTI ' "$dir/$side.log" | tr -d '\r')
         [ "$got" = "$want" ] || fail "$pair $side: $got of $want several-programs checks reported"
         # The -a / -q 4 sweeps: VRNIC-PERFX name tool role all|qp rc=R rows=N bytes=FIRST-LAST
-        want=$((($(wc -w <<<"$PERF_ALL_TOOLS") + $(wc -w <<<"$PERF_QP_TOOLS")) * 2)) got=0
+        want=$((($(wc -w <<<"$PERF_ALL_TOOLS") + $(wc -w <<<"$PERF_QP_TOOLS") + $(wc -w <<<"$PERF_LONG_TOOLS")) * 2)) got=0
         while read -r line; do
             got=$((got + 1))
             # shellcheck disable=SC2086
             set -- $line
             local args=$PERF_QP_ARGS rows=${7#rows=}
             [ "$5" = all ] && args=$PERF_ALL_ARGS
+            [ "$5" = long ] && args=$PERF_LONG_ARGS
             local xwhat="$pair $side ${kind_of[$side]} $3 $args $4 (${kind_of[$other]} peer)"
             if [ "$6" != rc=0 ]; then fail "$xwhat $6"
             elif [ "$4" = client ] && [ "$5" = all ] && [ "$rows" != 23 ]; then
@@ -463,8 +473,8 @@ run_pair() {
             elif [ "$4" = client ] && [ "$rows" -lt 1 ]; then fail "$xwhat: no result row"
             else pass "$xwhat: $rows sizes, ${8#bytes=} B"; fi
         done < <(grep -a '^VRNIC-PERFX ' "$dir/$side.log" | tr -d '\r')
-        [ "$got" = "$want" ] || fail "$pair $side: $got of $want perftest -a/-q runs reported"
-        [ "$want" = 0 ] || vr_log "$pair $side: the perftest -a/-q runs took $(grep -a '^VRNIC-PERFX ' "$dir/$side.log" |
+        [ "$got" = "$want" ] || fail "$pair $side: $got of $want perftest -a/-q/long runs reported"
+        [ "$want" = 0 ] || vr_log "$pair $side: the perftest -a/-q/long runs took $(grep -a '^VRNIC-PERFX ' "$dir/$side.log" |
             tr -d '\r' | awk '{ sub("cs=", "", $NF); t += $NF } END { printf "%.0f", t / 100 }') s"
         # (awk, not a grep pipeline: no row must not end the script under set -e -o pipefail)
         [ "$want" = 0 ] || tr -d '\r' <"$dir/$side.log" |

@@ -401,6 +401,7 @@ impl VhostUserBackend for VrnicBackend {
             dp.spin(vrings, self.poll, &self.waiters, &mut |dp| {
                 self.publish(dp, false)
             });
+            dp.serve_late(vrings, &mut |dp| self.publish(dp, false));
         }));
         if r.is_err() {
             error!(

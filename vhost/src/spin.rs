@@ -62,6 +62,10 @@ pub const LONG_YIELD_NS: Nanos = 100_000;
 /// nanoseconds (100 ms: one lost time slice per 100 ms at most).
 pub const BACKOFF_NS: Nanos = 100_000_000;
 
+/// Most rounds [`DataPath::serve_late`] serves before the worker sleeps
+/// (a driver posting without pause keeps waking it anyway).
+pub const LATE_ROUNDS: u32 = 4;
+
 /// How a worker polls ([`DataPath::spin`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PollConfig {
@@ -175,6 +179,55 @@ impl DataPath {
         self.process_doorbells(db);
         self.process_control(ctrl);
         self.after_work(vrings, false);
+    }
+
+    /// Serves what the driver made available on the doorbell and control
+    /// queues while the worker was busy, just before it sleeps: up to
+    /// [`LATE_ROUNDS`] rounds, each followed by `after` (the backend
+    /// publishes the counters). Returns the number of rounds that found
+    /// chains.
+    ///
+    /// The notification protocol (virtio 1.2 §2.7.10, the serve loop's
+    /// re-enable and re-check) should make a driver kick for any such
+    /// chain, but between two TCG guests a doorbell was seen left without
+    /// a kick: `ib_send_lat -n 5000` stalled until an unrelated wake-up
+    /// (the next ARP, ~30 s later) in 5 of 6 runs, with and without
+    /// polling, and in none of 3 with this check (2026-11-25; the lost
+    /// kick's cause is not found). A chain found here is served at once,
+    /// and the kick that may still come finds nothing.
+    pub(crate) fn serve_late(
+        &mut self,
+        vrings: &[Vring],
+        after: &mut dyn FnMut(&mut DataPath),
+    ) -> u32 {
+        let (Some(ctrl), Some(db)) = (
+            vrings.get(usize::from(abi::CONTROLQ)),
+            vrings.get(usize::from(abi::DOORBELLQ)),
+        ) else {
+            return 0;
+        };
+        let mut rounds = 0;
+        while rounds < LATE_ROUNDS && self.running() && !self.stopped() && !self.lost() {
+            let (late_db, late_ctrl) = (self.has_avail(db), self.has_avail(ctrl));
+            if !late_db && !late_ctrl {
+                break;
+            }
+            tracing::debug!(
+                late_db,
+                late_ctrl,
+                "chains made available while the worker was busy"
+            );
+            if late_db {
+                self.process_doorbells(db);
+            }
+            if late_ctrl {
+                self.process_control(ctrl);
+            }
+            self.after_work(vrings, false);
+            after(self);
+            rounds += 1;
+        }
+        rounds
     }
 
     /// Whether `vring` is live and the driver made chains available that
