@@ -402,6 +402,8 @@ impl VhostUserBackend for VrnicBackend {
                 self.publish(dp, false)
             });
             dp.serve_late(vrings, &mut |dp| self.publish(dp, false));
+            // Every round above published what it did: nothing is left to
+            // publish here (a second snapshot per wake-up, for nothing).
         }));
         if r.is_err() {
             error!(
@@ -410,8 +412,8 @@ impl VhostUserBackend for VrnicBackend {
             );
             dp.stats.engine_panics += 1;
             dp.reset();
+            self.publish(&mut dp, false);
         }
-        self.publish(&mut dp, false);
         Ok(())
     }
 }

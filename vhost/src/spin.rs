@@ -92,8 +92,9 @@ impl DataPath {
     /// without work, [`SESSION_MAX_NS`] pass in all, or `waiters` is
     /// non-zero (another thread wants the data path). See the module.
     /// `vrings` are all the device's vrings, indexed by queue number;
-    /// `after` runs after each round that found work (the backend publishes
-    /// the counters, as after each wake-up).
+    /// `after` runs after each round that found work and once after the
+    /// session's closing serve (the backend publishes the counters, as
+    /// after each wake-up).
     pub(crate) fn spin(
         &mut self,
         vrings: &[Vring],
@@ -101,18 +102,10 @@ impl DataPath {
         waiters: &AtomicUsize,
         after: &mut dyn FnMut(&mut DataPath),
     ) {
-        if cfg.budget_ns == 0
-            || !self.running()
-            || self.stopped()
-            || self.lost()
-            || self.now() < self.spin_backoff_until
-        {
+        if cfg.budget_ns == 0 || !self.serving() || self.now() < self.spin_backoff_until {
             return;
         }
-        let (Some(ctrl), Some(db)) = (
-            vrings.get(usize::from(abi::CONTROLQ)),
-            vrings.get(usize::from(abi::DOORBELLQ)),
-        ) else {
+        let Some((ctrl, db)) = ctrl_db(vrings) else {
             return;
         };
         // Notifications off from the start: a driver posting while the
@@ -179,6 +172,7 @@ impl DataPath {
         self.process_doorbells(db);
         self.process_control(ctrl);
         self.after_work(vrings, false);
+        after(self);
     }
 
     /// Serves what the driver made available on the doorbell and control
@@ -200,14 +194,11 @@ impl DataPath {
         vrings: &[Vring],
         after: &mut dyn FnMut(&mut DataPath),
     ) -> u32 {
-        let (Some(ctrl), Some(db)) = (
-            vrings.get(usize::from(abi::CONTROLQ)),
-            vrings.get(usize::from(abi::DOORBELLQ)),
-        ) else {
+        let Some((ctrl, db)) = ctrl_db(vrings) else {
             return 0;
         };
         let mut rounds = 0;
-        while rounds < LATE_ROUNDS && self.running() && !self.stopped() && !self.lost() {
+        while rounds < LATE_ROUNDS && self.serving() {
             let (late_db, late_ctrl) = (self.has_avail(db), self.has_avail(ctrl));
             if !late_db && !late_ctrl {
                 break;
@@ -230,6 +221,12 @@ impl DataPath {
         rounds
     }
 
+    /// Whether the device serves its queues now: the driver has used it
+    /// since the last reset, and it is neither stopped nor lost.
+    fn serving(&self) -> bool {
+        self.running() && !self.stopped() && !self.lost()
+    }
+
     /// Whether `vring` is live and the driver made chains available that
     /// the device has not taken (the avail index read from guest memory).
     fn has_avail(&self, vring: &Vring) -> bool {
@@ -242,4 +239,13 @@ impl DataPath {
         q.avail_idx(&*guard, Ordering::Acquire)
             .is_ok_and(|idx| idx.0 != q.next_avail())
     }
+}
+
+/// The control and doorbell queues among `vrings` (indexed by queue
+/// number), in that order.
+fn ctrl_db(vrings: &[Vring]) -> Option<(&Vring, &Vring)> {
+    Some((
+        vrings.get(usize::from(abi::CONTROLQ))?,
+        vrings.get(usize::from(abi::DOORBELLQ))?,
+    ))
 }
