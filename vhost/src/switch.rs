@@ -653,6 +653,16 @@ mod tests {
     const C: [u8; 6] = [2, 0x76, 10, 0, 0, 3];
     const OUTSIDE: [u8; 6] = [2, 0, 0, 0, 0, 9];
 
+    /// A switch on an in-memory uplink with ports A and B, and the far
+    /// end of the uplink.
+    fn switch_ab() -> (Switch, SwitchPort, SwitchPort, MemLink) {
+        let (up, outside) = MemLink::pair();
+        let sw = Switch::new(Box::new(up));
+        let a = sw.add_port(A).unwrap();
+        let b = sw.add_port(B).unwrap();
+        (sw, a, b, outside)
+    }
+
     fn frame(dst: [u8; 6], src: [u8; 6], tag: u8) -> Vec<u8> {
         let mut f = dst.to_vec();
         f.extend_from_slice(&src);
@@ -685,10 +695,7 @@ mod tests {
 
     #[test]
     fn unicast_between_ports_never_touches_the_uplink() {
-        let (up, mut outside) = MemLink::pair();
-        let sw = Switch::new(Box::new(up));
-        let mut a = sw.add_port(A).unwrap();
-        let mut b = sw.add_port(B).unwrap();
+        let (sw, mut a, mut b, mut outside) = switch_ab();
         let fb = b.raw_fd().unwrap();
         assert!(!readable(fb));
         a.send(&frame(B, A, 1)).unwrap();
@@ -706,10 +713,7 @@ mod tests {
 
     #[test]
     fn frames_taken_in_a_burst_keep_the_port_readable_and_in_order() {
-        let (up, _outside) = MemLink::pair();
-        let sw = Switch::new(Box::new(up));
-        let mut a = sw.add_port(A).unwrap();
-        let mut b = sw.add_port(B).unwrap();
+        let (_sw, mut a, mut b, _outside) = switch_ab();
         let fb = b.raw_fd().unwrap();
         for t in 0..3 {
             a.send(&frame(B, A, t)).unwrap();
@@ -744,10 +748,7 @@ mod tests {
 
     #[test]
     fn group_frames_reach_every_other_port_and_the_uplink() {
-        let (up, mut outside) = MemLink::pair();
-        let sw = Switch::new(Box::new(up));
-        let mut a = sw.add_port(A).unwrap();
-        let mut b = sw.add_port(B).unwrap();
+        let (sw, mut a, mut b, mut outside) = switch_ab();
         let mut c = sw.add_port(C).unwrap();
         let bc = frame([0xff; 6], A, 3);
         a.send(&bc).unwrap();
@@ -761,10 +762,7 @@ mod tests {
 
     #[test]
     fn uplink_frames_go_to_the_port_of_their_mac() {
-        let (up, mut outside) = MemLink::pair();
-        let sw = Switch::new(Box::new(up));
-        let mut a = sw.add_port(A).unwrap();
-        let mut b = sw.add_port(B).unwrap();
+        let (sw, mut a, mut b, mut outside) = switch_ab();
         let fb = b.raw_fd().unwrap();
         outside.send(&frame(B, OUTSIDE, 1)).unwrap();
         outside.send(&frame(OUTSIDE, OUTSIDE, 2)).unwrap();
@@ -796,10 +794,7 @@ mod tests {
 
     #[test]
     fn a_full_queue_drops_and_counts() {
-        let (up, _outside) = MemLink::pair();
-        let sw = Switch::new(Box::new(up));
-        let mut a = sw.add_port(A).unwrap();
-        let mut b = sw.add_port(B).unwrap();
+        let (_sw, mut a, mut b, _outside) = switch_ab();
         for i in 0..PORT_QUEUE_DEPTH + 5 {
             a.send(&frame(B, A, i as u8)).unwrap();
         }
@@ -812,10 +807,7 @@ mod tests {
 
     #[test]
     fn a_full_queue_holds_a_try_send_back_without_loss() {
-        let (up, _outside) = MemLink::pair();
-        let sw = Switch::new(Box::new(up));
-        let mut a = sw.add_port(A).unwrap();
-        let mut b = sw.add_port(B).unwrap();
+        let (_sw, mut a, mut b, _outside) = switch_ab();
         for i in 0..PORT_QUEUE_DEPTH {
             assert!(a.try_send(&frame(B, A, i as u8)).unwrap());
         }
@@ -836,10 +828,7 @@ mod tests {
 
     #[test]
     fn a_full_uplink_holds_unicast_but_never_group_frames() {
-        let (up, mut outside) = MemLink::pair();
-        let sw = Switch::new(Box::new(up));
-        let mut a = sw.add_port(A).unwrap();
-        let mut b = sw.add_port(B).unwrap();
+        let (_sw, mut a, mut b, mut outside) = switch_ab();
         let far = [2, 0, 0, 0, 0, 0x99];
         for i in 0..vrnic::link::mem::DEFAULT_DEPTH {
             assert!(a.try_send(&frame(far, A, i as u8)).unwrap());
