@@ -458,13 +458,14 @@ impl DataPath {
         let guard = self.mem.memory();
         let mem = GuestMem::new(&guard);
         for i in 0..RX_BATCH {
-            match self.link.recv(&mut self.rx_buf) {
-                Ok(Some(n)) => {
-                    let now = self.now();
-                    let n = n.min(self.rx_buf.len());
-                    self.device.receive(&mem, &self.rx_buf[..n], now);
-                }
-                Ok(None) => return (i, false),
+            let (device, epoch) = (&mut self.device, self.epoch);
+            // From the link's own buffer where it has one (the switch).
+            let got = self.link.recv_with(&mut self.rx_buf, &mut |frame| {
+                device.receive(&mem, frame, epoch.elapsed().as_nanos() as Nanos)
+            });
+            match got {
+                Ok(true) => {}
+                Ok(false) => return (i, false),
                 Err(e)
                     if matches!(
                         e.kind(),

@@ -23,9 +23,32 @@ pub trait Link: Send {
     fn try_send(&mut self, frame: &[u8]) -> io::Result<bool> {
         self.send(frame).map(|()| true)
     }
+    /// [`Link::try_send`] for a frame in a buffer the link may keep: a link
+    /// that queues frames in memory (the embedded switch) takes the buffer
+    /// itself instead of copying the frame, and leaves another buffer in
+    /// `frame` (contents unspecified, possibly empty) for the caller to
+    /// reuse. `Ok(false)` leaves `frame` untouched. The default copies
+    /// ([`Link::try_send`]).
+    fn try_send_buf(&mut self, frame: &mut Vec<u8>) -> io::Result<bool> {
+        self.try_send(frame)
+    }
     /// Receives one frame into `buf` without blocking; `Ok(None)` when none
     /// is waiting. Returns the frame length in bytes.
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>>;
+    /// Receives one frame without blocking and hands it to `deliver`;
+    /// `Ok(false)` when none is waiting. A link that holds its frames in
+    /// memory (the embedded switch) hands them from there, without copying
+    /// them into `buf` first. The default reads into `buf`
+    /// ([`Link::recv`]).
+    fn recv_with(&mut self, buf: &mut [u8], deliver: &mut dyn FnMut(&[u8])) -> io::Result<bool> {
+        match self.recv(buf)? {
+            Some(n) => {
+                deliver(buf.get(..n).unwrap_or(buf));
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
     /// A descriptor that polls readable while frames are waiting, for epoll;
     /// `None` for links that are polled by calling [`Link::recv`].
     fn raw_fd(&self) -> Option<RawFd>;

@@ -85,10 +85,11 @@ impl TxFlush {
     pub fn flush(&mut self, link: &mut dyn Link, src: &mut dyn FrameSource, now: Nanos) -> Flushed {
         let mut done = Flushed::default();
         for _ in 0..FLUSH_MAX {
-            let Some(frame) = self.held.take().or_else(|| src.next_frame()) else {
+            let Some(mut frame) = self.held.take().or_else(|| src.next_frame()) else {
                 return done;
             };
-            match link.try_send(&frame) {
+            // A link that takes the buffer leaves one of its own in `frame`.
+            match link.try_send_buf(&mut frame) {
                 Ok(true) => {}
                 Ok(false) if self.held_since == 0 => {
                     self.held_since = now.max(1);
