@@ -174,7 +174,9 @@ impl DataPath {
     ///
     /// # Errors
     /// Creating the timerfd failed.
-    pub fn new(device: Device, link: Box<dyn Link>) -> io::Result<Self> {
+    pub fn new(mut device: Device, link: Box<dyn Link>) -> io::Result<Self> {
+        // Frames to the other functions of the daemon need no ICRC.
+        device.set_local_macs(link.local_macs());
         Ok(Self {
             device,
             link,
@@ -460,8 +462,8 @@ impl DataPath {
         for i in 0..RX_BATCH {
             let (device, epoch) = (&mut self.device, self.epoch);
             // From the link's own buffer where it has one (the switch).
-            let got = self.link.recv_with(&mut self.rx_buf, &mut |frame| {
-                device.receive(&mem, frame, epoch.elapsed().as_nanos() as Nanos)
+            let got = self.link.recv_with(&mut self.rx_buf, &mut |frame, icrc| {
+                device.receive_frame(&mem, frame, icrc, epoch.elapsed().as_nanos() as Nanos)
             });
             match got {
                 Ok(true) => {}

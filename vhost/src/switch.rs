@@ -54,7 +54,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use vrnic::link::Link;
+use vrnic::link::{Icrc, Link, LocalMacs};
 
 /// Receive queue depth of a port, frames.
 pub const PORT_QUEUE_DEPTH: usize = 1024;
@@ -161,7 +161,10 @@ const SPARE_BUFFERS: usize = 256;
 /// A port's receive queue and the buffers of frames already taken.
 #[derive(Debug, Default)]
 struct PortQueue {
-    frames: VecDeque<Vec<u8>>,
+    /// Frames, each with whether its ICRC is checked: not for frames from
+    /// the daemon's own ports, whose engines may leave it out
+    /// ([`Link::local_macs`]).
+    frames: VecDeque<(Vec<u8>, Icrc)>,
     spare: Vec<Vec<u8>>,
     /// The port's eventfd is set (written since it was last reset; both
     /// happen under this lock only).
@@ -191,8 +194,8 @@ impl PortShared {
 
     /// Queues a copy of `frame`; drops and counts it when the queue is full.
     /// Returns whether it was queued.
-    fn push(&self, frame: &[u8]) -> bool {
-        let queued = self.try_push(frame);
+    fn push(&self, frame: &[u8], icrc: Icrc) -> bool {
+        let queued = self.try_push(frame, icrc);
         if !queued {
             inc(&self.counters.rx_queue_dropped);
         }
@@ -204,7 +207,7 @@ impl PortShared {
     /// The copy is made outside the lock (held twice, briefly: for a spare
     /// buffer, then to queue it), so a sender never holds the receiver up
     /// for a frame's length of copying.
-    fn try_push(&self, frame: &[u8]) -> bool {
+    fn try_push(&self, frame: &[u8], icrc: Icrc) -> bool {
         let mut buf = {
             let mut q = self.lock();
             if q.frames.len() >= PORT_QUEUE_DEPTH {
@@ -222,7 +225,7 @@ impl PortShared {
             }
             return false;
         }
-        self.queue_locked(&mut q, buf);
+        self.queue_locked(&mut q, buf, icrc);
         true
     }
 
@@ -238,13 +241,14 @@ impl PortShared {
         }
         let spare = q.spare.pop().unwrap_or_default();
         let buf = std::mem::replace(frame, spare);
-        self.queue_locked(&mut q, buf);
+        // From a port of the switch: its ICRC may be left out.
+        self.queue_locked(&mut q, buf, Icrc::Unneeded);
         true
     }
 
     /// Appends `buf` to the locked queue `q` and makes the port readable.
-    fn queue_locked(&self, q: &mut PortQueue, buf: Vec<u8>) {
-        q.frames.push_back(buf);
+    fn queue_locked(&self, q: &mut PortQueue, buf: Vec<u8>, icrc: Icrc) {
+        q.frames.push_back((buf, icrc));
         self.pending.store(true, Ordering::Release);
         // The eventfd is readable while the port has frames (see
         // `SwitchPort::take_batch`): only a frame finding it reset writes
@@ -446,7 +450,7 @@ pub struct SwitchPort {
     epfd: Option<OwnedFd>,
     /// Frames taken from the queue in one go, oldest first, that
     /// [`Link::recv`] has not returned yet (at most [`PORT_QUEUE_DEPTH`]).
-    taken: VecDeque<Vec<u8>>,
+    taken: VecDeque<(Vec<u8>, Icrc)>,
     /// Buffers of frames returned, for the queue's spares (at most
     /// [`SPARE_BUFFERS`]).
     used: Vec<Vec<u8>>,
@@ -489,15 +493,15 @@ impl SwitchPort {
             if is_group(dst) {
                 for p in ports.iter().filter(|p| p.id != self.shared.id) {
                     inc(&c.tx_local);
-                    if p.push(frame) {
+                    if p.push(frame, Icrc::Unneeded) {
                         inc(&p.counters.rx_local);
                     }
                 }
             } else if let Some(p) = ports.iter().find(|p| p.mac == dst) {
                 let queued = if hold {
-                    p.try_push(frame)
+                    p.try_push(frame, Icrc::Unneeded)
                 } else {
-                    p.push(frame)
+                    p.push(frame, Icrc::Unneeded)
                 };
                 if hold && !queued {
                     inc(&c.tx_busy);
@@ -544,30 +548,36 @@ impl SwitchPort {
 
     /// Hands the oldest frame of the port's own queue to `deliver`, from
     /// the queue's buffer (no copy); false when the port has none.
-    fn deliver_own(&mut self, deliver: &mut dyn FnMut(&[u8])) -> bool {
+    fn deliver_own(&mut self, deliver: &mut dyn FnMut(&[u8], Icrc)) -> bool {
         if self.taken.is_empty() && !self.take_batch() {
             return false;
         }
-        let Some(frame) = self.taken.pop_front() else {
+        let Some((frame, icrc)) = self.taken.pop_front() else {
             return false;
         };
-        deliver(&frame);
+        deliver(&frame, icrc);
         if self.used.len() < SPARE_BUFFERS {
             self.used.push(frame);
         }
         true
     }
 
-    /// Takes the oldest frame of the port's own queue into `buf`; frames
-    /// longer than `buf` are dropped (counted as queue drops).
+    /// Takes the oldest frame of the port's own queue into `buf`, as on a
+    /// wire: a RoCEv2 frame from another port gets its ICRC
+    /// ([`vrnic::wire::seal_icrc`]). Frames longer than `buf` are dropped
+    /// (counted as queue drops).
     fn pop_own(&mut self, buf: &mut [u8]) -> Option<usize> {
         loop {
             if self.taken.is_empty() && !self.take_batch() {
                 return None;
             }
-            let frame = self.taken.pop_front()?;
+            let (frame, icrc) = self.taken.pop_front()?;
             let fits = buf.get_mut(..frame.len()).map(|dst| {
                 dst.copy_from_slice(&frame);
+                if icrc == Icrc::Unneeded {
+                    // Not RoCEv2 (ARP, neighbour discovery): nothing to seal.
+                    let _ = vrnic::wire::seal_icrc(dst);
+                }
                 frame.len()
             });
             if self.used.len() < SPARE_BUFFERS {
@@ -643,7 +653,7 @@ impl SwitchPort {
             let ports = self.sw.ports();
             if is_group(dst) {
                 for p in ports.iter().filter(|p| p.id != self.shared.id) {
-                    if p.push(frame) {
+                    if p.push(frame, Icrc::Needed) {
                         inc(&p.counters.rx_uplink);
                     }
                 }
@@ -656,7 +666,7 @@ impl SwitchPort {
             }
             match ports.iter().find(|p| p.mac == dst) {
                 Some(p) => {
-                    if p.push(frame) {
+                    if p.push(frame, Icrc::Needed) {
                         inc(&p.counters.rx_uplink);
                     }
                 }
@@ -668,6 +678,16 @@ impl SwitchPort {
 }
 
 impl Link for SwitchPort {
+    /// The MACs of the switch's ports (this one's too): frames to them stay
+    /// in the daemon and need no ICRC.
+    fn local_macs(&self) -> Option<LocalMacs> {
+        let sw = Arc::downgrade(&self.sw);
+        Some(LocalMacs::new(move |mac: &[u8; 6]| {
+            sw.upgrade()
+                .is_some_and(|sw| sw.ports().iter().any(|p| p.mac == *mac))
+        }))
+    }
+
     /// Forwards `frame` by its destination MAC (see the module). Never
     /// fails: a frame a queue or the uplink cannot take is dropped and
     /// counted, like a switch does.
@@ -703,13 +723,17 @@ impl Link for SwitchPort {
 
     /// As [`Link::recv`], handing a frame from the port's queue to
     /// `deliver` in place; frames from the uplink are read into `buf`.
-    fn recv_with(&mut self, buf: &mut [u8], deliver: &mut dyn FnMut(&[u8])) -> io::Result<bool> {
+    fn recv_with(
+        &mut self,
+        buf: &mut [u8],
+        deliver: &mut dyn FnMut(&[u8], Icrc),
+    ) -> io::Result<bool> {
         if self.deliver_own(deliver) {
             return Ok(true);
         }
         match self.pull_uplink(buf)? {
             Some(n) => {
-                deliver(buf.get(..n).unwrap_or(buf));
+                deliver(buf.get(..n).unwrap_or(buf), Icrc::Needed);
                 Ok(true)
             }
             None => Ok(false),
@@ -829,7 +853,7 @@ mod tests {
             let mut buf = [0u8; 64];
             for _ in 0..2 * PORT_QUEUE_DEPTH {
                 let more = l
-                    .recv_with(&mut buf, &mut |f| {
+                    .recv_with(&mut buf, &mut |f, _| {
                         got.push(f.to_vec());
                         at.push(f.as_ptr() as usize);
                     })
@@ -873,6 +897,88 @@ mod tests {
             got[PORT_QUEUE_DEPTH - 1],
             frame(B, A, (PORT_QUEUE_DEPTH - 1) as u8)
         );
+    }
+
+    /// A RoCEv2 SEND ONLY frame from `src` to `dst`, emitted with or
+    /// without its ICRC.
+    fn roce(dst: [u8; 6], src: [u8; 6], icrc: Icrc) -> Vec<u8> {
+        use std::net::{IpAddr, Ipv4Addr};
+        use vrnic::wire::{Bth, Opcode, RoceHeaders};
+        let hdr = RoceHeaders {
+            eth_src: src,
+            eth_dst: dst,
+            ip_src: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+            ip_dst: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)),
+            ip_id: 1,
+            ttl: 64,
+            tclass: 0,
+            flow_label: 0,
+            udp_src: 0xc001,
+            bth: Bth {
+                opcode: Opcode::RcSendOnly,
+                solicited: false,
+                mig_req: false,
+                pad_count: 0,
+                tver: 0,
+                pkey: 0xffff,
+                fecn: false,
+                becn: false,
+                dest_qp: 0x11,
+                ack_req: true,
+                psn: 5,
+            },
+            reth: None,
+            aeth: None,
+            atomic_eth: None,
+            atomic_ack_eth: None,
+            deth: None,
+            immdt: None,
+            ieth: None,
+        };
+        let mut f = Vec::new();
+        let fill = |b: &mut [u8]| {
+            b.fill(0x5a);
+            Ok::<(), ()>(())
+        };
+        vrnic::wire::emit_frame_icrc(&hdr, 100, &mut f, icrc, fill).unwrap();
+        f
+    }
+
+    #[test]
+    fn frames_between_ports_need_no_icrc_and_frames_from_the_wire_do() {
+        let (sw, mut a, mut b, mut outside) = switch_ab();
+        let local = a.local_macs().expect("a port reaches the other ports");
+        assert!(local.contains(&A) && local.contains(&B));
+        assert!(!local.contains(&OUTSIDE) && !local.contains(&[0xff; 6]));
+        let bare = roce(B, A, Icrc::Unneeded);
+        let full = roce(B, A, Icrc::Needed);
+        assert_ne!(bare, full);
+        a.try_send_buf(&mut bare.clone()).unwrap();
+        outside.send(&roce(B, OUTSIDE, Icrc::Needed)).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 2048];
+        for _ in 0..8 {
+            if !b
+                .recv_with(&mut buf, &mut |f, icrc| got.push((f.to_vec(), icrc)))
+                .unwrap()
+            {
+                break;
+            }
+        }
+        assert_eq!(
+            got,
+            vec![
+                (bare.clone(), Icrc::Unneeded),
+                (roce(B, OUTSIDE, Icrc::Needed), Icrc::Needed)
+            ]
+        );
+        // A reader of copies (`recv`) gets frames as on a wire.
+        a.try_send_buf(&mut bare.clone()).unwrap();
+        assert_eq!(recv_all(&mut b), vec![full]);
+        // A port that left is no longer local.
+        drop(b);
+        assert!(!local.contains(&B));
+        drop(sw);
     }
 
     #[test]

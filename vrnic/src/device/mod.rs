@@ -51,7 +51,7 @@ use crate::verbs::mr::MrTable;
 use crate::verbs::qp::Qp;
 use crate::verbs::srq::Srq;
 use crate::verbs::table::{HandleSpace, HandleTable, KeySource};
-use crate::wire::{self, Frame};
+use crate::wire::{self, Frame, Icrc};
 
 /// Builds the transport's [`Env`] from a device: its [`Resources`],
 /// borrowed whole, so that a QP taken from `qps` can be borrowed alongside.
@@ -523,11 +523,26 @@ impl Device {
         true
     }
 
+    /// Destinations the device's link reaches without a wire
+    /// ([`crate::link::Link::local_macs`]): RoCEv2 frames to them are
+    /// emitted without the ICRC ([`Icrc::Unneeded`]). `None` (the
+    /// default): every frame carries it.
+    pub fn set_local_macs(&mut self, local: Option<crate::link::LocalMacs>) {
+        self.res.out.local_macs = local;
+    }
+
     /// Handles one frame received from the link. Frames not for this port,
     /// malformed frames and frames with a bad ICRC are dropped and counted.
     pub fn receive(&mut self, mem: &dyn DmaMemory, frame: &[u8], now: Nanos) {
+        self.receive_frame(mem, frame, Icrc::Needed, now);
+    }
+
+    /// [`Device::receive`] for a frame whose ICRC is checked or not:
+    /// [`Icrc::Unneeded`] for a frame another engine of this process built
+    /// ([`crate::link::Link::recv_with`]).
+    pub fn receive_frame(&mut self, mem: &dyn DmaMemory, frame: &[u8], icrc: Icrc, now: Nanos) {
         self.res.out.stats.rx_frames += 1;
-        let pkt = match wire::parse_frame(frame) {
+        let pkt = match wire::parse_frame_with(frame, icrc) {
             Ok(Frame::Roce(p)) => p,
             Ok(Frame::Arp(arp)) => {
                 // parse_frame accepted an Ethernet header.
@@ -581,7 +596,7 @@ impl Device {
             } else if qp.qp_type == abi::QpType::Ud {
                 env.res.out.stats.rx_dropped += 1;
             } else if pkt.hdr.bth.opcode.is_request() {
-                responder::on_request(qp, &mut env, &pkt, frame);
+                responder::on_request(qp, &mut env, &pkt, frame, icrc);
             } else {
                 completer::on_response(qp, &mut env, &pkt);
             }
@@ -691,6 +706,8 @@ impl Device {
         let fresh = Self::new(self.cfg.clone());
         let old = std::mem::replace(self, fresh);
         self.res.out.stats = old.res.out.stats;
+        // The link stays: so does what it reaches without a wire.
+        self.res.out.local_macs = old.res.out.local_macs;
         self.res.pds.continue_after(&old.res.pds);
         self.res.ctxs.continue_after(&old.res.ctxs);
         self.res.mrs.continue_after(&old.res.mrs);

@@ -7,6 +7,38 @@
 
 use std::io;
 use std::os::fd::RawFd;
+use std::sync::Arc;
+
+pub use crate::wire::Icrc;
+
+/// Which destination MACs a link delivers within the process
+/// ([`Link::local_macs`]): a predicate shared with the device, which asks
+/// it once per RoCEv2 frame it emits. A destination that leaves between
+/// the question and the delivery (a function deleted) gets one frame
+/// without an ICRC on the wire, which its receiver drops as corrupt; RC
+/// retransmits it with one.
+#[derive(Clone)]
+pub struct LocalMacs(Arc<MacPredicate>);
+
+type MacPredicate = dyn Fn(&[u8; 6]) -> bool + Send + Sync;
+
+impl LocalMacs {
+    /// The MACs for which `f` is true.
+    pub fn new(f: impl Fn(&[u8; 6]) -> bool + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+
+    /// Whether frames to `mac` stay in the process.
+    pub fn contains(&self, mac: &[u8; 6]) -> bool {
+        (self.0)(mac)
+    }
+}
+
+impl std::fmt::Debug for LocalMacs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LocalMacs(..)")
+    }
+}
 
 /// A full-duplex Ethernet link carrying whole frames (no FCS).
 pub trait Link: Send {
@@ -35,19 +67,36 @@ pub trait Link: Send {
     /// Receives one frame into `buf` without blocking; `Ok(None)` when none
     /// is waiting. Returns the frame length in bytes.
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>>;
-    /// Receives one frame without blocking and hands it to `deliver`;
-    /// `Ok(false)` when none is waiting. A link that holds its frames in
-    /// memory (the embedded switch) hands them from there, without copying
-    /// them into `buf` first. The default reads into `buf`
-    /// ([`Link::recv`]).
-    fn recv_with(&mut self, buf: &mut [u8], deliver: &mut dyn FnMut(&[u8])) -> io::Result<bool> {
+    /// Receives one frame without blocking and hands it to `deliver`, with
+    /// whether its ICRC must be checked ([`Icrc::Unneeded`]: built by
+    /// another engine of this process, [`Link::local_macs`]); `Ok(false)`
+    /// when none is waiting. A link that holds its frames in memory (the
+    /// embedded switch) hands them from there, without copying them into
+    /// `buf` first. The default reads into `buf` ([`Link::recv`]), a frame
+    /// whose ICRC is checked.
+    fn recv_with(
+        &mut self,
+        buf: &mut [u8],
+        deliver: &mut dyn FnMut(&[u8], Icrc),
+    ) -> io::Result<bool> {
         match self.recv(buf)? {
             Some(n) => {
-                deliver(buf.get(..n).unwrap_or(buf));
+                deliver(buf.get(..n).unwrap_or(buf), Icrc::Needed);
                 Ok(true)
             }
             None => Ok(false),
         }
+    }
+    /// The destinations this link delivers to another engine of this
+    /// process without a wire between (the other functions of a daemon,
+    /// through its embedded switch): a device may emit its RoCEv2 frames
+    /// to them without the ICRC ([`Icrc::Unneeded`]), and they are
+    /// received with [`Icrc::Unneeded`] through [`Link::recv_with`].
+    /// `None` (the default): every frame needs its ICRC — wires, and
+    /// wrappers that copy frames out (pcap) or change them (fault
+    /// injection).
+    fn local_macs(&self) -> Option<LocalMacs> {
+        None
     }
     /// A descriptor that polls readable while frames are waiting, for epoll;
     /// `None` for links that are polled by calling [`Link::recv`].

@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use pcap_file::pcap::{PcapHeader, PcapPacket, PcapWriter};
 use pcap_file::{DataLink, Endianness, TsResolution};
 
-use super::{Link, LinkStats};
+use super::{Icrc, Link, LinkStats};
 
 /// Snapshot length of the file, bytes: longer frames are cut to this length
 /// in the file (their original length is kept in the record header, as
@@ -76,6 +76,8 @@ pub struct PcapLink {
     staging: Staging,
     file: File,
     write_errors: u64,
+    /// The frame [`Link::recv_with`] handed out, for its record.
+    scratch: Vec<u8>,
 }
 
 impl std::fmt::Debug for PcapLink {
@@ -114,6 +116,7 @@ impl PcapLink {
             staging,
             file,
             write_errors: 0,
+            scratch: Vec::new(),
         })
     }
 
@@ -191,6 +194,35 @@ impl Link for PcapLink {
             if let Some(frame) = buf.get(..n) {
                 self.record(frame);
             }
+        }
+        Ok(got)
+    }
+
+    /// Receives from the inner link as it hands frames out, recording each
+    /// as on a wire: a frame that came without its ICRC
+    /// ([`Icrc::Unneeded`]) is recorded with it ([`crate::wire::seal_icrc`]),
+    /// so the file is what a capture of RoCEv2 traffic shows.
+    fn recv_with(
+        &mut self,
+        buf: &mut [u8],
+        deliver: &mut dyn FnMut(&[u8], Icrc),
+    ) -> io::Result<bool> {
+        let scratch = &mut self.scratch;
+        let mut seen = None;
+        let got = self.inner.recv_with(buf, &mut |frame, icrc| {
+            scratch.clear();
+            scratch.extend_from_slice(frame);
+            seen = Some(icrc);
+            deliver(frame, icrc);
+        })?;
+        if let Some(icrc) = seen {
+            let mut f = std::mem::take(&mut self.scratch);
+            if icrc == Icrc::Unneeded {
+                // Not RoCEv2 (ARP, neighbour discovery): nothing to seal.
+                let _ = crate::wire::seal_icrc(&mut f);
+            }
+            self.record(&f);
+            self.scratch = f;
         }
         Ok(got)
     }

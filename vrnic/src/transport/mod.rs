@@ -94,6 +94,9 @@ pub struct Output {
     /// frame costs no heap allocation once the pool is warm (at most
     /// [`TX_POOL_MAX`]).
     pub spare: Vec<Vec<u8>>,
+    /// Destinations reached without a wire ([`crate::link::Link::local_macs`]):
+    /// RoCEv2 frames to them are emitted without the ICRC.
+    pub local_macs: Option<crate::link::LocalMacs>,
 }
 
 /// Most frame buffers kept for reuse ([`Output::recycle`]): the frames of
@@ -152,7 +155,11 @@ impl Output {
     ) -> Result<(), E> {
         hdr.ip_id = self.ip_id;
         let mut frame = self.spare.pop().unwrap_or_default();
-        if let Err(e) = wire::emit_frame_with(hdr, len, &mut frame, fill) {
+        let icrc = match &self.local_macs {
+            Some(local) if local.contains(&hdr.eth_dst) => wire::Icrc::Unneeded,
+            _ => wire::Icrc::Needed,
+        };
+        if let Err(e) = wire::emit_frame_icrc(hdr, len, &mut frame, icrc, fill) {
             self.spare.push(frame);
             return Err(e);
         }

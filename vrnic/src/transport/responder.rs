@@ -11,7 +11,8 @@ use crate::transport::{
 };
 use crate::verbs::qp::Qp;
 use crate::wire::{
-    self, Aeth, AtomicAckEth, AtomicEth, Frame, NakCode, Opcode, RoceHeaders, RocePacket, Transport,
+    self, Aeth, AtomicAckEth, AtomicEth, Frame, Icrc, NakCode, Opcode, RoceHeaders, RocePacket,
+    Transport,
 };
 
 /// "Unlimited" credit count in an ACK's AETH (IBTA Table 44: 0x1F is
@@ -210,13 +211,15 @@ impl RespState {
 /// request is held (bounded: [`RESP_HOLD_MAX`]) until the stream ends,
 /// except a duplicate READ, which restarts the stream at once (rxe's
 /// `duplicate_request`). Then sends what the stream has to send, within
-/// [`READ_BURST`].
-pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, frame: &[u8]) {
+/// [`READ_BURST`]. `icrc`: how `frame` came ([`crate::wire::Icrc`]); a
+/// held frame that came without its ICRC gets it, as held frames are
+/// parsed again with it checked.
+pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, frame: &[u8], icrc: Icrc) {
     let busy = qp.resp.read.is_some() || !qp.resp.held.is_empty();
     let dup_read =
         pkt.hdr.bth.opcode == Opcode::RcReadRequest && psn::diff(pkt.hdr.bth.psn, qp.resp.epsn) < 0;
     if busy && qp.qp_type == abi::QpType::Rc && !dup_read {
-        hold(qp, env, frame);
+        hold(qp, env, frame, icrc);
         return;
     }
     process(qp, env, pkt);
@@ -224,12 +227,18 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, frame: &[u8]) {
 }
 
 /// Keeps `frame` for after the READ stream, within the bounds.
-fn hold(qp: &mut Qp, env: &mut Env, frame: &[u8]) {
+fn hold(qp: &mut Qp, env: &mut Env, frame: &[u8], icrc: Icrc) {
     if qp.resp.held.len() < RESP_HOLD_MAX
         && env.res.out.held_frames < RESP_HOLD_DEVICE_MAX
         && frame.len() <= HELD_FRAME_MAX
     {
-        qp.resp.held.push_back(frame.to_vec());
+        let mut f = frame.to_vec();
+        if icrc == Icrc::Unneeded && wire::seal_icrc(&mut f).is_err() {
+            // It parsed a moment ago; cannot happen.
+            env.res.out.stats.rx_dropped += 1;
+            return;
+        }
+        qp.resp.held.push_back(f);
         env.res.out.held_frames += 1;
     } else {
         env.res.out.stats.rx_dropped += 1;

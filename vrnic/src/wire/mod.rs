@@ -43,7 +43,8 @@ pub use icrc::{icrc, ICRC_LEN};
 pub use immdt::{Ieth, Immdt};
 pub use opcode::{Opcode, Transport};
 pub use packet::{
-    emit_frame, emit_frame_with, parse_frame, parse_roce, Frame, RoceHeaders, RocePacket,
+    emit_frame, emit_frame_icrc, emit_frame_with, parse_frame, parse_frame_with, parse_roce,
+    parse_roce_with, seal_icrc, Frame, Icrc, RoceHeaders, RocePacket,
 };
 pub use reth::Reth;
 

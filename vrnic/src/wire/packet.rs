@@ -151,13 +151,19 @@ fn pad_len(payload_len: usize) -> usize {
 /// Trailing bytes beyond the IP length (Ethernet padding of short frames)
 /// are ignored. Never panics and never allocates.
 pub fn parse_frame(frame: &[u8]) -> Result<Frame<'_>, WireError> {
+    parse_frame_with(frame, Icrc::Needed)
+}
+
+/// [`parse_frame`] with the ICRC checked or not: [`Icrc::Unneeded`] for a
+/// frame another engine of this process built ([`Icrc`]).
+pub fn parse_frame_with(frame: &[u8], icrc: Icrc) -> Result<Frame<'_>, WireError> {
     let eth = Ethernet2HeaderSlice::from_slice(frame).map_err(|_| WireError::Truncated)?;
     match eth.ether_type() {
         EtherType::ARP => Ok(match ArpPacket::parse(&frame[ETH_LEN..])? {
             Some(arp) => Frame::Arp(arp),
             None => Frame::Other,
         }),
-        EtherType::IPV4 | EtherType::IPV6 => match parse_roce(frame) {
+        EtherType::IPV4 | EtherType::IPV6 => match parse_roce_with(frame, icrc) {
             Ok(p) => Ok(Frame::Roce(p)),
             Err(WireError::NotRoce) => Ok(Frame::Other),
             Err(e) => Err(e),
@@ -170,6 +176,11 @@ pub fn parse_frame(frame: &[u8]) -> Result<Frame<'_>, WireError> {
 /// [`WireError::NotIp`] for non-IP ethertypes and [`WireError::NotRoce`] for
 /// IP packets that are not UDP to port 4791; every other error as there.
 pub fn parse_roce(frame: &[u8]) -> Result<RocePacket<'_>, WireError> {
+    parse_roce_with(frame, Icrc::Needed)
+}
+
+/// [`parse_roce`] with the ICRC checked or not ([`Icrc`]).
+pub fn parse_roce_with(frame: &[u8], icrc_check: Icrc) -> Result<RocePacket<'_>, WireError> {
     let eth = Ethernet2HeaderSlice::from_slice(frame).map_err(|_| WireError::Truncated)?;
     let l3 = &frame[ETH_LEN..];
     let ip = match eth.ether_type() {
@@ -191,7 +202,7 @@ pub fn parse_roce(frame: &[u8]) -> Result<RocePacket<'_>, WireError> {
         return Err(WireError::BadLength);
     }
     let (covered, trailer) = ip.packet.split_at(ip.packet.len() - ICRC_LEN);
-    if icrc(covered) != be32(trailer) {
+    if icrc_check == Icrc::Needed && icrc(covered) != be32(trailer) {
         return Err(WireError::BadIcrc);
     }
     let ib = &covered[ip.hdr_len + UDP_LEN..];
@@ -254,6 +265,55 @@ pub fn parse_roce(frame: &[u8]) -> Result<RocePacket<'_>, WireError> {
         hdr,
         payload: &padded[..padded.len() - pad],
     })
+}
+
+/// Whether a RoCEv2 frame carries a valid ICRC (IBTA Annex A17.4.3) that
+/// its receiver checks.
+///
+/// [`Icrc::Unneeded`] is for frames between two engines of one process
+/// (the functions of one daemon, through its embedded switch): the frame
+/// never leaves the process's memory, so nothing can corrupt it on the
+/// way, and computing and checking the ICRC would be two passes over the
+/// payload for nothing — as Linux's veth hands packets on marked
+/// `CHECKSUM_UNNECESSARY`. Such a frame is emitted with its ICRC field (and
+/// over IPv6 the UDP checksum, which covers it) zero; a copy that leaves
+/// the process (a pcap record) is completed by [`seal_icrc`]. Frames from
+/// a wire are always [`Icrc::Needed`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Icrc {
+    /// Computed when emitted, checked when parsed.
+    #[default]
+    Needed,
+    /// Left zero when emitted, not checked when parsed.
+    Unneeded,
+}
+
+/// Writes the ICRC (and, over IPv6, the UDP checksum that covers it) of a
+/// well-formed RoCEv2 frame emitted with [`Icrc::Unneeded`], in place, as
+/// [`emit_frame`] would have. Errors: what [`parse_roce_with`] returns for
+/// a frame that is not a well-formed RoCEv2 frame (which is left as it
+/// was).
+pub fn seal_icrc(frame: &mut [u8]) -> Result<(), WireError> {
+    parse_roce_with(frame, Icrc::Unneeded)?;
+    let v6 = frame.get(12..14) == Some(&[0x86, 0xdd][..]);
+    let l3 = &frame[ETH_LEN..];
+    let ip = if v6 { parse_ipv6(l3)? } else { parse_ipv4(l3)? };
+    let (hdr_len, end) = (ip.hdr_len, ETH_LEN + ip.packet.len());
+    let (src, dst) = (ip.src, ip.dst);
+    let crc = icrc(&frame[ETH_LEN..end - ICRC_LEN]);
+    frame[end - ICRC_LEN..end].copy_from_slice(&crc.to_be_bytes());
+    if let (IpAddr::V6(s), IpAddr::V6(d)) = (src, dst) {
+        let udp_off = ETH_LEN + hdr_len;
+        frame[udp_off + 6..udp_off + 8].fill(0);
+        let udp = etherparse::UdpHeaderSlice::from_slice(&frame[udp_off..end])
+            .map_err(|_| WireError::BadLength)?
+            .to_header();
+        let sum = udp
+            .calc_checksum_ipv6_raw(s.octets(), d.octets(), &frame[udp_off + UDP_LEN..end])
+            .unwrap_or(0);
+        frame[udp_off + 6..udp_off + 8].copy_from_slice(&sum.to_be_bytes());
+    }
+    Ok(())
 }
 
 /// The IP layer of a frame, validated.
@@ -381,6 +441,18 @@ pub fn emit_frame_with<E>(
     out: &mut Vec<u8>,
     fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
 ) -> Result<(), E> {
+    emit_frame_icrc(hdr, payload_len, out, Icrc::Needed, fill)
+}
+
+/// [`emit_frame_with`] with the ICRC computed or, for [`Icrc::Unneeded`],
+/// left zero (with the UDP checksum over IPv6, which covers it).
+pub fn emit_frame_icrc<E>(
+    hdr: &RoceHeaders,
+    payload_len: usize,
+    out: &mut Vec<u8>,
+    icrc_mode: Icrc,
+    fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+) -> Result<(), E> {
     out.clear();
     out.reserve(hdr.frame_len(payload_len));
     let pad = pad_len(payload_len);
@@ -482,6 +554,10 @@ pub fn emit_frame_with<E>(
     let start = out.len();
     out.resize(start + payload_len + pad, 0);
     fill(&mut out[start..start + payload_len])?;
+    if icrc_mode == Icrc::Unneeded {
+        out.extend_from_slice(&[0; ICRC_LEN]);
+        return Ok(());
+    }
     let crc = icrc(&out[ETH_LEN..]);
     out.extend_from_slice(&crc.to_be_bytes());
 

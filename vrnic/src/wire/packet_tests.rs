@@ -483,3 +483,32 @@ fn every_error_has_a_message() {
         "unknown BTH opcode 0x15"
     );
 }
+
+#[test]
+fn frames_without_icrc_parse_only_unchecked_and_seal_to_the_emitted_frame() {
+    let payload: Vec<u8> = (0..1003u32).map(|i| (i * 7) as u8).collect();
+    for v6 in [false, true] {
+        let hdr = sample_headers(Opcode::RcSendOnly, v6);
+        let full = frame(Opcode::RcSendOnly, v6, &payload);
+        let mut bare = Vec::new();
+        let copy = |b: &mut [u8]| {
+            b.copy_from_slice(&payload);
+            Ok::<(), ()>(())
+        };
+        emit_frame_icrc(&hdr, payload.len(), &mut bare, Icrc::Unneeded, copy).unwrap();
+        assert_eq!(bare.len(), full.len());
+        assert_eq!(&bare[bare.len() - 4..], &[0; 4], "ICRC left zero (v6 {v6})");
+        assert_eq!(parse_roce(&bare).err(), Some(WireError::BadIcrc));
+        let p = parse_roce_with(&bare, Icrc::Unneeded).unwrap();
+        assert_eq!(
+            (p.hdr.bth, p.payload),
+            (parse_ok(&full).hdr.bth, &payload[..])
+        );
+        seal_icrc(&mut bare).unwrap();
+        assert_eq!(bare, full, "sealed = emitted with the ICRC (v6 {v6})");
+    }
+    // Not a RoCEv2 frame: an error, and nothing written.
+    let mut junk = vec![0xa5u8; 80];
+    assert!(seal_icrc(&mut junk).is_err());
+    assert_eq!(junk, vec![0xa5u8; 80]);
+}

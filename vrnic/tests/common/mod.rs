@@ -358,12 +358,13 @@ impl Node {
             moved += 1;
         }
         let mut buf = vec![0u8; 10000];
+        let (dev, mem) = (&mut self.dev, &self.mem);
         for _ in 0..4096 {
-            match self.link.recv(&mut buf) {
-                Ok(Some(n)) => {
-                    self.dev.receive(&self.mem, &buf[..n], now);
-                    moved += 1;
-                }
+            // As the daemon's worker reads a link (`Link::recv_with`).
+            match self.link.recv_with(&mut buf, &mut |f, icrc| {
+                dev.receive_frame(mem, f, icrc, now)
+            }) {
+                Ok(true) => moved += 1,
                 _ => break,
             }
         }
