@@ -352,6 +352,11 @@ pub(crate) fn gather(
                 done += n;
                 skip = 0;
             }
+            // Every byte of `buf` is written: it holds a reused frame's
+            // old bytes (`wire::emit_frame_with`).
+            if done != buf.len() {
+                return Err(abi::WcStatus::LocLenErr);
+            }
         }
     }
     Ok(())

@@ -430,11 +430,13 @@ pub fn emit_frame(hdr: &RoceHeaders, payload: &[u8], out: &mut Vec<u8>) {
 }
 
 /// [`emit_frame`] with the payload written in place: `fill` gets the
-/// `payload_len` bytes of the frame where the payload goes (zeroed) and
-/// writes them, e.g. gathered straight from driver memory, so the payload
-/// is copied once between driver memory and the frame. The ICRC is
-/// computed once, after `fill`. When `fill` fails, its error is returned
-/// and `out` holds no valid frame.
+/// `payload_len` bytes of the frame where the payload goes and must write
+/// every one of them (they hold what the buffer held before: `out` is
+/// overwritten, not cleared, so a reused buffer costs no zeroing), e.g.
+/// gathered straight from driver memory, so the payload is copied once
+/// between driver memory and the frame. The ICRC is computed once, after
+/// `fill`. When `fill` fails, its error is returned and `out` holds no
+/// valid frame.
 pub fn emit_frame_with<E>(
     hdr: &RoceHeaders,
     payload_len: usize,
@@ -453,8 +455,13 @@ pub fn emit_frame_icrc<E>(
     icrc_mode: Icrc,
     fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
 ) -> Result<(), E> {
-    out.clear();
-    out.reserve(hdr.frame_len(payload_len));
+    // The buffer's old bytes are overwritten, not cleared first: a pooled
+    // buffer of the same frame size costs no zeroing of its payload.
+    let total = hdr.frame_len(payload_len);
+    if out.len() < total {
+        out.resize(total, 0);
+    }
+    let mut w = Cursor { buf: out, pos: 0 };
     let pad = pad_len(payload_len);
     let udp_len = UDP_LEN + Bth::LEN + hdr.ext_len() + payload_len + pad + ICRC_LEN;
     debug_assert!(
@@ -474,7 +481,7 @@ pub fn emit_frame_icrc<E>(
                 destination: hdr.eth_dst,
                 ether_type: EtherType::IPV4,
             };
-            out.extend_from_slice(&eth.to_bytes());
+            w.put(&eth.to_bytes());
             let mut ip = Ipv4Header {
                 dscp: IpDscp::try_new(hdr.tclass >> 2).unwrap_or(IpDscp::ZERO),
                 ecn: IpEcn::try_new(hdr.tclass & 0x3).unwrap_or(IpEcn::ZERO),
@@ -488,7 +495,7 @@ pub fn emit_frame_icrc<E>(
                 ..Default::default()
             };
             ip.header_checksum = ip.calc_header_checksum();
-            out.extend_from_slice(&ip.to_bytes());
+            w.put(&ip.to_bytes());
             None
         }
         (s, d) => {
@@ -497,7 +504,7 @@ pub fn emit_frame_icrc<E>(
                 destination: hdr.eth_dst,
                 ether_type: EtherType::IPV6,
             };
-            out.extend_from_slice(&eth.to_bytes());
+            w.put(&eth.to_bytes());
             let (s, d) = (ipv6_of(s), ipv6_of(d));
             let ip = Ipv6Header {
                 traffic_class: hdr.tclass,
@@ -509,57 +516,62 @@ pub fn emit_frame_icrc<E>(
                 source: s.octets(),
                 destination: d.octets(),
             };
-            out.extend_from_slice(&ip.to_bytes());
+            w.put(&ip.to_bytes());
             Some((s, d))
         }
     };
 
     // UDP, checksum patched below for IPv6.
-    let udp_off = out.len();
+    let udp_off = w.pos;
     let udp = UdpHeader {
         source_port: hdr.udp_src,
         destination_port: ROCEV2_UDP_PORT,
         length: udp_len as u16,
         checksum: 0,
     };
-    out.extend_from_slice(&udp.to_bytes());
+    w.put(&udp.to_bytes());
 
     // BTH and extension headers in IBTA order.
     let bth = Bth {
         pad_count: pad as u8,
         ..hdr.bth
     };
-    push(out, Bth::LEN, |b| bth.emit(b));
+    w.push(Bth::LEN, |b| bth.emit(b));
     if let Some(h) = &hdr.deth {
-        push(out, Deth::LEN, |b| h.emit(b));
+        w.push(Deth::LEN, |b| h.emit(b));
     }
     if let Some(h) = &hdr.reth {
-        push(out, Reth::LEN, |b| h.emit(b));
+        w.push(Reth::LEN, |b| h.emit(b));
     }
     if let Some(h) = &hdr.atomic_eth {
-        push(out, AtomicEth::LEN, |b| h.emit(b));
+        w.push(AtomicEth::LEN, |b| h.emit(b));
     }
     if let Some(h) = &hdr.aeth {
-        push(out, Aeth::LEN, |b| h.emit(b));
+        w.push(Aeth::LEN, |b| h.emit(b));
     }
     if let Some(h) = &hdr.atomic_ack_eth {
-        push(out, AtomicAckEth::LEN, |b| h.emit(b));
+        w.push(AtomicAckEth::LEN, |b| h.emit(b));
     }
     if let Some(h) = &hdr.immdt {
-        push(out, Immdt::LEN, |b| h.emit(b));
+        w.push(Immdt::LEN, |b| h.emit(b));
     }
     if let Some(h) = &hdr.ieth {
-        push(out, Ieth::LEN, |b| h.emit(b));
+        w.push(Ieth::LEN, |b| h.emit(b));
     }
-    let start = out.len();
-    out.resize(start + payload_len + pad, 0);
+    let start = w.pos;
+    w.push(payload_len, |_| {});
+    let Cursor { buf: out, pos } = w;
+    out.truncate(pos);
     fill(&mut out[start..start + payload_len])?;
+    out.extend_from_slice(&[0; 3][..pad]);
     if icrc_mode == Icrc::Unneeded {
         out.extend_from_slice(&[0; ICRC_LEN]);
+        debug_assert_eq!(out.len(), total);
         return Ok(());
     }
     let crc = icrc(&out[ETH_LEN..]);
     out.extend_from_slice(&crc.to_be_bytes());
+    debug_assert_eq!(out.len(), total);
 
     if let Some((s, d)) = v6_addrs {
         let sum = udp
@@ -570,9 +582,27 @@ pub fn emit_frame_icrc<E>(
     Ok(())
 }
 
-/// Appends `len` zero bytes to `out` and lets `emit` fill them.
-fn push(out: &mut Vec<u8>, len: usize, emit: impl FnOnce(&mut [u8])) {
-    let start = out.len();
-    out.resize(start + len, 0);
-    emit(&mut out[start..]);
+/// Writes a frame over a buffer's old bytes from its start (the buffer is
+/// at least as long as the frame: no bounds growth, no zeroing).
+struct Cursor<'a> {
+    buf: &'a mut Vec<u8>,
+    pos: usize,
+}
+
+impl Cursor<'_> {
+    /// Writes `bytes` at the cursor.
+    fn put(&mut self, bytes: &[u8]) {
+        self.push(bytes.len(), |b| b.copy_from_slice(bytes));
+    }
+
+    /// Lets `emit` write the `len` bytes at the cursor (their old contents
+    /// are whatever the buffer held), growing the buffer if it is short.
+    fn push(&mut self, len: usize, emit: impl FnOnce(&mut [u8])) {
+        let end = self.pos + len;
+        if self.buf.len() < end {
+            self.buf.resize(end, 0);
+        }
+        emit(&mut self.buf[self.pos..end]);
+        self.pos = end;
+    }
 }

@@ -512,3 +512,17 @@ fn frames_without_icrc_parse_only_unchecked_and_seal_to_the_emitted_frame() {
     assert!(seal_icrc(&mut junk).is_err());
     assert_eq!(junk, vec![0xa5u8; 80]);
 }
+
+#[test]
+fn a_reused_buffer_holds_exactly_the_new_frame() {
+    // Pad bytes included (1003 bytes: 1 of pad), over both IP versions.
+    let payload: Vec<u8> = (0..1003u32).map(|i| (i * 3) as u8).collect();
+    for v6 in [false, true] {
+        let fresh = frame(Opcode::RcWriteOnlyImm, v6, &payload);
+        for old in [vec![0xee; 9000], vec![0xee; 10], vec![0xee; fresh.len()]] {
+            let mut out = old;
+            emit_frame(&sample_headers(Opcode::RcWriteOnlyImm, v6), &payload, &mut out);
+            assert_eq!(out, fresh, "v6 {v6}");
+        }
+    }
+}
