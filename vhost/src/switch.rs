@@ -22,10 +22,12 @@
 //! back, not lost, as behind a NIC's full TX ring. A frame pushed by
 //! [`Link::send`] or from the uplink into a full queue is dropped and
 //! counted ([`PortStats::rx_queue_dropped`]), as a NIC with a full receive
-//! ring (or rxe with a full `skb` queue) drops; RC retransmits. The
-//! receiving port takes all queued frames at once (one lock per burst; no
-//! frame is copied under the lock, by sender or receiver), so a port holds
-//! at most twice [`PORT_QUEUE_DEPTH`] frames: those taken and not yet
+//! ring (or rxe with a full `skb` queue) drops; RC retransmits. The queue
+//! is lock-free (crossbeam's `ArrayQueue`); a frame between two ports
+//! travels in the buffer its sender built it in ([`Link::try_send_buf`],
+//! [`Link::recv_with`]), without its ICRC ([`Link::local_macs`]). The
+//! receiving port takes all queued frames at once, so a port holds at
+//! most twice [`PORT_QUEUE_DEPTH`] frames: those taken and not yet
 //! returned by its `recv`, and a full queue behind them. An `eventfd(2)`
 //! polls readable while the port has frames.
 //!
@@ -44,15 +46,17 @@
 //! [`crate::datapath::LINK_POLL_INTERVAL_NS`].
 //!
 //! Locks: the port table (read for every frame, written when a port comes
-//! or goes), each queue (a leaf), and the uplink (held for one send, or
-//! one pull of at most [`UPLINK_PULL_MAX`] frames). A sender never holds
+//! or goes) and the uplink (held for one send, or one pull of at most
+//! [`UPLINK_PULL_MAX`] frames); the queues take none. A sender never holds
 //! the table while it waits for the uplink, so there is no cycle.
 
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use crossbeam_queue::ArrayQueue;
 
 use vrnic::link::{Icrc, Link, LocalMacs};
 
@@ -158,40 +162,32 @@ impl PortCounters {
 /// beside it: about 2.3 MiB a port at most with 9 KiB frames.
 const SPARE_BUFFERS: usize = 256;
 
-/// A port's receive queue and the buffers of frames already taken.
-#[derive(Debug, Default)]
-struct PortQueue {
-    /// Frames, each with whether its ICRC is checked: not for frames from
-    /// the daemon's own ports, whose engines may leave it out
-    /// ([`Link::local_macs`]).
-    frames: VecDeque<(Vec<u8>, Icrc)>,
-    spare: Vec<Vec<u8>>,
-    /// The port's eventfd is set (written since it was last reset; both
-    /// happen under this lock only).
-    signalled: bool,
-}
-
 /// What the switch keeps of a port: its MAC, receive queue and counters.
+///
+/// The queue is lock-free (crossbeam's bounded [`ArrayQueue`]): senders on
+/// other workers and the port's own worker never wait for each other, even
+/// when the scheduler preempts one of them mid-operation (two workers on
+/// one core made the former mutex a convoy).
 #[derive(Debug)]
 struct PortShared {
     id: u64,
     mac: [u8; 6],
-    queue: Mutex<PortQueue>,
-    /// Frames were queued or the eventfd is set: the receiver must look
-    /// under the lock. Written under the lock; read without it, so a
-    /// polling receiver does not take the lock (and pull its cache line
-    /// from the sender's core) on every empty round.
-    pending: AtomicBool,
+    /// Frames, each with whether its ICRC is checked: not for frames from
+    /// the daemon's own ports, whose engines may leave it out
+    /// ([`Link::local_macs`]).
+    frames: ArrayQueue<(Vec<u8>, Icrc)>,
+    /// Buffers of frames the port's worker has read, for senders to copy
+    /// into or to take in exchange for theirs.
+    spare: ArrayQueue<Vec<u8>>,
+    /// The eventfd has been written since the receiver last reset it: a
+    /// sender finding it set saves the system call (one write per burst).
+    signalled: AtomicBool,
     /// Readable while the port has frames (see [`SwitchPort::take_batch`]).
     efd: OwnedFd,
     counters: PortCounters,
 }
 
 impl PortShared {
-    fn lock(&self) -> MutexGuard<'_, PortQueue> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Queues a copy of `frame`; drops and counts it when the queue is full.
     /// Returns whether it was queued.
     fn push(&self, frame: &[u8], icrc: Icrc) -> bool {
@@ -202,31 +198,27 @@ impl PortShared {
         queued
     }
 
-    /// Queues a copy of `frame` if the queue has room; returns whether it
-    /// was queued (a full queue counts nothing: the sender keeps the frame).
-    /// The copy is made outside the lock (held twice, briefly: for a spare
-    /// buffer, then to queue it), so a sender never holds the receiver up
-    /// for a frame's length of copying.
+    /// Queues a copy of `frame` (in a spare buffer) if the queue has room;
+    /// returns whether it was queued (a full queue counts nothing: the
+    /// sender keeps the frame).
     fn try_push(&self, frame: &[u8], icrc: Icrc) -> bool {
-        let mut buf = {
-            let mut q = self.lock();
-            if q.frames.len() >= PORT_QUEUE_DEPTH {
-                return false;
-            }
-            q.spare.pop().unwrap_or_default()
-        };
-        buf.clear();
-        buf.extend_from_slice(frame);
-        let mut q = self.lock();
-        // Other senders may have filled the queue meanwhile.
-        if q.frames.len() >= PORT_QUEUE_DEPTH {
-            if q.spare.len() < SPARE_BUFFERS {
-                q.spare.push(buf);
-            }
+        if self.frames.is_full() {
             return false;
         }
-        self.queue_locked(&mut q, buf, icrc);
-        true
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(frame);
+        match self.frames.push((buf, icrc)) {
+            Ok(()) => {
+                self.signal();
+                true
+            }
+            // Other senders filled the queue meanwhile.
+            Err((buf, _)) => {
+                let _ = self.spare.push(buf);
+                false
+            }
+        }
     }
 
     /// Queues the frame in `frame` itself, leaving a spare buffer (or an
@@ -235,29 +227,37 @@ impl PortShared {
     /// was). No copy: the receiver reads the sender's buffer, and the
     /// buffers circulate between the senders' pools and the queue's spares.
     fn try_push_buf(&self, frame: &mut Vec<u8>) -> bool {
-        let mut q = self.lock();
-        if q.frames.len() >= PORT_QUEUE_DEPTH {
+        if self.frames.is_full() {
             return false;
         }
-        let spare = q.spare.pop().unwrap_or_default();
+        let spare = self.spare.pop().unwrap_or_default();
         let buf = std::mem::replace(frame, spare);
         // From a port of the switch: its ICRC may be left out.
-        self.queue_locked(&mut q, buf, Icrc::Unneeded);
-        true
+        match self.frames.push((buf, Icrc::Unneeded)) {
+            Ok(()) => {
+                self.signal();
+                true
+            }
+            Err((buf, _)) => {
+                let spare = std::mem::replace(frame, buf);
+                let _ = self.spare.push(spare);
+                false
+            }
+        }
     }
 
-    /// Appends `buf` to the locked queue `q` and makes the port readable.
-    fn queue_locked(&self, q: &mut PortQueue, buf: Vec<u8>, icrc: Icrc) {
-        q.frames.push_back((buf, icrc));
-        self.pending.store(true, Ordering::Release);
-        // The eventfd is readable while the port has frames (see
-        // `SwitchPort::take_batch`): only a frame finding it reset writes
-        // it (a system call saved per frame of a burst).
-        if !q.signalled {
+    /// Makes the port readable after a frame was queued. Only a frame
+    /// finding the eventfd reset writes it (a system call saved per frame
+    /// of a burst). The fence orders the frame's queueing before the flag's
+    /// read, against the receiver's reset-then-look ([`SwitchPort::take_batch`]):
+    /// either this sender sees the flag reset and writes, or the receiver
+    /// sees the frame.
+    fn signal(&self) {
+        fence(Ordering::SeqCst);
+        if !self.signalled.swap(true, Ordering::SeqCst) {
             // SAFETY: eventfd_write on our own descriptor; EAGAIN only when
             // the counter would overflow, when it is readable anyway.
             unsafe { libc::eventfd_write(self.efd.as_raw_fd(), 1) };
-            q.signalled = true;
         }
     }
 }
@@ -372,8 +372,9 @@ impl Switch {
         let shared = Arc::new(PortShared {
             id: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
             mac,
-            queue: Mutex::new(PortQueue::default()),
-            pending: AtomicBool::new(false),
+            frames: ArrayQueue::new(PORT_QUEUE_DEPTH),
+            spare: ArrayQueue::new(SPARE_BUFFERS),
+            signalled: AtomicBool::new(false),
             efd,
             counters: PortCounters::default(),
         });
@@ -440,6 +441,20 @@ fn port_epoll(efd: RawFd, uplink: RawFd) -> io::Result<OwnedFd> {
         }
     }
     Ok(ep)
+}
+
+/// Moves what `q`'s queue holds now to `taken` (at most
+/// [`PORT_QUEUE_DEPTH`] frames); whether there was any.
+fn pull_queue(q: &PortShared, taken: &mut VecDeque<(Vec<u8>, Icrc)>) -> bool {
+    let mut any = false;
+    for _ in 0..PORT_QUEUE_DEPTH {
+        let Some(f) = q.frames.pop() else {
+            break;
+        };
+        taken.push_back(f);
+        any = true;
+    }
+    any
 }
 
 /// One port of a [`Switch`]: the [`Link`] of one function's device.
@@ -590,36 +605,47 @@ impl SwitchPort {
         }
     }
 
-    /// Moves every frame of the shared queue to `taken` under one lock
-    /// (a sender's burst costs the receiver one lock, not one per frame,
-    /// and no copy is made under it), and gives the used buffers back as
-    /// spares. Returns false when the queue was empty: the port then has
-    /// no frame at all and its eventfd is reset, under the lock, so that
-    /// it is readable exactly while the port has frames (queued or taken)
-    /// or a frame came after this reset. An empty queue costs no system
-    /// call when the eventfd was already reset: a lone function's path to
-    /// the uplink stays as cheap as a device on the uplink itself.
+    /// Moves the frames of the shared queue to `taken` (a sender's burst
+    /// is taken in one go), and gives the used buffers back as spares.
+    /// Returns false when the queue was empty: the port then has no frame
+    /// at all and its eventfd is reset, so that it is readable exactly
+    /// while the port has frames (queued or taken) or a frame came after
+    /// this reset. An empty queue costs no system call when the eventfd was
+    /// already reset: a lone function's path to the uplink stays as cheap
+    /// as a device on the uplink itself.
     fn take_batch(&mut self) -> bool {
-        // A frame queued just after this load is not lost: its sender set
-        // the eventfd, and the next call sees the flag.
-        if !self.shared.pending.load(Ordering::Acquire) {
-            return false;
-        }
-        let mut q = self.shared.lock();
-        let room = SPARE_BUFFERS.saturating_sub(q.spare.len());
-        let give = self.used.len().min(room);
-        q.spare.extend(self.used.drain(..give));
-        if q.frames.is_empty() {
-            if q.signalled {
-                let mut v: libc::eventfd_t = 0;
-                // SAFETY: eventfd_read into a live u64 on our own descriptor.
-                unsafe { libc::eventfd_read(self.shared.efd.as_raw_fd(), &mut v) };
-                q.signalled = false;
+        let (q, taken) = (&*self.shared, &mut self.taken);
+        for b in self.used.drain(..) {
+            // A full spare queue: the rest are freed with the drain.
+            if q.spare.push(b).is_err() {
+                break;
             }
-            self.shared.pending.store(false, Ordering::Relaxed);
+        }
+        if pull_queue(q, taken) {
+            return true;
+        }
+        if !q.signalled.load(Ordering::Relaxed) {
             return false;
         }
-        std::mem::swap(&mut q.frames, &mut self.taken);
+        // Reset, then look again: a frame whose sender still saw the flag
+        // set (and so wrote nothing) is found now; a sender after the reset
+        // writes the eventfd anew (`PortShared::signal`).
+        q.signalled.store(false, Ordering::SeqCst);
+        let mut v: libc::eventfd_t = 0;
+        // SAFETY: eventfd_read into a live u64 on our own (non-blocking)
+        // descriptor.
+        unsafe { libc::eventfd_read(q.efd.as_raw_fd(), &mut v) };
+        fence(Ordering::SeqCst);
+        if !pull_queue(q, taken) {
+            return false;
+        }
+        // Frames after all (their senders saw the flag still set), and the
+        // read above may have taken a later sender's write: set it again,
+        // so the port stays readable while it holds frames, for a worker
+        // that takes fewer than all before it sleeps.
+        q.signalled.store(true, Ordering::SeqCst);
+        // SAFETY: as in `PortShared::signal`.
+        unsafe { libc::eventfd_write(q.efd.as_raw_fd(), 1) };
         true
     }
 
@@ -979,6 +1005,67 @@ mod tests {
         drop(b);
         assert!(!local.contains(&B));
         drop(sw);
+    }
+
+    /// The wake-up protocol without a lock: a receiver that reads one frame
+    /// at a time and then sleeps on its descriptor (as a worker does when
+    /// its receive batch is spent) is always woken while the port has
+    /// frames, queued or taken (nothing is stranded), and gets every frame
+    /// once, in order. The sender sends bursts of 1 to 4 frames and waits
+    /// until all are read, so every burst races the receiver's reset of
+    /// the descriptor.
+    #[test]
+    fn a_sleeping_receiver_is_woken_for_every_frame_of_a_concurrent_sender() {
+        use std::sync::atomic::AtomicU32;
+        const BURSTS: u32 = 60_000;
+        let (_sw, mut a, mut b, _outside) = switch_ab();
+        let read = Arc::new(AtomicU32::new(0));
+        let total: u32 = (0..BURSTS).map(|k| k % 4 + 1).sum();
+        let seen = read.clone();
+        let sender = std::thread::spawn(move || {
+            let mut seq = 0u32;
+            for k in 0..BURSTS {
+                for _ in 0..k % 4 + 1 {
+                    let mut f = frame(B, A, 0);
+                    f[14..18].copy_from_slice(&seq.to_be_bytes());
+                    assert!(a.try_send_buf(&mut f).unwrap(), "room: bursts are read");
+                    seq += 1;
+                }
+                let t0 = std::time::Instant::now();
+                while seen.load(Ordering::Acquire) < seq {
+                    if t0.elapsed() > std::time::Duration::from_secs(10) {
+                        return false; // the receiver failed (it says why)
+                    }
+                    std::thread::yield_now();
+                }
+            }
+            true
+        });
+        let fd = b.raw_fd().unwrap();
+        let mut next = 0u32;
+        let mut buf = [0u8; 64];
+        while next < total {
+            let got = b
+                .recv_with(&mut buf, &mut |f, _| {
+                    let seq = u32::from_be_bytes(f[14..18].try_into().unwrap());
+                    assert_eq!(seq, next, "in order, once");
+                    next += 1;
+                })
+                .unwrap();
+            read.store(next, Ordering::Release);
+            if next < total {
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one live pollfd.
+                let r = unsafe { libc::poll(&mut p, 1, 5_000) };
+                assert_eq!(r, 1, "stranded: frame {next} queued or taken, port not readable (last read got one: {got})");
+            }
+        }
+        assert!(sender.join().unwrap());
+        assert!(!b.recv_with(&mut buf, &mut |_, _| ()).unwrap());
     }
 
     #[test]
