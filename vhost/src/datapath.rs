@@ -459,11 +459,16 @@ impl DataPath {
     pub(crate) fn receive_counted(&mut self) -> (usize, bool) {
         let guard = self.mem.memory();
         let mem = GuestMem::new(&guard);
+        // One clock read per batch, not per frame (a batch lasts tens of
+        // µs; the device's timers are in ms), taken when the first frame
+        // comes: an empty poll reads no clock.
+        let mut now = None;
         for i in 0..RX_BATCH {
             let (device, epoch) = (&mut self.device, self.epoch);
             // From the link's own buffer where it has one (the switch).
             let got = self.link.recv_with(&mut self.rx_buf, &mut |frame, icrc| {
-                device.receive_frame(&mem, frame, icrc, epoch.elapsed().as_nanos() as Nanos)
+                let t = *now.get_or_insert_with(|| epoch.elapsed().as_nanos() as Nanos);
+                device.receive_frame(&mem, frame, icrc, t)
             });
             match got {
                 Ok(true) => {}

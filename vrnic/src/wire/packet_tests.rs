@@ -521,7 +521,11 @@ fn a_reused_buffer_holds_exactly_the_new_frame() {
         let fresh = frame(Opcode::RcWriteOnlyImm, v6, &payload);
         for old in [vec![0xee; 9000], vec![0xee; 10], vec![0xee; fresh.len()]] {
             let mut out = old;
-            emit_frame(&sample_headers(Opcode::RcWriteOnlyImm, v6), &payload, &mut out);
+            emit_frame(
+                &sample_headers(Opcode::RcWriteOnlyImm, v6),
+                &payload,
+                &mut out,
+            );
             assert_eq!(out, fresh, "v6 {v6}");
         }
     }
