@@ -120,6 +120,10 @@ pub struct BackendStats {
     /// time adaptive polling costs beyond the work itself (time yielded to
     /// other threads included).
     pub poll_idle_ns: u64,
+    /// Times the worker, about to sleep, found chains the driver had made
+    /// available without a kick and served them ([`DataPath::serve_late`]):
+    /// how often the safety net catches a missing notification.
+    pub late_chains: u64,
 }
 
 /// The data-path state: the device, its link, its timer and the event

@@ -208,6 +208,7 @@ impl DataPath {
                 late_ctrl,
                 "chains made available while the worker was busy"
             );
+            self.stats.late_chains += 1;
             if late_db {
                 self.process_doorbells(db);
             }

@@ -38,7 +38,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 }
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 47;
+pub const COUNTERS: usize = 48;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -90,6 +90,7 @@ pub const NAMES: [&str; COUNTERS] = [
     "poll_sessions",
     "poll_backoffs",
     "poll_idle_ns",
+    "late_chains",
 ];
 
 /// Largest reply [`query`] accepts, bytes: room for the device counters
@@ -173,6 +174,7 @@ impl Snapshot {
             poll_sessions,
             poll_backoffs,
             poll_idle_ns,
+            late_chains,
         } = *backend;
         Self {
             values: [
@@ -223,6 +225,7 @@ impl Snapshot {
                 poll_sessions,
                 poll_backoffs,
                 poll_idle_ns,
+                late_chains,
             ],
         }
     }
