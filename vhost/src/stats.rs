@@ -562,6 +562,7 @@ mod tests {
             engine_panics: 23,
             lost_requests: 24,
             poll_idle_ns: 25,
+            late_chains: 26,
             ..Default::default()
         };
         let s = Snapshot::new(&d, &b);
@@ -577,7 +578,8 @@ mod tests {
         let parsed = parse(&s.render()).unwrap();
         assert_eq!(parsed.len(), COUNTERS);
         assert_eq!(parsed[0], ("tx_frames".to_string(), 1));
-        assert_eq!(parsed[COUNTERS - 1], ("poll_idle_ns".to_string(), 25));
+        assert_eq!(parsed[COUNTERS - 2], ("poll_idle_ns".to_string(), 25));
+        assert_eq!(parsed[COUNTERS - 1], ("late_chains".to_string(), 26));
         assert_eq!(s.get("lost_requests"), Some(24));
     }
 
