@@ -1,0 +1,428 @@
+//! The embedded switch's tests: forwarding, queues and their wake-ups,
+//! frames handed over in their buffers, ICRC between ports.
+
+use super::*;
+use vrnic::link::MemLink;
+
+const A: [u8; 6] = [2, 0x76, 10, 0, 0, 1];
+const B: [u8; 6] = [2, 0x76, 10, 0, 0, 2];
+const C: [u8; 6] = [2, 0x76, 10, 0, 0, 3];
+const OUTSIDE: [u8; 6] = [2, 0, 0, 0, 0, 9];
+
+/// A switch on an in-memory uplink with ports A and B, and the far
+/// end of the uplink.
+fn switch_ab() -> (Switch, SwitchPort, SwitchPort, MemLink) {
+    let (up, outside) = MemLink::pair();
+    let sw = Switch::new(Box::new(up));
+    let a = sw.add_port(A).unwrap();
+    let b = sw.add_port(B).unwrap();
+    (sw, a, b, outside)
+}
+
+fn frame(dst: [u8; 6], src: [u8; 6], tag: u8) -> Vec<u8> {
+    let mut f = dst.to_vec();
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&[0x08, 0x00, tag]);
+    f.resize(60, tag);
+    f
+}
+
+fn recv_all(l: &mut dyn Link) -> Vec<Vec<u8>> {
+    let mut buf = vec![0u8; 2048];
+    let mut out = Vec::new();
+    for _ in 0..10_000 {
+        match l.recv(&mut buf).unwrap() {
+            Some(n) => out.push(buf[..n].to_vec()),
+            None => break,
+        }
+    }
+    out
+}
+
+fn readable(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd; timeout 0 never blocks.
+    unsafe { libc::poll(&mut p, 1, 0) == 1 }
+}
+
+#[test]
+fn unicast_between_ports_never_touches_the_uplink() {
+    let (sw, mut a, mut b, mut outside) = switch_ab();
+    let fb = b.raw_fd().unwrap();
+    assert!(!readable(fb));
+    a.send(&frame(B, A, 1)).unwrap();
+    assert!(readable(fb), "B's worker is woken");
+    b.send(&frame(A, B, 2)).unwrap();
+    assert_eq!(recv_all(&mut b), vec![frame(B, A, 1)]);
+    assert!(!readable(fb));
+    assert_eq!(recv_all(&mut a), vec![frame(A, B, 2)]);
+    assert_eq!(outside.pending(), 0);
+    assert_eq!(recv_all(&mut outside), Vec::<Vec<u8>>::new());
+    assert_eq!(sw.uplink_stats(), UplinkStats::default());
+    assert_eq!(a.stats().tx_local, 1);
+    assert_eq!(a.stats().rx_local, 1);
+}
+
+#[test]
+fn frames_taken_in_a_burst_keep_the_port_readable_and_in_order() {
+    let (_sw, mut a, mut b, _outside) = switch_ab();
+    let fb = b.raw_fd().unwrap();
+    for t in 0..3 {
+        a.send(&frame(B, A, t)).unwrap();
+    }
+    let mut buf = [0u8; 64];
+    let n = b.recv(&mut buf).unwrap().unwrap();
+    assert_eq!(buf[..n], frame(B, A, 0)[..]);
+    // Two frames are taken but not returned yet: a worker that stops
+    // reading here (its budget spent) must still be woken for them.
+    assert!(readable(fb), "taken frames keep the port readable");
+    for t in 3..5 {
+        a.send(&frame(B, A, t)).unwrap();
+    }
+    let got = recv_all(&mut b);
+    assert_eq!(got, (1..5).map(|t| frame(B, A, t)).collect::<Vec<_>>());
+    assert!(!readable(fb));
+    a.send(&frame(B, A, 5)).unwrap();
+    assert!(readable(fb), "a frame after the reset sets it again");
+    assert_eq!(recv_all(&mut b), vec![frame(B, A, 5)]);
+    assert!(!readable(fb));
+}
+
+#[test]
+fn frames_handed_over_in_their_buffers_arrive_intact_and_in_order() {
+    let (_sw, mut a, mut b, _outside) = switch_ab();
+    let recv_with_all = |l: &mut SwitchPort| {
+        let (mut got, mut at) = (Vec::new(), Vec::new());
+        let mut buf = [0u8; 64];
+        for _ in 0..2 * PORT_QUEUE_DEPTH {
+            let more = l
+                .recv_with(&mut buf, &mut |f, _| {
+                    got.push(f.to_vec());
+                    at.push(f.as_ptr() as usize);
+                })
+                .unwrap();
+            if !more {
+                break;
+            }
+        }
+        (got, at)
+    };
+    let mut f1 = frame(B, A, 1);
+    let p1 = f1.as_ptr() as usize;
+    assert!(a.try_send_buf(&mut f1).unwrap());
+    assert_ne!(f1.as_ptr() as usize, p1, "the queue took the buffer");
+    let mut f2 = frame(B, A, 2);
+    let p2 = f2.as_ptr() as usize;
+    assert!(a.try_send_buf(&mut f2).unwrap());
+    let (got, at) = recv_with_all(&mut b);
+    assert_eq!(got, vec![frame(B, A, 1), frame(B, A, 2)]);
+    assert_eq!(
+        at,
+        vec![p1, p2],
+        "delivered from the sender's buffers, not copies"
+    );
+    // The receiver's buffers come back as spares for the next sender.
+    let mut f3 = frame(B, A, 3);
+    assert!(a.try_send_buf(&mut f3).unwrap());
+    assert!(f3.capacity() >= 60, "a used buffer, not a new one");
+    // A full queue leaves the frame with the sender.
+    for t in 1..PORT_QUEUE_DEPTH {
+        assert!(a.try_send_buf(&mut frame(B, A, t as u8)).unwrap());
+    }
+    let mut held = frame(B, A, 9);
+    assert!(!a.try_send_buf(&mut held).unwrap());
+    assert_eq!(held, frame(B, A, 9));
+    assert_eq!(a.stats().tx_busy, 1);
+    let (got, _) = recv_with_all(&mut b);
+    assert_eq!(got.len(), PORT_QUEUE_DEPTH);
+    assert_eq!(got[0], frame(B, A, 3));
+    assert_eq!(
+        got[PORT_QUEUE_DEPTH - 1],
+        frame(B, A, (PORT_QUEUE_DEPTH - 1) as u8)
+    );
+}
+
+/// A RoCEv2 SEND ONLY frame from `src` to `dst`, emitted with or
+/// without its ICRC.
+fn roce(dst: [u8; 6], src: [u8; 6], icrc: Icrc) -> Vec<u8> {
+    use std::net::{IpAddr, Ipv4Addr};
+    use vrnic::wire::{Bth, Opcode, RoceHeaders};
+    let hdr = RoceHeaders {
+        eth_src: src,
+        eth_dst: dst,
+        ip_src: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+        ip_dst: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)),
+        ip_id: 1,
+        ttl: 64,
+        tclass: 0,
+        flow_label: 0,
+        udp_src: 0xc001,
+        bth: Bth {
+            opcode: Opcode::RcSendOnly,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            tver: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qp: 0x11,
+            ack_req: true,
+            psn: 5,
+        },
+        reth: None,
+        aeth: None,
+        atomic_eth: None,
+        atomic_ack_eth: None,
+        deth: None,
+        immdt: None,
+        ieth: None,
+    };
+    let mut f = Vec::new();
+    let fill = |b: &mut [u8]| {
+        b.fill(0x5a);
+        Ok::<(), ()>(())
+    };
+    vrnic::wire::emit_frame_icrc(&hdr, 100, &mut f, icrc, fill).unwrap();
+    f
+}
+
+#[test]
+fn frames_between_ports_need_no_icrc_and_frames_from_the_wire_do() {
+    let (sw, mut a, mut b, mut outside) = switch_ab();
+    let local = a.local_macs().expect("a port reaches the other ports");
+    assert!(local.contains(&A) && local.contains(&B));
+    assert!(!local.contains(&OUTSIDE) && !local.contains(&[0xff; 6]));
+    let bare = roce(B, A, Icrc::Unneeded);
+    let full = roce(B, A, Icrc::Needed);
+    assert_ne!(bare, full);
+    a.try_send_buf(&mut bare.clone()).unwrap();
+    outside.send(&roce(B, OUTSIDE, Icrc::Needed)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 2048];
+    for _ in 0..8 {
+        if !b
+            .recv_with(&mut buf, &mut |f, icrc| got.push((f.to_vec(), icrc)))
+            .unwrap()
+        {
+            break;
+        }
+    }
+    assert_eq!(
+        got,
+        vec![
+            (bare.clone(), Icrc::Unneeded),
+            (roce(B, OUTSIDE, Icrc::Needed), Icrc::Needed)
+        ]
+    );
+    // A reader of copies (`recv`) gets frames as on a wire.
+    a.try_send_buf(&mut bare.clone()).unwrap();
+    assert_eq!(recv_all(&mut b), vec![full]);
+    // A port that left is no longer local.
+    drop(b);
+    assert!(!local.contains(&B));
+    drop(sw);
+}
+
+/// The wake-up protocol without a lock: a receiver that reads one frame
+/// at a time and then sleeps on its descriptor (as a worker does when
+/// its receive batch is spent) is always woken while the port has
+/// frames, queued or taken (nothing is stranded), and gets every frame
+/// once, in order. The sender sends bursts of 1 to 4 frames and waits
+/// until all are read, so every burst races the receiver's reset of
+/// the descriptor.
+#[test]
+fn a_sleeping_receiver_is_woken_for_every_frame_of_a_concurrent_sender() {
+    use std::sync::atomic::AtomicU32;
+    const BURSTS: u32 = 60_000;
+    let (_sw, mut a, mut b, _outside) = switch_ab();
+    let read = Arc::new(AtomicU32::new(0));
+    let total: u32 = (0..BURSTS).map(|k| k % 4 + 1).sum();
+    let seen = read.clone();
+    let sender = std::thread::spawn(move || {
+        let mut seq = 0u32;
+        for k in 0..BURSTS {
+            for _ in 0..k % 4 + 1 {
+                let mut f = frame(B, A, 0);
+                f[14..18].copy_from_slice(&seq.to_be_bytes());
+                assert!(a.try_send_buf(&mut f).unwrap(), "room: bursts are read");
+                seq += 1;
+            }
+            let t0 = std::time::Instant::now();
+            while seen.load(Ordering::Acquire) < seq {
+                if t0.elapsed() > std::time::Duration::from_secs(10) {
+                    return false; // the receiver failed (it says why)
+                }
+                std::thread::yield_now();
+            }
+        }
+        true
+    });
+    let fd = b.raw_fd().unwrap();
+    let mut next = 0u32;
+    let mut buf = [0u8; 64];
+    while next < total {
+        let got = b
+            .recv_with(&mut buf, &mut |f, _| {
+                let seq = u32::from_be_bytes(f[14..18].try_into().unwrap());
+                assert_eq!(seq, next, "in order, once");
+                next += 1;
+            })
+            .unwrap();
+        read.store(next, Ordering::Release);
+        if next < total {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one live pollfd.
+            let r = unsafe { libc::poll(&mut p, 1, 5_000) };
+            assert_eq!(r, 1, "stranded: frame {next} queued or taken, port not readable (last read got one: {got})");
+        }
+    }
+    assert!(sender.join().unwrap());
+    assert!(!b.recv_with(&mut buf, &mut |_, _| ()).unwrap());
+}
+
+#[test]
+fn a_frame_to_the_senders_own_mac_comes_back() {
+    let (up, outside) = MemLink::pair();
+    let sw = Switch::new(Box::new(up));
+    let mut a = sw.add_port(A).unwrap();
+    a.send(&frame(A, A, 7)).unwrap();
+    assert_eq!(recv_all(&mut a), vec![frame(A, A, 7)]);
+    assert_eq!(outside.pending(), 0);
+}
+
+#[test]
+fn group_frames_reach_every_other_port_and_the_uplink() {
+    let (sw, mut a, mut b, mut outside) = switch_ab();
+    let mut c = sw.add_port(C).unwrap();
+    let bc = frame([0xff; 6], A, 3);
+    a.send(&bc).unwrap();
+    let mc = frame([0x33, 0x33, 0xff, 0, 0, 1], A, 4);
+    a.send(&mc).unwrap();
+    assert_eq!(recv_all(&mut a), Vec::<Vec<u8>>::new(), "not to itself");
+    assert_eq!(recv_all(&mut b), vec![bc.clone(), mc.clone()]);
+    assert_eq!(recv_all(&mut c), vec![bc.clone(), mc.clone()]);
+    assert_eq!(recv_all(&mut outside), vec![bc, mc]);
+}
+
+#[test]
+fn uplink_frames_go_to_the_port_of_their_mac() {
+    let (sw, mut a, mut b, mut outside) = switch_ab();
+    let fb = b.raw_fd().unwrap();
+    outside.send(&frame(B, OUTSIDE, 1)).unwrap();
+    outside.send(&frame(OUTSIDE, OUTSIDE, 2)).unwrap();
+    outside.send(&frame([0xff; 6], OUTSIDE, 3)).unwrap();
+    outside.send(&frame(A, OUTSIDE, 4)).unwrap();
+    outside.send(&[1, 2, 3]).unwrap();
+    assert!(readable(fb), "the uplink wakes every port");
+    // A reads the uplink: its frames come back, B's are queued for B.
+    assert_eq!(
+        recv_all(&mut a),
+        vec![frame([0xff; 6], OUTSIDE, 3), frame(A, OUTSIDE, 4)]
+    );
+    assert!(readable(fb), "B's queue holds its frames");
+    assert_eq!(
+        recv_all(&mut b),
+        vec![frame(B, OUTSIDE, 1), frame([0xff; 6], OUTSIDE, 3)]
+    );
+    assert!(!readable(fb));
+    let s = sw.uplink_stats();
+    assert_eq!((s.rx_frames, s.rx_unknown), (5, 2), "{s:?}");
+    // A frame the outside sends later wakes B and reaches it directly.
+    outside.send(&frame(B, OUTSIDE, 5)).unwrap();
+    assert!(readable(fb));
+    assert_eq!(recv_all(&mut b), vec![frame(B, OUTSIDE, 5)]);
+    // Unicast to outside MACs goes out.
+    a.send(&frame(OUTSIDE, A, 6)).unwrap();
+    assert_eq!(recv_all(&mut outside), vec![frame(OUTSIDE, A, 6)]);
+}
+
+#[test]
+fn a_full_queue_drops_and_counts() {
+    let (_sw, mut a, mut b, _outside) = switch_ab();
+    for i in 0..PORT_QUEUE_DEPTH + 5 {
+        a.send(&frame(B, A, i as u8)).unwrap();
+    }
+    assert_eq!(b.stats().rx_queue_dropped, 5);
+    assert_eq!(b.stats().rx_local, PORT_QUEUE_DEPTH as u64);
+    assert_eq!(recv_all(&mut b).len(), PORT_QUEUE_DEPTH);
+    a.send(&[0; 10]).unwrap();
+    assert_eq!(a.stats().tx_runt, 1);
+}
+
+#[test]
+fn a_full_queue_holds_a_try_send_back_without_loss() {
+    let (_sw, mut a, mut b, _outside) = switch_ab();
+    for i in 0..PORT_QUEUE_DEPTH {
+        assert!(a.try_send(&frame(B, A, i as u8)).unwrap());
+    }
+    let last = frame(B, A, 0xee);
+    assert!(!a.try_send(&last).unwrap(), "a full queue refuses");
+    assert!(!a.try_send(&last).unwrap(), "and keeps refusing");
+    assert_eq!(a.stats().tx_busy, 2);
+    assert_eq!(b.stats().rx_queue_dropped, 0, "nothing was lost");
+    // The receiver takes one frame: the held frame goes in, last.
+    let mut buf = [0u8; 64];
+    assert!(b.recv(&mut buf).unwrap().is_some());
+    assert!(a.try_send(&last).unwrap());
+    let got = recv_all(&mut b);
+    assert_eq!(got.len(), PORT_QUEUE_DEPTH);
+    assert_eq!(got.last(), Some(&last), "in order, at the end");
+    assert_eq!(a.stats().tx_local, PORT_QUEUE_DEPTH as u64 + 1);
+}
+
+#[test]
+fn a_full_uplink_holds_unicast_but_never_group_frames() {
+    let (_sw, mut a, mut b, mut outside) = switch_ab();
+    let far = [2, 0, 0, 0, 0, 0x99];
+    for i in 0..vrnic::link::mem::DEFAULT_DEPTH {
+        assert!(a.try_send(&frame(far, A, i as u8)).unwrap());
+    }
+    assert!(!a.try_send(&frame(far, A, 0xee)).unwrap(), "held back");
+    assert_eq!(a.stats().tx_busy, 1);
+    // A broadcast is taken even so: held, it would reach B again.
+    let bcast = frame([0xff; 6], A, 0xbb);
+    assert!(a.try_send(&bcast).unwrap());
+    assert_eq!(recv_all(&mut b), vec![bcast], "B got the broadcast once");
+    assert_eq!(
+        recv_all(&mut outside).len(),
+        vrnic::link::mem::DEFAULT_DEPTH
+    );
+}
+
+#[test]
+fn ports_are_unique_bounded_and_leave_when_dropped() {
+    let (up, mut outside) = MemLink::pair();
+    let sw = Switch::new(Box::new(up));
+    let a = sw.add_port(A).unwrap();
+    assert!(matches!(sw.add_port(A), Err(SwitchError::DuplicateMac(_))));
+    assert!(matches!(
+        sw.add_port([3, 0, 0, 0, 0, 1]),
+        Err(SwitchError::GroupMac(_))
+    ));
+    let mut b = sw.add_port(B).unwrap();
+    drop(a);
+    assert_eq!(sw.ports(), 1);
+    // A's MAC is no port's now: frames for it go out.
+    b.send(&frame(A, B, 1)).unwrap();
+    assert_eq!(recv_all(&mut outside), vec![frame(A, B, 1)]);
+    let mut more = Vec::new();
+    for i in 1..MAX_PORTS {
+        more.push(sw.add_port([2, 0, 0, 0, 1, i as u8]).unwrap());
+    }
+    assert!(matches!(
+        sw.add_port([2, 0, 0, 0, 2, 0]),
+        Err(SwitchError::Full)
+    ));
+    drop(more);
+    assert_eq!(sw.ports(), 1);
+    assert!(sw.add_port(A).is_ok(), "A's MAC is free again");
+}
