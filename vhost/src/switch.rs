@@ -208,13 +208,9 @@ impl PortShared {
         let mut buf = self.spare.pop().unwrap_or_default();
         buf.clear();
         buf.extend_from_slice(frame);
-        match self.frames.push((buf, icrc)) {
-            Ok(()) => {
-                self.signal();
-                true
-            }
-            // Other senders filled the queue meanwhile.
-            Err((buf, _)) => {
+        match self.enqueue(buf, icrc) {
+            Ok(()) => true,
+            Err(buf) => {
                 let _ = self.spare.push(buf);
                 false
             }
@@ -233,17 +229,23 @@ impl PortShared {
         let spare = self.spare.pop().unwrap_or_default();
         let buf = std::mem::replace(frame, spare);
         // From a port of the switch: its ICRC may be left out.
-        match self.frames.push((buf, Icrc::Unneeded)) {
-            Ok(()) => {
-                self.signal();
-                true
-            }
-            Err((buf, _)) => {
+        match self.enqueue(buf, Icrc::Unneeded) {
+            Ok(()) => true,
+            Err(buf) => {
                 let spare = std::mem::replace(frame, buf);
                 let _ = self.spare.push(spare);
                 false
             }
         }
+    }
+
+    /// Queues `buf` and makes the port readable ([`PortShared::signal`]);
+    /// gives `buf` back when the queue is full (other senders may have
+    /// filled it since the caller looked).
+    fn enqueue(&self, buf: Vec<u8>, icrc: Icrc) -> Result<(), Vec<u8>> {
+        self.frames.push((buf, icrc)).map_err(|(buf, _)| buf)?;
+        self.signal();
+        Ok(())
     }
 
     /// Makes the port readable after a frame was queued. Only a frame
@@ -255,10 +257,15 @@ impl PortShared {
     fn signal(&self) {
         fence(Ordering::SeqCst);
         if !self.signalled.swap(true, Ordering::SeqCst) {
-            // SAFETY: eventfd_write on our own descriptor; EAGAIN only when
-            // the counter would overflow, when it is readable anyway.
-            unsafe { libc::eventfd_write(self.efd.as_raw_fd(), 1) };
+            self.wake();
         }
+    }
+
+    /// Writes the port's eventfd: readable until the receiver resets it.
+    fn wake(&self) {
+        // SAFETY: eventfd_write on our own descriptor; EAGAIN only when the
+        // counter would overflow, when it is readable anyway.
+        unsafe { libc::eventfd_write(self.efd.as_raw_fd(), 1) };
     }
 }
 
@@ -644,8 +651,7 @@ impl SwitchPort {
         // so the port stays readable while it holds frames, for a worker
         // that takes fewer than all before it sleeps.
         q.signalled.store(true, Ordering::SeqCst);
-        // SAFETY: as in `PortShared::signal`.
-        unsafe { libc::eventfd_write(q.efd.as_raw_fd(), 1) };
+        q.wake();
         true
     }
 
