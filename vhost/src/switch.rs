@@ -53,12 +53,13 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use crossbeam_queue::ArrayQueue;
 
 use vrnic::link::{Icrc, Link, LocalMacs};
+use vrnic::wire::gso;
 
 /// Receive queue depth of a port, frames.
 pub const PORT_QUEUE_DEPTH: usize = 1024;
@@ -161,6 +162,17 @@ impl PortCounters {
 /// so it covers an RC window in flight (128 frames) and the answers
 /// beside it: about 2.3 MiB a port at most with 9 KiB frames.
 const SPARE_BUFFERS: usize = 256;
+/// Spare buffers longer than a jumbo frame ([`BIG_BUFFER`]: they held
+/// batches, `vrnic::wire::gso`) a port keeps, at most (plus one per
+/// sender racing to give one back): 16 × 80 KiB, 1.3 MiB.
+const SPARE_BIG_MAX: usize = 16;
+/// Capacity above which a buffer counts as big, bytes.
+const BIG_BUFFER: usize = 16 * 1024;
+/// Bytes of frames a port's queue holds at most (besides the frame
+/// count, [`PORT_QUEUE_DEPTH`]): 8 MiB, about what 1024 jumbo frames
+/// took before batches; more is held back at the sender (or dropped, from
+/// the uplink) as for a full queue.
+pub const PORT_QUEUE_BYTES: usize = 8 * 1024 * 1024;
 
 /// What the switch keeps of a port: its MAC, receive queue and counters.
 ///
@@ -176,9 +188,13 @@ struct PortShared {
     /// the daemon's own ports, whose engines may leave it out
     /// ([`Link::local_macs`]).
     frames: ArrayQueue<(Vec<u8>, Icrc)>,
+    /// Bytes of the frames in `frames` (at most [`PORT_QUEUE_BYTES`]).
+    bytes: AtomicUsize,
     /// Buffers of frames the port's worker has read, for senders to copy
     /// into or to take in exchange for theirs.
     spare: ArrayQueue<Vec<u8>>,
+    /// Big buffers among `spare` (about [`SPARE_BIG_MAX`] at most).
+    big_spares: AtomicUsize,
     /// The eventfd has been written since the receiver last reset it: a
     /// sender finding it set saves the system call (one write per burst).
     signalled: AtomicBool,
@@ -205,16 +221,42 @@ impl PortShared {
         if self.frames.is_full() {
             return false;
         }
-        let mut buf = self.spare.pop().unwrap_or_default();
+        let mut buf = self.take_spare();
         buf.clear();
         buf.extend_from_slice(frame);
         match self.enqueue(buf, icrc) {
             Ok(()) => true,
             Err(buf) => {
-                let _ = self.spare.push(buf);
+                self.give_spare(buf);
                 false
             }
         }
+    }
+
+    /// A spare buffer, or a new empty one.
+    fn take_spare(&self) -> Vec<u8> {
+        let b = self.spare.pop().unwrap_or_default();
+        if b.capacity() > BIG_BUFFER {
+            self.big_spares.fetch_sub(1, Ordering::Relaxed);
+        }
+        b
+    }
+
+    /// Keeps `b` as a spare, unless the spares are full or, for a big
+    /// buffer, hold [`SPARE_BIG_MAX`] big ones already; returns false when
+    /// the spares are full.
+    fn give_spare(&self, b: Vec<u8>) -> bool {
+        let big = b.capacity() > BIG_BUFFER;
+        if big && self.big_spares.load(Ordering::Relaxed) >= SPARE_BIG_MAX {
+            return true;
+        }
+        if self.spare.push(b).is_err() {
+            return false;
+        }
+        if big {
+            self.big_spares.fetch_add(1, Ordering::Relaxed);
+        }
+        true
     }
 
     /// Queues the frame in `frame` itself, leaving a spare buffer (or an
@@ -226,24 +268,33 @@ impl PortShared {
         if self.frames.is_full() {
             return false;
         }
-        let spare = self.spare.pop().unwrap_or_default();
+        let spare = self.take_spare();
         let buf = std::mem::replace(frame, spare);
         // From a port of the switch: its ICRC may be left out.
         match self.enqueue(buf, Icrc::Unneeded) {
             Ok(()) => true,
             Err(buf) => {
                 let spare = std::mem::replace(frame, buf);
-                let _ = self.spare.push(spare);
+                self.give_spare(spare);
                 false
             }
         }
     }
 
     /// Queues `buf` and makes the port readable ([`PortShared::signal`]);
-    /// gives `buf` back when the queue is full (other senders may have
-    /// filled it since the caller looked).
+    /// gives `buf` back when the queue is full, in frames or in
+    /// [`PORT_QUEUE_BYTES`] (other senders may have filled it since the
+    /// caller looked).
     fn enqueue(&self, buf: Vec<u8>, icrc: Icrc) -> Result<(), Vec<u8>> {
-        self.frames.push((buf, icrc)).map_err(|(buf, _)| buf)?;
+        let len = buf.len();
+        if self.bytes.fetch_add(len, Ordering::Relaxed) + len > PORT_QUEUE_BYTES {
+            self.bytes.fetch_sub(len, Ordering::Relaxed);
+            return Err(buf);
+        }
+        if let Err((buf, _)) = self.frames.push((buf, icrc)) {
+            self.bytes.fetch_sub(len, Ordering::Relaxed);
+            return Err(buf);
+        }
         self.signal();
         Ok(())
     }
@@ -380,7 +431,9 @@ impl Switch {
             id: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
             mac,
             frames: ArrayQueue::new(PORT_QUEUE_DEPTH),
+            bytes: AtomicUsize::new(0),
             spare: ArrayQueue::new(SPARE_BUFFERS),
+            big_spares: AtomicUsize::new(0),
             signalled: AtomicBool::new(false),
             efd,
             counters: PortCounters::default(),
@@ -458,6 +511,7 @@ fn pull_queue(q: &PortShared, taken: &mut VecDeque<(Vec<u8>, Icrc)>) -> bool {
         let Some(f) = q.frames.pop() else {
             break;
         };
+        q.bytes.fetch_sub(f.0.len(), Ordering::Relaxed);
         taken.push_back(f);
         any = true;
     }
@@ -536,6 +590,16 @@ impl SwitchPort {
                 return true;
             }
         }
+        if gso::is_batch(frame) {
+            // Its destination left since the batch was made: its packets
+            // go on the wire one by one, sealed.
+            let mut sent = true;
+            gso::split(frame, &mut Vec::new(), |f| {
+                sent &= self.sw.to_uplink(f, false)
+            });
+            inc(if sent { &c.tx_uplink } else { &c.tx_busy });
+            return true;
+        }
         if !self.sw.to_uplink(frame, hold) {
             inc(&c.tx_busy);
             return false;
@@ -594,6 +658,16 @@ impl SwitchPort {
                 return None;
             }
             let (frame, icrc) = self.taken.pop_front()?;
+            if icrc == Icrc::Unneeded && gso::is_batch(&frame) {
+                // Its packets, sealed, first in line (at most
+                // `BATCH_MAX_PACKETS` frames more than the queue's depth).
+                let mut packets = Vec::new();
+                gso::split(&frame, &mut Vec::new(), |f| packets.push(f.to_vec()));
+                for f in packets.into_iter().rev() {
+                    self.taken.push_front((f, Icrc::Needed));
+                }
+                continue;
+            }
             let fits = buf.get_mut(..frame.len()).map(|dst| {
                 dst.copy_from_slice(&frame);
                 if icrc == Icrc::Unneeded {
@@ -624,7 +698,7 @@ impl SwitchPort {
         let (q, taken) = (&*self.shared, &mut self.taken);
         for b in self.used.drain(..) {
             // A full spare queue: the rest are freed with the drain.
-            if q.spare.push(b).is_err() {
+            if !q.give_spare(b) {
                 break;
             }
         }

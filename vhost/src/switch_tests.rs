@@ -148,10 +148,10 @@ fn frames_handed_over_in_their_buffers_arrive_intact_and_in_order() {
 
 /// A RoCEv2 SEND ONLY frame from `src` to `dst`, emitted with or
 /// without its ICRC.
-fn roce(dst: [u8; 6], src: [u8; 6], icrc: Icrc) -> Vec<u8> {
+fn roce_hdr(dst: [u8; 6], src: [u8; 6]) -> vrnic::wire::RoceHeaders {
     use std::net::{IpAddr, Ipv4Addr};
     use vrnic::wire::{Bth, Opcode, RoceHeaders};
-    let hdr = RoceHeaders {
+    RoceHeaders {
         eth_src: src,
         eth_dst: dst,
         ip_src: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
@@ -181,14 +181,48 @@ fn roce(dst: [u8; 6], src: [u8; 6], icrc: Icrc) -> Vec<u8> {
         deth: None,
         immdt: None,
         ieth: None,
-    };
+    }
+}
+
+fn fill_5a(b: &mut [u8]) -> Result<(), ()> {
+    b.fill(0x5a);
+    Ok(())
+}
+
+fn roce(dst: [u8; 6], src: [u8; 6], icrc: Icrc) -> Vec<u8> {
     let mut f = Vec::new();
-    let fill = |b: &mut [u8]| {
-        b.fill(0x5a);
-        Ok::<(), ()>(())
-    };
-    vrnic::wire::emit_frame_icrc(&hdr, 100, &mut f, icrc, fill).unwrap();
+    vrnic::wire::emit_frame_icrc(&roce_hdr(dst, src), 100, &mut f, icrc, fill_5a).unwrap();
     f
+}
+
+/// A batch of two packets from A to `dst` (`vrnic::wire::gso`), and the
+/// two frames with their ICRC a wire carries for it.
+fn roce_batch(dst: [u8; 6]) -> (Vec<u8>, Vec<Vec<u8>>) {
+    let mut h = roce_hdr(dst, A);
+    let mut f = Vec::new();
+    let end = gso::start(&mut f, &h, 100, fill_5a).unwrap();
+    h.bth.psn += 1;
+    h.ip_id += 1;
+    let end = gso::append(&mut f, end, &h, 100, fill_5a).unwrap();
+    f.truncate(end);
+    let mut second = Vec::new();
+    vrnic::wire::emit_frame(&h, &[0x5a; 100], &mut second);
+    (f, vec![roce(dst, A, Icrc::Needed), second])
+}
+
+#[test]
+fn a_batch_reaches_a_copying_reader_and_the_uplink_as_its_packets_sealed() {
+    let (sw, a, mut b, mut outside) = switch_ab();
+    let mut a: Box<dyn Link> = Box::new(a);
+    let (f, want) = roce_batch(B);
+    assert!(gso::is_batch(&f));
+    a.try_send_buf(&mut f.clone()).unwrap();
+    assert_eq!(recv_all(&mut b), want, "a reader of copies");
+    // Its destination left after the batch was made.
+    drop(b);
+    a.try_send_buf(&mut f.clone()).unwrap();
+    assert_eq!(recv_all(&mut outside), want, "the wire");
+    drop(sw);
 }
 
 #[test]
@@ -356,6 +390,45 @@ fn a_full_queue_drops_and_counts() {
     assert_eq!(recv_all(&mut b).len(), PORT_QUEUE_DEPTH);
     a.send(&[0; 10]).unwrap();
     assert_eq!(a.stats().tx_runt, 1);
+}
+
+/// Big frames (batches) fill a port's queue by bytes before its frame
+/// count: the sender is held back, nothing is lost, and the spares keep
+/// few big buffers.
+#[test]
+fn a_queue_full_of_bytes_holds_big_frames_back_without_loss() {
+    let (_sw, a, mut b, _outside) = switch_ab();
+    let mut a: Box<dyn Link> = Box::new(a);
+    let big = |i: usize| {
+        let mut f = frame(B, A, i as u8);
+        f.resize(64 * 1024, i as u8);
+        f
+    };
+    let mut sent = 0;
+    while sent < PORT_QUEUE_DEPTH && a.try_send_buf(&mut big(sent)).unwrap() {
+        sent += 1;
+    }
+    assert_eq!(sent, PORT_QUEUE_BYTES / (64 * 1024), "held back by bytes");
+    assert_eq!(b.shared.bytes.load(Ordering::Relaxed), sent * 64 * 1024);
+    let mut got = 0;
+    for _ in 0..PORT_QUEUE_DEPTH {
+        let mut f = Vec::new();
+        if !b.recv_with(&mut [], &mut |x, _| f = x.to_vec()).unwrap() {
+            break;
+        }
+        assert_eq!(f, big(got), "frame {got} intact, in order");
+        got += 1;
+    }
+    assert_eq!(got, sent);
+    assert_eq!(b.stats().rx_queue_dropped, 0);
+    // The read buffers went back as spares, few of them big.
+    assert!(!b.recv_with(&mut [], &mut |_, _| ()).unwrap());
+    assert!(b.shared.big_spares.load(Ordering::Relaxed) <= SPARE_BIG_MAX);
+    let big_spares = std::iter::from_fn(|| b.shared.spare.pop())
+        .filter(|s| s.capacity() > BIG_BUFFER)
+        .count();
+    assert_eq!(big_spares, SPARE_BIG_MAX);
+    assert!(a.try_send_buf(&mut big(0)).unwrap(), "room again");
 }
 
 #[test]

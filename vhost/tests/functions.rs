@@ -197,9 +197,29 @@ fn two_functions_of_one_daemon_talk_through_the_switch_not_the_uplink() {
     assert!(get("switch_rx_local").is_some_and(|v| v >= 5), "{reply}");
     assert_eq!(get("switch_rx_dropped"), Some(0), "{reply}");
 
-    // A's pcap file shows the RoCEv2 frames it exchanged with B.
-    let roce_frames = roce_frames_in_pcap(&pcap);
-    assert!(roce_frames >= 5 + 3, "{roce_frames} RoCEv2 frames recorded");
+    // A's pcap file shows the RoCEv2 frames it exchanged with B, packet
+    // by packet: B's WRITE came to A as one batch (`vrnic::wire::gso`).
+    let ops = roce_opcodes_in_pcap(&pcap);
+    let of = |o: Opcode| ops.iter().filter(|&&x| x == o).count();
+    use vrnic::wire::Opcode;
+    assert_eq!(
+        (
+            of(Opcode::RcSendFirst),
+            of(Opcode::RcSendMiddle),
+            of(Opcode::RcSendLast)
+        ),
+        (1, 3, 1),
+        "{ops:?}"
+    );
+    assert_eq!(
+        (
+            of(Opcode::RcWriteFirst),
+            of(Opcode::RcWriteMiddle),
+            of(Opcode::RcWriteLast)
+        ),
+        (1, 1, 1),
+        "{ops:?}"
+    );
 
     drop((src, dst, wsrc, wdst, qa, qb, a, b));
     assert!(fns.shutdown().is_empty());
@@ -209,14 +229,15 @@ fn two_functions_of_one_daemon_talk_through_the_switch_not_the_uplink() {
     );
 }
 
-/// Frames to UDP port 4791 (RoCEv2) over IPv4 in a classic pcap file
-/// (`pcap-savefile(5)`, host byte order, as `PcapLink` writes it), each
-/// checked to be a valid RoCEv2 frame, ICRC included.
-fn roce_frames_in_pcap(path: &Path) -> usize {
+/// The BTH opcodes of the frames to UDP port 4791 (RoCEv2) over IPv4 in a
+/// classic pcap file (`pcap-savefile(5)`, host byte order, as `PcapLink`
+/// writes it), each checked to be a valid RoCEv2 frame, ICRC included.
+fn roce_opcodes_in_pcap(path: &Path) -> Vec<vrnic::wire::Opcode> {
     let bytes = std::fs::read(path).expect("pcap file");
     assert_eq!(&bytes[..4], &0xa1b2c3d4u32.to_ne_bytes(), "pcap magic");
     let mut at = 24;
     let mut n = 0;
+    let mut ops = Vec::new();
     while at + 16 <= bytes.len() {
         let incl = u32::from_ne_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
         let frame = &bytes[at + 16..at + 16 + incl];
@@ -227,13 +248,16 @@ fn roce_frames_in_pcap(path: &Path) -> usize {
                 // B's frames came without their ICRC (functions of one
                 // daemon leave it out); the record has it all the same.
                 let p = vrnic::wire::parse_roce(frame);
-                assert!(p.is_ok(), "frame {n} recorded as on a wire: {p:?}");
+                let Ok(p) = p else {
+                    panic!("frame {n} recorded as on a wire: {p:?}");
+                };
+                ops.push(p.hdr.bth.opcode);
                 n += 1;
             }
         }
         at += 16 + incl;
     }
-    n
+    ops
 }
 
 /// (b) A WRITE with a bad R_Key through the switch: the responder NAKs

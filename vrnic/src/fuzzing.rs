@@ -20,7 +20,7 @@ use std::net::Ipv4Addr;
 use crate::abi::{self, Pod};
 use crate::device::{Device, DeviceConfig, Nanos};
 use crate::mem::{self, DmaMemory, VecMemory};
-use crate::wire::{self, Frame};
+use crate::wire::{self, Frame, Icrc};
 
 /// First guest-physical address of the target's memory.
 pub const MEM_BASE: u64 = 0x10_0000;
@@ -649,7 +649,14 @@ impl Target {
     /// One frame from the link at the current time, then the device's
     /// timers; everything it sends is drained. Returns the frames sent.
     pub fn receive(&mut self, frame: &[u8]) -> usize {
-        self.dev.receive(&self.mem, frame, self.now);
+        self.receive_with(frame, Icrc::Needed)
+    }
+
+    /// [`Target::receive`] of a frame that comes `icrc`: with
+    /// [`Icrc::Unneeded`], as from another function of the daemon (its
+    /// ICRC unchecked, and it may be a batch, [`wire::gso`]).
+    pub fn receive_with(&mut self, frame: &[u8], icrc: Icrc) -> usize {
+        self.dev.receive_frame(&self.mem, frame, icrc, self.now);
         let mut n = self.settle();
         self.dev.poll(&self.mem, self.now);
         n += self.settle();
@@ -733,6 +740,9 @@ pub const REC_REVIVE: u8 = 2;
 /// Record flags, bits 2-4: advance the clock by 4^k µs (k = 1..7) before
 /// delivery, so timers fire between frames.
 pub const REC_TIME_SHIFT: u8 = 2;
+/// Record flag: deliver the frame as from another function of the daemon
+/// ([`Target::receive_with`] [`Icrc::Unneeded`]; it may be a batch).
+pub const REC_LOCAL: u8 = 0x20;
 
 /// Encodes frames as one [`fuzz_receive`] input: per frame a flags byte
 /// (`REC_*`) and a little-endian u16 length, then the bytes.
@@ -774,7 +784,12 @@ pub fn fuzz_receive(data: &[u8]) {
         if flags & REC_FIX != 0 {
             fix_checksums(&mut frame);
         }
-        t.receive(&frame);
+        let icrc = if flags & REC_LOCAL != 0 {
+            Icrc::Unneeded
+        } else {
+            Icrc::Needed
+        };
+        t.receive_with(&frame, icrc);
     }
 }
 

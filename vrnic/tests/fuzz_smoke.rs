@@ -547,6 +547,94 @@ fn arbitrary_control_commands_and_doorbells_are_answered_without_panic() {
 /// exchange's frames in their record format), so a change that breaks them
 /// shows up in CI, not only under cargo-fuzz; and `VRNIC_FUZZ_CORPUS`
 /// exports those inputs as a seed corpus.
+/// Batches (`wire::gso`) of the exchange's packets, as another function
+/// of the daemon hands them over (`Icrc::Unneeded`), intact or damaged:
+/// every packet of a batch is handled on its own, damage never panics,
+/// and the device keeps working.
+#[test]
+fn batches_of_mutated_packets_never_panic_and_the_device_keeps_working() {
+    let (mut t, frames) = exchange();
+    let qpns = t.qpns();
+    let pkts: Vec<(RoceHeaders, Vec<u8>)> = frames
+        .iter()
+        .filter_map(|f| match wire::parse_frame(f) {
+            Ok(Frame::Roce(p)) => Some((p.hdr.clone(), p.payload.to_vec())),
+            _ => None,
+        })
+        .collect();
+    let mut rng = Rng(0xba7c);
+    let mut intact = 0;
+    for i in 0..2000 {
+        let mut f = Vec::new();
+        let mut end = 0;
+        let mut first: Option<RoceHeaders> = None;
+        let n = 1 + rng.below(6);
+        for _ in 0..n {
+            let (h, payload) = &pkts[rng.below(pkts.len() as u64) as usize];
+            let fill = |b: &mut [u8]| {
+                b.copy_from_slice(payload);
+                Ok::<(), ()>(())
+            };
+            end = match &first {
+                None => {
+                    first = Some(h.clone());
+                    wire::gso::start(&mut f, h, payload.len(), fill).unwrap()
+                }
+                Some(fh) => {
+                    // Of the first packet's flow.
+                    let h = RoceHeaders {
+                        bth: h.bth,
+                        reth: h.reth,
+                        aeth: h.aeth,
+                        atomic_eth: h.atomic_eth,
+                        atomic_ack_eth: h.atomic_ack_eth,
+                        deth: h.deth,
+                        immdt: h.immdt,
+                        ieth: h.ieth,
+                        ..fh.clone()
+                    };
+                    wire::gso::append(&mut f, end, &h, payload.len(), fill).unwrap()
+                }
+            };
+        }
+        f.truncate(end);
+        let rx_before = t.dev.stats().rx_frames;
+        match i % 4 {
+            0 => intact += 1,
+            1 | 2 => {
+                for _ in 0..=rng.below(3) {
+                    let at = rng.below(f.len() as u64) as usize;
+                    f[at] ^= 1 << rng.below(8);
+                }
+            }
+            _ => f.truncate(rng.below(f.len() as u64 + 1) as usize),
+        }
+        t.receive_with(&f, wire::Icrc::Unneeded);
+        if i % 4 == 0 {
+            let rx = t.dev.stats().rx_frames - rx_before;
+            assert_eq!(rx, n, "batch {i}: every packet received");
+        }
+        if i % 16 == 0 {
+            t.revive(rc_epsn(&frames, qpns[qp::RC]));
+        }
+    }
+    assert_eq!(intact, 500);
+    // Still working: a UD SEND from the peer lands and a command is served.
+    t.revive(rc_epsn(&frames, qpns[qp::RC]));
+    let before = t.cqes;
+    let ud = frames
+        .iter()
+        .find(|f| {
+            matches!(wire::parse_frame(f), Ok(Frame::Roce(p))
+                if p.hdr.bth.opcode == Opcode::UdSendOnly && p.hdr.bth.dest_qp == qpns[qp::UD])
+        })
+        .expect("the exchange had a UD SEND");
+    t.receive(ud);
+    assert_eq!(t.cqes, before + 1, "a UD SEND still completes");
+    let (status, _) = t.command(abi::CMD_ALLOC_PD, &abi::Handle::default());
+    assert_eq!(status, 0, "the device still serves commands");
+}
+
 #[test]
 fn fuzz_entry_points_run_on_the_exchange_frames() {
     let (_t, frames) = exchange();
@@ -556,6 +644,12 @@ fn fuzz_entry_points_run_on_the_exchange_frames() {
     }
     let whole = fuzzing::encode_records(&records);
     fuzzing::fuzz_receive(&whole);
+    // The same as from another function of the daemon, ICRC unchecked.
+    let local: Vec<(u8, &[u8])> = records
+        .iter()
+        .map(|(flags, f)| (flags | fuzzing::REC_LOCAL, *f))
+        .collect();
+    fuzzing::fuzz_receive(&fuzzing::encode_records(&local));
     for f in &frames {
         fuzzing::fuzz_parse(f);
         let mut g = f.clone();

@@ -567,6 +567,34 @@ impl Device {
                 return;
             }
         };
+        // parse_frame accepted an Ethernet header of 14 bytes.
+        let ip = frame.get(14..).unwrap_or_default();
+        self.receive_packet(mem, &pkt, Some(ip), now);
+        if icrc == Icrc::Unneeded {
+            for p in wire::gso::rest(frame, &pkt.hdr) {
+                self.res.out.stats.rx_frames += 1;
+                match p {
+                    Ok(p) => self.receive_packet(mem, &p, None, now),
+                    Err(_) => {
+                        self.res.out.stats.rx_dropped += 1;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles one RoCEv2 packet: checks its addresses and hands it to its
+    /// QP's responder or completer. `ip`: its IP header onward, for a UD
+    /// request (the GRH of its completion); `None` for a packet of a batch
+    /// ([`wire::gso`]), which is never UD.
+    fn receive_packet(
+        &mut self,
+        mem: &dyn DmaMemory,
+        pkt: &wire::RocePacket<'_>,
+        ip: Option<&[u8]>,
+        now: Nanos,
+    ) {
         if !self.res.port.owns(pkt.hdr.ip_dst) || pkt.hdr.eth_dst != self.res.port.mac {
             self.res.out.stats.rx_dropped += 1;
             return;
@@ -583,22 +611,23 @@ impl Device {
         qp.stats.rx_packets += 1;
         qp_step!(self, qp, mem, now, |env| {
             env.res.out.stats.rx_bytes += pkt.payload.len() as u64;
-            if let Err(why) = hdr_check::hdr_check(qp, &env.res.port, &pkt) {
+            if let Err(why) = hdr_check::hdr_check(qp, &env.res.port, pkt) {
                 env.res.out.stats.hdr_drop(why);
             } else if pkt.hdr.bth.opcode.transport() == wire::Transport::Ud {
-                if qp.qp_type == abi::QpType::Ud && pkt.hdr.bth.opcode.is_request() {
-                    // parse_frame accepted an Ethernet header of 14 bytes.
-                    let ip = frame.get(14..).unwrap_or_default();
-                    datagram::on_request(qp, &mut env, &pkt, ip);
-                } else {
-                    env.res.out.stats.rx_dropped += 1;
+                match ip {
+                    Some(ip)
+                        if qp.qp_type == abi::QpType::Ud && pkt.hdr.bth.opcode.is_request() =>
+                    {
+                        datagram::on_request(qp, &mut env, pkt, ip);
+                    }
+                    _ => env.res.out.stats.rx_dropped += 1,
                 }
             } else if qp.qp_type == abi::QpType::Ud {
                 env.res.out.stats.rx_dropped += 1;
             } else if pkt.hdr.bth.opcode.is_request() {
-                responder::on_request(qp, &mut env, &pkt, frame, icrc);
+                responder::on_request(qp, &mut env, pkt);
             } else {
-                completer::on_response(qp, &mut env, &pkt);
+                completer::on_response(qp, &mut env, pkt);
             }
         });
     }
@@ -617,7 +646,7 @@ impl Device {
         let start = self.poll_from;
         let mut starved = None;
         for (slot, qp) in self.qps.values_mut_from(start) {
-            if starved.is_none() && self.res.out.tx.len() >= crate::transport::TX_BACKLOG_MAX {
+            if starved.is_none() && self.res.out.backlog() >= crate::transport::TX_BACKLOG_MAX {
                 starved = Some(slot);
             }
             let t = qp_step!(self, qp, mem, now, |env| {
@@ -676,7 +705,7 @@ impl Device {
     /// [`Device::recycle_tx`] once the link has taken the frame, so the
     /// next frames need no allocation.
     pub fn pop_tx(&mut self) -> Option<Vec<u8>> {
-        self.res.out.tx.pop_front()
+        self.res.out.pop_frame()
     }
 
     /// Returns a buffer [`Device::pop_tx`] gave out, for reuse by a later

@@ -313,7 +313,7 @@ impl Device {
             let mut frame = Vec::with_capacity(64);
             wire::emit_arp(self.res.port.mac, arp.sender_mac, &reply, &mut frame);
             self.res.out.stats.tx_frames += 1;
-            self.res.out.tx.push_back(frame);
+            self.res.out.push_frame(frame);
         }
     }
 
@@ -431,7 +431,7 @@ impl Device {
         let mut frame = Vec::with_capacity(b.size(payload.len()));
         if b.write(&mut frame, payload).is_ok() {
             self.res.out.stats.tx_frames += 1;
-            self.res.out.tx.push_back(frame);
+            self.res.out.push_frame(frame);
         }
     }
 
@@ -482,7 +482,7 @@ impl Device {
         let mut frame = Vec::with_capacity(64);
         wire::emit_arp(self.res.port.mac, eth_dst, &req, &mut frame);
         self.res.out.stats.tx_frames += 1;
-        self.res.out.tx.push_back(frame);
+        self.res.out.push_frame(frame);
     }
 
     /// Resolves the IP of `dgid`: sends an ARP request or neighbour

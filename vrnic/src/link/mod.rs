@@ -16,7 +16,8 @@ pub use crate::wire::Icrc;
 /// it once per RoCEv2 frame it emits. A destination that leaves between
 /// the question and the delivery (a function deleted) gets one frame
 /// without an ICRC on the wire, which its receiver drops as corrupt; RC
-/// retransmits it with one.
+/// retransmits it with one. (A batch, [`crate::wire::gso`], is split into
+/// sealed frames by the switch instead.)
 #[derive(Clone)]
 pub struct LocalMacs(Arc<MacPredicate>);
 
@@ -90,8 +91,12 @@ pub trait Link: Send {
     /// The destinations this link delivers to another engine of this
     /// process without a wire between (the other functions of a daemon,
     /// through its embedded switch): a device may emit its RoCEv2 frames
-    /// to them without the ICRC ([`Icrc::Unneeded`]), and they are
-    /// received with [`Icrc::Unneeded`] through [`Link::recv_with`].
+    /// to them without the ICRC ([`Icrc::Unneeded`]), RC and UC packets
+    /// of one flow batched into one frame ([`crate::wire::gso`]), and they
+    /// are received with [`Icrc::Unneeded`] through [`Link::recv_with`]. A
+    /// link that returns `Some` delivers such batches whole through
+    /// `recv_with` (of any length) and splits them into sealed frames
+    /// wherever a copy leaves the process.
     /// `None` (the default): every frame needs its ICRC — wires, and
     /// wrappers that copy frames out (pcap) or change them (fault
     /// injection).

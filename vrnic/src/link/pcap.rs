@@ -78,6 +78,8 @@ pub struct PcapLink {
     write_errors: u64,
     /// The frame [`Link::recv_with`] handed out, for its record.
     scratch: Vec<u8>,
+    /// Its packets as frames of their own when it is a batch.
+    split: Vec<u8>,
 }
 
 impl std::fmt::Debug for PcapLink {
@@ -117,6 +119,7 @@ impl PcapLink {
             file,
             write_errors: 0,
             scratch: Vec::new(),
+            split: Vec::new(),
         })
     }
 
@@ -216,12 +219,15 @@ impl Link for PcapLink {
             deliver(frame, icrc);
         })?;
         if let Some(icrc) = seen {
-            let mut f = std::mem::take(&mut self.scratch);
+            let f = std::mem::take(&mut self.scratch);
             if icrc == Icrc::Unneeded {
-                // Not RoCEv2 (ARP, neighbour discovery): nothing to seal.
-                let _ = crate::wire::seal_icrc(&mut f);
+                // Sealed, a batch packet by packet (`wire::gso`).
+                let mut out = std::mem::take(&mut self.split);
+                crate::wire::gso::split(&f, &mut out, |p| self.record(p));
+                self.split = out;
+            } else {
+                self.record(&f);
             }
-            self.record(&f);
             self.scratch = f;
         }
         Ok(got)

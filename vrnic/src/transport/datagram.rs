@@ -45,7 +45,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
         if qp.req.sq_next == qp.req.sq_pi {
             break;
         }
-        if n == BURST || env.res.out.tx.len() >= crate::transport::TX_BACKLOG_MAX {
+        if n == BURST || env.res.out.backlog() >= crate::transport::TX_BACKLOG_MAX {
             qp.req.more = true;
             break;
         }

@@ -97,14 +97,43 @@ pub struct Output {
     /// Destinations reached without a wire ([`crate::link::Link::local_macs`]):
     /// RoCEv2 frames to them are emitted without the ICRC.
     pub local_macs: Option<crate::link::LocalMacs>,
+    /// The last frame of [`Output::tx`] while more packets may join it
+    /// ([`wire::gso`]): a frame to a local destination, RC or UC.
+    pub batch: Option<Batch>,
+    /// Packets in each frame of [`Output::tx`], in the same order.
+    tx_counts: VecDeque<usize>,
+    /// Packets in [`Output::tx`] ([`Output::backlog`]).
+    tx_packets: usize,
+    /// Big buffers (that held batches) among [`Output::spare`], at most
+    /// [`TX_POOL_BIG_MAX`].
+    spare_big: usize,
+}
+
+/// Big buffers (longer than [`BIG_BUFFER`]: they held batches,
+/// [`wire::gso`]) kept for reuse at most: 16 × 80 KiB, 1.3 MiB.
+pub const TX_POOL_BIG_MAX: usize = 16;
+/// Capacity above which a frame buffer counts as big, bytes.
+pub const BIG_BUFFER: usize = 16 * 1024;
+
+/// The open batch at the back of [`Output::tx`] ([`wire::gso`]).
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// Headers of its first packet.
+    pub first: RoceHeaders,
+    /// Packets in it.
+    pub packets: usize,
+    /// Where it ends: the frame's bytes after are stale until
+    /// [`Output::close_batch`] cuts them.
+    pub end: usize,
 }
 
 /// Most frame buffers kept for reuse ([`Output::recycle`]): the frames of
 /// a full backlog ([`TX_BACKLOG_MAX`]) plus the answers one input makes.
 pub const TX_POOL_MAX: usize = TX_BACKLOG_MAX + 64;
 
-/// Frames queued for the link (device-wide, [`Output::tx`]) at or above
-/// which the transport produces no more data packets: READ responses
+/// Packets queued for the link (device-wide, [`Output::backlog`]: a
+/// batch, [`wire::gso`], counts its packets) at or above which the
+/// transport produces no more data packets: READ responses
 /// ([`responder::run`]), RC/UC request packets ([`requester::run`]) and UD
 /// datagrams ([`datagram::run`]) wait for the owner to drain
 /// `Device::pop_tx`, and the next `Device::poll` resumes them. With the
@@ -154,28 +183,130 @@ impl Output {
         fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
     ) -> Result<(), E> {
         hdr.ip_id = self.ip_id;
-        let mut frame = self.spare.pop().unwrap_or_default();
-        let icrc = match &self.local_macs {
-            Some(local) if local.contains(&hdr.eth_dst) => wire::Icrc::Unneeded,
-            _ => wire::Icrc::Needed,
+        if self.batch_has_room(hdr, len) {
+            if let (Some(b), Some(frame), Some(count)) = (
+                &mut self.batch,
+                self.tx.back_mut(),
+                self.tx_counts.back_mut(),
+            ) {
+                b.end = wire::gso::append(frame, b.end, hdr, len, fill)?;
+                b.packets += 1;
+                *count += 1;
+                self.tx_packets += 1;
+                self.sent(len);
+                return Ok(());
+            }
+        }
+        self.close_batch();
+        let local = match &self.local_macs {
+            Some(local) => local.contains(&hdr.eth_dst),
+            None => false,
         };
-        if let Err(e) = wire::emit_frame_icrc(hdr, len, &mut frame, icrc, fill) {
-            self.spare.push(frame);
+        let mut frame = self.take_spare();
+        let emitted = if local && hdr.bth.opcode.transport() != wire::Transport::Ud {
+            wire::gso::start(&mut frame, hdr, len, fill).map(|end| {
+                self.batch = Some(Batch {
+                    first: hdr.clone(),
+                    packets: 1,
+                    end,
+                });
+            })
+        } else {
+            let icrc = if local {
+                wire::Icrc::Unneeded
+            } else {
+                wire::Icrc::Needed
+            };
+            wire::emit_frame_icrc(hdr, len, &mut frame, icrc, fill)
+        };
+        if let Err(e) = emitted {
+            self.recycle(frame);
             return Err(e);
         }
-        self.ip_id = self.ip_id.wrapping_add(1);
-        self.stats.tx_frames += 1;
-        self.stats.tx_bytes += len as u64;
-        self.tx.push_back(frame);
+        self.queue(frame);
+        self.sent(len);
         Ok(())
     }
 
-    /// Takes back a frame buffer the owner has handed to the link, for
-    /// reuse by the next frame (dropped when [`TX_POOL_MAX`] are kept).
-    pub fn recycle(&mut self, frame: Vec<u8>) {
-        if self.spare.len() < TX_POOL_MAX {
-            self.spare.push(frame);
+    /// Counts a packet of `len` payload bytes sent.
+    fn sent(&mut self, len: usize) {
+        self.ip_id = self.ip_id.wrapping_add(1);
+        self.stats.tx_frames += 1;
+        self.stats.tx_bytes += len as u64;
+    }
+
+    /// True when a packet with headers `hdr` and `len` payload bytes joins
+    /// the open batch at the back of `tx` ([`wire::gso`]): RC or UC, the
+    /// same flow, within [`wire::gso::BATCH_MAX_PACKETS`] and
+    /// [`wire::gso::BATCH_MAX_BYTES`].
+    fn batch_has_room(&self, hdr: &RoceHeaders, len: usize) -> bool {
+        let Some(b) = &self.batch else {
+            return false;
+        };
+        hdr.bth.opcode.transport() != wire::Transport::Ud
+            && b.packets < wire::gso::BATCH_MAX_PACKETS
+            && b.end + hdr.frame_len(len) <= wire::gso::BATCH_MAX_BYTES
+            && wire::gso::same_flow(&b.first, hdr)
+    }
+
+    /// Closes the open batch, if any: no more packets join it, and its
+    /// frame is cut where it ends.
+    fn close_batch(&mut self) {
+        if let (Some(b), Some(frame)) = (self.batch.take(), self.tx.back_mut()) {
+            frame.truncate(b.end);
         }
+    }
+
+    /// Queues a frame that no packet may join (ARP, neighbour discovery).
+    pub fn push_frame(&mut self, frame: Vec<u8>) {
+        self.close_batch();
+        self.queue(frame);
+    }
+
+    /// Queues a frame of one packet (more may join it while it is the open
+    /// batch).
+    fn queue(&mut self, frame: Vec<u8>) {
+        self.tx.push_back(frame);
+        self.tx_counts.push_back(1);
+        self.tx_packets += 1;
+    }
+
+    /// Takes the oldest frame for the link; the open batch closes when it
+    /// is this frame.
+    pub fn pop_frame(&mut self) -> Option<Vec<u8>> {
+        if self.tx.len() <= 1 {
+            self.close_batch();
+        }
+        let n = self.tx_counts.pop_front().unwrap_or(0);
+        self.tx_packets = self.tx_packets.saturating_sub(n);
+        self.tx.pop_front()
+    }
+
+    /// Packets waiting for the link (in [`Output::tx`], batches counted
+    /// packet by packet): what [`TX_BACKLOG_MAX`] bounds.
+    pub fn backlog(&self) -> usize {
+        self.tx_packets
+    }
+
+    /// A buffer of the pool, or a new empty one.
+    fn take_spare(&mut self) -> Vec<u8> {
+        let b = self.spare.pop().unwrap_or_default();
+        if b.capacity() > BIG_BUFFER {
+            self.spare_big = self.spare_big.saturating_sub(1);
+        }
+        b
+    }
+
+    /// Takes back a frame buffer the owner has handed to the link, for
+    /// reuse by the next frame (dropped when [`TX_POOL_MAX`] are kept, or
+    /// [`TX_POOL_BIG_MAX`] big ones).
+    pub fn recycle(&mut self, frame: Vec<u8>) {
+        let big = frame.capacity() > BIG_BUFFER;
+        if self.spare.len() >= TX_POOL_MAX || (big && self.spare_big >= TX_POOL_BIG_MAX) {
+            return;
+        }
+        self.spare_big += usize::from(big);
+        self.spare.push(frame);
     }
 }
 

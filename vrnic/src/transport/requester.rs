@@ -527,7 +527,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
     let mut budget = BURST;
     let mut backlog = false;
     while budget > 0 {
-        if env.res.out.tx.len() >= TX_BACKLOG_MAX {
+        if env.res.out.backlog() >= TX_BACKLOG_MAX {
             backlog = true;
             break;
         }

@@ -11,8 +11,7 @@ use crate::transport::{
 };
 use crate::verbs::qp::Qp;
 use crate::wire::{
-    self, Aeth, AtomicAckEth, AtomicEth, Frame, Icrc, NakCode, Opcode, RoceHeaders, RocePacket,
-    Transport,
+    Aeth, AtomicAckEth, AtomicEth, NakCode, Opcode, RoceHeaders, RocePacket, Transport,
 };
 
 /// "Unlimited" credit count in an ACK's AETH (IBTA Table 44: 0x1F is
@@ -108,10 +107,20 @@ pub struct RespState {
     pub rd_atomic: std::collections::VecDeque<RdAtomicRes>,
     /// The READ response stream in progress, if any (at most one per QP).
     pub read: Option<ReadStream>,
-    /// Request frames received while `read` was in progress, in arrival
-    /// order, each at most [`HELD_FRAME_MAX`] bytes, at most
+    /// Requests received while `read` was in progress, in arrival order,
+    /// each at most [`HELD_FRAME_MAX`] bytes as a frame, at most
     /// [`RESP_HOLD_MAX`] of them: processed once the stream has ended.
-    pub held: std::collections::VecDeque<Vec<u8>>,
+    pub held: std::collections::VecDeque<HeldRequest>,
+}
+
+/// A request packet kept while a READ response stream is in progress
+/// ([`RespState::held`]), as it was parsed.
+#[derive(Debug, Clone)]
+pub struct HeldRequest {
+    /// Its headers.
+    pub hdr: RoceHeaders,
+    /// Its payload.
+    pub payload: Vec<u8>,
 }
 
 /// One responder resource: an executed RDMA READ or atomic request.
@@ -205,40 +214,34 @@ impl RespState {
 }
 
 /// Handles a request packet addressed to `qp` (RC or UC; UD requests go
-/// to [`crate::transport::datagram::on_request`]); `frame` is the whole
-/// frame it was parsed from. Packets of another transport than the QP's
-/// are dropped. While an RC QP's READ response stream is in progress a
-/// request is held (bounded: [`RESP_HOLD_MAX`]) until the stream ends,
-/// except a duplicate READ, which restarts the stream at once (rxe's
-/// `duplicate_request`). Then sends what the stream has to send, within
-/// [`READ_BURST`]. `icrc`: how `frame` came ([`crate::wire::Icrc`]); a
-/// held frame that came without its ICRC gets it, as held frames are
-/// parsed again with it checked.
-pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, frame: &[u8], icrc: Icrc) {
+/// to [`crate::transport::datagram::on_request`]). Packets of another
+/// transport than the QP's are dropped. While an RC QP's READ response
+/// stream is in progress a request is held (bounded: [`RESP_HOLD_MAX`])
+/// until the stream ends, except a duplicate READ, which restarts the
+/// stream at once (rxe's `duplicate_request`). Then sends what the stream
+/// has to send, within [`READ_BURST`].
+pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     let busy = qp.resp.read.is_some() || !qp.resp.held.is_empty();
     let dup_read =
         pkt.hdr.bth.opcode == Opcode::RcReadRequest && psn::diff(pkt.hdr.bth.psn, qp.resp.epsn) < 0;
     if busy && qp.qp_type == abi::QpType::Rc && !dup_read {
-        hold(qp, env, frame, icrc);
+        hold(qp, env, pkt);
         return;
     }
     process(qp, env, pkt);
     run(qp, env);
 }
 
-/// Keeps `frame` for after the READ stream, within the bounds.
-fn hold(qp: &mut Qp, env: &mut Env, frame: &[u8], icrc: Icrc) {
+/// Keeps `pkt` for after the READ stream, within the bounds.
+fn hold(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     if qp.resp.held.len() < RESP_HOLD_MAX
         && env.res.out.held_frames < RESP_HOLD_DEVICE_MAX
-        && frame.len() <= HELD_FRAME_MAX
+        && pkt.hdr.frame_len(pkt.payload.len()) <= HELD_FRAME_MAX
     {
-        let mut f = frame.to_vec();
-        if icrc == Icrc::Unneeded && wire::seal_icrc(&mut f).is_err() {
-            // It parsed a moment ago; cannot happen.
-            env.res.out.stats.rx_dropped += 1;
-            return;
-        }
-        qp.resp.held.push_back(f);
+        qp.resp.held.push_back(HeldRequest {
+            hdr: pkt.hdr.clone(),
+            payload: pkt.payload.to_vec(),
+        });
         env.res.out.held_frames += 1;
     } else {
         env.res.out.stats.rx_dropped += 1;
@@ -257,14 +260,15 @@ pub fn run(qp: &mut Qp, env: &mut Env) -> bool {
         if !read_reply(qp, env, &mut budget) {
             return true;
         }
-        let Some(frame) = qp.resp.held.pop_front() else {
+        let Some(held) = qp.resp.held.pop_front() else {
             return false;
         };
         env.res.out.held_frames = env.res.out.held_frames.saturating_sub(1);
-        // It parsed when it arrived; parsed again, it borrows this copy.
-        if let Ok(Frame::Roce(pkt)) = wire::parse_frame(&frame) {
-            process(qp, env, &pkt);
-        }
+        let pkt = RocePacket {
+            hdr: held.hdr,
+            payload: &held.payload,
+        };
+        process(qp, env, &pkt);
     }
     qp.resp.read.is_some() || !qp.resp.held.is_empty()
 }
@@ -279,7 +283,7 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
     };
     let mtu = qp.mtu();
     loop {
-        if *budget == 0 || env.res.out.tx.len() >= TX_BACKLOG_MAX {
+        if *budget == 0 || env.res.out.backlog() >= TX_BACKLOG_MAX {
             qp.resp.read = Some(st);
             return false;
         }

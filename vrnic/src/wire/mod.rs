@@ -20,6 +20,7 @@ mod atomic;
 mod bth;
 mod deth;
 mod gid;
+pub mod gso;
 mod icrc;
 mod immdt;
 mod opcode;

@@ -206,16 +206,7 @@ pub fn parse_roce_with(frame: &[u8], icrc_check: Icrc) -> Result<RocePacket<'_>,
         return Err(WireError::BadIcrc);
     }
     let ib = &covered[ip.hdr_len + UDP_LEN..];
-    let bth = Bth::parse(ib)?;
-    if bth.tver != 0 {
-        return Err(WireError::BadTver(bth.tver));
-    }
-    let op = bth.opcode;
-    let hdr_len = op.header_len();
-    if ib.len() < hdr_len {
-        return Err(WireError::BadLength);
-    }
-    let mut hdr = RoceHeaders {
+    parse_ib(ib, |bth| RoceHeaders {
         eth_src: eth.source(),
         eth_dst: eth.destination(),
         ip_src: ip.src,
@@ -233,7 +224,28 @@ pub fn parse_roce_with(frame: &[u8], icrc_check: Icrc) -> Result<RocePacket<'_>,
         deth: None,
         immdt: None,
         ieth: None,
-    };
+    })
+}
+
+/// Parses the InfiniBand part of a RoCEv2 packet, `ib`: BTH, extension
+/// headers, payload and pad, without the ICRC. `base` gives the headers
+/// with the parsed BTH and every extension header `None` (the Ethernet,
+/// IP and UDP fields come from the caller). The checks after the ICRC's
+/// of [`parse_roce_with`], in its order.
+pub(super) fn parse_ib(
+    ib: &[u8],
+    base: impl FnOnce(Bth) -> RoceHeaders,
+) -> Result<RocePacket<'_>, WireError> {
+    let bth = Bth::parse(ib)?;
+    if bth.tver != 0 {
+        return Err(WireError::BadTver(bth.tver));
+    }
+    let op = bth.opcode;
+    let hdr_len = op.header_len();
+    if ib.len() < hdr_len {
+        return Err(WireError::BadLength);
+    }
+    let mut hdr = base(bth);
     // Extension headers in IBTA order (9.2: BTH, RDETH, DETH, RETH,
     // AtomicETH, AETH, AtomicAckETH, ImmDt, IETH); `ib` holds them all.
     let mut off = Bth::LEN;
@@ -254,7 +266,7 @@ pub fn parse_roce_with(frame: &[u8], icrc_check: Icrc) -> Result<RocePacket<'_>,
     ext!(has_ieth, ieth, Ieth);
     debug_assert_eq!(off, hdr_len);
     let padded = &ib[hdr_len..];
-    if padded.len() % 4 != 0 || (!op.has_payload() && !padded.is_empty()) {
+    if !padded.len().is_multiple_of(4) || (!op.has_payload() && !padded.is_empty()) {
         return Err(WireError::BadLength);
     }
     let pad = usize::from(bth.pad_count);
@@ -455,6 +467,32 @@ pub fn emit_frame_icrc<E>(
     icrc_mode: Icrc,
     fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
 ) -> Result<(), E> {
+    let end = emit_frame_at(hdr, payload_len, out, icrc_mode, fill)?;
+    out.truncate(end);
+    Ok(())
+}
+
+/// [`emit_frame_icrc`] with [`Icrc::Unneeded`] that leaves the bytes
+/// after the frame as they were (a batch's later packets go over them
+/// without zeroing, [`super::gso`]): returns where the frame ends.
+pub(super) fn emit_frame_open<E>(
+    hdr: &RoceHeaders,
+    payload_len: usize,
+    out: &mut Vec<u8>,
+    fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+) -> Result<usize, E> {
+    emit_frame_at(hdr, payload_len, out, Icrc::Unneeded, fill)
+}
+
+/// Writes the frame of [`emit_frame_icrc`] from the start of `out`, over
+/// its old bytes, and returns where it ends; bytes after it are left.
+fn emit_frame_at<E>(
+    hdr: &RoceHeaders,
+    payload_len: usize,
+    out: &mut Vec<u8>,
+    icrc_mode: Icrc,
+    fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+) -> Result<usize, E> {
     // The buffer's old bytes are overwritten, not cleared first: a pooled
     // buffer of the same frame size costs no zeroing of its payload.
     let total = hdr.frame_len(payload_len);
@@ -531,7 +569,34 @@ pub fn emit_frame_icrc<E>(
     };
     w.put(&udp.to_bytes());
 
-    // BTH and extension headers in IBTA order.
+    emit_ib_headers(&mut w, hdr, pad);
+    let start = w.pos;
+    w.push(payload_len, |_| {});
+    fill(&mut w.buf[start..start + payload_len])?;
+    w.put(&[0; 3][..pad]);
+    let crc_at = w.pos;
+    w.put(&[0; ICRC_LEN]);
+    let Cursor { buf: out, pos: end } = w;
+    debug_assert_eq!(end, total);
+    if icrc_mode == Icrc::Unneeded {
+        return Ok(end);
+    }
+    let crc = icrc(&out[ETH_LEN..crc_at]);
+    out[crc_at..end].copy_from_slice(&crc.to_be_bytes());
+
+    if let Some((s, d)) = v6_addrs {
+        let sum = udp
+            .calc_checksum_ipv6_raw(s.octets(), d.octets(), &out[udp_off + UDP_LEN..end])
+            .unwrap_or(0);
+        out[udp_off + 6..udp_off + 8].copy_from_slice(&sum.to_be_bytes());
+    }
+    Ok(end)
+}
+
+/// Writes the BTH, with `pad_count` `pad` (the value in `hdr.bth` is
+/// ignored), and the extension headers that are `Some` in IBTA order
+/// (9.2): DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH.
+fn emit_ib_headers(w: &mut Cursor<'_>, hdr: &RoceHeaders, pad: usize) {
     let bth = Bth {
         pad_count: pad as u8,
         ..hdr.bth
@@ -558,28 +623,32 @@ pub fn emit_frame_icrc<E>(
     if let Some(h) = &hdr.ieth {
         w.push(Ieth::LEN, |b| h.emit(b));
     }
-    let start = w.pos;
-    w.push(payload_len, |_| {});
-    let Cursor { buf: out, pos } = w;
-    out.truncate(pos);
-    fill(&mut out[start..start + payload_len])?;
-    out.extend_from_slice(&[0; 3][..pad]);
-    if icrc_mode == Icrc::Unneeded {
-        out.extend_from_slice(&[0; ICRC_LEN]);
-        debug_assert_eq!(out.len(), total);
-        return Ok(());
-    }
-    let crc = icrc(&out[ETH_LEN..]);
-    out.extend_from_slice(&crc.to_be_bytes());
-    debug_assert_eq!(out.len(), total);
+}
 
-    if let Some((s, d)) = v6_addrs {
-        let sum = udp
-            .calc_checksum_ipv6_raw(s.octets(), d.octets(), &out[udp_off + UDP_LEN..])
-            .unwrap_or(0);
-        out[udp_off + 6..udp_off + 8].copy_from_slice(&sum.to_be_bytes());
-    }
-    Ok(())
+/// Writes the InfiniBand part of one more packet at byte `at` of `out`,
+/// over its old bytes: its length in bytes (16 bits, big-endian), then
+/// BTH, extension headers, the `payload_len` bytes `fill` writes and the
+/// pad, without an ICRC (a packet of a batch, [`super::gso`]). Returns
+/// where it ends; bytes after it are left as they were. When `fill`
+/// fails, its error is returned.
+pub(super) fn emit_segment<E>(
+    hdr: &RoceHeaders,
+    payload_len: usize,
+    out: &mut Vec<u8>,
+    at: usize,
+    fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+) -> Result<usize, E> {
+    let pad = pad_len(payload_len);
+    let seg_len = Bth::LEN + hdr.ext_len() + payload_len + pad;
+    debug_assert!(seg_len <= usize::from(u16::MAX), "segment too long");
+    let mut w = Cursor { buf: out, pos: at };
+    w.put(&(seg_len as u16).to_be_bytes());
+    emit_ib_headers(&mut w, hdr, pad);
+    let p = w.pos;
+    w.push(payload_len, |_| {});
+    fill(&mut w.buf[p..p + payload_len])?;
+    w.put(&[0; 3][..pad]);
+    Ok(w.pos)
 }
 
 /// Writes a frame over a buffer's old bytes from its start (the buffer is

@@ -1,0 +1,339 @@
+//! Batches: several RoCEv2 packets of one flow in one frame, between the
+//! functions of one daemon (Linux's "generic segmentation offload", with
+//! each packet's InfiniBand headers kept, as in UDP GRO's fraglist).
+//!
+//! A frame that never leaves the process ([`Icrc::Unneeded`]) need not be
+//! one packet: a batch hands a burst over (a 64 KiB WRITE is 16 packets
+//! at path MTU 4096) with one queue hand-off and one wake-up instead of
+//! one per packet, and the receiver still handles every packet on its
+//! own, with all its checks, in order. Nothing about the transport
+//! changes: PSNs, ACKs, NAKs and counters are per packet as on a wire.
+//!
+//! Layout: the first packet is a whole RoCEv2 frame emitted without its
+//! ICRC ([`super::emit_frame_icrc`]), whose ICRC field holds
+//! [`BATCH_MAGIC`]; after the end its IP length gives, each further packet
+//! is its length in bytes (16 bits, big-endian) and its InfiniBand part:
+//! BTH, extension headers, payload and pad, without an ICRC. Its
+//! Ethernet, IP and UDP headers are the first packet's (the same flow,
+//! [`same_flow`]), its IPv4 identification the first's plus its index.
+//!
+//! A batch is only ever made for a destination that is local
+//! ([`crate::link::Link::local_macs`]) and only read as one when it came
+//! [`Icrc::Unneeded`]; a copy that leaves the process (a pcap record, a
+//! frame that finds its destination gone and takes the uplink) is
+//! [`split`] into sealed frames first. RC and UC only: a UD packet's
+//! receiver needs its own IP header (the GRH of its completion).
+
+use super::packet::{emit_frame_icrc, emit_frame_open, emit_segment, parse_ib, seal_icrc};
+use super::{Icrc, RoceHeaders, RocePacket, WireError, ICRC_LEN};
+
+/// The ICRC field of a batch's first packet ("VRBA"): frames with their
+/// ICRC unneeded carry zero there.
+pub const BATCH_MAGIC: u32 = 0x5652_4241;
+/// Largest batch, bytes: a 64 KiB message at path MTU 4096 (16 packets)
+/// and their headers fit.
+pub const BATCH_MAX_BYTES: usize = 80 * 1024;
+/// Most packets in one batch (32: one ACK request interval of a long
+/// message, [`crate::transport::requester`]).
+pub const BATCH_MAX_PACKETS: usize = 32;
+
+const ETH_LEN: usize = 14;
+
+/// Where the first packet of `frame` ends: the end its IP length gives,
+/// if `frame` is IPv4 or IPv6 and that long.
+fn first_end(frame: &[u8]) -> Option<usize> {
+    let be16 = |o: usize| -> Option<usize> {
+        Some(usize::from(u16::from_be_bytes(
+            frame.get(o..o + 2)?.try_into().ok()?,
+        )))
+    };
+    let end = match frame.get(12..14)? {
+        [0x08, 0x00] => ETH_LEN + be16(ETH_LEN + 2)?,
+        [0x86, 0xdd] => ETH_LEN + 40 + be16(ETH_LEN + 4)?,
+        _ => return None,
+    };
+    (end >= ETH_LEN + ICRC_LEN && end <= frame.len()).then_some(end)
+}
+
+/// True when `frame` is a batch: its first packet's ICRC field holds
+/// [`BATCH_MAGIC`] and packets follow it. Only meaningful for a frame that
+/// came [`Icrc::Unneeded`].
+pub fn is_batch(frame: &[u8]) -> bool {
+    first_end(frame).is_some_and(|end| {
+        end < frame.len() && frame[end - ICRC_LEN..end] == BATCH_MAGIC.to_be_bytes()
+    })
+}
+
+/// True when packets with headers `a` and `b` may share a batch: the same
+/// Ethernet, IP and UDP headers but for length and identification.
+pub fn same_flow(a: &RoceHeaders, b: &RoceHeaders) -> bool {
+    a.eth_dst == b.eth_dst
+        && a.eth_src == b.eth_src
+        && a.ip_src == b.ip_src
+        && a.ip_dst == b.ip_dst
+        && a.ttl == b.ttl
+        && a.tclass == b.tclass
+        && a.flow_label == b.flow_label
+        && a.udp_src == b.udp_src
+}
+
+/// Starts a batch in `frame`: emits the packet with headers `hdr` and the
+/// `payload_len` bytes `fill` writes as a frame without its ICRC, over
+/// the buffer's old bytes, and returns where it ends. The bytes after
+/// that are left (later packets go over them, [`append`]): the caller
+/// cuts `frame` at the end the last call returned before it sends it.
+pub fn start<E>(
+    frame: &mut Vec<u8>,
+    hdr: &RoceHeaders,
+    payload_len: usize,
+    fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+) -> Result<usize, E> {
+    emit_frame_open(hdr, payload_len, frame, fill)
+}
+
+/// Appends the packet with headers `hdr` (of the first packet's flow,
+/// [`same_flow`]) and the `payload_len` bytes `fill` writes at `end` of
+/// `frame`, a batch [`start`] made, marking it a batch; returns the new
+/// end (bytes after it left as they were). When `fill` fails, the batch
+/// still ends at `end` and the error is returned. The caller keeps within
+/// [`BATCH_MAX_BYTES`] and [`BATCH_MAX_PACKETS`].
+pub fn append<E>(
+    frame: &mut Vec<u8>,
+    end: usize,
+    hdr: &RoceHeaders,
+    payload_len: usize,
+    fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+) -> Result<usize, E> {
+    let new_end = emit_segment(hdr, payload_len, frame, end, fill)?;
+    if let Some(first) = first_end(frame) {
+        frame[first - ICRC_LEN..first].copy_from_slice(&BATCH_MAGIC.to_be_bytes());
+    }
+    Ok(new_end)
+}
+
+/// The packets of the batch `frame` after its first one, whose headers
+/// are `first` (as [`super::parse_roce_with`] gave them), in order. Each
+/// is parsed like a frame's InfiniBand part (its errors); the iteration
+/// ends at the first error. Empty when `frame` is not a batch.
+pub fn rest<'a>(frame: &'a [u8], first: &RoceHeaders) -> Rest<'a> {
+    let tail = match first_end(frame) {
+        Some(end) if is_batch(frame) => &frame[end..],
+        _ => &[],
+    };
+    Rest {
+        tail,
+        base: RoceHeaders {
+            reth: None,
+            aeth: None,
+            atomic_eth: None,
+            atomic_ack_eth: None,
+            deth: None,
+            immdt: None,
+            ieth: None,
+            ..first.clone()
+        },
+    }
+}
+
+/// Iterator of [`rest`].
+#[derive(Debug)]
+pub struct Rest<'a> {
+    tail: &'a [u8],
+    base: RoceHeaders,
+}
+
+impl<'a> Iterator for Rest<'a> {
+    type Item = Result<RocePacket<'a>, WireError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let tail = std::mem::take(&mut self.tail);
+        let (len, after) = match tail {
+            [] => return None,
+            [a, b, after @ ..] => (usize::from(u16::from_be_bytes([*a, *b])), after),
+            _ => return Some(Err(WireError::Truncated)),
+        };
+        let Some((seg, more)) = after.split_at_checked(len) else {
+            return Some(Err(WireError::Truncated));
+        };
+        self.base.ip_id = self.base.ip_id.wrapping_add(1);
+        let base = &self.base;
+        let pkt = parse_ib(seg, |bth| RoceHeaders {
+            bth,
+            ..base.clone()
+        });
+        if pkt.is_ok() {
+            self.tail = more;
+        }
+        Some(pkt)
+    }
+}
+
+/// Hands each packet of `frame` to `each` as a frame of its own with its
+/// ICRC, in order, built in `scratch`; a frame that is not a batch is
+/// handed over once, sealed if it is RoCEv2 (what leaves the process has
+/// its ICRC, [`seal_icrc`]). Stops at a packet that does not parse.
+pub fn split(frame: &[u8], scratch: &mut Vec<u8>, mut each: impl FnMut(&[u8])) {
+    let end = match first_end(frame) {
+        Some(end) if is_batch(frame) => end,
+        _ => frame.len(),
+    };
+    scratch.clear();
+    scratch.extend_from_slice(&frame[..end]);
+    let first = match super::parse_roce_with(scratch, Icrc::Unneeded) {
+        Ok(p) => Some(p.hdr),
+        Err(_) => None,
+    };
+    // Not RoCEv2 (ARP, neighbour discovery): nothing to seal.
+    let _ = seal_icrc(scratch);
+    each(scratch);
+    let Some(first) = first.filter(|_| end < frame.len()) else {
+        return;
+    };
+    for pkt in rest(frame, &first) {
+        let Ok(pkt) = pkt else {
+            return;
+        };
+        let copy = |b: &mut [u8]| {
+            b.copy_from_slice(pkt.payload);
+            Ok::<(), std::convert::Infallible>(())
+        };
+        let Ok(()) = emit_frame_icrc(&pkt.hdr, pkt.payload.len(), scratch, Icrc::Needed, copy);
+        each(scratch);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::packet_tests::sample_headers;
+    use crate::wire::{emit_frame, parse_roce, parse_roce_with, Opcode};
+
+    fn bytes(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+            .collect()
+    }
+
+    fn copy(data: &[u8]) -> impl FnOnce(&mut [u8]) -> Result<(), ()> + '_ {
+        |b: &mut [u8]| {
+            b.copy_from_slice(data);
+            Ok(())
+        }
+    }
+
+    /// A WRITE of 3 packets and an ACK-requesting SEND behind it, as one
+    /// batch over the buffer `buf`; the headers and payloads of its packets.
+    fn batch(v6: bool, mut buf: Vec<u8>) -> (Vec<u8>, Vec<(RoceHeaders, Vec<u8>)>) {
+        let ops = [
+            (Opcode::RcWriteFirst, 4096),
+            (Opcode::RcWriteMiddle, 4096),
+            (Opcode::RcWriteLast, 1001),
+            (Opcode::RcSendOnlyImm, 7),
+        ];
+        let mut want = Vec::new();
+        let mut end = 0;
+        for (k, (op, len)) in ops.into_iter().enumerate() {
+            let mut h = sample_headers(op, v6);
+            h.bth.psn += k as u32;
+            h.ip_id = h.ip_id.wrapping_add(k as u16);
+            let data = bytes(len, k as u8);
+            end = if k == 0 {
+                start(&mut buf, &h, len, copy(&data)).unwrap()
+            } else {
+                append(&mut buf, end, &h, len, copy(&data)).unwrap()
+            };
+            want.push((h, data));
+        }
+        buf.truncate(end);
+        (buf, want)
+    }
+
+    #[test]
+    fn a_batch_reads_back_packet_by_packet_and_splits_into_the_frames_a_wire_carries() {
+        for v6 in [false, true] {
+            // Over a fresh buffer and over an old, longer one full of junk.
+            for old in [Vec::new(), vec![0xee; 3 * BATCH_MAX_BYTES]] {
+                let (frame, want) = batch(v6, old);
+                assert!(is_batch(&frame));
+                let first = parse_roce_with(&frame, Icrc::Unneeded).unwrap();
+                assert_eq!((&first.hdr, first.payload), (&want[0].0, &want[0].1[..]));
+                let got: Vec<_> = rest(&frame, &first.hdr).map(Result::unwrap).collect();
+                assert_eq!(got.len(), 3, "v6 {v6}");
+                for (p, (h, data)) in got.iter().zip(&want[1..]) {
+                    let h = RoceHeaders {
+                        bth: crate::wire::Bth {
+                            pad_count: p.hdr.bth.pad_count,
+                            ..h.bth
+                        },
+                        ..h.clone()
+                    };
+                    assert_eq!((&p.hdr, p.payload), (&h, &data[..]), "v6 {v6}");
+                }
+                let mut frames = Vec::new();
+                split(&frame, &mut Vec::new(), |f| frames.push(f.to_vec()));
+                let wire: Vec<_> = want
+                    .iter()
+                    .map(|(h, data)| {
+                        let mut f = Vec::new();
+                        emit_frame(h, data, &mut f);
+                        f
+                    })
+                    .collect();
+                assert_eq!(frames, wire, "split = what emit_frame makes (v6 {v6})");
+                assert!(frames.iter().all(|f| parse_roce(f).is_ok()));
+            }
+        }
+    }
+
+    #[test]
+    fn plain_frames_are_not_batches() {
+        let h = sample_headers(Opcode::RcSendOnly, false);
+        let mut bare = Vec::new();
+        emit_frame_icrc(&h, 100, &mut bare, Icrc::Unneeded, copy(&bytes(100, 1))).unwrap();
+        let mut sealed = Vec::new();
+        emit_frame(&h, &bytes(100, 1), &mut sealed);
+        // A first packet alone, one with Ethernet padding after it, one
+        // with the magic but nothing after it.
+        let mut padded = bare.clone();
+        padded.extend_from_slice(&[0; 8]);
+        let mut magic_alone = bare.clone();
+        let n = magic_alone.len();
+        magic_alone[n - 4..].copy_from_slice(&BATCH_MAGIC.to_be_bytes());
+        for f in [&bare, &sealed, &padded, &magic_alone] {
+            assert!(!is_batch(f));
+            let p = parse_roce_with(f, Icrc::Unneeded).unwrap();
+            assert_eq!(rest(f, &p.hdr).count(), 0);
+            let mut out = Vec::new();
+            split(f, &mut out, |_| {});
+        }
+        let mut frames = Vec::new();
+        split(&bare, &mut Vec::new(), |f| frames.push(f.to_vec()));
+        assert_eq!(frames, vec![sealed], "a plain frame is sealed, once");
+    }
+
+    #[test]
+    fn a_damaged_batch_ends_with_an_error_and_never_panics() {
+        let (frame, _) = batch(false, Vec::new());
+        let first = parse_roce_with(&frame, Icrc::Unneeded).unwrap().hdr;
+        // Every cut: the whole packets before the cut, then at most one
+        // error, and it is last.
+        for cut in 0..frame.len() {
+            let f = &frame[..cut];
+            let got: Vec<_> = rest(f, &first).collect();
+            assert!(
+                got.len() <= 3 && got.iter().rev().skip(1).all(Result::is_ok),
+                "cut {cut}"
+            );
+            split(f, &mut Vec::new(), |_| {});
+        }
+        // A length past the end, and one too short for a BTH.
+        let end = first_end(&frame).unwrap();
+        for len in [u16::MAX, 3] {
+            let mut f = frame.clone();
+            f[end..end + 2].copy_from_slice(&len.to_be_bytes());
+            let got: Vec<_> = rest(&f, &first).collect();
+            assert_eq!(got.len(), 1);
+            assert!(got[0].is_err());
+        }
+    }
+}
