@@ -219,8 +219,15 @@ impl DataPath {
         self.epoch.elapsed().as_nanos() as Nanos
     }
 
-    /// Replaces the memory table (vhost-user `SET_MEM_TABLE`).
+    /// Replaces the memory table (vhost-user `SET_MEM_TABLE`), and shares
+    /// it with the daemon's other functions through the link
+    /// ([`Link::share_memory`]; an empty table withdraws it).
     pub fn set_memory(&mut self, mem: GuestMemoryAtomic<GuestMemoryMmap>) {
+        use vm_memory::GuestMemoryBackend;
+        let shared: Option<std::sync::Arc<dyn vrnic::data::PeerMemory>> =
+            (mem.memory().num_regions() > 0)
+                .then(|| std::sync::Arc::new(crate::memory::SharedMemory::new(mem.clone())) as _);
+        self.link.share_memory(shared);
         self.mem = mem;
     }
 

@@ -2,7 +2,12 @@
 //! (vhost-user spec, "VHOST_USER_SET_MEM_TABLE"), addressed by guest-physical
 //! address.
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use std::any::Any;
+
+use vm_memory::{
+    Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap,
+};
+use vrnic::data::PeerMemory;
 use vrnic::mem::{DmaMemory, MemError};
 
 /// [`DmaMemory`] over a snapshot of the frontend's memory table (a
@@ -76,6 +81,79 @@ impl DmaMemory for GuestMem<'_> {
         self.mem
             .write_slice(buf, GuestAddress(gpa))
             .map_err(|_| err)
+    }
+
+    fn copy_from_peer(
+        &self,
+        gpa: u64,
+        src: &dyn PeerMemory,
+        src_gpa: u64,
+        len: usize,
+    ) -> Result<(), MemError> {
+        if len == 0 {
+            return Ok(());
+        }
+        match self.copy_direct(gpa, src, src_gpa, len) {
+            Some(r) => r,
+            None => vrnic::mem::bounce_copy(self, gpa, src, src_gpa, len),
+        }
+    }
+}
+
+/// A function's guest memory as the daemon's other functions read it
+/// (payloads by reference, [`vrnic::data`]): the memory table as it is at
+/// each read, bounds-checked as [`GuestMem`].
+pub struct SharedMemory(GuestMemoryAtomic<GuestMemoryMmap>);
+
+impl std::fmt::Debug for SharedMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedMemory")
+            .field("regions", &self.0.memory().num_regions())
+            .finish()
+    }
+}
+
+impl SharedMemory {
+    /// Shares `mem`.
+    pub fn new(mem: GuestMemoryAtomic<GuestMemoryMmap>) -> Self {
+        Self(mem)
+    }
+}
+
+impl PeerMemory for SharedMemory {
+    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        let table = self.0.memory();
+        GuestMem::new(&table).read(gpa, buf)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl GuestMem<'_> {
+    /// [`DmaMemory::copy_from_peer`] from a [`SharedMemory`]: one copy
+    /// from the other guest's memory into this one, when each range lies
+    /// in one region of its table; `None` otherwise (the caller copies
+    /// through a buffer).
+    fn copy_direct(
+        &self,
+        gpa: u64,
+        src: &dyn PeerMemory,
+        src_gpa: u64,
+        len: usize,
+    ) -> Option<Result<(), MemError>> {
+        let src = src.as_any().downcast_ref::<SharedMemory>()?;
+        let table = src.0.memory();
+        let from = table.get_slice(GuestAddress(src_gpa), len).ok()?;
+        let to = self.mem.get_slice(GuestAddress(gpa), len).ok()?;
+        if from.len() != len || to.len() != len {
+            return None;
+        }
+        // Overlapping ranges (a function writing into its own memory) are
+        // fine: the copy is a memmove.
+        from.copy_to_volatile_slice(to);
+        Some(Ok(()))
     }
 }
 

@@ -38,7 +38,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 }
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 48;
+pub const COUNTERS: usize = 50;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -70,6 +70,8 @@ pub const NAMES: [&str; COUNTERS] = [
     "rx_drop_bad_src_addr",
     "rx_drop_bad_pkey",
     "rx_drop_bad_qkey",
+    "tx_batched",
+    "tx_by_ref",
     "commands",
     "rejected_chains",
     "faulted_commands",
@@ -152,6 +154,8 @@ impl Snapshot {
             rx_drop_bad_src_addr,
             rx_drop_bad_pkey,
             rx_drop_bad_qkey,
+            tx_batched,
+            tx_by_ref,
         } = *device;
         let BackendStats {
             commands,
@@ -205,6 +209,8 @@ impl Snapshot {
                 rx_drop_bad_src_addr,
                 rx_drop_bad_pkey,
                 rx_drop_bad_qkey,
+                tx_batched,
+                tx_by_ref,
                 commands,
                 rejected_chains,
                 faulted_commands,

@@ -58,7 +58,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use crossbeam_queue::ArrayQueue;
 
-use vrnic::link::{Icrc, Link, LocalMacs};
+use vrnic::data::PeerMemory;
+use vrnic::link::{Icrc, Link, LocalMacs, LocalReach};
 use vrnic::wire::gso;
 
 /// Receive queue depth of a port, frames.
@@ -201,9 +202,22 @@ struct PortShared {
     /// Readable while the port has frames (see [`SwitchPort::take_batch`]).
     efd: OwnedFd,
     counters: PortCounters,
+    /// The memory of the port's device, shared with the other ports'
+    /// devices while its driver is there ([`Link::share_memory`]): packets
+    /// between two ports that both share theirs leave their payload in the
+    /// sender's memory, and the receiver copies it from there.
+    memory: RwLock<Option<Arc<dyn PeerMemory>>>,
 }
 
 impl PortShared {
+    /// The memory the port's device shares, if any.
+    fn memory(&self) -> Option<Arc<dyn PeerMemory>> {
+        self.memory
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Queues a copy of `frame`; drops and counts it when the queue is full.
     /// Returns whether it was queued.
     fn push(&self, frame: &[u8], icrc: Icrc) -> bool {
@@ -434,6 +448,7 @@ impl Switch {
             bytes: AtomicUsize::new(0),
             spare: ArrayQueue::new(SPARE_BUFFERS),
             big_spares: AtomicUsize::new(0),
+            memory: RwLock::new(None),
             signalled: AtomicBool::new(false),
             efd,
             counters: PortCounters::default(),
@@ -516,6 +531,36 @@ fn pull_queue(q: &PortShared, taken: &mut VecDeque<(Vec<u8>, Icrc)>) -> bool {
         any = true;
     }
     any
+}
+
+/// What a port knows of the other ports ([`SwitchPort::local_macs`]).
+struct Reach {
+    sw: std::sync::Weak<Inner>,
+    own: std::sync::Weak<PortShared>,
+}
+
+impl Reach {
+    /// The port with MAC `mac`, if the switch and such a port still exist.
+    fn port(&self, mac: &[u8; 6]) -> Option<Arc<PortShared>> {
+        let sw = self.sw.upgrade()?;
+        let ports = sw.ports();
+        ports.iter().find(|p| p.mac == *mac).cloned()
+    }
+}
+
+impl LocalReach for Reach {
+    fn contains(&self, mac: &[u8; 6]) -> bool {
+        self.port(mac).is_some()
+    }
+
+    fn by_reference(&self, mac: &[u8; 6]) -> bool {
+        let own = self.own.upgrade().is_some_and(|p| p.memory().is_some());
+        own && self.port(mac).is_some_and(|p| p.memory().is_some())
+    }
+
+    fn memory_of(&self, mac: &[u8; 6]) -> Option<Arc<dyn PeerMemory>> {
+        self.port(mac)?.memory()
+    }
 }
 
 /// One port of a [`Switch`]: the [`Link`] of one function's device.
@@ -785,13 +830,25 @@ impl SwitchPort {
 
 impl Link for SwitchPort {
     /// The MACs of the switch's ports (this one's too): frames to them stay
-    /// in the daemon and need no ICRC.
+    /// in the daemon and need no ICRC; packets may leave their payload in
+    /// this port's device's memory for a port that shares its memory too
+    /// (both devices are plain functions, no pcap or fault injection
+    /// between: [`Link::share_memory`]).
     fn local_macs(&self) -> Option<LocalMacs> {
-        let sw = Arc::downgrade(&self.sw);
-        Some(LocalMacs::new(move |mac: &[u8; 6]| {
-            sw.upgrade()
-                .is_some_and(|sw| sw.ports().iter().any(|p| p.mac == *mac))
+        Some(LocalMacs::with(Reach {
+            sw: Arc::downgrade(&self.sw),
+            own: Arc::downgrade(&self.shared),
         }))
+    }
+
+    /// Shares the device's memory with the other ports' devices (see
+    /// [`SwitchPort::local_macs`]).
+    fn share_memory(&mut self, mem: Option<Arc<dyn PeerMemory>>) {
+        *self
+            .shared
+            .memory
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = mem;
     }
 
     /// Forwards `frame` by its destination MAC (see the module). Never

@@ -7,9 +7,11 @@
 //! - [`device`]: the device model executing the ABI.
 //! - [`link`]: TAP, AF_PACKET, in-memory and pcap links.
 //! - [`mem`]: bounds-checked access to driver memory.
+//! - [`data`]: a packet's payload, in a frame or in a peer device's memory.
 #![deny(missing_docs)]
 
 pub mod abi;
+pub mod data;
 pub mod device;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

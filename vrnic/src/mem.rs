@@ -27,6 +27,21 @@ pub trait DmaMemory {
     /// Copies `buf` to `gpa`.
     fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), MemError>;
 
+    /// Copies `len` bytes at `src_gpa` of another device's memory `src` to
+    /// `gpa` ([`crate::data::Data::Peer`]). The default goes through a
+    /// buffer on the stack, 4 KiB at a time; a memory that knows `src`'s
+    /// kind copies directly. Errors: the first access out of either's
+    /// bounds.
+    fn copy_from_peer(
+        &self,
+        gpa: u64,
+        src: &dyn crate::data::PeerMemory,
+        src_gpa: u64,
+        len: usize,
+    ) -> Result<(), MemError> {
+        bounce_copy(self, gpa, src, src_gpa, len)
+    }
+
     /// Reads one ABI structure at `gpa`.
     fn read_obj<T: Pod>(&self, gpa: u64) -> Result<T, MemError>
     where
@@ -36,6 +51,28 @@ pub trait DmaMemory {
         self.read(gpa, v.as_bytes_mut())?;
         Ok(v)
     }
+}
+
+/// [`DmaMemory::copy_from_peer`] through a buffer on the stack, 4 KiB at
+/// a time: for memories that cannot copy from `src` directly.
+pub fn bounce_copy<M: DmaMemory + ?Sized>(
+    dst: &M,
+    gpa: u64,
+    src: &dyn crate::data::PeerMemory,
+    src_gpa: u64,
+    len: usize,
+) -> Result<(), MemError> {
+    let mut buf = [0u8; 4096];
+    let mut done = 0usize;
+    while done < len {
+        let n = (len - done).min(buf.len());
+        let err = MemError { addr: gpa, len };
+        let off = done as u64;
+        src.read(src_gpa.checked_add(off).ok_or(err)?, &mut buf[..n])?;
+        dst.write(gpa.checked_add(off).ok_or(err)?, &buf[..n])?;
+        done += n;
+    }
+    Ok(())
 }
 
 /// Reads one ABI structure at `gpa` through a trait object.
@@ -96,6 +133,40 @@ impl DmaMemory for VecMemory {
         let r = self.range(gpa, buf.len(), bytes.len())?;
         bytes[r].copy_from_slice(buf);
         Ok(())
+    }
+}
+
+/// A shared memory is a memory: `Arc<VecMemory>` for a test's device
+/// whose memory another device reads ([`crate::data::PeerMemory`]).
+impl<T: DmaMemory + ?Sized> DmaMemory for std::sync::Arc<T> {
+    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        (**self).read(gpa, buf)
+    }
+
+    fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), MemError> {
+        (**self).write(gpa, buf)
+    }
+
+    fn copy_from_peer(
+        &self,
+        gpa: u64,
+        src: &dyn crate::data::PeerMemory,
+        src_gpa: u64,
+        len: usize,
+    ) -> Result<(), MemError> {
+        (**self).copy_from_peer(gpa, src, src_gpa, len)
+    }
+}
+
+/// A test's memory read by another device of the process (through a
+/// buffer: [`bounce_copy`]).
+impl crate::data::PeerMemory for VecMemory {
+    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        DmaMemory::read(self, gpa, buf)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

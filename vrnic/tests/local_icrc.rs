@@ -10,11 +10,12 @@ mod common;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use common::*;
 use vrnic::abi;
-use vrnic::link::{Icrc, Link, LocalMacs, MemLink};
+use vrnic::data::PeerMemory;
+use vrnic::link::{Icrc, Link, LocalMacs, LocalReach, MemLink};
 use vrnic::wire::{self, WireError};
 
 const ALL: u32 = abi::ACCESS_LOCAL_WRITE | abi::ACCESS_REMOTE_WRITE | abi::ACCESS_REMOTE_READ;
@@ -29,6 +30,32 @@ struct LocalLink {
     batches: Arc<AtomicU64>,
     /// Receive buffer: a batch is longer than a wire's frame.
     buf: Vec<u8>,
+    /// With payloads by reference: the peer's memory, once it exists.
+    peer_mem: Option<PeerSlot>,
+}
+
+type PeerSlot = Arc<OnceLock<Arc<dyn PeerMemory>>>;
+
+/// A peer that reads this device's memory, and whose memory this device
+/// reads: packets between them may leave their payload in the sender's
+/// memory (`LocalReach::by_reference`).
+struct ByRef {
+    peer: [u8; 6],
+    mem: PeerSlot,
+}
+
+impl LocalReach for ByRef {
+    fn contains(&self, mac: &[u8; 6]) -> bool {
+        *mac == self.peer
+    }
+    fn by_reference(&self, mac: &[u8; 6]) -> bool {
+        *mac == self.peer && self.mem.get().is_some()
+    }
+    fn memory_of(&self, mac: &[u8; 6]) -> Option<Arc<dyn PeerMemory>> {
+        (*mac == self.peer)
+            .then(|| self.mem.get().cloned())
+            .flatten()
+    }
 }
 
 impl Link for LocalLink {
@@ -68,7 +95,13 @@ impl Link for LocalLink {
 
     fn local_macs(&self) -> Option<LocalMacs> {
         let peer = self.peer;
-        Some(LocalMacs::new(move |m: &[u8; 6]| *m == peer))
+        Some(match &self.peer_mem {
+            Some(mem) => LocalMacs::with(ByRef {
+                peer,
+                mem: mem.clone(),
+            }),
+            None => LocalMacs::new(move |m: &[u8; 6]| *m == peer),
+        })
     }
 }
 
@@ -80,7 +113,21 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 #[test]
 fn rc_between_engines_of_one_process_needs_no_icrc() {
+    rc_between_engines(false);
+}
+
+/// The same, the payloads of SEND, WRITE and READ response packets left
+/// in the sender's memory for the receiver to copy from there
+/// (`vrnic::data`): the data arrives intact, also through the requests
+/// held behind the READ.
+#[test]
+fn payloads_by_reference_arrive_intact() {
+    rc_between_engines(true);
+}
+
+fn rc_between_engines(by_ref: bool) {
     let (la, lb) = MemLink::pair();
+    let (slot_a, slot_b): (PeerSlot, PeerSlot) = Default::default();
     let bare = Arc::new(AtomicU64::new(0));
     let batches = Arc::new(AtomicU64::new(0));
     let buf = vec![0; wire::gso::BATCH_MAX_BYTES];
@@ -91,6 +138,7 @@ fn rc_between_engines_of_one_process_needs_no_icrc() {
         bare: bare.clone(),
         batches: batches.clone(),
         buf: buf.clone(),
+        peer_mem: by_ref.then(|| slot_b.clone()),
     };
     let lb = LocalLink {
         inner: lb,
@@ -98,12 +146,16 @@ fn rc_between_engines_of_one_process_needs_no_icrc() {
         bare: bare.clone(),
         batches: batches.clone(),
         buf: buf.clone(),
+        peer_mem: by_ref.then(|| slot_a.clone()),
     };
     let o = ConnOpts {
         mtu: 5,
         ..ConnOpts::default()
     };
     let mut s = RcPair::on((Box::new(la), Box::new(lb)), o, true);
+    // Each side reads the other's memory (as the switch's ports do).
+    let _ = slot_a.set(s.a.mem.clone());
+    let _ = slot_b.set(s.b.mem.clone());
     let local = s.a.link.local_macs();
     s.a.dev.set_local_macs(local);
     let local = s.b.link.local_macs();
@@ -168,6 +220,33 @@ fn rc_between_engines_of_one_process_needs_no_icrc() {
     assert!(s.a.read(rdst, len) == rdata, "READ data differs");
     assert!(s.b.read(sdst, slen) == sdata, "SEND data differs");
     assert!(s.b.read(wdst, wlen) == sdata[..wlen], "WRITE data differs");
+    // Again with no READ in the way: B executes the SEND and the WRITE as
+    // they come (their payloads copied from A's memory by reference).
+    let fresh = pattern(slen, 3);
+    s.a.fill(ssrc, &fresh);
+    let sdst2 = s.b.alloc(slen);
+    let (lk_d2, _) = s.b.reg_mr(s.pdb, sdst2, slen as u64, ALL).unwrap();
+    let now = s.now;
+    s.b.post_recv(&mut s.qb, 8, &[sge(sdst2, slen as u32, lk_d2)], now);
+    s.post(
+        abi::SendWqe { wr_id: 4, ..send },
+        &[sge(ssrc, slen as u32, lk_s)],
+    );
+    s.post(
+        abi::SendWqe { wr_id: 5, ..write },
+        &[sge(ssrc, wlen as u32, lk_s)],
+    );
+    for want in 4..=5u64 {
+        let c = s.cqe(false, "A's completions");
+        assert_eq!((c.wr_id, c.status), (want, abi::WC_SUCCESS), "{c:?}");
+    }
+    let c = s.cqe(true, "B's receive");
+    assert_eq!((c.wr_id, c.status), (8, abi::WC_SUCCESS));
+    assert!(s.b.read(sdst2, slen) == fresh, "second SEND data differs");
+    assert!(
+        s.b.read(wdst, wlen) == fresh[..wlen],
+        "second WRITE data differs"
+    );
     let (sa, sb) = (s.a.dev.stats(), s.b.dev.stats());
     assert_eq!((sa.icrc_errors, sb.icrc_errors), (0, 0));
     assert_eq!(

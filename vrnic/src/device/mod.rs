@@ -153,6 +153,12 @@ pub struct DeviceStats {
     /// UD packets dropped (also in `rx_dropped`) whose DETH Q_Key is not
     /// the QP's (IBTA C10-16, rxe's `check_keys`).
     pub rx_drop_bad_qkey: u64,
+    /// Packets (also in `tx_frames`) sent to another function of the
+    /// daemon in the frame of an earlier one (a batch, `wire::gso`).
+    pub tx_batched: u64,
+    /// Of those, packets whose payload stayed in this device's memory for
+    /// the receiver to copy (by reference, `vrnic::data`).
+    pub tx_by_ref: u64,
 }
 
 impl DeviceStats {
@@ -571,7 +577,12 @@ impl Device {
         let ip = frame.get(14..).unwrap_or_default();
         self.receive_packet(mem, &pkt, Some(ip), now);
         if icrc == Icrc::Unneeded {
-            for p in wire::gso::rest(frame, &pkt.hdr) {
+            // Its packets may leave their payload in the sender's memory.
+            let peer = match &self.res.out.local_macs {
+                Some(l) if wire::gso::is_batch(frame) => l.memory_of(&pkt.hdr.eth_src),
+                _ => None,
+            };
+            for p in wire::gso::rest(frame, &pkt.hdr, peer.as_deref()) {
                 self.res.out.stats.rx_frames += 1;
                 match p {
                     Ok(p) => self.receive_packet(mem, &p, None, now),
@@ -610,7 +621,7 @@ impl Device {
         };
         qp.stats.rx_packets += 1;
         qp_step!(self, qp, mem, now, |env| {
-            env.res.out.stats.rx_bytes += pkt.payload.len() as u64;
+            env.res.out.stats.rx_bytes += pkt.payload_len() as u64;
             if let Err(why) = hdr_check::hdr_check(qp, &env.res.port, pkt) {
                 env.res.out.stats.hdr_drop(why);
             } else if pkt.hdr.bth.opcode.transport() == wire::Transport::Ud {

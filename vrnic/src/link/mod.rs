@@ -9,6 +9,7 @@ use std::io;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
+use crate::data::PeerMemory;
 pub use crate::wire::Icrc;
 
 /// Which destination MACs a link delivers within the process
@@ -19,19 +20,60 @@ pub use crate::wire::Icrc;
 /// retransmits it with one. (A batch, [`crate::wire::gso`], is split into
 /// sealed frames by the switch instead.)
 #[derive(Clone)]
-pub struct LocalMacs(Arc<MacPredicate>);
+pub struct LocalMacs(Arc<dyn LocalReach>);
 
-type MacPredicate = dyn Fn(&[u8; 6]) -> bool + Send + Sync;
+/// What a link knows of the destinations it reaches within the process
+/// ([`LocalMacs`]).
+pub trait LocalReach: Send + Sync {
+    /// Whether frames to `mac` stay in the process.
+    fn contains(&self, mac: &[u8; 6]) -> bool;
+    /// Whether packets to `mac` may leave their payload in this device's
+    /// memory ([`crate::wire::gso::append_peer`]): the destination reads
+    /// it there ([`LocalReach::memory_of`] of this device's MAC, on its
+    /// side). `false` by default.
+    fn by_reference(&self, _mac: &[u8; 6]) -> bool {
+        false
+    }
+    /// The memory of the device at `mac`, which packets from it may refer
+    /// to; `None` by default.
+    fn memory_of(&self, _mac: &[u8; 6]) -> Option<Arc<dyn PeerMemory>> {
+        None
+    }
+}
+
+/// A [`LocalReach`] that is a predicate on MACs and nothing more.
+struct MacPredicate<F>(F);
+
+impl<F: Fn(&[u8; 6]) -> bool + Send + Sync> LocalReach for MacPredicate<F> {
+    fn contains(&self, mac: &[u8; 6]) -> bool {
+        (self.0)(mac)
+    }
+}
 
 impl LocalMacs {
-    /// The MACs for which `f` is true.
+    /// The MACs for which `f` is true (no payload by reference).
     pub fn new(f: impl Fn(&[u8; 6]) -> bool + Send + Sync + 'static) -> Self {
-        Self(Arc::new(f))
+        Self(Arc::new(MacPredicate(f)))
+    }
+
+    /// What `reach` knows.
+    pub fn with(reach: impl LocalReach + 'static) -> Self {
+        Self(Arc::new(reach))
     }
 
     /// Whether frames to `mac` stay in the process.
     pub fn contains(&self, mac: &[u8; 6]) -> bool {
-        (self.0)(mac)
+        self.0.contains(mac)
+    }
+
+    /// [`LocalReach::by_reference`].
+    pub fn by_reference(&self, mac: &[u8; 6]) -> bool {
+        self.0.by_reference(mac)
+    }
+
+    /// [`LocalReach::memory_of`].
+    pub fn memory_of(&self, mac: &[u8; 6]) -> Option<Arc<dyn PeerMemory>> {
+        self.0.memory_of(mac)
     }
 }
 
@@ -103,6 +145,14 @@ pub trait Link: Send {
     fn local_macs(&self) -> Option<LocalMacs> {
         None
     }
+
+    /// Makes the device's memory readable by the other engines of this
+    /// process this link reaches, so that packets to them may leave their
+    /// payload there ([`LocalReach::by_reference`]); `None` withdraws it
+    /// (the device was reset or its driver left). A link that reaches no
+    /// other engine, or that must see every payload (pcap, fault
+    /// injection), ignores it (the default).
+    fn share_memory(&mut self, _mem: Option<Arc<dyn PeerMemory>>) {}
     /// A descriptor that polls readable while frames are waiting, for epoll;
     /// `None` for links that are polled by calling [`Link::recv`].
     fn raw_fd(&self) -> Option<RawFd>;

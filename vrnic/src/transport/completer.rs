@@ -3,6 +3,7 @@
 //! local ACK timeout (IBTA Vol 1 §9.7.5.1, §9.7.6; rxe_comp.c).
 
 use crate::abi;
+use crate::data::Data;
 use crate::transport::requester::{self, ack_timeout_ns};
 use crate::transport::{psn, send_queue_error, write_record, Env};
 use crate::verbs::qp::Qp;
@@ -342,7 +343,7 @@ fn rerequest(qp: &mut Qp, env: &mut Env, p: u32, expected: u32) {
 fn do_read(qp: &Qp, env: &Env, pkt: &RocePacket, last: bool) -> Result<(), abi::WcStatus> {
     let op = qp.req.inflight.front().ok_or(abi::WcStatus::BadRespErr)?;
     let mtu = qp.mtu();
-    let len = u32::try_from(pkt.payload.len()).map_err(|_| abi::WcStatus::BadRespErr)?;
+    let len = u32::try_from(pkt.payload_len()).map_err(|_| abi::WcStatus::BadRespErr)?;
     // resp_pkts < npkts = ceil(len / mtu) keeps this below len, unless
     // the path MTU changed since the request: then it is a bad response.
     let offset = op.resp_pkts.checked_mul(mtu);
@@ -360,7 +361,7 @@ fn do_read(qp: &Qp, env: &Env, pkt: &RocePacket, last: bool) -> Result<(), abi::
     };
     match offset {
         Some(offset) if kind_ok && Some(len) == want => {
-            requester::scatter(env, qp.pdn, op, offset, pkt.payload)
+            requester::scatter(env, qp.pdn, op, offset, pkt.data())
         }
         _ => Err(abi::WcStatus::BadRespErr),
     }
@@ -372,7 +373,7 @@ fn do_read(qp: &Qp, env: &Env, pkt: &RocePacket, last: bool) -> Result<(), abi::
 fn do_atomic(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<(), abi::WcStatus> {
     let op = qp.req.inflight.front().ok_or(abi::WcStatus::BadRespErr)?;
     match pkt.hdr.atomic_ack_eth {
-        Some(a) => requester::scatter(env, qp.pdn, op, 0, &a.orig.to_le_bytes()),
+        Some(a) => requester::scatter(env, qp.pdn, op, 0, Data::Bytes(&a.orig.to_le_bytes())),
         None => Err(abi::WcStatus::BadRespErr),
     }
 }

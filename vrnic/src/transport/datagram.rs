@@ -7,6 +7,7 @@
 use std::net::IpAddr;
 
 use crate::abi;
+use crate::data::Data;
 use crate::transport::recv_queue;
 use crate::transport::requester::{self, complete_op, fetch};
 use crate::transport::{headers_to, psn, scatter_sges, send_queue_error, write_record, Env};
@@ -155,9 +156,9 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, net_hdr: &[u8]) 
         Some(Ok(ctx)) => ctx,
     };
     let grh = grh_area(pkt, net_hdr);
-    let total = GRH_LEN + pkt.payload.len();
-    let result = scatter_sges(env, qp.pdn, &ctx.sges, 0, &grh)
-        .and_then(|_| scatter_sges(env, qp.pdn, &ctx.sges, GRH_LEN as u32, pkt.payload));
+    let total = GRH_LEN + pkt.payload_len();
+    let result = scatter_sges(env, qp.pdn, &ctx.sges, 0, Data::Bytes(&grh))
+        .and_then(|_| scatter_sges(env, qp.pdn, &ctx.sges, GRH_LEN as u32, pkt.data()));
     let status = match result {
         Ok(()) => abi::WcStatus::Success,
         Err(s) => s,

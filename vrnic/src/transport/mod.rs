@@ -125,6 +125,9 @@ pub struct Batch {
     /// Where it ends: the frame's bytes after are stale until
     /// [`Output::close_batch`] cuts them.
     pub end: usize,
+    /// Its destination reads payloads in this device's memory
+    /// ([`crate::link::LocalMacs::by_reference`]).
+    pub by_ref: bool,
 }
 
 /// Most frame buffers kept for reuse ([`Output::recycle`]): the frames of
@@ -194,6 +197,7 @@ impl Output {
                 *count += 1;
                 self.tx_packets += 1;
                 self.sent(len);
+                self.stats.tx_batched += 1;
                 return Ok(());
             }
         }
@@ -204,11 +208,16 @@ impl Output {
         };
         let mut frame = self.take_spare();
         let emitted = if local && hdr.bth.opcode.transport() != wire::Transport::Ud {
+            let by_ref = self
+                .local_macs
+                .as_ref()
+                .is_some_and(|l| l.by_reference(&hdr.eth_dst));
             wire::gso::start(&mut frame, hdr, len, fill).map(|end| {
                 self.batch = Some(Batch {
                     first: hdr.clone(),
                     packets: 1,
                     end,
+                    by_ref,
                 });
             })
         } else {
@@ -226,6 +235,40 @@ impl Output {
         self.queue(frame);
         self.sent(len);
         Ok(())
+    }
+
+    /// Sends a packet whose `len` payload bytes stay in this device's
+    /// memory, `pieces` appending their piece entries
+    /// ([`crate::data::push_piece`]), when it joins an open batch whose
+    /// destination reads that memory ([`wire::gso::append_peer`]): one
+    /// copy of the payload, by the receiver, instead of two. `Ok(false)`
+    /// when it cannot (the caller sends it with its bytes,
+    /// [`Output::send_with`]); `pieces`' error otherwise.
+    pub fn send_by_ref<E>(
+        &mut self,
+        hdr: &mut RoceHeaders,
+        len: usize,
+        pieces: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+    ) -> Result<bool, E> {
+        hdr.ip_id = self.ip_id;
+        if !self.batch.as_ref().is_some_and(|b| b.by_ref) || !self.batch_has_room(hdr, len) {
+            return Ok(false);
+        }
+        let (Some(b), Some(frame), Some(count)) = (
+            &mut self.batch,
+            self.tx.back_mut(),
+            self.tx_counts.back_mut(),
+        ) else {
+            return Ok(false);
+        };
+        b.end = wire::gso::append_peer(frame, b.end, hdr, len, pieces)?;
+        b.packets += 1;
+        *count += 1;
+        self.tx_packets += 1;
+        self.sent(len);
+        self.stats.tx_batched += 1;
+        self.stats.tx_by_ref += 1;
+        Ok(true)
     }
 
     /// Counts a packet of `len` payload bytes sent.
@@ -523,7 +566,7 @@ pub fn scatter_sges(
     pdn: u32,
     sges: &[abi::Sge],
     offset: u32,
-    data: &[u8],
+    data: crate::data::Data<'_>,
 ) -> Result<(), abi::WcStatus> {
     let mut skip = offset as u64;
     let mut done = 0usize;
@@ -546,7 +589,8 @@ pub fn scatter_sges(
             .mrs
             .check(sge.lkey, pdn, abi::ACCESS_LOCAL_WRITE, va, n as u64)
             .map_err(|_| abi::WcStatus::LocProtErr)?;
-        mr.write(env.mem, va, &data[done..done + n])
+        let part = data.slice(done, n).ok_or(abi::WcStatus::LocLenErr)?;
+        mr.write_data(env.mem, va, part)
             .map_err(|_| abi::WcStatus::LocProtErr)?;
         done += n;
         skip = 0;

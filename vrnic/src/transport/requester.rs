@@ -362,6 +362,47 @@ pub(crate) fn gather(
     Ok(())
 }
 
+/// Appends to `out` the pieces of driver memory behind `len` message
+/// bytes of `op` from byte `offset` ([`crate::verbs::mr::Mr::pieces`]):
+/// [`gather`] by reference. Errors: as [`gather`]'s.
+fn pieces(
+    mrs: &crate::verbs::mr::MrTable,
+    op: &SendOp,
+    offset: u32,
+    len: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), abi::WcStatus> {
+    let Payload::Sges(sges) = &op.payload else {
+        return Err(abi::WcStatus::LocLenErr);
+    };
+    let mut skip = offset as u64;
+    let mut done = 0usize;
+    for sge in sges {
+        if done == len {
+            break;
+        }
+        let l = sge.length as u64;
+        if skip >= l {
+            skip -= l;
+            continue;
+        }
+        let n = ((l - skip) as usize).min(len - done);
+        let mr = mrs.get(sge.lkey).map_err(|_| abi::WcStatus::LocProtErr)?;
+        let va = sge
+            .addr
+            .checked_add(skip)
+            .ok_or(abi::WcStatus::LocProtErr)?;
+        mr.pieces(va, n, out)
+            .map_err(|_| abi::WcStatus::LocProtErr)?;
+        done += n;
+        skip = 0;
+    }
+    if done != len {
+        return Err(abi::WcStatus::LocLenErr);
+    }
+    Ok(())
+}
+
 /// Packet opcode for packet `k` of `npkts` of a message with WR opcode
 /// `wr` on a QP of type `qp_type` (UC opcodes are the RC ones + 0x20,
 /// IBTA Table 35).
@@ -478,8 +519,17 @@ fn send_packet(
             rkey: u32::from_be_bytes(op.wqe.imm_data),
         });
     }
-    // The payload goes from driver memory straight into the frame.
     let res = &mut *env.res;
+    // To another function of the daemon, the payload may stay in driver
+    // memory for the receiver to copy; else it goes from driver memory
+    // straight into the frame.
+    if matches!(op.payload, Payload::Sges(_))
+        && res.out.send_by_ref(&mut hdr, n as usize, |out| {
+            pieces(&res.mrs, op, offset, n as usize, out)
+        })?
+    {
+        return Ok(true);
+    }
     res.out.send_with(&mut hdr, n as usize, |buf| {
         gather(env.mem, &res.mrs, op, offset, buf)
     })?;
@@ -686,7 +736,7 @@ pub fn scatter(
     pdn: u32,
     op: &SendOp,
     offset: u32,
-    data: &[u8],
+    data: crate::data::Data<'_>,
 ) -> Result<(), abi::WcStatus> {
     let Payload::Sges(sges) = &op.payload else {
         return Err(abi::WcStatus::LocProtErr);

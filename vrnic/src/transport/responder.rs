@@ -236,11 +236,16 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
 fn hold(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     if qp.resp.held.len() < RESP_HOLD_MAX
         && env.res.out.held_frames < RESP_HOLD_DEVICE_MAX
-        && pkt.hdr.frame_len(pkt.payload.len()) <= HELD_FRAME_MAX
+        && pkt.hdr.frame_len(pkt.payload_len()) <= HELD_FRAME_MAX
     {
+        // Out of the sender's memory now, for a packet by reference.
+        let Ok(payload) = pkt.data().to_vec() else {
+            env.res.out.stats.rx_dropped += 1;
+            return;
+        };
         qp.resp.held.push_back(HeldRequest {
             hdr: pkt.hdr.clone(),
-            payload: pkt.payload.to_vec(),
+            payload,
         });
         env.res.out.held_frames += 1;
     } else {
@@ -267,6 +272,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) -> bool {
         let pkt = RocePacket {
             hdr: held.hdr,
             payload: &held.payload,
+            peer: None,
         };
         process(qp, env, &pkt);
     }
@@ -300,19 +306,32 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
         if opcode == Opcode::RcReadResponseMiddle {
             hdr.aeth = None;
         }
-        // The payload goes from driver memory straight into the frame.
+        // To another function of the daemon, the payload may stay in driver
+        // memory for the requester to copy; else it goes from driver memory
+        // straight into the frame.
         let res = &mut *env.res;
         let (mem, pdn, va) = (env.mem, qp.pdn, st.va);
-        let sent = res.out.send_with(&mut hdr, len as usize, |data| {
-            if data.is_empty() {
-                return Ok(());
-            }
-            let mr = res
-                .mrs
-                .check(st.rkey, pdn, abi::ACCESS_REMOTE_READ, va, u64::from(len))
-                .map_err(|_| ())?;
-            mr.read(mem, va, data).map_err(|_| ())
-        });
+        let mrs = &res.mrs;
+        let checked = || {
+            mrs.check(st.rkey, pdn, abi::ACCESS_REMOTE_READ, va, u64::from(len))
+                .map_err(|_| ())
+        };
+        let by_ref = match len {
+            0 => Ok(false),
+            _ => res.out.send_by_ref(&mut hdr, len as usize, |out| {
+                checked()?.pieces(va, len as usize, out).map_err(|_| ())
+            }),
+        };
+        let sent = match by_ref {
+            Ok(true) => Ok(()),
+            Ok(false) => res.out.send_with(&mut hdr, len as usize, |data| {
+                if data.is_empty() {
+                    return Ok(());
+                }
+                checked()?.read(mem, va, data).map_err(|_| ())
+            }),
+            Err(()) => Err(()),
+        };
         if sent.is_err() {
             env.res.out.stats.nak_sent(NakCode::RemoteAccessError);
             let aeth = Aeth::nak(qp.resp.msn, NakCode::RemoteAccessError);
@@ -630,7 +649,7 @@ fn check_resource(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<(), RespError>
 /// [`execute`]; a WRITE packet beyond its RETH's length in [`check_rkey`].)
 fn check_length(pkt: &RocePacket, mtu: u32) -> Result<(), RespError> {
     let op = pkt.hdr.bth.opcode;
-    let len = pkt.payload.len();
+    let len = pkt.payload_len();
     let mtu = mtu as usize;
     if op.has_payload() && (len > mtu || (!op.is_last() && len != mtu)) {
         return Err(nak(NakCode::InvalidRequest));
@@ -694,7 +713,7 @@ fn check_rkey(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<Target, RespError>
     } else {
         return Err(nak(NakCode::InvalidRequest));
     };
-    let len = u32::try_from(pkt.payload.len()).unwrap_or(u32::MAX);
+    let len = u32::try_from(pkt.payload_len()).unwrap_or(u32::MAX);
     if len > w.remaining || (op.is_last() && len != w.remaining) {
         return Err(nak(NakCode::InvalidRequest));
     }
@@ -980,7 +999,7 @@ fn execute_send(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Reply, R
     // The message so far plus this packet: at most max_msg_sz, else the
     // receive WQE completes with a length error and the request is
     // invalid (rxe's send_data_in / check_length answer the same).
-    let offset = u32::try_from(pkt.payload.len())
+    let offset = u32::try_from(pkt.payload_len())
         .ok()
         .and_then(|n| ctx.offset.checked_add(n))
         .filter(|&end| end <= MAX_MSG_SZ);
@@ -991,7 +1010,7 @@ fn execute_send(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Reply, R
         });
     };
     if let Err(status) =
-        crate::transport::scatter_sges(env, qp.pdn, &ctx.sges, ctx.offset, pkt.payload)
+        crate::transport::scatter_sges(env, qp.pdn, &ctx.sges, ctx.offset, pkt.data())
     {
         let code = if status == abi::WcStatus::LocLenErr {
             NakCode::InvalidRequest
@@ -1051,14 +1070,14 @@ fn execute_write(
 ) -> Result<Reply, RespError> {
     let op = pkt.hdr.bth.opcode;
     // check_rkey: len <= w.remaining.
-    let len = u32::try_from(pkt.payload.len()).map_err(|_| nak(NakCode::InvalidRequest))?;
+    let len = u32::try_from(pkt.payload_len()).map_err(|_| nak(NakCode::InvalidRequest))?;
     if len > 0 {
         let mr = env
             .res
             .mrs
             .get(w.rkey)
             .map_err(|_| nak(NakCode::RemoteAccessError))?;
-        mr.write(env.mem, w.va, pkt.payload)
+        mr.write_data(env.mem, w.va, pkt.data())
             .map_err(|_| nak(NakCode::RemoteAccessError))?;
     }
     // va + total was checked against the MR at the FIRST packet.

@@ -101,6 +101,30 @@ impl Mr {
             mem.write(gpa, &data[off..off + n])
         })
     }
+
+    /// Copies `data` to `va` of the MR: for a payload in a peer's memory
+    /// ([`crate::data::Data::Peer`]) straight from there.
+    pub fn write_data(
+        &self,
+        mem: &dyn DmaMemory,
+        va: u64,
+        data: crate::data::Data<'_>,
+    ) -> Result<(), MrError> {
+        self.for_each_piece(va, data.len(), |gpa, off, n| {
+            let err = MemError { addr: gpa, len: n };
+            data.slice(off, n).ok_or(err)?.write_to(mem, gpa)
+        })
+    }
+
+    /// Appends the pieces of guest memory behind `len` bytes at `va` of
+    /// the MR to `out` ([`crate::data::push_piece`]): a packet by
+    /// reference instead of a gather. Errors: the range is outside the MR.
+    pub fn pieces(&self, va: u64, len: usize, out: &mut Vec<u8>) -> Result<(), MrError> {
+        self.for_each_piece(va, len, |gpa, _, n| {
+            crate::data::push_piece(out, gpa, n as u32);
+            Ok(())
+        })
+    }
 }
 
 /// The MR table: MRs by key, in a [`HandleTable`] of 24 index bits and 8

@@ -12,8 +12,11 @@
 //! Layout: the first packet is a whole RoCEv2 frame emitted without its
 //! ICRC ([`super::emit_frame_icrc`]), whose ICRC field holds
 //! [`BATCH_MAGIC`]; after the end its IP length gives, each further packet
-//! is its length in bytes (16 bits, big-endian) and its InfiniBand part:
-//! BTH, extension headers, payload and pad, without an ICRC. Its
+//! is its length in bytes (15 bits, big-endian) and its InfiniBand part:
+//! BTH, extension headers, payload and pad, without an ICRC — or, with the
+//! length's top bit set, BTH, extension headers and the payload's pieces
+//! of the sender's guest memory ([`crate::data`]): the receiver copies
+//! them straight from there ("by reference"). Its
 //! Ethernet, IP and UDP headers are the first packet's (the same flow,
 //! [`same_flow`]), its IPv4 identification the first's plus its index.
 //!
@@ -24,8 +27,12 @@
 //! [`split`] into sealed frames first. RC and UC only: a UD packet's
 //! receiver needs its own IP header (the GRH of its completion).
 
-use super::packet::{emit_frame_icrc, emit_frame_open, emit_segment, parse_ib, seal_icrc};
+use super::packet::{
+    emit_frame_icrc, emit_frame_open, emit_segment, emit_segment_peer, parse_ib, parse_ib_peer,
+    seal_icrc,
+};
 use super::{Icrc, RoceHeaders, RocePacket, WireError, ICRC_LEN};
+use crate::data::PeerMemory;
 
 /// The ICRC field of a batch's first packet ("VRBA"): frames with their
 /// ICRC unneeded carry zero there.
@@ -111,17 +118,43 @@ pub fn append<E>(
     Ok(new_end)
 }
 
+/// [`append`] of a packet whose `payload_len` bytes stay in the sending
+/// device's memory: `pieces` appends their piece entries
+/// ([`crate::data::push_piece`]); the receiver copies from there
+/// ([`rest`] with that memory). Only for a destination that reads the
+/// sender's memory (`Link::local_macs`).
+pub fn append_peer<E>(
+    frame: &mut Vec<u8>,
+    end: usize,
+    hdr: &RoceHeaders,
+    payload_len: usize,
+    pieces: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+) -> Result<usize, E> {
+    let new_end = emit_segment_peer(hdr, payload_len, frame, end, pieces)?;
+    if let Some(first) = first_end(frame) {
+        frame[first - ICRC_LEN..first].copy_from_slice(&BATCH_MAGIC.to_be_bytes());
+    }
+    Ok(new_end)
+}
+
 /// The packets of the batch `frame` after its first one, whose headers
 /// are `first` (as [`super::parse_roce_with`] gave them), in order. Each
-/// is parsed like a frame's InfiniBand part (its errors); the iteration
-/// ends at the first error. Empty when `frame` is not a batch.
-pub fn rest<'a>(frame: &'a [u8], first: &RoceHeaders) -> Rest<'a> {
+/// is parsed like a frame's InfiniBand part (its errors); a packet by
+/// reference needs `peer`, the sending device's memory (without it, or
+/// with entries that are not whole, it is an error); the iteration ends at
+/// the first error. Empty when `frame` is not a batch.
+pub fn rest<'a>(
+    frame: &'a [u8],
+    first: &RoceHeaders,
+    peer: Option<&'a dyn PeerMemory>,
+) -> Rest<'a> {
     let tail = match first_end(frame) {
         Some(end) if is_batch(frame) => &frame[end..],
         _ => &[],
     };
     Rest {
         tail,
+        peer,
         base: RoceHeaders {
             reth: None,
             aeth: None,
@@ -136,10 +169,19 @@ pub fn rest<'a>(frame: &'a [u8], first: &RoceHeaders) -> Rest<'a> {
 }
 
 /// Iterator of [`rest`].
-#[derive(Debug)]
 pub struct Rest<'a> {
     tail: &'a [u8],
+    peer: Option<&'a dyn PeerMemory>,
     base: RoceHeaders,
+}
+
+impl std::fmt::Debug for Rest<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rest")
+            .field("tail", &self.tail.len())
+            .field("peer", &self.peer.is_some())
+            .finish()
+    }
 }
 
 impl<'a> Iterator for Rest<'a> {
@@ -149,18 +191,24 @@ impl<'a> Iterator for Rest<'a> {
         let tail = std::mem::take(&mut self.tail);
         let (len, after) = match tail {
             [] => return None,
-            [a, b, after @ ..] => (usize::from(u16::from_be_bytes([*a, *b])), after),
+            [a, b, after @ ..] => (u16::from_be_bytes([*a, *b]), after),
             _ => return Some(Err(WireError::Truncated)),
         };
+        let (by_ref, len) = (len & 0x8000 != 0, usize::from(len & 0x7fff));
         let Some((seg, more)) = after.split_at_checked(len) else {
             return Some(Err(WireError::Truncated));
         };
         self.base.ip_id = self.base.ip_id.wrapping_add(1);
         let base = &self.base;
-        let pkt = parse_ib(seg, |bth| RoceHeaders {
+        let with = |bth| RoceHeaders {
             bth,
             ..base.clone()
-        });
+        };
+        let pkt = match (by_ref, self.peer) {
+            (false, _) => parse_ib(seg, with),
+            (true, Some(mem)) => parse_ib_peer(seg, mem, with),
+            (true, None) => Err(WireError::BadLength),
+        };
         if pkt.is_ok() {
             self.tail = more;
         }
@@ -171,7 +219,9 @@ impl<'a> Iterator for Rest<'a> {
 /// Hands each packet of `frame` to `each` as a frame of its own with its
 /// ICRC, in order, built in `scratch`; a frame that is not a batch is
 /// handed over once, sealed if it is RoCEv2 (what leaves the process has
-/// its ICRC, [`seal_icrc`]). Stops at a packet that does not parse.
+/// its ICRC, [`seal_icrc`]). Stops at a packet that does not parse, and
+/// at a packet by reference (its bytes are not at hand: RC retransmits
+/// it).
 pub fn split(frame: &[u8], scratch: &mut Vec<u8>, mut each: impl FnMut(&[u8])) {
     let end = match first_end(frame) {
         Some(end) if is_batch(frame) => end,
@@ -189,7 +239,7 @@ pub fn split(frame: &[u8], scratch: &mut Vec<u8>, mut each: impl FnMut(&[u8])) {
     let Some(first) = first.filter(|_| end < frame.len()) else {
         return;
     };
-    for pkt in rest(frame, &first) {
+    for pkt in rest(frame, &first, None) {
         let Ok(pkt) = pkt else {
             return;
         };
@@ -257,7 +307,7 @@ mod tests {
                 assert!(is_batch(&frame));
                 let first = parse_roce_with(&frame, Icrc::Unneeded).unwrap();
                 assert_eq!((&first.hdr, first.payload), (&want[0].0, &want[0].1[..]));
-                let got: Vec<_> = rest(&frame, &first.hdr).map(Result::unwrap).collect();
+                let got: Vec<_> = rest(&frame, &first.hdr, None).map(Result::unwrap).collect();
                 assert_eq!(got.len(), 3, "v6 {v6}");
                 for (p, (h, data)) in got.iter().zip(&want[1..]) {
                     let h = RoceHeaders {
@@ -302,7 +352,7 @@ mod tests {
         for f in [&bare, &sealed, &padded, &magic_alone] {
             assert!(!is_batch(f));
             let p = parse_roce_with(f, Icrc::Unneeded).unwrap();
-            assert_eq!(rest(f, &p.hdr).count(), 0);
+            assert_eq!(rest(f, &p.hdr, None).count(), 0);
             let mut out = Vec::new();
             split(f, &mut out, |_| {});
         }
@@ -319,7 +369,7 @@ mod tests {
         // error, and it is last.
         for cut in 0..frame.len() {
             let f = &frame[..cut];
-            let got: Vec<_> = rest(f, &first).collect();
+            let got: Vec<_> = rest(f, &first, None).collect();
             assert!(
                 got.len() <= 3 && got.iter().rev().skip(1).all(Result::is_ok),
                 "cut {cut}"
@@ -331,7 +381,7 @@ mod tests {
         for len in [u16::MAX, 3] {
             let mut f = frame.clone();
             f[end..end + 2].copy_from_slice(&len.to_be_bytes());
-            let got: Vec<_> = rest(&f, &first).collect();
+            let got: Vec<_> = rest(&f, &first, None).collect();
             assert_eq!(got.len(), 1);
             assert!(got[0].is_err());
         }

@@ -107,11 +107,33 @@ impl RoceHeaders {
 pub struct RocePacket<'a> {
     /// All headers.
     pub hdr: RoceHeaders,
-    /// The payload after the extension headers, without pad bytes and ICRC.
+    /// The payload after the extension headers, without pad bytes and ICRC
+    /// (empty when the payload is in `peer`).
     pub payload: &'a [u8],
+    /// The payload in the sending device's memory instead: a batch's
+    /// packet by reference ([`super::gso`]).
+    pub peer: Option<crate::data::PeerData<'a>>,
+}
+
+impl<'a> RocePacket<'a> {
+    /// The payload, wherever it is.
+    pub fn data(&self) -> crate::data::Data<'a> {
+        match self.peer {
+            Some(p) => crate::data::Data::Peer(p),
+            None => crate::data::Data::Bytes(self.payload),
+        }
+    }
+
+    /// Length of the payload, bytes.
+    pub fn payload_len(&self) -> usize {
+        self.data().len()
+    }
 }
 
 /// What [`parse_frame`] found in an Ethernet frame.
+// The RoCEv2 variant is the one nearly every frame is: boxing it would be
+// an allocation per packet.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Frame<'a> {
     /// A valid RoCEv2 packet.
@@ -236,6 +258,57 @@ pub(super) fn parse_ib(
     ib: &[u8],
     base: impl FnOnce(Bth) -> RoceHeaders,
 ) -> Result<RocePacket<'_>, WireError> {
+    let (hdr, hdr_len) = parse_ib_headers(ib, base)?;
+    let op = hdr.bth.opcode;
+    let padded = &ib[hdr_len..];
+    if !padded.len().is_multiple_of(4) || (!op.has_payload() && !padded.is_empty()) {
+        return Err(WireError::BadLength);
+    }
+    let pad = usize::from(hdr.bth.pad_count);
+    if pad > padded.len() {
+        return Err(WireError::BadPadCount);
+    }
+    Ok(RocePacket {
+        hdr,
+        payload: &padded[..padded.len() - pad],
+        peer: None,
+    })
+}
+
+/// [`parse_ib`] for a packet whose payload is in the sending device's
+/// memory `mem` ([`super::gso`]): after the headers, `ib` holds the
+/// payload's piece entries ([`crate::data::PIECE_LEN`] bytes each), and
+/// the BTH's pad count is the one of the payload's length. Errors as
+/// [`parse_ib`]'s, and [`WireError::BadLength`] for entries that are not
+/// whole.
+pub(super) fn parse_ib_peer<'a>(
+    ib: &'a [u8],
+    mem: &'a dyn crate::data::PeerMemory,
+    base: impl FnOnce(Bth) -> RoceHeaders,
+) -> Result<RocePacket<'a>, WireError> {
+    let (hdr, hdr_len) = parse_ib_headers(ib, base)?;
+    let op = hdr.bth.opcode;
+    let data = crate::data::PeerData::new(mem, &ib[hdr_len..]).ok_or(WireError::BadLength)?;
+    let len = crate::data::Data::Peer(data).len();
+    if !op.has_payload() && len != 0 {
+        return Err(WireError::BadLength);
+    }
+    if usize::from(hdr.bth.pad_count) != pad_len(len) {
+        return Err(WireError::BadPadCount);
+    }
+    Ok(RocePacket {
+        hdr,
+        payload: &[],
+        peer: Some(data),
+    })
+}
+
+/// The BTH and extension headers at the start of `ib` ([`parse_ib`]) and
+/// their length, bytes.
+fn parse_ib_headers(
+    ib: &[u8],
+    base: impl FnOnce(Bth) -> RoceHeaders,
+) -> Result<(RoceHeaders, usize), WireError> {
     let bth = Bth::parse(ib)?;
     if bth.tver != 0 {
         return Err(WireError::BadTver(bth.tver));
@@ -265,18 +338,7 @@ pub(super) fn parse_ib(
     ext!(has_immdt, immdt, Immdt);
     ext!(has_ieth, ieth, Ieth);
     debug_assert_eq!(off, hdr_len);
-    let padded = &ib[hdr_len..];
-    if !padded.len().is_multiple_of(4) || (!op.has_payload() && !padded.is_empty()) {
-        return Err(WireError::BadLength);
-    }
-    let pad = usize::from(bth.pad_count);
-    if pad > padded.len() {
-        return Err(WireError::BadPadCount);
-    }
-    Ok(RocePacket {
-        hdr,
-        payload: &padded[..padded.len() - pad],
-    })
+    Ok((hdr, hdr_len))
 }
 
 /// Whether a RoCEv2 frame carries a valid ICRC (IBTA Annex A17.4.3) that
@@ -649,6 +711,35 @@ pub(super) fn emit_segment<E>(
     fill(&mut w.buf[p..p + payload_len])?;
     w.put(&[0; 3][..pad]);
     Ok(w.pos)
+}
+
+/// [`emit_segment`] for a packet whose `payload_len` bytes stay in the
+/// sending device's memory: after the headers, `pieces` appends their
+/// piece entries ([`crate::data::push_piece`]) instead of the bytes, and
+/// the length field has its top bit set. `out` is cut at `at` first (its
+/// old bytes after are dropped). Returns where the packet ends; when
+/// `pieces` fails, `out` is cut back to `at` and its error returned.
+pub(super) fn emit_segment_peer<E>(
+    hdr: &RoceHeaders,
+    payload_len: usize,
+    out: &mut Vec<u8>,
+    at: usize,
+    pieces: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+) -> Result<usize, E> {
+    out.truncate(at);
+    let mut w = Cursor { buf: out, pos: at };
+    w.put(&[0, 0]);
+    emit_ib_headers(&mut w, hdr, pad_len(payload_len));
+    let end = w.pos;
+    out.truncate(end);
+    if let Err(e) = pieces(out) {
+        out.truncate(at);
+        return Err(e);
+    }
+    let seg_len = out.len() - at - 2;
+    debug_assert!(seg_len < 0x8000, "segment too long");
+    out[at..at + 2].copy_from_slice(&((seg_len as u16) | 0x8000).to_be_bytes());
+    Ok(out.len())
 }
 
 /// Writes a frame over a buffer's old bytes from its start (the buffer is

@@ -15,7 +15,7 @@ pub const MEM_SIZE: usize = 64 << 20;
 
 pub struct Node {
     pub dev: Device,
-    pub mem: VecMemory,
+    pub mem: std::sync::Arc<VecMemory>,
     pub link: Box<dyn Link>,
     next: u64,
     pub ip: std::net::Ipv4Addr,
@@ -98,7 +98,7 @@ impl Node {
         };
         Node {
             dev: Device::new(cfg),
-            mem: VecMemory::new(MEM_BASE, MEM_SIZE),
+            mem: std::sync::Arc::new(VecMemory::new(MEM_BASE, MEM_SIZE)),
             link,
             next: MEM_BASE,
             ip,
