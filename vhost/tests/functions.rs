@@ -229,6 +229,80 @@ fn two_functions_of_one_daemon_talk_through_the_switch_not_the_uplink() {
     );
 }
 
+/// Two functions without pcap or fault injection: SEND, WRITE and READ
+/// payloads go straight from one guest's memory to the other's (by
+/// reference, `vrnic::data`: `tx_by_ref` in both functions' counters),
+/// byte for byte.
+#[test]
+fn payloads_go_straight_from_one_functions_memory_to_the_others() {
+    let dir = TempDir::new("byref");
+    let (fns, _outside) = daemon();
+    let sa = spec(&dir.0, "a", 1);
+    let sb = spec(&dir.0, "b", 2);
+    fns.add(&sa).expect("function a");
+    fns.add(&sb).expect("function b");
+    let mut a = attach(&sa.socket, 1);
+    let mut b = attach(&sb.socket, 2);
+    let mut qa = qp(&a);
+    let mut qb = qp(&b);
+    connect(&a, &mut qa, &b, &mut qb);
+
+    // SEND A -> B, 40 packets at path MTU 1024.
+    let len = 40_000;
+    let data = pattern(len, 4);
+    let src = buffer(&a, len, &data);
+    let dst = buffer(&b, len, &[]);
+    recv(&mut qb, 7, Some(dst.sge(0, len)));
+    send(&mut qa, 1, &src, len);
+    let rc = cqe(&mut b);
+    assert_eq!(
+        (rc.status, rc.wr_id, rc.byte_len),
+        (abi::WC_SUCCESS, 7, len as u32),
+        "{rc:?}"
+    );
+    assert_eq!(cqe(&mut a).status, abi::WC_SUCCESS);
+    assert_eq!(dst.to_vec(), data, "SEND");
+
+    // WRITE A -> B over the SEND's bytes, then READ them back into A.
+    let wdata = pattern(len, 5);
+    let wsrc = buffer(&a, len, &wdata);
+    let rdst = buffer(&a, len, &[]);
+    for (wr_id, opcode, sge) in [
+        (2, WrOpcode::RdmaWrite, wsrc.sge(0, len)),
+        (3, WrOpcode::RdmaRead, rdst.sge(0, len)),
+    ] {
+        qa.post_send(&SendWr {
+            wr_id,
+            opcode,
+            send_flags: SEND_SIGNALED,
+            sg_list: &[sge],
+            rdma: RdmaWr {
+                remote_addr: dst.addr(),
+                rkey: dst.rkey(),
+            },
+            ..Default::default()
+        })
+        .expect("post");
+        let wc = cqe(&mut a);
+        assert_eq!((wc.status, wc.wr_id), (abi::WC_SUCCESS, wr_id), "{wc:?}");
+    }
+    assert_eq!(dst.to_vec(), wdata, "WRITE");
+    assert_eq!(rdst.to_vec(), wdata, "READ");
+
+    for (spec, what) in [(&sa, "SEND and WRITE"), (&sb, "READ responses")] {
+        let reply = vrnic_vhost::stats::query(&spec.stats_path(), WAIT).expect("counters");
+        let counters = vrnic_vhost::stats::parse(&reply).expect("name value lines");
+        let get = |n: &str| counters.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
+        assert!(
+            get("tx_by_ref").is_some_and(|v| v >= 30),
+            "{what} by reference: {reply}"
+        );
+        assert_eq!(get("retransmits"), Some(0), "{reply}");
+    }
+    drop((src, dst, wsrc, rdst, qa, qb, a, b));
+    assert!(fns.shutdown().is_empty());
+}
+
 /// The BTH opcodes of the frames to UDP port 4791 (RoCEv2) over IPv4 in a
 /// classic pcap file (`pcap-savefile(5)`, host byte order, as `PcapLink`
 /// writes it), each checked to be a valid RoCEv2 frame, ICRC included.
