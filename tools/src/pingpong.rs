@@ -540,6 +540,20 @@ pub struct Stalled {
     pub sent: u32,
 }
 
+/// [`CqPoller::poll`]'s error for a completion with an error status
+/// (find it with `anyhow::Error::downcast_ref`), worded as the rdma-core
+/// examples word it: `Failed status STR (N) for wr_id ID`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("Failed status {status_str} ({status}) for wr_id {}", *wr_id as i32)]
+pub struct Failed {
+    /// `ibv_wc_status`.
+    pub status: u8,
+    /// Its name (`ibv_wc_status_str`).
+    pub status_str: &'static str,
+    /// The work request's `wr_id`.
+    pub wr_id: u64,
+}
+
 /// `wr_id` of [`probe_peer`]'s SEND.
 pub const PROBE_WRID: u64 = 4;
 
@@ -656,12 +670,12 @@ impl CqPoller {
         self.last = Instant::now();
         let wc = &wc[..ne];
         if let Some(w) = wc.iter().find(|w| !w.is_success()) {
-            bail!(
-                "Failed status {} ({}) for wr_id {}",
-                w.status_str(),
-                w.status,
-                w.wr_id as i32
-            );
+            return Err(Failed {
+                status: w.status,
+                status_str: w.status_str(),
+                wr_id: w.wr_id,
+            }
+            .into());
         }
         Ok(wc)
     }

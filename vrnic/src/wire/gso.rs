@@ -155,16 +155,7 @@ pub fn rest<'a>(
     Rest {
         tail,
         peer,
-        base: RoceHeaders {
-            reth: None,
-            aeth: None,
-            atomic_eth: None,
-            atomic_ack_eth: None,
-            deth: None,
-            immdt: None,
-            ieth: None,
-            ..first.clone()
-        },
+        base: first.clone(),
     }
 }
 
@@ -200,10 +191,7 @@ impl<'a> Iterator for Rest<'a> {
         };
         self.base.ip_id = self.base.ip_id.wrapping_add(1);
         let base = &self.base;
-        let with = |bth| RoceHeaders {
-            bth,
-            ..base.clone()
-        };
+        let with = |bth| base.of_flow(bth);
         let pkt = match (by_ref, self.peer) {
             (false, _) => parse_ib(seg, with),
             (true, Some(mem)) => parse_ib_peer(seg, mem, with),

@@ -66,6 +66,22 @@ pub struct RoceHeaders {
 }
 
 impl RoceHeaders {
+    /// The headers of another packet of this one's flow: the same
+    /// Ethernet, IP and UDP fields, `bth`, and no extension headers.
+    pub fn of_flow(&self, bth: Bth) -> RoceHeaders {
+        RoceHeaders {
+            bth,
+            reth: None,
+            aeth: None,
+            atomic_eth: None,
+            atomic_ack_eth: None,
+            deth: None,
+            immdt: None,
+            ieth: None,
+            ..self.clone()
+        }
+    }
+
     /// Bytes of the extension headers that are `Some`.
     pub fn ext_len(&self) -> usize {
         [
