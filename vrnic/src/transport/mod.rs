@@ -280,13 +280,14 @@ impl Output {
 
     /// True when a packet with headers `hdr` and `len` payload bytes joins
     /// the open batch at the back of `tx` ([`wire::gso`]): RC or UC, the
-    /// same flow, within [`wire::gso::BATCH_MAX_PACKETS`] and
-    /// [`wire::gso::BATCH_MAX_BYTES`].
+    /// same flow, at most [`wire::gso::SEGMENT_MAX`] bytes, within
+    /// [`wire::gso::BATCH_MAX_PACKETS`] and [`wire::gso::BATCH_MAX_BYTES`].
     fn batch_has_room(&self, hdr: &RoceHeaders, len: usize) -> bool {
         let Some(b) = &self.batch else {
             return false;
         };
         hdr.bth.opcode.transport() != wire::Transport::Ud
+            && hdr.frame_len(len) <= wire::gso::SEGMENT_MAX
             && b.packets < wire::gso::BATCH_MAX_PACKETS
             && b.end + hdr.frame_len(len) <= wire::gso::BATCH_MAX_BYTES
             && wire::gso::same_flow(&b.first, hdr)

@@ -44,6 +44,11 @@ pub const BATCH_MAX_BYTES: usize = 80 * 1024;
 /// message, [`crate::transport::requester`]).
 pub const BATCH_MAX_PACKETS: usize = 32;
 
+/// Largest packet after the first in a batch, bytes: its length field has
+/// 15 bits (the top one marks a packet by reference). A path MTU (4096)
+/// and headers fit many times over.
+pub const SEGMENT_MAX: usize = 0x7fff;
+
 const ETH_LEN: usize = 14;
 
 /// Where the first packet of `frame` ends: the end its IP length gives,

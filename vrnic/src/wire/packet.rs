@@ -718,7 +718,8 @@ pub(super) fn emit_segment<E>(
 ) -> Result<usize, E> {
     let pad = pad_len(payload_len);
     let seg_len = Bth::LEN + hdr.ext_len() + payload_len + pad;
-    debug_assert!(seg_len <= usize::from(u16::MAX), "segment too long");
+    // The caller keeps within super::gso::SEGMENT_MAX.
+    debug_assert!(seg_len <= super::gso::SEGMENT_MAX, "segment too long");
     let mut w = Cursor { buf: out, pos: at };
     w.put(&(seg_len as u16).to_be_bytes());
     emit_ib_headers(&mut w, hdr, pad);
@@ -753,7 +754,7 @@ pub(super) fn emit_segment_peer<E>(
         return Err(e);
     }
     let seg_len = out.len() - at - 2;
-    debug_assert!(seg_len < 0x8000, "segment too long");
+    debug_assert!(seg_len <= super::gso::SEGMENT_MAX, "segment too long");
     out[at..at + 2].copy_from_slice(&((seg_len as u16) | 0x8000).to_be_bytes());
     Ok(out.len())
 }
