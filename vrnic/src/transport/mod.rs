@@ -195,9 +195,7 @@ impl Output {
                 b.end = wire::gso::append(frame, b.end, hdr, len, fill)?;
                 b.packets += 1;
                 *count += 1;
-                self.tx_packets += 1;
-                self.sent(len);
-                self.stats.tx_batched += 1;
+                self.joined(len);
                 return Ok(());
             }
         }
@@ -264,11 +262,16 @@ impl Output {
         b.end = wire::gso::append_peer(frame, b.end, hdr, len, pieces)?;
         b.packets += 1;
         *count += 1;
+        self.joined(len);
+        self.stats.tx_by_ref += 1;
+        Ok(true)
+    }
+
+    /// Counts a packet of `len` payload bytes that joined the open batch.
+    fn joined(&mut self, len: usize) {
         self.tx_packets += 1;
         self.sent(len);
         self.stats.tx_batched += 1;
-        self.stats.tx_by_ref += 1;
-        Ok(true)
     }
 
     /// Counts a packet of `len` payload bytes sent.

@@ -117,9 +117,7 @@ pub fn append<E>(
     fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
 ) -> Result<usize, E> {
     let new_end = emit_segment(hdr, payload_len, frame, end, fill)?;
-    if let Some(first) = first_end(frame) {
-        frame[first - ICRC_LEN..first].copy_from_slice(&BATCH_MAGIC.to_be_bytes());
-    }
+    mark(frame);
     Ok(new_end)
 }
 
@@ -136,10 +134,16 @@ pub fn append_peer<E>(
     pieces: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
 ) -> Result<usize, E> {
     let new_end = emit_segment_peer(hdr, payload_len, frame, end, pieces)?;
+    mark(frame);
+    Ok(new_end)
+}
+
+/// Marks `frame`, a frame with packets appended, as a batch: its first
+/// packet's ICRC field gets [`BATCH_MAGIC`].
+fn mark(frame: &mut [u8]) {
     if let Some(first) = first_end(frame) {
         frame[first - ICRC_LEN..first].copy_from_slice(&BATCH_MAGIC.to_be_bytes());
     }
-    Ok(new_end)
 }
 
 /// The packets of the batch `frame` after its first one, whose headers
