@@ -266,7 +266,9 @@ impl VrnicBackend {
             TIMER_EVENT => dp.on_timer(),
             other => debug!(event = other, "unknown worker event"),
         }
-        if dp.link.raw_fd().is_none() && device_event != LINK_EVENT {
+        // A polled link, or one that may hold frames its descriptor does
+        // not show (the last receive stopped at its bound).
+        if (dp.link.raw_fd().is_none() || dp.rx_more()) && device_event != LINK_EVENT {
             more_rx = dp.receive();
         }
         dp.after_work(vrings, more_rx);

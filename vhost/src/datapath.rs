@@ -141,6 +141,11 @@ pub struct DataPath {
     req: [u8; MAX_CONTROL_MSG],
     resp: [u8; MAX_CONTROL_MSG],
     rx_buf: Vec<u8>,
+    /// The last receive stopped at [`RX_BATCH`] frames: the link may hold
+    /// more that its descriptor does not show (frames it read ahead), so
+    /// the worker receives again at its next wake-up, which it arms at
+    /// once ([`DataPath::after_work`]).
+    rx_more: bool,
     /// A frame the link was too full to take, sent first next time.
     txq: TxFlush,
     /// The driver has used a queue since the last reset.
@@ -193,6 +198,7 @@ impl DataPath {
             req: [0; MAX_CONTROL_MSG],
             resp: [0; MAX_CONTROL_MSG],
             rx_buf: vec![0; RX_BUF_SIZE],
+            rx_more: false,
             txq: TxFlush::new(),
             running: false,
             stopped: false,
@@ -468,6 +474,17 @@ impl DataPath {
 
     /// [`DataPath::receive`], also returning how many frames it took.
     pub(crate) fn receive_counted(&mut self) -> (usize, bool) {
+        let (n, more) = self.receive_batch();
+        self.rx_more = more;
+        (n, more)
+    }
+
+    /// Whether the last receive stopped at its bound ([`RX_BATCH`]).
+    pub(crate) fn rx_more(&self) -> bool {
+        self.rx_more
+    }
+
+    fn receive_batch(&mut self) -> (usize, bool) {
         let guard = self.mem.memory();
         let mem = GuestMem::new(&guard);
         // One clock read per batch, not per frame (a batch lasts tens of
@@ -519,7 +536,8 @@ impl DataPath {
     /// the event queue and arms the timer for its next deadline.
     ///
     /// `vrings` are all the device's vrings, indexed by queue number.
-    /// `more_rx` says the link may still hold frames (polled links only).
+    /// `more_rx` says the link may still hold frames (the last receive
+    /// stopped at its bound): the worker's next wake-up comes at once.
     pub fn after_work(&mut self, vrings: &[Vring], more_rx: bool) {
         let guard = self.mem.memory();
         let mem = GuestMem::new(&guard);
@@ -546,7 +564,7 @@ impl DataPath {
             self.deliver_events(evq, &mem);
         }
 
-        if self.link.raw_fd().is_none() {
+        if self.link.raw_fd().is_none() || more_rx {
             let poll_at = self.now() + if more_rx { 0 } else { LINK_POLL_INTERVAL_NS };
             next = Some(next.map_or(poll_at, |d| d.min(poll_at)));
         }

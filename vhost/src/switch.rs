@@ -45,10 +45,20 @@
 //! ports without one: their workers poll every
 //! [`crate::datapath::LINK_POLL_INTERVAL_NS`].
 //!
+//! A port's frames for the uplink go to it in runs (the device's `TxFlush`
+//! hands several at once, [`Link::try_send_many`]: one `sendmmsg(2)` on
+//! AF_PACKET); a frame from the uplink for the reading port goes to its
+//! device in the uplink's own buffer ([`Link::recv_with`], filled by
+//! `recvmmsg(2)` on AF_PACKET), under the uplink's lock. Such an uplink
+//! reads ahead, so a pull that stops at its bound makes its port readable
+//! again (frames read ahead do not make the uplink's descriptor readable).
+//!
 //! Locks: the port table (read for every frame, written when a port comes
-//! or goes) and the uplink (held for one send, or one pull of at most
-//! [`UPLINK_PULL_MAX`] frames); the queues take none. A sender never holds
-//! the table while it waits for the uplink, so there is no cycle.
+//! or goes) and the uplink (held for one send of a run, or one pull of at
+//! most [`UPLINK_PULL_MAX`] frames and the delivery of the puller's own
+//! frame to its device, which does not touch the switch); the queues take
+//! none. A sender never holds the table while it waits for the uplink, so
+//! there is no cycle.
 
 use std::collections::VecDeque;
 use std::io;
@@ -140,6 +150,10 @@ struct PortCounters {
 
 fn inc(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
+}
+
+fn add(c: &AtomicU64, n: usize) {
+    c.fetch_add(n as u64, Ordering::Relaxed);
 }
 
 impl PortCounters {
@@ -377,6 +391,24 @@ impl Inner {
         inc(&self.uplink_tx);
         true
     }
+
+    /// Sends the frames on the uplink in one [`Link::try_send_many`]
+    /// (one `sendmmsg(2)` on AF_PACKET) under one lock; returns how many
+    /// it took: fewer when it is full (not counted) or a frame failed (the
+    /// failed frame counts as taken, as in [`Inner::to_uplink`]).
+    fn to_uplink_many(&self, frames: &mut [Vec<u8>]) -> usize {
+        let sent = self.uplink().try_send_many(frames);
+        let n = match sent {
+            Ok(n) => n.min(frames.len()),
+            Err(e) => {
+                inc(&self.uplink_tx_errors);
+                tracing::debug!("uplink send failed: {e}");
+                1
+            }
+        };
+        add(&self.uplink_tx, n);
+        n
+    }
 }
 
 /// The switch: an uplink and up to [`MAX_PORTS`] ports. Cheap to clone
@@ -467,6 +499,7 @@ impl Switch {
             epfd,
             taken: VecDeque::new(),
             used: Vec::new(),
+            scratch: Vec::new(),
         })
     }
 
@@ -575,6 +608,8 @@ pub struct SwitchPort {
     /// Buffers of frames returned, for the queue's spares (at most
     /// [`SPARE_BUFFERS`]).
     used: Vec<Vec<u8>>,
+    /// The uplink's receive buffer for [`Link::recv`] (which copies out).
+    scratch: Vec<u8>,
 }
 
 impl std::fmt::Debug for SwitchPort {
@@ -677,6 +712,15 @@ impl SwitchPort {
         self.forward(frame, true)
     }
 
+    /// Whether [`SwitchPort::forward`] sends `frame` to the uplink as it
+    /// is: a unicast frame, not a batch, for no port's MAC.
+    fn goes_to_uplink(&self, frame: &[u8]) -> bool {
+        frame
+            .get(..6)
+            .filter(|d| frame.len() >= ETH_HLEN && !is_group(d) && !gso::is_batch(frame))
+            .is_some_and(|dst| !self.sw.ports().iter().any(|p| p.mac == dst))
+    }
+
     /// Hands the oldest frame of the port's own queue to `deliver`, from
     /// the queue's buffer (no copy); false when the port has none.
     fn deliver_own(&mut self, deliver: &mut dyn FnMut(&[u8], Icrc)) -> bool {
@@ -775,56 +819,84 @@ impl SwitchPort {
     }
 
     /// Reads the uplink (at most [`UPLINK_PULL_MAX`] frames) until a frame
-    /// for this port arrives in `buf`; frames for other ports go to their
-    /// queues.
-    fn pull_uplink(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    /// for this port arrives, which goes to `deliver` (still under the
+    /// uplink's lock, in the uplink's buffer where it has one); frames for
+    /// other ports go to their queues. `buf` is the uplink's receive
+    /// buffer (its length the largest frame taken). Returns whether a
+    /// frame was delivered.
+    ///
+    /// A link may read ahead (AF_PACKET's `recvmmsg(2)`): its descriptor
+    /// then need not poll readable for frames it holds. So the caller
+    /// comes back until this returns false (as the data path does), and a
+    /// pull that stops at [`UPLINK_PULL_MAX`] makes its own port readable.
+    fn pull_uplink(
+        &self,
+        buf: &mut [u8],
+        deliver: &mut dyn FnMut(&[u8], Icrc),
+    ) -> io::Result<bool> {
         // Another port reading or sending on the uplink: do not wait for
-        // it. A reader forwards this port's frames to its queue; after a
-        // sender, the uplink's descriptor is still readable, so this port
-        // comes back. (Polling workers call this on every empty round;
-        // waiting here made the lock the switch's hottest spot.)
+        // it. A reader forwards this port's frames to its queue and reads
+        // on until the uplink is empty; after a sender, the uplink's
+        // descriptor is still readable, so this port comes back. (Polling
+        // workers call this on every empty round; waiting here made the
+        // lock the switch's hottest spot.)
         let mut uplink = match self.sw.uplink.try_lock() {
             Ok(u) => u,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return Ok(None),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(false),
         };
         for _ in 0..UPLINK_PULL_MAX {
-            let n = match uplink.recv(buf) {
-                Ok(Some(n)) => n.min(buf.len()),
-                Ok(None) => return Ok(None),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            let mut mine = false;
+            let got = uplink.recv_with(buf, &mut |frame, _| {
+                mine = self.route_from_uplink(frame);
+                if mine {
+                    deliver(frame, Icrc::Needed);
+                }
+            });
+            match got {
+                Ok(true) if mine => return Ok(true),
+                Ok(true) => {}
+                Ok(false) => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) => return Err(e),
-            };
-            inc(&self.sw.uplink_rx);
-            let frame = &buf[..n];
-            let Some(dst) = frame.get(..6).filter(|_| n >= ETH_HLEN) else {
-                inc(&self.sw.uplink_rx_unknown);
-                continue;
-            };
-            let ports = self.sw.ports();
-            if is_group(dst) {
-                for p in ports.iter().filter(|p| p.id != self.shared.id) {
-                    if p.push(frame, Icrc::Needed) {
-                        inc(&p.counters.rx_uplink);
-                    }
-                }
-                inc(&self.shared.counters.rx_uplink);
-                return Ok(Some(n));
-            }
-            if dst == self.shared.mac {
-                inc(&self.shared.counters.rx_uplink);
-                return Ok(Some(n));
-            }
-            match ports.iter().find(|p| p.mac == dst) {
-                Some(p) => {
-                    if p.push(frame, Icrc::Needed) {
-                        inc(&p.counters.rx_uplink);
-                    }
-                }
-                None => inc(&self.sw.uplink_rx_unknown),
             }
         }
-        Ok(None)
+        self.shared.signalled.store(true, Ordering::SeqCst);
+        self.shared.wake();
+        Ok(false)
+    }
+
+    /// Forwards a frame read from the uplink: to the other ports' queues
+    /// (a group frame to all of them); true when it is (also) this port's.
+    fn route_from_uplink(&self, frame: &[u8]) -> bool {
+        inc(&self.sw.uplink_rx);
+        let Some(dst) = frame.get(..6).filter(|_| frame.len() >= ETH_HLEN) else {
+            inc(&self.sw.uplink_rx_unknown);
+            return false;
+        };
+        let ports = self.sw.ports();
+        if is_group(dst) {
+            for p in ports.iter().filter(|p| p.id != self.shared.id) {
+                if p.push(frame, Icrc::Needed) {
+                    inc(&p.counters.rx_uplink);
+                }
+            }
+            inc(&self.shared.counters.rx_uplink);
+            return true;
+        }
+        if dst == self.shared.mac {
+            inc(&self.shared.counters.rx_uplink);
+            return true;
+        }
+        match ports.iter().find(|p| p.mac == dst) {
+            Some(p) => {
+                if p.push(frame, Icrc::Needed) {
+                    inc(&p.counters.rx_uplink);
+                }
+            }
+            None => inc(&self.sw.uplink_rx_unknown),
+        }
+        false
     }
 }
 
@@ -875,13 +947,50 @@ impl Link for SwitchPort {
         Ok(self.forward_buf(frame))
     }
 
+    /// As [`Link::try_send_buf`] for each frame, but a run of frames for
+    /// the uplink goes to it in one [`Link::try_send_many`] (one
+    /// `sendmmsg(2)` on AF_PACKET) under one lock.
+    fn try_send_many(&mut self, frames: &mut [Vec<u8>]) -> io::Result<usize> {
+        let c = &self.shared.counters;
+        let mut i = 0;
+        while let Some(rest) = frames.get_mut(i..).filter(|r| !r.is_empty()) {
+            let run = rest.iter().take_while(|f| self.goes_to_uplink(f)).count();
+            let Some(run) = rest.get_mut(..run).filter(|r| !r.is_empty()) else {
+                if !self.forward_buf(&mut rest[0]) {
+                    return Ok(i);
+                }
+                i += 1;
+                continue;
+            };
+            let len = run.len();
+            let took = self.sw.to_uplink_many(run);
+            add(&c.tx_uplink, took);
+            i += took;
+            if took < len {
+                inc(&c.tx_busy);
+                return Ok(i);
+            }
+        }
+        Ok(frames.len())
+    }
+
     /// A frame from the port's queue, else from the uplink (see the
     /// module); `Ok(None)` when neither has one for this port.
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
         if let Some(n) = self.pop_own(buf) {
             return Ok(Some(n));
         }
-        self.pull_uplink(buf)
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.resize(buf.len(), 0);
+        let mut got = None;
+        self.pull_uplink(&mut scratch, &mut |frame, _| {
+            if let Some(dst) = buf.get_mut(..frame.len()) {
+                dst.copy_from_slice(frame);
+                got = Some(frame.len());
+            }
+        })?;
+        self.scratch = scratch;
+        Ok(got)
     }
 
     /// As [`Link::recv`], handing a frame from the port's queue to
@@ -894,13 +1003,7 @@ impl Link for SwitchPort {
         if self.deliver_own(deliver) {
             return Ok(true);
         }
-        match self.pull_uplink(buf)? {
-            Some(n) => {
-                deliver(buf.get(..n).unwrap_or(buf), Icrc::Needed);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        self.pull_uplink(buf, deliver)
     }
 
     fn raw_fd(&self) -> Option<RawFd> {

@@ -499,3 +499,102 @@ fn ports_are_unique_bounded_and_leave_when_dropped() {
     assert_eq!(sw.ports(), 1);
     assert!(sw.add_port(A).is_ok(), "A's MAC is free again");
 }
+
+/// A port's frames for the uplink go out in runs ([`Link::try_send_many`]),
+/// its frames for other ports into their queues, all in order; a full
+/// uplink holds the rest back, counted once.
+#[test]
+fn frames_sent_many_at_once_reach_the_uplink_and_the_ports_in_order() {
+    let (up, mut outside) = MemLink::pair_with_depth(5);
+    let sw = Switch::new(Box::new(up));
+    let mut a = sw.add_port(A).unwrap();
+    let mut b = sw.add_port(B).unwrap();
+    let far = [2, 0, 0, 0, 0, 0x99];
+    let mut frames = vec![
+        frame(far, A, 1),
+        frame(B, A, 2),
+        frame(far, A, 3),
+        frame(far, A, 4),
+        frame([0xff; 6], A, 5),
+        frame(far, A, 6),
+        frame(far, A, 7),
+        frame(B, A, 8),
+    ];
+    let want = frames.clone();
+    // The uplink holds 5 (1, 3, 4, the broadcast, 6): frame 7 finds it full.
+    assert_eq!(a.try_send_many(&mut frames).unwrap(), 6);
+    assert_eq!(a.stats().tx_busy, 1);
+    assert_eq!(a.try_send_many(&mut frames[6..]).unwrap(), 0);
+    let mut out = recv_all(&mut outside);
+    assert_eq!(a.try_send_many(&mut frames[6..]).unwrap(), 2);
+    out.extend(recv_all(&mut outside));
+    let to = |d: [u8; 6]| -> Vec<Vec<u8>> {
+        want.iter()
+            .filter(|f| f[..6] == d || f[..6] == [0xff; 6])
+            .cloned()
+            .collect()
+    };
+    assert_eq!(out, to(far));
+    assert_eq!(recv_all(&mut b), to(B));
+    let s = a.stats();
+    assert_eq!((s.tx_uplink, s.tx_local), (6, 3), "{s:?}");
+    assert_eq!(sw.uplink_stats().tx_frames, 6);
+}
+
+/// An uplink that reads ahead (as AF_PACKET's `recvmmsg`): it takes every
+/// frame of its inner link at the first receive, so its descriptor no
+/// longer polls readable for the frames it holds.
+struct ReadAhead {
+    inner: MemLink,
+    held: VecDeque<Vec<u8>>,
+}
+
+impl Link for ReadAhead {
+    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+        self.inner.send(frame)
+    }
+
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        if self.held.is_empty() {
+            let mut b = vec![0u8; buf.len()];
+            while let Some(n) = self.inner.recv(&mut b)? {
+                self.held.push_back(b[..n].to_vec());
+            }
+        }
+        let Some(f) = self.held.pop_front() else {
+            return Ok(None);
+        };
+        buf[..f.len()].copy_from_slice(&f);
+        Ok(Some(f.len()))
+    }
+
+    fn raw_fd(&self) -> Option<RawFd> {
+        self.inner.raw_fd()
+    }
+}
+
+/// A port that stops reading the uplink after [`UPLINK_PULL_MAX`] frames
+/// for others stays readable when the uplink read ahead: the frame for it
+/// behind them is not stranded.
+#[test]
+fn a_pull_stopped_by_its_bound_keeps_the_port_readable_for_frames_read_ahead() {
+    let (up, mut outside) = MemLink::pair_with_depth(4 * UPLINK_PULL_MAX);
+    let sw = Switch::new(Box::new(ReadAhead {
+        inner: up,
+        held: VecDeque::new(),
+    }));
+    let mut a = sw.add_port(A).unwrap();
+    let mut b = sw.add_port(B).unwrap();
+    let fa = a.raw_fd().unwrap();
+    for i in 0..UPLINK_PULL_MAX {
+        outside.send(&frame(B, OUTSIDE, i as u8)).unwrap();
+    }
+    outside.send(&frame(A, OUTSIDE, 0xaa)).unwrap();
+    let mut buf = vec![0u8; 2048];
+    assert!(!a
+        .recv_with(&mut buf, &mut |_, _| panic!("no frame for A yet"))
+        .unwrap());
+    assert!(readable(fa), "A must come back for its frame");
+    assert_eq!(recv_all(&mut a), vec![frame(A, OUTSIDE, 0xaa)]);
+    assert_eq!(recv_all(&mut b).len(), UPLINK_PULL_MAX);
+}

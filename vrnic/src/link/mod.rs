@@ -107,6 +107,28 @@ pub trait Link: Send {
     fn try_send_buf(&mut self, frame: &mut Vec<u8>) -> io::Result<bool> {
         self.try_send(frame)
     }
+    /// Sends frames from the front of `frames`, in order, while the link
+    /// takes them, in as few system calls as it can (`sendmmsg(2)` on an
+    /// AF_PACKET socket); for each frame taken the link may leave another
+    /// buffer in its place, as [`Link::try_send_buf`] does. `Ok(n)`: the
+    /// first `n` frames were taken (or dropped for good, as by
+    /// [`Link::try_send`]); `n < frames.len()` when the link is full
+    /// (`n == 0`: full at the first frame, counted in
+    /// [`LinkStats::tx_busy`]) or frame `n` failed (its error is returned
+    /// by the next call, whose first frame it is). `Err`: the first frame
+    /// failed with an error other than "full" and was not sent. The
+    /// default sends one by one with [`Link::try_send_buf`].
+    fn try_send_many(&mut self, frames: &mut [Vec<u8>]) -> io::Result<usize> {
+        for (i, f) in frames.iter_mut().enumerate() {
+            match self.try_send_buf(f) {
+                Ok(true) => {}
+                Ok(false) => return Ok(i),
+                Err(e) if i == 0 => return Err(e),
+                Err(_) => return Ok(i),
+            }
+        }
+        Ok(frames.len())
+    }
     /// Receives one frame into `buf` without blocking; `Ok(None)` when none
     /// is waiting. Returns the frame length in bytes.
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>>;
@@ -154,7 +176,11 @@ pub trait Link: Send {
     /// injection), ignores it (the default).
     fn share_memory(&mut self, _mem: Option<Arc<dyn PeerMemory>>) {}
     /// A descriptor that polls readable while frames are waiting, for epoll;
-    /// `None` for links that are polled by calling [`Link::recv`].
+    /// `None` for links that are polled by calling [`Link::recv`]. A link
+    /// may read ahead (AF_PACKET's `recvmmsg(2)`): the frames it holds do
+    /// not make the descriptor readable, so a caller that stops calling
+    /// [`Link::recv`] or [`Link::recv_with`] before it finds none comes
+    /// back without waiting for the descriptor.
     fn raw_fd(&self) -> Option<RawFd>;
     /// The link's frame counters, for reports; `None` for a link that
     /// keeps none. Wrappers (fault injection, pcap) answer for their inner

@@ -8,17 +8,33 @@
 //! on the interface, including our own, are not read back. On kernels
 //! without that option, frames whose `sll_pkttype` is `PACKET_OUTGOING`
 //! are skipped instead. Needs `CAP_NET_RAW`.
+//!
+//! Frames go in batches where the caller has several
+//! ([`Link::try_send_many`]: one `sendmmsg(2)` of up to
+//! [`SEND_MANY_MAX`]) and come in batches always (one `recvmmsg(2)` of up
+//! to [`RECV_MANY`] into the link's own buffers, handed out one by one,
+//! without a copy through [`Link::recv_with`]): the system call per frame
+//! was the daemon's largest cost on this link (issue 10). So the link
+//! reads ahead: its descriptor does not poll readable for the frames it
+//! holds, and a caller reads until [`Link::recv`] returns none (or comes
+//! back without waiting, see [`Link::raw_fd`]).
 
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use super::stats::{is_transient_tx_error, LinkStats, OpenError};
-use super::Link;
+use super::{Icrc, Link};
 
 /// Upper bound of frames one [`Link::recv`] call skips (outgoing or
 /// oversize) before it returns `Ok(None)`, so a flood cannot pin the caller.
 const MAX_SKIPPED_PER_RECV: usize = 64;
+/// Most frames one `sendmmsg(2)` of [`Link::try_send_many`] sends.
+pub const SEND_MANY_MAX: usize = 64;
+/// Frames one `recvmmsg(2)` reads at most ([`Link::recv_with`] then hands
+/// them out one by one): 32 buffers of the caller's frame size (about
+/// 300 KiB at a 9000-byte MTU), allocated at the first receive.
+pub const RECV_MANY: usize = 32;
 /// Receive buffer asked for, bytes (the kernel doubles it for its
 /// bookkeeping, socket(7)): 8 MiB, so about 1,900 frames of a 4 KiB path
 /// MTU (each costs about 8.5 KiB of buffer) wait while the engine thread
@@ -58,6 +74,21 @@ pub struct PacketLink {
     /// Kernel receive-queue drops read so far (`PACKET_STATISTICS` resets
     /// its counters on every read, so they are summed here).
     kernel_drops: std::cell::Cell<u64>,
+    /// Frames read by the last `recvmmsg(2)` and not yet handed out.
+    rx: RxBatch,
+}
+
+/// The frames of one `recvmmsg(2)` ([`RECV_MANY`] buffers), handed out by
+/// [`Link::recv_with`] in order.
+#[derive(Debug, Default)]
+struct RxBatch {
+    /// [`RECV_MANY`] buffers, all of one length (the caller's frame size).
+    bufs: Vec<Vec<u8>>,
+    /// Per buffer: the frame's length as the kernel gave it (longer than
+    /// the buffer: truncated), and whether it is an outgoing frame.
+    got: Vec<(usize, bool)>,
+    /// The next frame to hand out; `got.len()` when all were.
+    next: usize,
 }
 
 fn err(ifname: &str, step: &'static str) -> io::Error {
@@ -159,6 +190,7 @@ impl PacketLink {
             ifindex,
             stats: LinkStats::default(),
             kernel_drops: std::cell::Cell::new(0),
+            rx: RxBatch::default(),
         })
     }
 
@@ -170,6 +202,90 @@ impl PacketLink {
     /// The interface index the socket is bound to.
     pub fn ifindex(&self) -> u32 {
         self.ifindex
+    }
+
+    /// Reads up to [`RECV_MANY`] frames of at most `frame_len` bytes with
+    /// one `recvmmsg(2)` into [`PacketLink::rx`] (which must be empty);
+    /// false when none is waiting.
+    fn refill(&mut self, frame_len: usize) -> io::Result<bool> {
+        let rx = &mut self.rx;
+        if rx.bufs.first().is_none_or(|b| b.len() != frame_len) {
+            rx.bufs = vec![vec![0; frame_len]; RECV_MANY];
+        }
+        rx.got.clear();
+        rx.next = 0;
+        // SAFETY (for the zeroed values): iovec, mmsghdr and sockaddr_ll
+        // are plain old data; all-zero is a valid value of each.
+        let mut iov: [libc::iovec; RECV_MANY] = unsafe { std::mem::zeroed() };
+        let mut names: [libc::sockaddr_ll; RECV_MANY] = unsafe { std::mem::zeroed() };
+        let mut msgs: [libc::mmsghdr; RECV_MANY] = unsafe { std::mem::zeroed() };
+        for (((b, v), name), m) in rx
+            .bufs
+            .iter_mut()
+            .zip(iov.iter_mut())
+            .zip(names.iter_mut())
+            .zip(msgs.iter_mut())
+        {
+            v.iov_base = b.as_mut_ptr().cast();
+            v.iov_len = b.len();
+            m.msg_hdr.msg_iov = v;
+            m.msg_hdr.msg_iovlen = 1;
+            m.msg_hdr.msg_name = (name as *mut libc::sockaddr_ll).cast();
+            m.msg_hdr.msg_namelen = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+        }
+        // SAFETY: every message points at a live buffer of its iov_len and
+        // a live sockaddr_ll of its msg_namelen, all alive for the call;
+        // MSG_TRUNC makes msg_len the frame's real length.
+        let n = unsafe {
+            libc::recvmmsg(
+                self.fd.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                RECV_MANY as libc::c_uint,
+                libc::MSG_TRUNC | libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(false),
+                _ => Err(e),
+            };
+        }
+        let n = (n as usize).min(RECV_MANY);
+        rx.got.extend(
+            msgs.iter()
+                .zip(names.iter())
+                .take(n)
+                .map(|(m, a)| (m.msg_len as usize, a.sll_pkttype == libc::PACKET_OUTGOING)),
+        );
+        Ok(n > 0)
+    }
+
+    /// The next received frame of at most `frame_len` bytes, skipping (at
+    /// most [`MAX_SKIPPED_PER_RECV`]) outgoing and longer ones; `None`
+    /// when none is waiting.
+    fn next_frame(&mut self, frame_len: usize) -> io::Result<Option<&[u8]>> {
+        for _ in 0..MAX_SKIPPED_PER_RECV {
+            if self.rx.next >= self.rx.got.len() && !self.refill(frame_len)? {
+                return Ok(None);
+            }
+            let i = self.rx.next;
+            self.rx.next += 1;
+            let Some(&(n, outgoing)) = self.rx.got.get(i) else {
+                return Ok(None);
+            };
+            if outgoing {
+                continue;
+            }
+            if n > frame_len || self.rx.bufs.get(i).is_none_or(|b| n > b.len()) {
+                self.stats.rx_oversize += 1;
+                continue;
+            }
+            self.stats.rx_frames += 1;
+            return Ok(self.rx.bufs.get(i).and_then(|b| b.get(..n)));
+        }
+        Ok(None)
     }
 
     /// Frame counters. [`LinkStats::rx_dropped`] is the kernel's count of
@@ -263,44 +379,79 @@ impl Link for PacketLink {
         Ok(true)
     }
 
-    /// Receives one frame. Frames longer than `buf` are discarded
-    /// ([`LinkStats::rx_oversize`], detected with `MSG_TRUNC`), as are
-    /// outgoing frames on kernels without `PACKET_IGNORE_OUTGOING`.
-    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        for _ in 0..MAX_SKIPPED_PER_RECV {
-            // SAFETY: sockaddr_ll is plain old data; all-zero is valid.
-            let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-            let mut sll_len = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-            // SAFETY: buffer and address point at live memory of the given sizes.
-            let n = unsafe {
-                libc::recvfrom(
-                    self.fd.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    libc::MSG_TRUNC,
-                    &mut sll as *mut libc::sockaddr_ll as *mut libc::sockaddr,
-                    &mut sll_len,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                return match e.kind() {
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
-                    _ => Err(e),
-                };
-            }
-            let n = n as usize;
-            if sll.sll_pkttype == libc::PACKET_OUTGOING {
-                continue;
-            }
-            if n > buf.len() {
-                self.stats.rx_oversize += 1;
-                continue;
-            }
-            self.stats.rx_frames += 1;
-            return Ok(Some(n));
+    /// Sends up to [`SEND_MANY_MAX`] frames with one `sendmmsg(2)`;
+    /// `EAGAIN`/`ENOBUFS` at the first frame: `Ok(0)` ([`LinkStats::tx_busy`]).
+    /// The kernel stops at the first frame it cannot send and returns the
+    /// count before it (its error is that of the next call).
+    fn try_send_many(&mut self, frames: &mut [Vec<u8>]) -> io::Result<usize> {
+        let count = frames.len().min(SEND_MANY_MAX);
+        if count == 0 {
+            return Ok(0);
         }
-        Ok(None)
+        // SAFETY: iovec and mmsghdr are plain old data; all-zero is valid.
+        let mut iov: [libc::iovec; SEND_MANY_MAX] = unsafe { std::mem::zeroed() };
+        let mut msgs: [libc::mmsghdr; SEND_MANY_MAX] = unsafe { std::mem::zeroed() };
+        for ((f, v), m) in frames.iter().zip(iov.iter_mut()).zip(msgs.iter_mut()) {
+            v.iov_base = f.as_ptr() as *mut libc::c_void;
+            v.iov_len = f.len();
+            m.msg_hdr.msg_iov = v;
+            m.msg_hdr.msg_iovlen = 1;
+        }
+        // SAFETY: the first `count` messages point at live frames of their
+        // iov_len, only read by the kernel, alive for the call; no address
+        // (the bound sockaddr_ll is used).
+        let n = unsafe {
+            libc::sendmmsg(
+                self.fd.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                count as libc::c_uint,
+                0,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if is_transient_tx_error(&e) {
+                self.stats.tx_busy += 1;
+                return Ok(0);
+            }
+            return Err(e);
+        }
+        let n = (n as usize).min(count);
+        self.stats.tx_frames += n as u64;
+        Ok(n)
+    }
+
+    /// Receives one frame into `buf` (see [`Link::recv_with`]).
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        let Some(f) = self.next_frame(buf.len())? else {
+            return Ok(None);
+        };
+        let n = f.len();
+        if let Some(dst) = buf.get_mut(..n) {
+            dst.copy_from_slice(f);
+        }
+        Ok(Some(n))
+    }
+
+    /// Receives one frame, from the frames the last `recvmmsg(2)` read
+    /// ([`RECV_MANY`] at most; a new call when they are all handed out),
+    /// and hands it to `deliver` in the link's buffer (its ICRC to be
+    /// checked); `buf` only gives the largest frame taken, bytes. Frames
+    /// longer are discarded ([`LinkStats::rx_oversize`], detected with
+    /// `MSG_TRUNC`), as are outgoing frames on kernels without
+    /// `PACKET_IGNORE_OUTGOING`.
+    fn recv_with(
+        &mut self,
+        buf: &mut [u8],
+        deliver: &mut dyn FnMut(&[u8], Icrc),
+    ) -> io::Result<bool> {
+        match self.next_frame(buf.len())? {
+            Some(f) => {
+                deliver(f, Icrc::Needed);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     fn raw_fd(&self) -> Option<RawFd> {

@@ -4,11 +4,12 @@
 //! with a full TX ring would, and the RC transport then recovers by
 //! retransmission: for a frame at the tail of a window that is the local
 //! ACK timeout (67 ms at perftest's `timeout` 14). An owner that drains a
-//! device through [`TxFlush`] instead keeps such a frame
-//! ([`super::Link::try_send`] answered "full"), sends nothing behind it,
-//! and tries it again first on its next pass (when the link's descriptor
-//! polls writable), so the frames leave complete and in order. While a
-//! frame is held the device's own queue fills, and at
+//! device through [`TxFlush`] instead hands the link up to [`SEND_BATCH`]
+//! frames at a time ([`super::Link::try_send_many`]: one `sendmmsg(2)`
+//! on AF_PACKET), keeps those the link is too full to take, sends nothing
+//! behind them, and tries them again first on its next pass (when the
+//! link's descriptor polls writable), so the frames leave complete and in
+//! order. While frames are held the device's own queue fills, and at
 //! `transport::TX_BACKLOG_MAX` frames its requesters and READ responders
 //! stop producing: backpressure up to the WQEs. A link that stays full for
 //! [`TX_HOLD_MAX_NS`] loses the held frame after all (counted), so a
@@ -60,12 +61,23 @@ pub struct Flushed {
     pub held: bool,
 }
 
-/// The frame held for a full link between passes; see the
+/// Most frames one [`TxFlush`] hands to [`Link::try_send_many`] at once:
+/// one `sendmmsg(2)` of 32 frames.
+pub const SEND_BATCH: usize = 32;
+/// Bytes of frames a [`TxFlush`] takes from its source ahead of the link,
+/// at most (the last frame taken may pass it): 32 frames of a 9000-byte
+/// MTU, or four batches between functions ([`crate::wire::gso`]).
+pub const SEND_BATCH_BYTES: usize = 32 * 9216;
+
+/// The frames taken from a source and not yet sent (the oldest first
+/// refused by a full link) between passes; see the
 /// [module documentation](self).
 #[derive(Debug, Default)]
 pub struct TxFlush {
-    held: Option<Vec<u8>>,
-    /// When the link first refused the held frame.
+    /// At most [`SEND_BATCH`] frames and (but for the last)
+    /// [`SEND_BATCH_BYTES`], in order.
+    pending: Vec<Vec<u8>>,
+    /// When the link first refused `pending[0]`; 0 while it is not refused.
     held_since: Nanos,
     given_up: u64,
 }
@@ -76,52 +88,66 @@ impl TxFlush {
         Self::default()
     }
 
-    /// Hands the held frame, then `src`'s frames, to `link` in order, until
-    /// `src` is empty, the link is full (the frame is held; nothing is sent
-    /// behind it), or [`FLUSH_MAX`] frames went. `now` (ns, any fixed
-    /// epoch) times the hold: a frame held for [`TX_HOLD_MAX_NS`] is given
-    /// up. A link error other than "full" loses that one frame (it is
-    /// logged), as [`Link::send`] errors do.
+    /// Hands the held frames, then `src`'s frames, to `link` in order, up
+    /// to [`SEND_BATCH`] per [`Link::try_send_many`], until `src` is empty,
+    /// the link is full (the refused frame and those taken behind it are
+    /// held; nothing is sent behind them), or [`FLUSH_MAX`] frames went.
+    /// `now` (ns, any fixed epoch) times the hold: a frame held for
+    /// [`TX_HOLD_MAX_NS`] is given up. A link error other than "full"
+    /// loses that one frame (it is logged), as [`Link::send`] errors do.
     pub fn flush(&mut self, link: &mut dyn Link, src: &mut dyn FrameSource, now: Nanos) -> Flushed {
         let mut done = Flushed::default();
-        for _ in 0..FLUSH_MAX {
-            let Some(mut frame) = self.held.take().or_else(|| src.next_frame()) else {
+        while done.sent < FLUSH_MAX {
+            let room = SEND_BATCH.min(FLUSH_MAX - done.sent);
+            let mut bytes: usize = self.pending.iter().map(Vec::len).sum();
+            while self.pending.len() < room && bytes < SEND_BATCH_BYTES {
+                match src.next_frame() {
+                    Some(f) => {
+                        bytes += f.len();
+                        self.pending.push(f);
+                    }
+                    None => break,
+                }
+            }
+            if self.pending.is_empty() {
                 return done;
-            };
-            // A link that takes the buffer leaves one of its own in `frame`.
-            match link.try_send_buf(&mut frame) {
-                Ok(true) => {}
-                Ok(false) if self.held_since == 0 => {
+            }
+            // A link that takes a buffer leaves one of its own in its place.
+            let took = match link.try_send_many(&mut self.pending) {
+                Ok(0) if self.held_since == 0 => {
                     self.held_since = now.max(1);
-                    self.held = Some(frame);
                     done.held = true;
                     return done;
                 }
-                Ok(false) if now.saturating_sub(self.held_since) < TX_HOLD_MAX_NS => {
-                    self.held = Some(frame);
+                Ok(0) if now.saturating_sub(self.held_since) < TX_HOLD_MAX_NS => {
                     done.held = true;
                     return done;
                 }
-                Ok(false) => {
+                Ok(0) => {
                     self.given_up = self.given_up.wrapping_add(1);
                     done.given_up += 1;
                     tracing::debug!("link full for {TX_HOLD_MAX_NS} ns: a frame given up");
+                    1
                 }
+                Ok(n) => n.min(self.pending.len()),
                 Err(e) => {
                     done.failed += 1;
                     tracing::debug!("link send failed: {e}");
+                    1
                 }
-            }
+            };
             self.held_since = 0;
-            done.sent += 1;
-            src.recycle(frame);
+            done.sent += took;
+            for frame in self.pending.drain(..took) {
+                src.recycle(frame);
+            }
         }
         done
     }
 
     /// True while a frame waits for the link.
     pub fn holding(&self) -> bool {
-        self.held.is_some()
+        !self.pending.is_empty()
     }
 
     /// Frames given up after being held for [`TX_HOLD_MAX_NS`].
@@ -244,10 +270,85 @@ mod tests {
                 ..Flushed::default()
             }
         );
-        assert_eq!((tx.given_up(), src.frames.len()), (1, 1));
+        assert_eq!((tx.given_up(), src.recycled), (1, 1));
         link.refuse = 0;
         tx.flush(&mut link, &mut src, t0 + TX_HOLD_MAX_NS + 1);
         assert_eq!(link.took, vec![vec![1; 60], vec![2; 60]]);
+    }
+
+    /// A link that takes at most `per_call` frames per
+    /// [`Link::try_send_many`] (as `sendmmsg` stopping early) and fails
+    /// frames whose first byte is in `bad`; what it took, and its calls.
+    struct Batching {
+        per_call: usize,
+        bad: Vec<u8>,
+        took: Vec<u8>,
+        calls: usize,
+    }
+
+    impl Link for Batching {
+        fn send(&mut self, _: &[u8]) -> io::Result<()> {
+            unreachable!("TxFlush sends with try_send_many")
+        }
+
+        fn try_send_many(&mut self, frames: &mut [Vec<u8>]) -> io::Result<usize> {
+            self.calls += 1;
+            for (i, f) in frames.iter().take(self.per_call).enumerate() {
+                if self.bad.contains(&f[0]) {
+                    return if i == 0 {
+                        Err(io::Error::from_raw_os_error(libc::EMSGSIZE))
+                    } else {
+                        Ok(i)
+                    };
+                }
+                self.took.push(f[0]);
+            }
+            Ok(frames.len().min(self.per_call))
+        }
+
+        fn recv(&mut self, _: &mut [u8]) -> io::Result<Option<usize>> {
+            Ok(None)
+        }
+
+        fn raw_fd(&self) -> Option<RawFd> {
+            None
+        }
+    }
+
+    #[test]
+    fn frames_go_in_batches_in_order_and_a_failing_frame_loses_only_itself() {
+        let mut link = Batching {
+            per_call: SEND_BATCH,
+            bad: vec![40],
+            took: Vec::new(),
+            calls: 0,
+        };
+        let mut src = frames(100);
+        let f = TxFlush::new().flush(&mut link, &mut src, 1);
+        assert_eq!(
+            f,
+            Flushed {
+                sent: 100,
+                failed: 1,
+                ..Flushed::default()
+            }
+        );
+        let want: Vec<u8> = (0..100).filter(|&i| i != 40).collect();
+        assert_eq!(link.took, want);
+        assert_eq!(src.recycled, 100);
+        // 32, 8 (stopped before 40), 40 alone (failed), 32, 19: batches.
+        assert_eq!(link.calls, 5);
+
+        // A link that stops early: the rest is offered again at once.
+        let mut link = Batching {
+            per_call: 5,
+            bad: Vec::new(),
+            took: Vec::new(),
+            calls: 0,
+        };
+        let f = TxFlush::new().flush(&mut link, &mut frames(12), 1);
+        assert_eq!((f.sent, f.held), (12, false));
+        assert_eq!(link.took, (0..12).collect::<Vec<u8>>());
     }
 
     #[test]
