@@ -11,8 +11,9 @@
 #      --quick; ib_send_lat, ib_write_lat at 64 B) between two host processes in two namespaces joined by a veth pair (MTU 9000, path
 #      MTU 4096), each with an in-process vrnic device (VRNIC_LOOPBACK: the engine alone on
 #      AF_PACKET, mode "loopback"), then through daemons (modes switch, tap, packet, below);
-#   3. with --guests: tests/e2e/run.sh rxe-rxe ibv-ibv (perftest between two rxe guests and two
-#      vrnic guests under the same QEMU accelerator; several minutes under TCG), every tool with
+#   3. with --guests: tests/e2e/run.sh rxe-rxe ibv-ibv ibv-ibv-switch (perftest between two rxe
+#      guests, two vrnic guests on two daemons over TAP, and two vrnic guests on one daemon through
+#      its switch, under the same QEMU accelerator; several minutes under TCG), every tool with
 #      -n 5000 (perftest's own default for the bandwidth tools; BENCH_GUEST_PERF_ARGS to change):
 #      the e2e's -n 200 moves 13 MB, ~30 ms for vrnic, where start-up weighs on the figure.
 # Each perftest row also shows why a figure is low: the frames the receive queues dropped and, for
@@ -297,8 +298,8 @@ for mode in ${BENCH_MODES:-loopback switch tap packet}; do
 done
 
 if [ $guests = 1 ]; then
-    log "guests: tests/e2e/run.sh rxe-rxe ibv-ibv (several minutes under TCG)"
-    VRNIC_BIN=$rel/vrnic E2E_RESULTS=$out/e2e E2E_PERF_SWEEP=0 E2E_PERF_ARGS="${BENCH_GUEST_PERF_ARGS:--n 5000}" "$top/tests/e2e/run.sh" rxe-rxe ibv-ibv >"$out/e2e.log" 2>&1 || true
+    log "guests: tests/e2e/run.sh rxe-rxe ibv-ibv ibv-ibv-switch (several minutes under TCG)"
+    VRNIC_BIN=$rel/vrnic E2E_RESULTS=$out/e2e E2E_PERF_SWEEP=0 E2E_PERF_ARGS="${BENCH_GUEST_PERF_ARGS:--n 5000}" "$top/tests/e2e/run.sh" rxe-rxe ibv-ibv ibv-ibv-switch >"$out/e2e.log" 2>&1 || true
     awk -F, 'NR > 1 && $2 == "a" && $6 == "client" { print "guest-" $1 "," $5 "," $7 "," $8 "," $9 }' \
         "$out/e2e/perftest.csv" 2>/dev/null | sed 's/MB\/sec/MB\/s/; s/usec/us/' |
         awk -F, '{ print $2 ",guests-" substr($1, 7) "," $3 "," $4 "," $5 ",-,-,-,-,-,-,-" }' >>"$out/bench.csv" || true

@@ -5,9 +5,10 @@
 # Usage: tests/e2e/run.sh [STEP...]     STEP: qemu-select | rxe-rxe | probe | vrnic-rxe | vrnic-vrnic |
 #                                             vrnic-rxe-lossy | vrnic-vrnic-pause | vrnic-vrnic-kill |
 #                                             vrnic-vrnic-restart | hostile-peer | soak-2min | ibv-rxe |
-#                                             ibv-ibv | ibv-vrnic | containers
+#                                             ibv-ibv | ibv-ibv-switch | ibv-vrnic | containers
 #   default: qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause
-#   vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min ibv-rxe ibv-ibv containers
+#   vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min ibv-rxe ibv-ibv ibv-ibv-switch
+#   containers
 #   (containers: Debian's tools in podman containers on vrnic through the daemon's vhost-user
 #   socket, against each other and against a vrnic and an rxe guest, tests/e2e/containers.sh; soak-2min:
 #   scripts/soak.sh --minutes 2, two daemons and the vrnic-soak driver, no QEMU; qemu-select: which QEMU the
@@ -15,7 +16,9 @@
 #   run_pause; vrnic-vrnic-kill: a guest's QEMU killed mid-run, see run_kill; vrnic-vrnic-restart:
 #   a daemon killed mid-run and restarted, see run_restart; hostile-peer: an independent scapy peer
 #   attacks a vrnic server, see run_hostile; ibv: a vrnic guest running Debian's unmodified
-#   ibv_*_pingpong and perftest on vrnic's libibverbs.so.1; rxe-rxe is the harness's own baseline;
+#   ibv_*_pingpong and perftest on vrnic's libibverbs.so.1; ibv-ibv-switch: ibv-ibv with both
+#   guests on one daemon, two functions reaching each other through its embedded switch
+#   (payloads go from one guest's memory to the other's); rxe-rxe is the harness's own baseline;
 #   E2E_BASELINE=1 puts it first). probe: one vrnic guest + daemon running vrnic-probe; when it
 #   fails, the vrnic pairs are not run (they would only time out) unless E2E_KEEP_GOING=1.
 # Each pair boots two guests once; each guest runs the whole matrix in one job: for every size,
@@ -46,7 +49,7 @@ trap 'rc=$?; if [ $SUMMARY_DONE = 0 ]; then echo "FAIL: e2e aborted (exit $rc)";
 
 PAIRS=("$@")
 [ ${#PAIRS[@]} -gt 0 ] || PAIRS=(qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause
-    vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min ibv-rxe ibv-ibv containers)
+    vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min ibv-rxe ibv-ibv ibv-ibv-switch containers)
 [ "${E2E_BASELINE:-0}" = 1 ] && PAIRS=(rxe-rxe "${PAIRS[@]}")
 if [ -z "${E2E_RESULTS:-}" ] && [ -d "$VR_TOP/out" ]; then
     # Default results dirs out/e2e-DATE: keep the last 5 (daemon pcaps are ~60 MB each).
@@ -77,7 +80,7 @@ for p in "${PAIRS[@]}"; do
     rxe-rxe | qemu-select) ;;
     probe | vrnic-rxe | vrnic-vrnic | vrnic-rxe-lossy | vrnic-vrnic-lossy | vrnic-vrnic-pause | vrnic-vrnic-kill | vrnic-vrnic-restart | hostile-peer) need_vrnic=1 ;;
     soak-2min) need_vrnic=1 ;;
-    ibv-rxe | ibv-ibv | ibv-vrnic | containers) need_vrnic=1 ;;
+    ibv-rxe | ibv-ibv | ibv-ibv-switch | ibv-vrnic | containers) need_vrnic=1 ;;
     *) vr_die "unknown pair $p" ;;
     esac
 done
@@ -241,7 +244,12 @@ lossy_stop() {
 run_pair() {
     local pair=$1 dir=$RESULTS/$1 side kind ip tool roles peer daemons=() tp=$SECONDS
     local -A pid_of kind_of
-    local base=${1%-lossy}
+    local base=${1%-lossy} lossy=0 one_daemon=0
+    [ "$base" = "$pair" ] || lossy=1
+    # PAIR-switch: both vrnic guests are functions of one daemon (side a's), through its switch.
+    if [ "$base" != "${base%-switch}" ]; then
+        base=${base%-switch} one_daemon=1
+    fi
     if [[ $base == ibv-* || $base == *-ibv ]]; then
         # Debian's unmodified tools on vrnic's libibverbs.so.1: sizes 1, MTU+1 and 1 MiB, the
         # stock tools' own check (-c) on both sides (job() reads these).
@@ -251,23 +259,23 @@ run_pair() {
     # perftest (Debian's, unmodified) in the pairs whose figures are compared: rxe-rxe, ibv-rxe,
     # ibv-ibv (same QEMU, same accelerator, same run); E2E_PERF=0 leaves it out.
     local PERF_TOOLS='' PERF_ARGS=''
-    if [ "$base" = "$pair" ] && [ "${E2E_PERF:-1}" = 1 ] && [[ $pair == rxe-rxe || $pair == ibv-* ]]; then
+    if [ $lossy = 0 ] && [ "${E2E_PERF:-1}" = 1 ] && [[ $pair == rxe-rxe || $pair == ibv-* ]]; then
         PERF_TOOLS=$PERF_TOOLS_ALL PERF_ARGS=$PERF_ARGS_ALL
     fi
     # The -a and -q 4 sweeps in the ibv pairs (both sides run them).
     local PERF_ALL_TOOLS='' PERF_ALL_ARGS='' PERF_QP_TOOLS='' PERF_QP_ARGS='' PERF_LONG_TOOLS='' PERF_LONG_ARGS=''
-    if [ "$base" = "$pair" ] && [ "${E2E_PERF:-1}" = 1 ] && [ "${E2E_PERF_SWEEP:-1}" = 1 ] && [[ $pair == ibv-* ]]; then
+    if [ $lossy = 0 ] && [ "${E2E_PERF:-1}" = 1 ] && [ "${E2E_PERF_SWEEP:-1}" = 1 ] && [[ $pair == ibv-* ]]; then
         PERF_ALL_TOOLS=$PERF_ALL_TOOLS_ALL PERF_ALL_ARGS=$PERF_ALL_ARGS_ALL
         PERF_QP_TOOLS=$PERF_QP_TOOLS_ALL PERF_QP_ARGS=$PERF_QP_ARGS_ALL
     fi
     # The long run: in the ibv pairs, sweep or not.
-    if [ "$base" = "$pair" ] && [ "${E2E_PERF:-1}" = 1 ] && [[ $pair == ibv-* ]]; then
+    if [ $lossy = 0 ] && [ "${E2E_PERF:-1}" = 1 ] && [[ $pair == ibv-* ]]; then
         PERF_LONG_TOOLS=$PERF_LONG_TOOLS_ALL PERF_LONG_ARGS=$PERF_LONG_ARGS_ALL
     fi
     # The compaction check where both guests run vrnic's libibverbs.so.1.
     local PIN_CHECK=0
     [ "$pair" = ibv-ibv ] && [ "${E2E_PIN:-1}" = 1 ] && PIN_CHECK=1
-    if [ "$base" != "$pair" ]; then
+    if [ $lossy = 1 ]; then
         # Seen by job() and the checks: fewer sizes, no UD/SRQ runs (UD has no recovery; stock tools
         # would hang); the RDMA READ/atomic runs stay (E2E_LOSSY_RDMA=0 drops them).
         local SIZES=${E2E_LOSSY_SIZES:-4096 65536} XRUNS='' RDMA=${E2E_LOSSY_RDMA:-$RDMA}
@@ -296,15 +304,21 @@ run_pair() {
             # 1 MiB messages and perftest would make ~120,000-frame captures (minutes to check).
             local pcap=$dir/vrnic-$side.pcap
             [ "$kind" = ibv ] && pcap=
-            if ! vr_daemon "vrnic-$side" "$NS" "$dir/vrnic-$side.sock" "tap-v$side" "10.0.0.10${ip##*.}/24" \
+            local VR_DAEMON_EXTRA=()
+            # One daemon for both: side a's serves side b's socket and address as a second function.
+            [ $one_daemon = 1 ] && VR_DAEMON_EXTRA=(--function "socket=$dir/vrnic-b.sock,ip=10.0.0.102/24")
+            if [ $one_daemon = 1 ] && [ $side = b ]; then
+                :
+            elif ! vr_daemon "vrnic-$side" "$NS" "$dir/vrnic-$side.sock" "tap-v$side" "10.0.0.10${ip##*.}/24" \
                 "$dir" $pcap; then
                 fail "$pair: daemon vrnic-$side did not start (log $dir/vrnic-$side.log)"
                 [ ${#daemons[@]} = 0 ] || vr_stop "${daemons[@]}"
                 [ -n "$capture" ] && vr_stop "$capture"
                 [ "$side" = b ] && vr_stop "${pid_of[a]}"
                 return 0
+            else
+                daemons+=("$VR_LAST_PID")
             fi
-            daemons+=("$VR_LAST_PID")
         else
             tool=ibv_rc_pingpong
         fi
@@ -319,7 +333,7 @@ run_pair() {
         # Several programs on one device through the guest agent, one killed: the ibv guest of
         # side a serves, side b's guest (rxe or ibv) runs the clients.
         local MULTI_ROLE=
-        if [ "$base" = "$pair" ] && [ "${kind_of[a]}" = ibv ]; then
+        if [ $lossy = 0 ] && [ "${kind_of[a]}" = ibv ]; then
             if [ $side = a ]; then MULTI_ROLE=server; else MULTI_ROLE=client; fi
         fi
         job "$dir/job-$side.sh" "$pair-$side" "$tool" "$peer" "$roles" "$wroles" "$rroles"
@@ -445,7 +459,7 @@ run_pair() {
         [ "$got" = "$want" ] || fail "$pair $side: $got of $want perftest runs reported"
         # Several programs through the guest agent: VRNIC-MULTI name check ok=yes|no details...
         want=0 got=0
-        if [ "$base" = "$pair" ] && [ "${kind_of[a]}" = ibv ]; then
+        if [ $lossy = 0 ] && [ "${kind_of[a]}" = ibv ]; then
             want=2
             [ $side = a ] && want=4
         fi
@@ -529,7 +543,7 @@ run_pair() {
         done < <(grep -a '^VRNIC-WRITEIMM ' "$dir/$side.log" | tr -d '\r')
         [ "$got" = "$want" ] || fail "$pair $side: $got of $want write-imm runs reported"
     done
-    [ "$base" = "$pair" ] || lossy_stop "$pair"
+    [ $lossy = 0 ] || lossy_stop "$pair"
     # Stop the daemons (the guests are gone), then check their captures.
     [ ${#daemons[@]} = 0 ] || vr_stop "${daemons[@]}"
     local pcaps=()
