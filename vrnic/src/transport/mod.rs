@@ -604,3 +604,62 @@ pub fn scatter_sges(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod output_tests {
+    use super::*;
+    use crate::link::{LocalMacs, LocalReach};
+    use crate::wire::packet_tests::sample_headers;
+    use crate::wire::Opcode;
+
+    /// Every destination is local; payloads by reference when `by_ref`.
+    struct Local(bool);
+
+    impl LocalReach for Local {
+        fn contains(&self, _: &[u8; 6]) -> bool {
+            true
+        }
+        fn by_reference(&self, _: &[u8; 6]) -> bool {
+            self.0
+        }
+    }
+
+    /// Packets of 4096 payload bytes in the first frame of an output that
+    /// sends 40 of them to one local flow, by reference after the first
+    /// where it can.
+    fn first_batch(by_ref: bool) -> usize {
+        let mut out = Output {
+            local_macs: Some(LocalMacs::with(Local(by_ref))),
+            ..Output::default()
+        };
+        let payload = vec![0x5a; 4096];
+        for k in 0..40u32 {
+            let mut h = sample_headers(Opcode::RcWriteMiddle, false);
+            h.bth.psn += k;
+            let taken = out
+                .send_by_ref(&mut h, payload.len(), |o| {
+                    crate::data::push_piece(o, 0x10_0000 + u64::from(k) * 4096, 4096);
+                    Ok::<(), ()>(())
+                })
+                .unwrap();
+            if !taken {
+                out.send(&mut h, &payload);
+            }
+        }
+        assert_eq!(out.backlog(), 40);
+        out.tx_counts[0]
+    }
+
+    /// A batch of packets by reference holds their headers and piece
+    /// entries, not their payloads (its room counts its own bytes): it
+    /// fills up to the packet bound, where a batch of bytes stops at its
+    /// byte bound.
+    #[test]
+    fn a_batch_by_reference_is_bounded_by_packets_not_by_payload_bytes() {
+        assert_eq!(first_batch(true), wire::gso::BATCH_MAX_PACKETS);
+        let bytes = first_batch(false);
+        assert!(bytes < wire::gso::BATCH_MAX_PACKETS, "{bytes}");
+        // 80 KiB: the first packet's frame and 18 segments of 4110 bytes.
+        assert_eq!(bytes, 19);
+    }
+}

@@ -28,7 +28,7 @@ mod packet;
 mod reth;
 
 #[cfg(test)]
-mod packet_tests;
+pub(crate) mod packet_tests;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]

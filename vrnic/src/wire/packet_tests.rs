@@ -9,7 +9,7 @@ const ETH: usize = 14;
 
 /// Headers for `op` with every extension header the opcode requires filled
 /// with distinctive values, over IPv4 or IPv6.
-pub(super) fn sample_headers(op: Opcode, v6: bool) -> RoceHeaders {
+pub(crate) fn sample_headers(op: Opcode, v6: bool) -> RoceHeaders {
     let (ip_src, ip_dst) = if v6 {
         (
             IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1)),
