@@ -8,7 +8,9 @@
 //! `rxe_start_poll`, `rxe_next_poll`, `rxe_end_poll`, `rxe_wc_read_*`).
 
 use std::ffi::{c_int, c_void};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use vrnic_guest::verbs::{Cq, WorkCompletion};
 
@@ -27,8 +29,12 @@ pub(crate) struct VrnicCq {
     /// The completion `ibv_start_poll`/`ibv_next_poll` made current, which
     /// the `ibv_wc_read_*` readers return fields of.
     current: Mutex<WorkCompletion>,
-    /// The device is in-process (loopback): yield on an empty poll.
+    /// The device shares this machine's CPUs (in-process, or a daemon
+    /// reached over vhost-user): give the CPU back on an empty poll.
     yield_when_empty: bool,
+    /// When the CQ was first polled empty in a row, ns since [`epoch`]; 0
+    /// while the last poll found completions ([`idle_poll`]).
+    empty_since: AtomicU64,
     /// The context's event tables (kept by the CQ: destroying it must not
     /// need the context, which a careless application may have closed).
     events: Arc<Events>,
@@ -98,6 +104,7 @@ fn create(
         inner: Mutex::new(inner),
         current: Mutex::new(WorkCompletion::default()),
         yield_when_empty: ctx.verbs.yield_when_idle(),
+        empty_since: AtomicU64::new(0),
         events: ctx.events.events.clone(),
     }))
     .cast::<c::ibv_cq_ex>();
@@ -196,6 +203,71 @@ fn to_wc(w: &WorkCompletion) -> c::ibv_wc {
     wc
 }
 
+/// How long a CQ is polled empty with a yield after each poll before
+/// each empty poll naps instead, ns (50 µs: longer than a 64-byte
+/// ping-pong's round trip through a daemon here, 10–25 µs, so latency
+/// runs never nap). `VRNIC_CQ_SPIN_US` sets it; `VRNIC_CQ_SPIN_US=off`
+/// never naps.
+pub(crate) const SPIN_NS: u64 = 50_000;
+/// One nap of an empty poll past [`SPIN_NS`], ns (the kernel adds the
+/// thread's timer slack, 50 µs by default).
+pub(crate) const NAP_NS: u64 = 20_000;
+
+/// The process's clock origin for [`VrnicCq::empty_since`].
+fn epoch() -> &'static Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now)
+}
+
+/// [`SPIN_NS`], or `VRNIC_CQ_SPIN_US` (µs; `off`: `None`, never nap).
+fn spin_ns() -> Option<u64> {
+    static SPIN: OnceLock<Option<u64>> = OnceLock::new();
+    *SPIN.get_or_init(|| match std::env::var("VRNIC_CQ_SPIN_US") {
+        Ok(v) if v == "off" => None,
+        Ok(v) => Some(
+            v.parse::<u64>()
+                .map_or(SPIN_NS, |us| us.saturating_mul(1000)),
+        ),
+        Err(_) => Some(SPIN_NS),
+    })
+}
+
+/// What an empty poll of a CQ whose device shares this machine's CPUs does
+/// (the device runs on an engine thread of this process, or on a daemon's
+/// worker: `Transport::yield_when_idle`): it gives the CPU back, so an
+/// application spinning on its CQ does not keep the device's thread from
+/// running. For [`SPIN_NS`] after the CQ went empty each poll yields
+/// (`sched_yield(2)`: on a loaded machine a busy-polling ping-pong is
+/// otherwise ~100x slower); after that each sleeps [`NAP_NS`]. A
+/// bandwidth run whose completions come further apart than that (a deep
+/// send queue of large messages over a wire) then leaves the CPU to the
+/// daemon's workers, which move the data: `ib_write_bw` 64 KiB between two
+/// daemons over AF_PACKET went from 0.80 to 1.06–1.09 GB/s on this 2-core
+/// machine (issue 10). `empty_since` is the CQ's [`VrnicCq::empty_since`].
+fn idle_poll(empty_since: &AtomicU64) {
+    let now = u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX);
+    if naps(empty_since, now, spin_ns()) {
+        std::thread::sleep(Duration::from_nanos(NAP_NS));
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// Whether an empty poll at `now` (ns since [`epoch`]) naps rather than
+/// yields, after `spin` ns of empty polls (`None`: never); records the
+/// first empty poll of a row in `empty_since`.
+fn naps(empty_since: &AtomicU64, now: u64, spin: Option<u64>) -> bool {
+    let now = now.max(1);
+    let since = match empty_since.load(Ordering::Relaxed) {
+        0 => {
+            empty_since.store(now, Ordering::Relaxed);
+            now
+        }
+        t => t,
+    };
+    spin.is_some_and(|spin| now.saturating_sub(since) >= spin)
+}
+
 /// `ops.poll_cq` (`ibv_poll_cq(3)`): up to `num_entries` completions into
 /// `wc`; their number, or -1 for a NULL argument.
 pub(crate) unsafe extern "C" fn poll_cq(
@@ -229,13 +301,10 @@ pub(crate) unsafe extern "C" fn poll_cq(
             }
         }
         drop(inner);
-        if done == 0 && vcq.yield_when_empty {
-            // The device runs on an engine thread of this process, or its
-            // doorbells pass through the guest agent (Transport::
-            // yield_when_idle): an application spinning on an empty CQ lets
-            // them run (on a loaded machine a busy-polling ping-pong is
-            // otherwise ~100x slower).
-            std::thread::yield_now();
+        if done > 0 {
+            vcq.empty_since.store(0, Ordering::Relaxed);
+        } else if vcq.yield_when_empty {
+            idle_poll(&vcq.empty_since);
         }
         done as c_int
     })
@@ -396,3 +465,25 @@ reader!(
     /// `ibv_wc_read_dlid_path_bits`: 0 (RoCE has no LIDs).
     read_dlid_path_bits -> u8, |_w| 0
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Empty polls yield for the spin time after the first, then nap; a
+    /// poll that finds completions (`empty_since` reset) starts over; with
+    /// napping off they always yield.
+    #[test]
+    fn empty_polls_yield_for_the_spin_time_then_nap() {
+        let since = AtomicU64::new(0);
+        let spin = Some(SPIN_NS);
+        let t0 = 1_000_000;
+        assert!(!naps(&since, t0, spin));
+        assert!(!naps(&since, t0 + SPIN_NS - 1, spin));
+        assert!(naps(&since, t0 + SPIN_NS, spin));
+        assert!(naps(&since, t0 + 10 * SPIN_NS, spin));
+        since.store(0, Ordering::Relaxed);
+        assert!(!naps(&since, t0 + 10 * SPIN_NS + 1, spin));
+        assert!(!naps(&since, t0 + 100 * SPIN_NS, None));
+    }
+}
