@@ -344,8 +344,9 @@ for r in rows:
     fig = limtxt = ""
     if x is None:
         fig = v
-    elif r["unit"] == "MB/s" and r["mode"] == "switch":
-        # Between two functions of one daemon the limit is a memory copy (same size).
+    elif r["unit"] == "MB/s" and r["mode"].endswith("switch"):
+        # Between two functions of one daemon (host processes or guests) the limit is a memory
+        # copy (same size).
         gbps = x * 8 / 1000
         mc = num(f"memcpy_gbytes_per_s_{r['bytes']}") * 8
         ratio = gbps / mc if mc else None
