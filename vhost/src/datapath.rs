@@ -539,6 +539,9 @@ impl DataPath {
     /// `more_rx` says the link may still hold frames (the last receive
     /// stopped at its bound): the worker's next wake-up comes at once.
     pub fn after_work(&mut self, vrings: &[Vring], more_rx: bool) {
+        // Every pass re-arms the timer: one after the receive that stopped
+        // at its bound must keep the wake-up at once.
+        let more_rx = more_rx || self.rx_more;
         let guard = self.mem.memory();
         let mem = GuestMem::new(&guard);
         let mut next = None;
@@ -897,8 +900,83 @@ fn signal(vring: &Vring, mem: &GuestMemoryMmap) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::RawFd;
     use virtio_queue::Queue;
     use vm_memory::{Bytes, GuestAddress};
+    use vrnic::device::DeviceConfig;
+    use vrnic::link::MemLink;
+
+    /// A link that reads ahead (as AF_PACKET's `recvmmsg`): its first
+    /// receive takes every frame of the inner link, whose descriptor then
+    /// no longer polls readable for them.
+    struct ReadAhead {
+        inner: MemLink,
+        held: VecDeque<Vec<u8>>,
+    }
+
+    impl Link for ReadAhead {
+        fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+            self.inner.send(frame)
+        }
+
+        fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+            if self.held.is_empty() {
+                let mut b = vec![0u8; buf.len()];
+                while let Some(n) = self.inner.recv(&mut b)? {
+                    self.held.push_back(b[..n].to_vec());
+                }
+            }
+            let Some(f) = self.held.pop_front() else {
+                return Ok(None);
+            };
+            buf[..f.len()].copy_from_slice(&f);
+            Ok(Some(f.len()))
+        }
+
+        fn raw_fd(&self) -> Option<RawFd> {
+            self.inner.raw_fd()
+        }
+    }
+
+    /// A receive that stops at its bound with frames read ahead keeps the
+    /// worker's next wake-up at once through every later pass, until a
+    /// receive finds the link empty.
+    #[test]
+    fn frames_read_ahead_beyond_the_receive_bound_wake_the_worker_at_once() {
+        let (link, mut peer) = MemLink::pair_with_depth(4 * RX_BATCH);
+        let dev = Device::new(DeviceConfig {
+            mac: [2, 0x76, 10, 0, 0, 1],
+            ipv4: std::net::Ipv4Addr::new(10, 0, 0, 1),
+            prefix_len: 24,
+            ipv6: Vec::new(),
+            link_mtu: 1500,
+        });
+        let mut dp = DataPath::new(
+            dev,
+            Box::new(ReadAhead {
+                inner: link,
+                held: VecDeque::new(),
+            }),
+        )
+        .unwrap();
+        let mut junk = vec![0xffu8; 60];
+        junk[12..14].copy_from_slice(&[0x88, 0xb5]);
+        for _ in 0..RX_BATCH + 10 {
+            peer.send(&junk).unwrap();
+        }
+        assert!(dp.receive(), "stopped at its bound");
+        dp.after_work(&[], false);
+        let soon = |dp: &DataPath| dp.armed.is_some_and(|d| d <= dp.now());
+        assert!(soon(&dp), "armed at once: {:?}", dp.armed);
+        // A pass for another reason (a doorbell) keeps it.
+        dp.after_work(&[], false);
+        assert!(soon(&dp), "kept: {:?}", dp.armed);
+        // The rest comes with the next receive; then the timer is the
+        // device's own again.
+        assert!(!dp.receive());
+        dp.after_work(&[], false);
+        assert!(!soon(&dp), "{:?}", dp.armed);
+    }
 
     #[test]
     fn no_interrupt_flag_is_honoured_without_event_idx() {
