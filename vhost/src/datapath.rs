@@ -900,43 +900,11 @@ fn signal(vring: &Vring, mem: &GuestMemoryMmap) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::RawFd;
+    use crate::read_ahead::ReadAhead;
     use virtio_queue::Queue;
     use vm_memory::{Bytes, GuestAddress};
     use vrnic::device::DeviceConfig;
     use vrnic::link::MemLink;
-
-    /// A link that reads ahead (as AF_PACKET's `recvmmsg`): its first
-    /// receive takes every frame of the inner link, whose descriptor then
-    /// no longer polls readable for them.
-    struct ReadAhead {
-        inner: MemLink,
-        held: VecDeque<Vec<u8>>,
-    }
-
-    impl Link for ReadAhead {
-        fn send(&mut self, frame: &[u8]) -> io::Result<()> {
-            self.inner.send(frame)
-        }
-
-        fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-            if self.held.is_empty() {
-                let mut b = vec![0u8; buf.len()];
-                while let Some(n) = self.inner.recv(&mut b)? {
-                    self.held.push_back(b[..n].to_vec());
-                }
-            }
-            let Some(f) = self.held.pop_front() else {
-                return Ok(None);
-            };
-            buf[..f.len()].copy_from_slice(&f);
-            Ok(Some(f.len()))
-        }
-
-        fn raw_fd(&self) -> Option<RawFd> {
-            self.inner.raw_fd()
-        }
-    }
 
     /// A receive that stops at its bound with frames read ahead keeps the
     /// worker's next wake-up at once through every later pass, until a
@@ -951,14 +919,7 @@ mod tests {
             ipv6: Vec::new(),
             link_mtu: 1500,
         });
-        let mut dp = DataPath::new(
-            dev,
-            Box::new(ReadAhead {
-                inner: link,
-                held: VecDeque::new(),
-            }),
-        )
-        .unwrap();
+        let mut dp = DataPath::new(dev, Box::new(ReadAhead::new(link))).unwrap();
         let mut junk = vec![0xffu8; 60];
         junk[12..14].copy_from_slice(&[0x88, 0xb5]);
         for _ in 0..RX_BATCH + 10 {

@@ -24,6 +24,8 @@ pub mod datapath;
 pub mod frontend;
 pub mod functions;
 pub mod memory;
+#[cfg(test)]
+mod read_ahead;
 pub mod server;
 mod sockserv;
 pub mod spin;

@@ -2,6 +2,7 @@
 //! frames handed over in their buffers, ICRC between ports.
 
 use super::*;
+use crate::read_ahead::ReadAhead;
 use vrnic::link::MemLink;
 
 const A: [u8; 6] = [2, 0x76, 10, 0, 0, 1];
@@ -541,48 +542,13 @@ fn frames_sent_many_at_once_reach_the_uplink_and_the_ports_in_order() {
     assert_eq!(sw.uplink_stats().tx_frames, 6);
 }
 
-/// An uplink that reads ahead (as AF_PACKET's `recvmmsg`): it takes every
-/// frame of its inner link at the first receive, so its descriptor no
-/// longer polls readable for the frames it holds.
-struct ReadAhead {
-    inner: MemLink,
-    held: VecDeque<Vec<u8>>,
-}
-
-impl Link for ReadAhead {
-    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
-        self.inner.send(frame)
-    }
-
-    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        if self.held.is_empty() {
-            let mut b = vec![0u8; buf.len()];
-            while let Some(n) = self.inner.recv(&mut b)? {
-                self.held.push_back(b[..n].to_vec());
-            }
-        }
-        let Some(f) = self.held.pop_front() else {
-            return Ok(None);
-        };
-        buf[..f.len()].copy_from_slice(&f);
-        Ok(Some(f.len()))
-    }
-
-    fn raw_fd(&self) -> Option<RawFd> {
-        self.inner.raw_fd()
-    }
-}
-
 /// A port that stops reading the uplink after [`UPLINK_PULL_MAX`] frames
 /// for others stays readable when the uplink read ahead: the frame for it
 /// behind them is not stranded.
 #[test]
 fn a_pull_stopped_by_its_bound_keeps_the_port_readable_for_frames_read_ahead() {
     let (up, mut outside) = MemLink::pair_with_depth(4 * UPLINK_PULL_MAX);
-    let sw = Switch::new(Box::new(ReadAhead {
-        inner: up,
-        held: VecDeque::new(),
-    }));
+    let sw = Switch::new(Box::new(ReadAhead::new(up)));
     let mut a = sw.add_port(A).unwrap();
     let mut b = sw.add_port(B).unwrap();
     let fa = a.raw_fd().unwrap();
