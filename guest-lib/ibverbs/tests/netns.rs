@@ -328,8 +328,14 @@ fn run_pair(pair: &Pair, lib: &PathBuf, prog: &str, args: &[&str], port: u16) ->
     let c = client.wait_bounded(RUN_LIMIT + Duration::from_secs(10));
     let s = server.wait_bounded(RUN_LIMIT + Duration::from_secs(10));
     let what = format!("{prog} {args:?}");
-    assert!(c.status.success(), "client of {what} failed:\n{}", text(&c));
-    assert!(s.status.success(), "server of {what} failed:\n{}", text(&s));
+    assert!(
+        c.status.success() && s.status.success(),
+        "{what}: client {}, server {}\n--- client:\n{}\n--- server:\n{}",
+        c.status,
+        s.status,
+        text(&c),
+        text(&s)
+    );
     (text(&c), text(&s))
 }
 
