@@ -248,7 +248,6 @@ impl VrnicBackend {
             return;
         }
         let queue = |q: u16| vrings.get(usize::from(q));
-        let mut more_rx = false;
         match device_event {
             abi::CONTROLQ => {
                 if let Some(v) = queue(abi::CONTROLQ) {
@@ -262,16 +261,18 @@ impl VrnicBackend {
             }
             // New event buffers: delivered in `after_work`.
             abi::EVENTQ => {}
-            LINK_EVENT => more_rx = dp.receive(),
+            LINK_EVENT => {
+                dp.receive();
+            }
             TIMER_EVENT => dp.on_timer(),
             other => debug!(event = other, "unknown worker event"),
         }
         // A polled link, or one that may hold frames its descriptor does
         // not show (the last receive stopped at its bound).
         if (dp.link.raw_fd().is_none() || dp.rx_more()) && device_event != LINK_EVENT {
-            more_rx = dp.receive();
+            dp.receive();
         }
-        dp.after_work(vrings, more_rx);
+        dp.after_work(vrings);
     }
 }
 

@@ -536,12 +536,11 @@ impl DataPath {
     /// the event queue and arms the timer for its next deadline.
     ///
     /// `vrings` are all the device's vrings, indexed by queue number.
-    /// `more_rx` says the link may still hold frames (the last receive
-    /// stopped at its bound): the worker's next wake-up comes at once.
-    pub fn after_work(&mut self, vrings: &[Vring], more_rx: bool) {
-        // Every pass re-arms the timer: one after the receive that stopped
-        // at its bound must keep the wake-up at once.
-        let more_rx = more_rx || self.rx_more;
+    /// While the link may still hold frames (the last receive stopped at
+    /// its bound, [`DataPath::rx_more`]) every pass arms the worker's next
+    /// wake-up at once.
+    pub fn after_work(&mut self, vrings: &[Vring]) {
+        let more_rx = self.rx_more;
         let guard = self.mem.memory();
         let mem = GuestMem::new(&guard);
         let mut next = None;
@@ -926,16 +925,16 @@ mod tests {
             peer.send(&junk).unwrap();
         }
         assert!(dp.receive(), "stopped at its bound");
-        dp.after_work(&[], false);
+        dp.after_work(&[]);
         let soon = |dp: &DataPath| dp.armed.is_some_and(|d| d <= dp.now());
         assert!(soon(&dp), "armed at once: {:?}", dp.armed);
         // A pass for another reason (a doorbell) keeps it.
-        dp.after_work(&[], false);
+        dp.after_work(&[]);
         assert!(soon(&dp), "kept: {:?}", dp.armed);
         // The rest comes with the next receive; then the timer is the
         // device's own again.
         assert!(!dp.receive());
-        dp.after_work(&[], false);
+        dp.after_work(&[]);
         assert!(!soon(&dp), "{:?}", dp.armed);
     }
 

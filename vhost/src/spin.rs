@@ -130,7 +130,7 @@ impl DataPath {
                 self.process_control(ctrl);
                 work = true;
             }
-            let (frames, more_rx) = self.receive_counted();
+            let (frames, _) = self.receive_counted();
             work |= frames > 0;
             let now = self.now();
             if self.deadline_passed(now) {
@@ -138,7 +138,7 @@ impl DataPath {
                 work = true;
             }
             if work {
-                self.after_work(vrings, more_rx);
+                self.after_work(vrings);
                 after(self);
                 // The idle rounds before this work are polling's cost.
                 self.stats.poll_idle_ns += now.saturating_sub(last_work);
@@ -171,7 +171,7 @@ impl DataPath {
         // Notifications on again, and what came while they were off served.
         self.process_doorbells(db);
         self.process_control(ctrl);
-        self.after_work(vrings, false);
+        self.after_work(vrings);
         after(self);
     }
 
@@ -215,7 +215,7 @@ impl DataPath {
             if late_ctrl {
                 self.process_control(ctrl);
             }
-            self.after_work(vrings, false);
+            self.after_work(vrings);
             after(self);
             rounds += 1;
         }

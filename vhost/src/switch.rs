@@ -340,6 +340,13 @@ impl PortShared {
         }
     }
 
+    /// Makes the port readable whatever the flag said (it holds frames the
+    /// eventfd may not show): flag set, eventfd written.
+    fn stay_readable(&self) {
+        self.signalled.store(true, Ordering::SeqCst);
+        self.wake();
+    }
+
     /// Writes the port's eventfd: readable until the receiver resets it.
     fn wake(&self) {
         // SAFETY: eventfd_write on our own descriptor; EAGAIN only when the
@@ -813,8 +820,7 @@ impl SwitchPort {
         // read above may have taken a later sender's write: set it again,
         // so the port stays readable while it holds frames, for a worker
         // that takes fewer than all before it sleeps.
-        q.signalled.store(true, Ordering::SeqCst);
-        q.wake();
+        q.stay_readable();
         true
     }
 
@@ -861,8 +867,7 @@ impl SwitchPort {
                 Err(e) => return Err(e),
             }
         }
-        self.shared.signalled.store(true, Ordering::SeqCst);
-        self.shared.wake();
+        self.shared.stay_readable();
         Ok(false)
     }
 
