@@ -197,6 +197,7 @@ pub mod pcap;
 mod stats;
 pub mod tap;
 pub mod txq;
+pub mod uso;
 
 pub use fault::{FaultConfig, FaultConfigError, FaultLink, FaultRates, FaultStats};
 pub use mem::MemLink;

@@ -424,3 +424,84 @@ fn packet_links_send_and_receive_frames_in_batches_in_order() {
         assert_eq!(b.stats().rx_oversize, 1);
     });
 }
+
+/// Runs of RoCEv2-shaped frames of one flow go through the kernel as
+/// super-frames (UDP segmentation offload) and come out of the receiving
+/// link as the very frames sent, in order, among frames that go alone.
+#[test]
+fn packet_links_carry_runs_as_super_frames_and_hand_back_the_frames_sent() {
+    use super::uso::test_frame;
+    let Some(ns) = Netns::create("uso") else {
+        return;
+    };
+    jumbo_veth(&ns);
+    let _flood = FLOOD.lock().unwrap_or_else(|e| e.into_inner());
+    ns.run(|| {
+        let mut a = PacketLink::open("va").expect("open va");
+        let mut b = PacketLink::open("vb").expect("open vb");
+        // Messages' shapes: a longer first packet, full ones, a short last
+        // one; IPv4 and IPv6; two flows interleaved message by message;
+        // plain frames between.
+        let mut frames = Vec::new();
+        let mut id = 0xfff0u16;
+        for m in 0..12u16 {
+            let v4 = m % 3 != 2;
+            let (sport, mtu) = (0xc000 + m % 2, if m % 2 == 0 { 1024 } else { 4096 });
+            let packets = 1 + usize::from(m) * 5 % 17;
+            for p in 0..packets {
+                let len = match p {
+                    0 if packets > 1 => mtu + 16,
+                    _ if p + 1 == packets => 1 + usize::from(m) * 37 % mtu,
+                    _ => mtu,
+                };
+                frames.push(test_frame(v4, id, sport, len, (m * 7) as u8));
+                id = id.wrapping_add(1);
+            }
+            if m % 4 == 3 {
+                frames.push(numbered_frame(u32::from(m), 200));
+            }
+        }
+        let want = frames.clone();
+        let mut sent = 0;
+        for _ in 0..1000 {
+            if sent == frames.len() {
+                break;
+            }
+            sent += a.try_send_many(&mut frames[sent..]).expect("send");
+        }
+        assert_eq!(sent, want.len());
+        let tx = a.stats();
+        assert_eq!(tx.tx_frames, want.len() as u64);
+        assert!(tx.tx_super >= 8, "runs went as super-frames: {tx:?}");
+
+        let mut buf = vec![0u8; 4200];
+        let mut got = Vec::new();
+        for _ in 0..10_000 {
+            let mut frame = None;
+            b.recv_with(&mut buf, &mut |f, _| frame = Some(f.to_vec()))
+                .expect("recv_with");
+            let Some(f) = frame else {
+                break;
+            };
+            let ours = f[12..14] == TEST_ETHERTYPE || f.get(..6) == Some(&[2, 0, 0, 0, 0, 2]);
+            if ours {
+                got.push(f);
+            }
+        }
+        assert_eq!(
+            ns.tx_dropped("va"),
+            0,
+            "frames lost in the kernel's backlog"
+        );
+        let rx = b.stats();
+        assert_eq!(
+            rx.rx_super, tx.tx_super,
+            "super-frames arrived whole: {rx:?}"
+        );
+        assert_eq!((rx.rx_malformed, rx.rx_oversize), (0, 0));
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(g == w, "frame {i} differs");
+        }
+    });
+}

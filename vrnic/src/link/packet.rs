@@ -18,12 +18,18 @@
 //! reads ahead: its descriptor does not poll readable for the frames it
 //! holds, and a caller reads until [`Link::recv`] returns none (or comes
 //! back without waiting, see [`Link::raw_fd`]).
+//!
+//! With `PACKET_VNET_HDR` (Linux 4.18+ for UDP), every frame carries a
+//! virtio-net header: a run of frames of one flow goes as one super-frame
+//! the kernel segments where it must, and a super-frame that arrives whole
+//! (a veth delivers them so) is cut back into frames ([`super::uso`]).
 
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use super::stats::{is_transient_tx_error, LinkStats, OpenError};
+use super::uso::{self, Segments, VNET_HDR_LEN};
 use super::{Icrc, Link};
 
 /// Upper bound of frames one [`Link::recv`] call skips (outgoing or
@@ -33,7 +39,9 @@ const MAX_SKIPPED_PER_RECV: usize = 64;
 pub const SEND_MANY_MAX: usize = 64;
 /// Frames one `recvmmsg(2)` reads at most ([`Link::recv_with`] then hands
 /// them out one by one): 32 buffers of the caller's frame size (about
-/// 300 KiB at a 9000-byte MTU), allocated at the first receive.
+/// 300 KiB at a 9000-byte MTU), or with the offload on of the largest
+/// super-frame ([`uso::MAX_SUPER_FRAME`], 2.1 MiB in all), allocated at
+/// the first receive.
 pub const RECV_MANY: usize = 32;
 /// Receive buffer asked for, bytes (the kernel doubles it for its
 /// bookkeeping, socket(7)): 8 MiB, so about 1,900 frames of a 4 KiB path
@@ -76,6 +84,9 @@ pub struct PacketLink {
     kernel_drops: std::cell::Cell<u64>,
     /// Frames read by the last `recvmmsg(2)` and not yet handed out.
     rx: RxBatch,
+    /// Every frame carries a virtio-net header (`PACKET_VNET_HDR`) and runs
+    /// go as super-frames ([`uso`]); off where the kernel refused it.
+    uso: bool,
 }
 
 /// The frames of one `recvmmsg(2)` ([`RECV_MANY`] buffers), handed out by
@@ -84,11 +95,15 @@ pub struct PacketLink {
 struct RxBatch {
     /// [`RECV_MANY`] buffers, all of one length (the caller's frame size).
     bufs: Vec<Vec<u8>>,
+    /// Per buffer, with the offload on: the frame's virtio-net header.
+    vnet: Vec<[u8; VNET_HDR_LEN]>,
     /// Per buffer: the frame's length as the kernel gave it (longer than
     /// the buffer: truncated), and whether it is an outgoing frame.
     got: Vec<(usize, bool)>,
     /// The next frame to hand out; `got.len()` when all were.
     next: usize,
+    /// The buffer being cut into frames ([`Segments`]), with the offload on.
+    cur: Option<(usize, Segments)>,
 }
 
 fn err(ifname: &str, step: &'static str) -> io::Error {
@@ -165,6 +180,20 @@ impl PacketLink {
             );
         }
 
+        // SAFETY: the option value points at a live c_int of the given size.
+        let uso = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_VNET_HDR,
+                &one as *const libc::c_int as *const libc::c_void,
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        } == 0;
+        if !uso {
+            tracing::debug!(ifname, "PACKET_VNET_HDR refused: frames go one by one");
+        }
+
         set_buffer(&fd, SO_RCVBUFFORCE, libc::SO_RCVBUF, RCVBUF_BYTES);
         set_buffer(&fd, SO_SNDBUFFORCE, libc::SO_SNDBUF, SNDBUF_BYTES);
 
@@ -191,6 +220,7 @@ impl PacketLink {
             stats: LinkStats::default(),
             kernel_drops: std::cell::Cell::new(0),
             rx: RxBatch::default(),
+            uso,
         })
     }
 
@@ -204,38 +234,51 @@ impl PacketLink {
         self.ifindex
     }
 
-    /// Reads up to [`RECV_MANY`] frames of at most `frame_len` bytes with
-    /// one `recvmmsg(2)` into [`PacketLink::rx`] (which must be empty);
-    /// false when none is waiting.
+    /// Reads up to [`RECV_MANY`] frames of at most `frame_len` bytes (with
+    /// the offload on: super-frames, [`uso::MAX_SUPER_FRAME`]) with one
+    /// `recvmmsg(2)` into [`PacketLink::rx`] (which must be empty); false
+    /// when none is waiting.
     fn refill(&mut self, frame_len: usize) -> io::Result<bool> {
         let rx = &mut self.rx;
-        if rx.bufs.first().is_none_or(|b| b.len() != frame_len) {
-            rx.bufs = vec![vec![0; frame_len]; RECV_MANY];
+        let buf_len = if self.uso {
+            frame_len.max(uso::MAX_SUPER_FRAME)
+        } else {
+            frame_len
+        };
+        if rx.bufs.first().is_none_or(|b| b.len() != buf_len) {
+            rx.bufs = vec![vec![0; buf_len]; RECV_MANY];
+            rx.vnet = vec![[0; VNET_HDR_LEN]; RECV_MANY];
         }
         rx.got.clear();
         rx.next = 0;
+        rx.cur = None;
+        let hdr = if self.uso { VNET_HDR_LEN } else { 0 };
         // SAFETY (for the zeroed values): iovec, mmsghdr and sockaddr_ll
         // are plain old data; all-zero is a valid value of each.
-        let mut iov: [libc::iovec; RECV_MANY] = unsafe { std::mem::zeroed() };
+        let mut iov: [[libc::iovec; 2]; RECV_MANY] = unsafe { std::mem::zeroed() };
         let mut names: [libc::sockaddr_ll; RECV_MANY] = unsafe { std::mem::zeroed() };
         let mut msgs: [libc::mmsghdr; RECV_MANY] = unsafe { std::mem::zeroed() };
-        for (((b, v), name), m) in rx
+        for ((((b, h), v), name), m) in rx
             .bufs
             .iter_mut()
+            .zip(rx.vnet.iter_mut())
             .zip(iov.iter_mut())
             .zip(names.iter_mut())
             .zip(msgs.iter_mut())
         {
-            v.iov_base = b.as_mut_ptr().cast();
-            v.iov_len = b.len();
-            m.msg_hdr.msg_iov = v;
-            m.msg_hdr.msg_iovlen = 1;
+            v[0].iov_base = h.as_mut_ptr().cast();
+            v[0].iov_len = hdr;
+            v[1].iov_base = b.as_mut_ptr().cast();
+            v[1].iov_len = b.len();
+            m.msg_hdr.msg_iov = v.as_mut_ptr();
+            m.msg_hdr.msg_iovlen = 2;
             m.msg_hdr.msg_name = (name as *mut libc::sockaddr_ll).cast();
             m.msg_hdr.msg_namelen = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
         }
-        // SAFETY: every message points at a live buffer of its iov_len and
-        // a live sockaddr_ll of its msg_namelen, all alive for the call;
-        // MSG_TRUNC makes msg_len the frame's real length.
+        // SAFETY: every message points at live buffers of their iov_len
+        // and a live sockaddr_ll of its msg_namelen, all alive for the
+        // call; MSG_TRUNC makes msg_len the frame's real length (with the
+        // virtio-net header's).
         let n = unsafe {
             libc::recvmmsg(
                 self.fd.as_raw_fd(),
@@ -253,20 +296,36 @@ impl PacketLink {
             };
         }
         let n = (n as usize).min(RECV_MANY);
-        rx.got.extend(
-            msgs.iter()
-                .zip(names.iter())
-                .take(n)
-                .map(|(m, a)| (m.msg_len as usize, a.sll_pkttype == libc::PACKET_OUTGOING)),
-        );
+        rx.got
+            .extend(msgs.iter().zip(names.iter()).take(n).map(|(m, a)| {
+                (
+                    (m.msg_len as usize).saturating_sub(hdr),
+                    a.sll_pkttype == libc::PACKET_OUTGOING,
+                )
+            }));
         Ok(n > 0)
     }
 
     /// The next received frame of at most `frame_len` bytes, skipping (at
-    /// most [`MAX_SKIPPED_PER_RECV`]) outgoing and longer ones; `None`
-    /// when none is waiting.
+    /// most [`MAX_SKIPPED_PER_RECV`]) outgoing, malformed and longer ones
+    /// and cutting super-frames into their frames; `None` when none is
+    /// waiting.
     fn next_frame(&mut self, frame_len: usize) -> io::Result<Option<&[u8]>> {
         for _ in 0..MAX_SKIPPED_PER_RECV {
+            if let Some((i, seg)) = &mut self.rx.cur {
+                let i = *i;
+                match self.rx.bufs.get_mut(i).and_then(|b| seg.next(b)) {
+                    Some(r) if r.len() > frame_len => {
+                        self.stats.rx_oversize += 1;
+                        continue;
+                    }
+                    Some(r) => {
+                        self.stats.rx_frames += 1;
+                        return Ok(self.rx.bufs.get(i).and_then(|b| b.get(r)));
+                    }
+                    None => self.rx.cur = None,
+                }
+            }
             if self.rx.next >= self.rx.got.len() && !self.refill(frame_len)? {
                 return Ok(None);
             }
@@ -278,14 +337,54 @@ impl PacketLink {
             if outgoing {
                 continue;
             }
-            if n > frame_len || self.rx.bufs.get(i).is_none_or(|b| n > b.len()) {
+            let Some(f) = self.rx.bufs.get(i).and_then(|b| b.get(..n)) else {
                 self.stats.rx_oversize += 1;
                 continue;
+            };
+            if !self.uso {
+                if n > frame_len {
+                    self.stats.rx_oversize += 1;
+                    continue;
+                }
+                self.stats.rx_frames += 1;
+                return Ok(self.rx.bufs.get(i).and_then(|b| b.get(..n)));
             }
-            self.stats.rx_frames += 1;
-            return Ok(self.rx.bufs.get(i).and_then(|b| b.get(..n)));
+            let vnet = self.rx.vnet.get(i).copied().unwrap_or_default();
+            match Segments::new(&vnet, f) {
+                Ok(seg) => {
+                    if seg.is_super() {
+                        self.stats.rx_super += 1;
+                    }
+                    self.rx.cur = Some((i, seg));
+                }
+                Err(_) => self.stats.rx_malformed += 1,
+            }
         }
         Ok(None)
+    }
+
+    /// Sends `frame` alone with one `send(2)` (after a plain virtio-net
+    /// header with the offload on); the system call's result.
+    fn send_one(&self, frame: &[u8]) -> isize {
+        let hdr = [0u8; VNET_HDR_LEN];
+        let iov = [
+            libc::iovec {
+                iov_base: hdr.as_ptr() as *mut libc::c_void,
+                iov_len: if self.uso { VNET_HDR_LEN } else { 0 },
+            },
+            libc::iovec {
+                iov_base: frame.as_ptr() as *mut libc::c_void,
+                iov_len: frame.len(),
+            },
+        ];
+        // SAFETY: msghdr is plain old data; all-zero is a valid value.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = 2;
+        // SAFETY: the message points at live buffers of their iov_len, only
+        // read by the kernel, alive for the call; no address (the bound
+        // sockaddr_ll is used).
+        unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, 0) }
     }
 
     /// Frame counters. [`LinkStats::rx_dropped`] is the kernel's count of
@@ -348,8 +447,7 @@ impl Link for PacketLink {
     /// frame ([`LinkStats::tx_dropped`]); other errors (`EMSGSIZE` for a
     /// frame above the MTU, `ENETDOWN`, `ENXIO`) are returned.
     fn send(&mut self, frame: &[u8]) -> io::Result<()> {
-        // SAFETY: the buffer is a live slice of the given length.
-        let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        let n = self.send_one(frame);
         if n < 0 {
             let e = io::Error::last_os_error();
             if is_transient_tx_error(&e) {
@@ -365,8 +463,7 @@ impl Link for PacketLink {
     /// As [`Link::send`], but `EAGAIN`/`ENOBUFS` hand the frame back
     /// (`Ok(false)`, [`LinkStats::tx_busy`]) instead of dropping it.
     fn try_send(&mut self, frame: &[u8]) -> io::Result<bool> {
-        // SAFETY: the buffer is a live slice of the given length.
-        let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        let n = self.send_one(frame);
         if n < 0 {
             let e = io::Error::last_os_error();
             if is_transient_tx_error(&e) {
@@ -379,46 +476,86 @@ impl Link for PacketLink {
         Ok(true)
     }
 
-    /// Sends up to [`SEND_MANY_MAX`] frames with one `sendmmsg(2)`;
-    /// `EAGAIN`/`ENOBUFS` at the first frame: `Ok(0)` ([`LinkStats::tx_busy`]).
-    /// The kernel stops at the first frame it cannot send and returns the
-    /// count before it (its error is that of the next call).
+    /// Sends up to [`SEND_MANY_MAX`] frames with one `sendmmsg(2)`, with
+    /// the offload on each run of one flow as one super-frame
+    /// ([`uso::run_len`]); `EAGAIN`/`ENOBUFS` at the first message: `Ok(0)`
+    /// ([`LinkStats::tx_busy`]). The kernel stops at the first message it
+    /// cannot send and returns the count before it (its error is that of
+    /// the next call). A super-frame the kernel refuses (`EINVAL`: a
+    /// kernel without UDP segmentation) turns the offload's sending off
+    /// for good and the frames go again one by one.
     fn try_send_many(&mut self, frames: &mut [Vec<u8>]) -> io::Result<usize> {
         let count = frames.len().min(SEND_MANY_MAX);
         if count == 0 {
             return Ok(0);
         }
+        let mut hdrs = [[0u8; VNET_HDR_LEN + uso::MAX_HDR_LEN]; SEND_MANY_MAX];
+        let mut runs = [0usize; SEND_MANY_MAX];
         // SAFETY: iovec and mmsghdr are plain old data; all-zero is valid.
-        let mut iov: [libc::iovec; SEND_MANY_MAX] = unsafe { std::mem::zeroed() };
+        let mut iov: [libc::iovec; 2 * SEND_MANY_MAX] = unsafe { std::mem::zeroed() };
         let mut msgs: [libc::mmsghdr; SEND_MANY_MAX] = unsafe { std::mem::zeroed() };
-        for ((f, v), m) in frames.iter().zip(iov.iter_mut()).zip(msgs.iter_mut()) {
-            v.iov_base = f.as_ptr() as *mut libc::c_void;
-            v.iov_len = f.len();
-            m.msg_hdr.msg_iov = v;
-            m.msg_hdr.msg_iovlen = 1;
+        let (mut i, mut m, mut v) = (0, 0, 0);
+        while i < count {
+            let run = &frames[i..count];
+            let n = if self.uso {
+                uso::run_len(run).max(1)
+            } else {
+                1
+            };
+            let run = &run[..n];
+            let hl = if self.uso {
+                uso::super_header(run, &mut hdrs[m])
+            } else {
+                0
+            };
+            let off = if self.uso {
+                uso::payload_offset(run)
+            } else {
+                0
+            };
+            let first = v;
+            iov[v].iov_base = hdrs[m].as_mut_ptr().cast();
+            iov[v].iov_len = hl;
+            v += 1;
+            for f in run {
+                let p = f.get(off..).unwrap_or_default();
+                iov[v].iov_base = p.as_ptr() as *mut libc::c_void;
+                iov[v].iov_len = p.len();
+                v += 1;
+            }
+            msgs[m].msg_hdr.msg_iov = &mut iov[first];
+            msgs[m].msg_hdr.msg_iovlen = v - first;
+            runs[m] = n;
+            i += n;
+            m += 1;
         }
-        // SAFETY: the first `count` messages point at live frames of their
-        // iov_len, only read by the kernel, alive for the call; no address
-        // (the bound sockaddr_ll is used).
-        let n = unsafe {
-            libc::sendmmsg(
-                self.fd.as_raw_fd(),
-                msgs.as_mut_ptr(),
-                count as libc::c_uint,
-                0,
-            )
-        };
-        if n < 0 {
+        // SAFETY: the first `m` messages point at live iovecs (each at live
+        // buffers of their iov_len, only read by the kernel), all alive for
+        // the call and not moved since their pointers were taken; no
+        // address (the bound sockaddr_ll is used).
+        let sent =
+            unsafe { libc::sendmmsg(self.fd.as_raw_fd(), msgs.as_mut_ptr(), m as libc::c_uint, 0) };
+        if sent < 0 {
             let e = io::Error::last_os_error();
             if is_transient_tx_error(&e) {
                 self.stats.tx_busy += 1;
                 return Ok(0);
             }
+            if e.raw_os_error() == Some(libc::EINVAL) && runs[0] > 1 {
+                tracing::warn!(
+                    ifname = %self.ifname,
+                    "the kernel refused a UDP super-frame: frames go one by one"
+                );
+                self.uso = false;
+                return self.try_send_many(frames);
+            }
             return Err(e);
         }
-        let n = (n as usize).min(count);
-        self.stats.tx_frames += n as u64;
-        Ok(n)
+        let sent = (sent as usize).min(m);
+        let taken: usize = runs[..sent].iter().sum();
+        self.stats.tx_frames += taken as u64;
+        self.stats.tx_super += runs[..sent].iter().filter(|&&n| n > 1).count() as u64;
+        Ok(taken)
     }
 
     /// Receives one frame into `buf` (see [`Link::recv_with`]).

@@ -26,6 +26,17 @@ pub struct LinkStats {
     /// count such drops. A receiver that falls behind a sender shows here
     /// first; the RC transport then recovers by retransmission.
     pub rx_dropped: u64,
+    /// Super-frames sent: runs of frames of one flow handed to the kernel
+    /// as one, to be segmented there ([`super::uso`]); their frames count
+    /// in `tx_frames`.
+    pub tx_super: u64,
+    /// Super-frames received whole and cut into frames here
+    /// ([`super::uso`]); their frames count in `rx_frames`.
+    pub rx_super: u64,
+    /// Frames discarded because their virtio-net header asked for an
+    /// offload the link does not do or did not fit the frame
+    /// ([`super::uso::BadFrame`]).
+    pub rx_malformed: u64,
 }
 
 /// Opening a link on a named interface failed. Carried inside the
