@@ -2,43 +2,59 @@
 //! interface in TAP mode, read and written through its `/dev/net/tun` file
 //! descriptor (Linux `Documentation/networking/tuntap.rst`).
 //!
-//! Opened with `IFF_TAP | IFF_NO_PI`: every `read(2)` returns one whole
-//! Ethernet frame (no FCS, no packet-information prefix) and every
-//! `write(2)` injects one. The interface may exist already (`ip tuntap add
-//! NAME mode tap`, which also sets `IFF_NO_PI`) or is created by the open
-//! and then disappears when the link is dropped. Either needs
-//! `CAP_NET_ADMIN` unless the existing device is owned by the caller.
+//! Opened with `IFF_TAP | IFF_NO_PI | IFF_VNET_HDR`: every `read(2)` returns
+//! one whole Ethernet frame (no FCS, no packet-information prefix) after a
+//! virtio-net header, and every `write(2)` injects one after one. With the
+//! offload asked for (`TUNSETOFFLOAD` with `TUN_F_CSUM | TUN_F_USO4 |
+//! TUN_F_USO6`, Linux 6.2+), a run of frames of one flow is written as one
+//! UDP super-frame, which the kernel segments where it must, and a
+//! super-frame the bridge forwards whole is read as one and cut back into
+//! frames ([`super::uso`]): the per-frame cost of the tun driver and the
+//! bridge (one system call and one skb per frame, issue 10) is paid per
+//! run. The interface may exist already (`ip tuntap add NAME mode tap`) or
+//! is created by the open and then disappears when the link is dropped.
+//! Either needs `CAP_NET_ADMIN` unless the existing device is owned by the
+//! caller. (The `tun-tap` crate opens without `IFF_VNET_HDR`, hence our own
+//! `TUNSETIFF`.)
 
+use std::ffi::CStr;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
-
-use tun_tap::{Iface, Mode};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use super::stats::{is_transient_tx_error, LinkStats, OpenError};
-use super::Link;
+use super::uso::{self, Segments, VNET_HDR_LEN};
+use super::{Icrc, Link};
 
 /// Longest interface name Linux accepts, bytes (`IFNAMSIZ - 1`).
 pub const MAX_IFNAME_LEN: usize = libc::IFNAMSIZ - 1;
 
-/// A [`Link`] over a TAP interface, nonblocking, pollable through
-/// [`Link::raw_fd`].
-pub struct TapLink {
-    iface: Iface,
-    stats: LinkStats,
-}
+/// Most frames one [`Link::try_send_many`] call writes (one `writev(2)` per
+/// super-frame or lone frame).
+const SEND_MANY_MAX: usize = 64;
 
-impl std::fmt::Debug for TapLink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TapLink")
-            .field("name", &self.iface.name())
-            .field("stats", &self.stats)
-            .finish()
-    }
+/// A [`Link`] over a TAP interface, nonblocking, pollable through
+/// [`Link::raw_fd`]. It reads ahead: the frames of a super-frame it holds
+/// do not make the descriptor readable ([`Link::raw_fd`]).
+#[derive(Debug)]
+pub struct TapLink {
+    fd: OwnedFd,
+    name: String,
+    stats: LinkStats,
+    /// Runs go as super-frames and super-frames come whole ([`uso`]); off
+    /// where the kernel refused the offload.
+    uso: bool,
+    /// The last frame read, after its virtio-net header (allocated at the
+    /// first receive: the largest super-frame with the offload on).
+    rx: Vec<u8>,
+    /// The frames of `rx` not yet handed out.
+    cur: Option<Segments>,
 }
 
 impl TapLink {
     /// Attaches to the TAP interface `name`, creating it if it does not exist
-    /// (`TUNSETIFF` with `IFF_TAP | IFF_NO_PI`), and makes it nonblocking.
+    /// (`TUNSETIFF` with `IFF_TAP | IFF_NO_PI | IFF_VNET_HDR`), makes it
+    /// nonblocking and asks for UDP segmentation offload (without it, if
+    /// the kernel refuses: frames then go one by one).
     ///
     /// An empty `name` or one containing `%d` lets the kernel choose; see
     /// [`TapLink::name`]. The interface is not brought up: do that with
@@ -46,10 +62,10 @@ impl TapLink {
     ///
     /// # Errors
     /// `InvalidInput` for a name longer than [`MAX_IFNAME_LEN`] bytes or
-    /// containing NUL; otherwise the OS error of opening `/dev/net/tun`, of
-    /// `TUNSETIFF` (`EPERM` without `CAP_NET_ADMIN`, `EBUSY`/`EINVAL` when
-    /// the name belongs to a non-TAP interface or one already attached) or of
-    /// `fcntl`. The error's message names the interface ([`OpenError`]).
+    /// containing NUL; otherwise the OS error of opening `/dev/net/tun` or
+    /// of `TUNSETIFF` (`EPERM` without `CAP_NET_ADMIN`, `EBUSY`/`EINVAL`
+    /// when the name belongs to a non-TAP interface or one already
+    /// attached). The error's message names the interface ([`OpenError`]).
     pub fn open(name: &str) -> io::Result<TapLink> {
         if name.len() > MAX_IFNAME_LEN || name.contains('\0') {
             let e = io::Error::new(
@@ -58,31 +74,159 @@ impl TapLink {
             );
             return Err(OpenError::wrap("TAP", name, "check name", e));
         }
-        let iface = Iface::without_packet_info(name, Mode::Tap)
-            .map_err(|e| OpenError::wrap("TAP", name, "TUNSETIFF", e))?;
-        set_nonblocking(iface.as_raw_fd())
-            .map_err(|e| OpenError::wrap("TAP", name, "fcntl(O_NONBLOCK)", e))?;
-        if let Err(e) = set_tx_queue_len(iface.name(), TX_QUEUE_LEN) {
-            tracing::warn!(
-                "TAP {}: cannot raise its queue to {TX_QUEUE_LEN} frames: {e}",
-                iface.name()
+        // SAFETY: a NUL-terminated path; the result is checked and then owned.
+        let raw = unsafe {
+            libc::open(
+                c"/dev/net/tun".as_ptr(),
+                libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            )
+        };
+        if raw < 0 {
+            let e = io::Error::last_os_error();
+            return Err(OpenError::wrap("TAP", name, "open /dev/net/tun", e));
+        }
+        // SAFETY: `raw` is a fresh descriptor nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let mut req = unsafe_zeroed_ifreq();
+        for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
+            *d = s as libc::c_char;
+        }
+        req.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as i16;
+        // SAFETY: TUNSETIFF reads and writes the live ifreq we pass (name
+        // NUL-terminated: at most MAX_IFNAME_LEN < IFNAMSIZ bytes, the rest
+        // zero).
+        if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF as _, &mut req) } < 0 {
+            let e = io::Error::last_os_error();
+            return Err(OpenError::wrap("TAP", name, "TUNSETIFF", e));
+        }
+        // SAFETY: the kernel wrote a NUL-terminated name within IFNAMSIZ.
+        let actual = unsafe { CStr::from_ptr(req.ifr_name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        let offload = libc::TUN_F_CSUM | libc::TUN_F_USO4 | libc::TUN_F_USO6;
+        // SAFETY: TUNSETOFFLOAD takes its argument by value.
+        let uso = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETOFFLOAD as _, offload) } == 0;
+        if !uso {
+            tracing::debug!(
+                "TAP {actual}: no UDP segmentation offload ({}): frames go one by one",
+                io::Error::last_os_error()
             );
         }
+        if let Err(e) = set_tx_queue_len(&actual, TX_QUEUE_LEN) {
+            tracing::warn!("TAP {actual}: cannot raise its queue to {TX_QUEUE_LEN} frames: {e}");
+        }
         Ok(TapLink {
-            iface,
+            fd,
+            name: actual,
             stats: LinkStats::default(),
+            uso,
+            rx: Vec::new(),
+            cur: None,
         })
     }
 
     /// The interface's actual name (the kernel's choice when [`TapLink::open`]
     /// was given an empty name or a `%d` pattern).
     pub fn name(&self) -> &str {
-        self.iface.name()
+        &self.name
     }
 
     /// Frame counters.
     pub fn stats(&self) -> LinkStats {
         self.stats
+    }
+
+    /// Writes `bufs` as one frame (`writev(2)`); the system call's result.
+    fn write(&self, bufs: &[libc::iovec]) -> io::Result<()> {
+        // SAFETY: every iovec points at a live buffer of its iov_len, only
+        // read by the kernel, alive for the call.
+        let n = unsafe {
+            libc::writev(
+                self.fd.as_raw_fd(),
+                bufs.as_ptr(),
+                bufs.len() as libc::c_int,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Writes `frame` alone, after a plain virtio-net header.
+    fn write_one(&self, frame: &[u8]) -> io::Result<()> {
+        let hdr = [0u8; VNET_HDR_LEN];
+        self.write(&[iovec(&hdr), iovec(frame)])
+    }
+
+    /// The next frame of at most `frame_len` bytes: the next of the held
+    /// super-frame's, else one read; `None` when none is waiting. Frames
+    /// longer are skipped ([`LinkStats::rx_oversize`]), as are malformed
+    /// ones ([`LinkStats::rx_malformed`]), at most 64 per call.
+    fn next_frame(&mut self, frame_len: usize) -> io::Result<Option<&[u8]>> {
+        for _ in 0..64 {
+            if let Some(seg) = &mut self.cur {
+                match seg.next(&mut self.rx[VNET_HDR_LEN..]) {
+                    Some(r) if r.len() > frame_len => {
+                        self.stats.rx_oversize += 1;
+                        continue;
+                    }
+                    Some(r) => {
+                        self.stats.rx_frames += 1;
+                        let r = r.start + VNET_HDR_LEN..r.end + VNET_HDR_LEN;
+                        return Ok(self.rx.get(r));
+                    }
+                    None => self.cur = None,
+                }
+            }
+            let want = VNET_HDR_LEN
+                + if self.uso {
+                    frame_len.max(uso::MAX_SUPER_FRAME)
+                } else {
+                    frame_len
+                };
+            if self.rx.len() != want {
+                self.rx = vec![0; want];
+            }
+            // SAFETY: the buffer is live and writable for its length.
+            let n = unsafe {
+                libc::read(
+                    self.fd.as_raw_fd(),
+                    self.rx.as_mut_ptr().cast(),
+                    self.rx.len(),
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                return match e.raw_os_error() {
+                    Some(libc::EAGAIN | libc::EINTR | libc::EIO) => Ok(None),
+                    _ => Err(e),
+                };
+            }
+            let n = (n as usize).min(self.rx.len());
+            let Some((vnet, frame)) = self.rx.get(..n).and_then(|f| f.split_first_chunk()) else {
+                self.stats.rx_malformed += 1;
+                continue;
+            };
+            match Segments::new(vnet, frame) {
+                Ok(seg) => {
+                    if seg.is_super() {
+                        self.stats.rx_super += 1;
+                    }
+                    self.cur = Some(seg);
+                }
+                Err(_) => self.stats.rx_malformed += 1,
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// An iovec over `b`, for the kernel to read.
+fn iovec(b: &[u8]) -> libc::iovec {
+    libc::iovec {
+        iov_base: b.as_ptr() as *mut libc::c_void,
+        iov_len: b.len(),
     }
 }
 
@@ -140,27 +284,13 @@ fn queue_drops(name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Sets `O_NONBLOCK` on `fd` (`fcntl(2)`).
-pub(crate) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
-    // SAFETY: F_GETFL/F_SETFL on a descriptor we own; no pointers involved.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: as above.
-    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 impl Link for TapLink {
     /// Writes the frame to the TAP device. `EAGAIN`, `ENOBUFS` and `EIO`
     /// (the interface is down) drop the frame and count it in
     /// [`LinkStats::tx_dropped`]; other errors are returned.
     fn send(&mut self, frame: &[u8]) -> io::Result<()> {
-        match self.iface.send(frame) {
-            Ok(_) => {
+        match self.write_one(frame) {
+            Ok(()) => {
                 self.stats.tx_frames += 1;
                 Ok(())
             }
@@ -176,8 +306,8 @@ impl Link for TapLink {
     /// (`Ok(false)`, [`LinkStats::tx_busy`]); `EIO` (interface down) still
     /// drops it.
     fn try_send(&mut self, frame: &[u8]) -> io::Result<bool> {
-        match self.iface.send(frame) {
-            Ok(_) => {
+        match self.write_one(frame) {
+            Ok(()) => {
                 self.stats.tx_frames += 1;
                 Ok(true)
             }
@@ -193,35 +323,111 @@ impl Link for TapLink {
         }
     }
 
-    /// Reads one frame. The kernel truncates frames longer than `buf`; such
-    /// frames (a read that fills `buf` exactly is taken as complete) are not
-    /// detectable here, so pass a buffer of at least the interface MTU + 14.
-    /// `EIO` (interface down) reads as no frame.
+    /// Writes up to [`SEND_MANY_MAX`] frames, each run of one flow as one
+    /// super-frame ([`uso::run_len`], one `writev(2)` each) with the
+    /// offload on, else one by one; stops at the first write the link
+    /// cannot take (`EAGAIN`/`ENOBUFS`: `Ok(0)` if it was the first,
+    /// [`LinkStats::tx_busy`]). `EIO` (interface down) drops what that
+    /// write carried, as [`Link::send`] does. A super-frame the kernel
+    /// refuses (`EINVAL`) turns the offload's sending off for good and its
+    /// frames go again one by one.
+    fn try_send_many(&mut self, frames: &mut [Vec<u8>]) -> io::Result<usize> {
+        let count = frames.len().min(SEND_MANY_MAX);
+        let mut hdr = [0u8; VNET_HDR_LEN + uso::MAX_HDR_LEN];
+        let mut iov = [iovec(&[]); SEND_MANY_MAX + 1];
+        let mut i = 0;
+        while i < count {
+            let run = &frames[i..count];
+            let n = if self.uso {
+                uso::run_len(run).max(1)
+            } else {
+                1
+            };
+            let run = &run[..n];
+            let hl = if self.uso {
+                uso::super_header(run, &mut hdr)
+            } else {
+                hdr[..VNET_HDR_LEN].fill(0);
+                VNET_HDR_LEN
+            };
+            let off = if self.uso {
+                uso::payload_offset(run)
+            } else {
+                0
+            };
+            iov[0] = iovec(&hdr[..hl]);
+            for (v, f) in iov[1..].iter_mut().zip(run) {
+                *v = iovec(f.get(off..).unwrap_or_default());
+            }
+            match self.write(&iov[..=n]) {
+                Ok(()) => {
+                    self.stats.tx_frames += n as u64;
+                    self.stats.tx_super += u64::from(n > 1);
+                }
+                Err(e) if is_transient_tx_error(&e) => {
+                    if i == 0 {
+                        self.stats.tx_busy += 1;
+                    }
+                    return Ok(i);
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EIO) => {
+                    self.stats.tx_dropped += n as u64;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && n > 1 => {
+                    tracing::warn!(
+                        "TAP {}: the kernel refused a UDP super-frame: frames go one by one",
+                        self.name
+                    );
+                    self.uso = false;
+                    continue;
+                }
+                Err(e) if i == 0 => return Err(e),
+                Err(_) => return Ok(i),
+            }
+            i += n;
+        }
+        Ok(count)
+    }
+
+    /// Reads one frame into `buf` (see [`Link::recv_with`]).
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        match self.iface.recv(buf) {
-            Ok(n) => {
-                self.stats.rx_frames += 1;
-                Ok(Some(n.min(buf.len())))
+        let Some(f) = self.next_frame(buf.len())? else {
+            return Ok(None);
+        };
+        let n = f.len();
+        if let Some(dst) = buf.get_mut(..n) {
+            dst.copy_from_slice(f);
+        }
+        Ok(Some(n))
+    }
+
+    /// Reads one frame (or takes the next of a super-frame read before)
+    /// and hands it to `deliver` in the link's buffer (its ICRC to be
+    /// checked); `buf` only gives the largest frame taken, bytes. `EIO`
+    /// (interface down) reads as no frame.
+    fn recv_with(
+        &mut self,
+        buf: &mut [u8],
+        deliver: &mut dyn FnMut(&[u8], Icrc),
+    ) -> io::Result<bool> {
+        match self.next_frame(buf.len())? {
+            Some(f) => {
+                deliver(f, Icrc::Needed);
+                Ok(true)
             }
-            Err(e)
-                if e.kind() == io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::EIO) =>
-            {
-                Ok(None)
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
-            Err(e) => Err(e),
+            None => Ok(false),
         }
     }
 
     fn raw_fd(&self) -> Option<RawFd> {
-        Some(self.iface.as_raw_fd())
+        Some(self.fd.as_raw_fd())
     }
 
     /// [`TapLink::stats`], with [`LinkStats::rx_dropped`] the frames the
     /// kernel dropped at the TAP's full ring ([`TX_QUEUE_LEN`]).
     fn link_stats(&self) -> Option<LinkStats> {
         Some(LinkStats {
-            rx_dropped: queue_drops(self.iface.name()),
+            rx_dropped: queue_drops(&self.name),
             ..self.stats()
         })
     }
