@@ -28,6 +28,7 @@ def main() -> int:
                float(lim.get("pkt_send_4154_gbps", 0) or 0))
     rtt = float(lim.get("rtt_busy_us", 0) or 0)
     tap = float(lim.get("tap_write_4154_gbps", 0) or 0)
+    uso = float(lim.get("pkt_uso_4154_gbps", 0) or 0)
     tap_rtt = float(lim.get("rtt_tap_busy_us", 0) or 0)
 
     fig, (bw, lat) = plt.subplots(1, 2, figsize=(13, 5.5))
@@ -45,6 +46,8 @@ def main() -> int:
         bw.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{what} {mode}")
     if best:
         bw.axhline(best, linestyle="--", color="grey", label=f"AF_PACKET frames {best:.1f} Gb/s")
+    if uso:
+        bw.axhline(uso, linestyle="-.", color="grey", label=f"AF_PACKET super-frames {uso:.1f} Gb/s")
     if tap:
         bw.axhline(tap, linestyle=":", color="grey", label=f"TAP frames {tap:.1f} Gb/s")
     bw.set_xscale("log", base=2)

@@ -313,6 +313,9 @@ lim = dict(l.strip().split("=", 1) for l in open(f"{out}/limits.txt") if "=" in 
 rows = list(csv.DictReader(open(f"{out}/bench.csv")))
 num = lambda k: float(lim.get(k, 0) or 0)
 best = max(num("pkt_sendmmsg64_4154_gbps"), num("pkt_send_4154_gbps"))
+# The same frames as UDP super-frames through vrnic's own AF_PACKET link (link::uso): the kernel's
+# work per run of frames instead of per frame, the path the daemons' frames take.
+uso = num("pkt_uso_4154_gbps")
 rtt = num("rtt_busy_us")
 # The TAP rows against the raw TAP path too: write() per frame into a TAP, through a bridge.
 tap_best, tap_rtt = num("tap_write_4154_gbps"), num("rtt_tap_busy_us")
@@ -326,10 +329,11 @@ print("machine limits (same run):")
 for k in sorted(lim):
     print(f"  {k:32} {lim[k]}")
 print()
-print(f"{'perftest':14} {'mode':18} {'bytes':>8} {'figure':>11}  {'limit':>20}  {'ratio':>5} {'vs_tap':>6}  "
+print(f"{'perftest':14} {'mode':18} {'bytes':>8} {'figure':>11}  {'limit':>20}  {'ratio':>5} {'vs_tap':>6} {'vs_uso':>6}  "
       f"{'drops':>6} {'timeouts':>8} {'seq_naks':>8}  {'cores':>5} {'cpu_s/Gbit':>10}")
 print("  (ratio: figure / limit; vs_tap, TAP rows: figure / the raw TAP path, tap_write_4154_gbps or")
-print("   rtt_tap_busy_us; drops: frames the receive queues dropped, both sides; timeouts: ACK timeouts")
+print("   rtt_tap_busy_us; vs_uso, bandwidth rows: figure / the same frames as UDP super-frames,")
+print("   pkt_uso_4154_gbps; drops: frames the receive queues dropped, both sides; timeouts: ACK timeouts")
 print("   that retransmitted; seq_naks: PSN sequence NAKs; cores: CPU seconds of the run's processes,")
 print("   both perftests and the daemons, over its wall seconds, start-up included; cpu_s/Gbit: those CPU")
 print("   seconds per Gbit of RoCEv2 payload the devices sent; '-': not known)")
@@ -340,7 +344,7 @@ for r in rows:
     cpu, wall, gbit = fnum(r.get("cpu_s")), fnum(r.get("wall_s")), fnum(r.get("gbit"))
     cores = cpu / wall if cpu is not None and wall else None
     per_gbit = cpu / gbit if cpu is not None and gbit and r["unit"] == "MB/s" else None
-    ratio = tap_ratio = None
+    ratio = tap_ratio = uso_ratio = None
     fig = limtxt = ""
     if x is None:
         fig = v
@@ -356,6 +360,8 @@ for r in rows:
         ratio = gbps / best if best else None
         if r["mode"] == "tap" and tap_best:
             tap_ratio = gbps / tap_best
+        if not r["mode"].startswith("guests") and uso:
+            uso_ratio = gbps / uso
         fig, limtxt = f"{gbps:.2f} Gb/s", f"{best:.2f} Gb/s frames"
     else:
         ratio = x / rtt if rtt else None
@@ -363,10 +369,10 @@ for r in rows:
             tap_ratio = x / tap_rtt
         fig, limtxt = f"{x:.1f} us", f"{rtt:.1f} us busy RTT"
     print(f"{r['what']:14} {r['mode']:18} {r['bytes']:>8} {fig:>11}  {limtxt:>20}  "
-          f"{opt(ratio, '{:.2f}'):>5} {opt(tap_ratio, '{:.2f}'):>6}  "
+          f"{opt(ratio, '{:.2f}'):>5} {opt(tap_ratio, '{:.2f}'):>6} {opt(uso_ratio, '{:.2f}'):>6}  "
           f"{r['drops']:>6} {r['timeouts']:>8} {r['seq_naks']:>8}  "
           f"{opt(cores, '{:.2f}'):>5} {opt(per_gbit, '{:.3f}'):>10}")
-    doc["runs"].append(dict(r, ratio=ratio, tap_ratio=tap_ratio, cores=cores, cpu_s_per_gbit=per_gbit))
+    doc["runs"].append(dict(r, ratio=ratio, tap_ratio=tap_ratio, uso_ratio=uso_ratio, cores=cores, cpu_s_per_gbit=per_gbit))
 json.dump(doc, open(f"{out}/bench.json", "w"), indent=1)
 PY
 /usr/bin/python3 "$top/scripts/bench-chart.py" "$out" 2>"$out/chart.log" ||

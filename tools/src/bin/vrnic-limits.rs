@@ -2,7 +2,9 @@
 //! in the same run as the benchmark that is compared with them
 //! (`scripts/bench.sh`, issue 10): memcpy bandwidth, AF_PACKET frame rates
 //! over a veth pair with one `send(2)` per frame and with `sendmmsg(2)`
-//! batches, raw TAP frame rates (one `write(2)` per frame into one TAP of a
+//! batches, RoCEv2-shaped UDP frames through vrnic's own AF_PACKET link
+//! with UDP segmentation offload (`vrnic::link::uso`: runs of frames as
+//! one super-frame, the path the engine's frames take), raw TAP frame rates (one `write(2)` per frame into one TAP of a
 //! bridge, `read(2)` from another), and 64-byte round trips over both paths
 //! with a busy-polling and with a blocking receiver.
 //!
@@ -10,7 +12,8 @@
 //! for the TAP figures, two TAP interfaces (`ip tuntap add NAME mode tap`)
 //! on one bridge, all up: `vrnic-limits --a vA --b vB [--tap-a tA --tap-b
 //! tB]`. Output: one `key=value` line per figure
-//! (`memcpy_gbytes_per_s_<size>`, `pkt_<mode>_<bytes>_mpps`, `pkt_<mode>_<bytes>_gbps`,
+//! (`memcpy_gbytes_per_s_<size>`, `pkt_<mode>_<bytes>_mpps` (modes `send`,
+//! `sendmmsg64`, `uso`), `pkt_<mode>_<bytes>_gbps`,
 //! `tap_write_<bytes>_mpps`, `tap_write_<bytes>_gbps`, `rtt_<mode>_us`,
 //! `rtt_tap_<mode>_us`, `pkt_rcvbuf_bytes`), each figure the best of `--windows` windows of `--secs` each.
 //! The sockets get the buffers vrnic's AF_PACKET link asks for
@@ -27,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use clap::Parser;
-use vrnic::link::{Link as _, TapLink};
+use vrnic::link::{Link as _, PacketLink, TapLink};
 
 /// Measure memcpy, AF_PACKET and TAP frame rates and round trips.
 #[derive(Parser, Debug)]
@@ -242,6 +245,120 @@ impl Port for TapPort {
                     probes += u64::from(is_probe(&self.buf[..n]));
                 }
                 Ok(None) | Err(_) => {
+                    if frames > 0 || !readable(self.fd, RECV_WAIT) {
+                        break;
+                    }
+                }
+            }
+        }
+        (frames > 0).then_some(probes)
+    }
+}
+
+/// RoCEv2-shaped IPv4/UDP frames through vrnic's AF_PACKET link, whose
+/// batches go as UDP super-frames ([`vrnic::link::uso`]): 64 frames per
+/// [`Port::send_batch`], IPv4 identifications counting up (as the
+/// engine's), so runs form as they do for a long message.
+struct UsoPort {
+    link: PacketLink,
+    fd: RawFd,
+    /// The frames of one batch, rebuilt with fresh identifications.
+    batch: Vec<Vec<u8>>,
+    id: u16,
+    buf: Vec<u8>,
+}
+
+/// UDP source port of the offload probe's frames (to 4791, RoCEv2's).
+const USO_PORT: u16 = 0x88b5;
+
+impl UsoPort {
+    fn open(ifname: &str) -> anyhow::Result<UsoPort> {
+        let link = PacketLink::open(ifname)?;
+        let fd = link
+            .raw_fd()
+            .context("an AF_PACKET link has a descriptor")?;
+        Ok(UsoPort {
+            link,
+            fd,
+            batch: Vec::new(),
+            id: 0,
+            buf: vec![0; RX_FRAME],
+        })
+    }
+
+    /// `n` frames of `len` bytes (at least 64), the next identifications.
+    fn fill(&mut self, len: usize, n: usize) {
+        let len = len.max(64);
+        self.batch.resize_with(n, Vec::new);
+        for f in &mut self.batch {
+            f.clear();
+            f.resize(len, 0);
+            f[..6].copy_from_slice(&MAC_B);
+            f[6..12].copy_from_slice(&MAC_A);
+            f[12..14].copy_from_slice(&[0x08, 0x00]);
+            let ip_len = (len - 14) as u16;
+            f[14..34].copy_from_slice(&[
+                0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 17, 0, 0, 10, 79, 0, 1, 10, 79, 0, 2,
+            ]);
+            f[16..18].copy_from_slice(&ip_len.to_be_bytes());
+            f[18..20].copy_from_slice(&self.id.to_be_bytes());
+            self.id = self.id.wrapping_add(1);
+            let mut sum: u32 = f[14..34]
+                .chunks(2)
+                .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+                .sum();
+            while sum >> 16 != 0 {
+                sum = (sum & 0xffff) + (sum >> 16);
+            }
+            f[24..26].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+            f[34..36].copy_from_slice(&USO_PORT.to_be_bytes());
+            f[36..38].copy_from_slice(&4791u16.to_be_bytes());
+            f[38..40].copy_from_slice(&(ip_len - 20).to_be_bytes());
+        }
+    }
+
+    fn is_probe(f: &[u8]) -> bool {
+        f.get(34..36) == Some(&USO_PORT.to_be_bytes()[..])
+    }
+}
+
+impl Port for UsoPort {
+    fn send(&mut self, frame: &[u8]) {
+        self.send_batch(frame, 1);
+    }
+
+    /// `n` RoCEv2-shaped frames as long as `frame` (its bytes unused).
+    fn send_batch(&mut self, frame: &[u8], n: usize) {
+        self.fill(frame.len(), n);
+        let mut sent = 0;
+        // Bounded: each pass takes at least one frame or ends.
+        while sent < self.batch.len() {
+            match self.link.try_send_many(&mut self.batch[sent..]) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => sent += k,
+            }
+        }
+    }
+
+    fn recv(&mut self, buf: &mut [u8], _busy: bool) -> Option<usize> {
+        self.link.recv(buf).ok().flatten()
+    }
+
+    fn recv_many(&mut self) -> Option<u64> {
+        let (mut frames, mut probes) = (0u64, 0u64);
+        // The link reads ahead (its descriptor does not show the frames it
+        // holds): read until it has none, then wait on the descriptor.
+        for _ in 0..RX_BATCH {
+            let mut probe = false;
+            match self
+                .link
+                .recv_with(&mut self.buf, &mut |f, _| probe = UsoPort::is_probe(f))
+            {
+                Ok(true) => {
+                    frames += 1;
+                    probes += u64::from(probe);
+                }
+                Ok(false) | Err(_) => {
                     if frames > 0 || !readable(self.fd, RECV_WAIT) {
                         break;
                     }
@@ -514,6 +631,14 @@ fn main() -> anyhow::Result<()> {
         for (mode, batch) in [("send", 1usize), ("sendmmsg64", 64)] {
             let fps = best(w, false, || frame_rate(&mut a, &mut b, len, batch, secs));
             print_rate(&format!("pkt_{mode}"), len, fps);
+        }
+    }
+    {
+        let mut a = UsoPort::open(&args.a).with_context(|| args.a.clone())?;
+        let mut b = UsoPort::open(&args.b).with_context(|| args.b.clone())?;
+        for len in FRAME_SIZES {
+            let fps = best(w, false, || frame_rate(&mut a, &mut b, len, 64, secs));
+            print_rate("pkt_uso", len, fps);
         }
     }
     let rtt =
