@@ -84,8 +84,11 @@ pub struct PacketLink {
     kernel_drops: std::cell::Cell<u64>,
     /// Frames read by the last `recvmmsg(2)` and not yet handed out.
     rx: RxBatch,
-    /// Every frame carries a virtio-net header (`PACKET_VNET_HDR`) and runs
-    /// go as super-frames ([`uso`]); off where the kernel refused it.
+    /// Every frame, both ways, carries a virtio-net header
+    /// (`PACKET_VNET_HDR`): super-frames may come ([`uso`]); off where the
+    /// kernel refused the option.
+    vnet: bool,
+    /// Runs go as super-frames: `vnet`, until the kernel refuses one.
     uso: bool,
 }
 
@@ -181,7 +184,7 @@ impl PacketLink {
         }
 
         // SAFETY: the option value points at a live c_int of the given size.
-        let uso = unsafe {
+        let vnet = unsafe {
             libc::setsockopt(
                 fd.as_raw_fd(),
                 libc::SOL_PACKET,
@@ -190,7 +193,7 @@ impl PacketLink {
                 size_of::<libc::c_int>() as libc::socklen_t,
             )
         } == 0;
-        if !uso {
+        if !vnet {
             tracing::debug!(ifname, "PACKET_VNET_HDR refused: frames go one by one");
         }
 
@@ -220,7 +223,8 @@ impl PacketLink {
             stats: LinkStats::default(),
             kernel_drops: std::cell::Cell::new(0),
             rx: RxBatch::default(),
-            uso,
+            vnet,
+            uso: vnet,
         })
     }
 
@@ -240,7 +244,7 @@ impl PacketLink {
     /// when none is waiting.
     fn refill(&mut self, frame_len: usize) -> io::Result<bool> {
         let rx = &mut self.rx;
-        let buf_len = if self.uso {
+        let buf_len = if self.vnet {
             frame_len.max(uso::MAX_SUPER_FRAME)
         } else {
             frame_len
@@ -252,7 +256,7 @@ impl PacketLink {
         rx.got.clear();
         rx.next = 0;
         rx.cur = None;
-        let hdr = if self.uso { VNET_HDR_LEN } else { 0 };
+        let hdr = if self.vnet { VNET_HDR_LEN } else { 0 };
         // SAFETY (for the zeroed values): iovec, mmsghdr and sockaddr_ll
         // are plain old data; all-zero is a valid value of each.
         let mut iov: [[libc::iovec; 2]; RECV_MANY] = unsafe { std::mem::zeroed() };
@@ -341,7 +345,7 @@ impl PacketLink {
                 self.stats.rx_oversize += 1;
                 continue;
             };
-            if !self.uso {
+            if !self.vnet {
                 if n > frame_len {
                     self.stats.rx_oversize += 1;
                     continue;
@@ -370,7 +374,7 @@ impl PacketLink {
         let iov = [
             libc::iovec {
                 iov_base: hdr.as_ptr() as *mut libc::c_void,
-                iov_len: if self.uso { VNET_HDR_LEN } else { 0 },
+                iov_len: if self.vnet { VNET_HDR_LEN } else { 0 },
             },
             libc::iovec {
                 iov_base: frame.as_ptr() as *mut libc::c_void,
@@ -503,16 +507,13 @@ impl Link for PacketLink {
                 1
             };
             let run = &run[..n];
-            let hl = if self.uso {
+            // Alone (n == 1), a plain virtio-net header and the whole frame.
+            let hl = if self.vnet {
                 uso::super_header(run, &mut hdrs[m])
             } else {
                 0
             };
-            let off = if self.uso {
-                uso::payload_offset(run)
-            } else {
-                0
-            };
+            let off = uso::payload_offset(run);
             let first = v;
             iov[v].iov_base = hdrs[m].as_mut_ptr().cast();
             iov[v].iov_len = hl;
