@@ -36,10 +36,20 @@ struct Staging(Arc<Mutex<Vec<u8>>>);
 impl Staging {
     /// Writes the staged bytes to `file` and empties the stage.
     fn drain_to(&self, file: &mut File) -> io::Result<()> {
+        self.drain_prefix_to(file, usize::MAX)
+    }
+
+    /// Writes the first `len` staged bytes to `file` and empties the stage.
+    fn drain_prefix_to(&self, file: &mut File, len: usize) -> io::Result<()> {
         let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let r = file.write_all(&v);
+        let r = file.write_all(&v[..len.min(v.len())]);
         v.clear();
         r
+    }
+
+    /// Bytes staged.
+    fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 }
 
@@ -80,6 +90,8 @@ pub struct PcapLink {
     scratch: Vec<u8>,
     /// Its packets as frames of their own when it is a batch.
     split: Vec<u8>,
+    /// Where each staged record of a [`Link::try_send_many`] ends.
+    ends: Vec<usize>,
 }
 
 impl std::fmt::Debug for PcapLink {
@@ -120,6 +132,7 @@ impl PcapLink {
             write_errors: 0,
             scratch: Vec::new(),
             split: Vec::new(),
+            ends: Vec::new(),
         })
     }
 
@@ -147,16 +160,21 @@ impl PcapLink {
         }
     }
 
-    fn try_record(&mut self, frame: &[u8]) -> io::Result<()> {
+    /// Stages `frame`'s record (timestamp now); the caller drains it.
+    fn stage(&mut self, frame: &[u8]) -> io::Result<()> {
         let ts = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or(Duration::ZERO);
         let orig_len = u32::try_from(frame.len()).unwrap_or(u32::MAX);
         let data = &frame[..frame.len().min(SNAPLEN as usize)];
-        let written = self
-            .writer
+        self.writer
             .write_packet(&PcapPacket::new(ts, orig_len, data))
-            .map_err(pcap_err);
+            .map(|_| ())
+            .map_err(pcap_err)
+    }
+
+    fn try_record(&mut self, frame: &[u8]) -> io::Result<()> {
+        let written = self.stage(frame);
         // Drain even after an error so a half-staged record never reaches the file.
         let mut res = written.map(|_| ());
         if res.is_ok() {
@@ -188,6 +206,39 @@ impl Link for PcapLink {
             self.record(frame);
         }
         Ok(taken)
+    }
+
+    /// Hands the frames to the inner link in one go (so a batch reaches it
+    /// whole: AF_PACKET's `sendmmsg`, a TAP's UDP super-frames, the
+    /// switch's runs) and records those it took. The records are staged
+    /// before the call (a link that keeps buffers, the switch, leaves
+    /// others in their place) and only the taken frames' reach the file.
+    fn try_send_many(&mut self, frames: &mut [Vec<u8>]) -> io::Result<usize> {
+        let mut ends = std::mem::take(&mut self.ends);
+        ends.clear();
+        for f in frames.iter() {
+            if self.stage(f).is_err() {
+                self.write_errors += 1;
+            }
+            ends.push(self.staging.len());
+        }
+        let r = self.inner.try_send_many(frames);
+        let taken = match r {
+            Ok(n) => n.min(ends.len()),
+            Err(_) => 0,
+        };
+        let upto = taken.checked_sub(1).and_then(|i| ends.get(i)).copied();
+        if let Err(e) = self
+            .staging
+            .drain_prefix_to(&mut self.file, upto.unwrap_or(0))
+        {
+            if self.write_errors == 0 {
+                tracing::warn!(error = %e, "pcap: cannot record frames; further failures are only counted");
+            }
+            self.write_errors += taken as u64;
+        }
+        self.ends = ends;
+        r
     }
 
     /// Receives from the inner link and records what it returns.
@@ -310,6 +361,30 @@ mod tests {
             got.push(buf[..n].to_vec());
         }
         assert_eq!(got, sent);
+    }
+
+    /// A batch reaches the inner link whole and only the frames it took
+    /// are recorded, in order; the rest are recorded when taken later.
+    #[test]
+    fn pcap_link_records_the_frames_of_a_batch_the_link_took() {
+        let tmp = TempPath::new("many");
+        let (a, mut b) = MemLink::pair_with_depth(3);
+        let mut l = PcapLink::new(Box::new(a), File::create(&tmp.0).unwrap()).unwrap();
+        let sent: Vec<Vec<u8>> = (0..5u8).map(|i| vec![i; 60 + i as usize]).collect();
+        let mut batch = sent.clone();
+        assert_eq!(
+            l.try_send_many(&mut batch).unwrap(),
+            3,
+            "the peer's queue holds 3"
+        );
+        assert_eq!(read_back(&tmp.0).1, sent[..3], "only the frames taken");
+        let mut buf = [0u8; 2048];
+        for _ in 0..3 {
+            assert!(b.recv(&mut buf).unwrap().is_some());
+        }
+        assert_eq!(l.try_send_many(&mut batch[3..]).unwrap(), 2);
+        assert_eq!(read_back(&tmp.0).1, sent);
+        assert_eq!(l.write_errors(), 0);
     }
 
     #[test]
