@@ -588,6 +588,9 @@ impl Functions {
         let (sw, port_mac) = (self.switch.clone(), mac.0);
         let extra: stats::ExtraCounters = Arc::new(move || {
             let p = sw.port_stats(port_mac).unwrap_or_default();
+            // The daemon's uplink, shared by every function: its own
+            // counters (vrnic::link::LinkStats).
+            let l = sw.uplink_link_stats().unwrap_or_default();
             vec![
                 ("switch_tx_local", p.tx_local),
                 ("switch_tx_uplink", p.tx_uplink),
@@ -596,6 +599,14 @@ impl Functions {
                 ("switch_rx_uplink", p.rx_uplink),
                 ("switch_rx_dropped", p.rx_queue_dropped),
                 ("switch_tx_busy", p.tx_busy),
+                ("link_tx_frames", l.tx_frames),
+                ("link_tx_super", l.tx_super),
+                ("link_tx_dropped", l.tx_dropped),
+                ("link_rx_frames", l.rx_frames),
+                ("link_rx_super", l.rx_super),
+                ("link_rx_dropped", l.rx_dropped),
+                ("link_rx_oversize", l.rx_oversize),
+                ("link_rx_malformed", l.rx_malformed),
             ]
         });
         let stats = StatsServer::start_with(&stats_path, board.clone(), Some(extra))

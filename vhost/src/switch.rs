@@ -69,7 +69,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use crossbeam_queue::ArrayQueue;
 
 use vrnic::data::PeerMemory;
-use vrnic::link::{Icrc, Link, LocalMacs, LocalReach};
+use vrnic::link::{Icrc, Link, LinkStats, LocalMacs, LocalReach};
 use vrnic::wire::gso;
 
 /// Receive queue depth of a port, frames.
@@ -522,6 +522,13 @@ impl Switch {
             .iter()
             .find(|p| p.mac == mac)
             .map(|p| p.counters.get())
+    }
+
+    /// The uplink link's own counters ([`Link::link_stats`]: frames,
+    /// super-frames, the kernel's drops), `None` for a link without. Takes
+    /// the uplink's lock for a moment.
+    pub fn uplink_link_stats(&self) -> Option<LinkStats> {
+        self.inner.uplink().link_stats()
     }
 
     /// The uplink's counters.

@@ -196,6 +196,9 @@ fn two_functions_of_one_daemon_talk_through_the_switch_not_the_uplink() {
     let get = |n: &str| counters.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
     assert!(get("switch_rx_local").is_some_and(|v| v >= 5), "{reply}");
     assert_eq!(get("switch_rx_dropped"), Some(0), "{reply}");
+    // And the daemon's uplink's own: the ARP requests were all it sent.
+    assert_eq!(get("link_tx_frames"), Some(n_arp as u64), "{reply}");
+    assert_eq!(get("link_rx_malformed"), Some(0), "{reply}");
 
     // A's pcap file shows the RoCEv2 frames it exchanged with B, packet
     // by packet: B's WRITE came to A as one batch (`vrnic::wire::gso`).

@@ -107,7 +107,7 @@ impl TapLink {
         // SAFETY: TUNSETOFFLOAD takes its argument by value.
         let uso = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETOFFLOAD as _, offload) } == 0;
         if !uso {
-            tracing::debug!(
+            tracing::info!(
                 "TAP {actual}: no UDP segmentation offload ({}): frames go one by one",
                 io::Error::last_os_error()
             );
