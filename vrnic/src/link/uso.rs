@@ -47,6 +47,12 @@ pub const MAX_SEGMENTS: usize = 64;
 /// fields have 16 bits.
 pub const MAX_SUPER_FRAME: usize = ETH_LEN + 40 + 65535;
 
+/// Smallest `gso_size` taken from a received super-frame, bytes: a BTH and
+/// an ICRC (IBTA 9.2, 9.10.1), the least a RoCEv2 packet has. Smaller
+/// pieces could be nothing but malformed, and a peer could make a 64 KiB
+/// super-frame tens of thousands of them.
+pub const MIN_PIECE: usize = 16;
+
 /// Longest Ethernet, IP and UDP headers of a frame in a run, bytes (IPv6).
 pub const MAX_HDR_LEN: usize = ETH_LEN + 40 + UDP_LEN;
 
@@ -150,7 +156,7 @@ pub fn run_len<F: AsRef<[u8]>>(frames: &[F]) -> usize {
         return 1;
     };
     let gso = first.len() - l.hdr_len;
-    if gso == 0 {
+    if gso < MIN_PIECE {
         return 1;
     }
     let mut total = gso;
@@ -345,8 +351,9 @@ impl Segments {
     ///
     /// # Errors
     /// [`BadFrame::Malformed`] for a header asking for another kind of
-    /// segmentation, a `gso_size` of 0, or a super-frame that is not one
-    /// UDP datagram over IPv4 (no options) or IPv6 (no extension headers).
+    /// segmentation, a `gso_size` below [`MIN_PIECE`], or a super-frame
+    /// that is not one UDP datagram over IPv4 (no options) or IPv6 (no
+    /// extension headers).
     pub fn new(vnet: &[u8; VNET_HDR_LEN], frame: &[u8]) -> Result<Segments, BadFrame> {
         let mut s = Segments {
             hdr: [0; MAX_HDR_LEN],
@@ -363,7 +370,7 @@ impl Segments {
         }
         let l = Layout::of(frame).ok_or(BadFrame::Malformed)?;
         let gso = usize::from(u16::from_ne_bytes([vnet[4], vnet[5]]));
-        if gso == 0 {
+        if gso < MIN_PIECE {
             return Err(BadFrame::Malformed);
         }
         s.hdr[..l.hdr_len].copy_from_slice(&frame[..l.hdr_len]);
@@ -604,13 +611,19 @@ mod tests {
             BadFrame::Malformed,
             "gso_size 0"
         );
-        udp[4..6].copy_from_slice(&7u16.to_ne_bytes());
+        udp[4..6].copy_from_slice(&15u16.to_ne_bytes());
+        assert_eq!(
+            Segments::new(&udp, &f).unwrap_err(),
+            BadFrame::Malformed,
+            "pieces smaller than a BTH and an ICRC"
+        );
+        udp[4..6].copy_from_slice(&16u16.to_ne_bytes());
         assert!(Segments::new(&udp, &[0u8; 30]).is_err(), "too short");
         let mut lying = f.clone();
         lying[17] ^= 1; // IP length no longer the frame's
         assert!(Segments::new(&udp, &lying).is_err());
-        // A small gso_size over a real frame: 14 pieces of 7 bytes and one
-        // of 2, headers laid over the pieces before, none out of bounds.
+        // The smallest gso_size over a real frame: 6 pieces of 16 bytes and
+        // one of 4, headers laid over the pieces before, none out of bounds.
         let mut s = Segments::new(&udp, &f).unwrap();
         let mut buf = f.clone();
         let mut pieces = Vec::new();
@@ -619,7 +632,7 @@ mod tests {
             pieces.push(r.len() - 42);
         }
         assert_eq!(pieces.iter().sum::<usize>(), 100);
-        assert_eq!(pieces.len(), 15);
+        assert_eq!(pieces.len(), 7);
         // A buffer shorter than the frame it was made from: nothing.
         let mut s = Segments::new(&udp, &f).unwrap();
         assert_eq!(s.next(&mut buf[..50]), None);
