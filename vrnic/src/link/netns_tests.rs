@@ -263,24 +263,29 @@ fn count_numbered(link: &mut dyn Link, len: usize) -> u32 {
 /// would drop each other's frames there.
 static FLOOD: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// A veth pair `va`/`vb` with MTU 9000, up.
-fn jumbo_veth(ns: &Netns) {
+/// Runs `f` (with the namespace and a [`PacketLink`] on each end) in a new
+/// namespace `tag` holding a veth pair `va`/`vb` with MTU 9000, up; one
+/// such test at a time ([`FLOOD`]). `None`: the test cannot run here.
+fn jumbo_pair<T: Send>(
+    tag: &str,
+    f: impl FnOnce(&Netns, PacketLink, PacketLink) -> T + Send,
+) -> Option<T> {
+    let ns = Netns::create(tag)?;
     ns.ip(&["link", "add", "va", "type", "veth", "peer", "name", "vb"]);
     for i in ["va", "vb"] {
         ns.ip(&["link", "set", i, "mtu", "9000", "up"]);
     }
+    let _flood = FLOOD.lock().unwrap_or_else(|e| e.into_inner());
+    Some(ns.run(|| {
+        let a = PacketLink::open("va").expect("open va");
+        let b = PacketLink::open("vb").expect("open vb");
+        f(&ns, a, b)
+    }))
 }
 
 #[test]
 fn packet_link_counts_the_kernels_receive_queue_drops() {
-    let Some(ns) = Netns::create("drops") else {
-        return;
-    };
-    jumbo_veth(&ns);
-    let _flood = FLOOD.lock().unwrap_or_else(|e| e.into_inner());
-    ns.run(|| {
-        let mut a = PacketLink::open("va").expect("open va");
-        let mut b = PacketLink::open("vb").expect("open vb");
+    jumbo_pair("drops", |ns, mut a, mut b| {
         // Far more than any receive buffer holds (50 MB of skbs), never read
         // while sent: veth delivers in the sender's context, so the queue
         // overflows and the kernel counts the rest as dropped.
@@ -309,14 +314,7 @@ fn packet_link_counts_the_kernels_receive_queue_drops() {
 
 #[test]
 fn packet_link_queues_a_burst_of_900_jumbo_frames_sent_while_it_does_not_read() {
-    let Some(ns) = Netns::create("burst") else {
-        return;
-    };
-    jumbo_veth(&ns);
-    let _flood = FLOOD.lock().unwrap_or_else(|e| e.into_inner());
-    ns.run(|| {
-        let mut a = PacketLink::open("va").expect("open va");
-        let mut b = PacketLink::open("vb").expect("open vb");
+    jumbo_pair("burst", |ns, mut a, mut b| {
         // Seven windows of 4 KiB-MTU packets (7.6 MB of skbs; fewer than
         // the 1000 frames of the kernel's backlog) arriving while the engine
         // thread is off the CPU: all of them must wait in the socket (the
@@ -372,14 +370,7 @@ fn tap_link_holds_a_burst_of_3000_frames_sent_while_it_does_not_read() {
 /// buffer is skipped and counted, not cut.
 #[test]
 fn packet_links_send_and_receive_frames_in_batches_in_order() {
-    let Some(ns) = Netns::create("mmsg") else {
-        return;
-    };
-    jumbo_veth(&ns);
-    let _flood = FLOOD.lock().unwrap_or_else(|e| e.into_inner());
-    ns.run(|| {
-        let mut a = PacketLink::open("va").expect("open va");
-        let mut b = PacketLink::open("vb").expect("open vb");
+    jumbo_pair("mmsg", |ns, mut a, mut b| {
         const SENT: u32 = 150;
         const BUF: usize = 4200;
         let mut frames: Vec<Vec<u8>> = (0..SENT)
@@ -431,14 +422,7 @@ fn packet_links_send_and_receive_frames_in_batches_in_order() {
 #[test]
 fn packet_links_carry_runs_as_super_frames_and_hand_back_the_frames_sent() {
     use super::uso::test_frame;
-    let Some(ns) = Netns::create("uso") else {
-        return;
-    };
-    jumbo_veth(&ns);
-    let _flood = FLOOD.lock().unwrap_or_else(|e| e.into_inner());
-    ns.run(|| {
-        let mut a = PacketLink::open("va").expect("open va");
-        let mut b = PacketLink::open("vb").expect("open vb");
+    jumbo_pair("uso", |ns, mut a, mut b| {
         // Messages' shapes: a longer first packet, full ones, a short last
         // one; IPv4 and IPv6; two flows interleaved message by message;
         // plain frames between.

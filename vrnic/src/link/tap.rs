@@ -17,7 +17,6 @@
 //! caller. (The `tun-tap` crate opens without `IFF_VNET_HDR`, hence our own
 //! `TUNSETIFF`.)
 
-use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
@@ -99,10 +98,14 @@ impl TapLink {
             let e = io::Error::last_os_error();
             return Err(OpenError::wrap("TAP", name, "TUNSETIFF", e));
         }
-        // SAFETY: the kernel wrote a NUL-terminated name within IFNAMSIZ.
-        let actual = unsafe { CStr::from_ptr(req.ifr_name.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
+        // The name the kernel gave (it fills in a `%d` pattern).
+        let given: Vec<u8> = req
+            .ifr_name
+            .iter()
+            .map(|&c| c as u8)
+            .take_while(|&b| b != 0)
+            .collect();
+        let actual = String::from_utf8_lossy(&given).into_owned();
         let offload = libc::TUN_F_CSUM | libc::TUN_F_USO4 | libc::TUN_F_USO6;
         // SAFETY: TUNSETOFFLOAD takes its argument by value.
         let uso = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETOFFLOAD as _, offload) } == 0;
