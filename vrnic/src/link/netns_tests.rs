@@ -489,3 +489,73 @@ fn packet_links_carry_runs_as_super_frames_and_hand_back_the_frames_sent() {
         }
     });
 }
+
+/// A peer's super-frames the link cannot cut into RoCEv2 packets (pieces
+/// shorter than a BTH and an ICRC, another kind of segmentation, lengths
+/// that disagree) are dropped and counted, and the frames after them
+/// still come through whole.
+#[test]
+fn packet_link_drops_a_peers_malformed_super_frames_and_carries_on() {
+    use super::uso::{test_frame, VNET_HDR_LEN};
+    jumbo_pair("usobad", |_, mut a, mut b| {
+        let hdr = |gso_type: u8, gso: u16| {
+            let mut h = [0u8; VNET_HDR_LEN];
+            h[0] = 1; // VIRTIO_NET_HDR_F_NEEDS_CSUM
+            h[1] = gso_type;
+            h[2..4].copy_from_slice(&42u16.to_ne_bytes());
+            h[4..6].copy_from_slice(&gso.to_ne_bytes());
+            h[6..8].copy_from_slice(&34u16.to_ne_bytes());
+            h[8..10].copy_from_slice(&6u16.to_ne_bytes());
+            h
+        };
+        let big = test_frame(true, 1, 7, 3000, 1);
+        let mut lying = big.clone();
+        lying[17] ^= 0x40; // IP total length no longer the frame's
+        let bad = [
+            (
+                "pieces of 8 bytes",
+                hdr(5, 8),
+                test_frame(true, 1, 7, 64, 1),
+            ),
+            ("TCP segmentation on UDP", hdr(1, 1000), big.clone()),
+            ("an IP length that disagrees", hdr(5, 1000), lying),
+        ];
+        let mut sent_bad = 0;
+        for (what, h, f) in &bad {
+            // The sender's kernel may refuse some itself; what it lets
+            // through must not reach the device.
+            if a.send_after(h, f) >= 0 {
+                sent_bad += 1;
+            } else {
+                eprintln!("{what}: refused by the sending kernel");
+            }
+        }
+        let good: Vec<Vec<u8>> = (0..10)
+            .map(|i| test_frame(true, 100 + i, 9, 1024, 3))
+            .collect();
+        let mut frames = good.clone();
+        assert_eq!(a.try_send_many(&mut frames).expect("send"), good.len());
+        let mut buf = vec![0u8; 4200];
+        let mut got = Vec::new();
+        for _ in 0..1000 {
+            let mut frame = None;
+            b.recv_with(&mut buf, &mut |f, _| frame = Some(f.to_vec()))
+                .expect("recv_with");
+            let Some(f) = frame else {
+                break;
+            };
+            if f.get(..6) == Some(&[2, 0, 0, 0, 0, 2]) {
+                got.push(f);
+            }
+        }
+        assert!(
+            got == good,
+            "{} frames came for {} good ones sent: only those, whole and in order",
+            got.len(),
+            good.len()
+        );
+        assert!(sent_bad >= 1, "the kernel refused every bad super-frame");
+        let st = b.stats();
+        assert_eq!(st.rx_malformed, sent_bad, "{st:?}");
+    });
+}

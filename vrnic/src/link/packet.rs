@@ -370,10 +370,16 @@ impl PacketLink {
     /// Sends `frame` alone with one `send(2)` (after a plain virtio-net
     /// header with the offload on); the system call's result.
     fn send_one(&self, frame: &[u8]) -> isize {
-        let hdr = [0u8; VNET_HDR_LEN];
+        self.send_after(&[0; VNET_HDR_LEN], frame)
+    }
+
+    /// Sends `frame` after the virtio-net header `vnet` (left out where
+    /// the socket has no `PACKET_VNET_HDR`) with one `sendmsg(2)`; the
+    /// system call's result. (Tests send peers' headers with it.)
+    pub(super) fn send_after(&self, vnet: &[u8; VNET_HDR_LEN], frame: &[u8]) -> isize {
         let iov = [
             libc::iovec {
-                iov_base: hdr.as_ptr() as *mut libc::c_void,
+                iov_base: vnet.as_ptr() as *mut libc::c_void,
                 iov_len: if self.vnet { VNET_HDR_LEN } else { 0 },
             },
             libc::iovec {
