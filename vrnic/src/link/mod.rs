@@ -190,6 +190,23 @@ pub trait Link: Send {
     }
 }
 
+/// [`Link::recv`] for a link that holds its received frames in buffers of
+/// its own: copies `frame` (the next one, if any) into `buf` and returns
+/// its length, as a link reading into `buf` would.
+pub(crate) fn copy_frame(frame: Option<&[u8]>, buf: &mut [u8]) -> Option<usize> {
+    let f = frame?;
+    if let Some(dst) = buf.get_mut(..f.len()) {
+        dst.copy_from_slice(f);
+    }
+    Some(f.len())
+}
+
+/// [`Link::recv_with`] for such a link: hands `frame`, if any, to
+/// `deliver` in place, its ICRC to be checked (it came from a wire).
+pub(crate) fn hand_frame(frame: Option<&[u8]>, deliver: &mut dyn FnMut(&[u8], Icrc)) -> bool {
+    frame.map(|f| deliver(f, Icrc::Needed)).is_some()
+}
+
 pub mod fault;
 pub mod mem;
 pub mod packet;

@@ -567,14 +567,8 @@ impl Link for PacketLink {
 
     /// Receives one frame into `buf` (see [`Link::recv_with`]).
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        let Some(f) = self.next_frame(buf.len())? else {
-            return Ok(None);
-        };
-        let n = f.len();
-        if let Some(dst) = buf.get_mut(..n) {
-            dst.copy_from_slice(f);
-        }
-        Ok(Some(n))
+        let f = self.next_frame(buf.len())?;
+        Ok(super::copy_frame(f, buf))
     }
 
     /// Receives one frame, from the frames the last `recvmmsg(2)` read
@@ -589,13 +583,8 @@ impl Link for PacketLink {
         buf: &mut [u8],
         deliver: &mut dyn FnMut(&[u8], Icrc),
     ) -> io::Result<bool> {
-        match self.next_frame(buf.len())? {
-            Some(f) => {
-                deliver(f, Icrc::Needed);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        let f = self.next_frame(buf.len())?;
+        Ok(super::hand_frame(f, deliver))
     }
 
     fn raw_fd(&self) -> Option<RawFd> {
