@@ -29,7 +29,7 @@ pub const MAX_IFNAME_LEN: usize = libc::IFNAMSIZ - 1;
 
 /// Most frames one [`Link::try_send_many`] call writes (one `writev(2)` per
 /// super-frame or lone frame).
-const SEND_MANY_MAX: usize = 64;
+pub const SEND_MANY_MAX: usize = 64;
 
 /// A [`Link`] over a TAP interface, nonblocking, pollable through
 /// [`Link::raw_fd`]. It reads ahead: the frames of a super-frame it holds

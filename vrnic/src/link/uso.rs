@@ -8,8 +8,9 @@
 //! Why: on this kind of link the kernel's work per frame (a system call,
 //! an skb, a bridge or veth hop, the receiver's wake-up) costs 2–5 µs, far
 //! more than the engine's (issue 10). A super-frame crosses the kernel as
-//! one skb: a 64 KiB WRITE at path MTU 1024 is two super-frames instead
-//! of 64 frames. Where it must become frames (a device without the
+//! one skb: a 64 KiB WRITE at path MTU 1024 is three super-frames (its
+//! FIRST alone, then runs of up to 32, as the device hands frames to the
+//! link, [`super::txq::SEND_BATCH`]) instead of 64 frames. Where it must become frames (a device without the
 //! offload: a NIC, a TAP whose reader did not ask for it, the kernel's
 //! own UDP socket, e.g. rxe's), the kernel segments it (`__udp_gso_segment`).
 //!
