@@ -123,7 +123,7 @@ pub struct Batch {
     /// Packets in it.
     pub packets: usize,
     /// Where it ends: the frame's bytes after are stale until
-    /// [`Output::close_batch`] cuts them.
+    /// `Output::close_batch` cuts them.
     pub end: usize,
     /// Its destination reads payloads in this device's memory
     /// ([`crate::link::LocalMacs::by_reference`]).
