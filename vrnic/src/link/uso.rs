@@ -29,6 +29,8 @@
 
 use std::ops::Range;
 
+use etherparse::checksum::Sum16BitWords;
+
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_NONE, VIRTIO_NET_HDR_GSO_UDP_L4,
 };
@@ -230,8 +232,8 @@ pub fn super_header<F: AsRef<[u8]>>(
     h.copy_from_slice(&first[..hl]);
     set_lengths(h, l, payload);
     let udp_len = UDP_LEN + payload;
-    let pseudo = fold(pseudo_sum(h, l, udp_len));
-    h[hl - 2..hl].copy_from_slice(&pseudo.to_be_bytes());
+    let pseudo = pseudo_sum(h, l, udp_len);
+    h[hl - 2..hl].copy_from_slice(&pseudo);
     VNET_HDR_LEN + hl
 }
 
@@ -285,33 +287,29 @@ fn udp6_checksum(f: &mut [u8]) {
 /// Recomputes the checksum of the 20-byte IPv4 header `ip` (RFC 791).
 fn ipv4_checksum(ip: &mut [u8]) {
     ip[10..12].fill(0);
-    let s = !fold(sum16(ip, 0));
-    ip[10..12].copy_from_slice(&s.to_be_bytes());
+    // Sum16BitWords sums in the host's byte order: its result's bytes in
+    // that order are the field's.
+    let s = Sum16BitWords::new().add_slice(ip).ones_complement();
+    ip[10..12].copy_from_slice(&s.to_ne_bytes());
 }
 
 /// The one's-complement sum of the UDP pseudo-header (RFC 768, RFC 8200
-/// 8.1) of headers `h`, unfolded.
-fn pseudo_sum(h: &[u8], l: Layout, udp_len: usize) -> u32 {
+/// 8.1) of headers `h`, folded and not complemented, as the field's two
+/// bytes: what a UDP checksum field holds for
+/// `VIRTIO_NET_HDR_F_NEEDS_CSUM` (the kernel adds the header and payload).
+fn pseudo_sum(h: &[u8], l: Layout, udp_len: usize) -> [u8; 2] {
     let addrs = if l.v4 {
         &h[ETH_LEN + 12..ETH_LEN + 20]
     } else {
         &h[ETH_LEN + 8..ETH_LEN + 40]
     };
-    sum16(addrs, 0) + u32::from(IPPROTO_UDP) + (udp_len as u32 & 0xffff) + (udp_len as u32 >> 16)
-}
-
-fn sum16(b: &[u8], mut s: u32) -> u32 {
-    for c in b.chunks(2) {
-        s += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
-    }
-    s
-}
-
-fn fold(mut s: u32) -> u16 {
-    while s >> 16 != 0 {
-        s = (s & 0xffff) + (s >> 16);
-    }
-    s as u16
+    let len = u32::try_from(udp_len).unwrap_or(u32::MAX).to_be_bytes();
+    (!Sum16BitWords::new()
+        .add_slice(addrs)
+        .add_2bytes([0, IPPROTO_UDP])
+        .add_slice(&len)
+        .ones_complement())
+    .to_ne_bytes()
 }
 
 /// Why a received frame was not handed on.
@@ -469,6 +467,22 @@ mod tests {
 
     fn frame(v4: bool, id: u16, sport: u16, payload: usize, seed: u8) -> Vec<u8> {
         test_frame(v4, id, sport, payload, seed)
+    }
+
+    /// An independent one's-complement sum of big-endian 16-bit words
+    /// (RFC 1071), for the tests' expectations.
+    fn sum16(b: &[u8], mut s: u32) -> u32 {
+        for c in b.chunks(2) {
+            s += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+        }
+        s
+    }
+
+    fn fold(mut s: u32) -> u16 {
+        while s >> 16 != 0 {
+            s = (s & 0xffff) + (s >> 16);
+        }
+        s as u16
     }
 
     /// What the kernel receives and hands on whole: the super-frame of
