@@ -506,25 +506,14 @@ impl Link for PacketLink {
         let mut msgs: [libc::mmsghdr; SEND_MANY_MAX] = unsafe { std::mem::zeroed() };
         let (mut i, mut m, mut v) = (0, 0, 0);
         while i < count {
-            let run = &frames[i..count];
-            let n = if self.uso {
-                uso::run_len(run).max(1)
-            } else {
-                1
-            };
-            let run = &run[..n];
-            // Alone (n == 1), a plain virtio-net header and the whole frame.
-            let hl = if self.vnet {
-                uso::super_header(run, &mut hdrs[m])
-            } else {
-                0
-            };
-            let off = uso::payload_offset(run);
+            let msg = uso::next_message(&frames[i..count], self.uso, &mut hdrs[m]);
+            let (n, off) = (msg.frames, msg.payload_offset);
             let first = v;
             iov[v].iov_base = hdrs[m].as_mut_ptr().cast();
-            iov[v].iov_len = hl;
+            // Without PACKET_VNET_HDR (and so without runs), no header.
+            iov[v].iov_len = if self.vnet { msg.hdr_len } else { 0 };
             v += 1;
-            for f in run {
+            for f in &frames[i..i + n] {
                 let p = f.get(off..).unwrap_or_default();
                 iov[v].iov_base = p.as_ptr() as *mut libc::c_void;
                 iov[v].iov_len = p.len();

@@ -340,27 +340,11 @@ impl Link for TapLink {
         let mut iov = [iovec(&[]); SEND_MANY_MAX + 1];
         let mut i = 0;
         while i < count {
-            let run = &frames[i..count];
-            let n = if self.uso {
-                uso::run_len(run).max(1)
-            } else {
-                1
-            };
-            let run = &run[..n];
-            let hl = if self.uso {
-                uso::super_header(run, &mut hdr)
-            } else {
-                hdr[..VNET_HDR_LEN].fill(0);
-                VNET_HDR_LEN
-            };
-            let off = if self.uso {
-                uso::payload_offset(run)
-            } else {
-                0
-            };
-            iov[0] = iovec(&hdr[..hl]);
-            for (v, f) in iov[1..].iter_mut().zip(run) {
-                *v = iovec(f.get(off..).unwrap_or_default());
+            let msg = uso::next_message(&frames[i..count], self.uso, &mut hdr);
+            let n = msg.frames;
+            iov[0] = iovec(&hdr[..msg.hdr_len]);
+            for (v, f) in iov[1..].iter_mut().zip(&frames[i..i + n]) {
+                *v = iovec(f.get(msg.payload_offset..).unwrap_or_default());
             }
             match self.write(&iov[..=n]) {
                 Ok(()) => {

@@ -237,6 +237,38 @@ pub fn super_header<F: AsRef<[u8]>>(
     VNET_HDR_LEN + hl
 }
 
+/// One message a link sends ([`next_message`]): how many frames it
+/// carries, the length of the header written for it, and where each
+/// frame's bytes start in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Message {
+    /// Frames from the front of the batch: a run, or 1.
+    pub frames: usize,
+    /// Bytes of the virtio-net (and, for a run, Ethernet, IP and UDP)
+    /// header [`super_header`] wrote.
+    pub hdr_len: usize,
+    /// [`payload_offset`] of the run: each frame's bytes from there on
+    /// follow the header.
+    pub payload_offset: usize,
+}
+
+/// The next message of a non-empty batch `frames`: a run of them as one
+/// super-frame ([`run_len`]) when `runs`, else the first frame alone (a
+/// link whose offload is off), its header written to `hdr`.
+pub fn next_message<F: AsRef<[u8]>>(
+    frames: &[F],
+    runs: bool,
+    hdr: &mut [u8; VNET_HDR_LEN + MAX_HDR_LEN],
+) -> Message {
+    let n = if runs { run_len(frames).max(1) } else { 1 };
+    let run = &frames[..n.min(frames.len())];
+    Message {
+        frames: run.len(),
+        hdr_len: super_header(run, hdr),
+        payload_offset: payload_offset(run),
+    }
+}
+
 /// Where a frame of a run starts to belong to the super-frame's payload:
 /// its header length (42 for IPv4, 62 for IPv6); 0 for a frame sent alone.
 pub fn payload_offset<F: AsRef<[u8]>>(run: &[F]) -> usize {
