@@ -303,14 +303,11 @@ impl UsoPort {
             f[16..18].copy_from_slice(&ip_len.to_be_bytes());
             f[18..20].copy_from_slice(&self.id.to_be_bytes());
             self.id = self.id.wrapping_add(1);
-            let mut sum: u32 = f[14..34]
-                .chunks(2)
-                .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
-                .sum();
-            while sum >> 16 != 0 {
-                sum = (sum & 0xffff) + (sum >> 16);
-            }
-            f[24..26].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+            // The IPv4 header checksum (the sum is in the host's byte order).
+            let sum = etherparse::checksum::Sum16BitWords::new()
+                .add_slice(&f[14..34])
+                .ones_complement();
+            f[24..26].copy_from_slice(&sum.to_ne_bytes());
             f[34..36].copy_from_slice(&USO_PORT.to_be_bytes());
             f[36..38].copy_from_slice(&4791u16.to_be_bytes());
             f[38..40].copy_from_slice(&(ip_len - 20).to_be_bytes());
