@@ -258,6 +258,26 @@ fn count_numbered(link: &mut dyn Link, len: usize) -> u32 {
     n
 }
 
+/// The frames waiting on `link` for which `keep` holds, in order, read
+/// through [`Link::recv_with`] (frames of at most 4200 bytes) until none
+/// is left, at most 10,000.
+fn received(link: &mut dyn Link, keep: impl Fn(&[u8]) -> bool) -> Vec<Vec<u8>> {
+    let mut buf = vec![0u8; 4200];
+    let mut got = Vec::new();
+    for _ in 0..10_000 {
+        let mut frame = None;
+        link.recv_with(&mut buf, &mut |f, _| frame = Some(f.to_vec()))
+            .expect("recv_with");
+        let Some(f) = frame else {
+            break;
+        };
+        if keep(&f) {
+            got.push(f);
+        }
+    }
+    got
+}
+
 /// Held by the tests that flood a veth pair: the kernel's backlog (1000
 /// frames) is per CPU and shared by all namespaces, so two floods at once
 /// would drop each other's frames there.
@@ -458,20 +478,9 @@ fn packet_links_carry_runs_as_super_frames_and_hand_back_the_frames_sent() {
         assert_eq!(tx.tx_frames, want.len() as u64);
         assert!(tx.tx_super >= 8, "runs went as super-frames: {tx:?}");
 
-        let mut buf = vec![0u8; 4200];
-        let mut got = Vec::new();
-        for _ in 0..10_000 {
-            let mut frame = None;
-            b.recv_with(&mut buf, &mut |f, _| frame = Some(f.to_vec()))
-                .expect("recv_with");
-            let Some(f) = frame else {
-                break;
-            };
-            let ours = f[12..14] == TEST_ETHERTYPE || f.get(..6) == Some(&[2, 0, 0, 0, 0, 2]);
-            if ours {
-                got.push(f);
-            }
-        }
+        let got = received(&mut b, |f| {
+            f[12..14] == TEST_ETHERTYPE || f.get(..6) == Some(&[2, 0, 0, 0, 0, 2])
+        });
         assert_eq!(
             ns.tx_dropped("va"),
             0,
@@ -535,19 +544,7 @@ fn packet_link_drops_a_peers_malformed_super_frames_and_carries_on() {
             .collect();
         let mut frames = good.clone();
         assert_eq!(a.try_send_many(&mut frames).expect("send"), good.len());
-        let mut buf = vec![0u8; 4200];
-        let mut got = Vec::new();
-        for _ in 0..1000 {
-            let mut frame = None;
-            b.recv_with(&mut buf, &mut |f, _| frame = Some(f.to_vec()))
-                .expect("recv_with");
-            let Some(f) = frame else {
-                break;
-            };
-            if f.get(..6) == Some(&[2, 0, 0, 0, 0, 2]) {
-                got.push(f);
-            }
-        }
+        let got = received(&mut b, |f| f.get(..6) == Some(&[2, 0, 0, 0, 0, 2]));
         assert!(
             got == good,
             "{} frames came for {} good ones sent: only those, whole and in order",
