@@ -296,11 +296,41 @@ fn jumbo_pair<T: Send>(
         ns.ip(&["link", "set", i, "mtu", "9000", "up"]);
     }
     let _flood = FLOOD.lock().unwrap_or_else(|e| e.into_inner());
-    Some(ns.run(|| {
+    let r = ns.run(|| {
         let a = PacketLink::open("va").expect("open va");
         let b = PacketLink::open("vb").expect("open vb");
         f(&ns, a, b)
-    }))
+    });
+    // A flood's frames the kernel has not processed yet (ksoftirqd runs
+    // the backlog late under load) would fill the next test's backlog.
+    if let Some(q) = backlog_drained().filter(|&q| q > 0) {
+        eprintln!("{tag}: {q} frames still in the kernel's backlog after {WAIT:?}");
+    }
+    Some(r)
+}
+
+/// Waits (at most [`WAIT`]) until no CPU's backlog holds frames: the
+/// twelfth column of `/proc/net/softnet_stat` (input and process queue
+/// lengths, on kernels that show them). Returns the frames left when the
+/// wait ended (0: drained; `None`: the file does not tell).
+fn backlog_drained() -> Option<u64> {
+    let queued = || -> Option<u64> {
+        let t = std::fs::read_to_string("/proc/net/softnet_stat").ok()?;
+        t.lines()
+            .map(|l| {
+                let v = l.split_whitespace().nth(11)?;
+                u64::from_str_radix(v, 16).ok()
+            })
+            .sum()
+    };
+    let start = Instant::now();
+    loop {
+        let q = queued()?;
+        if q == 0 || start.elapsed() > WAIT {
+            return Some(q);
+        }
+        std::thread::yield_now();
+    }
 }
 
 #[test]
