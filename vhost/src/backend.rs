@@ -13,7 +13,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tracing::{debug, error, info};
@@ -31,6 +31,7 @@ use vrnic::device::{Device, DeviceStats};
 use vrnic::link::Link;
 
 use crate::datapath::{BackendStats, DataPath, Vring};
+use crate::poll_group::PollGroup;
 use crate::spin::PollConfig;
 use crate::stats::{Snapshot, StatsBoard};
 
@@ -90,10 +91,15 @@ pub enum BackendError {
 /// one frontend at a time. Pass it (in an `Arc`) to vhost-user-backend's
 /// `VhostUserDaemon`; [`crate::server`] does that.
 pub struct VrnicBackend {
-    dp: Mutex<DataPath>,
+    /// Shared with the daemon's [`PollGroup`], whose poller may serve it.
+    dp: Arc<Mutex<DataPath>>,
     /// Threads other than the worker waiting for `dp`: a polling worker
     /// gives way when non-zero ([`crate::spin`]).
-    waiters: AtomicUsize,
+    waiters: Arc<AtomicUsize>,
+    /// The functions of the daemon, polled by one worker at a time.
+    group: Option<Arc<PollGroup>>,
+    /// Whether the group knows this connection's vrings.
+    joined: AtomicBool,
     queue_size: u16,
     poll: PollConfig,
     acked_features: AtomicU64,
@@ -121,14 +127,24 @@ impl VrnicBackend {
             return Err(BackendError::QueueSize(q));
         }
         Ok(Self {
-            dp: Mutex::new(DataPath::new(device, link).map_err(BackendError::Timer)?),
-            waiters: AtomicUsize::new(0),
+            dp: Arc::new(Mutex::new(
+                DataPath::new(device, link).map_err(BackendError::Timer)?,
+            )),
+            waiters: Arc::new(AtomicUsize::new(0)),
+            group: None,
+            joined: AtomicBool::new(false),
             queue_size: q,
             poll: cfg.poll,
             acked_features: AtomicU64::new(0),
             board: Arc::new(StatsBoard::new()),
             exit_consumers: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Makes the backend a member of `group`: the functions of one daemon,
+    /// polled by one worker at a time ([`crate::poll_group`]).
+    pub fn set_poll_group(&mut self, group: Arc<PollGroup>) {
+        self.group = Some(group);
     }
 
     /// The data path, for any thread but the worker: counted in
@@ -181,9 +197,7 @@ impl VrnicBackend {
     /// ([`DataPath::publish_qp_stats`]), or at once with `wait` (callers
     /// other than the worker, which may not run again).
     fn publish(&self, dp: &mut DataPath, wait: bool) {
-        let snap = Snapshot::new(dp.device.stats(), &dp.stats);
-        self.board.publish(&snap);
-        dp.publish_qp_stats(&self.board, &snap, wait);
+        publish_to(&self.board, dp, wait);
     }
 
     /// Virtio features the frontend acknowledged (`SET_FEATURES`).
@@ -205,6 +219,10 @@ impl VrnicBackend {
     /// drops the memory table, which unmaps the guest's RAM and closes the
     /// region fds (the next frontend sends its own, `SET_MEM_TABLE`).
     pub fn disconnected(&self) {
+        if let Some(g) = &self.group {
+            g.leave(&self.dp);
+            self.joined.store(false, Ordering::Relaxed);
+        }
         let mut dp = self.lock();
         dp.reset();
         dp.set_memory(GuestMemoryAtomic::new(GuestMemoryMmap::new()));
@@ -236,10 +254,27 @@ impl VrnicBackend {
         self.lock().memory().memory().num_regions()
     }
 
-    /// Gives back the device and the link.
-    pub fn into_parts(self) -> (Device, Box<dyn Link>) {
-        let dp = self.dp.into_inner().unwrap_or_else(|e| e.into_inner());
-        (dp.device, dp.link)
+    /// Polls after a wake-up ([`DataPath::spin`]): alone, or as the poll
+    /// group's poller, serving the other members too; not at all while
+    /// another member's worker is the poller (it serves this one).
+    fn spin(&self, dp: &mut DataPath, vrings: &[Vring]) {
+        let publish = &mut |dp: &mut DataPath| self.publish(dp, false);
+        let Some(g) = self.group.as_ref().filter(|g| g.len() > 1) else {
+            dp.spin(vrings, self.poll, &self.waiters, publish, &mut || false);
+            return;
+        };
+        if !g.lead() {
+            return;
+        }
+        let mut adopted = Vec::new();
+        let others = &mut || {
+            g.poll_others(&self.dp, &mut adopted, &|board, dp| {
+                publish_to(board, dp, false)
+            })
+        };
+        dp.spin(vrings, self.poll, &self.waiters, publish, others);
+        g.give_back(adopted, &|board, dp| publish_to(board, dp, false));
+        g.step_down();
     }
 
     fn dispatch(dp: &mut DataPath, device_event: u16, vrings: &[Vring]) {
@@ -274,6 +309,14 @@ impl VrnicBackend {
         }
         dp.after_work(vrings);
     }
+}
+
+/// Publishes `dp`'s counters on `board`; the per-QP ones rate-limited
+/// ([`DataPath::publish_qp_stats`]), or at once with `wait`.
+fn publish_to(board: &StatsBoard, dp: &mut DataPath, wait: bool) {
+    let snap = Snapshot::new(dp.device.stats(), &dp.stats);
+    board.publish(&snap);
+    dp.publish_qp_stats(board, &snap, wait);
 }
 
 impl VhostUserBackend for VrnicBackend {
@@ -394,6 +437,11 @@ impl VhostUserBackend for VrnicBackend {
         vrings: &[Vring],
         _thread_id: usize,
     ) -> io::Result<()> {
+        if let Some(g) = &self.group {
+            if !self.joined.swap(true, Ordering::Relaxed) {
+                g.join(&self.dp, &self.waiters, &self.board, vrings);
+            }
+        }
         let mut dp = self.lock_worker();
         let r = catch_unwind(AssertUnwindSafe(|| {
             Self::dispatch(&mut dp, device_event, vrings);
@@ -401,9 +449,7 @@ impl VhostUserBackend for VrnicBackend {
             // wake-up's own included, so what a driver saw answered is in
             // the snapshot before the next round answers anything.
             self.publish(&mut dp, false);
-            dp.spin(vrings, self.poll, &self.waiters, &mut |dp| {
-                self.publish(dp, false)
-            });
+            self.spin(&mut dp, vrings);
             dp.serve_late(vrings, &mut |dp| self.publish(dp, false));
             // Every round above published what it did: nothing is left to
             // publish here (a second snapshot per wake-up, for nothing).

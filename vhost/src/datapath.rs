@@ -116,6 +116,9 @@ pub struct BackendStats {
     /// Sessions ended by a neighbour that does not yield the core, each
     /// followed by a pause without polling ([`crate::spin::PollConfig`]).
     pub poll_backoffs: u64,
+    /// Times another function's worker, the daemon's poller, took over
+    /// polling this device ([`crate::poll_group`]).
+    pub poll_adopted: u64,
     /// Time the worker polled without finding work, nanoseconds: the CPU
     /// time adaptive polling costs beyond the work itself (time yielded to
     /// other threads included).

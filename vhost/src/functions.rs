@@ -34,6 +34,7 @@ use vrnic::link::{Link, PcapLink};
 
 use crate::addr::{Ipv4Prefix, Mac};
 use crate::backend::{BackendConfig, VrnicBackend};
+use crate::poll_group::PollGroup;
 use crate::server::{self, ServeError, Stopper};
 use crate::stats::{self, Snapshot, StatsBoard, StatsServer};
 use crate::switch::{PortStats, Switch, SwitchError, MAX_PORTS};
@@ -453,6 +454,8 @@ impl Function {
 /// The functions of one daemon and the switch they share.
 pub struct Functions {
     switch: Switch,
+    /// The functions' workers poll for each other ([`crate::poll_group`]).
+    poll_group: Arc<PollGroup>,
     cfg: FunctionsConfig,
     table: Mutex<BTreeMap<String, Function>>,
 }
@@ -466,6 +469,7 @@ impl Functions {
     pub fn new(uplink: Box<dyn Link>, cfg: FunctionsConfig) -> Self {
         Self {
             switch: Switch::new(uplink),
+            poll_group: Arc::new(PollGroup::new()),
             cfg,
             table: Mutex::new(BTreeMap::new()),
         }
@@ -577,8 +581,9 @@ impl Functions {
             ipv6: spec.ipv6.clone(),
             link_mtu: self.cfg.link_mtu,
         });
-        let backend =
+        let mut backend =
             VrnicBackend::new(device, link, self.cfg.backend).map_err(|e| setup(e.to_string()))?;
+        backend.set_poll_group(self.poll_group.clone());
         let board = backend.stats_board();
         let mut listener = if spec.connect {
             None

@@ -24,6 +24,7 @@ pub mod datapath;
 pub mod frontend;
 pub mod functions;
 pub mod memory;
+pub mod poll_group;
 #[cfg(test)]
 mod read_ahead;
 pub mod server;

@@ -101,6 +101,7 @@ impl DataPath {
         cfg: PollConfig,
         waiters: &AtomicUsize,
         after: &mut dyn FnMut(&mut DataPath),
+        others: &mut dyn FnMut() -> bool,
     ) {
         if cfg.budget_ns == 0 || !self.serving() || self.now() < self.spin_backoff_until {
             return;
@@ -121,25 +122,14 @@ impl DataPath {
         self.spinning = true;
         self.stats.poll_sessions += 1;
         loop {
-            let mut work = false;
-            if self.has_avail(db) {
-                self.process_doorbells(db);
-                work = true;
-            }
-            if self.has_avail(ctrl) {
-                self.process_control(ctrl);
-                work = true;
-            }
-            let (frames, _) = self.receive_counted();
-            work |= frames > 0;
             let now = self.now();
-            if self.deadline_passed(now) {
-                self.on_timer();
-                work = true;
-            }
+            let mut work = self.poll_round(ctrl, db, now);
             if work {
                 self.after_work(vrings);
                 after(self);
+            }
+            work |= others();
+            if work {
                 // The idle rounds before this work are polling's cost.
                 self.stats.poll_idle_ns += now.saturating_sub(last_work);
                 last_work = self.now();
@@ -173,6 +163,79 @@ impl DataPath {
         self.process_control(ctrl);
         self.after_work(vrings);
         after(self);
+    }
+
+    /// One polling round: the doorbell and control queues, the link and
+    /// the timer (as of `now`); whether it found work. The caller runs
+    /// [`DataPath::after_work`] after a round that did.
+    pub(crate) fn poll_round(&mut self, ctrl: &Vring, db: &Vring, now: Nanos) -> bool {
+        let mut work = false;
+        if self.has_avail(db) {
+            self.process_doorbells(db);
+            work = true;
+        }
+        if self.has_avail(ctrl) {
+            self.process_control(ctrl);
+            work = true;
+        }
+        let (frames, _) = self.receive_counted();
+        work |= frames > 0;
+        if self.deadline_passed(now) {
+            self.on_timer();
+            work = true;
+        }
+        work
+    }
+
+    /// Adopted by its poll group's poller ([`crate::poll_group`]): the
+    /// driver's notifications off, as in the poller's own session. False
+    /// (not adopted) when the device is not served or already polled.
+    pub(crate) fn adopt(&mut self, vrings: &[Vring]) -> bool {
+        let Some((ctrl, db)) = ctrl_db(vrings) else {
+            return false;
+        };
+        if self.spinning || !self.serving() {
+            return false;
+        }
+        for q in [db, ctrl] {
+            if let Err(e) = q.disable_notification() {
+                tracing::debug!("cannot disable notifications: {e}");
+            }
+        }
+        self.spinning = true;
+        self.link.set_polled(true);
+        self.stats.poll_adopted += 1;
+        true
+    }
+
+    /// One round of an adopted device ([`DataPath::poll_round`] and, after
+    /// work, [`DataPath::after_work`]); whether it found work.
+    pub(crate) fn poll_adopted(&mut self, vrings: &[Vring]) -> bool {
+        let Some((ctrl, db)) = ctrl_db(vrings) else {
+            return false;
+        };
+        if !self.spinning || !self.serving() {
+            return false;
+        }
+        let now = self.now();
+        let work = self.poll_round(ctrl, db, now);
+        if work {
+            self.after_work(vrings);
+        }
+        work
+    }
+
+    /// The poller gives an adopted device back to its worker: notifications
+    /// on, and what came while they were off served (as at the end of
+    /// [`DataPath::spin`]).
+    pub(crate) fn release(&mut self, vrings: &[Vring]) {
+        self.spinning = false;
+        self.link.set_polled(false);
+        if let Some((ctrl, db)) = ctrl_db(vrings) {
+            self.process_doorbells(db);
+            self.process_control(ctrl);
+        }
+        self.after_work(vrings);
     }
 
     /// Serves what the driver made available on the doorbell and control

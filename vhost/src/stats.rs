@@ -38,7 +38,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 }
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 50;
+pub const COUNTERS: usize = 51;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -91,6 +91,7 @@ pub const NAMES: [&str; COUNTERS] = [
     "lost_requests",
     "poll_sessions",
     "poll_backoffs",
+    "poll_adopted",
     "poll_idle_ns",
     "late_chains",
 ];
@@ -177,6 +178,7 @@ impl Snapshot {
             lost_requests,
             poll_sessions,
             poll_backoffs,
+            poll_adopted,
             poll_idle_ns,
             late_chains,
         } = *backend;
@@ -230,6 +232,7 @@ impl Snapshot {
                 lost_requests,
                 poll_sessions,
                 poll_backoffs,
+                poll_adopted,
                 poll_idle_ns,
                 late_chains,
             ],

@@ -213,6 +213,9 @@ struct PortShared {
     /// The eventfd has been written since the receiver last reset it: a
     /// sender finding it set saves the system call (one write per burst).
     signalled: AtomicBool,
+    /// Another thread polls the port for now ([`Link::set_polled`]): the
+    /// receiver keeps `signalled` set, so senders write nothing.
+    polled: AtomicBool,
     /// Readable while the port has frames (see [`SwitchPort::take_batch`]).
     efd: OwnedFd,
     counters: PortCounters,
@@ -345,6 +348,14 @@ impl PortShared {
     fn stay_readable(&self) {
         self.signalled.store(true, Ordering::SeqCst);
         self.wake();
+    }
+
+    /// Empties the port's eventfd: not readable until written again.
+    fn drain(&self) {
+        let mut v: libc::eventfd_t = 0;
+        // SAFETY: eventfd_read into a live u64 on our own (non-blocking)
+        // descriptor.
+        unsafe { libc::eventfd_read(self.efd.as_raw_fd(), &mut v) };
     }
 
     /// Writes the port's eventfd: readable until the receiver resets it.
@@ -489,6 +500,7 @@ impl Switch {
             big_spares: AtomicUsize::new(0),
             memory: RwLock::new(None),
             signalled: AtomicBool::new(false),
+            polled: AtomicBool::new(false),
             efd,
             counters: PortCounters::default(),
         });
@@ -811,14 +823,17 @@ impl SwitchPort {
         if !q.signalled.load(Ordering::Relaxed) {
             return false;
         }
+        if q.polled.load(Ordering::Relaxed) {
+            // Polled: the flag stays set (senders write nothing), the
+            // eventfd is emptied so it wakes nobody ([`Link::set_polled`]).
+            q.drain();
+            return false;
+        }
         // Reset, then look again: a frame whose sender still saw the flag
         // set (and so wrote nothing) is found now; a sender after the reset
         // writes the eventfd anew (`PortShared::signal`).
         q.signalled.store(false, Ordering::SeqCst);
-        let mut v: libc::eventfd_t = 0;
-        // SAFETY: eventfd_read into a live u64 on our own (non-blocking)
-        // descriptor.
-        unsafe { libc::eventfd_read(q.efd.as_raw_fd(), &mut v) };
+        q.drain();
         fence(Ordering::SeqCst);
         if !pull_queue(q, taken) {
             return false;
@@ -927,6 +942,23 @@ impl Link for SwitchPort {
 
     /// Shares the device's memory with the other ports' devices (see
     /// [`SwitchPort::local_macs`]).
+    /// While polled, frames queued for the port write nothing: the flag
+    /// that saves senders the system call stays set. Back to normal, the
+    /// flag is reset and the queue looked at again, the port readable if
+    /// frames wait (as in [`SwitchPort::take_batch`]).
+    fn set_polled(&mut self, polled: bool) {
+        let q = &*self.shared;
+        q.polled.store(polled, Ordering::SeqCst);
+        if polled {
+            return;
+        }
+        q.signalled.store(false, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if !self.taken.is_empty() || !q.frames.is_empty() {
+            q.stay_readable();
+        }
+    }
+
     fn share_memory(&mut self, mem: Option<Arc<dyn PeerMemory>>) {
         *self
             .shared

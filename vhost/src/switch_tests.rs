@@ -564,3 +564,45 @@ fn a_pull_stopped_by_its_bound_keeps_the_port_readable_for_frames_read_ahead() {
     assert_eq!(recv_all(&mut a), vec![frame(A, OUTSIDE, 0xaa)]);
     assert_eq!(recv_all(&mut b).len(), UPLINK_PULL_MAX);
 }
+
+/// A port another thread polls (`Link::set_polled`) wakes nobody for the
+/// frames queued for it, still hands them over in order, and once given
+/// back is readable at once for the frames that wait (a worker asleep on
+/// it would otherwise never learn of them).
+#[test]
+fn a_polled_port_wakes_nobody_and_is_readable_again_when_given_back() {
+    let (_sw, mut a, mut b, _outside) = switch_ab();
+    let fb = b.raw_fd().unwrap();
+    // Readable before it is polled: the poller empties the eventfd.
+    a.send(&frame(B, A, 1)).unwrap();
+    assert!(readable(fb));
+    b.set_polled(true);
+    assert_eq!(recv_all(&mut b), vec![frame(B, A, 1)]);
+    assert!(!readable(fb), "emptied by the poller's read");
+    for tag in 2..5 {
+        a.send(&frame(B, A, tag)).unwrap();
+        assert!(!readable(fb), "frame {tag} woke the polled port's worker");
+    }
+    assert_eq!(
+        recv_all(&mut b),
+        (2..5).map(|t| frame(B, A, t)).collect::<Vec<_>>()
+    );
+    // Given back with a frame waiting: readable without a new sender.
+    a.send(&frame(B, A, 5)).unwrap();
+    assert!(!readable(fb));
+    b.set_polled(false);
+    assert!(
+        readable(fb),
+        "a waiting frame makes the given-back port readable"
+    );
+    assert_eq!(recv_all(&mut b), vec![frame(B, A, 5)]);
+    assert!(!readable(fb));
+    // And back to one wake-up per burst.
+    a.send(&frame(B, A, 6)).unwrap();
+    assert!(readable(fb));
+    assert_eq!(recv_all(&mut b), vec![frame(B, A, 6)]);
+    // Given back with nothing waiting: not readable.
+    b.set_polled(true);
+    b.set_polled(false);
+    assert!(!readable(fb));
+}

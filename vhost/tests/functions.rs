@@ -306,6 +306,93 @@ fn payloads_go_straight_from_one_functions_memory_to_the_others() {
     assert!(fns.shutdown().is_empty());
 }
 
+/// One message from `from` to `to`: `data` SENT from `src`, received into
+/// `dst` intact, both completions successful.
+fn exchange(from: (&mut Side, &mut Qp, &Mr), to: (&mut Side, &mut Qp, &Mr), data: &[u8]) {
+    let (fs, fq, src) = from;
+    let (ts, tq, dst) = to;
+    let what = format!("{} to {}", fs.ip, ts.ip);
+    src.write(0, data);
+    recv(tq, 1, Some(dst.sge(0, data.len())));
+    send(fq, 2, src, data.len());
+    let rc = cqe(ts);
+    assert_eq!(
+        (rc.status, rc.wr_id),
+        (abi::WC_SUCCESS, 1),
+        "{what}: {rc:?}"
+    );
+    assert_eq!(dst.to_vec(), data, "{what}");
+    let sc = cqe(fs);
+    assert_eq!(
+        (sc.status, sc.wr_id),
+        (abi::WC_SUCCESS, 2),
+        "{what}: {sc:?}"
+    );
+}
+
+/// One worker polls both functions of a daemon (`vrnic_vhost::poll_group`):
+/// a ping-pong of SENDs between them is served with one function adopted
+/// by the other's worker (`poll_adopted`), every message intact. After
+/// each pause — long enough for the poller's session to end and give the
+/// adopted function back — one side, then the other, sends first: each
+/// function's program must find its doorbell served while the other's
+/// worker no longer polls it, i.e. with its notifications on again (else
+/// the doorbell waits for a kick that never comes and the bounded wait
+/// fails). The pauses are stimuli, not synchronisation: the messages must
+/// complete whenever the sessions end.
+#[test]
+fn one_worker_polls_both_functions_and_gives_them_back() {
+    let dir = TempDir::new("group");
+    let (fns, _outside) = daemon();
+    let sa = spec(&dir.0, "a", 1);
+    let sb = spec(&dir.0, "b", 2);
+    fns.add(&sa).expect("function a");
+    fns.add(&sb).expect("function b");
+    let mut a = attach(&sa.socket, 1);
+    let mut b = attach(&sb.socket, 2);
+    let mut qa = qp(&a);
+    let mut qb = qp(&b);
+    connect(&a, &mut qa, &b, &mut qb);
+
+    let len = 64;
+    let (a_src, a_dst) = (buffer(&a, len, &[]), buffer(&a, len, &[]));
+    let (b_src, b_dst) = (buffer(&b, len, &[]), buffer(&b, len, &[]));
+    // Longer than a session's idle budget and its longest run
+    // (vrnic_vhost::spin::DEFAULT_POLL_NS, SESSION_MAX_NS).
+    let pause = Duration::from_nanos(2 * vrnic_vhost::spin::SESSION_MAX_NS);
+    for i in 0..160u32 {
+        let ping = pattern(len, i as u8);
+        let pong = pattern(len, (i as u8).wrapping_add(100));
+        if (i / 10) % 2 == 0 {
+            exchange((&mut a, &mut qa, &a_src), (&mut b, &mut qb, &b_dst), &ping);
+            exchange((&mut b, &mut qb, &b_src), (&mut a, &mut qa, &a_dst), &pong);
+        } else {
+            exchange((&mut b, &mut qb, &b_src), (&mut a, &mut qa, &a_dst), &ping);
+            exchange((&mut a, &mut qa, &a_src), (&mut b, &mut qb, &b_dst), &pong);
+        }
+        if i % 10 == 9 {
+            std::thread::sleep(pause);
+        }
+    }
+    let adopted: u64 = [&sa, &sb]
+        .iter()
+        .map(|s| {
+            let reply = vrnic_vhost::stats::query(&s.stats_path(), WAIT).expect("counters");
+            let counters = vrnic_vhost::stats::parse(&reply).expect("name value lines");
+            let get = |n: &str| counters.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
+            // A SEND may beat the other function's RECV doorbell to its
+            // device: an RNR NAK and a retransmission answering it, never
+            // one after an ACK timeout.
+            let (retx, rnr) = (get("retransmits"), get("rnr_naks_received"));
+            assert!(retx.is_some_and(|r| Some(r) <= rnr), "{reply}");
+            get("poll_adopted").expect("poll_adopted")
+        })
+        .sum();
+    assert!(adopted >= 1, "one function's worker polled the other's");
+    drop((a_src, a_dst, b_src, b_dst, qa, qb, a, b));
+    assert!(fns.shutdown().is_empty());
+}
+
 /// The BTH opcodes of the frames to UDP port 4791 (RoCEv2) over IPv4 in a
 /// classic pcap file (`pcap-savefile(5)`, host byte order, as `PcapLink`
 /// writes it), each checked to be a valid RoCEv2 frame, ICRC included.

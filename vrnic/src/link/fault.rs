@@ -409,6 +409,10 @@ impl Link for FaultLink {
     fn link_stats(&self) -> Option<LinkStats> {
         self.inner.link_stats()
     }
+
+    fn set_polled(&mut self, polled: bool) {
+        self.inner.set_polled(polled);
+    }
 }
 
 #[cfg(test)]

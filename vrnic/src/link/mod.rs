@@ -188,6 +188,13 @@ pub trait Link: Send {
     fn link_stats(&self) -> Option<LinkStats> {
         None
     }
+    /// `true`: another thread polls this link for now, so its descriptor
+    /// need not wake the link's own reader for frames that arrive (a
+    /// daemon's poller serving several devices); `false`: back to normal,
+    /// the descriptor readable again if frames wait. Only a link whose
+    /// descriptor is its own signal acts on it (the embedded switch's
+    /// ports); wrappers pass it on; others ignore it (the default).
+    fn set_polled(&mut self, _polled: bool) {}
 }
 
 /// [`Link::recv`] for a link that holds its received frames in buffers of

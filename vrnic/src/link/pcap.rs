@@ -291,6 +291,10 @@ impl Link for PcapLink {
     fn link_stats(&self) -> Option<LinkStats> {
         self.inner.link_stats()
     }
+
+    fn set_polled(&mut self, polled: bool) {
+        self.inner.set_polled(polled);
+    }
 }
 
 #[cfg(test)]
