@@ -5,7 +5,8 @@ Left: perftest bandwidth (Gb/s of payload) against message size, one line per
 mode (how the two programs reach vrnic), with the machine's best raw frame
 rate and its raw TAP frame rate measured in the same run as dashed lines.
 Right: 64 B latencies (us) per mode and tool, with the busy-poll round trips
-(AF_PACKET and TAP) of the same run as dashed lines.
+(AF_PACKET and TAP) and the yield relay round trip (two yielding pollers
+through a third thread: the switch's floor) of the same run as lines.
 
 Usage: bench-chart.py OUT_DIR   (reads OUT_DIR/bench.json, writes OUT_DIR/bench.png)
 Needs python3-matplotlib (Debian package).
@@ -30,6 +31,7 @@ def main() -> int:
     tap = float(lim.get("tap_write_4154_gbps", 0) or 0)
     uso = float(lim.get("pkt_uso_4154_gbps", 0) or 0)
     tap_rtt = float(lim.get("rtt_tap_busy_us", 0) or 0)
+    relay = float(lim.get("rtt_relay1_us", 0) or 0)
 
     fig, (bw, lat) = plt.subplots(1, 2, figsize=(13, 5.5))
     series = {}
@@ -73,7 +75,9 @@ def main() -> int:
         lat.axhline(rtt, linestyle="--", color="grey", label=f"busy-poll RTT {rtt:.1f} us")
     if tap_rtt:
         lat.axhline(tap_rtt, linestyle=":", color="grey", label=f"TAP busy-poll RTT {tap_rtt:.1f} us")
-    if rtt or tap_rtt:
+    if relay:
+        lat.axhline(relay, linestyle="-.", color="grey", label=f"yield relay RTT {relay:.1f} us (switch floor)")
+    if rtt or tap_rtt or relay:
         lat.legend(fontsize=7)
     lat.set_yscale("log")
     lat.set_ylim(bottom=1)

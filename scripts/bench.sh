@@ -6,7 +6,8 @@
 #   1. vrnic-limits in a namespace of its own with a veth pair and two TAPs on a bridge: memcpy,
 #      AF_PACKET frame rates (send and sendmmsg) and raw TAP frame rates (write into one TAP, read
 #      from the other), 64 B / 1 KiB / 4 KiB payload frames, busy-poll and blocking round trips
-#      over both;
+#      over both, and two yielding pollers' round trip through one and two relay threads (the
+#      hand-offs of a ping-pong through one daemon's poller, and through two daemons' workers);
 #   2. perftest (ib_write_bw, ib_read_bw at 64 B, 4 KiB, 64 KiB, 1 MiB for 3 s each, 1 s with
 #      --quick; ib_send_lat, ib_write_lat at 64 B) between two host processes in two namespaces joined by a veth pair (MTU 9000, path
 #      MTU 4096), each with an in-process vrnic device (VRNIC_LOOPBACK: the engine alone on
@@ -317,6 +318,7 @@ best = max(num("pkt_sendmmsg64_4154_gbps"), num("pkt_send_4154_gbps"))
 # work per run of frames instead of per frame, the path the daemons' frames take.
 uso = num("pkt_uso_4154_gbps")
 rtt = num("rtt_busy_us")
+relay = num("rtt_relay1_us")
 # The TAP rows against the raw TAP path too: write() per frame into a TAP, through a bridge.
 tap_best, tap_rtt = num("tap_write_4154_gbps"), num("rtt_tap_busy_us")
 def fnum(v):
@@ -363,6 +365,11 @@ for r in rows:
         if not r["mode"].startswith("guests") and uso:
             uso_ratio = gbps / uso
         fig, limtxt = f"{gbps:.2f} Gb/s", f"{best:.2f} Gb/s frames"
+    elif r["mode"] == "switch" and relay:
+        # Two host processes through one daemon: the limit is the same hand-offs with no work,
+        # two yielding pollers through one relay thread (the daemon's one poller).
+        ratio = x / relay
+        fig, limtxt = f"{x:.1f} us", f"{relay:.1f} us relay RTT"
     else:
         ratio = x / rtt if rtt else None
         if r["mode"] == "tap" and tap_rtt:

@@ -6,7 +6,9 @@
 //! with UDP segmentation offload (`vrnic::link::uso`: runs of frames as
 //! one super-frame, the path the engine's frames take), raw TAP frame rates (one `write(2)` per frame into one TAP of a
 //! bridge, `read(2)` from another), and 64-byte round trips over both paths
-//! with a busy-polling and with a blocking receiver.
+//! with a busy-polling and with a blocking receiver; and the round trip of
+//! two yielding pollers through one or two relay threads (the hand-offs of
+//! a ping-pong through a daemon, [`relay_rtt_us`]).
 //!
 //! Run it inside a network namespace holding both ends of a veth pair and,
 //! for the TAP figures, two TAP interfaces (`ip tuntap add NAME mode tap`)
@@ -15,7 +17,7 @@
 //! (`memcpy_gbytes_per_s_<size>`, `pkt_<mode>_<bytes>_mpps` (modes `send`,
 //! `sendmmsg64`, `uso`), `pkt_<mode>_<bytes>_gbps`,
 //! `tap_write_<bytes>_mpps`, `tap_write_<bytes>_gbps`, `rtt_<mode>_us`,
-//! `rtt_tap_<mode>_us`, `pkt_rcvbuf_bytes`), each figure the best of `--windows` windows of `--secs` each.
+//! `rtt_tap_<mode>_us`, `rtt_relay<n>_us`, `pkt_rcvbuf_bytes`), each figure the best of `--windows` windows of `--secs` each.
 //! The sockets get the buffers vrnic's AF_PACKET link asks for
 //! (`vrnic::link::packet::RCVBUF_BYTES`, `SNDBUF_BYTES`) and the TAPs are
 //! opened by vrnic's own TAP link (`vrnic::link::TapLink`, with its queue
@@ -638,6 +640,12 @@ fn main() -> anyhow::Result<()> {
             print_rate("pkt_uso", len, fps);
         }
     }
+    for relays in [1, 2] {
+        println!(
+            "rtt_relay{relays}_us={:.2}",
+            best(w, true, || relay_rtt_us(relays, secs))
+        );
+    }
     let rtt =
         |a: &mut PacketPort, b: &mut PacketPort, busy| best(w, true, || rtt_us(a, b, busy, secs));
     println!("rtt_busy_us={:.1}", rtt(&mut a, &mut b, true));
@@ -661,6 +669,61 @@ fn main() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Round trip between two threads through `relays` relay threads and
+/// back, microseconds: every thread polls one shared word and yields the
+/// CPU when it is not its turn (`sched_yield(2)`), as two programs polling
+/// their CQs through guest-lib and a daemon's polling workers do — the
+/// hand-offs of a 64-byte ping-pong through vrnic (one relay: one worker
+/// between two programs; two: a worker each), with no work in them. On a
+/// machine with fewer cores than threads each hand-off is a context
+/// switch. Runs for `secs`; every thread stops when the first one does.
+fn relay_rtt_us(relays: u32, secs: f64) -> f64 {
+    use std::sync::atomic::AtomicU32;
+    // Stages of one round trip: 0 the first end, 1..=relays the relays
+    // there, relays + 1 the other end, then the relays back.
+    let stages = 2 * (relays + 1);
+    let turn = AtomicU32::new(0);
+    let stop = AtomicBool::new(false);
+    let owner = |stage: u32| -> u32 {
+        // Thread 0: first end; 1..=relays: relays; relays + 1: other end.
+        if stage <= relays + 1 {
+            stage
+        } else {
+            stages - stage
+        }
+    };
+    let mut rounds = 0u64;
+    let start = Instant::now();
+    std::thread::scope(|sc| {
+        for me in 1..=relays + 1 {
+            let (turn, stop) = (&turn, &stop);
+            sc.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let t = turn.load(Ordering::Acquire);
+                    if t != 0 && owner(t) == me {
+                        turn.store((t + 1) % stages, Ordering::Release);
+                    } else {
+                        // SAFETY: no arguments; it cannot fail on Linux.
+                        unsafe { libc::sched_yield() };
+                    }
+                }
+            });
+        }
+        let end = Duration::from_secs_f64(secs);
+        while start.elapsed() < end {
+            if turn.load(Ordering::Acquire) == 0 {
+                rounds += 1;
+                turn.store(1, Ordering::Release);
+            } else {
+                // SAFETY: as above.
+                unsafe { libc::sched_yield() };
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    start.elapsed().as_secs_f64() * 1e6 / rounds.max(1) as f64
 }
 
 /// The probe's frame sizes, bytes: RoCEv2-shaped, 58 bytes of headers
