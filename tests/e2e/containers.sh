@@ -109,8 +109,9 @@ ct_guest_rc() {
 # namespaces for the TCP exchange). c1<->c2's 64 B ib_write_lat is measured idle, then again while
 # c3 and c4 flood each other through the same daemon (ib_write_bw 64 KiB for CT_FLOOD_SECS s).
 # Judged: every run exits 0 and the loaded typical latency stays under CT_FAIR_BOUND_US (each
-# function has its own worker thread: a flood costs the others CPU share, never a place in a
-# queue behind its frames). Then c3 and c4 are deleted (`vrnic function del`) and `vrnic function
+# function has its own worker thread and queues, and the daemon's one poller serves every
+# function a round in turn, vhost/src/poll_group.rs: a flood costs the others CPU share, never a
+# place in a queue behind its frames). Then c3 and c4 are deleted (`vrnic function del`) and `vrnic function
 # list` must show 2 again.
 CT_FLOOD_SECS=${E2E_CT_FLOOD_SECS:-12}
 CT_FAIR_BOUND_US=${E2E_CT_FAIR_BOUND_US:-2000}

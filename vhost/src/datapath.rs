@@ -262,6 +262,8 @@ impl DataPath {
         // A panic caught while the worker polled ends here: the queues must
         // not stay in polling mode (notifications left off for good).
         self.spinning = false;
+        // Given back, if the daemon's poller had it (crate::poll_group).
+        self.link.set_polled(false);
         self.stats.device_resets += 1;
         self.qp_stats_due = None;
     }

@@ -29,11 +29,13 @@
 //! no worker; the poller reads them.
 //!
 //! Locks: a worker holds its own data path for its whole wake-up and only
-//! `try_lock`s the others', except when it gives adopted members back (a
-//! blocking lock, taken with no other data path lock but its own: no other
-//! thread waits for a second data path while holding one, so there is no
-//! cycle). The member list's lock is never held across a data path lock
-//! that blocks.
+//! `try_lock`s the others', under the member list's lock (so a member that
+//! has left is never touched again, and is freed with its backend), except
+//! when a member stays busy while it is given back (then a blocking lock
+//! without the list's, taken with no other data path lock but its own: no
+//! other thread waits for a second data path while holding one, so there
+//! is no cycle). The member list's lock is never held across a data path
+//! lock that blocks.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -55,12 +57,17 @@ struct Member {
     vrings: Vec<Vring>,
 }
 
-/// A member the poller adopted this session.
+/// A member the poller adopted this session (weakly, as the group knows
+/// it: a function deleted meanwhile is freed when its backend goes).
 pub(crate) struct Adopted {
-    dp: Arc<Mutex<DataPath>>,
+    dp: Weak<Mutex<DataPath>>,
     board: Arc<StatsBoard>,
     vrings: Vec<Vring>,
 }
+
+/// Tries [`PollGroup::give_back`] makes to take a busy member's data path
+/// under the member list's lock before it waits for it without.
+const GIVE_BACK_TRIES: u32 = 1000;
 
 /// The functions of one daemon, polled by one worker at a time. See the
 /// module.
@@ -169,13 +176,13 @@ impl PollGroup {
             let Ok(mut g) = dp.try_lock() else {
                 continue;
             };
-            let fresh = !adopted.iter().any(|a| Arc::ptr_eq(&a.dp, &dp));
+            let fresh = !adopted.iter().any(|a| a.dp.as_ptr() == id_of(&dp));
             if fresh {
                 if !g.adopt(&m.vrings) {
                     continue;
                 }
                 adopted.push(Adopted {
-                    dp: dp.clone(),
+                    dp: Arc::downgrade(&dp),
                     board: m.board.clone(),
                     vrings: m.vrings.clone(),
                 });
@@ -189,16 +196,47 @@ impl PollGroup {
     }
 
     /// Gives the adopted members back to their workers: notifications on,
-    /// queues served once more ([`DataPath::release`]).
+    /// queues served once more ([`DataPath::release`]). A member that left
+    /// the group meanwhile is skipped: its frontend is gone and its reset
+    /// gave it back ([`DataPath::reset`]).
+    ///
+    /// Each is taken under the member list's lock, as in
+    /// [`PollGroup::poll_others`], so that once a member has left
+    /// ([`PollGroup::leave`]) the poller holds no reference to it and its
+    /// backend frees it when it goes. A member whose data path is busy
+    /// (its worker's wake-up, a vhost-user request) is tried again after
+    /// the lock is let go (its worker may want it), at most
+    /// [`GIVE_BACK_TRIES`] times, then waited for.
     pub(crate) fn give_back(
         &self,
         adopted: Vec<Adopted>,
         publish: &dyn Fn(&StatsBoard, &mut DataPath),
     ) {
         for a in adopted {
-            let mut g = a.dp.lock().unwrap_or_else(|e| e.into_inner());
-            g.release(&a.vrings);
-            publish(&a.board, &mut g);
+            let mut tries = 0;
+            loop {
+                let members = self.members();
+                if !members.iter().any(|m| m.dp.as_ptr() == a.dp.as_ptr()) {
+                    break;
+                }
+                let Some(dp) = a.dp.upgrade() else {
+                    break;
+                };
+                if let Ok(mut g) = dp.try_lock() {
+                    g.release(&a.vrings);
+                    publish(&a.board, &mut g);
+                    break;
+                }
+                drop(members);
+                tries += 1;
+                if tries >= GIVE_BACK_TRIES {
+                    let mut g = dp.lock().unwrap_or_else(|e| e.into_inner());
+                    g.release(&a.vrings);
+                    publish(&a.board, &mut g);
+                    break;
+                }
+                std::thread::yield_now();
+            }
         }
     }
 }

@@ -942,13 +942,39 @@ impl Link for SwitchPort {
 
     /// Shares the device's memory with the other ports' devices (see
     /// [`SwitchPort::local_macs`]).
-    /// While polled, frames queued for the port write nothing: the flag
-    /// that saves senders the system call stays set. Back to normal, the
-    /// flag is reset and the queue looked at again, the port readable if
-    /// frames wait (as in [`SwitchPort::take_batch`]).
+    /// While polled, frames queued for the port write nothing (the flag
+    /// that saves senders the system call stays set) and frames on the
+    /// uplink do not make the port readable (the poller's reads of the
+    /// port pull the uplink). Back to normal, the flag is reset and the
+    /// queue looked at again, the port readable if frames wait there or on
+    /// the uplink (as in [`SwitchPort::take_batch`]).
     fn set_polled(&mut self, polled: bool) {
         let q = &*self.shared;
-        q.polled.store(polled, Ordering::SeqCst);
+        if q.polled.swap(polled, Ordering::SeqCst) == polled {
+            return;
+        }
+        // The uplink leaves the port's epoll set while it is polled (its
+        // frames would wake the port's worker for the poller's reads) and
+        // comes back after (level-triggered: readable at once if frames
+        // wait there).
+        if let (Some(ep), Some(up)) = (&self.epfd, self.sw.uplink_fd) {
+            let op = if polled {
+                libc::EPOLL_CTL_DEL
+            } else {
+                libc::EPOLL_CTL_ADD
+            };
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: up as u64,
+            };
+            // SAFETY: valid epoll and target descriptors; `ev` is live.
+            if unsafe { libc::epoll_ctl(ep.as_raw_fd(), op, up, &mut ev) } < 0 {
+                tracing::debug!(
+                    "epoll_ctl on a port's uplink: {}",
+                    io::Error::last_os_error()
+                );
+            }
+        }
         if polled {
             return;
         }

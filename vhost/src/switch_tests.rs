@@ -606,3 +606,29 @@ fn a_polled_port_wakes_nobody_and_is_readable_again_when_given_back() {
     b.set_polled(false);
     assert!(!readable(fb));
 }
+
+/// The uplink does not wake a polled port's worker either (the poller's
+/// reads of the port pull it), and wakes it again once it is given back
+/// with frames still waiting there.
+#[test]
+fn a_polled_port_is_not_woken_by_the_uplink_until_given_back() {
+    let (_sw, _a, mut b, mut outside) = switch_ab();
+    let fb = b.raw_fd().unwrap();
+    b.set_polled(true);
+    outside.send(&frame(B, OUTSIDE, 1)).unwrap();
+    assert!(!readable(fb), "the uplink woke a polled port");
+    // The poller reads the port: the uplink's frame comes with it.
+    assert_eq!(recv_all(&mut b), vec![frame(B, OUTSIDE, 1)]);
+    outside.send(&frame(B, OUTSIDE, 2)).unwrap();
+    assert!(!readable(fb));
+    b.set_polled(false);
+    assert!(
+        readable(fb),
+        "the uplink's waiting frame wakes the given-back port"
+    );
+    assert_eq!(recv_all(&mut b), vec![frame(B, OUTSIDE, 2)]);
+    assert!(!readable(fb));
+    outside.send(&frame(B, OUTSIDE, 3)).unwrap();
+    assert!(readable(fb), "and every later one");
+    assert_eq!(recv_all(&mut b), vec![frame(B, OUTSIDE, 3)]);
+}

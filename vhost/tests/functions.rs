@@ -339,11 +339,17 @@ fn exchange(from: (&mut Side, &mut Qp, &Mr), to: (&mut Side, &mut Qp, &Mr), data
 /// worker no longer polls it, i.e. with its notifications on again (else
 /// the doorbell waits for a kick that never comes and the bounded wait
 /// fails). The pauses are stimuli, not synchronisation: the messages must
-/// complete whenever the sessions end.
+/// complete whenever the sessions end. Polling never pauses after a long
+/// yield here (`backoff_ns` 0: other tests share the cores), and the
+/// ping-pong goes on, bounded, until 80 rounds after the counters first
+/// show an adoption.
 #[test]
 fn one_worker_polls_both_functions_and_gives_them_back() {
     let dir = TempDir::new("group");
-    let (fns, _outside) = daemon();
+    let (uplink, _outside) = MemLink::pair();
+    let mut cfg = FunctionsConfig::default();
+    cfg.backend.poll.backoff_ns = 0;
+    let fns = Functions::new(Box::new(uplink), cfg);
     let sa = spec(&dir.0, "a", 1);
     let sb = spec(&dir.0, "b", 2);
     fns.add(&sa).expect("function a");
@@ -360,7 +366,28 @@ fn one_worker_polls_both_functions_and_gives_them_back() {
     // Longer than a session's idle budget and its longest run
     // (vrnic_vhost::spin::DEFAULT_POLL_NS, SESSION_MAX_NS).
     let pause = Duration::from_nanos(2 * vrnic_vhost::spin::SESSION_MAX_NS);
-    for i in 0..160u32 {
+    // Both functions' counters: retransmissions, RNR NAKs received and
+    // adoptions, summed.
+    let counters = || {
+        let mut sum = (0, 0, 0);
+        for s in [&sa, &sb] {
+            let reply = vrnic_vhost::stats::query(&s.stats_path(), WAIT).expect("counters");
+            let counters = vrnic_vhost::stats::parse(&reply).expect("name value lines");
+            let get = |n: &str| {
+                counters
+                    .iter()
+                    .find(|(k, _)| k == n)
+                    .map(|(_, v)| *v)
+                    .unwrap_or_else(|| panic!("no {n}: {reply}"))
+            };
+            sum.0 += get("retransmits");
+            sum.1 += get("rnr_naks_received");
+            sum.2 += get("poll_adopted");
+        }
+        sum
+    };
+    let mut seen = None;
+    for i in 0..2000u32 {
         let ping = pattern(len, i as u8);
         let pong = pattern(len, (i as u8).wrapping_add(100));
         if (i / 10) % 2 == 0 {
@@ -373,21 +400,22 @@ fn one_worker_polls_both_functions_and_gives_them_back() {
         if i % 10 == 9 {
             std::thread::sleep(pause);
         }
+        // Until 80 rounds (8 pauses, each side first after 4) after the
+        // first adoption seen, and 160 at least.
+        if i % 20 == 19 {
+            if seen.is_none() && counters().2 > 0 {
+                seen = Some(i);
+            }
+            if seen.is_some_and(|s| i >= 160 && i >= s + 80) {
+                break;
+            }
+        }
     }
-    let adopted: u64 = [&sa, &sb]
-        .iter()
-        .map(|s| {
-            let reply = vrnic_vhost::stats::query(&s.stats_path(), WAIT).expect("counters");
-            let counters = vrnic_vhost::stats::parse(&reply).expect("name value lines");
-            let get = |n: &str| counters.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
-            // A SEND may beat the other function's RECV doorbell to its
-            // device: an RNR NAK and a retransmission answering it, never
-            // one after an ACK timeout.
-            let (retx, rnr) = (get("retransmits"), get("rnr_naks_received"));
-            assert!(retx.is_some_and(|r| Some(r) <= rnr), "{reply}");
-            get("poll_adopted").expect("poll_adopted")
-        })
-        .sum();
+    let (retx, rnr, adopted) = counters();
+    // A SEND may beat the other function's RECV doorbell to its device: an
+    // RNR NAK and a retransmission answering it, never one after an ACK
+    // timeout.
+    assert!(retx <= rnr, "retransmits {retx}, RNR NAKs {rnr}");
     assert!(adopted >= 1, "one function's worker polled the other's");
     drop((a_src, a_dst, b_src, b_dst, qa, qb, a, b));
     assert!(fns.shutdown().is_empty());
