@@ -46,9 +46,34 @@ pub struct HandleTable<T> {
     space: HandleSpace,
     /// Slot `index mod slots.len()`: the full handle and the object.
     slots: Vec<Option<(u32, Box<T>)>>,
+    /// The slots in use, ascending: what the iterators visit, so a walk
+    /// over a table of 1024 slots holding one QP (the engine's every poll)
+    /// does not look at 1023 empty ones.
+    used: Vec<u32>,
     live: usize,
     /// The next index to try.
     next: u32,
+}
+
+/// The objects in `slots` (which starts at slot `base`) at the slots
+/// `used` (ascending, a subset of those `slots` holds), mutably, with
+/// their slot numbers. Each is reached by skipping ahead in one mutable
+/// iterator (`nth`, O(1) on a slice), so the empty slots between cost
+/// nothing.
+fn pick_mut<'a, T>(
+    slots: &'a mut [Option<(u32, Box<T>)>],
+    base: usize,
+    used: &'a [u32],
+) -> impl Iterator<Item = (usize, &'a mut T)> {
+    let mut it = slots.iter_mut();
+    // The slot (relative to `base`) `it` yields next.
+    let mut pos = 0usize;
+    used.iter().filter_map(move |&slot| {
+        let rel = (slot as usize).checked_sub(base)?;
+        let s = it.nth(rel.checked_sub(pos)?)?;
+        pos = rel + 1;
+        s.as_mut().map(|(_, v)| (slot as usize, v.as_mut()))
+    })
 }
 
 impl<T> HandleTable<T> {
@@ -65,6 +90,7 @@ impl<T> HandleTable<T> {
         HandleTable {
             space,
             slots,
+            used: Vec::new(),
             live: 0,
             next: space.first,
         }
@@ -116,6 +142,9 @@ impl<T> HandleTable<T> {
             let slot = self.slot_of(handle);
             if self.slots[slot].is_none() {
                 self.slots[slot] = Some((handle, Box::new(make(handle))));
+                // `slot` < slots.len() ≤ 2^31 (asserted in `new`).
+                let at = self.used.partition_point(|&u| (u as usize) < slot);
+                self.used.insert(at, slot as u32);
                 self.live += 1;
                 return Some(handle);
             }
@@ -153,22 +182,28 @@ impl<T> HandleTable<T> {
             _ => return None,
         }
         self.live -= 1;
+        if let Ok(at) = self.used.binary_search(&(slot as u32)) {
+            self.used.remove(at);
+        }
         self.slots[slot].take().map(|(_, v)| *v)
     }
 
     /// Every live object with its handle, in slot order.
     pub fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
-        self.slots.iter().flatten().map(|(h, v)| (*h, v.as_ref()))
+        self.used
+            .iter()
+            .filter_map(|&u| self.slots.get(u as usize)?.as_ref())
+            .map(|(h, v)| (*h, v.as_ref()))
     }
 
     /// Every live object, in slot order.
     pub fn values(&self) -> impl Iterator<Item = &T> {
-        self.slots.iter().flatten().map(|(_, v)| v.as_ref())
+        self.iter().map(|(_, v)| v)
     }
 
     /// Every live object, mutably, in slot order.
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
-        self.slots.iter_mut().flatten().map(|(_, v)| v.as_mut())
+        pick_mut(&mut self.slots, 0, &self.used).map(|(_, v)| v)
     }
 
     /// Every live object, mutably, with its slot number, in slot order
@@ -179,14 +214,9 @@ impl<T> HandleTable<T> {
     pub fn values_mut_from(&mut self, start: usize) -> impl Iterator<Item = (usize, &mut T)> {
         let start = start % self.slots.len();
         let (before, after) = self.slots.split_at_mut(start);
-        let after = after
-            .iter_mut()
-            .enumerate()
-            .map(move |(i, s)| (start + i, s));
-        let before = before.iter_mut().enumerate();
-        after
-            .chain(before)
-            .filter_map(|(i, s)| s.as_mut().map(|(_, v)| (i, v.as_mut())))
+        let split = self.used.partition_point(|&u| (u as usize) < start);
+        let (used_before, used_after) = self.used.split_at(split);
+        pick_mut(after, start, used_after).chain(pick_mut(before, 0, used_before))
     }
 
     /// Continues the cyclic allocation where `old` stopped (a table that
@@ -282,6 +312,46 @@ mod tests {
             from(&mut t, 8 + 5),
             [(5, 5), (1, 1), (2, 2), (3, 3), (4, 4)]
         );
+    }
+
+    /// After any mix of inserts and removes the iterators visit exactly
+    /// the live objects, in slot order (from any start, wrapping round),
+    /// as a plain map of slot to object says (they walk only the slots in
+    /// use, `used`).
+    #[test]
+    fn iterators_visit_exactly_the_live_objects_in_slot_order() {
+        let mut t = HandleTable::new(HandleSpace::numbers(64));
+        let mut model = std::collections::BTreeMap::new();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for step in 0..3000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let live: Vec<u32> = model.values().copied().collect();
+            if x % 3 != 0 || live.is_empty() {
+                if let Some(h) = t.insert_with(0, |h| h) {
+                    model.insert(t.slot_of(h), h);
+                } else {
+                    assert_eq!(t.len(), 64, "refused only when full");
+                }
+            } else {
+                let h = live[(x >> 8) as usize % live.len()];
+                assert_eq!(t.remove(h), Some(h));
+                model.remove(&t.slot_of(h));
+            }
+            let want: Vec<(usize, u32)> = model.iter().map(|(&s, &h)| (s, h)).collect();
+            let got: Vec<(usize, u32)> = t.iter().map(|(h, &v)| (t.slot_of(h), v)).collect();
+            assert_eq!(got, want, "iter, step {step}");
+            let vals: Vec<u32> = t.values_mut().map(|v| *v).collect();
+            assert_eq!(vals, model.values().copied().collect::<Vec<_>>());
+            let start = (x >> 16) as usize % 80;
+            let from: Vec<(usize, u32)> = t.values_mut_from(start).map(|(s, v)| (s, *v)).collect();
+            let s0 = start % 64;
+            let mut want_from: Vec<(usize, u32)> =
+                want.iter().filter(|(s, _)| *s >= s0).copied().collect();
+            want_from.extend(want.iter().filter(|(s, _)| *s < s0));
+            assert_eq!(from, want_from, "from {start}, step {step}");
+        }
     }
 
     #[test]
