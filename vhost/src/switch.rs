@@ -943,9 +943,11 @@ impl Link for SwitchPort {
     /// Shares the device's memory with the other ports' devices (see
     /// [`SwitchPort::local_macs`]).
     /// While polled, frames queued for the port write nothing (the flag
-    /// that saves senders the system call stays set) and frames on the
-    /// uplink do not make the port readable (the poller's reads of the
-    /// port pull the uplink). Back to normal, the flag is reset and the
+    /// that saves senders the system call stays set), frames on the
+    /// uplink do not make the port readable, and the port's reads do not
+    /// read the uplink: the poller's own port does, once a round, and
+    /// queues this port's frames (one system call a round, not one a
+    /// function). Back to normal, the flag is reset and the
     /// queue looked at again, the port readable if frames wait there or on
     /// the uplink (as in [`SwitchPort::take_batch`]).
     fn set_polled(&mut self, polled: bool) {
@@ -976,6 +978,10 @@ impl Link for SwitchPort {
             }
         }
         if polled {
+            // Senders see the flag set and write nothing; what the eventfd
+            // held is emptied (the poller reads the queue every round).
+            q.signalled.store(true, Ordering::SeqCst);
+            q.drain();
             return;
         }
         q.signalled.store(false, Ordering::SeqCst);
@@ -1050,6 +1056,10 @@ impl Link for SwitchPort {
         if let Some(n) = self.pop_own(buf) {
             return Ok(Some(n));
         }
+        if self.shared.polled.load(Ordering::Relaxed) {
+            // The poller's own port reads the uplink (`Link::set_polled`).
+            return Ok(None);
+        }
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.resize(buf.len(), 0);
         let mut got = None;
@@ -1072,6 +1082,10 @@ impl Link for SwitchPort {
     ) -> io::Result<bool> {
         if self.deliver_own(deliver) {
             return Ok(true);
+        }
+        if self.shared.polled.load(Ordering::Relaxed) {
+            // The poller's own port reads the uplink (`Link::set_polled`).
+            return Ok(false);
         }
         self.pull_uplink(buf, deliver)
     }

@@ -607,17 +607,22 @@ fn a_polled_port_wakes_nobody_and_is_readable_again_when_given_back() {
     assert!(!readable(fb));
 }
 
-/// The uplink does not wake a polled port's worker either (the poller's
-/// reads of the port pull it), and wakes it again once it is given back
-/// with frames still waiting there.
+/// The uplink does not wake a polled port's worker either, nor does the
+/// polled port read it: the poller's own port does and queues the polled
+/// port's frames. Given back with frames still waiting on the uplink, the
+/// port is readable at once.
 #[test]
 fn a_polled_port_is_not_woken_by_the_uplink_until_given_back() {
-    let (_sw, _a, mut b, mut outside) = switch_ab();
+    let (_sw, mut a, mut b, mut outside) = switch_ab();
     let fb = b.raw_fd().unwrap();
     b.set_polled(true);
     outside.send(&frame(B, OUTSIDE, 1)).unwrap();
     assert!(!readable(fb), "the uplink woke a polled port");
-    // The poller reads the port: the uplink's frame comes with it.
+    assert!(recv_all(&mut b).is_empty(), "a polled port reads no uplink");
+    // The poller's own port (A) reads the uplink: B's frame goes to B's
+    // queue, still waking nobody, and B's next read takes it.
+    assert!(recv_all(&mut a).is_empty());
+    assert!(!readable(fb));
     assert_eq!(recv_all(&mut b), vec![frame(B, OUTSIDE, 1)]);
     outside.send(&frame(B, OUTSIDE, 2)).unwrap();
     assert!(!readable(fb));
