@@ -328,7 +328,7 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let live: Vec<u32> = model.values().copied().collect();
-            if x % 3 != 0 || live.is_empty() {
+            if !x.is_multiple_of(3) || live.is_empty() {
                 if let Some(h) = t.insert_with(0, |h| h) {
                     model.insert(t.slot_of(h), h);
                 } else {
