@@ -266,15 +266,17 @@ impl VrnicBackend {
         if !g.lead() {
             return;
         }
-        let mut adopted = Vec::new();
-        let others = &mut || {
-            g.poll_others(&self.dp, &mut adopted, &|board, dp| {
-                publish_to(board, dp, false)
-            })
+        // Given back and stepped down when the session ends, and also when
+        // a panic in this function's engine unwinds through it (caught in
+        // `handle_event`): the other functions must not stay adopted.
+        let mut session = Session {
+            group: g,
+            adopted: Vec::new(),
         };
+        let adopted = &mut session.adopted;
+        let others =
+            &mut || g.poll_others(&self.dp, adopted, &|board, dp| publish_to(board, dp, false));
         dp.spin(vrings, self.poll, &self.waiters, publish, others);
-        g.give_back(adopted, &|board, dp| publish_to(board, dp, false));
-        g.step_down();
     }
 
     fn dispatch(dp: &mut DataPath, device_event: u16, vrings: &[Vring]) {
@@ -308,6 +310,22 @@ impl VrnicBackend {
             dp.receive();
         }
         dp.after_work(vrings);
+    }
+}
+
+/// A poller's session ([`VrnicBackend::spin`]): on drop, the adopted
+/// functions are given back and the poller steps down.
+struct Session<'a> {
+    group: &'a PollGroup,
+    adopted: Vec<crate::poll_group::Adopted>,
+}
+
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        let adopted = std::mem::take(&mut self.adopted);
+        self.group
+            .give_back(adopted, &|board, dp| publish_to(board, dp, false));
+        self.group.step_down();
     }
 }
 
@@ -483,6 +501,24 @@ mod tests {
             link_mtu: 1500,
         };
         VrnicBackend::new(Device::new(cfg), Box::new(link), BackendConfig::default()).unwrap()
+    }
+
+    /// A panic of the poller's own engine unwinds through its session
+    /// (caught in `handle_event`): the session still steps down, so
+    /// another worker can poll the group afterwards.
+    #[test]
+    fn a_poller_session_steps_down_when_a_panic_unwinds_through_it() {
+        let group = PollGroup::new();
+        assert!(group.lead());
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            let _session = Session {
+                group: &group,
+                adopted: Vec::new(),
+            };
+            panic!("engine bug");
+        }));
+        assert!(r.is_err());
+        assert!(group.lead(), "the group has no poller after the unwind");
     }
 
     #[test]

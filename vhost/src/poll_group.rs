@@ -37,8 +37,9 @@
 //! is no cycle). The member list's lock is never held across a data path
 //! lock that blocks.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 
 use crate::datapath::{DataPath, Vring};
 use crate::stats::StatsBoard;
@@ -89,6 +90,30 @@ impl std::fmt::Debug for PollGroup {
 
 fn id_of(dp: &Arc<Mutex<DataPath>>) -> *const Mutex<DataPath> {
     Arc::as_ptr(dp)
+}
+
+/// Gives `a` (locked in `g`) back ([`DataPath::release`]) and publishes
+/// its counters. An engine panic on the way resets it (give-backs also run
+/// while a panic of the poller's own engine unwinds, where a second panic
+/// would abort the daemon).
+fn release(g: &mut DataPath, a: &Adopted, publish: &dyn Fn(&StatsBoard, &mut DataPath)) {
+    if catch_unwind(AssertUnwindSafe(|| g.release(&a.vrings))).is_err() {
+        tracing::error!("the engine panicked in a polled function: resetting it");
+        g.stats.engine_panics += 1;
+        g.reset();
+    }
+    publish(&a.board, g);
+}
+
+/// `dp` if no thread holds it. A poisoned data path is still usable (a
+/// panic in the engine is caught inside the lock and answered with a
+/// reset), as for the backend's own locks.
+fn try_lock(dp: &Mutex<DataPath>) -> Option<MutexGuard<'_, DataPath>> {
+    match dp.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
 }
 
 impl PollGroup {
@@ -173,21 +198,37 @@ impl PollGroup {
             let Some(dp) = m.dp.upgrade() else {
                 continue;
             };
-            let Ok(mut g) = dp.try_lock() else {
+            let Some(mut g) = try_lock(&dp) else {
                 continue;
             };
             let fresh = !adopted.iter().any(|a| a.dp.as_ptr() == id_of(&dp));
-            if fresh {
-                if !g.adopt(&m.vrings) {
-                    continue;
+            // An engine panic in another function's round resets that
+            // function, as its own worker would (the backend's
+            // `handle_event`), not the poller's.
+            let round = catch_unwind(AssertUnwindSafe(|| {
+                if fresh && !g.adopt(&m.vrings) {
+                    return None;
                 }
+                Some(g.poll_adopted(&m.vrings))
+            }));
+            let found = match round {
+                Ok(None) => continue,
+                Ok(Some(found)) => found,
+                Err(_) => {
+                    tracing::error!("the engine panicked in a polled function: resetting it");
+                    g.stats.engine_panics += 1;
+                    g.reset();
+                    true
+                }
+            };
+            if fresh {
                 adopted.push(Adopted {
                     dp: Arc::downgrade(&dp),
                     board: m.board.clone(),
                     vrings: m.vrings.clone(),
                 });
             }
-            if g.poll_adopted(&m.vrings) {
+            if found {
                 publish(&m.board, &mut g);
                 work = true;
             }
@@ -222,17 +263,15 @@ impl PollGroup {
                 let Some(dp) = a.dp.upgrade() else {
                     break;
                 };
-                if let Ok(mut g) = dp.try_lock() {
-                    g.release(&a.vrings);
-                    publish(&a.board, &mut g);
+                if let Some(mut g) = try_lock(&dp) {
+                    release(&mut g, &a, publish);
                     break;
                 }
                 drop(members);
                 tries += 1;
                 if tries >= GIVE_BACK_TRIES {
                     let mut g = dp.lock().unwrap_or_else(|e| e.into_inner());
-                    g.release(&a.vrings);
-                    publish(&a.board, &mut g);
+                    release(&mut g, &a, publish);
                     break;
                 }
                 std::thread::yield_now();
