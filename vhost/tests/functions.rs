@@ -87,6 +87,22 @@ fn connect(a: &Side, qa: &mut Qp, b: &Side, qb: &mut Qp) {
     connect_rc(qb, to_a, 2000);
 }
 
+/// Functions a (10.0.0.1) and b (10.0.0.2) of `fns`, their sockets in
+/// `dir`, each with a program attached, and an RC QP of each connected to
+/// the other's.
+fn pair(fns: &Functions, dir: &Path) -> (FunctionSpec, FunctionSpec, Side, Side, Qp, Qp) {
+    let sa = spec(dir, "a", 1);
+    let sb = spec(dir, "b", 2);
+    fns.add(&sa).expect("function a");
+    fns.add(&sb).expect("function b");
+    let a = attach(&sa.socket, 1);
+    let b = attach(&sb.socket, 2);
+    let mut qa = qp(&a);
+    let mut qb = qp(&b);
+    connect(&a, &mut qa, &b, &mut qb);
+    (sa, sb, a, b, qa, qb)
+}
+
 fn buffer(s: &Side, len: usize, data: &[u8]) -> Mr<'static> {
     common::buffer(&s.pd, len, data)
 }
@@ -240,15 +256,7 @@ fn two_functions_of_one_daemon_talk_through_the_switch_not_the_uplink() {
 fn payloads_go_straight_from_one_functions_memory_to_the_others() {
     let dir = TempDir::new("byref");
     let (fns, _outside) = daemon();
-    let sa = spec(&dir.0, "a", 1);
-    let sb = spec(&dir.0, "b", 2);
-    fns.add(&sa).expect("function a");
-    fns.add(&sb).expect("function b");
-    let mut a = attach(&sa.socket, 1);
-    let mut b = attach(&sb.socket, 2);
-    let mut qa = qp(&a);
-    let mut qb = qp(&b);
-    connect(&a, &mut qa, &b, &mut qb);
+    let (sa, sb, mut a, mut b, mut qa, mut qb) = pair(&fns, &dir.0);
 
     // SEND A -> B, 40 packets at path MTU 1024.
     let len = 40_000;
@@ -350,15 +358,7 @@ fn one_worker_polls_both_functions_and_gives_them_back() {
     let mut cfg = FunctionsConfig::default();
     cfg.backend.poll.backoff_ns = 0;
     let fns = Functions::new(Box::new(uplink), cfg);
-    let sa = spec(&dir.0, "a", 1);
-    let sb = spec(&dir.0, "b", 2);
-    fns.add(&sa).expect("function a");
-    fns.add(&sb).expect("function b");
-    let mut a = attach(&sa.socket, 1);
-    let mut b = attach(&sb.socket, 2);
-    let mut qa = qp(&a);
-    let mut qb = qp(&b);
-    connect(&a, &mut qa, &b, &mut qb);
+    let (sa, sb, mut a, mut b, mut qa, mut qb) = pair(&fns, &dir.0);
 
     let len = 64;
     let (a_src, a_dst) = (buffer(&a, len, &[]), buffer(&a, len, &[]));
