@@ -216,6 +216,10 @@ struct PortShared {
     /// Another thread polls the port for now ([`Link::set_polled`]): the
     /// receiver keeps `signalled` set, so senders write nothing.
     polled: AtomicBool,
+    /// The eventfd may have been written since a polled receiver last
+    /// emptied it ([`PortShared::wake`] sets it after each write): a
+    /// polled port empties it only then.
+    written: AtomicBool,
     /// Readable while the port has frames (see [`SwitchPort::take_batch`]).
     efd: OwnedFd,
     counters: PortCounters,
@@ -363,6 +367,9 @@ impl PortShared {
         // SAFETY: eventfd_write on our own descriptor; EAGAIN only when the
         // counter would overflow, when it is readable anyway.
         unsafe { libc::eventfd_write(self.efd.as_raw_fd(), 1) };
+        // After the write: a polled receiver that clears the flag before
+        // it is set finds it set at its next look and empties the eventfd.
+        self.written.store(true, Ordering::SeqCst);
     }
 }
 
@@ -501,6 +508,7 @@ impl Switch {
             memory: RwLock::new(None),
             signalled: AtomicBool::new(false),
             polled: AtomicBool::new(false),
+            written: AtomicBool::new(false),
             efd,
             counters: PortCounters::default(),
         });
@@ -825,8 +833,12 @@ impl SwitchPort {
         }
         if q.polled.load(Ordering::Relaxed) {
             // Polled: the flag stays set (senders write nothing), the
-            // eventfd is emptied so it wakes nobody ([`Link::set_polled`]).
-            q.drain();
+            // eventfd is emptied so it wakes nobody ([`Link::set_polled`]),
+            // if anything wrote it since it was last emptied (else a
+            // system call a polling round for nothing).
+            if q.written.swap(false, Ordering::SeqCst) {
+                q.drain();
+            }
             return false;
         }
         // Reset, then look again: a frame whose sender still saw the flag
@@ -981,6 +993,7 @@ impl Link for SwitchPort {
             // Senders see the flag set and write nothing; what the eventfd
             // held is emptied (the poller reads the queue every round).
             q.signalled.store(true, Ordering::SeqCst);
+            q.written.store(false, Ordering::SeqCst);
             q.drain();
             return;
         }

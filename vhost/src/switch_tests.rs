@@ -587,6 +587,12 @@ fn a_polled_port_wakes_nobody_and_is_readable_again_when_given_back() {
         recv_all(&mut b),
         (2..5).map(|t| frame(B, A, t)).collect::<Vec<_>>()
     );
+    // Whatever writes the eventfd while the port is polled, its next read
+    // empties it (else its worker would wake in a loop).
+    b.shared.stay_readable();
+    assert!(readable(fb));
+    assert!(recv_all(&mut b).is_empty());
+    assert!(!readable(fb), "a polled read empties a written eventfd");
     // Given back with a frame waiting: readable without a new sender.
     a.send(&frame(B, A, 5)).unwrap();
     assert!(!readable(fb));
