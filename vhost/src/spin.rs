@@ -121,8 +121,21 @@ impl DataPath {
         let mut last_work = start;
         self.spinning = true;
         self.stats.poll_sessions += 1;
+        // When the last round yielded: its start (an idle round is short,
+        // so the time from it to the next round's start is the yield's).
+        let mut yielded_at: Option<Nanos> = None;
         loop {
             let now = self.now();
+            if yielded_at
+                .take()
+                .is_some_and(|y| now.saturating_sub(y) >= LONG_YIELD_NS)
+            {
+                // A thread that does not yield shares this core: stop
+                // polling for a while (see the module).
+                self.spin_backoff_until = now.saturating_add(cfg.backoff_ns);
+                self.stats.poll_backoffs += 1;
+                break;
+            }
             let mut work = self.poll_round(ctrl, db, now);
             if work {
                 self.after_work(vrings);
@@ -144,16 +157,9 @@ impl DataPath {
             }
             if !work {
                 std::hint::spin_loop();
-                let before = self.now();
                 // SAFETY: no arguments; it cannot fail on Linux.
                 unsafe { libc::sched_yield() };
-                if self.now().saturating_sub(before) >= LONG_YIELD_NS {
-                    // A thread that does not yield shares this core: stop
-                    // polling for a while (see the module).
-                    self.spin_backoff_until = self.now().saturating_add(cfg.backoff_ns);
-                    self.stats.poll_backoffs += 1;
-                    break;
-                }
+                yielded_at = Some(now);
             }
         }
         self.spinning = false;
