@@ -952,8 +952,6 @@ impl Link for SwitchPort {
         }))
     }
 
-    /// Shares the device's memory with the other ports' devices (see
-    /// [`SwitchPort::local_macs`]).
     /// While polled, frames queued for the port write nothing (the flag
     /// that saves senders the system call stays set), frames on the
     /// uplink do not make the port readable, and the port's reads do not
@@ -1004,6 +1002,8 @@ impl Link for SwitchPort {
         }
     }
 
+    /// Shares the device's memory with the other ports' devices (see
+    /// [`SwitchPort::local_macs`]).
     fn share_memory(&mut self, mem: Option<Arc<dyn PeerMemory>>) {
         *self
             .shared
