@@ -573,16 +573,23 @@ fn port_epoll(efd: RawFd, uplink: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: `raw` is a fresh descriptor nobody else owns.
     let ep = unsafe { OwnedFd::from_raw_fd(raw) };
     for fd in [efd, uplink] {
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: fd as u64,
-        };
-        // SAFETY: valid epoll and target descriptors; `ev` is live.
-        if unsafe { libc::epoll_ctl(raw, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        epoll_ctl(&ep, libc::EPOLL_CTL_ADD, fd)?;
     }
     Ok(ep)
+}
+
+/// Adds `fd` to the epoll set `ep` (readable: `EPOLLIN`) or deletes it
+/// (`op`: `EPOLL_CTL_ADD` or `EPOLL_CTL_DEL`).
+fn epoll_ctl(ep: &OwnedFd, op: libc::c_int, fd: RawFd) -> io::Result<()> {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: fd as u64,
+    };
+    // SAFETY: valid epoll and target descriptors; `ev` is live.
+    if unsafe { libc::epoll_ctl(ep.as_raw_fd(), op, fd, &mut ev) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Moves what `q`'s queue holds now to `taken` (at most
@@ -975,16 +982,8 @@ impl Link for SwitchPort {
             } else {
                 libc::EPOLL_CTL_ADD
             };
-            let mut ev = libc::epoll_event {
-                events: libc::EPOLLIN as u32,
-                u64: up as u64,
-            };
-            // SAFETY: valid epoll and target descriptors; `ev` is live.
-            if unsafe { libc::epoll_ctl(ep.as_raw_fd(), op, up, &mut ev) } < 0 {
-                tracing::debug!(
-                    "epoll_ctl on a port's uplink: {}",
-                    io::Error::last_os_error()
-                );
+            if let Err(e) = epoll_ctl(ep, op, up) {
+                tracing::debug!("epoll_ctl on a port's uplink: {e}");
             }
         }
         if polled {
