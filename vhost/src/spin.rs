@@ -112,14 +112,9 @@ impl DataPath {
         // Notifications off from the start: a driver posting while the
         // worker polls does not kick (a kick would also wake the worker
         // once more after the session, for nothing).
-        for q in [db, ctrl] {
-            if let Err(e) = q.disable_notification() {
-                tracing::debug!("cannot disable notifications: {e}");
-            }
-        }
+        self.notifications_off(ctrl, db);
         let start = self.now();
         let mut last_work = start;
-        self.spinning = true;
         self.stats.poll_sessions += 1;
         // When the last round yielded: its start (an idle round is short,
         // so the time from it to the next round's start is the yield's).
@@ -162,13 +157,33 @@ impl DataPath {
                 yielded_at = Some(now);
             }
         }
-        self.spinning = false;
         self.stats.poll_idle_ns += self.now().saturating_sub(last_work);
-        // Notifications on again, and what came while they were off served.
+        self.notifications_on(vrings, ctrl, db);
+        after(self);
+    }
+
+    /// Polling mode on: the driver's notifications off (virtio 1.2 §2.7.7
+    /// `VIRTQ_USED_F_NO_NOTIFY`; with `VIRTIO_F_EVENT_IDX` the avail event
+    /// is simply not moved, §2.7.10), and `spinning` set so the queues'
+    /// service leaves them off.
+    fn notifications_off(&mut self, ctrl: &Vring, db: &Vring) {
+        for q in [db, ctrl] {
+            if let Err(e) = q.disable_notification() {
+                tracing::debug!("cannot disable notifications: {e}");
+            }
+        }
+        self.spinning = true;
+    }
+
+    /// Polling mode off: the queues served once more, which turns the
+    /// driver's notifications back on and serves what it posted while they
+    /// were off, then the device's work after it
+    /// ([`DataPath::after_work`]).
+    fn notifications_on(&mut self, vrings: &[Vring], ctrl: &Vring, db: &Vring) {
+        self.spinning = false;
         self.process_doorbells(db);
         self.process_control(ctrl);
         self.after_work(vrings);
-        after(self);
     }
 
     /// One polling round: the doorbell and control queues, the link and
@@ -203,12 +218,7 @@ impl DataPath {
         if self.spinning || !self.serving() {
             return false;
         }
-        for q in [db, ctrl] {
-            if let Err(e) = q.disable_notification() {
-                tracing::debug!("cannot disable notifications: {e}");
-            }
-        }
-        self.spinning = true;
+        self.notifications_off(ctrl, db);
         self.link.set_polled(true);
         self.stats.poll_adopted += 1;
         true
@@ -235,13 +245,13 @@ impl DataPath {
     /// on, and what came while they were off served (as at the end of
     /// [`DataPath::spin`]).
     pub(crate) fn release(&mut self, vrings: &[Vring]) {
-        self.spinning = false;
         self.link.set_polled(false);
         if let Some((ctrl, db)) = ctrl_db(vrings) {
-            self.process_doorbells(db);
-            self.process_control(ctrl);
+            self.notifications_on(vrings, ctrl, db);
+        } else {
+            self.spinning = false;
+            self.after_work(vrings);
         }
-        self.after_work(vrings);
     }
 
     /// Serves what the driver made available on the doorbell and control
