@@ -103,6 +103,15 @@ fn pair(fns: &Functions, dir: &Path) -> (FunctionSpec, FunctionSpec, Side, Side,
     (sa, sb, a, b, qa, qb)
 }
 
+/// A function's counters from its stats socket (bounded wait): the reply,
+/// for messages, and a lookup by name.
+fn counters(spec: &FunctionSpec) -> (String, impl Fn(&str) -> Option<u64>) {
+    let reply = vrnic_vhost::stats::query(&spec.stats_path(), WAIT).expect("counters");
+    let counters = vrnic_vhost::stats::parse(&reply).expect("name value lines");
+    let get = move |n: &str| counters.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
+    (reply, get)
+}
+
 fn buffer(s: &Side, len: usize, data: &[u8]) -> Mr<'static> {
     common::buffer(&s.pd, len, data)
 }
@@ -207,9 +216,7 @@ fn two_functions_of_one_daemon_talk_through_the_switch_not_the_uplink() {
         assert_eq!(f.port.rx_queue_dropped, 0, "{f}");
     }
     // Each function's stats socket has its switch port's counters.
-    let reply = vrnic_vhost::stats::query(&sb.stats_path(), WAIT).expect("b's counters");
-    let counters = vrnic_vhost::stats::parse(&reply).expect("name value lines");
-    let get = |n: &str| counters.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
+    let (reply, get) = counters(&sb);
     assert!(get("switch_rx_local").is_some_and(|v| v >= 5), "{reply}");
     assert_eq!(get("switch_rx_dropped"), Some(0), "{reply}");
     // And the daemon's uplink's own: the ARP requests were all it sent.
@@ -301,9 +308,7 @@ fn payloads_go_straight_from_one_functions_memory_to_the_others() {
     assert_eq!(rdst.to_vec(), wdata, "READ");
 
     for (spec, what) in [(&sa, "SEND and WRITE"), (&sb, "READ responses")] {
-        let reply = vrnic_vhost::stats::query(&spec.stats_path(), WAIT).expect("counters");
-        let counters = vrnic_vhost::stats::parse(&reply).expect("name value lines");
-        let get = |n: &str| counters.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
+        let (reply, get) = counters(spec);
         assert!(
             get("tx_by_ref").is_some_and(|v| v >= 30),
             "{what} by reference: {reply}"
@@ -368,18 +373,11 @@ fn one_worker_polls_both_functions_and_gives_them_back() {
     let pause = Duration::from_nanos(2 * vrnic_vhost::spin::SESSION_MAX_NS);
     // Both functions' counters: retransmissions, RNR NAKs received and
     // adoptions, summed.
-    let counters = || {
+    let summed = || {
         let mut sum = (0, 0, 0);
         for s in [&sa, &sb] {
-            let reply = vrnic_vhost::stats::query(&s.stats_path(), WAIT).expect("counters");
-            let counters = vrnic_vhost::stats::parse(&reply).expect("name value lines");
-            let get = |n: &str| {
-                counters
-                    .iter()
-                    .find(|(k, _)| k == n)
-                    .map(|(_, v)| *v)
-                    .unwrap_or_else(|| panic!("no {n}: {reply}"))
-            };
+            let (reply, get) = counters(s);
+            let get = |n: &str| get(n).unwrap_or_else(|| panic!("no {n}: {reply}"));
             sum.0 += get("retransmits");
             sum.1 += get("rnr_naks_received");
             sum.2 += get("poll_adopted");
@@ -403,7 +401,7 @@ fn one_worker_polls_both_functions_and_gives_them_back() {
         // Until 80 rounds (8 pauses, each side first after 4) after the
         // first adoption seen, and 160 at least.
         if i % 20 == 19 {
-            if seen.is_none() && counters().2 > 0 {
+            if seen.is_none() && summed().2 > 0 {
                 seen = Some(i);
             }
             if seen.is_some_and(|s| i >= 160 && i >= s + 80) {
@@ -411,7 +409,7 @@ fn one_worker_polls_both_functions_and_gives_them_back() {
             }
         }
     }
-    let (retx, rnr, adopted) = counters();
+    let (retx, rnr, adopted) = summed();
     // A SEND may beat the other function's RECV doorbell to its device: an
     // RNR NAK and a retransmission answering it, never one after an ACK
     // timeout.
