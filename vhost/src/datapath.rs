@@ -22,7 +22,7 @@ use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vrnic::abi::{self, Pod};
 use vrnic::device::{Device, Nanos};
-use vrnic::link::{Link, TxFlush};
+use vrnic::link::{Link, Polling, TxFlush};
 
 use crate::chain::{self, Segment};
 use crate::memory::GuestMem;
@@ -263,7 +263,7 @@ impl DataPath {
         // not stay in polling mode (notifications left off for good).
         self.spinning = false;
         // Given back, if the daemon's poller had it (crate::poll_group).
-        self.link.set_polled(false);
+        self.link.set_polling(Polling::Off);
         self.stats.device_resets += 1;
         self.qp_stats_due = None;
     }

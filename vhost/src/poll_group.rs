@@ -25,7 +25,7 @@
 //! sleep without polling itself.
 //!
 //! A switch port of an adopted member stops signalling while it is
-//! adopted ([`vrnic::link::Link::set_polled`]): frames queued for it wake
+//! adopted ([`vrnic::link::Link::set_polling`]): frames queued for it wake
 //! no worker; the poller reads them.
 //!
 //! Locks: a worker holds its own data path for its whole wake-up and only

@@ -43,6 +43,7 @@ use virtio_queue::QueueT;
 use vm_memory::GuestAddressSpace;
 use vrnic::abi;
 use vrnic::device::Nanos;
+use vrnic::link::Polling;
 
 use crate::datapath::{DataPath, Vring};
 
@@ -112,7 +113,7 @@ impl DataPath {
         // Notifications off from the start: a driver posting while the
         // worker polls does not kick (a kick would also wake the worker
         // once more after the session, for nothing).
-        self.notifications_off(ctrl, db);
+        self.notifications_off(ctrl, db, Polling::Own);
         let start = self.now();
         let mut last_work = start;
         self.stats.poll_sessions += 1;
@@ -162,24 +163,28 @@ impl DataPath {
         after(self);
     }
 
-    /// Polling mode on: the driver's notifications off (virtio 1.2 §2.7.7
+    /// Polling mode on, by `who` (the worker itself or the poller): the
+    /// driver's notifications off (virtio 1.2 §2.7.7
     /// `VIRTQ_USED_F_NO_NOTIFY`; with `VIRTIO_F_EVENT_IDX` the avail event
-    /// is simply not moved, §2.7.10), and `spinning` set so the queues'
-    /// service leaves them off.
-    fn notifications_off(&mut self, ctrl: &Vring, db: &Vring) {
+    /// is simply not moved, §2.7.10), `spinning` set so the queues'
+    /// service leaves them off, and the link told ([`vrnic::link::Link::set_polling`]:
+    /// a switch port's senders then write no eventfd).
+    fn notifications_off(&mut self, ctrl: &Vring, db: &Vring, who: Polling) {
         for q in [db, ctrl] {
             if let Err(e) = q.disable_notification() {
                 tracing::debug!("cannot disable notifications: {e}");
             }
         }
+        self.link.set_polling(who);
         self.spinning = true;
     }
 
-    /// Polling mode off: the queues served once more, which turns the
-    /// driver's notifications back on and serves what it posted while they
-    /// were off, then the device's work after it
-    /// ([`DataPath::after_work`]).
+    /// Polling mode off: the link readable again if frames wait, the
+    /// queues served once more, which turns the driver's notifications
+    /// back on and serves what it posted while they were off, then the
+    /// device's work after it ([`DataPath::after_work`]).
     fn notifications_on(&mut self, vrings: &[Vring], ctrl: &Vring, db: &Vring) {
+        self.link.set_polling(Polling::Off);
         self.spinning = false;
         self.process_doorbells(db);
         self.process_control(ctrl);
@@ -218,8 +223,7 @@ impl DataPath {
         if self.spinning || !self.serving() {
             return false;
         }
-        self.notifications_off(ctrl, db);
-        self.link.set_polled(true);
+        self.notifications_off(ctrl, db, Polling::Other);
         self.stats.poll_adopted += 1;
         true
     }
@@ -245,10 +249,10 @@ impl DataPath {
     /// on, and what came while they were off served (as at the end of
     /// [`DataPath::spin`]).
     pub(crate) fn release(&mut self, vrings: &[Vring]) {
-        self.link.set_polled(false);
         if let Some((ctrl, db)) = ctrl_db(vrings) {
             self.notifications_on(vrings, ctrl, db);
         } else {
+            self.link.set_polling(Polling::Off);
             self.spinning = false;
             self.after_work(vrings);
         }

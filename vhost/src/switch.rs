@@ -69,7 +69,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use crossbeam_queue::ArrayQueue;
 
 use vrnic::data::PeerMemory;
-use vrnic::link::{Icrc, Link, LinkStats, LocalMacs, LocalReach};
+use vrnic::link::{Icrc, Link, LinkStats, LocalMacs, LocalReach, Polling};
 use vrnic::wire::gso;
 
 /// Receive queue depth of a port, frames.
@@ -213,9 +213,13 @@ struct PortShared {
     /// The eventfd has been written since the receiver last reset it: a
     /// sender finding it set saves the system call (one write per burst).
     signalled: AtomicBool,
-    /// Another thread polls the port for now ([`Link::set_polled`]): the
-    /// receiver keeps `signalled` set, so senders write nothing.
+    /// Someone polls the port for now ([`Link::set_polling`]: its own
+    /// worker or another): the receiver keeps `signalled` set, so senders
+    /// write nothing.
     polled: AtomicBool,
+    /// Another thread polls the port ([`Polling::Other`]): the port's
+    /// reads leave the uplink to the poller's own port.
+    adopted: AtomicBool,
     /// The eventfd may have been written since a polled receiver last
     /// emptied it ([`PortShared::wake`] sets it after each write): a
     /// polled port empties it only then.
@@ -508,6 +512,7 @@ impl Switch {
             memory: RwLock::new(None),
             signalled: AtomicBool::new(false),
             polled: AtomicBool::new(false),
+            adopted: AtomicBool::new(false),
             written: AtomicBool::new(false),
             efd,
             counters: PortCounters::default(),
@@ -840,7 +845,7 @@ impl SwitchPort {
         }
         if q.polled.load(Ordering::Relaxed) {
             // Polled: the flag stays set (senders write nothing), the
-            // eventfd is emptied so it wakes nobody ([`Link::set_polled`]),
+            // eventfd is emptied so it wakes nobody ([`Link::set_polling`]),
             // if anything wrote it since it was last emptied (else a
             // system call a polling round for nothing).
             if q.written.swap(false, Ordering::SeqCst) {
@@ -959,32 +964,38 @@ impl Link for SwitchPort {
         }))
     }
 
-    /// While polled, frames queued for the port write nothing (the flag
-    /// that saves senders the system call stays set), frames on the
-    /// uplink do not make the port readable, and the port's reads do not
-    /// read the uplink: the poller's own port does, once a round, and
-    /// queues this port's frames (one system call a round, not one a
-    /// function). Back to normal, the flag is reset and the
-    /// queue looked at again, the port readable if frames wait there or on
-    /// the uplink (as in [`SwitchPort::take_batch`]).
-    fn set_polled(&mut self, polled: bool) {
+    /// While polled ([`Polling::Own`] or [`Polling::Other`]), frames
+    /// queued for the port write nothing (the flag that saves senders the
+    /// system call stays set): the poller reads the queue every round
+    /// anyway. Polled by another thread, frames on the uplink do not make
+    /// the port readable either, and the port's reads do not read the
+    /// uplink: the poller's own port does, once a round, and queues this
+    /// port's frames (one system call a round, not one a function). Back
+    /// to [`Polling::Off`], the flag is reset and the queue looked at
+    /// again, the port readable if frames wait there or on the uplink (as
+    /// in [`SwitchPort::take_batch`]).
+    fn set_polling(&mut self, polling: Polling) {
         let q = &*self.shared;
+        let adopted = polling == Polling::Other;
+        if q.adopted.swap(adopted, Ordering::SeqCst) != adopted {
+            // The uplink leaves the port's epoll set while another thread
+            // polls the port (its frames would wake the port's worker for
+            // the poller's reads) and comes back after (level-triggered:
+            // readable at once if frames wait there).
+            if let (Some(ep), Some(up)) = (&self.epfd, self.sw.uplink_fd) {
+                let op = if adopted {
+                    libc::EPOLL_CTL_DEL
+                } else {
+                    libc::EPOLL_CTL_ADD
+                };
+                if let Err(e) = epoll_ctl(ep, op, up) {
+                    tracing::debug!("epoll_ctl on a port's uplink: {e}");
+                }
+            }
+        }
+        let polled = polling != Polling::Off;
         if q.polled.swap(polled, Ordering::SeqCst) == polled {
             return;
-        }
-        // The uplink leaves the port's epoll set while it is polled (its
-        // frames would wake the port's worker for the poller's reads) and
-        // comes back after (level-triggered: readable at once if frames
-        // wait there).
-        if let (Some(ep), Some(up)) = (&self.epfd, self.sw.uplink_fd) {
-            let op = if polled {
-                libc::EPOLL_CTL_DEL
-            } else {
-                libc::EPOLL_CTL_ADD
-            };
-            if let Err(e) = epoll_ctl(ep, op, up) {
-                tracing::debug!("epoll_ctl on a port's uplink: {e}");
-            }
         }
         if polled {
             // Senders see the flag set and write nothing; what the eventfd
@@ -1068,8 +1079,8 @@ impl Link for SwitchPort {
         if let Some(n) = self.pop_own(buf) {
             return Ok(Some(n));
         }
-        if self.shared.polled.load(Ordering::Relaxed) {
-            // The poller's own port reads the uplink (`Link::set_polled`).
+        if self.shared.adopted.load(Ordering::Relaxed) {
+            // The poller's own port reads the uplink (`Link::set_polling`).
             return Ok(None);
         }
         let mut scratch = std::mem::take(&mut self.scratch);
@@ -1095,8 +1106,8 @@ impl Link for SwitchPort {
         if self.deliver_own(deliver) {
             return Ok(true);
         }
-        if self.shared.polled.load(Ordering::Relaxed) {
-            // The poller's own port reads the uplink (`Link::set_polled`).
+        if self.shared.adopted.load(Ordering::Relaxed) {
+            // The poller's own port reads the uplink (`Link::set_polling`).
             return Ok(false);
         }
         self.pull_uplink(buf, deliver)

@@ -565,7 +565,7 @@ fn a_pull_stopped_by_its_bound_keeps_the_port_readable_for_frames_read_ahead() {
     assert_eq!(recv_all(&mut b).len(), UPLINK_PULL_MAX);
 }
 
-/// A port another thread polls (`Link::set_polled`) wakes nobody for the
+/// A port another thread polls (`Link::set_polling`, `Polling::Other`) wakes nobody for the
 /// frames queued for it, still hands them over in order, and once given
 /// back is readable at once for the frames that wait (a worker asleep on
 /// it would otherwise never learn of them).
@@ -576,7 +576,7 @@ fn a_polled_port_wakes_nobody_and_is_readable_again_when_given_back() {
     // Readable before it is polled: the poller empties the eventfd.
     a.send(&frame(B, A, 1)).unwrap();
     assert!(readable(fb));
-    b.set_polled(true);
+    b.set_polling(Polling::Other);
     assert_eq!(recv_all(&mut b), vec![frame(B, A, 1)]);
     assert!(!readable(fb), "emptied by the poller's read");
     for tag in 2..5 {
@@ -596,7 +596,7 @@ fn a_polled_port_wakes_nobody_and_is_readable_again_when_given_back() {
     // Given back with a frame waiting: readable without a new sender.
     a.send(&frame(B, A, 5)).unwrap();
     assert!(!readable(fb));
-    b.set_polled(false);
+    b.set_polling(Polling::Off);
     assert!(
         readable(fb),
         "a waiting frame makes the given-back port readable"
@@ -608,8 +608,8 @@ fn a_polled_port_wakes_nobody_and_is_readable_again_when_given_back() {
     assert!(readable(fb));
     assert_eq!(recv_all(&mut b), vec![frame(B, A, 6)]);
     // Given back with nothing waiting: not readable.
-    b.set_polled(true);
-    b.set_polled(false);
+    b.set_polling(Polling::Other);
+    b.set_polling(Polling::Off);
     assert!(!readable(fb));
 }
 
@@ -621,7 +621,7 @@ fn a_polled_port_wakes_nobody_and_is_readable_again_when_given_back() {
 fn a_polled_port_is_not_woken_by_the_uplink_until_given_back() {
     let (_sw, mut a, mut b, mut outside) = switch_ab();
     let fb = b.raw_fd().unwrap();
-    b.set_polled(true);
+    b.set_polling(Polling::Other);
     outside.send(&frame(B, OUTSIDE, 1)).unwrap();
     assert!(!readable(fb), "the uplink woke a polled port");
     assert!(recv_all(&mut b).is_empty(), "a polled port reads no uplink");
@@ -632,7 +632,7 @@ fn a_polled_port_is_not_woken_by_the_uplink_until_given_back() {
     assert_eq!(recv_all(&mut b), vec![frame(B, OUTSIDE, 1)]);
     outside.send(&frame(B, OUTSIDE, 2)).unwrap();
     assert!(!readable(fb));
-    b.set_polled(false);
+    b.set_polling(Polling::Off);
     assert!(
         readable(fb),
         "the uplink's waiting frame wakes the given-back port"
@@ -642,4 +642,34 @@ fn a_polled_port_is_not_woken_by_the_uplink_until_given_back() {
     outside.send(&frame(B, OUTSIDE, 3)).unwrap();
     assert!(readable(fb), "and every later one");
     assert_eq!(recv_all(&mut b), vec![frame(B, OUTSIDE, 3)]);
+}
+
+/// A port its own worker polls (a polling session, `Polling::Own`) wakes
+/// nobody for the frames queued for it either (its worker reads the queue
+/// every round: an eventfd write and read per burst would be for nothing),
+/// but it still reads the uplink itself. Back to `Polling::Off` with a
+/// frame waiting, it is readable at once.
+#[test]
+fn a_port_polled_by_its_own_worker_wakes_nobody_and_still_reads_the_uplink() {
+    let (_sw, mut a, mut b, mut outside) = switch_ab();
+    let fb = b.raw_fd().unwrap();
+    b.set_polling(Polling::Own);
+    for tag in 1..4 {
+        a.send(&frame(B, A, tag)).unwrap();
+        assert!(!readable(fb), "frame {tag} woke the polling worker");
+    }
+    assert_eq!(
+        recv_all(&mut b),
+        (1..4).map(|t| frame(B, A, t)).collect::<Vec<_>>()
+    );
+    outside.send(&frame(B, OUTSIDE, 4)).unwrap();
+    assert_eq!(recv_all(&mut b), vec![frame(B, OUTSIDE, 4)]);
+    a.send(&frame(B, A, 5)).unwrap();
+    assert!(!readable(fb));
+    b.set_polling(Polling::Off);
+    assert!(readable(fb), "a waiting frame makes the port readable");
+    assert_eq!(recv_all(&mut b), vec![frame(B, A, 5)]);
+    assert!(!readable(fb));
+    a.send(&frame(B, A, 6)).unwrap();
+    assert!(readable(fb), "and a later one wakes its worker again");
 }

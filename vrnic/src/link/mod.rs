@@ -188,13 +188,28 @@ pub trait Link: Send {
     fn link_stats(&self) -> Option<LinkStats> {
         None
     }
-    /// `true`: another thread polls this link for now, so its descriptor
-    /// need not wake the link's own reader for frames that arrive (a
-    /// daemon's poller serving several devices); `false`: back to normal,
-    /// the descriptor readable again if frames wait. Only a link whose
-    /// descriptor is its own signal acts on it (the embedded switch's
-    /// ports); wrappers pass it on; others ignore it (the default).
-    fn set_polled(&mut self, _polled: bool) {}
+    /// Who polls the link's receive side for now ([`Polling`]): while
+    /// someone does, its descriptor need not wake the link's reader for
+    /// frames that arrive; back to [`Polling::Off`], the descriptor is
+    /// readable again if frames wait. Only a link whose descriptor is its
+    /// own signal acts on it (the embedded switch's ports); wrappers pass
+    /// it on; others ignore it (the default).
+    fn set_polling(&mut self, _polling: Polling) {}
+}
+
+/// Who polls a link's receive side ([`Link::set_polling`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Polling {
+    /// Nobody: the link's descriptor wakes its reader (`epoll_wait`).
+    #[default]
+    Off,
+    /// Its own reader, every round (a worker's polling session): frames
+    /// that arrive need wake nobody.
+    Own,
+    /// Another thread (a daemon's poller serving several devices): frames
+    /// need wake nobody, and the link's reads leave what the devices share
+    /// (the switch's uplink) to the poller's own link.
+    Other,
 }
 
 /// [`Link::recv`] for a link that holds its received frames in buffers of

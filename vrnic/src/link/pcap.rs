@@ -292,8 +292,8 @@ impl Link for PcapLink {
         self.inner.link_stats()
     }
 
-    fn set_polled(&mut self, polled: bool) {
-        self.inner.set_polled(polled);
+    fn set_polling(&mut self, polling: super::Polling) {
+        self.inner.set_polling(polling);
     }
 }
 
