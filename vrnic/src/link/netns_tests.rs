@@ -296,6 +296,11 @@ fn jumbo_pair<T: Send>(
         ns.ip(&["link", "set", i, "mtu", "9000", "up"]);
     }
     let _flood = FLOOD.lock().unwrap_or_else(|e| e.into_inner());
+    // And before: a flood of another test in this process (not holding
+    // FLOOD) or an earlier one whose wait below ran out.
+    if let Some(q) = backlog_drained().filter(|&q| q > 0) {
+        eprintln!("{tag}: {q} frames in the kernel's backlog before the test after {WAIT:?}");
+    }
     let r = ns.run(|| {
         let a = PacketLink::open("va").expect("open va");
         let b = PacketLink::open("vb").expect("open vb");
