@@ -774,6 +774,9 @@ fn neighbour_in_use_is_reprobed_not_dropped() {
     }
     let b_ip = IpAddr::V4(s.b.ip);
     assert!(s.a.dev.neighbour(b_ip).is_some());
+    // Once more, so A's last request is addressed after the last
+    // confirmation (a QP keeps its headers while the table is unchanged).
+    connection_still_works(&mut s, "last");
     // B goes silent (its frames are no longer pumped): A drops B's entry
     // after the reachable time and the unanswered probes.
     let mut now = s.now;
@@ -784,6 +787,30 @@ fn neighbour_in_use_is_reprobed_not_dropped() {
         while s.a.dev.pop_tx().is_some() {}
         now += 100_000_000;
     }
+    // A's next request waits for B's address to resolve again: an ARP
+    // request goes out, no RoCE frame to where B was.
+    s.now = now;
+    s.post(
+        abi::SendWqe {
+            wr_id: 90,
+            opcode: abi::WR_SEND,
+            ..Default::default()
+        },
+        &[],
+    );
+    s.a.dev.poll(&s.a.mem, now);
+    let sent: Vec<Frame> = std::iter::from_fn(|| s.a.dev.pop_tx())
+        .map(|f| match wire::parse_frame(&f) {
+            Ok(Frame::Arp(a)) => Frame::Arp(a),
+            Ok(Frame::Roce(_)) => panic!("a RoCE frame to a dropped neighbour"),
+            _ => Frame::Other,
+        })
+        .collect();
+    assert!(
+        sent.iter()
+            .any(|f| matches!(f, Frame::Arp(a) if a.op == 1 && a.target_ip == s.b.ip)),
+        "no ARP request for B: {sent:?}"
+    );
 }
 
 /// An ICMPv6 neighbour solicitation (`na` false) or advertisement from
@@ -1497,4 +1524,54 @@ fn requests_behind_a_read_within_the_window_are_not_lost() {
     assert!(s.a.read(local, size) == data, "READ data differs");
     assert_eq!(s.b.dev.stats().rx_dropped, drops);
     assert_eq!(s.a.dev.stats().retransmits, retransmits);
+}
+
+/// A connected QP's requests follow its peer to a new MAC (an ARP update
+/// of a known neighbour) and back: the headers a QP keeps between packets
+/// (`transport::peer_headers`) are built anew when the neighbour table
+/// changes, not sent to where the peer was.
+#[test]
+fn a_connected_qp_follows_its_peer_to_a_new_mac_and_back() {
+    let mut s = setup();
+    connection_still_works(&mut s, "before");
+    let (ipa, ipb) = (s.a.ip, s.b.ip);
+    let b_mac = s.b.dev.config_space().mac;
+    let moved = [2, 0x55, 0, 0, 0, 0x42];
+    let now = s.now;
+    s.a.dev
+        .receive(&s.a.mem, &arp(1, (ipb, moved), ipa, [0xff; 6]), now);
+    assert_eq!(s.a.dev.neighbour(IpAddr::V4(ipb)), Some(moved));
+    while s.a.dev.pop_tx().is_some() {}
+    let src = s.a.alloc(4096);
+    s.a.fill(src, &[9; 32]);
+    let (lkey, _) = s.a.reg_mr(s.pda, src, 4096, ALL).unwrap();
+    let dst = s.b.alloc(4096);
+    let (lkey_b, _) = s.b.reg_mr(s.pdb, dst, 4096, ALL).unwrap();
+    s.b.post_recv(&mut s.qb, 5, &[sge(dst, 4096, lkey_b)], now);
+    s.post(
+        abi::SendWqe {
+            wr_id: 6,
+            opcode: abi::WR_SEND,
+            send_flags: abi::SEND_SIGNALED,
+            ..Default::default()
+        },
+        &[sge(src, 32, lkey)],
+    );
+    let sent: Vec<[u8; 6]> = std::iter::from_fn(|| s.a.dev.pop_tx())
+        .filter_map(|f| match wire::parse_frame(&f) {
+            Ok(Frame::Roce(p)) => Some(p.hdr.eth_dst),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent, vec![moved], "the SEND went where the peer was");
+    // Back at B's own MAC: the retransmission reaches B.
+    let now = s.now;
+    s.a.dev
+        .receive(&s.a.mem, &arp(1, (ipb, b_mac), ipa, [0xff; 6]), now);
+    let c = s.cqe(false, "retransmitted SEND");
+    assert_eq!((c.wr_id, c.status), (6, abi::WC_SUCCESS));
+    let c = s.cqe(true, "its receive");
+    assert_eq!((c.wr_id, c.status, c.byte_len), (5, abi::WC_SUCCESS, 32));
+    assert_eq!(s.b.read(dst, 32), vec![9; 32]);
+    connection_still_works(&mut s, "after");
 }

@@ -96,6 +96,9 @@ pub struct NeighTable {
     /// front of the port (the daemon's, issue 10) loops back; the port
     /// never learns its own address from the wire (module documentation).
     own: Vec<(IpAddr, [u8; 6])>,
+    /// Changes at every change of `entries` that a lookup's result or its
+    /// marking depends on ([`NeighTable::generation`]).
+    generation: u64,
 }
 
 impl NeighTable {
@@ -126,6 +129,15 @@ impl NeighTable {
         Some(&e.mac)
     }
 
+    /// A number that changes whenever an entry is added, changed,
+    /// confirmed again (its `used` mark reset) or dropped: a lookup's
+    /// result kept with it is still the table's answer, its entry still
+    /// marked used, while it has not changed (headers kept per QP,
+    /// [`crate::transport::peer_headers`]).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// The MAC of `ip` if it is resolved, without marking it used.
     pub fn peek(&self, ip: &IpAddr) -> Option<[u8; 6]> {
         self.entries.get(ip).map(|e| e.mac)
@@ -151,6 +163,7 @@ impl NeighTable {
     fn confirm(&mut self, ip: IpAddr, mac: [u8; 6], create: bool, now: Nanos) {
         self.pending.remove(&ip);
         self.wake_at(now.saturating_add(NEIGH_REACHABLE_NS));
+        self.generation = self.generation.wrapping_add(1);
         if let Some(e) = self.entries.get_mut(&ip) {
             *e = Entry::new(mac, now);
             return;
@@ -223,6 +236,7 @@ impl NeighTable {
         let mut probe = Vec::new();
         let mut next: Option<Nanos> = None;
         let mut at = |t: Nanos| next = Some(next.map_or(t, |n: Nanos| n.min(t)));
+        let before = self.entries.len();
         self.entries.retain(|ip, e| {
             let stale_at = e.confirmed.saturating_add(NEIGH_REACHABLE_NS);
             if now < stale_at {
@@ -246,6 +260,9 @@ impl NeighTable {
             at(now.saturating_add(NEIGH_RETRANS_NS));
             true
         });
+        if self.entries.len() != before {
+            self.generation = self.generation.wrapping_add(1);
+        }
         self.pending.retain(|_, p| {
             let end = p.last.saturating_add(NEIGH_FAILED_NS);
             if now >= end {

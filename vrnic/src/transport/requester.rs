@@ -113,6 +113,9 @@ pub struct ReqState {
     /// The last run stopped at its burst limit with work left: the next
     /// device poll runs the QP again (UC and UD get no ACKs to wake them).
     pub more: bool,
+    /// The headers of the last request packet built
+    /// ([`crate::transport::peer_headers`]).
+    pub peer_hdr: Option<Box<crate::transport::PeerHeaders>>,
 }
 
 impl ReqState {
@@ -461,9 +464,11 @@ fn send_packet(
     let mtu = qp.mtu();
     let op = &qp.req.inflight[i];
     let opcode = packet_opcode(qp.qp_type, op.opcode, k, op.npkts);
-    let Some(mut hdr) = peer_headers(qp, env, opcode, psn::add(op.first_psn, k)) else {
+    let psn = psn::add(op.first_psn, k);
+    let Some(mut hdr) = peer_headers(qp, env, opcode, psn) else {
         return Ok(false);
     };
+    let op = &qp.req.inflight[i];
     // k < npkts = ceil(len / mtu) and len <= MAX_MSG_SZ: below 2^32.
     let offset = k.checked_mul(mtu).ok_or(abi::WcStatus::LocLenErr)?;
     if op.needs_response() {
