@@ -69,6 +69,11 @@ impl PortId {
 
     /// True when `ip` is one of the port's addresses (a GID of its table).
     pub fn owns(&self, ip: IpAddr) -> bool {
+        // The common case first (every packet received asks), without
+        // building the link-local GID.
+        if ip == IpAddr::V4(self.ipv4) {
+            return true;
+        }
         let g = Gid::from_ip(ip);
         (0..self.gid_count()).any(|i| self.gid(i) == Some(g))
     }
