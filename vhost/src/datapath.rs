@@ -302,7 +302,7 @@ impl DataPath {
         if self.qp_stats_due != Some(due) {
             self.qp_stats_due = Some(due);
             let next = self.armed.map_or(due, |d| d.min(due));
-            self.arm(Some(next));
+            self.arm(Some(next), now);
         }
     }
 
@@ -549,16 +549,20 @@ impl DataPath {
         let guard = self.mem.memory();
         let mem = GuestMem::new(&guard);
         let mut next = None;
+        // One clock read for the pass (it takes microseconds; the device's
+        // deadlines are a millisecond or more apart): a read costs
+        // ≈ 30 ns here, and a poller makes this pass after every round
+        // that found work, for itself and every function it serves.
+        let now = self.now();
         for _ in 0..POLL_ROUNDS {
-            self.flush_tx();
-            let now = self.now();
+            self.flush_tx(now);
             next = self.device.poll(&mem, now);
             match next {
                 Some(d) if d <= now => continue,
                 _ => break,
             }
         }
-        self.flush_tx();
+        self.flush_tx(now);
 
         while let Some(ev) = self.device.pop_event() {
             if self.pending_events.len() >= MAX_PENDING_EVENTS {
@@ -572,38 +576,37 @@ impl DataPath {
         }
 
         if self.link.raw_fd().is_none() || more_rx {
-            let poll_at = self.now() + if more_rx { 0 } else { LINK_POLL_INTERVAL_NS };
+            let poll_at = now + if more_rx { 0 } else { LINK_POLL_INTERVAL_NS };
             next = Some(next.map_or(poll_at, |d| d.min(poll_at)));
         }
         // An owed per-QP publish keeps its deadline; one due now is made
         // by the publish that follows this wake-up.
-        if let Some(due) = self.qp_stats_due.filter(|&d| d > self.now()) {
+        if let Some(due) = self.qp_stats_due.filter(|&d| d > now) {
             next = Some(next.map_or(due, |d| d.min(due)));
         }
         if self.txq.holding() {
-            let retry = self.now() + TX_RETRY_NS;
+            let retry = now + TX_RETRY_NS;
             next = Some(next.map_or(retry, |d| d.min(retry)));
         }
-        self.arm(next);
+        self.arm(next, now);
     }
 
     /// Hands the frames the device queued to the link; a frame the link is
     /// too full to take waits, first in line, for the next pass
     /// ([`TxFlush`]; the timer brings that pass within [`TX_RETRY_NS`]).
-    fn flush_tx(&mut self) {
-        let now = self.now();
+    fn flush_tx(&mut self, now: Nanos) {
         let done = self.txq.flush(&mut *self.link, &mut self.device, now);
         self.stats.link_tx_errors += (done.failed + done.given_up) as u64;
     }
 
-    fn arm(&mut self, next: Option<Nanos>) {
+    /// Arms the timer for device time `next` (`None`: disarms it), as
+    /// seen at `now`.
+    fn arm(&mut self, next: Option<Nanos>, now: Nanos) {
         if next == self.armed {
             return;
         }
         let r = match next {
-            Some(d) => self
-                .timer
-                .arm(Duration::from_nanos(d.saturating_sub(self.now()))),
+            Some(d) => self.timer.arm(Duration::from_nanos(d.saturating_sub(now))),
             None => self.timer.disarm(),
         };
         match r {
