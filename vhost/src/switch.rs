@@ -80,6 +80,18 @@ pub const MAX_PORTS: usize = 64;
 /// before it returns without a frame for itself (the others went to their
 /// ports' queues); the uplink stays readable, so its worker comes back.
 pub const UPLINK_PULL_MAX: usize = 64;
+/// Reads of the uplink in a row that found no frame, after which a port
+/// its own worker polls ([`Polling::Own`]) reads the uplink only one round
+/// in [`UPLINK_IDLE_EVERY`]: an empty read is a system call, about half of
+/// an idle polling round, and cost 0.6 µs of a 64 B round trip between two
+/// functions (ib_send_lat typical 4.5 against 5.1 µs, measured here). The
+/// first read that finds a frame makes the port read every round again,
+/// so a flow on the wire pays at most [`UPLINK_IDLE_EVERY`] − 1 rounds
+/// (a few µs) once, after the uplink was idle. A switch of one port reads
+/// it every round: there the uplink is the only source of frames.
+pub const UPLINK_IDLE_PULLS: u32 = 64;
+/// See [`UPLINK_IDLE_PULLS`].
+pub const UPLINK_IDLE_EVERY: u32 = 4;
 /// Length of an Ethernet header, bytes: a shorter frame is dropped.
 const ETH_HLEN: usize = 14;
 
@@ -532,6 +544,8 @@ impl Switch {
             taken: VecDeque::new(),
             used: Vec::new(),
             scratch: Vec::new(),
+            uplink_empty: 0,
+            uplink_skipped: 0,
         })
     }
 
@@ -656,6 +670,11 @@ pub struct SwitchPort {
     used: Vec<Vec<u8>>,
     /// The uplink's receive buffer for [`Link::recv`] (which copies out).
     scratch: Vec<u8>,
+    /// Reads of the uplink in a row that found no frame
+    /// ([`UPLINK_IDLE_PULLS`]).
+    uplink_empty: u32,
+    /// Rounds whose uplink read was skipped since the last read.
+    uplink_skipped: u32,
 }
 
 impl std::fmt::Debug for SwitchPort {
@@ -885,6 +904,7 @@ impl SwitchPort {
         &self,
         buf: &mut [u8],
         deliver: &mut dyn FnMut(&[u8], Icrc),
+        read_any: &mut bool,
     ) -> io::Result<bool> {
         // Another port reading or sending on the uplink: do not wait for
         // it. A reader forwards this port's frames to its queue and reads
@@ -900,6 +920,7 @@ impl SwitchPort {
         for _ in 0..UPLINK_PULL_MAX {
             let mut mine = false;
             let got = uplink.recv_with(buf, &mut |frame, _| {
+                *read_any = true;
                 mine = self.route_from_uplink(frame);
                 if mine {
                     deliver(frame, Icrc::Needed);
@@ -915,6 +936,36 @@ impl SwitchPort {
         }
         self.shared.stay_readable();
         Ok(false)
+    }
+
+    /// Whether this read of the uplink is skipped: only while the port's
+    /// own worker polls it and the uplink was idle for
+    /// [`UPLINK_IDLE_PULLS`] reads, then all but one in
+    /// [`UPLINK_IDLE_EVERY`], if other ports share the switch. A worker
+    /// woken by `epoll_wait` always reads.
+    fn skip_uplink(&mut self) -> bool {
+        if !self.shared.polled.load(Ordering::Relaxed)
+            || self.uplink_empty < UPLINK_IDLE_PULLS
+            || self.sw.ports().len() < 2
+        {
+            return false;
+        }
+        self.uplink_skipped += 1;
+        if self.uplink_skipped < UPLINK_IDLE_EVERY {
+            return true;
+        }
+        self.uplink_skipped = 0;
+        false
+    }
+
+    /// Counts a read of the uplink that found a frame (`read_any`, for any
+    /// port) or none.
+    fn uplink_read(&mut self, read_any: bool) {
+        self.uplink_empty = if read_any {
+            0
+        } else {
+            self.uplink_empty.saturating_add(1)
+        };
     }
 
     /// Forwards a frame read from the uplink: to the other ports' queues
@@ -1083,16 +1134,26 @@ impl Link for SwitchPort {
             // The poller's own port reads the uplink (`Link::set_polling`).
             return Ok(None);
         }
+        if self.skip_uplink() {
+            return Ok(None);
+        }
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.resize(buf.len(), 0);
         let mut got = None;
-        self.pull_uplink(&mut scratch, &mut |frame, _| {
-            if let Some(dst) = buf.get_mut(..frame.len()) {
-                dst.copy_from_slice(frame);
-                got = Some(frame.len());
-            }
-        })?;
+        let mut read_any = false;
+        let r = self.pull_uplink(
+            &mut scratch,
+            &mut |frame, _| {
+                if let Some(dst) = buf.get_mut(..frame.len()) {
+                    dst.copy_from_slice(frame);
+                    got = Some(frame.len());
+                }
+            },
+            &mut read_any,
+        );
         self.scratch = scratch;
+        self.uplink_read(read_any);
+        r?;
         Ok(got)
     }
 
@@ -1110,7 +1171,13 @@ impl Link for SwitchPort {
             // The poller's own port reads the uplink (`Link::set_polling`).
             return Ok(false);
         }
-        self.pull_uplink(buf, deliver)
+        if self.skip_uplink() {
+            return Ok(false);
+        }
+        let mut read_any = false;
+        let r = self.pull_uplink(buf, deliver, &mut read_any);
+        self.uplink_read(read_any);
+        r
     }
 
     fn raw_fd(&self) -> Option<RawFd> {

@@ -673,3 +673,62 @@ fn a_port_polled_by_its_own_worker_wakes_nobody_and_still_reads_the_uplink() {
     a.send(&frame(B, A, 6)).unwrap();
     assert!(readable(fb), "and a later one wakes its worker again");
 }
+
+/// Sends frame `tag` to B on the uplink, then reads B (`recv_with`) until
+/// it comes: the number of reads it took (at most 2 × UPLINK_IDLE_EVERY).
+fn reads_until_uplink_frame(b: &mut SwitchPort, outside: &mut MemLink, tag: u8) -> u32 {
+    outside.send(&frame(B, OUTSIDE, tag)).unwrap();
+    let mut buf = vec![0u8; 2048];
+    for n in 1..=2 * UPLINK_IDLE_EVERY {
+        let mut got = None;
+        b.recv_with(&mut buf, &mut |f, _| got = Some(f.to_vec()))
+            .unwrap();
+        if let Some(f) = got {
+            assert_eq!(f, frame(B, OUTSIDE, tag));
+            return n;
+        }
+    }
+    panic!("frame {tag} never read");
+}
+
+/// A port its own worker polls reads an uplink that stayed idle for
+/// UPLINK_IDLE_PULLS reads only one round in UPLINK_IDLE_EVERY (an empty
+/// read is a system call), and every round again from the first frame it
+/// finds; a port nobody polls reads it whenever it is asked.
+#[test]
+fn a_polling_worker_reads_an_idle_uplink_less_often_and_a_busy_one_every_round() {
+    let (_sw, a, mut b, mut outside) = switch_ab();
+    let mut buf = vec![0u8; 2048];
+    let mut idle = |b: &mut SwitchPort, n: u32| {
+        for _ in 0..n {
+            assert!(!b
+                .recv_with(&mut buf, &mut |_, _| panic!("no frame"))
+                .unwrap());
+        }
+    };
+    idle(&mut b, 2 * UPLINK_IDLE_PULLS);
+    assert_eq!(reads_until_uplink_frame(&mut b, &mut outside, 1), 1);
+    b.set_polling(Polling::Own);
+    idle(&mut b, UPLINK_IDLE_PULLS);
+    let n = reads_until_uplink_frame(&mut b, &mut outside, 2);
+    assert!(
+        n > 1 && n <= UPLINK_IDLE_EVERY,
+        "idle uplink read after {n} rounds"
+    );
+    assert_eq!(reads_until_uplink_frame(&mut b, &mut outside, 3), 1);
+    idle(&mut b, UPLINK_IDLE_PULLS - 1);
+    assert_eq!(
+        reads_until_uplink_frame(&mut b, &mut outside, 4),
+        1,
+        "an uplink idle for fewer reads is read every round"
+    );
+    b.set_polling(Polling::Off);
+    idle(&mut b, 2 * UPLINK_IDLE_PULLS);
+    assert_eq!(reads_until_uplink_frame(&mut b, &mut outside, 5), 1);
+    // Alone on the switch, the uplink is the port's only source of frames:
+    // read every round.
+    drop(a);
+    b.set_polling(Polling::Own);
+    idle(&mut b, 2 * UPLINK_IDLE_PULLS);
+    assert_eq!(reads_until_uplink_frame(&mut b, &mut outside, 6), 1);
+}
