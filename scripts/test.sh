@@ -2,6 +2,7 @@
 # The project's test command: the fast tests, then the end-to-end test with QEMU guests.
 #   scripts/test.sh
 # 1. cargo test --workspace            (no QEMU, no root needed; bounded, VRNIC_CARGO_TEST_TIMEOUT=900)
+#    then cargo doc --workspace --no-deps with warnings as errors (broken or private doc links),
 #    then tests/deb/check.sh            (vrnic's Debian package: built, listed, extracted, checked)
 # 2. tests/e2e/run.sh                  (root: network namespace, QEMU; see that file)
 #    with the rxe-rxe baseline first (E2E_BASELINE=0 leaves it out); VRNIC_E2E=0 skips step 2.
@@ -24,6 +25,8 @@ timeout -k 30 "${VRNIC_CARGO_TEST_TIMEOUT:-900}" cargo test --workspace 2>&1 || 
     [ $rc = 124 ] && echo "cargo test: timed out after ${VRNIC_CARGO_TEST_TIMEOUT:-900} s"
     exit $rc
 }
+echo "=== cargo doc --workspace --no-deps (warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet 2>&1
 echo "=== Debian package: tests/deb/check.sh"
 "$top/tests/deb/check.sh"
 if [ "${VRNIC_E2E:-1}" = 0 ]; then

@@ -7,7 +7,7 @@
 //! - [`verbs`]: the verbs API (`ibv_*` semantics).
 //! - [`vhost_user`]: the device from a container or host process, over the
 //!   daemon's vhost-user socket.
-//! - [`driver`]: the queue handling both drivers share.
+//! - `driver`: the queue handling both drivers share.
 //! - [`loopback`]: an in-process device for tests.
 #![deny(missing_docs)]
 

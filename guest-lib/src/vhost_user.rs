@@ -11,7 +11,7 @@
 //! `SET_VRING_BASE`, `SET_VRING_ADDR`, `SET_VRING_CALL`, `SET_VRING_KICK`,
 //! `SET_VRING_ENABLE`; the configuration space through `GET_CONFIG`.
 //! The queues themselves are driven by the same code as the virtio-pci
-//! driver's ([`crate::driver`]); a queue is notified through its kick
+//! driver's (`crate::driver`); a queue is notified through its kick
 //! eventfd, and the event queue interrupts through its call eventfd
 //! ([`Transport::event_fd`]).
 //!

@@ -6,7 +6,7 @@
 //! server answers and closes the connection. Requests:
 //!
 //! - `add <spec>`: adds a function; `<spec>` is a
-//!   [`FunctionSpec`](crate::functions::FunctionSpec) in its text form
+//!   [`FunctionSpec`] in its text form
 //!   (`socket=PATH,ip=A/N[,mac=M][,ipv6=A]...[,name=N][,stats=PATH][,pcap=PATH]`);
 //! - `del <name-or-socket>`: deletes a function (by name, or by its
 //!   vhost-user socket path), waiting up to

@@ -124,7 +124,7 @@ pub struct BackendStats {
     /// other threads included).
     pub poll_idle_ns: u64,
     /// Times the worker, about to sleep, found chains the driver had made
-    /// available without a kick and served them ([`DataPath::serve_late`]):
+    /// available without a kick and served them (`DataPath::serve_late`):
     /// how often the safety net catches a missing notification.
     pub late_chains: u64,
 }
@@ -542,7 +542,7 @@ impl DataPath {
     ///
     /// `vrings` are all the device's vrings, indexed by queue number.
     /// While the link may still hold frames (the last receive stopped at
-    /// its bound, [`DataPath::rx_more`]) every pass arms the worker's next
+    /// its bound, `DataPath::rx_more`) every pass arms the worker's next
     /// wake-up at once.
     pub fn after_work(&mut self, vrings: &[Vring]) {
         let more_rx = self.rx_more;

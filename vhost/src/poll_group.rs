@@ -11,7 +11,7 @@
 //!
 //! So the functions of a daemon form a [`PollGroup`]: at most one worker
 //! polls at a time, the group's **poller**, and it polls every member, its
-//! own function first, then one round of each other's ([`DataPath::poll_round`])
+//! own function first, then one round of each other's (`DataPath::poll_round`)
 //! whose data path it can take without waiting (`try_lock`: a member whose
 //! own worker is busy, or whose data path another thread waits for, is
 //! skipped that round). A member it polls is **adopted**: its driver's

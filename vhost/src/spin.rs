@@ -63,11 +63,11 @@ pub const LONG_YIELD_NS: Nanos = 100_000;
 /// nanoseconds (100 ms: one lost time slice per 100 ms at most).
 pub const BACKOFF_NS: Nanos = 100_000_000;
 
-/// Most rounds [`DataPath::serve_late`] serves before the worker sleeps
+/// Most rounds `DataPath::serve_late` serves before the worker sleeps
 /// (a driver posting without pause keeps waking it anyway).
 pub const LATE_ROUNDS: u32 = 4;
 
-/// How a worker polls ([`DataPath::spin`]).
+/// How a worker polls (`DataPath::spin`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PollConfig {
     /// Polling budget after the last work found, nanoseconds; 0: the

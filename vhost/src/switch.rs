@@ -1024,7 +1024,7 @@ impl Link for SwitchPort {
     /// port's frames (one system call a round, not one a function). Back
     /// to [`Polling::Off`], the flag is reset and the queue looked at
     /// again, the port readable if frames wait there or on the uplink (as
-    /// in [`SwitchPort::take_batch`]).
+    /// in `SwitchPort::take_batch`).
     fn set_polling(&mut self, polling: Polling) {
         let q = &*self.shared;
         let adopted = polling == Polling::Other;

@@ -426,7 +426,7 @@ pub fn peer_headers(qp: &mut Qp, env: &Env, opcode: Opcode, psn: u32) -> Option<
 
 /// The headers [`peer_headers`] last built for a QP, and what they were
 /// built from: the QP's address vector and destination QP and the
-/// neighbour table's [`crate::device::neigh::NeighTable::generation`] (so
+/// neighbour table's [`crate::device::NeighTable::generation`] (so
 /// a neighbour that changes or expires, or is confirmed again and must be
 /// marked used once more, is looked up anew). Only the opcode and PSN
 /// differ between packets; the extension headers are left out.
