@@ -77,6 +77,9 @@ pub struct PollGroup {
     /// A worker is the group's poller.
     polling: AtomicBool,
     members: Mutex<Vec<Member>>,
+    /// `members.len()`, set under its lock: read on every wake-up of every
+    /// worker ([`PollGroup::len`]) without taking it.
+    count: AtomicUsize,
 }
 
 impl std::fmt::Debug for PollGroup {
@@ -147,16 +150,19 @@ impl PollGroup {
                 vrings: vrings.to_vec(),
             });
         }
+        self.count.store(m.len(), Ordering::Relaxed);
     }
 
     /// `dp` leaves the group (its frontend is gone).
     pub(crate) fn leave(&self, dp: &Arc<Mutex<DataPath>>) {
-        self.members().retain(|x| x.dp.as_ptr() != id_of(dp));
+        let mut m = self.members();
+        m.retain(|x| x.dp.as_ptr() != id_of(dp));
+        self.count.store(m.len(), Ordering::Relaxed);
     }
 
-    /// Number of members.
+    /// Number of members (as of the last join or leave).
     pub fn len(&self) -> usize {
-        self.members().len()
+        self.count.load(Ordering::Relaxed)
     }
 
     /// Whether the group has no member.
