@@ -1575,3 +1575,66 @@ fn a_connected_qp_follows_its_peer_to_a_new_mac_and_back() {
     assert_eq!(s.b.read(dst, 32), vec![9; 32]);
     connection_still_works(&mut s, "after");
 }
+
+/// A peer that answers with the same PSN sequence error NAK again and
+/// again (a duplicated frame, or a hostile peer) gets one resend per
+/// retry, not one per NAK: a NAK starts no retry while one is under way
+/// (rxe's `started_retry`), each retry, after a NAK or a timeout, counts
+/// against `retry_cnt` (rxe's `COMPST_ERROR_RETRY`), and the WQE ends
+/// with `RETRY_EXC_ERR` when they are spent.
+#[test]
+fn repeated_sequence_naks_resend_once_per_retry_and_end_in_retry_exceeded() {
+    let mut s = setup();
+    undelivered_send(&mut s);
+    let sent: Vec<u32> = std::iter::from_fn(|| s.a.dev.pop_tx())
+        .filter_map(|f| match wire::parse_frame(&f) {
+            Ok(Frame::Roce(p)) if p.hdr.bth.opcode == Opcode::RcSendOnly => Some(p.hdr.bth.psn),
+            _ => None,
+        })
+        .collect();
+    let [psn] = sent[..] else {
+        panic!("A sent {sent:?}")
+    };
+    let b = (s.b.ip, s.b.dev.config_space().mac);
+    let mut nak = frame(b, &s.a, s.qa.qpn, Opcode::RcAck, psn, 0xffff);
+    nak.aeth = Some(Aeth::nak(0, NakCode::PsnSequenceError));
+    let resends = |out: Vec<wire::RocePacket<'static>>| {
+        out.iter()
+            .filter(|p| p.hdr.bth.opcode == Opcode::RcSendOnly && p.hdr.bth.psn == psn)
+            .count()
+    };
+    let mut now = s.now;
+    let mut total = 0;
+    for _ in 0..100 {
+        total += resends(inject(&mut s.a, &nak, &[], now));
+    }
+    assert_eq!(total, 1, "100 copies of one NAK: one resend");
+    // The timer retries; every NAK after a resend is ignored; the retries
+    // run out.
+    let mut cqe = None;
+    for _ in 0..20 {
+        now += 100_000_000;
+        s.a.dev.poll(&s.a.mem, now);
+        let out: Vec<wire::RocePacket<'static>> = std::iter::from_fn(|| s.a.dev.pop_tx())
+            .filter_map(|t| {
+                let t: &'static [u8] = Box::leak(t.into_boxed_slice());
+                match wire::parse_frame(t) {
+                    Ok(Frame::Roce(p)) => Some(p),
+                    _ => None,
+                }
+            })
+            .collect();
+        let n = resends(out);
+        total += n;
+        for _ in 0..n * 10 {
+            total += resends(inject(&mut s.a, &nak, &[], now));
+        }
+        cqe = s.a.poll_cq(&mut s.ca);
+        if cqe.is_some() {
+            break;
+        }
+    }
+    let c = cqe.expect("the WQE never completed");
+    assert_eq!((c.wr_id, c.status), (5, abi::WC_RETRY_EXC_ERR));
+    assert_eq!(total, 7, "one resend per retry (retry_cnt 7)");
+}

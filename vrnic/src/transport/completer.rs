@@ -108,23 +108,44 @@ fn rnr_retry(qp: &mut Qp, env: &mut Env, p: u32, timer: u8) {
 }
 
 /// A NAK for PSN `p`: everything before it is acknowledged; a PSN
-/// sequence error goes back to `p` (rxe's `COMPST_ERROR_RETRY`), any other
+/// sequence error goes back to `p` ([`retry_after_nak`]), any other
 /// code fails the WQE with the matching remote error (rxe's
 /// `COMPST_ERROR`; IBTA §9.7.5.1, Table 45).
 fn on_nak(qp: &mut Qp, env: &mut Env, p: u32, code: NakCode) {
     ack_up_to(qp, env, psn::add(p, psn::PSN_MASK));
     env.res.out.stats.nak_received(code);
     match code {
-        NakCode::PsnSequenceError => {
-            requester::rewind(qp, p);
-            requester::run(qp, env);
-        }
+        NakCode::PsnSequenceError => retry_after_nak(qp, env, p),
         NakCode::InvalidRequest | NakCode::InvalidRdRequest => {
             fail_head(qp, env, abi::WcStatus::RemInvReqErr)
         }
         NakCode::RemoteAccessError => fail_head(qp, env, abi::WcStatus::RemAccessErr),
         NakCode::RemoteOperationalError => fail_head(qp, env, abi::WcStatus::RemOpErr),
     }
+}
+
+/// A PSN sequence error NAK for `p` (rxe's `COMPST_ERROR_RETRY`): a
+/// retry as after a timeout, from `p` — counted against the QP's
+/// `retry_cnt`, the head WQE failed with `RETRY_EXC_ERR` when none is
+/// left — unless a retry is under way already (one started since the
+/// last progress, [`ReqState::retry_started`]): then the NAK starts none,
+/// as in rxe, and a lost resend is the timer's. Without that, a peer
+/// repeating its NAK (a duplicated frame, or a hostile peer) had the
+/// window resent for every copy, without end.
+///
+/// [`ReqState::retry_started`]: crate::transport::requester::ReqState::retry_started
+fn retry_after_nak(qp: &mut Qp, env: &mut Env, p: u32) {
+    if qp.req.inflight.is_empty() || qp.req.retry_started {
+        return;
+    }
+    if qp.req.retry_left == 0 {
+        fail_head(qp, env, abi::WcStatus::RetryExcErr);
+        return;
+    }
+    qp.req.retry_left -= 1;
+    qp.req.retry_started = true;
+    requester::rewind(qp, p);
+    requester::run(qp, env);
 }
 
 /// Completes, in order, every WQE whose last packet is at or before `p`.
@@ -150,6 +171,7 @@ fn ack_up_to(qp: &mut Qp, env: &mut Env, p: u32) {
     }
     if progress {
         qp.req.retry_left = qp.attr.retry_cnt;
+        qp.req.retry_started = false;
         qp.req.rnr_left = qp.attr.rnr_retry;
         qp.req.ack_deadline = if qp.req.inflight.is_empty() {
             None
@@ -200,6 +222,7 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
                 fail_head(qp, env, abi::WcStatus::RetryExcErr);
             } else {
                 qp.req.retry_left -= 1;
+                qp.req.retry_started = true;
                 env.res.out.stats.retransmits += 1;
                 qp.req.ack_deadline = ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t);
                 requester::rewind(qp, resume_psn(qp));
@@ -309,6 +332,7 @@ fn on_read_or_atomic_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     };
     op.resp_pkts += 1;
     qp.req.retry_left = qp.attr.retry_cnt;
+    qp.req.retry_started = false;
     if last {
         complete_wqe(qp, env);
     }

@@ -98,8 +98,12 @@ pub struct ReqState {
     pub inflight: VecDeque<SendOp>,
     /// Index in `inflight` of the first WQE not fully sent.
     pub send_pos: usize,
-    /// Timeout retries left.
+    /// Retries left (after timeouts and PSN sequence error NAKs).
     pub retry_left: u8,
+    /// A retry started since the last progress (an ACK or READ response
+    /// that moved the oldest unacknowledged PSN): a sequence NAK then
+    /// starts none (rxe's `started_retry`).
+    pub retry_started: bool,
     /// RNR retries left (7 = infinite).
     pub rnr_left: u8,
     /// When the local ACK timer expires.
@@ -124,6 +128,7 @@ impl ReqState {
         self.psn = sq_psn & psn::PSN_MASK;
         self.acked_psn = psn::add(sq_psn, psn::PSN_MASK);
         self.retry_left = retry_cnt;
+        self.retry_started = false;
         self.rnr_left = rnr_retry;
     }
 }
