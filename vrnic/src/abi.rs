@@ -646,7 +646,7 @@ pub struct QpAttr {
     pub port_num: u8,
     /// Local ACK timeout: 4.096 µs × 2^timeout (0 = infinite).
     pub timeout: u8,
-    /// Retries on timeout (0..7).
+    /// Retries on timeout or PSN sequence error NAK (0..7).
     pub retry_cnt: u8,
     /// Retries on RNR NAK (0..6, 7 = infinite).
     pub rnr_retry: u8,
