@@ -304,8 +304,8 @@ impl VhostUserTransport {
         set_recv_timeout(&fe, DEFAULT_TIMEOUT)?;
         negotiate(&mut fe, false).map_err(|e| {
             nodev(format!(
-                "{e} (no answer: does the function serve another program? \
-                 a vrnic function takes one frontend at a time)"
+                "{e} (refused or no answer: does the function serve another \
+                 program? a vrnic function takes one frontend at a time)"
             ))
         })?;
         let buf = vec![0u8; size_of::<abi::ConfigSpace>()];

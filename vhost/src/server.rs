@@ -5,6 +5,12 @@
 //! the connection ends ([`run_client`]; a restarted daemon finds its guest
 //! again this way).
 //!
+//! A frontend that connects to a listening backend while another is served
+//! is refused: its connection is closed after [`BUSY_GRACE`] (time for the
+//! one served to be leaving, as a program that closes the device and opens
+//! it again is), so a second program on the same function learns at once
+//! that it is in use instead of waiting for answers that never come.
+//!
 //! Each connection gets a fresh vhost-user-backend `VhostUserDaemon` (its
 //! protocol state, vrings and worker thread live exactly as long as the
 //! connection); the [`VrnicBackend`] — device, link, counters — carries
@@ -13,7 +19,7 @@
 
 use std::fs;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -232,7 +238,7 @@ pub fn serve_connection(
     if !wait_for_connection(listener, stop)? {
         return Ok((backend, ConnectionEnd::Stopped));
     }
-    match serve_with(backend, stop, |d| d.start(listener))? {
+    match serve_with(backend, stop, Connect::Listen(listener))? {
         Served::Ended(b, end) => Ok((b, end)),
         Served::NotStarted(_, e) => Err(ServeError::Daemon(e.to_string())),
     }
@@ -261,7 +267,7 @@ pub fn serve_client_connection(
         if stop.is_stopped() {
             return Ok((backend, ConnectionEnd::Stopped));
         }
-        match serve_with(backend, stop, |d| d.start_client(&target))? {
+        match serve_with(backend, stop, Connect::Client(&target))? {
             Served::Ended(b, end) => return Ok((b, end)),
             Served::NotStarted(b, e) => {
                 backend = b;
@@ -287,6 +293,20 @@ pub const CONNECT_RETRY_MIN: Duration = Duration::from_millis(50);
 /// most this late.
 pub const CONNECT_RETRY_MAX: Duration = Duration::from_millis(500);
 
+/// How long a frontend that connects to a listening backend while another
+/// is served waits before its connection is closed: if the one served
+/// leaves meanwhile (a program that closes the device and opens it again),
+/// the new one is served instead.
+pub const BUSY_GRACE: Duration = Duration::from_secs(1);
+
+/// How [`serve_with`] gets its frontend.
+enum Connect<'a> {
+    /// Accepts it on the backend's listening socket.
+    Listen(&'a mut Listener),
+    /// Connects to the frontend listening at this path.
+    Client(&'a str),
+}
+
 enum Served {
     /// A connection was served and ended.
     Ended(VrnicBackend, ConnectionEnd),
@@ -295,12 +315,13 @@ enum Served {
 }
 
 /// Makes a vhost-user daemon for `backend` with the link and timer
-/// registered, connects it with `start`, serves until the connection ends,
-/// then resets the device and drops the memory table.
+/// registered, connects it as `how` says, serves until the connection ends
+/// (refusing other frontends on a listening socket meanwhile,
+/// [`refusing`]), then resets the device and drops the memory table.
 fn serve_with(
     backend: VrnicBackend,
     stop: &Stopper,
-    start: impl FnOnce(&mut VhostUserDaemon<Arc<VrnicBackend>>) -> Result<(), DaemonError>,
+    mut how: Connect<'_>,
 ) -> Result<Served, ServeError> {
     let link_fd = backend.link_fd();
     let timer_fd = backend.timer_fd();
@@ -333,7 +354,11 @@ fn serve_with(
         })?;
     drop(handlers);
 
-    if let Err(e) = start(&mut daemon) {
+    let started = match &mut how {
+        Connect::Listen(l) => daemon.start(l),
+        Connect::Client(path) => daemon.start_client(path),
+    };
+    if let Err(e) = started {
         drop(daemon);
         backend.close_exit_events();
         let backend = Arc::try_unwrap(backend).map_err(|_| ServeError::BackendHeld)?;
@@ -341,7 +366,10 @@ fn serve_with(
     }
     info!("frontend connected");
     stop.attach(daemon.shutdown_handle());
-    let result = daemon.wait();
+    let result = match how {
+        Connect::Listen(l) => refusing(l, || daemon.wait()),
+        Connect::Client(_) => daemon.wait(),
+    };
     stop.detach();
     // Dropping the daemon stops and joins its worker thread, which releases
     // the worker's references to the backend (and its vrings, with their
@@ -408,6 +436,92 @@ pub fn run_client(
         backend = b;
         if once || end == ConnectionEnd::Stopped {
             return Ok(backend);
+        }
+    }
+}
+
+/// Runs `serve` (a connection being served) while refusing the frontends
+/// that connect to `listener` meanwhile: one still waiting after
+/// [`BUSY_GRACE`] is accepted and its connection closed at once (its
+/// first request fails; guest-lib says the function may be serving
+/// another program). One that comes within the grace of the served
+/// connection's end is left for the next [`serve_connection`].
+fn refusing<R>(listener: &Listener, serve: impl FnOnce() -> R) -> R {
+    let Ok(done) = EventFd::new(EFD_NONBLOCK) else {
+        return serve();
+    };
+    std::thread::scope(|s| {
+        let refuser = std::thread::Builder::new()
+            .name("vrnic-refuser".into())
+            .spawn_scoped(s, || refuse_until(listener, &done));
+        let r = serve();
+        let _ = done.write(1);
+        if let Ok(t) = refuser {
+            let _ = t.join();
+        }
+        r
+    })
+}
+
+/// [`refusing`]'s thread: until `done` is readable.
+fn refuse_until(listener: &Listener, done: &EventFd) {
+    loop {
+        match poll_in(&[listener.as_raw_fd(), done.as_raw_fd()], None) {
+            Ok(r) if r[1] => return,
+            Ok(r) if r[0] => {}
+            Ok(_) => continue,
+            Err(e) => {
+                debug!("refusing frontends: {e}");
+                return;
+            }
+        }
+        // The one served may be leaving: give it the grace.
+        match poll_in(&[done.as_raw_fd()], Some(BUSY_GRACE)) {
+            Ok(r) if r[0] => return,
+            Ok(_) => {}
+            Err(e) => {
+                debug!("refusing frontends: {e}");
+                return;
+            }
+        }
+        // Not blocking: the frontend may have given up meanwhile, and a
+        // blocking accept would then wait for the next one, past `done`.
+        let accepted = listener
+            .set_nonblocking(true)
+            .and_then(|()| listener.accept());
+        let _ = listener.set_nonblocking(false);
+        match accepted {
+            Ok(Some(conn)) => {
+                drop(conn);
+                warn!("refused a frontend: this function serves another one (one at a time)");
+            }
+            Ok(None) => {}
+            Err(e) => {
+                debug!("refusing frontends: {e}");
+                return;
+            }
+        }
+    }
+}
+
+/// Waits until one of `fds` is readable or `timeout` passes (`None`:
+/// forever); which are readable. Retries after a signal.
+fn poll_in<const N: usize>(fds: &[RawFd; N], timeout: Option<Duration>) -> io::Result<[bool; N]> {
+    let mut p = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    let ms = timeout.map_or(-1, |t| t.as_millis().clamp(0, 60_000) as libc::c_int);
+    loop {
+        // SAFETY: `p` is a valid array of N pollfds.
+        let n = unsafe { libc::poll(p.as_mut_ptr(), N as libc::nfds_t, ms) };
+        if n >= 0 {
+            return Ok(p.map(|f| f.revents != 0));
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
         }
     }
 }

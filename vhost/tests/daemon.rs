@@ -542,6 +542,38 @@ fn a_frontend_can_reconnect_after_disconnecting() {
     assert_eq!(b.stats().commands, 3);
 }
 
+/// A second frontend that connects while one is served (a second program
+/// on the same function) is refused: its connection is closed after
+/// `BUSY_GRACE`, so it fails at once instead of waiting out its own
+/// timeout for answers that never come, and the one served carries on.
+/// Once that one leaves, the next is served.
+#[test]
+fn a_second_frontend_is_refused_while_one_is_served() {
+    let (d, _peer) = start();
+    let mut fe = connect(&d);
+    let opts = FrontendOptions {
+        timeout: 3 * WAIT,
+        ..FrontendOptions::default()
+    };
+    let t0 = std::time::Instant::now();
+    let second = d.connect(&opts);
+    let waited = t0.elapsed();
+    assert!(second.is_err(), "a second frontend was served");
+    assert!(
+        waited < WAIT,
+        "refused after {waited:?}: it waited for answers instead"
+    );
+    let (h, body) = fe.control(BOGUS_OPCODE, &[]).unwrap();
+    assert_valid_response(&h, &body);
+    drop(fe);
+    let mut fe = connect(&d);
+    let (h, body) = fe.control(BOGUS_OPCODE, &[]).unwrap();
+    assert_valid_response(&h, &body);
+    drop(fe);
+    let b = stop(d);
+    assert_eq!(b.stats().commands, 2);
+}
+
 /// A VM pause (QMP `stop`, then `cont`): QEMU stops every queue
 /// (`GET_VRING_BASE`) and later starts them again where they stopped. The
 /// device keeps its objects across it (a PD made before is still there to
