@@ -292,16 +292,28 @@ impl VhostUserTransport {
     /// device and checks it is a vrnic of this ABI.
     ///
     /// Errors: [`TransportError::NoDevice`] when nothing listens there, the
-    /// daemon refuses the negotiation, or the device is not a vrnic of
-    /// [`abi::ABI_VERSION`]; [`TransportError::Io`] for memory and eventfd
-    /// failures and a vhost-user request that failed or timed out
-    /// ([`DEFAULT_TIMEOUT`]; e.g. the function already serves another
-    /// program: the daemon takes one frontend at a time).
+    /// daemon refuses the negotiation or the connection (the function
+    /// already serves another program: the daemon takes one frontend at a
+    /// time), or the device is not a vrnic of [`abi::ABI_VERSION`];
+    /// [`TransportError::Io`] for memory and eventfd failures and a
+    /// vhost-user request that failed. Bounded: a daemon that does not
+    /// answer the set-up within [`DEFAULT_TIMEOUT`] fails it
+    /// ([`VhostUserTransport::open_within`]).
     pub fn open(socket: &Path) -> Result<Self, TransportError> {
+        Self::open_within(socket, DEFAULT_TIMEOUT)
+    }
+
+    /// [`VhostUserTransport::open`], the set-up's vhost-user requests
+    /// bounded by `timeout` together: past it the connection is shut down
+    /// (the vhost crate retries a receive that `SO_RCVTIMEO` ended, so
+    /// that alone bounds nothing) and the request waiting fails.
+    pub fn open_within(socket: &Path, timeout: Duration) -> Result<Self, TransportError> {
         let nodev = |m: String| TransportError::NoDevice(format!("{}: {m}", socket.display()));
         let mut fe = Frontend::connect(socket, abi::NUM_QUEUES as u64)
             .map_err(|e| nodev(format!("connect: {e}")))?;
-        set_recv_timeout(&fe, DEFAULT_TIMEOUT)?;
+        // Dropped (and joined) before `fe` on every way out.
+        let watchdog = Watchdog::arm(fe.as_raw_fd(), timeout);
+        set_recv_timeout(&fe, timeout)?;
         negotiate(&mut fe, false).map_err(|e| {
             nodev(format!(
                 "{e} (refused or no answer: does the function serve another \
@@ -374,6 +386,9 @@ impl VhostUserTransport {
         ev.prefill()?;
         ev.queue.q.set_interrupts(true);
         ev.queue.kick()?;
+        if watchdog.disarm() {
+            return Err(nodev(format!("no answer within {timeout:?}")));
+        }
         tracing::info!(
             "vrnic over vhost-user {}: queues {}/{db_size}/{ev_size}, MAC {:02x?}",
             socket.display(),
@@ -672,6 +687,55 @@ pub fn negotiate(fe: &mut Frontend, event_idx: bool) -> Result<u64, TransportErr
     fe.set_features(acked)
         .map_err(|e| vhost_err("SET_FEATURES", e))?;
     Ok(acked)
+}
+
+/// Shuts a vhost-user connection down if it is not disarmed within its
+/// timeout, so that a request waiting on it fails ([`VhostUserTransport::open_within`]).
+struct Watchdog {
+    cancel: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<bool>>,
+}
+
+impl Watchdog {
+    /// Arms it for the socket `fd`, which must stay open until the
+    /// watchdog is disarmed or dropped.
+    fn arm(fd: RawFd, timeout: Duration) -> Self {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("vrnic-open-watchdog".into())
+            .spawn(move || {
+                if rx.recv_timeout(timeout) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+                    return false;
+                }
+                // SAFETY: `fd` is the connection's socket, open until the
+                // owner joins this thread (`disarm`, or drop).
+                unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+                true
+            })
+            .ok();
+        Self {
+            cancel: Some(tx),
+            thread,
+        }
+    }
+
+    /// Stops it; whether it had fired (the connection is shut down then).
+    fn disarm(mut self) -> bool {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> bool {
+        self.cancel = None;
+        self.thread
+            .take()
+            .is_some_and(|t| t.join().unwrap_or(false))
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 /// Bounds every wait for a vhost-user reply by `timeout` (`SO_RCVTIMEO`).

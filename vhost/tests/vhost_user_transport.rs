@@ -261,3 +261,34 @@ fn commands_fail_at_once_with_enodev_once_the_daemon_is_gone() {
     );
     assert!(!t.is_connected());
 }
+
+/// A daemon that takes the connection and never answers (stopped, or
+/// wedged) fails `open` once its bound passes, instead of holding the
+/// program forever: the vhost crate retries a receive that `SO_RCVTIMEO`
+/// ended, so the transport shuts the connection down itself.
+#[test]
+fn opening_a_socket_whose_daemon_never_answers_fails_within_its_bound() {
+    use std::io::Read;
+    use std::os::unix::net::UnixListener;
+    let dir = common::TempDir::new("silent");
+    let path = dir.0.join("silent.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let silent = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut buf = [0u8; 256];
+        // Reads the requests, answers none, until the frontend hangs up.
+        while matches!(conn.read(&mut buf), Ok(n) if n > 0) {}
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.clone();
+    std::thread::spawn(move || {
+        let r = VhostUserTransport::open_within(&p, std::time::Duration::from_millis(300));
+        let _ = tx.send(r.map(|_| ()).map_err(|e| e.to_string()));
+    });
+    let r = rx
+        .recv_timeout(common::WAIT)
+        .expect("open still waiting for a daemon that never answers");
+    let e = r.expect_err("opened a device nobody serves");
+    assert!(e.contains("no answer"), "{e}");
+    silent.join().unwrap();
+}
