@@ -620,12 +620,16 @@ impl Functions {
         let (tx, done) = mpsc::channel();
         let s = stopper.clone();
         let target = socket.clone();
+        // The server's lines (frontend connected, ended, refused) name
+        // their function.
+        let span = tracing::info_span!("function", name = %name);
         let thread = thread::Builder::new()
             .name(format!(
                 "vrnic-fn-{}",
                 name.chars().take(8).collect::<String>()
             ))
             .spawn(move || {
+                let _in_function = span.enter();
                 let r = match listener.as_mut() {
                     Some(l) => server::run(l, backend, &s, once),
                     None => server::run_client(&target, backend, &s, once),

@@ -450,10 +450,15 @@ fn refusing<R>(listener: &Listener, serve: impl FnOnce() -> R) -> R {
     let Ok(done) = EventFd::new(EFD_NONBLOCK) else {
         return serve();
     };
+    // Its lines carry the caller's span (the function's name).
+    let span = tracing::Span::current();
     std::thread::scope(|s| {
         let refuser = std::thread::Builder::new()
             .name("vrnic-refuser".into())
-            .spawn_scoped(s, || refuse_until(listener, &done));
+            .spawn_scoped(s, || {
+                let _in = span.enter();
+                refuse_until(listener, &done)
+            });
         let r = serve();
         let _ = done.write(1);
         if let Ok(t) = refuser {
