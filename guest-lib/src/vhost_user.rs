@@ -311,8 +311,10 @@ impl VhostUserTransport {
         let nodev = |m: String| TransportError::NoDevice(format!("{}: {m}", socket.display()));
         let mut fe = Frontend::connect(socket, abi::NUM_QUEUES as u64)
             .map_err(|e| nodev(format!("connect: {e}")))?;
-        // Dropped (and joined) before `fe` on every way out.
-        let watchdog = Watchdog::arm(fe.as_raw_fd(), timeout);
+        // SAFETY: `fe` owns the descriptor and outlives the call.
+        let conn = unsafe { std::os::fd::BorrowedFd::borrow_raw(fe.as_raw_fd()) };
+        let watchdog =
+            Watchdog::arm(conn, timeout).map_err(|e| io_err("the connection's watchdog", e))?;
         set_recv_timeout(&fe, timeout)?;
         negotiate(&mut fe, false).map_err(|e| {
             nodev(format!(
@@ -690,37 +692,43 @@ pub fn negotiate(fe: &mut Frontend, event_idx: bool) -> Result<u64, TransportErr
 }
 
 /// Shuts a vhost-user connection down if it is not disarmed within its
-/// timeout, so that a request waiting on it fails ([`VhostUserTransport::open_within`]).
-struct Watchdog {
+/// timeout, so that a request waiting on it fails: the vhost crate retries
+/// a receive that `SO_RCVTIMEO` ended, so that alone bounds nothing
+/// ([`VhostUserTransport::open_within`]; the daemon's test frontend uses it
+/// too). It keeps a duplicate of the connection's descriptor, so the
+/// connection may be closed before the watchdog is disarmed or dropped.
+#[derive(Debug)]
+pub struct Watchdog {
     cancel: Option<std::sync::mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<bool>>,
 }
 
 impl Watchdog {
-    /// Arms it for the socket `fd`, which must stay open until the
-    /// watchdog is disarmed or dropped.
-    fn arm(fd: RawFd, timeout: Duration) -> Self {
+    /// Arms it for the connection `conn` for `timeout`.
+    ///
+    /// Errors: duplicating the descriptor or starting the thread failed.
+    pub fn arm(conn: std::os::fd::BorrowedFd<'_>, timeout: Duration) -> io::Result<Self> {
+        let fd = conn.try_clone_to_owned()?;
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
-            .name("vrnic-open-watchdog".into())
+            .name("vrnic-watchdog".into())
             .spawn(move || {
                 if rx.recv_timeout(timeout) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
                     return false;
                 }
-                // SAFETY: `fd` is the connection's socket, open until the
-                // owner joins this thread (`disarm`, or drop).
-                unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+                // SAFETY: `fd` is this thread's own descriptor of the
+                // connection's socket; shutdown(2) only ends the connection.
+                unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
                 true
-            })
-            .ok();
-        Self {
+            })?;
+        Ok(Self {
             cancel: Some(tx),
-            thread,
-        }
+            thread: Some(thread),
+        })
     }
 
     /// Stops it; whether it had fired (the connection is shut down then).
-    fn disarm(mut self) -> bool {
+    pub fn disarm(mut self) -> bool {
         self.stop()
     }
 

@@ -172,6 +172,12 @@ impl TestFrontend {
     }
 
     fn start(mut fe: Frontend, opts: &FrontendOptions) -> Result<Self, FrontendError> {
+        // The set-up bounded by `opts.timeout` (guest-lib's watchdog: the
+        // vhost crate retries a receive that `SO_RCVTIMEO` ended).
+        // SAFETY: `fe` owns the descriptor and outlives the call.
+        let conn = unsafe { std::os::fd::BorrowedFd::borrow_raw(fe.as_raw_fd()) };
+        let watchdog = vrnic_guest::vhost_user::Watchdog::arm(conn, opts.timeout)
+            .map_err(|e| FrontendError::Setup(format!("watchdog: {e}")))?;
         let acked = negotiate(&mut fe, opts)?;
         let event_idx = acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
 
@@ -197,6 +203,12 @@ impl TestFrontend {
         };
         for q in 0..abi::NUM_QUEUES {
             this.start_queue(q, 0)?;
+        }
+        if watchdog.disarm() {
+            return Err(FrontendError::Setup(format!(
+                "the backend did not finish the set-up within {:?}",
+                opts.timeout
+            )));
         }
         Ok(this)
     }
