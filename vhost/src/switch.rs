@@ -958,14 +958,28 @@ impl SwitchPort {
         false
     }
 
-    /// Counts a read of the uplink that found a frame (`read_any`, for any
-    /// port) or none.
-    fn uplink_read(&mut self, read_any: bool) {
+    /// [`SwitchPort::pull_uplink`] for [`Link::recv`] and
+    /// [`Link::recv_with`], unless another thread polls the port (the
+    /// poller's own port reads the uplink, `Link::set_polling`) or this
+    /// round's read of an idle uplink is skipped
+    /// ([`SwitchPort::skip_uplink`]); counts reads that found no frame
+    /// for any port.
+    fn read_uplink(
+        &mut self,
+        buf: &mut [u8],
+        deliver: &mut dyn FnMut(&[u8], Icrc),
+    ) -> io::Result<bool> {
+        if self.shared.adopted.load(Ordering::Relaxed) || self.skip_uplink() {
+            return Ok(false);
+        }
+        let mut read_any = false;
+        let r = self.pull_uplink(buf, deliver, &mut read_any);
         self.uplink_empty = if read_any {
             0
         } else {
             self.uplink_empty.saturating_add(1)
         };
+        r
     }
 
     /// Forwards a frame read from the uplink: to the other ports' queues
@@ -1130,29 +1144,16 @@ impl Link for SwitchPort {
         if let Some(n) = self.pop_own(buf) {
             return Ok(Some(n));
         }
-        if self.shared.adopted.load(Ordering::Relaxed) {
-            // The poller's own port reads the uplink (`Link::set_polling`).
-            return Ok(None);
-        }
-        if self.skip_uplink() {
-            return Ok(None);
-        }
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.resize(buf.len(), 0);
         let mut got = None;
-        let mut read_any = false;
-        let r = self.pull_uplink(
-            &mut scratch,
-            &mut |frame, _| {
-                if let Some(dst) = buf.get_mut(..frame.len()) {
-                    dst.copy_from_slice(frame);
-                    got = Some(frame.len());
-                }
-            },
-            &mut read_any,
-        );
+        let r = self.read_uplink(&mut scratch, &mut |frame, _| {
+            if let Some(dst) = buf.get_mut(..frame.len()) {
+                dst.copy_from_slice(frame);
+                got = Some(frame.len());
+            }
+        });
         self.scratch = scratch;
-        self.uplink_read(read_any);
         r?;
         Ok(got)
     }
@@ -1167,17 +1168,7 @@ impl Link for SwitchPort {
         if self.deliver_own(deliver) {
             return Ok(true);
         }
-        if self.shared.adopted.load(Ordering::Relaxed) {
-            // The poller's own port reads the uplink (`Link::set_polling`).
-            return Ok(false);
-        }
-        if self.skip_uplink() {
-            return Ok(false);
-        }
-        let mut read_any = false;
-        let r = self.pull_uplink(buf, deliver, &mut read_any);
-        self.uplink_read(read_any);
-        r
+        self.read_uplink(buf, deliver)
     }
 
     fn raw_fd(&self) -> Option<RawFd> {
