@@ -477,8 +477,7 @@ impl VhostUserBackend for VrnicBackend {
                 event = device_event,
                 "the engine panicked: resetting the device"
             );
-            dp.stats.engine_panics += 1;
-            dp.reset();
+            dp.reset_after_panic();
             self.publish(&mut dp, false);
         }
         Ok(())

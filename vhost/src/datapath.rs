@@ -240,6 +240,13 @@ impl DataPath {
         self.mem = mem;
     }
 
+    /// After an engine panic caught around work on this data path: counts
+    /// it (`engine_panics`) and resets the device ([`DataPath::reset`]).
+    pub(crate) fn reset_after_panic(&mut self) {
+        self.stats.engine_panics += 1;
+        self.reset();
+    }
+
     /// The memory table (the last `SET_MEM_TABLE`).
     pub fn memory(&self) -> &GuestMemoryAtomic<GuestMemoryMmap> {
         &self.mem

@@ -102,8 +102,7 @@ fn id_of(dp: &Arc<Mutex<DataPath>>) -> *const Mutex<DataPath> {
 fn release(g: &mut DataPath, a: &Adopted, publish: &dyn Fn(&StatsBoard, &mut DataPath)) {
     if catch_unwind(AssertUnwindSafe(|| g.release(&a.vrings))).is_err() {
         tracing::error!("the engine panicked in a polled function: resetting it");
-        g.stats.engine_panics += 1;
-        g.reset();
+        g.reset_after_panic();
     }
     publish(&a.board, g);
 }
@@ -222,8 +221,7 @@ impl PollGroup {
                 Ok(Some(found)) => found,
                 Err(_) => {
                     tracing::error!("the engine panicked in a polled function: resetting it");
-                    g.stats.engine_panics += 1;
-                    g.reset();
+                    g.reset_after_panic();
                     true
                 }
             };

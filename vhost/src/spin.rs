@@ -159,7 +159,7 @@ impl DataPath {
             }
         }
         self.stats.poll_idle_ns += self.now().saturating_sub(last_work);
-        self.notifications_on(vrings, ctrl, db);
+        self.notifications_on(vrings);
         after(self);
     }
 
@@ -180,14 +180,17 @@ impl DataPath {
     }
 
     /// Polling mode off: the link readable again if frames wait, the
-    /// queues served once more, which turns the driver's notifications
-    /// back on and serves what it posted while they were off, then the
-    /// device's work after it ([`DataPath::after_work`]).
-    fn notifications_on(&mut self, vrings: &[Vring], ctrl: &Vring, db: &Vring) {
+    /// queues (if there are both) served once more, which turns the
+    /// driver's notifications back on and serves what it posted while
+    /// they were off, then the device's work after it
+    /// ([`DataPath::after_work`]).
+    fn notifications_on(&mut self, vrings: &[Vring]) {
         self.link.set_polling(Polling::Off);
         self.spinning = false;
-        self.process_doorbells(db);
-        self.process_control(ctrl);
+        if let Some((ctrl, db)) = ctrl_db(vrings) {
+            self.process_doorbells(db);
+            self.process_control(ctrl);
+        }
         self.after_work(vrings);
     }
 
@@ -249,13 +252,7 @@ impl DataPath {
     /// on, and what came while they were off served (as at the end of
     /// [`DataPath::spin`]).
     pub(crate) fn release(&mut self, vrings: &[Vring]) {
-        if let Some((ctrl, db)) = ctrl_db(vrings) {
-            self.notifications_on(vrings, ctrl, db);
-        } else {
-            self.link.set_polling(Polling::Off);
-            self.spinning = false;
-            self.after_work(vrings);
-        }
+        self.notifications_on(vrings);
     }
 
     /// Serves what the driver made available on the doorbell and control
