@@ -140,19 +140,7 @@ impl Stopper {
     /// `poll(2)` failed.
     pub fn wait(&self, tick: Duration) -> io::Result<()> {
         while !self.is_stopped() {
-            let mut fd = libc::pollfd {
-                fd: self.inner.wake.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let ms = tick.as_millis().clamp(1, 60_000) as libc::c_int;
-            // SAFETY: one valid pollfd.
-            if unsafe { libc::poll(&mut fd, 1, ms) } < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
+            poll_in(&[self.inner.wake.as_raw_fd()], Some(tick.max(MIN_WAIT)))?;
         }
         Ok(())
     }
@@ -186,20 +174,8 @@ impl Stopper {
             if left.is_zero() {
                 return Ok(true);
             }
-            let mut fd = libc::pollfd {
-                fd: self.inner.wake.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let ms = left.as_millis().clamp(1, 60_000) as libc::c_int;
-            // SAFETY: one valid pollfd.
-            let n = unsafe { libc::poll(&mut fd, 1, ms) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(ServeError::Poll(e));
-                }
-            }
+            poll_in(&[self.inner.wake.as_raw_fd()], Some(left.max(MIN_WAIT)))
+                .map_err(ServeError::Poll)?;
         }
     }
 }
@@ -509,8 +485,13 @@ fn refuse_until(listener: &Listener, done: &EventFd) {
     }
 }
 
+/// Shortest wait of [`Stopper::wait`] and [`Stopper::sleep`] (`poll(2)`
+/// counts milliseconds: a shorter one would not wait at all).
+const MIN_WAIT: Duration = Duration::from_millis(1);
+
 /// Waits until one of `fds` is readable or `timeout` passes (`None`:
-/// forever); which are readable. Retries after a signal.
+/// forever; at most 60 s a call); which are readable. Retries after a
+/// signal.
 fn poll_in<const N: usize>(fds: &[RawFd; N], timeout: Option<Duration>) -> io::Result<[bool; N]> {
     let mut p = fds.map(|fd| libc::pollfd {
         fd,
@@ -538,31 +519,12 @@ fn wait_for_connection(listener: &Listener, stop: &Stopper) -> Result<bool, Serv
         if stop.is_stopped() {
             return Ok(false);
         }
-        let mut fds = [
-            libc::pollfd {
-                fd: listener.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stop.inner.wake.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a valid array of two pollfds.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(ServeError::Poll(e));
-        }
+        let ready = poll_in(&[listener.as_raw_fd(), stop.inner.wake.as_raw_fd()], None)
+            .map_err(ServeError::Poll)?;
         if stop.is_stopped() {
             return Ok(false);
         }
-        if fds[0].revents != 0 {
+        if ready[0] {
             return Ok(true);
         }
     }
