@@ -44,6 +44,26 @@ pub const MAX_TX_PER_INPUT: usize = 4096 + 1024;
 pub const MAX_EVENTS_PER_INPUT: usize = 1024;
 /// Largest frame the fuzz entry points pass on (jumbo frame).
 pub const MAX_FRAME: usize = 9018;
+/// First guest-physical address of the peer's memory, which packets by
+/// reference and runs of a batch from the peer refer to
+/// ([`crate::data`]; the target reads it as another function's).
+pub const PEER_MEM_BASE: u64 = 0x4000_0000;
+/// Size of the peer's memory (patterned bytes).
+pub const PEER_MEM_SIZE: usize = 256 << 10;
+
+/// The peer as the target's device sees another function of the daemon:
+/// not local (frames to it are plain frames), but its memory readable, so
+/// batches from it may refer to that memory.
+struct PeerReach(std::sync::Arc<VecMemory>);
+
+impl crate::link::LocalReach for PeerReach {
+    fn contains(&self, _mac: &[u8; 6]) -> bool {
+        false
+    }
+    fn memory_of(&self, mac: &[u8; 6]) -> Option<std::sync::Arc<dyn crate::data::PeerMemory>> {
+        (*mac == PEER_MAC).then(|| self.0.clone() as _)
+    }
+}
 
 /// Slots of every ring (SQ, RQ, SRQ); the CQ has 4 × this.
 const RING: u32 = 64;
@@ -186,7 +206,13 @@ impl Target {
             ipv6: Vec::new(),
             link_mtu: if peer.mtu >= 5 { 9000 } else { 1500 },
         };
-        let dev = Device::with_key_secret(cfg, 0x0076_726e_6963);
+        let mut dev = Device::with_key_secret(cfg, 0x0076_726e_6963);
+        let peer_mem = VecMemory::new(PEER_MEM_BASE, PEER_MEM_SIZE);
+        let pattern: Vec<u8> = (0..PEER_MEM_SIZE).map(|i| (i * 7 + 3) as u8).collect();
+        let _ = peer_mem.write(PEER_MEM_BASE, &pattern);
+        dev.set_local_macs(Some(crate::link::LocalMacs::with(PeerReach(
+            std::sync::Arc::new(peer_mem),
+        ))));
         let blank = TargetQp {
             qpn: 0,
             qp_type: 0,

@@ -547,9 +547,10 @@ fn arbitrary_control_commands_and_doorbells_are_answered_without_panic() {
 /// exchange's frames in their record format), so a change that breaks them
 /// shows up in CI, not only under cargo-fuzz; and `VRNIC_FUZZ_CORPUS`
 /// exports those inputs as a seed corpus.
-/// Batches (`wire::gso`) of the exchange's packets, as another function
-/// of the daemon hands them over (`Icrc::Unneeded`), intact or damaged:
-/// every packet of a batch is handled on its own, damage never panics,
+/// Batches (`wire::gso`) of the exchange's packets, some by reference
+/// and runs of packets (`wire::Run`) among them, as another function of
+/// the daemon hands them over (`Icrc::Unneeded`), intact or damaged:
+/// every packet of a batch is handled as its own, damage never panics,
 /// and the device keeps working.
 #[test]
 fn batches_of_mutated_packets_never_panic_and_the_device_keeps_working() {
@@ -568,8 +569,10 @@ fn batches_of_mutated_packets_never_panic_and_the_device_keeps_working() {
         let mut f = Vec::new();
         let mut end = 0;
         let mut first: Option<RoceHeaders> = None;
-        let n = 1 + rng.below(6);
-        for _ in 0..n {
+        let entries = 1 + rng.below(6);
+        // Packets: a run counts as its packets.
+        let mut n = entries;
+        for _ in 0..entries {
             let (h, payload) = &pkts[rng.below(pkts.len() as u64) as usize];
             let fill = |b: &mut [u8]| {
                 b.copy_from_slice(payload);
@@ -593,7 +596,28 @@ fn batches_of_mutated_packets_never_panic_and_the_device_keeps_working() {
                         ieth: h.ieth,
                         ..fh.clone()
                     };
-                    wire::gso::append(&mut f, end, &h, payload.len(), fill).unwrap()
+                    match rng.below(3) {
+                        0 => wire::gso::append(&mut f, end, &h, payload.len(), fill).unwrap(),
+                        // Its payload by reference, in the peer's memory
+                        // (now and then past its end).
+                        1 => {
+                            let at = fuzzing::PEER_MEM_BASE + rng.below(PEER_SPAN);
+                            let pieces = |out: &mut Vec<u8>| {
+                                vrnic::data::push_piece(out, at, payload.len() as u32);
+                                Ok::<(), ()>(())
+                            };
+                            match wire::gso::append_peer(&mut f, end, &h, payload.len(), pieces) {
+                                Ok(Some(e)) => e,
+                                _ => end,
+                            }
+                        }
+                        // A run of a SEND or WRITE to the packet's QP.
+                        _ => {
+                            let (e, count) = append_run(&mut f, end, &h, &t, &mut rng);
+                            n += count - 1;
+                            e
+                        }
+                    }
                 }
             };
         }
@@ -633,6 +657,84 @@ fn batches_of_mutated_packets_never_panic_and_the_device_keeps_working() {
     assert_eq!(t.cqes, before + 1, "a UD SEND still completes");
     let (status, _) = t.command(abi::CMD_ALLOC_PD, &abi::Handle::default());
     assert_eq!(status, 0, "the device still serves commands");
+}
+
+/// Bytes of the peer's memory runs and packets by reference start in: a
+/// few go past its end.
+const PEER_SPAN: u64 = fuzzing::PEER_MEM_SIZE as u64 - 2048;
+
+/// Appends to the batch `f` (ending at `end`) a run of 2 to 5 packets of
+/// a SEND or WRITE of the flow of `h`, to its QP and from its PSN, its
+/// payload in the peer's memory, as another function of the daemon sends
+/// one (`wire::Run`); a WRITE's RETH names the target's MR 0. Returns the
+/// batch's new end and the run's packet count.
+fn append_run(
+    f: &mut Vec<u8>,
+    end: usize,
+    h: &RoceHeaders,
+    t: &Target,
+    rng: &mut Rng,
+) -> (usize, u64) {
+    use Opcode::*;
+    let kinds = [
+        (RcSendFirst, RcSendLast),
+        (RcSendMiddle, RcSendLastImm),
+        (RcSendFirst, RcSendLastInv),
+        (RcWriteFirst, RcWriteLast),
+        (RcWriteFirst, RcWriteLastImm),
+        (RcWriteFirst, RcWriteMiddle),
+        (RcWriteMiddle, RcWriteLast),
+        (UcSendFirst, UcSendLast),
+        (UcWriteFirst, UcWriteLastImm),
+    ];
+    let (fo, lo) = kinds[rng.below(kinds.len() as u64) as usize];
+    let count = 2 + rng.below(4) as u32;
+    let stride = 1024u32;
+    let total = (count - 1) * stride + 1 + rng.below(u64::from(stride)) as u32;
+    let psn = h.bth.psn;
+    let mut first = h.of_flow(wire::Bth {
+        opcode: fo,
+        ack_req: false,
+        solicited: false,
+        ..h.bth
+    });
+    if fo.has_reth() {
+        first.reth = Some(wire::Reth {
+            va: t.mr_base[0] + rng.below(4096),
+            rkey: t.rkey,
+            dma_len: total,
+        });
+    }
+    let mut last = h.of_flow(wire::Bth {
+        opcode: lo,
+        psn: (psn + count - 1) & 0xff_ffff,
+        ack_req: rng.below(2) == 0,
+        ..h.bth
+    });
+    last.immdt = lo.has_immdt().then_some(wire::Immdt([1, 2, 3, 4]));
+    last.ieth = lo.has_ieth().then_some(wire::Ieth {
+        rkey: rng.next() as u32,
+    });
+    let at = fuzzing::PEER_MEM_BASE + rng.below(PEER_SPAN);
+    let cut = rng.below(u64::from(total)) as u32;
+    let pieces = |out: &mut Vec<u8>| {
+        vrnic::data::push_piece(out, at, cut);
+        vrnic::data::push_piece(out, at + u64::from(cut), total - cut);
+        Ok::<(), ()>(())
+    };
+    let e = wire::gso::append_run(
+        f,
+        end,
+        &first,
+        &last,
+        count as u16,
+        stride as u16,
+        total as usize,
+        pieces,
+    )
+    .unwrap()
+    .unwrap();
+    (e, u64::from(count))
 }
 
 #[test]

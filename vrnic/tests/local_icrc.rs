@@ -3,7 +3,8 @@
 //! (`Link::local_macs`, `wire::Icrc::Unneeded`), and RC works as on a
 //! wire: SEND, WRITE and a READ whose stream holds the requests behind it
 //! (held requests are processed later), and the frames between them
-//! carry batches of packets (`wire::gso`), each packet handled on its own.
+//! carry batches of packets (`wire::gso`), each packet handled on its own,
+//! and runs of packets (`wire::Run`), each handled as its packets would be.
 
 mod common;
 
@@ -20,18 +21,33 @@ use vrnic::wire::{self, WireError};
 
 const ALL: u32 = abi::ACCESS_LOCAL_WRITE | abi::ACCESS_REMOTE_WRITE | abi::ACCESS_REMOTE_READ;
 
+/// What the links of a pair saw.
+#[derive(Default)]
+struct Counts {
+    /// RoCEv2 frames sent without an ICRC.
+    bare: AtomicU64,
+    /// Batches among them.
+    batches: AtomicU64,
+    /// Runs received, and the packets they stood for.
+    runs: AtomicU64,
+    run_packets: AtomicU64,
+    /// Batches delivered a second time (`LocalLink::replay`).
+    replayed: AtomicU64,
+}
+
 /// A [`MemLink`] that, like a port of the embedded switch, reaches
-/// `peer` within the process: frames to it need no ICRC. Counts the
-/// RoCEv2 frames it carried without one, and the batches among them.
+/// `peer` within the process: frames to it need no ICRC. Counts what it
+/// carries ([`Counts`]).
 struct LocalLink {
     inner: MemLink,
     peer: [u8; 6],
-    bare: Arc<AtomicU64>,
-    batches: Arc<AtomicU64>,
+    counts: Arc<Counts>,
     /// Receive buffer: a batch is longer than a wire's frame.
     buf: Vec<u8>,
     /// With payloads by reference: the peer's memory, once it exists.
     peer_mem: Option<PeerSlot>,
+    /// Delivers each batch this many times more (a duplicated frame).
+    replay: u32,
 }
 
 type PeerSlot = Arc<OnceLock<Arc<dyn PeerMemory>>>;
@@ -63,9 +79,9 @@ impl Link for LocalLink {
         if wire::parse_roce(frame).err() == Some(WireError::BadIcrc)
             && wire::parse_roce_with(frame, Icrc::Unneeded).is_ok()
         {
-            self.bare.fetch_add(1, Ordering::Relaxed);
+            self.counts.bare.fetch_add(1, Ordering::Relaxed);
             if wire::gso::is_batch(frame) {
-                self.batches.fetch_add(1, Ordering::Relaxed);
+                self.counts.batches.fetch_add(1, Ordering::Relaxed);
             }
         }
         self.inner.send(frame)
@@ -80,13 +96,28 @@ impl Link for LocalLink {
         _buf: &mut [u8],
         deliver: &mut dyn FnMut(&[u8], Icrc),
     ) -> io::Result<bool> {
-        match self.inner.recv(&mut self.buf)? {
-            Some(n) => {
-                deliver(&self.buf[..n], Icrc::Unneeded);
-                Ok(true)
+        let Some(n) = self.inner.recv(&mut self.buf)? else {
+            return Ok(false);
+        };
+        let frame = &self.buf[..n];
+        let peer = self.peer_mem.as_ref().and_then(|m| m.get().cloned());
+        if let (Ok(first), Some(mem)) = (wire::parse_roce_with(frame, Icrc::Unneeded), &peer) {
+            for seg in wire::gso::rest(frame, &first.hdr, Some(mem.as_ref())) {
+                if let Ok(wire::gso::Segment::Run(r)) = seg {
+                    self.counts.runs.fetch_add(1, Ordering::Relaxed);
+                    let n = u64::from(r.count);
+                    self.counts.run_packets.fetch_add(n, Ordering::Relaxed);
+                }
             }
-            None => Ok(false),
         }
+        deliver(frame, Icrc::Unneeded);
+        if wire::gso::is_batch(frame) {
+            for _ in 0..self.replay {
+                self.counts.replayed.fetch_add(1, Ordering::Relaxed);
+                deliver(frame, Icrc::Unneeded);
+            }
+        }
+        Ok(true)
     }
 
     fn raw_fd(&self) -> Option<RawFd> {
@@ -125,32 +156,30 @@ fn payloads_by_reference_arrive_intact() {
     rc_between_engines(true);
 }
 
-fn rc_between_engines(by_ref: bool) {
+/// Two nodes of one process with path MTU 4096 (see [`LocalLink`]), each
+/// reading the other's memory when `by_ref`; B's link delivers each batch
+/// `replay` times more.
+fn local_pair(by_ref: bool, replay: u32, o: ConnOpts) -> (RcPair, Arc<Counts>) {
     let (la, lb) = MemLink::pair();
     let (slot_a, slot_b): (PeerSlot, PeerSlot) = Default::default();
-    let bare = Arc::new(AtomicU64::new(0));
-    let batches = Arc::new(AtomicU64::new(0));
+    let counts = Arc::new(Counts::default());
     let buf = vec![0; wire::gso::BATCH_MAX_BYTES];
     // Node::new gives node n the MAC 2:0:0:0:0:n.
     let la = LocalLink {
         inner: la,
         peer: [2, 0, 0, 0, 0, 2],
-        bare: bare.clone(),
-        batches: batches.clone(),
+        counts: counts.clone(),
         buf: buf.clone(),
         peer_mem: by_ref.then(|| slot_b.clone()),
+        replay: 0,
     };
     let lb = LocalLink {
         inner: lb,
         peer: [2, 0, 0, 0, 0, 1],
-        bare: bare.clone(),
-        batches: batches.clone(),
-        buf: buf.clone(),
+        counts: counts.clone(),
+        buf,
         peer_mem: by_ref.then(|| slot_a.clone()),
-    };
-    let o = ConnOpts {
-        mtu: 5,
-        ..ConnOpts::default()
+        replay,
     };
     let mut s = RcPair::on((Box::new(la), Box::new(lb)), o, true);
     // Each side reads the other's memory (as the switch's ports do).
@@ -160,6 +189,15 @@ fn rc_between_engines(by_ref: bool) {
     s.a.dev.set_local_macs(local);
     let local = s.b.link.local_macs();
     s.b.dev.set_local_macs(local);
+    (s, counts)
+}
+
+fn rc_between_engines(by_ref: bool) {
+    let o = ConnOpts {
+        mtu: 5,
+        ..ConnOpts::default()
+    };
+    let (mut s, counts) = local_pair(by_ref, 0, o);
 
     // A READ of 100 packets from B, then a SEND and a WRITE right behind
     // it (in the RC window of 128 packets): B holds them while its READ
@@ -257,8 +295,8 @@ fn rc_between_engines(by_ref: bool) {
     // 100 READ responses, 3 SEND and 3 WRITE packets, the requests, ACKs.
     // Batched: fewer frames than packets.
     let (bare, batches) = (
-        bare.load(Ordering::Relaxed),
-        batches.load(Ordering::Relaxed),
+        counts.bare.load(Ordering::Relaxed),
+        counts.batches.load(Ordering::Relaxed),
     );
     assert!(
         bare >= 6 && batches >= 4,
@@ -272,5 +310,332 @@ fn rc_between_engines(by_ref: bool) {
     assert!(
         sb.tx_frames >= 100,
         "B sent its 100 READ responses as packets"
+    );
+}
+
+/// A signalled send WQE of `opcode`.
+fn wqe(wr_id: u64, opcode: u8) -> abi::SendWqe {
+    abi::SendWqe {
+        wr_id,
+        opcode,
+        send_flags: abi::SEND_SIGNALED,
+        ..Default::default()
+    }
+}
+
+/// SEND, SEND with immediate and with invalidate, WRITE and WRITE with
+/// immediate of many packets between two functions go as runs
+/// (`wire::Run`: one entry per message, or per ACK interval of a long
+/// one), and land as their packets would have: the bytes, the receive
+/// completions with their lengths, immediate data, invalidated key and
+/// solicited flag, one completion per WQE, the packets counted one by
+/// one, nothing resent.
+#[test]
+fn whole_messages_go_as_runs_and_arrive_as_their_packets_would() {
+    let o = ConnOpts {
+        mtu: 5,
+        ..ConnOpts::default()
+    };
+    let (mut s, counts) = local_pair(true, 0, o);
+    let big = 256 * 1024;
+    let src = s.a.alloc(big);
+    let data = pattern(big, 9);
+    s.a.fill(src, &data);
+    let (lk, _) = s.a.reg_mr(s.pda, src, big as u64, ALL).unwrap();
+    // B: where the WRITEs land, receive buffers, and an MR whose key a
+    // SEND with invalidate names.
+    let w1 = s.b.alloc(64 * 1024);
+    let (_, rk1) = s.b.reg_mr(s.pdb, w1, 64 * 1024, ALL).unwrap();
+    let w2 = s.b.alloc(big);
+    let (_, rk2) = s.b.reg_mr(s.pdb, w2, big as u64, ALL).unwrap();
+    let w3 = s.b.alloc(20_000);
+    let (_, rk3) = s.b.reg_mr(s.pdb, w3, 20_000, ALL).unwrap();
+    let victim = s.b.alloc(64);
+    let (_, rk_victim) = s.b.reg_mr(s.pdb, victim, 64, ALL).unwrap();
+    let rlen = 16 * 1024;
+    let recv: Vec<u64> = (0..4).map(|_| s.b.alloc(rlen)).collect();
+    let now = s.now;
+    for (i, &r) in recv.iter().enumerate() {
+        let (lkr, _) = s.b.reg_mr(s.pdb, r, rlen as u64, ALL).unwrap();
+        s.b.post_recv(&mut s.qb, 10 + i as u64, &[sge(r, rlen as u32, lkr)], now);
+    }
+    // A WRITE of 16 packets, one of 64 (runs end at its ACK requests,
+    // every 32 packets), a WRITE with immediate, SENDs of 4, 3 and 2
+    // packets (one from two SGEs), with immediate (solicited) and with
+    // invalidate.
+    let at = |off: usize, len: usize| sge(src + off as u64, len as u32, lk);
+    let write = |wr_id, remote_addr, rkey| abi::SendWqe {
+        remote_addr,
+        rkey,
+        ..wqe(wr_id, abi::WR_RDMA_WRITE)
+    };
+    s.post(write(1, w1, rk1), &[at(0, 64 * 1024)]);
+    s.post(write(2, w2, rk2), &[at(0, big)]);
+    let imm = [1, 2, 3, 4];
+    let wimm = abi::SendWqe {
+        opcode: abi::WR_RDMA_WRITE_WITH_IMM,
+        imm_data: imm,
+        ..write(3, w3, rk3)
+    };
+    s.post(wimm, &[at(100, 20_000)]);
+    let (l4, l5, l6) = (3 * 4096 + 1, 2 * 4096 + 3, 5000);
+    s.post(wqe(4, abi::WR_SEND), &[at(1, 5000), at(9000, l4 - 5000)]);
+    let simm = abi::SendWqe {
+        imm_data: [9, 9, 9, 9],
+        send_flags: abi::SEND_SIGNALED | abi::SEND_SOLICITED,
+        ..wqe(5, abi::WR_SEND_WITH_IMM)
+    };
+    s.post(simm, &[at(7, l5)]);
+    let sinv = abi::SendWqe {
+        imm_data: rk_victim.to_be_bytes(),
+        ..wqe(6, abi::WR_SEND_WITH_INV)
+    };
+    s.post(sinv, &[at(3, l6)]);
+
+    for want in 1..=6u64 {
+        let c = s.cqe(false, "A's completions");
+        assert_eq!((c.wr_id, c.status), (want, abi::WC_SUCCESS), "{c:?}");
+    }
+    let want = [
+        (
+            10,
+            abi::WC_OP_RECV_RDMA_WITH_IMM,
+            20_000,
+            abi::WC_WITH_IMM,
+            imm,
+        ),
+        (11, abi::WC_OP_RECV, l4, 0, [0; 4]),
+        (12, abi::WC_OP_RECV, l5, abi::WC_WITH_IMM, [9; 4]),
+        (
+            13,
+            abi::WC_OP_RECV,
+            l6,
+            abi::WC_WITH_INV,
+            rk_victim.to_be_bytes(),
+        ),
+    ];
+    for (wr_id, opcode, len, flags, imm) in want {
+        let c = s.cqe(true, "B's receive");
+        assert_eq!(
+            (
+                c.wr_id,
+                c.status,
+                c.opcode,
+                c.byte_len as usize,
+                c.wc_flags,
+                c.imm_data
+            ),
+            (wr_id, abi::WC_SUCCESS, opcode, len, flags, imm),
+            "{c:?}"
+        );
+    }
+    s.assert_quiet(50, "one completion per WQE");
+    assert!(s.b.read(w1, 64 * 1024) == data[..64 * 1024], "WRITE 1");
+    assert!(s.b.read(w2, big) == data, "WRITE 2");
+    assert!(
+        s.b.read(w3, 20_000) == data[100..20_100],
+        "WRITE with immediate"
+    );
+    let mut sent4 = data[1..5001].to_vec();
+    sent4.extend_from_slice(&data[9000..9000 + l4 - 5000]);
+    assert!(s.b.read(recv[1], l4) == sent4, "SEND from two SGEs");
+    assert!(
+        s.b.read(recv[2], l5) == data[7..7 + l5],
+        "SEND with immediate"
+    );
+    assert!(
+        s.b.read(recv[3], l6) == data[3..3 + l6],
+        "SEND with invalidate"
+    );
+
+    let (runs, in_runs) = (
+        counts.runs.load(Ordering::Relaxed),
+        counts.run_packets.load(Ordering::Relaxed),
+    );
+    let packets = 16 + 64 + 5 + 4 + 3 + 2;
+    assert!(
+        runs >= 6 && in_runs >= 60,
+        "{runs} runs of {in_runs} packets in all"
+    );
+    let (sa, sb) = (s.a.dev.stats(), s.b.dev.stats());
+    assert_eq!(
+        sa.retransmits + sa.naks_received + sb.duplicates + sb.rx_dropped,
+        0
+    );
+    assert!(sa.tx_frames >= packets, "{} packets sent", sa.tx_frames);
+    assert_eq!(
+        sa.tx_frames, sb.rx_frames,
+        "A's packets, counted one by one"
+    );
+    assert_eq!(sb.tx_frames, sa.rx_frames, "B's ACKs");
+    assert_eq!(sa.tx_bytes, sb.rx_bytes);
+
+    // The SEND with invalidate took the victim's key away.
+    s.post(write(7, victim, rk_victim), &[at(0, 64)]);
+    let c = s.cqe(false, "WRITE to an invalidated key");
+    assert_eq!((c.wr_id, c.status), (7, abi::WC_REM_ACCESS_ERR), "{c:?}");
+}
+
+/// A's buffer of `len` patterned bytes, its data and its lkey.
+fn source(s: &mut RcPair, len: usize, seed: u8) -> (u64, Vec<u8>, u32) {
+    let src = s.a.alloc(len);
+    let data = pattern(len, seed);
+    s.a.fill(src, &data);
+    let (lk, _) = s.a.reg_mr(s.pda, src, len as u64, ALL).unwrap();
+    (src, data, lk)
+}
+
+/// Posts a receive of `len` bytes on B; its address.
+fn post_recv(s: &mut RcPair, wr_id: u64, len: usize) -> u64 {
+    let dst = s.b.alloc(len);
+    let (lk, _) = s.b.reg_mr(s.pdb, dst, len as u64, ALL).unwrap();
+    let now = s.now;
+    s.b.post_recv(&mut s.qb, wr_id, &[sge(dst, len as u32, lk)], now);
+    dst
+}
+
+/// Pumps both nodes (1 ms steps when idle) until `done`, at most 20,000
+/// rounds.
+fn pump_until(s: &mut RcPair, what: &str, done: impl Fn(&RcPair) -> bool) {
+    for _ in 0..20_000 {
+        if done(s) {
+            return;
+        }
+        if s.a.pump(s.now) + s.b.pump(s.now) == 0 {
+            s.now += 1_000_000;
+        }
+    }
+    panic!("{what}: not within 20,000 rounds");
+}
+
+/// A run the receiver cannot take whole is handled as its packets: a SEND
+/// and a WRITE with immediate that find no receive WQE are answered with
+/// RNR NAKs and land once one is posted; a batch delivered twice has its
+/// runs' packets answered as duplicates, executed once.
+#[test]
+fn runs_that_cannot_be_taken_whole_are_handled_as_their_packets() {
+    let o = ConnOpts {
+        mtu: 5,
+        ..ConnOpts::default()
+    };
+    let (mut s, counts) = local_pair(true, 0, o);
+    let (src, data, lk) = source(&mut s, 64 * 1024, 4);
+    // A one-packet SEND opens the batch, so the next message goes whole
+    // as a run: a SEND of 3 packets with no receive WQE for it.
+    let r0 = post_recv(&mut s, 20, 64);
+    s.post(wqe(1, abi::WR_SEND), &[sge(src, 8, lk)]);
+    let len = 2 * 4096 + 77;
+    s.post(wqe(2, abi::WR_SEND), &[sge(src + 8, len as u32, lk)]);
+    let c = s.cqe(false, "the short SEND");
+    assert_eq!((c.wr_id, c.status), (1, abi::WC_SUCCESS));
+    pump_until(&mut s, "an RNR NAK", |s| s.b.dev.stats().rnr_naks_sent > 0);
+    assert!(counts.runs.load(Ordering::Relaxed) >= 1, "it came as a run");
+    let r1 = post_recv(&mut s, 21, len);
+    let c = s.cqe(false, "the SEND after RNR");
+    assert_eq!((c.wr_id, c.status), (2, abi::WC_SUCCESS), "{c:?}");
+    for (wr_id, n) in [(20, 8), (21, len)] {
+        let c = s.cqe(true, "B's receives");
+        assert_eq!(
+            (c.wr_id, c.status, c.byte_len as usize),
+            (wr_id, abi::WC_SUCCESS, n)
+        );
+    }
+    assert!(s.b.read(r0, 8) == data[..8]);
+    assert!(s.b.read(r1, len) == data[8..8 + len], "SEND after RNR");
+
+    // The same for a WRITE with immediate: its bytes land, its receive
+    // WQE is awaited.
+    let dst = s.b.alloc(len);
+    let (_, rk) = s.b.reg_mr(s.pdb, dst, len as u64, ALL).unwrap();
+    let r2 = post_recv(&mut s, 22, 64);
+    s.post(wqe(3, abi::WR_SEND), &[sge(src, 8, lk)]);
+    let w = abi::SendWqe {
+        remote_addr: dst,
+        rkey: rk,
+        imm_data: [5, 6, 7, 8],
+        ..wqe(4, abi::WR_RDMA_WRITE_WITH_IMM)
+    };
+    s.post(w, &[sge(src + 100, len as u32, lk)]);
+    let c = s.cqe(false, "the short SEND");
+    assert_eq!((c.wr_id, c.status), (3, abi::WC_SUCCESS));
+    let rnr = s.b.dev.stats().rnr_naks_sent;
+    pump_until(&mut s, "a second RNR NAK", |s| {
+        s.b.dev.stats().rnr_naks_sent > rnr
+    });
+    post_recv(&mut s, 23, 64);
+    let c = s.cqe(false, "the WRITE with immediate after RNR");
+    assert_eq!((c.wr_id, c.status), (4, abi::WC_SUCCESS), "{c:?}");
+    let c = s.cqe(true, "B's receive");
+    assert_eq!((c.wr_id, c.status), (22, abi::WC_SUCCESS));
+    let c = s.cqe(true, "B's receive");
+    assert_eq!(
+        (c.wr_id, c.status, c.opcode, c.byte_len as usize, c.imm_data),
+        (
+            23,
+            abi::WC_SUCCESS,
+            abi::WC_OP_RECV_RDMA_WITH_IMM,
+            len,
+            [5, 6, 7, 8]
+        )
+    );
+    assert!(s.b.read(r2, 8) == data[..8]);
+    assert!(
+        s.b.read(dst, len) == data[100..100 + len],
+        "WRITE after RNR"
+    );
+    s.assert_quiet(50, "nothing more");
+
+    // Every batch delivered twice.
+    let (mut s, counts) = local_pair(true, 1, o);
+    let (src, data, lk) = source(&mut s, 64 * 1024, 5);
+    let dst = s.b.alloc(64 * 1024);
+    let (_, rk) = s.b.reg_mr(s.pdb, dst, 64 * 1024, ALL).unwrap();
+    let r = post_recv(&mut s, 30, 64 * 1024);
+    s.post(wqe(1, abi::WR_SEND), &[sge(src, 64 * 1024, lk)]);
+    let w = abi::SendWqe {
+        remote_addr: dst,
+        rkey: rk,
+        ..wqe(2, abi::WR_RDMA_WRITE)
+    };
+    s.post(w, &[sge(src, 64 * 1024, lk)]);
+    for want in 1..=2 {
+        let c = s.cqe(false, "A's completions");
+        assert_eq!((c.wr_id, c.status), (want, abi::WC_SUCCESS), "{c:?}");
+    }
+    let c = s.cqe(true, "B's receive");
+    assert_eq!(
+        (c.wr_id, c.status, c.byte_len),
+        (30, abi::WC_SUCCESS, 64 * 1024)
+    );
+    s.assert_quiet(50, "each message executed once");
+    assert!(s.b.read(r, 64 * 1024) == data && s.b.read(dst, 64 * 1024) == data);
+    // The expected PSN moved by the packets executed, not by their
+    // copies: the next WRITE lands.
+    let dst2 = s.b.alloc(64 * 1024);
+    let (_, rk2) = s.b.reg_mr(s.pdb, dst2, 64 * 1024, ALL).unwrap();
+    let w = abi::SendWqe {
+        remote_addr: dst2,
+        rkey: rk2,
+        ..wqe(3, abi::WR_RDMA_WRITE)
+    };
+    s.post(w, &[sge(src + 4, 60 * 1024, lk)]);
+    let c = s.cqe(false, "the WRITE after");
+    assert_eq!((c.wr_id, c.status), (3, abi::WC_SUCCESS), "{c:?}");
+    assert!(
+        s.b.read(dst2, 60 * 1024) == data[4..4 + 60 * 1024],
+        "the WRITE after"
+    );
+    let (runs, replayed) = (
+        counts.runs.load(Ordering::Relaxed),
+        counts.replayed.load(Ordering::Relaxed),
+    );
+    assert!(
+        runs >= 2 && replayed >= 1,
+        "{runs} runs, {replayed} batches replayed"
+    );
+    let dups = s.b.dev.stats().duplicates;
+    assert!(
+        dups >= 15,
+        "the replayed runs' packets are duplicates: {dups}"
     );
 }

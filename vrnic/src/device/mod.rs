@@ -582,17 +582,49 @@ impl Device {
                 Some(l) if wire::gso::is_batch(frame) => l.memory_of(&pkt.hdr.eth_src),
                 _ => None,
             };
-            for p in wire::gso::rest(frame, &pkt.hdr, peer.as_deref()) {
-                self.res.out.stats.rx_frames += 1;
-                match p {
-                    Ok(p) => self.receive_packet(mem, &p, None, now),
+            for seg in wire::gso::rest(frame, &pkt.hdr, peer.as_deref()) {
+                match seg {
+                    Ok(wire::gso::Segment::Packet(p)) => {
+                        self.res.out.stats.rx_frames += 1;
+                        self.receive_packet(mem, &p, None, now);
+                    }
+                    Ok(wire::gso::Segment::Run(r)) => self.receive_run(mem, &r, now),
                     Err(_) => {
+                        self.res.out.stats.rx_frames += 1;
                         self.res.out.stats.rx_dropped += 1;
                         break;
                     }
                 }
             }
         }
+    }
+
+    /// Handles a run of a batch ([`wire::Run`]): to an RC QP whose header
+    /// checks its first packet passes, the responder takes it whole
+    /// ([`responder::on_run`]); anything else is handled packet by packet,
+    /// as the packets would have been. Counted as its packets.
+    fn receive_run(&mut self, mem: &dyn DmaMemory, run: &wire::Run<'_>, now: Nanos) {
+        let pkt = &run.first;
+        let port = &self.res.port;
+        let whole = port.owns(pkt.hdr.ip_dst)
+            && pkt.hdr.eth_dst == port.mac
+            && pkt.hdr.bth.opcode.transport() == wire::Transport::Rc
+            && self.qps.get(pkt.hdr.bth.dest_qp).is_some_and(|qp| {
+                qp.qp_type == abi::QpType::Rc && hdr_check::hdr_check(qp, port, pkt).is_ok()
+            });
+        let Some(qp) = self.qps.get_mut(pkt.hdr.bth.dest_qp).filter(|_| whole) else {
+            for p in run.packets() {
+                self.res.out.stats.rx_frames += 1;
+                self.receive_packet(mem, &p, None, now);
+            }
+            return;
+        };
+        self.res.out.stats.rx_frames += u64::from(run.count);
+        qp.stats.rx_packets += u64::from(run.count);
+        qp_step!(self, qp, mem, now, |env| {
+            env.res.out.stats.rx_bytes += pkt.payload_len() as u64;
+            responder::on_run(qp, &mut env, run);
+        });
     }
 
     /// Handles one RoCEv2 packet: checks its addresses and hands it to its

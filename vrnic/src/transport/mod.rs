@@ -264,11 +264,75 @@ impl Output {
         ) else {
             return Ok(false);
         };
-        b.end = wire::gso::append_peer(frame, b.end, hdr, len, pieces)?;
+        let Some(end) = wire::gso::append_peer(frame, b.end, hdr, len, pieces)? else {
+            return Ok(false);
+        };
+        b.end = end;
         b.packets += 1;
         *count += 1;
         self.joined(len);
         self.stats.tx_by_ref += 1;
+        Ok(true)
+    }
+
+    /// Whether a run may join the open batch now ([`Output::send_run_by_ref`]
+    /// needs one whose destination reads this device's memory): a cheap
+    /// test before its headers are built.
+    pub fn may_send_run(&self) -> bool {
+        self.batch.as_ref().is_some_and(|b| b.by_ref)
+    }
+
+    /// [`Output::send_by_ref`] of a run ([`wire::Run`]): `count` packets of
+    /// one message from the one with headers `first` to the one with
+    /// headers `last`, every one but the last `stride` bytes, `total`
+    /// bytes in all, whose pieces `pieces` appends
+    /// ([`wire::gso::append_run`]). The caller keeps to what
+    /// [`wire::Run::new`] accepts. Counted as `count` packets, here and
+    /// against [`wire::gso::BATCH_MAX_PACKETS`]. `Ok(false)` when it
+    /// cannot (the caller sends the packets one by one).
+    pub fn send_run_by_ref<E>(
+        &mut self,
+        first: &mut RoceHeaders,
+        last: &RoceHeaders,
+        count: u32,
+        stride: u32,
+        total: usize,
+        pieces: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+    ) -> Result<bool, E> {
+        first.ip_id = self.ip_id;
+        let (Ok(count16), Ok(stride16)) = (u16::try_from(count), u16::try_from(stride)) else {
+            return Ok(false);
+        };
+        let fits = self.batch.as_ref().is_some_and(|b| {
+            b.by_ref
+                && b.packets + count as usize <= wire::gso::BATCH_MAX_PACKETS
+                && first.bth.opcode.transport() != wire::Transport::Ud
+                && wire::gso::same_flow(&b.first, first)
+        });
+        if !fits {
+            return Ok(false);
+        }
+        let (Some(b), Some(frame), Some(n)) = (
+            &mut self.batch,
+            self.tx.back_mut(),
+            self.tx_counts.back_mut(),
+        ) else {
+            return Ok(false);
+        };
+        let Some(end) =
+            wire::gso::append_run(frame, b.end, first, last, count16, stride16, total, pieces)?
+        else {
+            return Ok(false);
+        };
+        b.end = end;
+        b.packets += count as usize;
+        *n += count as usize;
+        self.tx_packets += count as usize;
+        self.ip_id = self.ip_id.wrapping_add(count16);
+        self.stats.tx_frames += u64::from(count);
+        self.stats.tx_bytes += total as u64;
+        self.stats.tx_batched += u64::from(count);
+        self.stats.tx_by_ref += u64::from(count);
         Ok(true)
     }
 

@@ -10,7 +10,7 @@ use crate::mem;
 use crate::transport::{peer_headers, psn, Env, TX_BACKLOG_MAX};
 use crate::verbs::mr::MrError;
 use crate::verbs::qp::Qp;
-use crate::wire::{AtomicEth, Ieth, Immdt, Opcode, Reth};
+use crate::wire::{self, AtomicEth, Ieth, Immdt, Opcode, Reth};
 
 /// Most PSNs an RC QP sends beyond the last one acknowledged (rxe's
 /// `RXE_MAX_UNACKED_PSNS`): the requester stops, mid-message if need be,
@@ -546,6 +546,97 @@ fn send_packet(
     Ok(true)
 }
 
+/// How many packets of inflight op `i` from packet `k` may go as one run
+/// ([`wire::Run`]): an RC SEND or WRITE from driver memory, at most
+/// `budget` packets, [`wire::RUN_MAX_PACKETS`] and what the window has
+/// room for (`ahead`: how far packet `k` is beyond the oldest
+/// unacknowledged PSN), ending at the first packet that asks for an ACK
+/// ([`ACK_REQ_EVERY`]), so that only the run's last packet may ask.
+fn run_len(qp: &Qp, i: usize, k: u32, ahead: i32, budget: u32) -> u32 {
+    let op = &qp.req.inflight[i];
+    if qp.qp_type != abi::QpType::Rc
+        || op.needs_response()
+        || !matches!(op.payload, Payload::Sges(_))
+    {
+        return 0;
+    }
+    let room = u32::try_from(MAX_INFLIGHT_PKTS as i32 - ahead).unwrap_or(0);
+    let n = (op.npkts - k)
+        .min(budget)
+        .min(wire::RUN_MAX_PACKETS)
+        .min(room);
+    // Packet j asks for an ACK every ACK_REQ_EVERY packets of the message.
+    let to_ack = ACK_REQ_EVERY - k % ACK_REQ_EVERY;
+    n.min(to_ack)
+}
+
+/// Sends packets `k..` of inflight op `i` as one run to another function
+/// of the daemon that reads this one's memory ([`Output::send_run_by_ref`]),
+/// as many as [`run_len`] allows when that is at least 2. Returns how many
+/// were sent: 0 when they go one by one instead ([`send_packet`]).
+/// `ahead`: how far packet `k` is beyond the oldest unacknowledged PSN.
+fn send_run(
+    qp: &mut Qp,
+    env: &mut Env,
+    i: usize,
+    k: u32,
+    ahead: i32,
+    budget: u32,
+) -> Result<u32, abi::WcStatus> {
+    let n = run_len(qp, i, k, ahead, budget);
+    if n < 2 || !env.res.out.may_send_run() {
+        return Ok(0);
+    }
+    let mtu = qp.mtu();
+    let op = &qp.req.inflight[i];
+    let first_op = packet_opcode(qp.qp_type, op.opcode, k, op.npkts);
+    let last_k = k + n - 1;
+    let last_op = packet_opcode(qp.qp_type, op.opcode, last_k, op.npkts);
+    let Some(mut hdr) = peer_headers(qp, env, first_op, psn::add(op.first_psn, k)) else {
+        return Ok(0);
+    };
+    let op = &qp.req.inflight[i];
+    // k < npkts = ceil(len / mtu) and len <= MAX_MSG_SZ: below 2^32.
+    let offset = k.checked_mul(mtu).ok_or(abi::WcStatus::LocLenErr)?;
+    let total = op.len.saturating_sub(offset).min(n.saturating_mul(mtu));
+    let ends = last_k + 1 == op.npkts;
+    hdr.bth.ack_req = false;
+    hdr.bth.solicited = false;
+    if first_op.has_reth() {
+        hdr.reth = Some(Reth {
+            va: op.wqe.remote_addr,
+            rkey: op.wqe.rkey,
+            dma_len: op.len,
+        });
+    }
+    let mut last = hdr.of_flow(wire::Bth {
+        opcode: last_op,
+        psn: psn::add(op.first_psn, last_k),
+        // The window closes behind it, or it ends the message or an ACK
+        // interval (run_len ends runs there).
+        ack_req: ends
+            || ahead + n as i32 == MAX_INFLIGHT_PKTS as i32
+            || (last_k + 1).is_multiple_of(ACK_REQ_EVERY),
+        solicited: ends && op.wqe.send_flags & abi::SEND_SOLICITED != 0,
+        ..hdr.bth
+    });
+    if last_op.has_immdt() {
+        last.immdt = Some(Immdt(op.wqe.imm_data));
+    }
+    if last_op.has_ieth() {
+        last.ieth = Some(Ieth {
+            rkey: u32::from_be_bytes(op.wqe.imm_data),
+        });
+    }
+    let res = &mut *env.res;
+    let sent = res
+        .out
+        .send_run_by_ref(&mut hdr, &last, n, mtu, total as usize, |out| {
+            pieces(&res.mrs, op, offset, total as usize, out)
+        })?;
+    Ok(if sent { n } else { 0 })
+}
+
 /// True when op `pos` of the in-flight list must wait before its first
 /// packet: a fenced WQE waits for every earlier READ and atomic to
 /// complete (`IBV_SEND_FENCE`, IBTA §10.8.3.3), and a READ or atomic waits
@@ -608,6 +699,21 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             let ahead = window_ahead(qp, psn::add(op.first_psn, k));
             if ahead >= MAX_INFLIGHT_PKTS as i32 {
                 break; // resumed by the ACK that moves the window
+            }
+            match send_run(qp, env, pos, k, ahead, budget) {
+                Ok(0) => {}
+                Ok(n) => {
+                    qp.req.inflight[pos].sent += n;
+                    budget -= n;
+                    if qp.req.ack_deadline.is_none() {
+                        qp.req.ack_deadline = ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t);
+                    }
+                    continue;
+                }
+                Err(status) => {
+                    qp.req.inflight[pos].error = Some(status);
+                    break;
+                }
             }
             match send_packet(qp, env, pos, k, ahead + 1 == MAX_INFLIGHT_PKTS as i32) {
                 Ok(true) => {}

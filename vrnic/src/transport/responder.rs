@@ -11,7 +11,7 @@ use crate::transport::{
 };
 use crate::verbs::qp::Qp;
 use crate::wire::{
-    Aeth, AtomicAckEth, AtomicEth, NakCode, Opcode, RoceHeaders, RocePacket, Transport,
+    self, Aeth, AtomicAckEth, AtomicEth, NakCode, Opcode, RoceHeaders, RocePacket, Transport,
 };
 
 /// "Unlimited" credit count in an ACK's AETH (IBTA Table 44: 0x1F is
@@ -387,8 +387,52 @@ fn process(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
         PsnCheck::Duplicate => return duplicate_request(qp, env, pkt),
         PsnCheck::Expected => qp.resp.nak_sent = false,
     }
-    match check_request(qp, env, pkt).and_then(|target| execute(qp, env, pkt, target)) {
-        Ok(reply) => acknowledge(qp, env, pkt, reply),
+    let done = check_request(qp, env, pkt, 1).and_then(|target| execute(qp, env, pkt, target));
+    answer(qp, env, pkt, done, 1);
+}
+
+/// A run of packets ([`wire::Run`]) to `qp`, whose header checks its first
+/// packet passed. Taken whole when its packets would all be executed in
+/// turn: an RC QP with no READ response stream or held requests, the run's
+/// first PSN the expected one, its stride the path MTU, and the checks
+/// passing for the run as one packet ([`wire::Run::message`], spanning
+/// its PSNs): then one copy, the expected PSN moved past it, one answer
+/// (an ACK of its last PSN when that packet asks for one). Anything else
+/// is handled packet by packet ([`on_request`]), as it would have come.
+/// An error in the execution itself (memory that went away, a SEND longer
+/// than its receive WQE) is answered for the run's first PSN, as for one
+/// packet; the message fails either way.
+pub fn on_run(qp: &mut Qp, env: &mut Env, run: &wire::Run) {
+    let whole = qp.qp_type == abi::QpType::Rc
+        && matches!(
+            qp.state,
+            abi::QpState::Rtr | abi::QpState::Rts | abi::QpState::Sqd
+        )
+        && qp.resp.read.is_none()
+        && qp.resp.held.is_empty()
+        && run.stride == qp.mtu() as usize
+        && check_psn(qp, &run.first) == PsnCheck::Expected;
+    let msg = run.message();
+    let target = match whole.then(|| check_request(qp, env, &msg, run.count)) {
+        Some(Ok(target)) => target,
+        _ => {
+            for p in run.packets() {
+                on_request(qp, env, &p);
+            }
+            return;
+        }
+    };
+    qp.resp.nak_sent = false;
+    let done = execute(qp, env, &msg, target);
+    answer(qp, env, &msg, done, run.count);
+}
+
+/// Answers the executed request `pkt`, spanning `psns` PSNs (a run's
+/// packets, [`on_run`]; else 1): [`acknowledge`], an RNR NAK, or
+/// [`nak_error`].
+fn answer(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, done: Result<Reply, RespError>, psns: u32) {
+    match done {
+        Ok(reply) => acknowledge(qp, env, pkt, reply, psns),
         Err(RespError::Rnr) => {
             // RNR: nothing consumed, the requester retries this PSN later.
             env.res.out.stats.rnr_naks_sent += 1;
@@ -565,11 +609,11 @@ enum Reply {
 /// The checks of a request in sequence, in rxe's order (`rxe_responder`'s
 /// states `RESPST_CHK_OP_SEQ` to `RESPST_CHK_RKEY`); the first that fails
 /// decides the answer. `Ok` with what [`execute`] works on.
-fn check_request(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<Target, RespError> {
+fn check_request(qp: &Qp, env: &Env, pkt: &RocePacket, psns: u32) -> Result<Target, RespError> {
     check_op_seq(qp, pkt)?;
     check_op_valid(qp, pkt)?;
     check_resource(qp, env, pkt)?;
-    check_length(pkt, qp.mtu())?;
+    check_length(pkt, qp.mtu(), psns)?;
     check_rkey(qp, env, pkt)
 }
 
@@ -647,10 +691,13 @@ fn check_resource(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<(), RespError>
 /// RETH. Anything else is an invalid request. (A SEND growing past
 /// `MAX_MSG_SZ` or its receive WQE is caught as it is scattered, in
 /// [`execute`]; a WRITE packet beyond its RETH's length in [`check_rkey`].)
-fn check_length(pkt: &RocePacket, mtu: u32) -> Result<(), RespError> {
+/// A run taken as one packet ([`on_run`]) spans `psns` packets, every one
+/// but the last a path MTU ([`wire::Run::new`]): at most `psns` MTUs,
+/// exactly that unless it ends the message.
+fn check_length(pkt: &RocePacket, mtu: u32, psns: u32) -> Result<(), RespError> {
     let op = pkt.hdr.bth.opcode;
     let len = pkt.payload_len();
-    let mtu = mtu as usize;
+    let mtu = (mtu as usize).saturating_mul(psns as usize);
     if op.has_payload() && (len > mtu || (!op.is_last() && len != mtu)) {
         return Err(nak(NakCode::InvalidRequest));
     }
@@ -784,17 +831,17 @@ fn execute(
 /// (counted by the MSN at once, C9-148, and remembered as a responder
 /// resource, it consumes one PSN per response); an atomic's ACK with its
 /// original value (remembered for a duplicate).
-fn acknowledge(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, reply: Reply) {
+fn acknowledge(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, reply: Reply, psns: u32) {
     let bth = pkt.hdr.bth;
     match reply {
         Reply::Ack => {
-            qp.resp.epsn = psn::add(qp.resp.epsn, 1);
+            qp.resp.epsn = psn::add(qp.resp.epsn, psns);
             if bth.ack_req {
                 send_aeth(
                     qp,
                     env,
                     pkt,
-                    bth.psn,
+                    psn::add(bth.psn, psns - 1),
                     Aeth::ack(qp.resp.msn, CREDITS_UNLIMITED),
                 );
             }
@@ -881,7 +928,7 @@ fn on_uc_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
         }
         qp.resp.msg = InboundMsg::Idle;
     }
-    let dropped = match check_request(qp, env, pkt).and_then(|t| execute(qp, env, pkt, t)) {
+    let dropped = match check_request(qp, env, pkt, 1).and_then(|t| execute(qp, env, pkt, t)) {
         Ok(_) => false,
         Err(RespError::Rnr) => true,
         Err(RespError::Nak { wqe, .. }) => {

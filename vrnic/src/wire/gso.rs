@@ -28,9 +28,10 @@
 //! receiver needs its own IP header (the GRH of its completion).
 
 use super::packet::{
-    emit_frame_icrc, emit_frame_open, emit_segment, emit_segment_peer, parse_ib, parse_ib_peer,
-    seal_icrc,
+    emit_frame_icrc, emit_frame_open, emit_run_peer, emit_segment, emit_segment_peer, parse_ib,
+    parse_ib_peer, parse_run_parts, seal_icrc,
 };
+use super::run::Run;
 use super::{Icrc, RoceHeaders, RocePacket, WireError, ICRC_LEN};
 use crate::data::PeerMemory;
 
@@ -48,6 +49,11 @@ pub const BATCH_MAX_PACKETS: usize = 32;
 /// 15 bits (the top one marks a packet by reference). A path MTU (4096)
 /// and headers fit many times over.
 pub const SEGMENT_MAX: usize = 0x7fff;
+
+/// Largest packet by reference or run after the first in a batch, bytes:
+/// 14 bits of the length field (the next one marks a run). Headers and the
+/// piece entries of a run's 128 KiB in 4 KiB pages take under 1 KiB.
+pub const PEER_SEGMENT_MAX: usize = 0x3fff;
 
 const ETH_LEN: usize = 14;
 
@@ -125,16 +131,44 @@ pub fn append<E>(
 /// device's memory: `pieces` appends their piece entries
 /// ([`crate::data::push_piece`]); the receiver copies from there
 /// ([`rest`] with that memory). Only for a destination that reads the
-/// sender's memory (`Link::local_macs`).
+/// sender's memory (`Link::local_macs`). `Ok(None)` (the batch unchanged)
+/// when the entry would be longer than [`PEER_SEGMENT_MAX`].
 pub fn append_peer<E>(
     frame: &mut Vec<u8>,
     end: usize,
     hdr: &RoceHeaders,
     payload_len: usize,
     pieces: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
-) -> Result<usize, E> {
+) -> Result<Option<usize>, E> {
     let new_end = emit_segment_peer(hdr, payload_len, frame, end, pieces)?;
-    mark(frame);
+    if new_end.is_some() {
+        mark(frame);
+    }
+    Ok(new_end)
+}
+
+/// [`append_peer`] of a run ([`Run`]): `count` packets of one message
+/// from the one with headers `first` to the one with headers `last`, every
+/// one but the last `stride` bytes, `total` bytes in all, whose piece
+/// entries `pieces` appends. The caller keeps to what [`Run::new`]
+/// accepts and counts the run as `count` packets against
+/// [`BATCH_MAX_PACKETS`]. `Ok(None)` (the batch unchanged) when the entry
+/// would be longer than [`PEER_SEGMENT_MAX`].
+#[allow(clippy::too_many_arguments)]
+pub fn append_run<E>(
+    frame: &mut Vec<u8>,
+    end: usize,
+    first: &RoceHeaders,
+    last: &RoceHeaders,
+    count: u16,
+    stride: u16,
+    total: usize,
+    pieces: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+) -> Result<Option<usize>, E> {
+    let new_end = emit_run_peer(first, last, count, stride, total, frame, end, pieces)?;
+    if new_end.is_some() {
+        mark(frame);
+    }
     Ok(new_end)
 }
 
@@ -146,12 +180,25 @@ fn mark(frame: &mut [u8]) {
     }
 }
 
-/// The packets of the batch `frame` after its first one, whose headers
-/// are `first` (as [`super::parse_roce_with`] gave them), in order. Each
-/// is parsed like a frame's InfiniBand part (its errors); a packet by
-/// reference needs `peer`, the sending device's memory (without it, or
-/// with entries that are not whole, it is an error); the iteration ends at
-/// the first error. Empty when `frame` is not a batch.
+/// What a batch holds after its first packet ([`rest`]).
+// Boxing the run would be an allocation per message; both live on the
+// stack for one step.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum Segment<'a> {
+    /// One packet.
+    Packet(RocePacket<'a>),
+    /// Several packets of one message ([`Run`]).
+    Run(Run<'a>),
+}
+
+/// The packets and runs of the batch `frame` after its first packet,
+/// whose headers are `first` (as [`super::parse_roce_with`] gave them), in
+/// order. Each is parsed like a frame's InfiniBand part (its errors); a
+/// packet by reference or a run needs `peer`, the sending device's memory
+/// (without it, or with entries that are not whole, it is an error), and a
+/// run must be one [`Run::new`] accepts; the iteration ends at the first
+/// error. Empty when `frame` is not a batch.
 pub fn rest<'a>(
     frame: &'a [u8],
     first: &RoceHeaders,
@@ -185,7 +232,7 @@ impl std::fmt::Debug for Rest<'_> {
 }
 
 impl<'a> Iterator for Rest<'a> {
-    type Item = Result<RocePacket<'a>, WireError>;
+    type Item = Result<Segment<'a>, WireError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         let tail = std::mem::take(&mut self.tail);
@@ -194,23 +241,45 @@ impl<'a> Iterator for Rest<'a> {
             [a, b, after @ ..] => (u16::from_be_bytes([*a, *b]), after),
             _ => return Some(Err(WireError::Truncated)),
         };
-        let (by_ref, len) = (len & 0x8000 != 0, usize::from(len & 0x7fff));
+        let (by_ref, run) = (len & 0x8000 != 0, len & 0xc000 == 0xc000);
+        let len = usize::from(len & if by_ref { 0x3fff } else { 0x7fff });
         let Some((seg, more)) = after.split_at_checked(len) else {
             return Some(Err(WireError::Truncated));
         };
         self.base.ip_id = self.base.ip_id.wrapping_add(1);
         let base = &self.base;
         let with = |bth| base.of_flow(bth);
-        let pkt = match (by_ref, self.peer) {
-            (false, _) => parse_ib(seg, with),
-            (true, Some(mem)) => parse_ib_peer(seg, mem, with),
-            (true, None) => Err(WireError::BadLength),
+        let got = match (by_ref, run, self.peer) {
+            (false, _, _) => parse_ib(seg, with).map(Segment::Packet),
+            (true, false, Some(mem)) => parse_ib_peer(seg, mem, with).map(Segment::Packet),
+            (true, true, Some(mem)) => parse_run(seg, mem, with).map(Segment::Run),
+            (true, _, None) => Err(WireError::BadLength),
         };
-        if pkt.is_ok() {
+        if let Ok(Segment::Run(r)) = &got {
+            // The packets after the first of a run.
+            self.base.ip_id = self.base.ip_id.wrapping_add(r.count as u16 - 1);
+        }
+        if got.is_ok() {
             self.tail = more;
         }
-        Some(pkt)
+        Some(got)
     }
+}
+
+/// A run's segment ([`emit_run_peer`]) whose payload is in `mem`.
+fn parse_run<'a>(
+    seg: &'a [u8],
+    mem: &'a dyn PeerMemory,
+    base: impl Fn(super::Bth) -> RoceHeaders,
+) -> Result<Run<'a>, WireError> {
+    let (count, stride, first, last, pieces) = parse_run_parts(seg, base)?;
+    let data = crate::data::PeerData::new(mem, pieces).ok_or(WireError::BadLength)?;
+    let first = RocePacket {
+        hdr: first,
+        payload: &[],
+        peer: Some(data),
+    };
+    Run::new(first, last, u32::from(count), usize::from(stride))
 }
 
 /// Hands each packet of `frame` to `each` as a frame of its own with its
@@ -236,8 +305,8 @@ pub fn split(frame: &[u8], scratch: &mut Vec<u8>, mut each: impl FnMut(&[u8])) {
     let Some(first) = first.filter(|_| end < frame.len()) else {
         return;
     };
-    for pkt in rest(frame, &first, None) {
-        let Ok(pkt) = pkt else {
+    for seg in rest(frame, &first, None) {
+        let Ok(Segment::Packet(pkt)) = seg else {
             return;
         };
         let copy = |b: &mut [u8]| {
@@ -304,7 +373,12 @@ mod tests {
                 assert!(is_batch(&frame));
                 let first = parse_roce_with(&frame, Icrc::Unneeded).unwrap();
                 assert_eq!((&first.hdr, first.payload), (&want[0].0, &want[0].1[..]));
-                let got: Vec<_> = rest(&frame, &first.hdr, None).map(Result::unwrap).collect();
+                let got: Vec<_> = rest(&frame, &first.hdr, None)
+                    .map(|s| match s.unwrap() {
+                        Segment::Packet(p) => p,
+                        Segment::Run(r) => panic!("no runs here: {r:?}"),
+                    })
+                    .collect();
                 assert_eq!(got.len(), 3, "v6 {v6}");
                 for (p, (h, data)) in got.iter().zip(&want[1..]) {
                     let h = RoceHeaders {

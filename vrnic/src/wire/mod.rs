@@ -26,6 +26,7 @@ mod immdt;
 mod opcode;
 mod packet;
 mod reth;
+mod run;
 
 #[cfg(test)]
 pub(crate) mod packet_tests;
@@ -48,6 +49,7 @@ pub use packet::{
     parse_roce_with, seal_icrc, Frame, Icrc, RoceHeaders, RocePacket,
 };
 pub use reth::Reth;
+pub use run::{Run, RUN_MAX_PACKETS};
 
 /// The UDP destination port that identifies RoCEv2 (IBTA Annex A17.2.1,
 /// IANA-assigned port 4791).

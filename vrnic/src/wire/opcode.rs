@@ -331,6 +331,40 @@ impl Opcode {
         }
         len
     }
+
+    /// The MIDDLE opcode of this SEND or RDMA WRITE opcode's message kind
+    /// and transport (`RC_SEND_FIRST` → `RC_SEND_MIDDLE`); `None` for
+    /// other opcodes (IBTA 9.2 Table 38: MIDDLE is the kind's base + 1).
+    pub fn middle(self) -> Option<Opcode> {
+        if !self.is_send() && !self.is_write() {
+            return None;
+        }
+        let v = self as u8;
+        let base = if self.is_write() {
+            (v & 0xe0) | 0x06
+        } else {
+            v & 0xe0
+        };
+        Opcode::from_u8(base + 1)
+    }
+
+    /// The ONLY opcode of a message that is this LAST opcode's message in
+    /// one packet (`RC_SEND_LAST_WITH_IMMEDIATE` →
+    /// `RC_SEND_ONLY_WITH_IMMEDIATE`, `RC_SEND_LAST_WITH_INVALIDATE` →
+    /// `RC_SEND_ONLY_WITH_INVALIDATE`); `None` unless a SEND or RDMA WRITE
+    /// LAST (IBTA 9.2 Table 38).
+    pub fn only_of_last(self) -> Option<Opcode> {
+        if !(self.is_send() || self.is_write()) || !self.is_last() || self.is_only() {
+            return None;
+        }
+        let v = self as u8;
+        let only = if self == Opcode::RcSendLastInv {
+            v + 1
+        } else {
+            v + 2
+        };
+        Opcode::from_u8(only)
+    }
 }
 
 impl TryFrom<u8> for Opcode {
@@ -366,6 +400,48 @@ mod tests {
         assert_eq!(Opcode::from_u8(0x15), None);
         assert_eq!(Opcode::from_u8(0x81), None);
         assert_eq!(Opcode::from_u8(0x40), None);
+    }
+
+    #[test]
+    fn middle_and_only_keep_the_kind_transport_and_extension_headers() {
+        use Opcode::*;
+        for op in Opcode::ALL {
+            match op.middle() {
+                Some(m) => {
+                    assert!(m.is_middle(), "{op:?}");
+                    assert_eq!(
+                        (m.is_send(), m.is_write(), m.transport()),
+                        (op.is_send(), op.is_write(), op.transport()),
+                        "{op:?}"
+                    );
+                }
+                None => assert!(
+                    (!op.is_send() && !op.is_write()) || op.transport() == Transport::Ud,
+                    "{op:?}"
+                ),
+            }
+            match op.only_of_last() {
+                Some(o) => {
+                    assert!(o.is_only() && op.is_last() && !op.is_only(), "{op:?}");
+                    assert_eq!(
+                        (o.is_send(), o.is_write(), o.transport()),
+                        (op.is_send(), op.is_write(), op.transport()),
+                        "{op:?}"
+                    );
+                    assert_eq!(
+                        (o.has_immdt(), o.has_ieth()),
+                        (op.has_immdt(), op.has_ieth())
+                    );
+                }
+                None => assert!(
+                    op.is_only() || !op.is_last() || op.is_read_response(),
+                    "{op:?}"
+                ),
+            }
+        }
+        assert_eq!(RcSendLastInv.only_of_last(), Some(RcSendOnlyInv));
+        assert_eq!(UcWriteLastImm.only_of_last(), Some(UcWriteOnlyImm));
+        assert_eq!(RcWriteFirst.middle(), Some(RcWriteMiddle));
     }
 
     #[test]

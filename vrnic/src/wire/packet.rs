@@ -734,15 +734,17 @@ pub(super) fn emit_segment<E>(
 /// sending device's memory: after the headers, `pieces` appends their
 /// piece entries ([`crate::data::push_piece`]) instead of the bytes, and
 /// the length field has its top bit set. `out` is cut at `at` first (its
-/// old bytes after are dropped). Returns where the packet ends; when
-/// `pieces` fails, `out` is cut back to `at` and its error returned.
+/// old bytes after are dropped). Returns where the packet ends; `Ok(None)`
+/// (and `out` cut back to `at`) when it is longer than
+/// [`super::gso::PEER_SEGMENT_MAX`]; when `pieces` fails, `out` is cut
+/// back to `at` and its error returned.
 pub(super) fn emit_segment_peer<E>(
     hdr: &RoceHeaders,
     payload_len: usize,
     out: &mut Vec<u8>,
     at: usize,
     pieces: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
-) -> Result<usize, E> {
+) -> Result<Option<usize>, E> {
     out.truncate(at);
     let mut w = Cursor { buf: out, pos: at };
     w.put(&[0, 0]);
@@ -754,9 +756,77 @@ pub(super) fn emit_segment_peer<E>(
         return Err(e);
     }
     let seg_len = out.len() - at - 2;
-    debug_assert!(seg_len <= super::gso::SEGMENT_MAX, "segment too long");
+    if seg_len > super::gso::PEER_SEGMENT_MAX {
+        out.truncate(at);
+        return Ok(None);
+    }
     out[at..at + 2].copy_from_slice(&((seg_len as u16) | 0x8000).to_be_bytes());
-    Ok(out.len())
+    Ok(Some(out.len()))
+}
+
+/// Writes a run ([`super::Run`]) at byte `at` of `out`, cutting `out` there
+/// first: its length field (top two bits set: by reference, a run), the
+/// packet count and the stride (16 bits each, big-endian), the InfiniBand
+/// headers of its first packet (`first`, pad count 0) and of its last
+/// (`last`, the pad of a last packet of `total - (count - 1) * stride`
+/// bytes), then `pieces` appends the piece entries of all `total` bytes.
+/// Returns where it ends; `Ok(None)` (and `out` cut back to `at`) when it
+/// is longer than [`super::gso::PEER_SEGMENT_MAX`]; `pieces`' error
+/// likewise. The caller keeps to what [`super::Run::new`] accepts.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn emit_run_peer<E>(
+    first: &RoceHeaders,
+    last: &RoceHeaders,
+    count: u16,
+    stride: u16,
+    total: usize,
+    out: &mut Vec<u8>,
+    at: usize,
+    pieces: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+) -> Result<Option<usize>, E> {
+    let last_len = total.saturating_sub(usize::from(count.saturating_sub(1)) * usize::from(stride));
+    out.truncate(at);
+    let mut w = Cursor { buf: out, pos: at };
+    w.put(&[0, 0]);
+    w.put(&count.to_be_bytes());
+    w.put(&stride.to_be_bytes());
+    emit_ib_headers(&mut w, first, 0);
+    emit_ib_headers(&mut w, last, pad_len(last_len));
+    let end = w.pos;
+    out.truncate(end);
+    if let Err(e) = pieces(out) {
+        out.truncate(at);
+        return Err(e);
+    }
+    let seg_len = out.len() - at - 2;
+    if seg_len > super::gso::PEER_SEGMENT_MAX {
+        out.truncate(at);
+        return Ok(None);
+    }
+    out[at..at + 2].copy_from_slice(&((seg_len as u16) | 0xc000).to_be_bytes());
+    Ok(Some(out.len()))
+}
+
+/// The parts of a run's segment after its length field
+/// ([`emit_run_peer`]): the packet count, the stride, the first and last
+/// packets' headers (from `base`, as [`parse_ib`]) and the piece entries.
+pub(super) fn parse_run_parts(
+    seg: &[u8],
+    base: impl Fn(Bth) -> RoceHeaders,
+) -> Result<(u16, u16, RoceHeaders, RoceHeaders, &[u8]), WireError> {
+    let [c0, c1, s0, s1, ib @ ..] = seg else {
+        return Err(WireError::Truncated);
+    };
+    let (first, n) = parse_ib_headers(ib, &base)?;
+    let ib = &ib[n..];
+    let (last, n) = parse_ib_headers(ib, &base)?;
+    Ok((
+        u16::from_be_bytes([*c0, *c1]),
+        u16::from_be_bytes([*s0, *s1]),
+        first,
+        last,
+        &ib[n..],
+    ))
 }
 
 /// Writes a frame over a buffer's old bytes from its start (the buffer is
