@@ -64,8 +64,10 @@ impl Mr {
     }
 
     /// Calls `f(gpa, offset, len)` for each physically contiguous piece of
-    /// `[va, va+len)`; `offset` counts bytes from `va`. The range must have
-    /// been checked with [`Mr::check_range`].
+    /// `[va, va+len)`, in order; `offset` counts bytes from `va`. Pages
+    /// that follow each other in guest-physical memory are one piece (a
+    /// copy of the bytes of many pages is one call). Errors: the range
+    /// is outside the MR, or `f`'s.
     fn for_each_piece(
         &self,
         va: u64,
@@ -80,8 +82,20 @@ impl Mr {
             let cur = va + done as u64;
             let idx = ((cur - base) >> self.page_shift) as usize;
             let in_page = cur & (page - 1);
-            let n = ((page - in_page) as usize).min(len - done);
+            let mut n = ((page - in_page) as usize).min(len - done);
             let gpa = self.pages.get(idx).ok_or(MrError::Bounds)? + in_page;
+            // The pages after it, while each starts where the piece ends.
+            let mut next = idx + 1;
+            while done + n < len {
+                let end = gpa.checked_add(n as u64);
+                match self.pages.get(next) {
+                    Some(&p) if Some(p) == end => {
+                        n += (page as usize).min(len - done - n);
+                        next += 1;
+                    }
+                    _ => break,
+                }
+            }
             f(gpa, done, n)?;
             done += n;
         }
@@ -328,6 +342,44 @@ mod tests {
         let mut back = vec![0u8; 0x1800];
         m.read(&mem, 0x7000_0800, &mut back).unwrap();
         assert_eq!(back, data);
+    }
+
+    #[test]
+    fn pages_that_follow_each_other_in_memory_are_one_piece() {
+        let pieces = |m: &Mr, va: u64, len: usize| {
+            let mut out = Vec::new();
+            m.pieces(va, len, &mut out).unwrap();
+            out.chunks(crate::data::PIECE_LEN)
+                .map(|e| {
+                    let gpa = u64::from_be_bytes(e[..8].try_into().unwrap());
+                    (gpa, u32::from_be_bytes(e[8..].try_into().unwrap()))
+                })
+                .collect::<Vec<_>>()
+        };
+        // Pages at 0x5000, 0x6000 (contiguous), 0x2000, 0x3000 (contiguous).
+        let m = Mr {
+            length: 0x3800,
+            ..mr(vec![0x5000, 0x6000, 0x2000, 0x3000])
+        };
+        assert_eq!(
+            pieces(&m, 0x7000_0800, 0x3800),
+            [(0x5800, 0x1800), (0x2000, 0x2000)]
+        );
+        assert_eq!(pieces(&m, 0x7000_0900, 0x1000), [(0x5900, 0x1000)]);
+        assert_eq!(
+            pieces(&m, 0x7000_1f00, 0x200),
+            [(0x6f00, 0x100), (0x2000, 0x100)]
+        );
+        // The bytes land where the pages are.
+        let mem = VecMemory::new(0, 0x10000);
+        let data: Vec<u8> = (0..0x3800u32).map(|i| (i / 7) as u8).collect();
+        m.write(&mem, 0x7000_0800, &data).unwrap();
+        let mut back = vec![0u8; 0x3800];
+        m.read(&mem, 0x7000_0800, &mut back).unwrap();
+        assert_eq!(back, data);
+        let mut at = vec![0u8; 0x1000];
+        mem.read(0x2000, &mut at).unwrap();
+        assert_eq!(at, data[0x1800..0x2800]);
     }
 
     #[test]
