@@ -288,7 +288,7 @@ impl Output {
     /// bytes in all, whose pieces `pieces` appends
     /// ([`wire::gso::append_run`]). The caller keeps to what
     /// [`wire::Run::new`] accepts. Counted as `count` packets, here and
-    /// against [`wire::gso::BATCH_MAX_PACKETS`]. `Ok(false)` when it
+    /// against [`wire::gso::BATCH_MAX_PSNS`]. `Ok(false)` when it
     /// cannot (the caller sends the packets one by one).
     pub fn send_run_by_ref<E>(
         &mut self,
@@ -305,7 +305,7 @@ impl Output {
         };
         let fits = self.batch.as_ref().is_some_and(|b| {
             b.by_ref
-                && b.packets + count as usize <= wire::gso::BATCH_MAX_PACKETS
+                && b.packets + count as usize <= wire::gso::BATCH_MAX_PSNS
                 && first.bth.opcode.transport() != wire::Transport::Ud
                 && wire::gso::same_flow(&b.first, first)
         });
@@ -765,5 +765,46 @@ mod output_tests {
         assert!(bytes < wire::gso::BATCH_MAX_PACKETS, "{bytes}");
         // 80 KiB: the first packet's frame and 18 segments of 4110 bytes.
         assert_eq!(bytes, 19);
+    }
+
+    /// Runs of 16 packets join a batch by reference up to
+    /// [`wire::gso::BATCH_MAX_PSNS`] packets in all, counted as packets;
+    /// not a batch of bytes.
+    #[test]
+    fn runs_join_a_batch_by_reference_up_to_its_psn_bound() {
+        for by_ref in [true, false] {
+            let mut out = Output {
+                local_macs: Some(LocalMacs::with(Local(by_ref))),
+                ..Output::default()
+            };
+            let mut h = sample_headers(Opcode::RcWriteOnly, false);
+            out.send(&mut h, &[1; 64]);
+            let mut taken = 0;
+            for k in 0..8u32 {
+                let mut first = sample_headers(Opcode::RcWriteFirst, false);
+                first.bth.psn = 1 + 16 * k;
+                let mut last = sample_headers(Opcode::RcWriteLast, false);
+                last.bth.psn = 16 + 16 * k;
+                let pieces = |o: &mut Vec<u8>| {
+                    crate::data::push_piece(o, 0x10_0000, 16 * 4096);
+                    Ok::<(), ()>(())
+                };
+                if out
+                    .send_run_by_ref(&mut first, &last, 16, 4096, 16 * 4096, pieces)
+                    .unwrap()
+                {
+                    taken += 1;
+                }
+            }
+            let want = if by_ref {
+                (wire::gso::BATCH_MAX_PSNS - 1) / 16
+            } else {
+                0
+            };
+            assert_eq!(taken, want, "by reference: {by_ref}");
+            assert_eq!(out.tx_counts[0], 1 + 16 * want);
+            assert_eq!(out.backlog(), 1 + 16 * want);
+            assert_eq!(out.stats.tx_frames, 1 + 16 * want as u64);
+        }
     }
 }

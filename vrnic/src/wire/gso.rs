@@ -44,6 +44,12 @@ pub const BATCH_MAX_BYTES: usize = 80 * 1024;
 /// Most packets in one batch (32: one ACK request interval of a long
 /// message, [`crate::transport::requester`]).
 pub const BATCH_MAX_PACKETS: usize = 32;
+/// Most packets a batch stands for with runs ([`Run`]) in it, whose
+/// payloads stay in the sender's memory: 64, one requester burst
+/// (`crate::transport::requester`), 256 KiB at path MTU 4096 — the
+/// receiver's work for one frame stays bounded, and a 64 KiB message
+/// costs a quarter of a batch, not half.
+pub const BATCH_MAX_PSNS: usize = 64;
 
 /// Largest packet after the first in a batch, bytes: its length field has
 /// 15 bits (the top one marks a packet by reference). A path MTU (4096)
@@ -152,7 +158,7 @@ pub fn append_peer<E>(
 /// one but the last `stride` bytes, `total` bytes in all, whose piece
 /// entries `pieces` appends. The caller keeps to what [`Run::new`]
 /// accepts and counts the run as `count` packets against
-/// [`BATCH_MAX_PACKETS`]. `Ok(None)` (the batch unchanged) when the entry
+/// [`BATCH_MAX_PSNS`]. `Ok(None)` (the batch unchanged) when the entry
 /// would be longer than [`PEER_SEGMENT_MAX`].
 #[allow(clippy::too_many_arguments)]
 pub fn append_run<E>(
