@@ -38,7 +38,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 }
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 51;
+pub const COUNTERS: usize = 52;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -72,6 +72,7 @@ pub const NAMES: [&str; COUNTERS] = [
     "rx_drop_bad_qkey",
     "tx_batched",
     "tx_by_ref",
+    "acks_coalesced",
     "commands",
     "rejected_chains",
     "faulted_commands",
@@ -157,6 +158,7 @@ impl Snapshot {
             rx_drop_bad_qkey,
             tx_batched,
             tx_by_ref,
+            acks_coalesced,
         } = *device;
         let BackendStats {
             commands,
@@ -213,6 +215,7 @@ impl Snapshot {
                 rx_drop_bad_qkey,
                 tx_batched,
                 tx_by_ref,
+                acks_coalesced,
                 commands,
                 rejected_chains,
                 faulted_commands,

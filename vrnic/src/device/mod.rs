@@ -159,6 +159,10 @@ pub struct DeviceStats {
     /// Of those, packets whose payload stayed in this device's memory for
     /// the receiver to copy (by reference, `vrnic::data`).
     pub tx_by_ref: u64,
+    /// ACKs that took the place of an earlier ACK of the same QP at the
+    /// end of a batch (coalesced, `Output::send_with`): not counted in
+    /// `tx_frames` again.
+    pub acks_coalesced: u64,
 }
 
 impl DeviceStats {

@@ -133,6 +133,19 @@ pub struct Batch {
     /// Its destination reads payloads in this device's memory
     /// ([`crate::link::LocalMacs::by_reference`]).
     pub by_ref: bool,
+    /// When its last packet is a plain ACK: where that packet starts (0:
+    /// it is the first), its destination QP and PSN. A later ACK of the
+    /// same QP takes its place ([`Output::send_with`]).
+    pub last_ack: Option<(usize, u32, u32)>,
+}
+
+/// True for a plain RC ACK (an AETH of kind ACK; not a NAK, an RNR NAK or
+/// an atomic ACK).
+fn is_plain_ack(hdr: &RoceHeaders) -> bool {
+    hdr.bth.opcode == wire::Opcode::RcAck
+        && hdr
+            .aeth
+            .is_some_and(|a| matches!(a.kind(), wire::AethKind::Ack { .. }))
 }
 
 /// Most frame buffers kept for reuse ([`Output::recycle`]): the frames of
@@ -184,6 +197,11 @@ impl Output {
     /// the frame, a buffer of the pool ([`Output::recycle`]). When `fill`
     /// fails nothing is sent (the buffer goes back to the pool) and its
     /// error is returned.
+    ///
+    /// A plain ACK to the QP whose plain ACK ends the open batch, for a
+    /// later PSN, takes that ACK's place (counted once): an ACK
+    /// acknowledges every PSN up to its own (IBTA §9.7.5.1.1, coalesced
+    /// acknowledgements), so the requester learns the same from one.
     pub fn send_with<E>(
         &mut self,
         hdr: &mut RoceHeaders,
@@ -191,14 +209,20 @@ impl Output {
         fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
     ) -> Result<(), E> {
         hdr.ip_id = self.ip_id;
+        if self.replace_last_ack(hdr) {
+            return Ok(());
+        }
+        let ack = is_plain_ack(hdr);
         if self.batch_has_room(hdr, len) {
             if let (Some(b), Some(frame), Some(count)) = (
                 &mut self.batch,
                 self.tx.back_mut(),
                 self.tx_counts.back_mut(),
             ) {
-                b.end = wire::gso::append(frame, b.end, hdr, len, fill)?;
+                let at = b.end;
+                b.end = wire::gso::append(frame, at, hdr, len, fill)?;
                 b.packets += 1;
+                b.last_ack = ack.then_some((at, hdr.bth.dest_qp, hdr.bth.psn));
                 *count += 1;
                 self.joined(len);
                 return Ok(());
@@ -221,6 +245,7 @@ impl Output {
                     packets: 1,
                     end,
                     by_ref,
+                    last_ack: ack.then_some((0, hdr.bth.dest_qp, hdr.bth.psn)),
                 });
             })
         } else {
@@ -238,6 +263,39 @@ impl Output {
         self.queue(frame);
         self.sent(len);
         Ok(())
+    }
+
+    /// Puts the plain ACK `hdr` in the place of the plain ACK that ends the
+    /// open batch, when that one is to the same QP of the same flow for an
+    /// earlier PSN ([`Output::send_with`]). Whether it did.
+    fn replace_last_ack(&mut self, hdr: &RoceHeaders) -> bool {
+        if !is_plain_ack(hdr) {
+            return false;
+        }
+        let (Some(b), Some(frame)) = (&mut self.batch, self.tx.back_mut()) else {
+            return false;
+        };
+        let Some((at, qp, p)) = b.last_ack else {
+            return false;
+        };
+        if qp != hdr.bth.dest_qp
+            || psn::diff(hdr.bth.psn, p) <= 0
+            || !wire::gso::same_flow(&b.first, hdr)
+        {
+            return false;
+        }
+        let none = |_: &mut [u8]| Ok::<(), std::convert::Infallible>(());
+        let end = if at == 0 {
+            b.first = hdr.clone();
+            wire::gso::start(frame, hdr, 0, none)
+        } else {
+            wire::gso::append(frame, at, hdr, 0, none)
+        };
+        let Ok(end) = end;
+        b.end = end;
+        b.last_ack = Some((at, qp, hdr.bth.psn));
+        self.stats.acks_coalesced += 1;
+        true
     }
 
     /// Sends a packet whose `len` payload bytes stay in this device's
@@ -269,6 +327,7 @@ impl Output {
         };
         b.end = end;
         b.packets += 1;
+        b.last_ack = None;
         *count += 1;
         self.joined(len);
         self.stats.tx_by_ref += 1;
@@ -326,6 +385,7 @@ impl Output {
         };
         b.end = end;
         b.packets += count as usize;
+        b.last_ack = None;
         *n += count as usize;
         self.tx_packets += count as usize;
         self.ip_id = self.ip_id.wrapping_add(count16);
@@ -765,6 +825,65 @@ mod output_tests {
         assert!(bytes < wire::gso::BATCH_MAX_PACKETS, "{bytes}");
         // 80 KiB: the first packet's frame and 18 segments of 4110 bytes.
         assert_eq!(bytes, 19);
+    }
+
+    /// A later plain ACK of the same QP takes the place of the one that
+    /// ends the open batch, counted once; a NAK, an ACK of another QP or
+    /// of an earlier PSN, or an ACK behind another packet joins as
+    /// itself.
+    #[test]
+    fn acks_of_one_qp_at_the_end_of_a_batch_coalesce() {
+        let mut out = Output {
+            local_macs: Some(LocalMacs::with(Local(false))),
+            ..Output::default()
+        };
+        let ack = |qp: u32, p: u32, aeth: wire::Aeth| {
+            let mut h = sample_headers(Opcode::RcAck, false);
+            h.bth.dest_qp = qp;
+            h.bth.psn = p;
+            h.aeth = Some(aeth);
+            h
+        };
+        let plain = |msn| wire::Aeth::ack(msn, 31);
+        for h in [
+            ack(7, 10, plain(1)),
+            ack(7, 20, plain(2)), // replaces the first
+            ack(7, 30, plain(3)), // replaces it again
+            ack(7, 25, plain(4)), // earlier PSN: joins
+            ack(8, 40, plain(5)), // another QP: joins
+            ack(8, 41, wire::Aeth::nak(5, wire::NakCode::PsnSequenceError)),
+            ack(8, 42, plain(6)), // behind a NAK: joins
+            ack(8, 50, plain(7)), // replaces it
+        ] {
+            out.send(&mut h.clone(), &[]);
+        }
+        assert_eq!(out.stats.acks_coalesced, 3);
+        assert_eq!(out.stats.tx_frames, 5);
+        let frame = out.pop_frame().unwrap();
+        assert!(out.pop_frame().is_none(), "one batch");
+        let first = wire::parse_roce_with(&frame, wire::Icrc::Unneeded).unwrap();
+        let mut got = vec![(
+            first.hdr.bth.dest_qp,
+            first.hdr.bth.psn,
+            first.hdr.aeth.unwrap(),
+        )];
+        for seg in wire::gso::rest(&frame, &first.hdr, None) {
+            let Ok(wire::gso::Segment::Packet(p)) = seg else {
+                panic!("{seg:?}");
+            };
+            got.push((p.hdr.bth.dest_qp, p.hdr.bth.psn, p.hdr.aeth.unwrap()));
+        }
+        let nak = wire::Aeth::nak(5, wire::NakCode::PsnSequenceError);
+        assert_eq!(
+            got,
+            [
+                (7, 30, plain(3)),
+                (7, 25, plain(4)),
+                (8, 40, plain(5)),
+                (8, 41, nak),
+                (8, 50, plain(7))
+            ]
+        );
     }
 
     /// Runs of 16 packets join a batch by reference up to
