@@ -664,7 +664,8 @@ fn batches_of_mutated_packets_never_panic_and_the_device_keeps_working() {
 const PEER_SPAN: u64 = fuzzing::PEER_MEM_SIZE as u64 - 2048;
 
 /// Appends to the batch `f` (ending at `end`) a run of 2 to 5 packets of
-/// a SEND or WRITE of the flow of `h`, to its QP and from its PSN, its
+/// a SEND, WRITE or READ response of the flow of `h`, to its QP and from
+/// its PSN, its
 /// payload in the peer's memory, as another function of the daemon sends
 /// one (`wire::Run`); a WRITE's RETH names the target's MR 0. Returns the
 /// batch's new end and the run's packet count.
@@ -686,6 +687,8 @@ fn append_run(
         (RcWriteMiddle, RcWriteLast),
         (UcSendFirst, UcSendLast),
         (UcWriteFirst, UcWriteLastImm),
+        (RcReadResponseFirst, RcReadResponseLast),
+        (RcReadResponseMiddle, RcReadResponseMiddle),
     ];
     let (fo, lo) = kinds[rng.below(kinds.len() as u64) as usize];
     let count = 2 + rng.below(4) as u32;
@@ -711,6 +714,9 @@ fn append_run(
         ack_req: rng.below(2) == 0,
         ..h.bth
     });
+    let aeth = wire::Aeth::ack(rng.below(8) as u32, 31);
+    first.aeth = fo.has_aeth().then_some(aeth);
+    last.aeth = lo.has_aeth().then_some(aeth);
     last.immdt = lo.has_immdt().then_some(wire::Immdt([1, 2, 3, 4]));
     last.ieth = lo.has_ieth().then_some(wire::Ieth {
         rkey: rng.next() as u32,

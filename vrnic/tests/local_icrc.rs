@@ -157,8 +157,8 @@ fn payloads_by_reference_arrive_intact() {
 }
 
 /// Two nodes of one process with path MTU 4096 (see [`LocalLink`]), each
-/// reading the other's memory when `by_ref`; B's link delivers each batch
-/// `replay` times more.
+/// reading the other's memory when `by_ref`; both links deliver each
+/// batch `replay` times more.
 fn local_pair(by_ref: bool, replay: u32, o: ConnOpts) -> (RcPair, Arc<Counts>) {
     let (la, lb) = MemLink::pair();
     let (slot_a, slot_b): (PeerSlot, PeerSlot) = Default::default();
@@ -171,7 +171,7 @@ fn local_pair(by_ref: bool, replay: u32, o: ConnOpts) -> (RcPair, Arc<Counts>) {
         counts: counts.clone(),
         buf: buf.clone(),
         peer_mem: by_ref.then(|| slot_b.clone()),
-        replay: 0,
+        replay,
     };
     let lb = LocalLink {
         inner: lb,
@@ -324,7 +324,8 @@ fn wqe(wr_id: u64, opcode: u8) -> abi::SendWqe {
 }
 
 /// SEND, SEND with immediate and with invalidate, WRITE and WRITE with
-/// immediate of many packets between two functions go as runs
+/// immediate of many packets, and READ responses, between two functions
+/// go as runs
 /// (`wire::Run`: one entry per message, or per ACK interval of a long
 /// one), and land as their packets would have: the bytes, the receive
 /// completions with their lengths, immediate data, invalidated key and
@@ -470,6 +471,33 @@ fn whole_messages_go_as_runs_and_arrive_as_their_packets_would() {
     assert_eq!(sb.tx_frames, sa.rx_frames, "B's ACKs");
     assert_eq!(sa.tx_bytes, sb.rx_bytes);
 
+    // READs: their responses come back as runs too, and land whole.
+    let runs_before = counts.runs.load(Ordering::Relaxed);
+    let back = s.a.alloc(big);
+    let (lk_back, _) = s.a.reg_mr(s.pda, back, big as u64, ALL).unwrap();
+    for (wr_id, len) in [(20, big), (21, 3 * 4096 + 5)] {
+        let read = abi::SendWqe {
+            remote_addr: w2,
+            rkey: rk2,
+            ..wqe(wr_id, abi::WR_RDMA_READ)
+        };
+        s.post(read, &[sge(back, len as u32, lk_back)]);
+        let c = s.cqe(false, "a READ");
+        assert_eq!(
+            (c.wr_id, c.status, c.byte_len as usize),
+            (wr_id, abi::WC_SUCCESS, len)
+        );
+        assert!(s.a.read(back, len) == data[..len], "READ of {len} bytes");
+    }
+    let read_runs = counts.runs.load(Ordering::Relaxed) - runs_before;
+    assert!(read_runs >= 3, "{read_runs} runs of READ responses");
+    let (sa, sb) = (s.a.dev.stats(), s.b.dev.stats());
+    assert_eq!(
+        (sa.retransmits, sa.duplicates, sb.duplicates, sb.tx_frames),
+        (0, 0, 0, sa.rx_frames),
+        "each response sent once, and landed"
+    );
+
     // The SEND with invalidate took the victim's key away.
     s.post(write(7, victim, rk_victim), &[at(0, 64)]);
     let c = s.cqe(false, "WRITE to an invalidated key");
@@ -511,7 +539,8 @@ fn pump_until(s: &mut RcPair, what: &str, done: impl Fn(&RcPair) -> bool) {
 /// A run the receiver cannot take whole is handled as its packets: a SEND
 /// and a WRITE with immediate that find no receive WQE are answered with
 /// RNR NAKs and land once one is posted; a batch delivered twice has its
-/// runs' packets answered as duplicates, executed once.
+/// runs' packets answered as duplicates, executed once, and its READ
+/// responses' copies ignored.
 #[test]
 fn runs_that_cannot_be_taken_whole_are_handled_as_their_packets() {
     let o = ConnOpts {
@@ -637,5 +666,23 @@ fn runs_that_cannot_be_taken_whole_are_handled_as_their_packets() {
     assert!(
         dups >= 15,
         "the replayed runs' packets are duplicates: {dups}"
+    );
+    // A READ whose responses come twice lands once.
+    let back = s.a.alloc(64 * 1024);
+    let (lk_back, _) = s.a.reg_mr(s.pda, back, 64 * 1024, ALL).unwrap();
+    let read = abi::SendWqe {
+        remote_addr: dst,
+        rkey: rk,
+        ..wqe(4, abi::WR_RDMA_READ)
+    };
+    let replayed = counts.replayed.load(Ordering::Relaxed);
+    s.post(read, &[sge(back, 64 * 1024, lk_back)]);
+    let c = s.cqe(false, "the READ");
+    assert_eq!((c.wr_id, c.status), (4, abi::WC_SUCCESS), "{c:?}");
+    s.assert_quiet(50, "one completion");
+    assert!(s.a.read(back, 64 * 1024) == data, "READ data");
+    assert!(
+        counts.replayed.load(Ordering::Relaxed) > replayed,
+        "the responses came twice"
     );
 }

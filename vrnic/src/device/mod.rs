@@ -604,9 +604,11 @@ impl Device {
     }
 
     /// Handles a run of a batch ([`wire::Run`]): to an RC QP whose header
-    /// checks its first packet passes, the responder takes it whole
-    /// ([`responder::on_run`]); anything else is handled packet by packet,
-    /// as the packets would have been. Counted as its packets.
+    /// checks its first packet passes, the responder (SEND, WRITE:
+    /// [`responder::on_run`]) or the completer (READ responses:
+    /// [`completer::on_run`]) takes it whole when it can; anything else is
+    /// handled packet by packet, as the packets would have been. Counted
+    /// as its packets.
     fn receive_run(&mut self, mem: &dyn DmaMemory, run: &wire::Run<'_>, now: Nanos) {
         let pkt = &run.first;
         let port = &self.res.port;
@@ -627,7 +629,11 @@ impl Device {
         qp.stats.rx_packets += u64::from(run.count);
         qp_step!(self, qp, mem, now, |env| {
             env.res.out.stats.rx_bytes += pkt.payload_len() as u64;
-            responder::on_run(qp, &mut env, run);
+            if pkt.hdr.bth.opcode.is_request() {
+                responder::on_run(qp, &mut env, run);
+            } else {
+                completer::on_run(qp, &mut env, run);
+            }
         });
     }
 

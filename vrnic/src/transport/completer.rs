@@ -7,7 +7,7 @@ use crate::data::Data;
 use crate::transport::requester::{self, ack_timeout_ns};
 use crate::transport::{psn, send_queue_error, write_record, Env};
 use crate::verbs::qp::Qp;
-use crate::wire::{rnr_timer_ns, AethKind, NakCode, Opcode, RocePacket};
+use crate::wire::{self, rnr_timer_ns, AethKind, NakCode, Opcode, RocePacket};
 
 /// Handles a response packet (ACK, NAK, READ response, atomic ACK)
 /// addressed to `qp`: the driver of rxe's completer state machine
@@ -342,6 +342,78 @@ fn on_read_or_atomic_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
         ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t)
     };
     requester::run(qp, env);
+}
+
+/// A run of READ responses ([`wire::Run`]) to `qp`, whose header checks
+/// its first packet passed. Taken whole when its packets would all land
+/// in turn: the next responses of the READ at the head, the stride the
+/// path MTU, the run ending the READ exactly when its last packet is a
+/// LAST and its payload what those responses carry; then one scatter,
+/// the responses counted, the WQE completed after its last. Anything
+/// else is handled packet by packet ([`on_response`]), as it would have
+/// come.
+pub fn on_run(qp: &mut Qp, env: &mut Env, run: &wire::Run) {
+    if !take_run(qp, env, run) {
+        for p in run.packets() {
+            on_response(qp, env, &p);
+        }
+    }
+}
+
+/// [`on_run`]'s whole case; false (nothing done) when it does not apply.
+fn take_run(qp: &mut Qp, env: &mut Env, run: &wire::Run) -> bool {
+    let first = &run.first;
+    let ok = matches!(qp.state, abi::QpState::Rts | abi::QpState::Sqd)
+        && qp.qp_type == abi::QpType::Rc
+        && first.hdr.bth.opcode.is_read_response()
+        && run.stride == qp.mtu() as usize
+        && check_psn(qp, first)
+        && check_ack(first) == AckKind::ReadOrAtomic;
+    if !ok {
+        return false;
+    }
+    // Everything before the run is implicitly acknowledged (as by its
+    // first packet).
+    let p = first.hdr.bth.psn;
+    ack_up_to(qp, env, psn::add(p, psn::PSN_MASK));
+    if check_resp_psn(qp, first) != RespPsn::InOrder {
+        return false;
+    }
+    let Some(op) = qp.req.inflight.front() else {
+        return false;
+    };
+    let mtu = qp.mtu();
+    let ends = op.resp_pkts + run.count == op.npkts;
+    let want = op
+        .resp_pkts
+        .checked_mul(mtu)
+        .map(|offset| (offset, op.len.saturating_sub(offset).min(run.count * mtu)));
+    let fits = op.resp_pkts + run.count <= op.npkts
+        && ends == run.last.bth.opcode.is_last()
+        && want.is_some_and(|(_, len)| len as usize == first.payload_len());
+    let (Some((offset, _)), true) = (want, fits) else {
+        return false;
+    };
+    if let Err(status) = requester::scatter(env, qp.pdn, op, offset, first.data()) {
+        fail_head(qp, env, status);
+        return true;
+    }
+    let Some(op) = qp.req.inflight.front_mut() else {
+        return true;
+    };
+    op.resp_pkts += run.count;
+    qp.req.retry_left = qp.attr.retry_cnt;
+    qp.req.retry_started = false;
+    if ends {
+        complete_wqe(qp, env);
+    }
+    qp.req.ack_deadline = if qp.req.inflight.is_empty() {
+        None
+    } else {
+        ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t)
+    };
+    requester::run(qp, env);
+    true
 }
 
 /// Responses before PSN `p` were lost: asks again from the first missing

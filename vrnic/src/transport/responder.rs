@@ -293,6 +293,23 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
             qp.resp.read = Some(st);
             return false;
         }
+        match read_run(qp, env, &st, *budget) {
+            Ok(None) => {}
+            Ok(Some((n, next))) => {
+                *budget -= n;
+                match next {
+                    Some(next) => {
+                        st = next;
+                        continue;
+                    }
+                    None => return true,
+                }
+            }
+            Err(()) => {
+                read_access_error(qp, env, &st);
+                return true;
+            }
+        }
         let last = st.resid <= mtu;
         let len = st.resid.min(mtu);
         let opcode = match (st.first, last) {
@@ -333,11 +350,7 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
             Err(()) => Err(()),
         };
         if sent.is_err() {
-            env.res.out.stats.nak_sent(NakCode::RemoteAccessError);
-            let aeth = Aeth::nak(qp.resp.msn, NakCode::RemoteAccessError);
-            let mut hdr = reply_headers(qp, &env.res.port, &st.req, Opcode::RcAck, st.psn, aeth);
-            env.res.out.send(&mut hdr, &[]);
-            qp_to_error(qp, env, abi::WcStatus::RemAccessErr);
+            read_access_error(qp, env, &st);
             return true;
         }
         *budget -= 1;
@@ -356,6 +369,86 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
             ..st
         };
     }
+}
+
+/// The READ's MR failed as its responses were read (it went away or
+/// changed since the request was checked): a remote access error NAK at
+/// the stream's PSN, and the QP to ERR.
+fn read_access_error(qp: &mut Qp, env: &mut Env, st: &ReadStream) {
+    env.res.out.stats.nak_sent(NakCode::RemoteAccessError);
+    let aeth = Aeth::nak(qp.resp.msn, NakCode::RemoteAccessError);
+    let mut hdr = reply_headers(qp, &env.res.port, &st.req, Opcode::RcAck, st.psn, aeth);
+    env.res.out.send(&mut hdr, &[]);
+    qp_to_error(qp, env, abi::WcStatus::RemAccessErr);
+}
+
+/// Sends the next responses of the READ stream `st` as one run to another
+/// function of the daemon that reads this one's memory
+/// ([`Output::send_run_by_ref`]): as many as `budget` and
+/// [`wire::RUN_MAX_PACKETS`] allow, when that is at least 2. `Ok(None)`
+/// when they go one by one instead; else how many were sent and the
+/// stream after them (`None`: it ended). `Err` when the MR fails.
+fn read_run(
+    qp: &Qp,
+    env: &mut Env,
+    st: &ReadStream,
+    budget: u32,
+) -> Result<Option<(u32, Option<ReadStream>)>, ()> {
+    let mtu = qp.mtu();
+    let left = st.resid.div_ceil(mtu);
+    let n = left.min(budget).min(wire::RUN_MAX_PACKETS);
+    if n < 2 || !env.res.out.may_send_run() {
+        return Ok(None);
+    }
+    let ends = n == left;
+    let total = st.resid.min(n * mtu);
+    let aeth = Aeth::ack(st.msn, CREDITS_UNLIMITED);
+    let first_op = if st.first {
+        Opcode::RcReadResponseFirst
+    } else {
+        Opcode::RcReadResponseMiddle
+    };
+    let last_op = if ends {
+        Opcode::RcReadResponseLast
+    } else {
+        Opcode::RcReadResponseMiddle
+    };
+    let last_psn = psn::add(st.psn, n - 1);
+    let mut first = reply_headers(qp, &env.res.port, &st.req, first_op, st.psn, aeth);
+    let mut last = reply_headers(qp, &env.res.port, &st.req, last_op, last_psn, aeth);
+    for h in [&mut first, &mut last] {
+        if h.bth.opcode == Opcode::RcReadResponseMiddle {
+            h.aeth = None;
+        }
+    }
+    let res = &mut *env.res;
+    let (mrs, pdn, va) = (&res.mrs, qp.pdn, st.va);
+    let pieces = |out: &mut Vec<u8>| {
+        mrs.check(st.rkey, pdn, abi::ACCESS_REMOTE_READ, va, u64::from(total))
+            .and_then(|mr| mr.pieces(va, total as usize, out))
+            .map_err(|_| ())
+    };
+    if !res
+        .out
+        .send_run_by_ref(&mut first, &last, n, mtu, total as usize, pieces)?
+    {
+        return Ok(None);
+    }
+    if ends {
+        return Ok(Some((n, None)));
+    }
+    // va + resid was checked against the MR when the stream started.
+    let Some(va) = st.va.checked_add(u64::from(total)) else {
+        return Ok(Some((n, None)));
+    };
+    let next = ReadStream {
+        psn: psn::add(st.psn, n),
+        va,
+        resid: st.resid - total,
+        first: false,
+        ..st.clone()
+    };
+    Ok(Some((n, Some(next))))
 }
 
 /// [`on_request`] without holding and without the stream: checks and

@@ -332,10 +332,14 @@ impl Opcode {
         len
     }
 
-    /// The MIDDLE opcode of this SEND or RDMA WRITE opcode's message kind
-    /// and transport (`RC_SEND_FIRST` → `RC_SEND_MIDDLE`); `None` for
-    /// other opcodes (IBTA 9.2 Table 38: MIDDLE is the kind's base + 1).
+    /// The MIDDLE opcode of this SEND, RDMA WRITE or RDMA READ response
+    /// opcode's message kind and transport (`RC_SEND_FIRST` →
+    /// `RC_SEND_MIDDLE`); `None` for other opcodes (IBTA 9.2 Table 38:
+    /// MIDDLE is the kind's base + 1).
     pub fn middle(self) -> Option<Opcode> {
+        if self.is_read_response() {
+            return Some(Opcode::RcReadResponseMiddle);
+        }
         if !self.is_send() && !self.is_write() {
             return None;
         }
@@ -351,9 +355,13 @@ impl Opcode {
     /// The ONLY opcode of a message that is this LAST opcode's message in
     /// one packet (`RC_SEND_LAST_WITH_IMMEDIATE` →
     /// `RC_SEND_ONLY_WITH_IMMEDIATE`, `RC_SEND_LAST_WITH_INVALIDATE` →
-    /// `RC_SEND_ONLY_WITH_INVALIDATE`); `None` unless a SEND or RDMA WRITE
-    /// LAST (IBTA 9.2 Table 38).
+    /// `RC_SEND_ONLY_WITH_INVALIDATE`, `RC_RDMA_READ_RESPONSE_LAST` →
+    /// `RC_RDMA_READ_RESPONSE_ONLY`); `None` unless a SEND, RDMA WRITE or
+    /// READ response LAST (IBTA 9.2 Table 38).
     pub fn only_of_last(self) -> Option<Opcode> {
+        if self == Opcode::RcReadResponseLast {
+            return Some(Opcode::RcReadResponseOnly);
+        }
         if !(self.is_send() || self.is_write()) || !self.is_last() || self.is_only() {
             return None;
         }
@@ -410,13 +418,24 @@ mod tests {
                 Some(m) => {
                     assert!(m.is_middle(), "{op:?}");
                     assert_eq!(
-                        (m.is_send(), m.is_write(), m.transport()),
-                        (op.is_send(), op.is_write(), op.transport()),
+                        (
+                            m.is_send(),
+                            m.is_write(),
+                            m.is_read_response(),
+                            m.transport()
+                        ),
+                        (
+                            op.is_send(),
+                            op.is_write(),
+                            op.is_read_response(),
+                            op.transport()
+                        ),
                         "{op:?}"
                     );
                 }
                 None => assert!(
-                    (!op.is_send() && !op.is_write()) || op.transport() == Transport::Ud,
+                    (!op.is_send() && !op.is_write() && !op.is_read_response())
+                        || op.transport() == Transport::Ud,
                     "{op:?}"
                 ),
             }
@@ -424,8 +443,18 @@ mod tests {
                 Some(o) => {
                     assert!(o.is_only() && op.is_last() && !op.is_only(), "{op:?}");
                     assert_eq!(
-                        (o.is_send(), o.is_write(), o.transport()),
-                        (op.is_send(), op.is_write(), op.transport()),
+                        (
+                            o.is_send(),
+                            o.is_write(),
+                            o.is_read_response(),
+                            o.transport()
+                        ),
+                        (
+                            op.is_send(),
+                            op.is_write(),
+                            op.is_read_response(),
+                            op.transport()
+                        ),
                         "{op:?}"
                     );
                     assert_eq!(
@@ -433,10 +462,7 @@ mod tests {
                         (op.has_immdt(), op.has_ieth())
                     );
                 }
-                None => assert!(
-                    op.is_only() || !op.is_last() || op.is_read_response(),
-                    "{op:?}"
-                ),
+                None => assert!(op.is_only() || !op.is_last(), "{op:?}"),
             }
         }
         assert_eq!(RcSendLastInv.only_of_last(), Some(RcSendOnlyInv));

@@ -1,5 +1,6 @@
-//! Runs: consecutive packets of one SEND or RDMA WRITE message carried
-//! as one entry of a batch ([`super::gso`]), their payload by reference.
+//! Runs: consecutive packets of one SEND, RDMA WRITE or RDMA READ
+//! response message carried as one entry of a batch ([`super::gso`]),
+//! their payload by reference.
 //!
 //! Between two functions of one daemon the payload of a message need not
 //! be cut into path-MTU packets at all: the receiver copies it straight
@@ -7,7 +8,8 @@
 //! packets of one message — every one but the last `stride` bytes (the
 //! sender's path MTU), the last the rest — by the headers of its first and
 //! last packets; the packets between are MIDDLE packets with the first's
-//! BTH fields and consecutive PSNs, and no acknowledgement request.
+//! BTH fields and consecutive PSNs, no acknowledgement request and no
+//! extension header.
 //!
 //! It is exactly those packets ([`Run::packets`]); a receiver that takes
 //! it whole ([`Run::message`]: one check, one copy, one acknowledgement)
@@ -25,11 +27,12 @@ pub const RUN_MAX_PACKETS: u32 = super::gso::BATCH_MAX_PACKETS as u32;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Run<'a> {
     /// The first packet's headers (a FIRST or MIDDLE; a WRITE's FIRST with
-    /// its RETH), with the payload of the whole run.
+    /// its RETH, a READ response's FIRST with its AETH), with the payload
+    /// of the whole run.
     pub first: RocePacket<'a>,
     /// The last packet's headers (a MIDDLE or LAST of the same kind, with
-    /// its ImmDt or IETH and its acknowledgement request and solicited
-    /// event bits).
+    /// its ImmDt, IETH or AETH and its acknowledgement request and
+    /// solicited event bits).
     pub last: RoceHeaders,
     /// Packets, 2 ..= [`RUN_MAX_PACKETS`].
     pub count: u32,
@@ -49,7 +52,8 @@ impl<'a> Run<'a> {
     /// `stride` a positive multiple of 4; the payload longer than
     /// `(count - 1) * stride` and at most `count * stride` bytes; `first` a
     /// FIRST or MIDDLE and `last` a MIDDLE or LAST of the same RC or UC
-    /// SEND or WRITE; `last`'s PSN `count - 1` after `first`'s; the two
+    /// SEND or WRITE, or RC READ response; `last`'s PSN `count - 1` after
+    /// `first`'s; the two
     /// BTHs alike but for opcode, PSN, acknowledgement request, solicited
     /// event and pad count; `first` without pad, `last` with its
     /// payload's.
@@ -66,7 +70,14 @@ impl<'a> Run<'a> {
             .and_then(|n| n.checked_mul(stride))
             .ok_or(bad)?;
         let (f, l) = (first.hdr.bth, last.bth);
-        let kind = |op: Opcode| (op.is_send(), op.is_write(), op.transport());
+        let kind = |op: Opcode| {
+            (
+                op.is_send(),
+                op.is_write(),
+                op.is_read_response(),
+                op.transport(),
+            )
+        };
         let alike = |b: Bth| Bth {
             opcode: Opcode::RcSendMiddle,
             psn: 0,
@@ -80,7 +91,7 @@ impl<'a> Run<'a> {
             && stride.is_multiple_of(4)
             && total > before_last
             && total - before_last <= stride
-            && (f.opcode.is_send() || f.opcode.is_write())
+            && (f.opcode.is_send() || f.opcode.is_write() || f.opcode.is_read_response())
             && matches!(f.opcode.transport(), Transport::Rc | Transport::Uc)
             && !f.opcode.is_last()
             && !l.opcode.is_first()
@@ -145,8 +156,9 @@ impl<'a> Run<'a> {
     /// position to the last's would have (FIRST to LAST is ONLY, FIRST to
     /// MIDDLE is FIRST, MIDDLE to LAST is the LAST, MIDDLE to MIDDLE is
     /// MIDDLE), the first's PSN and RETH, the last's ImmDt, IETH,
-    /// acknowledgement request, solicited event and pad count. It spans
-    /// [`Run::count`] PSNs.
+    /// acknowledgement request, solicited event and pad count, and the
+    /// AETH of the last, else of the first, when the opcode has one (a
+    /// READ response's). It spans [`Run::count`] PSNs.
     pub fn message(&self) -> RocePacket<'a> {
         let (f, l) = (self.first.hdr.bth.opcode, self.last.bth.opcode);
         let opcode = match (f.is_first(), l.is_last()) {
@@ -165,6 +177,11 @@ impl<'a> Run<'a> {
             },
             immdt: self.last.immdt,
             ieth: self.last.ieth,
+            aeth: if opcode.has_aeth() {
+                self.last.aeth.or(self.first.hdr.aeth)
+            } else {
+                None
+            },
             ..self.first.hdr.clone()
         };
         with_data(hdr, self.first.data())
@@ -319,6 +336,43 @@ mod tests {
         let run = the_run(&frame, &mem).unwrap();
         assert_eq!(run.message().hdr.bth.opcode, RcWriteLast);
         assert_eq!(run.message().hdr.reth, None);
+
+        // READ responses: the AETH on the first and the last, none
+        // between; FIRST to LAST is an ONLY with the last's AETH.
+        let mut first = headers(RcReadResponseFirst, 50, false);
+        first.aeth = Some(crate::wire::Aeth::ack(3, 31));
+        let mut last = headers(RcReadResponseLast, 52, false);
+        last.aeth = Some(crate::wire::Aeth::ack(4, 31));
+        let frame = batch(&first, &last, 3, 4096, 2 * 4096 + 1);
+        let run = the_run(&frame, &mem).unwrap();
+        let aeths: Vec<_> = run.packets().map(|p| p.hdr.aeth).collect();
+        assert_eq!(aeths, [first.aeth, None, last.aeth]);
+        let ops: Vec<_> = run.packets().map(|p| p.hdr.bth.opcode).collect();
+        assert_eq!(
+            ops,
+            [
+                RcReadResponseFirst,
+                RcReadResponseMiddle,
+                RcReadResponseLast
+            ]
+        );
+        let m = run.message();
+        assert_eq!(
+            (m.hdr.bth.opcode, m.hdr.aeth),
+            (RcReadResponseOnly, last.aeth)
+        );
+        let frame = batch(
+            &first,
+            &headers(RcReadResponseMiddle, 51, false),
+            2,
+            4096,
+            8192,
+        );
+        let m = the_run(&frame, &mem).unwrap().message();
+        assert_eq!(
+            (m.hdr.bth.opcode, m.hdr.aeth),
+            (RcReadResponseFirst, first.aeth)
+        );
     }
 
     #[test]
