@@ -200,6 +200,14 @@ impl VrnicBackend {
         publish_to(&self.board, dp, wait);
     }
 
+    /// Counts a frontend refused while another was served
+    /// (`frontends_refused`, [`crate::server`]).
+    pub(crate) fn refused(&self) {
+        let mut dp = self.lock();
+        dp.stats.frontends_refused += 1;
+        self.publish(&mut dp, false);
+    }
+
     /// Virtio features the frontend acknowledged (`SET_FEATURES`).
     pub fn acked_features(&self) -> u64 {
         self.acked_features.load(Ordering::Relaxed)

@@ -127,6 +127,9 @@ pub struct BackendStats {
     /// available without a kick and served them (`DataPath::serve_late`):
     /// how often the safety net catches a missing notification.
     pub late_chains: u64,
+    /// Frontends refused while another was served: a function serves one
+    /// program at a time ([`crate::server`]).
+    pub frontends_refused: u64,
 }
 
 /// The data-path state: the device, its link, its timer and the event

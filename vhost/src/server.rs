@@ -343,7 +343,7 @@ fn serve_with(
     info!("frontend connected");
     stop.attach(daemon.shutdown_handle());
     let result = match how {
-        Connect::Listen(l) => refusing(l, || daemon.wait()),
+        Connect::Listen(l) => refusing(l, || backend.refused(), || daemon.wait()),
         Connect::Client(_) => daemon.wait(),
     };
     stop.detach();
@@ -420,9 +420,10 @@ pub fn run_client(
 /// that connect to `listener` meanwhile: one still waiting after
 /// [`BUSY_GRACE`] is accepted and its connection closed at once (its
 /// first request fails; guest-lib says the function may be serving
-/// another program). One that comes within the grace of the served
-/// connection's end is left for the next [`serve_connection`].
-fn refusing<R>(listener: &Listener, serve: impl FnOnce() -> R) -> R {
+/// another program), and `counted` is called. One that comes within the
+/// grace of the served connection's end is left for the next
+/// [`serve_connection`].
+fn refusing<R>(listener: &Listener, counted: impl Fn() + Sync, serve: impl FnOnce() -> R) -> R {
     let Ok(done) = EventFd::new(EFD_NONBLOCK) else {
         return serve();
     };
@@ -433,7 +434,7 @@ fn refusing<R>(listener: &Listener, serve: impl FnOnce() -> R) -> R {
             .name("vrnic-refuser".into())
             .spawn_scoped(s, || {
                 let _in = span.enter();
-                refuse_until(listener, &done)
+                refuse_until(listener, &done, &counted)
             });
         let r = serve();
         let _ = done.write(1);
@@ -445,7 +446,7 @@ fn refusing<R>(listener: &Listener, serve: impl FnOnce() -> R) -> R {
 }
 
 /// [`refusing`]'s thread: until `done` is readable.
-fn refuse_until(listener: &Listener, done: &EventFd) {
+fn refuse_until(listener: &Listener, done: &EventFd, counted: &(impl Fn() + Sync)) {
     loop {
         match poll_in(&[listener.as_raw_fd(), done.as_raw_fd()], None) {
             Ok(r) if r[1] => return,
@@ -475,6 +476,7 @@ fn refuse_until(listener: &Listener, done: &EventFd) {
             Ok(Some(conn)) => {
                 drop(conn);
                 warn!("refused a frontend: this function serves another one (one at a time)");
+                counted();
             }
             Ok(None) => {}
             Err(e) => {

@@ -38,7 +38,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 }
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 52;
+pub const COUNTERS: usize = 53;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -95,6 +95,7 @@ pub const NAMES: [&str; COUNTERS] = [
     "poll_adopted",
     "poll_idle_ns",
     "late_chains",
+    "frontends_refused",
 ];
 
 /// Largest reply [`query`] accepts, bytes: room for the device counters
@@ -183,6 +184,7 @@ impl Snapshot {
             poll_adopted,
             poll_idle_ns,
             late_chains,
+            frontends_refused,
         } = *backend;
         Self {
             values: [
@@ -238,6 +240,7 @@ impl Snapshot {
                 poll_adopted,
                 poll_idle_ns,
                 late_chains,
+                frontends_refused,
             ],
         }
     }
@@ -575,6 +578,7 @@ mod tests {
             lost_requests: 24,
             poll_idle_ns: 25,
             late_chains: 26,
+            frontends_refused: 27,
             ..Default::default()
         };
         let s = Snapshot::new(&d, &b);
@@ -590,8 +594,9 @@ mod tests {
         let parsed = parse(&s.render()).unwrap();
         assert_eq!(parsed.len(), COUNTERS);
         assert_eq!(parsed[0], ("tx_frames".to_string(), 1));
-        assert_eq!(parsed[COUNTERS - 2], ("poll_idle_ns".to_string(), 25));
-        assert_eq!(parsed[COUNTERS - 1], ("late_chains".to_string(), 26));
+        assert_eq!(parsed[COUNTERS - 3], ("poll_idle_ns".to_string(), 25));
+        assert_eq!(parsed[COUNTERS - 2], ("late_chains".to_string(), 26));
+        assert_eq!(parsed[COUNTERS - 1], ("frontends_refused".to_string(), 27));
         assert_eq!(s.get("lost_requests"), Some(24));
     }
 

@@ -572,6 +572,7 @@ fn a_second_frontend_is_refused_while_one_is_served() {
     drop(fe);
     let b = stop(d);
     assert_eq!(b.stats().commands, 2);
+    assert_eq!(b.stats().frontends_refused, 1, "the refusal is counted");
 }
 
 /// A VM pause (QMP `stop`, then `cont`): QEMU stops every queue
