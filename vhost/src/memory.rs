@@ -52,6 +52,19 @@ impl<'a> GuestMem<'a> {
     }
 }
 
+impl<'a> GuestMem<'a> {
+    /// `[gpa, gpa + len)` as one slice, when it lies in one region of the
+    /// table (one lookup); `None` otherwise (across regions, or outside).
+    fn one_region(
+        &self,
+        gpa: u64,
+        len: usize,
+    ) -> Option<vm_memory::VolatileSlice<'a, vm_memory::bitmap::MS<'a, GuestMemoryMmap>>> {
+        let s = self.mem.get_slice(GuestAddress(gpa), len).ok()?;
+        (s.len() == len).then_some(s)
+    }
+}
+
 impl DmaMemory for GuestMem<'_> {
     fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
         let err = MemError {
@@ -59,6 +72,11 @@ impl DmaMemory for GuestMem<'_> {
             len: buf.len(),
         };
         if buf.is_empty() {
+            return Ok(());
+        }
+        // Within one region (nearly always): one region lookup.
+        if let Some(from) = self.one_region(gpa, buf.len()) {
+            from.copy_to(buf);
             return Ok(());
         }
         if !self.contains(gpa, buf.len()) {
@@ -73,6 +91,10 @@ impl DmaMemory for GuestMem<'_> {
             len: buf.len(),
         };
         if buf.is_empty() {
+            return Ok(());
+        }
+        if let Some(to) = self.one_region(gpa, buf.len()) {
+            to.copy_from(buf);
             return Ok(());
         }
         if !self.contains(gpa, buf.len()) {
