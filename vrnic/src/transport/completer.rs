@@ -327,10 +327,18 @@ fn on_read_or_atomic_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
         fail_head(qp, env, status);
         return;
     }
+    responses_landed(qp, env, 1, last);
+}
+
+/// `n` responses of the head WQE landed (the `last` ones with them): they
+/// count, the retries start afresh, the WQE completes after its last
+/// response, the ACK timer restarts (or stops with nothing in flight),
+/// and the requester goes on.
+fn responses_landed(qp: &mut Qp, env: &mut Env, n: u32, last: bool) {
     let Some(op) = qp.req.inflight.front_mut() else {
         return;
     };
-    op.resp_pkts += 1;
+    op.resp_pkts += n;
     qp.req.retry_left = qp.attr.retry_cnt;
     qp.req.retry_started = false;
     if last {
@@ -398,21 +406,7 @@ fn take_run(qp: &mut Qp, env: &mut Env, run: &wire::Run) -> bool {
         fail_head(qp, env, status);
         return true;
     }
-    let Some(op) = qp.req.inflight.front_mut() else {
-        return true;
-    };
-    op.resp_pkts += run.count;
-    qp.req.retry_left = qp.attr.retry_cnt;
-    qp.req.retry_started = false;
-    if ends {
-        complete_wqe(qp, env);
-    }
-    qp.req.ack_deadline = if qp.req.inflight.is_empty() {
-        None
-    } else {
-        ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t)
-    };
-    requester::run(qp, env);
+    responses_landed(qp, env, run.count, ends);
     true
 }
 

@@ -14,11 +14,16 @@
 //! [`BATCH_MAGIC`]; after the end its IP length gives, each further packet
 //! is its length in bytes (15 bits, big-endian) and its InfiniBand part:
 //! BTH, extension headers, payload and pad, without an ICRC — or, with the
-//! length's top bit set, BTH, extension headers and the payload's pieces
-//! of the sender's guest memory ([`crate::data`]): the receiver copies
-//! them straight from there ("by reference"). Its
+//! length's top bit set (14 bits of length), BTH, extension headers and
+//! the payload's pieces of the sender's guest memory ([`crate::data`]):
+//! the receiver copies them straight from there ("by reference") — or,
+//! with its top two bits set, a run of packets of one message by
+//! reference ([`Run`], [`append_run`]): packet count and stride (16 bits
+//! each), the first and the last packet's BTH and extension headers, the
+//! pieces of all their payload. Its
 //! Ethernet, IP and UDP headers are the first packet's (the same flow,
-//! [`same_flow`]), its IPv4 identification the first's plus its index.
+//! [`same_flow`]), its IPv4 identification the first's plus its index
+//! (a run counting as its packets).
 //!
 //! A batch is only ever made for a destination that is local
 //! ([`crate::link::Link::local_macs`]) and only read as one when it came

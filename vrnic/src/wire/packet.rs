@@ -750,6 +750,21 @@ pub(super) fn emit_segment_peer<E>(
     w.put(&[0, 0]);
     emit_ib_headers(&mut w, hdr, pad_len(payload_len));
     let end = w.pos;
+    seal_peer_segment(out, at, end, 0x8000, pieces)
+}
+
+/// Ends a segment by reference whose length field is at `at` and whose
+/// headers end at `end` of `out`: `pieces` appends its piece entries, and
+/// the length field gets the bytes after it with `flags` (its top bits)
+/// set. `Ok(None)`, and `out` cut back to `at`, when those bytes are more
+/// than [`super::gso::PEER_SEGMENT_MAX`]; `pieces`' error likewise.
+fn seal_peer_segment<E>(
+    out: &mut Vec<u8>,
+    at: usize,
+    end: usize,
+    flags: u16,
+    pieces: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+) -> Result<Option<usize>, E> {
     out.truncate(end);
     if let Err(e) = pieces(out) {
         out.truncate(at);
@@ -760,7 +775,7 @@ pub(super) fn emit_segment_peer<E>(
         out.truncate(at);
         return Ok(None);
     }
-    out[at..at + 2].copy_from_slice(&((seg_len as u16) | 0x8000).to_be_bytes());
+    out[at..at + 2].copy_from_slice(&((seg_len as u16) | flags).to_be_bytes());
     Ok(Some(out.len()))
 }
 
@@ -793,18 +808,7 @@ pub(super) fn emit_run_peer<E>(
     emit_ib_headers(&mut w, first, 0);
     emit_ib_headers(&mut w, last, pad_len(last_len));
     let end = w.pos;
-    out.truncate(end);
-    if let Err(e) = pieces(out) {
-        out.truncate(at);
-        return Err(e);
-    }
-    let seg_len = out.len() - at - 2;
-    if seg_len > super::gso::PEER_SEGMENT_MAX {
-        out.truncate(at);
-        return Ok(None);
-    }
-    out[at..at + 2].copy_from_slice(&((seg_len as u16) | 0xc000).to_be_bytes());
-    Ok(Some(out.len()))
+    seal_peer_segment(out, at, end, 0xc000, pieces)
 }
 
 /// The parts of a run's segment after its length field
