@@ -20,8 +20,6 @@ trait NodeExt {
     fn create_typed_qp(&mut self, pdn: u32, cq: &Cq, qp_type: u32, srqn: u32) -> Qp;
     fn modify(&mut self, a: abi::QpAttr) -> Result<(), u32>;
     fn bring_up_ud(&mut self, qp: &Qp);
-    #[allow(clippy::too_many_arguments)]
-    fn bring_up_uc(&mut self, qp: &Qp, peer_ip: std::net::Ipv4Addr, peer_qpn: u32, mtu: u32);
     fn create_ah(&mut self, pdn: u32, ip: std::net::Ipv4Addr) -> u32;
     fn create_srq(&mut self, pdn: u32, max_wr: u32, limit: u32) -> Srq;
     fn post_srq_recv(&mut self, srq: &mut Srq, wr_id: u64, sge: abi::Sge, now: Nanos);
@@ -70,45 +68,6 @@ impl NodeExt for Node {
             attr_mask: QP_ATTR_STATE | QP_ATTR_SQ_PSN,
             qp_state: QPS_RTS,
             sq_psn: 0x42,
-            ..base
-        })
-        .unwrap();
-    }
-
-    fn bring_up_uc(&mut self, qp: &Qp, peer_ip: std::net::Ipv4Addr, peer_qpn: u32, mtu: u32) {
-        use abi::*;
-        let base = QpAttr {
-            qpn: qp.qpn,
-            ..Default::default()
-        };
-        self.modify(QpAttr {
-            attr_mask: QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS,
-            qp_state: QPS_INIT,
-            port_num: 1,
-            qp_access_flags: ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE,
-            ..base
-        })
-        .unwrap();
-        self.modify(QpAttr {
-            attr_mask: QP_ATTR_STATE
-                | QP_ATTR_AV
-                | QP_ATTR_PATH_MTU
-                | QP_ATTR_DEST_QPN
-                | QP_ATTR_RQ_PSN,
-            qp_state: QPS_RTR,
-            path_mtu: mtu,
-            dest_qp_num: peer_qpn,
-            rq_psn: 0x100,
-            dgid: gid_of(peer_ip),
-            sgid_index: 1,
-            is_global: 1,
-            ..base
-        })
-        .unwrap();
-        self.modify(QpAttr {
-            attr_mask: QP_ATTR_STATE | QP_ATTR_SQ_PSN,
-            qp_state: QPS_RTS,
-            sq_psn: 0x100,
             ..base
         })
         .unwrap();
@@ -376,8 +335,8 @@ fn uc_pair(link_mtu: u32) -> (Node, Node, Cq, Cq, Qp, Qp, u32, u32) {
     let qa = a.create_typed_qp(pa, &cqa, abi::QPT_UC, 0);
     let qb = b.create_typed_qp(pb, &cqb, abi::QPT_UC, 0);
     let (ipa, ipb) = (a.ip, b.ip);
-    a.bring_up_uc(&qa, ipb, qb.qpn, 1);
-    b.bring_up_uc(&qb, ipa, qa.qpn, 1);
+    a.connect_uc(&qa, ipb, qb.qpn, 1);
+    b.connect_uc(&qb, ipa, qa.qpn, 1);
     (a, b, cqa, cqb, qa, qb, pa, pb)
 }
 
@@ -511,8 +470,8 @@ fn uc_lost_packets_drop_whole_messages_and_keep_receive_wqes() {
     let mut qa = a.create_typed_qp(pa, &cqa, abi::QPT_UC, 0);
     let mut qb = b.create_typed_qp(pb, &cqb, abi::QPT_UC, 0);
     let (ipa, ipb) = (a.ip, b.ip);
-    a.bring_up_uc(&qa, ipb, qb.qpn, 1);
-    b.bring_up_uc(&qb, ipa, qa.qpn, 1);
+    a.connect_uc(&qa, ipb, qb.qpn, 1);
+    b.connect_uc(&qb, ipa, qa.qpn, 1);
     let msg = 256 * 3; // 3 packets each
     let n = 40u32;
     let src = a.alloc(msg * n as usize);

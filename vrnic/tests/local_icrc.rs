@@ -686,3 +686,105 @@ fn runs_that_cannot_be_taken_whole_are_handled_as_their_packets() {
         "the responses came twice"
     );
 }
+
+/// UC between two functions: SENDs and WRITEs of many packets go as runs
+/// too and land whole, each completing on the sender once sent; a SEND
+/// that finds no receive WQE is dropped (counted as its packets) and the
+/// next message lands.
+#[test]
+fn uc_messages_go_as_runs_too() {
+    let o = ConnOpts {
+        mtu: 5,
+        ..ConnOpts::default()
+    };
+    let (mut s, counts) = local_pair(true, 0, o);
+    let spec = QpSpec::typed(abi::QPT_UC, 0);
+    let mut ua = s.a.create_qp_with(s.pda, &s.ca, spec);
+    let mut ub = s.b.create_qp_with(s.pdb, &s.cb, spec);
+    let (ipa, ipb) = (s.a.ip, s.b.ip);
+    s.a.connect_uc(&ua, ipb, ub.qpn, 5);
+    s.b.connect_uc(&ub, ipa, ua.qpn, 5);
+    let big = 256 * 1024;
+    let (src, data, lk) = source(&mut s, big, 6);
+    let dst = s.b.alloc(big);
+    let (_, rk) = s.b.reg_mr(s.pdb, dst, big as u64, ALL).unwrap();
+    let r = s.b.alloc(16 * 1024);
+    let (lkr, _) = s.b.reg_mr(s.pdb, r, 16 * 1024, ALL).unwrap();
+    let now = s.now;
+    s.b.post_recv(&mut ub, 40, &[sge(r, 16 * 1024, lkr)], now);
+    let send_len = 3 * 4096 + 9;
+    let post = |s: &mut RcPair, ua: &mut Qp, w: abi::SendWqe, sg: abi::Sge| {
+        let now = s.now;
+        s.a.post_send(ua, w, &[sg], now);
+    };
+    // A WRITE of 64 packets (its first opens the batch, the rest go as
+    // two runs, cut at 32 packets) and a SEND of 4 behind it (one run).
+    let w = abi::SendWqe {
+        remote_addr: dst,
+        rkey: rk,
+        ..wqe(1, abi::WR_RDMA_WRITE)
+    };
+    post(&mut s, &mut ua, w, sge(src, big as u32, lk));
+    post(
+        &mut s,
+        &mut ua,
+        wqe(2, abi::WR_SEND),
+        sge(src + 5, send_len as u32, lk),
+    );
+    for want in 1..=2 {
+        let c = s.cqe(false, "A's UC completions");
+        assert_eq!(
+            (c.wr_id, c.status, c.qp_num),
+            (want, abi::WC_SUCCESS, ua.qpn),
+            "{c:?}"
+        );
+    }
+    let c = s.cqe(true, "B's UC receive");
+    assert_eq!(
+        (c.wr_id, c.status, c.byte_len as usize, c.qp_num),
+        (40, abi::WC_SUCCESS, send_len, ub.qpn)
+    );
+    assert!(s.b.read(dst, big) == data, "UC WRITE");
+    assert!(s.b.read(r, send_len) == data[5..5 + send_len], "UC SEND");
+    assert!(counts.runs.load(Ordering::Relaxed) >= 3, "UC runs");
+    // No receive WQE: a WRITE opens the batch, the SEND behind it goes
+    // as a run and is dropped whole; the next SEND lands.
+    let dropped = s.b.dev.stats().rx_dropped;
+    let w = abi::SendWqe {
+        remote_addr: dst,
+        rkey: rk,
+        ..wqe(3, abi::WR_RDMA_WRITE)
+    };
+    post(&mut s, &mut ua, w, sge(src, 100, lk));
+    post(
+        &mut s,
+        &mut ua,
+        wqe(4, abi::WR_SEND),
+        sge(src, send_len as u32, lk),
+    );
+    for want in 3..=4 {
+        let c = s.cqe(false, "A's UC completions");
+        assert_eq!((c.wr_id, c.status), (want, abi::WC_SUCCESS), "{c:?}");
+    }
+    s.assert_quiet(20, "the SEND without a receive WQE");
+    assert_eq!(s.b.dev.stats().rx_dropped - dropped, 4, "its 4 packets");
+    let now = s.now;
+    s.b.post_recv(&mut ub, 41, &[sge(r, 16 * 1024, lkr)], now);
+    post(
+        &mut s,
+        &mut ua,
+        wqe(5, abi::WR_SEND),
+        sge(src + 9, send_len as u32, lk),
+    );
+    let c = s.cqe(false, "A's UC completion");
+    assert_eq!((c.wr_id, c.status), (5, abi::WC_SUCCESS));
+    let c = s.cqe(true, "B's UC receive");
+    assert_eq!(
+        (c.wr_id, c.status, c.byte_len as usize),
+        (41, abi::WC_SUCCESS, send_len)
+    );
+    assert!(
+        s.b.read(r, send_len) == data[9..9 + send_len],
+        "the SEND after"
+    );
+}

@@ -603,8 +603,8 @@ impl Device {
         }
     }
 
-    /// Handles a run of a batch ([`wire::Run`]): to an RC QP whose header
-    /// checks its first packet passes, the responder (SEND, WRITE:
+    /// Handles a run of a batch ([`wire::Run`]): to an RC or UC QP whose
+    /// header checks its first packet passes, the responder (SEND, WRITE:
     /// [`responder::on_run`]) or the completer (READ responses:
     /// [`completer::on_run`]) takes it whole when it can; anything else is
     /// handled packet by packet, as the packets would have been. Counted
@@ -614,9 +614,11 @@ impl Device {
         let port = &self.res.port;
         let whole = port.owns(pkt.hdr.ip_dst)
             && pkt.hdr.eth_dst == port.mac
-            && pkt.hdr.bth.opcode.transport() == wire::Transport::Rc
             && self.qps.get(pkt.hdr.bth.dest_qp).is_some_and(|qp| {
-                qp.qp_type == abi::QpType::Rc && hdr_check::hdr_check(qp, port, pkt).is_ok()
+                matches!(
+                    (qp.qp_type, pkt.hdr.bth.opcode.transport()),
+                    (abi::QpType::Rc, wire::Transport::Rc) | (abi::QpType::Uc, wire::Transport::Uc)
+                ) && hdr_check::hdr_check(qp, port, pkt).is_ok()
             });
         let Some(qp) = self.qps.get_mut(pkt.hdr.bth.dest_qp).filter(|_| whole) else {
             for p in run.packets() {

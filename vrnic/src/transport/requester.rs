@@ -547,14 +547,14 @@ fn send_packet(
 }
 
 /// How many packets of inflight op `i` from packet `k` may go as one run
-/// ([`wire::Run`]): an RC SEND or WRITE from driver memory, at most
+/// ([`wire::Run`]): an RC or UC SEND or WRITE from driver memory, at most
 /// `budget` packets, [`wire::RUN_MAX_PACKETS`] and what the window has
 /// room for (`ahead`: how far packet `k` is beyond the oldest
 /// unacknowledged PSN), ending at the first packet that asks for an ACK
 /// ([`ACK_REQ_EVERY`]), so that only the run's last packet may ask.
 fn run_len(qp: &Qp, i: usize, k: u32, ahead: i32, budget: u32) -> u32 {
     let op = &qp.req.inflight[i];
-    if qp.qp_type != abi::QpType::Rc
+    if !matches!(qp.qp_type, abi::QpType::Rc | abi::QpType::Uc)
         || op.needs_response()
         || !matches!(op.payload, Payload::Sges(_))
     {
@@ -612,11 +612,12 @@ fn send_run(
     let mut last = hdr.of_flow(wire::Bth {
         opcode: last_op,
         psn: psn::add(op.first_psn, last_k),
-        // The window closes behind it, or it ends the message or an ACK
-        // interval (run_len ends runs there).
-        ack_req: ends
-            || ahead + n as i32 == MAX_INFLIGHT_PKTS as i32
-            || (last_k + 1).is_multiple_of(ACK_REQ_EVERY),
+        // RC: the window closes behind it, or it ends the message or an
+        // ACK interval (run_len ends runs there).
+        ack_req: qp.qp_type == abi::QpType::Rc
+            && (ends
+                || ahead + n as i32 == MAX_INFLIGHT_PKTS as i32
+                || (last_k + 1).is_multiple_of(ACK_REQ_EVERY)),
         solicited: ends && op.wqe.send_flags & abi::SEND_SOLICITED != 0,
         ..hdr.bth
     });
@@ -705,6 +706,10 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
                 Ok(n) => {
                     qp.req.inflight[pos].sent += n;
                     budget -= n;
+                    if qp.qp_type == abi::QpType::Uc {
+                        complete_sent(qp, env);
+                        continue;
+                    }
                     if qp.req.ack_deadline.is_none() {
                         qp.req.ack_deadline = ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t);
                     }

@@ -486,25 +486,39 @@ fn process(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
 
 /// A run of packets ([`wire::Run`]) to `qp`, whose header checks its first
 /// packet passed. Taken whole when its packets would all be executed in
-/// turn: an RC QP with no READ response stream or held requests, the run's
-/// first PSN the expected one, its stride the path MTU, and the checks
+/// turn: its stride the path MTU; an RC QP with no READ response stream
+/// or held requests and the run's first PSN the expected one, or a UC QP
+/// in sequence and not dropping the rest of a message; and the checks
 /// passing for the run as one packet ([`wire::Run::message`], spanning
 /// its PSNs): then one copy, the expected PSN moved past it, one answer
-/// (an ACK of its last PSN when that packet asks for one). Anything else
-/// is handled packet by packet ([`on_request`]), as it would have come.
-/// An error in the execution itself (memory that went away, a SEND longer
-/// than its receive WQE) is answered for the run's first PSN, as for one
-/// packet; the message fails either way.
+/// (RC: an ACK of its last PSN when that packet asks for one). Anything
+/// else is handled packet by packet ([`on_request`]), as it would have
+/// come. An error in the execution itself (memory that went away, a SEND
+/// longer than its receive WQE) is answered for the run's first PSN, as
+/// for one packet (UC: the message is dropped); the message fails either
+/// way.
 pub fn on_run(qp: &mut Qp, env: &mut Env, run: &wire::Run) {
-    let whole = qp.qp_type == abi::QpType::Rc
-        && matches!(
-            qp.state,
-            abi::QpState::Rtr | abi::QpState::Rts | abi::QpState::Sqd
-        )
-        && qp.resp.read.is_none()
-        && qp.resp.held.is_empty()
-        && run.stride == qp.mtu() as usize
-        && check_psn(qp, &run.first) == PsnCheck::Expected;
+    let transport = run.first.hdr.bth.opcode.transport();
+    let whole = run.stride == qp.mtu() as usize
+        && match (qp.qp_type, transport) {
+            (abi::QpType::Rc, Transport::Rc) => {
+                matches!(
+                    qp.state,
+                    abi::QpState::Rtr | abi::QpState::Rts | abi::QpState::Sqd
+                ) && qp.resp.read.is_none()
+                    && qp.resp.held.is_empty()
+                    && check_psn(qp, &run.first) == PsnCheck::Expected
+            }
+            // UC: in sequence, not dropping the rest of a message.
+            (abi::QpType::Uc, Transport::Uc) => {
+                matches!(
+                    qp.state,
+                    abi::QpState::Rtr | abi::QpState::Rts | abi::QpState::Sqd | abi::QpState::Sqe
+                ) && run.first.hdr.bth.psn == qp.resp.epsn
+                    && !matches!(qp.resp.msg, InboundMsg::UcDrop)
+            }
+            _ => false,
+        };
     let msg = run.message();
     let target = match whole.then(|| check_request(qp, env, &msg, run.count)) {
         Some(Ok(target)) => target,
@@ -515,8 +529,27 @@ pub fn on_run(qp: &mut Qp, env: &mut Env, run: &wire::Run) {
             return;
         }
     };
-    qp.resp.nak_sent = false;
     let done = execute(qp, env, &msg, target);
+    if qp.qp_type == abi::QpType::Uc {
+        qp.resp.epsn = psn::add(run.first.hdr.bth.psn, run.count);
+        if let Err(e) = done {
+            // Dropped silently, as its packets would have been.
+            if let RespError::Nak {
+                wqe: Some((wr_id, status)),
+                ..
+            } = e
+            {
+                complete_recv_error(qp, env, wr_id, status);
+            }
+            env.res.out.stats.rx_dropped += u64::from(run.count);
+            abandon_uc_message(qp);
+            if !msg.hdr.bth.opcode.is_last() {
+                qp.resp.msg = InboundMsg::UcDrop;
+            }
+        }
+        return;
+    }
+    qp.resp.nak_sent = false;
     answer(qp, env, &msg, done, run.count);
 }
 

@@ -627,6 +627,50 @@ impl Node {
         }
     }
 
+    /// A UC QP from RESET to RTS towards `peer_qpn` at `peer_ip`: path MTU
+    /// `mtu` (enum), both PSNs 0x100, local and remote write access (UC
+    /// has no READ or atomics; IBTA §9.8).
+    pub fn connect_uc(&mut self, qp: &Qp, peer_ip: std::net::Ipv4Addr, peer_qpn: u32, mtu: u32) {
+        use abi::*;
+        let base = QpAttr {
+            qpn: qp.qpn,
+            ..Default::default()
+        };
+        let steps = [
+            QpAttr {
+                attr_mask: QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT | QP_ATTR_ACCESS_FLAGS,
+                qp_state: QPS_INIT,
+                port_num: 1,
+                qp_access_flags: ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE,
+                ..base
+            },
+            QpAttr {
+                attr_mask: QP_ATTR_STATE
+                    | QP_ATTR_AV
+                    | QP_ATTR_PATH_MTU
+                    | QP_ATTR_DEST_QPN
+                    | QP_ATTR_RQ_PSN,
+                qp_state: QPS_RTR,
+                path_mtu: mtu,
+                dest_qp_num: peer_qpn,
+                rq_psn: 0x100,
+                dgid: peer_ip.to_ipv6_mapped().octets(),
+                sgid_index: 1,
+                is_global: 1,
+                ..base
+            },
+            QpAttr {
+                attr_mask: QP_ATTR_STATE | QP_ATTR_SQ_PSN,
+                qp_state: QPS_RTS,
+                sq_psn: 0x100,
+                ..base
+            },
+        ];
+        for a in steps {
+            self.cmd(CMD_MODIFY_QP, &a).unwrap();
+        }
+    }
+
     /// The QP's state as `CMD_QUERY_QP` reports it.
     pub fn qp_state(&mut self, qpn: u32) -> u32 {
         let r = self
