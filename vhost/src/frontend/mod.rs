@@ -172,12 +172,8 @@ impl TestFrontend {
     }
 
     fn start(mut fe: Frontend, opts: &FrontendOptions) -> Result<Self, FrontendError> {
-        // The set-up bounded by `opts.timeout` (guest-lib's watchdog: the
-        // vhost crate retries a receive that `SO_RCVTIMEO` ended).
-        // SAFETY: `fe` owns the descriptor and outlives the call.
-        let conn = unsafe { std::os::fd::BorrowedFd::borrow_raw(fe.as_raw_fd()) };
-        let watchdog = vrnic_guest::vhost_user::Watchdog::arm(conn, opts.timeout)
-            .map_err(|e| FrontendError::Setup(format!("watchdog: {e}")))?;
+        // The set-up bounded by `opts.timeout` ([`within`]).
+        let watchdog = arm(&fe, opts.timeout)?;
         let acked = negotiate(&mut fe, opts)?;
         let event_idx = acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
 
@@ -204,12 +200,7 @@ impl TestFrontend {
         for q in 0..abi::NUM_QUEUES {
             this.start_queue(q, 0)?;
         }
-        if watchdog.disarm() {
-            return Err(FrontendError::Setup(format!(
-                "the backend did not finish the set-up within {:?}",
-                opts.timeout
-            )));
-        }
+        expired(watchdog, "the set-up", opts.timeout)?;
         Ok(this)
     }
 
@@ -250,10 +241,12 @@ impl TestFrontend {
     /// [`FrontendError::Vhost`].
     pub fn get_config(&mut self, offset: u32, size: u32) -> Result<Vec<u8>, FrontendError> {
         let buf = vec![0u8; size as usize];
-        let (_, payload) = self
-            .fe
-            .get_config(offset, size, VhostUserConfigFlags::empty(), &buf)?;
-        Ok(payload)
+        self.bounded("GET_CONFIG", |this| {
+            let (_, payload) =
+                this.fe
+                    .get_config(offset, size, VhostUserConfigFlags::empty(), &buf)?;
+            Ok(payload)
+        })
     }
 
     /// The whole configuration space, read once.
@@ -462,7 +455,9 @@ impl TestFrontend {
     /// # Errors
     /// [`FrontendError::Vhost`].
     pub fn stop_queue(&mut self, q: u16) -> Result<u32, FrontendError> {
-        Ok(self.fe.get_vring_base(usize::from(q))?)
+        self.bounded("GET_VRING_BASE", |this| {
+            Ok(this.fe.get_vring_base(usize::from(q))?)
+        })
     }
 
     /// Stops the device as QEMU's `vhost_dev_stop` does when the VM pauses
@@ -473,12 +468,14 @@ impl TestFrontend {
     /// # Errors
     /// [`FrontendError::Vhost`].
     pub fn stop_device(&mut self) -> Result<Vec<u32>, FrontendError> {
-        for q in 0..abi::NUM_QUEUES {
-            self.fe.set_vring_enable(q, false)?;
-        }
-        (0..abi::NUM_QUEUES)
-            .map(|q| Ok(self.fe.get_vring_base(q)?))
-            .collect()
+        self.bounded("the device's stop", |this| {
+            for q in 0..abi::NUM_QUEUES {
+                this.fe.set_vring_enable(q, false)?;
+            }
+            (0..abi::NUM_QUEUES)
+                .map(|q| Ok(this.fe.get_vring_base(q)?))
+                .collect()
+        })
     }
 
     /// Starts the device again as QEMU's `vhost_dev_start` does at QMP
@@ -498,11 +495,13 @@ impl TestFrontend {
                 abi::NUM_QUEUES
             )));
         }
-        self.fe.set_mem_table(&self.mem.region_infos()?)?;
-        for (q, &base) in bases.iter().enumerate() {
-            self.start_queue(q, base)?;
-        }
-        Ok(())
+        self.bounded("the device's restart", |this| {
+            this.fe.set_mem_table(&this.mem.region_infos()?)?;
+            for (q, &base) in bases.iter().enumerate() {
+                this.start_queue(q, base)?;
+            }
+            Ok(())
+        })
     }
 
     /// Connects to the backend at `socket` (a new one, standing for a
@@ -522,7 +521,9 @@ impl TestFrontend {
         bases: &[u32],
     ) -> Result<(), FrontendError> {
         let mut fe = Frontend::connect(socket, abi::NUM_QUEUES as u64)?;
-        let acked = negotiate(&mut fe, opts)?;
+        let acked = within(&mut fe, opts.timeout, "the negotiation", |fe| {
+            negotiate(fe, opts)
+        })?;
         if acked != self.acked {
             return Err(FrontendError::Negotiation(format!(
                 "features {acked:#x} differ from the first backend's {:#x}",
@@ -539,7 +540,9 @@ impl TestFrontend {
     /// # Errors
     /// [`FrontendError`] when allocating or any vhost-user step fails.
     pub fn reinit_device(&mut self) -> Result<(), FrontendError> {
-        self.fe.set_mem_table(&self.mem.region_infos()?)?;
+        self.bounded("SET_MEM_TABLE", |this| {
+            Ok(this.fe.set_mem_table(&this.mem.region_infos()?)?)
+        })?;
         for q in 0..abi::NUM_QUEUES {
             self.reinit_queue(q as u16)?;
         }
@@ -557,7 +560,7 @@ impl TestFrontend {
         let q = usize::from(q);
         let size = self.queues[q].size();
         self.queues[q] = SplitQueue::new(&mut self.mem, q as u16, size, event_idx)?;
-        self.start_queue(q, 0)?;
+        self.bounded("the queue's start", |this| this.start_queue(q, 0))?;
         if q == usize::from(abi::DOORBELLQ) {
             self.db_next = 0;
         }
@@ -565,6 +568,20 @@ impl TestFrontend {
             self.event_bufs.clear();
         }
         Ok(())
+    }
+
+    /// Runs `f`, vhost-user requests of `what`, within the frontend's
+    /// timeout ([`within`]).
+    fn bounded<T>(
+        &mut self,
+        what: &str,
+        f: impl FnOnce(&mut Self) -> Result<T, FrontendError>,
+    ) -> Result<T, FrontendError> {
+        let timeout = self.timeout;
+        let watchdog = arm(&self.fe, timeout)?;
+        let r = f(self);
+        expired(watchdog, what, timeout)?;
+        r
     }
 
     fn start_queue(&mut self, q: usize, base: u32) -> Result<(), FrontendError> {
@@ -577,6 +594,49 @@ impl TestFrontend {
         self.fe.set_vring_enable(q, true)?;
         Ok(())
     }
+}
+
+/// Runs `f`, vhost-user requests of `what` on `fe`, within `timeout`:
+/// guest-lib's watchdog shuts the connection down when the backend has not
+/// answered by then (the vhost crate retries a receive that `SO_RCVTIMEO`
+/// ended, so the socket's timeout alone bounds nothing), and the error
+/// says so.
+fn within<T>(
+    fe: &mut Frontend,
+    timeout: Duration,
+    what: &str,
+    f: impl FnOnce(&mut Frontend) -> Result<T, FrontendError>,
+) -> Result<T, FrontendError> {
+    let watchdog = arm(fe, timeout)?;
+    let r = f(fe);
+    expired(watchdog, what, timeout)?;
+    r
+}
+
+/// A watchdog on `fe`'s connection for `timeout`.
+fn arm(
+    fe: &Frontend,
+    timeout: Duration,
+) -> Result<vrnic_guest::vhost_user::Watchdog, FrontendError> {
+    // SAFETY: `fe` owns the descriptor and outlives the call; the
+    // watchdog keeps a duplicate of its own.
+    let conn = unsafe { std::os::fd::BorrowedFd::borrow_raw(fe.as_raw_fd()) };
+    vrnic_guest::vhost_user::Watchdog::arm(conn, timeout)
+        .map_err(|e| FrontendError::Setup(format!("watchdog: {e}")))
+}
+
+/// Disarms `watchdog`; an error when it had fired.
+fn expired(
+    watchdog: vrnic_guest::vhost_user::Watchdog,
+    what: &str,
+    timeout: Duration,
+) -> Result<(), FrontendError> {
+    if watchdog.disarm() {
+        return Err(FrontendError::Setup(format!(
+            "the backend did not answer {what} within {timeout:?}"
+        )));
+    }
+    Ok(())
 }
 
 /// The negotiation QEMU runs on a new connection, as guest-lib's
