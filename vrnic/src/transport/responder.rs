@@ -519,9 +519,9 @@ pub fn on_run(qp: &mut Qp, env: &mut Env, run: &wire::Run) {
             }
             _ => false,
         };
-    let msg = run.message();
-    let target = match whole.then(|| check_request(qp, env, &msg, run.count)) {
-        Some(Ok(target)) => target,
+    let msg = whole.then(|| run.message());
+    let (msg, target) = match msg.map(|m| (check_request(qp, env, &m, run.count), m)) {
+        Some((Ok(target), m)) => (m, target),
         _ => {
             for p in run.packets() {
                 on_request(qp, env, &p);
