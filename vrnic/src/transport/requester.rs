@@ -10,7 +10,7 @@ use crate::mem;
 use crate::transport::{peer_headers, psn, Env, TX_BACKLOG_MAX};
 use crate::verbs::mr::MrError;
 use crate::verbs::qp::Qp;
-use crate::wire::{self, AtomicEth, Ieth, Immdt, Opcode, Reth};
+use crate::wire::{self, AtomicEth, Ieth, Immdt, Opcode, Reth, RoceHeaders};
 
 /// Most PSNs an RC QP sends beyond the last one acknowledged (rxe's
 /// `RXE_MAX_UNACKED_PSNS`): the requester stops, mid-message if need be,
@@ -514,21 +514,7 @@ fn send_packet(
     hdr.bth.ack_req = qp.qp_type == abi::QpType::Rc
         && (last || window_full || (k + 1).is_multiple_of(ACK_REQ_EVERY));
     hdr.bth.solicited = last && op.wqe.send_flags & abi::SEND_SOLICITED != 0;
-    if opcode.has_reth() {
-        hdr.reth = Some(Reth {
-            va: op.wqe.remote_addr,
-            rkey: op.wqe.rkey,
-            dma_len: op.len,
-        });
-    }
-    if opcode.has_immdt() {
-        hdr.immdt = Some(Immdt(op.wqe.imm_data));
-    }
-    if opcode.has_ieth() {
-        hdr.ieth = Some(Ieth {
-            rkey: u32::from_be_bytes(op.wqe.imm_data),
-        });
-    }
+    ext_headers(&mut hdr, op);
     let res = &mut *env.res;
     // To another function of the daemon, the payload may stay in driver
     // memory for the receiver to copy; else it goes from driver memory
@@ -602,13 +588,7 @@ fn send_run(
     let ends = last_k + 1 == op.npkts;
     hdr.bth.ack_req = false;
     hdr.bth.solicited = false;
-    if first_op.has_reth() {
-        hdr.reth = Some(Reth {
-            va: op.wqe.remote_addr,
-            rkey: op.wqe.rkey,
-            dma_len: op.len,
-        });
-    }
+    ext_headers(&mut hdr, op);
     let mut last = hdr.of_flow(wire::Bth {
         opcode: last_op,
         psn: psn::add(op.first_psn, last_k),
@@ -621,14 +601,7 @@ fn send_run(
         solicited: ends && op.wqe.send_flags & abi::SEND_SOLICITED != 0,
         ..hdr.bth
     });
-    if last_op.has_immdt() {
-        last.immdt = Some(Immdt(op.wqe.imm_data));
-    }
-    if last_op.has_ieth() {
-        last.ieth = Some(Ieth {
-            rkey: u32::from_be_bytes(op.wqe.imm_data),
-        });
-    }
+    ext_headers(&mut last, op);
     let res = &mut *env.res;
     let sent = res
         .out
@@ -636,6 +609,28 @@ fn send_run(
             pieces(&res.mrs, op, offset, total as usize, out)
         })?;
     Ok(if sent { n } else { 0 })
+}
+
+/// The extension headers a SEND or WRITE packet with `hdr`'s opcode
+/// carries, from its WQE `op` (IBTA 9.2): the RETH of a WRITE's first
+/// packet, the ImmDt or IETH of a message's last.
+fn ext_headers(hdr: &mut RoceHeaders, op: &SendOp) {
+    let opcode = hdr.bth.opcode;
+    if opcode.has_reth() {
+        hdr.reth = Some(Reth {
+            va: op.wqe.remote_addr,
+            rkey: op.wqe.rkey,
+            dma_len: op.len,
+        });
+    }
+    if opcode.has_immdt() {
+        hdr.immdt = Some(Immdt(op.wqe.imm_data));
+    }
+    if opcode.has_ieth() {
+        hdr.ieth = Some(Ieth {
+            rkey: u32::from_be_bytes(op.wqe.imm_data),
+        });
+    }
 }
 
 /// True when op `pos` of the in-flight list must wait before its first
