@@ -48,6 +48,9 @@ struct LocalLink {
     peer_mem: Option<PeerSlot>,
     /// Delivers each batch this many times more (a duplicated frame).
     replay: u32,
+    /// Changes each frame before it is delivered (a sender that breaks
+    /// the rules).
+    tamper: Option<fn(&mut Vec<u8>)>,
 }
 
 type PeerSlot = Arc<OnceLock<Arc<dyn PeerMemory>>>;
@@ -99,7 +102,15 @@ impl Link for LocalLink {
         let Some(n) = self.inner.recv(&mut self.buf)? else {
             return Ok(false);
         };
-        let frame = &self.buf[..n];
+        let mut tampered;
+        let frame = match self.tamper {
+            Some(f) => {
+                tampered = self.buf[..n].to_vec();
+                f(&mut tampered);
+                &tampered[..]
+            }
+            None => &self.buf[..n],
+        };
         let peer = self.peer_mem.as_ref().and_then(|m| m.get().cloned());
         if let (Ok(first), Some(mem)) = (wire::parse_roce_with(frame, Icrc::Unneeded), &peer) {
             for seg in wire::gso::rest(frame, &first.hdr, Some(mem.as_ref())) {
@@ -160,6 +171,16 @@ fn payloads_by_reference_arrive_intact() {
 /// reading the other's memory when `by_ref`; both links deliver each
 /// batch `replay` times more.
 fn local_pair(by_ref: bool, replay: u32, o: ConnOpts) -> (RcPair, Arc<Counts>) {
+    local_pair_with(by_ref, replay, o, None)
+}
+
+/// [`local_pair`] whose link to A changes each frame with `tamper_a`.
+fn local_pair_with(
+    by_ref: bool,
+    replay: u32,
+    o: ConnOpts,
+    tamper_a: Option<fn(&mut Vec<u8>)>,
+) -> (RcPair, Arc<Counts>) {
     let (la, lb) = MemLink::pair();
     let (slot_a, slot_b): (PeerSlot, PeerSlot) = Default::default();
     let counts = Arc::new(Counts::default());
@@ -172,6 +193,7 @@ fn local_pair(by_ref: bool, replay: u32, o: ConnOpts) -> (RcPair, Arc<Counts>) {
         buf: buf.clone(),
         peer_mem: by_ref.then(|| slot_b.clone()),
         replay,
+        tamper: tamper_a,
     };
     let lb = LocalLink {
         inner: lb,
@@ -180,6 +202,7 @@ fn local_pair(by_ref: bool, replay: u32, o: ConnOpts) -> (RcPair, Arc<Counts>) {
         buf,
         peer_mem: by_ref.then(|| slot_a.clone()),
         replay,
+        tamper: None,
     };
     let mut s = RcPair::on((Box::new(la), Box::new(lb)), o, true);
     // Each side reads the other's memory (as the switch's ports do).
@@ -786,5 +809,68 @@ fn uc_messages_go_as_runs_too() {
     assert!(
         s.b.read(r, send_len) == data[9..9 + send_len],
         "the SEND after"
+    );
+}
+
+/// Makes every run of READ responses in the batch `frame` that ends with
+/// the READ's LAST end with a MIDDLE instead (its AETH taken out, the
+/// entry's length mended): a run that is well formed but does not end
+/// the READ as its packets must.
+fn end_read_runs_in_a_middle(frame: &mut Vec<u8>) {
+    let Ok(first) = wire::parse_roce_with(frame, Icrc::Unneeded) else {
+        return;
+    };
+    if !wire::gso::is_batch(frame) {
+        return;
+    }
+    let mut off = first.hdr.frame_len(first.payload.len());
+    while off + 2 <= frame.len() {
+        let len = u16::from_be_bytes([frame[off], frame[off + 1]]);
+        let mut seg = usize::from(len & if len & 0x8000 != 0 { 0x3fff } else { 0x7fff });
+        if len & 0xc000 == 0xc000 {
+            // Count and stride, then the first packet's headers.
+            let first_op = wire::Opcode::from_u8(frame[off + 6]);
+            let at = off + 6 + first_op.map_or(0, |o| o.header_len());
+            if first_op.is_some_and(|o| o.is_read_response())
+                && frame[at] == wire::Opcode::RcReadResponseLast as u8
+            {
+                frame[at] = wire::Opcode::RcReadResponseMiddle as u8;
+                frame.drain(at + 12..at + 16);
+                seg -= 4;
+                frame[off..off + 2].copy_from_slice(&(seg as u16 | 0xc000).to_be_bytes());
+            }
+        }
+        off += 2 + seg;
+    }
+}
+
+/// A run of READ responses whose last packet is a MIDDLE where the READ
+/// ends is not taken whole: its packets fail the READ with
+/// `WC_BAD_RESP_ERR`, as they would have one by one (rxe's `do_read`
+/// checks), and the run's bytes do not complete it.
+#[test]
+fn a_run_that_does_not_end_a_read_properly_fails_it_as_its_packets_would() {
+    let o = ConnOpts {
+        mtu: 5,
+        ..ConnOpts::default()
+    };
+    let (mut s, counts) = local_pair_with(true, 0, o, Some(end_read_runs_in_a_middle));
+    let len = 3 * 4096 + 5;
+    let src = s.b.alloc(len);
+    s.b.fill(src, &pattern(len, 7));
+    let (_, rk) = s.b.reg_mr(s.pdb, src, len as u64, ALL).unwrap();
+    let dst = s.a.alloc(len);
+    let (lk, _) = s.a.reg_mr(s.pda, dst, len as u64, ALL).unwrap();
+    let read = abi::SendWqe {
+        remote_addr: src,
+        rkey: rk,
+        ..wqe(1, abi::WR_RDMA_READ)
+    };
+    s.post(read, &[sge(dst, len as u32, lk)]);
+    let c = s.cqe(false, "the READ");
+    assert_eq!((c.wr_id, c.status), (1, abi::WC_BAD_RESP_ERR), "{c:?}");
+    assert!(
+        counts.runs.load(Ordering::Relaxed) >= 1,
+        "its responses came as a run"
     );
 }
