@@ -696,45 +696,39 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             if ahead >= MAX_INFLIGHT_PKTS as i32 {
                 break; // resumed by the ACK that moves the window
             }
-            match send_run(qp, env, pos, k, ahead, budget) {
-                Ok(0) => {}
-                Ok(n) => {
-                    qp.req.inflight[pos].sent += n;
-                    budget -= n;
-                    if qp.qp_type == abi::QpType::Uc {
-                        complete_sent(qp, env);
-                        continue;
+            // (PSNs sent, burst budget spent): a run, else one packet.
+            let (psns, cost) = match send_run(qp, env, pos, k, ahead, budget) {
+                Ok(0) => {
+                    match send_packet(qp, env, pos, k, ahead + 1 == MAX_INFLIGHT_PKTS as i32) {
+                        Ok(true) => {
+                            let op = &qp.req.inflight[pos];
+                            // A READ or atomic request covers all of its PSNs.
+                            let psns = if op.needs_response() {
+                                op.npkts - op.sent
+                            } else {
+                                1
+                            };
+                            (psns, 1)
+                        }
+                        Ok(false) => {
+                            qp.req.waiting_arp = Some(qp.attr.dgid);
+                            break;
+                        }
+                        Err(status) => {
+                            // The memory behind a validated SGE went away.
+                            qp.req.inflight[pos].error = Some(status);
+                            break;
+                        }
                     }
-                    if qp.req.ack_deadline.is_none() {
-                        qp.req.ack_deadline = ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t);
-                    }
-                    continue;
                 }
+                Ok(n) => (n, n),
                 Err(status) => {
                     qp.req.inflight[pos].error = Some(status);
                     break;
                 }
-            }
-            match send_packet(qp, env, pos, k, ahead + 1 == MAX_INFLIGHT_PKTS as i32) {
-                Ok(true) => {}
-                Ok(false) => {
-                    qp.req.waiting_arp = Some(qp.attr.dgid);
-                    break;
-                }
-                Err(status) => {
-                    // The memory behind a validated SGE went away.
-                    qp.req.inflight[pos].error = Some(status);
-                    break;
-                }
-            }
-            let op = &mut qp.req.inflight[pos];
-            // A READ or atomic request covers all of its PSNs.
-            op.sent = if op.needs_response() {
-                op.npkts
-            } else {
-                op.sent + 1
             };
-            budget -= 1;
+            qp.req.inflight[pos].sent += psns;
+            budget -= cost;
             if qp.qp_type == abi::QpType::Uc {
                 // Unreliable: a message is complete once its last packet is
                 // on the wire (IBTA §9.7.2 has no acknowledgement for UC).
