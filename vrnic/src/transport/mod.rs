@@ -387,26 +387,34 @@ impl Output {
         b.packets += count as usize;
         b.last_ack = None;
         *n += count as usize;
-        self.tx_packets += count as usize;
-        self.ip_id = self.ip_id.wrapping_add(count16);
-        self.stats.tx_frames += u64::from(count);
-        self.stats.tx_bytes += total as u64;
-        self.stats.tx_batched += u64::from(count);
+        self.joined_many(count16, total);
         self.stats.tx_by_ref += u64::from(count);
         Ok(true)
     }
 
     /// Counts a packet of `len` payload bytes that joined the open batch.
     fn joined(&mut self, len: usize) {
-        self.tx_packets += 1;
-        self.sent(len);
-        self.stats.tx_batched += 1;
+        self.joined_many(1, len);
+    }
+
+    /// Counts `packets` packets of `len` payload bytes in all that joined
+    /// the open batch (a run's, [`Output::send_run_by_ref`]).
+    fn joined_many(&mut self, packets: u16, len: usize) {
+        self.tx_packets += usize::from(packets);
+        self.sent_many(packets, len);
+        self.stats.tx_batched += u64::from(packets);
     }
 
     /// Counts a packet of `len` payload bytes sent.
     fn sent(&mut self, len: usize) {
-        self.ip_id = self.ip_id.wrapping_add(1);
-        self.stats.tx_frames += 1;
+        self.sent_many(1, len);
+    }
+
+    /// Counts `packets` packets of `len` payload bytes in all sent (each
+    /// takes an IPv4 identification).
+    fn sent_many(&mut self, packets: u16, len: usize) {
+        self.ip_id = self.ip_id.wrapping_add(packets);
+        self.stats.tx_frames += u64::from(packets);
         self.stats.tx_bytes += len as u64;
     }
 
