@@ -534,18 +534,7 @@ pub fn on_run(qp: &mut Qp, env: &mut Env, run: &wire::Run) {
         qp.resp.epsn = psn::add(run.first.hdr.bth.psn, run.count);
         if let Err(e) = done {
             // Dropped silently, as its packets would have been.
-            if let RespError::Nak {
-                wqe: Some((wr_id, status)),
-                ..
-            } = e
-            {
-                complete_recv_error(qp, env, wr_id, status);
-            }
-            env.res.out.stats.rx_dropped += u64::from(run.count);
-            abandon_uc_message(qp);
-            if !msg.hdr.bth.opcode.is_last() {
-                qp.resp.msg = InboundMsg::UcDrop;
-            }
+            uc_drop(qp, env, e, msg.hdr.bth.opcode, run.count);
         }
         return;
     }
@@ -1054,22 +1043,27 @@ fn on_uc_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
         }
         qp.resp.msg = InboundMsg::Idle;
     }
-    let dropped = match check_request(qp, env, pkt, 1).and_then(|t| execute(qp, env, pkt, t)) {
-        Ok(_) => false,
-        Err(RespError::Rnr) => true,
-        Err(RespError::Nak { wqe, .. }) => {
-            if let Some((wr_id, status)) = wqe {
-                complete_recv_error(qp, env, wr_id, status);
-            }
-            true
-        }
-    };
-    if dropped {
-        env.res.out.stats.rx_dropped += 1;
-        abandon_uc_message(qp);
-        if !op.is_last() {
-            qp.resp.msg = InboundMsg::UcDrop;
-        }
+    if let Err(e) = check_request(qp, env, pkt, 1).and_then(|t| execute(qp, env, pkt, t)) {
+        uc_drop(qp, env, e, op, 1);
+    }
+}
+
+/// UC: a request that could not be executed (`e`) is dropped silently,
+/// counted as `packets` packets; a receive WQE it consumed completes with
+/// its error, the message in progress is abandoned, and the rest of it is
+/// dropped unless `op` ended it.
+fn uc_drop(qp: &mut Qp, env: &mut Env, e: RespError, op: Opcode, packets: u32) {
+    if let RespError::Nak {
+        wqe: Some((wr_id, status)),
+        ..
+    } = e
+    {
+        complete_recv_error(qp, env, wr_id, status);
+    }
+    env.res.out.stats.rx_dropped += u64::from(packets);
+    abandon_uc_message(qp);
+    if !op.is_last() {
+        qp.resp.msg = InboundMsg::UcDrop;
     }
 }
 
