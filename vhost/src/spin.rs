@@ -46,6 +46,7 @@ use vrnic::device::Nanos;
 use vrnic::link::Polling;
 
 use crate::datapath::{DataPath, Vring};
+use crate::memory::GuestMem;
 
 /// Default polling budget after the last work found, nanoseconds (50 µs:
 /// a few round trips of a busy 64-byte ping-pong through vrnic, ≈6–8 µs
@@ -176,6 +177,7 @@ impl DataPath {
             }
         }
         self.link.set_polling(who);
+        self.device.begin_sq_polling();
         self.spinning = true;
     }
 
@@ -187,6 +189,9 @@ impl DataPath {
     fn notifications_on(&mut self, vrings: &[Vring]) {
         self.link.set_polling(Polling::Off);
         self.spinning = false;
+        // The drivers ring again: what they wrote to their QP records
+        // before they could see that is taken now.
+        self.end_sq_polling();
         if let Some((ctrl, db)) = ctrl_db(vrings) {
             self.process_doorbells(db);
             self.process_control(ctrl);
@@ -202,6 +207,9 @@ impl DataPath {
         if self.has_avail(db) {
             self.process_doorbells(db);
             work = true;
+        }
+        if self.device.sq_watching() {
+            work |= self.poll_sq_records(now);
         }
         if self.has_avail(ctrl) {
             self.process_control(ctrl);
@@ -300,6 +308,20 @@ impl DataPath {
             rounds += 1;
         }
         rounds
+    }
+
+    /// [`vrnic::device::Device::poll_sq_records`] in the driver's memory
+    /// as of now: whether a QP record held new send WQEs.
+    fn poll_sq_records(&mut self, now: Nanos) -> bool {
+        let guard = self.memory().memory();
+        self.device.poll_sq_records(&GuestMem::new(&guard), now)
+    }
+
+    /// [`vrnic::device::Device::end_sq_polling`] in the driver's memory.
+    fn end_sq_polling(&mut self) {
+        let now = self.now();
+        let guard = self.memory().memory();
+        self.device.end_sq_polling(&GuestMem::new(&guard), now);
     }
 
     /// Whether the device serves its queues now: the driver has used it

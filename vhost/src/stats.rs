@@ -38,7 +38,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 }
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 53;
+pub const COUNTERS: usize = 54;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -73,6 +73,7 @@ pub const NAMES: [&str; COUNTERS] = [
     "tx_batched",
     "tx_by_ref",
     "acks_coalesced",
+    "sq_records_read",
     "commands",
     "rejected_chains",
     "faulted_commands",
@@ -160,6 +161,7 @@ impl Snapshot {
             tx_batched,
             tx_by_ref,
             acks_coalesced,
+            sq_records_read,
         } = *device;
         let BackendStats {
             commands,
@@ -218,6 +220,7 @@ impl Snapshot {
                 tx_batched,
                 tx_by_ref,
                 acks_coalesced,
+                sq_records_read,
                 commands,
                 rejected_chains,
                 faulted_commands,

@@ -469,8 +469,12 @@ pub struct CreateCq {
 ///
 /// SQ: `sq_size` slots of [`sq_stride`]`(max_send_sge, max_inline)` bytes at
 /// `sq`; RQ: `rq_size` slots of [`rq_stride`]`(max_recv_sge)` bytes at `rq`.
-/// The QP record at `db` (16 bytes, device-written): SQ consumer index (u32)
-/// at 0, RQ consumer index (u32) at 4, reserved at 8..16.
+/// The QP record at `db` (16 bytes): SQ consumer index (u32, device-written)
+/// at 0, RQ consumer index (u32, device-written) at 4; with
+/// [`QP_F_SQ_RECORD`] in `flags` the SQ producer index (u32,
+/// driver-written, [`QP_REC_SQ_PI`]) at 8 and the device's flags (u32,
+/// [`QP_REC_FLAGS`]: [`QP_REC_SQ_POLLED`]) at 12 (device spec §5.x.6.9,
+/// "SQ doorbell records"), else reserved.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CreateQp {
@@ -502,9 +506,28 @@ pub struct CreateQp {
     pub db: u64,
     /// Shared receive queue number, or 0 for the QP's own RQ.
     pub srqn: u32,
-    /// Reserved, zero.
-    pub reserved: u32,
+    /// `QP_F_*` flags ([`QP_F_SQ_RECORD`]); other bits zero.
+    pub flags: u32,
 }
+
+/// [`CreateQp::flags`]: the driver writes the SQ producer index to the QP
+/// record ([`QP_REC_SQ_PI`]) before every `DB_SQ` it would post, and may
+/// leave the doorbell out while the device sets [`QP_REC_SQ_POLLED`]
+/// (device spec §5.x.6.9, "SQ doorbell records").
+pub const QP_F_SQ_RECORD: u32 = 1;
+/// Every `QP_F_*` flag the device knows.
+pub const QP_F_ALL: u32 = QP_F_SQ_RECORD;
+/// Offset in the QP record of the driver-written SQ producer index (u32,
+/// free-running), with [`QP_F_SQ_RECORD`].
+pub const QP_REC_SQ_PI: u64 = 8;
+/// Offset in the QP record of the device-written flags (u32), with
+/// [`QP_F_SQ_RECORD`].
+pub const QP_REC_FLAGS: u64 = 12;
+/// [`QP_REC_FLAGS`] bit: the device reads the SQ producer index from the
+/// record while it polls, so a `DB_SQ` doorbell is not needed (the driver
+/// reads this after writing [`QP_REC_SQ_PI`], with a full barrier
+/// between, as virtio 1.2 §2.7.13.3 checks `VIRTQ_USED_F_NO_NOTIFY`).
+pub const QP_REC_SQ_POLLED: u32 = 1;
 
 /// `CMD_CREATE_AH` body: an address vector for UD sends (`struct
 /// ibv_ah_attr` with its GRH flattened). RoCE needs the GRH fields: `dgid`

@@ -636,7 +636,7 @@ fn object_limits_enforced() {
         rq: ring,
         db,
         srqn: 0,
-        reserved: 0,
+        flags: 0,
     };
     let qpn_of = |b: Vec<u8>| <abi::CreateQpResp as abi::Pod>::read_from(&b).unwrap().qpn;
     let qps = fill_to_max(

@@ -445,8 +445,18 @@ pub struct Qp {
     sq: WorkQueue,
     /// The QP's own receive queue; `None` on an SRQ.
     rq: Option<WorkQueue>,
-    /// QP record: device-written SQ consumer index at 0, RQ at 4.
+    /// QP record: device-written SQ consumer index at 0, RQ at 4; with
+    /// `sq_record`, the SQ producer index written here at 8 and the
+    /// device's flags at 12.
     record: DmaBuf,
+    /// Created with [`abi::QP_F_SQ_RECORD`]: see [`Qp::ring_sq`].
+    sq_record: bool,
+}
+
+/// Whether QPs ask for SQ doorbell records ([`abi::QP_F_SQ_RECORD`]):
+/// unless `VRNIC_SQ_RECORD=0` (for comparisons and diagnosis).
+fn sq_record_wanted() -> bool {
+    std::env::var_os("VRNIC_SQ_RECORD").is_none_or(|v| v != "0")
 }
 
 // SAFETY: the rings and record are DMA memory owned by the transport (kept
@@ -535,7 +545,11 @@ impl Qp {
             rq: rq.map_or(0, |b| b.gpa),
             db: record.gpa,
             srqn: srq.as_ref().map_or(0, |s| s.srqn),
-            reserved: 0,
+            flags: if sq_record_wanted() {
+                abi::QP_F_SQ_RECORD
+            } else {
+                0
+            },
         };
         let resp: abi::CreateQpResp = ctx.command(abi::CMD_CREATE_QP, body.as_bytes())?;
         let qp = Qp {
@@ -566,6 +580,7 @@ impl Qp {
                 pi: 0,
             }),
             record,
+            sq_record: body.flags & abi::QP_F_SQ_RECORD != 0,
         };
         // From here on, dropping `qp` destroys the device's QP.
         let min_send = size_of::<abi::SendWqe>()
@@ -778,7 +793,7 @@ impl Qp {
             }
             self.sq.pi = self.sq.pi.wrapping_add(1);
         }
-        self.ring(abi::DB_SQ, self.sq.pi)
+        self.ring_sq()
     }
 
     /// The checks [`Qp::post_send`] documents, before anything is written.
@@ -870,6 +885,36 @@ impl Qp {
     }
 
     /// Rings a work queue doorbell after the WQE writes.
+    /// Announces the SQ's producer index (device spec §5.x.6.9). With SQ
+    /// doorbell records: writes it to the QP record, then (after a full
+    /// barrier, which pairs with the device's when it stops polling) reads
+    /// the device's flags there, and rings `DB_SQ` only when
+    /// [`abi::QP_REC_SQ_POLLED`] is clear — while it is set the device
+    /// reads the index from the record.
+    fn ring_sq(&mut self) -> Result<()> {
+        let pi = self.sq.pi;
+        if self.sq_record {
+            // SAFETY: the record is 16 bytes of 64-byte-aligned DMA memory
+            // kept alive through `ctx`; the driver's index at 8 is written
+            // only here, the device's flags at 12 only by the device, each
+            // as one 32-bit access.
+            let polled = unsafe {
+                let rec = self.record.ptr;
+                // Release: the device reads the WQEs after the index.
+                (*rec.add(abi::QP_REC_SQ_PI as usize).cast::<AtomicU32>())
+                    .store(pi, Ordering::Release);
+                fence(Ordering::SeqCst);
+                (*rec.add(abi::QP_REC_FLAGS as usize).cast::<AtomicU32>()).load(Ordering::Relaxed)
+                    & abi::QP_REC_SQ_POLLED
+                    != 0
+            };
+            if polled {
+                return Ok(());
+            }
+        }
+        self.ring(abi::DB_SQ, pi)
+    }
+
     fn ring(&mut self, kind: u16, index: u32) -> Result<()> {
         // The device must see the WQE before the producer index that covers it.
         fence(Ordering::Release);

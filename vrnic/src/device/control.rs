@@ -252,6 +252,7 @@ impl Device {
                 }
                 let mut qp = self.qps.remove(qpn).ok_or(abi::STATUS_ENOENT)?;
                 qp.resp.release(&mut self.res.out);
+                self.sq_watch.forget(qpn);
                 Ok(0)
             }
             abi::CMD_CREATE_AH => {
@@ -518,7 +519,11 @@ impl Device {
         if !sizes_ok(c.sq_size) || !rq_ok {
             return Err(abi::STATUS_EINVAL);
         }
-        if c.max_send_sge > MAX_SGE || c.max_recv_sge > MAX_SGE || c.max_inline > MAX_INLINE {
+        if c.max_send_sge > MAX_SGE
+            || c.max_recv_sge > MAX_SGE
+            || c.max_inline > MAX_INLINE
+            || c.flags & !abi::QP_F_ALL != 0
+        {
             return Err(abi::STATUS_EINVAL);
         }
         if self.qps.len() >= MAX_QP || !self.ring_entries_fit(c.sq_size, c.rq_size) {
@@ -564,6 +569,7 @@ impl Device {
             max_recv_sge: c.max_recv_sge.max(1),
             max_inline,
             record: c.db,
+            sq_record: c.flags & abi::QP_F_SQ_RECORD != 0,
             attr: abi::QpAttr {
                 qpn,
                 path_mtu,
@@ -705,6 +711,10 @@ impl Device {
         if let Some(dgid) = dgid {
             // Resolve the peer early so the first send does not wait for ARP.
             self.resolve(dgid, now);
+        }
+        if next == abi::QpState::Reset {
+            // The driver's producer index in the record restarts at 0.
+            self.unwatch_sq(mem, a.qpn);
         }
         Ok(0)
     }

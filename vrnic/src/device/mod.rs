@@ -37,12 +37,14 @@ mod contexts;
 mod control;
 mod neigh;
 mod qp_stats;
+mod sq_records;
 
 pub use neigh::{
     NeighTable, NEIGH_FAILED_NS, NEIGH_MAX, NEIGH_MAX_PROBES, NEIGH_PENDING_MAX,
     NEIGH_REACHABLE_NS, NEIGH_RETRANS_NS,
 };
 pub use qp_stats::QpStats;
+pub use sq_records::SQ_WATCH_MAX;
 
 use crate::transport::{completer, datagram, hdr_check, requester, responder, Env, Output, PortId};
 use crate::verbs::ah::Ah;
@@ -136,6 +138,10 @@ pub struct DeviceStats {
     /// handle, or a producer index outside `[fetch index, consumer index +
     /// ring size]` of its queue (device spec §5.x.6.9).
     pub doorbells_ignored: u64,
+    /// SQ producer indices taken from QP records instead of doorbells
+    /// (device spec §5.x.6.9, "SQ doorbell records"): new values read
+    /// while the device polls.
+    pub sq_records_read: u64,
     /// Packets dropped (also in `rx_dropped`) because their opcode is of
     /// another transport than the QP's (rxe's `check_type_state`).
     pub rx_drop_qp_type: u64,
@@ -308,6 +314,9 @@ pub struct Device {
     /// found the link backlog full in the previous poll, so that QPs
     /// resuming READ streams and long sends take turns.
     poll_from: usize,
+    /// QPs whose SQ producer index is read from their record while the
+    /// device polls ([`sq_records`]).
+    sq_watch: sq_records::SqWatch,
 }
 
 impl Device {
@@ -349,6 +358,7 @@ impl Device {
                 out: Output::default(),
             },
             poll_from: 0,
+            sq_watch: Default::default(),
         }
     }
 
@@ -454,51 +464,11 @@ impl Device {
         }
         match db.kind {
             abi::DB_SQ | abi::DB_RQ => {
-                let Some(qp) = self.qps.get_mut(db.handle) else {
-                    return false;
-                };
-                let ok = if db.kind == abi::DB_SQ {
-                    // The requester has fetched up to sq_next: a producer
-                    // index behind it would make it fetch (or flush) from
-                    // sq_next round 2^32 to reach it.
-                    producer_index_ok(db.index, qp.req.sq_next, qp.req.sq_ci, qp.sq.size)
-                } else {
-                    producer_index_ok(db.index, qp.resp.rq_ci, qp.resp.rq_ci, qp.rq.size)
-                };
-                if !ok {
-                    tracing::debug!(
-                        kind = db.kind,
-                        qpn = db.handle,
-                        index = db.index,
-                        sq_pi = qp.req.sq_pi,
-                        sq_next = qp.req.sq_next,
-                        sq_ci = qp.req.sq_ci,
-                        sq_size = qp.sq.size,
-                        rq_pi = qp.resp.rq_pi,
-                        rq_ci = qp.resp.rq_ci,
-                        rq_size = qp.rq.size,
-                        "producer index outside the queue's window"
-                    );
+                if !self.queue_doorbell(mem, db.kind, db.handle, db.index, now) {
                     return false;
                 }
                 if db.kind == abi::DB_SQ {
-                    qp.req.sq_pi = db.index;
-                } else {
-                    qp.resp.rq_pi = db.index;
-                }
-                qp_step!(self, qp, mem, now, |env| {
-                    if qp.state == abi::QpState::Err {
-                        crate::transport::flush(qp, &mut env);
-                    } else if db.kind == abi::DB_SQ && qp.state == abi::QpState::Sqe {
-                        // SQE flushes new send WQEs too (IBTA §10.3.1.6).
-                        requester::flush(qp, &mut env);
-                        crate::transport::write_record(qp, &env);
-                    } else if db.kind == abi::DB_SQ {
-                        requester::run(qp, &mut env);
-                    }
-                });
-                if let Some(dgid) = qp.req.waiting_arp {
-                    self.resolve(dgid, now);
+                    self.watch_sq(mem, db.handle, db.index);
                 }
             }
             abi::DB_SRQ => {
@@ -780,6 +750,76 @@ impl Device {
             }
         }
         None
+    }
+
+    /// A `DB_SQ` or `DB_RQ` (`kind`) with producer index `index` for QP
+    /// `qpn`, its context already checked (or the QP's own record's,
+    /// [`Device::poll_sq_records`]): the new index recorded and the QP's
+    /// work run. False (ignored) for an index outside the queue's window
+    /// ([`producer_index_ok`]); an SQ index at most a ring behind the
+    /// one the device has, on a QP with [`abi::QP_F_SQ_RECORD`] (its record
+    /// overtook the doorbell), is accepted and changes nothing.
+    fn queue_doorbell(
+        &mut self,
+        mem: &dyn DmaMemory,
+        kind: u16,
+        qpn: u32,
+        index: u32,
+        now: Nanos,
+    ) -> bool {
+        let Some(qp) = self.qps.get_mut(qpn) else {
+            return false;
+        };
+        let sq = kind == abi::DB_SQ;
+        // At most a ring behind the index the device has: a doorbell its
+        // record overtook (the WQEs may have completed since).
+        if sq && qp.sq_record && qp.req.sq_pi.wrapping_sub(index) <= qp.sq.size {
+            return true;
+        }
+        let ok = if sq {
+            // The requester has fetched up to sq_next: a producer
+            // index behind it would make it fetch (or flush) from
+            // sq_next round 2^32 to reach it.
+            producer_index_ok(index, qp.req.sq_next, qp.req.sq_ci, qp.sq.size)
+        } else {
+            producer_index_ok(index, qp.resp.rq_ci, qp.resp.rq_ci, qp.rq.size)
+        };
+        if !ok {
+            tracing::debug!(
+                kind,
+                qpn,
+                index,
+                sq_pi = qp.req.sq_pi,
+                sq_next = qp.req.sq_next,
+                sq_ci = qp.req.sq_ci,
+                sq_size = qp.sq.size,
+                rq_pi = qp.resp.rq_pi,
+                rq_ci = qp.resp.rq_ci,
+                rq_size = qp.rq.size,
+                "producer index outside the queue's window"
+            );
+            return false;
+        }
+        if sq {
+            qp.req.sq_pi = index;
+        } else {
+            qp.resp.rq_pi = index;
+        }
+        qp_step!(self, qp, mem, now, |env| {
+            if qp.state == abi::QpState::Err {
+                crate::transport::flush(qp, &mut env);
+            } else if sq && qp.state == abi::QpState::Sqe {
+                // SQE flushes new send WQEs too (IBTA §10.3.1.6).
+                requester::flush(qp, &mut env);
+                crate::transport::write_record(qp, &env);
+            } else if sq {
+                requester::run(qp, &mut env);
+            }
+        });
+        if let Some(dgid) = qp.req.waiting_arp {
+            self.resolve(dgid, now);
+        }
+        true
     }
 
     /// Device reset (virtio 1.2 §2.4): destroys every object. Handle

@@ -56,6 +56,9 @@ pub struct Qp {
     pub max_inline: u32,
     /// Guest-physical address of the QP record (device-written consumer indices).
     pub record: u64,
+    /// The driver writes the SQ producer index to the record
+    /// ([`abi::QP_F_SQ_RECORD`], `crate::device` reads it while polling).
+    pub sq_record: bool,
     /// Current attributes (as returned by `CMD_QUERY_QP`).
     pub attr: abi::QpAttr,
     /// Requester (send side) state.

@@ -53,6 +53,8 @@ pub struct QpSpec {
     pub srqn: u32,
     /// 1: every send WQE completes (`sq_sig_all`).
     pub sq_sig_all: u32,
+    /// `CreateQp::flags` (`abi::QP_F_*`).
+    pub flags: u32,
 }
 
 impl QpSpec {
@@ -64,6 +66,7 @@ impl QpSpec {
             sge: 4,
             srqn: 0,
             sq_sig_all: 0,
+            flags: 0,
         }
     }
 
@@ -215,6 +218,7 @@ impl Node {
             sge,
             srqn,
             sq_sig_all,
+            flags,
         } = spec;
         let (sq_stride, rq_stride) = (abi::sq_stride(sge, 64), abi::rq_stride(sge));
         let sq = self.alloc((size * sq_stride) as usize);
@@ -235,7 +239,7 @@ impl Node {
             rq,
             db: rec,
             srqn,
-            reserved: 0,
+            flags,
         };
         let r = abi::CreateQpResp::read_from(&self.cmd(abi::CMD_CREATE_QP, &c).unwrap()).unwrap();
         assert_eq!(r.sq_stride, sq_stride);
@@ -281,6 +285,20 @@ impl Node {
     }
 
     pub fn post_send(&mut self, qp: &mut Qp, wqe: abi::SendWqe, sges: &[abi::Sge], now: Nanos) {
+        self.write_send(qp, wqe, sges);
+        let db = abi::Doorbell {
+            ctx: self.ctx,
+            kind: abi::DB_SQ,
+            handle: qp.qpn,
+            index: qp.sq_pi,
+            ..Default::default()
+        };
+        self.dev.doorbell(&self.mem, &db, now);
+    }
+
+    /// Writes a send WQE into the next SQ slot and moves the producer
+    /// index past it, ringing no doorbell.
+    pub fn write_send(&mut self, qp: &mut Qp, wqe: abi::SendWqe, sges: &[abi::Sge]) {
         let slot = qp.sq + (qp.sq_pi % qp.sq_size) as u64 * qp.sq_stride as u64;
         let w = abi::SendWqe {
             num_sge: sges.len() as u8,
@@ -291,14 +309,6 @@ impl Node {
             mem::write_obj(&self.mem, slot + 64 + 16 * i as u64, s).unwrap();
         }
         qp.sq_pi += 1;
-        let db = abi::Doorbell {
-            ctx: self.ctx,
-            kind: abi::DB_SQ,
-            handle: qp.qpn,
-            index: qp.sq_pi,
-            ..Default::default()
-        };
-        self.dev.doorbell(&self.mem, &db, now);
     }
 
     pub fn post_recv(&mut self, qp: &mut Qp, wr_id: u64, sges: &[abi::Sge], now: Nanos) {
