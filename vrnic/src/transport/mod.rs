@@ -284,15 +284,14 @@ impl Output {
         {
             return false;
         }
-        let none = |_: &mut [u8]| Ok::<(), std::convert::Infallible>(());
-        let end = if at == 0 {
-            b.first = hdr.clone();
-            wire::gso::start(frame, hdr, 0, none)
-        } else {
-            wire::gso::append(frame, at, hdr, 0, none)
-        };
-        let Ok(end) = end;
-        b.end = end;
+        // Its BTH and AETH over the old one's: the same packet otherwise.
+        if !wire::gso::rewrite_ack(frame, at, hdr) {
+            return false;
+        }
+        if at == 0 {
+            b.first.bth = hdr.bth;
+            b.first.aeth = hdr.aeth;
+        }
         b.last_ack = Some((at, qp, hdr.bth.psn));
         self.stats.acks_coalesced += 1;
         true
@@ -841,12 +840,21 @@ mod output_tests {
     /// itself.
     #[test]
     fn acks_of_one_qp_at_the_end_of_a_batch_coalesce() {
+        for v6 in [false, true] {
+            acks_coalesce_over(v6);
+        }
+    }
+
+    /// [`acks_of_one_qp_at_the_end_of_a_batch_coalesce`] over IPv4 or IPv6
+    /// (`v6`): the replaced ACKs are rewritten in place, at the batch's
+    /// start and after other packets.
+    fn acks_coalesce_over(v6: bool) {
         let mut out = Output {
             local_macs: Some(LocalMacs::with(Local(false))),
             ..Output::default()
         };
         let ack = |qp: u32, p: u32, aeth: wire::Aeth| {
-            let mut h = sample_headers(Opcode::RcAck, false);
+            let mut h = sample_headers(Opcode::RcAck, v6);
             h.bth.dest_qp = qp;
             h.bth.psn = p;
             h.aeth = Some(aeth);

@@ -37,7 +37,7 @@ use super::packet::{
     parse_ib_peer, parse_run_parts, seal_icrc,
 };
 use super::run::Run;
-use super::{Icrc, RoceHeaders, RocePacket, WireError, ICRC_LEN};
+use super::{Aeth, Bth, Icrc, RoceHeaders, RocePacket, WireError, ICRC_LEN};
 use crate::data::PeerMemory;
 
 /// The ICRC field of a batch's first packet ("VRBA"): frames with their
@@ -67,6 +67,7 @@ pub const SEGMENT_MAX: usize = 0x7fff;
 pub const PEER_SEGMENT_MAX: usize = 0x3fff;
 
 const ETH_LEN: usize = 14;
+const UDP_LEN: usize = 8;
 
 /// Where the first packet of `frame` ends: the end its IP length gives,
 /// if `frame` is IPv4 or IPv6 and that long.
@@ -181,6 +182,48 @@ pub fn append_run<E>(
         mark(frame);
     }
     Ok(new_end)
+}
+
+/// Writes the BTH and AETH of `hdr`, a plain ACK, over those of the ACK
+/// at `at` of the batch `frame` (0: its first packet, else where [`append`]
+/// put it), leaving every other byte as it was: the same packet with a
+/// later PSN and MSN, without emitting its Ethernet, IP and UDP headers
+/// again (a batch carries no ICRC, and over IPv6 no UDP checksum, that
+/// would cover them). False, and `frame` unchanged, when `hdr` has no AETH or the
+/// packet there is not an ACK's length.
+pub fn rewrite_ack(frame: &mut [u8], at: usize, hdr: &RoceHeaders) -> bool {
+    const ACK_LEN: usize = Bth::LEN + Aeth::LEN;
+    let Some(aeth) = hdr.aeth else {
+        return false;
+    };
+    let bth_at = if at == 0 {
+        let ip_len = match frame.get(12..15) {
+            Some([0x08, 0x00, v]) => usize::from(v & 0x0f) * 4,
+            Some([0x86, 0xdd, _]) => 40,
+            _ => return false,
+        };
+        // The first packet's UDP payload is BTH, AETH and the ICRC field.
+        if first_end(frame) != Some(ETH_LEN + ip_len + UDP_LEN + ACK_LEN + ICRC_LEN) {
+            return false;
+        }
+        ETH_LEN + ip_len + UDP_LEN
+    } else {
+        // A packet after the first: its 16-bit length, then BTH and AETH.
+        match frame.get(at..at + 2) {
+            Some(l) if usize::from(u16::from_be_bytes([l[0], l[1]])) == ACK_LEN => at + 2,
+            _ => return false,
+        }
+    };
+    let Some(b) = frame.get_mut(bth_at..bth_at + ACK_LEN) else {
+        return false;
+    };
+    Bth {
+        pad_count: 0,
+        ..hdr.bth
+    }
+    .emit(&mut b[..Bth::LEN]);
+    aeth.emit(&mut b[Bth::LEN..]);
+    true
 }
 
 /// Marks `frame`, a frame with packets appended, as a batch: its first
