@@ -177,7 +177,7 @@ impl DataPath {
             }
         }
         self.link.set_polling(who);
-        self.device.begin_sq_polling();
+        self.device.begin_record_polling();
         self.spinning = true;
     }
 
@@ -191,7 +191,7 @@ impl DataPath {
         self.spinning = false;
         // The drivers ring again: what they wrote to their QP records
         // before they could see that is taken now.
-        self.end_sq_polling();
+        self.end_record_polling();
         if let Some((ctrl, db)) = ctrl_db(vrings) {
             self.process_doorbells(db);
             self.process_control(ctrl);
@@ -208,8 +208,8 @@ impl DataPath {
             self.process_doorbells(db);
             work = true;
         }
-        if self.device.sq_watching() {
-            work |= self.poll_sq_records(now);
+        if self.device.watching_records() {
+            work |= self.poll_records(now);
         }
         if self.has_avail(ctrl) {
             self.process_control(ctrl);
@@ -310,18 +310,18 @@ impl DataPath {
         rounds
     }
 
-    /// [`vrnic::device::Device::poll_sq_records`] in the driver's memory
+    /// [`vrnic::device::Device::poll_records`] in the driver's memory
     /// as of now: whether a QP record held new send WQEs.
-    fn poll_sq_records(&mut self, now: Nanos) -> bool {
+    fn poll_records(&mut self, now: Nanos) -> bool {
         let guard = self.memory().memory();
-        self.device.poll_sq_records(&GuestMem::new(&guard), now)
+        self.device.poll_records(&GuestMem::new(&guard), now)
     }
 
-    /// [`vrnic::device::Device::end_sq_polling`] in the driver's memory.
-    fn end_sq_polling(&mut self) {
+    /// [`vrnic::device::Device::end_record_polling`] in the driver's memory.
+    fn end_record_polling(&mut self) {
         let now = self.now();
         let guard = self.memory().memory();
-        self.device.end_sq_polling(&GuestMem::new(&guard), now);
+        self.device.end_record_polling(&GuestMem::new(&guard), now);
     }
 
     /// Whether the device serves its queues now: the driver has used it

@@ -73,7 +73,7 @@ pub const NAMES: [&str; COUNTERS] = [
     "tx_batched",
     "tx_by_ref",
     "acks_coalesced",
-    "sq_records_read",
+    "records_read",
     "commands",
     "rejected_chains",
     "faulted_commands",
@@ -161,7 +161,7 @@ impl Snapshot {
             tx_batched,
             tx_by_ref,
             acks_coalesced,
-            sq_records_read,
+            records_read,
         } = *device;
         let BackendStats {
             commands,
@@ -220,7 +220,7 @@ impl Snapshot {
                 tx_batched,
                 tx_by_ref,
                 acks_coalesced,
-                sq_records_read,
+                records_read,
                 commands,
                 rejected_chains,
                 faulted_commands,

@@ -469,12 +469,14 @@ pub struct CreateCq {
 ///
 /// SQ: `sq_size` slots of [`sq_stride`]`(max_send_sge, max_inline)` bytes at
 /// `sq`; RQ: `rq_size` slots of [`rq_stride`]`(max_recv_sge)` bytes at `rq`.
-/// The QP record at `db` (16 bytes): SQ consumer index (u32, device-written)
-/// at 0, RQ consumer index (u32, device-written) at 4; with
-/// [`QP_F_SQ_RECORD`] in `flags` the SQ producer index (u32,
-/// driver-written, [`QP_REC_SQ_PI`]) at 8 and the device's flags (u32,
-/// [`QP_REC_FLAGS`]: [`QP_REC_SQ_POLLED`]) at 12 (device spec §5.x.6.9,
-/// "SQ doorbell records"), else reserved.
+/// The QP record at `db` (16 bytes; 32 with [`QP_F_RQ_RECORD`]): SQ
+/// consumer index (u32, device-written) at 0, RQ consumer index (u32,
+/// device-written) at 4; with [`QP_F_SQ_RECORD`] the SQ producer index
+/// (u32, driver-written, [`QP_REC_SQ_PI`]) at 8; with either record flag
+/// the device's flags (u32, [`QP_REC_FLAGS`]: [`QP_REC_POLLED`]) at 12;
+/// with [`QP_F_RQ_RECORD`] the RQ producer index (u32, driver-written,
+/// [`QP_REC_RQ_PI`]) at 16 and 12 reserved bytes (device spec §5.x.6.9,
+/// "Doorbell records"). Bytes no flag gives a meaning are reserved.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CreateQp {
@@ -512,22 +514,31 @@ pub struct CreateQp {
 
 /// [`CreateQp::flags`]: the driver writes the SQ producer index to the QP
 /// record ([`QP_REC_SQ_PI`]) before every `DB_SQ` it would post, and may
-/// leave the doorbell out while the device sets [`QP_REC_SQ_POLLED`]
-/// (device spec §5.x.6.9, "SQ doorbell records").
+/// leave the doorbell out while the device sets [`QP_REC_POLLED`]
+/// (device spec §5.x.6.9, "Doorbell records").
 pub const QP_F_SQ_RECORD: u32 = 1;
+/// [`CreateQp::flags`]: as [`QP_F_SQ_RECORD`] for the RQ and `DB_RQ`
+/// ([`QP_REC_RQ_PI`]); the QP record is then 32 bytes. Not with an SRQ.
+pub const QP_F_RQ_RECORD: u32 = 2;
 /// Every `QP_F_*` flag the device knows.
-pub const QP_F_ALL: u32 = QP_F_SQ_RECORD;
+pub const QP_F_ALL: u32 = QP_F_SQ_RECORD | QP_F_RQ_RECORD;
 /// Offset in the QP record of the driver-written SQ producer index (u32,
 /// free-running), with [`QP_F_SQ_RECORD`].
 pub const QP_REC_SQ_PI: u64 = 8;
 /// Offset in the QP record of the device-written flags (u32), with
-/// [`QP_F_SQ_RECORD`].
+/// [`QP_F_SQ_RECORD`] or [`QP_F_RQ_RECORD`].
 pub const QP_REC_FLAGS: u64 = 12;
-/// [`QP_REC_FLAGS`] bit: the device reads the SQ producer index from the
-/// record while it polls, so a `DB_SQ` doorbell is not needed (the driver
-/// reads this after writing [`QP_REC_SQ_PI`], with a full barrier
-/// between, as virtio 1.2 §2.7.13.3 checks `VIRTQ_USED_F_NO_NOTIFY`).
-pub const QP_REC_SQ_POLLED: u32 = 1;
+/// Offset in the QP record of the driver-written RQ producer index (u32,
+/// free-running), with [`QP_F_RQ_RECORD`].
+pub const QP_REC_RQ_PI: u64 = 16;
+/// Bytes of a QP record with [`QP_F_RQ_RECORD`] (16 without).
+pub const QP_RECORD_RQ_LEN: u64 = 32;
+/// [`QP_REC_FLAGS`] bit: the device reads the producer indices the QP
+/// has records of while it polls, so `DB_SQ` and `DB_RQ` doorbells are
+/// not needed (the driver reads this after writing [`QP_REC_SQ_PI`] or
+/// [`QP_REC_RQ_PI`], with a full barrier between, as virtio 1.2
+/// §2.7.13.3 checks `VIRTQ_USED_F_NO_NOTIFY`).
+pub const QP_REC_POLLED: u32 = 1;
 
 /// `CMD_CREATE_AH` body: an address vector for UD sends (`struct
 /// ibv_ah_attr` with its GRH flattened). RoCE needs the GRH fields: `dgid`

@@ -291,7 +291,11 @@ impl Target {
                 rq: area + 0x8000,
                 db: area + 0xf000,
                 srqn: if on_srq { t.srqn } else { 0 },
-                flags: abi::QP_F_SQ_RECORD,
+                flags: if on_srq {
+                    abi::QP_F_SQ_RECORD
+                } else {
+                    abi::QP_F_SQ_RECORD | abi::QP_F_RQ_RECORD
+                },
             };
             let r = abi::CreateQpResp::read_from(&t.setup_cmd(abi::CMD_CREATE_QP, &c))
                 .expect("CreateQpResp");
@@ -509,20 +513,26 @@ impl Target {
         self.dev.doorbell(&self.mem, &db, self.now);
     }
 
-    /// An SQ doorbell record step on QP `k` ([`REC_SQ_RECORD`]): `index`
-    /// written to its QP record, then `step % 3`: 0 the device starts
+    /// A doorbell record step on QP `k` ([`REC_DB_RECORD`]): `index`
+    /// written to its QP record (the RQ's producer index when `step` has
+    /// bit 7 set, else the SQ's), then `step % 3`: 0 the device starts
     /// polling, 1 one polling round over the watched records, 2 polling
     /// ends.
-    pub fn sq_record(&mut self, k: usize, index: u32, step: u8) {
-        let at = self.qps[k].record() + abi::QP_REC_SQ_PI;
+    pub fn db_record(&mut self, k: usize, index: u32, step: u8) {
+        let offset = if step & 0x80 != 0 {
+            abi::QP_REC_RQ_PI
+        } else {
+            abi::QP_REC_SQ_PI
+        };
+        let at = self.qps[k].record() + offset;
         let _ = self.mem.write(at, &index.to_le_bytes());
         match step % 3 {
-            0 => self.dev.begin_sq_polling(),
+            0 => self.dev.begin_record_polling(),
             1 => {
-                self.dev.poll_sq_records(&self.mem, self.now);
+                self.dev.poll_records(&self.mem, self.now);
             }
             _ => {
-                self.dev.end_sq_polling(&self.mem, self.now);
+                self.dev.end_record_polling(&self.mem, self.now);
             }
         }
     }
@@ -843,15 +853,15 @@ pub const REC_DOORBELL: u8 = 0xdb;
 /// the fake guest memory, then its doorbell.
 pub const REC_WQE: u8 = 0x5e;
 
-/// Record kind of [`fuzz_control`]: a step of SQ doorbell records
-/// ([`Target::sq_record`]).
-pub const REC_SQ_RECORD: u8 = 0x5a;
+/// Record kind of [`fuzz_control`]: a step of doorbell records
+/// ([`Target::db_record`]).
+pub const REC_DB_RECORD: u8 = 0x5a;
 
 /// The `control` fuzz target: up to 64 records `[kind, len, bytes...]`;
 /// kind [`REC_DOORBELL`] is a doorbell (16 bytes, zero-padded),
 /// [`REC_WQE`] a send WQE (`[qp index, SendWqe (64 bytes), Sge (16
 /// bytes)]`, zero-padded; the QP index taken modulo the target's five QPs)
-/// posted on one of the target's QPs, [`REC_SQ_RECORD`] an SQ record step
+/// posted on one of the target's QPs, [`REC_DB_RECORD`] a doorbell record step
 /// (`[qp index, producer index (le32), step]`, zero-padded), anything
 /// else a control command of `len` bytes.
 pub fn fuzz_control(data: &[u8]) {
@@ -883,13 +893,13 @@ pub fn fuzz_control(data: &[u8]) {
             ) {
                 t.post_send(k, wqe, sge);
             }
-        } else if *kind == REC_SQ_RECORD {
+        } else if *kind == REC_DB_RECORD {
             let mut b = [0u8; 6];
             let n = bytes.len().min(b.len());
             b[..n].copy_from_slice(&bytes[..n]);
             let k = usize::from(b[0]) % t.qps.len();
             let index = u32::from_le_bytes([b[1], b[2], b[3], b[4]]);
-            t.sq_record(k, index, b[5]);
+            t.db_record(k, index, b[5]);
         } else {
             t.control(bytes);
         }

@@ -820,7 +820,7 @@ fn fuzz_entry_points_run_on_the_exchange_frames() {
 /// Arbitrary send WQEs in the fake guest memory (`fuzzing::REC_WQE`):
 /// every opcode byte, random flags, lengths, addresses and keys, with the
 /// SGE's key sometimes one of the target's own, on every QP of the target
-/// in turn, mixed with arbitrary doorbells and SQ record steps (indices
+/// in turn, mixed with arbitrary doorbells and doorbell record steps (indices
 /// written to the QP records, polling begun, rounds, polling ended). Passing: no panic, the device
 /// answers every later command (checked by the harness), and the seeded
 /// inputs cover every opcode byte.
@@ -832,17 +832,17 @@ fn arbitrary_wqes_and_doorbells() {
         let mut input = Vec::new();
         for i in 0..16u32 {
             if rng.below(8) == 0 {
-                // An SQ record step: sometimes a plausible index, sometimes
-                // anything.
+                // A doorbell record step (SQ or RQ): sometimes a plausible
+                // index, sometimes anything.
                 let k = ((round + i) % 5) as u8;
                 let index = if rng.below(2) == 0 {
                     rng.below(40) as u32
                 } else {
                     rng.next() as u32
                 };
-                input.extend_from_slice(&[fuzzing::REC_SQ_RECORD, 6, k]);
+                input.extend_from_slice(&[fuzzing::REC_DB_RECORD, 6, k]);
                 input.extend_from_slice(&index.to_le_bytes());
-                input.push(rng.below(3) as u8);
+                input.push(rng.below(3) as u8 | (rng.below(2) as u8) << 7);
                 continue;
             }
             if rng.below(4) == 0 {

@@ -446,17 +446,21 @@ pub struct Qp {
     /// The QP's own receive queue; `None` on an SRQ.
     rq: Option<WorkQueue>,
     /// QP record: device-written SQ consumer index at 0, RQ at 4; with
-    /// `sq_record`, the SQ producer index written here at 8 and the
-    /// device's flags at 12.
+    /// `sq_record`, the SQ producer index written here at 8; the device's
+    /// flags at 12; with `rq_record` (32 bytes then), the RQ producer
+    /// index at 16.
     record: DmaBuf,
-    /// Created with [`abi::QP_F_SQ_RECORD`]: see [`Qp::ring_sq`].
+    /// Created with [`abi::QP_F_SQ_RECORD`]: see [`Qp::announce`].
     sq_record: bool,
+    /// Created with [`abi::QP_F_RQ_RECORD`] (QPs without an SRQ).
+    rq_record: bool,
 }
 
-/// Whether QPs ask for SQ doorbell records ([`abi::QP_F_SQ_RECORD`]):
-/// unless `VRNIC_SQ_RECORD=0` (for comparisons and diagnosis).
-fn sq_record_wanted() -> bool {
-    std::env::var_os("VRNIC_SQ_RECORD").is_none_or(|v| v != "0")
+/// Whether QPs ask for doorbell records ([`abi::QP_F_SQ_RECORD`],
+/// [`abi::QP_F_RQ_RECORD`]): unless `VRNIC_DB_RECORDS=0` (for comparisons
+/// and diagnosis).
+fn records_wanted() -> bool {
+    std::env::var_os("VRNIC_DB_RECORDS").is_none_or(|v| v != "0")
 }
 
 // SAFETY: the rings and record are DMA memory owned by the transport (kept
@@ -529,7 +533,14 @@ impl Qp {
                 Some(ctx.alloc_dma(bytes, 4096)?)
             }
         };
-        let record = ctx.alloc_dma(16, 64)?;
+        let records = records_wanted();
+        let rq_record = records && srq.is_none();
+        let record_len = if rq_record {
+            abi::QP_RECORD_RQ_LEN as usize
+        } else {
+            16
+        };
+        let record = ctx.alloc_dma(record_len, 64)?;
         let body = abi::CreateQp {
             pdn: pd.pdn(),
             qp_type: init.qp_type.raw(),
@@ -545,10 +556,10 @@ impl Qp {
             rq: rq.map_or(0, |b| b.gpa),
             db: record.gpa,
             srqn: srq.as_ref().map_or(0, |s| s.srqn),
-            flags: if sq_record_wanted() {
-                abi::QP_F_SQ_RECORD
-            } else {
-                0
+            flags: match (records, rq_record) {
+                (false, _) => 0,
+                (true, false) => abi::QP_F_SQ_RECORD,
+                (true, true) => abi::QP_F_SQ_RECORD | abi::QP_F_RQ_RECORD,
             },
         };
         let resp: abi::CreateQpResp = ctx.command(abi::CMD_CREATE_QP, body.as_bytes())?;
@@ -581,6 +592,7 @@ impl Qp {
             }),
             record,
             sq_record: body.flags & abi::QP_F_SQ_RECORD != 0,
+            rq_record: body.flags & abi::QP_F_RQ_RECORD != 0,
         };
         // From here on, dropping `qp` destroys the device's QP.
         let min_send = size_of::<abi::SendWqe>()
@@ -793,7 +805,7 @@ impl Qp {
             }
             self.sq.pi = self.sq.pi.wrapping_add(1);
         }
-        self.ring_sq()
+        self.announce(abi::DB_SQ, self.sq.pi)
     }
 
     /// The checks [`Qp::post_send`] documents, before anything is written.
@@ -881,40 +893,45 @@ impl Qp {
         };
         rq.push_recv(ci, "receive queue", max_sge, wr)?;
         let pi = rq.pi;
-        self.ring(abi::DB_RQ, pi)
+        self.announce(abi::DB_RQ, pi)
     }
 
-    /// Rings a work queue doorbell after the WQE writes.
-    /// Announces the SQ's producer index (device spec §5.x.6.9). With SQ
-    /// doorbell records: writes it to the QP record, then (after a full
+    /// Announces producer index `pi` of the SQ or RQ (`kind`: `DB_SQ`,
+    /// `DB_RQ`; device spec §5.x.6.9). With a doorbell record of that
+    /// queue: writes the index to the QP record, then (after a full
     /// barrier, which pairs with the device's when it stops polling) reads
-    /// the device's flags there, and rings `DB_SQ` only when
-    /// [`abi::QP_REC_SQ_POLLED`] is clear — while it is set the device
-    /// reads the index from the record.
-    fn ring_sq(&mut self) -> Result<()> {
-        let pi = self.sq.pi;
-        if self.sq_record {
-            // SAFETY: the record is 16 bytes of 64-byte-aligned DMA memory
-            // kept alive through `ctx`; the driver's index at 8 is written
+    /// the device's flags there, and rings only when [`abi::QP_REC_POLLED`]
+    /// is clear — while it is set the device reads the index from the
+    /// record.
+    fn announce(&mut self, kind: u16, pi: u32) -> Result<()> {
+        let offset = match kind {
+            abi::DB_SQ if self.sq_record => Some(abi::QP_REC_SQ_PI),
+            abi::DB_RQ if self.rq_record => Some(abi::QP_REC_RQ_PI),
+            _ => None,
+        };
+        if let Some(offset) = offset {
+            // SAFETY: the record is 16 bytes (32 with an RQ record, which
+            // `offset` 16 needs) of 64-byte-aligned DMA memory kept alive
+            // through `ctx`; the driver's indices at 8 and 16 are written
             // only here, the device's flags at 12 only by the device, each
             // as one 32-bit access.
             let polled = unsafe {
                 let rec = self.record.ptr;
                 // Release: the device reads the WQEs after the index.
-                (*rec.add(abi::QP_REC_SQ_PI as usize).cast::<AtomicU32>())
-                    .store(pi, Ordering::Release);
+                (*rec.add(offset as usize).cast::<AtomicU32>()).store(pi, Ordering::Release);
                 fence(Ordering::SeqCst);
                 (*rec.add(abi::QP_REC_FLAGS as usize).cast::<AtomicU32>()).load(Ordering::Relaxed)
-                    & abi::QP_REC_SQ_POLLED
+                    & abi::QP_REC_POLLED
                     != 0
             };
             if polled {
                 return Ok(());
             }
         }
-        self.ring(abi::DB_SQ, pi)
+        self.ring(kind, pi)
     }
 
+    /// Rings a work queue doorbell after the WQE writes.
     fn ring(&mut self, kind: u16, index: u32) -> Result<()> {
         // The device must see the WQE before the producer index that covers it.
         fence(Ordering::Release);

@@ -252,7 +252,7 @@ impl Device {
                 }
                 let mut qp = self.qps.remove(qpn).ok_or(abi::STATUS_ENOENT)?;
                 qp.resp.release(&mut self.res.out);
-                self.sq_watch.forget(qpn);
+                self.watch.forget(qpn);
                 Ok(0)
             }
             abi::CMD_CREATE_AH => {
@@ -523,6 +523,7 @@ impl Device {
             || c.max_recv_sge > MAX_SGE
             || c.max_inline > MAX_INLINE
             || c.flags & !abi::QP_F_ALL != 0
+            || (c.flags & abi::QP_F_RQ_RECORD != 0 && c.srqn != 0)
         {
             return Err(abi::STATUS_EINVAL);
         }
@@ -536,9 +537,17 @@ impl Device {
         if c.srqn == 0 {
             probe(mem, c.rq, c.rq_size as u64 * rq_stride as u64)?;
         }
-        probe(mem, c.db, 16)?;
-        mem.write(c.db, &[0u8; 16])
-            .map_err(|_| abi::STATUS_EFAULT)?;
+        let record_len = if c.flags & abi::QP_F_RQ_RECORD != 0 {
+            abi::QP_RECORD_RQ_LEN
+        } else {
+            16
+        };
+        probe(mem, c.db, record_len)?;
+        mem.write(
+            c.db,
+            &[0u8; abi::QP_RECORD_RQ_LEN as usize][..record_len as usize],
+        )
+        .map_err(|_| abi::STATUS_EFAULT)?;
         // UD has no PATH_MTU attribute: its messages may fill the port's
         // active MTU, as on rxe and hardware RNICs.
         let path_mtu = if c.qp_type == abi::QPT_UD {
@@ -570,6 +579,7 @@ impl Device {
             max_inline,
             record: c.db,
             sq_record: c.flags & abi::QP_F_SQ_RECORD != 0,
+            rq_record: c.flags & abi::QP_F_RQ_RECORD != 0,
             attr: abi::QpAttr {
                 qpn,
                 path_mtu,
@@ -714,7 +724,7 @@ impl Device {
         }
         if next == abi::QpState::Reset {
             // The driver's producer index in the record restarts at 0.
-            self.unwatch_sq(mem, a.qpn);
+            self.unwatch(mem, a.qpn);
         }
         Ok(0)
     }

@@ -35,16 +35,16 @@ pub type Nanos = u64;
 
 mod contexts;
 mod control;
+mod db_records;
 mod neigh;
 mod qp_stats;
-mod sq_records;
 
+pub use db_records::WATCH_MAX;
 pub use neigh::{
     NeighTable, NEIGH_FAILED_NS, NEIGH_MAX, NEIGH_MAX_PROBES, NEIGH_PENDING_MAX,
     NEIGH_REACHABLE_NS, NEIGH_RETRANS_NS,
 };
 pub use qp_stats::QpStats;
-pub use sq_records::SQ_WATCH_MAX;
 
 use crate::transport::{completer, datagram, hdr_check, requester, responder, Env, Output, PortId};
 use crate::verbs::ah::Ah;
@@ -141,7 +141,7 @@ pub struct DeviceStats {
     /// SQ producer indices taken from QP records instead of doorbells
     /// (device spec §5.x.6.9, "SQ doorbell records"): new values read
     /// while the device polls.
-    pub sq_records_read: u64,
+    pub records_read: u64,
     /// Packets dropped (also in `rx_dropped`) because their opcode is of
     /// another transport than the QP's (rxe's `check_type_state`).
     pub rx_drop_qp_type: u64,
@@ -314,9 +314,9 @@ pub struct Device {
     /// found the link backlog full in the previous poll, so that QPs
     /// resuming READ streams and long sends take turns.
     poll_from: usize,
-    /// QPs whose SQ producer index is read from their record while the
-    /// device polls ([`sq_records`]).
-    sq_watch: sq_records::SqWatch,
+    /// QPs whose producer indices are read from their record while the
+    /// device polls ([`db_records`]).
+    watch: db_records::Watch,
 }
 
 impl Device {
@@ -358,7 +358,7 @@ impl Device {
                 out: Output::default(),
             },
             poll_from: 0,
-            sq_watch: Default::default(),
+            watch: Default::default(),
         }
     }
 
@@ -467,9 +467,7 @@ impl Device {
                 if !self.queue_doorbell(mem, db.kind, db.handle, db.index, now) {
                     return false;
                 }
-                if db.kind == abi::DB_SQ {
-                    self.watch_sq(mem, db.handle, db.index);
-                }
+                self.watch_queue(mem, db.kind, db.handle, db.index);
             }
             abi::DB_SRQ => {
                 let Some(srq) = self.res.srqs.get_mut(db.handle) else {
@@ -754,10 +752,11 @@ impl Device {
 
     /// A `DB_SQ` or `DB_RQ` (`kind`) with producer index `index` for QP
     /// `qpn`, its context already checked (or the QP's own record's,
-    /// [`Device::poll_sq_records`]): the new index recorded and the QP's
+    /// [`Device::poll_records`]): the new index recorded and the QP's
     /// work run. False (ignored) for an index outside the queue's window
-    /// ([`producer_index_ok`]); an SQ index at most a ring behind the
-    /// one the device has, on a QP with [`abi::QP_F_SQ_RECORD`] (its record
+    /// ([`producer_index_ok`]); an index at most a ring behind the one
+    /// the device has, on a queue with a doorbell record
+    /// ([`abi::QP_F_SQ_RECORD`], [`abi::QP_F_RQ_RECORD`]: the record
     /// overtook the doorbell), is accepted and changes nothing.
     fn queue_doorbell(
         &mut self,
@@ -773,7 +772,12 @@ impl Device {
         let sq = kind == abi::DB_SQ;
         // At most a ring behind the index the device has: a doorbell its
         // record overtook (the WQEs may have completed since).
-        if sq && qp.sq_record && qp.req.sq_pi.wrapping_sub(index) <= qp.sq.size {
+        let overtaken = if sq {
+            qp.sq_record && qp.req.sq_pi.wrapping_sub(index) <= qp.sq.size
+        } else {
+            qp.rq_record && qp.resp.rq_pi.wrapping_sub(index) <= qp.rq.size
+        };
+        if overtaken {
             return true;
         }
         let ok = if sq {

@@ -59,6 +59,8 @@ pub struct Qp {
     /// The driver writes the SQ producer index to the record
     /// ([`abi::QP_F_SQ_RECORD`], `crate::device` reads it while polling).
     pub sq_record: bool,
+    /// Likewise the RQ producer index ([`abi::QP_F_RQ_RECORD`]).
+    pub rq_record: bool,
     /// Current attributes (as returned by `CMD_QUERY_QP`).
     pub attr: abi::QpAttr,
     /// Requester (send side) state.

@@ -223,7 +223,8 @@ impl Node {
         let (sq_stride, rq_stride) = (abi::sq_stride(sge, 64), abi::rq_stride(sge));
         let sq = self.alloc((size * sq_stride) as usize);
         let rq = self.alloc((size * rq_stride) as usize);
-        let rec = self.alloc(16);
+        // Room for both doorbell records (abi::QP_RECORD_RQ_LEN).
+        let rec = self.alloc(32);
         let c = abi::CreateQp {
             pdn,
             qp_type,
@@ -312,6 +313,20 @@ impl Node {
     }
 
     pub fn post_recv(&mut self, qp: &mut Qp, wr_id: u64, sges: &[abi::Sge], now: Nanos) {
+        self.write_recv(qp, wr_id, sges);
+        let db = abi::Doorbell {
+            ctx: self.ctx,
+            kind: abi::DB_RQ,
+            handle: qp.qpn,
+            index: qp.rq_pi,
+            ..Default::default()
+        };
+        self.dev.doorbell(&self.mem, &db, now);
+    }
+
+    /// Writes a receive WQE into the next RQ slot and moves the producer
+    /// index past it, ringing no doorbell.
+    pub fn write_recv(&mut self, qp: &mut Qp, wr_id: u64, sges: &[abi::Sge]) {
         let slot = qp.rq + (qp.rq_pi % qp.rq_size) as u64 * qp.rq_stride as u64;
         mem::write_obj(
             &self.mem,
@@ -327,14 +342,6 @@ impl Node {
             mem::write_obj(&self.mem, slot + 16 + 16 * i as u64, s).unwrap();
         }
         qp.rq_pi += 1;
-        let db = abi::Doorbell {
-            ctx: self.ctx,
-            kind: abi::DB_RQ,
-            handle: qp.qpn,
-            index: qp.rq_pi,
-            ..Default::default()
-        };
-        self.dev.doorbell(&self.mem, &db, now);
     }
 
     /// Polls one CQE with the owner-bit rule; updates the consumer index record.

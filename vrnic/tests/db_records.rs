@@ -1,11 +1,12 @@
-//! SQ doorbell records (device spec §5.x.6.9, "SQ doorbell records"):
-//! while the device polls, a QP created with `QP_F_SQ_RECORD` that rang is
-//! watched — `QP_REC_SQ_POLLED` set in its record — and send WQEs whose
-//! producer index the driver only wrote to the record are executed, in
-//! order, intact; when polling ends the flag is cleared and what the
-//! record holds is taken once more, so no WQE waits for a doorbell that
-//! was left out. A bad index in a record is ignored and counted once, and
-//! a doorbell the record overtook is no error.
+//! Doorbell records (device spec §5.x.6.9, "Doorbell records"): while
+//! the device polls, a QP created with `QP_F_SQ_RECORD` or
+//! `QP_F_RQ_RECORD` that rang is watched — `QP_REC_POLLED` set in its
+//! record — and send (receive) WQEs whose producer index the driver only
+//! wrote to the record are executed (used), in order, intact; when polling
+//! ends the flag is cleared and what the record holds is taken once more,
+//! so no WQE waits for a doorbell that was left out. A bad index in a
+//! record is ignored and counted once, and a doorbell the record overtook
+//! is no error.
 
 mod common;
 
@@ -39,6 +40,11 @@ struct Rc {
 /// A (with `flags` on its QP) and B connected, 16 WQEs a queue, a 64 KiB
 /// MR each.
 fn rc(flags: u32) -> Rc {
+    rc_with(flags, 0)
+}
+
+/// [`rc`] with `flags_b` on B's QP.
+fn rc_with(flags: u32, flags_b: u32) -> Rc {
     let (mut a, mut b) = pair(1500);
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
     let (cqa, cqb) = (a.create_cq(64), b.create_cq(64));
@@ -48,7 +54,14 @@ fn rc(flags: u32) -> Rc {
         ..QpSpec::rc()
     };
     let qa = a.create_qp_with(pa, &cqa, QpSpec { flags, ..spec });
-    let qb = b.create_qp_with(pb, &cqb, spec);
+    let qb = b.create_qp_with(
+        pb,
+        &cqb,
+        QpSpec {
+            flags: flags_b,
+            ..spec
+        },
+    );
     let (ipa, ipb) = (a.ip, b.ip);
     a.connect(&qa, ipb, qb.qpn, 3, 1, 2, 7, 7);
     b.connect(&qb, ipa, qa.qpn, 3, 2, 1, 7, 7);
@@ -88,6 +101,32 @@ impl Rc {
         };
         self.a
             .write_send(&mut self.qa, w, &[sge(self.la + off, 100, self.lka)]);
+    }
+
+    /// Writes a receive WQE for SEND `n` on B, without a doorbell, and
+    /// SEND `n` into A's SQ, rung.
+    fn send_to_unannounced_recv(&mut self, n: u8) {
+        let off = u64::from(n) * 100;
+        self.a.fill(self.la + off, &[n; 100]);
+        let recv = sge(self.lb + off, 100, self.lkb);
+        self.b.write_recv(&mut self.qb, n.into(), &[recv]);
+        let w = abi::SendWqe {
+            wr_id: n.into(),
+            opcode: abi::WR_SEND,
+            send_flags: abi::SEND_SIGNALED,
+            ..Default::default()
+        };
+        let now = self.now;
+        self.a
+            .post_send(&mut self.qa, w, &[sge(self.la + off, 100, self.lka)], now);
+    }
+
+    /// Writes B's RQ producer index `pi` into its QP record.
+    fn write_rq_record(&mut self, pi: u32) {
+        self.b
+            .mem
+            .write(self.qb.rec + abi::QP_REC_RQ_PI, &pi.to_le_bytes())
+            .unwrap();
     }
 
     /// Rings `DB_SQ` on A with the QP's producer index.
@@ -164,13 +203,13 @@ impl Rc {
 #[test]
 fn sends_announced_in_the_record_while_the_device_polls_need_no_doorbell() {
     let mut r = rc(abi::QP_F_SQ_RECORD);
-    r.a.dev.begin_sq_polling();
+    r.a.dev.begin_record_polling();
     // The first SEND rings: from then on the device watches the record.
     r.write_send(1);
     r.write_record(1);
     assert_eq!(r.flags(), 0);
     r.ring();
-    assert_eq!(r.flags(), abi::QP_REC_SQ_POLLED);
+    assert_eq!(r.flags(), abi::QP_REC_POLLED);
     r.expect_sends(&[1]);
     // Two more, announced in the record only: nothing until the device
     // reads it, then both, in order.
@@ -178,34 +217,34 @@ fn sends_announced_in_the_record_while_the_device_polls_need_no_doorbell() {
     r.write_send(3);
     r.write_record(3);
     r.expect_nothing(3);
-    assert!(r.a.dev.poll_sq_records(&r.a.mem, r.now));
-    assert!(!r.a.dev.poll_sq_records(&r.a.mem, r.now), "read twice");
+    assert!(r.a.dev.poll_records(&r.a.mem, r.now));
+    assert!(!r.a.dev.poll_records(&r.a.mem, r.now), "read twice");
     r.expect_sends(&[2, 3]);
     // One written just before polling ends (the driver saw the flag still
     // set): taken when it ends, and the flag is clear after.
     r.write_send(4);
     r.write_record(4);
-    assert!(r.a.dev.end_sq_polling(&r.a.mem, r.now));
+    assert!(r.a.dev.end_record_polling(&r.a.mem, r.now));
     assert_eq!(r.flags(), 0);
-    assert!(!r.a.dev.sq_watching());
+    assert!(!r.a.dev.watching_records());
     r.expect_sends(&[4]);
     // Not polling: the record is not read; the doorbell the driver now
     // rings (the flag is clear) is what announces the SEND.
     r.write_send(5);
     r.write_record(5);
-    assert!(!r.a.dev.poll_sq_records(&r.a.mem, r.now));
+    assert!(!r.a.dev.poll_records(&r.a.mem, r.now));
     r.expect_nothing(3);
     r.ring();
     assert_eq!(r.flags(), 0, "watched outside polling");
     r.expect_sends(&[5]);
     let s = r.a.dev.stats();
-    assert_eq!((s.sq_records_read, s.doorbells_ignored), (2, 0));
+    assert_eq!((s.records_read, s.doorbells_ignored), (2, 0));
 }
 
 #[test]
 fn a_bad_index_in_a_record_is_ignored_once_and_an_overtaken_doorbell_is_no_error() {
     let mut r = rc(abi::QP_F_SQ_RECORD);
-    r.a.dev.begin_sq_polling();
+    r.a.dev.begin_record_polling();
     r.write_send(1);
     r.write_record(1);
     r.ring();
@@ -213,15 +252,15 @@ fn a_bad_index_in_a_record_is_ignored_once_and_an_overtaken_doorbell_is_no_error
     // An index beyond the ring: ignored, counted once however often the
     // device reads it.
     r.write_record(1 + 16 + 5);
-    r.a.dev.poll_sq_records(&r.a.mem, r.now);
-    r.a.dev.poll_sq_records(&r.a.mem, r.now);
+    r.a.dev.poll_records(&r.a.mem, r.now);
+    r.a.dev.poll_records(&r.a.mem, r.now);
     assert_eq!(r.a.dev.stats().doorbells_ignored, 1);
     r.expect_nothing(3);
     // The QP carries on with a good index.
     r.write_send(2);
     r.write_send(3);
     r.write_record(3);
-    assert!(r.a.dev.poll_sq_records(&r.a.mem, r.now));
+    assert!(r.a.dev.poll_records(&r.a.mem, r.now));
     r.expect_sends(&[2, 3]);
     // A doorbell the record overtook (the driver rang before it saw the
     // flag) names an index the device already has: nothing happens.
@@ -243,21 +282,21 @@ fn a_bad_index_in_a_record_is_ignored_once_and_an_overtaken_doorbell_is_no_error
 fn only_qps_that_ask_are_watched_and_reset_or_destroy_ends_it() {
     // A QP without the flag rings as always and is never watched.
     let mut r = rc(0);
-    r.a.dev.begin_sq_polling();
+    r.a.dev.begin_record_polling();
     r.write_send(1);
     r.ring();
-    assert!(!r.a.dev.sq_watching());
+    assert!(!r.a.dev.watching_records());
     assert_eq!(r.flags(), 0);
     r.expect_sends(&[1]);
 
     // One with it is watched until it moves to RESET (its producer index
     // restarts at 0 there; a stale record must not be read).
     let mut r = rc(abi::QP_F_SQ_RECORD);
-    r.a.dev.begin_sq_polling();
+    r.a.dev.begin_record_polling();
     r.write_send(1);
     r.write_record(1);
     r.ring();
-    assert!(r.a.dev.sq_watching());
+    assert!(r.a.dev.watching_records());
     r.expect_sends(&[1]);
     let reset = abi::QpAttr {
         qpn: r.qa.qpn,
@@ -266,16 +305,16 @@ fn only_qps_that_ask_are_watched_and_reset_or_destroy_ends_it() {
         ..Default::default()
     };
     r.a.cmd(abi::CMD_MODIFY_QP, &reset).unwrap();
-    assert!(!r.a.dev.sq_watching());
+    assert!(!r.a.dev.watching_records());
     assert_eq!(r.flags(), 0);
 
     // A destroyed QP is forgotten.
     let mut r = rc(abi::QP_F_SQ_RECORD);
-    r.a.dev.begin_sq_polling();
+    r.a.dev.begin_record_polling();
     r.write_send(1);
     r.write_record(1);
     r.ring();
-    assert!(r.a.dev.sq_watching());
+    assert!(r.a.dev.watching_records());
     r.a.cmd(
         abi::CMD_DESTROY_QP,
         &abi::Handle {
@@ -284,12 +323,12 @@ fn only_qps_that_ask_are_watched_and_reset_or_destroy_ends_it() {
         },
     )
     .unwrap();
-    assert!(!r.a.dev.sq_watching());
-    assert!(!r.a.dev.end_sq_polling(&r.a.mem, r.now));
+    assert!(!r.a.dev.watching_records());
+    assert!(!r.a.dev.end_record_polling(&r.a.mem, r.now));
 }
 
 #[test]
-fn at_most_sq_watch_max_records_are_watched_and_unknown_flags_are_refused() {
+fn at_most_watch_max_records_are_watched_and_unknown_flags_are_refused() {
     let (mut a, _b) = pair(1500);
     let pd = a.alloc_pd();
     let cq = a.create_cq(64);
@@ -299,8 +338,8 @@ fn at_most_sq_watch_max_records_are_watched_and_unknown_flags_are_refused() {
         flags: abi::QP_F_SQ_RECORD,
         ..QpSpec::rc()
     };
-    a.dev.begin_sq_polling();
-    let n = vrnic::device::SQ_WATCH_MAX + 2;
+    a.dev.begin_record_polling();
+    let n = vrnic::device::WATCH_MAX + 2;
     let qps: Vec<Qp> = (0..n).map(|_| a.create_qp_with(pd, &cq, spec)).collect();
     for q in &qps {
         // A doorbell for an empty queue (index 0) is accepted: it starts
@@ -316,9 +355,9 @@ fn at_most_sq_watch_max_records_are_watched_and_unknown_flags_are_refused() {
     }
     let flags = record_flags;
     let watched = qps.iter().filter(|q| flags(&a, q) != 0).count();
-    assert_eq!(watched, vrnic::device::SQ_WATCH_MAX);
+    assert_eq!(watched, vrnic::device::WATCH_MAX);
     // The watch is released in full when polling ends.
-    a.dev.end_sq_polling(&a.mem, 0);
+    a.dev.end_record_polling(&a.mem, 0);
     assert!(qps.iter().all(|q| flags(&a, q) == 0));
 
     let c = abi::CreateQp {
@@ -333,8 +372,79 @@ fn at_most_sq_watch_max_records_are_watched_and_unknown_flags_are_refused() {
         sq: a.alloc(4096),
         rq: a.alloc(4096),
         db: a.alloc(16),
-        flags: abi::QP_F_SQ_RECORD << 1,
+        flags: abi::QP_F_ALL + 1,
         ..Default::default()
     };
     assert_eq!(a.cmd(abi::CMD_CREATE_QP, &c), Err(abi::STATUS_EINVAL));
+    // An RQ record needs an RQ: not with an SRQ.
+    let srq = abi::CreateSrq {
+        pdn: pd,
+        max_wr: 16,
+        max_sge: 1,
+        ring: a.alloc(4096),
+        db: a.alloc(8),
+        ..Default::default()
+    };
+    let srqn = Node::handle_of(a.cmd(abi::CMD_CREATE_SRQ, &srq).unwrap());
+    let on_srq = abi::CreateQp {
+        rq_size: 0,
+        srqn,
+        flags: abi::QP_F_RQ_RECORD,
+        ..c
+    };
+    assert_eq!(a.cmd(abi::CMD_CREATE_QP, &on_srq), Err(abi::STATUS_EINVAL));
+    let ok = abi::CreateQp {
+        flags: abi::QP_F_SQ_RECORD,
+        ..on_srq
+    };
+    assert!(a.cmd(abi::CMD_CREATE_QP, &ok).is_ok());
+}
+
+#[test]
+fn receives_announced_in_the_record_need_no_doorbell_and_reset_ends_the_watch() {
+    let mut r = rc_with(0, abi::QP_F_RQ_RECORD);
+    r.b.dev.begin_record_polling();
+    // The first receive rings: B's record is watched from then on.
+    r.send_to_unannounced_recv(1);
+    r.write_rq_record(1);
+    let db = abi::Doorbell {
+        ctx: r.b.ctx,
+        kind: abi::DB_RQ,
+        handle: r.qb.qpn,
+        index: 1,
+        ..Default::default()
+    };
+    r.b.dev.doorbell(&r.b.mem, &db, r.now);
+    assert_eq!(record_flags(&r.b, &r.qb), abi::QP_REC_POLLED);
+    r.expect_sends(&[1]);
+    // Receives announced in the record only, read in a polling round:
+    // the SENDs land in them, in order.
+    r.write_rq_record(1);
+    r.send_to_unannounced_recv(2);
+    r.send_to_unannounced_recv(3);
+    r.write_rq_record(3);
+    assert!(r.b.dev.poll_records(&r.b.mem, r.now));
+    r.expect_sends(&[2, 3]);
+    // One written as polling ends is taken then.
+    r.send_to_unannounced_recv(4);
+    r.write_rq_record(4);
+    assert!(r.b.dev.end_record_polling(&r.b.mem, r.now));
+    assert_eq!(record_flags(&r.b, &r.qb), 0);
+    r.expect_sends(&[4]);
+    let s = r.b.dev.stats();
+    assert_eq!((s.records_read, s.doorbells_ignored), (2, 0));
+    // Watched again, then moved to RESET: no longer watched, flag clear.
+    r.b.dev.begin_record_polling();
+    r.b.dev
+        .doorbell(&r.b.mem, &abi::Doorbell { index: 4, ..db }, r.now);
+    assert!(r.b.dev.watching_records());
+    let reset = abi::QpAttr {
+        qpn: r.qb.qpn,
+        attr_mask: abi::QP_ATTR_STATE,
+        qp_state: abi::QpState::Reset as u32,
+        ..Default::default()
+    };
+    r.b.cmd(abi::CMD_MODIFY_QP, &reset).unwrap();
+    assert!(!r.b.dev.watching_records());
+    assert_eq!(record_flags(&r.b, &r.qb), 0);
 }
