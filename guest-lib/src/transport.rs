@@ -147,6 +147,16 @@ pub trait Transport: Send {
     fn yield_when_idle(&self) -> bool {
         false
     }
+    /// Whether QPs ask the device for doorbell records
+    /// ([`vrnic::abi::QP_F_SQ_RECORD`], [`vrnic::abi::QP_F_RQ_RECORD`]:
+    /// no doorbell chain per post while the device polls). True for a
+    /// process attached to the daemon's socket (containers, host
+    /// processes), where they are measured; default false: guests ring
+    /// as before until an `ib_read_lat` hang seen twice between two TCG
+    /// guests (issue 10's note, 2026-11-28) is understood.
+    fn doorbell_records(&self) -> bool {
+        false
+    }
     /// Makes `[va, va + len)` of this process reachable by the device, before
     /// an MR covering it is registered ([`crate::verbs::Mr::register`]). A
     /// no-op where the device reaches all of the process's memory (the

@@ -840,6 +840,12 @@ impl Transport for VhostUserTransport {
         true
     }
 
+    /// True: the daemon polls this process's QP records (device spec
+    /// §5.x.6.9).
+    fn doorbell_records(&self) -> bool {
+        true
+    }
+
     /// The daemon reaches registered pages through the memfd: no lock.
     fn needs_locked_pages(&self) -> bool {
         false

@@ -298,6 +298,12 @@ impl Context {
         lock(&self.inner.transport).yield_when_idle()
     }
 
+    /// Whether this context's QPs ask for doorbell records
+    /// ([`crate::transport::Transport::doorbell_records`]).
+    pub fn doorbell_records(&self) -> bool {
+        lock(&self.inner.transport).doorbell_records()
+    }
+
     /// The transport's event descriptor ([`Transport::event_fd`]): readable
     /// when [`Context::poll_event`] has something.
     pub fn event_fd(&self) -> Option<std::os::fd::RawFd> {

@@ -457,8 +457,9 @@ pub struct Qp {
 }
 
 /// Whether QPs ask for doorbell records ([`abi::QP_F_SQ_RECORD`],
-/// [`abi::QP_F_RQ_RECORD`]): unless `VRNIC_DB_RECORDS=0` (for comparisons
-/// and diagnosis).
+/// [`abi::QP_F_RQ_RECORD`]) where the transport uses them
+/// ([`crate::transport::Transport::doorbell_records`]): unless
+/// `VRNIC_DB_RECORDS=0` (for comparisons and diagnosis).
 fn records_wanted() -> bool {
     std::env::var_os("VRNIC_DB_RECORDS").is_none_or(|v| v != "0")
 }
@@ -533,7 +534,7 @@ impl Qp {
                 Some(ctx.alloc_dma(bytes, 4096)?)
             }
         };
-        let records = records_wanted();
+        let records = ctx.doorbell_records() && records_wanted();
         let rq_record = records && srq.is_none();
         let record_len = if rq_record {
             abi::QP_RECORD_RQ_LEN as usize
