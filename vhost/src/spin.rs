@@ -311,7 +311,7 @@ impl DataPath {
     }
 
     /// [`vrnic::device::Device::poll_records`] in the driver's memory
-    /// as of now: whether a QP record held new send WQEs.
+    /// as of now: whether a QP record held new work requests.
     fn poll_records(&mut self, now: Nanos) -> bool {
         let guard = self.memory().memory();
         self.device.poll_records(&GuestMem::new(&guard), now)

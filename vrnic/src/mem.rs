@@ -42,6 +42,30 @@ pub trait DmaMemory {
         bounce_copy(self, gpa, src, src_gpa, len)
     }
 
+    /// Reads the little-endian u32 at `gpa` in one access, so a value the
+    /// driver stores meanwhile is seen whole, old or new (a doorbell
+    /// record's producer index, device spec §5.x.6.9). Errors: out of
+    /// range, or `gpa` not 4-byte aligned. The default reads through
+    /// [`DmaMemory::read`], for memories no other thread writes (tests).
+    fn load_u32(&self, gpa: u64) -> Result<u32, MemError> {
+        let mut b = [0u8; 4];
+        if !gpa.is_multiple_of(4) {
+            return Err(MemError { addr: gpa, len: 4 });
+        }
+        self.read(gpa, &mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    /// Writes `v` as the little-endian u32 at `gpa` in one access
+    /// ([`DmaMemory::load_u32`]'s counterpart: a doorbell record's flags).
+    /// Errors: as `load_u32`.
+    fn store_u32(&self, gpa: u64, v: u32) -> Result<(), MemError> {
+        if !gpa.is_multiple_of(4) {
+            return Err(MemError { addr: gpa, len: 4 });
+        }
+        self.write(gpa, &v.to_le_bytes())
+    }
+
     /// Reads one ABI structure at `gpa`.
     fn read_obj<T: Pod>(&self, gpa: u64) -> Result<T, MemError>
     where

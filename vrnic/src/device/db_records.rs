@@ -186,18 +186,17 @@ impl Device {
             return false;
         };
         let flags = if polled { abi::QP_REC_POLLED } else { 0 };
-        mem.write(at, &flags.to_le_bytes()).is_ok()
+        mem.store_u32(at, flags).is_ok()
     }
 
     /// The SQ and RQ producer indices in `w`'s record (those it has);
     /// `None` when the QP is gone or the record unreadable.
     fn read_record(&self, mem: &dyn DmaMemory, w: &Watched) -> Option<(Option<u32>, Option<u32>)> {
         let record = self.qps.get(w.qpn)?.record;
-        let read = |offset: u64| -> Option<u32> {
-            let mut b = [0u8; 4];
-            mem.read(record.checked_add(offset)?, &mut b).ok()?;
-            Some(u32::from_le_bytes(b))
-        };
+        // One 32-bit load each: an index the driver stores meanwhile is
+        // seen old or new, never torn (a torn one could lie inside the
+        // window and name WQEs not written).
+        let read = |offset: u64| mem.load_u32(record.checked_add(offset)?).ok();
         let sq = match w.sq {
             Some(_) => Some(read(abi::QP_REC_SQ_PI)?),
             None => None,

@@ -138,9 +138,9 @@ pub struct DeviceStats {
     /// handle, or a producer index outside `[fetch index, consumer index +
     /// ring size]` of its queue (device spec §5.x.6.9).
     pub doorbells_ignored: u64,
-    /// SQ producer indices taken from QP records instead of doorbells
-    /// (device spec §5.x.6.9, "SQ doorbell records"): new values read
-    /// while the device polls.
+    /// SQ and RQ producer indices taken from QP records instead of
+    /// doorbells (device spec §5.x.6.9, "Doorbell records"): new values
+    /// read while the device polls.
     pub records_read: u64,
     /// Packets dropped (also in `rx_dropped`) because their opcode is of
     /// another transport than the QP's (rxe's `check_type_state`).
