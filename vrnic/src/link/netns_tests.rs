@@ -121,6 +121,23 @@ fn test_frame(token: &[u8; 8]) -> Vec<u8> {
     f
 }
 
+/// Waits until `fd` is readable or `left` passed.
+fn wait_readable(fd: RawFd, left: Duration) {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd.
+    unsafe {
+        libc::poll(
+            &mut pfd,
+            1,
+            left.as_millis().min(i32::MAX as u128) as i32 + 1,
+        )
+    };
+}
+
 /// Waits (bounded by [`WAIT`], on the link's descriptor) for a frame equal
 /// to `want`, skipping unrelated traffic (IPv6 autoconfiguration, ...).
 fn wait_for(link: &mut dyn Link, want: &[u8]) -> bool {
@@ -137,19 +154,7 @@ fn wait_for(link: &mut dyn Link, want: &[u8]) -> bool {
         if left.is_zero() {
             return false;
         }
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one live pollfd.
-        unsafe {
-            libc::poll(
-                &mut pfd,
-                1,
-                left.as_millis().min(i32::MAX as u128) as i32 + 1,
-            )
-        };
+        wait_readable(fd, left);
     }
 }
 
@@ -283,19 +288,7 @@ fn received(link: &mut dyn Link, want: usize, keep: impl Fn(&[u8]) -> bool) -> V
         if got.len() >= want || left.is_zero() {
             return got;
         }
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one live pollfd.
-        unsafe {
-            libc::poll(
-                &mut pfd,
-                1,
-                left.as_millis().min(i32::MAX as u128) as i32 + 1,
-            )
-        };
+        wait_readable(fd, left);
     }
 }
 
