@@ -919,11 +919,12 @@ impl Qp {
             let polled = unsafe {
                 let rec = self.record.ptr;
                 // Release: the device reads the WQEs after the index.
-                (*rec.add(offset as usize).cast::<AtomicU32>()).store(pi, Ordering::Release);
+                (*rec.add(offset as usize).cast::<AtomicU32>())
+                    .store(pi.to_le(), Ordering::Release);
                 fence(Ordering::SeqCst);
-                (*rec.add(abi::QP_REC_FLAGS as usize).cast::<AtomicU32>()).load(Ordering::Relaxed)
-                    & abi::QP_REC_POLLED
-                    != 0
+                let flags = (*rec.add(abi::QP_REC_FLAGS as usize).cast::<AtomicU32>())
+                    .load(Ordering::Relaxed);
+                u32::from_le(flags) & abi::QP_REC_POLLED != 0
             };
             if polled {
                 return Ok(());
