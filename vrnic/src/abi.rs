@@ -533,6 +533,17 @@ pub const QP_REC_FLAGS: u64 = 12;
 pub const QP_REC_RQ_PI: u64 = 16;
 /// Bytes of a QP record with [`QP_F_RQ_RECORD`] (16 without).
 pub const QP_RECORD_RQ_LEN: u64 = 32;
+
+/// Bytes of the QP record of a QP created with `flags`
+/// ([`CreateQp::flags`]): [`QP_RECORD_RQ_LEN`] with [`QP_F_RQ_RECORD`],
+/// else 16.
+pub fn qp_record_len(flags: u32) -> u64 {
+    if flags & QP_F_RQ_RECORD != 0 {
+        QP_RECORD_RQ_LEN
+    } else {
+        16
+    }
+}
 /// [`QP_REC_FLAGS`] bit: the device reads the producer indices the QP
 /// has records of while it polls, so `DB_SQ` and `DB_RQ` doorbells are
 /// not needed (the driver reads this after writing [`QP_REC_SQ_PI`] or

@@ -534,14 +534,14 @@ impl Qp {
                 Some(ctx.alloc_dma(bytes, 4096)?)
             }
         };
-        let records = ctx.doorbell_records() && records_wanted();
-        let rq_record = records && srq.is_none();
-        let record_len = if rq_record {
-            abi::QP_RECORD_RQ_LEN as usize
-        } else {
-            16
+        // Doorbell records where the transport uses them; an RQ record
+        // only with an RQ of its own.
+        let flags = match (ctx.doorbell_records() && records_wanted(), srq.is_none()) {
+            (false, _) => 0,
+            (true, false) => abi::QP_F_SQ_RECORD,
+            (true, true) => abi::QP_F_SQ_RECORD | abi::QP_F_RQ_RECORD,
         };
-        let record = ctx.alloc_dma(record_len, 64)?;
+        let record = ctx.alloc_dma(abi::qp_record_len(flags) as usize, 64)?;
         let body = abi::CreateQp {
             pdn: pd.pdn(),
             qp_type: init.qp_type.raw(),
@@ -557,11 +557,7 @@ impl Qp {
             rq: rq.map_or(0, |b| b.gpa),
             db: record.gpa,
             srqn: srq.as_ref().map_or(0, |s| s.srqn),
-            flags: match (records, rq_record) {
-                (false, _) => 0,
-                (true, false) => abi::QP_F_SQ_RECORD,
-                (true, true) => abi::QP_F_SQ_RECORD | abi::QP_F_RQ_RECORD,
-            },
+            flags,
         };
         let resp: abi::CreateQpResp = ctx.command(abi::CMD_CREATE_QP, body.as_bytes())?;
         let qp = Qp {
@@ -592,8 +588,8 @@ impl Qp {
                 pi: 0,
             }),
             record,
-            sq_record: body.flags & abi::QP_F_SQ_RECORD != 0,
-            rq_record: body.flags & abi::QP_F_RQ_RECORD != 0,
+            sq_record: flags & abi::QP_F_SQ_RECORD != 0,
+            rq_record: flags & abi::QP_F_RQ_RECORD != 0,
         };
         // From here on, dropping `qp` destroys the device's QP.
         let min_send = size_of::<abi::SendWqe>()

@@ -537,11 +537,7 @@ impl Device {
         if c.srqn == 0 {
             probe(mem, c.rq, c.rq_size as u64 * rq_stride as u64)?;
         }
-        let record_len = if c.flags & abi::QP_F_RQ_RECORD != 0 {
-            abi::QP_RECORD_RQ_LEN
-        } else {
-            16
-        };
+        let record_len = abi::qp_record_len(c.flags);
         probe(mem, c.db, record_len)?;
         mem.write(
             c.db,

@@ -61,15 +61,6 @@ impl Watch {
     }
 }
 
-/// The doorbell kind of a record's producer index at `offset`.
-fn kind_at(offset: u64) -> u16 {
-    if offset == abi::QP_REC_SQ_PI {
-        abi::DB_SQ
-    } else {
-        abi::DB_RQ
-    }
-}
-
 impl Device {
     /// The device polls from now on (the daemon's polling session began):
     /// a `DB_SQ` or `DB_RQ` doorbell for a QP with a record of that queue
@@ -223,9 +214,9 @@ impl Device {
         now: Nanos,
     ) -> bool {
         let mut work = false;
-        for (offset, new, old) in [(abi::QP_REC_RQ_PI, rq, w.rq), (abi::QP_REC_SQ_PI, sq, w.sq)] {
+        for (kind, new, old) in [(abi::DB_RQ, rq, w.rq), (abi::DB_SQ, sq, w.sq)] {
             if let Some(index) = new.filter(|&n| Some(n) != old) {
-                self.record_doorbell(mem, kind_at(offset), w.qpn, index, now);
+                self.record_doorbell(mem, kind, w.qpn, index, now);
                 work = true;
             }
         }
