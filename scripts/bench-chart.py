@@ -5,8 +5,10 @@ Left: perftest bandwidth (Gb/s of payload) against message size, one line per
 mode (how the two programs reach vrnic), with the machine's best raw frame
 rate and its raw TAP frame rate measured in the same run as dashed lines.
 Right: 64 B latencies (us) per mode and tool, with the busy-poll round trips
-(AF_PACKET and TAP) and the yield relay round trip (two yielding pollers
-through a third thread: the switch's floor) of the same run as lines.
+(AF_PACKET and TAP), the yield relay round trip (two yielding pollers
+through a third thread: the switch's floor) and the relayed wire round trips
+(two yielding ends through two yielding relays and the veth pair or the TAPs'
+bridge: the floor between two daemons) of the same run as lines.
 
 Usage: bench-chart.py OUT_DIR   (reads OUT_DIR/bench.json, writes OUT_DIR/bench.png)
 Needs python3-matplotlib (Debian package).
@@ -32,6 +34,8 @@ def main() -> int:
     uso = float(lim.get("pkt_uso_4154_gbps", 0) or 0)
     tap_rtt = float(lim.get("rtt_tap_busy_us", 0) or 0)
     relay = float(lim.get("rtt_relay1_us", 0) or 0)
+    floors = [(float(lim.get(k, 0) or 0), name) for k, name in
+              (("rtt_relay_wire_us", "AF_PACKET"), ("rtt_relay_tap_us", "TAP"))]
 
     fig, (bw, lat) = plt.subplots(1, 2, figsize=(13, 5.5))
     series = {}
@@ -77,7 +81,11 @@ def main() -> int:
         lat.axhline(tap_rtt, linestyle=":", color="grey", label=f"TAP busy-poll RTT {tap_rtt:.1f} us")
     if relay:
         lat.axhline(relay, linestyle="-.", color="grey", label=f"yield relay RTT {relay:.1f} us (switch floor)")
-    if rtt or tap_rtt or relay:
+    for (f, name), style in zip(floors, [(0, (1, 4)), (0, (5, 4))]):
+        if f:
+            lat.axhline(f, linestyle=style, color="tab:red",
+                        label=f"relayed {name} RTT {f:.1f} us (two daemons' floor)")
+    if rtt or tap_rtt or relay or any(f for f, _ in floors):
         lat.legend(fontsize=7)
     lat.set_yscale("log")
     lat.set_ylim(bottom=1)

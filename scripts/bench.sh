@@ -7,7 +7,9 @@
 #      AF_PACKET frame rates (send and sendmmsg) and raw TAP frame rates (write into one TAP, read
 #      from the other), 64 B / 1 KiB / 4 KiB payload frames, busy-poll and blocking round trips
 #      over both, and two yielding pollers' round trip through one and two relay threads (the
-#      hand-offs of a ping-pong through one daemon's poller, and through two daemons' workers);
+#      hand-offs of a ping-pong through one daemon's poller, and through two daemons' workers), and
+#      through two relays with the veth pair or the TAPs' bridge between them (the floor of a
+#      ping-pong between two daemons over that wire);
 #   2. perftest (ib_write_bw, ib_read_bw at 64 B, 4 KiB, 64 KiB, 1 MiB for 3 s each, 1 s with
 #      --quick; ib_send_lat, ib_write_lat at 64 B) between two host processes in two namespaces joined by a veth pair (MTU 9000, path
 #      MTU 4096), each with an in-process vrnic device (VRNIC_LOOPBACK: the engine alone on
@@ -321,6 +323,9 @@ rtt = num("rtt_busy_us")
 relay = num("rtt_relay1_us")
 # The TAP rows against the raw TAP path too: write() per frame into a TAP, through a bridge.
 tap_best, tap_rtt = num("tap_write_4154_gbps"), num("rtt_tap_busy_us")
+# The floor of a ping-pong between two daemons: two yielding ends through two yielding relays with
+# the wire between them (no work), over the veth pair (packet) and through the TAPs' bridge (tap).
+floor = {"packet": num("rtt_relay_wire_us"), "tap": num("rtt_relay_tap_us")}
 def fnum(v):
     try:
         return float(v)
@@ -332,10 +337,12 @@ for k in sorted(lim):
     print(f"  {k:32} {lim[k]}")
 print()
 print(f"{'perftest':14} {'mode':18} {'bytes':>8} {'figure':>11}  {'limit':>20}  {'ratio':>5} {'vs_tap':>6} {'vs_uso':>6}  "
-      f"{'drops':>6} {'timeouts':>8} {'seq_naks':>8}  {'cores':>5} {'cpu_s/Gbit':>10}")
+      f"{'vs_floor':>8}  {'drops':>6} {'timeouts':>8} {'seq_naks':>8}  {'cores':>5} {'cpu_s/Gbit':>10}")
 print("  (ratio: figure / limit; vs_tap, TAP rows: figure / the raw TAP path, tap_write_4154_gbps or")
 print("   rtt_tap_busy_us; vs_uso, bandwidth rows: figure / the same frames as UDP super-frames,")
-print("   pkt_uso_4154_gbps; drops: frames the receive queues dropped, both sides; timeouts: ACK timeouts")
+print("   pkt_uso_4154_gbps; vs_floor, latency rows over a wire: figure / two yielding ends through two")
+print("   yielding relays and that wire, rtt_relay_wire_us or rtt_relay_tap_us (the same hand-offs and")
+print("   crossings with no work); drops: frames the receive queues dropped, both sides; timeouts: ACK timeouts")
 print("   that retransmitted; seq_naks: PSN sequence NAKs; cores: CPU seconds of the run's processes,")
 print("   both perftests and the daemons, over its wall seconds, start-up included; cpu_s/Gbit: those CPU")
 print("   seconds per Gbit of RoCEv2 payload the devices sent; '-': not known)")
@@ -346,7 +353,7 @@ for r in rows:
     cpu, wall, gbit = fnum(r.get("cpu_s")), fnum(r.get("wall_s")), fnum(r.get("gbit"))
     cores = cpu / wall if cpu is not None and wall else None
     per_gbit = cpu / gbit if cpu is not None and gbit and r["unit"] == "MB/s" else None
-    ratio = tap_ratio = uso_ratio = None
+    ratio = tap_ratio = uso_ratio = floor_ratio = None
     fig = limtxt = ""
     if x is None:
         fig = v
@@ -374,12 +381,15 @@ for r in rows:
         ratio = x / rtt if rtt else None
         if r["mode"] == "tap" and tap_rtt:
             tap_ratio = x / tap_rtt
+        if floor.get(r["mode"]):
+            floor_ratio = x / floor[r["mode"]]
         fig, limtxt = f"{x:.1f} us", f"{rtt:.1f} us busy RTT"
     print(f"{r['what']:14} {r['mode']:18} {r['bytes']:>8} {fig:>11}  {limtxt:>20}  "
-          f"{opt(ratio, '{:.2f}'):>5} {opt(tap_ratio, '{:.2f}'):>6} {opt(uso_ratio, '{:.2f}'):>6}  "
+          f"{opt(ratio, '{:.2f}'):>5} {opt(tap_ratio, '{:.2f}'):>6} {opt(uso_ratio, '{:.2f}'):>6} {opt(floor_ratio, '{:.2f}'):>8}  "
           f"{r['drops']:>6} {r['timeouts']:>8} {r['seq_naks']:>8}  "
           f"{opt(cores, '{:.2f}'):>5} {opt(per_gbit, '{:.3f}'):>10}")
-    doc["runs"].append(dict(r, ratio=ratio, tap_ratio=tap_ratio, uso_ratio=uso_ratio, cores=cores, cpu_s_per_gbit=per_gbit))
+    doc["runs"].append(dict(r, ratio=ratio, tap_ratio=tap_ratio, uso_ratio=uso_ratio, floor_ratio=floor_ratio,
+                            cores=cores, cpu_s_per_gbit=per_gbit))
 json.dump(doc, open(f"{out}/bench.json", "w"), indent=1)
 PY
 /usr/bin/python3 "$top/scripts/bench-chart.py" "$out" 2>"$out/chart.log" ||

@@ -8,7 +8,9 @@
 //! bridge, `read(2)` from another), and 64-byte round trips over both paths
 //! with a busy-polling and with a blocking receiver; and the round trip of
 //! two yielding pollers through one or two relay threads (the hand-offs of
-//! a ping-pong through a daemon, [`relay_rtt_us`]).
+//! a ping-pong through a daemon, [`relay_rtt_us`]), and the same with two
+//! relays and the wire between them ([`relay_wire_rtt_us`]: the floor of a
+//! ping-pong between two daemons).
 //!
 //! Run it inside a network namespace holding both ends of a veth pair and,
 //! for the TAP figures, two TAP interfaces (`ip tuntap add NAME mode tap`)
@@ -17,7 +19,8 @@
 //! (`memcpy_gbytes_per_s_<size>`, `pkt_<mode>_<bytes>_mpps` (modes `send`,
 //! `sendmmsg64`, `uso`), `pkt_<mode>_<bytes>_gbps`,
 //! `tap_write_<bytes>_mpps`, `tap_write_<bytes>_gbps`, `rtt_<mode>_us`,
-//! `rtt_tap_<mode>_us`, `rtt_relay<n>_us`, `pkt_rcvbuf_bytes`), each figure the best of `--windows` windows of `--secs` each.
+//! `rtt_tap_<mode>_us`, `rtt_relay<n>_us`, `rtt_relay_wire_us`, `rtt_relay_tap_us`,
+//! `pkt_rcvbuf_bytes`), each figure the best of `--windows` windows of `--secs` each.
 //! The sockets get the buffers vrnic's AF_PACKET link asks for
 //! (`vrnic::link::packet::RCVBUF_BYTES`, `SNDBUF_BYTES`) and the TAPs are
 //! opened by vrnic's own TAP link (`vrnic::link::TapLink`, with its queue
@@ -650,6 +653,10 @@ fn main() -> anyhow::Result<()> {
         |a: &mut PacketPort, b: &mut PacketPort, busy| best(w, true, || rtt_us(a, b, busy, secs));
     println!("rtt_busy_us={:.1}", rtt(&mut a, &mut b, true));
     println!("rtt_blocking_us={:.1}", rtt(&mut a, &mut b, false));
+    println!(
+        "rtt_relay_wire_us={:.1}",
+        best(w, true, || relay_wire_rtt_us(&mut a, &mut b, secs))
+    );
     if let (Some(ta), Some(tb)) = (&args.tap_a, &args.tap_b) {
         let mut a = TapPort::open(ta)?;
         let mut b = TapPort::open(tb)?;
@@ -666,6 +673,10 @@ fn main() -> anyhow::Result<()> {
         println!(
             "rtt_tap_blocking_us={:.1}",
             best(w, true, || rtt_us(&mut a, &mut b, false, secs))
+        );
+        println!(
+            "rtt_relay_tap_us={:.1}",
+            best(w, true, || relay_wire_rtt_us(&mut a, &mut b, secs))
         );
     }
     Ok(())
@@ -720,6 +731,94 @@ fn relay_rtt_us(relays: u32, secs: f64) -> f64 {
                 // SAFETY: as above.
                 unsafe { libc::sched_yield() };
             }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    start.elapsed().as_secs_f64() * 1e6 / rounds.max(1) as f64
+}
+
+/// Round trip between two yielding end threads through two relay threads
+/// and the wire between them, microseconds: each end hands its turn to
+/// its relay through a shared word, the relay sends a 64-byte frame on
+/// its port and the other relay, which polls its port without blocking,
+/// hands the frame to its end the same way; the answer comes back the
+/// same path. Every thread yields the CPU when it has nothing to do
+/// (`sched_yield(2)`), as the two programs polling their CQs and the two
+/// daemons' workers of a 64-byte ping-pong over a wire do: the hand-offs
+/// of [`relay_rtt_us`] (two relays) and the wire crossings of [`rtt_us`]
+/// in one figure, with no other work. A frame not answered within 200 ms
+/// ends the run (as [`rtt_us`]).
+fn relay_wire_rtt_us(a: &mut impl Port, b: &mut impl Port, secs: f64) -> f64 {
+    use std::sync::atomic::AtomicU32;
+    // ping (first end and relay A): 1 relay A sends, 0 the answer came.
+    // pong (relay B and other end): 1 a frame came, 2 the end answered.
+    let (ping, pong) = (AtomicU32::new(0), AtomicU32::new(0));
+    let stop = AtomicBool::new(false);
+    let yield_now = || {
+        // SAFETY: no arguments; it cannot fail on Linux.
+        unsafe { libc::sched_yield() };
+    };
+    let f = frame(64);
+    // The answer goes back to the first end's address (a bridge learns
+    // where each address is).
+    let mut back = f.clone();
+    let (dst, src) = back.split_at_mut(6);
+    dst.swap_with_slice(&mut src[..6]);
+    let mut rounds = 0u64;
+    let start = Instant::now();
+    std::thread::scope(|sc| {
+        let (ping, pong, stop, f, back) = (&ping, &pong, &stop, &f, &back);
+        // Relay A: sends when its end asks, then polls for the answer.
+        sc.spawn(move || {
+            let mut buf = [0u8; 2048];
+            let mut sent = false;
+            while !stop.load(Ordering::Relaxed) {
+                if !sent && ping.load(Ordering::Acquire) == 1 {
+                    a.send(f);
+                    sent = true;
+                } else if sent && a.recv(&mut buf, true).is_some() {
+                    sent = false;
+                    ping.store(0, Ordering::Release);
+                } else {
+                    yield_now();
+                }
+            }
+        });
+        // Relay B: hands a frame to its end, sends the end's answer.
+        sc.spawn(move || {
+            let mut buf = [0u8; 2048];
+            while !stop.load(Ordering::Relaxed) {
+                if pong.load(Ordering::Acquire) == 2 {
+                    b.send(back);
+                    pong.store(0, Ordering::Release);
+                } else if pong.load(Ordering::Acquire) == 0 && b.recv(&mut buf, true).is_some() {
+                    pong.store(1, Ordering::Release);
+                } else {
+                    yield_now();
+                }
+            }
+        });
+        // The other end: answers at once.
+        sc.spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if pong.load(Ordering::Acquire) == 1 {
+                    pong.store(2, Ordering::Release);
+                } else {
+                    yield_now();
+                }
+            }
+        });
+        let end = Duration::from_secs_f64(secs);
+        'outer: while start.elapsed() < end {
+            ping.store(1, Ordering::Release);
+            let t = Instant::now();
+            while ping.load(Ordering::Acquire) != 0 {
+                if t.elapsed() > Duration::from_millis(200) {
+                    break 'outer;
+                }
+                yield_now();
+            }
+            rounds += 1;
         }
         stop.store(true, Ordering::Relaxed);
     });
