@@ -327,6 +327,43 @@ fn only_qps_that_ask_are_watched_and_reset_or_destroy_ends_it() {
     assert!(!r.a.dev.end_record_polling(&r.a.mem, r.now));
 }
 
+/// A context that is closed (its program exited: `CMD_CLOSE_CTX`) takes
+/// its QPs' watches with it, as their destroy would.
+#[test]
+fn closing_a_context_ends_the_watch_of_its_qps() {
+    let (mut a, _b) = pair(1500);
+    a.ctx = abi::DEFAULT_CTX;
+    let opened = a.cmd(abi::CMD_OPEN_CTX, &abi::Handle::default()).unwrap();
+    let ctx = u16::try_from(Node::handle_of(opened)).unwrap();
+    a.ctx = ctx;
+    let pd = a.alloc_pd();
+    let cq = a.create_cq(64);
+    let spec = QpSpec {
+        size: 16,
+        sge: 1,
+        flags: abi::QP_F_SQ_RECORD,
+        ..QpSpec::rc()
+    };
+    let q = a.create_qp_with(pd, &cq, spec);
+    a.dev.begin_record_polling();
+    let db = abi::Doorbell {
+        ctx,
+        kind: abi::DB_SQ,
+        handle: q.qpn,
+        ..Default::default()
+    };
+    a.dev.doorbell(&a.mem, &db, 0);
+    assert!(a.dev.watching_records());
+    a.ctx = abi::DEFAULT_CTX;
+    let close = abi::Handle {
+        handle: ctx.into(),
+        reserved: 0,
+    };
+    a.cmd(abi::CMD_CLOSE_CTX, &close).unwrap();
+    assert!(!a.dev.watching_records(), "a closed context's QP stays watched");
+    assert!(!a.dev.end_record_polling(&a.mem, 0));
+}
+
 #[test]
 fn at_most_watch_max_records_are_watched_and_unknown_flags_are_refused() {
     let (mut a, _b) = pair(1500);

@@ -152,7 +152,8 @@ impl Device {
     }
 
     /// `CMD_CLOSE_CTX` of `target` from context `ctx`: destroys the
-    /// target's QPs (releasing their responder resources), SRQs, CQs, AHs,
+    /// target's QPs (releasing their responder resources and ending the
+    /// watch of their doorbell records), SRQs, CQs, AHs,
     /// MRs and PDs, in that order, then frees its number. Bounded by the
     /// device's object limits.
     pub(super) fn close_ctx(&mut self, ctx: u16, target: u32) -> Result<(), Status> {
@@ -175,6 +176,7 @@ impl Device {
         for qpn in qpns {
             if let Some(mut qp) = self.qps.remove(qpn) {
                 qp.resp.release(&mut self.res.out);
+                self.watch.forget(qpn);
             }
         }
         let srqns: Vec<u32> = self
