@@ -180,8 +180,8 @@ pub struct DataPath {
     /// The worker is polling ([`crate::spin`]): queues drained leave the
     /// driver's notifications off.
     pub(crate) spinning: bool,
-    /// The worker does not poll before this device time ([`crate::spin`]).
-    pub(crate) spin_backoff_until: Nanos,
+    /// When the worker pauses its polling ([`crate::spin`]).
+    pub(crate) spin_backoff: crate::spin::Backoff,
 }
 
 impl DataPath {
@@ -216,7 +216,7 @@ impl DataPath {
             qp_stats_next: 0,
             qp_stats_due: None,
             spinning: false,
-            spin_backoff_until: 0,
+            spin_backoff: crate::spin::Backoff::default(),
         })
     }
 

@@ -25,9 +25,16 @@
 //!   its buffer; a vCPU running a polling guest) keeps the core for a whole
 //!   time slice once it gets it: 2 ms per `ib_write_lat` iteration was
 //!   measured. A yield that took [`LONG_YIELD_NS`] or more shows such a
-//!   neighbour: the session ends and the worker does not poll for
-//!   [`BACKOFF_NS`], sleeping in `epoll_wait` as without polling, where a
-//!   wake-up preempts the neighbour.
+//!   neighbour: the session ends and the worker does not poll for a
+//!   while ([`Backoff`]: [`BACKOFF_MIN_NS`] after the first such yield,
+//!   twice the last pause after each further one, up to [`BACKOFF_NS`];
+//!   each session without one halves it again), sleeping in `epoll_wait`
+//!   as without polling, where a wake-up preempts the neighbour. A
+//!   neighbour that never yields soon costs one time slice per
+//!   [`BACKOFF_NS`]; a one-off long yield (a program starting) costs a
+//!   millisecond of polling, not 100 ms of wake-ups (`ib_send_lat` 64 B
+//!   between two daemons over AF_PACKET: ≈9 µs typical with a fixed 100 ms
+//!   pause, ≈6.5 µs with this, the pauses having struck at start-up).
 //! - A session lasts at most [`SESSION_MAX_NS`], and ends at once when
 //!   another thread waits for the data path (a vhost-user request of the
 //!   frontend: memory table, ring stop; a stats reader), so neither waits
@@ -60,9 +67,47 @@ pub const SESSION_MAX_NS: Nanos = 2_000_000;
 /// neighbour that does not yield, nanoseconds (100 µs: a yielding poller
 /// gives the core back within a few µs; a time slice is ≥ 700 µs).
 pub const LONG_YIELD_NS: Nanos = 100_000;
-/// How long the worker does not poll after a [`LONG_YIELD_NS`] yield,
+/// Longest pause in polling after [`LONG_YIELD_NS`] yields ([`Backoff`]),
 /// nanoseconds (100 ms: one lost time slice per 100 ms at most).
 pub const BACKOFF_NS: Nanos = 100_000_000;
+/// First pause in polling after a [`LONG_YIELD_NS`] yield ([`Backoff`]),
+/// nanoseconds (1 ms: about one time slice).
+pub const BACKOFF_MIN_NS: Nanos = 1_000_000;
+
+/// When a worker pauses its polling after a [`LONG_YIELD_NS`] yield (see
+/// the module): the first pause [`BACKOFF_MIN_NS`], each further one
+/// twice the last, up to [`PollConfig::backoff_ns`]; a session that ends
+/// without such a yield halves the next pause (not below
+/// [`BACKOFF_MIN_NS`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Backoff {
+    /// No polling before this device time, nanoseconds.
+    until: Nanos,
+    /// The next pause, nanoseconds (0: [`BACKOFF_MIN_NS`]).
+    next: Nanos,
+}
+
+impl Backoff {
+    /// Whether polling pauses at `now`.
+    pub(crate) fn active(&self, now: Nanos) -> bool {
+        now < self.until
+    }
+
+    /// A long yield at `now`: polling pauses for the next pause (at most
+    /// `max`), and the one after is twice as long. Returns the pause,
+    /// nanoseconds.
+    pub(crate) fn long_yield(&mut self, now: Nanos, max: Nanos) -> Nanos {
+        let pause = self.next.clamp(BACKOFF_MIN_NS.min(max), max);
+        self.until = now.saturating_add(pause);
+        self.next = pause.saturating_mul(2).min(max);
+        pause
+    }
+
+    /// A session ended without a long yield: the next pause is halved.
+    pub(crate) fn calm(&mut self) {
+        self.next = (self.next / 2).max(BACKOFF_MIN_NS);
+    }
+}
 
 /// Most rounds `DataPath::serve_late` serves before the worker sleeps
 /// (a driver posting without pause keeps waking it anyway).
@@ -74,8 +119,8 @@ pub struct PollConfig {
     /// Polling budget after the last work found, nanoseconds; 0: the
     /// worker never polls.
     pub budget_ns: Nanos,
-    /// How long the worker does not poll after a yield of
-    /// [`LONG_YIELD_NS`] or more, nanoseconds.
+    /// Longest pause in polling after yields of [`LONG_YIELD_NS`] or more
+    /// ([`Backoff`]), nanoseconds; 0: no pause.
     pub backoff_ns: Nanos,
 }
 
@@ -105,7 +150,7 @@ impl DataPath {
         after: &mut dyn FnMut(&mut DataPath),
         others: &mut dyn FnMut() -> bool,
     ) {
-        if cfg.budget_ns == 0 || !self.serving() || self.now() < self.spin_backoff_until {
+        if cfg.budget_ns == 0 || !self.serving() || self.spin_backoff.active(self.now()) {
             return;
         }
         let Some((ctrl, db)) = ctrl_db(vrings) else {
@@ -121,6 +166,7 @@ impl DataPath {
         // When the last round yielded: its start (an idle round is short,
         // so the time from it to the next round's start is the yield's).
         let mut yielded_at: Option<Nanos> = None;
+        let mut long_yield = false;
         loop {
             let now = self.now();
             if yielded_at
@@ -129,8 +175,9 @@ impl DataPath {
             {
                 // A thread that does not yield shares this core: stop
                 // polling for a while (see the module).
-                self.spin_backoff_until = now.saturating_add(cfg.backoff_ns);
+                self.spin_backoff.long_yield(now, cfg.backoff_ns);
                 self.stats.poll_backoffs += 1;
+                long_yield = true;
                 break;
             }
             let mut work = self.poll_round(ctrl, db, now);
@@ -158,6 +205,9 @@ impl DataPath {
                 unsafe { libc::sched_yield() };
                 yielded_at = Some(now);
             }
+        }
+        if !long_yield {
+            self.spin_backoff.calm();
         }
         self.stats.poll_idle_ns += self.now().saturating_sub(last_work);
         self.notifications_on(vrings);
@@ -351,4 +401,40 @@ fn ctrl_db(vrings: &[Vring]) -> Option<(&Vring, &Vring)> {
         vrings.get(usize::from(abi::CONTROLQ))?,
         vrings.get(usize::from(abi::DOORBELLQ))?,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A neighbour that keeps not yielding: pauses of 1, 2, 4 ... ms up to
+    /// the longest; calm sessions halve the next pause back to 1 ms; a
+    /// longest pause of 0 never pauses.
+    #[test]
+    fn pauses_double_while_long_yields_repeat_and_halve_when_calm() {
+        let ms = 1_000_000;
+        let mut b = Backoff::default();
+        assert!(!b.active(0));
+        let pauses: Vec<Nanos> = (0..9)
+            .map(|i| b.long_yield(i * 1000 * ms, 100 * ms))
+            .collect();
+        assert_eq!(
+            pauses,
+            [1, 2, 4, 8, 16, 32, 64, 100, 100].map(|p| p * ms),
+            "doubling up to the longest"
+        );
+        let at = 8000 * ms;
+        assert!(b.active(at) && b.active(at + 100 * ms - 1) && !b.active(at + 100 * ms));
+        for _ in 0..3 {
+            b.calm();
+        }
+        assert_eq!(b.long_yield(0, 100 * ms), 12_500_000, "halved three times");
+        for _ in 0..20 {
+            b.calm();
+        }
+        assert_eq!(b.long_yield(0, 100 * ms), ms, "never below the first pause");
+        let mut off = Backoff::default();
+        assert_eq!(off.long_yield(5, 0), 0);
+        assert!(!off.active(5));
+    }
 }

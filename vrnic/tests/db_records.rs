@@ -360,7 +360,10 @@ fn closing_a_context_ends_the_watch_of_its_qps() {
         reserved: 0,
     };
     a.cmd(abi::CMD_CLOSE_CTX, &close).unwrap();
-    assert!(!a.dev.watching_records(), "a closed context's QP stays watched");
+    assert!(
+        !a.dev.watching_records(),
+        "a closed context's QP stays watched"
+    );
     assert!(!a.dev.end_record_polling(&a.mem, 0));
 }
 
