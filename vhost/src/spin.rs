@@ -28,7 +28,9 @@
 //!   neighbour: the session ends and the worker does not poll for a
 //!   while ([`Backoff`]: [`BACKOFF_MIN_NS`] after the first such yield,
 //!   twice the last pause after each further one, up to [`BACKOFF_NS`];
-//!   each session without one halves it again), sleeping in `epoll_wait`
+//!   each session that polls its whole [`SESSION_MAX_NS`] without one
+//!   halves it again: a busy vCPU keeps the pause long, a program's
+//!   start-up does not), sleeping in `epoll_wait`
 //!   as without polling, where a wake-up preempts the neighbour. A
 //!   neighbour that never yields soon costs one time slice per
 //!   [`BACKOFF_NS`]; a one-off long yield (a program starting) costs a
@@ -76,9 +78,9 @@ pub const BACKOFF_MIN_NS: Nanos = 1_000_000;
 
 /// When a worker pauses its polling after a [`LONG_YIELD_NS`] yield (see
 /// the module): the first pause [`BACKOFF_MIN_NS`], each further one
-/// twice the last, up to [`PollConfig::backoff_ns`]; a session that ends
-/// without such a yield halves the next pause (not below
-/// [`BACKOFF_MIN_NS`]).
+/// twice the last, up to [`PollConfig::backoff_ns`]; a session that
+/// polled its whole [`SESSION_MAX_NS`] without such a yield halves the
+/// next pause (not below [`BACKOFF_MIN_NS`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Backoff {
     /// No polling before this device time, nanoseconds.
@@ -103,7 +105,8 @@ impl Backoff {
         pause
     }
 
-    /// A session ended without a long yield: the next pause is halved.
+    /// A session polled [`SESSION_MAX_NS`] without a long yield: the next
+    /// pause is halved.
     pub(crate) fn calm(&mut self) {
         self.next = (self.next / 2).max(BACKOFF_MIN_NS);
     }
@@ -166,7 +169,9 @@ impl DataPath {
         // When the last round yielded: its start (an idle round is short,
         // so the time from it to the next round's start is the yield's).
         let mut yielded_at: Option<Nanos> = None;
-        let mut long_yield = false;
+        // The session polled SESSION_MAX_NS with every yield short: no
+        // neighbour that keeps the core shares it now.
+        let mut calm = false;
         loop {
             let now = self.now();
             if yielded_at
@@ -177,7 +182,6 @@ impl DataPath {
                 // polling for a while (see the module).
                 self.spin_backoff.long_yield(now, cfg.backoff_ns);
                 self.stats.poll_backoffs += 1;
-                long_yield = true;
                 break;
             }
             let mut work = self.poll_round(ctrl, db, now);
@@ -193,10 +197,11 @@ impl DataPath {
             } else if now.saturating_sub(last_work) >= cfg.budget_ns {
                 break;
             }
-            if now.saturating_sub(start) >= SESSION_MAX_NS
-                || waiters.load(Ordering::Relaxed) > 0
-                || self.lost()
-            {
+            if now.saturating_sub(start) >= SESSION_MAX_NS {
+                calm = true;
+                break;
+            }
+            if waiters.load(Ordering::Relaxed) > 0 || self.lost() {
                 break;
             }
             if !work {
@@ -206,7 +211,7 @@ impl DataPath {
                 yielded_at = Some(now);
             }
         }
-        if !long_yield {
+        if calm {
             self.spin_backoff.calm();
         }
         self.stats.poll_idle_ns += self.now().saturating_sub(last_work);
