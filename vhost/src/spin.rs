@@ -82,7 +82,7 @@ pub const BACKOFF_MIN_NS: Nanos = 1_000_000;
 /// polled its whole [`SESSION_MAX_NS`] without such a yield halves the
 /// next pause (not below [`BACKOFF_MIN_NS`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     /// No polling before this device time, nanoseconds.
     until: Nanos,
     /// The next pause, nanoseconds (0: [`BACKOFF_MIN_NS`]).
