@@ -327,6 +327,29 @@ fn only_qps_that_ask_are_watched_and_reset_or_destroy_ends_it() {
     assert!(!r.a.dev.end_record_polling(&r.a.mem, r.now));
 }
 
+/// An RC QP of 16 WQEs a queue and one SGE with an SQ record.
+fn sq_recorded() -> QpSpec {
+    QpSpec {
+        size: 16,
+        sge: 1,
+        flags: abi::QP_F_SQ_RECORD,
+        ..QpSpec::rc()
+    }
+}
+
+/// Rings `q`'s SQ doorbell on `node` for an empty queue (index 0): it is
+/// accepted and, while the device polls, starts the watch as any other.
+fn ring_empty_sq(node: &mut Node, q: &Qp) {
+    let db = abi::Doorbell {
+        ctx: node.ctx,
+        kind: abi::DB_SQ,
+        handle: q.qpn,
+        index: 0,
+        ..Default::default()
+    };
+    node.dev.doorbell(&node.mem, &db, 0);
+}
+
 /// A context that is closed (its program exited: `CMD_CLOSE_CTX`) takes
 /// its QPs' watches with it, as their destroy would.
 #[test]
@@ -338,21 +361,9 @@ fn closing_a_context_ends_the_watch_of_its_qps() {
     a.ctx = ctx;
     let pd = a.alloc_pd();
     let cq = a.create_cq(64);
-    let spec = QpSpec {
-        size: 16,
-        sge: 1,
-        flags: abi::QP_F_SQ_RECORD,
-        ..QpSpec::rc()
-    };
-    let q = a.create_qp_with(pd, &cq, spec);
+    let q = a.create_qp_with(pd, &cq, sq_recorded());
     a.dev.begin_record_polling();
-    let db = abi::Doorbell {
-        ctx,
-        kind: abi::DB_SQ,
-        handle: q.qpn,
-        ..Default::default()
-    };
-    a.dev.doorbell(&a.mem, &db, 0);
+    ring_empty_sq(&mut a, &q);
     assert!(a.dev.watching_records());
     a.ctx = abi::DEFAULT_CTX;
     let close = abi::Handle {
@@ -372,26 +383,13 @@ fn at_most_watch_max_records_are_watched_and_unknown_flags_are_refused() {
     let (mut a, _b) = pair(1500);
     let pd = a.alloc_pd();
     let cq = a.create_cq(64);
-    let spec = QpSpec {
-        size: 16,
-        sge: 1,
-        flags: abi::QP_F_SQ_RECORD,
-        ..QpSpec::rc()
-    };
     a.dev.begin_record_polling();
     let n = vrnic::device::WATCH_MAX + 2;
-    let qps: Vec<Qp> = (0..n).map(|_| a.create_qp_with(pd, &cq, spec)).collect();
+    let qps: Vec<Qp> = (0..n)
+        .map(|_| a.create_qp_with(pd, &cq, sq_recorded()))
+        .collect();
     for q in &qps {
-        // A doorbell for an empty queue (index 0) is accepted: it starts
-        // the watch as any other.
-        let db = abi::Doorbell {
-            ctx: a.ctx,
-            kind: abi::DB_SQ,
-            handle: q.qpn,
-            index: 0,
-            ..Default::default()
-        };
-        a.dev.doorbell(&a.mem, &db, 0);
+        ring_empty_sq(&mut a, q);
     }
     let flags = record_flags;
     let watched = qps.iter().filter(|q| flags(&a, q) != 0).count();
