@@ -174,10 +174,7 @@ impl Device {
             .map(|q| q.qpn)
             .collect();
         for qpn in qpns {
-            if let Some(mut qp) = self.qps.remove(qpn) {
-                qp.resp.release(&mut self.res.out);
-                self.watch.forget(qpn);
-            }
+            self.remove_qp(qpn);
         }
         let srqns: Vec<u32> = self
             .res

@@ -36,6 +36,16 @@ fn probe(mem: &dyn DmaMemory, gpa: u64, len: u64) -> Result<(), Status> {
 }
 
 impl Device {
+    /// Removes QP `qpn` (`CMD_DESTROY_QP`, `CMD_CLOSE_CTX`): its responder
+    /// resources released and the watch of its record ended (the record
+    /// may be gone). `None` when there is no such QP.
+    pub(super) fn remove_qp(&mut self, qpn: u32) -> Option<()> {
+        let mut qp = self.qps.remove(qpn)?;
+        qp.resp.release(&mut self.res.out);
+        self.watch.forget(qpn);
+        Some(())
+    }
+
     /// The GID table: index 0 the link-local GID from the MAC, index 1 the
     /// IPv4-mapped RoCEv2 GID (as Linux rxe lays it out), then the port's
     /// further IPv6 addresses ([`crate::transport::PortId::gid`]).
@@ -250,9 +260,7 @@ impl Device {
                 if !self.owns_qp(ctx, qpn) {
                     return Err(abi::STATUS_ENOENT);
                 }
-                let mut qp = self.qps.remove(qpn).ok_or(abi::STATUS_ENOENT)?;
-                qp.resp.release(&mut self.res.out);
-                self.watch.forget(qpn);
+                self.remove_qp(qpn).ok_or(abi::STATUS_ENOENT)?;
                 Ok(0)
             }
             abi::CMD_CREATE_AH => {
