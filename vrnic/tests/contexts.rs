@@ -8,28 +8,6 @@ mod common;
 use common::*;
 use vrnic::abi::{self, Pod};
 
-fn open_ctx(n: &mut Node) -> u16 {
-    let saved = n.ctx;
-    n.ctx = abi::DEFAULT_CTX;
-    let c = Node::handle_of(n.cmd(abi::CMD_OPEN_CTX, &abi::Handle::default()).unwrap());
-    n.ctx = saved;
-    u16::try_from(c).unwrap()
-}
-
-fn close_ctx(n: &mut Node, ctx: u16) -> Result<Vec<u8>, u32> {
-    let saved = n.ctx;
-    n.ctx = abi::DEFAULT_CTX;
-    let r = n.cmd(
-        abi::CMD_CLOSE_CTX,
-        &abi::Handle {
-            handle: ctx.into(),
-            reserved: 0,
-        },
-    );
-    n.ctx = saved;
-    r
-}
-
 fn h(handle: u32) -> abi::Handle {
     abi::Handle {
         handle,
@@ -40,8 +18,8 @@ fn h(handle: u32) -> abi::Handle {
 #[test]
 fn a_context_sees_only_its_own_objects() {
     let (mut a, _b) = pair(1500);
-    let c1 = open_ctx(&mut a);
-    let c2 = open_ctx(&mut a);
+    let c1 = a.open_ctx();
+    let c2 = a.open_ctx();
     assert_ne!(c1, c2);
     a.ctx = c1;
     let pd = a.alloc_pd();
@@ -107,7 +85,7 @@ fn a_context_sees_only_its_own_objects() {
 #[test]
 fn opening_and_closing_follow_the_rules() {
     let (mut a, _b) = pair(1500);
-    let c1 = open_ctx(&mut a);
+    let c1 = a.open_ctx();
     assert_eq!(a.dev.context_count(), 2);
     // Only the default context opens and closes contexts.
     a.ctx = c1;
@@ -122,15 +100,15 @@ fn opening_and_closing_follow_the_rules() {
     );
     a.ctx = abi::DEFAULT_CTX;
     assert_eq!(
-        close_ctx(&mut a, abi::DEFAULT_CTX).map(|_| ()),
+        a.close_ctx(abi::DEFAULT_CTX).map(|_| ()),
         Err(abi::STATUS_EINVAL)
     );
-    assert_eq!(close_ctx(&mut a, 77).map(|_| ()), Err(abi::STATUS_ENOENT));
+    assert_eq!(a.close_ctx(77).map(|_| ()), Err(abi::STATUS_ENOENT));
     assert_eq!(
         a.cmd(abi::CMD_CLOSE_CTX, &h(1 << 20)).map(|_| ()),
         Err(abi::STATUS_EINVAL)
     );
-    close_ctx(&mut a, c1).unwrap();
+    a.close_ctx(c1).unwrap();
     // A closed context's commands find nothing, not even the device.
     a.ctx = c1;
     assert_eq!(
@@ -142,7 +120,7 @@ fn opening_and_closing_follow_the_rules() {
     a.ctx = abi::DEFAULT_CTX;
     let mut seen = vec![c1];
     for _ in 0..abi::MAX_CTX - 1 {
-        seen.push(open_ctx(&mut a));
+        seen.push(a.open_ctx());
     }
     assert_ne!(seen[1], c1, "a closed context's number came back at once");
     assert_eq!(a.dev.context_count(), abi::MAX_CTX);
@@ -173,7 +151,7 @@ fn closing_a_context_mid_transfer_frees_everything_and_others_carry_on() {
         true,
     );
     // A second program on node a, in a context of its own, with an MR.
-    let other = open_ctx(&mut p.a);
+    let other = p.a.open_ctx();
     p.a.ctx = other;
     let opd = p.a.alloc_pd();
     let ocq = p.a.create_cq(16);
@@ -184,7 +162,7 @@ fn closing_a_context_mid_transfer_frees_everything_and_others_carry_on() {
     let baseline = p.a.dev.object_counts();
 
     // The victim: a context of its own on node a, RC-connected to b.
-    let victim = open_ctx(&mut p.a);
+    let victim = p.a.open_ctx();
     p.a.ctx = victim;
     let vpd = p.a.alloc_pd();
     let mut vcq = p.a.create_cq(64);
@@ -238,7 +216,7 @@ fn closing_a_context_mid_transfer_frees_everything_and_others_carry_on() {
     };
     p.b.post_send(&mut bqp, send, &[sge(sbuf, 64, skey)], now);
     p.a.pump(now);
-    close_ctx(&mut p.a, victim).unwrap();
+    p.a.close_ctx(victim).unwrap();
     assert_eq!(
         p.a.dev.object_counts(),
         baseline,
@@ -282,7 +260,7 @@ fn events_name_the_owning_context() {
         ConnOpts::default(),
         true,
     );
-    let c = open_ctx(&mut p.b);
+    let c = p.b.open_ctx();
     p.b.ctx = c;
     let pd = p.b.alloc_pd();
     let mut cq = p.b.create_cq(16);

@@ -355,9 +355,7 @@ fn ring_empty_sq(node: &mut Node, q: &Qp) {
 #[test]
 fn closing_a_context_ends_the_watch_of_its_qps() {
     let (mut a, _b) = pair(1500);
-    a.ctx = abi::DEFAULT_CTX;
-    let opened = a.cmd(abi::CMD_OPEN_CTX, &abi::Handle::default()).unwrap();
-    let ctx = u16::try_from(Node::handle_of(opened)).unwrap();
+    let ctx = a.open_ctx();
     a.ctx = ctx;
     let pd = a.alloc_pd();
     let cq = a.create_cq(64);
@@ -365,12 +363,7 @@ fn closing_a_context_ends_the_watch_of_its_qps() {
     a.dev.begin_record_polling();
     ring_empty_sq(&mut a, &q);
     assert!(a.dev.watching_records());
-    a.ctx = abi::DEFAULT_CTX;
-    let close = abi::Handle {
-        handle: ctx.into(),
-        reserved: 0,
-    };
-    a.cmd(abi::CMD_CLOSE_CTX, &close).unwrap();
+    a.close_ctx(ctx).unwrap();
     assert!(
         !a.dev.watching_records(),
         "a closed context's QP stays watched"

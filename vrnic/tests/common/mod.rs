@@ -144,6 +144,35 @@ impl Node {
         abi::Handle::read_from(&r).unwrap().handle
     }
 
+    /// Opens a device context (`CMD_OPEN_CTX`, from the default context,
+    /// as an agent does); `self.ctx` is left as it was.
+    pub fn open_ctx(&mut self) -> u16 {
+        let saved = self.ctx;
+        self.ctx = abi::DEFAULT_CTX;
+        let c = Self::handle_of(
+            self.cmd(abi::CMD_OPEN_CTX, &abi::Handle::default())
+                .unwrap(),
+        );
+        self.ctx = saved;
+        u16::try_from(c).unwrap()
+    }
+
+    /// `CMD_CLOSE_CTX` of `ctx` from the default context; `self.ctx` is
+    /// left as it was.
+    pub fn close_ctx(&mut self, ctx: u16) -> Result<Vec<u8>, u32> {
+        let saved = self.ctx;
+        self.ctx = abi::DEFAULT_CTX;
+        let r = self.cmd(
+            abi::CMD_CLOSE_CTX,
+            &abi::Handle {
+                handle: ctx.into(),
+                reserved: 0,
+            },
+        );
+        self.ctx = saved;
+        r
+    }
+
     pub fn alloc_pd(&mut self) -> u32 {
         Self::handle_of(
             self.cmd(abi::CMD_ALLOC_PD, &abi::Handle::default())
