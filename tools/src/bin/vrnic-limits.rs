@@ -554,8 +554,7 @@ fn rtt_us(a: &mut impl Port, b: &mut impl Port, busy: bool, secs: f64) -> f64 {
             // A blocking receive returns within RECV_WAIT, so a stop is seen.
             while !stop.load(Ordering::Relaxed) {
                 if let Some(n) = b.recv(&mut buf, busy) {
-                    let (dst, src) = buf.split_at_mut(6);
-                    dst.swap_with_slice(&mut src[..6]);
+                    swap_macs(&mut buf);
                     b.send(&buf[..n]);
                 }
             }
@@ -716,8 +715,7 @@ fn relay_rtt_us(relays: u32, secs: f64) -> f64 {
                     if t != 0 && owner(t) == me {
                         turn.store((t + 1) % stages, Ordering::Release);
                     } else {
-                        // SAFETY: no arguments; it cannot fail on Linux.
-                        unsafe { libc::sched_yield() };
+                        yield_cpu();
                     }
                 }
             });
@@ -728,8 +726,7 @@ fn relay_rtt_us(relays: u32, secs: f64) -> f64 {
                 rounds += 1;
                 turn.store(1, Ordering::Release);
             } else {
-                // SAFETY: as above.
-                unsafe { libc::sched_yield() };
+                yield_cpu();
             }
         }
         stop.store(true, Ordering::Relaxed);
@@ -754,16 +751,11 @@ fn relay_wire_rtt_us(a: &mut impl Port, b: &mut impl Port, secs: f64) -> f64 {
     // pong (relay B and other end): 1 a frame came, 2 the end answered.
     let (ping, pong) = (AtomicU32::new(0), AtomicU32::new(0));
     let stop = AtomicBool::new(false);
-    let yield_now = || {
-        // SAFETY: no arguments; it cannot fail on Linux.
-        unsafe { libc::sched_yield() };
-    };
     let f = frame(64);
     // The answer goes back to the first end's address (a bridge learns
     // where each address is).
     let mut back = f.clone();
-    let (dst, src) = back.split_at_mut(6);
-    dst.swap_with_slice(&mut src[..6]);
+    swap_macs(&mut back);
     let mut rounds = 0u64;
     let start = Instant::now();
     std::thread::scope(|sc| {
@@ -780,7 +772,7 @@ fn relay_wire_rtt_us(a: &mut impl Port, b: &mut impl Port, secs: f64) -> f64 {
                     sent = false;
                     ping.store(0, Ordering::Release);
                 } else {
-                    yield_now();
+                    yield_cpu();
                 }
             }
         });
@@ -794,7 +786,7 @@ fn relay_wire_rtt_us(a: &mut impl Port, b: &mut impl Port, secs: f64) -> f64 {
                 } else if pong.load(Ordering::Acquire) == 0 && b.recv(&mut buf, true).is_some() {
                     pong.store(1, Ordering::Release);
                 } else {
-                    yield_now();
+                    yield_cpu();
                 }
             }
         });
@@ -804,7 +796,7 @@ fn relay_wire_rtt_us(a: &mut impl Port, b: &mut impl Port, secs: f64) -> f64 {
                 if pong.load(Ordering::Acquire) == 1 {
                     pong.store(2, Ordering::Release);
                 } else {
-                    yield_now();
+                    yield_cpu();
                 }
             }
         });
@@ -816,13 +808,27 @@ fn relay_wire_rtt_us(a: &mut impl Port, b: &mut impl Port, secs: f64) -> f64 {
                 if t.elapsed() > Duration::from_millis(200) {
                     break 'outer;
                 }
-                yield_now();
+                yield_cpu();
             }
             rounds += 1;
         }
         stop.store(true, Ordering::Relaxed);
     });
     start.elapsed().as_secs_f64() * 1e6 / rounds.max(1) as f64
+}
+
+/// Gives the CPU to another runnable thread (`sched_yield(2)`), as a
+/// polling program or worker does between empty rounds.
+fn yield_cpu() {
+    // SAFETY: no arguments; it cannot fail on Linux.
+    unsafe { libc::sched_yield() };
+}
+
+/// Swaps an Ethernet frame's destination and source addresses (an
+/// answer goes back where the frame came from).
+fn swap_macs(frame: &mut [u8]) {
+    let (dst, src) = frame.split_at_mut(6);
+    dst.swap_with_slice(&mut src[..6]);
 }
 
 /// The probe's frame sizes, bytes: RoCEv2-shaped, 58 bytes of headers
