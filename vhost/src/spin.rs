@@ -30,8 +30,8 @@
 //!   twice the last pause after each further one, up to [`BACKOFF_NS`];
 //!   each session that polls its whole [`SESSION_MAX_NS`] without one
 //!   halves it again: a busy vCPU keeps the pause long, a program's
-//!   start-up does not), sleeping in `epoll_wait`
-//!   as without polling, where a wake-up preempts the neighbour. A
+//!   start-up does not), sleeping in `epoll_wait` as without polling,
+//!   where a wake-up preempts the neighbour. A
 //!   neighbour that never yields soon costs one time slice per
 //!   [`BACKOFF_NS`]; a one-off long yield (a program starting) costs a
 //!   millisecond of polling, not 100 ms of wake-ups (`ib_send_lat` 64 B
