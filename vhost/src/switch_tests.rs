@@ -40,14 +40,20 @@ fn recv_all(l: &mut dyn Link) -> Vec<Vec<u8>> {
     out
 }
 
+/// Whether `fd` polls readable now.
 fn readable(fd: RawFd) -> bool {
+    readable_within(fd, 0)
+}
+
+/// Whether `fd` polls readable within `ms` milliseconds.
+fn readable_within(fd: RawFd, ms: i32) -> bool {
     let mut p = libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
     };
-    // SAFETY: one live pollfd; timeout 0 never blocks.
-    unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    // SAFETY: one live pollfd.
+    unsafe { libc::poll(&mut p, 1, ms) == 1 }
 }
 
 #[test]
@@ -270,6 +276,13 @@ fn frames_between_ports_need_no_icrc_and_frames_from_the_wire_do() {
 /// once, in order. The sender sends bursts of 1 to 4 frames and waits
 /// until all are read, so every burst races the receiver's reset of
 /// the descriptor.
+///
+/// Stranded means: the port holds frames and its descriptor stays not
+/// readable for a whole second more (a sender writes the eventfd
+/// microseconds after it queues). A descriptor not readable while the
+/// port holds none is the sender's turn: the receiver waits on, up to
+/// [`PATIENCE`] (a machine that stalls the sender for seconds is slow,
+/// not broken).
 #[test]
 fn a_sleeping_receiver_is_woken_for_every_frame_of_a_concurrent_sender() {
     use std::sync::atomic::AtomicU32;
@@ -289,7 +302,7 @@ fn a_sleeping_receiver_is_woken_for_every_frame_of_a_concurrent_sender() {
             }
             let t0 = std::time::Instant::now();
             while seen.load(Ordering::Acquire) < seq {
-                if t0.elapsed() > std::time::Duration::from_secs(10) {
+                if t0.elapsed() > 2 * PATIENCE {
                     return false; // the receiver failed (it says why)
                 }
                 std::thread::yield_now();
@@ -310,18 +323,38 @@ fn a_sleeping_receiver_is_woken_for_every_frame_of_a_concurrent_sender() {
             .unwrap();
         read.store(next, Ordering::Release);
         if next < total {
-            let mut p = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one live pollfd.
-            let r = unsafe { libc::poll(&mut p, 1, 5_000) };
-            assert_eq!(r, 1, "stranded: frame {next} queued or taken, port not readable (last read got one: {got})");
+            wait_readable(&b, fd, next, got);
         }
     }
     assert!(sender.join().unwrap());
     assert!(!b.recv_with(&mut buf, &mut |_, _| ()).unwrap());
+}
+
+/// How long [`a_sleeping_receiver_is_woken_for_every_frame_of_a_concurrent_sender`]
+/// waits for its sender's next frame.
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Waits until port `b` (its descriptor `fd`) is readable; panics when
+/// it holds frames and stays not readable for a second, or when nothing
+/// comes for [`PATIENCE`]. `next` and `got` describe the receiver's
+/// last read, for the message.
+fn wait_readable(b: &SwitchPort, fd: RawFd, next: u32, got: bool) {
+    let t0 = std::time::Instant::now();
+    while !readable_within(fd, 1_000) {
+        let held = b.shared.frames.len() + b.taken.len();
+        if held > 0 && !readable_within(fd, 1_000) {
+            panic!(
+                "stranded: {held} frames held (the next is {next}), port not readable for 1 s \
+                 (last read got one: {got}; flag set: {}, eventfd readable: {})",
+                b.shared.signalled.load(Ordering::SeqCst),
+                readable(b.shared.efd.as_raw_fd()),
+            );
+        }
+        assert!(
+            t0.elapsed() < PATIENCE,
+            "no frame {next} for {PATIENCE:?}: the sender stalled"
+        );
+    }
 }
 
 #[test]
