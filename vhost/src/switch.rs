@@ -232,9 +232,10 @@ struct PortShared {
     /// Another thread polls the port ([`Polling::Other`]): the port's
     /// reads leave the uplink to the poller's own port.
     adopted: AtomicBool,
-    /// The eventfd may have been written since a polled receiver last
-    /// emptied it ([`PortShared::wake`] sets it after each write): a
-    /// polled port empties it only then.
+    /// The eventfd may have been written since the receiver last emptied
+    /// it ([`PortShared::wake`] sets it after each write): a polled port
+    /// empties it only then, and a port whose flag is clear resets (empties)
+    /// it then too ([`SwitchPort::take_batch`]: a sender slow to write).
     written: AtomicBool,
     /// Readable while the port has frames (see [`SwitchPort::take_batch`]).
     efd: OwnedFd,
@@ -337,6 +338,14 @@ impl PortShared {
     /// [`PORT_QUEUE_BYTES`] (other senders may have filled it since the
     /// caller looked).
     fn enqueue(&self, buf: Vec<u8>, icrc: Icrc) -> Result<(), Vec<u8>> {
+        self.queue(buf, icrc)?;
+        self.signal();
+        Ok(())
+    }
+
+    /// [`PortShared::enqueue`] without the signal: the frame is in the
+    /// queue, the port not yet made readable for it.
+    fn queue(&self, buf: Vec<u8>, icrc: Icrc) -> Result<(), Vec<u8>> {
         let len = buf.len();
         if self.bytes.fetch_add(len, Ordering::Relaxed) + len > PORT_QUEUE_BYTES {
             self.bytes.fetch_sub(len, Ordering::Relaxed);
@@ -346,7 +355,6 @@ impl PortShared {
             self.bytes.fetch_sub(len, Ordering::Relaxed);
             return Err(buf);
         }
-        self.signal();
         Ok(())
     }
 
@@ -846,8 +854,20 @@ impl SwitchPort {
     /// at all and its eventfd is reset, so that it is readable exactly
     /// while the port has frames (queued or taken) or a frame came after
     /// this reset. An empty queue costs no system call when the eventfd was
-    /// already reset: a lone function's path to the uplink stays as cheap
-    /// as a device on the uplink itself.
+    /// already reset and nothing wrote it since: a lone function's path to
+    /// the uplink stays as cheap as a device on the uplink itself.
+    ///
+    /// The reset clears the flag, then empties the eventfd, then looks at
+    /// the queue again. A sender slow to signal (preempted between queueing
+    /// its frame and [`PortShared::signal`]) may set the flag after the
+    /// clear and write before the emptying, for a frame this port took
+    /// before the reset: the look finds nothing, and its write is gone
+    /// with the flag set, so the next sender, seeing it set, would write
+    /// nothing and its frame would wait unseen. So a flag found set again
+    /// after the look writes the eventfd once more (a spare wake-up at
+    /// worst). A late write after the emptying sets `written`, and the next
+    /// call empties it, so the port does not stay readable without frames
+    /// (its worker would wake for nothing until the next frame).
     fn take_batch(&mut self) -> bool {
         let (q, taken) = (&*self.shared, &mut self.taken);
         for b in self.used.drain(..) {
@@ -859,7 +879,7 @@ impl SwitchPort {
         if pull_queue(q, taken) {
             return true;
         }
-        if !q.signalled.load(Ordering::Relaxed) {
+        if !q.signalled.load(Ordering::Relaxed) && !q.written.load(Ordering::Relaxed) {
             return false;
         }
         if q.polled.load(Ordering::Relaxed) {
@@ -876,17 +896,23 @@ impl SwitchPort {
         // set (and so wrote nothing) is found now; a sender after the reset
         // writes the eventfd anew (`PortShared::signal`).
         q.signalled.store(false, Ordering::SeqCst);
+        q.written.store(false, Ordering::SeqCst);
         q.drain();
         fence(Ordering::SeqCst);
-        if !pull_queue(q, taken) {
-            return false;
+        if pull_queue(q, taken) {
+            // Frames after all (their senders saw the flag still set), and
+            // the emptying may have taken a later sender's write: set it
+            // again, so the port stays readable while it holds frames, for
+            // a worker that takes fewer than all before it sleeps.
+            q.stay_readable();
+            return true;
         }
-        // Frames after all (their senders saw the flag still set), and the
-        // read above may have taken a later sender's write: set it again,
-        // so the port stays readable while it holds frames, for a worker
-        // that takes fewer than all before it sleeps.
-        q.stay_readable();
-        true
+        if q.signalled.load(Ordering::SeqCst) {
+            // A sender set the flag after the clear; the emptying may have
+            // taken its write (see above).
+            q.wake();
+        }
+        false
     }
 
     /// Reads the uplink (at most [`UPLINK_PULL_MAX`] frames) until a frame
