@@ -101,8 +101,11 @@ fn spec_err(msg: impl Into<String>) -> FunctionError {
 /// One function as declared: `key=value` pairs separated by commas, e.g.
 /// `socket=/run/vr1.sock,ip=10.0.0.1/24,mac=02:76:0a:00:00:01`.
 ///
-/// Keys: `socket=PATH` (vhost-user socket to listen on; required),
-/// `ip=ADDR/PREFIX` (required), `mac=XX:XX:XX:XX:XX:XX` (default 02:76
+/// Keys: `socket=PATH` (vhost-user socket to listen on) or `connect=PATH`
+/// (a socket QEMU listens on, `-chardev socket,...,server=on`: the daemon
+/// connects to it, waits while it is not there and connects again after
+/// each connection, so a guest survives a restart of the daemon; one of
+/// the two is required), `ip=ADDR/PREFIX` (required), `mac=XX:XX:XX:XX:XX:XX` (default 02:76
 /// and the IPv4 address), `ipv6=ADDR` (repeatable, at most [`MAX_IPV6`]),
 /// `name=NAME` (letters, digits, `.`, `_`, `-`; default from the socket's
 /// file name, [`FunctionSpec::name`]), `stats=PATH` (default `<socket>.stats`), `pcap=PATH` (record
@@ -115,7 +118,8 @@ pub struct FunctionSpec {
     /// The vhost-user socket.
     pub socket: PathBuf,
     /// The daemon connects to `socket` (QEMU listens) instead of listening
-    /// on it (the single-function `--connect`; not in the text form).
+    /// on it (`connect=PATH` in the text form; the single function's
+    /// `--connect`).
     pub connect: bool,
     /// IPv4 address and prefix length.
     pub ip: Ipv4Prefix,
@@ -230,10 +234,11 @@ impl FromStr for FunctionSpec {
                 .ok_or_else(|| spec_err(format!("{part:?} is not key=value")))?;
             let dup = |k: &str| spec_err(format!("{k}= given twice"));
             match k {
-                "socket" => {
+                "socket" | "connect" => {
                     if socket.replace(check_path(k, v)?).is_some() {
-                        return Err(dup(k));
+                        return Err(spec_err("give socket= or connect=, once"));
                     }
+                    spec.connect = k == "connect";
                 }
                 "ip" => {
                     if ip
@@ -285,7 +290,7 @@ impl FromStr for FunctionSpec {
                 }
             }
         }
-        spec.socket = socket.ok_or_else(|| spec_err("socket= is required"))?;
+        spec.socket = socket.ok_or_else(|| spec_err("socket= or connect= is required"))?;
         spec.ip = ip.ok_or_else(|| spec_err("ip= is required"))?;
         Ok(spec)
     }
@@ -296,9 +301,10 @@ fn spec_err_addr(e: crate::addr::AddrError) -> FunctionError {
 }
 
 impl fmt::Display for FunctionSpec {
-    /// The text form [`FunctionSpec::from_str`] parses (without `connect`).
+    /// The text form [`FunctionSpec::from_str`] parses.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "socket={},ip={}", self.socket.display(), self.ip)?;
+        let key = if self.connect { "connect" } else { "socket" };
+        write!(f, "{key}={},ip={}", self.socket.display(), self.ip)?;
         if let Some(m) = self.mac {
             write!(f, ",mac={m}")?;
         }
@@ -343,6 +349,8 @@ pub struct FunctionInfo {
     pub name: String,
     /// The vhost-user socket (absolute).
     pub socket: PathBuf,
+    /// The daemon connects to `socket` ([`FunctionSpec::connect`]).
+    pub connect: bool,
     /// The stats socket.
     pub stats_socket: PathBuf,
     /// MAC address.
@@ -360,15 +368,16 @@ pub struct FunctionInfo {
 }
 
 impl fmt::Display for FunctionInfo {
-    /// One line: `name=.. socket=.. mac=.. ip=.. [ipv6=..]... connected=yes|no
+    /// One line: `name=.. socket=..|connect=.. mac=.. ip=.. [ipv6=..]... connected=yes|no
     /// stats=.. tx_frames=.. rx_frames=.. rx_dropped=.. retransmits=..
     /// switch_tx_local=.. switch_tx_uplink=.. switch_rx_local=..
     /// switch_rx_uplink=.. switch_rx_dropped=.. switch_tx_busy=..`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "name={} socket={} mac={} ip={}",
+            "name={} {}={} mac={} ip={}",
             self.name,
+            if self.connect { "connect" } else { "socket" },
             self.socket.display(),
             self.mac,
             self.ip
@@ -397,6 +406,7 @@ impl fmt::Display for FunctionInfo {
 struct Function {
     name: String,
     socket: PathBuf,
+    connect: bool,
     stats_path: PathBuf,
     mac: Mac,
     ip: Ipv4Prefix,
@@ -413,6 +423,7 @@ impl Function {
         FunctionInfo {
             name: self.name.clone(),
             socket: self.socket.clone(),
+            connect: self.connect,
             stats_socket: self.stats_path.clone(),
             mac: self.mac,
             ip: self.ip,
@@ -648,6 +659,7 @@ impl Functions {
         let f = Function {
             name: name.clone(),
             socket,
+            connect: spec.connect,
             stats_path,
             mac,
             ip: spec.ip,
@@ -750,6 +762,13 @@ mod tests {
         check_name(&FunctionSpec::new(format!("/{}", "x".repeat(300)), d.ip).name()).unwrap();
         assert_eq!(d.mac().0, [2, 0x76, 10, 0, 0, 2]);
         assert_eq!(d.stats_path(), PathBuf::from("/run/b.sock.stats"));
+        assert!(!d.connect);
+        let c: FunctionSpec = "connect=/run/qemu.sock,ip=10.0.0.3/24".parse().unwrap();
+        assert!(c.connect, "the daemon connects to a socket QEMU listens on");
+        assert_eq!(c.socket, PathBuf::from("/run/qemu.sock"));
+        assert_eq!(c.to_string(), "connect=/run/qemu.sock,ip=10.0.0.3/24");
+        assert_eq!(c.to_string().parse::<FunctionSpec>().unwrap(), c);
+        assert_eq!(c.stats_path(), PathBuf::from("/run/qemu.sock.stats"));
     }
 
     #[test]
@@ -769,6 +788,10 @@ mod tests {
             "socket=/s,ip=10.0.0.1/24,ipv6=10.0.0.1",
             "socket=/s,ip=10.0.0.1/24,bogus=1",
             "socket=/s,ip=10.0.0.1/24,socket=/t",
+            "socket=/s,ip=10.0.0.1/24,connect=/t",
+            "connect=/s,ip=10.0.0.1/24,connect=/s",
+            "connect=,ip=10.0.0.1/24",
+            "connect=/s",
             "socket=,ip=10.0.0.1/24",
             "socket=/s,ip=10.0.0.1/24,name=a b",
             "socket=/s,ip=10.0.0.1/24,name=a/b",

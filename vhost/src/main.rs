@@ -80,7 +80,8 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum FunctionCommand {
     /// Print the daemon's limits (a `#` line), then one line per function:
-    /// name, socket, MAC, IPv4 and IPv6 addresses, connected=yes|no, its
+    /// name, socket (`connect=` for one the daemon connects to), MAC, IPv4
+    /// and IPv6 addresses, connected=yes|no, its
     /// stats socket and a few counters (the engine's tx_frames, rx_frames,
     /// rx_dropped, retransmits; the switch port's frames to and from other
     /// functions and the uplink, and those dropped for a full queue).
@@ -105,8 +106,12 @@ struct FunctionAddArgs {
     #[command(flatten)]
     control: ControlArgs,
     /// vhost-user socket the function listens on.
-    #[arg(long, value_name = "PATH")]
-    socket: PathBuf,
+    #[arg(long, value_name = "PATH", required_unless_present = "connect")]
+    socket: Option<PathBuf>,
+    /// vhost-user socket QEMU listens on (`server=on`): the function
+    /// connects to it, as the daemon's --connect.
+    #[arg(long, value_name = "PATH", conflicts_with = "socket")]
+    connect: Option<PathBuf>,
     /// The function's IPv4 address and prefix length, e.g. 10.0.0.2/24.
     #[arg(long, value_name = "ADDR/PREFIX")]
     ip: Ipv4Prefix,
@@ -119,7 +124,8 @@ struct FunctionAddArgs {
     /// Its name [default: the socket's file name].
     #[arg(long)]
     name: Option<String>,
-    /// Its stats socket [default: the --socket path followed by .stats].
+    /// Its stats socket [default: the --socket or --connect path followed
+    /// by .stats].
     #[arg(long, value_name = "PATH")]
     stats_socket: Option<PathBuf>,
     /// Write every frame it sends and receives to this pcap file.
@@ -129,10 +135,11 @@ struct FunctionAddArgs {
 
 impl FunctionAddArgs {
     fn spec(&self) -> FunctionSpec {
+        let socket = self.socket.as_ref().or(self.connect.as_ref());
         FunctionSpec {
             name: self.name.clone(),
-            socket: absolute(&self.socket),
-            connect: false,
+            socket: socket.map(|p| absolute(p)).unwrap_or_default(),
+            connect: self.connect.is_some(),
             ip: self.ip,
             mac: self.mac,
             ipv6: self.ipv6.clone(),
@@ -194,11 +201,12 @@ struct DaemonArgs {
     /// ends, so a restarted daemon finds its running guest again.
     #[arg(long, value_name = "PATH", conflicts_with = "socket", requires = "ip")]
     connect: Option<PathBuf>,
-    /// A further function, `socket=PATH,ip=ADDR/PREFIX` followed by any of
-    /// `,mac=XX:..`, `,ipv6=ADDR` (repeatable), `,name=NAME`,
-    /// `,stats=PATH`, `,pcap=PATH` (repeatable; at most 64 functions in
-    /// all). Each function has its own socket, addresses, stats socket
-    /// and worker thread.
+    /// A further function, `socket=PATH,ip=ADDR/PREFIX` (or
+    /// `connect=PATH,...`: QEMU listens on PATH, as with --connect)
+    /// followed by any of `,mac=XX:..`, `,ipv6=ADDR` (repeatable),
+    /// `,name=NAME`, `,stats=PATH`, `,pcap=PATH` (repeatable; at most 64
+    /// functions in all). Each function has its own socket, addresses,
+    /// stats socket and worker thread.
     #[arg(long, value_name = "SPEC")]
     function: Vec<FunctionSpec>,
     /// Send and receive frames on this TAP device (created if missing).

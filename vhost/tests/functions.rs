@@ -817,3 +817,69 @@ fn a_function_talks_to_a_device_beyond_the_uplink() {
     drop((qb, qc, b, c));
     far.stop(WAIT).expect("the far daemon stops");
 }
+
+/// Functions the daemon connects to (`connect=PATH`: QEMU listens,
+/// `server=on`), several in one daemon: each waits for its frontend's
+/// socket, connects, is served, is listed as `connect=`, connects again
+/// after its connection ends (a guest outlives a restart of the daemon
+/// this way), and is deleted while it waits.
+#[test]
+fn several_functions_connect_to_their_frontends_and_come_back() {
+    use std::os::unix::net::UnixListener;
+    use vrnic_vhost::frontend::{FrontendOptions, TestFrontend};
+
+    let dir = TempDir::new("connectfns");
+    let (fns, _outside) = daemon();
+    let specs: Vec<FunctionSpec> = (1..=2u8)
+        .map(|i| {
+            format!("connect={}/qemu{i}.sock,ip=10.0.0.{i}/24", dir.0.display())
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    for s in &specs {
+        // Added before QEMU listens: the function keeps trying.
+        let info = fns.add(s).expect("a connecting function is added");
+        assert!(!info.connected);
+        assert!(info.to_string().contains(" connect="), "{info}");
+    }
+    let opts = FrontendOptions::default();
+    let listeners: Vec<UnixListener> = specs
+        .iter()
+        .map(|s| UnixListener::bind(&s.socket).unwrap())
+        .collect();
+    let pd_of = |fe: &mut TestFrontend| {
+        let (h, body) = fe.control(abi::CMD_ALLOC_PD, &[]).unwrap();
+        assert_eq!(h.status, abi::STATUS_OK, "{h:?}");
+        body
+    };
+    for (s, l) in specs.iter().zip(&listeners) {
+        let mut fe = TestFrontend::accept(l, &opts).expect("the function connects");
+        let old = pd_of(&mut fe);
+        let info = fns
+            .list()
+            .into_iter()
+            .find(|f| f.socket == s.socket)
+            .unwrap();
+        assert!(info.connected && info.connect, "{info}");
+        drop(fe);
+        // The connection ended: the function connects again, to a device
+        // reset in between (its objects are gone).
+        let mut fe = TestFrontend::accept(l, &opts).expect("the function comes back");
+        let (h, _) = fe.control(abi::CMD_DEALLOC_PD, &old).unwrap();
+        assert_eq!(h.status, abi::STATUS_ENOENT, "the old PD is gone: {h:?}");
+        let pd = pd_of(&mut fe);
+        let (h, _) = fe.control(abi::CMD_DEALLOC_PD, &pd).unwrap();
+        assert_eq!(h.status, abi::STATUS_OK, "{h:?}");
+    }
+    // Deleted while its frontend's socket is gone: the function stops
+    // trying; the other one stays.
+    drop(listeners);
+    for s in &specs {
+        let _ = std::fs::remove_file(&s.socket);
+    }
+    fns.del(specs[0].socket.to_str().unwrap())
+        .expect("a waiting connecting function is deleted");
+    assert_eq!(fns.len(), 1);
+    assert!(!specs[0].stats_path().exists(), "its stats socket removed");
+}
