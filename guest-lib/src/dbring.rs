@@ -17,7 +17,7 @@
 //! write the `ctx` of their doorbells; device spec §5.x.6.13).
 
 use std::ptr;
-use std::sync::atomic::{fence, AtomicU16, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use vrnic::abi::{self, Pod};
@@ -236,7 +236,7 @@ impl DbRing {
         let r = self.post_locked(db, &mut deadline);
         self.lock_word().store(0, Ordering::Release);
         r?;
-        fence(Ordering::SeqCst);
+        crate::barrier::mb();
         // SAFETY: used flags at used + 0, 2-aligned, in the region.
         let flags = u16::from_le(unsafe { ptr::read_volatile(self.at::<u16>(self.layout.used)) });
         if flags & crate::virtio::VIRTQ_USED_F_NO_NOTIFY == 0 {

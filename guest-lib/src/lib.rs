@@ -12,6 +12,7 @@
 #![deny(missing_docs)]
 
 pub mod agent;
+pub mod barrier;
 pub mod dbring;
 pub mod dma;
 pub(crate) mod driver;

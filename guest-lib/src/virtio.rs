@@ -23,7 +23,7 @@
 
 use std::io;
 use std::ptr;
-use std::sync::atomic::{fence, AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::transport::TransportError;
@@ -1047,12 +1047,13 @@ impl SplitQueue {
     /// Asks the device to interrupt after it adds used buffers (`true`:
     /// clears `VIRTQ_AVAIL_F_NO_INTERRUPT`) or not to (`false`: sets it),
     /// §2.7.7 without `VIRTIO_F_EVENT_IDX` (this driver never negotiates
-    /// it, so `used_event` is unused). A full fence follows, so a caller
+    /// it, so `used_event` is unused). A full barrier follows
+    /// ([`crate::barrier::mb`]), so a caller
     /// that then re-checks the used ring cannot miss a buffer the device
     /// added without interrupting.
     pub fn set_interrupts(&mut self, on: bool) {
         self.write_avail_flags(if on { 0 } else { VIRTQ_AVAIL_F_NO_INTERRUPT });
-        fence(Ordering::SeqCst);
+        crate::barrier::mb();
     }
 
     /// Whether the queue asks for interrupts (`VIRTQ_AVAIL_F_NO_INTERRUPT` clear).
@@ -1136,11 +1137,12 @@ impl SplitQueue {
     }
 
     /// Whether the device wants a notification for newly added chains: a
-    /// full fence (the index store must be visible before the flag is read),
+    /// full barrier ([`crate::barrier::mb`]: the index store must be
+    /// visible before the flag is read),
     /// then `used.flags & VIRTQ_USED_F_NO_NOTIFY == 0` (§2.7.10; without
     /// `VIRTIO_F_EVENT_IDX`).
     pub fn needs_notify(&self) -> bool {
-        fence(Ordering::SeqCst);
+        crate::barrier::mb();
         // SAFETY: offset 0 of the used ring, 2-aligned.
         let flags = u16::from_le(unsafe { ptr::read_volatile(self.used as *const u16) });
         flags & VIRTQ_USED_F_NO_NOTIFY == 0

@@ -896,7 +896,8 @@ impl Qp {
     /// Announces producer index `pi` of the SQ or RQ (`kind`: `DB_SQ`,
     /// `DB_RQ`; device spec §5.x.6.9). With a doorbell record of that
     /// queue: writes the index to the QP record, then (after a full
-    /// barrier, which pairs with the device's when it stops polling) reads
+    /// barrier, [`crate::barrier::mb`], which pairs with the device's when
+    /// it stops polling) reads
     /// the device's flags there, and rings only when [`abi::QP_REC_POLLED`]
     /// is clear — while it is set the device reads the index from the
     /// record.
@@ -917,7 +918,7 @@ impl Qp {
                 // Release: the device reads the WQEs after the index.
                 (*rec.add(offset as usize).cast::<AtomicU32>())
                     .store(pi.to_le(), Ordering::Release);
-                fence(Ordering::SeqCst);
+                crate::barrier::mb();
                 let flags = (*rec.add(abi::QP_REC_FLAGS as usize).cast::<AtomicU32>())
                     .load(Ordering::Relaxed);
                 u32::from_le(flags) & abi::QP_REC_POLLED != 0
