@@ -152,8 +152,8 @@ pub trait Transport: Send {
     /// no doorbell chain per post while the device polls). True for a
     /// process attached to the daemon's socket (containers, host
     /// processes), where they are measured; default false: guests ring
-    /// as before until an `ib_read_lat` hang seen twice between two TCG
-    /// guests (issue 10's note, 2026-11-28) is understood.
+    /// as before, records brought them no measured gain under TCG (their
+    /// one hang with records was the barrier, [`crate::barrier`]).
     fn doorbell_records(&self) -> bool {
         false
     }

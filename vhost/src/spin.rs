@@ -329,9 +329,13 @@ impl DataPath {
     /// chain, but between two TCG guests a doorbell was seen left without
     /// a kick: `ib_send_lat -n 5000` stalled until an unrelated wake-up
     /// (the next ARP, ~30 s later) in 5 of 6 runs, with and without
-    /// polling, and in none of 3 with this check (2026-11-25; the lost
-    /// kick's cause is not found). A chain found here is served at once,
-    /// and the kick that may still come finds nothing.
+    /// polling, and in none of 3 with this check (2026-11-25). The likely
+    /// cause, found later: guest-lib's barrier before reading
+    /// `VIRTQ_USED_F_NO_NOTIFY` was a `lock or`, which TCG runs without a
+    /// host barrier for a one-vCPU guest (`guest-lib/src/barrier.rs` has
+    /// used `mfence` since). This check stays for drivers with the same
+    /// mistake: a chain found here is served at once, and the kick that
+    /// may still come finds nothing.
     pub(crate) fn serve_late(
         &mut self,
         vrings: &[Vring],
