@@ -45,6 +45,59 @@ fn readable(fd: RawFd) -> bool {
     readable_within(fd, 0)
 }
 
+/// For a test's sender: waits (at most twice [`PATIENCE`]) until the
+/// receiver has read `seq` frames (`seen`); false when it has not.
+fn all_read(seen: &std::sync::atomic::AtomicU32, seq: u32) -> bool {
+    let t0 = std::time::Instant::now();
+    while seen.load(Ordering::Acquire) < seq {
+        if t0.elapsed() > 2 * PATIENCE {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+    true
+}
+
+/// Runs `send` on a thread of its own while this one reads `total`
+/// frames from `b` ([`read_one_at_a_time`]), then checks that `send`
+/// returned true and nothing is left. `send` is given a function that
+/// waits until the receiver has read a number of frames ([`all_read`]).
+fn race(
+    b: &mut SwitchPort,
+    total: u32,
+    send: impl FnOnce(&dyn Fn(u32) -> bool) -> bool + Send + 'static,
+) {
+    let read = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let seen = read.clone();
+    let sender = std::thread::spawn(move || send(&|seq| all_read(&seen, seq)));
+    read_one_at_a_time(b, total, &read);
+    assert!(sender.join().unwrap());
+    assert!(!b.recv_with(&mut [0u8; 64], &mut |_, _| ()).unwrap());
+}
+
+/// For a test's receiver: reads `total` frames from `b`, numbered from 0
+/// (bytes 14..18), checking each comes once and in order, one per
+/// `recv_with`, publishing the count in `read` after each and sleeping
+/// on the port's descriptor between them ([`wait_readable`]).
+fn read_one_at_a_time(b: &mut SwitchPort, total: u32, read: &std::sync::atomic::AtomicU32) {
+    let fd = b.raw_fd().unwrap();
+    let mut next = 0u32;
+    let mut buf = [0u8; 64];
+    while next < total {
+        let got = b
+            .recv_with(&mut buf, &mut |f, _| {
+                let seq = u32::from_be_bytes(f[14..18].try_into().unwrap());
+                assert_eq!(seq, next, "in order, once");
+                next += 1;
+            })
+            .unwrap();
+        read.store(next, Ordering::Release);
+        if next < total {
+            wait_readable(b, fd, next, got);
+        }
+    }
+}
+
 /// Whether `fd` polls readable within `ms` milliseconds.
 fn readable_within(fd: RawFd, ms: i32) -> bool {
     let mut p = libc::pollfd {
@@ -310,13 +363,10 @@ fn frames_between_ports_need_no_icrc_and_frames_from_the_wire_do() {
 /// not broken).
 #[test]
 fn a_sleeping_receiver_is_woken_for_every_frame_of_a_concurrent_sender() {
-    use std::sync::atomic::AtomicU32;
     const BURSTS: u32 = 60_000;
     let (_sw, mut a, mut b, _outside) = switch_ab();
-    let read = Arc::new(AtomicU32::new(0));
     let total: u32 = (0..BURSTS).map(|k| k % 4 + 1).sum();
-    let seen = read.clone();
-    let sender = std::thread::spawn(move || {
+    race(&mut b, total, move |all_read| {
         let mut seq = 0u32;
         for k in 0..BURSTS {
             for _ in 0..k % 4 + 1 {
@@ -325,34 +375,12 @@ fn a_sleeping_receiver_is_woken_for_every_frame_of_a_concurrent_sender() {
                 assert!(a.try_send_buf(&mut f).unwrap(), "room: bursts are read");
                 seq += 1;
             }
-            let t0 = std::time::Instant::now();
-            while seen.load(Ordering::Acquire) < seq {
-                if t0.elapsed() > 2 * PATIENCE {
-                    return false; // the receiver failed (it says why)
-                }
-                std::thread::yield_now();
+            if !all_read(seq) {
+                return false; // the receiver failed (it says why)
             }
         }
         true
     });
-    let fd = b.raw_fd().unwrap();
-    let mut next = 0u32;
-    let mut buf = [0u8; 64];
-    while next < total {
-        let got = b
-            .recv_with(&mut buf, &mut |f, _| {
-                let seq = u32::from_be_bytes(f[14..18].try_into().unwrap());
-                assert_eq!(seq, next, "in order, once");
-                next += 1;
-            })
-            .unwrap();
-        read.store(next, Ordering::Release);
-        if next < total {
-            wait_readable(&b, fd, next, got);
-        }
-    }
-    assert!(sender.join().unwrap());
-    assert!(!b.recv_with(&mut buf, &mut |_, _| ()).unwrap());
 }
 
 /// As [`a_sleeping_receiver_is_woken_for_every_frame_of_a_concurrent_sender`],
@@ -364,14 +392,11 @@ fn a_sleeping_receiver_is_woken_for_every_frame_of_a_concurrent_sender() {
 /// made good (`SwitchPort::take_batch`).
 #[test]
 fn a_signal_that_comes_after_its_frame_was_taken_strands_no_later_frame() {
-    use std::sync::atomic::AtomicU32;
     const BURSTS: u32 = 20_000;
     let (_sw, _a, mut b, _outside) = switch_ab();
     let q = b.shared.clone();
-    let read = Arc::new(AtomicU32::new(0));
     let total: u32 = (0..BURSTS).map(|k| k % 3 + 1).sum();
-    let seen = read.clone();
-    let sender = std::thread::spawn(move || {
+    race(&mut b, total, move |all_read| {
         let mut seq = 0u32;
         let mut rng = 0x9e37_79b9_u32;
         for k in 0..BURSTS {
@@ -391,34 +416,12 @@ fn a_signal_that_comes_after_its_frame_was_taken_strands_no_later_frame() {
                 q.signal();
                 seq += 1;
             }
-            let t0 = std::time::Instant::now();
-            while seen.load(Ordering::Acquire) < seq {
-                if t0.elapsed() > 2 * PATIENCE {
-                    return false; // the receiver failed (it says why)
-                }
-                std::thread::yield_now();
+            if !all_read(seq) {
+                return false; // the receiver failed (it says why)
             }
         }
         true
     });
-    let fd = b.raw_fd().unwrap();
-    let mut next = 0u32;
-    let mut buf = [0u8; 64];
-    while next < total {
-        let got = b
-            .recv_with(&mut buf, &mut |f, _| {
-                let seq = u32::from_be_bytes(f[14..18].try_into().unwrap());
-                assert_eq!(seq, next, "in order, once");
-                next += 1;
-            })
-            .unwrap();
-        read.store(next, Ordering::Release);
-        if next < total {
-            wait_readable(&b, fd, next, got);
-        }
-    }
-    assert!(sender.join().unwrap());
-    assert!(!b.recv_with(&mut buf, &mut |_, _| ()).unwrap());
 }
 
 /// How long [`a_sleeping_receiver_is_woken_for_every_frame_of_a_concurrent_sender`]
