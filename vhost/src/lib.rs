@@ -3,6 +3,7 @@
 //! [`frontend`]) over three virtqueues (see [`vrnic::abi`]).
 //!
 //! - [`memory`]: bounds-checked guest memory over the vhost-user memory table.
+//! - [`fault`]: surviving a frontend memory that loses its backing (`SIGBUS`).
 //! - [`chain`]: descriptor chains as readable/writable buffer lists.
 //! - [`timer`]: the non-blocking timerfd behind the device's deadlines.
 //! - [`datapath`]: queue, link and timer handling on the worker thread.
@@ -21,6 +22,7 @@ pub mod backend;
 pub mod chain;
 pub mod control;
 pub mod datapath;
+pub mod fault;
 pub mod frontend;
 pub mod functions;
 pub mod memory;
