@@ -21,7 +21,7 @@ use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatu
 use vhost_user_backend::VhostUserBackend;
 use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -217,8 +217,16 @@ impl VrnicBackend {
     /// and waiting events are dropped.
     pub fn reset(&self) {
         let mut dp = self.lock();
-        dp.reset();
+        let ((), fault) = crate::fault::catch(|| dp.reset());
+        dp.check_memory(fault);
         self.publish(&mut dp, true);
+    }
+
+    /// The connection of the frontend being served ([`crate::server`]),
+    /// which the backend closes when the frontend's memory is lost
+    /// ([`DataPath::memory_fault`]); none once it ended.
+    pub fn set_connection(&self, conn: Option<vhost_user_backend::ShutdownHandle>) {
+        self.lock().set_connection(conn);
     }
 
     /// The frontend's connection ended (it closed the socket, or its QEMU
@@ -232,7 +240,11 @@ impl VrnicBackend {
             self.joined.store(false, Ordering::Relaxed);
         }
         let mut dp = self.lock();
-        dp.reset();
+        // Its memory is dropped below in any case: a fault here is only
+        // counted.
+        let ((), fault) = crate::fault::catch(|| dp.reset());
+        dp.check_memory(fault);
+        dp.set_connection(None);
         dp.set_memory(GuestMemoryAtomic::new(GuestMemoryMmap::new()));
         self.publish(&mut dp, true);
     }
@@ -411,13 +423,30 @@ impl VhostUserBackend for VrnicBackend {
     /// `VHOST_USER_SET_MEM_TABLE`. A table set while the device is stopped
     /// (no control queue running since the last reset) also resets the
     /// device, so nothing refers to the old table.
+    ///
+    /// A table with a region past the end of its file is refused
+    /// ([`crate::memory::check_table`]; counted in
+    /// `memory_tables_refused`): the device is reset, no table is kept, and
+    /// vhost-user-backend closes the connection after the failed request.
     fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemoryMmap>) -> io::Result<()> {
         let mut dp = self.lock();
-        dp.set_memory(mem);
-        if !dp.running() {
-            dp.reset();
+        if let Err(e) = crate::memory::check_table(&mem.memory()) {
+            error!("memory table refused: {e}; closing the connection");
+            dp.stats.memory_tables_refused += 1;
+            let ((), fault) = crate::fault::catch(|| dp.reset());
+            dp.check_memory(fault);
+            dp.set_memory(GuestMemoryAtomic::new(GuestMemoryMmap::new()));
             self.publish(&mut dp, true);
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, e));
         }
+        let ((), fault) = crate::fault::catch(|| {
+            dp.set_memory(mem);
+            if !dp.running() {
+                dp.reset();
+            }
+        });
+        dp.check_memory(fault);
+        self.publish(&mut dp, true);
         Ok(())
     }
 
@@ -431,7 +460,8 @@ impl VhostUserBackend for VrnicBackend {
         if queue_index == u32::from(abi::CONTROLQ) {
             info!("control queue stopped: device stopped, state kept until it restarts");
             let mut dp = self.lock();
-            dp.stop();
+            let ((), fault) = crate::fault::catch(|| dp.stop());
+            dp.check_memory(fault);
             self.publish(&mut dp, true);
         }
         Ok(())
@@ -455,7 +485,9 @@ impl VhostUserBackend for VrnicBackend {
 
     /// Worker events. Never fails: an error would stop the worker thread,
     /// and nothing a guest does may do that. A panic in the engine is
-    /// caught, logged and answered with a device reset.
+    /// caught, logged and answered with a device reset; a frontend memory
+    /// that lost its backing ([`crate::fault`]), with a reset and the end
+    /// of its connection ([`DataPath::check_memory`]).
     fn handle_event(
         &self,
         device_event: u16,
@@ -469,23 +501,28 @@ impl VhostUserBackend for VrnicBackend {
             }
         }
         let mut dp = self.lock_worker();
-        let r = catch_unwind(AssertUnwindSafe(|| {
-            Self::dispatch(&mut dp, device_event, vrings);
-            // Counters are published after each round of work, the
-            // wake-up's own included, so what a driver saw answered is in
-            // the snapshot before the next round answers anything.
-            self.publish(&mut dp, false);
-            self.spin(&mut dp, vrings);
-            dp.serve_late(vrings, &mut |dp| self.publish(dp, false));
-            // Every round above published what it did: nothing is left to
-            // publish here (a second snapshot per wake-up, for nothing).
-        }));
+        let (r, fault) = crate::fault::catch(|| {
+            catch_unwind(AssertUnwindSafe(|| {
+                Self::dispatch(&mut dp, device_event, vrings);
+                // Counters are published after each round of work, the
+                // wake-up's own included, so what a driver saw answered is in
+                // the snapshot before the next round answers anything.
+                self.publish(&mut dp, false);
+                self.spin(&mut dp, vrings);
+                dp.serve_late(vrings, &mut |dp| self.publish(dp, false));
+                // Every round above published what it did: nothing is left to
+                // publish here (a second snapshot per wake-up, for nothing).
+            }))
+        });
         if r.is_err() {
             error!(
                 event = device_event,
                 "the engine panicked: resetting the device"
             );
             dp.reset_after_panic();
+            self.publish(&mut dp, false);
+        }
+        if dp.check_memory(fault) {
             self.publish(&mut dp, false);
         }
         Ok(())

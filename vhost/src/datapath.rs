@@ -16,8 +16,10 @@ use std::collections::VecDeque;
 use std::io;
 use std::time::{Duration, Instant};
 
-use tracing::{debug, info, warn};
-use vhost_user_backend::{VringRwLock, VringT};
+use std::sync::Arc;
+
+use tracing::{debug, error, info, warn};
+use vhost_user_backend::{ShutdownHandle, VringRwLock, VringT};
 use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vrnic::abi::{self, Pod};
@@ -25,7 +27,8 @@ use vrnic::device::{Device, Nanos};
 use vrnic::link::{Link, Polling, TxFlush};
 
 use crate::chain::{self, Segment};
-use crate::memory::GuestMem;
+use crate::fault::Fault;
+use crate::memory::{GuestMem, Poison};
 use crate::stats::{Snapshot, StatsBoard};
 use crate::timer::Timer;
 
@@ -130,6 +133,16 @@ pub struct BackendStats {
     /// Frontends refused while another was served: a function serves one
     /// program at a time ([`crate::server`]).
     pub frontends_refused: u64,
+    /// Times the frontend's memory lost its backing under the daemon (a
+    /// `SIGBUS` caught on a guest-memory access, [`crate::fault`]: a file
+    /// shrunk after `SET_MEM_TABLE`, a hugetlb pool run dry): each time
+    /// the device was reset, the memory table dropped and the connection
+    /// closed ([`DataPath::memory_fault`]).
+    pub memory_faults: u64,
+    /// Memory tables refused (`SET_MEM_TABLE` failed, the connection
+    /// closed): a region running past the end of its file, or a region
+    /// whose file could not be checked ([`crate::memory::check_table`]).
+    pub memory_tables_refused: u64,
 }
 
 /// The data-path state: the device, its link, its timer and the event
@@ -138,6 +151,12 @@ pub struct DataPath {
     pub(crate) device: Device,
     pub(crate) link: Box<dyn Link>,
     mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    /// Whether `mem` still stands (none for an empty table): lost when an
+    /// access to it faulted ([`crate::fault`]).
+    poison: Option<Arc<Poison>>,
+    /// The frontend's connection, closed when its memory is lost
+    /// ([`DataPath::memory_fault`]).
+    conn: Option<ShutdownHandle>,
     timer: Timer,
     /// Deadline the timer is armed for, device time.
     armed: Option<Nanos>,
@@ -196,6 +215,8 @@ impl DataPath {
             device,
             link,
             mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+            poison: None,
+            conn: None,
             timer: Timer::new()?,
             armed: None,
             epoch: Instant::now(),
@@ -233,14 +254,76 @@ impl DataPath {
 
     /// Replaces the memory table (vhost-user `SET_MEM_TABLE`), and shares
     /// it with the daemon's other functions through the link
-    /// ([`Link::share_memory`]; an empty table withdraws it).
+    /// ([`Link::share_memory`]; an empty table withdraws it). The table is
+    /// registered for [`crate::memory::blame`], the old one forgotten.
     pub fn set_memory(&mut self, mem: GuestMemoryAtomic<GuestMemoryMmap>) {
         use vm_memory::GuestMemoryBackend;
-        let shared: Option<std::sync::Arc<dyn vrnic::data::PeerMemory>> =
-            (mem.memory().num_regions() > 0)
-                .then(|| std::sync::Arc::new(crate::memory::SharedMemory::new(mem.clone())) as _);
+        if let Some(old) = self.poison.take() {
+            crate::memory::unregister(&old);
+        }
+        let table = mem.memory();
+        let shared: Option<Arc<dyn vrnic::data::PeerMemory>> =
+            (table.num_regions() > 0).then(|| {
+                let poison = Arc::new(Poison::default());
+                crate::memory::register(&table, &poison);
+                self.poison = Some(poison.clone());
+                Arc::new(crate::memory::SharedMemory::new(mem.clone(), poison)) as _
+            });
+        drop(table);
         self.link.share_memory(shared);
         self.mem = mem;
+    }
+
+    /// The connection of the frontend being served (none between
+    /// connections), closed if its memory is lost.
+    pub fn set_connection(&mut self, conn: Option<ShutdownHandle>) {
+        self.conn = conn;
+    }
+
+    /// After work on this data path inside [`crate::fault::catch`]: blames
+    /// a caught fault on the memory it hit ([`crate::memory::blame`]; on
+    /// this function's own when it hit no registered table), then, if this
+    /// function's memory is lost, answers it ([`DataPath::memory_fault`]).
+    /// Whether it was lost.
+    pub fn check_memory(&mut self, fault: Option<Fault>) -> bool {
+        if let Some(f) = fault {
+            if !crate::memory::blame(f) {
+                match &self.poison {
+                    Some(p) => p.set_lost(),
+                    None => {
+                        // No table: nothing of this function to reset but
+                        // the device; the fault is counted all the same.
+                        self.memory_fault(f.addr);
+                        return true;
+                    }
+                }
+            }
+        }
+        let lost = self.poison.as_ref().is_some_and(|p| p.lost());
+        if lost {
+            self.memory_fault(fault.map_or(0, |f| f.addr));
+        }
+        lost
+    }
+
+    /// The frontend's memory lost its backing under the daemon (see
+    /// [`crate::fault`]): counts it (`memory_faults`), resets the device,
+    /// drops the memory table (the queues stop: nothing is read from it
+    /// again) and closes the frontend's connection, whose end the server
+    /// handles as any other disconnection. The daemon's other functions
+    /// carry on; reads of this memory by their workers fail from now on.
+    pub(crate) fn memory_fault(&mut self, addr: usize) {
+        self.stats.memory_faults += 1;
+        error!(
+            host_addr = format_args!("{addr:#x}"),
+            "the frontend's memory lost its backing (a region's file shrunk after SET_MEM_TABLE, \
+             or its huge pages ran out): device reset, memory table dropped, connection closed"
+        );
+        self.reset();
+        self.set_memory(GuestMemoryAtomic::new(GuestMemoryMmap::new()));
+        if let Some(c) = self.conn.take() {
+            c.shutdown();
+        }
     }
 
     /// After an engine panic caught around work on this data path: counts

@@ -3,10 +3,12 @@
 //! address.
 
 use std::any::Any;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use vm_memory::{
     Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap,
+    GuestMemoryRegion,
 };
 use vrnic::data::PeerMemory;
 use vrnic::mem::{DmaMemory, MemError};
@@ -141,28 +143,48 @@ impl DmaMemory for GuestMem<'_> {
 
 /// A function's guest memory as the daemon's other functions read it
 /// (payloads by reference, [`vrnic::data`]): the memory table as it is at
-/// each read, bounds-checked as [`GuestMem`].
-pub struct SharedMemory(GuestMemoryAtomic<GuestMemoryMmap>);
+/// each read, bounds-checked as [`GuestMem`]. Once the memory is
+/// [`Poison::lost`] every read fails; a read that faults
+/// ([`crate::fault`]) fails and marks it lost.
+pub struct SharedMemory {
+    mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    poison: Arc<Poison>,
+}
 
 impl std::fmt::Debug for SharedMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SharedMemory")
-            .field("regions", &self.0.memory().num_regions())
+            .field("regions", &self.mem.memory().num_regions())
+            .field("lost", &self.poison.lost())
             .finish()
     }
 }
 
 impl SharedMemory {
-    /// Shares `mem`.
-    pub fn new(mem: GuestMemoryAtomic<GuestMemoryMmap>) -> Self {
-        Self(mem)
+    /// Shares `mem`, lost when `poison` is.
+    pub fn new(mem: GuestMemoryAtomic<GuestMemoryMmap>, poison: Arc<Poison>) -> Self {
+        Self { mem, poison }
     }
 }
 
 impl PeerMemory for SharedMemory {
     fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
-        let table = self.0.memory();
-        GuestMem::new(&table).read(gpa, buf)
+        let err = MemError {
+            addr: gpa,
+            len: buf.len(),
+        };
+        if self.poison.lost() {
+            return Err(err);
+        }
+        let table = self.mem.memory();
+        let (r, fault) = crate::fault::catch(|| GuestMem::new(&table).read(gpa, buf));
+        match fault {
+            None => r,
+            Some(f) => {
+                blame(f);
+                Err(err)
+            }
+        }
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -183,17 +205,168 @@ impl GuestMem<'_> {
         len: usize,
     ) -> Option<Result<(), MemError>> {
         let src = src.as_any().downcast_ref::<SharedMemory>()?;
-        let table = src.0.memory();
+        let err = MemError { addr: gpa, len };
+        if src.poison.lost() {
+            return Some(Err(err));
+        }
+        let table = src.mem.memory();
         let from = table.get_slice(GuestAddress(src_gpa), len).ok()?;
         let to = self.mem.get_slice(GuestAddress(gpa), len).ok()?;
         if from.len() != len || to.len() != len {
             return None;
         }
         // Overlapping ranges (a function writing into its own memory) are
-        // fine: the copy is a memmove.
-        from.copy_to_volatile_slice(to);
-        Some(Ok(()))
+        // fine: the copy is a memmove. A fault on either side marks the
+        // memory it hit lost ([`blame`]) and fails the copy.
+        let ((), fault) = crate::fault::catch(|| from.copy_to_volatile_slice(to));
+        match fault {
+            None => Some(Ok(())),
+            Some(f) => {
+                blame(f);
+                Some(Err(err))
+            }
+        }
     }
+}
+
+/// Whether a function's memory table still stands: set lost when an access
+/// to it faulted ([`crate::fault`]), by whichever thread made the access.
+/// The function's worker then resets the device, drops the table and
+/// closes the connection (`DataPath::memory_fault`); its peers' reads fail
+/// from then on ([`SharedMemory`]).
+#[derive(Debug, Default)]
+pub struct Poison {
+    lost: AtomicBool,
+}
+
+impl Poison {
+    /// Whether an access to the table faulted.
+    pub fn lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    /// Marks the table lost.
+    pub fn set_lost(&self) {
+        self.lost.store(true, Ordering::Release);
+    }
+}
+
+/// The host address ranges `[start, end)` of a memory table's regions,
+/// with the table's [`Poison`]: how [`blame`] finds whose memory faulted.
+struct Owner {
+    ranges: Vec<(usize, usize)>,
+    poison: Weak<Poison>,
+}
+
+/// Every installed memory table of the process ([`register`]).
+static OWNERS: Mutex<Vec<Owner>> = Mutex::new(Vec::new());
+
+fn owners() -> std::sync::MutexGuard<'static, Vec<Owner>> {
+    OWNERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Registers `table` as one function's memory, lost with `poison`, so a
+/// fault in it is blamed on that function ([`blame`]). Tables whose
+/// poison is gone are forgotten.
+pub fn register(table: &GuestMemoryMmap, poison: &Arc<Poison>) {
+    let ranges = table
+        .iter()
+        .filter_map(|r| {
+            let start = r.get_host_address(vm_memory::MemoryRegionAddress(0)).ok()? as usize;
+            Some((start, start.checked_add(r.len() as usize)?))
+        })
+        .collect();
+    let mut o = owners();
+    o.retain(|x| x.poison.strong_count() > 0);
+    o.push(Owner {
+        ranges,
+        poison: Arc::downgrade(poison),
+    });
+}
+
+/// Forgets the table lost with `poison` (it is being replaced or dropped).
+pub fn unregister(poison: &Arc<Poison>) {
+    let p = Arc::as_ptr(poison);
+    owners().retain(|x| x.poison.strong_count() > 0 && x.poison.as_ptr() != p);
+}
+
+/// Marks lost the registered table the faulting address lies in; whether
+/// one did. A fault outside every registered table (a table already
+/// replaced) is blamed on nobody.
+pub fn blame(f: crate::fault::Fault) -> bool {
+    let o = owners();
+    let hit = o
+        .iter()
+        .find(|x| x.ranges.iter().any(|&(s, e)| (s..e).contains(&f.addr)))
+        .and_then(|x| x.poison.upgrade());
+    match hit {
+        Some(p) => {
+            p.set_lost();
+            true
+        }
+        None => false,
+    }
+}
+
+/// Why a memory table is refused ([`check_table`]).
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    /// A region maps bytes past the end of its file: the daemon's first
+    /// access to them would fault.
+    #[error(
+        "region at guest-physical {gpa:#x} maps bytes {offset}..{end} of a file of {size} bytes"
+    )]
+    PastEnd {
+        /// The region's guest-physical address.
+        gpa: u64,
+        /// The region's offset in its file, bytes.
+        offset: u64,
+        /// The end of the region in its file, bytes.
+        end: u64,
+        /// The file's size, bytes.
+        size: u64,
+    },
+    /// The region's file could not be checked.
+    #[error("region at guest-physical {gpa:#x}: cannot stat its file: {source}")]
+    Stat {
+        /// The region's guest-physical address.
+        gpa: u64,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Checks a memory table from `SET_MEM_TABLE` against its files: every
+/// region must lie within its file as it is now (fstat(2)). A region of a
+/// file the frontend may still shrink (an unsealed memfd, a hugetlbfs
+/// file) can lose its backing later; [`crate::fault`] covers that.
+///
+/// # Errors
+/// [`TableError`] for the first region that fails.
+pub fn check_table(table: &GuestMemoryMmap) -> Result<(), TableError> {
+    for r in table.iter() {
+        let Some(fo) = r.file_offset() else {
+            continue;
+        };
+        let gpa = r.start_addr().0;
+        let size = fo
+            .file()
+            .metadata()
+            .map_err(|source| TableError::Stat { gpa, source })?
+            .len();
+        let offset = fo.start();
+        let end = offset.saturating_add(r.len());
+        if end > size {
+            return Err(TableError::PastEnd {
+                gpa,
+                offset,
+                end,
+                size,
+            });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -277,6 +450,84 @@ mod tests {
         assert!(m.write(0x2ffc, &[0; 8]).is_err());
         m.read(0x2ffc, &mut b).unwrap();
         assert_eq!(b, [9, 9, 9, 9]);
+    }
+
+    /// A table of one region of `len` bytes at 0x10000 over a memfd, and
+    /// the memfd.
+    fn memfd_table(len: u64) -> (GuestMemoryMmap, std::fs::File) {
+        use std::os::fd::FromRawFd;
+        // SAFETY: a new memfd, owned by the File.
+        let file = unsafe {
+            let fd = libc::memfd_create(c"memory-test".as_ptr(), libc::MFD_CLOEXEC);
+            assert!(fd >= 0);
+            std::fs::File::from_raw_fd(fd)
+        };
+        file.set_len(len).unwrap();
+        let fo = vm_memory::FileOffset::new(file.try_clone().unwrap(), 0);
+        let t = GuestMemoryMmap::from_ranges_with_files(&[(
+            GuestAddress(0x10000),
+            len as usize,
+            Some(fo),
+        )])
+        .unwrap();
+        (t, file)
+    }
+
+    /// A region past the end of its file is refused; one within it passes.
+    #[test]
+    fn a_region_past_the_end_of_its_file_is_refused() {
+        let (t, file) = memfd_table(0x4000);
+        check_table(&t).unwrap();
+        file.set_len(0x3000).unwrap();
+        let e = check_table(&t).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                TableError::PastEnd {
+                    gpa: 0x10000,
+                    offset: 0,
+                    end: 0x4000,
+                    size: 0x3000
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    /// Another function's read of a memory whose file shrank fails (no
+    /// SIGBUS reaches the process), marks that memory lost, and every
+    /// later read of it, even of pages still backed, fails; the reader's
+    /// own memory stays usable.
+    #[test]
+    fn a_peer_read_of_a_shrunk_memory_fails_and_marks_it_lost() {
+        let (t, file) = memfd_table(0x4000);
+        let poison = Arc::new(Poison::default());
+        register(&t, &poison);
+        let shared = SharedMemory::new(GuestMemoryAtomic::new(t), poison.clone());
+        let own = table();
+        let me = GuestMem::new(&own);
+        me.write(0x1000, &[5; 16]).unwrap();
+        file.set_len(0x1000).unwrap();
+        assert!(me.copy_from_peer(0x1000, &shared, 0x12000, 16).is_err());
+        assert!(poison.lost(), "the shrunk memory is marked lost");
+        // The reader's memory stays usable (the failed copy may have
+        // written part of its destination, as a failed DMA does).
+        let mut b = [0u8; 16];
+        me.write(0x1000, &[6; 16]).unwrap();
+        me.read(0x1000, &mut b).unwrap();
+        assert_eq!(b, [6; 16]);
+        assert!(PeerMemory::read(&shared, 0x10000, &mut b).is_err());
+        unregister(&poison);
+
+        // A plain read (through a buffer) as well.
+        let (t, file) = memfd_table(0x2000);
+        let poison = Arc::new(Poison::default());
+        register(&t, &poison);
+        let shared = SharedMemory::new(GuestMemoryAtomic::new(t), poison.clone());
+        file.set_len(0).unwrap();
+        assert!(PeerMemory::read(&shared, 0x10000, &mut b).is_err());
+        assert!(poison.lost());
+        unregister(&poison);
     }
 
     #[test]

@@ -100,10 +100,13 @@ fn id_of(dp: &Arc<Mutex<DataPath>>) -> *const Mutex<DataPath> {
 /// while a panic of the poller's own engine unwinds, where a second panic
 /// would abort the daemon).
 fn release(g: &mut DataPath, a: &Adopted, publish: &dyn Fn(&StatsBoard, &mut DataPath)) {
-    if catch_unwind(AssertUnwindSafe(|| g.release(&a.vrings))).is_err() {
+    let (r, fault) =
+        crate::fault::catch(|| catch_unwind(AssertUnwindSafe(|| g.release(&a.vrings))));
+    if r.is_err() {
         tracing::error!("the engine panicked in a polled function: resetting it");
         g.reset_after_panic();
     }
+    g.check_memory(fault);
     publish(&a.board, g);
 }
 
@@ -210,12 +213,17 @@ impl PollGroup {
             // An engine panic in another function's round resets that
             // function, as its own worker would (the backend's
             // `handle_event`), not the poller's.
-            let round = catch_unwind(AssertUnwindSafe(|| {
-                if fresh && !g.adopt(&m.vrings) {
-                    return None;
-                }
-                Some(g.poll_adopted(&m.vrings))
-            }));
+            // A fault in its memory is that function's too
+            // (`DataPath::check_memory`).
+            let (round, fault) = crate::fault::catch(|| {
+                catch_unwind(AssertUnwindSafe(|| {
+                    if fresh && !g.adopt(&m.vrings) {
+                        return None;
+                    }
+                    Some(g.poll_adopted(&m.vrings))
+                }))
+            });
+            let lost = g.check_memory(fault);
             let found = match round {
                 Ok(None) => continue,
                 Ok(Some(found)) => found,
@@ -224,7 +232,7 @@ impl PollGroup {
                     g.reset_after_panic();
                     true
                 }
-            };
+            } || lost;
             if fresh {
                 adopted.push(Adopted {
                     dp: Arc::downgrade(&dp),

@@ -342,6 +342,7 @@ fn serve_with(
     }
     info!("frontend connected");
     stop.attach(daemon.shutdown_handle());
+    backend.set_connection(daemon.shutdown_handle());
     let result = match how {
         Connect::Listen(l) => refusing(l, || backend.refused(), || daemon.wait()),
         Connect::Client(_) => daemon.wait(),

@@ -38,7 +38,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 }
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 54;
+pub const COUNTERS: usize = 56;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -97,6 +97,8 @@ pub const NAMES: [&str; COUNTERS] = [
     "poll_idle_ns",
     "late_chains",
     "frontends_refused",
+    "memory_faults",
+    "memory_tables_refused",
 ];
 
 /// Largest reply [`query`] accepts, bytes: room for the device counters
@@ -187,6 +189,8 @@ impl Snapshot {
             poll_idle_ns,
             late_chains,
             frontends_refused,
+            memory_faults,
+            memory_tables_refused,
         } = *backend;
         Self {
             values: [
@@ -244,6 +248,8 @@ impl Snapshot {
                 poll_idle_ns,
                 late_chains,
                 frontends_refused,
+                memory_faults,
+                memory_tables_refused,
             ],
         }
     }
@@ -582,6 +588,7 @@ mod tests {
             poll_idle_ns: 25,
             late_chains: 26,
             frontends_refused: 27,
+            memory_tables_refused: 28,
             ..Default::default()
         };
         let s = Snapshot::new(&d, &b);
@@ -597,9 +604,14 @@ mod tests {
         let parsed = parse(&s.render()).unwrap();
         assert_eq!(parsed.len(), COUNTERS);
         assert_eq!(parsed[0], ("tx_frames".to_string(), 1));
-        assert_eq!(parsed[COUNTERS - 3], ("poll_idle_ns".to_string(), 25));
-        assert_eq!(parsed[COUNTERS - 2], ("late_chains".to_string(), 26));
-        assert_eq!(parsed[COUNTERS - 1], ("frontends_refused".to_string(), 27));
+        assert_eq!(parsed[COUNTERS - 5], ("poll_idle_ns".to_string(), 25));
+        assert_eq!(parsed[COUNTERS - 4], ("late_chains".to_string(), 26));
+        assert_eq!(parsed[COUNTERS - 3], ("frontends_refused".to_string(), 27));
+        assert_eq!(parsed[COUNTERS - 2], ("memory_faults".to_string(), 0));
+        assert_eq!(
+            parsed[COUNTERS - 1],
+            ("memory_tables_refused".to_string(), 28)
+        );
         assert_eq!(s.get("lost_requests"), Some(24));
     }
 
