@@ -342,3 +342,185 @@ fn once_ends_the_daemon_with_the_first_functions_first_connection() {
     assert!(status.success(), "{status:?}");
     assert!(!a.exists() && !b.exists(), "sockets removed");
 }
+
+/// RC traffic between two functions of one daemon (their program on each,
+/// through the embedded switch), in a thread: SENDs of 4 KiB, each
+/// checked byte for byte, until `stop`; the count of messages checked so
+/// far in `done`. Panics on any failed completion or corrupted byte.
+fn traffic(
+    a: std::path::PathBuf,
+    b: std::path::PathBuf,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    done: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> std::thread::JoinHandle<()> {
+    use common::*;
+    use std::sync::atomic::Ordering;
+    use vrnic_guest::verbs::{Cq, Pd};
+    std::thread::spawn(move || {
+        let (ca, _conn_a) = open(&a);
+        let (cb, _conn_b) = open(&b);
+        let (pa, pb) = (Pd::alloc(&ca).unwrap(), Pd::alloc(&cb).unwrap());
+        let (mut qa_cq, mut qb_cq) = (Cq::new(&ca, 64).unwrap(), Cq::new(&cb, 64).unwrap());
+        let (mut qa, mut qb) = (rc_qp(&pa, &qa_cq), rc_qp(&pb, &qb_cq));
+        let to_b = Peer {
+            gid: gid(&cb),
+            qpn: qb.qp_num(),
+            psn: 200,
+        };
+        let to_a = Peer {
+            gid: gid(&ca),
+            qpn: qa.qp_num(),
+            psn: 100,
+        };
+        connect_rc(&mut qa, to_b, 100);
+        connect_rc(&mut qb, to_a, 200);
+        let len = 4096;
+        let src = buffer(&pa, len, &[]);
+        let dst = buffer(&pb, len, &[]);
+        let mut i = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let data = pattern(len, i as u8);
+            src.write(0, &data);
+            recv(&mut qb, i, Some(dst.sge(0, len)));
+            send(&mut qa, i, src.sge(0, len));
+            let rc = wait_cq(&mut qb_cq, "traffic: receive");
+            let sc = wait_cq(&mut qa_cq, "traffic: send");
+            assert_eq!((rc.status, sc.status), (abi::WC_SUCCESS, abi::WC_SUCCESS));
+            assert_eq!(dst.to_vec(), data, "message {i} byte for byte");
+            i += 1;
+            done.fetch_add(1, Ordering::Relaxed);
+        }
+    })
+}
+
+/// Waits up to [`WAIT`] until `f` holds; panics naming `what`.
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let until = std::time::Instant::now() + WAIT;
+    while !f() {
+        assert!(
+            std::time::Instant::now() < until,
+            "{what}: not within {WAIT:?}"
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// The counter `name` of the function at `socket` (`vrnic stats`).
+fn counter(socket: &std::path::Path, name: &str) -> u64 {
+    let out = vrnic(&["stats", "--socket", socket.to_str().unwrap()])
+        .unwrap_or_else(|e| panic!("vrnic stats: {e} (is the daemon gone?)"));
+    out.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {out}"))
+}
+
+/// Issue 27, finding 1: a frontend that declares a region past the end of
+/// its memfd, or shrinks the memfd after `SET_MEM_TABLE` and makes the
+/// device read the lost pages, gets its connection closed and a counter;
+/// the daemon lives on (before the fix it died of SIGBUS) and the RC
+/// traffic between two other functions carries on, every message intact.
+#[test]
+fn a_frontend_whose_memory_loses_its_backing_cannot_end_the_daemon() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use vrnic_vhost::frontend::Buffer;
+    let dir = TempDir::new("sigbus");
+    let (a, b, c) = (
+        dir.0.join("a.sock"),
+        dir.0.join("b.sock"),
+        dir.0.join("c.sock"),
+    );
+    let b_spec = format!("socket={},ip=10.0.0.2/24", b.display());
+    let c_spec = format!("socket={},ip=10.0.0.3/24", c.display());
+    let (child, rx) = Child::daemon([
+        "--tap".as_ref(),
+        "vr0".as_ref(),
+        "--ip".as_ref(),
+        "10.0.0.1/24".as_ref(),
+        "--socket".as_ref(),
+        a.as_os_str(),
+        "--function".as_ref(),
+        std::ffi::OsStr::new(&b_spec),
+        "--function".as_ref(),
+        std::ffi::OsStr::new(&c_spec),
+    ]);
+    let mut lines = Vec::new();
+    while !lines
+        .iter()
+        .any(|l: &String| l.starts_with("vrnic: control socket"))
+    {
+        lines.push(rx.recv_timeout(WAIT).expect("the daemon starts"));
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicUsize::new(0));
+    let t = traffic(b.clone(), c.clone(), stop.clone(), done.clone());
+    wait_until("traffic before the attacks", || {
+        done.load(Ordering::Relaxed) >= 20 || t.is_finished()
+    });
+
+    // 1. A memory table whose region runs past the end of its file.
+    let mut fe = TestFrontend::connect(&a, &FrontendOptions::default()).unwrap();
+    let mut infos = fe.memory().region_infos().unwrap();
+    let (base, size) = fe.memory().regions()[0];
+    infos[0].memory_size += 1 << 20;
+    let _ = vhost::VhostBackend::set_mem_table(fe.vhost(), &infos);
+    // A command whose request lies past the file's end, should the table
+    // have been taken.
+    let resp = fe.memory_mut().alloc(64, 8).unwrap();
+    let _ = fe.post(
+        abi::CONTROLQ,
+        &[
+            Buffer::readable(base + size + 4096, 64),
+            Buffer::writable(resp, 64),
+        ],
+    );
+    wait_until("the table past the file's end refused", || {
+        counter(&a, "memory_tables_refused") == 1
+    });
+    assert!(fe.config_space().is_err(), "the connection is closed");
+    drop(fe);
+
+    // 2. The memfd shrunk after SET_MEM_TABLE, then a command whose
+    //    request lies in the lost pages (this process never touches them).
+    let mut fe = TestFrontend::connect(&a, &FrontendOptions::default()).unwrap();
+    let (base, size) = fe.memory().regions()[0];
+    let resp = fe.memory_mut().alloc(64, 8).unwrap();
+    fe.memory().shrink_file(size / 2).unwrap();
+    fe.post(
+        abi::CONTROLQ,
+        &[
+            Buffer::readable(base + size - 4096, 64),
+            Buffer::writable(resp, 64),
+        ],
+    )
+    .unwrap();
+    wait_until("the lost memory answered", || {
+        counter(&a, "memory_faults") == 1
+    });
+    assert!(fe.config_space().is_err(), "the connection is closed");
+    drop(fe);
+
+    // The function serves a well-behaved frontend again.
+    let mut fe = TestFrontend::connect(&a, &FrontendOptions::default()).unwrap();
+    let (h, _) = fe.control(abi::CMD_QUERY_DEVICE, &[]).unwrap();
+    assert_eq!(h.status, abi::STATUS_OK);
+    drop(fe);
+
+    // The other functions' traffic went on.
+    let after = done.load(Ordering::Relaxed);
+    wait_until("traffic after the attacks", || {
+        done.load(Ordering::Relaxed) >= after + 20 || t.is_finished()
+    });
+    stop.store(true, Ordering::Relaxed);
+    t.join()
+        .expect("the traffic between the other functions never failed");
+    assert!(done.load(Ordering::Relaxed) >= after + 20);
+    assert_eq!(counter(&b, "memory_faults"), 0);
+
+    let pid = child.pid();
+    // SAFETY: signals our own child, by PID.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = child.wait_exit("after SIGTERM");
+    assert!(status.success(), "the daemon lived through it: {status:?}");
+}

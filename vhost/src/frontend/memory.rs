@@ -8,7 +8,7 @@ use std::io;
 use std::os::fd::FromRawFd;
 
 use vhost::VhostUserMemoryRegionInfo;
-use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 use super::FrontendError;
 use crate::memory::GuestMem;
@@ -93,6 +93,24 @@ impl DriverMemory {
     /// Bounds-checked access to the memory ([`vrnic::mem::DmaMemory`]).
     pub fn mem(&self) -> GuestMem<'_> {
         GuestMem::new(&self.table)
+    }
+
+    /// Shrinks the memfd behind the regions to `len` bytes, as a hostile
+    /// frontend may after `SET_MEM_TABLE`: the pages past `len` lose their
+    /// backing, in the daemon's mapping as in this one. Touching them from
+    /// this process afterwards raises `SIGBUS` here.
+    ///
+    /// # Errors
+    /// [`FrontendError::Setup`] when the file cannot be shrunk.
+    pub fn shrink_file(&self, len: u64) -> Result<(), FrontendError> {
+        let file = self
+            .table
+            .iter()
+            .find_map(|r| r.file_offset())
+            .ok_or_else(|| FrontendError::Setup("no backing file".into()))?
+            .file();
+        file.set_len(len)
+            .map_err(|e| FrontendError::Setup(format!("ftruncate: {e}")))
     }
 
     /// The regions, `(guest-physical address, size in bytes)`.
