@@ -324,6 +324,16 @@ impl VrnicBackend {
             TIMER_EVENT => dp.on_timer(),
             other => debug!(event = other, "unknown worker event"),
         }
+        // A queue pass that stopped at its bound: the queues again (each
+        // pass bounded), after the other events of this wake-up.
+        if device_event != abi::CONTROLQ && device_event != abi::DOORBELLQ && dp.take_queue_more() {
+            if let Some(v) = queue(abi::DOORBELLQ) {
+                dp.process_doorbells(v);
+            }
+            if let Some(v) = queue(abi::CONTROLQ) {
+                dp.process_control(v);
+            }
+        }
         // A polled link, or one that may hold frames its descriptor does
         // not show (the last receive stopped at its bound).
         if (dp.link.raw_fd().is_none() || dp.rx_more()) && device_event != LINK_EVENT {

@@ -52,6 +52,16 @@ pub const RX_BUF_SIZE: usize = 16 * 1024;
 pub const MAX_PENDING_EVENTS: usize = 1024;
 /// How often a link without a pollable descriptor is polled, nanoseconds.
 pub const LINK_POLL_INTERVAL_NS: Nanos = 1_000_000;
+/// Most chains one pass over a queue serves ([`DataPath::serve_queue`]):
+/// a full ring of the largest size. A driver that keeps moving its avail
+/// index ahead (virtio-queue reads it again at every pop) cannot keep the
+/// worker, or the daemon's poller, in one pass.
+pub const PASS_CHAINS_MAX: usize = abi::MAX_QUEUE_SIZE as usize;
+/// Time after which a pass over a queue serves no further chain,
+/// nanoseconds (the chain in hand is finished): a command can cost
+/// milliseconds (`REG_MR` of 2^19 pages), and the worker's other queues
+/// and functions wait meanwhile.
+pub const PASS_BUDGET_NS: Nanos = 1_000_000;
 /// Device poll rounds per worker wake-up before yielding to other events.
 const POLL_ROUNDS: usize = 16;
 /// Shortest interval between two publishes of the per-QP counters to the
@@ -171,6 +181,10 @@ pub struct DataPath {
     /// the worker receives again at its next wake-up, which it arms at
     /// once ([`DataPath::after_work`]).
     rx_more: bool,
+    /// A pass over a queue stopped at its bound ([`PASS_CHAINS_MAX`],
+    /// [`PASS_BUDGET_NS`]) with chains left: the queues are served again
+    /// at the worker's next wake-up, which is armed at once.
+    queue_more: bool,
     /// A frame the link was too full to take, sent first next time.
     txq: TxFlush,
     /// The driver has used a queue since the last reset.
@@ -226,6 +240,7 @@ impl DataPath {
             resp: [0; MAX_CONTROL_MSG],
             rx_buf: vec![0; RX_BUF_SIZE],
             rx_more: false,
+            queue_more: false,
             txq: TxFlush::new(),
             running: false,
             stopped: false,
@@ -349,6 +364,7 @@ impl DataPath {
         self.timer.clear();
         self.running = false;
         self.stopped = false;
+        self.queue_more = false;
         self.ctrl_next_avail = 0;
         self.checked = false;
         self.lost = false;
@@ -582,6 +598,13 @@ impl DataPath {
         self.rx_more
     }
 
+    /// Whether a queue pass stopped at its bound since the last call
+    /// ([`PASS_CHAINS_MAX`], [`PASS_BUDGET_NS`]): the caller serves the
+    /// queues again.
+    pub(crate) fn take_queue_more(&mut self) -> bool {
+        std::mem::take(&mut self.queue_more)
+    }
+
     fn receive_batch(&mut self) -> (usize, bool) {
         let guard = self.mem.memory();
         let mem = GuestMem::new(&guard);
@@ -676,6 +699,9 @@ impl DataPath {
         // by the publish that follows this wake-up.
         if let Some(due) = self.qp_stats_due.filter(|&d| d > now) {
             next = Some(next.map_or(due, |d| d.min(due)));
+        }
+        if self.queue_more {
+            next = Some(now);
         }
         if self.txq.holding() {
             let retry = now + TX_RETRY_NS;
@@ -792,7 +818,10 @@ impl DataPath {
         // Passes in a row that popped nothing although the queue said
         // chains were available.
         let mut idle_passes = 0;
-        loop {
+        // The pass's bound: chains served and time spent.
+        let started = self.now();
+        let mut served = 0usize;
+        'pass: loop {
             // While the worker polls, notifications are already off (from
             // the session's start): no write to guest memory per round.
             if !self.spinning {
@@ -811,6 +840,14 @@ impl DataPath {
                 let used = handle(self, &mem, &segs);
                 complete(vring, head, used);
                 used_any = true;
+                served += 1;
+                if served >= PASS_CHAINS_MAX || self.now().saturating_sub(started) >= PASS_BUDGET_NS
+                {
+                    // The rest waits for the next wake-up, armed at once
+                    // (notifications stay off until a pass ends empty).
+                    self.queue_more = true;
+                    break 'pass;
+                }
             }
             // While the worker polls, the driver need not kick: it sees
             // notifications off. `spin` re-enables and re-checks at the end.
