@@ -28,9 +28,16 @@
 //! adopted ([`vrnic::link::Link::set_polling`]): frames queued for it wake
 //! no worker; the poller reads them.
 //!
+//! Each member's round is bounded (`datapath::PASS_CHAINS_MAX` chains and
+//! `datapath::PASS_BUDGET_NS` per queue pass), and the rounds start one
+//! member further on each time, so a member whose driver floods its queues
+//! holds the others up for one bounded round at a time.
+//!
 //! Locks: a worker holds its own data path for its whole wake-up and only
-//! `try_lock`s the others', under the member list's lock (so a member that
-//! has left is never touched again, and is freed with its backend), except
+//! `try_lock`s the others', picking each under the member list's lock but
+//! running its round without it (a member picked while in the list is
+//! reset for its frontend's end only after the round: its backend leaves
+//! the group, then locks the data path), except
 //! when a member stays busy while it is given back (then a blocking lock
 //! without the list's, taken with no other data path lock but its own: no
 //! other thread waits for a second data path while holding one, so there
@@ -55,7 +62,8 @@ struct Member {
     dp: Weak<Mutex<DataPath>>,
     waiters: Weak<AtomicUsize>,
     board: Arc<StatsBoard>,
-    vrings: Vec<Vring>,
+    /// Shared: a round clones it without allocating.
+    vrings: Arc<[Vring]>,
 }
 
 /// A member the poller adopted this session (weakly, as the group knows
@@ -63,7 +71,8 @@ struct Member {
 pub(crate) struct Adopted {
     dp: Weak<Mutex<DataPath>>,
     board: Arc<StatsBoard>,
-    vrings: Vec<Vring>,
+    /// Shared: a round clones it without allocating.
+    vrings: Arc<[Vring]>,
 }
 
 /// Tries [`PollGroup::give_back`] makes to take a busy member's data path
@@ -80,6 +89,8 @@ pub struct PollGroup {
     /// `members.len()`, set under its lock: read on every wake-up of every
     /// worker ([`PollGroup::len`]) without taking it.
     count: AtomicUsize,
+    /// Where the poller's next round of the others starts (round-robin).
+    next: AtomicUsize,
 }
 
 impl std::fmt::Debug for PollGroup {
@@ -149,7 +160,7 @@ impl PollGroup {
                 dp: Arc::downgrade(dp),
                 waiters: Arc::downgrade(waiters),
                 board: board.clone(),
-                vrings: vrings.to_vec(),
+                vrings: vrings.into(),
             });
         }
         self.count.store(m.len(), Ordering::Relaxed);
@@ -194,17 +205,32 @@ impl PollGroup {
         publish: &dyn Fn(&StatsBoard, &mut DataPath),
     ) -> bool {
         let mut work = false;
-        let members = self.members();
-        for m in members.iter() {
-            if m.dp.as_ptr() == id_of(own)
-                || m.waiters
-                    .upgrade()
-                    .is_none_or(|w| w.load(Ordering::Relaxed) > 0)
-            {
-                continue;
-            }
-            let Some(dp) = m.dp.upgrade() else {
-                continue;
+        // Round-robin: each round starts one member further on, so no
+        // member is always served last.
+        let n = self.len();
+        let first = self.next.fetch_add(1, Ordering::Relaxed);
+        for k in 0..n {
+            // The member list's lock is held only to pick the member and
+            // take its data path: a member taken while it is in the list
+            // has not been reset for its frontend's end yet (its backend
+            // locks the data path to do so, after leaving), and joins and
+            // leaves of others do not wait for its round.
+            let (dp, board, vrings) = {
+                let members = self.members();
+                let Some(m) = members.get(first.wrapping_add(k) % members.len().max(1)) else {
+                    break;
+                };
+                if m.dp.as_ptr() == id_of(own)
+                    || m.waiters
+                        .upgrade()
+                        .is_none_or(|w| w.load(Ordering::Relaxed) > 0)
+                {
+                    continue;
+                }
+                let Some(dp) = m.dp.upgrade() else {
+                    continue;
+                };
+                (dp, m.board.clone(), m.vrings.clone())
             };
             let Some(mut g) = try_lock(&dp) else {
                 continue;
@@ -212,15 +238,14 @@ impl PollGroup {
             let fresh = !adopted.iter().any(|a| a.dp.as_ptr() == id_of(&dp));
             // An engine panic in another function's round resets that
             // function, as its own worker would (the backend's
-            // `handle_event`), not the poller's.
-            // A fault in its memory is that function's too
-            // (`DataPath::check_memory`).
+            // `handle_event`), not the poller's. A fault in its memory is
+            // that function's too (`DataPath::check_memory`).
             let (round, fault) = crate::fault::catch(|| {
                 catch_unwind(AssertUnwindSafe(|| {
-                    if fresh && !g.adopt(&m.vrings) {
+                    if fresh && !g.adopt(&vrings) {
                         return None;
                     }
-                    Some(g.poll_adopted(&m.vrings))
+                    Some(g.poll_adopted(&vrings))
                 }))
             });
             let lost = g.check_memory(fault);
@@ -236,12 +261,12 @@ impl PollGroup {
             if fresh {
                 adopted.push(Adopted {
                     dp: Arc::downgrade(&dp),
-                    board: m.board.clone(),
-                    vrings: m.vrings.clone(),
+                    board: board.clone(),
+                    vrings,
                 });
             }
             if found {
-                publish(&m.board, &mut g);
+                publish(&board, &mut g);
                 work = true;
             }
         }
