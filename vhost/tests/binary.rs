@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use common::TempDir;
-use vrnic::abi;
+use vrnic::abi::{self, Pod};
 use vrnic_vhost::frontend::{FrontendOptions, TestFrontend};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vrnic");
@@ -523,4 +523,111 @@ fn a_frontend_whose_memory_loses_its_backing_cannot_end_the_daemon() {
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
     let status = child.wait_exit("after SIGTERM");
     assert!(status.success(), "the daemon lived through it: {status:?}");
+}
+
+/// Issue 27, finding 2: a frontend that keeps its control queue full ahead
+/// of the device (moving the avail index on as fast as the device uses
+/// chains) holds neither its worker nor the daemon's poller: every pass
+/// over a queue is bounded, so the RC traffic between two other functions
+/// goes on while it floods. Before the fix the poller, once it served the
+/// flooding function, never left that function's queue, and the functions
+/// it polled (their drivers' notifications off) stalled.
+#[test]
+fn a_frontend_flooding_its_queue_does_not_stall_the_other_functions() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let dir = TempDir::new("flood");
+    let (a, b, c) = (
+        dir.0.join("a.sock"),
+        dir.0.join("b.sock"),
+        dir.0.join("c.sock"),
+    );
+    let b_spec = format!("socket={},ip=10.0.0.2/24", b.display());
+    let c_spec = format!("socket={},ip=10.0.0.3/24", c.display());
+    let (child, rx) = Child::daemon([
+        "--tap".as_ref(),
+        "vr0".as_ref(),
+        "--ip".as_ref(),
+        "10.0.0.1/24".as_ref(),
+        "--socket".as_ref(),
+        a.as_os_str(),
+        "--function".as_ref(),
+        std::ffi::OsStr::new(&b_spec),
+        "--function".as_ref(),
+        std::ffi::OsStr::new(&c_spec),
+    ]);
+    let mut lines = Vec::new();
+    while !lines
+        .iter()
+        .any(|l: &String| l.starts_with("vrnic: control socket"))
+    {
+        lines.push(rx.recv_timeout(WAIT).expect("the daemon starts"));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicUsize::new(0));
+    let t = traffic(b.clone(), c.clone(), stop.clone(), done.clone());
+    wait_until("traffic before the flood", || {
+        done.load(Ordering::Relaxed) >= 20 || t.is_finished()
+    });
+
+    // A's device in use, then taken over by the poller serving B and C.
+    let opts = FrontendOptions {
+        memory: vec![(0x4000_0000, 16 << 20)],
+        ..Default::default()
+    };
+    let mut fe = TestFrontend::connect(&a, &opts).unwrap();
+    let (h, pd) = fe.control(abi::CMD_ALLOC_PD, &[]).unwrap();
+    assert_eq!(h.status, abi::STATUS_OK);
+    // The flood's command: a REG_MR of 2^16 pages whose last page is
+    // unaligned: the device reads and checks the whole list (milliseconds)
+    // before it refuses it (EINVAL) and keeps nothing.
+    let npages = 1u32 << 16;
+    let list = fe.memory_mut().alloc(u64::from(npages) * 8, 4096).unwrap();
+    let page = fe.memory_mut().alloc(4096, 4096).unwrap();
+    let mut entries: Vec<u8> = (0..npages).flat_map(|_| page.to_le_bytes()).collect();
+    let last = entries.len() - 8;
+    entries[last..].copy_from_slice(&(page + 1).to_le_bytes());
+    vrnic::mem::DmaMemory::write(&fe.memory().mem(), list, &entries).unwrap();
+    let reg = abi::RegMr {
+        pdn: u32::from_le_bytes(pd[..4].try_into().unwrap()),
+        access: abi::ACCESS_LOCAL_WRITE,
+        iova: 0,
+        length: u64::from(npages) * 4096,
+        page_shift: 12,
+        npages,
+        page_list: list,
+    };
+    let (h, _) = fe.control(abi::CMD_REG_MR, reg.as_bytes()).unwrap();
+    assert_eq!(h.status, abi::STATUS_EINVAL, "the flood's command fails");
+    wait_until("A adopted by the poller", || {
+        counter(&a, "poll_adopted") >= 1
+    });
+
+    let flooding = Arc::new(AtomicBool::new(false));
+    let flood = {
+        let flooding = flooding.clone();
+        std::thread::spawn(move || fe.flood_control(abi::CMD_REG_MR, reg.as_bytes(), &flooding))
+    };
+    wait_until("the flood under way", || counter(&a, "commands") >= 100);
+    let during = done.load(Ordering::Relaxed);
+    wait_until("traffic during the flood", || {
+        done.load(Ordering::Relaxed) >= during + 20 || t.is_finished()
+    });
+    let served = done.load(Ordering::Relaxed) - during;
+    flooding.store(true, Ordering::Relaxed);
+    let moves = flood.join().unwrap().expect("the flood ran");
+    stop.store(true, Ordering::Relaxed);
+    t.join()
+        .expect("the traffic between the other functions never failed");
+    assert!(served >= 20, "{served} messages during the flood");
+    eprintln!(
+        "flood: {moves} index moves, {} commands served; {served} messages between the others meanwhile",
+        counter(&a, "commands")
+    );
+
+    let pid = child.pid();
+    // SAFETY: signals our own child, by PID.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = child.wait_exit("after SIGTERM");
+    assert!(status.success(), "{status:?}");
 }

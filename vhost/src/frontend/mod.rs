@@ -377,6 +377,41 @@ impl TestFrontend {
         Ok((hdr, resp.split_off(8)))
     }
 
+    /// A hostile driver ([`SplitQueue::flood`]): one `opcode` command with
+    /// `body` made available on the control queue again and again, without
+    /// waiting for the device, until `stop` is set. Returns how often the
+    /// avail index moved. The frontend is unusable afterwards (close it).
+    ///
+    /// # Errors
+    /// [`FrontendError::Setup`] for a body over [`abi::MAX_CMD_BODY`]; as
+    /// [`TestFrontend::post`].
+    pub fn flood_control(
+        &mut self,
+        opcode: u16,
+        body: &[u8],
+        stop: &std::sync::atomic::AtomicBool,
+    ) -> Result<u64, FrontendError> {
+        if body.len() > abi::MAX_CMD_BODY {
+            return Err(FrontendError::Setup(format!(
+                "command body of {} bytes",
+                body.len()
+            )));
+        }
+        let h = abi::CmdHeader {
+            opcode,
+            ctx: 0,
+            len: body.len() as u32,
+        };
+        self.mem.mem().write(self.ctrl_req, h.as_bytes())?;
+        self.mem.mem().write(self.ctrl_req + 8, body)?;
+        let bufs = [
+            Buffer::readable(self.ctrl_req, 8 + body.len() as u32),
+            Buffer::writable(self.ctrl_resp, MAX_CONTROL_MSG as u32),
+        ];
+        let head = self.post(abi::CONTROLQ, &bufs)?;
+        self.queues[usize::from(abi::CONTROLQ)].flood(&self.mem, head, stop)
+    }
+
     /// Posts one doorbell without waiting for the device to consume it.
     ///
     /// # Errors

@@ -222,6 +222,39 @@ impl SplitQueue {
         Ok(())
     }
 
+    /// A hostile driver: makes chain `head` (already made available once)
+    /// available again and again, keeping the avail index a ring ahead of
+    /// the device's used index, until `stop` is set; kicks every 1024
+    /// moves. Returns how many times it moved the index. The queue is
+    /// unusable afterwards.
+    ///
+    /// # Errors
+    /// [`FrontendError::Mem`] if the ring is outside memory.
+    pub fn flood(
+        &self,
+        mem: &DriverMemory,
+        head: u16,
+        stop: &std::sync::atomic::AtomicBool,
+    ) -> Result<u64, FrontendError> {
+        let m = mem.mem();
+        for i in 0..u64::from(self.size) {
+            m.write(self.avail + 4 + 2 * i, &head.to_le_bytes())?;
+        }
+        let mut moves = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let mut used = [0u8; 2];
+            m.read(self.used + 2, &mut used)?;
+            let idx = u16::from_le_bytes(used).wrapping_add(self.size - 1);
+            fence(Ordering::SeqCst);
+            self.write_avail_idx(mem, idx)?;
+            moves += 1;
+            if moves.is_multiple_of(1024) {
+                self.kick();
+            }
+        }
+        Ok(moves)
+    }
+
     /// Writes the driver's true available index again and kicks.
     ///
     /// # Errors
