@@ -6,26 +6,38 @@
 //! ACK timeout (67 ms at perftest's `timeout` 14). An owner that drains a
 //! device through [`TxFlush`] instead hands the link up to [`SEND_BATCH`]
 //! frames at a time ([`super::Link::try_send_many`]: one `sendmmsg(2)`
-//! on AF_PACKET), keeps those the link is too full to take, sends nothing
-//! behind them, and tries them again first on its next pass (when the
-//! link's descriptor polls writable), so the frames leave complete and in
-//! order. While frames are held the device's own queue fills, and at
-//! `transport::TX_BACKLOG_MAX` frames its requesters and READ responders
-//! stop producing: backpressure up to the WQEs. A link that stays full for
-//! [`TX_HOLD_MAX_NS`] loses the held frame after all (counted), so a
-//! stuck link cannot stall the device's other work forever.
+//! on AF_PACKET) and keeps a frame the link is too full to take, with
+//! every later frame for the same destination MAC, to try them again
+//! first on its next pass (when the link's descriptor polls writable): a
+//! destination's frames leave complete and in order. Frames for other
+//! destinations go on meanwhile (a full queue of one function of the
+//! daemon, or a full uplink, holds back only the frames meant for it,
+//! issue 27), up to [`HELD_MAX`] frames held for one destination or
+//! [`HELD_TOTAL_MAX`] in all: then the flusher takes nothing more from
+//! the device, whose own queue fills, and at `transport::TX_BACKLOG_MAX`
+//! frames its requesters and READ responders stop producing —
+//! backpressure up to the WQEs. A destination that stays full for
+//! [`TX_HOLD_MAX_NS`] loses its oldest held frame after all (counted), so
+//! a stuck destination cannot stall the device's other work forever.
 
 use crate::device::{Device, Nanos};
 
 use super::Link;
 
-/// Longest a frame is held for a full link, ns (10 ms): then it is given
-/// up ([`TxFlush::given_up`]) and the RC transport retransmits it.
+/// Longest a frame is held for a full destination, ns (10 ms): then it is
+/// given up ([`TxFlush::given_up`]) and the RC transport retransmits it.
 pub const TX_HOLD_MAX_NS: Nanos = 10_000_000;
 /// Most frames one [`TxFlush::flush`] hands to the link, so one call is
 /// bounded however fast a source refills (the device's queue is bounded
 /// too: `transport::TX_BACKLOG_MAX` data frames plus answers).
 pub const FLUSH_MAX: usize = 4096;
+/// Frames held for one full destination after which the flusher takes no
+/// more frames from its source until that destination takes some (a
+/// burst of one QP: [`SEND_BATCH`]).
+pub const HELD_MAX: usize = SEND_BATCH;
+/// Frames held for all full destinations together after which the
+/// flusher takes no more from its source.
+pub const HELD_TOTAL_MAX: usize = 4 * SEND_BATCH;
 
 /// Where [`TxFlush`] takes frames from: a [`Device`]'s transmit queue, in
 /// order, with the buffers given back for reuse.
@@ -52,11 +64,12 @@ impl FrameSource for Device {
 pub struct Flushed {
     /// Frames the link took, or that were lost: given up or failed.
     pub sent: usize,
-    /// Of those, frames given up after [`TX_HOLD_MAX_NS`] of a full link.
+    /// Of those, frames given up after [`TX_HOLD_MAX_NS`] of a full
+    /// destination.
     pub given_up: usize,
     /// Of those, frames the link refused with an error other than "full".
     pub failed: usize,
-    /// A frame is held for the full link: call again when the link's
+    /// Frames are held for a full destination: call again when the link's
     /// descriptor polls writable (or soon, for a link without one).
     pub held: bool,
 }
@@ -69,16 +82,35 @@ pub const SEND_BATCH: usize = 32;
 /// MTU, or four batches between functions ([`crate::wire::gso`]).
 pub const SEND_BATCH_BYTES: usize = 32 * 9216;
 
-/// The frames taken from a source and not yet sent (the oldest first
-/// refused by a full link) between passes; see the
+/// Frames held for one full destination, oldest first.
+#[derive(Debug)]
+struct Held {
+    /// The destination MAC (the frames' first six bytes).
+    dst: [u8; 6],
+    /// When the link first refused `frames[0]`.
+    since: Nanos,
+    frames: Vec<Vec<u8>>,
+}
+
+/// The destination MAC of a frame (zeros for a frame too short to have
+/// one: the link refuses it with an error, never as full).
+fn dst_of(frame: &[u8]) -> [u8; 6] {
+    frame
+        .get(..6)
+        .and_then(|d| <[u8; 6]>::try_from(d).ok())
+        .unwrap_or_default()
+}
+
+/// The frames taken from a source and not yet sent, between passes: those
+/// held for full destinations and the batch in hand; see the
 /// [module documentation](self).
 #[derive(Debug, Default)]
 pub struct TxFlush {
     /// At most [`SEND_BATCH`] frames and (but for the last)
-    /// [`SEND_BATCH_BYTES`], in order.
+    /// [`SEND_BATCH_BYTES`], in order, for destinations not held.
     pending: Vec<Vec<u8>>,
-    /// When the link first refused `pending[0]`; 0 while it is not refused.
-    held_since: Nanos,
+    /// Per full destination, in the order they filled.
+    held: Vec<Held>,
     given_up: u64,
 }
 
@@ -88,47 +120,56 @@ impl TxFlush {
         Self::default()
     }
 
-    /// Hands the held frames, then `src`'s frames, to `link` in order, up
-    /// to [`SEND_BATCH`] per [`Link::try_send_many`], until `src` is empty,
-    /// the link is full (the refused frame and those taken behind it are
-    /// held; nothing is sent behind them), or [`FLUSH_MAX`] frames went.
-    /// `now` (ns, any fixed epoch) times the hold: a frame held for
-    /// [`TX_HOLD_MAX_NS`] is given up. A link error other than "full"
-    /// loses that one frame (it is logged), as [`Link::send`] errors do.
+    /// Hands the held frames, then `src`'s frames, to `link`, up to
+    /// [`SEND_BATCH`] per [`Link::try_send_many`], until `src` is empty,
+    /// [`FLUSH_MAX`] frames went, or the held frames reach [`HELD_MAX`]
+    /// for one destination or [`HELD_TOTAL_MAX`] in all. A frame the link
+    /// is too full to take is held, with every later one for its
+    /// destination; frames for other destinations go on. `now` (ns, any
+    /// fixed epoch) times the hold: a destination full for
+    /// [`TX_HOLD_MAX_NS`] loses its oldest held frame. A link error other
+    /// than "full" loses that one frame (it is logged), as [`Link::send`]
+    /// errors do.
     pub fn flush(&mut self, link: &mut dyn Link, src: &mut dyn FrameSource, now: Nanos) -> Flushed {
         let mut done = Flushed::default();
+        self.retry_held(link, src, now, &mut done);
         while done.sent < FLUSH_MAX {
             let room = SEND_BATCH.min(FLUSH_MAX - done.sent);
             let mut bytes: usize = self.pending.iter().map(Vec::len).sum();
-            while self.pending.len() < room && bytes < SEND_BATCH_BYTES {
-                match src.next_frame() {
-                    Some(f) => {
-                        bytes += f.len();
-                        self.pending.push(f);
-                    }
-                    None => break,
+            while self.pending.len() < room && bytes < SEND_BATCH_BYTES && !self.held_full() {
+                let Some(f) = src.next_frame() else {
+                    break;
+                };
+                // Behind the frames held for its destination, in order.
+                let dst = dst_of(&f);
+                if let Some(h) = self.held.iter_mut().find(|h| h.dst == dst) {
+                    h.frames.push(f);
+                    continue;
                 }
+                bytes += f.len();
+                self.pending.push(f);
             }
             if self.pending.is_empty() {
-                return done;
+                break;
             }
             // A link that takes a buffer leaves one of its own in its place.
             let took = match link.try_send_many(&mut self.pending) {
-                Ok(0) if self.held_since == 0 => {
-                    self.held_since = now.max(1);
-                    done.held = true;
-                    return done;
-                }
-                Ok(0) if now.saturating_sub(self.held_since) < TX_HOLD_MAX_NS => {
-                    done.held = true;
-                    return done;
-                }
                 Ok(0) => {
-                    self.given_up = self.given_up.wrapping_add(1);
-                    done.given_up += 1;
-                    tracing::debug!("link full for {TX_HOLD_MAX_NS} ns: a frame given up");
-                    1
+                    // The first frame's destination is full: hold it and
+                    // the rest of the batch for it; the others go on.
+                    let dst = dst_of(&self.pending[0]);
+                    let (mine, others): (Vec<_>, Vec<_>) =
+                        self.pending.drain(..).partition(|f| dst_of(f) == dst);
+                    self.pending = others;
+                    self.held.push(Held {
+                        dst,
+                        since: now.max(1),
+                        frames: mine,
+                    });
+                    continue;
                 }
+                // A link that stops early (`sendmmsg`) is offered the rest
+                // again at once.
                 Ok(n) => n.min(self.pending.len()),
                 Err(e) => {
                     done.failed += 1;
@@ -136,18 +177,74 @@ impl TxFlush {
                     1
                 }
             };
-            self.held_since = 0;
             done.sent += took;
             for frame in self.pending.drain(..took) {
                 src.recycle(frame);
             }
         }
+        done.held = !self.held.is_empty();
         done
+    }
+
+    /// Offers each full destination its held frames again, oldest
+    /// destination first; one full for [`TX_HOLD_MAX_NS`] loses its oldest
+    /// frame.
+    fn retry_held(
+        &mut self,
+        link: &mut dyn Link,
+        src: &mut dyn FrameSource,
+        now: Nanos,
+        done: &mut Flushed,
+    ) {
+        let mut i = 0;
+        while let Some(h) = self.held.get_mut(i) {
+            let took = match link.try_send_many(&mut h.frames) {
+                Ok(0) if now.saturating_sub(h.since) < TX_HOLD_MAX_NS => 0,
+                Ok(0) => {
+                    self.given_up = self.given_up.wrapping_add(1);
+                    done.given_up += 1;
+                    tracing::debug!("destination full for {TX_HOLD_MAX_NS} ns: a frame given up");
+                    h.since = now.max(1);
+                    1
+                }
+                Ok(n) => {
+                    h.since = now.max(1);
+                    n.min(h.frames.len())
+                }
+                Err(e) => {
+                    done.failed += 1;
+                    tracing::debug!("link send failed: {e}");
+                    1
+                }
+            };
+            done.sent += took;
+            for frame in h.frames.drain(..took) {
+                src.recycle(frame);
+            }
+            if h.frames.is_empty() {
+                self.held.remove(i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Whether the held frames stop the flusher taking more from its
+    /// source ([`HELD_MAX`], [`HELD_TOTAL_MAX`]).
+    fn held_full(&self) -> bool {
+        let mut total = 0;
+        for h in &self.held {
+            if h.frames.len() >= HELD_MAX {
+                return true;
+            }
+            total += h.frames.len();
+        }
+        total >= HELD_TOTAL_MAX
     }
 
     /// True while a frame waits for the link.
     pub fn holding(&self) -> bool {
-        !self.pending.is_empty()
+        !self.held.is_empty() || !self.pending.is_empty()
     }
 
     /// Frames given up after being held for [`TX_HOLD_MAX_NS`].
@@ -214,9 +311,25 @@ mod tests {
         }
     }
 
+    /// `n` frames to `n` destinations: frame `i` is 60 bytes of `i`.
     fn frames(n: u8) -> Queue {
         Queue {
             frames: (0..n).map(|i| vec![i; 60]).collect(),
+            ..Queue::default()
+        }
+    }
+
+    /// Frame `i` to destination MAC `[d; 6]`: that MAC, then 54 bytes of `i`.
+    fn frame_to(d: u8, i: u8) -> Vec<u8> {
+        let mut f = vec![d; 6];
+        f.resize(60, i);
+        f
+    }
+
+    /// `n` frames to one destination, `[7; 6]`.
+    fn frames_to_one(n: u8) -> Queue {
+        Queue {
+            frames: (0..n).map(|i| frame_to(7, i)).collect(),
             ..Queue::default()
         }
     }
@@ -227,7 +340,7 @@ mod tests {
             refuse: 3,
             took: Vec::new(),
         };
-        let mut src = frames(5);
+        let mut src = frames_to_one(5);
         let mut tx = TxFlush::new();
         let mut now = 1_000;
         let mut passes = Vec::new();
@@ -235,7 +348,10 @@ mod tests {
             passes.push(tx.flush(&mut link, &mut src, now));
             now += 1_000;
         }
-        assert_eq!(link.took, (0..5).map(|i| vec![i; 60]).collect::<Vec<_>>());
+        assert_eq!(
+            link.took,
+            (0..5).map(|i| frame_to(7, i)).collect::<Vec<_>>()
+        );
         assert_eq!(passes[..4].iter().filter(|f| f.held).count(), 3);
         assert_eq!(
             passes[3],
@@ -253,7 +369,7 @@ mod tests {
             refuse: usize::MAX,
             took: Vec::new(),
         };
-        let mut src = frames(3);
+        let mut src = frames_to_one(3);
         let mut tx = TxFlush::new();
         let t0 = 5_000;
         assert!(tx.flush(&mut link, &mut src, t0).held);
@@ -273,7 +389,7 @@ mod tests {
         assert_eq!((tx.given_up(), src.recycled), (1, 1));
         link.refuse = 0;
         tx.flush(&mut link, &mut src, t0 + TX_HOLD_MAX_NS + 1);
-        assert_eq!(link.took, vec![vec![1; 60], vec![2; 60]]);
+        assert_eq!(link.took, vec![frame_to(7, 1), frame_to(7, 2)]);
     }
 
     /// A link that takes at most `per_call` frames per
@@ -349,6 +465,110 @@ mod tests {
         let f = TxFlush::new().flush(&mut link, &mut frames(12), 1);
         assert_eq!((f.sent, f.held), (12, false));
         assert_eq!(link.took, (0..12).collect::<Vec<u8>>());
+    }
+
+    /// A link whose destination `[full; 6]` takes nothing while `full` is
+    /// set, and everything else; what it took, in order.
+    struct OneFull {
+        full: Option<u8>,
+        took: Vec<Vec<u8>>,
+    }
+
+    impl Link for OneFull {
+        fn send(&mut self, _: &[u8]) -> io::Result<()> {
+            unreachable!("TxFlush sends with try_send_many")
+        }
+
+        fn try_send_many(&mut self, frames: &mut [Vec<u8>]) -> io::Result<usize> {
+            let n = frames
+                .iter()
+                .take_while(|f| self.full.is_none_or(|d| f[0] != d))
+                .count();
+            self.took.extend(frames[..n].iter().cloned());
+            Ok(n)
+        }
+
+        fn recv(&mut self, _: &mut [u8]) -> io::Result<Option<usize>> {
+            Ok(None)
+        }
+
+        fn raw_fd(&self) -> Option<RawFd> {
+            None
+        }
+    }
+
+    /// Issue 27: a full destination holds back only its own frames; the
+    /// others leave, each destination's in order; the held ones follow
+    /// in order once it takes frames again.
+    #[test]
+    fn a_full_destination_holds_back_only_its_own_frames() {
+        let mut link = OneFull {
+            full: Some(1),
+            took: Vec::new(),
+        };
+        // Destinations 1, 2, 3 in turn, 10 frames each.
+        let mut src = Queue {
+            frames: (0..30).map(|i| frame_to(1 + i % 3, i)).collect(),
+            ..Queue::default()
+        };
+        let mut tx = TxFlush::new();
+        let f = tx.flush(&mut link, &mut src, 1);
+        assert_eq!((f.sent, f.held, f.given_up), (20, true, 0));
+        let others: Vec<_> = (0..30)
+            .filter(|i| i % 3 != 0)
+            .map(|i| frame_to(1 + i % 3, i))
+            .collect();
+        assert_eq!(link.took, others, "the others, in order");
+        link.full = None;
+        let f = tx.flush(&mut link, &mut src, 2);
+        assert_eq!((f.sent, f.held), (10, false));
+        let mine: Vec<_> = (0..30)
+            .filter(|i| i % 3 == 0)
+            .map(|i| frame_to(1, i))
+            .collect();
+        assert_eq!(&link.took[20..], &mine[..], "the held ones, in order");
+        assert_eq!((src.recycled, tx.holding()), (30, false));
+    }
+
+    /// Past [`HELD_MAX`] frames held for one destination the flusher takes
+    /// nothing more from its source (backpressure), and what it took is
+    /// not lost.
+    #[test]
+    fn frames_held_past_the_bound_stop_the_source() {
+        let mut link = OneFull {
+            full: Some(1),
+            took: Vec::new(),
+        };
+        let n = 3 * HELD_MAX as u8;
+        let mut src = Queue {
+            frames: (0..n).map(|i| frame_to(1 + i % 2, i)).collect(),
+            ..Queue::default()
+        };
+        let mut tx = TxFlush::new();
+        let f = tx.flush(&mut link, &mut src, 1);
+        assert!(f.held);
+        assert!(!src.frames.is_empty(), "the source is held back");
+        let held: usize = tx.held.iter().map(|h| h.frames.len()).sum();
+        assert!((HELD_MAX..HELD_MAX + SEND_BATCH).contains(&held), "{held}");
+        link.full = None;
+        let mut sent = f.sent;
+        for t in 2..10 {
+            sent += tx.flush(&mut link, &mut src, t).sent;
+        }
+        assert_eq!(
+            (sent, src.recycled, tx.holding()),
+            (n as usize, n as usize, false)
+        );
+        for d in [1, 2] {
+            let order: Vec<u8> = link
+                .took
+                .iter()
+                .filter(|f| f[0] == d)
+                .map(|f| f[59])
+                .collect();
+            let want: Vec<u8> = (0..n).filter(|i| 1 + i % 2 == d).collect();
+            assert_eq!(order, want, "destination {d} in order");
+        }
     }
 
     #[test]
