@@ -19,8 +19,9 @@
 //! request longer than [`MAX_REQUEST`], not UTF-8, or not one of the above
 //! is answered with an error; a client is served for at most
 //! [`CLIENT_TIMEOUT`] per read and per write, one client at a time. The
-//! socket is the owner's only (mode 0600): a client makes the daemon
-//! create sockets and files (`pcap=`) wherever the daemon may.
+//! socket is the owner's only ([`MODE`] 0600, from the moment it exists,
+//! whatever the umask): a client makes the daemon create sockets and files
+//! (`pcap=`) wherever the daemon may.
 
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -37,6 +38,11 @@ pub const MAX_REQUEST: usize = 8192;
 pub const MAX_REPLY: u64 = 1 << 20;
 /// Bound on each read of a request and each write of a reply.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The control socket's mode: its owner's only. Whoever may connect makes
+/// the daemon create sockets and (`pcap=`) files where it may, and deletes
+/// functions.
+pub const MODE: u32 = 0o600;
 
 /// Where a daemon whose first function listens on `socket` serves its
 /// control socket unless told otherwise: `<socket>.control`.
@@ -201,9 +207,7 @@ impl ControlServer {
     pub fn start(path: &Path, functions: Arc<Functions>) -> Result<Self, ControlError> {
         let shown = || path.display().to_string();
         let handle = move |stream| answer(stream, &functions);
-        // Whoever may connect makes the daemon create sockets and (pcap=)
-        // files where it may: the owner only.
-        match SocketServer::start(path, "vrnic-control", Some(0o600), handle) {
+        match SocketServer::start(path, "vrnic-control", MODE, handle) {
             Ok(server) => Ok(Self { server }),
             Err(StartError::NotASocket) => Err(ControlError::NotASocket(shown())),
             Err(StartError::InUse) => Err(ControlError::InUse(shown())),

@@ -37,6 +37,12 @@ pub fn default_socket(socket: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
+/// The stats socket's mode: its owner's only, as the control socket's
+/// ([`crate::control::MODE`]). The counters tell about a guest's traffic
+/// (the `link_*` ones about the whole daemon's), and every client costs the
+/// server time.
+pub const MODE: u32 = 0o600;
+
 /// Number of counters in a [`Snapshot`].
 pub const COUNTERS: usize = 54;
 
@@ -422,8 +428,9 @@ pub enum StatsError {
 /// (the daemon's functions add their switch port's, `switch_*`).
 pub type ExtraCounters = Arc<dyn Fn() -> Vec<(&'static str, u64)> + Send + Sync>;
 
-/// Serves a [`StatsBoard`] on a Unix socket from a thread of its own.
-/// Dropping it stops the thread and removes the socket file.
+/// Serves a [`StatsBoard`] on a Unix socket (mode [`MODE`] from the start,
+/// whatever the umask) from a thread of its own. Dropping it stops the
+/// thread and removes the socket file.
 pub struct StatsServer {
     server: SocketServer,
 }
@@ -453,7 +460,7 @@ impl StatsServer {
     ) -> Result<Self, StatsError> {
         let shown = || path.display().to_string();
         let handle = move |stream| answer(stream, &board, extra.as_ref());
-        match SocketServer::start(path, "vrnic-stats", None, handle) {
+        match SocketServer::start(path, "vrnic-stats", MODE, handle) {
             Ok(server) => Ok(Self { server }),
             Err(StartError::NotASocket) => Err(StatsError::NotASocket(shown())),
             Err(StartError::InUse) => Err(StatsError::InUse(shown())),
