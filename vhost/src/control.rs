@@ -17,26 +17,37 @@
 //! follow an `ok` with a `#` comment line (the limits) and one line per
 //! function ([`FunctionInfo`]'s `Display`). Requests are untrusted: a
 //! request longer than [`MAX_REQUEST`], not UTF-8, or not one of the above
-//! is answered with an error; a client is served for at most
-//! [`CLIENT_TIMEOUT`] per read and per write, one client at a time. The
-//! socket is the owner's only (mode 0600): a client makes the daemon
-//! create sockets and files (`pcap=`) wherever the daemon may.
+//! is answered with an error. A client has [`CLIENT_TIMEOUT`] in all to
+//! send its request, and again to read the reply (a request not complete
+//! by then is answered with an error, if the client still reads); clients
+//! are served concurrently (at most 8 at once), so one that stalls holds up
+//! no other, and a `del` waiting for its function to stop holds up no
+//! `list`. The
+//! socket is the owner's only ([`MODE`] 0600, from the moment it exists,
+//! whatever the umask): a client makes the daemon create sockets and files
+//! (`pcap=`) wherever the daemon may.
 
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::functions::{FunctionInfo, FunctionSpec, Functions, MAX_FUNCTIONS};
-use crate::sockserv::{SocketServer, StartError};
+use crate::sockserv::{read_by, write_all_by, SocketServer, StartError};
 
 /// Longest request line, bytes, `\n` included.
 pub const MAX_REQUEST: usize = 8192;
 /// Longest reply [`request`] accepts, bytes.
 pub const MAX_REPLY: u64 = 1 << 20;
-/// Bound on each read of a request and each write of a reply.
-pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest a client may take to send its request, in all (not per read),
+/// and again to read the reply.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The control socket's mode: its owner's only. Whoever may connect makes
+/// the daemon create sockets and (`pcap=`) files where it may, and deletes
+/// functions.
+pub const MODE: u32 = 0o600;
 
 /// Where a daemon whose first function listens on `socket` serves its
 /// control socket unless told otherwise: `<socket>.control`.
@@ -184,8 +195,9 @@ fn error_reply(msg: &str) -> String {
 }
 
 /// Serves a daemon's [`Functions`] on a Unix socket from a thread of its
-/// own. Dropping it stops the thread (after the request being served, if
-/// any) and removes the socket file.
+/// own, each client on a thread of its own (see the module
+/// documentation). Dropping it stops the threads (after the requests being
+/// served, if any) and removes the socket file.
 pub struct ControlServer {
     server: SocketServer,
 }
@@ -201,9 +213,7 @@ impl ControlServer {
     pub fn start(path: &Path, functions: Arc<Functions>) -> Result<Self, ControlError> {
         let shown = || path.display().to_string();
         let handle = move |stream| answer(stream, &functions);
-        // Whoever may connect makes the daemon create sockets and (pcap=)
-        // files where it may: the owner only.
-        match SocketServer::start(path, "vrnic-control", Some(0o600), handle) {
+        match SocketServer::start(path, "vrnic-control", MODE, handle) {
             Ok(server) => Ok(Self { server }),
             Err(StartError::NotASocket) => Err(ControlError::NotASocket(shown())),
             Err(StartError::InUse) => Err(ControlError::InUse(shown())),
@@ -220,13 +230,13 @@ impl ControlServer {
     }
 }
 
-/// Reads one request line: up to `\n`, end of stream, or
+/// Reads one request line by `deadline`: up to `\n`, end of stream, or
 /// [`MAX_REQUEST`] + 1 bytes (which the parser refuses).
-fn read_request(stream: &mut UnixStream) -> io::Result<Vec<u8>> {
+fn read_request(stream: &mut UnixStream, deadline: Instant) -> io::Result<Vec<u8>> {
     let mut buf = Vec::with_capacity(256);
     let mut chunk = [0u8; 1024];
     while buf.len() <= MAX_REQUEST && !buf.contains(&b'\n') {
-        let n = stream.read(&mut chunk)?;
+        let n = read_by(stream, &mut chunk, deadline)?;
         if n == 0 {
             break;
         }
@@ -238,19 +248,27 @@ fn read_request(stream: &mut UnixStream) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// Answers one connection: [`CLIENT_TIMEOUT`] to read the request, then
+/// (after executing it) as long again to write the reply.
 fn answer(mut stream: UnixStream, functions: &Functions) -> io::Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
-    stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
-    let raw = read_request(&mut stream)?;
-    let reply = match std::str::from_utf8(&raw) {
-        Ok(line) => match parse_request(line) {
-            Ok(req) => execute(functions, &req),
-            Err(e) => error_reply(&e.to_string()),
+    let reply = match read_request(&mut stream, Instant::now() + CLIENT_TIMEOUT) {
+        Ok(raw) => match std::str::from_utf8(&raw) {
+            Ok(line) => match parse_request(line) {
+                Ok(req) => execute(functions, &req),
+                Err(e) => error_reply(&e.to_string()),
+            },
+            Err(_) => error_reply("bad request: not UTF-8"),
         },
-        Err(_) => error_reply("bad request: not UTF-8"),
+        Err(e) if e.kind() == io::ErrorKind::TimedOut => error_reply(&format!(
+            "bad request: not complete within {CLIENT_TIMEOUT:?}"
+        )),
+        Err(e) => return Err(e),
     };
-    stream.write_all(reply.as_bytes())?;
+    write_all_by(
+        &mut stream,
+        reply.as_bytes(),
+        Instant::now() + CLIENT_TIMEOUT,
+    )?;
     stream.shutdown(std::net::Shutdown::Both)
 }
 
@@ -360,5 +378,87 @@ mod tests {
     #[test]
     fn an_error_reply_is_one_line() {
         assert_eq!(error_reply("a\nb\rc"), "error a b c\n");
+    }
+
+    /// A control server on a fresh daemon's functions, in a directory
+    /// removed on drop.
+    fn serve() -> (ControlServer, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let (uplink, _outside) = vrnic::link::MemLink::pair();
+        let fns = Functions::new(
+            Box::new(uplink),
+            crate::functions::FunctionsConfig::default(),
+        );
+        let server = ControlServer::start(&dir.path().join("ctl"), Arc::new(fns)).unwrap();
+        (server, dir)
+    }
+
+    /// Bound on any wait in these tests: far more than a client's time.
+    const WAIT: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn a_client_that_stalls_mid_request_does_not_hold_up_the_next() {
+        let (server, _dir) = serve();
+        let mut slow = UnixStream::connect(server.path()).unwrap();
+        slow.set_read_timeout(Some(WAIT)).unwrap();
+        slow.write_all(b"li").unwrap();
+        // Answered while the first client's request is still incomplete
+        // (the server has not given up on it: see below).
+        let lines = request(server.path(), &Request::List, WAIT).unwrap();
+        assert!(lines[0].starts_with("# 0 of"), "{lines:?}");
+        // The first client finishes its request and gets its answer: the
+        // server was still waiting for it, not done with it first.
+        slow.write_all(b"st\n")
+            .expect("the server still has the first client");
+        let mut reply = String::new();
+        slow.read_to_string(&mut reply)
+            .expect("the server still has the first client");
+        assert!(reply.starts_with("ok\n# 0 of"), "{reply:?}");
+    }
+
+    #[test]
+    fn a_client_that_trickles_its_request_is_cut_off_in_bounded_time() {
+        let (server, _dir) = serve();
+        let mut c = UnixStream::connect(server.path()).unwrap();
+        // Each read waits at most this long for the server: the pace of
+        // the trickle.
+        c.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let start = Instant::now();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        // One byte (never a `\n`) per read timeout, as long as the server
+        // keeps the connection, which a per-read timeout would do.
+        let closed = loop {
+            if start.elapsed() > CLIENT_TIMEOUT + WAIT {
+                break false;
+            }
+            if c.write_all(b"x").is_err() {
+                break true;
+            }
+            match c.read(&mut buf) {
+                Ok(0) => break true,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => break true,
+            }
+        };
+        let took = start.elapsed();
+        assert!(closed, "still connected after {took:?}");
+        // Less a little: the server's clock started at its accept, which
+        // may come before `start`.
+        let early = Duration::from_millis(500);
+        assert!(
+            took + early >= CLIENT_TIMEOUT,
+            "cut off after {took:?} only"
+        );
+        let got = String::from_utf8_lossy(&got);
+        assert!(
+            got.is_empty() || got.starts_with("error bad request: not complete"),
+            "{got:?}"
+        );
     }
 }

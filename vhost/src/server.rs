@@ -184,6 +184,13 @@ impl Stopper {
 /// replaced; any other file is an error. The socket file is removed when
 /// the returned listener is dropped.
 ///
+/// Its mode is 0777 less the daemon's umask, as QEMU's and DPDK's own
+/// vhost-user sockets: who may attach a guest or a program to the function
+/// (QEMU running as another user, a container's user) is the operator's
+/// choice, made with the umask (e.g. `umask 007` and a group) or the
+/// directory's permissions. There is no chmod after the bind, so the socket
+/// has that mode from the moment it exists.
+///
 /// # Errors
 /// [`ServeError::NotASocket`] or [`ServeError::Listen`].
 pub fn bind(path: &Path) -> Result<Listener, ServeError> {

@@ -12,22 +12,23 @@
 //!   per-QP lines may lag the device lines by that much.
 //! - [`StatsServer`]: a thread answering every connection on a Unix socket
 //!   with the snapshot as `name value` lines, then the per-QP counters as
-//!   `qp_<qpn>_<counter> value` lines ([`render_qps`]), then closing it.
+//!   `qp_<qpn>_<counter> value` lines ([`render_qps`]), then closing it;
+//!   several clients at once, each within [`CLIENT_TIMEOUT`].
 //! - [`query`] and [`parse`]: the client side.
 
 use std::fmt::Write as _;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vrnic::device::{DeviceStats, QpStats};
 
 use crate::datapath::BackendStats;
-use crate::sockserv::{SocketServer, StartError};
+use crate::sockserv::{write_all_by, SocketServer, StartError};
 
 /// Where a daemon serving the vhost-user socket `socket` serves its
 /// counters unless told otherwise: `<socket>.stats`.
@@ -36,6 +37,12 @@ pub fn default_socket(socket: &Path) -> PathBuf {
     p.push(".stats");
     PathBuf::from(p)
 }
+
+/// The stats socket's mode: its owner's only, as the control socket's
+/// ([`crate::control::MODE`]). The counters tell about a guest's traffic
+/// (the `link_*` ones about the whole daemon's), and every client costs the
+/// server time.
+pub const MODE: u32 = 0o600;
 
 /// Number of counters in a [`Snapshot`].
 pub const COUNTERS: usize = 56;
@@ -109,8 +116,9 @@ pub const MAX_REPLY: u64 = 4 << 20;
 /// Attempts [`StatsBoard::read`] makes at a consistent snapshot.
 const READ_ATTEMPTS: usize = 10_000;
 
-/// Bound on writing one reply to a client.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest a client may take to read its reply, in all (not per read): a
+/// client that reads slowly or not at all is cut off then.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// All counters at one moment, named by [`NAMES`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -428,8 +436,11 @@ pub enum StatsError {
 /// (the daemon's functions add their switch port's, `switch_*`).
 pub type ExtraCounters = Arc<dyn Fn() -> Vec<(&'static str, u64)> + Send + Sync>;
 
-/// Serves a [`StatsBoard`] on a Unix socket from a thread of its own.
-/// Dropping it stops the thread and removes the socket file.
+/// Serves a [`StatsBoard`] on a Unix socket (mode [`MODE`] from the start,
+/// whatever the umask) from a thread of its own, each client on a thread
+/// of its own (at most 8 at once) and for at most [`CLIENT_TIMEOUT`]: a
+/// client that does not read its reply cannot hold up the others. Dropping
+/// it stops the threads and removes the socket file.
 pub struct StatsServer {
     server: SocketServer,
 }
@@ -459,7 +470,7 @@ impl StatsServer {
     ) -> Result<Self, StatsError> {
         let shown = || path.display().to_string();
         let handle = move |stream| answer(stream, &board, extra.as_ref());
-        match SocketServer::start(path, "vrnic-stats", None, handle) {
+        match SocketServer::start(path, "vrnic-stats", MODE, handle) {
             Ok(server) => Ok(Self { server }),
             Err(StartError::NotASocket) => Err(StatsError::NotASocket(shown())),
             Err(StartError::InUse) => Err(StatsError::InUse(shown())),
@@ -476,20 +487,22 @@ impl StatsServer {
     }
 }
 
-/// Answers one connection; its write is bounded by [`WRITE_TIMEOUT`].
+/// Answers one connection, within [`CLIENT_TIMEOUT`].
 fn answer(
     mut stream: UnixStream,
     board: &StatsBoard,
     extra: Option<&ExtraCounters>,
 ) -> io::Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
     let mut reply = board.read().render();
     for (name, value) in extra.map(|f| f()).unwrap_or_default() {
         let _ = writeln!(reply, "{name} {value}");
     }
     reply.push_str(&render_qps(&board.read_qps()));
-    stream.write_all(reply.as_bytes())?;
+    write_all_by(
+        &mut stream,
+        reply.as_bytes(),
+        Instant::now() + CLIENT_TIMEOUT,
+    )?;
     stream.shutdown(std::net::Shutdown::Both)
 }
 
@@ -568,6 +581,7 @@ pub fn parse(reply: &str) -> Result<Vec<(String, u64)>, StatsError> {
 mod tests {
     use super::*;
     use std::fs;
+    use std::io::Write;
     use std::os::unix::net::UnixListener;
 
     fn temp_path(tag: &str) -> PathBuf {
@@ -753,6 +767,42 @@ mod tests {
             query(&path, Duration::from_secs(1)),
             Err(StatsError::Query { .. })
         ));
+    }
+
+    #[test]
+    fn a_client_that_never_reads_does_not_hold_up_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stats");
+        let board = Arc::new(StatsBoard::new());
+        // Every QP of a device, every counter at its widest: a reply
+        // several times what a Unix socket buffers, so the server's write
+        // to a client that does not read blocks.
+        let wide = QpStats {
+            tx_packets: u64::MAX,
+            retransmits: u64::MAX,
+            ..Default::default()
+        };
+        board.replace_qps(|v| {
+            v.clear();
+            v.extend((0..vrnic::device::MAX_QP as u32).map(|q| (0xff_0000 + q, wide)));
+        });
+        let server = StatsServer::start(&path, board).unwrap();
+        let wait = Duration::from_secs(10);
+        let mut stalled = UnixStream::connect(server.path()).unwrap();
+        // Answered while the first client has read nothing.
+        let reply = query(&path, wait).unwrap();
+        assert!(reply.len() > 512 << 10, "{} bytes only", reply.len());
+        // The server had not given up on the first client: its reply is
+        // whole when it reads it now.
+        stalled.set_read_timeout(Some(wait)).unwrap();
+        let mut first = String::new();
+        stalled.read_to_string(&mut first).unwrap();
+        assert!(
+            first == reply,
+            "the first client got {} of {} bytes",
+            first.len(),
+            reply.len()
+        );
     }
 
     #[test]
