@@ -26,6 +26,9 @@
 //!   (go-back-N into a stream in progress),
 //!   `read_streams_of_many_qps_take_turns` (polls serve the QPs round
 //!   robin under the link backlog).
+//! - Issue 27, finding A (rxe_resp.c's `check_rkey` for every WRITE
+//!   packet): `write_packets_after_their_mr_went_away_do_not_land`, one
+//!   packet per frame (`local_icrc.rs` has the twin for runs).
 //!
 //! A third host on the segment ("the attacker", 10.0.0.66) is simulated by
 //! handing crafted frames straight to a device's `receive`; what the device
@@ -1637,4 +1640,19 @@ fn repeated_sequence_naks_resend_once_per_retry_and_end_in_retry_exceeded() {
     let c = cqe.expect("the WQE never completed");
     assert_eq!((c.wr_id, c.status), (5, abi::WC_RETRY_EXC_ERR));
     assert_eq!(total, 7, "one resend per retry (retry_cnt 7)");
+}
+
+/// A WRITE whose target MR is invalidated by a SEND with invalidate (on
+/// another QP) or deregistered after its FIRST packet executed: its later
+/// packets are refused with a remote access error NAK, as a bad R_Key in
+/// the FIRST would be, and land nowhere. After an invalidation they used
+/// to be written through the key the FIRST packet checked; a dereg was
+/// already caught (the key named no MR any more), kept here as a guard.
+#[test]
+fn write_packets_after_their_mr_went_away_do_not_land() {
+    for how in [MrLoss::SendWithInvalidate, MrLoss::Dereg] {
+        let mut s = setup();
+        let r = write_across_mr_loss(&mut s, ConnOpts::default(), 1024, 4, how);
+        assert_eq!(r.runs_after, 0, "{how:?}: one packet per frame");
+    }
 }
