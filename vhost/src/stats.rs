@@ -38,7 +38,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 }
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 54;
+pub const COUNTERS: usize = 55;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -74,6 +74,7 @@ pub const NAMES: [&str; COUNTERS] = [
     "tx_by_ref",
     "acks_coalesced",
     "records_read",
+    "replies_dropped",
     "commands",
     "rejected_chains",
     "faulted_commands",
@@ -162,6 +163,7 @@ impl Snapshot {
             tx_by_ref,
             acks_coalesced,
             records_read,
+            replies_dropped,
         } = *device;
         let BackendStats {
             commands,
@@ -221,6 +223,7 @@ impl Snapshot {
                 tx_by_ref,
                 acks_coalesced,
                 records_read,
+                replies_dropped,
                 commands,
                 rejected_chains,
                 faulted_commands,

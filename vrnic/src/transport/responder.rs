@@ -378,10 +378,11 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
 /// changed since the request was checked): a remote access error NAK at
 /// the stream's PSN, and the QP to ERR.
 fn read_access_error(qp: &mut Qp, env: &mut Env, st: &ReadStream) {
-    env.res.out.stats.nak_sent(NakCode::RemoteAccessError);
     let aeth = Aeth::nak(qp.resp.msn, NakCode::RemoteAccessError);
     let mut hdr = reply_headers(qp, &env.res.port, &st.req, Opcode::RcAck, st.psn, aeth);
-    env.res.out.send(&mut hdr, &[]);
+    if env.res.out.send_reply(&mut hdr) {
+        env.res.out.stats.nak_sent(NakCode::RemoteAccessError);
+    }
     qp_to_error(qp, env, abi::WcStatus::RemAccessErr);
 }
 
@@ -553,14 +554,10 @@ fn answer(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, done: Result<Reply, Resp
         Ok(reply) => acknowledge(qp, env, pkt, reply, psns),
         Err(RespError::Rnr) => {
             // RNR: nothing consumed, the requester retries this PSN later.
-            env.res.out.stats.rnr_naks_sent += 1;
-            send_aeth(
-                qp,
-                env,
-                pkt,
-                pkt.hdr.bth.psn,
-                Aeth::rnr_nak(qp.resp.msn, qp.attr.min_rnr_timer),
-            );
+            let aeth = Aeth::rnr_nak(qp.resp.msn, qp.attr.min_rnr_timer);
+            if send_aeth(qp, env, pkt, pkt.hdr.bth.psn, aeth) {
+                env.res.out.stats.rnr_naks_sent += 1;
+            }
         }
         Err(RespError::Nak { code, wqe }) => nak_error(qp, env, pkt, code, wqe),
     }
@@ -591,19 +588,17 @@ fn check_psn(qp: &Qp, pkt: &RocePacket) -> PsnCheck {
 /// Missing packets: asks once for a resend from the expected PSN with a
 /// PSN sequence error NAK (IBTA §9.7.5.2; rxe's
 /// `RESPST_ERR_PSN_OUT_OF_SEQ`, sent once per gap as its `sent_psn_nak`).
+/// One dropped for the link backlog ([`Output::send_reply`]) is asked
+/// again at the next packet of the gap.
 fn nak_psn_out_of_seq(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     if qp.resp.nak_sent {
         return;
     }
-    qp.resp.nak_sent = true;
-    send_aeth(
-        qp,
-        env,
-        pkt,
-        qp.resp.epsn,
-        Aeth::nak(qp.resp.msn, NakCode::PsnSequenceError),
-    );
-    env.res.out.stats.nak_sent(NakCode::PsnSequenceError);
+    let aeth = Aeth::nak(qp.resp.msn, NakCode::PsnSequenceError);
+    if send_aeth(qp, env, pkt, qp.resp.epsn, aeth) {
+        qp.resp.nak_sent = true;
+        env.res.out.stats.nak_sent(NakCode::PsnSequenceError);
+    }
 }
 
 /// A duplicate request (rxe's `duplicate_request`). Only a READ or
@@ -1034,8 +1029,9 @@ fn nak_error(
     code: NakCode,
     wqe: Option<(u64, abi::WcStatus)>,
 ) {
-    env.res.out.stats.nak_sent(code);
-    send_aeth(qp, env, pkt, pkt.hdr.bth.psn, Aeth::nak(qp.resp.msn, code));
+    if send_aeth(qp, env, pkt, pkt.hdr.bth.psn, Aeth::nak(qp.resp.msn, code)) {
+        env.res.out.stats.nak_sent(code);
+    }
     if let Some((wr_id, status)) = wqe {
         complete_recv_error(qp, env, wr_id, status);
     }
@@ -1104,9 +1100,11 @@ fn abandon_uc_message(qp: &mut Qp) {
     }
 }
 
-fn send_aeth(qp: &Qp, env: &mut Env, pkt: &RocePacket, p: u32, aeth: Aeth) {
+/// Answers `pkt` with an ACK, NAK or RNR NAK (`aeth`) at PSN `p`, within
+/// the reply bound ([`Output::send_reply`]): whether it was queued.
+fn send_aeth(qp: &Qp, env: &mut Env, pkt: &RocePacket, p: u32, aeth: Aeth) -> bool {
     let mut hdr = reply_headers(qp, &env.res.port, &pkt.hdr, Opcode::RcAck, p, aeth);
-    env.res.out.send(&mut hdr, &[]);
+    env.res.out.send_reply(&mut hdr)
 }
 
 /// Executes a compare-and-swap or fetch-and-add on the aligned 8-byte
@@ -1152,7 +1150,9 @@ fn send_atomic_ack(qp: &Qp, env: &mut Env, pkt: &RocePacket, orig: u64) {
         aeth,
     );
     hdr.atomic_ack_eth = Some(AtomicAckEth { orig });
-    env.res.out.send(&mut hdr, &[]);
+    // Dropped at the reply bound: the requester resends the atomic and
+    // the duplicate is answered from the resource (never re-executed).
+    env.res.out.send_reply(&mut hdr);
 }
 
 /// Takes the next receive WQE (a UC spare first, then the RQ or SRQ), or
