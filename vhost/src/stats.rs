@@ -45,7 +45,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 pub const MODE: u32 = 0o600;
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 56;
+pub const COUNTERS: usize = 57;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -81,6 +81,7 @@ pub const NAMES: [&str; COUNTERS] = [
     "tx_by_ref",
     "acks_coalesced",
     "records_read",
+    "replies_dropped",
     "commands",
     "rejected_chains",
     "faulted_commands",
@@ -172,6 +173,7 @@ impl Snapshot {
             tx_by_ref,
             acks_coalesced,
             records_read,
+            replies_dropped,
         } = *device;
         let BackendStats {
             commands,
@@ -233,6 +235,7 @@ impl Snapshot {
                 tx_by_ref,
                 acks_coalesced,
                 records_read,
+                replies_dropped,
                 commands,
                 rejected_chains,
                 faulted_commands,

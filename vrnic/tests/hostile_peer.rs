@@ -26,6 +26,11 @@
 //!   (go-back-N into a stream in progress),
 //!   `read_streams_of_many_qps_take_turns` (polls serve the QPs round
 //!   robin under the link backlog).
+//! - Issue 27, finding A (rxe_resp.c's `check_rkey` for every WRITE
+//!   packet): `write_packets_after_their_mr_went_away_do_not_land`, one
+//!   packet per frame (`local_icrc.rs` has the twin for runs).
+//! - Issue 27, finding B (replies bounded while the link is held):
+//!   `replies_to_a_flood_while_the_link_is_held_stay_bounded`.
 //!
 //! A third host on the segment ("the attacker", 10.0.0.66) is simulated by
 //! handing crafted frames straight to a device's `receive`; what the device
@@ -1637,4 +1642,122 @@ fn repeated_sequence_naks_resend_once_per_retry_and_end_in_retry_exceeded() {
     let c = cqe.expect("the WQE never completed");
     assert_eq!((c.wr_id, c.status), (5, abi::WC_RETRY_EXC_ERR));
     assert_eq!(total, 7, "one resend per retry (retry_cnt 7)");
+}
+
+/// A WRITE whose target MR is invalidated by a SEND with invalidate (on
+/// another QP) or deregistered after its FIRST packet executed: its later
+/// packets are refused with a remote access error NAK, as a bad R_Key in
+/// the FIRST would be, and land nowhere. After an invalidation they used
+/// to be written through the key the FIRST packet checked; a dereg was
+/// already caught (the key named no MR any more), kept here as a guard.
+#[test]
+fn write_packets_after_their_mr_went_away_do_not_land() {
+    for how in [MrLoss::SendWithInvalidate, MrLoss::Dereg] {
+        let mut s = setup();
+        let r = write_across_mr_loss(&mut s, ConnOpts::default(), 1024, 4, how);
+        assert_eq!(r.runs_after, 0, "{how:?}: one packet per frame");
+    }
+}
+
+/// The reply bound (`transport::TX_REPLY_MAX`).
+const TX_REPLY_MAX: usize = vrnic::transport::TX_REPLY_MAX;
+
+/// While B's link takes no frames, A's peer floods B with duplicate WRITE
+/// packets (each answered with an ACK) and strangers with ARP requests:
+/// B's transmit queue never holds more than `TX_REPLY_MAX` packets, every
+/// reply past it is dropped and counted (on the device and on the QP),
+/// the ACK of a real WRITE executed meanwhile among them. Once the link
+/// drains, A's retransmission after its ACK timeout recovers: the WRITE
+/// completes, its bytes landed once, B's QP still works.
+#[test]
+fn replies_to_a_flood_while_the_link_is_held_stay_bounded() {
+    let mut s = setup();
+    connection_still_works(&mut s, "warm-up");
+    let len = 4 * 1024;
+    let src = s.a.alloc(len);
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8 + 1).collect();
+    s.a.fill(src, &data);
+    let (lk, _) = s.a.reg_mr(s.pda, src, len as u64, ALL).unwrap();
+    let dst = s.b.alloc(2 * len);
+    let (_, rk) = s.b.reg_mr(s.pdb, dst, 2 * len as u64, ALL).unwrap();
+    let write = |wr_id: u64, at: u64| abi::SendWqe {
+        wr_id,
+        opcode: abi::WR_RDMA_WRITE,
+        send_flags: abi::SEND_SIGNALED,
+        remote_addr: at,
+        rkey: rk,
+        ..Default::default()
+    };
+    // A WRITE of 4 packets whose frames the flood replays.
+    s.post(write(1, dst), &[sge(src, len as u32, lk)]);
+    let now = s.now;
+    while s.a.pump(now) > 0 {}
+    let frames = take_frames(&mut s.b);
+    assert_eq!(frames.len(), 4, "the WRITE's packets");
+    for (f, icrc) in &frames {
+        s.b.dev.receive_frame(&s.b.mem, f, *icrc, now);
+    }
+    let c = s.cqe(false, "the first WRITE");
+    assert_eq!((c.wr_id, c.status), (1, abi::WC_SUCCESS));
+    assert_eq!(s.b.dev.tx_backlog(), 0, "B's link drained");
+
+    // B's link is held from here on: nothing is popped from B.
+    let b = &mut s.b;
+    let bounded = |b: &Node| {
+        let n = b.dev.tx_backlog();
+        assert!(n <= TX_REPLY_MAX, "{n} packets wait for B's link");
+    };
+    let rounds = 200;
+    for _ in 0..rounds {
+        for (f, icrc) in &frames {
+            b.dev.receive_frame(&b.mem, f, *icrc, now);
+            bounded(b);
+        }
+    }
+    let strangers = 100;
+    for i in 0..strangers {
+        let f = arp(1, stranger(i), b.ip, [0xff; 6]);
+        b.dev.receive(&b.mem, &f, now);
+        bounded(b);
+    }
+    // A second WRITE, executed by B; its ACK finds no room.
+    s.post(write(2, dst + len as u64), &[sge(src, len as u32, lk)]);
+    while s.a.pump(now) > 0 {}
+    let b = &mut s.b;
+    for (f, icrc) in take_frames(b) {
+        b.dev.receive_frame(&b.mem, &f, icrc, now);
+        bounded(b);
+    }
+    assert_eq!(
+        b.read(dst + len as u64, len),
+        data,
+        "the second WRITE landed"
+    );
+    let dups = 4 * rounds;
+    let st = b.dev.stats();
+    assert_eq!(st.duplicates, dups as u64);
+    let replies = dups + strangers as usize + 1;
+    assert_eq!(b.dev.tx_backlog(), TX_REPLY_MAX);
+    assert_eq!(st.replies_dropped, (replies - TX_REPLY_MAX) as u64);
+    let qp = b.dev.qp_stats().into_iter().find(|(n, _)| *n == s.qb.qpn);
+    assert_eq!(
+        qp.map(|(_, q)| q.replies_dropped),
+        Some((dups + 1 - TX_REPLY_MAX) as u64),
+        "the QP's dropped ACKs (the ARP replies are the device's)"
+    );
+
+    // The link drains: B's queued replies reach A, A's ACK timeout
+    // resends the second WRITE, whose duplicates B acknowledges.
+    let mut sent = 0;
+    while let Some(f) = b.dev.pop_tx() {
+        b.link.send(&f).unwrap();
+        sent += 1;
+    }
+    assert_eq!(sent, TX_REPLY_MAX);
+    let c = s.cqe(false, "the second WRITE after the flood");
+    assert_eq!((c.wr_id, c.status), (2, abi::WC_SUCCESS), "{c:?}");
+    assert!(s.a.dev.stats().retransmits >= 1, "recovered by a resend");
+    assert_eq!(s.b.read(dst + len as u64, len), data);
+    assert_eq!(s.b.qp_state(s.qb.qpn), abi::QPS_RTS);
+    connection_still_works(&mut s, "after the flood");
 }

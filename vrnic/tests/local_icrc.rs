@@ -527,6 +527,25 @@ fn whole_messages_go_as_runs_and_arrive_as_their_packets_would() {
     assert_eq!((c.wr_id, c.status), (7, abi::WC_REM_ACCESS_ERR), "{c:?}");
 }
 
+/// A WRITE between two functions whose target MR is invalidated (a SEND
+/// with invalidate on another QP) or deregistered after its FIRST packet:
+/// the run of its packets that follows is refused as its packets would be
+/// (remote access error, B's QP to ERR), not written whole through the
+/// key the FIRST packet checked, as it was after an invalidation (issue
+/// 27, finding A; the dereg case already held).
+#[test]
+fn a_run_of_a_write_whose_mr_went_away_does_not_land() {
+    let o = ConnOpts {
+        mtu: 5,
+        ..ConnOpts::default()
+    };
+    for how in [MrLoss::SendWithInvalidate, MrLoss::Dereg] {
+        let (mut s, _) = local_pair(true, 0, o);
+        let r = write_across_mr_loss(&mut s, o, 4096, 96, how);
+        assert!(r.runs_after >= 1, "{how:?}: runs behind the FIRST packet");
+    }
+}
+
 /// A's buffer of `len` patterned bytes, its data and its lkey.
 fn source(s: &mut RcPair, len: usize, seed: u8) -> (u64, Vec<u8>, u32) {
     let src = s.a.alloc(len);

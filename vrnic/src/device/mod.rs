@@ -169,6 +169,11 @@ pub struct DeviceStats {
     /// end of a batch (coalesced, `Output::send_with`): not counted in
     /// `tx_frames` again.
     pub acks_coalesced: u64,
+    /// Replies to peers (ACKs, NAKs, RNR NAKs, atomic ACKs, ARP replies,
+    /// neighbour advertisements) dropped because
+    /// `transport::TX_REPLY_MAX` packets already waited for the link
+    /// (`Output::send_reply`): the peer's retransmission recovers them.
+    pub replies_dropped: u64,
 }
 
 impl DeviceStats {
@@ -722,6 +727,14 @@ impl Device {
     /// [`NEIGH_PENDING_MAX`]).
     pub fn neighbour_pending(&self) -> usize {
         self.res.neigh.pending_len()
+    }
+
+    /// Packets waiting for the link in the transmit queue ([`Device::pop_tx`]),
+    /// a batch for another function counted by its packets: at most
+    /// `transport::TX_REPLY_MAX` (plus the neighbour resolutions the
+    /// device starts itself), whatever peers send while nothing is popped.
+    pub fn tx_backlog(&self) -> usize {
+        self.res.out.backlog()
     }
 
     /// Next frame to hand to the link. Give the buffer back with

@@ -329,8 +329,10 @@ impl Device {
             };
             let mut frame = Vec::with_capacity(64);
             wire::emit_arp(self.res.port.mac, arp.sender_mac, &reply, &mut frame);
-            self.res.out.stats.tx_frames += 1;
-            self.res.out.push_frame(frame);
+            // Within the reply bound (transport::TX_REPLY_MAX).
+            if self.res.out.push_reply_frame(frame) {
+                self.res.out.stats.tx_frames += 1;
+            }
         }
     }
 
@@ -415,6 +417,7 @@ impl Device {
                     reply_mac,
                     Icmpv6Type::NeighborAdvertisement(na),
                     &payload,
+                    true,
                 );
             }
             Icmpv6Type::NeighborAdvertisement(_) => {
@@ -434,6 +437,9 @@ impl Device {
         true
     }
 
+    /// Queues an ICMPv6 message `kind` with `payload` from `src` to `dst`
+    /// (at `eth_dst`); a `reply` to a peer's solicitation within the
+    /// reply bound (`Output::push_reply_frame`).
     fn emit_icmpv6(
         &mut self,
         src: Ipv6Addr,
@@ -441,14 +447,23 @@ impl Device {
         eth_dst: [u8; 6],
         kind: Icmpv6Type,
         payload: &[u8],
+        reply: bool,
     ) {
         let b = PacketBuilder::ethernet2(self.res.port.mac, eth_dst)
             .ipv6(src.octets(), dst.octets(), 255)
             .icmpv6(kind);
         let mut frame = Vec::with_capacity(b.size(payload.len()));
-        if b.write(&mut frame, payload).is_ok() {
-            self.res.out.stats.tx_frames += 1;
+        if b.write(&mut frame, payload).is_err() {
+            return;
+        }
+        let queued = if reply {
+            self.res.out.push_reply_frame(frame)
+        } else {
             self.res.out.push_frame(frame);
+            true
+        };
+        if queued {
+            self.res.out.stats.tx_frames += 1;
         }
     }
 
@@ -477,7 +492,8 @@ impl Device {
         let mut payload = dst.octets().to_vec();
         payload.extend_from_slice(&[1, 1]);
         payload.extend_from_slice(&self.res.port.mac);
-        self.emit_icmpv6(src, group, mac, Icmpv6Type::NeighborSolicitation, &payload);
+        let kind = Icmpv6Type::NeighborSolicitation;
+        self.emit_icmpv6(src, group, mac, kind, &payload, false);
     }
 
     /// Sends one ARP request (broadcast, or to `eth_dst` when re-probing a

@@ -51,6 +51,9 @@ pub struct QpStats {
     pub rnr_naks_sent: u64,
     /// RNR NAKs received.
     pub rnr_naks_received: u64,
+    /// Replies to this QP's peer (ACK, NAK, RNR NAK, atomic ACK) dropped
+    /// at the link backlog's reply bound (`transport::TX_REPLY_MAX`).
+    pub replies_dropped: u64,
 }
 
 impl QpStats {
@@ -77,6 +80,7 @@ impl QpStats {
         self.nak_rem_op_received += d(before.nak_rem_op_received, after.nak_rem_op_received);
         self.rnr_naks_sent += d(before.rnr_naks_sent, after.rnr_naks_sent);
         self.rnr_naks_received += d(before.rnr_naks_received, after.rnr_naks_received);
+        self.replies_dropped += d(before.replies_dropped, after.replies_dropped);
     }
 
     /// `(name, value)` for every counter, names as the field names.
@@ -99,6 +103,7 @@ impl QpStats {
             ("nak_rem_op_received", self.nak_rem_op_received),
             ("rnr_naks_sent", self.rnr_naks_sent),
             ("rnr_naks_received", self.rnr_naks_received),
+            ("replies_dropped", self.replies_dropped),
         ]
         .into_iter()
     }

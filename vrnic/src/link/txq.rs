@@ -29,7 +29,8 @@ use super::Link;
 pub const TX_HOLD_MAX_NS: Nanos = 10_000_000;
 /// Most frames one [`TxFlush::flush`] hands to the link, so one call is
 /// bounded however fast a source refills (the device's queue is bounded
-/// too: `transport::TX_BACKLOG_MAX` data frames plus answers).
+/// too: `transport::TX_BACKLOG_MAX` data frames, with the replies at
+/// most `transport::TX_REPLY_MAX` packets in all).
 pub const FLUSH_MAX: usize = 4096;
 /// Frames held for one full destination after which the flusher takes no
 /// more frames from its source until that destination takes some (a

@@ -163,6 +163,19 @@ pub const TX_POOL_MAX: usize = TX_BACKLOG_MAX + 64;
 /// 4096. The pacing is the owner's: it drains to the link between calls.
 pub const TX_BACKLOG_MAX: usize = 256;
 
+/// Packets queued for the link ([`Output::backlog`]) at or above which a
+/// reply to a peer is dropped instead of queued ([`Output::send_reply`],
+/// [`Output::push_reply_frame`]; counted in `DeviceStats::replies_dropped`):
+/// twice [`TX_BACKLOG_MAX`]. Data packets stop at `TX_BACKLOG_MAX` (one
+/// run or burst may pass it by less than [`wire::RUN_MAX_PACKETS`]), so
+/// replies always have room for as many again beyond them: an owner that
+/// drains the queue between inputs (the daemon's worker every 64 frames
+/// received, each answered with at most one reply or one coalesced ACK)
+/// never comes near the bound. A peer that floods requests while the link
+/// takes no frames (full, or held by `link::txq::TxFlush`) cannot grow the
+/// queue past it: 512 packets in all, ≈ 2.2 MiB at path MTU 4096.
+pub const TX_REPLY_MAX: usize = 2 * TX_BACKLOG_MAX;
+
 /// Largest number of queued events kept for a driver that posts no event
 /// buffers; older events beyond it are dropped.
 const MAX_EVENTS: usize = 1024;
@@ -190,6 +203,47 @@ impl Output {
             Ok(()) => {}
             Err(never) => match never {},
         }
+    }
+
+    /// Emits a reply to a peer's request, without payload: an ACK, a NAK,
+    /// an RNR NAK or an atomic ACK (IBTA §9.7.5.1), unless
+    /// [`TX_REPLY_MAX`] packets already wait for the link; then it is
+    /// dropped and counted (`DeviceStats::replies_dropped`), except a
+    /// plain ACK that takes an earlier one's place ([`Output::send_with`]),
+    /// which adds nothing. Returns whether it was queued.
+    ///
+    /// Dropping a reply is what a lossy link would do, and RC recovers
+    /// from it (IBTA §9.7.5, go-back-N): an ACK is cumulative, so a later
+    /// one covers it, or the requester's ACK timeout resends the
+    /// unacknowledged requests and their duplicates are acknowledged again
+    /// (rxe's `duplicate_request`); a lost RNR NAK or PSN sequence error
+    /// NAK likewise ends in a resend (the responder asks again at its next
+    /// out-of-sequence packet); a lost error NAK leaves the requester to
+    /// its retry count, the responder QP being in ERR already.
+    pub fn send_reply(&mut self, hdr: &mut RoceHeaders) -> bool {
+        if self.backlog() >= TX_REPLY_MAX {
+            hdr.ip_id = self.ip_id;
+            if self.replace_last_ack(hdr) {
+                return true;
+            }
+            self.stats.replies_dropped += 1;
+            return false;
+        }
+        self.send(hdr, &[]);
+        true
+    }
+
+    /// Queues `frame`, an answer to a peer that is not RoCEv2 (an ARP
+    /// reply, a neighbour advertisement), within [`TX_REPLY_MAX`] as
+    /// [`Output::send_reply`]: dropped and counted past it (the peer asks
+    /// again). Returns whether it was queued.
+    pub fn push_reply_frame(&mut self, frame: Vec<u8>) -> bool {
+        if self.backlog() >= TX_REPLY_MAX {
+            self.stats.replies_dropped += 1;
+            return false;
+        }
+        self.push_frame(frame);
+        true
     }
 
     /// Emits one RoCEv2 frame whose `len`-byte payload `fill` writes in
@@ -900,6 +954,64 @@ mod output_tests {
                 (8, 50, plain(7))
             ]
         );
+    }
+
+    /// Replies stop at [`TX_REPLY_MAX`] packets waiting for the link,
+    /// data packets included, each one past it counted as dropped; a
+    /// plain ACK that takes the place of the one ending the open batch
+    /// still goes (it adds nothing); once the link has taken frames,
+    /// replies are queued again.
+    #[test]
+    fn replies_stop_at_the_reply_bound() {
+        let ack = |qp: u32, p: u32, aeth: wire::Aeth| {
+            let mut h = sample_headers(Opcode::RcAck, false);
+            h.bth.dest_qp = qp;
+            h.bth.psn = p;
+            h.aeth = Some(aeth);
+            h
+        };
+        let plain = |msn| wire::Aeth::ack(msn, 31);
+        let nak = wire::Aeth::nak(1, wire::NakCode::PsnSequenceError);
+        // To a wire: data up to TX_BACKLOG_MAX, then replies to the bound.
+        let mut out = Output::default();
+        for k in 0..TX_BACKLOG_MAX as u32 {
+            let mut h = sample_headers(Opcode::RcWriteOnly, false);
+            h.bth.psn = k;
+            out.send(&mut h, &[0; 64]);
+        }
+        let extra = 100;
+        let mut queued = 0;
+        for k in 0..(TX_REPLY_MAX - TX_BACKLOG_MAX + extra) as u32 {
+            queued += usize::from(out.send_reply(&mut ack(7, k, plain(k))));
+            assert!(out.backlog() <= TX_REPLY_MAX, "{}", out.backlog());
+        }
+        assert_eq!(queued, TX_REPLY_MAX - TX_BACKLOG_MAX);
+        assert_eq!(out.backlog(), TX_REPLY_MAX);
+        assert_eq!(out.stats.replies_dropped, extra as u64);
+        assert!(!out.push_reply_frame(vec![0; 60]), "an ARP reply too");
+        assert_eq!(out.stats.replies_dropped, extra as u64 + 1);
+        assert!(out.pop_frame().is_some());
+        assert!(out.send_reply(&mut ack(7, 1000, plain(1))), "room again");
+        assert!(!out.send_reply(&mut ack(7, 1001, plain(1))));
+        assert_eq!(out.backlog(), TX_REPLY_MAX);
+
+        // To another function: NAKs in batches to the bound, then a plain
+        // ACK ends the batch; a later one of the same QP replaces it.
+        let mut out = Output {
+            local_macs: Some(LocalMacs::with(Local(false))),
+            ..Output::default()
+        };
+        for k in 0..(TX_REPLY_MAX - 1) as u32 {
+            assert!(out.send_reply(&mut ack(8, k, nak)));
+        }
+        assert!(out.send_reply(&mut ack(8, 5000, plain(2))));
+        assert_eq!(out.backlog(), TX_REPLY_MAX);
+        assert!(out.send_reply(&mut ack(8, 5001, plain(3))), "coalesced");
+        assert!(!out.send_reply(&mut ack(8, 5002, nak)));
+        assert!(!out.send_reply(&mut ack(9, 5003, plain(3))), "another QP");
+        assert_eq!(out.stats.acks_coalesced, 1);
+        assert_eq!(out.stats.replies_dropped, 2);
+        assert_eq!(out.backlog(), TX_REPLY_MAX);
     }
 
     /// Runs of 16 packets join a batch by reference up to

@@ -72,7 +72,10 @@ pub struct ReadStream {
 /// An RDMA WRITE in progress.
 #[derive(Debug, Clone, Copy)]
 pub struct WriteCtx {
-    /// The rkey of the first packet's RETH.
+    /// The rkey of the first packet's RETH, checked again for every
+    /// packet (`check_rkey`, as rxe does): an MR invalidated or
+    /// deregistered meanwhile fails the rest of the WRITE with a remote
+    /// access error NAK.
     pub rkey: u32,
     /// Next virtual address to write.
     pub va: u64,
@@ -375,10 +378,11 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
 /// changed since the request was checked): a remote access error NAK at
 /// the stream's PSN, and the QP to ERR.
 fn read_access_error(qp: &mut Qp, env: &mut Env, st: &ReadStream) {
-    env.res.out.stats.nak_sent(NakCode::RemoteAccessError);
     let aeth = Aeth::nak(qp.resp.msn, NakCode::RemoteAccessError);
     let mut hdr = reply_headers(qp, &env.res.port, &st.req, Opcode::RcAck, st.psn, aeth);
-    env.res.out.send(&mut hdr, &[]);
+    if env.res.out.send_reply(&mut hdr) {
+        env.res.out.stats.nak_sent(NakCode::RemoteAccessError);
+    }
     qp_to_error(qp, env, abi::WcStatus::RemAccessErr);
 }
 
@@ -550,14 +554,10 @@ fn answer(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, done: Result<Reply, Resp
         Ok(reply) => acknowledge(qp, env, pkt, reply, psns),
         Err(RespError::Rnr) => {
             // RNR: nothing consumed, the requester retries this PSN later.
-            env.res.out.stats.rnr_naks_sent += 1;
-            send_aeth(
-                qp,
-                env,
-                pkt,
-                pkt.hdr.bth.psn,
-                Aeth::rnr_nak(qp.resp.msn, qp.attr.min_rnr_timer),
-            );
+            let aeth = Aeth::rnr_nak(qp.resp.msn, qp.attr.min_rnr_timer);
+            if send_aeth(qp, env, pkt, pkt.hdr.bth.psn, aeth) {
+                env.res.out.stats.rnr_naks_sent += 1;
+            }
         }
         Err(RespError::Nak { code, wqe }) => nak_error(qp, env, pkt, code, wqe),
     }
@@ -588,19 +588,17 @@ fn check_psn(qp: &Qp, pkt: &RocePacket) -> PsnCheck {
 /// Missing packets: asks once for a resend from the expected PSN with a
 /// PSN sequence error NAK (IBTA §9.7.5.2; rxe's
 /// `RESPST_ERR_PSN_OUT_OF_SEQ`, sent once per gap as its `sent_psn_nak`).
+/// One dropped for the link backlog ([`Output::send_reply`]) is asked
+/// again at the next packet of the gap.
 fn nak_psn_out_of_seq(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     if qp.resp.nak_sent {
         return;
     }
-    qp.resp.nak_sent = true;
-    send_aeth(
-        qp,
-        env,
-        pkt,
-        qp.resp.epsn,
-        Aeth::nak(qp.resp.msn, NakCode::PsnSequenceError),
-    );
-    env.res.out.stats.nak_sent(NakCode::PsnSequenceError);
+    let aeth = Aeth::nak(qp.resp.msn, NakCode::PsnSequenceError);
+    if send_aeth(qp, env, pkt, qp.resp.epsn, aeth) {
+        qp.resp.nak_sent = true;
+        env.res.out.stats.nak_sent(NakCode::PsnSequenceError);
+    }
 }
 
 /// A duplicate request (rxe's `duplicate_request`). Only a READ or
@@ -825,9 +823,11 @@ fn check_length(pkt: &RocePacket, mtu: u32, psns: u32) -> Result<(), RespError> 
 }
 
 /// The remote address and key (rxe's `check_rkey`; IBTA §9.7.4.1.3,
-/// §10.6.3.1): a WRITE's first packet and a READ that move bytes, and an
-/// atomic, need their R_Key to name an MR of the QP's PD with the remote
-/// access right covering `[va, va + len)` (else a remote access error);
+/// §10.6.3.1): every packet of a WRITE and a READ that move bytes, and
+/// an atomic, need their R_Key to name an MR of the QP's PD, not
+/// invalidated, with the remote access right covering `[va, va + len)`
+/// (a WRITE's MIDDLE or LAST packet: the rest of the WRITE, from where it
+/// has got to; [`write_target`]) (else a remote access error);
 /// an atomic's address must be 8-byte aligned, a WRITE packet's payload
 /// within what its RETH announced and its LAST packet end it exactly
 /// (else an invalid request). Returns what [`execute`] works on.
@@ -852,18 +852,6 @@ fn check_rkey(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<Target, RespError>
     }
     let w = if op.is_first() {
         let reth = pkt.hdr.reth.ok_or(nak(NakCode::InvalidRequest))?;
-        if reth.dma_len > 0 {
-            env.res
-                .mrs
-                .check(
-                    reth.rkey,
-                    qp.pdn,
-                    abi::ACCESS_REMOTE_WRITE,
-                    reth.va,
-                    u64::from(reth.dma_len),
-                )
-                .map_err(|_| nak(NakCode::RemoteAccessError))?;
-        }
         WriteCtx {
             rkey: reth.rkey,
             va: reth.va,
@@ -875,11 +863,46 @@ fn check_rkey(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<Target, RespError>
     } else {
         return Err(nak(NakCode::InvalidRequest));
     };
+    // Every packet, not only the FIRST: the key may have been invalidated
+    // (a SEND with invalidate on another QP) or its MR deregistered since
+    // the previous one, and the rest of the WRITE must not land then
+    // (rxe's check_rkey runs for every WRITE packet, its lookup_mr
+    // refusing an MR that is not valid any more; IBTA §10.6.6). A WRITE
+    // whose RETH announced no bytes checks no key (C9-88); a run
+    // (`on_run`) is checked as one packet, over all its bytes.
+    if w.total > 0 {
+        write_target(qp, env, &w, w.remaining)?;
+    }
     let len = u32::try_from(pkt.payload_len()).unwrap_or(u32::MAX);
     if len > w.remaining || (op.is_last() && len != w.remaining) {
         return Err(nak(NakCode::InvalidRequest));
     }
     Ok(Target::Write(w))
+}
+
+/// The MR an RDMA WRITE writes `len` bytes at `w.va` through: `w.rkey`
+/// must name an MR of the QP's PD with `ACCESS_REMOTE_WRITE`, not
+/// invalidated, covering `[w.va, w.va + len)` (what [`MrTable::check`]
+/// checks). Else a remote access error: the QP moves to ERR
+/// ([`nak_error`]) as for a bad key in the FIRST packet.
+///
+/// [`MrTable::check`]: crate::verbs::mr::MrTable::check
+fn write_target<'e>(
+    qp: &Qp,
+    env: &'e Env,
+    w: &WriteCtx,
+    len: u32,
+) -> Result<&'e crate::verbs::mr::Mr, RespError> {
+    env.res
+        .mrs
+        .check(
+            w.rkey,
+            qp.pdn,
+            abi::ACCESS_REMOTE_WRITE,
+            w.va,
+            u64::from(len),
+        )
+        .map_err(|_| nak(NakCode::RemoteAccessError))
 }
 
 /// A READ request's RETH checked (IBTA §9.7.4.1.4; rxe's `check_rkey` for
@@ -1006,8 +1029,9 @@ fn nak_error(
     code: NakCode,
     wqe: Option<(u64, abi::WcStatus)>,
 ) {
-    env.res.out.stats.nak_sent(code);
-    send_aeth(qp, env, pkt, pkt.hdr.bth.psn, Aeth::nak(qp.resp.msn, code));
+    if send_aeth(qp, env, pkt, pkt.hdr.bth.psn, Aeth::nak(qp.resp.msn, code)) {
+        env.res.out.stats.nak_sent(code);
+    }
     if let Some((wr_id, status)) = wqe {
         complete_recv_error(qp, env, wr_id, status);
     }
@@ -1076,9 +1100,11 @@ fn abandon_uc_message(qp: &mut Qp) {
     }
 }
 
-fn send_aeth(qp: &Qp, env: &mut Env, pkt: &RocePacket, p: u32, aeth: Aeth) {
+/// Answers `pkt` with an ACK, NAK or RNR NAK (`aeth`) at PSN `p`, within
+/// the reply bound ([`Output::send_reply`]): whether it was queued.
+fn send_aeth(qp: &Qp, env: &mut Env, pkt: &RocePacket, p: u32, aeth: Aeth) -> bool {
     let mut hdr = reply_headers(qp, &env.res.port, &pkt.hdr, Opcode::RcAck, p, aeth);
-    env.res.out.send(&mut hdr, &[]);
+    env.res.out.send_reply(&mut hdr)
 }
 
 /// Executes a compare-and-swap or fetch-and-add on the aligned 8-byte
@@ -1124,7 +1150,9 @@ fn send_atomic_ack(qp: &Qp, env: &mut Env, pkt: &RocePacket, orig: u64) {
         aeth,
     );
     hdr.atomic_ack_eth = Some(AtomicAckEth { orig });
-    env.res.out.send(&mut hdr, &[]);
+    // Dropped at the reply bound: the requester resends the atomic and
+    // the duplicate is answered from the resource (never re-executed).
+    env.res.out.send_reply(&mut hdr);
 }
 
 /// Takes the next receive WQE (a UC spare first, then the RQ or SRQ), or
@@ -1239,12 +1267,10 @@ fn execute_write(
     // check_rkey: len <= w.remaining.
     let len = u32::try_from(pkt.payload_len()).map_err(|_| nak(NakCode::InvalidRequest))?;
     if len > 0 {
-        let mr = env
-            .res
-            .mrs
-            .get(w.rkey)
-            .map_err(|_| nak(NakCode::RemoteAccessError))?;
-        mr.write_data(env.mem, w.va, pkt.data())
+        // Looked up as check_rkey did (nothing ran between), so that no
+        // path writes through an MR the checks would refuse.
+        write_target(qp, env, &w, len)?
+            .write_data(env.mem, w.va, pkt.data())
             .map_err(|_| nak(NakCode::RemoteAccessError))?;
     }
     // va + total was checked against the MR at the FIRST packet.

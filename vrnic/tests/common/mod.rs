@@ -9,6 +9,7 @@ use vrnic::link::fault::{FaultConfig, FaultLink, FaultRates};
 use vrnic::link::mem::MemLink;
 use vrnic::link::Link;
 use vrnic::mem::{self, DmaMemory, VecMemory};
+use vrnic::wire;
 
 pub const MEM_BASE: u64 = 0x10_0000;
 pub const MEM_SIZE: usize = 64 << 20;
@@ -895,4 +896,233 @@ impl Link for PoolLink {
     fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+}
+
+impl RcPair {
+    /// A second RC QP pair between A and B, on the same PDs and CQs as
+    /// the first, connected with `o` (B with its mirror image).
+    pub fn second_pair(&mut self, o: ConnOpts) -> (Qp, Qp) {
+        let qa = self.a.create_qp(self.pda, &self.ca, 64, 4);
+        let qb = self.b.create_qp(self.pdb, &self.cb, 64, 4);
+        let (ipa, ipb) = (self.a.ip, self.b.ip);
+        self.a.connect_opts(&qa, ipb, qb.qpn, o);
+        let ob = ConnOpts {
+            my_psn: o.peer_psn,
+            peer_psn: o.my_psn,
+            ..o
+        };
+        self.b.connect_opts(&qb, ipa, qa.qpn, ob);
+        (qa, qb)
+    }
+}
+
+/// Every frame waiting on `n`'s link, as the link would hand it to the
+/// device (with its ICRC mode), not handed to it.
+pub fn take_frames(n: &mut Node) -> Vec<(Vec<u8>, vrnic::link::Icrc)> {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    for _ in 0..100_000 {
+        let more = n
+            .link
+            .recv_with(&mut buf, &mut |f, icrc| got.push((f.to_vec(), icrc)))
+            .unwrap();
+        if !more {
+            return got;
+        }
+    }
+    panic!("the link never ran dry");
+}
+
+/// How an RDMA WRITE's target MR goes away in [`write_across_mr_loss`].
+#[derive(Clone, Copy, Debug)]
+pub enum MrLoss {
+    /// A's SEND with invalidate naming its rkey, on a second QP pair,
+    /// executed by B (IBTA §10.6.6).
+    SendWithInvalidate,
+    /// B's driver deregisters it (`CMD_DEREG_MR`).
+    Dereg,
+}
+
+/// What [`write_across_mr_loss`] saw.
+pub struct MrLossRun {
+    /// Runs of the WRITE's packets (`wire::Run`) in the frame B received
+    /// again after the MR went away: the packets the run path
+    /// (`responder::on_run`) got.
+    pub runs_after: usize,
+}
+
+/// An RDMA WRITE of `packets` path-MTU packets (`mtu` bytes each; `o`
+/// the connection's options) from A's QP into a fresh MR of B filled with
+/// 0x5a, whose MR goes away (`how`) after B has executed the WRITE's
+/// FIRST packet and before the rest: B gets the FIRST packet alone, then
+/// the loss, then every frame of the WRITE in order (the first again: its
+/// FIRST packet is a duplicate then, and the packets after it in that
+/// frame, by reference between two functions of a daemon, a run). Checks
+/// that only the FIRST packet's bytes landed, that B answered a remote
+/// access error NAK and moved its QP to ERR, and that A's WRITE completes
+/// with `IBV_WC_REM_ACCESS_ERR` (IBTA §9.7.4.1.3, §10.6.6; rxe's
+/// `check_rkey` for every packet). Simulated clock; bounded waits.
+pub fn write_across_mr_loss(
+    s: &mut RcPair,
+    o: ConnOpts,
+    mtu: usize,
+    packets: usize,
+    how: MrLoss,
+) -> MrLossRun {
+    const ALL: u32 = abi::ACCESS_LOCAL_WRITE
+        | abi::ACCESS_REMOTE_WRITE
+        | abi::ACCESS_REMOTE_READ
+        | abi::ACCESS_REMOTE_ATOMIC;
+    let (qa2, mut qb2) = s.second_pair(o);
+    let len = mtu * packets;
+    let src = s.a.alloc(len);
+    let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4093) as u8 | 1).collect();
+    s.a.fill(src, &data);
+    let (lk, _) = s.a.reg_mr(s.pda, src, len as u64, ALL).unwrap();
+    let dst = s.b.alloc(len);
+    s.b.fill(dst, &vec![0x5a; len]);
+    let (lk_dst, rk) = s.b.reg_mr(s.pdb, dst, len as u64, ALL).unwrap();
+    // Neighbours resolved first (a WRITE of 8 bytes into the MR's last
+    // 8 bytes, which the WRITE under test overwrites), so that nothing but
+    // the frames under test travels later.
+    let warm = abi::SendWqe {
+        wr_id: 100,
+        opcode: abi::WR_RDMA_WRITE,
+        send_flags: abi::SEND_SIGNALED,
+        remote_addr: dst + len as u64 - 8,
+        rkey: rk,
+        ..Default::default()
+    };
+    s.post(warm, &[sge(src, 8, lk)]);
+    let c = s.cqe(false, "the warm-up WRITE");
+    assert_eq!((c.wr_id, c.status), (100, abi::WC_SUCCESS), "{c:?}");
+    s.b.fill(dst + len as u64 - 8, &[0x5a; 8]);
+
+    // B: a receive WQE on the second pair, for the SEND with invalidate.
+    let rbuf = s.b.alloc(64);
+    let (lk_r, _) = s.b.reg_mr(s.pdb, rbuf, 64, ALL).unwrap();
+    let now = s.now;
+    s.b.post_recv(&mut qb2, 7, &[sge(rbuf, 64, lk_r)], now);
+    let write = abi::SendWqe {
+        wr_id: 1,
+        opcode: abi::WR_RDMA_WRITE,
+        send_flags: abi::SEND_SIGNALED,
+        remote_addr: dst,
+        rkey: rk,
+        ..Default::default()
+    };
+    s.post(write, &[sge(src, len as u32, lk)]);
+    let mut qa2 = qa2;
+    if let MrLoss::SendWithInvalidate = how {
+        let inv = abi::SendWqe {
+            wr_id: 2,
+            opcode: abi::WR_SEND_WITH_INV,
+            send_flags: abi::SEND_SIGNALED,
+            imm_data: rk.to_be_bytes(),
+            ..Default::default()
+        };
+        s.a.post_send(&mut qa2, inv, &[sge(src, 16, lk)], now);
+    }
+    // A sends everything the window allows; B receives none of it yet.
+    for _ in 0..64 {
+        if s.a.pump(now) == 0 {
+            break;
+        }
+    }
+    let frames = take_frames(&mut s.b);
+    let dest = |f: &[u8], icrc| {
+        wire::parse_roce_with(f, icrc)
+            .map(|p| (p.hdr.bth.dest_qp, p.hdr.bth.opcode))
+            .ok()
+    };
+    let (mut w, mut inv) = (Vec::new(), Vec::new());
+    for (f, icrc) in frames {
+        match dest(&f, icrc) {
+            Some((q, _)) if q == s.qb.qpn => w.push((f, icrc)),
+            Some((q, _)) if q == qb2.qpn => inv.push((f, icrc)),
+            other => panic!("an unexpected frame for B: {other:?}"),
+        }
+    }
+    assert!(!w.is_empty(), "A sent the WRITE");
+    let (first, icrc) = &w[0];
+    let p = wire::parse_roce_with(first, *icrc).unwrap();
+    assert_eq!(p.hdr.bth.opcode, wire::Opcode::RcWriteFirst);
+    assert_eq!((p.payload.len(), p.peer.is_none()), (mtu, true));
+    let peer: &dyn vrnic::data::PeerMemory = s.a.mem.as_ref();
+    let runs_after = wire::gso::rest(first, &p.hdr, Some(peer))
+        .filter(|seg| matches!(seg, Ok(wire::gso::Segment::Run(_))))
+        .count();
+    // The FIRST packet alone.
+    let mut alone = Vec::new();
+    wire::emit_frame(&p.hdr, p.payload, &mut alone);
+    let b = &mut s.b;
+    b.dev.receive(&b.mem, &alone, now);
+    assert_eq!(b.read(dst, mtu), data[..mtu], "the FIRST packet landed");
+    // The MR goes away.
+    let naks = b.dev.stats().nak_rem_access_sent;
+    match how {
+        MrLoss::SendWithInvalidate => {
+            assert!(!inv.is_empty(), "A sent the SEND with invalidate");
+            for (f, icrc) in &inv {
+                b.dev.receive_frame(&b.mem, f, *icrc, now);
+            }
+        }
+        MrLoss::Dereg => {
+            let h = abi::Handle {
+                handle: lk_dst,
+                reserved: 0,
+            };
+            b.cmd(abi::CMD_DEREG_MR, &h).unwrap();
+        }
+    }
+    // Then the WRITE's frames, the first one again.
+    for (f, icrc) in &w {
+        b.dev.receive_frame(&b.mem, f, *icrc, now);
+    }
+    assert_eq!(
+        b.dev.stats().nak_rem_access_sent,
+        naks + 1,
+        "a remote access error NAK"
+    );
+    assert_eq!(b.qp_state(s.qb.qpn), abi::QPS_ERR, "B's QP");
+    let after = b.read(dst, len);
+    let landed = after.iter().zip(&data).take_while(|(x, y)| x == y).count();
+    assert_eq!(landed, mtu, "bytes of the WRITE that landed");
+    assert!(
+        after[mtu..].iter().all(|&x| x == 0x5a),
+        "B's memory past the FIRST packet is unchanged"
+    );
+
+    // A learns it: the WRITE fails with a remote access error (the SEND
+    // with invalidate, on its own pair, succeeds), and nothing more lands.
+    let mut got = Vec::new();
+    let want = if let MrLoss::SendWithInvalidate = how {
+        2
+    } else {
+        1
+    };
+    for _ in 0..want {
+        let c = s.cqe(false, "A's completions");
+        got.push((c.wr_id, c.status));
+    }
+    got.sort();
+    let mut expect = vec![(1, abi::WC_REM_ACCESS_ERR)];
+    if want == 2 {
+        expect.push((2, abi::WC_SUCCESS));
+        let c = s.cqe(true, "B's receive of the SEND with invalidate");
+        assert_eq!(
+            (c.wr_id, c.status, c.wc_flags, c.imm_data),
+            (7, abi::WC_SUCCESS, abi::WC_WITH_INV, rk.to_be_bytes()),
+            "{c:?}"
+        );
+    }
+    assert_eq!(got, expect, "A's completions");
+    s.assert_quiet(50, "after the failed WRITE");
+    assert!(
+        s.b.read(dst + mtu as u64, len - mtu)
+            .iter()
+            .all(|&x| x == 0x5a),
+        "nothing landed later"
+    );
+    MrLossRun { runs_after }
 }
