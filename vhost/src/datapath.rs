@@ -225,6 +225,9 @@ impl DataPath {
     pub fn new(mut device: Device, link: Box<dyn Link>) -> io::Result<Self> {
         // Frames to the other functions of the daemon need no ICRC.
         device.set_local_macs(link.local_macs());
+        // No driver until a frontend sets its memory table.
+        let mut link = link;
+        link.set_attended(false);
         Ok(Self {
             device,
             link,
@@ -285,6 +288,7 @@ impl DataPath {
                 Arc::new(crate::memory::SharedMemory::new(mem.clone(), poison)) as _
             });
         drop(table);
+        self.link.set_attended(shared.is_some());
         self.link.share_memory(shared);
         self.mem = mem;
     }

@@ -615,6 +615,8 @@ impl Functions {
                 ("switch_rx_uplink", p.rx_uplink),
                 ("switch_rx_dropped", p.rx_queue_dropped),
                 ("switch_tx_busy", p.tx_busy),
+                ("switch_rx_unattended", p.rx_unattended),
+                ("switch_rx_stale_refs", p.rx_stale_refs),
                 ("link_tx_frames", l.tx_frames),
                 ("link_tx_super", l.tx_super),
                 ("link_tx_dropped", l.tx_dropped),

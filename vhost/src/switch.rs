@@ -133,6 +133,14 @@ pub struct PortStats {
     /// the destination (a full port queue, a full uplink) could not take
     /// yet: the device kept it and sent it again later, nothing was lost.
     pub tx_busy: u64,
+    /// Frames for this port dropped because no driver was there to read
+    /// them ([`Link::set_attended`]): sent to it, or queued when its
+    /// driver left.
+    pub rx_unattended: u64,
+    /// Batches for this port dropped because their payload referred to
+    /// a sender's memory that changed since they were sent (the sender's
+    /// driver left, or set another memory table).
+    pub rx_stale_refs: u64,
 }
 
 /// Counters of the uplink, in frames, since the switch was made.
@@ -158,6 +166,8 @@ struct PortCounters {
     rx_uplink: AtomicU64,
     rx_queue_dropped: AtomicU64,
     tx_busy: AtomicU64,
+    rx_unattended: AtomicU64,
+    rx_stale_refs: AtomicU64,
 }
 
 fn inc(c: &AtomicU64) {
@@ -179,6 +189,8 @@ impl PortCounters {
             rx_uplink: g(&self.rx_uplink),
             rx_queue_dropped: g(&self.rx_queue_dropped),
             tx_busy: g(&self.tx_busy),
+            rx_unattended: g(&self.rx_unattended),
+            rx_stale_refs: g(&self.rx_stale_refs),
         }
     }
 }
@@ -214,7 +226,7 @@ struct PortShared {
     /// Frames, each with whether its ICRC is checked: not for frames from
     /// the daemon's own ports, whose engines may leave it out
     /// ([`Link::local_macs`]).
-    frames: ArrayQueue<(Vec<u8>, Icrc)>,
+    frames: ArrayQueue<Queued>,
     /// Bytes of the frames in `frames` (at most [`PORT_QUEUE_BYTES`]).
     bytes: AtomicUsize,
     /// Buffers of frames the port's worker has read, for senders to copy
@@ -243,9 +255,29 @@ struct PortShared {
     /// The memory of the port's device, shared with the other ports'
     /// devices while its driver is there ([`Link::share_memory`]): packets
     /// between two ports that both share theirs leave their payload in the
-    /// sender's memory, and the receiver copies it from there.
-    memory: RwLock<Option<Arc<dyn PeerMemory>>>,
+    /// sender's memory, and the receiver copies it from there. With its
+    /// generation: a new one (from [`NEXT_GENERATION`]) at every change.
+    memory: RwLock<(u64, Option<Arc<dyn PeerMemory>>)>,
+    /// `memory`'s generation, read by senders without the lock: the tag of
+    /// the frames they queue ([`Queued::gen`]).
+    mem_gen: AtomicU64,
+    /// The generation of the sender's memory the frame being delivered to
+    /// this port's device was sent with (0: none): the only memory its
+    /// references may be read from ([`Reach::memory_of`]).
+    delivering: AtomicU64,
+    /// A driver is there to read the port's frames ([`Link::set_attended`]).
+    attended: AtomicBool,
 }
+
+/// A frame in a port's queue: its bytes, whether its ICRC is checked, and
+/// the generation of its sender's memory when it was queued (0 for frames
+/// from the uplink): a batch whose payload stays in the sender's memory is
+/// read only if that memory is still the one it was sent with.
+type Queued = (Vec<u8>, Icrc, u64);
+
+/// Memory generations: unique in the process, so that a function added
+/// again with the same MAC does not take up its predecessor's.
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
 
 impl PortShared {
     /// The memory the port's device shares, if any.
@@ -253,13 +285,30 @@ impl PortShared {
         self.memory
             .read()
             .unwrap_or_else(|e| e.into_inner())
+            .1
             .clone()
+    }
+
+    /// The memory the port's device shares, if it is still generation
+    /// `gen`.
+    fn memory_if(&self, gen: u64) -> Option<Arc<dyn PeerMemory>> {
+        let m = self.memory.read().unwrap_or_else(|e| e.into_inner());
+        (m.0 == gen).then(|| m.1.clone()).flatten()
+    }
+
+    /// Whether a driver reads the port's frames.
+    fn attended(&self) -> bool {
+        self.attended.load(Ordering::Relaxed)
     }
 
     /// Queues a copy of `frame`; drops and counts it when the queue is full.
     /// Returns whether it was queued.
-    fn push(&self, frame: &[u8], icrc: Icrc) -> bool {
-        let queued = self.try_push(frame, icrc);
+    fn push(&self, frame: &[u8], icrc: Icrc, gen: u64) -> bool {
+        if !self.attended() {
+            inc(&self.counters.rx_unattended);
+            return false;
+        }
+        let queued = self.try_push(frame, icrc, gen);
         if !queued {
             inc(&self.counters.rx_queue_dropped);
         }
@@ -269,14 +318,14 @@ impl PortShared {
     /// Queues a copy of `frame` (in a spare buffer) if the queue has room;
     /// returns whether it was queued (a full queue counts nothing: the
     /// sender keeps the frame).
-    fn try_push(&self, frame: &[u8], icrc: Icrc) -> bool {
+    fn try_push(&self, frame: &[u8], icrc: Icrc, gen: u64) -> bool {
         if self.frames.is_full() {
             return false;
         }
         let mut buf = self.take_spare();
         buf.clear();
         buf.extend_from_slice(frame);
-        match self.enqueue(buf, icrc) {
+        match self.enqueue(buf, icrc, gen) {
             Ok(()) => true,
             Err(buf) => {
                 self.give_spare(buf);
@@ -316,14 +365,14 @@ impl PortShared {
     /// was queued (a full queue counts nothing and leaves `frame` as it
     /// was). No copy: the receiver reads the sender's buffer, and the
     /// buffers circulate between the senders' pools and the queue's spares.
-    fn try_push_buf(&self, frame: &mut Vec<u8>) -> bool {
+    fn try_push_buf(&self, frame: &mut Vec<u8>, gen: u64) -> bool {
         if self.frames.is_full() {
             return false;
         }
         let spare = self.take_spare();
         let buf = std::mem::replace(frame, spare);
         // From a port of the switch: its ICRC may be left out.
-        match self.enqueue(buf, Icrc::Unneeded) {
+        match self.enqueue(buf, Icrc::Unneeded, gen) {
             Ok(()) => true,
             Err(buf) => {
                 let spare = std::mem::replace(frame, buf);
@@ -337,21 +386,28 @@ impl PortShared {
     /// gives `buf` back when the queue is full, in frames or in
     /// [`PORT_QUEUE_BYTES`] (other senders may have filled it since the
     /// caller looked).
-    fn enqueue(&self, buf: Vec<u8>, icrc: Icrc) -> Result<(), Vec<u8>> {
-        self.queue(buf, icrc)?;
+    fn enqueue(&self, buf: Vec<u8>, icrc: Icrc, gen: u64) -> Result<(), Vec<u8>> {
+        self.queue_from(buf, icrc, gen)?;
         self.signal();
         Ok(())
     }
 
-    /// [`PortShared::enqueue`] without the signal: the frame is in the
-    /// queue, the port not yet made readable for it.
+    /// `queue_from` of a frame from the uplink (for tests).
+    #[cfg(test)]
     fn queue(&self, buf: Vec<u8>, icrc: Icrc) -> Result<(), Vec<u8>> {
+        self.queue_from(buf, icrc, 0)
+    }
+
+    /// [`PortShared::enqueue`] without the signal: the frame, whose
+    /// sender's memory was generation `gen`, is in the queue, the port not
+    /// yet made readable for it.
+    fn queue_from(&self, buf: Vec<u8>, icrc: Icrc, gen: u64) -> Result<(), Vec<u8>> {
         let len = buf.len();
         if self.bytes.fetch_add(len, Ordering::Relaxed) + len > PORT_QUEUE_BYTES {
             self.bytes.fetch_sub(len, Ordering::Relaxed);
             return Err(buf);
         }
-        if let Err((buf, _)) = self.frames.push((buf, icrc)) {
+        if let Err((buf, _, _)) = self.frames.push((buf, icrc, gen)) {
             self.bytes.fetch_sub(len, Ordering::Relaxed);
             return Err(buf);
         }
@@ -529,7 +585,10 @@ impl Switch {
             bytes: AtomicUsize::new(0),
             spare: ArrayQueue::new(SPARE_BUFFERS),
             big_spares: AtomicUsize::new(0),
-            memory: RwLock::new(None),
+            memory: RwLock::new((0, None)),
+            mem_gen: AtomicU64::new(0),
+            delivering: AtomicU64::new(0),
+            attended: AtomicBool::new(true),
             signalled: AtomicBool::new(false),
             polled: AtomicBool::new(false),
             adopted: AtomicBool::new(false),
@@ -621,7 +680,7 @@ fn epoll_ctl(ep: &OwnedFd, op: libc::c_int, fd: RawFd) -> io::Result<()> {
 
 /// Moves what `q`'s queue holds now to `taken` (at most
 /// [`PORT_QUEUE_DEPTH`] frames); whether there was any.
-fn pull_queue(q: &PortShared, taken: &mut VecDeque<(Vec<u8>, Icrc)>) -> bool {
+fn pull_queue(q: &PortShared, taken: &mut VecDeque<Queued>) -> bool {
     let mut any = false;
     for _ in 0..PORT_QUEUE_DEPTH {
         let Some(f) = q.frames.pop() else {
@@ -659,8 +718,18 @@ impl LocalReach for Reach {
         own && self.port(mac).is_some_and(|p| p.memory().is_some())
     }
 
+    /// The memory of the port at `mac` if it is still the one the frame
+    /// being delivered to this port was sent with (issue 27: a sender whose
+    /// driver left, or a function added again with its MAC, has another
+    /// now, and the frame's references are not read).
     fn memory_of(&self, mac: &[u8; 6]) -> Option<Arc<dyn PeerMemory>> {
-        self.port(mac)?.memory()
+        let own = self.own.upgrade()?;
+        let gen = own.delivering.load(Ordering::Relaxed);
+        let mem = self.port(mac)?.memory_if(gen).filter(|_| gen != 0);
+        if mem.is_none() {
+            inc(&own.counters.rx_stale_refs);
+        }
+        mem
     }
 }
 
@@ -672,7 +741,7 @@ pub struct SwitchPort {
     epfd: Option<OwnedFd>,
     /// Frames taken from the queue in one go, oldest first, that
     /// [`Link::recv`] has not returned yet (at most [`PORT_QUEUE_DEPTH`]).
-    taken: VecDeque<(Vec<u8>, Icrc)>,
+    taken: VecDeque<Queued>,
     /// Buffers of frames returned, for the queue's spares (at most
     /// [`SPARE_BUFFERS`]).
     used: Vec<Vec<u8>>,
@@ -717,20 +786,28 @@ impl SwitchPort {
             return true;
         };
         let hold = hold && !is_group(dst);
+        let gen = self.shared.mem_gen.load(Ordering::Relaxed);
         {
             let ports = self.sw.ports();
             if is_group(dst) {
                 for p in ports.iter().filter(|p| p.id != self.shared.id) {
                     inc(&c.tx_local);
-                    if p.push(frame, Icrc::Unneeded) {
+                    if p.push(frame, Icrc::Unneeded, gen) {
                         inc(&p.counters.rx_local);
                     }
                 }
             } else if let Some(p) = ports.iter().find(|p| p.mac == dst) {
+                // Nobody reads an unattended port: its frames cost only
+                // themselves, never the sender's other traffic.
+                if !p.attended() {
+                    inc(&c.tx_local);
+                    inc(&p.counters.rx_unattended);
+                    return true;
+                }
                 let queued = if hold {
-                    p.try_push(frame, Icrc::Unneeded)
+                    p.try_push(frame, Icrc::Unneeded, gen)
                 } else {
-                    p.push(frame, Icrc::Unneeded)
+                    p.push(frame, Icrc::Unneeded, gen)
                 };
                 if hold && !queued {
                     inc(&c.tx_busy);
@@ -773,7 +850,13 @@ impl SwitchPort {
         {
             let ports = self.sw.ports();
             if let Some(p) = ports.iter().find(|p| p.mac == dst) {
-                if !p.try_push_buf(frame) {
+                if !p.attended() {
+                    inc(&c.tx_local);
+                    inc(&p.counters.rx_unattended);
+                    return true;
+                }
+                let gen = self.shared.mem_gen.load(Ordering::Relaxed);
+                if !p.try_push_buf(frame, gen) {
                     inc(&c.tx_busy);
                     return false;
                 }
@@ -800,10 +883,14 @@ impl SwitchPort {
         if self.taken.is_empty() && !self.take_batch() {
             return false;
         }
-        let Some((frame, icrc)) = self.taken.pop_front() else {
+        let Some((frame, icrc, gen)) = self.taken.pop_front() else {
             return false;
         };
+        // The references of a batch are read from its sender's memory
+        // only if that is still the one it was sent with (`Reach`).
+        self.shared.delivering.store(gen, Ordering::Relaxed);
         deliver(&frame, icrc);
+        self.shared.delivering.store(0, Ordering::Relaxed);
         if self.used.len() < SPARE_BUFFERS {
             self.used.push(frame);
         }
@@ -819,14 +906,14 @@ impl SwitchPort {
             if self.taken.is_empty() && !self.take_batch() {
                 return None;
             }
-            let (frame, icrc) = self.taken.pop_front()?;
+            let (frame, icrc, _) = self.taken.pop_front()?;
             if icrc == Icrc::Unneeded && gso::is_batch(&frame) {
                 // Its packets, sealed, first in line (at most
                 // `BATCH_MAX_PACKETS` frames more than the queue's depth).
                 let mut packets = Vec::new();
                 gso::split(&frame, &mut Vec::new(), |f| packets.push(f.to_vec()));
                 for f in packets.into_iter().rev() {
-                    self.taken.push_front((f, Icrc::Needed));
+                    self.taken.push_front((f, Icrc::Needed, 0));
                 }
                 continue;
             }
@@ -1019,7 +1106,7 @@ impl SwitchPort {
         let ports = self.sw.ports();
         if is_group(dst) {
             for p in ports.iter().filter(|p| p.id != self.shared.id) {
-                if p.push(frame, Icrc::Needed) {
+                if p.push(frame, Icrc::Needed, 0) {
                     inc(&p.counters.rx_uplink);
                 }
             }
@@ -1032,7 +1119,7 @@ impl SwitchPort {
         }
         match ports.iter().find(|p| p.mac == dst) {
             Some(p) => {
-                if p.push(frame, Icrc::Needed) {
+                if p.push(frame, Icrc::Needed, 0) {
                     inc(&p.counters.rx_uplink);
                 }
             }
@@ -1105,12 +1192,36 @@ impl Link for SwitchPort {
 
     /// Shares the device's memory with the other ports' devices (see
     /// [`SwitchPort::local_macs`]).
+    /// Frames queued with the previous memory's generation are not read
+    /// by reference any more ([`Reach::memory_of`]).
     fn share_memory(&mut self, mem: Option<Arc<dyn PeerMemory>>) {
-        *self
+        let gen = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
+        let mut m = self
             .shared
             .memory
             .write()
-            .unwrap_or_else(|e| e.into_inner()) = mem;
+            .unwrap_or_else(|e| e.into_inner());
+        *m = (gen, mem);
+        self.shared.mem_gen.store(gen, Ordering::Relaxed);
+    }
+
+    /// An unattended port takes no frames (they are dropped and counted,
+    /// [`PortStats::rx_unattended`]); what it held when its driver came or
+    /// went is dropped too.
+    fn set_attended(&mut self, attended: bool) {
+        let q = &*self.shared;
+        // Also when it becomes attended: a sender racing with the last
+        // change may have queued a frame for nobody.
+        if q.attended.swap(attended, Ordering::SeqCst) == attended {
+            return;
+        }
+        let mut n = self.taken.len();
+        self.taken.clear();
+        while let Some(f) = q.frames.pop() {
+            q.bytes.fetch_sub(f.0.len(), Ordering::Relaxed);
+            n += 1;
+        }
+        add(&q.counters.rx_unattended, n);
     }
 
     /// Forwards `frame` by its destination MAC (see the module). Never

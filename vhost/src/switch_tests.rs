@@ -859,3 +859,83 @@ fn a_polling_worker_reads_an_idle_uplink_less_often_and_a_busy_one_every_round()
     idle(&mut b, 2 * UPLINK_IDLE_PULLS);
     assert_eq!(reads_until_uplink_frame(&mut b, &mut outside, 6), 1);
 }
+
+/// A memory for [`Reach::memory_of`] tests; reads nothing.
+#[derive(Debug)]
+struct NoMemory;
+
+impl PeerMemory for NoMemory {
+    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), vrnic::mem::MemError> {
+        Err(vrnic::mem::MemError {
+            addr: gpa,
+            len: buf.len(),
+        })
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// Issue 27, finding 3: a port nobody reads (its function has no driver)
+/// takes no frames: unicast and group frames for it are dropped and
+/// counted at once, and the sender's frames for others go on — nothing
+/// is held back for it; what it held when its driver left is dropped, and
+/// it starts empty when a driver comes.
+#[test]
+fn an_unattended_port_costs_its_senders_nothing() {
+    let (sw, mut a, mut b, _outside) = switch_ab();
+    let mut c = sw.add_port(C).unwrap();
+    b.try_send(&frame(A, B, 0)).unwrap();
+    a.set_attended(false);
+    assert_eq!(a.stats().rx_unattended, 1, "the frame it held is dropped");
+    // More than a queue's worth for A, and frames for C between them.
+    let n = PORT_QUEUE_DEPTH + 10;
+    let mut frames: Vec<Vec<u8>> = (0..n)
+        .map(|i| frame(if i % 2 == 0 { A } else { C }, B, i as u8))
+        .collect();
+    let mut sent = 0;
+    while sent < n {
+        let took = b.try_send_many(&mut frames[sent..]).unwrap();
+        assert!(took > 0, "nothing held back for the unattended port");
+        sent += took;
+    }
+    b.send(&frame([0xff; 6], B, 1)).unwrap();
+    assert_eq!(b.stats().tx_busy, 0);
+    assert_eq!(a.stats().rx_unattended, 1 + n as u64 / 2 + 1);
+    let got = recv_all(&mut c);
+    assert_eq!(got.len(), n / 2 + 1, "C got its frames and the broadcast");
+    assert!(recv_all(&mut a).is_empty(), "A holds nothing");
+    a.set_attended(true);
+    b.try_send(&frame(A, B, 7)).unwrap();
+    assert_eq!(recv_all(&mut a), vec![frame(A, B, 7)]);
+}
+
+/// Issue 27, finding 4: a frame is read by reference only from the memory
+/// its sender had when it sent it: once the sender shares another (a new
+/// driver, or none), the frame's references find nothing (counted).
+#[test]
+fn references_are_read_only_from_the_memory_they_were_sent_with() {
+    let (_sw, mut a, mut b, _outside) = switch_ab();
+    let reach = b.local_macs().unwrap();
+    a.share_memory(Some(Arc::new(NoMemory)));
+    b.share_memory(Some(Arc::new(NoMemory)));
+    // Sent and read while A's memory stands: found.
+    a.try_send(&frame(B, A, 1)).unwrap();
+    let mut found = Vec::new();
+    b.recv_with(&mut [0u8; 64], &mut |_, _| {
+        found.push(reach.memory_of(&A).is_some())
+    })
+    .unwrap();
+    // Sent, then A's driver goes and another comes before B reads it.
+    a.try_send(&frame(B, A, 2)).unwrap();
+    a.share_memory(None);
+    a.share_memory(Some(Arc::new(NoMemory)));
+    b.recv_with(&mut [0u8; 64], &mut |_, _| {
+        found.push(reach.memory_of(&A).is_some())
+    })
+    .unwrap();
+    assert_eq!(found, vec![true, false]);
+    assert_eq!(b.stats().rx_stale_refs, 1);
+    // Outside a delivery nothing is found either.
+    assert!(reach.memory_of(&A).is_none());
+}

@@ -413,6 +413,10 @@ impl Link for FaultLink {
     fn set_polling(&mut self, polling: super::Polling) {
         self.inner.set_polling(polling);
     }
+
+    fn set_attended(&mut self, attended: bool) {
+        self.inner.set_attended(attended);
+    }
 }
 
 #[cfg(test)]

@@ -195,6 +195,13 @@ pub trait Link: Send {
     /// own signal acts on it (the embedded switch's ports); wrappers pass
     /// it on; others ignore it (the default).
     fn set_polling(&mut self, _polling: Polling) {}
+    /// Whether a driver is there to drain the device's receive side (a
+    /// frontend is connected): a link that queues frames for the device
+    /// (the embedded switch's ports) drops, and counts, frames for an
+    /// unattended device at once instead of letting them fill its queue,
+    /// so that its senders are not held back by a queue nobody reads
+    /// (issue 27). Wrappers pass it on; others ignore it (the default).
+    fn set_attended(&mut self, _attended: bool) {}
 }
 
 /// Who polls a link's receive side ([`Link::set_polling`]).
