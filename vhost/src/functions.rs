@@ -19,7 +19,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::fs::File;
 use std::net::Ipv6Addr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -577,7 +576,19 @@ impl Functions {
         let link: Box<dyn Link> = match &spec.pcap {
             None => Box::new(port),
             Some(path) => {
-                let file = File::create(path)
+                // Guest traffic: the owner's only (mode 0600 from the
+                // start, and for a file that was there before).
+                use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .open(path)
+                    .and_then(|f| {
+                        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+                        Ok(f)
+                    })
                     .map_err(|e| setup(format!("cannot create {}: {e}", path.display())))?;
                 Box::new(
                     PcapLink::new(Box::new(port), file)

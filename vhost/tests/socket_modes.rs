@@ -132,9 +132,36 @@ fn sockets_have_their_modes_from_the_start_under_umask_0() {
     names.sort();
     assert_eq!(names, ["ctl", "f.sock", "f.sock.stats"]);
 
+    // A pcap file records a guest's traffic: the owner's only, also when
+    // it was there before with a wider mode.
+    let pcap = dir.path().join("g.pcap");
+    std::fs::write(&pcap, b"old").unwrap();
+    std::fs::set_permissions(&pcap, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let mut spec2 = FunctionSpec::new(
+        dir.path().join("g.sock"),
+        Ipv4Prefix {
+            addr: "10.0.0.3".parse().unwrap(),
+            len: 24,
+        },
+    );
+    spec2.pcap = Some(pcap.clone());
+    fns.add(&spec2).unwrap();
+    assert_eq!(mode(&pcap), "600", "the pcap file's mode");
+    let fresh = dir.path().join("h.pcap");
+    let mut spec3 = FunctionSpec::new(
+        dir.path().join("h.sock"),
+        Ipv4Prefix {
+            addr: "10.0.0.4".parse().unwrap(),
+            len: 24,
+        },
+    );
+    spec3.pcap = Some(fresh.clone());
+    fns.add(&spec3).unwrap();
+    assert_eq!(mode(&fresh), "600", "a new pcap file's mode");
+
     // Both answer.
     let t = Duration::from_secs(10);
-    assert_eq!(control::request(&ctl, &Request::List, t).unwrap().len(), 2);
+    assert_eq!(control::request(&ctl, &Request::List, t).unwrap().len(), 4);
     assert!(stats::query(&st, t).is_ok());
     fns.shutdown();
 }
