@@ -13,8 +13,19 @@
 //! ID, 0 when free), write the slot, the avail entry and the avail index,
 //! and release it; a lock whose holder no longer exists is taken over
 //! (its half-written slot is simply written again: the avail index only
-//! moves at the end). Processes sharing the ring are trusted alike (they
-//! write the `ctx` of their doorbells; device spec §5.x.6.13).
+//! moves at the end).
+//!
+//! Processes sharing the ring are trusted alike: they write the `ctx` of
+//! their doorbells (device spec §5.x.6.13; the device ignores and counts,
+//! in `doorbells_foreign`, one naming a queue its `ctx` does not own, but
+//! cannot tell a forged `ctx`), and a lock held by a live thread is never
+//! taken over: a waiter gives up at its timeout
+//! ([`TransportError::Timeout`]), so a holder that never lets go makes
+//! others' posts fail, never hang. Taking over a live holder's lock would
+//! let two producers write one slot and lose a doorbell whenever a holder
+//! is merely preempted, and would not stop a hostile process anyway: it
+//! maps the whole ring and can write its indices directly. Isolation
+//! between hostile programs needs a kernel driver (issue 27).
 
 use std::ptr;
 use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
@@ -334,6 +345,45 @@ mod tests {
         r.lock_word().store(0x7fff_fff0, Ordering::Relaxed);
         r.used_idx().store(2u16.to_le(), Ordering::Release);
         r.post(&db, Duration::from_millis(100)).unwrap();
+        drop(region);
+    }
+
+    #[test]
+    fn a_lock_held_by_a_live_thread_times_out_and_is_left_alone() {
+        let l = DbRingLayout::new(4).unwrap();
+        let mut region = vec![0u64; l.len as usize / 8 + 8];
+        let base = region.as_mut_ptr().cast::<u8>();
+        let mut notify = 0u16;
+        // SAFETY: the region and the register outlive the ring.
+        let r = unsafe { DbRing::new(base, l, &mut notify, 1) };
+        r.init_descriptors(0x1000);
+        // The holder: another thread, alive until told to end.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            tx.send(tid()).unwrap();
+            // Returns when the test drops `stop`.
+            let _ = stopped.recv();
+        });
+        let holder = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_ne!(holder, tid());
+        r.lock_word().store(holder, Ordering::Relaxed);
+        let start = Instant::now();
+        let db = abi::Doorbell::default();
+        assert!(matches!(
+            r.post(&db, Duration::from_millis(50)),
+            Err(TransportError::Timeout(_))
+        ));
+        assert!(start.elapsed() < Duration::from_secs(5), "bounded wait");
+        assert_eq!(r.lock_word().load(Ordering::Relaxed), holder, "not stolen");
+        assert_eq!(u16::from_le(r.avail_idx().load(Ordering::Relaxed)), 0);
+        assert_eq!(notify, 0, "nothing posted, nothing notified");
+        drop(stop);
+        t.join().unwrap();
+        // Released, the next post goes through.
+        r.lock_word().store(0, Ordering::Release);
+        r.post(&db, Duration::from_millis(100)).unwrap();
+        assert_eq!(u16::from_le(r.avail_idx().load(Ordering::Relaxed)), 1);
         drop(region);
     }
 }

@@ -64,7 +64,9 @@ enum Command {
     ///
     /// The engine's (tx_frames, rx_frames, rx_dropped, icrc_errors,
     /// cmd_errors, retransmits, naks_sent, naks_received, rnr_naks_sent,
-    /// rnr_naks_received, duplicates), then the vhost-user side's
+    /// rnr_naks_received, duplicates, ..., doorbells_ignored and of those
+    /// doorbells_foreign: naming another device context's queue, ...),
+    /// then the vhost-user side's
     /// (commands, rejected_chains, faulted_commands, doorbells,
     /// bad_doorbells, events_delivered, events_dropped, bad_event_buffers,
     /// link_tx_errors, link_rx_errors, device_resets, engine_panics,

@@ -45,7 +45,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 pub const MODE: u32 = 0o600;
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 57;
+pub const COUNTERS: usize = 58;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -72,6 +72,7 @@ pub const NAMES: [&str; COUNTERS] = [
     "tx_bytes",
     "rx_bytes",
     "doorbells_ignored",
+    "doorbells_foreign",
     "rx_drop_qp_type",
     "rx_drop_qp_state",
     "rx_drop_bad_src_addr",
@@ -164,6 +165,7 @@ impl Snapshot {
             tx_bytes,
             rx_bytes,
             doorbells_ignored,
+            doorbells_foreign,
             rx_drop_qp_type,
             rx_drop_qp_state,
             rx_drop_bad_src_addr,
@@ -226,6 +228,7 @@ impl Snapshot {
                 tx_bytes,
                 rx_bytes,
                 doorbells_ignored,
+                doorbells_foreign,
                 rx_drop_qp_type,
                 rx_drop_qp_state,
                 rx_drop_bad_src_addr,
@@ -596,6 +599,7 @@ mod tests {
         let d = DeviceStats {
             tx_frames: 1,
             duplicates: 11,
+            doorbells_foreign: 7,
             ..Default::default()
         };
         let b = BackendStats {
@@ -611,6 +615,8 @@ mod tests {
         let s = Snapshot::new(&d, &b);
         assert_eq!(s.get("tx_frames"), Some(1));
         assert_eq!(s.get("duplicates"), Some(11));
+        assert_eq!(s.get("doorbells_foreign"), Some(7));
+        assert_eq!(s.get("doorbells_ignored"), Some(0));
         assert_eq!(s.get("commands"), Some(12));
         assert_eq!(s.get("engine_panics"), Some(23));
         assert_eq!(s.get("nope"), None);

@@ -7,6 +7,7 @@ mod common;
 
 use common::*;
 use vrnic::abi::{self, Pod};
+use vrnic::mem;
 
 fn h(handle: u32) -> abi::Handle {
     abi::Handle {
@@ -300,4 +301,207 @@ fn events_name_the_owning_context() {
     });
     let ev = ev.unwrap();
     assert_eq!((ev.kind, ev.handle, ev.ctx), (abi::EV_COMP, cq.cqn, c));
+}
+
+/// The counters of QP `qpn` on `node`.
+fn qp_stats(node: &Node, qpn: u32) -> vrnic::device::QpStats {
+    node.dev
+        .qp_stats()
+        .into_iter()
+        .find(|(n, _)| *n == qpn)
+        .map(|(_, s)| s)
+        .unwrap()
+}
+
+/// Issue 27, finding 8: a program sharing the device through the agent
+/// rings doorbells naming another program's queues. Each is ignored (the
+/// victim's WQEs written but not yet announced stay unexecuted: nothing is
+/// sent, a peer's SEND meets an empty receive queue) and counted in
+/// `doorbells_foreign` as well as `doorbells_ignored`; a doorbell naming
+/// no object is ignored but not foreign; the victim's own doorbells then
+/// run exactly those WQEs.
+#[test]
+fn a_doorbell_naming_another_contexts_queue_is_ignored_and_counted() {
+    let (mut a, mut b) = pair(1500);
+    let (victim, intruder) = (a.open_ctx(), a.open_ctx());
+    let mut now = 1_000_000_000;
+    (a.now, b.now) = (now, now);
+
+    // The victim on node a: a QP with its own RQ, and a QP on an SRQ.
+    a.ctx = victim;
+    let vpd = a.alloc_pd();
+    let mut vcq = a.create_cq(64);
+    let vbuf = a.alloc(4096);
+    let (vkey, _) = a.reg_mr(vpd, vbuf, 4096, abi::ACCESS_LOCAL_WRITE).unwrap();
+    let mut vqp = a.create_qp(vpd, &vcq, 16, 1);
+    let create_srq = abi::CreateSrq {
+        pdn: vpd,
+        max_wr: 16,
+        max_sge: 1,
+        srq_limit: 0,
+        ring: a.alloc(4096),
+        db: a.alloc(8),
+    };
+    let srq =
+        abi::CreateSrqResp::read_from(&a.cmd(abi::CMD_CREATE_SRQ, &create_srq).unwrap()).unwrap();
+    let sqp = a.create_qp_with(
+        vpd,
+        &vcq,
+        QpSpec {
+            size: 16,
+            sge: 1,
+            ..QpSpec::typed(abi::QPT_RC, srq.srqn)
+        },
+    );
+    // The intruder, in another context of the same device, with a CQ.
+    a.ctx = intruder;
+    let _ipd = a.alloc_pd();
+    let icq = a.create_cq(16);
+
+    // The peers on node b (the default context, as a driver that does not
+    // share its device uses).
+    let bpd = b.alloc_pd();
+    let mut bcq = b.create_cq(64);
+    let bbuf = b.alloc(4096);
+    let (bkey, _) = b.reg_mr(bpd, bbuf, 4096, abi::ACCESS_LOCAL_WRITE).unwrap();
+    let mut bq1 = b.create_qp(bpd, &bcq, 16, 1);
+    let mut bq2 = b.create_qp(bpd, &bcq, 16, 1);
+    let (ipa, ipb) = (a.ip, b.ip);
+    a.ctx = victim;
+    a.connect_opts(&vqp, ipb, bq1.qpn, ConnOpts::default());
+    a.connect_opts(&sqp, ipb, bq2.qpn, ConnOpts::default());
+    b.connect_opts(&bq1, ipa, vqp.qpn, ConnOpts::default());
+    b.connect_opts(&bq2, ipa, sqp.qpn, ConnOpts::default());
+    b.post_recv(&mut bq1, 100, &[sge(bbuf, 64, bkey)], now);
+
+    let ring = |a: &mut Node, ctx: u16, kind: u16, handle: u32, index: u32| {
+        let db = abi::Doorbell {
+            kind,
+            ctx,
+            handle,
+            index,
+            ..Default::default()
+        };
+        let now = a.now;
+        a.dev.doorbell(&a.mem, &db, now);
+    };
+    let counts = |a: &Node| {
+        let s = a.dev.stats();
+        (s.doorbells_foreign, s.doorbells_ignored)
+    };
+    assert_eq!(counts(&a), (0, 0));
+
+    // CQ arm with a consumer index behind the CQ's: taken, it would raise
+    // EV_COMP at once.
+    ring(&mut a, intruder, abi::DB_CQ_ARM, vcq.cqn, vcq.ci + 1);
+    assert_eq!(counts(&a), (1, 1), "foreign CQ arm");
+    assert_eq!(a.dev.pop_event(), None, "a foreign arm raised an event");
+
+    // SQ: a signalled SEND written, announced by the intruder only.
+    let send = abi::SendWqe {
+        wr_id: 1,
+        opcode: abi::WR_SEND,
+        send_flags: abi::SEND_SIGNALED,
+        ..Default::default()
+    };
+    a.write_send(&mut vqp, send, &[sge(vbuf, 64, vkey)]);
+    ring(&mut a, intruder, abi::DB_SQ, vqp.qpn, vqp.sq_pi);
+    // The default context names no queue of another context either.
+    ring(&mut a, abi::DEFAULT_CTX, abi::DB_SQ, vqp.qpn, vqp.sq_pi);
+    assert_eq!(counts(&a), (3, 3), "foreign SQ doorbells");
+    for _ in 0..10 {
+        a.pump(now);
+        b.pump(now);
+        now += 1_000_000;
+    }
+    assert_eq!(
+        qp_stats(&a, vqp.qpn).tx_packets,
+        0,
+        "a foreign DB_SQ sent a packet"
+    );
+
+    // RQ and SRQ: a receive written into each, announced by the intruder
+    // only; the peers' SENDs find nothing and are RNR NAKed.
+    a.write_recv(&mut vqp, 2, &[sge(vbuf + 1024, 64, vkey)]);
+    ring(&mut a, intruder, abi::DB_RQ, vqp.qpn, vqp.rq_pi);
+    let slot = create_srq.ring;
+    mem::write_obj(
+        &*a.mem,
+        slot,
+        &abi::RecvWqe {
+            wr_id: 3,
+            num_sge: 1,
+            reserved: 0,
+        },
+    )
+    .unwrap();
+    mem::write_obj(&*a.mem, slot + 16, &sge(vbuf + 2048, 64, vkey)).unwrap();
+    ring(&mut a, intruder, abi::DB_SRQ, srq.srqn, 1);
+    assert_eq!(counts(&a), (5, 5), "foreign RQ and SRQ doorbells");
+    let bsend = |wr_id| abi::SendWqe {
+        wr_id,
+        opcode: abi::WR_SEND,
+        send_flags: abi::SEND_SIGNALED,
+        ..Default::default()
+    };
+    b.post_send(&mut bq1, bsend(11), &[sge(bbuf + 1024, 32, bkey)], now);
+    b.post_send(&mut bq2, bsend(12), &[sge(bbuf + 2048, 32, bkey)], now);
+    let rnr = try_run_until(&mut a, &mut b, &mut now, 1000, |a, _| {
+        qp_stats(a, vqp.qpn).rnr_naks_sent > 0 && qp_stats(a, sqp.qpn).rnr_naks_sent > 0
+    });
+    assert!(
+        rnr,
+        "no RNR NAK: a foreign DB_RQ or DB_SRQ posted a receive"
+    );
+    assert_eq!(
+        a.poll_cq(&mut vcq),
+        None,
+        "a foreign doorbell completed work"
+    );
+    assert_eq!(
+        b.poll_cq(&mut bcq),
+        None,
+        "a foreign doorbell completed work"
+    );
+    assert_eq!(a.dev.pop_event(), None);
+
+    // Ignored but not foreign: an object that does not exist.
+    ring(&mut a, intruder, abi::DB_SQ, vqp.qpn + 1000, 1);
+    assert_eq!(
+        counts(&a),
+        (5, 6),
+        "a doorbell naming nothing is not foreign"
+    );
+    // The intruder's own doorbells are taken.
+    ring(&mut a, intruder, abi::DB_CQ_ARM, icq.cqn, 0);
+    assert_eq!(counts(&a), (5, 6), "the intruder's own arm");
+
+    // The victim's own doorbells run exactly what it had written.
+    ring(&mut a, victim, abi::DB_CQ_ARM, vcq.cqn, vcq.ci);
+    ring(&mut a, victim, abi::DB_RQ, vqp.qpn, vqp.rq_pi);
+    ring(&mut a, victim, abi::DB_SRQ, srq.srqn, 1);
+    ring(&mut a, victim, abi::DB_SQ, vqp.qpn, vqp.sq_pi);
+    assert_eq!(counts(&a), (5, 6), "the victim's own doorbells");
+    let (mut on_a, mut on_b, mut ev) = (Vec::new(), Vec::new(), None);
+    run_until(&mut a, &mut b, &mut now, 10_000, |a, b| {
+        while let Some(c) = a.poll_cq(&mut vcq) {
+            on_a.push((c.wr_id, c.status));
+        }
+        while let Some(c) = b.poll_cq(&mut bcq) {
+            on_b.push((c.wr_id, c.status));
+        }
+        ev = ev.or_else(|| a.dev.pop_event());
+        on_a.len() == 3 && on_b.len() == 3 && ev.is_some()
+    });
+    on_a.sort_unstable();
+    on_b.sort_unstable();
+    let ok = abi::WC_SUCCESS;
+    assert_eq!(on_a, [(1, ok), (2, ok), (3, ok)]);
+    assert_eq!(on_b, [(11, ok), (12, ok), (100, ok)]);
+    let ev = ev.unwrap();
+    assert_eq!(
+        (ev.kind, ev.handle, ev.ctx),
+        (abi::EV_COMP, vcq.cqn, victim)
+    );
+    assert_eq!(counts(&a), (5, 6));
 }

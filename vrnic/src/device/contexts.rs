@@ -59,7 +59,39 @@ impl Contexts {
     }
 }
 
+/// Who owns the object a doorbell names ([`Device::doorbell_owner`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Owner {
+    /// The doorbell's own context.
+    Ringer,
+    /// Another context: the doorbell is foreign.
+    Other,
+    /// Nobody: no such object, or a kind the device does not know.
+    None,
+}
+
 impl Device {
+    /// Who owns the QP (`DB_SQ`, `DB_RQ`), SRQ (`DB_SRQ`) or CQ
+    /// (`DB_CQ_ARM*`) that doorbell `db` names, relative to its
+    /// [`abi::Doorbell::ctx`].
+    pub(super) fn doorbell_owner(&self, db: &abi::Doorbell) -> Owner {
+        let owner = match db.kind {
+            abi::DB_SQ | abi::DB_RQ => self.qps.get(db.handle).and_then(|q| self.pd_ctx(q.pdn)),
+            abi::DB_SRQ => self
+                .res
+                .srqs
+                .get(db.handle)
+                .and_then(|s| self.pd_ctx(s.pdn)),
+            abi::DB_CQ_ARM | abi::DB_CQ_ARM_SOLICITED => self.res.cqs.get(db.handle).map(|c| c.ctx),
+            _ => None,
+        };
+        match owner {
+            Some(c) if c == db.ctx => Owner::Ringer,
+            Some(_) => Owner::Other,
+            None => Owner::None,
+        }
+    }
+
     /// The context owning PD `pdn`, if it exists.
     pub(super) fn pd_ctx(&self, pdn: u32) -> Option<u16> {
         self.res.pds.get(pdn).copied()

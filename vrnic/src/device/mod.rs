@@ -134,10 +134,19 @@ pub struct DeviceStats {
     /// RoCEv2 payload bytes received in packets for one of the device's
     /// QPs (counted as [`DeviceStats::tx_bytes`]).
     pub rx_bytes: u64,
-    /// Doorbells ignored ([`Device::doorbell`]): an unknown kind or
-    /// handle, or a producer index outside `[fetch index, consumer index +
-    /// ring size]` of its queue (device spec §5.x.6.9).
+    /// Doorbells ignored ([`Device::doorbell`]), for any reason: an
+    /// unknown kind or handle, a handle of another context (also counted
+    /// in [`DeviceStats::doorbells_foreign`]), or a producer index outside
+    /// `[fetch index, consumer index + ring size]` of its queue (device
+    /// spec §5.x.6.9); and producer indices read from QP records outside
+    /// that window ([`Device::poll_records`]).
     pub doorbells_ignored: u64,
+    /// Doorbells ignored (also in `doorbells_ignored`) because the QP, SRQ
+    /// or CQ they name exists but belongs to another device context than
+    /// their [`abi::Doorbell::ctx`] (device spec §5.x.6.13): in a guest
+    /// whose programs share a device through the agent, a program ringing
+    /// another program's queues.
+    pub doorbells_foreign: u64,
     /// SQ and RQ producer indices taken from QP records instead of
     /// doorbells (device spec §5.x.6.9, "Doorbell records"): new values
     /// read while the device polls.
@@ -443,30 +452,37 @@ impl Device {
     /// §5.x.6.13), of an unknown kind, or whose producer index is
     /// outside its queue's window ([`producer_index_ok`]) is ignored and
     /// counted in [`DeviceStats::doorbells_ignored`] (device spec
-    /// §5.x.6.9): the queue keeps its previous producer index.
+    /// §5.x.6.9): the queue keeps its previous producer index, a CQ its
+    /// arming. One naming an object of another context is counted in
+    /// [`DeviceStats::doorbells_foreign`] as well.
     pub fn doorbell(&mut self, mem: &dyn DmaMemory, db: &abi::Doorbell, now: Nanos) {
-        if !self.try_doorbell(mem, db, now) {
-            tracing::debug!(
-                kind = db.kind,
-                handle = db.handle,
-                index = db.index,
-                "doorbell ignored"
-            );
-            self.res.out.stats.doorbells_ignored += 1;
+        let foreign = match self.doorbell_owner(db) {
+            contexts::Owner::Ringer => {
+                if self.try_doorbell(mem, db, now) {
+                    return;
+                }
+                false
+            }
+            contexts::Owner::Other => true,
+            contexts::Owner::None => false,
+        };
+        tracing::debug!(
+            kind = db.kind,
+            ctx = db.ctx,
+            handle = db.handle,
+            index = db.index,
+            foreign,
+            "doorbell ignored"
+        );
+        self.res.out.stats.doorbells_ignored += 1;
+        if foreign {
+            self.res.out.stats.doorbells_foreign += 1;
         }
     }
 
-    /// [`Device::doorbell`]; false when the doorbell was ignored.
+    /// [`Device::doorbell`] for a doorbell whose context owns the object
+    /// it names; false when the doorbell was ignored.
     fn try_doorbell(&mut self, mem: &dyn DmaMemory, db: &abi::Doorbell, now: Nanos) -> bool {
-        let owned = match db.kind {
-            abi::DB_SQ | abi::DB_RQ => self.owns_qp(db.ctx, db.handle),
-            abi::DB_SRQ => self.owns_srq(db.ctx, db.handle),
-            abi::DB_CQ_ARM | abi::DB_CQ_ARM_SOLICITED => self.owns_cq(db.ctx, db.handle),
-            _ => false,
-        };
-        if !owned {
-            return false;
-        }
         match db.kind {
             abi::DB_SQ | abi::DB_RQ => {
                 if !self.queue_doorbell(mem, db.kind, db.handle, db.index, now) {
