@@ -32,7 +32,12 @@
 # containers' path, guest-lib/src/vhost_user.rs), the two in one namespace (TCP over lo):
 #   switch: one daemon, two functions, through its embedded switch (its uplink a TAP nobody reads);
 #   tap:    two daemons on two TAPs of a bridge (MTU 9000);
-#   packet: two daemons on the two ends of a veth pair (AF_PACKET, MTU 9000).
+#   packet: two daemons on the two ends of a veth pair (AF_PACKET, MTU 9000);
+#   flood:  as switch with a third function, ib_send_lat/ib_write_lat at 64 B between the first two
+#           while the third is idle (mode switch-idle3), then while a hostile frontend floods the
+#           third's control queue (vrnic-flood: the queue kept a ring ahead of the device with a
+#           failing 64 Ki-page REG_MR, milliseconds of work each; mode switch-flooded, its ratio the
+#           figure over the idle one of the same run: what one flooding tenant costs the others).
 # Their rows show the daemons' dropped frames (rx_dropped + link_rx_dropped), retransmits and
 # sequence NAKs received during the run (`vrnic stats`). The chart (bench.png, scripts/bench-chart.py,
 # python3-matplotlib) shows bandwidth by size per mode and the latencies against the limits.
@@ -221,8 +226,14 @@ ip -n $ns_v link set lo up
 read -ra daemon_args <<<"${BENCH_DAEMON_ARGS:-}"
 start_daemons() {
     local v=$rel/vrnic d=/tmp/$tag
-    rm -f $d/f1.sock* $d/f2.sock*
+    rm -f $d/f1.sock* $d/f2.sock* $d/f3.sock*
     case $1 in
+    flood)
+        ip netns exec $ns_v "$v" --socket $d/f1.sock --ip 10.78.0.1/24 --mtu 9000 --tap vr-sw \
+            --function socket=$d/f2.sock,ip=10.78.0.2/24 --function socket=$d/f3.sock,ip=10.78.0.3/24 \
+            ${daemon_args[@]+"${daemon_args[@]}"} >"$out/daemon-flood.log" 2>&1 &
+        dpids+=($!)
+        ;;
     switch)
         ip netns exec $ns_v "$v" --socket $d/f1.sock --ip 10.78.0.1/24 --mtu 9000 --tap vr-sw \
             --function socket=$d/f2.sock,ip=10.78.0.2/24 ${daemon_args[@]+"${daemon_args[@]}"} >"$out/daemon-switch.log" 2>&1 &
@@ -281,8 +292,44 @@ echo "what,mode,bytes,value,unit,drops,timeouts,seq_naks,gbit,cpu_s,wall_s,daemo
 port=23000
 log "building the daemon (release)"
 (cd "$top" && cargo build -q --release -p vrnic-vhost)
-for mode in ${BENCH_MODES:-loopback switch tap packet}; do
+# flood_latency: the flood mode's rows (see the header); the flooder is stopped on every path.
+flood_latency() {
+    local tool fpid t v dr to nk gb cpu wall dcpu
+    for phase in idle3 flooded; do
+        fpid=
+        if [ $phase = flooded ]; then
+            ip netns exec $ns_v "$rel/vrnic-flood" --socket /tmp/$tag/f3.sock --seconds 600 >"$out/flood.log" 2>&1 &
+            fpid=$!
+            pids+=($fpid)
+            # Under way: the third function has served commands of the flood (bounded wait).
+            t=0
+            until [ "$("$rel/vrnic" stats --socket /tmp/$tag/f3.sock 2>/dev/null | awk '$1 == "commands" { print $2 }')" -ge 4 ] 2>/dev/null; do
+                t=$((t + 1))
+                [ $t -lt 100 ] && kill -0 $fpid 2>/dev/null || { log "flood did not start (see $out/flood.log)"; break; }
+                sleep 0.1
+            done
+        fi
+        for tool in ib_send_lat ib_write_lat; do
+            port=$((port + 1))
+            log "flood ($phase) $tool 64 B x $lat_iters"
+            read -r v dr to nk gb cpu wall dcpu < <(run_pair flood $tool $port -s 64 -n $lat_iters)
+            echo "$tool,switch-$phase,64,$v,us,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu" >>"$out/bench.csv"
+        done
+        if [ -n "$fpid" ]; then
+            kill $fpid 2>/dev/null || true
+            wait $fpid 2>/dev/null || true
+            log "$(tail -1 "$out/flood.log")"
+        fi
+    done
+}
+
+for mode in ${BENCH_MODES:-loopback switch tap packet flood}; do
     [ $mode != loopback ] && start_daemons $mode
+    if [ $mode = flood ]; then
+        flood_latency
+        stop_daemons
+        continue
+    fi
     for tool in ib_write_bw ib_read_bw; do
         for size in 64 4096 65536 1048576; do
             port=$((port + 1))
@@ -372,7 +419,12 @@ for r in rows:
         if not r["mode"].startswith("guests") and uso:
             uso_ratio = gbps / uso
         fig, limtxt = f"{gbps:.2f} Gb/s", f"{best:.2f} Gb/s frames"
-    elif r["mode"] == "switch" and relay:
+    elif r["mode"] == "switch-flooded":
+        # What a flooding tenant costs the others: against the same pair idle, same run.
+        idle = next((fnum(i["value"]) for i in rows if i["mode"] == "switch-idle3" and i["what"] == r["what"]), None)
+        ratio = x / idle if idle else None
+        fig, limtxt = f"{x:.1f} us", (f"{idle:.1f} us idle" if idle else "-")
+    elif r["mode"] in ("switch", "switch-idle3") and relay:
         # Two host processes through one daemon: the limit is the same hand-offs with no work,
         # two yielding pollers through one relay thread (the daemon's one poller).
         ratio = x / relay
