@@ -428,7 +428,8 @@ impl DataPath {
     /// Serves the control queue: every available chain is one command,
     /// `[CmdHeader + body (readable)][RespHeader + body (writable)]`.
     pub fn process_control(&mut self, vring: &Vring) {
-        self.serve_queue(vring, Self::control_chain);
+        // Never polled: its notifications stay on (crate::spin).
+        self.serve_queue(vring, Self::control_chain, false);
         self.ctrl_next_avail = vring.queue_next_avail();
     }
 
@@ -581,7 +582,8 @@ impl DataPath {
     /// Serves the doorbell queue: every available chain carries one 16-byte
     /// [`abi::Doorbell`] in its readable part.
     pub fn process_doorbells(&mut self, vring: &Vring) {
-        self.serve_queue(vring, Self::doorbell_chain);
+        let polled = self.spinning;
+        self.serve_queue(vring, Self::doorbell_chain, polled);
     }
 
     /// Receives up to [`RX_BATCH`] frames from the link into the device.
@@ -600,6 +602,12 @@ impl DataPath {
     /// Whether the last receive stopped at its bound ([`RX_BATCH`]).
     pub(crate) fn rx_more(&self) -> bool {
         self.rx_more
+    }
+
+    /// Whether a queue pass stopped at its bound and waits to be served
+    /// again ([`DataPath::take_queue_more`] takes it).
+    pub(crate) fn queue_more(&self) -> bool {
+        self.queue_more
     }
 
     /// Whether a queue pass stopped at its bound since the last call
@@ -807,15 +815,23 @@ impl DataPath {
 
     /// Drains `vring`, calling `handle` on each chain's segments; `handle`
     /// returns the used length. Signals the driver if it asked for it.
+    /// `polled`: the queue is polled (its notifications stay off until the
+    /// polling session ends, [`crate::spin`]).
     fn serve_queue(
         &mut self,
         vring: &Vring,
         handle: fn(&mut Self, &GuestMem<'_>, &[Segment]) -> u32,
+        polled: bool,
     ) {
         if !queue_live(vring) {
             return;
         }
         let guard = self.mem.memory();
+        // No table (none yet, or dropped when it lost its backing): the
+        // vring's notification flags live in the frontend's memory too.
+        if vm_memory::GuestMemoryBackend::num_regions(&*guard) == 0 {
+            return;
+        }
         let mem = GuestMem::new(&guard);
         let mut segs = std::mem::take(&mut self.segs);
         let mut used_any = false;
@@ -828,7 +844,7 @@ impl DataPath {
         'pass: loop {
             // While the worker polls, notifications are already off (from
             // the session's start): no write to guest memory per round.
-            if !self.spinning {
+            if !polled {
                 if let Err(e) = vring.disable_notification() {
                     debug!("cannot disable notifications: {e}");
                 }
@@ -855,7 +871,7 @@ impl DataPath {
             }
             // While the worker polls, the driver need not kick: it sees
             // notifications off. `spin` re-enables and re-checks at the end.
-            if self.spinning {
+            if polled {
                 break;
             }
             // Re-enable and re-check for chains added meanwhile. A chain

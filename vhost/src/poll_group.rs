@@ -15,9 +15,12 @@
 //! whose data path it can take without waiting (`try_lock`: a member whose
 //! own worker is busy, or whose data path another thread waits for, is
 //! skipped that round). A member it polls is **adopted**: its driver's
-//! notifications are off as for the poller's own queues
+//! doorbell notifications are off as for the poller's own queue
 //! (`VIRTQ_USED_F_NO_NOTIFY`, or the avail event left where it is), so its
-//! program posts doorbells without kicks and its worker sleeps. When the
+//! program posts doorbells without kicks and its worker sleeps. Its
+//! control queue is never polled: a command kicks the member's own
+//! worker, which serves it on its own thread (`crate::spin`), so the
+//! poller never runs another function's (possibly slow) commands. When the
 //! poller's session ends, every adopted member gets its notifications back
 //! and its queues served once more (as the poller's own, [`crate::spin`]),
 //! so nothing posted meanwhile waits for a kick that will not come. A
@@ -290,23 +293,20 @@ impl PollGroup {
         adopted: Vec<Adopted>,
         publish: &dyn Fn(&StatsBoard, &mut DataPath),
     ) {
-        for a in adopted {
+        // Those free now first, so that a member whose worker is busy (a
+        // slow command) holds back no other member's notifications.
+        let busy: Vec<Adopted> = adopted
+            .into_iter()
+            .filter(|a| !self.try_give_back(a, publish))
+            .collect();
+        for a in busy {
             let mut tries = 0;
-            loop {
-                let members = self.members();
-                if !members.iter().any(|m| m.dp.as_ptr() == a.dp.as_ptr()) {
-                    break;
-                }
-                let Some(dp) = a.dp.upgrade() else {
-                    break;
-                };
-                if let Some(mut g) = try_lock(&dp) {
-                    release(&mut g, &a, publish);
-                    break;
-                }
-                drop(members);
+            while !self.try_give_back(&a, publish) {
                 tries += 1;
                 if tries >= GIVE_BACK_TRIES {
+                    let Some(dp) = a.dp.upgrade() else {
+                        break;
+                    };
                     let mut g = dp.lock().unwrap_or_else(|e| e.into_inner());
                     release(&mut g, &a, publish);
                     break;
@@ -314,5 +314,25 @@ impl PollGroup {
                 std::thread::yield_now();
             }
         }
+    }
+
+    /// Gives `a` back if its data path is free now (under the member
+    /// list's lock); true when it is done with: given back, or gone.
+    fn try_give_back(&self, a: &Adopted, publish: &dyn Fn(&StatsBoard, &mut DataPath)) -> bool {
+        let members = self.members();
+        if !members.iter().any(|m| m.dp.as_ptr() == a.dp.as_ptr()) {
+            return true;
+        }
+        let Some(dp) = a.dp.upgrade() else {
+            return true;
+        };
+        let done = match try_lock(&dp) {
+            Some(mut g) => {
+                release(&mut g, a, publish);
+                true
+            }
+            None => false,
+        };
+        done
     }
 }

@@ -4,7 +4,7 @@
 //! (`epoll_wait` → eventfd → scheduler; ../shared/reference, "RTT eventfd
 //! thread↔thread 26.7 µs"), and a 64-byte ping-pong through vrnic takes
 //! several of them. So after a wake-up that found work, the worker keeps
-//! polling its doorbell and control queues, its link and its timer for up
+//! polling its doorbell queue (and QP records), its link and its timer for up
 //! to a budget (`vrnic --poll-us`, [`DEFAULT_POLL_NS`]) after the *last*
 //! work it found, and only then sleeps in `epoll_wait` again.
 //!
@@ -44,6 +44,15 @@
 //!   `epoll_wait`.
 //! - A stopped or lost device ([`DataPath::stop`], [`DataPath::lost`]),
 //!   or one the driver has not used yet, is not polled.
+//! - The control queue is never polled: commands are the slow path (one
+//!   `REG_MR` can cost milliseconds), served by each function's own
+//!   worker when its driver kicks, with the queue's notifications on all
+//!   the time. So the daemon's poller never runs another function's
+//!   commands ([`crate::poll_group`]: a frontend flooding its control queue
+//!   costs the others nothing but the CPU its own worker takes, as any
+//!   thread), and a session ends as soon as its own control queue has a
+//!   command, which the worker then serves at its next wake-up (the kick
+//!   is waiting in its epoll set).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -162,7 +171,7 @@ impl DataPath {
         // Notifications off from the start: a driver posting while the
         // worker polls does not kick (a kick would also wake the worker
         // once more after the session, for nothing).
-        self.notifications_off(ctrl, db, Polling::Own);
+        self.notifications_off(db, Polling::Own);
         let start = self.now();
         let mut last_work = start;
         self.stats.poll_sessions += 1;
@@ -184,7 +193,11 @@ impl DataPath {
                 self.stats.poll_backoffs += 1;
                 break;
             }
-            let mut work = self.poll_round(ctrl, db, now);
+            if self.has_avail(ctrl) {
+                // A command: served at the next wake-up (its kick waits).
+                break;
+            }
+            let mut work = self.poll_round(db, now);
             if work {
                 self.after_work(vrings);
                 after(self);
@@ -220,16 +233,15 @@ impl DataPath {
     }
 
     /// Polling mode on, by `who` (the worker itself or the poller): the
-    /// driver's notifications off (virtio 1.2 §2.7.7
+    /// driver's doorbell notifications off (virtio 1.2 §2.7.7
     /// `VIRTQ_USED_F_NO_NOTIFY`; with `VIRTIO_F_EVENT_IDX` the avail event
-    /// is simply not moved, §2.7.10), `spinning` set so the queues'
-    /// service leaves them off, and the link told ([`vrnic::link::Link::set_polling`]:
-    /// a switch port's senders then write no eventfd).
-    fn notifications_off(&mut self, ctrl: &Vring, db: &Vring, who: Polling) {
-        for q in [db, ctrl] {
-            if let Err(e) = q.disable_notification() {
-                tracing::debug!("cannot disable notifications: {e}");
-            }
+    /// is simply not moved, §2.7.10), `spinning` set so the doorbell
+    /// queue's service leaves them off, and the link told
+    /// ([`vrnic::link::Link::set_polling`]: a switch port's senders then
+    /// write no eventfd). The control queue's stay on (see the module).
+    fn notifications_off(&mut self, db: &Vring, who: Polling) {
+        if let Err(e) = db.disable_notification() {
+            tracing::debug!("cannot disable notifications: {e}");
         }
         self.link.set_polling(who);
         self.device.begin_record_polling();
@@ -254,10 +266,11 @@ impl DataPath {
         self.after_work(vrings);
     }
 
-    /// One polling round: the doorbell and control queues, the link and
-    /// the timer (as of `now`); whether it found work. The caller runs
+    /// One polling round: the doorbell queue, the QP records, the link
+    /// and the timer (as of `now`), not the control queue (see the
+    /// module); whether it found work. The caller runs
     /// [`DataPath::after_work`] after a round that did.
-    pub(crate) fn poll_round(&mut self, ctrl: &Vring, db: &Vring, now: Nanos) -> bool {
+    pub(crate) fn poll_round(&mut self, db: &Vring, now: Nanos) -> bool {
         let mut work = false;
         if self.has_avail(db) {
             self.process_doorbells(db);
@@ -265,10 +278,6 @@ impl DataPath {
         }
         if self.device.watching_records() {
             work |= self.poll_records(now);
-        }
-        if self.has_avail(ctrl) {
-            self.process_control(ctrl);
-            work = true;
         }
         let (frames, _) = self.receive_counted();
         work |= frames > 0;
@@ -280,16 +289,17 @@ impl DataPath {
     }
 
     /// Adopted by its poll group's poller ([`crate::poll_group`]): the
-    /// driver's notifications off, as in the poller's own session. False
+    /// driver's doorbell notifications off, as in the poller's own session
+    /// (its commands still kick its own worker). False
     /// (not adopted) when the device is not served or already polled.
     pub(crate) fn adopt(&mut self, vrings: &[Vring]) -> bool {
-        let Some((ctrl, db)) = ctrl_db(vrings) else {
+        let Some((_, db)) = ctrl_db(vrings) else {
             return false;
         };
         if self.spinning || !self.serving() {
             return false;
         }
-        self.notifications_off(ctrl, db, Polling::Other);
+        self.notifications_off(db, Polling::Other);
         self.stats.poll_adopted += 1;
         true
     }
@@ -297,14 +307,14 @@ impl DataPath {
     /// One round of an adopted device ([`DataPath::poll_round`] and, after
     /// work, [`DataPath::after_work`]); whether it found work.
     pub(crate) fn poll_adopted(&mut self, vrings: &[Vring]) -> bool {
-        let Some((ctrl, db)) = ctrl_db(vrings) else {
+        let Some((_, db)) = ctrl_db(vrings) else {
             return false;
         };
         if !self.spinning || !self.serving() {
             return false;
         }
         let now = self.now();
-        let work = self.poll_round(ctrl, db, now);
+        let work = self.poll_round(db, now);
         if work {
             self.after_work(vrings);
         }
@@ -345,7 +355,9 @@ impl DataPath {
             return 0;
         };
         let mut rounds = 0;
-        while rounds < LATE_ROUNDS && self.serving() {
+        // A pass stopped at its bound has its next wake-up armed already:
+        // the rest waits for it, so the worker lets go of the data path.
+        while rounds < LATE_ROUNDS && self.serving() && !self.queue_more() {
             let (late_db, late_ctrl) = (self.has_avail(db), self.has_avail(ctrl));
             if !late_db && !late_ctrl {
                 break;
