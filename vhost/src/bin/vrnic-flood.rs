@@ -2,7 +2,8 @@
 //! others (issue 27). Connects to a running daemon's function as its
 //! vhost-user frontend (the test frontend, `vrnic_vhost::frontend`) and
 //! keeps its control queue a ring ahead of the device, without waiting
-//! for it, with one command that costs the device milliseconds and fails:
+//! for it (pausing `--pause-us` between moves of the avail index, so the
+//! flood itself takes next to no CPU), with one command that costs the device milliseconds and fails:
 //! a `REG_MR` of `--pages` pages whose last page is unaligned (the device
 //! reads and checks the whole page list before it refuses it, keeping
 //! nothing). Runs until `--seconds` pass or SIGTERM/SIGINT, then prints
@@ -33,6 +34,11 @@ struct Args {
     /// Pages of each REG_MR's page list (the device reads 8 bytes a page).
     #[arg(long, default_value_t = 1 << 16)]
     pages: u32,
+    /// Sleep between two moves of the avail index, µs: the queue stays a
+    /// ring ahead of a device that takes milliseconds a command, and the
+    /// flood costs this process next to no CPU (0: spin).
+    #[arg(long, default_value_t = 1000)]
+    pause_us: u64,
     /// Stop after this many seconds (0: at SIGTERM or SIGINT only).
     #[arg(long, default_value_t = 0)]
     seconds: u64,
@@ -46,7 +52,10 @@ fn main() -> Result<()> {
     );
     let list_bytes = u64::from(args.pages) * 8;
     let opts = FrontendOptions {
-        memory: vec![(0x4000_0000, (list_bytes as usize + (8 << 20)).next_multiple_of(4096))],
+        memory: vec![(
+            0x4000_0000,
+            (list_bytes as usize + (8 << 20)).next_multiple_of(4096),
+        )],
         ..Default::default()
     };
     let mut fe = TestFrontend::connect(&args.socket, &opts)
@@ -86,7 +95,12 @@ fn main() -> Result<()> {
             stop.store(true, Ordering::Relaxed);
         });
     }
-    let moves = fe.flood_control(abi::CMD_REG_MR, reg.as_bytes(), &stop)?;
+    let moves = fe.flood_control(
+        abi::CMD_REG_MR,
+        reg.as_bytes(),
+        &stop,
+        Duration::from_micros(args.pause_us),
+    )?;
     let served = vrnic_vhost::stats::query(
         &vrnic_vhost::stats::default_socket(&args.socket),
         Duration::from_secs(5),
@@ -97,7 +111,9 @@ fn main() -> Result<()> {
             .find_map(|l| l.strip_prefix("commands ")?.trim().parse::<u64>().ok())
     });
     match served {
-        Some(n) => println!("vrnic-flood: {moves} avail index moves; the function served {n} commands"),
+        Some(n) => {
+            println!("vrnic-flood: {moves} avail index moves; the function served {n} commands")
+        }
         None => println!("vrnic-flood: {moves} avail index moves"),
     }
     Ok(())

@@ -379,7 +379,8 @@ impl TestFrontend {
 
     /// A hostile driver ([`SplitQueue::flood`]): one `opcode` command with
     /// `body` made available on the control queue again and again, without
-    /// waiting for the device, until `stop` is set. Returns how often the
+    /// waiting for the device, until `stop` is set, sleeping `pause` after
+    /// each move of the avail index (zero: never). Returns how often the
     /// avail index moved. The frontend is unusable afterwards (close it).
     ///
     /// # Errors
@@ -390,6 +391,7 @@ impl TestFrontend {
         opcode: u16,
         body: &[u8],
         stop: &std::sync::atomic::AtomicBool,
+        pause: std::time::Duration,
     ) -> Result<u64, FrontendError> {
         if body.len() > abi::MAX_CMD_BODY {
             return Err(FrontendError::Setup(format!(
@@ -409,7 +411,7 @@ impl TestFrontend {
             Buffer::writable(self.ctrl_resp, MAX_CONTROL_MSG as u32),
         ];
         let head = self.post(abi::CONTROLQ, &bufs)?;
-        self.queues[usize::from(abi::CONTROLQ)].flood(&self.mem, head, stop)
+        self.queues[usize::from(abi::CONTROLQ)].flood(&self.mem, head, stop, pause)
     }
 
     /// Posts one doorbell without waiting for the device to consume it.

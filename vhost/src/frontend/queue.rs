@@ -225,8 +225,8 @@ impl SplitQueue {
     /// A hostile driver: makes chain `head` (already made available once)
     /// available again and again, keeping the avail index a ring ahead of
     /// the device's used index, until `stop` is set; kicks every 1024
-    /// moves. Returns how many times it moved the index. The queue is
-    /// unusable afterwards.
+    /// moves, and sleeps `pause` after each (zero: never). Returns how many
+    /// times it moved the index. The queue is unusable afterwards.
     ///
     /// # Errors
     /// [`FrontendError::Mem`] if the ring is outside memory.
@@ -235,6 +235,7 @@ impl SplitQueue {
         mem: &DriverMemory,
         head: u16,
         stop: &std::sync::atomic::AtomicBool,
+        pause: std::time::Duration,
     ) -> Result<u64, FrontendError> {
         let m = mem.mem();
         for i in 0..u64::from(self.size) {
@@ -250,6 +251,9 @@ impl SplitQueue {
             moves += 1;
             if moves.is_multiple_of(1024) {
                 self.kick();
+            }
+            if !pause.is_zero() {
+                std::thread::sleep(pause);
             }
         }
         Ok(moves)
