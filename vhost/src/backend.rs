@@ -324,13 +324,15 @@ impl VrnicBackend {
             TIMER_EVENT => dp.on_timer(),
             other => debug!(event = other, "unknown worker event"),
         }
-        // A queue pass that stopped at its bound: the queues again (each
-        // pass bounded), after the other events of this wake-up.
-        if device_event != abi::CONTROLQ && device_event != abi::DOORBELLQ && dp.take_queue_more() {
-            if let Some(v) = queue(abi::DOORBELLQ) {
+        // A queue pass that stopped at its bound: that queue again (each
+        // pass bounded; the control queue once its pause is over), after
+        // the other events of this wake-up.
+        if device_event != abi::CONTROLQ && device_event != abi::DOORBELLQ {
+            let (db, ctrl) = dp.take_queue_more();
+            if let Some(v) = queue(abi::DOORBELLQ).filter(|_| db) {
                 dp.process_doorbells(v);
             }
-            if let Some(v) = queue(abi::CONTROLQ) {
+            if let Some(v) = queue(abi::CONTROLQ).filter(|_| ctrl) {
                 dp.process_control(v);
             }
         }

@@ -62,6 +62,8 @@ pub const PASS_CHAINS_MAX: usize = abi::MAX_QUEUE_SIZE as usize;
 /// milliseconds (`REG_MR` of 2^19 pages), and the worker's other queues
 /// and functions wait meanwhile.
 pub const PASS_BUDGET_NS: Nanos = 1_000_000;
+// A control pass that stops at its bound is followed by a pause as long as
+// it ([`DataPath::take_queue_more`]).
 /// Device poll rounds per worker wake-up before yielding to other events.
 const POLL_ROUNDS: usize = 16;
 /// Shortest interval between two publishes of the per-QP counters to the
@@ -181,10 +183,16 @@ pub struct DataPath {
     /// the worker receives again at its next wake-up, which it arms at
     /// once ([`DataPath::after_work`]).
     rx_more: bool,
-    /// A pass over a queue stopped at its bound ([`PASS_CHAINS_MAX`],
-    /// [`PASS_BUDGET_NS`]) with chains left: the queues are served again
-    /// at the worker's next wake-up, which is armed at once.
-    queue_more: bool,
+    /// A pass over the doorbell queue stopped at its bound
+    /// ([`PASS_CHAINS_MAX`], [`PASS_BUDGET_NS`]) with chains left: it is
+    /// served again at the worker's next wake-up, which is armed at once.
+    db_more: bool,
+    /// A pass over the control queue stopped at its bound with commands
+    /// left: it is served again from this device time on, as long after
+    /// the pass as the pass took, so a flood of slow commands takes at
+    /// most half of the worker's time (a NIC's command interface has a
+    /// rate too).
+    ctrl_more_at: Option<Nanos>,
     /// A frame the link was too full to take, sent first next time.
     txq: TxFlush,
     /// The driver has used a queue since the last reset.
@@ -243,7 +251,8 @@ impl DataPath {
             resp: [0; MAX_CONTROL_MSG],
             rx_buf: vec![0; RX_BUF_SIZE],
             rx_more: false,
-            queue_more: false,
+            db_more: false,
+            ctrl_more_at: None,
             txq: TxFlush::new(),
             running: false,
             stopped: false,
@@ -368,7 +377,8 @@ impl DataPath {
         self.timer.clear();
         self.running = false;
         self.stopped = false;
-        self.queue_more = false;
+        self.db_more = false;
+        self.ctrl_more_at = None;
         self.ctrl_next_avail = 0;
         self.checked = false;
         self.lost = false;
@@ -428,8 +438,17 @@ impl DataPath {
     /// Serves the control queue: every available chain is one command,
     /// `[CmdHeader + body (readable)][RespHeader + body (writable)]`.
     pub fn process_control(&mut self, vring: &Vring) {
+        // After a pass that stopped at its bound, nothing until its pause
+        // is over, whoever asks (a kick, the poller's give-back): the
+        // timer is armed for it.
+        if let Some(at) = self.ctrl_more_at {
+            if at > self.now() {
+                return;
+            }
+            self.ctrl_more_at = None;
+        }
         // Never polled: its notifications stay on (crate::spin).
-        self.serve_queue(vring, Self::control_chain, false);
+        self.serve_queue(vring, Self::control_chain, false, true);
         self.ctrl_next_avail = vring.queue_next_avail();
     }
 
@@ -583,7 +602,7 @@ impl DataPath {
     /// [`abi::Doorbell`] in its readable part.
     pub fn process_doorbells(&mut self, vring: &Vring) {
         let polled = self.spinning;
-        self.serve_queue(vring, Self::doorbell_chain, polled);
+        self.serve_queue(vring, Self::doorbell_chain, polled, false);
     }
 
     /// Receives up to [`RX_BATCH`] frames from the link into the device.
@@ -605,16 +624,19 @@ impl DataPath {
     }
 
     /// Whether a queue pass stopped at its bound and waits to be served
-    /// again ([`DataPath::take_queue_more`] takes it).
+    /// again (its wake-up is armed).
     pub(crate) fn queue_more(&self) -> bool {
-        self.queue_more
+        self.db_more || self.ctrl_more_at.is_some()
     }
 
-    /// Whether a queue pass stopped at its bound since the last call
-    /// ([`PASS_CHAINS_MAX`], [`PASS_BUDGET_NS`]): the caller serves the
-    /// queues again.
-    pub(crate) fn take_queue_more(&mut self) -> bool {
-        std::mem::take(&mut self.queue_more)
+    /// Which queues' last pass stopped at its bound: `(doorbell,
+    /// control)`; the doorbell queue's is taken (the control queue's pause
+    /// is [`DataPath::process_control`]'s to keep).
+    pub(crate) fn take_queue_more(&mut self) -> (bool, bool) {
+        (
+            std::mem::take(&mut self.db_more),
+            self.ctrl_more_at.is_some(),
+        )
     }
 
     fn receive_batch(&mut self) -> (usize, bool) {
@@ -712,8 +734,11 @@ impl DataPath {
         if let Some(due) = self.qp_stats_due.filter(|&d| d > now) {
             next = Some(next.map_or(due, |d| d.min(due)));
         }
-        if self.queue_more {
+        if self.db_more {
             next = Some(now);
+        }
+        if let Some(at) = self.ctrl_more_at {
+            next = Some(next.map_or(at, |d| d.min(at)));
         }
         if self.txq.holding() {
             let retry = now + TX_RETRY_NS;
@@ -816,12 +841,14 @@ impl DataPath {
     /// Drains `vring`, calling `handle` on each chain's segments; `handle`
     /// returns the used length. Signals the driver if it asked for it.
     /// `polled`: the queue is polled (its notifications stay off until the
-    /// polling session ends, [`crate::spin`]).
+    /// polling session ends, [`crate::spin`]); `paced`: a pass stopped at
+    /// its bound is followed by a pause as long as it (the control queue).
     fn serve_queue(
         &mut self,
         vring: &Vring,
         handle: fn(&mut Self, &GuestMem<'_>, &[Segment]) -> u32,
         polled: bool,
+        paced: bool,
     ) {
         if !queue_live(vring) {
             return;
@@ -861,11 +888,18 @@ impl DataPath {
                 complete(vring, head, used);
                 used_any = true;
                 served += 1;
-                if served >= PASS_CHAINS_MAX || self.now().saturating_sub(started) >= PASS_BUDGET_NS
-                {
-                    // The rest waits for the next wake-up, armed at once
-                    // (notifications stay off until a pass ends empty).
-                    self.queue_more = true;
+                let now = self.now();
+                let took = now.saturating_sub(started);
+                if served >= PASS_CHAINS_MAX || took >= PASS_BUDGET_NS {
+                    // The rest waits for a wake-up armed for it (the
+                    // notifications stay off until a pass ends empty):
+                    // at once for doorbells, as long after as the pass
+                    // took for commands.
+                    if paced {
+                        self.ctrl_more_at = Some(now.saturating_add(took));
+                    } else {
+                        self.db_more = true;
+                    }
                     break 'pass;
                 }
             }
