@@ -447,41 +447,61 @@ fn packet_links_send_and_receive_frames_in_batches_in_order() {
             .collect();
         frames[70] = numbered_frame(70, 5000);
         let want: Vec<Vec<u8>> = frames.iter().filter(|f| f.len() <= BUF).cloned().collect();
-        let mut sent = 0;
-        for _ in 0..1000 {
-            if sent == frames.len() {
-                break;
+        // The kernel itself sometimes drops a burst on the veth (counted
+        // in `va`'s TX drops, not in any backlog: seen twice in full
+        // workspace runs under load, cause unknown): an attempt it dropped
+        // frames of proves nothing about the link, and is made again.
+        for attempt in 1..=3 {
+            let dropped_before = ns.tx_dropped("va");
+            let tx_before = a.stats().tx_frames;
+            let oversize_before = b.stats().rx_oversize;
+            let mut frames = frames.clone();
+            let mut sent = 0;
+            for _ in 0..1000 {
+                if sent == frames.len() {
+                    break;
+                }
+                sent += a.try_send_many(&mut frames[sent..]).expect("send");
             }
-            sent += a.try_send_many(&mut frames[sent..]).expect("send");
-        }
-        assert_eq!((sent, a.stats().tx_frames), (frames.len(), u64::from(SENT)));
+            assert_eq!(
+                (sent, a.stats().tx_frames - tx_before),
+                (frames.len(), u64::from(SENT))
+            );
 
-        let mut buf = vec![0u8; BUF];
-        let mut got = Vec::new();
-        for i in 0..10_000 {
-            let mut frame = None;
-            if i % 3 == 0 {
-                let n = b.recv(&mut buf).expect("recv");
-                frame = n.map(|n| buf[..n].to_vec());
-            } else {
-                b.recv_with(&mut buf, &mut |f, icrc| {
-                    assert_eq!(icrc, Icrc::Needed);
-                    frame = Some(f.to_vec());
-                })
-                .expect("recv_with");
+            let mut buf = vec![0u8; BUF];
+            let mut got = Vec::new();
+            for i in 0..10_000 {
+                let mut frame = None;
+                if i % 3 == 0 {
+                    let n = b.recv(&mut buf).expect("recv");
+                    frame = n.map(|n| buf[..n].to_vec());
+                } else {
+                    b.recv_with(&mut buf, &mut |f, icrc| {
+                        assert_eq!(icrc, Icrc::Needed);
+                        frame = Some(f.to_vec());
+                    })
+                    .expect("recv_with");
+                }
+                let Some(f) = frame else {
+                    break;
+                };
+                if f[12..14] == TEST_ETHERTYPE && &f[14..22] == b"burst!!!" {
+                    got.push(f);
+                }
             }
-            let Some(f) = frame else {
-                break;
-            };
-            if f[12..14] == TEST_ETHERTYPE && &f[14..22] == b"burst!!!" {
-                got.push(f);
+            let dropped = ns.tx_dropped("va") - dropped_before;
+            if dropped > 0 {
+                eprintln!(
+                    "mmsg: attempt {attempt}: the kernel dropped {dropped} frames on the veth"
+                );
+                continue;
             }
+            assert_eq!(got.len(), want.len());
+            assert!(got == want, "frames differ or out of order");
+            assert_eq!(b.stats().rx_oversize - oversize_before, 1);
+            return;
         }
-        let backlog = ns.tx_dropped("va");
-        assert_eq!(backlog, 0, "frames lost in the kernel's backlog");
-        assert_eq!(got.len(), want.len());
-        assert!(got == want, "frames differ or out of order");
-        assert_eq!(b.stats().rx_oversize, 1);
+        panic!("the kernel dropped frames of every attempt");
     });
 }
 
