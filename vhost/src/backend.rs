@@ -224,7 +224,7 @@ impl VrnicBackend {
 
     /// The connection of the frontend being served ([`crate::server`]),
     /// which the backend closes when the frontend's memory is lost
-    /// ([`DataPath::memory_fault`]); none once it ended.
+    /// (`DataPath::memory_fault`); none once it ended.
     pub fn set_connection(&self, conn: Option<vhost_user_backend::ShutdownHandle>) {
         self.lock().set_connection(conn);
     }

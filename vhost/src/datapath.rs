@@ -52,7 +52,7 @@ pub const RX_BUF_SIZE: usize = 16 * 1024;
 pub const MAX_PENDING_EVENTS: usize = 1024;
 /// How often a link without a pollable descriptor is polled, nanoseconds.
 pub const LINK_POLL_INTERVAL_NS: Nanos = 1_000_000;
-/// Most chains one pass over a queue serves ([`DataPath::serve_queue`]):
+/// Most chains one pass over a queue serves (`DataPath::serve_queue`):
 /// a full ring of the largest size. A driver that keeps moving its avail
 /// index ahead (virtio-queue reads it again at every pop) cannot keep the
 /// worker, or the daemon's poller, in one pass.
@@ -149,7 +149,7 @@ pub struct BackendStats {
     /// `SIGBUS` caught on a guest-memory access, [`crate::fault`]: a file
     /// shrunk after `SET_MEM_TABLE`, a hugetlb pool run dry): each time
     /// the device was reset, the memory table dropped and the connection
-    /// closed ([`DataPath::memory_fault`]).
+    /// closed (`DataPath::memory_fault`).
     pub memory_faults: u64,
     /// Memory tables refused (`SET_MEM_TABLE` failed, the connection
     /// closed): a region running past the end of its file, or a region
@@ -167,7 +167,7 @@ pub struct DataPath {
     /// access to it faulted ([`crate::fault`]).
     poison: Option<Arc<Poison>>,
     /// The frontend's connection, closed when its memory is lost
-    /// ([`DataPath::memory_fault`]).
+    /// (`DataPath::memory_fault`).
     conn: Option<ShutdownHandle>,
     timer: Timer,
     /// Deadline the timer is armed for, device time.
@@ -311,7 +311,7 @@ impl DataPath {
     /// After work on this data path inside [`crate::fault::catch`]: blames
     /// a caught fault on the memory it hit ([`crate::memory::blame`]; on
     /// this function's own when it hit no registered table), then, if this
-    /// function's memory is lost, answers it ([`DataPath::memory_fault`]).
+    /// function's memory is lost, answers it (`DataPath::memory_fault`).
     /// Whether it was lost.
     pub fn check_memory(&mut self, fault: Option<Fault>) -> bool {
         if let Some(f) = fault {

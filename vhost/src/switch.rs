@@ -263,7 +263,7 @@ struct PortShared {
     mem_gen: AtomicU64,
     /// The generation of the sender's memory the frame being delivered to
     /// this port's device was sent with (0: none): the only memory its
-    /// references may be read from ([`Reach::memory_of`]).
+    /// references may be read from (`Reach::memory_of`).
     delivering: AtomicU64,
     /// A driver is there to read the port's frames ([`Link::set_attended`]).
     attended: AtomicBool,
@@ -1193,7 +1193,7 @@ impl Link for SwitchPort {
     /// Shares the device's memory with the other ports' devices (see
     /// [`SwitchPort::local_macs`]).
     /// Frames queued with the previous memory's generation are not read
-    /// by reference any more ([`Reach::memory_of`]).
+    /// by reference any more (`Reach::memory_of`).
     fn share_memory(&mut self, mem: Option<Arc<dyn PeerMemory>>) {
         let gen = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
         let mut m = self
