@@ -15,6 +15,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use tracing::{debug, error, info};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
@@ -56,6 +57,10 @@ pub const FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
 pub fn protocol_features() -> VhostUserProtocolFeatures {
     VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::REPLY_ACK
 }
+
+/// Longest a worker that wakes up waits for the threads waiting for the
+/// data path to take it first (`VrnicBackend::lock_worker`).
+pub const GIVE_WAY_MAX: Duration = Duration::from_millis(10);
 
 /// Backend settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,13 +156,33 @@ impl VrnicBackend {
     /// `waiters` while it waits, so a polling worker lets go.
     fn lock(&self) -> MutexGuard<'_, DataPath> {
         self.waiters.fetch_add(1, Ordering::Relaxed);
-        let dp = self.lock_worker();
+        let dp = self.lock_dp();
         self.waiters.fetch_sub(1, Ordering::Relaxed);
         dp
     }
 
-    /// The data path, for the worker.
+    /// The data path, for the worker: after the threads waiting for it
+    /// ([`VrnicBackend::lock`]) had their turn, for up to [`GIVE_WAY_MAX`].
+    ///
+    /// The mutex is not fair: a worker that always has work takes it
+    /// again as soon as it lets go, before the waiter its release woke
+    /// runs. A driver can keep it busy for ever (rings that feed
+    /// themselves: a used ring laid over the avail ring makes every
+    /// completion a new available chain; or a flood), and then the
+    /// frontend's next request (`SET_MEM_TABLE`, `GET_VRING_BASE`) waited
+    /// for ever (found by `tests/vhost_user_sequences.rs`). A waiter takes
+    /// the lock within microseconds once the worker stops retaking it.
     fn lock_worker(&self) -> MutexGuard<'_, DataPath> {
+        if self.waiters.load(Ordering::Relaxed) > 0 {
+            let until = Instant::now() + GIVE_WAY_MAX;
+            while self.waiters.load(Ordering::Relaxed) > 0 && Instant::now() < until {
+                std::thread::yield_now();
+            }
+        }
+        self.lock_dp()
+    }
+
+    fn lock_dp(&self) -> MutexGuard<'_, DataPath> {
         // A panic in the engine is caught inside the lock (see
         // `handle_event`), so poisoning only follows a bug here; the data
         // path is still usable.

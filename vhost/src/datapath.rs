@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use std::sync::Arc;
 
 use tracing::{debug, error, info, warn};
-use vhost_user_backend::{ShutdownHandle, VringRwLock, VringT};
+use vhost_user_backend::{ShutdownHandle, VringT};
 use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vrnic::abi::{self, Pod};
@@ -32,8 +32,8 @@ use crate::memory::{GuestMem, Poison};
 use crate::stats::{Snapshot, StatsBoard};
 use crate::timer::Timer;
 
-/// The vring type the backend uses.
-pub type Vring = VringRwLock<GuestMemoryAtomic<GuestMemoryMmap>>;
+/// The vring type the backend uses ([`crate::vring`]).
+pub use crate::vring::Vring;
 
 /// Largest control request or response the device handles, bytes: a
 /// header and [`abi::MAX_CMD_BODY`].

@@ -7,6 +7,7 @@
 //! - [`chain`]: descriptor chains as readable/writable buffer lists.
 //! - [`timer`]: the non-blocking timerfd behind the device's deadlines.
 //! - [`datapath`]: queue, link and timer handling on the worker thread.
+//! - [`vring`]: the vrings, whose accesses off the worker survive lost memory.
 //! - [`backend`]: the `VhostUserBackend` (features, config, lifecycle).
 //! - [`server`]: listening on a socket and serving frontends one at a time.
 //! - [`stats`]: the counters' published snapshot and management socket.
@@ -35,6 +36,7 @@ pub mod spin;
 pub mod stats;
 pub mod switch;
 pub mod timer;
+pub mod vring;
 
 pub use backend::{BackendConfig, BackendError, VrnicBackend};
 pub use datapath::BackendStats;

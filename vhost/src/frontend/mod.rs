@@ -209,6 +209,15 @@ impl TestFrontend {
         &mut self.fe
     }
 
+    /// Virtqueue `q` as the driver sees it (its rings and eventfds), for
+    /// tests that write the rings or send its eventfds by hand.
+    ///
+    /// # Panics
+    /// When `q` is not a queue index (`q >= abi::NUM_QUEUES`).
+    pub fn queue(&self, q: u16) -> &SplitQueue {
+        &self.queues[usize::from(q)]
+    }
+
     /// Guest RAM.
     pub fn memory(&self) -> &DriverMemory {
         &self.mem

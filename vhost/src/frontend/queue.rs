@@ -129,6 +129,12 @@ impl SplitQueue {
         self.size
     }
 
+    /// Guest-physical addresses of the descriptor table, the available
+    /// ring and the used ring, for tests that write them by hand.
+    pub fn rings(&self) -> (u64, u64, u64) {
+        (self.desc, self.avail, self.used)
+    }
+
     /// Free descriptors.
     pub fn free_descriptors(&self) -> usize {
         self.free.len()
