@@ -304,13 +304,7 @@ pub(crate) fn read_by(
     loop {
         stream.set_read_timeout(Some(left(deadline)?))?;
         match stream.read(buf) {
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if again(&e) => {}
             r => return r,
         }
     }
@@ -321,6 +315,15 @@ pub(crate) fn read_by(
 ///
 /// # Errors
 /// [`io::ErrorKind::TimedOut`] once the deadline has passed, or the
+/// Whether a read or write that failed with `e` is to be tried again
+/// (until the deadline): a timeout of the socket's own, or a signal.
+fn again(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
+}
+
 /// write's.
 pub(crate) fn write_all_by(
     stream: &mut UnixStream,
@@ -333,13 +336,7 @@ pub(crate) fn write_all_by(
         match stream.write(buf) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => buf = &buf[n..],
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if again(&e) => {}
             Err(e) => return Err(e),
         }
     }

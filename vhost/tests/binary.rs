@@ -414,31 +414,20 @@ fn counter(socket: &std::path::Path, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in {out}"))
 }
 
-/// Issue 27, finding 1: a frontend that declares a region past the end of
-/// its memfd, or shrinks the memfd after `SET_MEM_TABLE` and makes the
-/// device read the lost pages, gets its connection closed and a counter;
-/// the daemon lives on (before the fix it died of SIGBUS) and the RC
-/// traffic between two other functions carries on, every message intact.
-#[test]
-fn a_frontend_whose_memory_loses_its_backing_cannot_end_the_daemon() {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use vrnic_vhost::frontend::Buffer;
-    let dir = TempDir::new("sigbus");
-    let (a, b, c) = (
-        dir.0.join("a.sock"),
-        dir.0.join("b.sock"),
-        dir.0.join("c.sock"),
-    );
-    let b_spec = format!("socket={},ip=10.0.0.2/24", b.display());
-    let c_spec = format!("socket={},ip=10.0.0.3/24", c.display());
+/// A daemon (in a namespace of its own) with three functions, sockets
+/// `a.sock`, `b.sock`, `c.sock` in `dir`, 10.0.0.1-3; returned once it has
+/// printed its control socket.
+fn three_functions(dir: &TempDir) -> (Child, [std::path::PathBuf; 3]) {
+    let socks = ["a", "b", "c"].map(|n| dir.0.join(format!("{n}.sock")));
+    let b_spec = format!("socket={},ip=10.0.0.2/24", socks[1].display());
+    let c_spec = format!("socket={},ip=10.0.0.3/24", socks[2].display());
     let (child, rx) = Child::daemon([
         "--tap".as_ref(),
         "vr0".as_ref(),
         "--ip".as_ref(),
         "10.0.0.1/24".as_ref(),
         "--socket".as_ref(),
-        a.as_os_str(),
+        socks[0].as_os_str(),
         "--function".as_ref(),
         std::ffi::OsStr::new(&b_spec),
         "--function".as_ref(),
@@ -451,6 +440,21 @@ fn a_frontend_whose_memory_loses_its_backing_cannot_end_the_daemon() {
     {
         lines.push(rx.recv_timeout(WAIT).expect("the daemon starts"));
     }
+    (child, socks)
+}
+
+/// Issue 27, finding 1: a frontend that declares a region past the end of
+/// its memfd, or shrinks the memfd after `SET_MEM_TABLE` and makes the
+/// device read the lost pages, gets its connection closed and a counter;
+/// the daemon lives on (before the fix it died of SIGBUS) and the RC
+/// traffic between two other functions carries on, every message intact.
+#[test]
+fn a_frontend_whose_memory_loses_its_backing_cannot_end_the_daemon() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use vrnic_vhost::frontend::Buffer;
+    let dir = TempDir::new("sigbus");
+    let (child, [a, b, c]) = three_functions(&dir);
 
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicUsize::new(0));
@@ -537,32 +541,7 @@ fn a_frontend_flooding_its_queue_does_not_stall_the_other_functions() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
     let dir = TempDir::new("flood");
-    let (a, b, c) = (
-        dir.0.join("a.sock"),
-        dir.0.join("b.sock"),
-        dir.0.join("c.sock"),
-    );
-    let b_spec = format!("socket={},ip=10.0.0.2/24", b.display());
-    let c_spec = format!("socket={},ip=10.0.0.3/24", c.display());
-    let (child, rx) = Child::daemon([
-        "--tap".as_ref(),
-        "vr0".as_ref(),
-        "--ip".as_ref(),
-        "10.0.0.1/24".as_ref(),
-        "--socket".as_ref(),
-        a.as_os_str(),
-        "--function".as_ref(),
-        std::ffi::OsStr::new(&b_spec),
-        "--function".as_ref(),
-        std::ffi::OsStr::new(&c_spec),
-    ]);
-    let mut lines = Vec::new();
-    while !lines
-        .iter()
-        .any(|l: &String| l.starts_with("vrnic: control socket"))
-    {
-        lines.push(rx.recv_timeout(WAIT).expect("the daemon starts"));
-    }
+    let (child, [a, b, c]) = three_functions(&dir);
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicUsize::new(0));
     let t = traffic(b.clone(), c.clone(), stop.clone(), done.clone());

@@ -342,20 +342,13 @@ impl TestFrontend {
         Ok(used)
     }
 
-    /// Executes one control command: `[CmdHeader + body][RespHeader +
-    /// body]` on the control queue, the response area sized for the
-    /// largest response. Returns the response header and body (the bytes
-    /// the device wrote after the header).
+    /// Writes the command `opcode` with `body` into the control request
+    /// area; the chain of request and response areas that carries it.
     ///
     /// # Errors
     /// [`FrontendError::Setup`] for a body over [`abi::MAX_CMD_BODY`];
-    /// [`FrontendError::ShortResponse`] when the device wrote less than a
-    /// header; as [`TestFrontend::submit`].
-    pub fn control(
-        &mut self,
-        opcode: u16,
-        body: &[u8],
-    ) -> Result<(abi::RespHeader, Vec<u8>), FrontendError> {
+    /// [`FrontendError::Mem`] if the areas are outside memory.
+    fn write_request(&self, opcode: u16, body: &[u8]) -> Result<[Buffer; 2], FrontendError> {
         if body.len() > abi::MAX_CMD_BODY {
             return Err(FrontendError::Setup(format!(
                 "command body of {} bytes",
@@ -370,11 +363,30 @@ impl TestFrontend {
         let m = self.mem.mem();
         m.write(self.ctrl_req, h.as_bytes())?;
         m.write(self.ctrl_req + 8, body)?;
-        m.write(self.ctrl_resp, &[0u8; MAX_CONTROL_MSG])?;
-        let bufs = [
+        Ok([
             Buffer::readable(self.ctrl_req, 8 + body.len() as u32),
             Buffer::writable(self.ctrl_resp, MAX_CONTROL_MSG as u32),
-        ];
+        ])
+    }
+
+    /// Executes one control command: `[CmdHeader + body][RespHeader +
+    /// body]` on the control queue, the response area sized for the
+    /// largest response. Returns the response header and body (the bytes
+    /// the device wrote after the header).
+    ///
+    /// # Errors
+    /// [`FrontendError::Setup`] for a body over [`abi::MAX_CMD_BODY`];
+    /// [`FrontendError::ShortResponse`] when the device wrote less than a
+    /// header; as [`TestFrontend::submit`].
+    pub fn control(
+        &mut self,
+        opcode: u16,
+        body: &[u8],
+    ) -> Result<(abi::RespHeader, Vec<u8>), FrontendError> {
+        let bufs = self.write_request(opcode, body)?;
+        self.mem
+            .mem()
+            .write(self.ctrl_resp, &[0u8; MAX_CONTROL_MSG])?;
         let used = self.submit(abi::CONTROLQ, &bufs)?;
         if used.len < 8 {
             return Err(FrontendError::ShortResponse { used: used.len });
@@ -402,23 +414,7 @@ impl TestFrontend {
         stop: &std::sync::atomic::AtomicBool,
         pause: std::time::Duration,
     ) -> Result<u64, FrontendError> {
-        if body.len() > abi::MAX_CMD_BODY {
-            return Err(FrontendError::Setup(format!(
-                "command body of {} bytes",
-                body.len()
-            )));
-        }
-        let h = abi::CmdHeader {
-            opcode,
-            ctx: 0,
-            len: body.len() as u32,
-        };
-        self.mem.mem().write(self.ctrl_req, h.as_bytes())?;
-        self.mem.mem().write(self.ctrl_req + 8, body)?;
-        let bufs = [
-            Buffer::readable(self.ctrl_req, 8 + body.len() as u32),
-            Buffer::writable(self.ctrl_resp, MAX_CONTROL_MSG as u32),
-        ];
+        let bufs = self.write_request(opcode, body)?;
         let head = self.post(abi::CONTROLQ, &bufs)?;
         self.queues[usize::from(abi::CONTROLQ)].flood(&self.mem, head, stop, pause)
     }
