@@ -45,7 +45,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 pub const MODE: u32 = 0o600;
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 58;
+pub const COUNTERS: usize = 59;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -83,6 +83,7 @@ pub const NAMES: [&str; COUNTERS] = [
     "acks_coalesced",
     "records_read",
     "replies_dropped",
+    "ack_timeouts_deferred",
     "commands",
     "rejected_chains",
     "faulted_commands",
@@ -176,6 +177,7 @@ impl Snapshot {
             acks_coalesced,
             records_read,
             replies_dropped,
+            ack_timeouts_deferred,
         } = *device;
         let BackendStats {
             commands,
@@ -239,6 +241,7 @@ impl Snapshot {
                 acks_coalesced,
                 records_read,
                 replies_dropped,
+                ack_timeouts_deferred,
                 commands,
                 rejected_chains,
                 faulted_commands,

@@ -183,6 +183,10 @@ pub struct DeviceStats {
     /// `transport::TX_REPLY_MAX` packets already waited for the link
     /// (`Output::send_reply`): the peer's retransmission recovers them.
     pub replies_dropped: u64,
+    /// Expired ACK timers that started again instead of retrying: the
+    /// QP's last packets were still in this device's transmit queue or
+    /// held by its owner for a full link (`completer::on_timer`).
+    pub ack_timeouts_deferred: u64,
 }
 
 impl DeviceStats {
@@ -760,6 +764,22 @@ impl Device {
         self.res.out.pop_frame()
     }
 
+    /// The sequence number of the frame the next [`Device::pop_tx`]
+    /// returns (frames counted from 0 since the device was made or reset).
+    pub fn tx_popped(&self) -> u64 {
+        self.res.out.frames_popped()
+    }
+
+    /// The owner still holds frames it popped, from sequence number `seq`
+    /// ([`Device::tx_popped`] before their pop) on, for a full link; `None`
+    /// when it holds none. Until they go, the ACK timers of the QPs that
+    /// sent them wait for them instead of blaming the peer: the local ACK
+    /// timeout measures the peer's silence, not the device's queue
+    /// (issue 28).
+    pub fn set_tx_held_from(&mut self, seq: Option<u64>) {
+        self.res.out.set_held_from(seq);
+    }
+
     /// Returns a buffer [`Device::pop_tx`] gave out, for reuse by a later
     /// frame (bounded pool: `transport::TX_POOL_MAX` buffers).
     pub fn recycle_tx(&mut self, frame: Vec<u8>) {
@@ -862,6 +882,7 @@ impl Device {
     pub fn reset(&mut self) {
         let fresh = Self::new(self.cfg.clone());
         let old = std::mem::replace(self, fresh);
+        self.res.out.continue_after(&old.res.out);
         self.res.out.stats = old.res.out.stats;
         // The link stays: so does what it reaches without a wire.
         self.res.out.local_macs = old.res.out.local_macs;

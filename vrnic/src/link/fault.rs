@@ -17,7 +17,8 @@
 //!   on send it waits for the next [`Link::send`] or
 //!   [`FaultLink::release_held`].
 //! - corrupt: one bit of the frame, chosen uniformly, is flipped (any byte:
-//!   headers, payload or ICRC).
+//!   headers, payload or ICRC); an ARP frame, which only the Ethernet FCS
+//!   protects, is mangled so its receiver drops it.
 //! - delay: the frame is held back until 2 to 8 (uniform) further frames
 //!   have passed in the same direction, then delivered. On receive, an
 //!   empty inner link releases every delayed frame (as with reorder); on
@@ -270,12 +271,22 @@ impl FaultLink {
         }
     }
 
-    /// Flips one uniformly chosen bit of `frame` (no-op when empty).
+    /// Flips one uniformly chosen bit of `frame` (no-op when empty). An
+    /// ARP frame has no checksum of its own: on a real link the Ethernet
+    /// FCS catches its corruption and the NIC drops it, so here it is made
+    /// unrecognisable instead (its EtherType zeroed; the bit draw is taken
+    /// all the same) and its receiver drops it. A flipped bit in an ARP
+    /// reply's sender MAC would otherwise teach the peer a MAC nobody
+    /// has, and every request to it would vanish until the entry aged.
     fn corrupt(&mut self, frame: &mut [u8]) {
         if frame.is_empty() {
             return;
         }
         let bit = self.rng.below(frame.len() as u64 * 8);
+        if frame.get(12..14) == Some(&[0x08, 0x06]) {
+            frame[12..14].fill(0);
+            return;
+        }
         if let Some(b) = frame.get_mut((bit / 8) as usize) {
             *b ^= 1 << (bit % 8);
         }

@@ -16,9 +16,21 @@
 //! [`HELD_TOTAL_MAX`] in all: then the flusher takes nothing more from
 //! the device, whose own queue fills, and at `transport::TX_BACKLOG_MAX`
 //! frames its requesters and READ responders stop producing —
-//! backpressure up to the WQEs. A destination that stays full for
-//! [`TX_HOLD_MAX_NS`] loses its oldest held frame after all (counted), so
-//! a stuck destination cannot stall the device's other work forever.
+//! backpressure up to the WQEs. A destination on the wire that stays full
+//! for [`TX_HOLD_MAX_NS`] loses its oldest held frame after all (counted),
+//! so a stuck link cannot stall the device's other work forever. A local
+//! destination (another function of the daemon,
+//! [`super::Link::local_macs`]) is a queue its own worker drains: its
+//! frames are held as long as it takes frames at all, and given up only
+//! after [`TX_HOLD_LOCAL_MAX_NS`] without one (issue 28: between
+//! functions, a full queue holds the sender back instead of losing its
+//! frames; the switch itself drops only for a destination gone or
+//! unattended).
+//!
+//! The flusher tells its source which frames it still holds
+//! ([`FrameSource::set_held_from`], by the sequence numbers of
+//! [`FrameSource::next_seq`]): a device's ACK timers wait for them rather
+//! than count their time in its hands as the peer's silence.
 
 use crate::device::{Device, Nanos};
 
@@ -27,6 +39,11 @@ use super::Link;
 /// Longest a frame is held for a full destination, ns (10 ms): then it is
 /// given up ([`TxFlush::given_up`]) and the RC transport retransmits it.
 pub const TX_HOLD_MAX_NS: Nanos = 10_000_000;
+/// Longest a local destination ([`super::Link::local_macs`]) may take
+/// no frame at all before its oldest held frame is given up, ns (1 s): a
+/// function whose worker is wedged must not stall its senders forever;
+/// one that drains, however slowly, loses nothing.
+pub const TX_HOLD_LOCAL_MAX_NS: Nanos = 1_000_000_000;
 /// Most frames one [`TxFlush::flush`] hands to the link, so one call is
 /// bounded however fast a source refills (the device's queue is bounded
 /// too: `transport::TX_BACKLOG_MAX` data frames, with the replies at
@@ -48,6 +65,15 @@ pub trait FrameSource {
     /// Takes back the buffer of a frame the link has taken (or that was
     /// given up).
     fn recycle(&mut self, frame: Vec<u8>);
+    /// The sequence number of the frame [`FrameSource::next_frame`]
+    /// returns next (frames numbered from 0 in the order they come); 0 for
+    /// a source that does not number its frames.
+    fn next_seq(&self) -> u64 {
+        0
+    }
+    /// The flusher still holds frames from sequence number `seq` on (some
+    /// of them), or none (`None`).
+    fn set_held_from(&mut self, _seq: Option<u64>) {}
 }
 
 impl FrameSource for Device {
@@ -57,6 +83,14 @@ impl FrameSource for Device {
 
     fn recycle(&mut self, frame: Vec<u8>) {
         self.recycle_tx(frame);
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.tx_popped()
+    }
+
+    fn set_held_from(&mut self, seq: Option<u64>) {
+        self.set_tx_held_from(seq);
     }
 }
 
@@ -88,9 +122,11 @@ pub const SEND_BATCH_BYTES: usize = 32 * 9216;
 struct Held {
     /// The destination MAC (the frames' first six bytes).
     dst: [u8; 6],
-    /// When the link first refused `frames[0]`.
+    /// When the link first refused `frames[0]`, or last took one.
     since: Nanos,
     frames: Vec<Vec<u8>>,
+    /// The sequence numbers of `frames` ([`FrameSource::next_seq`]).
+    seqs: Vec<u64>,
 }
 
 /// The destination MAC of a frame (zeros for a frame too short to have
@@ -110,6 +146,8 @@ pub struct TxFlush {
     /// At most [`SEND_BATCH`] frames and (but for the last)
     /// [`SEND_BATCH_BYTES`], in order, for destinations not held.
     pending: Vec<Vec<u8>>,
+    /// The sequence numbers of `pending`'s frames, in the same order.
+    pending_seqs: Vec<u64>,
     /// Per full destination, in the order they filled.
     held: Vec<Held>,
     given_up: u64,
@@ -138,6 +176,7 @@ impl TxFlush {
             let room = SEND_BATCH.min(FLUSH_MAX - done.sent);
             let mut bytes: usize = self.pending.iter().map(Vec::len).sum();
             while self.pending.len() < room && bytes < SEND_BATCH_BYTES && !self.held_full() {
+                let seq = src.next_seq();
                 let Some(f) = src.next_frame() else {
                     break;
                 };
@@ -145,10 +184,12 @@ impl TxFlush {
                 let dst = dst_of(&f);
                 if let Some(h) = self.held.iter_mut().find(|h| h.dst == dst) {
                     h.frames.push(f);
+                    h.seqs.push(seq);
                     continue;
                 }
                 bytes += f.len();
                 self.pending.push(f);
+                self.pending_seqs.push(seq);
             }
             if self.pending.is_empty() {
                 break;
@@ -159,13 +200,25 @@ impl TxFlush {
                     // The first frame's destination is full: hold it and
                     // the rest of the batch for it; the others go on.
                     let dst = dst_of(&self.pending[0]);
-                    let (mine, others): (Vec<_>, Vec<_>) =
-                        self.pending.drain(..).partition(|f| dst_of(f) == dst);
+                    let (mut mine, mut mine_seqs) = (Vec::new(), Vec::new());
+                    let (mut others, mut seqs) = (Vec::new(), Vec::new());
+                    let tagged = self.pending.drain(..).zip(self.pending_seqs.drain(..));
+                    for (f, seq) in tagged {
+                        if dst_of(&f) == dst {
+                            mine.push(f);
+                            mine_seqs.push(seq);
+                        } else {
+                            others.push(f);
+                            seqs.push(seq);
+                        }
+                    }
                     self.pending = others;
+                    self.pending_seqs = seqs;
                     self.held.push(Held {
                         dst,
                         since: now.max(1),
                         frames: mine,
+                        seqs: mine_seqs,
                     });
                     continue;
                 }
@@ -182,9 +235,17 @@ impl TxFlush {
             for frame in self.pending.drain(..took) {
                 src.recycle(frame);
             }
+            self.pending_seqs.drain(..took.min(self.pending_seqs.len()));
         }
         done.held = !self.held.is_empty();
+        src.set_held_from(self.oldest_seq());
         done
+    }
+
+    /// The sequence number of the oldest frame held or pending, if any.
+    fn oldest_seq(&self) -> Option<u64> {
+        let held = self.held.iter().filter_map(|h| h.seqs.first().copied());
+        held.chain(self.pending_seqs.first().copied()).min()
     }
 
     /// Offers each full destination its held frames again, oldest
@@ -197,14 +258,19 @@ impl TxFlush {
         now: Nanos,
         done: &mut Flushed,
     ) {
+        let local = link.local_macs();
         let mut i = 0;
         while let Some(h) = self.held.get_mut(i) {
+            let bound = match &local {
+                Some(l) if l.contains(&h.dst) => TX_HOLD_LOCAL_MAX_NS,
+                _ => TX_HOLD_MAX_NS,
+            };
             let took = match link.try_send_many(&mut h.frames) {
-                Ok(0) if now.saturating_sub(h.since) < TX_HOLD_MAX_NS => 0,
+                Ok(0) if now.saturating_sub(h.since) < bound => 0,
                 Ok(0) => {
                     self.given_up = self.given_up.wrapping_add(1);
                     done.given_up += 1;
-                    tracing::debug!("destination full for {TX_HOLD_MAX_NS} ns: a frame given up");
+                    tracing::debug!("destination full for {bound} ns: a frame given up");
                     h.since = now.max(1);
                     1
                 }
@@ -222,6 +288,7 @@ impl TxFlush {
             for frame in h.frames.drain(..took) {
                 src.recycle(frame);
             }
+            h.seqs.drain(..took.min(h.seqs.len()));
             if h.frames.is_empty() {
                 self.held.remove(i);
             } else {

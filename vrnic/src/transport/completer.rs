@@ -144,6 +144,7 @@ fn retry_after_nak(qp: &mut Qp, env: &mut Env, p: u32) {
     }
     qp.req.retry_left -= 1;
     qp.req.retry_started = true;
+    qp.req.cwnd.on_nak();
     requester::rewind(qp, p);
     requester::run(qp, env);
 }
@@ -151,8 +152,10 @@ fn retry_after_nak(qp: &mut Qp, env: &mut Env, p: u32) {
 /// Completes, in order, every WQE whose last packet is at or before `p`.
 fn ack_up_to(qp: &mut Qp, env: &mut Env, p: u32) {
     let mut progress = false;
-    if psn::diff(p, qp.req.acked_psn) > 0 {
+    let acked = psn::diff(p, qp.req.acked_psn);
+    if acked > 0 {
         qp.req.acked_psn = p;
+        qp.req.cwnd.on_ack(acked as u32);
         progress = true;
     }
     while let Some(op) = qp.req.inflight.front() {
@@ -204,7 +207,10 @@ fn fail_head(qp: &mut Qp, env: &mut Env, status: abi::WcStatus) {
 
 /// Runs the QP's timers at `env.now`: the end of an RNR back-off resumes
 /// sending; an expired ACK timer retransmits from the oldest unacknowledged
-/// PSN or, with no retries left, fails the WQE with `RETRY_EXC_ERR`.
+/// PSN or, with no retries left, fails the WQE with `RETRY_EXC_ERR` —
+/// unless the QP's last packets still wait in this device's queue or its
+/// owner's hands ([`crate::transport::Output::departed`]): then it starts
+/// again (`ack_timeouts_deferred`).
 /// Returns the QP's next deadline.
 pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
     if let Some(t) = qp.req.rnr_deadline {
@@ -218,11 +224,19 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
         if env.now >= t && qp.req.rnr_deadline.is_none() {
             if qp.req.inflight.is_empty() {
                 qp.req.ack_deadline = None;
+            } else if env.res.out.departed() < qp.req.tx_mark {
+                // Its last packets have not left this device yet: the
+                // peer cannot have answered them. The timer starts again
+                // (rxe restarts it as each packet goes, rxe_req.c
+                // update_state), so it measures the peer's silence.
+                env.res.out.stats.ack_timeouts_deferred += 1;
+                qp.req.ack_deadline = ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t);
             } else if qp.req.retry_left == 0 {
                 fail_head(qp, env, abi::WcStatus::RetryExcErr);
             } else {
                 qp.req.retry_left -= 1;
                 qp.req.retry_started = true;
+                qp.req.cwnd.on_timeout();
                 env.res.out.stats.retransmits += 1;
                 qp.req.ack_deadline = ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t);
                 requester::rewind(qp, resume_psn(qp));

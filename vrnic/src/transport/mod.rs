@@ -7,6 +7,7 @@
 //! MR and CQ tables, the port identity and the output queues.
 
 pub mod completer;
+pub mod cwnd;
 pub mod datagram;
 pub mod hdr_check;
 pub mod psn;
@@ -112,6 +113,19 @@ pub struct Output {
     /// Big buffers (that held batches) among [`Output::spare`], at most
     /// [`TX_POOL_BIG_MAX`].
     spare_big: usize,
+    /// Frames queued into [`Output::tx`] so far: the next frame's sequence
+    /// number ([`Output::frames_queued`]).
+    queued: u64,
+    /// Frames taken from [`Output::tx`] so far ([`Output::pop_frame`]).
+    popped: u64,
+    /// The oldest frame taken from [`Output::tx`] that its owner still
+    /// holds for a full link ([`Output::set_held_from`]), if any.
+    held_from: Option<u64>,
+    /// The last frame queued when it is a plain ACK for the wire (not a
+    /// batch): its sequence number and headers. A later ACK of the same
+    /// QP and flow takes its place while it is still queued
+    /// ([`Output::replace_wire_ack`]).
+    wire_ack: Option<(u64, Box<RoceHeaders>)>,
 }
 
 /// Big buffers (longer than [`BIG_BUFFER`]: they held batches,
@@ -209,8 +223,8 @@ impl Output {
     /// an RNR NAK or an atomic ACK (IBTA §9.7.5.1), unless
     /// [`TX_REPLY_MAX`] packets already wait for the link; then it is
     /// dropped and counted (`DeviceStats::replies_dropped`), except a
-    /// plain ACK that takes an earlier one's place ([`Output::send_with`]),
-    /// which adds nothing. Returns whether it was queued.
+    /// plain ACK that takes an earlier one's place ([`Output::send_with`],
+    /// between functions and to the wire), which adds nothing. Returns whether it was queued.
     ///
     /// Dropping a reply is what a lossy link would do, and RC recovers
     /// from it (IBTA §9.7.5, go-back-N): an ACK is cumulative, so a later
@@ -223,7 +237,7 @@ impl Output {
     pub fn send_reply(&mut self, hdr: &mut RoceHeaders) -> bool {
         if self.backlog() >= TX_REPLY_MAX {
             hdr.ip_id = self.ip_id;
-            if self.replace_last_ack(hdr) {
+            if self.replace_last_ack(hdr) || self.replace_wire_ack(hdr) {
                 return true;
             }
             self.stats.replies_dropped += 1;
@@ -263,7 +277,7 @@ impl Output {
         fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
     ) -> Result<(), E> {
         hdr.ip_id = self.ip_id;
-        if self.replace_last_ack(hdr) {
+        if self.replace_last_ack(hdr) || self.replace_wire_ack(hdr) {
             return Ok(());
         }
         let ack = is_plain_ack(hdr);
@@ -316,7 +330,49 @@ impl Output {
         }
         self.queue(frame);
         self.sent(len);
+        if ack && !local {
+            self.wire_ack = Some((self.queued.wrapping_sub(1), Box::new(hdr.clone())));
+        }
         Ok(())
+    }
+
+    /// Puts the plain ACK `hdr` for the wire in the place of the frame
+    /// queued last, when that is a plain ACK to the same QP of the same
+    /// flow for an earlier PSN still in the queue: an ACK acknowledges
+    /// every PSN up to its own (IBTA §9.7.5.1.1, coalesced
+    /// acknowledgements), so the requester learns the same from one
+    /// packet, and no later: the ACK it replaces had not left either.
+    /// Whether it did (counted in `acks_coalesced`).
+    fn replace_wire_ack(&mut self, hdr: &RoceHeaders) -> bool {
+        if !is_plain_ack(hdr) {
+            return false;
+        }
+        let Some((seq, old)) = &self.wire_ack else {
+            return false;
+        };
+        let last_queued = seq.wrapping_add(1) == self.queued && *seq >= self.popped;
+        if !last_queued
+            || self.batch.is_some()
+            || old.bth.dest_qp != hdr.bth.dest_qp
+            || psn::diff(hdr.bth.psn, old.bth.psn) <= 0
+            || !wire::gso::same_flow(old, hdr)
+        {
+            return false;
+        }
+        let Some(frame) = self.tx.back_mut() else {
+            return false;
+        };
+        // Over the old one, with its IPv4 identification.
+        let mut h = hdr.clone();
+        h.ip_id = old.ip_id;
+        let no_payload = |_: &mut [u8]| Ok::<(), std::convert::Infallible>(());
+        match wire::emit_frame_icrc(&h, 0, frame, wire::Icrc::Needed, no_payload) {
+            Ok(()) => {}
+            Err(never) => match never {},
+        }
+        self.wire_ack = Some((*seq, Box::new(h)));
+        self.stats.acks_coalesced += 1;
+        true
     }
 
     /// Puts the plain ACK `hdr` in the place of the plain ACK that ends the
@@ -503,6 +559,7 @@ impl Output {
     /// Queues a frame of one packet (more may join it while it is the open
     /// batch).
     fn queue(&mut self, frame: Vec<u8>) {
+        self.queued = self.queued.wrapping_add(1);
         self.tx.push_back(frame);
         self.tx_counts.push_back(1);
         self.tx_packets += 1;
@@ -516,7 +573,47 @@ impl Output {
         }
         let n = self.tx_counts.pop_front().unwrap_or(0);
         self.tx_packets = self.tx_packets.saturating_sub(n);
-        self.tx.pop_front()
+        let frame = self.tx.pop_front()?;
+        self.popped = self.popped.wrapping_add(1);
+        Some(frame)
+    }
+
+    /// Frames queued so far, the sequence number the next frame gets
+    /// (frame `n` is the `n`-th queued, from 0; a packet that joins the
+    /// open batch is in frame `frames_queued() - 1`). A QP that notes it
+    /// after sending knows its packets left the device once
+    /// [`Output::departed`] reaches it.
+    pub fn frames_queued(&self) -> u64 {
+        self.queued
+    }
+
+    /// Frame numbering carries on after `old`'s (a device reset drops
+    /// the queue, not its owner's held frames, whose numbers must stay
+    /// older than the new frames').
+    pub fn continue_after(&mut self, old: &Output) {
+        self.queued = old.queued;
+        self.popped = old.queued;
+    }
+
+    /// Frames taken from the queue so far: the sequence number of the
+    /// next frame [`Output::pop_frame`] returns.
+    pub fn frames_popped(&self) -> u64 {
+        self.popped
+    }
+
+    /// The owner still holds the frames it took from sequence number
+    /// `seq` on, or some of them, for a full link (`link::txq::TxFlush`);
+    /// `None`: every frame it took has gone to the link.
+    pub fn set_held_from(&mut self, seq: Option<u64>) {
+        self.held_from = seq;
+    }
+
+    /// Frames before this sequence number have left the device: handed
+    /// to the link (or lost there), none waits in the queue or in its
+    /// owner's hands. What the ACK timer asks before blaming the peer
+    /// (`completer::on_timer`).
+    pub fn departed(&self) -> u64 {
+        self.held_from.map_or(self.popped, |h| h.min(self.popped))
     }
 
     /// Packets waiting for the link (in [`Output::tx`], batches counted
@@ -956,6 +1053,57 @@ mod output_tests {
         );
     }
 
+    /// To the wire, a plain ACK takes the place of the frame queued last
+    /// when that is a plain ACK of the same QP and flow for an earlier
+    /// PSN, still queued: one frame leaves, with the newest PSN and MSN
+    /// and a valid ICRC. A NAK, another QP or an earlier PSN goes as
+    /// itself, and so does an ACK after the last one left.
+    #[test]
+    fn acks_of_one_qp_for_the_wire_coalesce_while_queued() {
+        let mut out = Output::default();
+        let ack = |qp: u32, p: u32, aeth: wire::Aeth| {
+            let mut h = sample_headers(Opcode::RcAck, false);
+            h.bth.dest_qp = qp;
+            h.bth.psn = p;
+            h.aeth = Some(aeth);
+            h
+        };
+        let plain = |msn| wire::Aeth::ack(msn, 31);
+        let nak = wire::Aeth::nak(5, wire::NakCode::PsnSequenceError);
+        for h in [
+            ack(7, 10, plain(1)),
+            ack(7, 20, plain(2)), // replaces the first
+            ack(7, 30, plain(3)), // replaces it again
+            ack(7, 25, plain(4)), // earlier PSN: goes as itself
+            ack(8, 40, plain(5)), // another QP
+            ack(8, 41, nak),      // a NAK
+            ack(8, 42, plain(6)), // behind a NAK: itself
+            ack(8, 50, plain(7)), // replaces it
+        ] {
+            out.send(&mut h.clone(), &[]);
+        }
+        assert_eq!(out.stats.acks_coalesced, 3);
+        let mut got = Vec::new();
+        while let Some(f) = out.pop_frame() {
+            let p = wire::parse_roce_with(&f, wire::Icrc::Needed).expect("valid, ICRC too");
+            got.push((p.hdr.bth.dest_qp, p.hdr.bth.psn, p.hdr.aeth.unwrap()));
+        }
+        assert_eq!(
+            got,
+            [
+                (7, 30, plain(3)),
+                (7, 25, plain(4)),
+                (8, 40, plain(5)),
+                (8, 41, nak),
+                (8, 50, plain(7))
+            ]
+        );
+        // The last ACK left: the next goes as itself.
+        out.send(&mut ack(8, 60, plain(8)), &[]);
+        assert_eq!(out.stats.acks_coalesced, 3);
+        assert!(out.pop_frame().is_some());
+    }
+
     /// Replies stop at [`TX_REPLY_MAX`] packets waiting for the link,
     /// data packets included, each one past it counted as dropped; a
     /// plain ACK that takes the place of the one ending the open batch
@@ -982,7 +1130,14 @@ mod output_tests {
         let extra = 100;
         let mut queued = 0;
         for k in 0..(TX_REPLY_MAX - TX_BACKLOG_MAX + extra) as u32 {
-            queued += usize::from(out.send_reply(&mut ack(7, k, plain(k))));
+            // Two QPs in turn, then others: no ACK takes its neighbour's
+            // place.
+            let qp = if k < (TX_REPLY_MAX - TX_BACKLOG_MAX) as u32 {
+                7 + k % 2
+            } else {
+                100 + k
+            };
+            queued += usize::from(out.send_reply(&mut ack(qp, k, plain(k))));
             assert!(out.backlog() <= TX_REPLY_MAX, "{}", out.backlog());
         }
         assert_eq!(queued, TX_REPLY_MAX - TX_BACKLOG_MAX);
@@ -992,7 +1147,8 @@ mod output_tests {
         assert_eq!(out.stats.replies_dropped, extra as u64 + 1);
         assert!(out.pop_frame().is_some());
         assert!(out.send_reply(&mut ack(7, 1000, plain(1))), "room again");
-        assert!(!out.send_reply(&mut ack(7, 1001, plain(1))));
+        assert!(!out.send_reply(&mut ack(9, 1001, plain(1))));
+        assert!(out.send_reply(&mut ack(7, 1002, plain(2))), "coalesced");
         assert_eq!(out.backlog(), TX_REPLY_MAX);
 
         // To another function: NAKs in batches to the bound, then a plain

@@ -108,6 +108,13 @@ pub struct ReqState {
     pub rnr_left: u8,
     /// When the local ACK timer expires.
     pub ack_deadline: Option<u64>,
+    /// The congestion window of SEND and WRITE packets.
+    pub cwnd: crate::transport::cwnd::Cwnd,
+    /// The device's frame count ([`crate::transport::Output::frames_queued`])
+    /// after this QP's last request packet: until the frames before it
+    /// have left the device ([`crate::transport::Output::departed`]), an
+    /// expired ACK timer waits instead of retrying.
+    pub tx_mark: u64,
     /// Sending is paused until this time (RNR NAK back-off).
     pub rnr_deadline: Option<u64>,
     /// Sending waits for ARP / neighbour discovery to resolve this GID.
@@ -130,6 +137,7 @@ impl ReqState {
         self.retry_left = retry_cnt;
         self.retry_started = false;
         self.rnr_left = rnr_retry;
+        self.cwnd = Default::default();
     }
 }
 
@@ -456,6 +464,27 @@ fn window_ahead(qp: &Qp, p: u32) -> i32 {
     psn::diff(p, psn::add(qp.req.acked_psn, 1))
 }
 
+/// How often a SEND or WRITE asks for an ACK, in packets of its message:
+/// [`ACK_REQ_EVERY`], or a quarter of a smaller congestion window (at
+/// least 2), so that a window cut by loss still gets several ACKs per
+/// round trip: any one of them is progress, and progress is what resets
+/// the retry count.
+fn ack_every(qp: &Qp) -> u32 {
+    (qp.req.cwnd.window() / 4).clamp(2, ACK_REQ_EVERY)
+}
+
+/// The window op `op` is sent within, packets: the congestion window for
+/// SEND and WRITE, [`MAX_INFLIGHT_PKTS`] for a READ or atomic request
+/// (one packet, whatever PSNs it covers).
+fn window(qp: &Qp, op: &SendOp) -> i32 {
+    let w = if op.needs_response() {
+        MAX_INFLIGHT_PKTS
+    } else {
+        qp.req.cwnd.window()
+    };
+    w as i32
+}
+
 /// Sends packet `k` of inflight op `i`; `window_full` asks for an ACK (the
 /// window closes behind this packet). Returns false when the packet could
 /// not be built (peer MAC unknown).
@@ -512,7 +541,7 @@ fn send_packet(
     let n = op.len.saturating_sub(offset).min(mtu);
     let last = k + 1 == op.npkts;
     hdr.bth.ack_req = qp.qp_type == abi::QpType::Rc
-        && (last || window_full || (k + 1).is_multiple_of(ACK_REQ_EVERY));
+        && (last || window_full || (k + 1).is_multiple_of(ack_every(qp)));
     hdr.bth.solicited = last && op.wqe.send_flags & abi::SEND_SOLICITED != 0;
     ext_headers(&mut hdr, op);
     let res = &mut *env.res;
@@ -537,7 +566,7 @@ fn send_packet(
 /// `budget` packets, [`wire::RUN_MAX_PACKETS`] and what the window has
 /// room for (`ahead`: how far packet `k` is beyond the oldest
 /// unacknowledged PSN), ending at the first packet that asks for an ACK
-/// ([`ACK_REQ_EVERY`]), so that only the run's last packet may ask.
+/// ([`ack_every`]), so that only the run's last packet may ask.
 fn run_len(qp: &Qp, i: usize, k: u32, ahead: i32, budget: u32) -> u32 {
     let op = &qp.req.inflight[i];
     if !matches!(qp.qp_type, abi::QpType::Rc | abi::QpType::Uc)
@@ -546,13 +575,14 @@ fn run_len(qp: &Qp, i: usize, k: u32, ahead: i32, budget: u32) -> u32 {
     {
         return 0;
     }
-    let room = u32::try_from(MAX_INFLIGHT_PKTS as i32 - ahead).unwrap_or(0);
+    let room = u32::try_from(window(qp, op) - ahead).unwrap_or(0);
     let n = (op.npkts - k)
         .min(budget)
         .min(wire::RUN_MAX_PACKETS)
         .min(room);
-    // Packet j asks for an ACK every ACK_REQ_EVERY packets of the message.
-    let to_ack = ACK_REQ_EVERY - k % ACK_REQ_EVERY;
+    // Packet j asks for an ACK every ack_every packets of the message.
+    let every = ack_every(qp);
+    let to_ack = every - k % every;
     n.min(to_ack)
 }
 
@@ -596,8 +626,8 @@ fn send_run(
         // ACK interval (run_len ends runs there).
         ack_req: qp.qp_type == abi::QpType::Rc
             && (ends
-                || ahead + n as i32 == MAX_INFLIGHT_PKTS as i32
-                || (last_k + 1).is_multiple_of(ACK_REQ_EVERY)),
+                || ahead + n as i32 >= window(qp, op)
+                || (last_k + 1).is_multiple_of(ack_every(qp))),
         solicited: ends && op.wqe.send_flags & abi::SEND_SOLICITED != 0,
         ..hdr.bth
     });
@@ -693,13 +723,14 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
                 break;
             }
             let ahead = window_ahead(qp, psn::add(op.first_psn, k));
-            if ahead >= MAX_INFLIGHT_PKTS as i32 {
+            let wnd = window(qp, op);
+            if ahead >= wnd {
                 break; // resumed by the ACK that moves the window
             }
             // (PSNs sent, burst budget spent): a run, else one packet.
             let (psns, cost) = match send_run(qp, env, pos, k, ahead, budget) {
                 Ok(0) => {
-                    match send_packet(qp, env, pos, k, ahead + 1 == MAX_INFLIGHT_PKTS as i32) {
+                    match send_packet(qp, env, pos, k, ahead + 1 >= wnd) {
                         Ok(true) => {
                             let op = &qp.req.inflight[pos];
                             // A READ or atomic request covers all of its PSNs.
@@ -738,13 +769,14 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             if qp.req.ack_deadline.is_none() {
                 qp.req.ack_deadline = ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t);
             }
+            qp.req.tx_mark = env.res.out.frames_queued();
             continue;
         }
         // Fetch a new WQE (not in SQD: IBTA §10.3.1.4).
         if qp.req.sq_next == qp.req.sq_pi || qp.state != abi::QpState::Rts {
             break;
         }
-        if window_ahead(qp, qp.req.psn) >= MAX_INFLIGHT_PKTS as i32 {
+        if window_ahead(qp, qp.req.psn) >= qp.req.cwnd.window() as i32 {
             break;
         }
         let op = fetch(qp, env, qp.req.sq_next);
