@@ -45,7 +45,7 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 pub const MODE: u32 = 0o600;
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 59;
+pub const COUNTERS: usize = 60;
 
 /// Counter names, in output order: the engine's ([`DeviceStats`] fields),
 /// then the backend's ([`BackendStats`] fields).
@@ -84,6 +84,7 @@ pub const NAMES: [&str; COUNTERS] = [
     "records_read",
     "replies_dropped",
     "ack_timeouts_deferred",
+    "tail_probes",
     "commands",
     "rejected_chains",
     "faulted_commands",
@@ -178,6 +179,7 @@ impl Snapshot {
             records_read,
             replies_dropped,
             ack_timeouts_deferred,
+            tail_probes,
         } = *device;
         let BackendStats {
             commands,
@@ -242,6 +244,7 @@ impl Snapshot {
                 records_read,
                 replies_dropped,
                 ack_timeouts_deferred,
+                tail_probes,
                 commands,
                 rejected_chains,
                 faulted_commands,

@@ -187,6 +187,10 @@ pub struct DeviceStats {
     /// QP's last packets were still in this device's transmit queue or
     /// held by its owner for a full link (`completer::on_timer`).
     pub ack_timeouts_deferred: u64,
+    /// Tail loss probes sent: the last unacknowledged packet of a QP sent
+    /// again after about two round trips without progress
+    /// (`transport::probe`).
+    pub tail_probes: u64,
 }
 
 impl DeviceStats {

@@ -156,6 +156,9 @@ fn ack_up_to(qp: &mut Qp, env: &mut Env, p: u32) {
     if acked > 0 {
         qp.req.acked_psn = p;
         qp.req.cwnd.on_ack(acked as u32);
+        qp.req.rtt.on_ack(p, env.now);
+        qp.req.probe_deadline = None;
+        qp.req.probe_sent = false;
         progress = true;
     }
     while let Some(op) = qp.req.inflight.front() {
@@ -220,6 +223,18 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
             requester::run(qp, env);
         }
     }
+    if let Some(t) = qp.req.probe_deadline {
+        if env.now >= t && qp.req.rnr_deadline.is_none() {
+            qp.req.probe_deadline = None;
+            if env.res.out.departed() < qp.req.tx_mark {
+                // Not gone yet: nothing can have come back.
+                let pto = qp.req.rtt.pto(ack_timeout_ns(qp.attr.timeout));
+                qp.req.probe_deadline = Some(env.now + pto);
+            } else {
+                requester::probe(qp, env);
+            }
+        }
+    }
     if let Some(t) = qp.req.ack_deadline {
         if env.now >= t && qp.req.rnr_deadline.is_none() {
             if qp.req.inflight.is_empty() {
@@ -251,10 +266,16 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
     }
     let arp = qp.req.waiting_arp.map(|_| env.now + 1_000_000);
     let more = qp.req.more.then_some(env.now);
-    [qp.req.rnr_deadline, qp.req.ack_deadline, arp, more]
-        .into_iter()
-        .flatten()
-        .min()
+    [
+        qp.req.rnr_deadline,
+        qp.req.ack_deadline,
+        qp.req.probe_deadline,
+        arp,
+        more,
+    ]
+    .into_iter()
+    .flatten()
+    .min()
 }
 
 /// Where go-back-N resumes after a timeout: the first missing response of

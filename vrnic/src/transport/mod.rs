@@ -10,6 +10,7 @@ pub mod completer;
 pub mod cwnd;
 pub mod datagram;
 pub mod hdr_check;
+pub mod probe;
 pub mod psn;
 pub mod recv_queue;
 pub mod requester;

@@ -110,6 +110,13 @@ pub struct ReqState {
     pub ack_deadline: Option<u64>,
     /// The congestion window of SEND and WRITE packets.
     pub cwnd: crate::transport::cwnd::Cwnd,
+    /// The QP's round trip, for the tail loss probe.
+    pub rtt: crate::transport::probe::Rtt,
+    /// When a tail loss probe goes, if no progress comes first
+    /// ([`crate::transport::probe`]).
+    pub probe_deadline: Option<u64>,
+    /// A probe went since the last progress: no other until then.
+    pub probe_sent: bool,
     /// The device's frame count ([`crate::transport::Output::frames_queued`])
     /// after this QP's last request packet: until the frames before it
     /// have left the device ([`crate::transport::Output::departed`]), an
@@ -138,6 +145,9 @@ impl ReqState {
         self.retry_started = false;
         self.rnr_left = rnr_retry;
         self.cwnd = Default::default();
+        self.rtt = Default::default();
+        self.probe_deadline = None;
+        self.probe_sent = false;
     }
 }
 
@@ -703,6 +713,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
     qp.req.more = false;
     let mut budget = BURST;
     let mut backlog = false;
+    let mut sent_any = false;
     while budget > 0 {
         if env.res.out.backlog() >= TX_BACKLOG_MAX {
             backlog = true;
@@ -770,6 +781,11 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
                 qp.req.ack_deadline = ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t);
             }
             qp.req.tx_mark = env.res.out.frames_queued();
+            let op = &qp.req.inflight[pos];
+            qp.req
+                .rtt
+                .on_send(psn::add(op.first_psn, op.sent - 1), env.now);
+            sent_any = true;
             continue;
         }
         // Fetch a new WQE (not in SQD: IBTA §10.3.1.4).
@@ -789,7 +805,44 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
         }
     }
     qp.req.more = budget == 0 || backlog;
+    if (sent_any || qp.req.probe_deadline.is_none()) && !qp.req.probe_sent {
+        qp.req.probe_deadline =
+            last_sent(qp).map(|_| env.now + qp.req.rtt.pto(ack_timeout_ns(qp.attr.timeout)));
+    }
     crate::transport::completer::complete_head_errors(qp, env);
+}
+
+/// The last SEND or WRITE packet an RC QP sent that is not acknowledged:
+/// its op's index in `inflight` and its packet index there. `None` when
+/// the last packet sent is acknowledged, or a READ or atomic request
+/// (their responses are their acknowledgement,
+/// [`crate::transport::completer`] re-requests).
+fn last_sent(qp: &Qp) -> Option<(usize, u32)> {
+    if qp.qp_type != abi::QpType::Rc {
+        return None;
+    }
+    let r = &qp.req;
+    let pos = (0..=r.send_pos.min(r.inflight.len().checked_sub(1)?))
+        .rev()
+        .find(|&i| r.inflight[i].sent > 0)?;
+    let op = &r.inflight[pos];
+    let k = op.sent - 1;
+    let unacked = psn::diff(psn::add(op.first_psn, k), r.acked_psn) > 0;
+    (unacked && !op.needs_response() && op.error.is_none()).then_some((pos, k))
+}
+
+/// Sends the tail loss probe ([`crate::transport::probe`]): the last
+/// SEND or WRITE packet sent, again, asking for an ACK; the QP's other
+/// state stays as it is. Counted in `tail_probes`.
+pub fn probe(qp: &mut Qp, env: &mut Env) {
+    let Some((pos, k)) = last_sent(qp) else {
+        return;
+    };
+    if let Ok(true) = send_packet(qp, env, pos, k, true) {
+        qp.req.probe_sent = true;
+        qp.req.tx_mark = env.res.out.frames_queued();
+        env.res.out.stats.tail_probes += 1;
+    }
 }
 
 /// UC: completes, in order, the WQEs at the head whose packets are all sent.
@@ -809,6 +862,8 @@ fn complete_sent(qp: &mut Qp, env: &mut Env) {
 /// Rewinds sending to `from` (go-back-N): the WQE holding that PSN resends
 /// from it and every later WQE from its start.
 pub fn rewind(qp: &mut Qp, from: u32) {
+    qp.req.rtt.on_rewind();
+    qp.req.probe_deadline = None;
     let r = &mut qp.req;
     let mut found = None;
     for (i, op) in r.inflight.iter_mut().enumerate() {
@@ -851,6 +906,7 @@ pub fn flush(qp: &mut Qp, env: &mut Env) {
     }
     qp.req.send_pos = 0;
     qp.req.ack_deadline = None;
+    qp.req.probe_deadline = None;
     qp.req.rnr_deadline = None;
 }
 
