@@ -1651,9 +1651,11 @@ fn repeated_sequence_naks_resend_once_per_retry_and_end_in_retry_exceeded() {
     }
     let c = cqe.expect("the WQE never completed");
     assert_eq!((c.wr_id, c.status), (5, abi::WC_RETRY_EXC_ERR));
-    // And one tail loss probe in the whole episode without progress.
-    assert_eq!(s.a.dev.stats().tail_probes, 1);
-    assert_eq!(total, 7 + 1, "one resend per retry (retry_cnt 7)");
+    // And at most one tail loss probe in the whole episode without
+    // progress.
+    let probes = s.a.dev.stats().tail_probes as usize;
+    assert!(probes <= 1, "{probes} probes");
+    assert_eq!(total, 7 + probes, "one resend per retry (retry_cnt 7)");
 }
 
 /// A WRITE whose target MR is invalidated by a SEND with invalidate (on

@@ -431,6 +431,113 @@ mod tests {
         assert_eq!((src.recycled, tx.given_up(), tx.holding()), (5, 0, false));
     }
 
+    /// A switch port full of another function's frames: its destination
+    /// (`[7; 6]`) is local, everything else is not.
+    struct BusyPort(Stubborn);
+
+    impl Link for BusyPort {
+        fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+            self.0.send(frame)
+        }
+        fn try_send(&mut self, frame: &[u8]) -> io::Result<bool> {
+            self.0.try_send(frame)
+        }
+        fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+            self.0.recv(buf)
+        }
+        fn raw_fd(&self) -> Option<RawFd> {
+            None
+        }
+        fn local_macs(&self) -> Option<crate::link::LocalMacs> {
+            Some(crate::link::LocalMacs::new(|m| *m == [7; 6]))
+        }
+    }
+
+    /// A [`Queue`] that numbers its frames and keeps what the flusher
+    /// reports holding.
+    #[derive(Default)]
+    struct Numbered {
+        q: Queue,
+        next: u64,
+        held_from: Option<u64>,
+    }
+
+    impl FrameSource for Numbered {
+        fn next_frame(&mut self) -> Option<Vec<u8>> {
+            let f = self.q.next_frame()?;
+            self.next += 1;
+            Some(f)
+        }
+        fn recycle(&mut self, f: Vec<u8>) {
+            self.q.recycle(f);
+        }
+        fn next_seq(&self) -> u64 {
+            self.next
+        }
+        fn set_held_from(&mut self, seq: Option<u64>) {
+            self.held_from = seq;
+        }
+    }
+
+    /// Issue 28: frames for a local destination that takes nothing are
+    /// held past [`TX_HOLD_MAX_NS`], up to [`TX_HOLD_LOCAL_MAX_NS`]; the
+    /// source learns the oldest frame still held, and that none is once
+    /// the destination took them all.
+    #[test]
+    fn a_full_local_destination_holds_its_frames_and_says_which() {
+        let mut link = BusyPort(Stubborn {
+            refuse: usize::MAX,
+            took: Vec::new(),
+        });
+        let mut src = Numbered {
+            q: Queue {
+                frames: [
+                    frame_to(9, 0),
+                    frame_to(7, 1),
+                    frame_to(7, 2),
+                    frame_to(9, 3),
+                ]
+                .into(),
+                ..Queue::default()
+            },
+            ..Numbered::default()
+        };
+        let mut tx = TxFlush::new();
+        let t0 = 1_000;
+        // Both destinations full: the one on the wire loses a frame after
+        // TX_HOLD_MAX_NS, the local one keeps both of its.
+        tx.flush(&mut link, &mut src, t0);
+        assert_eq!(src.held_from, Some(0));
+        let f = tx.flush(&mut link, &mut src, t0 + TX_HOLD_MAX_NS);
+        assert_eq!(f.given_up, 1, "frame 0, for the wire");
+        assert_eq!(src.held_from, Some(1));
+        let f = tx.flush(&mut link, &mut src, t0 + 2 * TX_HOLD_MAX_NS);
+        assert_eq!((f.given_up, tx.given_up()), (1, 2), "frame 3, for the wire");
+        assert_eq!(src.held_from, Some(1), "frames 1 and 2 held, local");
+        assert!(
+            tx.flush(&mut link, &mut src, t0 + TX_HOLD_LOCAL_MAX_NS - 1)
+                .held
+        );
+        assert_eq!(tx.given_up(), 2);
+        // The local destination takes them: nothing is held.
+        link.0.refuse = 0;
+        let f = tx.flush(&mut link, &mut src, t0 + TX_HOLD_LOCAL_MAX_NS - 1);
+        assert_eq!((f.sent, f.held), (2, false));
+        assert_eq!(link.0.took, [frame_to(7, 1), frame_to(7, 2)]);
+        assert_eq!(src.held_from, None);
+        // A local destination that takes nothing for TX_HOLD_LOCAL_MAX_NS
+        // does lose its oldest frame (a wedged function).
+        link.0.refuse = usize::MAX;
+        src.q.frames.push_back(frame_to(7, 4));
+        let t1 = t0 + 2 * TX_HOLD_LOCAL_MAX_NS;
+        tx.flush(&mut link, &mut src, t1);
+        assert_eq!(src.held_from, Some(4));
+        tx.flush(&mut link, &mut src, t1 + TX_HOLD_LOCAL_MAX_NS - 1);
+        assert_eq!(tx.given_up(), 2);
+        let f = tx.flush(&mut link, &mut src, t1 + TX_HOLD_LOCAL_MAX_NS);
+        assert_eq!((f.given_up, f.held, src.held_from), (1, false, None));
+    }
+
     #[test]
     fn a_link_full_for_longer_than_the_hold_loses_only_the_held_frame() {
         let mut link = Stubborn {

@@ -223,18 +223,6 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
             requester::run(qp, env);
         }
     }
-    if let Some(t) = qp.req.probe_deadline {
-        if env.now >= t && qp.req.rnr_deadline.is_none() {
-            qp.req.probe_deadline = None;
-            if env.res.out.departed() < qp.req.tx_mark {
-                // Not gone yet: nothing can have come back.
-                let pto = qp.req.rtt.pto(ack_timeout_ns(qp.attr.timeout));
-                qp.req.probe_deadline = Some(env.now + pto);
-            } else {
-                requester::probe(qp, env);
-            }
-        }
-    }
     if let Some(t) = qp.req.ack_deadline {
         if env.now >= t && qp.req.rnr_deadline.is_none() {
             if qp.req.inflight.is_empty() {
@@ -256,6 +244,19 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
                 qp.req.ack_deadline = ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t);
                 requester::rewind(qp, resume_psn(qp));
                 requester::run(qp, env);
+            }
+        }
+    }
+    // After the ACK timer: a retry it starts makes the probe moot.
+    if let Some(t) = qp.req.probe_deadline {
+        if env.now >= t && qp.req.rnr_deadline.is_none() && qp.state == abi::QpState::Rts {
+            qp.req.probe_deadline = None;
+            if env.res.out.departed() < qp.req.tx_mark {
+                // Not gone yet: nothing can have come back.
+                let pto = qp.req.rtt.pto(ack_timeout_ns(qp.attr.timeout));
+                qp.req.probe_deadline = Some(env.now + pto);
+            } else {
+                requester::probe(qp, env);
             }
         }
     }
