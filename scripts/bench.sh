@@ -285,7 +285,7 @@ dstat() {
     echo $s
 }
 dcounters() {
-    echo "$(($(dstat rx_dropped) + $(dstat link_rx_dropped))) $(dstat retransmits) $(dstat naks_received) $(dstat tx_bytes)"
+    echo "$(($(dstat rx_dropped) + $(dstat link_rx_dropped))) $(dstat retransmits) $(dstat nak_psn_seq_received) $(dstat tx_bytes)"
 }
 
 echo "what,mode,bytes,value,unit,drops,timeouts,seq_naks,gbit,cpu_s,wall_s,daemon_cpu_s" >"$out/bench.csv"
