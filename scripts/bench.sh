@@ -60,6 +60,21 @@ done
 for b in ib_write_bw ip timeout; do
     command -v $b >/dev/null || { echo "bench: $b missing (scripts/deps.sh)" >&2; exit 1; }
 done
+modes=${BENCH_MODES:-loopback switch tap packet flood switch-q tap-q packet-q tap-loss}
+qps=${BENCH_QPS:-1 8 64}
+loss=${BENCH_LOSS:-10}
+for m in $modes; do
+    case $m in
+    loopback | switch | tap | packet | flood | switch-q | tap-q | packet-q | tap-loss) ;;
+    *) echo "bench: unknown mode $m in BENCH_MODES" >&2; exit 2 ;;
+    esac
+done
+for q in $qps $loss; do
+    case $q in '' | *[!0-9]*) echo "bench: BENCH_QPS and BENCH_LOSS take whole numbers" >&2; exit 2 ;; esac
+done
+case " $modes " in
+*" tap-loss "*) command -v nft >/dev/null || { echo "bench: nft missing for mode tap-loss (scripts/deps.sh)" >&2; exit 1; } ;;
+esac
 out=${out:-$top/out/bench-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
 # Bandwidth runs are timed (perftest -D, whole seconds): a fixed count of 1 MiB messages made
@@ -144,6 +159,9 @@ proc_ticks() {
     echo $s
 }
 
+# pair_tmo: the bound on each perftest process of a run, in seconds (qp_scaling raises it: 64 QPs
+# of 4 MiB register 512 MiB on each side before the first message).
+pair_tmo=120
 # run_pair MODE TOOL PORT ARGS...: a perftest server and client (the client retrying, bounded,
 # while the server is not listening yet); prints the client's figure (BW average MB/s, or
 # t_typical µs) or "fail", then the run's dropped frames, ACK timeouts (retransmits), sequence
@@ -170,12 +188,12 @@ run_pair() {
     rm -f "/tmp/$tag"/cpu-*
     d0=$(proc_ticks ${dpids[@]+"${dpids[@]}"})
     ip netns exec "$ns_s" env LD_LIBRARY_PATH="$lib" "${env_a[@]}" bash -c "$cpu_wrap" "/tmp/$tag/cpu-server" \
-        timeout 120 "$tool" -x 1 -p "$port" "$@" >"/tmp/$tag/server.out" 2>&1 &
+        timeout "$pair_tmo" "$tool" -x 1 -p "$port" "$@" >"/tmp/$tag/server.out" 2>&1 &
     srv=$!
     v=
     # t0: the start of the client attempt that connects (the retries' pauses are not the run's).
     while t0=$EPOCHREALTIME; ! ip netns exec "$ns_c" env LD_LIBRARY_PATH="$lib" "${env_b[@]}" bash -c "$cpu_wrap" "/tmp/$tag/cpu-client-$t" \
-        timeout 120 "$tool" -x 1 -p "$port" "$@" "$peer" >"/tmp/$tag/client.out" 2>&1; do
+        timeout "$pair_tmo" "$tool" -x 1 -p "$port" "$@" "$peer" >"/tmp/$tag/client.out" 2>&1; do
         t=$((t + 1))
         if [ $t -ge 50 ] || ! grep -qiE "couldn't connect|connection refused" "/tmp/$tag/client.out"; then
             v=fail
@@ -272,6 +290,7 @@ stop_daemons() {
     for p in ${dpids[@]+"${dpids[@]}"}; do kill "$p" 2>/dev/null || true; done
     for p in ${dpids[@]+"${dpids[@]}"}; do wait "$p" 2>/dev/null || true; done
     dpids=()
+    ip netns exec $ns_v nft delete table netdev loss 2>/dev/null || true
     ip -n $ns_v link del br-v 2>/dev/null || true
     for l in vr-t1 vr-t2 vr-p1 vr-sw; do ip -n $ns_v link del $l 2>/dev/null || true; done
 }
@@ -288,7 +307,64 @@ dcounters() {
     echo "$(($(dstat rx_dropped) + $(dstat link_rx_dropped))) $(dstat retransmits) $(dstat nak_psn_seq_received) $(dstat tx_bytes)"
 }
 
-echo "what,mode,bytes,value,unit,drops,timeouts,seq_naks,gbit,cpu_s,wall_s,daemon_cpu_s" >"$out/bench.csv"
+# qp_sampler SECS FILE: Jain's index of the per-QP throughput of the timed run under way (-D SECS,
+# run_pair in the background), written to FILE as "J QPS SIDE" ("- 0 -": not measured), the samples
+# beside it (FILE-s1-f1 ... FILE-s2-f2: sample, function). The QPs die
+# with perftest, so it samples while they live: it waits for the daemons' tx_bytes to move (the
+# first message; 64 QPs of 4 MiB take long to set up), then takes both functions' per-QP counters
+# (`qp_<qpn>_tx_bytes` lines of `vrnic stats`) after SECS/3 and again after 2*SECS/3. The run's QPs
+# are those in both samples whose tx_bytes grew (none of another run's); J = (sum x)^2 / (n sum x^2)
+# over their growths x, on the function whose QPs sent the most (the payload's sender: the client
+# for ib_write_bw, the server's responder for ib_read_bw), SIDE saying which.
+qp_sampler() {
+    local third b0 t=0 i k
+    third=$(awk -v s="$1" 'BEGIN { print s / 3 }')
+    b0=$(dstat tx_bytes)
+    until [ "$(dstat tx_bytes)" -gt "$b0" ]; do
+        t=$((t + 1))
+        [ $t -lt $((pair_tmo * 10)) ] || { echo "- 0 -" >"$2"; return 0; }
+        sleep 0.1
+    done
+    for k in 1 2; do
+        sleep "$third"
+        for i in 1 2; do
+            { "$rel/vrnic" stats --socket /tmp/$tag/f$i.sock 2>/dev/null || true; } |
+                awk '$1 ~ /^qp_[^_]+_tx_bytes$/' >"$2-s$k-f$i"
+        done
+    done
+    for i in 1 2; do
+        awk -v side="$([ $i = 1 ] && echo server || echo client)" 'NR == FNR { a[$1] = $2; next }
+            ($1 in a) && $2 > a[$1] { x = $2 - a[$1]; s += x; s2 += x * x; n++ }
+            END { if (n) printf "%.0f %.4f %d %s\n", s, s * s / (n * s2), n, side }' "$2-s1-f$i" "$2-s2-f$i"
+    done | sort -rn | awk 'NR == 1 { print $2, $3, $4; found = 1 } END { if (!found) print "- 0 -" }' >"$2"
+}
+# loss_start: mode tap-loss's loss, BENCH_LOSS per mille (default 10: 1%) of the RoCEv2 frames the
+# bridge forwards to each daemon, dropped at both TAPs' egress by nft (this kernel has no sch_netem;
+# a drop at an AF_PACKET sender's own egress is an ENOBUFS that the sender sends again, so the loss
+# is on the TAPs). Each chain counts the RoCEv2 frames it saw and those it dropped (nft_counts:
+# "seen dropped" over both so far).
+loss_start() {
+    local i
+    {
+        echo "table netdev loss {"
+        for i in 1 2; do
+            echo " chain e$i {"
+            echo "  type filter hook egress device vr-t$i priority 0;"
+            echo "  udp dport 4791 counter"
+            echo "  udp dport 4791 numgen random mod 1000 < $loss counter drop"
+            echo " }"
+        done
+        echo "}"
+    } | ip netns exec $ns_v nft -f -
+}
+nft_counts() {
+    ip netns exec $ns_v nft list table netdev loss 2>/dev/null | awk '/counter packets/ {
+            for (i = 1; i < NF; i++) if ($i == "packets") v = $(i + 1)
+            if ($NF == "drop") d += v; else s += v
+        } END { print s + 0, d + 0 }'
+}
+
+echo "what,mode,bytes,value,unit,drops,timeouts,seq_naks,gbit,cpu_s,wall_s,daemon_cpu_s,qps,jain,jain_qps,jain_side,nft_seen,nft_dropped" >"$out/bench.csv"
 port=23000
 log "building the daemon (release)"
 (cd "$top" && cargo build -q --release -p vrnic-vhost)
@@ -313,7 +389,7 @@ flood_latency() {
             port=$((port + 1))
             log "flood ($phase) $tool 64 B x $lat_iters"
             read -r v dr to nk gb cpu wall dcpu < <(run_pair flood $tool $port -s 64 -n $lat_iters)
-            echo "$tool,switch-$phase,64,$v,us,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu" >>"$out/bench.csv"
+            echo "$tool,switch-$phase,64,$v,us,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu,1,-,0,-,-,-" >>"$out/bench.csv"
         done
         if [ -n "$fpid" ]; then
             kill $fpid 2>/dev/null || true
@@ -323,28 +399,86 @@ flood_latency() {
     done
 }
 
-for mode in ${BENCH_MODES:-loopback switch tap packet flood}; do
-    [ $mode != loopback ] && start_daemons $mode
-    if [ $mode = flood ]; then
-        flood_latency
-        stop_daemons
-        continue
+# bw_row MODE TOOL SIZE QPS: one timed bandwidth run (run_pair, perftest -q QPS) and its CSV row;
+# with QPS > 1 in a daemon mode Jain's index of its QPs (qp_sampler), in mode tap-loss the RoCEv2
+# frames the loss table saw and dropped during it.
+bw_row() {
+    local mode=$1 tool=$2 size=$3 q=$4 spid="" j="- 0 -" n0="" nft="- -" v dr to nk gb cpu wall dcpu
+    local qf=$out/qp/$mode-$tool-$size-q$q
+    port=$((port + 1))
+    log "$mode $tool $size B, $q QP(s), for ${bw_secs}s"
+    if [ "$q" -gt 1 ] && [ "$mode" != loopback ]; then
+        mkdir -p "$out/qp"
+        rm -f "$qf"*
+        qp_sampler $bw_secs "$qf" &
+        spid=$!
+        pids+=("$spid")
     fi
+    [ "$mode" = tap-loss ] && n0=$(nft_counts)
+    read -r v dr to nk gb cpu wall dcpu < <(run_pair "$mode" "$tool" $port -s "$size" -q "$q" -D $bw_secs)
+    if [ -n "$spid" ]; then
+        kill $spid 2>/dev/null || true
+        wait $spid 2>/dev/null || true
+        j=$(cat "$qf" 2>/dev/null || echo "- 0 -")
+    fi
+    if [ -n "$n0" ]; then
+        nft=$(echo "$n0 $(nft_counts)" | awk '{ print $3 - $1, $4 - $2 }')
+    fi
+    echo "$tool,$mode,$size,$v,MB/s,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu,$q,${j// /,},${nft// /,}" >>"$out/bench.csv"
+}
+# qp_scaling MODE: the rows of modes switch-q, tap-q and packet-q (see the header). Each perftest
+# process gets more time: 64 QPs of 4 MiB register 512 MiB on each side before the first message.
+qp_scaling() {
+    local tool size q
+    pair_tmo=300
     for tool in ib_write_bw ib_read_bw; do
-        for size in 64 4096 65536 1048576; do
-            port=$((port + 1))
-            log "$mode $tool $size B for ${bw_secs}s"
-            read -r v dr to nk gb cpu wall dcpu < <(run_pair $mode $tool $port -s $size -D $bw_secs)
-            echo "$tool,$mode,$size,$v,MB/s,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu" >>"$out/bench.csv"
+        for size in 65536 4194304; do
+            for q in $qps; do
+                bw_row "$1" $tool $size "$q"
+            done
         done
     done
-    for tool in ib_send_lat ib_write_lat; do
-        port=$((port + 1))
-        log "$mode $tool 64 B x $lat_iters"
-        read -r v dr to nk gb cpu wall dcpu < <(run_pair $mode $tool $port -s 64 -n $lat_iters)
-        echo "$tool,$mode,64,$v,us,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu" >>"$out/bench.csv"
-    done
-    [ $mode != loopback ] && stop_daemons
+    pair_tmo=120
+}
+
+for mode in $modes; do
+    case $mode in
+    loopback) ;;
+    *-q) start_daemons "${mode%-q}" ;;
+    tap-loss)
+        start_daemons tap
+        loss_start
+        ;;
+    *) start_daemons "$mode" ;;
+    esac
+    case $mode in
+    flood) flood_latency ;;
+    *-q) qp_scaling "$mode" ;;
+    tap-loss)
+        # ib_write_bw 4 MiB with 1 and 8 QPs through the loss (see loss_start).
+        pair_tmo=300
+        for q in 1 8; do
+            bw_row tap-loss ib_write_bw 4194304 $q
+        done
+        pair_tmo=120
+        ;;
+    *)
+        for tool in ib_write_bw ib_read_bw; do
+            for size in 64 4096 65536 1048576; do
+                bw_row "$mode" $tool $size 1
+            done
+        done
+        for tool in ib_send_lat ib_write_lat; do
+            port=$((port + 1))
+            log "$mode $tool 64 B x $lat_iters"
+            read -r v dr to nk gb cpu wall dcpu < <(run_pair "$mode" $tool $port -s 64 -n $lat_iters)
+            echo "$tool,$mode,64,$v,us,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu,1,-,0,-,-,-" >>"$out/bench.csv"
+        done
+        ;;
+    esac
+    if [ "$mode" != loopback ]; then
+        stop_daemons
+    fi
 done
 
 if [ $guests = 1 ]; then
@@ -352,13 +486,13 @@ if [ $guests = 1 ]; then
     VRNIC_BIN=$rel/vrnic E2E_RESULTS=$out/e2e E2E_PERF_SWEEP=0 E2E_PERF_ARGS="${BENCH_GUEST_PERF_ARGS:--n 5000}" "$top/tests/e2e/run.sh" rxe-rxe ibv-ibv ibv-ibv-switch >"$out/e2e.log" 2>&1 || true
     awk -F, 'NR > 1 && $2 == "a" && $6 == "client" { print "guest-" $1 "," $5 "," $7 "," $8 "," $9 }' \
         "$out/e2e/perftest.csv" 2>/dev/null | sed 's/MB\/sec/MB\/s/; s/usec/us/' |
-        awk -F, '{ print $2 ",guests-" substr($1, 7) "," $3 "," $4 "," $5 ",-,-,-,-,-,-,-" }' >>"$out/bench.csv" || true
+        awk -F, '{ print $2 ",guests-" substr($1, 7) "," $3 "," $4 "," $5 ",-,-,-,-,-,-,-,-,-,-,-,-,-" }' >>"$out/bench.csv" || true
 fi
 
 # The table: each figure beside the limit it is compared with (same run).
-python3 - "$out" <<'PY' | tee "$out/bench.txt"
+python3 - "$out" "$loss" <<'PY' | tee "$out/bench.txt"
 import csv, json, sys
-out = sys.argv[1]
+out, loss = sys.argv[1], int(sys.argv[2])
 lim = dict(l.strip().split("=", 1) for l in open(f"{out}/limits.txt") if "=" in l)
 rows = list(csv.DictReader(open(f"{out}/bench.csv")))
 num = lambda k: float(lim.get(k, 0) or 0)
@@ -378,33 +512,56 @@ def fnum(v):
         return float(v)
     except (TypeError, ValueError):
         return None
+def base(mode):
+    # The QP-scaling modes run on the daemons of their base mode, the loss mode on tap's.
+    if mode.endswith("-q"):
+        return mode[:-2]
+    return "tap" if mode == "tap-loss" else mode
+def q1_of(r):
+    # The 1-QP figure of the same mode, tool and size (same run) beside a multi-QP row.
+    return next((fnum(i["value"]) for i in rows if i["mode"] == r["mode"] and i["what"] == r["what"]
+                 and i["bytes"] == r["bytes"] and i.get("qps") == "1"), None)
 opt = lambda x, f: f.format(x) if x is not None else "-"
+mw = max([4] + [len(r["mode"]) for r in rows])
 print("machine limits (same run):")
 for k in sorted(lim):
     print(f"  {k:32} {lim[k]}")
 print()
-print(f"{'perftest':14} {'mode':18} {'bytes':>8} {'figure':>11}  {'limit':>20}  {'ratio':>5} {'vs_tap':>6} {'vs_uso':>6}  "
-      f"{'vs_floor':>8}  {'drops':>6} {'timeouts':>8} {'seq_naks':>8}  {'cores':>5} {'cpu_s/Gbit':>10}")
+print(f"{'perftest':14} {'mode':{mw}} {'bytes':>8} {'qps':>3} {'figure':>11}  {'limit':>20}  {'ratio':>5} {'vs_tap':>6} {'vs_uso':>6}  "
+      f"{'vs_floor':>8} {'vs_q1':>5}  {'J':>10}  {'drops':>6} {'timeouts':>8} {'seq_naks':>8} {'retx/GB':>8}  {'cores':>5} {'cpu_s/Gbit':>10}")
 print("  (ratio: figure / limit; vs_tap, TAP rows: figure / the raw TAP path, tap_write_4154_gbps or")
 print("   rtt_tap_busy_us; vs_uso, bandwidth rows: figure / the same frames as UDP super-frames,")
 print("   pkt_uso_4154_gbps; vs_floor, latency rows over a wire: figure / two yielding ends through two")
 print("   yielding relays and that wire, rtt_relay_wire_us or rtt_relay_tap_us (the same hand-offs and")
-print("   crossings with no work); drops: frames the receive queues dropped, both sides; timeouts: ACK timeouts")
-print("   that retransmitted; seq_naks: PSN sequence NAKs; cores: CPU seconds of the run's processes,")
-print("   both perftests and the daemons, over its wall seconds, start-up included; cpu_s/Gbit: those CPU")
-print("   seconds per Gbit of RoCEv2 payload the devices sent; '-': not known)")
-doc = {"limits": lim, "runs": []}
+print("   crossings with no work); qps: perftest -q; vs_q1, multi-QP rows: figure / the 1-QP figure of")
+print("   the same mode, tool and size; J: Jain's fairness index of the QPs' throughput over the middle")
+print("   third of the run, (sum x)^2 / (n sum x^2), 1 when all QPs moved as much, 1/n when one moved")
+print("   all, with the QPs seen in brackets (issue 28's target: 0.95); drops: frames the receive")
+print("   queues dropped, both sides; timeouts: ACK timeouts that retransmitted; seq_naks: PSN sequence")
+print("   NAKs; retx/GB: (timeouts + seq_naks) per GB of RoCEv2 payload the devices sent; cores: CPU")
+print("   seconds of the run's processes, both perftests and the daemons, over its wall seconds,")
+print("   start-up included; cpu_s/Gbit: those CPU seconds per Gbit of RoCEv2 payload the devices")
+print("   sent; '-': not known)")
+doc = {"limits": lim, "loss_per_mille": loss, "runs": []}
 for r in rows:
     v = r["value"]
     x = fnum(v)
+    b = base(r["mode"])
     cpu, wall, gbit = fnum(r.get("cpu_s")), fnum(r.get("wall_s")), fnum(r.get("gbit"))
     cores = cpu / wall if cpu is not None and wall else None
     per_gbit = cpu / gbit if cpu is not None and gbit and r["unit"] == "MB/s" else None
+    to, nk = fnum(r.get("timeouts")), fnum(r.get("seq_naks"))
+    retx_gb = (to + nk) / (gbit / 8) if r["unit"] == "MB/s" and to is not None and nk is not None and gbit else None
+    qps = r.get("qps") or "-"
+    jain, jqps = fnum(r.get("jain")), r.get("jain_qps") or "0"
+    jtxt = f"{jain:.3f} ({jqps})" if jain is not None else "-"
+    q1 = q1_of(r) if qps not in ("-", "1") and x is not None else None
+    q1_ratio = x / q1 if q1 else None
     ratio = tap_ratio = uso_ratio = floor_ratio = None
     fig = limtxt = ""
     if x is None:
         fig = v
-    elif r["unit"] == "MB/s" and r["mode"].endswith("switch"):
+    elif r["unit"] == "MB/s" and b.endswith("switch"):
         # Between two functions of one daemon (host processes or guests) the limit is a memory
         # copy (same size).
         gbps = x * 8 / 1000
@@ -414,9 +571,9 @@ for r in rows:
     elif r["unit"] == "MB/s":
         gbps = x * 8 / 1000
         ratio = gbps / best if best else None
-        if r["mode"] == "tap" and tap_best:
+        if b == "tap" and tap_best:
             tap_ratio = gbps / tap_best
-        if not r["mode"].startswith("guests") and uso:
+        if not b.startswith("guests") and uso:
             uso_ratio = gbps / uso
         fig, limtxt = f"{gbps:.2f} Gb/s", f"{best:.2f} Gb/s frames"
     elif r["mode"] == "switch-flooded":
@@ -436,12 +593,31 @@ for r in rows:
         if floor.get(r["mode"]):
             floor_ratio = x / floor[r["mode"]]
         fig, limtxt = f"{x:.1f} us", f"{rtt:.1f} us busy RTT"
-    print(f"{r['what']:14} {r['mode']:18} {r['bytes']:>8} {fig:>11}  {limtxt:>20}  "
-          f"{opt(ratio, '{:.2f}'):>5} {opt(tap_ratio, '{:.2f}'):>6} {opt(uso_ratio, '{:.2f}'):>6} {opt(floor_ratio, '{:.2f}'):>8}  "
-          f"{r['drops']:>6} {r['timeouts']:>8} {r['seq_naks']:>8}  "
+    print(f"{r['what']:14} {r['mode']:{mw}} {r['bytes']:>8} {qps:>3} {fig:>11}  {limtxt:>20}  "
+          f"{opt(ratio, '{:.2f}'):>5} {opt(tap_ratio, '{:.2f}'):>6} {opt(uso_ratio, '{:.2f}'):>6} {opt(floor_ratio, '{:.2f}'):>8} "
+          f"{opt(q1_ratio, '{:.2f}'):>5}  {jtxt:>10}  "
+          f"{r['drops']:>6} {r['timeouts']:>8} {r['seq_naks']:>8} {opt(retx_gb, '{:.1f}'):>8}  "
           f"{opt(cores, '{:.2f}'):>5} {opt(per_gbit, '{:.3f}'):>10}")
     doc["runs"].append(dict(r, ratio=ratio, tap_ratio=tap_ratio, uso_ratio=uso_ratio, floor_ratio=floor_ratio,
-                            cores=cores, cpu_s_per_gbit=per_gbit))
+                            q1_ratio=q1_ratio, retx_per_gb=retx_gb, cores=cores, cpu_s_per_gbit=per_gbit))
+lossy = [r for r in rows if r["mode"] == "tap-loss"]
+if lossy:
+    # Issue 28's point 4: goodput through a lossy bridge, 8 QPs against 1 of the same run.
+    print()
+    print(f"loss (mode tap-loss): {loss / 10:g}% of the RoCEv2 frames the bridge forwards to each daemon dropped"
+          " (nft, both TAPs' egress)")
+    for r, d in zip(rows, doc["runs"]):
+        if r["mode"] != "tap-loss":
+            continue
+        x, seen, dropped = fnum(r["value"]), fnum(r.get("nft_seen")), fnum(r.get("nft_dropped"))
+        line = f"  {r['what']} {int(r['bytes']) >> 20} MiB, {r['qps']} QP(s): "
+        line += f"{x * 8 / 1000:.2f} Gb/s goodput" if x is not None else f"{r['value']}"
+        if d["q1_ratio"] is not None:
+            line += f" ({d['q1_ratio']:.2f} of 1 QP's)"
+        line += f", {opt(d['retx_per_gb'], '{:.1f}')} retransmissions/GB"
+        if seen:
+            line += f", nft dropped {dropped:.0f} of {seen:.0f} frames ({dropped / seen:.2%})"
+        print(line)
 json.dump(doc, open(f"{out}/bench.json", "w"), indent=1)
 PY
 /usr/bin/python3 "$top/scripts/bench-chart.py" "$out" 2>"$out/chart.log" ||
