@@ -57,6 +57,9 @@ while [ $# -gt 0 ]; do
     shift
 done
 [ "$(id -u)" = 0 ] || { echo "bench: needs root (network namespaces)" >&2; exit 1; }
+# The Debian packages of the runs and of the chart (apt-get, only when missing); without them (no
+# package mirror) the checks below say what is missing, and only the chart is optional.
+"$top/scripts/deps.sh" --bench || echo "bench: scripts/deps.sh --bench failed" >&2
 for b in ib_write_bw ip timeout; do
     command -v $b >/dev/null || { echo "bench: $b missing (scripts/deps.sh)" >&2; exit 1; }
 done
@@ -621,5 +624,5 @@ if lossy:
 json.dump(doc, open(f"{out}/bench.json", "w"), indent=1)
 PY
 /usr/bin/python3 "$top/scripts/bench-chart.py" "$out" 2>"$out/chart.log" ||
-    log "no chart: $(tail -1 "$out/chart.log") (apt-get install python3-matplotlib)"
+    log "no chart: $(tail -1 "$out/chart.log") (scripts/deps.sh --bench installs python3-matplotlib)"
 log "results in $out"

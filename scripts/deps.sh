@@ -2,9 +2,16 @@
 # Installs (apt-get, Debian packages only) what the demo, the images and the e2e test need on the
 # host. Does nothing when all is there. The guest kernel and user lands come from debootstrapped
 # roots (images/), never from the host's apt sources, which are left as they are.
+# Usage: scripts/deps.sh [--bench]   (--bench: also what only scripts/bench.sh needs, matplotlib
+# for its chart)
 set -euo pipefail
 PKGS=(debootstrap cpio iproute2 kmod xz-utils zstd binutils util-linux tshark python3-scapy
     ca-certificates nftables gcc libc6-dev libibverbs-dev libclang-dev ibverbs-utils perftest podman runc)
+case ${1:-} in
+'') ;;
+--bench) PKGS+=(python3-matplotlib) ;;
+*) echo "usage: scripts/deps.sh [--bench]" >&2; exit 2 ;;
+esac
 missing=()
 for p in "${PKGS[@]}"; do
     [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" = "install ok installed" ] || missing+=("$p")
