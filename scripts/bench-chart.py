@@ -146,7 +146,8 @@ def scaling(ax, runs):
     ax.set_xlabel("QPs (perftest -q)")
     ax.set_ylabel("aggregate payload Gb/s")
     ax.set_title("QP scaling (J: Jain's index of the QPs' throughput; target 0.95)")
-    ax.legend(fontsize=6, ncol=2)
+    # Below the axes: the lines fill the panel's width.
+    ax.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.13))
     ax.grid(alpha=0.3, which="both")
 
 

@@ -13,7 +13,8 @@
 #   2. perftest (ib_write_bw, ib_read_bw at 64 B, 4 KiB, 64 KiB, 1 MiB for 3 s each, 1 s with
 #      --quick; ib_send_lat, ib_write_lat at 64 B) between two host processes in two namespaces joined by a veth pair (MTU 9000, path
 #      MTU 4096), each with an in-process vrnic device (VRNIC_LOOPBACK: the engine alone on
-#      AF_PACKET, mode "loopback"), then through daemons (modes switch, tap, packet, below);
+#      AF_PACKET, mode "loopback"), then through daemons (modes switch, tap, packet, and the QP-scaling
+#      and loss modes, below);
 #   3. with --guests: tests/e2e/run.sh rxe-rxe ibv-ibv ibv-ibv-switch (perftest between two rxe
 #      guests, two vrnic guests on two daemons over TAP, and two vrnic guests on one daemon through
 #      its switch, under the same QEMU accelerator; several minutes under TCG), every tool with
@@ -26,7 +27,9 @@
 # cores used, and for bandwidth rows CPU seconds per Gbit of RoCEv2 payload the devices sent
 # (their tx_bytes counters, retransmissions included).
 # --quick: shorter runs. Results: DIR (default out/bench-DATE) with bench.csv, bench.json and the
-# printed table (bench.txt), the chart (bench.png). Needs root, perftest and iproute2 (scripts/deps.sh installs them).
+# printed table (bench.txt), the chart (bench.png), the per-QP samples of multi-QP rows (qp/).
+# Needs root; installs its Debian packages when missing (scripts/deps.sh --bench: perftest,
+# iproute2, nftables, python3-matplotlib for the chart).
 # Daemon modes (2b): the same perftest between two host processes each attached to a vrnic
 # function of a release `vrnic` daemon through its vhost-user socket (VRNIC_VHOST_USER: the
 # containers' path, guest-lib/src/vhost_user.rs), the two in one namespace (TCP over lo):
@@ -37,13 +40,31 @@
 #           while the third is idle (mode switch-idle3), then while a hostile frontend floods the
 #           third's control queue (vrnic-flood: the queue kept a ring ahead of the device with a
 #           failing 64 Ki-page REG_MR, milliseconds of work each; mode switch-flooded, its ratio the
-#           figure over the idle one of the same run: what one flooding tenant costs the others).
+#           figure over the idle one of the same run: what one flooding tenant costs the others);
+#   switch-q, tap-q, packet-q (QP scaling, issue 28): the daemons of switch, tap, packet, and
+#           ib_write_bw, ib_read_bw at 64 KiB and 4 MiB with each -q of BENCH_QPS (default "1 8 64"),
+#           timed as above; each multi-QP row beside the 1-QP figure of the same size (vs_q1) with
+#           Jain's index J = (sum x)^2 / (n sum x^2) of its QPs' throughput x: the payload sender's
+#           per-QP tx_bytes (`qp_<qpn>_tx_bytes` of `vrnic stats`, sampled after a third and two
+#           thirds of -D, since the QPs die with perftest; qp_sampler), printed beside the aggregate
+#           (issue 28's target is 0.95: a figure, not a verdict). 64 QPs of 4 MiB register 512 MiB
+#           on each side first: tens of seconds a run here, so such runs get 300 s, not 120;
+#   tap-loss (issue 28, point 4): as tap with BENCH_LOSS per mille (default 10: 1%) of the RoCEv2
+#           frames the bridge forwards to each daemon dropped by nft on both TAPs' egress (no
+#           sch_netem on this kernel; an AF_PACKET sender resends its own egress drops as ENOBUFS,
+#           so the loss is on the TAPs), ib_write_bw 4 MiB with -q 1 and -q 8: 8 QPs' goodput as a
+#           fraction of 1 QP's (vs_q1), retransmissions per GB and the frames nft saw and dropped.
 # Their rows show the daemons' dropped frames (rx_dropped + link_rx_dropped), retransmits and
-# sequence NAKs received during the run (`vrnic stats`). The chart (bench.png, scripts/bench-chart.py,
-# python3-matplotlib) shows bandwidth by size per mode and the latencies against the limits.
+# sequence NAKs received during the run (`vrnic stats`), and every bandwidth row (retx/GB) those
+# retransmits + nak_psn_seq_received per GB of RoCEv2 payload the devices sent. The chart
+# (bench.png, scripts/bench-chart.py) shows bandwidth by size per mode and the latencies against
+# the limits, aggregate bandwidth and J against QPs, and goodput with and without loss.
 # With --guests the guests' daemons are the release build too (VRNIC_BIN).
-# For A/B runs: BENCH_MODES="switch tap" runs only those host modes (default: all four);
-# BENCH_DAEMON_ARGS="--poll-us 0" adds arguments to every daemon of the daemon modes.
+# For A/B runs: BENCH_MODES="switch tap" runs only those host modes (default: loopback switch tap
+# packet flood switch-q tap-q packet-q tap-loss; the last four add ~3 min with --quick, 38
+# runs; more on a busy machine, where setting up 64 QPs of 4 MiB alone took up to 45 s a run);
+# BENCH_QPS="1 8" leaves out the 64-QP runs (most of that time); BENCH_DAEMON_ARGS="--poll-us 0"
+# adds arguments to every daemon of the daemon modes.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 quick=0 guests=0 out=
