@@ -14,9 +14,11 @@
 #   PERF_ALL_TOOLS, PERF_ALL_ARGS  perftest tools to run again with PERF_ALL_ARGS (e.g. "-a -n 5":
 #               every size from 2 B to 8 MiB), and
 #   PERF_QP_TOOLS, PERF_QP_ARGS    with PERF_QP_ARGS (e.g. "-q 4 -n 100": several QPs), and
+#   PERF_BIG_TOOLS, PERF_BIG_ARGS  with PERF_BIG_ARGS (e.g. "-q 8 -s 8388608 -n 3": many QPs,
+#               large messages), and
 #   PERF_LONG_TOOLS, PERF_LONG_ARGS with PERF_LONG_ARGS (e.g. "-n 5000": a long run); each in
 #               ROLES order, one line per run and one per size the tool printed:
-#               VRNIC-PERFX <name> <tool> <role> <all|qp|long> rc=<rc> rows=<n> bytes=<first>-<last> cs=<wall>
+#               VRNIC-PERFX <name> <tool> <role> <all|qp|big|long> rc=<rc> rows=<n> bytes=<first>-<last> cs=<wall>
 #               VRNIC-PERFROW <name> <tool> <role> <all|qp|long> <bytes> <value>
 #               (value: BW average, or the typical latency)
 #   PIN_CHECK   1: at the end, pin-check (tests/e2e/peer/pin-check.c: registered pages keep their
@@ -502,10 +504,11 @@ esac
 # perftest again, with all sizes (-a) and with several QPs (-q 4): only the exit status is judged
 # (and, on the client, that it printed a row); the rows go to the harness's perftest-sweep.csv.
 p=0
-for variant in all qp long; do
+for variant in all qp big long; do
     case $variant in
     all) vtools=${PERF_ALL_TOOLS:-} vargs=${PERF_ALL_ARGS:-} ;;
     qp) vtools=${PERF_QP_TOOLS:-} vargs=${PERF_QP_ARGS:-} ;;
+    big) vtools=${PERF_BIG_TOOLS:-} vargs=${PERF_BIG_ARGS:-} ;;
     long) vtools=${PERF_LONG_TOOLS:-} vargs=${PERF_LONG_ARGS:-} ;;
     esac
     for tool in $vtools; do

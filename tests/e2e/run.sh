@@ -4,10 +4,10 @@
 #
 # Usage: tests/e2e/run.sh [STEP...]     STEP: qemu-select | rxe-rxe | probe | vrnic-rxe | vrnic-vrnic |
 #                                             vrnic-rxe-lossy | vrnic-vrnic-pause | vrnic-vrnic-kill |
-#                                             vrnic-vrnic-restart | hostile-peer | soak-2min | ibv-rxe |
+#                                             vrnic-vrnic-restart | hostile-peer | soak-2min | heavy | ibv-rxe |
 #                                             ibv-ibv | ibv-ibv-switch | ibv-vrnic | containers
 #   default: qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause
-#   vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min ibv-rxe ibv-ibv ibv-ibv-switch
+#   vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min heavy ibv-rxe ibv-ibv ibv-ibv-switch
 #   containers
 #   (containers: Debian's tools in podman containers on vrnic through the daemon's vhost-user
 #   socket, against each other and against a vrnic and an rxe guest, tests/e2e/containers.sh; soak-2min:
@@ -35,7 +35,7 @@
 # E2E_RDMA_FAA (100), E2E_LOSSY_RDMA, E2E_LOSSY_SIZES, E2E_LOSS (nft|netem), E2E_CRASH_ITERS,
 # E2E_CRASH_AFTER, E2E_KILL_RSS_SLACK_KB (kill/restart steps), E2E_PERF=0 (no perftest),
 # E2E_PERF_SWEEP=0 (no perftest -a / -q 4 runs in the ibv pairs), E2E_PERF_ALL_TOOLS/ARGS,
-# E2E_PERF_QP_TOOLS/ARGS, E2E_PERF_LONG_TOOLS/ARGS (ib_send_lat -n 5000 in the ibv pairs), E2E_PIN=0 (no compaction check in ibv-ibv), E2E_PIN_SIZE, E2E_PIN_ITERS,
+# E2E_PERF_QP_TOOLS/ARGS, E2E_PERF_BIG_TOOLS/ARGS (-q 8 -s 8388608 -n 3), E2E_PERF_LONG_TOOLS/ARGS (ib_send_lat -n 5000 in the ibv pairs), E2E_PIN=0 (no compaction check in ibv-ibv), E2E_PIN_SIZE, E2E_PIN_ITERS,
 # E2E_PIN_RDMA_SIZES, E2E_PIN_RDMA_READS,
 # VRNIC_BIN (daemon binary), VRNIC_ACCEL (kvm|tcg, default: probed), VRNIC_CACHE.
 # Prints PASS:/FAIL: lines and a closing "e2e: N passed, N failed"; exit status 0 iff no failure.
@@ -49,7 +49,7 @@ trap 'rc=$?; if [ $SUMMARY_DONE = 0 ]; then echo "FAIL: e2e aborted (exit $rc)";
 
 PAIRS=("$@")
 [ ${#PAIRS[@]} -gt 0 ] || PAIRS=(qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause
-    vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min ibv-rxe ibv-ibv ibv-ibv-switch containers)
+    vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min heavy ibv-rxe ibv-ibv ibv-ibv-switch containers)
 [ "${E2E_BASELINE:-0}" = 1 ] && PAIRS=(rxe-rxe "${PAIRS[@]}")
 if [ -z "${E2E_RESULTS:-}" ] && [ -d "$VR_TOP/out" ]; then
     # Default results dirs out/e2e-DATE: keep the last 5 (daemon pcaps are ~60 MB each).
@@ -79,7 +79,7 @@ for p in "${PAIRS[@]}"; do
     case $p in
     rxe-rxe | qemu-select) ;;
     probe | vrnic-rxe | vrnic-vrnic | vrnic-rxe-lossy | vrnic-vrnic-lossy | vrnic-vrnic-pause | vrnic-vrnic-kill | vrnic-vrnic-restart | hostile-peer) need_vrnic=1 ;;
-    soak-2min) need_vrnic=1 ;;
+    soak-2min | heavy) need_vrnic=1 ;;
     ibv-rxe | ibv-ibv | ibv-ibv-switch | ibv-vrnic | containers) need_vrnic=1 ;;
     *) vr_die "unknown pair $p" ;;
     esac
@@ -151,6 +151,9 @@ PERF_QP_TOOLS_ALL=${E2E_PERF_QP_TOOLS-ib_write_bw ib_read_bw ib_send_bw ib_atomi
 PERF_QP_ARGS_ALL=${E2E_PERF_QP_ARGS:--q 4 -n 100}
 # And a long ib_send_lat (5000 ping-pongs, ~0.3 s): a doorbell left without a kick stalled it until
 # an unrelated wake-up in most runs before the worker served late chains (DataPath::serve_late).
+# And with 8 QPs and 8 MiB messages (issue 28: many QPs with large messages, few iterations).
+PERF_BIG_TOOLS_ALL=${E2E_PERF_BIG_TOOLS-ib_write_bw ib_read_bw ib_send_bw}
+PERF_BIG_ARGS_ALL=${E2E_PERF_BIG_ARGS:--q 8 -s 8388608 -n 3}
 PERF_LONG_TOOLS_ALL=${E2E_PERF_LONG_TOOLS-ib_send_lat}
 PERF_LONG_ARGS_ALL=${E2E_PERF_LONG_ARGS:--n 5000}
 
@@ -175,6 +178,7 @@ job() {
         echo "PERF_ALL_TOOLS='${PERF_ALL_TOOLS:-}' PERF_ALL_ARGS='${PERF_ALL_ARGS:-}'"
         echo "PERF_QP_TOOLS='${PERF_QP_TOOLS:-}' PERF_QP_ARGS='${PERF_QP_ARGS:-}'"
         echo "PERF_LONG_TOOLS='${PERF_LONG_TOOLS:-}' PERF_LONG_ARGS='${PERF_LONG_ARGS:-}'"
+        echo "PERF_BIG_TOOLS='${PERF_BIG_TOOLS:-}' PERF_BIG_ARGS='${PERF_BIG_ARGS:-}'"
         echo "PIN_CHECK=${PIN_CHECK:-0} PIN_SIZE=$PIN_SIZE PIN_ITERS=$PIN_ITERS PIN_RDMA_SIZES=$PIN_RDMA_SIZES PIN_RDMA_READS=$PIN_RDMA_READS"
         echo "EVENT_ROLES='${EVENT_ROLES:-}' EVENT_SIZE=$EVENT_SIZE EVENT_ITERS=$EVENT_ITERS"
         echo "IDLE_CHECK=${IDLE_CHECK:-0} IDLE_WINDOW=$IDLE_WINDOW"
@@ -264,9 +268,11 @@ run_pair() {
     fi
     # The -a and -q 4 sweeps in the ibv pairs (both sides run them).
     local PERF_ALL_TOOLS='' PERF_ALL_ARGS='' PERF_QP_TOOLS='' PERF_QP_ARGS='' PERF_LONG_TOOLS='' PERF_LONG_ARGS=''
+    local PERF_BIG_TOOLS='' PERF_BIG_ARGS=''
     if [ $lossy = 0 ] && [ "${E2E_PERF:-1}" = 1 ] && [ "${E2E_PERF_SWEEP:-1}" = 1 ] && [[ $pair == ibv-* ]]; then
         PERF_ALL_TOOLS=$PERF_ALL_TOOLS_ALL PERF_ALL_ARGS=$PERF_ALL_ARGS_ALL
         PERF_QP_TOOLS=$PERF_QP_TOOLS_ALL PERF_QP_ARGS=$PERF_QP_ARGS_ALL
+        PERF_BIG_TOOLS=$PERF_BIG_TOOLS_ALL PERF_BIG_ARGS=$PERF_BIG_ARGS_ALL
     fi
     # The long run: in the ibv pairs, sweep or not.
     if [ $lossy = 0 ] && [ "${E2E_PERF:-1}" = 1 ] && [[ $pair == ibv-* ]]; then
@@ -472,7 +478,8 @@ run_pair() {
         done < <(grep -a '^VRNIC-MULTI ' "$dir/$side.log" | tr -d '\r')
         [ "$got" = "$want" ] || fail "$pair $side: $got of $want several-programs checks reported"
         # The -a / -q 4 sweeps: VRNIC-PERFX name tool role all|qp rc=R rows=N bytes=FIRST-LAST
-        want=$((($(wc -w <<<"$PERF_ALL_TOOLS") + $(wc -w <<<"$PERF_QP_TOOLS") + $(wc -w <<<"$PERF_LONG_TOOLS")) * 2)) got=0
+        want=$((($(wc -w <<<"$PERF_ALL_TOOLS") + $(wc -w <<<"$PERF_QP_TOOLS") + $(wc -w <<<"$PERF_LONG_TOOLS") +
+            $(wc -w <<<"$PERF_BIG_TOOLS")) * 2)) got=0
         while read -r line; do
             got=$((got + 1))
             # shellcheck disable=SC2086
@@ -480,6 +487,7 @@ run_pair() {
             local args=$PERF_QP_ARGS rows=${7#rows=}
             [ "$5" = all ] && args=$PERF_ALL_ARGS
             [ "$5" = long ] && args=$PERF_LONG_ARGS
+            [ "$5" = big ] && args=$PERF_BIG_ARGS
             local xwhat="$pair $side ${kind_of[$side]} $3 $args $4 (${kind_of[$other]} peer)"
             if [ "$6" != rc=0 ]; then fail "$xwhat $6"
             elif [ "$4" = client ] && [ "$5" = all ] && [ "$rows" != 23 ]; then
@@ -1019,6 +1027,22 @@ run_qemu_select() {
 
 # run_soak: scripts/soak.sh --minutes 2 (E2E_SOAK_MINUTES) in a namespace of its own, results in
 # RESULTS/soak-2min; its PASS:/FAIL: lines count here.
+# run_heavy: tests/e2e/heavy.sh (perftest -q 8 -a and -q 32 at 4 MiB between two host processes
+# through the switch, over TAP and over AF_PACKET, issue 28), results in RESULTS/heavy; its
+# PASS:/FAIL: lines count here.
+run_heavy() {
+    local line
+    echo "=== heavy"
+    while IFS= read -r line; do
+        case $line in
+        "PASS: "*) pass "${line#PASS: }" ;;
+        "FAIL: "*) fail "${line#FAIL: }" ;;
+        *) echo "$line" ;;
+        esac
+    done < <(HEAVY_RESULTS=$RESULTS/heavy timeout -k 30 1500 "$VR_TOP/tests/e2e/heavy.sh" 2>&1 ||
+        echo "FAIL: tests/e2e/heavy.sh exit $?")
+}
+
 run_soak() {
     local line
     echo "=== soak-2min"
@@ -1036,6 +1060,7 @@ for p in "${PAIRS[@]}"; do
     case $p in
     qemu-select) run_qemu_select ;;
     soak-2min) run_soak ;;
+    heavy) run_heavy ;;
     probe) run_probe ;;
     containers) run_containers ;;
     hostile-peer)
