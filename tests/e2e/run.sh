@@ -152,7 +152,9 @@ PERF_QP_ARGS_ALL=${E2E_PERF_QP_ARGS:--q 4 -n 100}
 # And a long ib_send_lat (5000 ping-pongs, ~0.3 s): a doorbell left without a kick stalled it until
 # an unrelated wake-up in most runs before the worker served late chains (DataPath::serve_late).
 # And with 8 QPs and 8 MiB messages (issue 28: many QPs with large messages, few iterations).
-PERF_BIG_TOOLS_ALL=${E2E_PERF_BIG_TOOLS-ib_write_bw ib_read_bw ib_send_bw}
+# Off by default: in the guests' memory perftest cannot set up 8 QPs of 8 MiB (every run fails,
+# rxe's too); E2E_PERF_BIG_TOOLS="ib_write_bw ib_read_bw ib_send_bw" runs them.
+PERF_BIG_TOOLS_ALL=${E2E_PERF_BIG_TOOLS-}
 PERF_BIG_ARGS_ALL=${E2E_PERF_BIG_ARGS:--q 8 -s 8388608 -n 3}
 PERF_LONG_TOOLS_ALL=${E2E_PERF_LONG_TOOLS-ib_send_lat}
 PERF_LONG_ARGS_ALL=${E2E_PERF_LONG_ARGS:--n 5000}
