@@ -27,7 +27,8 @@
 # cores used, and for bandwidth rows CPU seconds per Gbit of RoCEv2 payload the devices sent
 # (their tx_bytes counters, retransmissions included).
 # --quick: shorter runs. Results: DIR (default out/bench-DATE) with bench.csv, bench.json and the
-# printed table (bench.txt), the chart (bench.png), the per-QP samples of multi-QP rows (qp/).
+# printed table (bench.txt), the chart (bench.png), the per-QP samples of multi-QP rows (qp/), a
+# failed run's perftest output (fail-*.out).
 # Needs root; installs its Debian packages when missing (scripts/deps.sh --bench: perftest,
 # iproute2, nftables, python3-matplotlib for the chart).
 # Daemon modes (2b): the same perftest between two host processes each attached to a vrnic
@@ -423,6 +424,14 @@ flood_latency() {
     done
 }
 
+# keep_failed NAME: a failed run's perftest output (its error: a completion status, a timeout) kept
+# as fail-NAME-server.out and fail-NAME-client.out in the results.
+keep_failed() {
+    local s
+    for s in server client; do cp "/tmp/$tag/$s.out" "$out/fail-$1-$s.out" 2>/dev/null || true; done
+    log "$1 failed: $(grep -ohiE "failed status [0-9]+.*|completion with error.*|couldn't.*|unable.*" \
+        "$out/fail-$1-client.out" "$out/fail-$1-server.out" 2>/dev/null | head -3 | paste -sd ';')"
+}
 # bw_row MODE TOOL SIZE QPS: one timed bandwidth run (run_pair, perftest -q QPS) and its CSV row;
 # with QPS > 1 in a daemon mode Jain's index of its QPs (qp_sampler), in mode tap-loss the RoCEv2
 # frames the loss table saw and dropped during it.
@@ -448,6 +457,7 @@ bw_row() {
     if [ -n "$n0" ]; then
         nft=$(echo "$n0 $(nft_counts)" | awk '{ print $3 - $1, $4 - $2 }')
     fi
+    [ "$v" != fail ] || keep_failed "$mode-$tool-$size-q$q"
     echo "$tool,$mode,$size,$v,MB/s,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu,$q,${j// /,},${nft// /,}" >>"$out/bench.csv"
 }
 # qp_scaling MODE: the rows of modes switch-q, tap-q and packet-q (see the header). Each perftest
@@ -497,6 +507,7 @@ for mode in $modes; do
             log "$mode $tool 64 B x $lat_iters"
             read -r v dr to nk gb cpu wall dcpu < <(run_pair "$mode" $tool $port -s 64 -n $lat_iters)
             echo "$tool,$mode,64,$v,us,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu,1,-,0,-,-,-" >>"$out/bench.csv"
+            [ "$v" != fail ] || keep_failed "$mode-$tool-64"
         done
         ;;
     esac
