@@ -62,10 +62,10 @@
 # the limits, aggregate bandwidth and J against QPs, and goodput with and without loss.
 # With --guests the guests' daemons are the release build too (VRNIC_BIN).
 # For A/B runs: BENCH_MODES="switch tap" runs only those host modes (default: loopback switch tap
-# packet flood switch-q tap-q packet-q tap-loss; the last four add ~3 min with --quick, 38
-# runs; more on a busy machine, where setting up 64 QPs of 4 MiB alone took up to 45 s a run);
-# BENCH_QPS="1 8" leaves out the 64-QP runs (most of that time); BENCH_DAEMON_ARGS="--poll-us 0"
-# adds arguments to every daemon of the daemon modes.
+# packet flood switch-q tap-q packet-q tap-loss; the last four, 38 runs, took a full run here
+# from 4 to 10 min, 3.5 min of --quick, more on a busy machine, where setting up 64 QPs of 4 MiB
+# alone took up to 45 s a run); BENCH_QPS="1 8" leaves out the 64-QP runs (3.5 of those 6 min);
+# BENCH_DAEMON_ARGS="--poll-us 0" adds arguments to every daemon of the daemon modes.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 quick=0 guests=0 out=
