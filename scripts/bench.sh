@@ -27,7 +27,8 @@
 # cores used, and for bandwidth rows CPU seconds per Gbit of RoCEv2 payload the devices sent
 # (their tx_bytes counters, retransmissions included).
 # --quick: shorter runs. Results: DIR (default out/bench-DATE) with bench.csv, bench.json and the
-# printed table (bench.txt), the chart (bench.png), the per-QP samples of multi-QP rows (qp/).
+# printed table (bench.txt), the chart (bench.png), the per-QP samples of multi-QP rows (qp/), a
+# failed run's perftest output (fail-*.out).
 # Needs root; installs its Debian packages when missing (scripts/deps.sh --bench: perftest,
 # iproute2, nftables, python3-matplotlib for the chart).
 # Daemon modes (2b): the same perftest between two host processes each attached to a vrnic
@@ -61,10 +62,10 @@
 # the limits, aggregate bandwidth and J against QPs, and goodput with and without loss.
 # With --guests the guests' daemons are the release build too (VRNIC_BIN).
 # For A/B runs: BENCH_MODES="switch tap" runs only those host modes (default: loopback switch tap
-# packet flood switch-q tap-q packet-q tap-loss; the last four add ~3 min with --quick, 38
-# runs; more on a busy machine, where setting up 64 QPs of 4 MiB alone took up to 45 s a run);
-# BENCH_QPS="1 8" leaves out the 64-QP runs (most of that time); BENCH_DAEMON_ARGS="--poll-us 0"
-# adds arguments to every daemon of the daemon modes.
+# packet flood switch-q tap-q packet-q tap-loss; the last four, 38 runs, took a full run here
+# from 4 to 10 min, 3.5 min of --quick, more on a busy machine, where setting up 64 QPs of 4 MiB
+# alone took up to 45 s a run); BENCH_QPS="1 8" leaves out the 64-QP runs (3.5 of those 6 min);
+# BENCH_DAEMON_ARGS="--poll-us 0" adds arguments to every daemon of the daemon modes.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 quick=0 guests=0 out=
@@ -332,35 +333,45 @@ dcounters() {
 }
 
 # qp_sampler SECS FILE: Jain's index of the per-QP throughput of the timed run under way (-D SECS,
-# run_pair in the background), written to FILE as "J QPS SIDE" ("- 0 -": not measured), the samples
-# beside it (FILE-s1-f1 ... FILE-s2-f2: sample, function). The QPs die
-# with perftest, so it samples while they live: it waits for the daemons' tx_bytes to move (the
-# first message; 64 QPs of 4 MiB take long to set up), then takes both functions' per-QP counters
-# (`qp_<qpn>_tx_bytes` lines of `vrnic stats`) after SECS/3 and again after 2*SECS/3. The run's QPs
-# are those in both samples whose tx_bytes grew (none of another run's); J = (sum x)^2 / (n sum x^2)
-# over their growths x, on the function whose QPs sent the most (the payload's sender: the client
-# for ib_write_bw, the server's responder for ib_read_bw), SIDE saying which.
+# run_pair in the background), written to FILE as "J QPS SIDE WINDOW" ("- 0 - -": not measured),
+# the samples beside it (FILE-s0-f1 ... FILE-s2-f2: sample, function). The QPs die with perftest,
+# so it samples while they live: it waits for the daemons' tx_bytes to move (the first message;
+# 64 QPs of 4 MiB take long to set up), then takes both functions' per-QP counters
+# (`qp_<qpn>_tx_bytes` lines of `vrnic stats`) at once (s0), after SECS/3 (s1) and after 2*SECS/3
+# (s2). The run's QPs are those in both samples of a window whose tx_bytes grew (none of another
+# run's); J = (sum x)^2 / (n sum x^2) over their growths x, on the function whose QPs sent the most
+# (the payload's sender: the client for ib_write_bw, the server's responder for ib_read_bw), SIDE
+# saying which. WINDOW "middle" is s1 to s2; "first" (s0 to s1) when the QPs were gone by s2: a
+# run's first message can leave well after perftest's clock started (seen with -D 1).
 qp_sampler() {
-    local third b0 t=0 i k
+    local third b0 t=0 i k r w
     third=$(awk -v s="$1" 'BEGIN { print s / 3 }')
     b0=$(dstat tx_bytes)
     until [ "$(dstat tx_bytes)" -gt "$b0" ]; do
         t=$((t + 1))
-        [ $t -lt $((pair_tmo * 10)) ] || { echo "- 0 -" >"$2"; return 0; }
+        [ $t -lt $((pair_tmo * 10)) ] || { echo "- 0 - -" >"$2"; return 0; }
         sleep 0.1
     done
-    for k in 1 2; do
-        sleep "$third"
+    for k in 0 1 2; do
+        [ $k = 0 ] || sleep "$third"
         for i in 1 2; do
             { "$rel/vrnic" stats --socket /tmp/$tag/f$i.sock 2>/dev/null || true; } |
                 awk '$1 ~ /^qp_[^_]+_tx_bytes$/' >"$2-s$k-f$i"
         done
     done
+    r=$(jain_between "$2" 1 2) w=middle
+    [ "$r" != "- 0 -" ] || r=$(jain_between "$2" 0 1) w=first
+    [ "$r" != "- 0 -" ] || w=-
+    echo "$r $w" >"$2"
+}
+# jain_between FILE A B: "J QPS SIDE" between qp_sampler's samples A and B ("- 0 -": no QP grew).
+jain_between() {
+    local i
     for i in 1 2; do
         awk -v side="$([ $i = 1 ] && echo server || echo client)" 'NR == FNR { a[$1] = $2; next }
             ($1 in a) && $2 > a[$1] { x = $2 - a[$1]; s += x; s2 += x * x; n++ }
-            END { if (n) printf "%.0f %.4f %d %s\n", s, s * s / (n * s2), n, side }' "$2-s1-f$i" "$2-s2-f$i"
-    done | sort -rn | awk 'NR == 1 { print $2, $3, $4; found = 1 } END { if (!found) print "- 0 -" }' >"$2"
+            END { if (n) printf "%.0f %.4f %d %s\n", s, s * s / (n * s2), n, side }' "$1-s$2-f$i" "$1-s$3-f$i"
+    done | sort -rn | awk 'NR == 1 { print $2, $3, $4; found = 1 } END { if (!found) print "- 0 -" }'
 }
 # loss_start: mode tap-loss's loss, BENCH_LOSS per mille (default 10: 1%) of the RoCEv2 frames the
 # bridge forwards to each daemon, dropped at both TAPs' egress by nft (this kernel has no sch_netem;
@@ -388,7 +399,7 @@ nft_counts() {
         } END { print s + 0, d + 0 }'
 }
 
-echo "what,mode,bytes,value,unit,drops,timeouts,seq_naks,gbit,cpu_s,wall_s,daemon_cpu_s,qps,jain,jain_qps,jain_side,nft_seen,nft_dropped" >"$out/bench.csv"
+echo "what,mode,bytes,value,unit,drops,timeouts,seq_naks,gbit,cpu_s,wall_s,daemon_cpu_s,qps,jain,jain_qps,jain_side,jain_window,nft_seen,nft_dropped" >"$out/bench.csv"
 port=23000
 log "building the daemon (release)"
 (cd "$top" && cargo build -q --release -p vrnic-vhost)
@@ -413,7 +424,7 @@ flood_latency() {
             port=$((port + 1))
             log "flood ($phase) $tool 64 B x $lat_iters"
             read -r v dr to nk gb cpu wall dcpu < <(run_pair flood $tool $port -s 64 -n $lat_iters)
-            echo "$tool,switch-$phase,64,$v,us,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu,1,-,0,-,-,-" >>"$out/bench.csv"
+            echo "$tool,switch-$phase,64,$v,us,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu,1,-,0,-,-,-,-" >>"$out/bench.csv"
         done
         if [ -n "$fpid" ]; then
             kill $fpid 2>/dev/null || true
@@ -423,11 +434,19 @@ flood_latency() {
     done
 }
 
+# keep_failed NAME: a failed run's perftest output (its error: a completion status, a timeout) kept
+# as fail-NAME-server.out and fail-NAME-client.out in the results.
+keep_failed() {
+    local s
+    for s in server client; do cp "/tmp/$tag/$s.out" "$out/fail-$1-$s.out" 2>/dev/null || true; done
+    log "$1 failed: $(grep -ohiE "failed status [0-9]+.*|completion with error.*|couldn't.*|unable.*" \
+        "$out/fail-$1-client.out" "$out/fail-$1-server.out" 2>/dev/null | head -3 | paste -sd ';')"
+}
 # bw_row MODE TOOL SIZE QPS: one timed bandwidth run (run_pair, perftest -q QPS) and its CSV row;
 # with QPS > 1 in a daemon mode Jain's index of its QPs (qp_sampler), in mode tap-loss the RoCEv2
 # frames the loss table saw and dropped during it.
 bw_row() {
-    local mode=$1 tool=$2 size=$3 q=$4 spid="" j="- 0 -" n0="" nft="- -" v dr to nk gb cpu wall dcpu
+    local mode=$1 tool=$2 size=$3 q=$4 spid="" j="- 0 - -" n0="" nft="- -" v dr to nk gb cpu wall dcpu
     local qf=$out/qp/$mode-$tool-$size-q$q
     port=$((port + 1))
     log "$mode $tool $size B, $q QP(s), for ${bw_secs}s"
@@ -443,11 +462,12 @@ bw_row() {
     if [ -n "$spid" ]; then
         kill $spid 2>/dev/null || true
         wait $spid 2>/dev/null || true
-        j=$(cat "$qf" 2>/dev/null || echo "- 0 -")
+        j=$(cat "$qf" 2>/dev/null || echo "- 0 - -")
     fi
     if [ -n "$n0" ]; then
         nft=$(echo "$n0 $(nft_counts)" | awk '{ print $3 - $1, $4 - $2 }')
     fi
+    [ "$v" != fail ] || keep_failed "$mode-$tool-$size-q$q"
     echo "$tool,$mode,$size,$v,MB/s,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu,$q,${j// /,},${nft// /,}" >>"$out/bench.csv"
 }
 # qp_scaling MODE: the rows of modes switch-q, tap-q and packet-q (see the header). Each perftest
@@ -496,7 +516,8 @@ for mode in $modes; do
             port=$((port + 1))
             log "$mode $tool 64 B x $lat_iters"
             read -r v dr to nk gb cpu wall dcpu < <(run_pair "$mode" $tool $port -s 64 -n $lat_iters)
-            echo "$tool,$mode,64,$v,us,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu,1,-,0,-,-,-" >>"$out/bench.csv"
+            echo "$tool,$mode,64,$v,us,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu,1,-,0,-,-,-,-" >>"$out/bench.csv"
+            [ "$v" != fail ] || keep_failed "$mode-$tool-64"
         done
         ;;
     esac
@@ -510,7 +531,7 @@ if [ $guests = 1 ]; then
     VRNIC_BIN=$rel/vrnic E2E_RESULTS=$out/e2e E2E_PERF_SWEEP=0 E2E_PERF_ARGS="${BENCH_GUEST_PERF_ARGS:--n 5000}" "$top/tests/e2e/run.sh" rxe-rxe ibv-ibv ibv-ibv-switch >"$out/e2e.log" 2>&1 || true
     awk -F, 'NR > 1 && $2 == "a" && $6 == "client" { print "guest-" $1 "," $5 "," $7 "," $8 "," $9 }' \
         "$out/e2e/perftest.csv" 2>/dev/null | sed 's/MB\/sec/MB\/s/; s/usec/us/' |
-        awk -F, '{ print $2 ",guests-" substr($1, 7) "," $3 "," $4 "," $5 ",-,-,-,-,-,-,-,-,-,-,-,-,-" }' >>"$out/bench.csv" || true
+        awk -F, '{ print $2 ",guests-" substr($1, 7) "," $3 "," $4 "," $5 ",-,-,-,-,-,-,-,-,-,-,-,-,-,-" }' >>"$out/bench.csv" || true
 fi
 
 # The table: each figure beside the limit it is compared with (same run).
@@ -552,7 +573,7 @@ for k in sorted(lim):
     print(f"  {k:32} {lim[k]}")
 print()
 print(f"{'perftest':14} {'mode':{mw}} {'bytes':>8} {'qps':>3} {'figure':>11}  {'limit':>20}  {'ratio':>5} {'vs_tap':>6} {'vs_uso':>6}  "
-      f"{'vs_floor':>8} {'vs_q1':>5}  {'J':>10}  {'drops':>6} {'timeouts':>8} {'seq_naks':>8} {'retx/GB':>8}  {'cores':>5} {'cpu_s/Gbit':>10}")
+      f"{'vs_floor':>8} {'vs_q1':>5}  {'J':>11}  {'drops':>6} {'timeouts':>8} {'seq_naks':>8} {'retx/GB':>8}  {'cores':>5} {'cpu_s/Gbit':>10}")
 print("  (ratio: figure / limit; vs_tap, TAP rows: figure / the raw TAP path, tap_write_4154_gbps or")
 print("   rtt_tap_busy_us; vs_uso, bandwidth rows: figure / the same frames as UDP super-frames,")
 print("   pkt_uso_4154_gbps; vs_floor, latency rows over a wire: figure / two yielding ends through two")
@@ -560,7 +581,8 @@ print("   yielding relays and that wire, rtt_relay_wire_us or rtt_relay_tap_us (
 print("   crossings with no work); qps: perftest -q; vs_q1, multi-QP rows: figure / the 1-QP figure of")
 print("   the same mode, tool and size; J: Jain's fairness index of the QPs' throughput over the middle")
 print("   third of the run, (sum x)^2 / (n sum x^2), 1 when all QPs moved as much, 1/n when one moved")
-print("   all, with the QPs seen in brackets (issue 28's target: 0.95); drops: frames the receive")
+print("   all, with the QPs seen in brackets (*: over the first third, the QPs being gone by two")
+print("   thirds; issue 28's target: 0.95); drops: frames the receive")
 print("   queues dropped, both sides; timeouts: ACK timeouts that retransmitted; seq_naks: PSN sequence")
 print("   NAKs; retx/GB: (timeouts + seq_naks) per GB of RoCEv2 payload the devices sent; cores: CPU")
 print("   seconds of the run's processes, both perftests and the daemons, over its wall seconds,")
@@ -578,7 +600,8 @@ for r in rows:
     retx_gb = (to + nk) / (gbit / 8) if r["unit"] == "MB/s" and to is not None and nk is not None and gbit else None
     qps = r.get("qps") or "-"
     jain, jqps = fnum(r.get("jain")), r.get("jain_qps") or "0"
-    jtxt = f"{jain:.3f} ({jqps})" if jain is not None else "-"
+    # "*": over the run's first third (its QPs were gone by two thirds, qp_sampler).
+    jtxt = f"{jain:.3f} ({jqps}){'*' if r.get('jain_window') == 'first' else ''}" if jain is not None else "-"
     q1 = q1_of(r) if qps not in ("-", "1") and x is not None else None
     q1_ratio = x / q1 if q1 else None
     ratio = tap_ratio = uso_ratio = floor_ratio = None
@@ -619,7 +642,7 @@ for r in rows:
         fig, limtxt = f"{x:.1f} us", f"{rtt:.1f} us busy RTT"
     print(f"{r['what']:14} {r['mode']:{mw}} {r['bytes']:>8} {qps:>3} {fig:>11}  {limtxt:>20}  "
           f"{opt(ratio, '{:.2f}'):>5} {opt(tap_ratio, '{:.2f}'):>6} {opt(uso_ratio, '{:.2f}'):>6} {opt(floor_ratio, '{:.2f}'):>8} "
-          f"{opt(q1_ratio, '{:.2f}'):>5}  {jtxt:>10}  "
+          f"{opt(q1_ratio, '{:.2f}'):>5}  {jtxt:>11}  "
           f"{r['drops']:>6} {r['timeouts']:>8} {r['seq_naks']:>8} {opt(retx_gb, '{:.1f}'):>8}  "
           f"{opt(cores, '{:.2f}'):>5} {opt(per_gbit, '{:.3f}'):>10}")
     doc["runs"].append(dict(r, ratio=ratio, tap_ratio=tap_ratio, uso_ratio=uso_ratio, floor_ratio=floor_ratio,
