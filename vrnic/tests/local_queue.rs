@@ -15,6 +15,16 @@ fn is_roce(f: &[u8]) -> bool {
 
 const ALL: u32 = abi::ACCESS_LOCAL_WRITE | abi::ACCESS_REMOTE_WRITE | abi::ACCESS_REMOTE_READ;
 
+/// A signaled SEND WQE with id `wr_id`.
+fn signaled_send(wr_id: u64) -> abi::SendWqe {
+    abi::SendWqe {
+        wr_id,
+        opcode: abi::WR_SEND,
+        send_flags: abi::SEND_SIGNALED,
+        ..Default::default()
+    }
+}
+
 /// A connected pair that has exchanged one SEND (so A knows B's MAC).
 fn warm_pair() -> RcPair {
     let (la, lb) = QueueLink::pair();
@@ -25,15 +35,7 @@ fn warm_pair() -> RcPair {
     let (lkey_b, _) = s.b.reg_mr(s.pdb, dst, 4096, ALL).unwrap();
     let now = s.now;
     s.b.post_recv(&mut s.qb, 100, &[sge(dst, 4096, lkey_b)], now);
-    s.post(
-        abi::SendWqe {
-            wr_id: 101,
-            opcode: abi::WR_SEND,
-            send_flags: abi::SEND_SIGNALED,
-            ..Default::default()
-        },
-        &[sge(src, 8, lkey)],
-    );
+    s.post(signaled_send(101), &[sge(src, 8, lkey)]);
     assert_eq!(s.cqe(false, "warm-up").status, abi::WC_SUCCESS);
     assert_eq!(s.cqe(true, "warm-up").status, abi::WC_SUCCESS);
     s
@@ -54,15 +56,7 @@ fn frames_held_by_the_owner_do_not_count_as_the_peers_silence() {
     let now = s.now;
     s.b.post_recv(&mut s.qb, 1, &[sge(dst, 4096, lkey_b)], now);
     let first = s.a.dev.tx_popped();
-    s.post(
-        abi::SendWqe {
-            wr_id: 2,
-            opcode: abi::WR_SEND,
-            send_flags: abi::SEND_SIGNALED,
-            ..Default::default()
-        },
-        &[sge(src, 64, lkey)],
-    );
+    s.post(signaled_send(2), &[sge(src, 64, lkey)]);
     // The owner takes the SEND's frame and holds it.
     let mut held = Vec::new();
     while let Some(f) = s.a.dev.pop_tx() {
@@ -109,15 +103,7 @@ fn frames_that_left_and_were_lost_still_time_out() {
     let mut s = warm_pair();
     let src = s.a.alloc(4096);
     let (lkey, _) = s.a.reg_mr(s.pda, src, 4096, ALL).unwrap();
-    s.post(
-        abi::SendWqe {
-            wr_id: 2,
-            opcode: abi::WR_SEND,
-            send_flags: abi::SEND_SIGNALED,
-            ..Default::default()
-        },
-        &[sge(src, 64, lkey)],
-    );
+    s.post(signaled_send(2), &[sge(src, 64, lkey)]);
     let timeout = vrnic::transport::requester::ack_timeout_ns(14).unwrap();
     let mut now = s.now;
     let mut done = None;

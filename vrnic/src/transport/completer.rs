@@ -227,7 +227,7 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
         if env.now >= t && qp.req.rnr_deadline.is_none() {
             if qp.req.inflight.is_empty() {
                 qp.req.ack_deadline = None;
-            } else if env.res.out.departed() < qp.req.tx_mark {
+            } else if sent_still_queued(qp, env) {
                 // Its last packets have not left this device yet: the
                 // peer cannot have answered them. The timer starts again
                 // (rxe restarts it as each packet goes, rxe_req.c
@@ -251,7 +251,7 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
     if let Some(t) = qp.req.probe_deadline {
         if env.now >= t && qp.req.rnr_deadline.is_none() && qp.state == abi::QpState::Rts {
             qp.req.probe_deadline = None;
-            if env.res.out.departed() < qp.req.tx_mark {
+            if sent_still_queued(qp, env) {
                 // Not gone yet: nothing can have come back.
                 let pto = qp.req.rtt.pto(ack_timeout_ns(qp.attr.timeout));
                 qp.req.probe_deadline = Some(env.now + pto);
@@ -277,6 +277,14 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
     .into_iter()
     .flatten()
     .min()
+}
+
+/// Whether the QP's last request packets are still in this device's queue
+/// or its owner's hands ([`crate::transport::Output::departed`]): the
+/// peer cannot have answered them, so neither the ACK timer nor the tail
+/// probe blames it.
+fn sent_still_queued(qp: &Qp, env: &Env) -> bool {
+    env.res.out.departed() < qp.req.tx_mark
 }
 
 /// Where go-back-N resumes after a timeout: the first missing response of

@@ -1005,13 +1005,7 @@ mod output_tests {
             local_macs: Some(LocalMacs::with(Local(false))),
             ..Output::default()
         };
-        let ack = |qp: u32, p: u32, aeth: wire::Aeth| {
-            let mut h = sample_headers(Opcode::RcAck, v6);
-            h.bth.dest_qp = qp;
-            h.bth.psn = p;
-            h.aeth = Some(aeth);
-            h
-        };
+        let ack = |qp, p, aeth| ack_headers(v6, qp, p, aeth);
         let plain = |msn| wire::Aeth::ack(msn, 31);
         for h in [
             ack(7, 10, plain(1)),
@@ -1054,6 +1048,16 @@ mod output_tests {
         );
     }
 
+    /// An ACK-opcode packet (`aeth`: ACK, NAK, ...) to QP `qp` for PSN `p`,
+    /// over IPv6 when `v6`.
+    fn ack_headers(v6: bool, qp: u32, p: u32, aeth: wire::Aeth) -> RoceHeaders {
+        let mut h = sample_headers(Opcode::RcAck, v6);
+        h.bth.dest_qp = qp;
+        h.bth.psn = p;
+        h.aeth = Some(aeth);
+        h
+    }
+
     /// To the wire, a plain ACK takes the place of the frame queued last
     /// when that is a plain ACK of the same QP and flow for an earlier
     /// PSN, still queued: one frame leaves, with the newest PSN and MSN
@@ -1062,13 +1066,7 @@ mod output_tests {
     #[test]
     fn acks_of_one_qp_for_the_wire_coalesce_while_queued() {
         let mut out = Output::default();
-        let ack = |qp: u32, p: u32, aeth: wire::Aeth| {
-            let mut h = sample_headers(Opcode::RcAck, false);
-            h.bth.dest_qp = qp;
-            h.bth.psn = p;
-            h.aeth = Some(aeth);
-            h
-        };
+        let ack = |qp, p, aeth| ack_headers(false, qp, p, aeth);
         let plain = |msn| wire::Aeth::ack(msn, 31);
         let nak = wire::Aeth::nak(5, wire::NakCode::PsnSequenceError);
         for h in [
@@ -1112,13 +1110,7 @@ mod output_tests {
     /// replies are queued again.
     #[test]
     fn replies_stop_at_the_reply_bound() {
-        let ack = |qp: u32, p: u32, aeth: wire::Aeth| {
-            let mut h = sample_headers(Opcode::RcAck, false);
-            h.bth.dest_qp = qp;
-            h.bth.psn = p;
-            h.aeth = Some(aeth);
-            h
-        };
+        let ack = |qp, p, aeth| ack_headers(false, qp, p, aeth);
         let plain = |msn| wire::Aeth::ack(msn, 31);
         let nak = wire::Aeth::nak(1, wire::NakCode::PsnSequenceError);
         // To a wire: data up to TX_BACKLOG_MAX, then replies to the bound.
