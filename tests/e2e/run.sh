@@ -4,14 +4,16 @@
 #
 # Usage: tests/e2e/run.sh [STEP...]     STEP: qemu-select | rxe-rxe | probe | vrnic-rxe | vrnic-vrnic |
 #                                             vrnic-rxe-lossy | vrnic-vrnic-pause | vrnic-vrnic-kill |
-#                                             vrnic-vrnic-restart | hostile-peer | soak-2min | ibv-rxe |
-#                                             ibv-ibv | ibv-ibv-switch | ibv-vrnic | containers
+#                                             vrnic-vrnic-restart | hostile-peer | soak-2min | heavy |
+#                                             ibv-rxe | ibv-ibv | ibv-ibv-switch | ibv-vrnic | containers
 #   default: qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause
-#   vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min ibv-rxe ibv-ibv ibv-ibv-switch
+#   vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min heavy ibv-rxe ibv-ibv ibv-ibv-switch
 #   containers
 #   (containers: Debian's tools in podman containers on vrnic through the daemon's vhost-user
 #   socket, against each other and against a vrnic and an rxe guest, tests/e2e/containers.sh; soak-2min:
-#   scripts/soak.sh --minutes 2, two daemons and the vrnic-soak driver, no QEMU; qemu-select: which QEMU the
+#   scripts/soak.sh --minutes 2, two daemons and the vrnic-soak driver, no QEMU; heavy: tests/e2e/heavy.sh,
+#   Debian's perftest between two host processes on release vrnic daemons (-q 8 -a and -q 32 -s 4 MiB,
+#   write/read/send, switch, tap and packet modes; no QEMU, about 3 minutes); qemu-select: which QEMU the
 #   scripts pick, tests/e2e/qemu-select.sh; vrnic-vrnic-pause: a VM paused and resumed mid-run, see
 #   run_pause; vrnic-vrnic-kill: a guest's QEMU killed mid-run, see run_kill; vrnic-vrnic-restart:
 #   a daemon killed mid-run and restarted, see run_restart; hostile-peer: an independent scapy peer
@@ -33,7 +35,9 @@
 # E2E_GUEST_TIMEOUT (bound on one guest's whole job, 900 s), E2E_NO_BUILD=1 (skip cargo build),
 # E2E_RDMA=0 (no RDMA READ/atomic runs), E2E_RDMA_SIZES ("1,4097,1048576"), E2E_RDMA_READS (2),
 # E2E_RDMA_FAA (100), E2E_LOSSY_RDMA, E2E_LOSSY_SIZES, E2E_LOSS (nft|netem), E2E_CRASH_ITERS,
-# E2E_CRASH_AFTER, E2E_KILL_RSS_SLACK_KB (kill/restart steps), E2E_PERF=0 (no perftest),
+# E2E_CRASH_AFTER, E2E_KILL_RSS_SLACK_KB (kill/restart steps), E2E_SOAK_MINUTES (soak-2min, 2),
+# E2E_HEAVY_MODES (heavy: "switch tap packet"), E2E_HEAVY_TIMEOUT (heavy, with its build: 1200 s),
+# E2E_PERF=0 (no perftest),
 # E2E_PERF_SWEEP=0 (no perftest -a / -q 4 runs in the ibv pairs), E2E_PERF_ALL_TOOLS/ARGS,
 # E2E_PERF_QP_TOOLS/ARGS, E2E_PERF_LONG_TOOLS/ARGS (ib_send_lat -n 5000 in the ibv pairs), E2E_PIN=0 (no compaction check in ibv-ibv), E2E_PIN_SIZE, E2E_PIN_ITERS,
 # E2E_PIN_RDMA_SIZES, E2E_PIN_RDMA_READS,
@@ -49,7 +53,7 @@ trap 'rc=$?; if [ $SUMMARY_DONE = 0 ]; then echo "FAIL: e2e aborted (exit $rc)";
 
 PAIRS=("$@")
 [ ${#PAIRS[@]} -gt 0 ] || PAIRS=(qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause
-    vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min ibv-rxe ibv-ibv ibv-ibv-switch containers)
+    vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min heavy ibv-rxe ibv-ibv ibv-ibv-switch containers)
 [ "${E2E_BASELINE:-0}" = 1 ] && PAIRS=(rxe-rxe "${PAIRS[@]}")
 if [ -z "${E2E_RESULTS:-}" ] && [ -d "$VR_TOP/out" ]; then
     # Default results dirs out/e2e-DATE: keep the last 5 (daemon pcaps are ~60 MB each).
@@ -79,7 +83,7 @@ for p in "${PAIRS[@]}"; do
     case $p in
     rxe-rxe | qemu-select) ;;
     probe | vrnic-rxe | vrnic-vrnic | vrnic-rxe-lossy | vrnic-vrnic-lossy | vrnic-vrnic-pause | vrnic-vrnic-kill | vrnic-vrnic-restart | hostile-peer) need_vrnic=1 ;;
-    soak-2min) need_vrnic=1 ;;
+    soak-2min | heavy) need_vrnic=1 ;;
     ibv-rxe | ibv-ibv | ibv-ibv-switch | ibv-vrnic | containers) need_vrnic=1 ;;
     *) vr_die "unknown pair $p" ;;
     esac
@@ -1032,10 +1036,30 @@ run_soak() {
         "$VR_TOP/scripts/soak.sh" --minutes "${E2E_SOAK_MINUTES:-2}" 2>&1 || echo "FAIL: scripts/soak.sh exit $?")
 }
 
+# run_heavy: tests/e2e/heavy.sh (E2E_HEAVY_MODES, default all three) with its own release daemon
+# (built there unless E2E_NO_BUILD=1), results in RESULTS/heavy; its PASS:/FAIL: lines count here,
+# and a non-zero exit without a FAIL line (it could not run) is one failure.
+run_heavy() {
+    local line failed=0 tp=$SECONDS modes
+    read -ra modes <<<"${E2E_HEAVY_MODES:-}"
+    echo "=== heavy"
+    while IFS= read -r line; do
+        case $line in
+        "PASS: "*) pass "${line#PASS: }" ;;
+        "FAIL: "*) failed=1; fail "${line#FAIL: }" ;;
+        "HEAVY-EXIT "*) [ $failed = 1 ] || fail "tests/e2e/heavy.sh exit ${line#HEAVY-EXIT } without a result (see $RESULTS/heavy)" ;;
+        *) echo "$line" ;;
+        esac
+    done < <(HEAVY_NO_BUILD=${E2E_NO_BUILD:-0} HEAVY_RESULTS=$RESULTS/heavy timeout -k 30 "${E2E_HEAVY_TIMEOUT:-1200}" \
+        "$VR_TOP/tests/e2e/heavy.sh" ${modes[@]+"${modes[@]}"} 2>&1 || echo "HEAVY-EXIT $?")
+    echo "=== heavy took $((SECONDS - tp)) s"
+}
+
 for p in "${PAIRS[@]}"; do
     case $p in
     qemu-select) run_qemu_select ;;
     soak-2min) run_soak ;;
+    heavy) run_heavy ;;
     probe) run_probe ;;
     containers) run_containers ;;
     hostile-peer)
