@@ -169,8 +169,11 @@ run() {
     # The client, again while the server is not listening yet (at most 50 tries, 0.2 s apart).
     while :; do
         crc=0
-        ip netns exec "$NS" env LD_LIBRARY_PATH="$LIB" VRNIC_VHOST_USER="$DIR/f2.sock" \
-            timeout -k 5 "$RUN_TIMEOUT" "$tool" -x 1 -p "$PORT" "$@" 127.0.0.1 </dev/null >"$tag.client" 2>&1 || crc=$?
+        # In the background (vr_spawn) so that a signal's cleanup stops it too.
+        vr_spawn "$tag.client" ip netns exec "$NS" env LD_LIBRARY_PATH="$LIB" VRNIC_VHOST_USER="$DIR/f2.sock" \
+            timeout -k 5 "$RUN_TIMEOUT" "$tool" -x 1 -p "$PORT" "$@" 127.0.0.1
+        wait "$VR_LAST_PID" || crc=$?
+        vr_stop "$VR_LAST_PID" # only drops it from the list: it has ended
         [ $crc = 0 ] && break
         t=$((t + 1))
         { [ $t -lt 50 ] && grep -qiE "couldn't connect|connection refused" "$tag.client"; } || break

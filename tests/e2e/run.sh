@@ -38,8 +38,9 @@
 # E2E_CRASH_AFTER, E2E_KILL_RSS_SLACK_KB (kill/restart steps), E2E_SOAK_MINUTES (soak-2min, 2),
 # E2E_HEAVY_MODES (heavy: "switch tap packet"), E2E_HEAVY_TIMEOUT (heavy, with its build: 1200 s),
 # E2E_PERF=0 (no perftest),
-# E2E_PERF_SWEEP=0 (no perftest -a / -q 4 runs in the ibv pairs), E2E_PERF_ALL_TOOLS/ARGS,
-# E2E_PERF_QP_TOOLS/ARGS, E2E_PERF_LONG_TOOLS/ARGS (ib_send_lat -n 5000 in the ibv pairs), E2E_PIN=0 (no compaction check in ibv-ibv), E2E_PIN_SIZE, E2E_PIN_ITERS,
+# E2E_PERF_SWEEP=0 (no perftest -a / -q 4 / -q 8 large-message runs in the ibv pairs), E2E_PERF_ALL_TOOLS/ARGS,
+# E2E_PERF_QP_TOOLS/ARGS, E2E_PERF_BIG_TOOLS/ARGS (-q 8 at 1 MiB), E2E_PERF_HUGE_TOOLS/ARGS (-q 8 at 8 MiB),
+# E2E_PERF_LONG_TOOLS/ARGS (ib_send_lat -n 5000 in the ibv pairs), E2E_PIN=0 (no compaction check in ibv-ibv), E2E_PIN_SIZE, E2E_PIN_ITERS,
 # E2E_PIN_RDMA_SIZES, E2E_PIN_RDMA_READS,
 # VRNIC_BIN (daemon binary), VRNIC_ACCEL (kvm|tcg, default: probed), VRNIC_CACHE.
 # Prints PASS:/FAIL: lines and a closing "e2e: N passed, N failed"; exit status 0 iff no failure.
@@ -153,6 +154,16 @@ PERF_ALL_TOOLS_ALL=${E2E_PERF_ALL_TOOLS-ib_write_bw ib_read_bw ib_send_bw ib_wri
 PERF_ALL_ARGS_ALL=${E2E_PERF_ALL_ARGS:--a -n 5}
 PERF_QP_TOOLS_ALL=${E2E_PERF_QP_TOOLS-ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw}
 PERF_QP_ARGS_ALL=${E2E_PERF_QP_ARGS:--q 4 -n 100}
+# And many QPs with large messages (issue 28: ib_write_bw -q 8 -a failed with RETRY_EXC_ERR under
+# load), 5 iterations (perftest's least), both roles: the bandwidth tools with 8 QPs at 1 MiB
+# (big, ~27 s a pair under TCG), and ib_write_bw with 8 QPs at 8 MiB (huge, ~50 s: with all three
+# tools it took 140 s, mostly perftest filling 128 MiB of buffers with random() in each guest; READ
+# and SEND at 8 MiB on 8 QPs run in tests/e2e/heavy.sh, between host processes). The client must
+# report the one row of its -s size.
+PERF_BIG_TOOLS_ALL=${E2E_PERF_BIG_TOOLS-ib_write_bw ib_read_bw ib_send_bw}
+PERF_BIG_ARGS_ALL=${E2E_PERF_BIG_ARGS:--q 8 -s 1048576 -n 5}
+PERF_HUGE_TOOLS_ALL=${E2E_PERF_HUGE_TOOLS-ib_write_bw}
+PERF_HUGE_ARGS_ALL=${E2E_PERF_HUGE_ARGS:--q 8 -s 8388608 -n 5}
 # And a long ib_send_lat (5000 ping-pongs, ~0.3 s): a doorbell left without a kick stalled it until
 # an unrelated wake-up in most runs before the worker served late chains (DataPath::serve_late).
 PERF_LONG_TOOLS_ALL=${E2E_PERF_LONG_TOOLS-ib_send_lat}
@@ -179,6 +190,8 @@ job() {
         echo "PERF_ALL_TOOLS='${PERF_ALL_TOOLS:-}' PERF_ALL_ARGS='${PERF_ALL_ARGS:-}'"
         echo "PERF_QP_TOOLS='${PERF_QP_TOOLS:-}' PERF_QP_ARGS='${PERF_QP_ARGS:-}'"
         echo "PERF_LONG_TOOLS='${PERF_LONG_TOOLS:-}' PERF_LONG_ARGS='${PERF_LONG_ARGS:-}'"
+        echo "PERF_BIG_TOOLS='${PERF_BIG_TOOLS:-}' PERF_BIG_ARGS='${PERF_BIG_ARGS:-}'"
+        echo "PERF_HUGE_TOOLS='${PERF_HUGE_TOOLS:-}' PERF_HUGE_ARGS='${PERF_HUGE_ARGS:-}'"
         echo "PIN_CHECK=${PIN_CHECK:-0} PIN_SIZE=$PIN_SIZE PIN_ITERS=$PIN_ITERS PIN_RDMA_SIZES=$PIN_RDMA_SIZES PIN_RDMA_READS=$PIN_RDMA_READS"
         echo "EVENT_ROLES='${EVENT_ROLES:-}' EVENT_SIZE=$EVENT_SIZE EVENT_ITERS=$EVENT_ITERS"
         echo "IDLE_CHECK=${IDLE_CHECK:-0} IDLE_WINDOW=$IDLE_WINDOW"
@@ -266,11 +279,14 @@ run_pair() {
     if [ $lossy = 0 ] && [ "${E2E_PERF:-1}" = 1 ] && [[ $pair == rxe-rxe || $pair == ibv-* ]]; then
         PERF_TOOLS=$PERF_TOOLS_ALL PERF_ARGS=$PERF_ARGS_ALL
     fi
-    # The -a and -q 4 sweeps in the ibv pairs (both sides run them).
+    # The -a, -q 4 and -q 8 large-message (big, huge) sweeps in the ibv pairs (both sides run them).
     local PERF_ALL_TOOLS='' PERF_ALL_ARGS='' PERF_QP_TOOLS='' PERF_QP_ARGS='' PERF_LONG_TOOLS='' PERF_LONG_ARGS=''
+    local PERF_BIG_TOOLS='' PERF_BIG_ARGS='' PERF_HUGE_TOOLS='' PERF_HUGE_ARGS=''
     if [ $lossy = 0 ] && [ "${E2E_PERF:-1}" = 1 ] && [ "${E2E_PERF_SWEEP:-1}" = 1 ] && [[ $pair == ibv-* ]]; then
         PERF_ALL_TOOLS=$PERF_ALL_TOOLS_ALL PERF_ALL_ARGS=$PERF_ALL_ARGS_ALL
         PERF_QP_TOOLS=$PERF_QP_TOOLS_ALL PERF_QP_ARGS=$PERF_QP_ARGS_ALL
+        PERF_BIG_TOOLS=$PERF_BIG_TOOLS_ALL PERF_BIG_ARGS=$PERF_BIG_ARGS_ALL
+        PERF_HUGE_TOOLS=$PERF_HUGE_TOOLS_ALL PERF_HUGE_ARGS=$PERF_HUGE_ARGS_ALL
     fi
     # The long run: in the ibv pairs, sweep or not.
     if [ $lossy = 0 ] && [ "${E2E_PERF:-1}" = 1 ] && [[ $pair == ibv-* ]]; then
@@ -475,24 +491,33 @@ run_pair() {
             if [ "$4" = ok=yes ]; then pass "$mwhat"; else fail "$mwhat $4"; fi
         done < <(grep -a '^VRNIC-MULTI ' "$dir/$side.log" | tr -d '\r')
         [ "$got" = "$want" ] || fail "$pair $side: $got of $want several-programs checks reported"
-        # The -a / -q 4 sweeps: VRNIC-PERFX name tool role all|qp rc=R rows=N bytes=FIRST-LAST
-        want=$((($(wc -w <<<"$PERF_ALL_TOOLS") + $(wc -w <<<"$PERF_QP_TOOLS") + $(wc -w <<<"$PERF_LONG_TOOLS")) * 2)) got=0
+        # The sweeps: VRNIC-PERFX name tool role all|qp|long|big|huge rc=R rows=N bytes=FIRST-LAST
+        want=$((($(wc -w <<<"$PERF_ALL_TOOLS $PERF_QP_TOOLS $PERF_LONG_TOOLS $PERF_BIG_TOOLS $PERF_HUGE_TOOLS")) * 2)) got=0
         while read -r line; do
             got=$((got + 1))
             # shellcheck disable=SC2086
             set -- $line
-            local args=$PERF_QP_ARGS rows=${7#rows=}
-            [ "$5" = all ] && args=$PERF_ALL_ARGS
-            [ "$5" = long ] && args=$PERF_LONG_ARGS
+            local args rows=${7#rows=} size
+            case $5 in
+            all) args=$PERF_ALL_ARGS ;;
+            long) args=$PERF_LONG_ARGS ;;
+            big) args=$PERF_BIG_ARGS ;;
+            huge) args=$PERF_HUGE_ARGS ;;
+            *) args=$PERF_QP_ARGS ;;
+            esac
+            # The -s size of big and huge: the client's one row must be that size.
+            size=$(awk '{ for (i = 1; i < NF; i++) if ($i == "-s") print $(i + 1) }' <<<"$args")
             local xwhat="$pair $side ${kind_of[$side]} $3 $args $4 (${kind_of[$other]} peer)"
             if [ "$6" != rc=0 ]; then fail "$xwhat $6"
             elif [ "$4" = client ] && [ "$5" = all ] && [ "$rows" != 23 ]; then
                 fail "$xwhat: $rows sizes reported, not the 23 from 2 B to 8 MiB"
             elif [ "$4" = client ] && [ "$rows" -lt 1 ]; then fail "$xwhat: no result row"
+            elif [ "$4" = client ] && [[ $5 == big || $5 == huge ]] && [ -n "$size" ] && [ "${8#bytes=}" != "$size-$size" ]; then
+                fail "$xwhat: rows of ${8#bytes=} B, not the one of $size B"
             else pass "$xwhat: $rows sizes, ${8#bytes=} B"; fi
         done < <(grep -a '^VRNIC-PERFX ' "$dir/$side.log" | tr -d '\r')
-        [ "$got" = "$want" ] || fail "$pair $side: $got of $want perftest -a/-q/long runs reported"
-        [ "$want" = 0 ] || vr_log "$pair $side: the perftest -a/-q/long runs took $(grep -a '^VRNIC-PERFX ' "$dir/$side.log" |
+        [ "$got" = "$want" ] || fail "$pair $side: $got of $want perftest -a/-q/long/big/huge runs reported"
+        [ "$want" = 0 ] || vr_log "$pair $side: the perftest -a/-q/long/big/huge runs took $(grep -a '^VRNIC-PERFX ' "$dir/$side.log" |
             tr -d '\r' | awk '{ sub("cs=", "", $NF); t += $NF } END { printf "%.0f", t / 100 }') s"
         # (awk, not a grep pipeline: no row must not end the script under set -e -o pipefail)
         [ "$want" = 0 ] || tr -d '\r' <"$dir/$side.log" |
