@@ -10,7 +10,10 @@
 # the same rule), so both directions of every connection lose frames. The traffic driver
 # vrnic-soak (vhost/src/bin/vrnic-soak.rs: a vhost-user frontend in a host process, no QEMU)
 # connects to both daemons and keeps N RC QP pairs busy both ways with SEND, RDMA WRITE (with and
-# without immediate) and RDMA READ of 1 B..256 KiB, checking every completion and every byte.
+# without immediate) and RDMA READ of 1 B..256 KiB, checking every completion and every byte; on a
+# quarter of the QPs (every fourth) 2% of the operations are large instead, 1 MiB..8 MiB, every
+# kind (issue 28: many RC QPs with large messages must never fail a transfer). Its memory regions
+# (one per QP, sized for the QP's largest message) take about 1.2 GiB per daemon at 32 QPs.
 #
 # 1. warm-up: the driver runs SOAK_WARMUP seconds (20) and disconnects, so every pool, table and
 #    buffer the daemons use has been used once;
@@ -23,11 +26,14 @@
 # Flat means, per daemon: VmRSS at the end at most SOAK_RSS_SLACK_KB (2048) or 5% of the start
 # above it, whichever is larger; the open fds equal. Also required: the driver exited 0 (every
 # operation completed successfully, every byte checked, no wait over its bounds), both daemons
-# still running, the loss dropped frames both ways (nft counters) and retransmits grew.
+# still running, the loss dropped frames both ways (nft counters), retransmits grew and large
+# operations completed (unless SOAK_DRIVER_ARGS turned them off).
 # Prints a start/end/delta table; results (soak.log, table.txt, figures.csv, samples.csv, the
 # daemons' and the driver's logs) in SOAK_RESULTS (default out/soak-DATE). Exit status 0 iff all
 # of the above holds. SOAK_NO_BUILD=1 skips `cargo build`; VRNIC_BIN / SOAK_BIN name the daemon and
-# driver binaries (default target/debug/{vrnic,vrnic-soak}); SOAK_SEED (1) seeds the mix.
+# driver binaries (default target/debug/{vrnic,vrnic-soak}); SOAK_SEED (1) seeds the mix;
+# SOAK_DRIVER_ARGS adds options to the driver's (e.g. "--large-percent 10", "--large-qps 0",
+# "--large-max 2097152"; vrnic-soak --help lists them).
 # CI runs the 2-minute version as the e2e step soak-2min (tests/e2e/run.sh).
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -49,6 +55,7 @@ vr_install_traps
 
 WARMUP=${SOAK_WARMUP:-20} REPORT=${SOAK_REPORT:-30} SLACK_KB=${SOAK_RSS_SLACK_KB:-2048}
 SEED=${SOAK_SEED:-1}
+read -ra DRIVER_ARGS <<<"${SOAK_DRIVER_ARGS:-}"
 RESULTS=${SOAK_RESULTS:-$VR_TOP/out/soak-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$RESULTS"
 RESULTS=$(readlink -f "$RESULTS")
@@ -78,7 +85,7 @@ driver() {
     local secs=$1 log=$2 pid t0=$SECONDS seen=0 n rc=0
     vr_spawn "$log" timeout -k 10 $((secs + 300)) "$DRIVER_BIN" --a "$RESULTS/vrnic-a.sock" \
         --b "$RESULTS/vrnic-b.sock" --qps "$QPS" --duration "$secs" --report "$REPORT" \
-        --seed "$SEED"
+        --seed "$SEED" ${DRIVER_ARGS[@]+"${DRIVER_ARGS[@]}"}
     pid=$VR_LAST_PID
     # Pacing only: the loop ends when the driver does (itself bounded by timeout).
     while kill -0 "$pid" 2>/dev/null && [ "$(sed 's/.*) \(.\).*/\1/' "/proc/$pid/stat" 2>/dev/null)" != Z ]; do
@@ -166,6 +173,14 @@ done
 verdict $((VR_LOSS_TO == 0 || VR_LOSS_FROM == 0)) "the loss dropped frames both ways: $VR_LOSS_TO to A, $VR_LOSS_FROM from A"
 rt=$((FIG[end,a,retransmits] - FIG[start,a,retransmits] + FIG[end,b,retransmits] - FIG[start,b,retransmits]))
 verdict $((rt == 0)) "retransmits during the soak: $rt"
+# Large operations: the driver's start line says how many QPs carry them and what share
+# ("on 8 QPs 2% large"), its last line how many completed (large_ops=N large_bytes=B).
+read -r LQPS LPCT < <(sed -n 's/^soak start: .* on \([0-9]*\) QPs \([0-9]*\)% large.*/\1 \2/p' "$RESULTS/driver.log" | head -1) || true
+LOPS=$(grep "^soak done" "$RESULTS/driver.log" | sed -n 's/.* large_ops=\([0-9]*\) large_bytes=\([0-9]*\) .*max_large_op_s=\([0-9.]*\).*/\1 \2 \3/p') || true
+read -r LN LB LMAX <<<"${LOPS:-0 0 -}"
+if [ "${LQPS:-0}" -gt 0 ] && [ "${LPCT:-0}" -gt 0 ]; then
+    verdict $((LN == 0)) "large operations (1 MiB..) on $LQPS QPs: $LN, $LB bytes, the longest ${LMAX} s"
+fi
 echo "results: $RESULTS"
 if [ $OK = 1 ]; then echo "soak: flat"; else echo "soak: FAILED"; fi
 [ $OK = 1 ]

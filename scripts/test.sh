@@ -7,7 +7,9 @@
 # 2. tests/e2e/run.sh                  (root: network namespace, QEMU; see that file)
 #    with the rxe-rxe baseline first (E2E_BASELINE=0 leaves it out); VRNIC_E2E=0 skips step 2.
 #    Its default steps include soak-2min: scripts/soak.sh --minutes 2 (the 30-minute soak is
-#    scripts/soak.sh --minutes 30, run by hand).
+#    scripts/soak.sh --minutes 30, run by hand), and heavy: tests/e2e/heavy.sh, perftest with many
+#    QPs and large messages between host processes on release daemons (it builds the release
+#    daemon: cargo build --release -p vrnic-vhost).
 # Installs the Debian packages it needs (scripts/deps.sh).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)

@@ -14,12 +14,13 @@
 #   PERF_ALL_TOOLS, PERF_ALL_ARGS  perftest tools to run again with PERF_ALL_ARGS (e.g. "-a -n 5":
 #               every size from 2 B to 8 MiB), and
 #   PERF_QP_TOOLS, PERF_QP_ARGS    with PERF_QP_ARGS (e.g. "-q 4 -n 100": several QPs), and
-#   PERF_BIG_TOOLS, PERF_BIG_ARGS  with PERF_BIG_ARGS (e.g. "-q 8 -s 8388608 -n 3": many QPs,
+#   PERF_LONG_TOOLS, PERF_LONG_ARGS with PERF_LONG_ARGS (e.g. "-n 5000": a long run), and
+#   PERF_BIG_TOOLS, PERF_BIG_ARGS  with PERF_BIG_ARGS (e.g. "-q 8 -s 1048576 -n 5": many QPs,
 #               large messages), and
-#   PERF_LONG_TOOLS, PERF_LONG_ARGS with PERF_LONG_ARGS (e.g. "-n 5000": a long run); each in
+#   PERF_HUGE_TOOLS, PERF_HUGE_ARGS with PERF_HUGE_ARGS (e.g. "-q 8 -s 8388608 -n 5"); each in
 #               ROLES order, one line per run and one per size the tool printed:
-#               VRNIC-PERFX <name> <tool> <role> <all|qp|big|long> rc=<rc> rows=<n> bytes=<first>-<last> cs=<wall>
-#               VRNIC-PERFROW <name> <tool> <role> <all|qp|long> <bytes> <value>
+#               VRNIC-PERFX <name> <tool> <role> <all|qp|long|big|huge> rc=<rc> rows=<n> bytes=<first>-<last> cs=<wall>
+#               VRNIC-PERFROW <name> <tool> <role> <all|qp|long|big|huge> <bytes> <value>
 #               (value: BW average, or the typical latency)
 #   PIN_CHECK   1: at the end, pin-check (tests/e2e/peer/pin-check.c: registered pages keep their
 #               PFNs while memory is fragmented and compacted; meanwhile a second process,
@@ -501,22 +502,24 @@ client)
     [ $ok = yes ] || fails=$((fails + 1))
     ;;
 esac
-# perftest again, with all sizes (-a) and with several QPs (-q 4): only the exit status is judged
-# (and, on the client, that it printed a row); the rows go to the harness's perftest-sweep.csv.
+# perftest again, with all sizes (-a), with several QPs (-q 4), a long run, and many QPs with
+# large messages (-q 8 at 1 MiB and 8 MiB): only the exit status is judged here (the harness checks
+# the rows); the rows go to the harness's perftest-sweep.csv.
 p=0
-for variant in all qp big long; do
+for variant in all qp long big huge; do
     case $variant in
     all) vtools=${PERF_ALL_TOOLS:-} vargs=${PERF_ALL_ARGS:-} ;;
     qp) vtools=${PERF_QP_TOOLS:-} vargs=${PERF_QP_ARGS:-} ;;
-    big) vtools=${PERF_BIG_TOOLS:-} vargs=${PERF_BIG_ARGS:-} ;;
     long) vtools=${PERF_LONG_TOOLS:-} vargs=${PERF_LONG_ARGS:-} ;;
+    big) vtools=${PERF_BIG_TOOLS:-} vargs=${PERF_BIG_ARGS:-} ;;
+    huge) vtools=${PERF_HUGE_TOOLS:-} vargs=${PERF_HUGE_ARGS:-} ;;
     esac
     for tool in $vtools; do
         for role in $ROLES; do
             w0=$(now_cs)
             # shellcheck disable=SC2086
             perf_run "$role" 1100 "$tool" $vargs
-            echo "--- $NAME perf $tool $role ($variant)"
+            echo "--- $NAME perf $tool $role ($variant: $vargs)"
             cat /tmp/out
             # Result rows: "#bytes" header, then one numeric row per size (BW average: 4th
             # column; latency: t_typical, 5th).

@@ -14,25 +14,29 @@
 #   packet: two daemons on the two ends of a veth pair (--netdev, AF_PACKET).
 # Per mode, each tool of HEAVY_TOOLS (ib_write_bw ib_read_bw ib_send_bw) with each argument set of
 # HEAVY_ARGS ("-q 8 -a -n 5 -F;-q 32 -s 4194304 -n 5 -F", ';' between sets): Debian's perftest,
-# server and client (both `-x 1`, a TCP port of their own; the exchange over TCP 127.0.0.1), each
-# process attached to its vrnic function through the daemon's vhost-user socket
+# server on f1 and client on f2 (both `-x 1`, a TCP port of their own; the exchange over TCP
+# 127.0.0.1), each process attached to its vrnic function through the daemon's vhost-user socket
 # (VRNIC_VHOST_USER=f1.sock / f2.sock, LD_LIBRARY_PATH=$(scripts/ibverbs-lib.sh --release): the
-# containers' path, guest-lib/src/vhost_user.rs). The client is started again, bounded, while the
-# server is not listening yet. Each process is bounded by `timeout` (HEAVY_RUN_TIMEOUT, 120 s).
+# containers' path, guest-lib/src/vhost_user.rs). The client is started again (at most 50 times,
+# 0.2 s apart) while the server is not listening yet. Each process is bounded by `timeout`
+# (HEAVY_RUN_TIMEOUT, 120 s); a server still running 20 s after its client ended is stopped.
 # A run passes when both exit 0, the client's table is complete (with -a every size from 2 B to
-# 8 MiB, 23 rows; else one row of the -s size), the daemons are still running afterwards and, in
-# mode switch, no frame was lost between the functions (link_tx_errors, switch_rx_dropped: a full
-# queue holds its sender back).
-# Printed per run: one line of the daemons' `vrnic stats` counters over the run (per function,
-# differences: retransmits, naks_received, nak_psn_seq_received, rnr_naks_received, duplicates,
-# rx_dropped, link_rx_dropped, link_tx_dropped, link_tx_errors, switch_tx_busy,
-# switch_rx_dropped, engine_panics), the client's average bandwidth and the wall time, then one
-# `PASS: heavy MODE TOOL ARGS` or `FAIL: heavy MODE TOOL ARGS: why` line. Exit status 0 iff no
-# run failed; a closing "heavy: N passed, N failed" line.
-# Environment: HEAVY_RESULTS (the runs' outputs and the daemons' logs, default out/heavy-DATE),
-# HEAVY_TOOLS, HEAVY_ARGS, HEAVY_RUN_TIMEOUT, HEAVY_NO_BUILD=1 (no cargo build: the e2e has
-# built), VRNIC_BIN (the daemon; default target/release/vrnic: a debug daemon moves these
-# transfers about three times slower, see HEAVY_RUN_TIMEOUT). CI runs it as the e2e step `heavy`
+# 8 MiB, 23 rows; else the one row of the -s size), the daemons still run afterwards and, in mode
+# switch, no frame was lost between the functions (link_tx_errors, switch_rx_dropped: a full queue
+# holds its sender back).
+# Printed per run: its wall time, the client's last average bandwidth and the daemons' `vrnic
+# stats` counters over the run, per function, those that moved (retransmits, naks_sent,
+# naks_received, nak_psn_seq_sent/received, rnr_naks_sent/received, duplicates, rx_dropped,
+# rx_drop_qp_state, link_rx_dropped, link_tx_dropped, link_tx_errors, switch_tx_busy,
+# switch_rx_dropped, engine_panics; f1 is the server's function, f2 the client's), then one
+# `PASS: heavy MODE TOOL ARGS` or `FAIL: heavy MODE TOOL ARGS: why` line; at the end
+# "heavy: N runs passed, N failed". Exit status 0 iff no run failed.
+# Environment: HEAVY_RESULTS (perftest outputs and daemon logs, default out/heavy-DATE),
+# HEAVY_TOOLS, HEAVY_ARGS, HEAVY_RUN_TIMEOUT, HEAVY_BIN (the daemon; default target/release/vrnic,
+# built here), HEAVY_NO_BUILD=1 (no cargo build: use what target/release holds).
+# The daemon is a release build: with the debug one the 18 runs took 705 s instead of 180-280 s
+# on the 2-core machine this was written on (most of a run is perftest's own start-up: filling its
+# buffers with random() and timing the CPU per size). CI runs this as the e2e step `heavy`
 # (tests/e2e/run.sh).
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -55,12 +59,13 @@ done
 TOOLS=${HEAVY_TOOLS:-ib_write_bw ib_read_bw ib_send_bw}
 IFS=';' read -ra ARG_SETS <<<"${HEAVY_ARGS:--q 8 -a -n 5 -F;-q 32 -s 4194304 -n 5 -F}"
 RUN_TIMEOUT=${HEAVY_RUN_TIMEOUT:-120}
+SERVER_GRACE=20
 RESULTS=${HEAVY_RESULTS:-$VR_TOP/out/heavy-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$RESULTS"
 RESULTS=$(readlink -f "$RESULTS")
-DAEMON_BIN=${VRNIC_BIN:-$VR_TOP/target/release/vrnic}
+DAEMON_BIN=${HEAVY_BIN:-$VR_TOP/target/release/vrnic}
 if [ "${HEAVY_NO_BUILD:-0}" != 1 ]; then
-    if [ -z "${VRNIC_BIN:-}" ]; then
+    if [ -z "${HEAVY_BIN:-}" ]; then
         (cd "$VR_TOP" && cargo build -q --release -p vrnic-vhost) || vr_die "cargo build --release -p vrnic-vhost failed"
     fi
     LIB=$("$VR_SCRIPTS/ibverbs-lib.sh" --release) || vr_die "scripts/ibverbs-lib.sh --release failed"
@@ -81,8 +86,9 @@ pass() { PASSED=$((PASSED + 1)); echo "PASS: heavy $*"; }
 fail() { FAILED=$((FAILED + 1)); echo "FAIL: heavy $*"; }
 
 # The counters printed per run (differences over it, per function).
-COUNTERS=(retransmits naks_received nak_psn_seq_received rnr_naks_received duplicates rx_dropped
-    link_rx_dropped link_tx_dropped link_tx_errors switch_tx_busy switch_rx_dropped engine_panics)
+COUNTERS=(retransmits naks_sent naks_received nak_psn_seq_sent nak_psn_seq_received rnr_naks_sent
+    rnr_naks_received duplicates rx_dropped rx_drop_qp_state link_rx_dropped link_tx_dropped link_tx_errors
+    switch_tx_busy switch_rx_dropped engine_panics)
 
 NS='' DIR='' DPIDS=()
 # start_mode MODE: namespace NS with MODE's daemons (DPIDS), sockets DIR/f1.sock and DIR/f2.sock;
@@ -165,15 +171,29 @@ run() {
     # The client, again while the server is not listening yet (at most 50 tries, 0.2 s apart).
     while :; do
         crc=0
-        ip netns exec "$NS" env LD_LIBRARY_PATH="$LIB" VRNIC_VHOST_USER="$DIR/f2.sock" \
-            timeout -k 5 "$RUN_TIMEOUT" "$tool" -x 1 -p "$PORT" "$@" 127.0.0.1 </dev/null >"$tag.client" 2>&1 || crc=$?
+        # In the background (vr_spawn) so that a signal's cleanup stops it too.
+        vr_spawn "$tag.client" ip netns exec "$NS" env LD_LIBRARY_PATH="$LIB" VRNIC_VHOST_USER="$DIR/f2.sock" \
+            timeout -k 5 "$RUN_TIMEOUT" "$tool" -x 1 -p "$PORT" "$@" 127.0.0.1
+        wait "$VR_LAST_PID" || crc=$?
+        vr_stop "$VR_LAST_PID" # only drops it from the list: it has ended
         [ $crc = 0 ] && break
         t=$((t + 1))
         { [ $t -lt 50 ] && grep -qiE "couldn't connect|connection refused" "$tag.client"; } || break
         sleep 0.2
     done
-    wait "$srv" || src=$?
-    vr_stop "$srv" # only drops it from the list: it has ended
+    # The server ends with the client; one still running SERVER_GRACE s after it is stopped (a
+    # failed client leaves it waiting until its timeout otherwise).
+    for _ in $(seq $((SERVER_GRACE * 10))); do
+        [ "$(sed 's/.*) \(.\).*/\1/' "/proc/$srv/stat" 2>/dev/null || echo Z)" = Z ] && break
+        sleep 0.1
+    done
+    if [ "$(sed 's/.*) \(.\).*/\1/' "/proc/$srv/stat" 2>/dev/null || echo Z)" != Z ]; then
+        vr_stop "$srv"
+        src="still running $SERVER_GRACE s after the client ended, stopped"
+    else
+        wait "$srv" || src=$?
+        vr_stop "$srv" # only drops it from the list: it has ended
+    fi
     a1=$(counters 1) a2=$(counters 2)
     # Table rows: "#bytes #iterations BW-peak BW-average MsgRate", sizes of this run.
     rows=$(awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && NF >= 5 { print $1 }' "$tag.client" | tr '\n' ' ')
@@ -184,9 +204,9 @@ run() {
     fi
     bw=$(awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && NF >= 5 { v = $4 } END { print v }' "$tag.client")
     echo "heavy $what: $((SECONDS - t0)) s, last row ${bw:-none} MB/s; f1 (server): $(delta "$b1" "$a1"); f2 (client): $(delta "$b2" "$a2")"
-    if [ $crc != 0 ] || [ $src != 0 ]; then
+    if [ $crc != 0 ] || [ "$src" != 0 ]; then
         why="client exit $crc, server exit $src"
-        [ $crc = 124 ] || [ $src = 124 ] && why+=" (124: timed out after $RUN_TIMEOUT s)"
+        [ $crc = 124 ] || [ "$src" = 124 ] && why+=" (124: timed out after $RUN_TIMEOUT s)"
         why+=": $(grep -ahiE -m2 'error|fail|unable|couldn' "$tag.client" "$tag.server" | tr '\n' ' ' | cut -c1-300)"
     elif [ "$rows" != "$want" ]; then
         why="client's table: sizes [${rows% }], expected [${want% }]"

@@ -4,14 +4,16 @@
 #
 # Usage: tests/e2e/run.sh [STEP...]     STEP: qemu-select | rxe-rxe | probe | vrnic-rxe | vrnic-vrnic |
 #                                             vrnic-rxe-lossy | vrnic-vrnic-pause | vrnic-vrnic-kill |
-#                                             vrnic-vrnic-restart | hostile-peer | soak-2min | heavy | ibv-rxe |
-#                                             ibv-ibv | ibv-ibv-switch | ibv-vrnic | containers
+#                                             vrnic-vrnic-restart | hostile-peer | soak-2min | heavy |
+#                                             ibv-rxe | ibv-ibv | ibv-ibv-switch | ibv-vrnic | containers
 #   default: qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause
 #   vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min heavy ibv-rxe ibv-ibv ibv-ibv-switch
 #   containers
 #   (containers: Debian's tools in podman containers on vrnic through the daemon's vhost-user
 #   socket, against each other and against a vrnic and an rxe guest, tests/e2e/containers.sh; soak-2min:
-#   scripts/soak.sh --minutes 2, two daemons and the vrnic-soak driver, no QEMU; qemu-select: which QEMU the
+#   scripts/soak.sh --minutes 2, two daemons and the vrnic-soak driver, no QEMU; heavy: tests/e2e/heavy.sh,
+#   Debian's perftest between two host processes on release vrnic daemons (-q 8 -a and -q 32 -s 4 MiB,
+#   write/read/send, switch, tap and packet modes; no QEMU, about 3 minutes); qemu-select: which QEMU the
 #   scripts pick, tests/e2e/qemu-select.sh; vrnic-vrnic-pause: a VM paused and resumed mid-run, see
 #   run_pause; vrnic-vrnic-kill: a guest's QEMU killed mid-run, see run_kill; vrnic-vrnic-restart:
 #   a daemon killed mid-run and restarted, see run_restart; hostile-peer: an independent scapy peer
@@ -33,9 +35,12 @@
 # E2E_GUEST_TIMEOUT (bound on one guest's whole job, 900 s), E2E_NO_BUILD=1 (skip cargo build),
 # E2E_RDMA=0 (no RDMA READ/atomic runs), E2E_RDMA_SIZES ("1,4097,1048576"), E2E_RDMA_READS (2),
 # E2E_RDMA_FAA (100), E2E_LOSSY_RDMA, E2E_LOSSY_SIZES, E2E_LOSS (nft|netem), E2E_CRASH_ITERS,
-# E2E_CRASH_AFTER, E2E_KILL_RSS_SLACK_KB (kill/restart steps), E2E_PERF=0 (no perftest),
-# E2E_PERF_SWEEP=0 (no perftest -a / -q 4 runs in the ibv pairs), E2E_PERF_ALL_TOOLS/ARGS,
-# E2E_PERF_QP_TOOLS/ARGS, E2E_PERF_BIG_TOOLS/ARGS (-q 8 -s 8388608 -n 3), E2E_PERF_LONG_TOOLS/ARGS (ib_send_lat -n 5000 in the ibv pairs), E2E_PIN=0 (no compaction check in ibv-ibv), E2E_PIN_SIZE, E2E_PIN_ITERS,
+# E2E_CRASH_AFTER, E2E_KILL_RSS_SLACK_KB (kill/restart steps), E2E_SOAK_MINUTES (soak-2min, 2),
+# E2E_HEAVY_MODES (heavy: "switch tap packet"), E2E_HEAVY_TIMEOUT (heavy, with its build: 1200 s),
+# E2E_PERF=0 (no perftest),
+# E2E_PERF_SWEEP=0 (no perftest -a / -q 4 / -q 8 large-message runs in the ibv pairs), E2E_PERF_ALL_TOOLS/ARGS,
+# E2E_PERF_QP_TOOLS/ARGS, E2E_PERF_BIG_TOOLS/ARGS (-q 8 at 1 MiB), E2E_PERF_HUGE_TOOLS/ARGS (-q 8 at 8 MiB),
+# E2E_PERF_LONG_TOOLS/ARGS (ib_send_lat -n 5000 in the ibv pairs), E2E_PIN=0 (no compaction check in ibv-ibv), E2E_PIN_SIZE, E2E_PIN_ITERS,
 # E2E_PIN_RDMA_SIZES, E2E_PIN_RDMA_READS,
 # VRNIC_BIN (daemon binary), VRNIC_ACCEL (kvm|tcg, default: probed), VRNIC_CACHE.
 # Prints PASS:/FAIL: lines and a closing "e2e: N passed, N failed"; exit status 0 iff no failure.
@@ -149,13 +154,18 @@ PERF_ALL_TOOLS_ALL=${E2E_PERF_ALL_TOOLS-ib_write_bw ib_read_bw ib_send_bw ib_wri
 PERF_ALL_ARGS_ALL=${E2E_PERF_ALL_ARGS:--a -n 5}
 PERF_QP_TOOLS_ALL=${E2E_PERF_QP_TOOLS-ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw}
 PERF_QP_ARGS_ALL=${E2E_PERF_QP_ARGS:--q 4 -n 100}
+# And many QPs with large messages (issue 28: ib_write_bw -q 8 -a failed with RETRY_EXC_ERR under
+# load), 5 iterations (perftest's least), both roles: the bandwidth tools with 8 QPs at 1 MiB
+# (big, ~27 s a pair under TCG), and ib_write_bw with 8 QPs at 8 MiB (huge, ~50 s: with all three
+# tools it took 140 s, mostly perftest filling 128 MiB of buffers with random() in each guest; READ
+# and SEND at 8 MiB on 8 QPs run in tests/e2e/heavy.sh, between host processes). The client must
+# report the one row of its -s size.
+PERF_BIG_TOOLS_ALL=${E2E_PERF_BIG_TOOLS-ib_write_bw ib_read_bw ib_send_bw}
+PERF_BIG_ARGS_ALL=${E2E_PERF_BIG_ARGS:--q 8 -s 1048576 -n 5}
+PERF_HUGE_TOOLS_ALL=${E2E_PERF_HUGE_TOOLS-ib_write_bw}
+PERF_HUGE_ARGS_ALL=${E2E_PERF_HUGE_ARGS:--q 8 -s 8388608 -n 5}
 # And a long ib_send_lat (5000 ping-pongs, ~0.3 s): a doorbell left without a kick stalled it until
 # an unrelated wake-up in most runs before the worker served late chains (DataPath::serve_late).
-# And with 8 QPs and 8 MiB messages (issue 28: many QPs with large messages, few iterations).
-# Off by default: in the guests' memory perftest cannot set up 8 QPs of 8 MiB (every run fails,
-# rxe's too); E2E_PERF_BIG_TOOLS="ib_write_bw ib_read_bw ib_send_bw" runs them.
-PERF_BIG_TOOLS_ALL=${E2E_PERF_BIG_TOOLS-}
-PERF_BIG_ARGS_ALL=${E2E_PERF_BIG_ARGS:--q 8 -s 8388608 -n 3}
 PERF_LONG_TOOLS_ALL=${E2E_PERF_LONG_TOOLS-ib_send_lat}
 PERF_LONG_ARGS_ALL=${E2E_PERF_LONG_ARGS:--n 5000}
 
@@ -181,6 +191,7 @@ job() {
         echo "PERF_QP_TOOLS='${PERF_QP_TOOLS:-}' PERF_QP_ARGS='${PERF_QP_ARGS:-}'"
         echo "PERF_LONG_TOOLS='${PERF_LONG_TOOLS:-}' PERF_LONG_ARGS='${PERF_LONG_ARGS:-}'"
         echo "PERF_BIG_TOOLS='${PERF_BIG_TOOLS:-}' PERF_BIG_ARGS='${PERF_BIG_ARGS:-}'"
+        echo "PERF_HUGE_TOOLS='${PERF_HUGE_TOOLS:-}' PERF_HUGE_ARGS='${PERF_HUGE_ARGS:-}'"
         echo "PIN_CHECK=${PIN_CHECK:-0} PIN_SIZE=$PIN_SIZE PIN_ITERS=$PIN_ITERS PIN_RDMA_SIZES=$PIN_RDMA_SIZES PIN_RDMA_READS=$PIN_RDMA_READS"
         echo "EVENT_ROLES='${EVENT_ROLES:-}' EVENT_SIZE=$EVENT_SIZE EVENT_ITERS=$EVENT_ITERS"
         echo "IDLE_CHECK=${IDLE_CHECK:-0} IDLE_WINDOW=$IDLE_WINDOW"
@@ -268,13 +279,14 @@ run_pair() {
     if [ $lossy = 0 ] && [ "${E2E_PERF:-1}" = 1 ] && [[ $pair == rxe-rxe || $pair == ibv-* ]]; then
         PERF_TOOLS=$PERF_TOOLS_ALL PERF_ARGS=$PERF_ARGS_ALL
     fi
-    # The -a and -q 4 sweeps in the ibv pairs (both sides run them).
+    # The -a, -q 4 and -q 8 large-message (big, huge) sweeps in the ibv pairs (both sides run them).
     local PERF_ALL_TOOLS='' PERF_ALL_ARGS='' PERF_QP_TOOLS='' PERF_QP_ARGS='' PERF_LONG_TOOLS='' PERF_LONG_ARGS=''
-    local PERF_BIG_TOOLS='' PERF_BIG_ARGS=''
+    local PERF_BIG_TOOLS='' PERF_BIG_ARGS='' PERF_HUGE_TOOLS='' PERF_HUGE_ARGS=''
     if [ $lossy = 0 ] && [ "${E2E_PERF:-1}" = 1 ] && [ "${E2E_PERF_SWEEP:-1}" = 1 ] && [[ $pair == ibv-* ]]; then
         PERF_ALL_TOOLS=$PERF_ALL_TOOLS_ALL PERF_ALL_ARGS=$PERF_ALL_ARGS_ALL
         PERF_QP_TOOLS=$PERF_QP_TOOLS_ALL PERF_QP_ARGS=$PERF_QP_ARGS_ALL
         PERF_BIG_TOOLS=$PERF_BIG_TOOLS_ALL PERF_BIG_ARGS=$PERF_BIG_ARGS_ALL
+        PERF_HUGE_TOOLS=$PERF_HUGE_TOOLS_ALL PERF_HUGE_ARGS=$PERF_HUGE_ARGS_ALL
     fi
     # The long run: in the ibv pairs, sweep or not.
     if [ $lossy = 0 ] && [ "${E2E_PERF:-1}" = 1 ] && [[ $pair == ibv-* ]]; then
@@ -479,26 +491,33 @@ run_pair() {
             if [ "$4" = ok=yes ]; then pass "$mwhat"; else fail "$mwhat $4"; fi
         done < <(grep -a '^VRNIC-MULTI ' "$dir/$side.log" | tr -d '\r')
         [ "$got" = "$want" ] || fail "$pair $side: $got of $want several-programs checks reported"
-        # The -a / -q 4 sweeps: VRNIC-PERFX name tool role all|qp rc=R rows=N bytes=FIRST-LAST
-        want=$((($(wc -w <<<"$PERF_ALL_TOOLS") + $(wc -w <<<"$PERF_QP_TOOLS") + $(wc -w <<<"$PERF_LONG_TOOLS") +
-            $(wc -w <<<"$PERF_BIG_TOOLS")) * 2)) got=0
+        # The sweeps: VRNIC-PERFX name tool role all|qp|long|big|huge rc=R rows=N bytes=FIRST-LAST
+        want=$((($(wc -w <<<"$PERF_ALL_TOOLS $PERF_QP_TOOLS $PERF_LONG_TOOLS $PERF_BIG_TOOLS $PERF_HUGE_TOOLS")) * 2)) got=0
         while read -r line; do
             got=$((got + 1))
             # shellcheck disable=SC2086
             set -- $line
-            local args=$PERF_QP_ARGS rows=${7#rows=}
-            [ "$5" = all ] && args=$PERF_ALL_ARGS
-            [ "$5" = long ] && args=$PERF_LONG_ARGS
-            [ "$5" = big ] && args=$PERF_BIG_ARGS
+            local args rows=${7#rows=} size
+            case $5 in
+            all) args=$PERF_ALL_ARGS ;;
+            long) args=$PERF_LONG_ARGS ;;
+            big) args=$PERF_BIG_ARGS ;;
+            huge) args=$PERF_HUGE_ARGS ;;
+            *) args=$PERF_QP_ARGS ;;
+            esac
+            # The -s size of big and huge: the client's one row must be that size.
+            size=$(awk '{ for (i = 1; i < NF; i++) if ($i == "-s") print $(i + 1) }' <<<"$args")
             local xwhat="$pair $side ${kind_of[$side]} $3 $args $4 (${kind_of[$other]} peer)"
             if [ "$6" != rc=0 ]; then fail "$xwhat $6"
             elif [ "$4" = client ] && [ "$5" = all ] && [ "$rows" != 23 ]; then
                 fail "$xwhat: $rows sizes reported, not the 23 from 2 B to 8 MiB"
             elif [ "$4" = client ] && [ "$rows" -lt 1 ]; then fail "$xwhat: no result row"
+            elif [ "$4" = client ] && [[ $5 == big || $5 == huge ]] && [ -n "$size" ] && [ "${8#bytes=}" != "$size-$size" ]; then
+                fail "$xwhat: rows of ${8#bytes=} B, not the one of $size B"
             else pass "$xwhat: $rows sizes, ${8#bytes=} B"; fi
         done < <(grep -a '^VRNIC-PERFX ' "$dir/$side.log" | tr -d '\r')
-        [ "$got" = "$want" ] || fail "$pair $side: $got of $want perftest -a/-q/long runs reported"
-        [ "$want" = 0 ] || vr_log "$pair $side: the perftest -a/-q/long runs took $(grep -a '^VRNIC-PERFX ' "$dir/$side.log" |
+        [ "$got" = "$want" ] || fail "$pair $side: $got of $want perftest -a/-q/long/big/huge runs reported"
+        [ "$want" = 0 ] || vr_log "$pair $side: the perftest -a/-q/long/big/huge runs took $(grep -a '^VRNIC-PERFX ' "$dir/$side.log" |
             tr -d '\r' | awk '{ sub("cs=", "", $NF); t += $NF } END { printf "%.0f", t / 100 }') s"
         # (awk, not a grep pipeline: no row must not end the script under set -e -o pipefail)
         [ "$want" = 0 ] || tr -d '\r' <"$dir/$side.log" |
@@ -1029,22 +1048,6 @@ run_qemu_select() {
 
 # run_soak: scripts/soak.sh --minutes 2 (E2E_SOAK_MINUTES) in a namespace of its own, results in
 # RESULTS/soak-2min; its PASS:/FAIL: lines count here.
-# run_heavy: tests/e2e/heavy.sh (perftest -q 8 -a and -q 32 at 4 MiB between two host processes
-# through the switch, over TAP and over AF_PACKET, issue 28), results in RESULTS/heavy; its
-# PASS:/FAIL: lines count here.
-run_heavy() {
-    local line
-    echo "=== heavy"
-    while IFS= read -r line; do
-        case $line in
-        "PASS: "*) pass "${line#PASS: }" ;;
-        "FAIL: "*) fail "${line#FAIL: }" ;;
-        *) echo "$line" ;;
-        esac
-    done < <(HEAVY_RESULTS=$RESULTS/heavy timeout -k 30 1500 "$VR_TOP/tests/e2e/heavy.sh" 2>&1 ||
-        echo "FAIL: tests/e2e/heavy.sh exit $?")
-}
-
 run_soak() {
     local line
     echo "=== soak-2min"
@@ -1056,6 +1059,25 @@ run_soak() {
         esac
     done < <(SOAK_NO_BUILD=1 SOAK_RESULTS=$RESULTS/soak-2min timeout -k 30 $((${E2E_SOAK_MINUTES:-2} * 60 + 600)) \
         "$VR_TOP/scripts/soak.sh" --minutes "${E2E_SOAK_MINUTES:-2}" 2>&1 || echo "FAIL: scripts/soak.sh exit $?")
+}
+
+# run_heavy: tests/e2e/heavy.sh (E2E_HEAVY_MODES, default all three) with its own release daemon
+# (built there unless E2E_NO_BUILD=1), results in RESULTS/heavy; its PASS:/FAIL: lines count here,
+# and a non-zero exit without a FAIL line (it could not run) is one failure.
+run_heavy() {
+    local line failed=0 tp=$SECONDS modes
+    read -ra modes <<<"${E2E_HEAVY_MODES:-}"
+    echo "=== heavy"
+    while IFS= read -r line; do
+        case $line in
+        "PASS: "*) pass "${line#PASS: }" ;;
+        "FAIL: "*) failed=1; fail "${line#FAIL: }" ;;
+        "HEAVY-EXIT "*) [ $failed = 1 ] || fail "tests/e2e/heavy.sh exit ${line#HEAVY-EXIT } without a result (see $RESULTS/heavy)" ;;
+        *) echo "$line" ;;
+        esac
+    done < <(HEAVY_NO_BUILD=${E2E_NO_BUILD:-0} HEAVY_RESULTS=$RESULTS/heavy timeout -k 30 "${E2E_HEAVY_TIMEOUT:-1200}" \
+        "$VR_TOP/tests/e2e/heavy.sh" ${modes[@]+"${modes[@]}"} 2>&1 || echo "HEAVY-EXIT $?")
+    echo "=== heavy took $((SECONDS - tp)) s"
 }
 
 for p in "${PAIRS[@]}"; do

@@ -4,14 +4,21 @@
 //! (`vrnic_guest::vhost_user`, the containers' driver; no QEMU), creates `--qps` RC QP pairs between them and,
 //! for `--duration` seconds, keeps every QP busy in both directions with a
 //! seeded mix of SEND, RDMA WRITE, RDMA WRITE with immediate and RDMA READ
-//! of 1 B to 256 KiB. Every completion's status, opcode, length and
+//! of 1 B to 256 KiB. On `--large-qps` of the QPs (a quarter by default,
+//! spread evenly) `--large-percent` of the operations (2) are large
+//! instead: 1 MiB to `--large-max` (8 MiB), every kind, their buffers
+//! (sources, targets, receive buffers, READ sources) sized for them, in a
+//! memory region of the QP's own. Every completion's status, opcode, length and
 //! immediate is checked, and every byte: destinations are filled with
 //! [`POISON`] before each operation, the data is a pattern that never
 //! holds that byte, and 16 guard bytes after each message must stay
 //! poisoned. Prints a progress line every `--report` seconds (operations,
-//! bytes, the daemons' retransmits) and exits non-zero on any error, any
-//! operation older than `--op-timeout` or no progress for `--stall`
-//! seconds: every wait is bounded.
+//! bytes, the large operations and the longest any operation took, the
+//! daemons' retransmits) and exits non-zero on any error, any operation
+//! older than `--op-timeout` or no progress for `--stall` seconds: every
+//! wait is bounded. (In `scripts/soak.sh`, over 1% loss with the daemons'
+//! debug build, the longest a large operation took was 0.8 s, 2.3 s with
+//! `--large-percent 10`: far inside the 60 s bound.)
 //!
 //! `scripts/soak.sh` runs it between two daemons over a lossy link.
 
@@ -36,14 +43,23 @@ const PAGE: u64 = 4096;
 /// The byte every destination holds before an operation; patterns never
 /// contain it, so every byte of a message must have been written.
 const POISON: u8 = 0xa5;
-/// Largest message, bytes.
+/// Largest message of the ordinary mix, bytes.
 const MAX_LEN: u64 = 256 << 10;
+/// Smallest large message, bytes.
+const LARGE_MIN: u64 = 1 << 20;
+/// Most bytes of memory regions per side: the device's page-list budget
+/// is 8 GiB (`vrnic::device::MAX_MR_PAGES_TOTAL`), and the driver's host
+/// has to hold both sides' memory.
+const MAX_MR_BYTES: u64 = 4 << 30;
 /// Guard bytes after a message that must stay [`POISON`].
 const GUARD: u64 = 16;
 /// Largest extra offset of a message in its slot (misaligned addresses).
 const MAX_SKEW: u64 = 63;
-/// Bytes per buffer slot: a message, its skew and guard, page-rounded.
-const SLOT: u64 = MAX_LEN + PAGE;
+/// Bytes per buffer slot for a largest message of `max_len`: the message,
+/// its skew and guard, page-rounded.
+fn slot_bytes(max_len: u64) -> u64 {
+    max_len + PAGE
+}
 /// Operations outstanding per flow (QP and direction).
 const DEPTH: usize = 4;
 /// Receive buffers per QP (twice [`DEPTH`], so SENDs rarely meet RNR).
@@ -78,6 +94,15 @@ struct Cli {
     /// Fail when one operation takes longer than this many seconds.
     #[arg(long, default_value_t = 60)]
     op_timeout: u64,
+    /// QPs that carry large operations too (default: a quarter of them).
+    #[arg(long)]
+    large_qps: Option<usize>,
+    /// Largest large operation, bytes (large ones are 1 MiB to this).
+    #[arg(long, default_value_t = 8 << 20)]
+    large_max: u64,
+    /// Per cent of the operations on those QPs that are large.
+    #[arg(long, default_value_t = 2)]
+    large_percent: u64,
     /// Fail when nothing completes for this many seconds.
     #[arg(long, default_value_t = 30)]
     stall: u64,
@@ -92,19 +117,30 @@ fn mix(mut z: u64) -> u64 {
 }
 
 /// `len` bytes of the pattern of `key`; never [`POISON`].
+/// A word at a time, so that megabytes of it cost little even in a debug
+/// build (the driver is one, like the daemon it soaks).
 fn pattern(key: u64, len: usize) -> Vec<u8> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
     let mut v = Vec::with_capacity(len + 8);
     let mut i = 0u64;
     while v.len() < len {
-        v.extend_from_slice(&mix(key ^ i.wrapping_mul(0x1000_0000_01b3)).to_le_bytes());
+        let w = mix(key ^ i.wrapping_mul(0x1000_0000_01b3));
+        // A byte of `w` is POISON iff that byte of `x` is zero.
+        let x = w ^ (ONES * u64::from(POISON));
+        if x.wrapping_sub(ONES) & !x & (ONES << 7) != 0 {
+            let mut b = w.to_le_bytes();
+            for c in &mut b {
+                if *c == POISON {
+                    *c = !POISON;
+                }
+            }
+            v.extend_from_slice(&b);
+        } else {
+            v.extend_from_slice(&w.to_le_bytes());
+        }
         i += 1;
     }
     v.truncate(len);
-    for b in &mut v {
-        if *b == POISON {
-            *b = !POISON;
-        }
-    }
     v
 }
 
@@ -145,12 +181,20 @@ struct Op {
     resp_done: bool,
 }
 
-/// One daemon with its frontend, one PD, one CQ, one MR over all buffers.
-/// Field order is drop order: QPs, MR, CQ, PD, context.
+impl Op {
+    fn large(&self) -> bool {
+        self.len >= LARGE_MIN
+    }
+}
+
+/// One daemon with its frontend, one PD, one CQ, per QP one MR over its
+/// buffers. Field order is drop order: QPs, MRs, CQ, PD, context.
 struct Side {
     name: &'static str,
     qps: Vec<Qp>,
-    mr: Mr<'static>,
+    /// Per QP: its buffers' MR, `SLOTS_PER_QP` slots of `slot[qp]` bytes.
+    mrs: Vec<Mr<'static>>,
+    slot: Vec<u64>,
     cq: Cq,
     _pd: Pd,
     ctx: Context,
@@ -158,6 +202,10 @@ struct Side {
     qp_index: HashMap<u32, usize>,
     /// Per QP: the receive slot of each posted receive, by wr_id.
     recv_slots: Vec<VecDeque<u64>>,
+    /// Per QP and receive slot: the bytes from its start that may hold
+    /// more than [`POISON`] (none at first: the MR starts poisoned; then
+    /// the last message and its guard), poisoned again when it is reposted.
+    recv_dirty: Vec<Vec<u64>>,
 }
 
 /// Per QP, slots in the MR: DEPTH local (sources/READ destinations),
@@ -166,8 +214,13 @@ struct Side {
 const SLOTS_PER_QP: u64 = (2 * DEPTH + RECVS + 1) as u64;
 
 impl Side {
+    /// Offset of slot `n` in QP `qp`'s MR.
     fn slot(&self, qp: usize, n: u64) -> u64 {
-        (qp as u64 * SLOTS_PER_QP + n) * SLOT
+        n * self.slot[qp]
+    }
+    /// The longest message QP `qp`'s buffers take.
+    fn max_len(&self, qp: usize) -> u64 {
+        self.slot[qp] - PAGE
     }
     fn local(&self, qp: usize, s: usize) -> u64 {
         self.slot(qp, s as u64)
@@ -181,18 +234,22 @@ impl Side {
     fn read_src(&self, qp: usize) -> u64 {
         self.slot(qp, (2 * DEPTH + RECVS) as u64)
     }
-    fn write(&self, off: u64, data: &[u8]) -> Result<()> {
-        self.mr.write(off as usize, data);
+    fn write(&self, qp: usize, off: u64, data: &[u8]) -> Result<()> {
+        self.mrs[qp].write(off as usize, data);
         Ok(())
     }
-    fn poison(&self, off: u64, len: u64) -> Result<()> {
-        self.write(off, &vec![POISON; len as usize])
+    fn poison(&self, qp: usize, off: u64, len: u64) -> Result<()> {
+        self.write(qp, off, &vec![POISON; len as usize])
     }
-    /// Checks `want` at `off` followed by [`GUARD`] poisoned bytes.
-    fn check(&self, off: u64, want: &[u8], what: &str) -> Result<()> {
+    /// Checks `want` at `off` of QP `qp`'s MR followed by [`GUARD`]
+    /// poisoned bytes.
+    fn check(&self, qp: usize, off: u64, want: &[u8], what: &str) -> Result<()> {
         let mut got = vec![0u8; want.len() + GUARD as usize];
-        self.mr.read(off as usize, &mut got);
-        if let Some(i) = got[..want.len()].iter().zip(want).position(|(g, w)| g != w) {
+        self.mrs[qp].read(off as usize, &mut got);
+        // The slice comparison first (a memcmp), the position only on a
+        // difference.
+        if got[..want.len()] != *want {
+            let i = got.iter().zip(want).position(|(g, w)| g != w).unwrap_or(0);
             bail!(
                 "{what}: byte {i} of {} is {:#04x}, expected {:#04x}",
                 want.len(),
@@ -207,8 +264,9 @@ impl Side {
     }
     fn post_recv(&mut self, qp: usize, r: usize) -> Result<()> {
         let off = self.recv(qp, r);
-        self.poison(off, SLOT)?;
-        let sge = self.mr.sge(off as usize, (MAX_LEN + MAX_SKEW) as usize);
+        self.poison(qp, off, self.recv_dirty[qp][r])?;
+        self.recv_dirty[qp][r] = 0;
+        let sge = self.mrs[qp].sge(off as usize, (self.max_len(qp) + MAX_SKEW) as usize);
         self.qps[qp].post_recv(&RecvWr {
             wr_id: r as u64,
             sg_list: &[sge],
@@ -223,14 +281,24 @@ impl Side {
     }
 }
 
-fn connect(name: &'static str, socket: &Path, qps: usize) -> Result<Side> {
-    let data = qps as u64 * SLOTS_PER_QP * SLOT;
+/// Connects to the daemon at `socket`: QP `i` takes messages up to
+/// `max_len[i]` bytes.
+fn connect(name: &'static str, socket: &Path, max_len: &[u64]) -> Result<Side> {
+    let qps = max_len.len();
     let t = VhostUserTransport::open(socket)
         .with_context(|| format!("{name}: connecting to {}", socket.display()))?;
     let ctx = Context::open(Box::new(t)).with_context(|| format!("{name}: opening the device"))?;
     let pd = Pd::alloc(&ctx)?;
     let cq = Cq::new(&ctx, (qps as u32 * 64).next_power_of_two())?;
-    let mr = Mr::alloc(&pd, data as usize, ACCESS)?;
+    let slot: Vec<u64> = max_len.iter().map(|&m| slot_bytes(m)).collect();
+    let mut mrs = Vec::new();
+    for (i, s) in slot.iter().enumerate() {
+        let mr = Mr::alloc(&pd, (SLOTS_PER_QP * s) as usize, ACCESS)
+            .with_context(|| format!("{name}: the MR of QP {i} ({} bytes)", SLOTS_PER_QP * s))?;
+        // Every receive slot starts poisoned (one memset for all).
+        mr.fill(POISON);
+        mrs.push(mr);
+    }
     let mut list = Vec::new();
     let mut qp_index = HashMap::new();
     for i in 0..qps {
@@ -265,7 +333,9 @@ fn connect(name: &'static str, socket: &Path, qps: usize) -> Result<Side> {
     Ok(Side {
         name,
         qps: list,
-        mr,
+        mrs,
+        recv_dirty: vec![vec![0; RECVS]; qps],
+        slot,
         cq,
         _pd: pd,
         ctx,
@@ -292,6 +362,13 @@ struct Flow {
 struct Totals {
     ops: [u64; 4],
     bytes: u64,
+    /// Large operations (at least [`LARGE_MIN`] bytes) and their bytes.
+    large_ops: u64,
+    large_bytes: u64,
+    /// The longest any operation, and any large one, took from posting to
+    /// both ends' completions.
+    max_op: Duration,
+    max_large_op: Duration,
 }
 
 struct Soak {
@@ -300,6 +377,10 @@ struct Soak {
     seed: u64,
     totals: Totals,
     op_timeout: Duration,
+    /// Per QP: true when it carries large operations.
+    large_qp: Vec<bool>,
+    large_max: u64,
+    large_percent: u64,
 }
 
 fn kind_index(k: Kind) -> usize {
@@ -329,20 +410,26 @@ impl Soak {
             _ => Kind::Read,
         };
         let r2 = mix(r);
+        let r3 = mix(r2 ^ 0x1a2e);
         let e = (r2 >> 8) % 19; // 2^0 .. 2^18 = 256 KiB
-        let len = 1 + (r2 >> 16) % (1u64 << e);
+        let mut len = 1 + (r2 >> 16) % (1u64 << e);
+        if self.large_qp[qp] && r3 % 100 < self.large_percent {
+            // 1 MiB .. large_max.
+            len = LARGE_MIN + (r3 >> 8) % (self.large_max - LARGE_MIN + 1);
+        }
         let local_off = (r2 >> 40) % (MAX_SKEW + 1);
         let mut remote_off = (r2 >> 48) % (MAX_SKEW + 1);
         let key = mix(r2);
-        if kind == Kind::Read {
-            remote_off = (r2 >> 20) % (MAX_LEN - len + 1);
-        }
         let (rs, ls) = (1 - req, req);
+        if kind == Kind::Read {
+            // Anywhere in the responder's READ source of this QP.
+            remote_off = (r2 >> 20) % (self.sides[rs].max_len(qp) - len + 1);
+        }
         let local = self.sides[ls].local(qp, s) + local_off;
-        let remote = &self.sides[rs].mr;
+        let remote = &self.sides[rs].mrs[qp];
         let (opcode, rdma, imm_data) = match kind {
             Kind::Read => {
-                self.sides[ls].poison(local, len + GUARD)?;
+                self.sides[ls].poison(qp, local, len + GUARD)?;
                 let at = self.sides[rs].read_src(qp) + remote_off;
                 let rdma = RdmaWr {
                     remote_addr: remote.addr() + at,
@@ -351,14 +438,14 @@ impl Soak {
                 (WrOpcode::RdmaRead, rdma, 0)
             }
             _ => {
-                self.sides[ls].write(local, &pattern(key, len as usize))?;
+                self.sides[ls].write(qp, local, &pattern(key, len as usize))?;
                 let mut rdma = RdmaWr::default();
                 if kind != Kind::Send {
                     let t = self.sides[rs].target(qp, s) + remote_off;
-                    self.sides[rs].poison(t, len + GUARD)?;
+                    self.sides[rs].poison(qp, t, len + GUARD)?;
                     rdma = RdmaWr {
-                        remote_addr: self.sides[rs].mr.addr() + t,
-                        rkey: self.sides[rs].mr.rkey(),
+                        remote_addr: self.sides[rs].mrs[qp].addr() + t,
+                        rkey: self.sides[rs].mrs[qp].rkey(),
                     };
                 }
                 let opcode = match kind {
@@ -384,7 +471,7 @@ impl Soak {
             fl.recv_order.push_back(s);
         }
         let side = &mut self.sides[ls];
-        let sge = side.mr.sge(local as usize, len as usize);
+        let sge = side.mrs[qp].sge(local as usize, len as usize);
         side.qps[qp].post_send(&SendWr {
             wr_id: ((f as u64) << 8) | s as u64,
             opcode,
@@ -402,8 +489,16 @@ impl Soak {
         let fl = &mut self.flows[f];
         if let Some(op) = &fl.slots[s] {
             if op.req_done && op.resp_done {
-                self.totals.ops[kind_index(op.kind)] += 1;
-                self.totals.bytes += op.len;
+                let t = &mut self.totals;
+                let took = op.posted.elapsed();
+                t.ops[kind_index(op.kind)] += 1;
+                t.bytes += op.len;
+                t.max_op = t.max_op.max(took);
+                if op.large() {
+                    t.large_ops += 1;
+                    t.large_bytes += op.len;
+                    t.max_large_op = t.max_large_op.max(took);
+                }
                 fl.slots[s] = None;
             }
         }
@@ -448,7 +543,11 @@ impl Soak {
                 Kind::Send => {
                     ensure!(c.opcode == abi::WC_OP_RECV, "{who}: opcode, expected RECV");
                     let off = self.sides[side].recv(qp, r as usize);
-                    self.sides[side].check(off, &want, &format!("{who}: SEND data"))?;
+                    // The message and its guard are poisoned again when the
+                    // receive is reposted.
+                    self.sides[side].recv_dirty[qp][r as usize] =
+                        (op.len + GUARD).min(self.sides[side].slot[qp]);
+                    self.sides[side].check(qp, off, &want, &format!("{who}: SEND data"))?;
                 }
                 Kind::WriteImm => {
                     ensure!(
@@ -459,7 +558,7 @@ impl Soak {
                         op.key as u32
                     );
                     let off = self.sides[side].target(qp, s) + op.remote_off;
-                    self.sides[side].check(off, &want, &format!("{who}: WRITE_IMM data"))?;
+                    self.sides[side].check(qp, off, &want, &format!("{who}: WRITE_IMM data"))?;
                 }
                 _ => bail!("{who}: a receive for a {}", op.kind.name()),
             }
@@ -499,7 +598,12 @@ impl Soak {
             Kind::Write => {
                 let off = self.sides[rs].target(qp, s) + op.remote_off;
                 let want = pattern(op.key, op.len as usize);
-                self.sides[rs].check(off, &want, &format!("{who}: WRITE data at the responder"))?;
+                self.sides[rs].check(
+                    qp,
+                    off,
+                    &want,
+                    &format!("{who}: WRITE data at the responder"),
+                )?;
             }
             Kind::Read => {
                 ensure!(
@@ -510,7 +614,7 @@ impl Soak {
                 let fl = &self.flows[f];
                 let want = &fl.read_src[op.remote_off as usize..(op.remote_off + op.len) as usize];
                 let off = self.sides[side].local(qp, s) + op.local_off;
-                self.sides[side].check(off, want, &format!("{who}: READ data"))?;
+                self.sides[side].check(qp, off, want, &format!("{who}: READ data"))?;
             }
             _ => {}
         }
@@ -635,7 +739,7 @@ impl Soak {
         let t = &self.totals;
         let r = self.retransmits()?;
         println!(
-            "soak {tag} t={}s ops={} send={} write={} write_imm={} read={} bytes={} MiB/s={:.1} in_flight={} retransmits_a={} retransmits_b={}",
+            "soak {tag} t={}s ops={} send={} write={} write_imm={} read={} bytes={} MiB/s={:.1} large_ops={} large_bytes={} max_op_s={:.1} max_large_op_s={:.1} in_flight={} retransmits_a={} retransmits_b={}",
             t0.elapsed().as_secs(),
             t.ops.iter().sum::<u64>(),
             t.ops[0],
@@ -644,6 +748,10 @@ impl Soak {
             t.ops[3],
             t.bytes,
             t.bytes as f64 / (1 << 20) as f64 / t0.elapsed().as_secs_f64().max(1e-3),
+            t.large_ops,
+            t.large_bytes,
+            t.max_op.as_secs_f64(),
+            t.max_large_op.as_secs_f64(),
             self.outstanding(),
             r[0],
             r[1]
@@ -656,14 +764,37 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     ensure!(cli.qps >= 1 && cli.qps <= 256, "--qps must be 1..=256");
     ensure!(cli.report >= 1, "--report must be at least 1");
-    let a = connect("A", &cli.a, cli.qps)?;
-    let b = connect("B", &cli.b, cli.qps)?;
+    let large_qps = cli.large_qps.unwrap_or(cli.qps / 4);
+    ensure!(large_qps <= cli.qps, "--large-qps must be at most --qps");
+    ensure!(
+        (LARGE_MIN..=1 << 30).contains(&cli.large_max),
+        "--large-max must be 1 MiB..=1 GiB"
+    );
+    ensure!(cli.large_percent <= 100, "--large-percent must be 0..=100");
+    // Large QPs spread evenly: QP i is one when i * large_qps mod qps < large_qps.
+    let large_qp: Vec<bool> = (0..cli.qps)
+        .map(|i| large_qps > 0 && (i * large_qps) % cli.qps < large_qps)
+        .collect();
+    let max_len: Vec<u64> = large_qp
+        .iter()
+        .map(|&l| if l { cli.large_max } else { MAX_LEN })
+        .collect();
+    let mr_bytes: u64 = max_len.iter().map(|&m| SLOTS_PER_QP * slot_bytes(m)).sum();
+    ensure!(
+        mr_bytes <= MAX_MR_BYTES,
+        "{mr_bytes} bytes of memory regions per side: more than {MAX_MR_BYTES} (fewer --large-qps or a smaller --large-max)"
+    );
+    let a = connect("A", &cli.a, &max_len)?;
+    let b = connect("B", &cli.b, &max_len)?;
     let mut soak = Soak {
         sides: [a, b],
         flows: Vec::new(),
         seed: cli.seed,
         totals: Totals::default(),
         op_timeout: Duration::from_secs(cli.op_timeout),
+        large_qp,
+        large_max: cli.large_max,
+        large_percent: cli.large_percent,
     };
     // Connect the pairs: PSNs from the seed, MTU 1024.
     for i in 0..cli.qps {
@@ -688,14 +819,14 @@ fn main() -> Result<()> {
         }
     }
     for req in 0..2 {
-        for i in 0..cli.qps {
+        for (i, &len) in max_len.iter().enumerate() {
             let rs = 1 - req;
             let read_src = pattern(
                 mix(cli.seed ^ 0x5eed ^ ((rs * 1000 + i) as u64)),
-                MAX_LEN as usize,
+                len as usize,
             );
             let off = soak.sides[rs].read_src(i);
-            soak.sides[rs].write(off, &read_src)?;
+            soak.sides[rs].write(i, off, &read_src)?;
             soak.flows.push(Flow {
                 req,
                 qp: i,
@@ -707,10 +838,13 @@ fn main() -> Result<()> {
         }
     }
     println!(
-        "soak start: {} QP pairs, {} flows x {DEPTH} operations in flight, 1 B..{} KiB, seed {}, {} s",
+        "soak start: {} QP pairs, {} flows x {DEPTH} operations in flight, 1 B..{} KiB; on {large_qps} QPs {}% large, 1 MiB..{} KiB; {} MiB of MRs per side; seed {}, {} s",
         cli.qps,
         soak.flows.len(),
         MAX_LEN >> 10,
+        cli.large_percent,
+        cli.large_max >> 10,
+        mr_bytes >> 20,
         cli.seed,
         cli.duration
     );
@@ -764,4 +898,45 @@ fn main() -> Result<()> {
     soak.progress(t0, "done")?;
     println!("soak: ok");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The byte-at-a-time pattern the word-wise one must equal.
+    fn pattern_bytewise(key: u64, len: usize) -> Vec<u8> {
+        let mut v = Vec::new();
+        let mut i = 0u64;
+        while v.len() < len {
+            v.extend_from_slice(&mix(key ^ i.wrapping_mul(0x1000_0000_01b3)).to_le_bytes());
+            i += 1;
+        }
+        v.truncate(len);
+        for b in &mut v {
+            if *b == POISON {
+                *b = !POISON;
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn pattern_never_holds_poison_and_matches_the_bytewise_one() {
+        let mut poisoned_words = 0;
+        for key in 0..64u64 {
+            for len in [0, 1, 7, 8, 9, 4097, 65536] {
+                let p = pattern(key, len);
+                assert_eq!(p.len(), len);
+                assert!(!p.contains(&POISON), "key {key} len {len}");
+                assert_eq!(p, pattern_bytewise(key, len), "key {key} len {len}");
+            }
+            // The replacement path is taken (about 3% of words hold POISON).
+            poisoned_words += (0..8192u64)
+                .map(|i| mix(key ^ i.wrapping_mul(0x1000_0000_01b3)).to_le_bytes())
+                .filter(|w| w.contains(&POISON))
+                .count();
+        }
+        assert!(poisoned_words > 0);
+    }
 }
