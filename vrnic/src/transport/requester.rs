@@ -16,7 +16,8 @@ use crate::wire::{self, AtomicEth, Ieth, Immdt, Opcode, Reth, RoceHeaders};
 /// `RXE_MAX_UNACKED_PSNS`): the requester stops, mid-message if need be,
 /// until ACKs (or READ responses) move the window. It bounds what
 /// go-back-N resends after a loss; a READ request is sent if its first PSN
-/// is in the window (its responses may run past it, as in rxe).
+/// is in the window (its responses may run past it by less than one
+/// [`read_chunk`]).
 pub const MAX_INFLIGHT_PKTS: u32 = 128;
 /// Most packets one call sends for one QP (fairness between QPs).
 const BURST: u32 = 64;
@@ -61,6 +62,13 @@ pub struct SendOp {
     /// READ: the response count at which the rest was last re-requested
     /// after a gap, so a burst of out-of-order responses asks only once.
     pub rerequested_at: Option<u32>,
+    /// READ: packets (PSNs) one READ request asks for, fixed at the first
+    /// request ([`read_chunk`]); 0 before it. Request `j` covers packets
+    /// `j * chunk ..` up to `(j + 1) * chunk` or the message's end, and a
+    /// re-request from inside it ends where it ends, so that the
+    /// responder finds it inside a request it executed (IBTA §9.7.5.2.3;
+    /// rxe's `duplicate_request` drops one that is not).
+    pub chunk: u32,
 }
 
 impl SendOp {
@@ -74,6 +82,50 @@ impl SendOp {
     pub fn needs_response(&self) -> bool {
         is_read_or_atomic(self.opcode)
     }
+
+    /// The end (exclusive, a packet index of the message) of the request
+    /// that asks for packet `k`: a READ's request ends at its chunk's end
+    /// ([`SendOp::chunk`]) or the message's; an atomic's and one not
+    /// chunked (yet) at the message's.
+    pub fn request_end(&self, k: u32) -> u32 {
+        if self.opcode != WrOpcode::RdmaRead || self.chunk == 0 {
+            return self.npkts;
+        }
+        (k / self.chunk)
+            .saturating_add(1)
+            .saturating_mul(self.chunk)
+            .min(self.npkts)
+    }
+
+    /// READ and atomic requests of this op sent and not yet answered in
+    /// full: what `max_rd_atomic` bounds (IBTA §9.5, C9-28). A READ's
+    /// requests are its chunks from the first not fully answered
+    /// (`resp_pkts`) to the last sent; 0 for SEND and WRITE.
+    fn requests_outstanding(&self) -> u32 {
+        if !self.needs_response() || self.sent <= self.resp_pkts {
+            return 0;
+        }
+        if self.opcode != WrOpcode::RdmaRead || self.chunk == 0 {
+            return 1;
+        }
+        self.sent.div_ceil(self.chunk) - self.resp_pkts / self.chunk
+    }
+}
+
+/// Packets one READ request asks for at most, given the QP's congestion
+/// window now: a share of the window (a quarter, or all of it for
+/// `max_rd_atomic` 1, a half for 2, a third for 3), at least
+/// [`crate::transport::cwnd::CWND_MIN`]. A long READ is asked for in such
+/// chunks as the window opens, each a READ request of its own (as a
+/// requester may, IBTA §9.4.3: each READ request names its own virtual
+/// address and length), so that the READ responses of a QP, like its SEND
+/// and WRITE packets, are paced by the window and cut back on loss: a
+/// responder sends each READ's responses as fast as it can, and many QPs
+/// READing megabytes at once overflowed the receiving socket's queue until
+/// their retries ran out (issue 28).
+pub fn read_chunk(qp: &Qp) -> u32 {
+    let share = u32::from(qp.attr.max_rd_atomic.clamp(1, 4));
+    (qp.req.cwnd.window() / share).max(crate::transport::cwnd::CWND_MIN)
 }
 
 /// True for RDMA READ and the atomics.
@@ -210,6 +262,7 @@ pub(crate) fn fetch(qp: &Qp, env: &Env, index: u32) -> SendOp {
         error: None,
         resp_pkts: 0,
         rerequested_at: None,
+        chunk: 0,
     };
     match mem::read_obj::<abi::SendWqe>(env.mem, slot) {
         Ok(w) => op.wqe = w,
@@ -484,10 +537,10 @@ fn ack_every(qp: &Qp) -> u32 {
 }
 
 /// The window op `op` is sent within, packets: the congestion window for
-/// SEND and WRITE, [`MAX_INFLIGHT_PKTS`] for a READ or atomic request
-/// (one packet, whatever PSNs it covers).
+/// SEND, WRITE and READ (a READ request goes when its first PSN is inside
+/// it, [`read_chunk`]), [`MAX_INFLIGHT_PKTS`] for an atomic (one PSN).
 fn window(qp: &Qp, op: &SendOp) -> i32 {
-    let w = if op.needs_response() {
+    let w = if op.opcode.is_atomic() {
         MAX_INFLIGHT_PKTS
     } else {
         qp.req.cwnd.window()
@@ -516,12 +569,14 @@ fn send_packet(
     // k < npkts = ceil(len / mtu) and len <= MAX_MSG_SZ: below 2^32.
     let offset = k.checked_mul(mtu).ok_or(abi::WcStatus::LocLenErr)?;
     if op.needs_response() {
-        // One request asks for the rest of the message from packet k on
+        // One request asks for packets k.. up to the end of its chunk
         // (a resent READ restarts at the first missing response, §9.7.5.1.5).
         hdr.bth.ack_req = true;
         let w = &op.wqe;
         if opcode == Opcode::RcReadRequest {
-            let dma_len = op.len.saturating_sub(offset);
+            // request_end <= npkts = ceil(len / mtu): below 2^32 bytes.
+            let end = op.request_end(k).saturating_mul(mtu).min(op.len);
+            let dma_len = end.saturating_sub(offset);
             // The remote range was checked at fetch (check_remote_range).
             let va = w
                 .remote_addr
@@ -673,28 +728,32 @@ fn ext_headers(hdr: &mut RoceHeaders, op: &SendOp) {
     }
 }
 
-/// True when op `pos` of the in-flight list must wait before its first
-/// packet: a fenced WQE waits for every earlier READ and atomic to
-/// complete (`IBV_SEND_FENCE`, IBTA §10.8.3.3), and a READ or atomic waits
-/// while `max_rd_atomic` of them are outstanding (IBTA §9.5, C9-28).
+/// True when op `pos` of the in-flight list must wait before its next
+/// packet: a fenced WQE waits before its first for every earlier READ and
+/// atomic to complete (`IBV_SEND_FENCE`, IBTA §10.8.3.3), and a READ or
+/// atomic request (each chunk of a READ is one) waits while
+/// `max_rd_atomic` requests are outstanding (IBTA §9.5, C9-28).
 fn must_wait(qp: &Qp, pos: usize) -> bool {
     let op = &qp.req.inflight[pos];
-    if op.sent != 0 {
+    if op.sent == 0
+        && op.wqe.send_flags & abi::SEND_FENCE != 0
+        && qp.req.inflight.iter().take(pos).any(|o| o.needs_response())
+    {
+        return true;
+    }
+    if !op.needs_response() {
         return false;
     }
-    let outstanding = qp
+    let outstanding: u32 = qp
         .req
         .inflight
         .iter()
-        .take(pos)
-        .filter(|o| o.needs_response())
-        .count();
-    if op.wqe.send_flags & abi::SEND_FENCE != 0 && outstanding > 0 {
-        return true;
-    }
+        .take(pos + 1)
+        .map(|o| o.requests_outstanding())
+        .sum();
     // 0 would forbid READ and atomics outright; like rxe's requester, treat
     // it as 1 so a misconfigured QP is slow rather than stuck.
-    op.needs_response() && outstanding >= (qp.attr.max_rd_atomic.max(1)) as usize
+    outstanding >= u32::from(qp.attr.max_rd_atomic.max(1))
 }
 
 /// Sends what the QP may send now: unsent packets of fetched WQEs, then new
@@ -733,6 +792,10 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             if must_wait(qp, pos) {
                 break;
             }
+            if op.opcode == WrOpcode::RdmaRead && op.chunk == 0 {
+                qp.req.inflight[pos].chunk = read_chunk(qp);
+            }
+            let op = &qp.req.inflight[pos];
             let ahead = window_ahead(qp, psn::add(op.first_psn, k));
             let wnd = window(qp, op);
             if ahead >= wnd {
@@ -744,9 +807,10 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
                     match send_packet(qp, env, pos, k, ahead + 1 >= wnd) {
                         Ok(true) => {
                             let op = &qp.req.inflight[pos];
-                            // A READ or atomic request covers all of its PSNs.
+                            // A READ or atomic request covers the PSNs up
+                            // to its end.
                             let psns = if op.needs_response() {
-                                op.npkts - op.sent
+                                op.request_end(op.sent) - op.sent
                             } else {
                                 1
                             };
@@ -924,6 +988,7 @@ fn fetch_header_only(qp: &Qp, env: &Env, index: u32) -> SendOp {
         error: None,
         resp_pkts: 0,
         rerequested_at: None,
+        chunk: 0,
     }
 }
 
