@@ -353,7 +353,7 @@ fn on_read_or_atomic_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
             return;
         }
         RespPsn::Gap { expected } => {
-            rerequest(qp, env, p, expected);
+            rerequest(qp, env, expected);
             return;
         }
         RespPsn::InOrder => {}
@@ -383,6 +383,10 @@ fn responses_landed(qp: &mut Qp, env: &mut Env, n: u32, last: bool) {
         return;
     };
     op.resp_pkts += n;
+    // The response answers the request that asked for it: a round trip
+    // when it is the one timed.
+    let p = psn::add(op.first_psn, op.resp_pkts - 1);
+    qp.req.rtt.on_ack(p, env.now);
     qp.req.retry_left = qp.attr.retry_cnt;
     qp.req.retry_started = false;
     if last {
@@ -459,12 +463,15 @@ fn take_run(qp: &mut Qp, env: &mut Env, run: &wire::Run) -> bool {
 
 /// Responses before PSN `p` were lost: asks again from the first missing
 /// one, `expected`, once per gap (the ACK timer covers a lost re-request);
-/// rxe's `COMPST_ERROR_RETRY` for a READ.
-fn rerequest(qp: &mut Qp, env: &mut Env, p: u32, expected: u32) {
+/// rxe's `COMPST_ERROR_RETRY` for a READ, also when `p` answers a later
+/// request (rxe's `check_psn`: a response past the head READ's last PSN
+/// while it waits): responses come in PSN order, so the head's missing
+/// ones are lost, and waiting for the ACK timeout would stall the QP.
+fn rerequest(qp: &mut Qp, env: &mut Env, expected: u32) {
     let Some(op) = qp.req.inflight.front_mut() else {
         return;
     };
-    if psn::diff(p, op.last_psn()) <= 0 && op.rerequested_at != Some(op.resp_pkts) {
+    if op.rerequested_at != Some(op.resp_pkts) {
         op.rerequested_at = Some(op.resp_pkts);
         // Responses were lost on the way: as a sequence NAK for SEND and
         // WRITE, the window halves.

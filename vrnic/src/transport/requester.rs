@@ -112,6 +112,70 @@ impl SendOp {
     }
 }
 
+/// Bytes of READ responses a device's QPs together may have asked for and
+/// not received: 4 MiB, what the receive queues in front of the device
+/// hold (an AF_PACKET socket's 16 MiB buffer at about twice the frame's
+/// size per frame; a TAP's 1000 frames of the path MTU 4096). The
+/// responders answer every READ request at once and as fast as they can,
+/// so the requester asking for no more than its queue holds is what keeps
+/// the responses of many QPs from overflowing it (issue 28: 64 QPs READing
+/// over AF_PACKET lost thousands of frames and waited for ACK timeouts).
+/// A QP with nothing asked for may always ask for one chunk
+/// ([`read_chunk`]): none starves, and each waits only for its own
+/// responses, which run it again.
+pub const READ_BUDGET_BYTES: u64 = 4 << 20;
+
+/// Bytes of READ responses QP `qp` has asked for and not received: its
+/// READ ops' PSNs requested (`sent`) beyond those answered, times the
+/// path MTU.
+fn read_bytes_asked(qp: &Qp) -> u64 {
+    let pkts: u64 = qp
+        .req
+        .inflight
+        .iter()
+        .filter(|o| o.opcode == WrOpcode::RdmaRead)
+        .map(|o| u64::from(o.sent.saturating_sub(o.resp_pkts)))
+        .sum();
+    pkts * u64::from(qp.mtu())
+}
+
+/// Brings the device's sum of READ bytes asked for
+/// ([`crate::device::Resources::read_bytes_asked`]) up to date with `qp`
+/// after a step of it; cheap for a QP with no READ in flight or counted.
+pub fn count_reads_asked(qp: &mut Qp, res: &mut crate::device::Resources) {
+    if qp.read_bytes_counted == 0 && !qp.req.has_reads {
+        return;
+    }
+    let now = read_bytes_asked(qp);
+    if now == 0 {
+        qp.req.has_reads = qp
+            .req
+            .inflight
+            .iter()
+            .any(|o| o.opcode == WrOpcode::RdmaRead);
+    }
+    res.read_bytes_asked = res
+        .read_bytes_asked
+        .saturating_sub(qp.read_bytes_counted)
+        .saturating_add(now);
+    qp.read_bytes_counted = now;
+}
+
+/// True when a READ request for `psns` more responses would take the
+/// device past [`READ_BUDGET_BYTES`] while this QP already waits for
+/// some of its own.
+fn over_read_budget(qp: &Qp, env: &Env, psns: u32) -> bool {
+    let mine = read_bytes_asked(qp);
+    if mine == 0 {
+        return false;
+    }
+    let others = env
+        .res
+        .read_bytes_asked
+        .saturating_sub(qp.read_bytes_counted);
+    others + mine + u64::from(psns) * u64::from(qp.mtu()) > READ_BUDGET_BYTES
+}
+
 /// Packets one READ request asks for at most, given the QP's congestion
 /// window now: a share of the window (a quarter, or all of it for
 /// `max_rd_atomic` 1, a half for 2, a third for 3), at least
@@ -186,6 +250,9 @@ pub struct ReqState {
     /// The headers of the last request packet built
     /// ([`crate::transport::peer_headers`]).
     pub peer_hdr: Option<Box<crate::transport::PeerHeaders>>,
+    /// A READ was fetched and may still be in flight: the device counts
+    /// what it asked for ([`count_reads_asked`]) until none is left.
+    pub has_reads: bool,
 }
 
 impl ReqState {
@@ -796,6 +863,10 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
                 qp.req.inflight[pos].chunk = read_chunk(qp);
             }
             let op = &qp.req.inflight[pos];
+            if op.opcode == WrOpcode::RdmaRead && over_read_budget(qp, env, op.request_end(k) - k) {
+                break; // resumed by its own responses
+            }
+            let op = &qp.req.inflight[pos];
             let ahead = window_ahead(qp, psn::add(op.first_psn, k));
             let wnd = window(qp, op);
             if ahead >= wnd {
@@ -860,6 +931,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             break;
         }
         let op = fetch(qp, env, qp.req.sq_next);
+        qp.req.has_reads |= op.opcode == WrOpcode::RdmaRead;
         qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
         qp.req.psn = psn::add(qp.req.psn, op.npkts);
         let failed = op.error.is_some();
@@ -870,8 +942,21 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
     }
     qp.req.more = budget == 0 || backlog;
     if (sent_any || qp.req.probe_deadline.is_none()) && !qp.req.probe_sent {
-        qp.req.probe_deadline =
-            last_sent(qp).map(|_| env.now + qp.req.rtt.pto(ack_timeout_ns(qp.attr.timeout)));
+        let ack_timeout = ack_timeout_ns(qp.attr.timeout);
+        let pto = qp.req.rtt.pto(ack_timeout);
+        qp.req.probe_deadline = if last_sent(qp).is_some() {
+            Some(env.now + pto)
+        } else if head_awaits_responses(qp) {
+            // READ responses come in the responder's bursts, one QP after
+            // another (64 packets each, `responder::READ_BURST`): with
+            // many QPs the gap between two bursts is many round trips, and
+            // a probe then only asks for responses already on their way.
+            // A quarter of the ACK timeout still finds a lost tail four
+            // times sooner.
+            Some(env.now + pto.max(ack_timeout.unwrap_or(0) / 4))
+        } else {
+            None
+        };
     }
     crate::transport::completer::complete_head_errors(qp, env);
 }
@@ -895,11 +980,38 @@ fn last_sent(qp: &Qp) -> Option<(usize, u32)> {
     (unacked && !op.needs_response() && op.error.is_none()).then_some((pos, k))
 }
 
+/// True when the READ or atomic at the head of an RC QP waits for
+/// responses to requests that went: what a tail loss probe asks for again
+/// when the QP's last packets were such requests ([`probe`]).
+fn head_awaits_responses(qp: &Qp) -> bool {
+    qp.qp_type == abi::QpType::Rc
+        && qp
+            .req
+            .inflight
+            .front()
+            .is_some_and(|op| op.needs_response() && op.error.is_none() && op.sent > op.resp_pkts)
+}
+
 /// Sends the tail loss probe ([`crate::transport::probe`]): the last
 /// SEND or WRITE packet sent, again, asking for an ACK; the QP's other
-/// state stays as it is. Counted in `tail_probes`.
+/// state stays as it is. When the last packets were READ or atomic
+/// requests, the head's missing responses are asked for again instead
+/// (go-back-N from the first of them, as after a gap: a lost tail of
+/// responses shows no gap, only silence). Counted in `tail_probes`.
 pub fn probe(qp: &mut Qp, env: &mut Env) {
     let Some((pos, k)) = last_sent(qp) else {
+        if head_awaits_responses(qp) {
+            let Some(op) = qp.req.inflight.front_mut() else {
+                return;
+            };
+            let from = psn::add(op.first_psn, op.resp_pkts);
+            op.rerequested_at = Some(op.resp_pkts);
+            env.res.out.stats.tail_probes += 1;
+            rewind(qp, from);
+            // Before run, so that it arms no other probe.
+            qp.req.probe_sent = true;
+            run(qp, env);
+        }
         return;
     };
     if let Ok(true) = send_packet(qp, env, pos, k, true) {
