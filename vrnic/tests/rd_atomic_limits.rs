@@ -862,3 +862,75 @@ fn long_reads_over_a_lossy_link_re_request_inside_their_chunks_and_complete() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// The device's in-flight budget, shared by its QPs (issue 28: 64 QPs'
+// windows together overflowed the queues in front of the receiver).
+
+#[test]
+fn many_qps_stay_inside_the_devices_in_flight_budget_and_all_complete() {
+    use std::collections::HashMap;
+    use vrnic::transport::psn;
+    use vrnic::transport::requester::IN_FLIGHT_BUDGET_BYTES;
+    // Path MTU 4096: 17 QPs x a 1 MiB WRITE (256 packets each); their
+    // windows alone (17 x 128 packets, 8.5 MiB) would be far past the
+    // budget.
+    let o = opts(5, 1);
+    let mut t = pair(o, 1, None);
+    let mut pairs: Vec<_> = (0..16).map(|_| t.s.second_pair(o)).collect();
+    let n = pairs.len() + 1;
+    let src = t.s.a.alloc(n * MIB);
+    let dst = t.s.b.alloc(n * MIB);
+    let data = pattern(n * MIB, 9);
+    t.s.a.fill(src, &data);
+    let (lk_a, _) = t.s.a.reg_mr(t.s.pda, src, (n * MIB) as u64, ALL).unwrap();
+    let (_, rk_b) = t.s.b.reg_mr(t.s.pdb, dst, (n * MIB) as u64, ALL).unwrap();
+    t.s.post(write(0, dst, rk_b), &[sge(src, MIB as u32, lk_a)]);
+    for (k, (qa, _)) in (1..).zip(pairs.iter_mut()) {
+        let at = (k * MIB) as u64;
+        let now = t.s.now;
+        let w = write(k as u64, dst + at, rk_b);
+        t.s.a
+            .post_send(qa, w, &[sge(src + at, MIB as u32, lk_a)], now);
+    }
+    let c = run_slow_receiver(&mut t, 1, n, "17 WRITEs of 1 MiB");
+    let mut ids: Vec<u64> = c.iter().map(|c| c.wr_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..n as u64).collect::<Vec<_>>());
+    assert!(c.iter().all(|c| c.status == abi::WC_SUCCESS), "{c:?}");
+    assert!(t.s.b.read(dst, n * MIB) == data, "the WRITEs' bytes");
+    // Per QP (by A's QPN): the newest PSN sent and the newest acknowledged.
+    let mut b_to_a: HashMap<u32, u32> = pairs.iter().map(|(a, b)| (b.qpn, a.qpn)).collect();
+    b_to_a.insert(t.s.qb.qpn, t.s.qa.qpn);
+    let mut sent: HashMap<u32, u32> = HashMap::new();
+    let mut acked: HashMap<u32, u32> = HashMap::new();
+    let mut most = 0u64;
+    for f in t.seen() {
+        let p = roce(&f.frame);
+        let (q, ps) = (p.hdr.bth.dest_qp, p.hdr.bth.psn);
+        if f.tx {
+            let qa = b_to_a[&q];
+            sent.insert(qa, ps);
+            acked.entry(qa).or_insert(START_ACKED);
+            let in_flight: u64 = sent
+                .iter()
+                .map(|(qa, s)| psn::diff(*s, acked[qa]).max(0) as u64)
+                .sum();
+            most = most.max(in_flight * 4096);
+        } else if let Some(AethKind::Ack { .. }) = p.hdr.aeth.map(|a| a.kind()) {
+            acked.insert(q, ps);
+        }
+    }
+    // Each QP may send one packet beyond the budget when it has none in
+    // flight.
+    let bound = IN_FLIGHT_BUDGET_BYTES + n as u64 * 4096;
+    assert!(
+        most <= bound,
+        "{most} bytes in flight, budget {IN_FLIGHT_BUDGET_BYTES}"
+    );
+    assert!(
+        most > IN_FLIGHT_BUDGET_BYTES / 2,
+        "{most} bytes in flight: the budget was never used"
+    );
+    assert_eq!(t.s.a.dev.stats().retransmits, 0);
+}

@@ -47,6 +47,9 @@ const POISON: u8 = 0xa5;
 const MAX_LEN: u64 = 256 << 10;
 /// Smallest large message, bytes.
 const LARGE_MIN: u64 = 1 << 20;
+/// The first operations of each flow of a QP with large operations: every
+/// kind once, at `--large-max`.
+const FIRST_LARGEST: [Kind; 4] = [Kind::Read, Kind::Write, Kind::WriteImm, Kind::Send];
 /// Most bytes of memory regions per side: the device's page-list budget
 /// is 8 GiB (`vrnic::device::MAX_MR_PAGES_TOTAL`), and the driver's host
 /// has to hold both sides' memory.
@@ -402,8 +405,9 @@ impl Soak {
         let fl = &mut self.flows[f];
         let (req, qp) = (fl.req, fl.qp);
         let r = mix(self.seed ^ (f as u64) << 40 ^ fl.n);
+        let n = fl.n;
         fl.n += 1;
-        let kind = match r % 100 {
+        let mut kind = match r % 100 {
             0..30 => Kind::Send,
             30..55 => Kind::Write,
             55..75 => Kind::WriteImm,
@@ -413,7 +417,14 @@ impl Soak {
         let r3 = mix(r2 ^ 0x1a2e);
         let e = (r2 >> 8) % 19; // 2^0 .. 2^18 = 256 KiB
         let mut len = 1 + (r2 >> 16) % (1u64 << e);
-        if self.large_qp[qp] && r3 % 100 < self.large_percent {
+        if self.large_qp[qp] && n < FIRST_LARGEST.len() as u64 {
+            // Each kind at its largest first, so that every bounded pool
+            // and queue of the daemons reaches its high-water mark during
+            // the soak's warm-up, not in the measured run (whose RSS must
+            // stay flat).
+            kind = FIRST_LARGEST[n as usize];
+            len = self.large_max;
+        } else if self.large_qp[qp] && r3 % 100 < self.large_percent {
             // 1 MiB .. large_max.
             len = LARGE_MIN + (r3 >> 8) % (self.large_max - LARGE_MIN + 1);
         }

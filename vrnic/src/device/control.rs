@@ -42,10 +42,13 @@ impl Device {
     pub(super) fn remove_qp(&mut self, qpn: u32) -> Option<()> {
         let mut qp = self.qps.remove(qpn)?;
         qp.resp.release(&mut self.res.out);
-        self.res.read_bytes_asked = self
+        self.res.bytes_in_flight = self
             .res
-            .read_bytes_asked
-            .saturating_sub(qp.read_bytes_counted);
+            .bytes_in_flight
+            .saturating_sub(qp.in_flight_counted);
+        if qp.in_flight_counted > 0 {
+            self.res.qps_in_flight = self.res.qps_in_flight.saturating_sub(1);
+        }
         self.watch.forget(qpn);
         Some(())
     }
@@ -597,7 +600,8 @@ impl Device {
             req: ReqState::default(),
             resp: RespState::default(),
             stats: Default::default(),
-            read_bytes_counted: 0,
+            in_flight_counted: 0,
+            to_wire: true,
         };
         let qpn = self.qps.insert_with(0, make).ok_or(abi::STATUS_ENOMEM)?;
         let r = abi::CreateQpResp {

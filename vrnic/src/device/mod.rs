@@ -81,7 +81,7 @@ macro_rules! qp_step {
             $body
         };
         $qp.stats.add_delta(&before, &$d.res.out.stats);
-        $crate::transport::requester::count_reads_asked($qp, &mut $d.res);
+        $crate::transport::requester::count_in_flight($qp, &mut $d.res);
         r
     }};
 }
@@ -324,10 +324,11 @@ pub struct Resources {
     pub(crate) ctxs: contexts::Contexts,
     /// Output queues (frames, events) and counters.
     pub out: Output,
-    /// Bytes of READ responses the device's QPs have asked for and not
-    /// received, as of each QP's last step
-    /// ([`crate::transport::requester::READ_BUDGET_BYTES`]).
-    pub read_bytes_asked: u64,
+    /// Bytes the device's RC QPs have in flight, as of each QP's last step
+    /// ([`crate::transport::requester::IN_FLIGHT_BUDGET_BYTES`]).
+    pub bytes_in_flight: u64,
+    /// RC QPs with something in flight, as of each one's last step.
+    pub qps_in_flight: u32,
 }
 
 /// One RNIC port: verbs objects, RoCEv2 transport and ARP.
@@ -383,7 +384,8 @@ impl Device {
                 neigh,
                 ctxs: contexts::Contexts::default(),
                 out: Output::default(),
-                read_bytes_asked: 0,
+                bytes_in_flight: 0,
+                qps_in_flight: 0,
             },
             poll_from: 0,
             watch: Default::default(),

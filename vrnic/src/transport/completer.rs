@@ -386,7 +386,14 @@ fn responses_landed(qp: &mut Qp, env: &mut Env, n: u32, last: bool) {
     // The response answers the request that asked for it: a round trip
     // when it is the one timed.
     let p = psn::add(op.first_psn, op.resp_pkts - 1);
+    // The last response of a request (LAST or ONLY) acknowledges its own
+    // PSN, not only those before it: the window then opens for the next
+    // request of a READ asked for in chunks.
+    let ended = op.resp_pkts == op.request_end(op.resp_pkts - 1);
     qp.req.rtt.on_ack(p, env.now);
+    if ended && !last {
+        ack_up_to(qp, env, p);
+    }
     qp.req.retry_left = qp.attr.retry_cnt;
     qp.req.retry_started = false;
     if last {

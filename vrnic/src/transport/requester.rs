@@ -112,68 +112,84 @@ impl SendOp {
     }
 }
 
-/// Bytes of READ responses a device's QPs together may have asked for and
-/// not received: 4 MiB, what the receive queues in front of the device
-/// hold (an AF_PACKET socket's 16 MiB buffer at about twice the frame's
-/// size per frame; a TAP's 1000 frames of the path MTU 4096). The
-/// responders answer every READ request at once and as fast as they can,
-/// so the requester asking for no more than its queue holds is what keeps
-/// the responses of many QPs from overflowing it (issue 28: 64 QPs READing
-/// over AF_PACKET lost thousands of frames and waited for ACK timeouts).
-/// A QP with nothing asked for may always ask for one chunk
-/// ([`read_chunk`]): none starves, and each waits only for its own
-/// responses, which run it again.
-pub const READ_BUDGET_BYTES: u64 = 4 << 20;
+/// Bytes a device's RC QPs together may have in flight: SEND and WRITE
+/// packets sent and not acknowledged, READ responses asked for and not
+/// received (the PSNs past each QP's oldest unacknowledged one, times its
+/// path MTU): 2 MiB, half of what the smallest receive queue in front of
+/// a device holds (a TAP's 1000 frames of the path MTU 4096; an AF_PACKET
+/// socket's 16 MiB buffer holds about twice that). Each QP's congestion
+/// window finds its own share only by losing packets: with 64 QPs the
+/// windows together held 32 MiB, the queues in front of the receiving
+/// device overflowed again and again, QPs waited for ACK timeouts and
+/// some moved far less than others (Jain's index 0.57-0.89), a READ's
+/// responder sending all it was asked for at once (issue 28). It is a
+/// shared window on top of the QPs' own ([`window`]), split equally
+/// among the QPs with something in flight ([`budget_window`]); a QP with
+/// nothing in flight may always send one packet or READ request, so none
+/// starves, and each waits only for its own ACKs and responses. One QP's
+/// full window (128 packets of 4096 bytes, 512 KiB) is well inside it.
+pub const IN_FLIGHT_BUDGET_BYTES: u64 = 2 << 20;
 
-/// Bytes of READ responses QP `qp` has asked for and not received: its
-/// READ ops' PSNs requested (`sent`) beyond those answered, times the
-/// path MTU.
-fn read_bytes_asked(qp: &Qp) -> u64 {
-    let pkts: u64 = qp
-        .req
-        .inflight
-        .iter()
-        .filter(|o| o.opcode == WrOpcode::RdmaRead)
-        .map(|o| u64::from(o.sent.saturating_sub(o.resp_pkts)))
-        .sum();
-    pkts * u64::from(qp.mtu())
+/// PSNs an RC QP has in flight: from its oldest unacknowledged one up to
+/// the next it will send (SEND and WRITE packets unacknowledged, READ
+/// responses and atomic results asked for and not received). 0 for UC
+/// and UD.
+fn psns_in_flight(qp: &Qp) -> u32 {
+    let r = &qp.req;
+    // Nothing fetched is left (a flush leaves the PSNs unacknowledged).
+    if r.inflight.is_empty() {
+        return 0;
+    }
+    let next = match r.inflight.get(r.send_pos) {
+        Some(op) => psn::add(op.first_psn, op.sent),
+        None => r.psn,
+    };
+    u32::try_from(window_ahead(qp, next)).unwrap_or(0)
 }
 
-/// Brings the device's sum of READ bytes asked for
-/// ([`crate::device::Resources::read_bytes_asked`]) up to date with `qp`
-/// after a step of it; cheap for a QP with no READ in flight or counted.
-pub fn count_reads_asked(qp: &mut Qp, res: &mut crate::device::Resources) {
-    if qp.read_bytes_counted == 0 && !qp.req.has_reads {
+/// Brings the device's sum of bytes in flight
+/// ([`crate::device::Resources::bytes_in_flight`]) up to date with `qp`
+/// after a step of it.
+pub fn count_in_flight(qp: &mut Qp, res: &mut crate::device::Resources) {
+    // Another function of the daemon holds its sender back instead of
+    // dropping (`link::txq`): its QPs need no budget and take none.
+    qp.to_wire = match (&qp.req.peer_hdr, &res.out.local_macs) {
+        (Some(h), Some(local)) => !local.contains(&h.hdr.eth_dst),
+        _ => true,
+    };
+    let now = match qp.to_wire {
+        true => u64::from(psns_in_flight(qp)) * u64::from(qp.mtu()),
+        false => 0,
+    };
+    let was = qp.in_flight_counted;
+    if now == was {
         return;
     }
-    let now = read_bytes_asked(qp);
-    if now == 0 {
-        qp.req.has_reads = qp
-            .req
-            .inflight
-            .iter()
-            .any(|o| o.opcode == WrOpcode::RdmaRead);
+    res.bytes_in_flight = res.bytes_in_flight.saturating_sub(was).saturating_add(now);
+    match (was, now) {
+        (0, _) => res.qps_in_flight = res.qps_in_flight.saturating_add(1),
+        (_, 0) => res.qps_in_flight = res.qps_in_flight.saturating_sub(1),
+        _ => {}
     }
-    res.read_bytes_asked = res
-        .read_bytes_asked
-        .saturating_sub(qp.read_bytes_counted)
-        .saturating_add(now);
-    qp.read_bytes_counted = now;
+    qp.in_flight_counted = now;
 }
 
-/// True when a READ request for `psns` more responses would take the
-/// device past [`READ_BUDGET_BYTES`] while this QP already waits for
-/// some of its own.
-fn over_read_budget(qp: &Qp, env: &Env, psns: u32) -> bool {
-    let mine = read_bytes_asked(qp);
-    if mine == 0 {
-        return false;
+/// The most PSNs `qp` may have in flight for the device to stay inside
+/// [`IN_FLIGHT_BUDGET_BYTES`] with what the other QPs have in flight, and
+/// no more than an equal share of it among the QPs with something in
+/// flight (this one counted): a QP whose ACKs come back first would
+/// otherwise take again at once what it freed, and the others, held to
+/// one packet each, would never grow. At least 1.
+fn budget_window(qp: &Qp, env: &Env) -> u32 {
+    if !qp.to_wire {
+        return u32::MAX;
     }
-    let others = env
-        .res
-        .read_bytes_asked
-        .saturating_sub(qp.read_bytes_counted);
-    others + mine + u64::from(psns) * u64::from(qp.mtu()) > READ_BUDGET_BYTES
+    let others = env.res.bytes_in_flight.saturating_sub(qp.in_flight_counted);
+    let room = IN_FLIGHT_BUDGET_BYTES.saturating_sub(others);
+    let active = env.res.qps_in_flight + u32::from(qp.in_flight_counted == 0);
+    let share = IN_FLIGHT_BUDGET_BYTES / u64::from(active.max(1));
+    let pkts = room.min(share) / u64::from(qp.mtu());
+    u32::try_from(pkts).unwrap_or(u32::MAX).max(1)
 }
 
 /// Packets one READ request asks for at most, given the QP's congestion
@@ -250,9 +266,6 @@ pub struct ReqState {
     /// The headers of the last request packet built
     /// ([`crate::transport::peer_headers`]).
     pub peer_hdr: Option<Box<crate::transport::PeerHeaders>>,
-    /// A READ was fetched and may still be in flight: the device counts
-    /// what it asked for ([`count_reads_asked`]) until none is left.
-    pub has_reads: bool,
 }
 
 impl ReqState {
@@ -595,24 +608,31 @@ fn window_ahead(qp: &Qp, p: u32) -> i32 {
 }
 
 /// How often a SEND or WRITE asks for an ACK, in packets of its message:
-/// [`ACK_REQ_EVERY`], or a quarter of a smaller congestion window (at
-/// least 2), so that a window cut by loss still gets several ACKs per
-/// round trip: any one of them is progress, and progress is what resets
-/// the retry count.
-fn ack_every(qp: &Qp) -> u32 {
-    (qp.req.cwnd.window() / 4).clamp(2, ACK_REQ_EVERY)
+/// [`ACK_REQ_EVERY`], or a quarter of a smaller window (the congestion
+/// window or the device's budget, [`window`]; at least 2), so that a
+/// window cut by loss still gets several ACKs per round trip: any one of
+/// them is progress, and progress is what resets the retry count.
+fn ack_every(qp: &Qp, env: &Env) -> u32 {
+    ack_interval(qp.req.cwnd.window().min(budget_window(qp, env)))
+}
+
+/// [`ack_every`] for a SEND or WRITE window of `wnd` packets.
+fn ack_interval(wnd: u32) -> u32 {
+    (wnd / 4).clamp(2, ACK_REQ_EVERY)
 }
 
 /// The window op `op` is sent within, packets: the congestion window for
 /// SEND, WRITE and READ (a READ request goes when its first PSN is inside
-/// it, [`read_chunk`]), [`MAX_INFLIGHT_PKTS`] for an atomic (one PSN).
-fn window(qp: &Qp, op: &SendOp) -> i32 {
+/// it, [`read_chunk`]), [`MAX_INFLIGHT_PKTS`] for an atomic (one PSN);
+/// either no larger than the device's budget leaves it
+/// ([`budget_window`]).
+fn window(qp: &Qp, env: &Env, op: &SendOp) -> i32 {
     let w = if op.opcode.is_atomic() {
         MAX_INFLIGHT_PKTS
     } else {
         qp.req.cwnd.window()
     };
-    w as i32
+    w.min(budget_window(qp, env)) as i32
 }
 
 /// Sends packet `k` of inflight op `i`; `window_full` asks for an ACK (the
@@ -673,7 +693,7 @@ fn send_packet(
     let n = op.len.saturating_sub(offset).min(mtu);
     let last = k + 1 == op.npkts;
     hdr.bth.ack_req = qp.qp_type == abi::QpType::Rc
-        && (last || window_full || (k + 1).is_multiple_of(ack_every(qp)));
+        && (last || window_full || (k + 1).is_multiple_of(ack_every(qp, env)));
     hdr.bth.solicited = last && op.wqe.send_flags & abi::SEND_SOLICITED != 0;
     ext_headers(&mut hdr, op);
     let res = &mut *env.res;
@@ -697,9 +717,9 @@ fn send_packet(
 /// ([`wire::Run`]): an RC or UC SEND or WRITE from driver memory, at most
 /// `budget` packets, [`wire::RUN_MAX_PACKETS`] and what the window has
 /// room for (`ahead`: how far packet `k` is beyond the oldest
-/// unacknowledged PSN), ending at the first packet that asks for an ACK
+/// unacknowledged PSN; `wnd`: the window, [`window`]), ending at the first packet that asks for an ACK
 /// ([`ack_every`]), so that only the run's last packet may ask.
-fn run_len(qp: &Qp, i: usize, k: u32, ahead: i32, budget: u32) -> u32 {
+fn run_len(qp: &Qp, i: usize, k: u32, ahead: i32, wnd: i32, budget: u32) -> u32 {
     let op = &qp.req.inflight[i];
     if !matches!(qp.qp_type, abi::QpType::Rc | abi::QpType::Uc)
         || op.needs_response()
@@ -707,13 +727,13 @@ fn run_len(qp: &Qp, i: usize, k: u32, ahead: i32, budget: u32) -> u32 {
     {
         return 0;
     }
-    let room = u32::try_from(window(qp, op) - ahead).unwrap_or(0);
+    let room = u32::try_from(wnd - ahead).unwrap_or(0);
     let n = (op.npkts - k)
         .min(budget)
         .min(wire::RUN_MAX_PACKETS)
         .min(room);
     // Packet j asks for an ACK every ack_every packets of the message.
-    let every = ack_every(qp);
+    let every = ack_interval(u32::try_from(wnd).unwrap_or(0));
     let to_ack = every - k % every;
     n.min(to_ack)
 }
@@ -731,7 +751,8 @@ fn send_run(
     ahead: i32,
     budget: u32,
 ) -> Result<u32, abi::WcStatus> {
-    let n = run_len(qp, i, k, ahead, budget);
+    let wnd = window(qp, env, &qp.req.inflight[i]);
+    let n = run_len(qp, i, k, ahead, wnd, budget);
     if n < 2 || !env.res.out.may_send_run() {
         return Ok(0);
     }
@@ -757,9 +778,7 @@ fn send_run(
         // RC: the window closes behind it, or it ends the message or an
         // ACK interval (run_len ends runs there).
         ack_req: qp.qp_type == abi::QpType::Rc
-            && (ends
-                || ahead + n as i32 >= window(qp, op)
-                || (last_k + 1).is_multiple_of(ack_every(qp))),
+            && (ends || ahead + n as i32 >= wnd || (last_k + 1).is_multiple_of(ack_every(qp, env))),
         solicited: ends && op.wqe.send_flags & abi::SEND_SOLICITED != 0,
         ..hdr.bth
     });
@@ -863,13 +882,15 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
                 qp.req.inflight[pos].chunk = read_chunk(qp);
             }
             let op = &qp.req.inflight[pos];
-            if op.opcode == WrOpcode::RdmaRead && over_read_budget(qp, env, op.request_end(k) - k) {
-                break; // resumed by its own responses
-            }
-            let op = &qp.req.inflight[pos];
             let ahead = window_ahead(qp, psn::add(op.first_psn, k));
-            let wnd = window(qp, op);
-            if ahead >= wnd {
+            let wnd = window(qp, env, op);
+            // A READ request goes when its whole chunk fits (its
+            // responses come at once), or when nothing else is in flight.
+            let need = match op.opcode {
+                WrOpcode::RdmaRead if ahead > 0 => (op.request_end(k) - k) as i32,
+                _ => 1,
+            };
+            if ahead + need > wnd {
                 break; // resumed by the ACK that moves the window
             }
             // (PSNs sent, burst budget spent): a run, else one packet.
@@ -931,7 +952,6 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             break;
         }
         let op = fetch(qp, env, qp.req.sq_next);
-        qp.req.has_reads |= op.opcode == WrOpcode::RdmaRead;
         qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
         qp.req.psn = psn::add(qp.req.psn, op.npkts);
         let failed = op.error.is_some();

@@ -69,11 +69,15 @@ pub struct Qp {
     pub resp: RespState,
     /// Counters (see [`crate::device::QpStats`]).
     pub stats: crate::device::QpStats,
-    /// Bytes of READ responses this QP had asked for and not received
-    /// when the device last added them to its sum
-    /// ([`crate::device::Resources::read_bytes_asked`]), so that the
+    /// Bytes this QP had in flight when the device last added them to its
+    /// sum ([`crate::device::Resources::bytes_in_flight`]), so that the
     /// device can take them out again.
-    pub read_bytes_counted: u64,
+    pub in_flight_counted: u64,
+    /// The QP's packets go to the wire, not to another function of the
+    /// daemon (as of its last step): only then does the device's budget
+    /// of bytes in flight hold it
+    /// ([`crate::transport::requester::IN_FLIGHT_BUDGET_BYTES`]).
+    pub to_wire: bool,
 }
 
 impl Qp {
