@@ -153,6 +153,7 @@ struct CqRing {
 // SAFETY: the ring and record pointers refer to DMA memory owned by the
 // transport; a CqRing is used by one thread at a time (&mut self).
 unsafe impl Send for CqRing {}
+// SAFETY: as Send.
 unsafe impl Sync for CqRing {}
 
 impl CqRing {

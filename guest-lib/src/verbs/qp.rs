@@ -949,7 +949,9 @@ impl Qp {
 /// # Safety
 /// `dst` is valid for `src.len()` bytes of writes.
 pub(super) unsafe fn write_bytes(dst: *mut u8, src: &[u8]) {
-    std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
+    // SAFETY: `dst` is valid for `src.len()` bytes of writes (the
+    // caller's contract), and ring memory is no Rust object `src` borrows.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
 }
 
 /// Writes `sges` back to back at `dst`.
@@ -958,7 +960,9 @@ pub(super) unsafe fn write_bytes(dst: *mut u8, src: &[u8]) {
 /// `dst` is valid for `16 * sges.len()` bytes of writes.
 pub(super) unsafe fn write_sges(dst: *mut u8, sges: &[Sge]) {
     for (i, s) in sges.iter().enumerate() {
-        write_bytes(dst.add(i * size_of::<Sge>()), s.as_bytes());
+        // SAFETY: SGE `i` of `sges` lies within the `16 * sges.len()` bytes
+        // the caller vouches for (an Sge is 16 bytes).
+        unsafe { write_bytes(dst.add(i * size_of::<Sge>()), s.as_bytes()) };
     }
 }
 
