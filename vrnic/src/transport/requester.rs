@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use crate::abi::{self, Sge, WrOpcode};
-use crate::device::MAX_MSG_SZ;
+use crate::device::{Counter, MAX_MSG_SZ};
 use crate::mem;
 use crate::transport::{peer_headers, psn, Env, TX_BACKLOG_MAX};
 use crate::verbs::mr::MrError;
@@ -841,7 +841,7 @@ pub fn probe(qp: &mut Qp, env: &mut Env) {
     if let Ok(true) = send_packet(qp, env, pos, k, true) {
         qp.req.probe_sent = true;
         qp.req.tx_mark = env.res.out.frames_queued();
-        env.res.out.stats.tail_probes += 1;
+        env.res.out.stats.count(Counter::tail_probes, 1);
     }
 }
 
