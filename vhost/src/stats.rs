@@ -45,72 +45,23 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 pub const MODE: u32 = 0o600;
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 60;
+pub const COUNTERS: usize = DeviceStats::COUNT + BackendStats::COUNT;
 
-/// Counter names, in output order: the engine's ([`DeviceStats`] fields),
-/// then the backend's ([`BackendStats`] fields).
-pub const NAMES: [&str; COUNTERS] = [
-    "tx_frames",
-    "rx_frames",
-    "rx_dropped",
-    "icrc_errors",
-    "cmd_errors",
-    "retransmits",
-    "naks_sent",
-    "naks_received",
-    "rnr_naks_sent",
-    "rnr_naks_received",
-    "duplicates",
-    "nak_psn_seq_sent",
-    "nak_inv_req_sent",
-    "nak_rem_access_sent",
-    "nak_rem_op_sent",
-    "nak_psn_seq_received",
-    "nak_inv_req_received",
-    "nak_rem_access_received",
-    "nak_rem_op_received",
-    "tx_bytes",
-    "rx_bytes",
-    "doorbells_ignored",
-    "doorbells_foreign",
-    "rx_drop_qp_type",
-    "rx_drop_qp_state",
-    "rx_drop_bad_src_addr",
-    "rx_drop_bad_pkey",
-    "rx_drop_bad_qkey",
-    "tx_batched",
-    "tx_by_ref",
-    "acks_coalesced",
-    "records_read",
-    "replies_dropped",
-    "ack_timeouts_deferred",
-    "tail_probes",
-    "commands",
-    "rejected_chains",
-    "faulted_commands",
-    "doorbells",
-    "bad_doorbells",
-    "events_delivered",
-    "events_dropped",
-    "bad_event_buffers",
-    "link_tx_errors",
-    "link_rx_errors",
-    "device_resets",
-    "engine_panics",
-    "device_stops",
-    "device_resumes",
-    "rx_dropped_stopped",
-    "device_lost",
-    "lost_requests",
-    "poll_sessions",
-    "poll_backoffs",
-    "poll_adopted",
-    "poll_idle_ns",
-    "late_chains",
-    "frontends_refused",
-    "memory_faults",
-    "memory_tables_refused",
-];
+/// Counter names, in output order: the engine's ([`DeviceStats::NAMES`]),
+/// then the backend's ([`BackendStats::NAMES`]).
+pub const NAMES: [&str; COUNTERS] = {
+    let mut names = [""; COUNTERS];
+    let mut i = 0;
+    while i < DeviceStats::COUNT {
+        names[i] = DeviceStats::NAMES[i];
+        i += 1;
+    }
+    while i < COUNTERS {
+        names[i] = BackendStats::NAMES[i - DeviceStats::COUNT];
+        i += 1;
+    }
+    names
+};
 
 /// Largest reply [`query`] accepts, bytes: room for the device counters
 /// and the per-QP lines of [`vrnic::device::MAX_QP`] QPs (at most 64 bytes
@@ -142,136 +93,11 @@ impl Default for Snapshot {
 impl Snapshot {
     /// The counters of `device` and `backend`.
     pub fn new(device: &DeviceStats, backend: &BackendStats) -> Self {
-        // Destructured without `..`: a new counter fails to compile here
-        // until it is added to NAMES.
-        let DeviceStats {
-            tx_frames,
-            rx_frames,
-            rx_dropped,
-            icrc_errors,
-            cmd_errors,
-            retransmits,
-            naks_sent,
-            naks_received,
-            rnr_naks_sent,
-            rnr_naks_received,
-            duplicates,
-            nak_psn_seq_sent,
-            nak_inv_req_sent,
-            nak_rem_access_sent,
-            nak_rem_op_sent,
-            nak_psn_seq_received,
-            nak_inv_req_received,
-            nak_rem_access_received,
-            nak_rem_op_received,
-            tx_bytes,
-            rx_bytes,
-            doorbells_ignored,
-            doorbells_foreign,
-            rx_drop_qp_type,
-            rx_drop_qp_state,
-            rx_drop_bad_src_addr,
-            rx_drop_bad_pkey,
-            rx_drop_bad_qkey,
-            tx_batched,
-            tx_by_ref,
-            acks_coalesced,
-            records_read,
-            replies_dropped,
-            ack_timeouts_deferred,
-            tail_probes,
-        } = *device;
-        let BackendStats {
-            commands,
-            rejected_chains,
-            faulted_commands,
-            doorbells,
-            bad_doorbells,
-            events_delivered,
-            events_dropped,
-            bad_event_buffers,
-            link_tx_errors,
-            link_rx_errors,
-            device_resets,
-            engine_panics,
-            device_stops,
-            device_resumes,
-            rx_dropped_stopped,
-            device_lost,
-            lost_requests,
-            poll_sessions,
-            poll_backoffs,
-            poll_adopted,
-            poll_idle_ns,
-            late_chains,
-            frontends_refused,
-            memory_faults,
-            memory_tables_refused,
-        } = *backend;
-        Self {
-            values: [
-                tx_frames,
-                rx_frames,
-                rx_dropped,
-                icrc_errors,
-                cmd_errors,
-                retransmits,
-                naks_sent,
-                naks_received,
-                rnr_naks_sent,
-                rnr_naks_received,
-                duplicates,
-                nak_psn_seq_sent,
-                nak_inv_req_sent,
-                nak_rem_access_sent,
-                nak_rem_op_sent,
-                nak_psn_seq_received,
-                nak_inv_req_received,
-                nak_rem_access_received,
-                nak_rem_op_received,
-                tx_bytes,
-                rx_bytes,
-                doorbells_ignored,
-                doorbells_foreign,
-                rx_drop_qp_type,
-                rx_drop_qp_state,
-                rx_drop_bad_src_addr,
-                rx_drop_bad_pkey,
-                rx_drop_bad_qkey,
-                tx_batched,
-                tx_by_ref,
-                acks_coalesced,
-                records_read,
-                replies_dropped,
-                ack_timeouts_deferred,
-                tail_probes,
-                commands,
-                rejected_chains,
-                faulted_commands,
-                doorbells,
-                bad_doorbells,
-                events_delivered,
-                events_dropped,
-                bad_event_buffers,
-                link_tx_errors,
-                link_rx_errors,
-                device_resets,
-                engine_panics,
-                device_stops,
-                device_resumes,
-                rx_dropped_stopped,
-                device_lost,
-                lost_requests,
-                poll_sessions,
-                poll_backoffs,
-                poll_adopted,
-                poll_idle_ns,
-                late_chains,
-                frontends_refused,
-                memory_faults,
-                memory_tables_refused,
-            ],
-        }
+        let mut values = [0; COUNTERS];
+        let (d, b) = values.split_at_mut(DeviceStats::COUNT);
+        d.copy_from_slice(&device.values());
+        b.copy_from_slice(&backend.values());
+        Self { values }
     }
 
     /// The counter called `name`.
