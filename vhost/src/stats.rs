@@ -236,16 +236,22 @@ impl StatsBoard {
 #[derive(Debug, thiserror::Error)]
 pub enum StatsError {
     /// The path exists and is not a socket (it is left alone).
-    #[error("{0} exists and is not a socket")]
-    NotASocket(String),
+    #[error("{path} exists and is not a socket")]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
     /// A server already answers on the path.
-    #[error("{0} is in use by a running server")]
-    InUse(String),
+    #[error("{path} is in use by a running server")]
+    InUse {
+        /// The socket path.
+        path: PathBuf,
+    },
     /// Binding, or setting up the server thread, failed.
     #[error("cannot serve stats on {path}: {source}")]
     Serve {
         /// The socket path.
-        path: String,
+        path: PathBuf,
         /// The cause.
         #[source]
         source: io::Error,
@@ -254,7 +260,7 @@ pub enum StatsError {
     #[error("cannot read stats from {path}: {source}")]
     Query {
         /// The socket path.
-        path: String,
+        path: PathBuf,
         /// The cause.
         #[source]
         source: io::Error,
@@ -306,14 +312,14 @@ impl StatsServer {
         board: Arc<StatsBoard>,
         extra: Option<ExtraCounters>,
     ) -> Result<Self, StatsError> {
-        let shown = || path.display().to_string();
+        let path_buf = || path.to_path_buf();
         let handle = move |stream| answer(stream, &board, extra.as_ref());
         match SocketServer::start(path, "vrnic-stats", MODE, handle) {
             Ok(server) => Ok(Self { server }),
-            Err(StartError::NotASocket) => Err(StatsError::NotASocket(shown())),
-            Err(StartError::InUse) => Err(StatsError::InUse(shown())),
+            Err(StartError::NotASocket) => Err(StatsError::NotASocket { path: path_buf() }),
+            Err(StartError::InUse) => Err(StatsError::InUse { path: path_buf() }),
             Err(StartError::Io(source)) => Err(StatsError::Serve {
-                path: shown(),
+                path: path_buf(),
                 source,
             }),
         }
@@ -368,7 +374,7 @@ pub fn render_qps(qps: &[(u32, QpStats)]) -> String {
 /// (rather than a truncated one).
 pub fn query(path: &Path, timeout: Duration) -> Result<String, StatsError> {
     let err = |source| StatsError::Query {
-        path: path.display().to_string(),
+        path: path.to_path_buf(),
         source,
     };
     let stream = UnixStream::connect(path).map_err(err)?;
@@ -598,7 +604,7 @@ mod tests {
         assert!(
             matches!(
                 StatsServer::start(&path, board.clone()),
-                Err(StatsError::InUse(_))
+                Err(StatsError::InUse { .. })
             ),
             "a live server's socket is not taken over"
         );
@@ -660,7 +666,7 @@ mod tests {
         fs::write(&path, b"keep me").unwrap();
         assert!(matches!(
             StatsServer::start(&path, board),
-            Err(StatsError::NotASocket(_))
+            Err(StatsError::NotASocket { .. })
         ));
         assert_eq!(fs::read(&path).unwrap(), b"keep me");
         fs::remove_file(&path).unwrap();
