@@ -242,12 +242,6 @@ for mode in "${MODES[@]}"; do
                 fail "$mode $tool $args: not run, a daemon is gone"
                 continue
             fi
-            if [ "$mode $tool" = "packet ib_read_bw" ] && [[ " $args " == *" -q 32 "* ]] && [ "${HEAVY_KNOWN:-0}" != 1 ]; then
-                # Known failure (issue 28, open): READ responses of many QPs over AF_PACKET still end
-                # in RETRY_EXC_ERR; HEAVY_KNOWN=1 runs it.
-                echo "KNOWN: heavy $mode $tool $args not run (READ responders have no congestion control yet)"
-                continue
-            fi
             # shellcheck disable=SC2086 # the argument set, word by word
             run "$mode" "$tool" $args
         done

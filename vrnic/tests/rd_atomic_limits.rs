@@ -722,3 +722,143 @@ fn a_1_mib_write_over_a_lossy_link_keeps_the_window_and_completes() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// Long READs asked for in chunks (issue 28: the responses of many QPs'
+// multi-megabyte READs overflowed the receiving socket's queue).
+
+/// One READ request A sent: its first PSN and how many response PSNs it
+/// asks for at path MTU `mtu`.
+fn read_request(frame: &[u8], mtu: u32) -> Option<(u32, u32)> {
+    let p = roce(frame);
+    if p.hdr.bth.opcode != Opcode::RcReadRequest {
+        return None;
+    }
+    let reth = p.hdr.reth.expect("a READ request has a RETH");
+    Some((p.hdr.bth.psn, reth.dma_len.div_ceil(mtu).max(1)))
+}
+
+/// Walks A's log of a loss-free READ: returns the requests in order, the
+/// most requests outstanding at once (sent, their last response not yet
+/// received) and the most response PSNs asked for beyond the last one
+/// received.
+fn read_requests(seen: &[Seen], mtu: u32) -> (Vec<(u32, u32)>, usize, i32) {
+    use vrnic::transport::psn;
+    let (mut requests, mut ends) = (Vec::new(), Vec::<u32>::new());
+    let (mut most_out, mut most_ahead, mut received) = (0, 0, START_ACKED);
+    for f in seen {
+        if f.tx {
+            let Some((first, n)) = read_request(&f.frame, mtu) else {
+                continue;
+            };
+            requests.push((first, n));
+            let last = psn::add(first, n - 1);
+            ends.push(last);
+            most_out = most_out.max(ends.len());
+            most_ahead = most_ahead.max(psn::diff(last, received));
+            continue;
+        }
+        let p = roce(&f.frame);
+        if p.hdr.bth.opcode.is_read_response() {
+            received = p.hdr.bth.psn;
+            ends.retain(|&e| psn::diff(e, received) > 0);
+        }
+    }
+    (requests, most_out, most_ahead)
+}
+
+#[test]
+fn a_1_mib_read_is_asked_for_in_chunks_within_the_window_and_max_rd_atomic() {
+    // Path MTU 256: 4096 response packets. With the full window (128),
+    // a chunk is the window shared by up to 4 requests.
+    for (n, chunk) in [(1u8, 128u32), (2, 64), (16, 32)] {
+        let mut t = pair(opts(1, n), n, None);
+        let b = big(&mut t, n);
+        t.s.b.fill(b.dst, &b.data);
+        let dst_a = t.s.a.alloc(MIB);
+        let (lk_dst, _) = t.s.a.reg_mr(t.s.pda, dst_a, MIB as u64, ALL).unwrap();
+        t.s.post(read(1, b.dst, b.rk_b), &[sge(dst_a, MIB as u32, lk_dst)]);
+        let c = run_slow_receiver(&mut t, 1, 1, "1 MiB READ");
+        assert_eq!((c[0].status, c[0].wr_id), (abi::WC_SUCCESS, 1), "n {n}");
+        assert_eq!(t.s.a.read(dst_a, MIB), b.data, "n {n}");
+        let (requests, most_out, most_ahead) = read_requests(&t.seen(), 256);
+        // Consecutive chunks, each asked for once.
+        let want: Vec<(u32, u32)> = (0..4096 / chunk).map(|j| (j * chunk, chunk)).collect();
+        assert_eq!(requests, want, "n {n}: the READ requests (PSN, packets)");
+        assert!(
+            most_out <= usize::from(n),
+            "n {n}: {most_out} requests outstanding"
+        );
+        assert!(
+            most_ahead <= (MAX_INFLIGHT_PKTS + chunk) as i32,
+            "n {n}: responses asked for {most_ahead} PSNs beyond the last received"
+        );
+        assert_eq!(t.s.a.dev.stats().retransmits, 0, "n {n}");
+        assert_eq!(t.b_stats().duplicates, 0, "n {n}");
+    }
+}
+
+#[test]
+fn long_reads_over_a_lossy_link_re_request_inside_their_chunks_and_complete() {
+    // 5% of the frames dropped each way: lost responses are asked for
+    // again from the first missing one to the end of its chunk, which the
+    // responder finds inside a request it executed (a re-request that is
+    // not would be dropped, and the READ would run out of retries).
+    for seed in [1u64, 2, 3] {
+        let mut t = pair(opts(1, 4), 4, Some(seed));
+        let b = big(&mut t, seed as u8);
+        t.s.b.fill(b.dst, &b.data);
+        let dst_a = t.s.a.alloc(2 * MIB);
+        let (lk_dst, _) = t.s.a.reg_mr(t.s.pda, dst_a, 2 * MIB as u64, ALL).unwrap();
+        let half = (MIB / 2) as u64;
+        for k in 0..2u64 {
+            let w = read(k, b.dst + k * half, b.rk_b);
+            t.s.post(w, &[sge(dst_a + k * MIB as u64, half as u32, lk_dst)]);
+        }
+        let c = run_slow_receiver(&mut t, 1, 2, "lossy READs");
+        let got: Vec<_> = c.iter().map(|c| (c.status, c.wr_id)).collect();
+        assert_eq!(
+            got,
+            [(abi::WC_SUCCESS, 0), (abi::WC_SUCCESS, 1)],
+            "seed {seed}"
+        );
+        for k in 0..2usize {
+            let at = dst_a + (k * MIB) as u64;
+            let want = &b.data[k * MIB / 2..(k + 1) * MIB / 2];
+            assert!(
+                t.s.a.read(at, MIB / 2) == want,
+                "seed {seed}: READ {k}'s bytes"
+            );
+        }
+        // Every re-request lies inside one of the first requests' ranges.
+        let seen = t.seen();
+        let mut firsts = Vec::new();
+        let mut resent = 0;
+        for f in seen.iter().filter(|f| f.tx) {
+            let Some((p, n)) = read_request(&f.frame, 256) else {
+                continue;
+            };
+            use vrnic::transport::psn;
+            match firsts
+                .iter()
+                .find(|&&(q, m): &&(u32, u32)| psn::diff(p, q) >= 0 && psn::diff(p, q) < m as i32)
+            {
+                None => firsts.push((p, n)),
+                Some(&(q, m)) => {
+                    resent += 1;
+                    let end = psn::add(q, m);
+                    assert_eq!(
+                        psn::add(p, n),
+                        end,
+                        "seed {seed}: re-request {p}+{n} ends at {end}"
+                    );
+                }
+            }
+        }
+        assert!(resent > 0, "seed {seed}: the loss made no re-request");
+        eprintln!(
+            "seed {seed}: {} requests, {resent} re-requests",
+            firsts.len()
+        );
+    }
+}

@@ -427,6 +427,23 @@ fn scripted(
     a_rules: Vec<Rule>,
     b_rules: Vec<Rule>,
 ) -> (Setup, [Arc<Mutex<Script>>; 2]) {
+    let o = ConnOpts {
+        mtu,
+        my_psn: psn,
+        peer_psn: 0x42,
+        // A short ACK timeout: a lost last ACK costs 1 ms, not 67.
+        timeout: 8,
+        ..Default::default()
+    };
+    scripted_with(o, a_rules, b_rules)
+}
+
+/// [`scripted`] with A's connection attributes `o` (B's mirror them).
+fn scripted_with(
+    o: ConnOpts,
+    a_rules: Vec<Rule>,
+    b_rules: Vec<Rule>,
+) -> (Setup, [Arc<Mutex<Script>>; 2]) {
     let (la, lb) = QueueLink::pair();
     let sa = Arc::new(Mutex::new(Script {
         rules: a_rules,
@@ -446,14 +463,6 @@ fn scripted(
             script: sb.clone(),
         }),
     );
-    let o = ConnOpts {
-        mtu,
-        my_psn: psn,
-        peer_psn: 0x42,
-        // A short ACK timeout: a lost last ACK costs 1 ms, not 67.
-        timeout: 8,
-        ..Default::default()
-    };
     (RcPair::on(links, o, true), [sa, sb])
 }
 
@@ -671,12 +680,102 @@ fn psn_wrap_atomics_replayed_not_re_executed_across_the_wrap() {
         "the compare-and-swap matched: no add ran twice"
     );
     assert_all_fired(&scripts);
+    // The scripted copy and A's resend of the atomic whose ACK was lost:
+    // A asks again as soon as the compare-and-swap's ACK, past it, shows
+    // the loss (rxe's check_psn), before its ACK timer expires.
     assert!(s.b.dev.stats().duplicates >= 2, "{:?}", s.b.dev.stats());
-    assert!(
-        s.a.dev.stats().retransmits >= 1,
-        "A resent after the lost ACK"
+    assert_eq!(
+        s.a.dev.stats().retransmits,
+        0,
+        "A resent at the later ACK, not after a timeout"
     );
     s.assert_quiet(1000, "atomics across the wrap");
+}
+
+// ---------------------------------------------------------------------------
+// Lost READ responses: found without waiting for the ACK timeout (67 ms).
+
+/// A READ of 4 responses at path MTU 256 (PSNs 0x10..=0x13) into A, B's
+/// bytes a pattern; returns (A's buffer, the pattern, A's lkey, B's
+/// address, B's rkey).
+fn read_setup(s: &mut Setup, len: usize) -> (u64, Vec<u8>, u32, u64, u32) {
+    let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+    let remote = s.b.alloc(len);
+    s.b.fill(remote, &data);
+    let (_, rk_b) = s.b.reg_mr(s.pdb, remote, len as u64, ALL).unwrap();
+    let local = s.a.alloc(len);
+    let (lk_a, _) = s.a.reg_mr(s.pda, local, len as u64, ALL).unwrap();
+    (local, data, lk_a, remote, rk_b)
+}
+
+fn read_wqe(wr_id: u64, remote: u64, rkey: u32) -> abi::SendWqe {
+    abi::SendWqe {
+        wr_id,
+        opcode: abi::WR_RDMA_READ,
+        send_flags: abi::SEND_SIGNALED,
+        remote_addr: remote,
+        rkey,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_lost_last_read_response_is_asked_for_again_by_the_tail_probe() {
+    // Nothing follows the lost response: no gap shows, only silence. The
+    // tail probe (a round trip or two, not the 67 ms ACK timeout) asks
+    // for it again.
+    let (mut s, scripts) = scripted_with(read_opts(1), vec![], vec![rule(false, 0x13, Act::Drop)]);
+    let (local, data, lk_a, remote, rk_b) = read_setup(&mut s, 1000);
+    s.post(read_wqe(1, remote, rk_b), &[sge(local, 1000, lk_a)]);
+    let t0 = s.now;
+    let c = s.cqe(false, "READ with its last response lost");
+    assert_eq!((c.wr_id, c.status), (1, abi::WC_SUCCESS));
+    assert_eq!(s.a.read(local, 1000), data);
+    assert_all_fired(&scripts);
+    let st = s.a.dev.stats();
+    assert_eq!((st.retransmits, st.tail_probes), (0, 1), "{st:?}");
+    assert!(s.now - t0 < 67_000_000, "took {} ns", s.now - t0);
+    s.assert_quiet(200, "READ after the probe");
+}
+
+#[test]
+fn a_response_past_the_head_read_asks_for_its_lost_responses_at_once() {
+    // Two READs outstanding; the first one's last response is lost. The
+    // second one's responses show the loss (rxe's check_psn): the first
+    // is asked for again from its missing response, without a timeout
+    // and without a probe.
+    let (mut s, scripts) = scripted_with(read_opts(2), vec![], vec![rule(false, 0x13, Act::Drop)]);
+    let (local, data, lk_a, remote, rk_b) = read_setup(&mut s, 2000);
+    for k in 0..2u64 {
+        let at = 1000 * k;
+        s.post(
+            read_wqe(k, remote + at, rk_b),
+            &[sge(local + at, 1000, lk_a)],
+        );
+    }
+    let t0 = s.now;
+    for k in 0..2u64 {
+        let c = s.cqe(false, "two READs, the first's last response lost");
+        assert_eq!((c.wr_id, c.status), (k, abi::WC_SUCCESS));
+    }
+    assert_eq!(s.a.read(local, 2000), data);
+    assert_all_fired(&scripts);
+    let st = s.a.dev.stats();
+    assert_eq!((st.retransmits, st.tail_probes), (0, 0), "{st:?}");
+    assert!(s.now - t0 < 67_000_000, "took {} ns", s.now - t0);
+    s.assert_quiet(200, "two READs");
+}
+
+/// Path MTU 256, A's first PSN 0x10, the default 67 ms ACK timeout,
+/// `max_rd_atomic` (and B's `max_dest_rd_atomic`) `n`.
+fn read_opts(n: u8) -> ConnOpts {
+    ConnOpts {
+        mtu: 1,
+        my_psn: 0x10,
+        peer_psn: 0x42,
+        max_rd_atomic: n,
+        ..Default::default()
+    }
 }
 
 // ---------------------------------------------------------------------------

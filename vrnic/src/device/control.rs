@@ -42,6 +42,10 @@ impl Device {
     pub(super) fn remove_qp(&mut self, qpn: u32) -> Option<()> {
         let mut qp = self.qps.remove(qpn)?;
         qp.resp.release(&mut self.res.out);
+        self.res.read_bytes_asked = self
+            .res
+            .read_bytes_asked
+            .saturating_sub(qp.read_bytes_counted);
         self.watch.forget(qpn);
         Some(())
     }
@@ -593,6 +597,7 @@ impl Device {
             req: ReqState::default(),
             resp: RespState::default(),
             stats: Default::default(),
+            read_bytes_counted: 0,
         };
         let qpn = self.qps.insert_with(0, make).ok_or(abi::STATUS_ENOMEM)?;
         let r = abi::CreateQpResp {

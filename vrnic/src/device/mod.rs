@@ -82,6 +82,7 @@ macro_rules! qp_step {
             $body
         };
         $d.res.out.stats.end_step(&mut $qp.stats);
+        $crate::transport::requester::count_reads_asked($qp, &mut $d.res);
         r
     }};
 }
@@ -177,6 +178,10 @@ pub struct Resources {
     pub(crate) ctxs: contexts::Contexts,
     /// Output queues (frames, events) and counters.
     pub out: Output,
+    /// Bytes of READ responses the device's QPs have asked for and not
+    /// received, as of each QP's last step
+    /// ([`crate::transport::requester::READ_BUDGET_BYTES`]).
+    pub read_bytes_asked: u64,
 }
 
 /// One RNIC port: verbs objects, RoCEv2 transport and ARP.
@@ -232,6 +237,7 @@ impl Device {
                 neigh,
                 ctxs: contexts::Contexts::default(),
                 out: Output::default(),
+                read_bytes_asked: 0,
             },
             poll_from: 0,
             watch: Default::default(),

@@ -354,7 +354,7 @@ fn on_read_or_atomic_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
             return;
         }
         RespPsn::Gap { expected } => {
-            rerequest(qp, env, p, expected);
+            rerequest(qp, env, expected);
             return;
         }
         RespPsn::InOrder => {}
@@ -366,7 +366,7 @@ fn on_read_or_atomic_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     let result = if pkt.hdr.bth.opcode == Opcode::RcAtomicAck {
         do_atomic(qp, env, pkt)
     } else {
-        do_read(qp, env, pkt, last)
+        do_read(qp, env, pkt)
     };
     if let Err(status) = result {
         fail_head(qp, env, status);
@@ -384,6 +384,10 @@ fn responses_landed(qp: &mut Qp, env: &mut Env, n: u32, last: bool) {
         return;
     };
     op.resp_pkts += n;
+    // The response answers the request that asked for it: a round trip
+    // when it is the one timed.
+    let p = psn::add(op.first_psn, op.resp_pkts - 1);
+    qp.req.rtt.on_ack(p, env.now);
     qp.req.retry_left = qp.attr.retry_cnt;
     qp.req.retry_started = false;
     if last {
@@ -436,13 +440,16 @@ fn take_run(qp: &mut Qp, env: &mut Env, run: &wire::Run) -> bool {
         return false;
     };
     let mtu = qp.mtu();
-    let ends = op.resp_pkts + run.count == op.npkts;
+    // The run must end inside the request it answers, with a LAST
+    // exactly at that request's end (do_read's rule, packet by packet).
+    let (end, upto) = (op.request_end(op.resp_pkts), op.resp_pkts + run.count);
+    let ends = upto == op.npkts;
     let want = op
         .resp_pkts
         .checked_mul(mtu)
         .map(|offset| (offset, op.len.saturating_sub(offset).min(run.count * mtu)));
-    let fits = op.resp_pkts + run.count <= op.npkts
-        && ends == run.last.bth.opcode.is_last()
+    let fits = upto <= end
+        && (upto == end) == run.last.bth.opcode.is_last()
         && want.is_some_and(|(_, len)| len as usize == first.payload_len());
     let (Some((offset, _)), true) = (want, fits) else {
         return false;
@@ -457,13 +464,19 @@ fn take_run(qp: &mut Qp, env: &mut Env, run: &wire::Run) -> bool {
 
 /// Responses before PSN `p` were lost: asks again from the first missing
 /// one, `expected`, once per gap (the ACK timer covers a lost re-request);
-/// rxe's `COMPST_ERROR_RETRY` for a READ.
-fn rerequest(qp: &mut Qp, env: &mut Env, p: u32, expected: u32) {
+/// rxe's `COMPST_ERROR_RETRY` for a READ, also when `p` answers a later
+/// request (rxe's `check_psn`: a response past the head READ's last PSN
+/// while it waits): responses come in PSN order, so the head's missing
+/// ones are lost, and waiting for the ACK timeout would stall the QP.
+fn rerequest(qp: &mut Qp, env: &mut Env, expected: u32) {
     let Some(op) = qp.req.inflight.front_mut() else {
         return;
     };
-    if psn::diff(p, op.last_psn()) <= 0 && op.rerequested_at != Some(op.resp_pkts) {
+    if op.rerequested_at != Some(op.resp_pkts) {
         op.rerequested_at = Some(op.resp_pkts);
+        // Responses were lost on the way: as a sequence NAK for SEND and
+        // WRITE, the window halves.
+        qp.req.cwnd.on_nak();
         requester::rewind(qp, expected);
         requester::run(qp, env);
     }
@@ -471,12 +484,16 @@ fn rerequest(qp: &mut Qp, env: &mut Env, p: u32, expected: u32) {
 
 /// rxe's `do_read`: the in-order READ response `pkt` for the head WQE
 /// lands at its message offset. Its opcode must be LAST or ONLY exactly
-/// when it is the `last` response (response opcodes count from the
-/// (re-)request they answer, §9.7.5.1.5), and its payload the path MTU,
-/// or the rest for the last one; else `WC_BAD_RESP_ERR`. A scatter error
-/// is the WQE's status.
-fn do_read(qp: &Qp, env: &Env, pkt: &RocePacket, last: bool) -> Result<(), abi::WcStatus> {
+/// when it is the last response of the request it answers (response
+/// opcodes count from the (re-)request they answer, §9.7.5.1.5; a READ
+/// is asked for in chunks, [`SendOp::request_end`]), and its payload the
+/// path MTU, or the rest for the message's last; else `WC_BAD_RESP_ERR`.
+/// A scatter error is the WQE's status.
+///
+/// [`SendOp::request_end`]: crate::transport::requester::SendOp::request_end
+fn do_read(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<(), abi::WcStatus> {
     let op = qp.req.inflight.front().ok_or(abi::WcStatus::BadRespErr)?;
+    let last = op.resp_pkts + 1 == op.request_end(op.resp_pkts);
     let mtu = qp.mtu();
     let len = u32::try_from(pkt.payload_len()).map_err(|_| abi::WcStatus::BadRespErr)?;
     // resp_pkts < npkts = ceil(len / mtu) keeps this below len, unless

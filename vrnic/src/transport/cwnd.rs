@@ -20,9 +20,11 @@
 //! `link::txq`). A window also caps what one QP puts into a shared queue,
 //! which is what fairness between QPs needs.
 //!
-//! READ and atomic requests are not held by the window (their data comes
-//! back, the responder's to pace) beyond fetching: a new WQE of any kind
-//! is fetched only inside it.
+//! READs are held by it too: the requester asks for a long READ in chunks
+//! ([`crate::transport::requester::read_chunk`]), each sent when its first
+//! PSN is inside the window, so that the responses, which acknowledge as
+//! they land, are paced like SEND and WRITE packets; a gap in them halves
+//! the window as a sequence NAK does. Atomics (one PSN) are not.
 //!
 //! [`requester::MAX_INFLIGHT_PKTS`]: crate::transport::requester::MAX_INFLIGHT_PKTS
 

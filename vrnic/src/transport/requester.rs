@@ -16,7 +16,8 @@ use crate::wire::{self, AtomicEth, Ieth, Immdt, Opcode, Reth, RoceHeaders};
 /// `RXE_MAX_UNACKED_PSNS`): the requester stops, mid-message if need be,
 /// until ACKs (or READ responses) move the window. It bounds what
 /// go-back-N resends after a loss; a READ request is sent if its first PSN
-/// is in the window (its responses may run past it, as in rxe).
+/// is in the window (its responses may run past it by less than one
+/// [`read_chunk`]).
 pub const MAX_INFLIGHT_PKTS: u32 = 128;
 /// Most packets one call sends for one QP (fairness between QPs).
 const BURST: u32 = 64;
@@ -61,6 +62,13 @@ pub struct SendOp {
     /// READ: the response count at which the rest was last re-requested
     /// after a gap, so a burst of out-of-order responses asks only once.
     pub rerequested_at: Option<u32>,
+    /// READ: packets (PSNs) one READ request asks for, fixed at the first
+    /// request ([`read_chunk`]); 0 before it. Request `j` covers packets
+    /// `j * chunk ..` up to `(j + 1) * chunk` or the message's end, and a
+    /// re-request from inside it ends where it ends, so that the
+    /// responder finds it inside a request it executed (IBTA §9.7.5.2.3;
+    /// rxe's `duplicate_request` drops one that is not).
+    pub chunk: u32,
 }
 
 impl SendOp {
@@ -74,6 +82,114 @@ impl SendOp {
     pub fn needs_response(&self) -> bool {
         is_read_or_atomic(self.opcode)
     }
+
+    /// The end (exclusive, a packet index of the message) of the request
+    /// that asks for packet `k`: a READ's request ends at its chunk's end
+    /// ([`SendOp::chunk`]) or the message's; an atomic's and one not
+    /// chunked (yet) at the message's.
+    pub fn request_end(&self, k: u32) -> u32 {
+        if self.opcode != WrOpcode::RdmaRead || self.chunk == 0 {
+            return self.npkts;
+        }
+        (k / self.chunk)
+            .saturating_add(1)
+            .saturating_mul(self.chunk)
+            .min(self.npkts)
+    }
+
+    /// READ and atomic requests of this op sent and not yet answered in
+    /// full: what `max_rd_atomic` bounds (IBTA §9.5, C9-28). A READ's
+    /// requests are its chunks from the first not fully answered
+    /// (`resp_pkts`) to the last sent; 0 for SEND and WRITE.
+    fn requests_outstanding(&self) -> u32 {
+        if !self.needs_response() || self.sent <= self.resp_pkts {
+            return 0;
+        }
+        if self.opcode != WrOpcode::RdmaRead || self.chunk == 0 {
+            return 1;
+        }
+        self.sent.div_ceil(self.chunk) - self.resp_pkts / self.chunk
+    }
+}
+
+/// Bytes of READ responses a device's QPs together may have asked for and
+/// not received: 4 MiB, what the receive queues in front of the device
+/// hold (an AF_PACKET socket's 16 MiB buffer at about twice the frame's
+/// size per frame; a TAP's 1000 frames of the path MTU 4096). The
+/// responders answer every READ request at once and as fast as they can,
+/// so the requester asking for no more than its queue holds is what keeps
+/// the responses of many QPs from overflowing it (issue 28: 64 QPs READing
+/// over AF_PACKET lost thousands of frames and waited for ACK timeouts).
+/// A QP with nothing asked for may always ask for one chunk
+/// ([`read_chunk`]): none starves, and each waits only for its own
+/// responses, which run it again.
+pub const READ_BUDGET_BYTES: u64 = 4 << 20;
+
+/// Bytes of READ responses QP `qp` has asked for and not received: its
+/// READ ops' PSNs requested (`sent`) beyond those answered, times the
+/// path MTU.
+fn read_bytes_asked(qp: &Qp) -> u64 {
+    let pkts: u64 = qp
+        .req
+        .inflight
+        .iter()
+        .filter(|o| o.opcode == WrOpcode::RdmaRead)
+        .map(|o| u64::from(o.sent.saturating_sub(o.resp_pkts)))
+        .sum();
+    pkts * u64::from(qp.mtu())
+}
+
+/// Brings the device's sum of READ bytes asked for
+/// ([`crate::device::Resources::read_bytes_asked`]) up to date with `qp`
+/// after a step of it; cheap for a QP with no READ in flight or counted.
+pub fn count_reads_asked(qp: &mut Qp, res: &mut crate::device::Resources) {
+    if qp.read_bytes_counted == 0 && !qp.req.has_reads {
+        return;
+    }
+    let now = read_bytes_asked(qp);
+    if now == 0 {
+        qp.req.has_reads = qp
+            .req
+            .inflight
+            .iter()
+            .any(|o| o.opcode == WrOpcode::RdmaRead);
+    }
+    res.read_bytes_asked = res
+        .read_bytes_asked
+        .saturating_sub(qp.read_bytes_counted)
+        .saturating_add(now);
+    qp.read_bytes_counted = now;
+}
+
+/// True when a READ request for `psns` more responses would take the
+/// device past [`READ_BUDGET_BYTES`] while this QP already waits for
+/// some of its own.
+fn over_read_budget(qp: &Qp, env: &Env, psns: u32) -> bool {
+    let mine = read_bytes_asked(qp);
+    if mine == 0 {
+        return false;
+    }
+    let others = env
+        .res
+        .read_bytes_asked
+        .saturating_sub(qp.read_bytes_counted);
+    others + mine + u64::from(psns) * u64::from(qp.mtu()) > READ_BUDGET_BYTES
+}
+
+/// Packets one READ request asks for at most, given the QP's congestion
+/// window now: a share of the window (a quarter, or all of it for
+/// `max_rd_atomic` 1, a half for 2, a third for 3), at least
+/// [`crate::transport::cwnd::CWND_MIN`]. A long READ is asked for in such
+/// chunks as the window opens, each a READ request of its own (as a
+/// requester may, IBTA §9.4.3: each READ request names its own virtual
+/// address and length), so that the READ responses of a QP, like its SEND
+/// and WRITE packets, are paced by the window and cut back on loss: a
+/// responder sends each READ's responses as fast as it can, and many QPs
+/// READing megabytes at once overflowed the receiving socket's queue until
+/// their retries ran out (issue 28).
+pub fn read_chunk(qp: &Qp) -> u32 {
+    let share = u32::from(qp.attr.max_rd_atomic.clamp(1, 4));
+    (qp.req.cwnd.window() / share).max(crate::transport::cwnd::CWND_MIN)
 }
 
 /// True for RDMA READ and the atomics.
@@ -134,6 +250,9 @@ pub struct ReqState {
     /// The headers of the last request packet built
     /// ([`crate::transport::peer_headers`]).
     pub peer_hdr: Option<Box<crate::transport::PeerHeaders>>,
+    /// A READ was fetched and may still be in flight: the device counts
+    /// what it asked for ([`count_reads_asked`]) until none is left.
+    pub has_reads: bool,
 }
 
 impl ReqState {
@@ -210,6 +329,7 @@ pub(crate) fn fetch(qp: &Qp, env: &Env, index: u32) -> SendOp {
         error: None,
         resp_pkts: 0,
         rerequested_at: None,
+        chunk: 0,
     };
     match mem::read_obj::<abi::SendWqe>(env.mem, slot) {
         Ok(w) => op.wqe = w,
@@ -484,10 +604,10 @@ fn ack_every(qp: &Qp) -> u32 {
 }
 
 /// The window op `op` is sent within, packets: the congestion window for
-/// SEND and WRITE, [`MAX_INFLIGHT_PKTS`] for a READ or atomic request
-/// (one packet, whatever PSNs it covers).
+/// SEND, WRITE and READ (a READ request goes when its first PSN is inside
+/// it, [`read_chunk`]), [`MAX_INFLIGHT_PKTS`] for an atomic (one PSN).
 fn window(qp: &Qp, op: &SendOp) -> i32 {
-    let w = if op.needs_response() {
+    let w = if op.opcode.is_atomic() {
         MAX_INFLIGHT_PKTS
     } else {
         qp.req.cwnd.window()
@@ -516,12 +636,14 @@ fn send_packet(
     // k < npkts = ceil(len / mtu) and len <= MAX_MSG_SZ: below 2^32.
     let offset = k.checked_mul(mtu).ok_or(abi::WcStatus::LocLenErr)?;
     if op.needs_response() {
-        // One request asks for the rest of the message from packet k on
+        // One request asks for packets k.. up to the end of its chunk
         // (a resent READ restarts at the first missing response, §9.7.5.1.5).
         hdr.bth.ack_req = true;
         let w = &op.wqe;
         if opcode == Opcode::RcReadRequest {
-            let dma_len = op.len.saturating_sub(offset);
+            // request_end <= npkts = ceil(len / mtu): below 2^32 bytes.
+            let end = op.request_end(k).saturating_mul(mtu).min(op.len);
+            let dma_len = end.saturating_sub(offset);
             // The remote range was checked at fetch (check_remote_range).
             let va = w
                 .remote_addr
@@ -673,28 +795,32 @@ fn ext_headers(hdr: &mut RoceHeaders, op: &SendOp) {
     }
 }
 
-/// True when op `pos` of the in-flight list must wait before its first
-/// packet: a fenced WQE waits for every earlier READ and atomic to
-/// complete (`IBV_SEND_FENCE`, IBTA §10.8.3.3), and a READ or atomic waits
-/// while `max_rd_atomic` of them are outstanding (IBTA §9.5, C9-28).
+/// True when op `pos` of the in-flight list must wait before its next
+/// packet: a fenced WQE waits before its first for every earlier READ and
+/// atomic to complete (`IBV_SEND_FENCE`, IBTA §10.8.3.3), and a READ or
+/// atomic request (each chunk of a READ is one) waits while
+/// `max_rd_atomic` requests are outstanding (IBTA §9.5, C9-28).
 fn must_wait(qp: &Qp, pos: usize) -> bool {
     let op = &qp.req.inflight[pos];
-    if op.sent != 0 {
+    if op.sent == 0
+        && op.wqe.send_flags & abi::SEND_FENCE != 0
+        && qp.req.inflight.iter().take(pos).any(|o| o.needs_response())
+    {
+        return true;
+    }
+    if !op.needs_response() {
         return false;
     }
-    let outstanding = qp
+    let outstanding: u32 = qp
         .req
         .inflight
         .iter()
-        .take(pos)
-        .filter(|o| o.needs_response())
-        .count();
-    if op.wqe.send_flags & abi::SEND_FENCE != 0 && outstanding > 0 {
-        return true;
-    }
+        .take(pos + 1)
+        .map(|o| o.requests_outstanding())
+        .sum();
     // 0 would forbid READ and atomics outright; like rxe's requester, treat
     // it as 1 so a misconfigured QP is slow rather than stuck.
-    op.needs_response() && outstanding >= (qp.attr.max_rd_atomic.max(1)) as usize
+    outstanding >= u32::from(qp.attr.max_rd_atomic.max(1))
 }
 
 /// Sends what the QP may send now: unsent packets of fetched WQEs, then new
@@ -733,6 +859,14 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             if must_wait(qp, pos) {
                 break;
             }
+            if op.opcode == WrOpcode::RdmaRead && op.chunk == 0 {
+                qp.req.inflight[pos].chunk = read_chunk(qp);
+            }
+            let op = &qp.req.inflight[pos];
+            if op.opcode == WrOpcode::RdmaRead && over_read_budget(qp, env, op.request_end(k) - k) {
+                break; // resumed by its own responses
+            }
+            let op = &qp.req.inflight[pos];
             let ahead = window_ahead(qp, psn::add(op.first_psn, k));
             let wnd = window(qp, op);
             if ahead >= wnd {
@@ -744,9 +878,10 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
                     match send_packet(qp, env, pos, k, ahead + 1 >= wnd) {
                         Ok(true) => {
                             let op = &qp.req.inflight[pos];
-                            // A READ or atomic request covers all of its PSNs.
+                            // A READ or atomic request covers the PSNs up
+                            // to its end.
                             let psns = if op.needs_response() {
-                                op.npkts - op.sent
+                                op.request_end(op.sent) - op.sent
                             } else {
                                 1
                             };
@@ -796,6 +931,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             break;
         }
         let op = fetch(qp, env, qp.req.sq_next);
+        qp.req.has_reads |= op.opcode == WrOpcode::RdmaRead;
         qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
         qp.req.psn = psn::add(qp.req.psn, op.npkts);
         let failed = op.error.is_some();
@@ -806,8 +942,21 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
     }
     qp.req.more = budget == 0 || backlog;
     if (sent_any || qp.req.probe_deadline.is_none()) && !qp.req.probe_sent {
-        qp.req.probe_deadline =
-            last_sent(qp).map(|_| env.now + qp.req.rtt.pto(ack_timeout_ns(qp.attr.timeout)));
+        let ack_timeout = ack_timeout_ns(qp.attr.timeout);
+        let pto = qp.req.rtt.pto(ack_timeout);
+        qp.req.probe_deadline = if last_sent(qp).is_some() {
+            Some(env.now + pto)
+        } else if head_awaits_responses(qp) {
+            // READ responses come in the responder's bursts, one QP after
+            // another (64 packets each, `responder::READ_BURST`): with
+            // many QPs the gap between two bursts is many round trips, and
+            // a probe then only asks for responses already on their way.
+            // A quarter of the ACK timeout still finds a lost tail four
+            // times sooner.
+            Some(env.now + pto.max(ack_timeout.unwrap_or(0) / 4))
+        } else {
+            None
+        };
     }
     crate::transport::completer::complete_head_errors(qp, env);
 }
@@ -831,11 +980,38 @@ fn last_sent(qp: &Qp) -> Option<(usize, u32)> {
     (unacked && !op.needs_response() && op.error.is_none()).then_some((pos, k))
 }
 
+/// True when the READ or atomic at the head of an RC QP waits for
+/// responses to requests that went: what a tail loss probe asks for again
+/// when the QP's last packets were such requests ([`probe`]).
+fn head_awaits_responses(qp: &Qp) -> bool {
+    qp.qp_type == abi::QpType::Rc
+        && qp
+            .req
+            .inflight
+            .front()
+            .is_some_and(|op| op.needs_response() && op.error.is_none() && op.sent > op.resp_pkts)
+}
+
 /// Sends the tail loss probe ([`crate::transport::probe`]): the last
 /// SEND or WRITE packet sent, again, asking for an ACK; the QP's other
-/// state stays as it is. Counted in `tail_probes`.
+/// state stays as it is. When the last packets were READ or atomic
+/// requests, the head's missing responses are asked for again instead
+/// (go-back-N from the first of them, as after a gap: a lost tail of
+/// responses shows no gap, only silence). Counted in `tail_probes`.
 pub fn probe(qp: &mut Qp, env: &mut Env) {
     let Some((pos, k)) = last_sent(qp) else {
+        if head_awaits_responses(qp) {
+            let Some(op) = qp.req.inflight.front_mut() else {
+                return;
+            };
+            let from = psn::add(op.first_psn, op.resp_pkts);
+            op.rerequested_at = Some(op.resp_pkts);
+            env.res.out.stats.count(Counter::tail_probes, 1);
+            rewind(qp, from);
+            // Before run, so that it arms no other probe.
+            qp.req.probe_sent = true;
+            run(qp, env);
+        }
         return;
     };
     if let Ok(true) = send_packet(qp, env, pos, k, true) {
@@ -924,6 +1100,7 @@ fn fetch_header_only(qp: &Qp, env: &Env, index: u32) -> SendOp {
         error: None,
         resp_pkts: 0,
         rerequested_at: None,
+        chunk: 0,
     }
 }
 

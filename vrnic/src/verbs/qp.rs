@@ -69,6 +69,11 @@ pub struct Qp {
     pub resp: RespState,
     /// Counters (see [`crate::device::QpStats`]).
     pub stats: crate::device::QpStats,
+    /// Bytes of READ responses this QP had asked for and not received
+    /// when the device last added them to its sum
+    /// ([`crate::device::Resources::read_bytes_asked`]), so that the
+    /// device can take them out again.
+    pub read_bytes_counted: u64,
 }
 
 impl Qp {
