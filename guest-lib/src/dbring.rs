@@ -398,6 +398,7 @@ mod concurrency_tests {
     struct Shared(Vec<u64>);
     // SAFETY: accessed only through atomics and the ring's protocol.
     unsafe impl Send for Shared {}
+    // SAFETY: as Send.
     unsafe impl Sync for Shared {}
 
     #[test]

@@ -931,11 +931,8 @@ mod tests {
         m.read(a.gpa + 90, &mut r).unwrap();
         assert_eq!(r, [1; 10]);
         // SAFETY: `a` is 100 bytes of live memory.
-        assert_eq!(
-            unsafe { *a.ptr.add(95) },
-            1,
-            "device address is the process address"
-        );
+        let byte = unsafe { *a.ptr.add(95) };
+        assert_eq!(byte, 1, "device address is the process address");
         assert!(
             m.read(a.gpa + 95, &mut r).is_err(),
             "runs past everything allocated"

@@ -1362,10 +1362,8 @@ mod tests {
         let config = fake_config(&t, 0, 1);
         let mut fds = [0 as libc::c_int; 2];
         // SAFETY: pipe2 into a live array; both ends are owned below.
-        assert_eq!(
-            unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) },
-            0
-        );
+        let r = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) };
+        assert_eq!(r, 0);
         // SAFETY: fresh descriptors nobody else owns.
         let (rd, wr) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
         let isr_mem = Mem::new(16);

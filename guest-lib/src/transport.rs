@@ -70,6 +70,7 @@ pub struct DmaBuf {
 // SAFETY: a DmaBuf is a plain description of memory owned by the transport;
 // the verbs layer synchronises its use.
 unsafe impl Send for DmaBuf {}
+// SAFETY: as Send.
 unsafe impl Sync for DmaBuf {}
 
 /// A connection to one vrnic device.

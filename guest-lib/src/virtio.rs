@@ -161,6 +161,7 @@ pub struct Mmio {
 // SAFETY: device registers have no thread affinity; Mmio is a plain
 // description of them, and every access is a single volatile load/store.
 unsafe impl Send for Mmio {}
+// SAFETY: as Send.
 unsafe impl Sync for Mmio {}
 
 impl Mmio {
@@ -989,7 +990,9 @@ impl SplitQueue {
             size: layout.size,
             // SAFETY: offsets lie within layout.len.
             desc: unsafe { ptr.add(layout.desc) },
+            // SAFETY: as desc.
             avail: unsafe { ptr.add(layout.avail) },
+            // SAFETY: as desc.
             used: unsafe { ptr.add(layout.used) },
             desc_gpa: gpa + layout.desc as u64,
             avail_gpa: gpa + layout.avail as u64,
@@ -1243,7 +1246,7 @@ pub(crate) mod sim {
         pub(crate) next: u16,
     }
 
-    // SAFETY (tests): the simulated device owns its view of the ring; the
+    // SAFETY: (tests) the simulated device owns its view of the ring; the
     // test keeps the memory alive while the device runs.
     unsafe impl Send for Device {}
 
@@ -1257,9 +1260,12 @@ pub(crate) mod sim {
             }
         }
         pub(crate) fn rd16(&self, off: usize) -> u16 {
+            // SAFETY: (this and the other accesses below) `base` is the
+            // ring memory of layout `l`, alive while the test runs.
             unsafe { ptr::read_volatile(self.base.add(off) as *const u16) }
         }
         fn desc(&self, i: u16) -> D {
+            // SAFETY: as rd16; descriptor `i` of the table.
             unsafe {
                 let d = self.base.add(self.l.desc + 16 * i as usize);
                 D {
@@ -1272,6 +1278,7 @@ pub(crate) mod sim {
         }
         /// Takes the next available chain: (head, descriptors).
         pub(crate) fn take(&mut self) -> Option<(u16, Vec<D>)> {
+            // SAFETY: as rd16; the available ring's aligned index.
             let idx = unsafe { AtomicU16::from_ptr(self.base.add(self.l.avail + 2) as *mut u16) }
                 .load(Ordering::Acquire);
             if idx == self.last_avail {
@@ -1296,16 +1303,19 @@ pub(crate) mod sim {
         }
         pub(crate) fn complete(&mut self, id: u32, len: u32) {
             let slot = (self.used_idx % self.l.size) as usize;
+            // SAFETY: as rd16; used element `slot`.
             unsafe {
                 let e = self.base.add(self.l.used + 4 + 8 * slot);
                 ptr::write_volatile(e as *mut u32, id);
                 ptr::write_volatile(e.add(4) as *mut u32, len);
             }
             self.used_idx = self.used_idx.wrapping_add(1);
+            // SAFETY: as rd16; the used ring's aligned index.
             unsafe { AtomicU16::from_ptr(self.base.add(self.l.used + 2) as *mut u16) }
                 .store(self.used_idx, Ordering::Release);
         }
         pub(crate) fn set_used_flags(&mut self, f: u16) {
+            // SAFETY: as rd16; the used ring's flags.
             unsafe { ptr::write_volatile(self.base.add(self.l.used) as *mut u16, f) };
         }
     }
@@ -1551,6 +1561,7 @@ mod tests {
         dev.complete(h as u32, 5); // returned twice
         assert_eq!(q.pop_used(), Err(VirtqError::BadUsedId(h as u32)));
         // Used index racing far ahead.
+        // SAFETY: the device's ring memory, alive; its aligned used index.
         unsafe { AtomicU16::from_ptr(dev.base.add(dev.l.used + 2) as *mut u16) }
             .store(200, Ordering::Release);
         assert!(matches!(q.pop_used(), Err(VirtqError::BadUsedIdx { .. })));
@@ -1745,6 +1756,7 @@ mod tests {
         let notify = Mem::new(64);
         let devcfg = Mem::new(64);
         for i in 0..64 {
+            // SAFETY: `devcfg` is 64 live bytes.
             unsafe { *devcfg.ptr.add(i) = i as u8 };
         }
         // SAFETY: all three live until the end of the test.
@@ -1768,14 +1780,15 @@ mod tests {
         // Status handshake against plain memory: reset reads back 0.
         v.reset(Duration::from_millis(10)).unwrap();
         // Common window too short.
-        assert!(unsafe {
+        // SAFETY: all three live until the end of the test.
+        let short = unsafe {
             VirtioPci::new(
                 Mmio::new(common.ptr, 0x30),
                 Mmio::new(notify.ptr, 64),
                 4,
                 Mmio::new(devcfg.ptr, 0),
             )
-        }
-        .is_err());
+        };
+        assert!(short.is_err());
     }
 }

@@ -10,11 +10,17 @@ use std::str::FromStr;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AddrError {
     /// Not `a.b.c.d/prefix` with a prefix of 1 to 32.
-    #[error("{0:?} is not an IPv4 address with a prefix length (e.g. 10.0.0.1/24)")]
-    Ipv4Prefix(String),
+    #[error("{input:?} is not an IPv4 address with a prefix length (e.g. 10.0.0.1/24)")]
+    Ipv4Prefix {
+        /// The text given.
+        input: String,
+    },
     /// Not six colon-separated hex bytes, or a multicast address.
-    #[error("{0:?} is not a unicast MAC address (e.g. 02:76:0a:00:00:01)")]
-    Mac(String),
+    #[error("{input:?} is not a unicast MAC address (e.g. 02:76:0a:00:00:01)")]
+    Mac {
+        /// The text given.
+        input: String,
+    },
 }
 
 /// An IPv4 address with its prefix length, as `10.0.0.1/24`.
@@ -30,7 +36,9 @@ impl FromStr for Ipv4Prefix {
     type Err = AddrError;
 
     fn from_str(s: &str) -> Result<Self, AddrError> {
-        let err = || AddrError::Ipv4Prefix(s.to_string());
+        let err = || AddrError::Ipv4Prefix {
+            input: s.to_string(),
+        };
         let (a, l) = s.split_once('/').ok_or_else(err)?;
         let addr: Ipv4Addr = a.parse().map_err(|_| err())?;
         let len: u8 = l.parse().map_err(|_| err())?;
@@ -65,7 +73,9 @@ impl FromStr for Mac {
     type Err = AddrError;
 
     fn from_str(s: &str) -> Result<Self, AddrError> {
-        let err = || AddrError::Mac(s.to_string());
+        let err = || AddrError::Mac {
+            input: s.to_string(),
+        };
         let mut mac = [0u8; 6];
         let mut parts = s.split(':');
         for b in &mut mac {

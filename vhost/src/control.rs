@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::functions::{FunctionInfo, FunctionSpec, Functions, MAX_FUNCTIONS};
+use crate::functions::{FunctionError, FunctionInfo, FunctionSpec, Functions, MAX_FUNCTIONS};
 use crate::sockserv::{read_by, write_all_by, SocketServer, StartError};
 
 /// Longest request line, bytes, `\n` included.
@@ -84,32 +84,80 @@ impl Request {
 pub enum ControlError {
     /// A request that is not one of the protocol's.
     #[error("bad request: {0}")]
-    BadRequest(String),
+    BadRequest(RequestError),
     /// The daemon refused the request; its message.
     #[error("{0}")]
     Refused(String),
     /// The path exists and is not a socket (it is left alone).
-    #[error("{0} exists and is not a socket")]
-    NotASocket(String),
+    #[error("{path} exists and is not a socket")]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
     /// A server already answers on the path.
-    #[error("{0} is in use by a running server")]
-    InUse(String),
+    #[error("{path} is in use by a running server")]
+    InUse {
+        /// The socket path.
+        path: PathBuf,
+    },
     /// Serving, connecting, reading or writing failed.
     #[error("control socket {path}: {source}")]
     Io {
         /// The socket path.
-        path: String,
+        path: PathBuf,
         /// The cause.
         #[source]
         source: io::Error,
     },
-    /// A reply that is not `ok` or `error <message>` first.
-    #[error("malformed reply: {0:?}")]
-    Malformed(String),
+    /// A reply whose first line is not `ok` or `error <message>`.
+    #[error("malformed reply: {line:?}")]
+    Malformed {
+        /// The first line (truncated to 80 characters).
+        line: String,
+    },
+    /// A reply longer than [`MAX_REPLY`] bytes.
+    #[error("malformed reply: reply longer than {max} bytes")]
+    ReplyTooLong {
+        /// [`MAX_REPLY`].
+        max: u64,
+    },
 }
 
-fn bad(msg: impl Into<String>) -> ControlError {
-    ControlError::BadRequest(msg.into())
+/// Why a request line is not one of the protocol's
+/// ([`ControlError::BadRequest`]).
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// Longer than [`MAX_REQUEST`] bytes.
+    #[error("longer than {max} bytes")]
+    TooLong {
+        /// [`MAX_REQUEST`].
+        max: usize,
+    },
+    /// Control characters (other than the final `\n`).
+    #[error("control characters")]
+    ControlCharacters,
+    /// `add` with a specification that does not parse.
+    #[error("{0}")]
+    Spec(FunctionError),
+    /// `list` with an argument.
+    #[error("list takes no argument")]
+    ListArgument,
+    /// `add` or `del` without its one argument.
+    #[error("{verb} needs one argument")]
+    NeedsArgument {
+        /// `add` or `del`.
+        verb: &'static str,
+    },
+    /// Not `add`, `del` or `list`.
+    #[error("unknown request {verb:?} (add, del or list)")]
+    Unknown {
+        /// The request's first word (truncated to 32 characters).
+        verb: String,
+    },
+}
+
+fn bad(e: RequestError) -> ControlError {
+    ControlError::BadRequest(e)
 }
 
 /// Parses one request line (a trailing `\n` is allowed).
@@ -119,11 +167,11 @@ fn bad(msg: impl Into<String>) -> ControlError {
 /// module documentation.
 pub fn parse_request(line: &str) -> Result<Request, ControlError> {
     if line.len() > MAX_REQUEST {
-        return Err(bad(format!("longer than {MAX_REQUEST} bytes")));
+        return Err(bad(RequestError::TooLong { max: MAX_REQUEST }));
     }
     let line = line.strip_suffix('\n').unwrap_or(line);
     if line.chars().any(|c| c.is_control()) {
-        return Err(bad("control characters"));
+        return Err(bad(RequestError::ControlCharacters));
     }
     let (verb, arg) = match line.split_once(' ') {
         Some((v, a)) => (v, Some(a)),
@@ -134,16 +182,16 @@ pub fn parse_request(line: &str) -> Result<Request, ControlError> {
         ("add", Some(spec)) => spec
             .parse()
             .map(Request::Add)
-            .map_err(|e| bad(e.to_string())),
+            .map_err(|e| bad(RequestError::Spec(e))),
         ("del", Some(key)) if !key.is_empty() && !key.contains(char::is_whitespace) => {
             Ok(Request::Del(key.to_string()))
         }
-        ("list", Some(_)) => Err(bad("list takes no argument")),
-        ("add" | "del", _) => Err(bad(format!("{verb} needs one argument"))),
-        _ => Err(bad(format!(
-            "unknown request {:?} (add, del or list)",
-            verb.chars().take(32).collect::<String>()
-        ))),
+        ("list", Some(_)) => Err(bad(RequestError::ListArgument)),
+        ("add", _) => Err(bad(RequestError::NeedsArgument { verb: "add" })),
+        ("del", _) => Err(bad(RequestError::NeedsArgument { verb: "del" })),
+        _ => Err(bad(RequestError::Unknown {
+            verb: verb.chars().take(32).collect(),
+        })),
     }
 }
 
@@ -211,14 +259,14 @@ impl ControlServer {
     /// [`ControlError::NotASocket`], [`ControlError::InUse`] or
     /// [`ControlError::Io`].
     pub fn start(path: &Path, functions: Arc<Functions>) -> Result<Self, ControlError> {
-        let shown = || path.display().to_string();
+        let path_buf = || path.to_path_buf();
         let handle = move |stream| answer(stream, &functions);
         match SocketServer::start(path, "vrnic-control", MODE, handle) {
             Ok(server) => Ok(Self { server }),
-            Err(StartError::NotASocket) => Err(ControlError::NotASocket(shown())),
-            Err(StartError::InUse) => Err(ControlError::InUse(shown())),
+            Err(StartError::NotASocket) => Err(ControlError::NotASocket { path: path_buf() }),
+            Err(StartError::InUse) => Err(ControlError::InUse { path: path_buf() }),
             Err(StartError::Io(source)) => Err(ControlError::Io {
-                path: shown(),
+                path: path_buf(),
                 source,
             }),
         }
@@ -293,7 +341,7 @@ pub fn request_line(
     timeout: Duration,
 ) -> Result<Vec<String>, ControlError> {
     let io_err = |source| ControlError::Io {
-        path: path.display().to_string(),
+        path: path.to_path_buf(),
         source,
     };
     let mut stream = UnixStream::connect(path).map_err(io_err)?;
@@ -308,17 +356,15 @@ pub fn request_line(
         .read_to_string(&mut reply)
         .map_err(io_err)?;
     if reply.len() as u64 > MAX_REPLY {
-        return Err(ControlError::Malformed(format!(
-            "reply longer than {MAX_REPLY} bytes"
-        )));
+        return Err(ControlError::ReplyTooLong { max: MAX_REPLY });
     }
     let mut lines = reply.lines();
     match lines.next() {
         Some("ok") => Ok(lines.map(str::to_string).collect()),
         Some(l) if l.starts_with("error ") => Err(ControlError::Refused(l[6..].to_string())),
-        other => Err(ControlError::Malformed(
-            other.unwrap_or("").chars().take(80).collect(),
-        )),
+        other => Err(ControlError::Malformed {
+            line: other.unwrap_or("").chars().take(80).collect(),
+        }),
     }
 }
 

@@ -31,7 +31,7 @@ use tracing::{info, warn};
 use vrnic::device::{Device, DeviceConfig};
 use vrnic::link::{Link, PcapLink};
 
-use crate::addr::{Ipv4Prefix, Mac};
+use crate::addr::{AddrError, Ipv4Prefix, Mac};
 use crate::backend::{BackendConfig, VrnicBackend};
 use crate::poll_group::PollGroup;
 use crate::server::{self, ServeError, Stopper};
@@ -54,7 +54,7 @@ pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum FunctionError {
     /// The specification is not `key=value,...` as [`FunctionSpec`] says.
     #[error("bad function specification: {0}")]
-    Spec(String),
+    Spec(SpecError),
     /// The daemon has [`MAX_FUNCTIONS`] functions.
     #[error("the daemon has its maximum of {MAX_FUNCTIONS} functions")]
     TooMany,
@@ -93,8 +93,80 @@ pub enum FunctionError {
     },
 }
 
-fn spec_err(msg: impl Into<String>) -> FunctionError {
-    FunctionError::Spec(msg.into())
+/// Why a function specification does not parse ([`FunctionError::Spec`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// Longer than [`MAX_SPEC_LEN`] bytes.
+    #[error("longer than {max} bytes")]
+    TooLong {
+        /// [`MAX_SPEC_LEN`].
+        max: usize,
+    },
+    /// Whitespace or control characters anywhere.
+    #[error("whitespace or control characters")]
+    BadCharacters,
+    /// A comma-separated part without `=`.
+    #[error("{part:?} is not key=value")]
+    NotKeyValue {
+        /// The part.
+        part: String,
+    },
+    /// A key that may be given once, given again.
+    #[error("{key}= given twice")]
+    Twice {
+        /// The key.
+        key: &'static str,
+    },
+    /// `socket=` and `connect=` together, or either twice.
+    #[error("give socket= or connect=, once")]
+    SocketTwice,
+    /// A path key with an empty value or one with a NUL byte.
+    #[error("{key}= needs a path")]
+    NeedsPath {
+        /// The key (`socket`, `connect`, `stats` or `pcap`).
+        key: &'static str,
+    },
+    /// `ip=` or `mac=` that does not parse.
+    #[error(transparent)]
+    Addr(AddrError),
+    /// `ipv6=` that does not parse.
+    #[error("{input:?} is not an IPv6 address")]
+    Ipv6 {
+        /// The value given.
+        input: String,
+    },
+    /// More than [`MAX_IPV6`] `ipv6=`.
+    #[error("more than {max} ipv6=")]
+    TooManyIpv6 {
+        /// [`MAX_IPV6`].
+        max: usize,
+    },
+    /// A `name=` that is not 1 to [`MAX_NAME_LEN`] letters, digits, `.`,
+    /// `_` or `-`.
+    #[error("name {name:?}: 1 to {MAX_NAME_LEN} letters, digits, '.', '_' or '-'")]
+    BadName {
+        /// The name given.
+        name: String,
+    },
+    /// A key the specification does not have.
+    #[error("unknown key {key:?}")]
+    UnknownKey {
+        /// The key (truncated to 32 characters).
+        key: String,
+    },
+    /// `stats=` names the vhost-user socket.
+    #[error("the stats socket is the vhost-user socket")]
+    StatsIsSocket,
+    /// Neither `socket=` nor `connect=`.
+    #[error("socket= or connect= is required")]
+    NoSocket,
+    /// No `ip=`.
+    #[error("ip= is required")]
+    NoIp,
+}
+
+fn spec_err(e: SpecError) -> FunctionError {
+    FunctionError::Spec(e)
 }
 
 /// One function as declared: `key=value` pairs separated by commas, e.g.
@@ -198,15 +270,15 @@ fn check_name(n: &str) -> Result<(), FunctionError> {
     if ok {
         Ok(())
     } else {
-        Err(spec_err(format!(
-            "name {n:?}: 1 to {MAX_NAME_LEN} letters, digits, '.', '_' or '-'"
-        )))
+        Err(spec_err(SpecError::BadName {
+            name: n.to_string(),
+        }))
     }
 }
 
-fn check_path(key: &str, v: &str) -> Result<PathBuf, FunctionError> {
+fn check_path(key: &'static str, v: &str) -> Result<PathBuf, FunctionError> {
     if v.is_empty() || v.contains('\0') {
-        return Err(spec_err(format!("{key}= needs a path")));
+        return Err(spec_err(SpecError::NeedsPath { key }));
     }
     Ok(PathBuf::from(v))
 }
@@ -216,10 +288,10 @@ impl FromStr for FunctionSpec {
 
     fn from_str(s: &str) -> Result<Self, FunctionError> {
         if s.len() > MAX_SPEC_LEN {
-            return Err(spec_err(format!("longer than {MAX_SPEC_LEN} bytes")));
+            return Err(spec_err(SpecError::TooLong { max: MAX_SPEC_LEN }));
         }
         if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err(spec_err("whitespace or control characters"));
+            return Err(spec_err(SpecError::BadCharacters));
         }
         let (mut socket, mut ip) = (None, None);
         let unset = Ipv4Prefix {
@@ -228,14 +300,17 @@ impl FromStr for FunctionSpec {
         };
         let mut spec = FunctionSpec::new(PathBuf::new(), unset);
         for part in s.split(',') {
-            let (k, v) = part
-                .split_once('=')
-                .ok_or_else(|| spec_err(format!("{part:?} is not key=value")))?;
-            let dup = |k: &str| spec_err(format!("{k}= given twice"));
+            let (k, v) = part.split_once('=').ok_or_else(|| {
+                spec_err(SpecError::NotKeyValue {
+                    part: part.to_string(),
+                })
+            })?;
+            let dup = |key: &'static str| spec_err(SpecError::Twice { key });
             match k {
                 "socket" | "connect" => {
-                    if socket.replace(check_path(k, v)?).is_some() {
-                        return Err(spec_err("give socket= or connect=, once"));
+                    let key = if k == "socket" { "socket" } else { "connect" };
+                    if socket.replace(check_path(key, v)?).is_some() {
+                        return Err(spec_err(SpecError::SocketTwice));
                     }
                     spec.connect = k == "connect";
                 }
@@ -244,7 +319,7 @@ impl FromStr for FunctionSpec {
                         .replace(v.parse::<Ipv4Prefix>().map_err(spec_err_addr)?)
                         .is_some()
                     {
-                        return Err(dup(k));
+                        return Err(dup("ip"));
                     }
                 }
                 "mac" => {
@@ -253,50 +328,51 @@ impl FromStr for FunctionSpec {
                         .replace(v.parse().map_err(spec_err_addr)?)
                         .is_some()
                     {
-                        return Err(dup(k));
+                        return Err(dup("mac"));
                     }
                 }
                 "ipv6" => {
-                    let a: Ipv6Addr = v
-                        .parse()
-                        .map_err(|_| spec_err(format!("{v:?} is not an IPv6 address")))?;
+                    let a: Ipv6Addr = v.parse().map_err(|_| {
+                        spec_err(SpecError::Ipv6 {
+                            input: v.to_string(),
+                        })
+                    })?;
                     if spec.ipv6.len() >= MAX_IPV6 {
-                        return Err(spec_err(format!("more than {MAX_IPV6} ipv6=")));
+                        return Err(spec_err(SpecError::TooManyIpv6 { max: MAX_IPV6 }));
                     }
                     spec.ipv6.push(a);
                 }
                 "name" => {
                     check_name(v)?;
                     if spec.name.replace(v.to_string()).is_some() {
-                        return Err(dup(k));
+                        return Err(dup("name"));
                     }
                 }
                 "stats" => {
-                    if spec.stats_socket.replace(check_path(k, v)?).is_some() {
-                        return Err(dup(k));
+                    if spec.stats_socket.replace(check_path("stats", v)?).is_some() {
+                        return Err(dup("stats"));
                     }
                 }
                 "pcap" => {
-                    if spec.pcap.replace(check_path(k, v)?).is_some() {
-                        return Err(dup(k));
+                    if spec.pcap.replace(check_path("pcap", v)?).is_some() {
+                        return Err(dup("pcap"));
                     }
                 }
                 other => {
-                    return Err(spec_err(format!(
-                        "unknown key {:?}",
-                        other.chars().take(32).collect::<String>()
-                    )))
+                    return Err(spec_err(SpecError::UnknownKey {
+                        key: other.chars().take(32).collect(),
+                    }))
                 }
             }
         }
-        spec.socket = socket.ok_or_else(|| spec_err("socket= or connect= is required"))?;
-        spec.ip = ip.ok_or_else(|| spec_err("ip= is required"))?;
+        spec.socket = socket.ok_or_else(|| spec_err(SpecError::NoSocket))?;
+        spec.ip = ip.ok_or_else(|| spec_err(SpecError::NoIp))?;
         Ok(spec)
     }
 }
 
-fn spec_err_addr(e: crate::addr::AddrError) -> FunctionError {
-    spec_err(e.to_string())
+fn spec_err_addr(e: AddrError) -> FunctionError {
+    spec_err(SpecError::Addr(e))
 }
 
 impl fmt::Display for FunctionSpec {
@@ -565,7 +641,7 @@ impl Functions {
             }
         }
         if socket == stats_path {
-            return Err(spec_err("the stats socket is the vhost-user socket"));
+            return Err(spec_err(SpecError::StatsIsSocket));
         }
         let setup = |msg: String| FunctionError::Setup {
             name: name.clone(),
@@ -819,6 +895,44 @@ mod tests {
                 matches!(bad.parse::<FunctionSpec>(), Err(FunctionError::Spec(_))),
                 "{bad:?}"
             );
+        }
+    }
+
+    #[test]
+    fn spec_errors_say_what_they_said_as_strings() {
+        let msg = |s: &str| s.parse::<FunctionSpec>().unwrap_err().to_string();
+        for (spec, want) in [
+            ("socket=/s", "ip= is required"),
+            ("ip=10.0.0.1/24", "socket= or connect= is required"),
+            (
+                "socket=/s,ip=10.0.0.1",
+                "\"10.0.0.1\" is not an IPv4 address with a prefix length (e.g. 10.0.0.1/24)",
+            ),
+            ("socket=/s,ip=10.0.0.1/24,bogus=1", "unknown key \"bogus\""),
+            (
+                "socket=/s,ip=10.0.0.1/24,connect=/t",
+                "give socket= or connect=, once",
+            ),
+            (
+                "socket=/s,ip=10.0.0.1/24,name=a,name=b",
+                "name= given twice",
+            ),
+            ("connect=,ip=10.0.0.1/24", "connect= needs a path"),
+            ("socket=/s,,ip=10.0.0.1/24", "\"\" is not key=value"),
+            (
+                "socket=/s,ip=10.0.0.1/24,ipv6=x",
+                "\"x\" is not an IPv6 address",
+            ),
+            (
+                "socket=/s,ip=10.0.0.1/24,name=a b",
+                "whitespace or control characters",
+            ),
+            (
+                "socket=/s,ip=10.0.0.1/24,name=a/b",
+                "name \"a/b\": 1 to 64 letters, digits, '.', '_' or '-'",
+            ),
+        ] {
+            assert_eq!(msg(spec), format!("bad function specification: {want}"));
         }
     }
 }

@@ -21,7 +21,7 @@ use std::fs;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileTypeExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,20 +39,25 @@ use crate::backend::{VrnicBackend, LINK_EVENT, TIMER_EVENT};
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// The socket path exists and is not a socket (it is left alone).
-    #[error("{0} exists and is not a socket")]
-    NotASocket(String),
+    #[error("{path} exists and is not a socket")]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
     /// Binding the listening socket failed.
     #[error("cannot listen on {path}: {source}")]
     Listen {
         /// The socket path.
-        path: String,
+        path: PathBuf,
         /// The cause.
         #[source]
         source: VhostUserError,
     },
     /// Creating the vhost-user daemon or accepting a connection failed.
+    /// (Not a `#[source]`: `vhost_user_backend::Error` is no
+    /// `std::error::Error`; its text is in this one's.)
     #[error("vhost-user daemon: {0}")]
-    Daemon(String),
+    Daemon(DaemonError),
     /// Registering the link or the timer with the worker failed.
     #[error("cannot register the {what} with the worker: {source}")]
     Register {
@@ -196,11 +201,13 @@ impl Stopper {
 pub fn bind(path: &Path) -> Result<Listener, ServeError> {
     if let Ok(meta) = fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
-            return Err(ServeError::NotASocket(path.display().to_string()));
+            return Err(ServeError::NotASocket {
+                path: path.to_path_buf(),
+            });
         }
     }
     Listener::new(path, true).map_err(|source| ServeError::Listen {
-        path: path.display().to_string(),
+        path: path.to_path_buf(),
         source,
     })
 }
@@ -223,7 +230,7 @@ pub fn serve_connection(
     }
     match serve_with(backend, stop, Connect::Listen(listener))? {
         Served::Ended(b, end) => Ok((b, end)),
-        Served::NotStarted(_, e) => Err(ServeError::Daemon(e.to_string())),
+        Served::NotStarted(_, e) => Err(ServeError::Daemon(e)),
     }
 }
 
@@ -314,7 +321,7 @@ fn serve_with(
         backend.clone(),
         GuestMemoryAtomic::new(GuestMemoryMmap::new()),
     )
-    .map_err(|e| ServeError::Daemon(e.to_string()))?;
+    .map_err(ServeError::Daemon)?;
 
     let handlers = daemon.get_epoll_handlers();
     let worker = handlers.first().ok_or(ServeError::Register {

@@ -45,72 +45,23 @@ pub fn default_socket(socket: &Path) -> PathBuf {
 pub const MODE: u32 = 0o600;
 
 /// Number of counters in a [`Snapshot`].
-pub const COUNTERS: usize = 60;
+pub const COUNTERS: usize = DeviceStats::COUNT + BackendStats::COUNT;
 
-/// Counter names, in output order: the engine's ([`DeviceStats`] fields),
-/// then the backend's ([`BackendStats`] fields).
-pub const NAMES: [&str; COUNTERS] = [
-    "tx_frames",
-    "rx_frames",
-    "rx_dropped",
-    "icrc_errors",
-    "cmd_errors",
-    "retransmits",
-    "naks_sent",
-    "naks_received",
-    "rnr_naks_sent",
-    "rnr_naks_received",
-    "duplicates",
-    "nak_psn_seq_sent",
-    "nak_inv_req_sent",
-    "nak_rem_access_sent",
-    "nak_rem_op_sent",
-    "nak_psn_seq_received",
-    "nak_inv_req_received",
-    "nak_rem_access_received",
-    "nak_rem_op_received",
-    "tx_bytes",
-    "rx_bytes",
-    "doorbells_ignored",
-    "doorbells_foreign",
-    "rx_drop_qp_type",
-    "rx_drop_qp_state",
-    "rx_drop_bad_src_addr",
-    "rx_drop_bad_pkey",
-    "rx_drop_bad_qkey",
-    "tx_batched",
-    "tx_by_ref",
-    "acks_coalesced",
-    "records_read",
-    "replies_dropped",
-    "ack_timeouts_deferred",
-    "tail_probes",
-    "commands",
-    "rejected_chains",
-    "faulted_commands",
-    "doorbells",
-    "bad_doorbells",
-    "events_delivered",
-    "events_dropped",
-    "bad_event_buffers",
-    "link_tx_errors",
-    "link_rx_errors",
-    "device_resets",
-    "engine_panics",
-    "device_stops",
-    "device_resumes",
-    "rx_dropped_stopped",
-    "device_lost",
-    "lost_requests",
-    "poll_sessions",
-    "poll_backoffs",
-    "poll_adopted",
-    "poll_idle_ns",
-    "late_chains",
-    "frontends_refused",
-    "memory_faults",
-    "memory_tables_refused",
-];
+/// Counter names, in output order: the engine's ([`DeviceStats::NAMES`]),
+/// then the backend's ([`BackendStats::NAMES`]).
+pub const NAMES: [&str; COUNTERS] = {
+    let mut names = [""; COUNTERS];
+    let mut i = 0;
+    while i < DeviceStats::COUNT {
+        names[i] = DeviceStats::NAMES[i];
+        i += 1;
+    }
+    while i < COUNTERS {
+        names[i] = BackendStats::NAMES[i - DeviceStats::COUNT];
+        i += 1;
+    }
+    names
+};
 
 /// Largest reply [`query`] accepts, bytes: room for the device counters
 /// and the per-QP lines of [`vrnic::device::MAX_QP`] QPs (at most 64 bytes
@@ -142,136 +93,11 @@ impl Default for Snapshot {
 impl Snapshot {
     /// The counters of `device` and `backend`.
     pub fn new(device: &DeviceStats, backend: &BackendStats) -> Self {
-        // Destructured without `..`: a new counter fails to compile here
-        // until it is added to NAMES.
-        let DeviceStats {
-            tx_frames,
-            rx_frames,
-            rx_dropped,
-            icrc_errors,
-            cmd_errors,
-            retransmits,
-            naks_sent,
-            naks_received,
-            rnr_naks_sent,
-            rnr_naks_received,
-            duplicates,
-            nak_psn_seq_sent,
-            nak_inv_req_sent,
-            nak_rem_access_sent,
-            nak_rem_op_sent,
-            nak_psn_seq_received,
-            nak_inv_req_received,
-            nak_rem_access_received,
-            nak_rem_op_received,
-            tx_bytes,
-            rx_bytes,
-            doorbells_ignored,
-            doorbells_foreign,
-            rx_drop_qp_type,
-            rx_drop_qp_state,
-            rx_drop_bad_src_addr,
-            rx_drop_bad_pkey,
-            rx_drop_bad_qkey,
-            tx_batched,
-            tx_by_ref,
-            acks_coalesced,
-            records_read,
-            replies_dropped,
-            ack_timeouts_deferred,
-            tail_probes,
-        } = *device;
-        let BackendStats {
-            commands,
-            rejected_chains,
-            faulted_commands,
-            doorbells,
-            bad_doorbells,
-            events_delivered,
-            events_dropped,
-            bad_event_buffers,
-            link_tx_errors,
-            link_rx_errors,
-            device_resets,
-            engine_panics,
-            device_stops,
-            device_resumes,
-            rx_dropped_stopped,
-            device_lost,
-            lost_requests,
-            poll_sessions,
-            poll_backoffs,
-            poll_adopted,
-            poll_idle_ns,
-            late_chains,
-            frontends_refused,
-            memory_faults,
-            memory_tables_refused,
-        } = *backend;
-        Self {
-            values: [
-                tx_frames,
-                rx_frames,
-                rx_dropped,
-                icrc_errors,
-                cmd_errors,
-                retransmits,
-                naks_sent,
-                naks_received,
-                rnr_naks_sent,
-                rnr_naks_received,
-                duplicates,
-                nak_psn_seq_sent,
-                nak_inv_req_sent,
-                nak_rem_access_sent,
-                nak_rem_op_sent,
-                nak_psn_seq_received,
-                nak_inv_req_received,
-                nak_rem_access_received,
-                nak_rem_op_received,
-                tx_bytes,
-                rx_bytes,
-                doorbells_ignored,
-                doorbells_foreign,
-                rx_drop_qp_type,
-                rx_drop_qp_state,
-                rx_drop_bad_src_addr,
-                rx_drop_bad_pkey,
-                rx_drop_bad_qkey,
-                tx_batched,
-                tx_by_ref,
-                acks_coalesced,
-                records_read,
-                replies_dropped,
-                ack_timeouts_deferred,
-                tail_probes,
-                commands,
-                rejected_chains,
-                faulted_commands,
-                doorbells,
-                bad_doorbells,
-                events_delivered,
-                events_dropped,
-                bad_event_buffers,
-                link_tx_errors,
-                link_rx_errors,
-                device_resets,
-                engine_panics,
-                device_stops,
-                device_resumes,
-                rx_dropped_stopped,
-                device_lost,
-                lost_requests,
-                poll_sessions,
-                poll_backoffs,
-                poll_adopted,
-                poll_idle_ns,
-                late_chains,
-                frontends_refused,
-                memory_faults,
-                memory_tables_refused,
-            ],
-        }
+        let mut values = [0; COUNTERS];
+        let (d, b) = values.split_at_mut(DeviceStats::COUNT);
+        d.copy_from_slice(&device.values());
+        b.copy_from_slice(&backend.values());
+        Self { values }
     }
 
     /// The counter called `name`.
@@ -410,16 +236,22 @@ impl StatsBoard {
 #[derive(Debug, thiserror::Error)]
 pub enum StatsError {
     /// The path exists and is not a socket (it is left alone).
-    #[error("{0} exists and is not a socket")]
-    NotASocket(String),
+    #[error("{path} exists and is not a socket")]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
     /// A server already answers on the path.
-    #[error("{0} is in use by a running server")]
-    InUse(String),
+    #[error("{path} is in use by a running server")]
+    InUse {
+        /// The socket path.
+        path: PathBuf,
+    },
     /// Binding, or setting up the server thread, failed.
     #[error("cannot serve stats on {path}: {source}")]
     Serve {
         /// The socket path.
-        path: String,
+        path: PathBuf,
         /// The cause.
         #[source]
         source: io::Error,
@@ -428,7 +260,7 @@ pub enum StatsError {
     #[error("cannot read stats from {path}: {source}")]
     Query {
         /// The socket path.
-        path: String,
+        path: PathBuf,
         /// The cause.
         #[source]
         source: io::Error,
@@ -480,14 +312,14 @@ impl StatsServer {
         board: Arc<StatsBoard>,
         extra: Option<ExtraCounters>,
     ) -> Result<Self, StatsError> {
-        let shown = || path.display().to_string();
+        let path_buf = || path.to_path_buf();
         let handle = move |stream| answer(stream, &board, extra.as_ref());
         match SocketServer::start(path, "vrnic-stats", MODE, handle) {
             Ok(server) => Ok(Self { server }),
-            Err(StartError::NotASocket) => Err(StatsError::NotASocket(shown())),
-            Err(StartError::InUse) => Err(StatsError::InUse(shown())),
+            Err(StartError::NotASocket) => Err(StatsError::NotASocket { path: path_buf() }),
+            Err(StartError::InUse) => Err(StatsError::InUse { path: path_buf() }),
             Err(StartError::Io(source)) => Err(StatsError::Serve {
-                path: shown(),
+                path: path_buf(),
                 source,
             }),
         }
@@ -542,7 +374,7 @@ pub fn render_qps(qps: &[(u32, QpStats)]) -> String {
 /// (rather than a truncated one).
 pub fn query(path: &Path, timeout: Duration) -> Result<String, StatsError> {
     let err = |source| StatsError::Query {
-        path: path.display().to_string(),
+        path: path.to_path_buf(),
         source,
     };
     let stream = UnixStream::connect(path).map_err(err)?;
@@ -772,7 +604,7 @@ mod tests {
         assert!(
             matches!(
                 StatsServer::start(&path, board.clone()),
-                Err(StatsError::InUse(_))
+                Err(StatsError::InUse { .. })
             ),
             "a live server's socket is not taken over"
         );
@@ -834,7 +666,7 @@ mod tests {
         fs::write(&path, b"keep me").unwrap();
         assert!(matches!(
             StatsServer::start(&path, board),
-            Err(StatsError::NotASocket(_))
+            Err(StatsError::NotASocket { .. })
         ));
         assert_eq!(fs::read(&path).unwrap(), b"keep me");
         fs::remove_file(&path).unwrap();

@@ -100,10 +100,10 @@ const ETH_HLEN: usize = 14;
 pub enum SwitchError {
     /// Another port has this MAC address.
     #[error("MAC {0} is already a port of this switch")]
-    DuplicateMac(String),
+    DuplicateMac(crate::addr::Mac),
     /// The MAC address is a group (multicast or broadcast) address.
     #[error("MAC {0} is a group address")]
-    GroupMac(String),
+    GroupMac(crate::addr::Mac),
     /// The switch has [`MAX_PORTS`] ports.
     #[error("the switch has its maximum of {MAX_PORTS} ports")]
     Full,
@@ -565,7 +565,7 @@ impl Switch {
     /// [`SwitchError::Full`], or [`SwitchError::Fd`].
     pub fn add_port(&self, mac: [u8; 6]) -> Result<SwitchPort, SwitchError> {
         if is_group(&mac) {
-            return Err(SwitchError::GroupMac(show_mac(&mac)));
+            return Err(SwitchError::GroupMac(crate::addr::Mac(mac)));
         }
         // SAFETY: plain syscall; the result is checked and then owned.
         let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
@@ -598,7 +598,7 @@ impl Switch {
         });
         let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
         if ports.iter().any(|p| p.mac == mac) {
-            return Err(SwitchError::DuplicateMac(show_mac(&mac)));
+            return Err(SwitchError::DuplicateMac(crate::addr::Mac(mac)));
         }
         if ports.len() >= MAX_PORTS {
             return Err(SwitchError::Full);

@@ -32,9 +32,8 @@ impl Timer {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: `fd` is a fresh descriptor we own.
-        Ok(Self {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Self { fd })
     }
 
     /// Arms the timer to expire once, `after` from now (rounded up to 1 ns:

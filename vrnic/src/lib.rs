@@ -8,9 +8,11 @@
 //! - [`link`]: TAP, AF_PACKET, in-memory and pcap links.
 //! - [`mem`]: bounds-checked access to driver memory.
 //! - [`data`]: a packet's payload, in a frame or in a peer device's memory.
+//! - [`counters!`]: a struct of counters from one list of names.
 #![deny(missing_docs)]
 
 pub mod abi;
+mod counters;
 pub mod data;
 pub mod device;
 #[cfg(feature = "fuzzing")]

@@ -44,8 +44,8 @@ pub(crate) extern "C" fn ibv_create_ah(
         // SAFETY: non-NULL (checked), the caller's attributes.
         let a = unsafe { &*attr };
         let aa = AhAttr {
-            // SAFETY: every bit pattern of the GID union is a valid byte array.
             dgid: Gid {
+                // SAFETY: every bit pattern of the GID union is a valid byte array.
                 raw: unsafe { a.grh.dgid.raw },
             },
             flow_label: a.grh.flow_label,

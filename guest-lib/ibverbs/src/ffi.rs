@@ -7,4 +7,7 @@
     missing_docs
 )]
 #![allow(clippy::all)]
+// bindgen's code (unions' `Default`, `__IncompleteArrayField`'s unsafe
+// methods) is not ours to comment; the unsafe code that uses these types is.
+#![allow(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 include!(concat!(env!("OUT_DIR"), "/verbs.rs"));

@@ -274,8 +274,8 @@ pub(crate) extern "C" fn ibv_destroy_qp(qp: *mut c::ibv_qp) -> c_int {
 
 fn ah_from_c(a: &c::ibv_ah_attr) -> AhAttr {
     AhAttr {
-        // SAFETY: every bit pattern of the GID union is a valid byte array.
         dgid: Gid {
+            // SAFETY: every bit pattern of the GID union is a valid byte array.
             raw: unsafe { a.grh.dgid.raw },
         },
         flow_label: a.grh.flow_label,

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use vrnic::abi::{self, Pod};
 
-use super::{Context, Result, VerbsError, WorkCompletion};
+use super::{ArgError, Context, Result, VerbsError, WorkCompletion};
 use crate::transport::DmaBuf;
 
 /// A completion queue (`struct ibv_cq`), destroyed (`ibv_destroy_cq(3)`,
@@ -43,7 +43,7 @@ impl Cq {
     /// the device's status (`EINVAL` above `max_cqe`, `ENOMEM` at `max_cq`).
     pub fn new(ctx: &Context, cqe: u32) -> Result<Cq> {
         if cqe == 0 || cqe > 1 << 31 {
-            return Err(VerbsError::InvalidArgument(format!("CQ of {cqe} entries")));
+            return Err(VerbsError::InvalidArgument(ArgError::CqSize { cqe }));
         }
         let size = cqe.next_power_of_two();
         let ring = ctx.alloc_dma(size as usize * size_of::<abi::Cqe>(), 4096)?;
@@ -153,6 +153,7 @@ struct CqRing {
 // SAFETY: the ring and record pointers refer to DMA memory owned by the
 // transport; a CqRing is used by one thread at a time (&mut self).
 unsafe impl Send for CqRing {}
+// SAFETY: as Send.
 unsafe impl Sync for CqRing {}
 
 impl CqRing {

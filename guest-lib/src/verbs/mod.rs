@@ -110,7 +110,7 @@ pub enum VerbsError {
     },
     /// An argument is outside what the object supports (`EINVAL`).
     #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    InvalidArgument(ArgError),
     /// A work queue is full (`ENOMEM`, as `ibv_post_send(3)` and
     /// `ibv_post_recv(3)` report it).
     #[error("{queue} full: {outstanding} of {size} work requests outstanding")]
@@ -135,7 +135,7 @@ pub enum VerbsError {
     },
     /// The device answered with a value this library cannot use (`EIO`).
     #[error("device returned an invalid value: {0}")]
-    BadResponse(String),
+    BadResponse(ResponseError),
     /// An operating system call failed (for example `mlock(2)` of an MR).
     #[error("{what}: {source}")]
     Os {
@@ -144,6 +144,150 @@ pub enum VerbsError {
         /// The error.
         #[source]
         source: std::io::Error,
+    },
+}
+
+/// Which argument is outside what the object supports, and how
+/// ([`VerbsError::InvalidArgument`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgError {
+    /// A work request with more SGEs than its queue holds.
+    #[error("{sges} SGEs, {queue} allows {max}")]
+    TooManySges {
+        /// SGEs in the work request.
+        sges: usize,
+        /// `"QP"`, `"receive queue"` or `"shared receive queue"`.
+        queue: &'static str,
+        /// SGEs the queue holds per work request.
+        max: u32,
+    },
+    /// A queue whose ring would exceed 2^31 slots.
+    #[error("{queue} of {wr} work requests")]
+    QueueTooLarge {
+        /// `"send queue"`, `"receive queue"` or `"shared receive queue"`.
+        queue: &'static str,
+        /// Work requests asked for.
+        wr: u32,
+    },
+    /// A ring larger than the address space.
+    #[error("ring of {size} slots of {stride} bytes")]
+    RingTooLarge {
+        /// Slots.
+        size: u32,
+        /// Bytes a slot.
+        stride: u32,
+    },
+    /// A QP on an SRQ of another context.
+    #[error("the SRQ belongs to another context")]
+    ForeignSrq,
+    /// A QP with more than 255 SGEs per work request.
+    #[error("{send}/{recv} SGEs per work request")]
+    QpSges {
+        /// Send SGEs asked for.
+        send: u32,
+        /// Receive SGEs asked for.
+        recv: u32,
+    },
+    /// An SRQ with more than 255 SGEs per work request.
+    #[error("{sges} SGEs per work request")]
+    SrqSges {
+        /// SGEs asked for.
+        sges: u32,
+    },
+    /// `SEND_INLINE` in the flags instead of [`SendWr::inline_data`].
+    #[error("SEND_INLINE: give the data in SendWr::inline_data")]
+    InlineFlag,
+    /// Inline data and an SGE list in one work request.
+    #[error("inline data together with an SGE list")]
+    InlineWithSges,
+    /// More inline data than the QP holds.
+    #[error("{len} bytes inline, QP allows {max}")]
+    InlineTooLong {
+        /// Bytes given.
+        len: usize,
+        /// The QP's `max_inline_data`.
+        max: u32,
+    },
+    /// An atomic whose SGE list is not one 8-byte SGE.
+    #[error("an atomic needs one 8-byte SGE")]
+    AtomicSge,
+    /// A message longer than `max_msg_sz`.
+    #[error("a message of {len} bytes, max_msg_sz is {max}")]
+    MessageTooLong {
+        /// Bytes.
+        len: u64,
+        /// [`vrnic::device::MAX_MSG_SZ`].
+        max: u32,
+    },
+    /// A remote address range that wraps the address space.
+    #[error("remote range of {len} bytes at {addr:#x} wraps")]
+    RemoteRangeWraps {
+        /// Its start.
+        addr: u64,
+        /// Its length, bytes.
+        len: u64,
+    },
+    /// A receive posted to a QP that receives from an SRQ.
+    #[error("the QP receives from an SRQ: post with Srq::post_recv")]
+    RecvOnSrqQp,
+    /// A CQ of 0 or more than 2^31 entries.
+    #[error("CQ of {cqe} entries")]
+    CqSize {
+        /// Entries asked for.
+        cqe: u32,
+    },
+    /// A transport whose page size is not a power of two of at least 4096.
+    #[error("transport page size {page_size} is not a power of two >= 4096")]
+    PageSize {
+        /// Its page size, bytes.
+        page_size: usize,
+    },
+    /// A memory region of 0 bytes.
+    #[error("memory region of 0 bytes")]
+    EmptyMr,
+    /// A memory region that wraps the address space.
+    #[error("memory region wraps the address space")]
+    MrWraps,
+    /// A memory region of more pages than a page list holds.
+    #[error("memory region of {len} bytes is too large")]
+    MrTooLarge {
+        /// Its length, bytes.
+        len: usize,
+    },
+}
+
+/// What the device answered that this library cannot use
+/// ([`VerbsError::BadResponse`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResponseError {
+    /// A QP state that is no `ibv_qp_state`.
+    #[error("QP state {0}")]
+    QpState(u32),
+    /// QP ring strides that do not fit the rings allocated.
+    #[error("QP strides {sq_stride}/{rq_stride} (inline {max_inline}) do not fit rings of {sq_size}/{rq_size} slots")]
+    QpStrides {
+        /// Send queue stride, bytes.
+        sq_stride: u32,
+        /// Receive queue stride, bytes.
+        rq_stride: u32,
+        /// Inline bytes granted.
+        max_inline: u32,
+        /// Send queue slots.
+        sq_size: u32,
+        /// Receive queue slots.
+        rq_size: u32,
+    },
+    /// An SRQ ring that does not fit the ring allocated.
+    #[error("SRQ of {max_wr} slots of {stride} bytes does not fit a ring of {size} slots for {max_sge} SGEs")]
+    SrqRing {
+        /// Slots granted.
+        max_wr: u32,
+        /// Stride granted, bytes.
+        stride: u32,
+        /// Slots allocated.
+        size: u32,
+        /// SGEs asked for.
+        max_sge: u32,
     },
 }
 
@@ -216,9 +360,9 @@ impl Context {
         }
         let page_size = transport.page_size();
         if !page_size.is_power_of_two() || page_size < 4096 {
-            return Err(VerbsError::InvalidArgument(format!(
-                "transport page size {page_size} is not a power of two >= 4096"
-            )));
+            return Err(VerbsError::InvalidArgument(ArgError::PageSize {
+                page_size,
+            }));
         }
         Ok(Context {
             inner: Arc::new(CtxInner {

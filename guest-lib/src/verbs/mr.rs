@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use vrnic::abi::{self, Pod};
 
-use super::{lock, Pd, Result, Sge, VerbsError};
+use super::{lock, ArgError, Pd, Result, Sge, VerbsError};
 
 /// A registered memory region (`struct ibv_mr`), deregistered
 /// (`ibv_dereg_mr(3)`, `CMD_DEREG_MR`) on drop.
@@ -58,14 +58,12 @@ impl<'a> Mr<'a> {
 
     fn reg(pd: &Pd, ptr: *mut u8, len: usize, access: u32, lock_pages: bool) -> Result<Mr<'a>> {
         if len == 0 {
-            return Err(VerbsError::InvalidArgument(
-                "memory region of 0 bytes".into(),
-            ));
+            return Err(VerbsError::InvalidArgument(ArgError::EmptyMr));
         }
         let start = ptr as usize;
-        let end = start.checked_add(len).ok_or_else(|| {
-            VerbsError::InvalidArgument("memory region wraps the address space".into())
-        })?;
+        let end = start
+            .checked_add(len)
+            .ok_or(VerbsError::InvalidArgument(ArgError::MrWraps))?;
         let ctx = pd.context();
         let locked = if lock_pages && ctx.with_transport(|t| t.needs_locked_pages()) {
             Some(LockedRange::lock(start, len)?)
@@ -89,9 +87,8 @@ impl<'a> Mr<'a> {
             }
             e
         };
-        let npages_u32 = u32::try_from(npages).map_err(|_| {
-            VerbsError::InvalidArgument(format!("memory region of {len} bytes is too large"))
-        })?;
+        let npages_u32 = u32::try_from(npages)
+            .map_err(|_| VerbsError::InvalidArgument(ArgError::MrTooLarge { len }))?;
         let guard = ctx.page_list_buf(npages * 8).map_err(unmap)?;
         let list = guard.buf();
         ctx.with_transport(|t| -> Result<()> {
@@ -260,15 +257,13 @@ impl Mr<'static> {
     /// Errors: as [`Mr::register`], plus the transport's out-of-DMA-memory error.
     pub fn alloc(pd: &Pd, len: usize, access: u32) -> Result<Mr<'static>> {
         if len == 0 {
-            return Err(VerbsError::InvalidArgument(
-                "memory region of 0 bytes".into(),
-            ));
+            return Err(VerbsError::InvalidArgument(ArgError::EmptyMr));
         }
         let ctx = pd.context();
         let ps = ctx.page_size();
-        let rounded = len.checked_next_multiple_of(ps).ok_or_else(|| {
-            VerbsError::InvalidArgument(format!("memory region of {len} bytes is too large"))
-        })?;
+        let rounded = len
+            .checked_next_multiple_of(ps)
+            .ok_or(VerbsError::InvalidArgument(ArgError::MrTooLarge { len }))?;
         let buf = ctx.alloc_dma(rounded, ps.min(2 << 20))?;
         Self::reg(pd, buf.ptr, len, access, false)
     }

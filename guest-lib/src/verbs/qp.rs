@@ -8,7 +8,7 @@ use vrnic::abi::{self, Pod};
 
 use super::cq::CqShared;
 use super::srq::{Srq, SrqShared};
-use super::{AhAttr, Context, Cq, Gid, Pd, Result, Sge, VerbsError};
+use super::{AhAttr, ArgError, Context, Cq, Gid, Pd, ResponseError, Result, Sge, VerbsError};
 use crate::transport::DmaBuf;
 
 /// `ibv_qp_type`, `ibv_qp_state` and `ibv_wr_opcode`: the device ABI's
@@ -214,7 +214,7 @@ impl QpAttr {
 
     fn from_abi(a: &abi::QpAttr) -> Result<QpAttr> {
         let qp_state = QpState::try_from(a.qp_state)
-            .map_err(|_| VerbsError::BadResponse(format!("QP state {}", a.qp_state)))?;
+            .map_err(|_| VerbsError::BadResponse(ResponseError::QpState(a.qp_state)))?;
         Ok(QpAttr {
             qp_state,
             path_mtu: a.path_mtu,
@@ -395,10 +395,11 @@ impl WorkQueue {
         wr: &RecvWr<'_>,
     ) -> Result<()> {
         if wr.sg_list.len() > max_sge as usize {
-            return Err(VerbsError::InvalidArgument(format!(
-                "{} SGEs, {queue} allows {max_sge}",
-                wr.sg_list.len()
-            )));
+            return Err(VerbsError::InvalidArgument(ArgError::TooManySges {
+                sges: wr.sg_list.len(),
+                queue,
+                max: max_sge,
+            }));
         }
         let slot = self.next_slot(ci, queue)?;
         let hdr = abi::RecvWqe {
@@ -469,17 +470,23 @@ fn records_wanted() -> bool {
 unsafe impl Send for Qp {}
 
 /// Rounds a requested queue depth up to a power of two (at least 1).
-pub(super) fn ring_size(wr: u32, what: &str) -> Result<u32> {
+pub(super) fn ring_size(wr: u32, what: &'static str) -> Result<u32> {
     wr.max(1)
         .checked_next_power_of_two()
-        .ok_or_else(|| VerbsError::InvalidArgument(format!("{what} of {wr} work requests")))
+        .ok_or(VerbsError::InvalidArgument(ArgError::QueueTooLarge {
+            queue: what,
+            wr,
+        }))
 }
 
 /// Bytes of a ring of `size` slots of `stride` bytes; `EINVAL` on overflow.
 pub(super) fn ring_bytes(size: u32, stride: u32) -> Result<usize> {
-    (size as usize).checked_mul(stride as usize).ok_or_else(|| {
-        VerbsError::InvalidArgument(format!("ring of {size} slots of {stride} bytes"))
-    })
+    (size as usize)
+        .checked_mul(stride as usize)
+        .ok_or(VerbsError::InvalidArgument(ArgError::RingTooLarge {
+            size,
+            stride,
+        }))
 }
 
 impl Qp {
@@ -504,9 +511,7 @@ impl Qp {
         let srq = init.srq.map(|s| s.shared.clone());
         if let Some(s) = &srq {
             if !s.ctx.same_device(&ctx) {
-                return Err(VerbsError::InvalidArgument(
-                    "the SRQ belongs to another context".into(),
-                ));
+                return Err(VerbsError::InvalidArgument(ArgError::ForeignSrq));
             }
         }
         let send_sge = cap.max_send_sge.max(1);
@@ -516,9 +521,10 @@ impl Qp {
             cap.max_recv_sge.max(1)
         };
         if send_sge > 255 || recv_sge > 255 {
-            return Err(VerbsError::InvalidArgument(format!(
-                "{send_sge}/{recv_sge} SGEs per work request"
-            )));
+            return Err(VerbsError::InvalidArgument(ArgError::QpSges {
+                send: send_sge,
+                recv: recv_sge,
+            }));
         }
         let sq_size = ring_size(cap.max_send_wr, "send queue")?;
         let rq_size = match srq {
@@ -600,10 +606,13 @@ impl Qp {
             .as_ref()
             .is_none_or(|rq| ring_fits(resp.rq_stride, min_recv, rq_size, &rq.buf));
         if !ring_fits(resp.sq_stride, min_send, sq_size, &qp.sq.buf) || !rq_ok {
-            return Err(VerbsError::BadResponse(format!(
-                "QP strides {}/{} (inline {}) do not fit rings of {}/{} slots",
-                resp.sq_stride, resp.rq_stride, resp.max_inline, sq_size, rq_size
-            )));
+            return Err(VerbsError::BadResponse(ResponseError::QpStrides {
+                sq_stride: resp.sq_stride,
+                rq_stride: resp.rq_stride,
+                max_inline: resp.max_inline,
+                sq_size,
+                rq_size,
+            }));
         }
         Ok(qp)
     }
@@ -809,33 +818,26 @@ impl Qp {
     fn check_send(&self, wr: &SendWr<'_>) -> Result<()> {
         let inline = wr.inline_data.unwrap_or(&[]);
         if wr.send_flags & abi::SEND_INLINE != 0 {
-            return Err(VerbsError::InvalidArgument(
-                "SEND_INLINE: give the data in SendWr::inline_data".into(),
-            ));
+            return Err(VerbsError::InvalidArgument(ArgError::InlineFlag));
         }
         if wr.inline_data.is_some() && !wr.sg_list.is_empty() {
-            return Err(VerbsError::InvalidArgument(
-                "inline data together with an SGE list".into(),
-            ));
+            return Err(VerbsError::InvalidArgument(ArgError::InlineWithSges));
         }
         if inline.len() > self.cap.max_inline_data as usize {
-            return Err(VerbsError::InvalidArgument(format!(
-                "{} bytes inline, QP allows {}",
-                inline.len(),
-                self.cap.max_inline_data
-            )));
+            return Err(VerbsError::InvalidArgument(ArgError::InlineTooLong {
+                len: inline.len(),
+                max: self.cap.max_inline_data,
+            }));
         }
         if wr.sg_list.len() > self.cap.max_send_sge as usize {
-            return Err(VerbsError::InvalidArgument(format!(
-                "{} SGEs, QP allows {}",
-                wr.sg_list.len(),
-                self.cap.max_send_sge
-            )));
+            return Err(VerbsError::InvalidArgument(ArgError::TooManySges {
+                sges: wr.sg_list.len(),
+                queue: "QP",
+                max: self.cap.max_send_sge,
+            }));
         }
         if wr.opcode.is_atomic() && (wr.sg_list.len() != 1 || wr.sg_list[0].length != 8) {
-            return Err(VerbsError::InvalidArgument(
-                "an atomic needs one 8-byte SGE".into(),
-            ));
+            return Err(VerbsError::InvalidArgument(ArgError::AtomicSge));
         }
         // rxe's validate_send_wr: the message is at most max_msg_sz.
         let len = match wr.inline_data {
@@ -843,10 +845,10 @@ impl Qp {
             None => wr.sg_list.iter().map(|s| u64::from(s.length)).sum(),
         };
         if len > u64::from(vrnic::device::MAX_MSG_SZ) {
-            return Err(VerbsError::InvalidArgument(format!(
-                "a message of {len} bytes, max_msg_sz is {}",
-                vrnic::device::MAX_MSG_SZ
-            )));
+            return Err(VerbsError::InvalidArgument(ArgError::MessageTooLong {
+                len,
+                max: vrnic::device::MAX_MSG_SZ,
+            }));
         }
         // The remote range must not wrap past 2^64 (the device completes
         // such a WQE with WC_LOC_QP_OP_ERR).
@@ -861,9 +863,10 @@ impl Qp {
         };
         if let Some((addr, n)) = remote {
             if addr.checked_add(n).is_none() {
-                return Err(VerbsError::InvalidArgument(format!(
-                    "remote range of {n} bytes at {addr:#x} wraps"
-                )));
+                return Err(VerbsError::InvalidArgument(ArgError::RemoteRangeWraps {
+                    addr,
+                    len: n,
+                }));
             }
         }
         Ok(())
@@ -884,9 +887,7 @@ impl Qp {
         let ci = self.consumer_index(4);
         let max_sge = self.cap.max_recv_sge;
         let Some(rq) = self.rq.as_mut() else {
-            return Err(VerbsError::InvalidArgument(
-                "the QP receives from an SRQ: post with Srq::post_recv".into(),
-            ));
+            return Err(VerbsError::InvalidArgument(ArgError::RecvOnSrqQp));
         };
         rq.push_recv(ci, "receive queue", max_sge, wr)?;
         let pi = rq.pi;
@@ -949,7 +950,9 @@ impl Qp {
 /// # Safety
 /// `dst` is valid for `src.len()` bytes of writes.
 pub(super) unsafe fn write_bytes(dst: *mut u8, src: &[u8]) {
-    std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
+    // SAFETY: `dst` is valid for `src.len()` bytes of writes (the
+    // caller's contract), and ring memory is no Rust object `src` borrows.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
 }
 
 /// Writes `sges` back to back at `dst`.
@@ -958,7 +961,9 @@ pub(super) unsafe fn write_bytes(dst: *mut u8, src: &[u8]) {
 /// `dst` is valid for `16 * sges.len()` bytes of writes.
 pub(super) unsafe fn write_sges(dst: *mut u8, sges: &[Sge]) {
     for (i, s) in sges.iter().enumerate() {
-        write_bytes(dst.add(i * size_of::<Sge>()), s.as_bytes());
+        // SAFETY: SGE `i` of `sges` lies within the `16 * sges.len()` bytes
+        // the caller vouches for (an Sge is 16 bytes).
+        unsafe { write_bytes(dst.add(i * size_of::<Sge>()), s.as_bytes()) };
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use vrnic::abi::{self, Pod};
 
 use super::qp::{ring_bytes, ring_fits, ring_size, WorkQueue};
-use super::{Context, Pd, RecvWr, Result, Sge, VerbsError};
+use super::{ArgError, Context, Pd, RecvWr, ResponseError, Result, Sge, VerbsError};
 use crate::transport::DmaBuf;
 
 /// SRQ creation attributes (`struct ibv_srq_init_attr`'s `attr`).
@@ -96,9 +96,9 @@ impl Srq {
         let ctx = pd.context().clone();
         let max_sge = init.max_sge.max(1);
         if max_sge > 255 {
-            return Err(VerbsError::InvalidArgument(format!(
-                "{max_sge} SGEs per work request"
-            )));
+            return Err(VerbsError::InvalidArgument(ArgError::SrqSges {
+                sges: max_sge,
+            }));
         }
         let size = ring_size(init.max_wr, "shared receive queue")?;
         let ring = ctx.alloc_dma(ring_bytes(size, abi::rq_stride(max_sge))?, 4096)?;
@@ -130,10 +130,12 @@ impl Srq {
         // From here on, dropping `srq` destroys the device's SRQ.
         let min = size_of::<abi::RecvWqe>() + size_of::<Sge>() * max_sge as usize;
         if resp.max_wr != size || !ring_fits(resp.stride, min, size, &srq.ring.buf) {
-            return Err(VerbsError::BadResponse(format!(
-                "SRQ of {} slots of {} bytes does not fit a ring of {size} slots for {max_sge} SGEs",
-                resp.max_wr, resp.stride
-            )));
+            return Err(VerbsError::BadResponse(ResponseError::SrqRing {
+                max_wr: resp.max_wr,
+                stride: resp.stride,
+                size,
+                max_sge,
+            }));
         }
         Ok(srq)
     }

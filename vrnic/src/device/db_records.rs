@@ -29,7 +29,7 @@
 
 use std::sync::atomic::{fence, Ordering};
 
-use super::{Device, Nanos};
+use super::{Counter, Device, Nanos};
 use crate::abi;
 use crate::mem::DmaMemory;
 
@@ -234,10 +234,10 @@ impl Device {
         index: u32,
         now: Nanos,
     ) {
-        self.res.out.stats.records_read += 1;
+        self.res.out.stats.count(Counter::records_read, 1);
         if !self.queue_doorbell(mem, kind, qpn, index, now) {
             tracing::debug!(qpn, kind, index, "record index ignored");
-            self.res.out.stats.doorbells_ignored += 1;
+            self.res.out.stats.count(Counter::doorbells_ignored, 1);
         }
     }
 }

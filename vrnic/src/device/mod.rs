@@ -37,14 +37,14 @@ mod contexts;
 mod control;
 mod db_records;
 mod neigh;
-mod qp_stats;
+mod stats;
 
 pub use db_records::WATCH_MAX;
 pub use neigh::{
     NeighTable, NEIGH_FAILED_NS, NEIGH_MAX, NEIGH_MAX_PROBES, NEIGH_PENDING_MAX,
     NEIGH_REACHABLE_NS, NEIGH_RETRANS_NS,
 };
-pub use qp_stats::QpStats;
+pub use stats::{Counter, Counters, DeviceStats, QpStats};
 
 use crate::transport::{completer, datagram, hdr_check, requester, responder, Env, Output, PortId};
 use crate::verbs::ah::Ah;
@@ -69,170 +69,24 @@ macro_rules! transport_env {
 pub(crate) use transport_env;
 
 /// Runs one transport step for a QP: `$body` with `$env`, a transport
-/// [`Env`] of device `$d` at time `$now`, then adds the change of the
-/// device counters across it to `$qp`'s counters ([`QpStats::add_delta`]):
-/// how every per-QP counter is attributed. Evaluates to `$body`'s value.
+/// [`Env`] of device `$d` at time `$now`, between
+/// `Counters::begin_step` and `Counters::end_step`, which give `$qp`
+/// its share of the device counters the step counted: how every per-QP
+/// counter is attributed. Evaluates to `$body`'s value.
 macro_rules! qp_step {
     ($d:expr, $qp:expr, $mem:expr, $now:expr, |$env:ident| $body:block) => {{
-        let before = $d.res.out.stats.clone();
+        $d.res.out.stats.begin_step();
         let r = {
             #[allow(unused_mut)]
             let mut $env = transport_env!($d, $mem, $now);
             $body
         };
-        $qp.stats.add_delta(&before, &$d.res.out.stats);
+        $d.res.out.stats.end_step(&mut $qp.stats);
         $crate::transport::requester::count_in_flight($qp, &mut $d.res);
         r
     }};
 }
 pub(crate) use qp_step;
-
-/// Per-device counters (see `vrnic stats`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DeviceStats {
-    /// Frames handed to the link.
-    pub tx_frames: u64,
-    /// Frames received from the link.
-    pub rx_frames: u64,
-    /// Frames dropped: not RoCEv2/ARP for us, malformed, for no QP, or
-    /// failing the header checks (also counted by class, `rx_drop_*`).
-    pub rx_dropped: u64,
-    /// Frames dropped for a bad ICRC.
-    pub icrc_errors: u64,
-    /// Control commands rejected with an error status.
-    pub cmd_errors: u64,
-    /// Request packets retransmitted (timeouts and RNR back-offs).
-    pub retransmits: u64,
-    /// NAKs sent (sequence, access, invalid request, operational).
-    pub naks_sent: u64,
-    /// NAKs received.
-    pub naks_received: u64,
-    /// RNR NAKs sent.
-    pub rnr_naks_sent: u64,
-    /// RNR NAKs received.
-    pub rnr_naks_received: u64,
-    /// Duplicate requests received (re-acknowledged, not re-executed).
-    pub duplicates: u64,
-    /// NAKs sent with code PSN sequence error (IBTA Table 44).
-    pub nak_psn_seq_sent: u64,
-    /// NAKs sent with code invalid request.
-    pub nak_inv_req_sent: u64,
-    /// NAKs sent with code remote access error.
-    pub nak_rem_access_sent: u64,
-    /// NAKs sent with code remote operational error.
-    pub nak_rem_op_sent: u64,
-    /// NAKs received with code PSN sequence error.
-    pub nak_psn_seq_received: u64,
-    /// NAKs received with code invalid request (or invalid RD request).
-    pub nak_inv_req_received: u64,
-    /// NAKs received with code remote access error.
-    pub nak_rem_access_received: u64,
-    /// NAKs received with code remote operational error.
-    pub nak_rem_op_received: u64,
-    /// RoCEv2 payload bytes sent: after the BTH and extension headers,
-    /// without pad and ICRC; retransmissions count again.
-    pub tx_bytes: u64,
-    /// RoCEv2 payload bytes received in packets for one of the device's
-    /// QPs (counted as [`DeviceStats::tx_bytes`]).
-    pub rx_bytes: u64,
-    /// Doorbells ignored ([`Device::doorbell`]), for any reason: an
-    /// unknown kind or handle, a handle of another context (also counted
-    /// in [`DeviceStats::doorbells_foreign`]), or a producer index outside
-    /// `[fetch index, consumer index + ring size]` of its queue (device
-    /// spec §5.x.6.9); and producer indices read from QP records outside
-    /// that window ([`Device::poll_records`]).
-    pub doorbells_ignored: u64,
-    /// Doorbells ignored (also in `doorbells_ignored`) because the QP, SRQ
-    /// or CQ they name exists but belongs to another device context than
-    /// their [`abi::Doorbell::ctx`] (device spec §5.x.6.13): in a guest
-    /// whose programs share a device through the agent, a program ringing
-    /// another program's queues.
-    pub doorbells_foreign: u64,
-    /// SQ and RQ producer indices taken from QP records instead of
-    /// doorbells (device spec §5.x.6.9, "Doorbell records"): new values
-    /// read while the device polls.
-    pub records_read: u64,
-    /// Packets dropped (also in `rx_dropped`) because their opcode is of
-    /// another transport than the QP's (rxe's `check_type_state`).
-    pub rx_drop_qp_type: u64,
-    /// Packets dropped (also in `rx_dropped`) because the QP's state does
-    /// not receive them: a request before RTR or in ERR, a response
-    /// outside RTS/SQD (rxe's `check_type_state`).
-    pub rx_drop_qp_state: u64,
-    /// RC/UC packets dropped (also in `rx_dropped`) whose source IP is not
-    /// the QP's destination GID or whose destination IP is not its source
-    /// GID (rxe's `check_addr`).
-    pub rx_drop_bad_src_addr: u64,
-    /// Packets dropped (also in `rx_dropped`) whose BTH P_Key does not
-    /// match the QP's P_Key table entry (IBTA §10.9.3, rxe's `check_keys`).
-    pub rx_drop_bad_pkey: u64,
-    /// UD packets dropped (also in `rx_dropped`) whose DETH Q_Key is not
-    /// the QP's (IBTA C10-16, rxe's `check_keys`).
-    pub rx_drop_bad_qkey: u64,
-    /// Packets (also in `tx_frames`) sent to another function of the
-    /// daemon in the frame of an earlier one (a batch, `wire::gso`).
-    pub tx_batched: u64,
-    /// Of those, packets whose payload stayed in this device's memory for
-    /// the receiver to copy (by reference, `vrnic::data`).
-    pub tx_by_ref: u64,
-    /// ACKs that took the place of an earlier ACK of the same QP at the
-    /// end of a batch (coalesced, `Output::send_with`): not counted in
-    /// `tx_frames` again.
-    pub acks_coalesced: u64,
-    /// Replies to peers (ACKs, NAKs, RNR NAKs, atomic ACKs, ARP replies,
-    /// neighbour advertisements) dropped because
-    /// `transport::TX_REPLY_MAX` packets already waited for the link
-    /// (`Output::send_reply`): the peer's retransmission recovers them.
-    pub replies_dropped: u64,
-    /// Expired ACK timers that started again instead of retrying: the
-    /// QP's last packets were still in this device's transmit queue or
-    /// held by its owner for a full link (`completer::on_timer`).
-    pub ack_timeouts_deferred: u64,
-    /// Tail loss probes sent: the last unacknowledged packet of a QP sent
-    /// again after about two round trips without progress
-    /// (`transport::probe`).
-    pub tail_probes: u64,
-}
-
-impl DeviceStats {
-    /// Counts a NAK sent with `code` (in `naks_sent` and by code).
-    pub fn nak_sent(&mut self, code: crate::wire::NakCode) {
-        use crate::wire::NakCode::*;
-        self.naks_sent += 1;
-        match code {
-            PsnSequenceError => self.nak_psn_seq_sent += 1,
-            InvalidRequest | InvalidRdRequest => self.nak_inv_req_sent += 1,
-            RemoteAccessError => self.nak_rem_access_sent += 1,
-            RemoteOperationalError => self.nak_rem_op_sent += 1,
-        }
-    }
-
-    /// Counts a packet dropped by [`hdr_check::hdr_check`] (in
-    /// `rx_dropped` and by class).
-    pub fn hdr_drop(&mut self, why: hdr_check::HdrDrop) {
-        use hdr_check::HdrDrop::*;
-        self.rx_dropped += 1;
-        match why {
-            QpType => self.rx_drop_qp_type += 1,
-            QpState => self.rx_drop_qp_state += 1,
-            BadAddr => self.rx_drop_bad_src_addr += 1,
-            BadPkey => self.rx_drop_bad_pkey += 1,
-            BadQkey => self.rx_drop_bad_qkey += 1,
-        }
-    }
-
-    /// Counts a NAK received with `code` (in `naks_received` and by code).
-    pub fn nak_received(&mut self, code: crate::wire::NakCode) {
-        use crate::wire::NakCode::*;
-        self.naks_received += 1;
-        match code {
-            PsnSequenceError => self.nak_psn_seq_received += 1,
-            InvalidRequest | InvalidRdRequest => self.nak_inv_req_received += 1,
-            RemoteAccessError => self.nak_rem_access_received += 1,
-            RemoteOperationalError => self.nak_rem_op_received += 1,
-        }
-    }
-}
 
 /// Device limits, reported by `CMD_QUERY_DEVICE` and the config space.
 pub const MAX_QP: usize = 1024;
@@ -448,7 +302,7 @@ impl Device {
             }
         };
         if status != abi::STATUS_OK {
-            self.res.out.stats.cmd_errors += 1;
+            self.res.out.stats.count(Counter::cmd_errors, 1);
         }
         if resp.len() < 8 {
             return 0;
@@ -490,9 +344,9 @@ impl Device {
             foreign,
             "doorbell ignored"
         );
-        self.res.out.stats.doorbells_ignored += 1;
+        self.res.out.stats.count(Counter::doorbells_ignored, 1);
         if foreign {
-            self.res.out.stats.doorbells_foreign += 1;
+            self.res.out.stats.count(Counter::doorbells_foreign, 1);
         }
     }
 
@@ -556,7 +410,7 @@ impl Device {
     /// [`Icrc::Unneeded`] for a frame another engine of this process built
     /// ([`crate::link::Link::recv_with`]).
     pub fn receive_frame(&mut self, mem: &dyn DmaMemory, frame: &[u8], icrc: Icrc, now: Nanos) {
-        self.res.out.stats.rx_frames += 1;
+        self.res.out.stats.count(Counter::rx_frames, 1);
         let pkt = match wire::parse_frame_with(frame, icrc) {
             Ok(Frame::Roce(p)) => p,
             Ok(Frame::Arp(arp)) => {
@@ -570,15 +424,15 @@ impl Device {
             }
             Ok(Frame::Other) => {
                 if !self.on_ndp(frame, now) {
-                    self.res.out.stats.rx_dropped += 1;
+                    self.res.out.stats.count(Counter::rx_dropped, 1);
                 }
                 return;
             }
             Err(e) => {
                 if e == wire::WireError::BadIcrc {
-                    self.res.out.stats.icrc_errors += 1;
+                    self.res.out.stats.count(Counter::icrc_errors, 1);
                 }
-                self.res.out.stats.rx_dropped += 1;
+                self.res.out.stats.count(Counter::rx_dropped, 1);
                 return;
             }
         };
@@ -594,13 +448,13 @@ impl Device {
             for seg in wire::gso::rest(frame, &pkt.hdr, peer.as_deref()) {
                 match seg {
                     Ok(wire::gso::Segment::Packet(p)) => {
-                        self.res.out.stats.rx_frames += 1;
+                        self.res.out.stats.count(Counter::rx_frames, 1);
                         self.receive_packet(mem, &p, None, now);
                     }
                     Ok(wire::gso::Segment::Run(r)) => self.receive_run(mem, &r, now),
                     Err(_) => {
-                        self.res.out.stats.rx_frames += 1;
-                        self.res.out.stats.rx_dropped += 1;
+                        self.res.out.stats.count(Counter::rx_frames, 1);
+                        self.res.out.stats.count(Counter::rx_dropped, 1);
                         break;
                     }
                 }
@@ -627,15 +481,21 @@ impl Device {
             });
         let Some(qp) = self.qps.get_mut(pkt.hdr.bth.dest_qp).filter(|_| whole) else {
             for p in run.packets() {
-                self.res.out.stats.rx_frames += 1;
+                self.res.out.stats.count(Counter::rx_frames, 1);
                 self.receive_packet(mem, &p, None, now);
             }
             return;
         };
-        self.res.out.stats.rx_frames += u64::from(run.count);
+        self.res
+            .out
+            .stats
+            .count(Counter::rx_frames, u64::from(run.count));
         qp.stats.rx_packets += u64::from(run.count);
         qp_step!(self, qp, mem, now, |env| {
-            env.res.out.stats.rx_bytes += pkt.payload_len() as u64;
+            env.res
+                .out
+                .stats
+                .count(Counter::rx_bytes, pkt.payload_len() as u64);
             if pkt.hdr.bth.opcode.is_request() {
                 responder::on_run(qp, &mut env, run);
             } else {
@@ -656,7 +516,7 @@ impl Device {
         now: Nanos,
     ) {
         if !self.res.port.owns(pkt.hdr.ip_dst) || pkt.hdr.eth_dst != self.res.port.mac {
-            self.res.out.stats.rx_dropped += 1;
+            self.res.out.stats.count(Counter::rx_dropped, 1);
             return;
         }
         // Neighbours are learnt from ARP / neighbour discovery only, never
@@ -665,12 +525,15 @@ impl Device {
         // later request of the QPs to that peer (replies go to the
         // request's source MAC and need no table).
         let Some(qp) = self.qps.get_mut(pkt.hdr.bth.dest_qp) else {
-            self.res.out.stats.rx_dropped += 1;
+            self.res.out.stats.count(Counter::rx_dropped, 1);
             return;
         };
         qp.stats.rx_packets += 1;
         qp_step!(self, qp, mem, now, |env| {
-            env.res.out.stats.rx_bytes += pkt.payload_len() as u64;
+            env.res
+                .out
+                .stats
+                .count(Counter::rx_bytes, pkt.payload_len() as u64);
             if let Err(why) = hdr_check::hdr_check(qp, &env.res.port, pkt) {
                 env.res.out.stats.hdr_drop(why);
             } else if pkt.hdr.bth.opcode.transport() == wire::Transport::Ud {
@@ -680,10 +543,10 @@ impl Device {
                     {
                         datagram::on_request(qp, &mut env, pkt, ip);
                     }
-                    _ => env.res.out.stats.rx_dropped += 1,
+                    _ => env.res.out.stats.count(Counter::rx_dropped, 1),
                 }
             } else if qp.qp_type == abi::QpType::Ud {
-                env.res.out.stats.rx_dropped += 1;
+                env.res.out.stats.count(Counter::rx_dropped, 1);
             } else if pkt.hdr.bth.opcode.is_request() {
                 responder::on_request(qp, &mut env, pkt);
             } else {
@@ -909,7 +772,7 @@ impl Device {
 
     /// Counters.
     pub fn stats(&self) -> &DeviceStats {
-        &self.res.out.stats
+        self.res.out.stats.stats()
     }
 
     /// Per-QP counters of every QP, by QP number (ascending). A QP's

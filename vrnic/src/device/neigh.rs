@@ -41,7 +41,7 @@ use etherparse::{
     TransportSlice,
 };
 
-use super::{Device, Nanos};
+use super::{Counter, Device, Nanos};
 use crate::wire::{self, ArpPacket, Gid};
 
 /// Most resolved neighbours the port keeps.
@@ -299,7 +299,7 @@ impl Device {
     /// for the port's IPv4 address is answered.
     pub(super) fn on_arp(&mut self, arp: &ArpPacket, eth_dst: [u8; 6], now: Nanos) {
         if eth_dst != self.res.port.mac && eth_dst != [0xff; 6] {
-            self.res.out.stats.rx_dropped += 1;
+            self.res.out.stats.count(Counter::rx_dropped, 1);
             return;
         }
         let for_us = arp.target_ip == self.res.port.ipv4;
@@ -331,7 +331,7 @@ impl Device {
             wire::emit_arp(self.res.port.mac, arp.sender_mac, &reply, &mut frame);
             // Within the reply bound (transport::TX_REPLY_MAX).
             if self.res.out.push_reply_frame(frame) {
-                self.res.out.stats.tx_frames += 1;
+                self.res.out.stats.count(Counter::tx_frames, 1);
             }
         }
     }
@@ -463,7 +463,7 @@ impl Device {
             true
         };
         if queued {
-            self.res.out.stats.tx_frames += 1;
+            self.res.out.stats.count(Counter::tx_frames, 1);
         }
     }
 
@@ -514,7 +514,7 @@ impl Device {
         };
         let mut frame = Vec::with_capacity(64);
         wire::emit_arp(self.res.port.mac, eth_dst, &req, &mut frame);
-        self.res.out.stats.tx_frames += 1;
+        self.res.out.stats.count(Counter::tx_frames, 1);
         self.res.out.push_frame(frame);
     }
 

@@ -257,10 +257,12 @@ impl PacketLink {
         rx.next = 0;
         rx.cur = None;
         let hdr = if self.vnet { VNET_HDR_LEN } else { 0 };
-        // SAFETY (for the zeroed values): iovec, mmsghdr and sockaddr_ll
-        // are plain old data; all-zero is a valid value of each.
+        // SAFETY: iovec, mmsghdr and sockaddr_ll are plain old data;
+        // all-zero is a valid value of each.
         let mut iov: [[libc::iovec; 2]; RECV_MANY] = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
         let mut names: [libc::sockaddr_ll; RECV_MANY] = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
         let mut msgs: [libc::mmsghdr; RECV_MANY] = unsafe { std::mem::zeroed() };
         for ((((b, h), v), name), m) in rx
             .bufs
@@ -503,6 +505,7 @@ impl Link for PacketLink {
         let mut runs = [0usize; SEND_MANY_MAX];
         // SAFETY: iovec and mmsghdr are plain old data; all-zero is valid.
         let mut iov: [libc::iovec; 2 * SEND_MANY_MAX] = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
         let mut msgs: [libc::mmsghdr; SEND_MANY_MAX] = unsafe { std::mem::zeroed() };
         let (mut i, mut m, mut v) = (0, 0, 0);
         while i < count {

@@ -4,6 +4,7 @@
 
 use crate::abi;
 use crate::data::Data;
+use crate::device::Counter;
 use crate::transport::requester::{self, ack_timeout_ns};
 use crate::transport::{psn, send_queue_error, write_record, Env};
 use crate::verbs::qp::Qp;
@@ -94,7 +95,7 @@ fn complete_ack(qp: &mut Qp, env: &mut Env, p: u32) {
 /// fails with `WC_RNR_RETRY_EXC_ERR`.
 fn rnr_retry(qp: &mut Qp, env: &mut Env, p: u32, timer: u8) {
     ack_up_to(qp, env, psn::add(p, psn::PSN_MASK));
-    env.res.out.stats.rnr_naks_received += 1;
+    env.res.out.stats.count(Counter::rnr_naks_received, 1);
     if qp.req.rnr_left == 0 {
         fail_head(qp, env, abi::WcStatus::RnrRetryExcErr);
         return;
@@ -219,7 +220,7 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
     if let Some(t) = qp.req.rnr_deadline {
         if env.now >= t {
             qp.req.rnr_deadline = None;
-            env.res.out.stats.retransmits += 1;
+            env.res.out.stats.count(Counter::retransmits, 1);
             requester::run(qp, env);
         }
     }
@@ -232,7 +233,7 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
                 // peer cannot have answered them. The timer starts again
                 // (rxe restarts it as each packet goes, rxe_req.c
                 // update_state), so it measures the peer's silence.
-                env.res.out.stats.ack_timeouts_deferred += 1;
+                env.res.out.stats.count(Counter::ack_timeouts_deferred, 1);
                 qp.req.ack_deadline = ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t);
             } else if qp.req.retry_left == 0 {
                 fail_head(qp, env, abi::WcStatus::RetryExcErr);
@@ -240,7 +241,7 @@ pub fn on_timer(qp: &mut Qp, env: &mut Env) -> Option<u64> {
                 qp.req.retry_left -= 1;
                 qp.req.retry_started = true;
                 qp.req.cwnd.on_timeout();
-                env.res.out.stats.retransmits += 1;
+                env.res.out.stats.count(Counter::retransmits, 1);
                 qp.req.ack_deadline = ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t);
                 requester::rewind(qp, resume_psn(qp));
                 requester::run(qp, env);
@@ -349,7 +350,7 @@ fn on_read_or_atomic_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     match check_resp_psn(qp, pkt) {
         RespPsn::NotForHead => return,
         RespPsn::Duplicate => {
-            env.res.out.stats.duplicates += 1;
+            env.res.out.stats.count(Counter::duplicates, 1);
             return;
         }
         RespPsn::Gap { expected } => {

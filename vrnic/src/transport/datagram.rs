@@ -8,6 +8,7 @@ use std::net::IpAddr;
 
 use crate::abi;
 use crate::data::Data;
+use crate::device::Counter;
 use crate::transport::recv_queue;
 use crate::transport::requester::{self, complete_op, fetch};
 use crate::transport::{headers_to, psn, scatter_sges, send_queue_error, write_record, Env};
@@ -137,16 +138,16 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, net_hdr: &[u8]) 
         abi::QpState::Rtr | abi::QpState::Rts | abi::QpState::Sqd | abi::QpState::Sqe
     );
     let Some(deth) = pkt.hdr.deth else {
-        env.res.out.stats.rx_dropped += 1;
+        env.res.out.stats.count(Counter::rx_dropped, 1);
         return;
     };
     if !ok_state || !pkt.hdr.bth.opcode.has_deth() || deth.qkey != qp.attr.qkey {
-        env.res.out.stats.rx_dropped += 1;
+        env.res.out.stats.count(Counter::rx_dropped, 1);
         return;
     }
     let ctx = match recv_queue::take(qp, env) {
         None => {
-            env.res.out.stats.rx_dropped += 1;
+            env.res.out.stats.count(Counter::rx_dropped, 1);
             return;
         }
         Some(Err((wr_id, status))) => {

@@ -3,7 +3,7 @@
 //! `hdr_check` (`rxe_recv.c`): [`check_type_state`], [`check_addr`],
 //! [`check_keys`]. A packet that fails one is dropped silently (no NAK:
 //! it may come from anyone) and counted by class
-//! ([`crate::device::DeviceStats::hdr_drop`]).
+//! ([`crate::device::Counters::hdr_drop`]).
 //!
 //! Without them an off-path host that knows a QP number could write into
 //! a connected QP's memory, complete its WQEs with a forged ACK or move it

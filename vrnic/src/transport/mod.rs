@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::abi;
-use crate::device::{DeviceStats, Nanos};
+use crate::device::{Counter, Counters, Nanos};
 use crate::mem::{self, DmaMemory};
 use crate::verbs::ah::Av;
 use crate::verbs::qp::Qp;
@@ -88,8 +88,8 @@ pub struct Output {
     pub tx: VecDeque<Vec<u8>>,
     /// Events for the event queue.
     pub events: VecDeque<abi::Event>,
-    /// Counters.
-    pub stats: DeviceStats,
+    /// Counters ([`Counters::count`]).
+    pub stats: Counters,
     /// Next IPv4 identification value.
     pub ip_id: u16,
     /// Request frames held by the QPs' responders while their READ
@@ -241,7 +241,7 @@ impl Output {
             if self.replace_last_ack(hdr) || self.replace_wire_ack(hdr) {
                 return true;
             }
-            self.stats.replies_dropped += 1;
+            self.stats.count(Counter::replies_dropped, 1);
             return false;
         }
         self.send(hdr, &[]);
@@ -254,7 +254,7 @@ impl Output {
     /// again). Returns whether it was queued.
     pub fn push_reply_frame(&mut self, frame: Vec<u8>) -> bool {
         if self.backlog() >= TX_REPLY_MAX {
-            self.stats.replies_dropped += 1;
+            self.stats.count(Counter::replies_dropped, 1);
             return false;
         }
         self.push_frame(frame);
@@ -372,7 +372,7 @@ impl Output {
             Err(never) => match never {},
         }
         self.wire_ack = Some((*seq, Box::new(h)));
-        self.stats.acks_coalesced += 1;
+        self.stats.count(Counter::acks_coalesced, 1);
         true
     }
 
@@ -404,7 +404,7 @@ impl Output {
             b.first.aeth = hdr.aeth;
         }
         b.last_ack = Some((at, qp, hdr.bth.psn));
-        self.stats.acks_coalesced += 1;
+        self.stats.count(Counter::acks_coalesced, 1);
         true
     }
 
@@ -440,7 +440,7 @@ impl Output {
         b.last_ack = None;
         *count += 1;
         self.joined(len);
-        self.stats.tx_by_ref += 1;
+        self.stats.count(Counter::tx_by_ref, 1);
         Ok(true)
     }
 
@@ -498,7 +498,7 @@ impl Output {
         b.last_ack = None;
         *n += count as usize;
         self.joined_many(count16, total);
-        self.stats.tx_by_ref += u64::from(count);
+        self.stats.count(Counter::tx_by_ref, u64::from(count));
         Ok(true)
     }
 
@@ -512,7 +512,7 @@ impl Output {
     fn joined_many(&mut self, packets: u16, len: usize) {
         self.tx_packets += usize::from(packets);
         self.sent_many(packets, len);
-        self.stats.tx_batched += u64::from(packets);
+        self.stats.count(Counter::tx_batched, u64::from(packets));
     }
 
     /// Counts a packet of `len` payload bytes sent.
@@ -524,8 +524,8 @@ impl Output {
     /// takes an IPv4 identification).
     fn sent_many(&mut self, packets: u16, len: usize) {
         self.ip_id = self.ip_id.wrapping_add(packets);
-        self.stats.tx_frames += u64::from(packets);
-        self.stats.tx_bytes += len as u64;
+        self.stats.count(Counter::tx_frames, u64::from(packets));
+        self.stats.count(Counter::tx_bytes, len as u64);
     }
 
     /// True when a packet with headers `hdr` and `len` payload bytes joins

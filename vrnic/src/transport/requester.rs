@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use crate::abi::{self, Sge, WrOpcode};
-use crate::device::MAX_MSG_SZ;
+use crate::device::{Counter, MAX_MSG_SZ};
 use crate::mem;
 use crate::transport::{peer_headers, psn, Env, TX_BACKLOG_MAX};
 use crate::verbs::mr::MrError;
@@ -1026,7 +1026,7 @@ pub fn probe(qp: &mut Qp, env: &mut Env) {
             };
             let from = psn::add(op.first_psn, op.resp_pkts);
             op.rerequested_at = Some(op.resp_pkts);
-            env.res.out.stats.tail_probes += 1;
+            env.res.out.stats.count(Counter::tail_probes, 1);
             rewind(qp, from);
             // Before run, so that it arms no other probe.
             qp.req.probe_sent = true;
@@ -1037,7 +1037,7 @@ pub fn probe(qp: &mut Qp, env: &mut Env) {
     if let Ok(true) = send_packet(qp, env, pos, k, true) {
         qp.req.probe_sent = true;
         qp.req.tx_mark = env.res.out.frames_queued();
-        env.res.out.stats.tail_probes += 1;
+        env.res.out.stats.count(Counter::tail_probes, 1);
     }
 }
 

@@ -4,7 +4,7 @@
 //! §9.9; rxe_resp.c). Every error is answered: a requester never hangs.
 
 use crate::abi;
-use crate::device::MAX_MSG_SZ;
+use crate::device::{Counter, MAX_MSG_SZ};
 use crate::transport::recv_queue::{self, RecvCtx};
 use crate::transport::{
     psn, qp_to_error, reply_headers, write_record, Env, Output, TX_BACKLOG_MAX,
@@ -243,7 +243,7 @@ fn hold(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     {
         // Out of the sender's memory now, for a packet by reference.
         let Ok(payload) = pkt.data().to_vec() else {
-            env.res.out.stats.rx_dropped += 1;
+            env.res.out.stats.count(Counter::rx_dropped, 1);
             return;
         };
         qp.resp.held.push_back(HeldRequest {
@@ -252,7 +252,7 @@ fn hold(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
         });
         env.res.out.held_frames += 1;
     } else {
-        env.res.out.stats.rx_dropped += 1;
+        env.res.out.stats.count(Counter::rx_dropped, 1);
     }
 }
 
@@ -475,7 +475,7 @@ fn process(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
         (abi::QpType::Rc, Transport::Rc) if qp.state != abi::QpState::Sqe => {}
         (abi::QpType::Uc, Transport::Uc) => return on_uc_request(qp, env, pkt),
         _ => {
-            env.res.out.stats.rx_dropped += 1;
+            env.res.out.stats.count(Counter::rx_dropped, 1);
             return;
         }
     }
@@ -556,7 +556,7 @@ fn answer(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, done: Result<Reply, Resp
             // RNR: nothing consumed, the requester retries this PSN later.
             let aeth = Aeth::rnr_nak(qp.resp.msn, qp.attr.min_rnr_timer);
             if send_aeth(qp, env, pkt, pkt.hdr.bth.psn, aeth) {
-                env.res.out.stats.rnr_naks_sent += 1;
+                env.res.out.stats.count(Counter::rnr_naks_sent, 1);
             }
         }
         Err(RespError::Nak { code, wqe }) => nak_error(qp, env, pkt, code, wqe),
@@ -610,7 +610,7 @@ fn nak_psn_out_of_seq(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
 /// SEND or WRITE was already executed: it is acknowledged with the last
 /// PSN executed, as rxe does.
 fn duplicate_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
-    env.res.out.stats.duplicates += 1;
+    env.res.out.stats.count(Counter::duplicates, 1);
     let bth = pkt.hdr.bth;
     if bth.opcode == Opcode::RcReadRequest || bth.opcode.is_atomic() {
         match qp.resp.rd_atomic_res(bth.psn) {
@@ -632,7 +632,7 @@ fn duplicate_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
             }) if bth.opcode.is_atomic() && psn == bth.psn => {
                 send_atomic_ack(qp, env, pkt, orig);
             }
-            _ => env.res.out.stats.rx_dropped += 1,
+            _ => env.res.out.stats.count(Counter::rx_dropped, 1),
         }
         return;
     }
@@ -1062,7 +1062,7 @@ fn on_uc_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     qp.resp.epsn = psn::add(bth.psn, 1);
     if matches!(qp.resp.msg, InboundMsg::UcDrop) {
         if !starts {
-            env.res.out.stats.rx_dropped += 1;
+            env.res.out.stats.count(Counter::rx_dropped, 1);
             return;
         }
         qp.resp.msg = InboundMsg::Idle;
@@ -1084,7 +1084,10 @@ fn uc_drop(qp: &mut Qp, env: &mut Env, e: RespError, op: Opcode, packets: u32) {
     {
         complete_recv_error(qp, env, wr_id, status);
     }
-    env.res.out.stats.rx_dropped += u64::from(packets);
+    env.res
+        .out
+        .stats
+        .count(Counter::rx_dropped, u64::from(packets));
     abandon_uc_message(qp);
     if !op.is_last() {
         qp.resp.msg = InboundMsg::UcDrop;
