@@ -11,8 +11,8 @@ use vhost::VringConfigData;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vrnic::mem::DmaMemory;
 
-use super::memory::DriverMemory;
-use super::FrontendError;
+use crate::memory::DriverMemory;
+use crate::FrontendError;
 
 /// `VIRTQ_DESC_F_NEXT`.
 const F_NEXT: u16 = 1;

@@ -17,6 +17,15 @@
 //! one driver-side implementation, not two.
 //!
 //! Every wait is bounded by [`FrontendOptions::timeout`].
+//!
+//! A crate of its own (it was the daemon's `frontend` module): it drives
+//! the daemon's library (`vrnic_vhost`, which [`TestDaemon`] serves in a
+//! thread) with guest-lib's vhost-user negotiation, so the daemon itself
+//! depends on no driver. The daemon's integration tests use it as a
+//! dev-dependency; the host programs `vrnic-soak` (`src/bin/vrnic-soak.rs`,
+//! the soak's traffic driver) and `vrnic-flood` (`src/bin/vrnic-flood.rs`,
+//! a hostile frontend for benchmarks) are its binaries.
+#![deny(missing_docs)]
 
 mod daemon;
 mod memory;
@@ -38,7 +47,7 @@ pub use daemon::{test_device_config, TestDaemon};
 pub use memory::{DriverMemory, PAGE};
 pub use queue::{Buffer, SplitQueue, Used};
 
-use crate::datapath::MAX_CONTROL_MSG;
+use vrnic_vhost::datapath::MAX_CONTROL_MSG;
 
 /// Test frontend failures.
 #[derive(Debug, thiserror::Error)]
@@ -492,7 +501,7 @@ impl TestFrontend {
     /// Stops queue `q` (`GET_VRING_BASE`); returns the backend's next
     /// available index. Stopping the control queue stops the device (its
     /// state is kept until the queue restarts; see
-    /// [`crate::datapath::DataPath::stop`]).
+    /// [`vrnic_vhost::datapath::DataPath::stop`]).
     ///
     /// # Errors
     /// [`FrontendError::Vhost`].
