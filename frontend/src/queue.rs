@@ -1,119 +1,83 @@
-//! The driver side of a split virtqueue (virtio 1.2 §2.7): descriptor
-//! table, available ring and used ring in driver memory, kick and call
-//! eventfds, and both notification-suppression schemes (§2.7.7 flags and
-//! §2.7.10 `VIRTIO_F_EVENT_IDX`), honoured the way a guest driver must.
+//! The frontend's virtqueues: `vrnic-virtq`'s driver-side split virtqueue
+//! (virtio 1.2 §2.7, the one guest-lib's drivers use) on rings in the
+//! frontend's guest RAM, with vhost-user's kick and call eventfds, both
+//! notification-suppression schemes (§2.7.7 flags, §2.7.10
+//! `VIRTIO_F_EVENT_IDX`) honoured the way a guest driver must, and the
+//! protocol breaches robustness tests make on purpose (chains in any
+//! order, avail index overwrites, a flood).
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use vhost::VringConfigData;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-use vrnic::mem::DmaMemory;
+use vrnic_virtq::{QueueConfig, QueueLayout, RawMemory, SplitQueue, VirtqError};
 
 use crate::memory::DriverMemory;
 use crate::FrontendError;
 
-/// `VIRTQ_DESC_F_NEXT`.
-const F_NEXT: u16 = 1;
-/// `VIRTQ_DESC_F_WRITE`.
-const F_WRITE: u16 = 2;
-/// `VIRTQ_USED_F_NO_NOTIFY`.
-const USED_F_NO_NOTIFY: u16 = 1;
+/// One buffer of a chain: guest-physical address, length, whether the
+/// device writes it.
+pub use vrnic_virtq::BufDesc as Buffer;
+/// A used-ring element: the device finished the chain at `id` (its head).
+pub use vrnic_virtq::UsedElem as Used;
 
-/// One buffer of a chain.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Buffer {
-    /// Guest-physical address.
-    pub addr: u64,
-    /// Length, bytes.
-    pub len: u32,
-    /// Device-writable.
-    pub writable: bool,
-}
-
-impl Buffer {
-    /// A device-readable buffer.
-    pub fn readable(addr: u64, len: u32) -> Self {
-        Self {
-            addr,
-            len,
-            writable: false,
-        }
-    }
-
-    /// A device-writable buffer.
-    pub fn writable(addr: u64, len: u32) -> Self {
-        Self {
-            addr,
-            len,
-            writable: true,
-        }
-    }
-}
-
-/// A used-ring element: the device finished the chain at `head`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Used {
-    /// Head descriptor index of the chain.
-    pub head: u16,
-    /// Bytes the device wrote into the chain's writable buffers.
-    pub len: u32,
-}
-
-/// A split virtqueue as a driver drives it.
-pub struct SplitQueue {
+/// A split virtqueue as the test frontend drives it: the driver's state
+/// ([`vrnic_virtq::SplitQueue`]), its rings' guest-physical addresses and
+/// its eventfds. Made by [`crate::TestFrontend`] only, whose guest RAM
+/// holds the rings for as long as the frontend (and so the queue) lives.
+pub struct FrontendQueue {
     index: u16,
-    size: u16,
-    event_idx: bool,
-    desc: u64,
-    avail: u64,
-    used: u64,
-    free: Vec<u16>,
-    /// Descriptors of each in-flight chain, by head.
-    chains: Vec<Vec<u16>>,
-    avail_idx: u16,
-    last_used: u16,
+    q: SplitQueue<RawMemory>,
     kick: EventFd,
     call: EventFd,
 }
 
-impl SplitQueue {
+impl FrontendQueue {
     /// Allocates the rings of queue `index` with `size` entries (a power of
-    /// two) in `mem`. `event_idx`: `VIRTIO_F_EVENT_IDX` was negotiated.
+    /// two) in `mem` (one allocation laid out as [`QueueLayout`] says: the
+    /// descriptor table, the available ring right after it, the used ring
+    /// 4-aligned after that) and starts the driver's state: interrupts
+    /// asked for; `event_idx`: `VIRTIO_F_EVENT_IDX` was negotiated.
     ///
     /// # Errors
     /// [`FrontendError::OutOfMemory`], or [`FrontendError::Setup`] for a
     /// bad size or when the eventfds cannot be made.
-    pub fn new(
+    pub(crate) fn new(
         mem: &mut DriverMemory,
         index: u16,
         size: u16,
         event_idx: bool,
     ) -> Result<Self, FrontendError> {
-        if size == 0 || !size.is_power_of_two() {
-            return Err(FrontendError::Setup(format!(
-                "queue size {size} is not a power of two"
-            )));
-        }
-        let n = u64::from(size);
-        let desc = mem.alloc(16 * n, 16)?;
-        let avail = mem.alloc(6 + 2 * n, 2)?;
-        let used = mem.alloc(6 + 8 * n, 4)?;
+        let layout = QueueLayout::new(size).map_err(|_| {
+            FrontendError::Setup(format!("queue size {size} is not a power of two"))
+        })?;
+        let gpa = mem.alloc(layout.len as u64, QueueLayout::ALIGN as u64)?;
+        let host = mem
+            .host_addr(gpa)
+            .ok_or_else(|| FrontendError::Setup(format!("ring at {gpa:#x} not mapped")))?;
+        // SAFETY: [gpa, gpa + layout.len) was allocated in one region of
+        // `mem` (the allocator never crosses a region boundary), which is
+        // one shared mapping in this process: `host` is valid for
+        // layout.len bytes, and the allocator gives it to nothing else.
+        // The mapping lives as long as `mem`, which the TestFrontend owns
+        // beside its queues (and only it makes queues): no access through
+        // the queue outlives it (dropping a queue touches no memory).
+        let raw = unsafe { RawMemory::new(host as *mut u8, layout.len) }
+            .map_err(|e| FrontendError::Setup(e.to_string()))?;
+        let config = QueueConfig {
+            event_idx,
+            interrupts: true,
+        };
+        let q = SplitQueue::new(raw, layout, gpa, config)
+            .map_err(|e| FrontendError::Setup(e.to_string()))?;
         let efd = || {
             EventFd::new(EFD_NONBLOCK).map_err(|e| FrontendError::Setup(format!("eventfd: {e}")))
         };
         Ok(Self {
             index,
-            size,
-            event_idx,
-            desc,
-            avail,
-            used,
-            free: (0..size).rev().collect(),
-            chains: vec![Vec::new(); usize::from(size)],
-            avail_idx: 0,
-            last_used: 0,
+            q,
             kick: efd()?,
             call: efd()?,
         })
@@ -126,18 +90,18 @@ impl SplitQueue {
 
     /// Queue size, entries.
     pub fn size(&self) -> u16 {
-        self.size
+        self.q.size()
     }
 
     /// Guest-physical addresses of the descriptor table, the available
     /// ring and the used ring, for tests that write them by hand.
     pub fn rings(&self) -> (u64, u64, u64) {
-        (self.desc, self.avail, self.used)
+        (self.q.desc_gpa(), self.q.avail_gpa(), self.q.used_gpa())
     }
 
     /// Free descriptors.
     pub fn free_descriptors(&self) -> usize {
-        self.free.len()
+        usize::from(self.q.num_free())
     }
 
     /// The kick eventfd (`SET_VRING_KICK`).
@@ -159,54 +123,44 @@ impl SplitQueue {
             mem.host_addr(gpa)
                 .ok_or_else(|| FrontendError::Setup(format!("ring at {gpa:#x} not mapped")))
         };
+        let (desc, avail, used) = self.rings();
         Ok(VringConfigData {
-            queue_max_size: self.size,
-            queue_size: self.size,
+            queue_max_size: self.size(),
+            queue_size: self.size(),
             flags: 0,
-            desc_table_addr: host(self.desc)?,
-            used_ring_addr: host(self.used)?,
-            avail_ring_addr: host(self.avail)?,
+            desc_table_addr: host(desc)?,
+            used_ring_addr: host(used)?,
+            avail_ring_addr: host(avail)?,
             log_addr: None,
         })
     }
 
-    /// Makes a chain of `bufs` available (descriptors, avail ring entry and
-    /// index, with the barriers of virtio 1.2 §2.7.13) and kicks the device
-    /// if it asked for kicks. Returns the chain's head.
+    fn error(&self, e: VirtqError) -> FrontendError {
+        match e {
+            VirtqError::Full { .. } => FrontendError::QueueFull(self.index),
+            VirtqError::EmptyChain => FrontendError::Setup("empty chain".into()),
+            VirtqError::BadUsedId(head) => FrontendError::BadUsed {
+                queue: self.index,
+                head,
+            },
+            source => FrontendError::Queue {
+                queue: self.index,
+                source,
+            },
+        }
+    }
+
+    /// Makes a chain of `bufs` available, readable and writable buffers in
+    /// whatever order they come (a test may break §2.7.4.2 on purpose), and
+    /// kicks the device if it asked for kicks
+    /// ([`SplitQueue::needs_notify`]). Returns the chain's head.
     ///
     /// # Errors
     /// [`FrontendError::QueueFull`] without enough free descriptors;
     /// [`FrontendError::Setup`] for an empty chain.
-    pub fn add(&mut self, mem: &DriverMemory, bufs: &[Buffer]) -> Result<u16, FrontendError> {
-        if bufs.is_empty() {
-            return Err(FrontendError::Setup("empty chain".into()));
-        }
-        if bufs.len() > self.free.len() {
-            return Err(FrontendError::QueueFull(self.index));
-        }
-        let ids: Vec<u16> = (0..bufs.len()).filter_map(|_| self.free.pop()).collect();
-        let m = mem.mem();
-        for (i, b) in bufs.iter().enumerate() {
-            let next = ids.get(i + 1).copied();
-            let flags =
-                if b.writable { F_WRITE } else { 0 } | if next.is_some() { F_NEXT } else { 0 };
-            let mut d = [0u8; 16];
-            d[0..8].copy_from_slice(&b.addr.to_le_bytes());
-            d[8..12].copy_from_slice(&b.len.to_le_bytes());
-            d[12..14].copy_from_slice(&flags.to_le_bytes());
-            d[14..16].copy_from_slice(&next.unwrap_or(0).to_le_bytes());
-            m.write(self.desc + 16 * u64::from(ids[i]), &d)?;
-        }
-        let head = ids[0];
-        self.chains[usize::from(head)] = ids;
-        let slot = self.avail + 4 + 2 * u64::from(self.avail_idx % self.size);
-        m.write(slot, &head.to_le_bytes())?;
-        let old = self.avail_idx;
-        self.avail_idx = self.avail_idx.wrapping_add(1);
-        fence(Ordering::SeqCst);
-        m.write(self.avail + 2, &self.avail_idx.to_le_bytes())?;
-        fence(Ordering::SeqCst);
-        if self.needs_kick(mem, old, self.avail_idx)? {
+    pub(crate) fn add(&mut self, bufs: &[Buffer]) -> Result<u16, FrontendError> {
+        let head = self.q.add_any_order(bufs).map_err(|e| self.error(e))?;
+        if self.q.needs_notify() {
             self.kick();
         }
         Ok(head)
@@ -219,13 +173,9 @@ impl SplitQueue {
 
     /// Overwrites the available ring's index with `idx` without changing
     /// what the driver thinks it published; for robustness tests.
-    /// [`SplitQueue::republish`] undoes it.
-    ///
-    /// # Errors
-    /// [`FrontendError::Mem`] if the ring is outside memory.
-    pub fn write_avail_idx(&self, mem: &DriverMemory, idx: u16) -> Result<(), FrontendError> {
-        mem.mem().write(self.avail + 2, &idx.to_le_bytes())?;
-        Ok(())
+    /// [`FrontendQueue::republish`] undoes it.
+    pub fn write_avail_idx(&self, idx: u16) {
+        self.q.ring().publish_avail_idx(idx);
     }
 
     /// A hostile driver: makes chain `head` (already made available once)
@@ -233,27 +183,16 @@ impl SplitQueue {
     /// the device's used index, until `stop` is set; kicks every 1024
     /// moves, and sleeps `pause` after each (zero: never). Returns how many
     /// times it moved the index. The queue is unusable afterwards.
-    ///
-    /// # Errors
-    /// [`FrontendError::Mem`] if the ring is outside memory.
-    pub fn flood(
-        &self,
-        mem: &DriverMemory,
-        head: u16,
-        stop: &std::sync::atomic::AtomicBool,
-        pause: std::time::Duration,
-    ) -> Result<u64, FrontendError> {
-        let m = mem.mem();
-        for i in 0..u64::from(self.size) {
-            m.write(self.avail + 4 + 2 * i, &head.to_le_bytes())?;
+    pub fn flood(&self, head: u16, stop: &AtomicBool, pause: Duration) -> u64 {
+        let ring = self.q.ring();
+        for i in 0..self.size() {
+            ring.set_avail_entry(i, head);
         }
         let mut moves = 0u64;
         while !stop.load(Ordering::Relaxed) {
-            let mut used = [0u8; 2];
-            m.read(self.used + 2, &mut used)?;
-            let idx = u16::from_le_bytes(used).wrapping_add(self.size - 1);
-            fence(Ordering::SeqCst);
-            self.write_avail_idx(mem, idx)?;
+            let idx = ring.used_idx().wrapping_add(self.size() - 1);
+            ring.full_barrier();
+            ring.publish_avail_idx(idx);
             moves += 1;
             if moves.is_multiple_of(1024) {
                 self.kick();
@@ -262,42 +201,21 @@ impl SplitQueue {
                 std::thread::sleep(pause);
             }
         }
-        Ok(moves)
+        moves
     }
 
     /// Writes the driver's true available index again and kicks.
-    ///
-    /// # Errors
-    /// [`FrontendError::Mem`] if the ring is outside memory.
-    pub fn republish(&self, mem: &DriverMemory) -> Result<(), FrontendError> {
-        self.write_avail_idx(mem, self.avail_idx)?;
-        fence(Ordering::SeqCst);
+    pub fn republish(&self) {
+        self.write_avail_idx(self.q.avail_idx());
+        self.q.ring().full_barrier();
         self.kick();
-        Ok(())
     }
 
     /// Whether the device would want a kick for the next chain made
     /// available (notifications on: no `VIRTQ_USED_F_NO_NOTIFY`, or with
     /// `VIRTIO_F_EVENT_IDX` an avail event at the current index).
-    ///
-    /// # Errors
-    /// [`FrontendError::Mem`] if the ring is outside memory.
-    pub fn wants_kick(&self, mem: &DriverMemory) -> Result<bool, FrontendError> {
-        self.needs_kick(mem, self.avail_idx, self.avail_idx.wrapping_add(1))
-    }
-
-    /// Whether the device wants a kick for entries `old..new`.
-    fn needs_kick(&self, mem: &DriverMemory, old: u16, new: u16) -> Result<bool, FrontendError> {
-        let m = mem.mem();
-        let mut b = [0u8; 2];
-        if self.event_idx {
-            m.read(self.used + 4 + 8 * u64::from(self.size), &mut b)?;
-            let ev = u16::from_le_bytes(b);
-            Ok(new.wrapping_sub(ev).wrapping_sub(1) < new.wrapping_sub(old))
-        } else {
-            m.read(self.used, &mut b)?;
-            Ok(u16::from_le_bytes(b) & USED_F_NO_NOTIFY == 0)
-        }
+    pub fn wants_kick(&self) -> bool {
+        self.q.wants_notify_next()
     }
 
     /// The next used element, if the device returned one. Frees the chain's
@@ -305,58 +223,26 @@ impl SplitQueue {
     ///
     /// # Errors
     /// [`FrontendError::BadUsed`] when the device returned a head that is
-    /// not in flight.
-    pub fn pop_used(&mut self, mem: &DriverMemory) -> Result<Option<Used>, FrontendError> {
-        let m = mem.mem();
-        let mut b = [0u8; 2];
-        m.read(self.used + 2, &mut b)?;
-        if u16::from_le_bytes(b) == self.last_used {
-            return Ok(None);
-        }
-        fence(Ordering::Acquire);
-        let mut e = [0u8; 8];
-        m.read(
-            self.used + 4 + 8 * u64::from(self.last_used % self.size),
-            &mut e,
-        )?;
-        self.last_used = self.last_used.wrapping_add(1);
-        let id = u32::from_le_bytes([e[0], e[1], e[2], e[3]]);
-        let len = u32::from_le_bytes([e[4], e[5], e[6], e[7]]);
-        let chain = usize::try_from(id)
-            .ok()
-            .and_then(|i| self.chains.get_mut(i))
-            .map(std::mem::take)
-            .filter(|c| !c.is_empty())
-            .ok_or(FrontendError::BadUsed {
-                queue: self.index,
-                head: id,
-            })?;
-        self.free.extend(chain);
-        Ok(Some(Used {
-            head: id as u16,
-            len,
-        }))
+    /// not in flight; [`FrontendError::Queue`] when its used index ran
+    /// more than a queue ahead.
+    pub(crate) fn pop_used(&mut self) -> Result<Option<Used>, FrontendError> {
+        self.q.pop_used().map_err(|e| self.error(e))
     }
 
     /// Waits up to `timeout` for the next used element, sleeping on the
     /// call eventfd (after asking for a call with `used_event` under
-    /// EVENT_IDX).
+    /// `VIRTIO_F_EVENT_IDX`; without it the queue's flags ask for every
+    /// call).
     ///
     /// # Errors
-    /// [`FrontendError::Timeout`] if none came; as [`SplitQueue::pop_used`].
-    pub fn wait_used(
-        &mut self,
-        mem: &DriverMemory,
-        timeout: Duration,
-    ) -> Result<Used, FrontendError> {
+    /// [`FrontendError::Timeout`] if none came; as [`FrontendQueue::pop_used`].
+    pub(crate) fn wait_used(&mut self, timeout: Duration) -> Result<Used, FrontendError> {
         let deadline = Instant::now() + timeout;
         loop {
-            if self.event_idx {
-                let at = self.avail + 4 + 2 * u64::from(self.size);
-                mem.mem().write(at, &self.last_used.to_le_bytes())?;
-                fence(Ordering::SeqCst);
+            if self.q.event_idx() {
+                self.q.set_interrupts(true);
             }
-            if let Some(u) = self.pop_used(mem)? {
+            if let Some(u) = self.pop_used()? {
                 return Ok(u);
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -373,7 +259,7 @@ impl SplitQueue {
 }
 
 /// Waits until `fd` is readable or `timeout` passes.
-pub(crate) fn wait_readable(fd: &impl AsRawFd, timeout: Duration) -> bool {
+fn wait_readable(fd: &impl AsRawFd, timeout: Duration) -> bool {
     let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
     let mut p = libc::pollfd {
         fd: fd.as_raw_fd(),

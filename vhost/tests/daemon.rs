@@ -155,7 +155,7 @@ fn pipelined_commands_all_complete() {
     for _ in 0..n {
         let u = fe.wait(abi::CONTROLQ).unwrap();
         assert!(u.len >= 8);
-        done.push(u.head);
+        done.push(u.id);
     }
     done.sort_unstable();
     heads.sort_unstable();
