@@ -158,7 +158,7 @@ impl FrontendQueue {
     /// # Errors
     /// [`FrontendError::QueueFull`] without enough free descriptors;
     /// [`FrontendError::Setup`] for an empty chain.
-    pub(crate) fn add(&mut self, bufs: &[Buffer]) -> Result<u16, FrontendError> {
+    pub fn add(&mut self, bufs: &[Buffer]) -> Result<u16, FrontendError> {
         let head = self.q.add_any_order(bufs).map_err(|e| self.error(e))?;
         if self.q.needs_notify() {
             self.kick();
@@ -225,7 +225,7 @@ impl FrontendQueue {
     /// [`FrontendError::BadUsed`] when the device returned a head that is
     /// not in flight; [`FrontendError::Queue`] when its used index ran
     /// more than a queue ahead.
-    pub(crate) fn pop_used(&mut self) -> Result<Option<Used>, FrontendError> {
+    pub fn pop_used(&mut self) -> Result<Option<Used>, FrontendError> {
         self.q.pop_used().map_err(|e| self.error(e))
     }
 
@@ -236,7 +236,7 @@ impl FrontendQueue {
     ///
     /// # Errors
     /// [`FrontendError::Timeout`] if none came; as [`FrontendQueue::pop_used`].
-    pub(crate) fn wait_used(&mut self, timeout: Duration) -> Result<Used, FrontendError> {
+    pub fn wait_used(&mut self, timeout: Duration) -> Result<Used, FrontendError> {
         let deadline = Instant::now() + timeout;
         loop {
             if self.q.event_idx() {
