@@ -39,9 +39,10 @@
 #   packet: two daemons on the two ends of a veth pair (AF_PACKET, MTU 9000);
 #   flood:  as switch with a third function, ib_send_lat/ib_write_lat at 64 B between the first two
 #           while the third is idle (mode switch-idle3), then while a hostile frontend floods the
-#           third's control queue (vrnic-flood: the queue kept a ring ahead of the device with a
-#           failing 64 Ki-page REG_MR, milliseconds of work each; mode switch-flooded, its ratio the
-#           figure over the idle one of the same run: what one flooding tenant costs the others);
+#           third's control queue (vrnic-flood, of the package vrnic-frontend: the queue kept a ring
+#           ahead of the device with a failing 64 Ki-page REG_MR, milliseconds of work each; mode
+#           switch-flooded, its ratio the figure over the idle one of the same run: what one
+#           flooding tenant costs the others);
 #   switch-q, tap-q, packet-q (QP scaling, issue 28): the daemons of switch, tap, packet, and
 #           ib_write_bw, ib_read_bw at 64 KiB and 4 MiB with each -q of BENCH_QPS (default "1 8 64"),
 #           timed as above; each multi-QP row beside the 1-QP figure of the same size (vs_q1) with
@@ -401,8 +402,8 @@ nft_counts() {
 
 echo "what,mode,bytes,value,unit,drops,timeouts,seq_naks,gbit,cpu_s,wall_s,daemon_cpu_s,qps,jain,jain_qps,jain_side,jain_window,nft_seen,nft_dropped" >"$out/bench.csv"
 port=23000
-log "building the daemon (release)"
-(cd "$top" && cargo build -q --release -p vrnic-vhost)
+log "building the daemon and vrnic-flood (release)"
+(cd "$top" && cargo build -q --release -p vrnic-vhost -p vrnic-frontend)
 # flood_latency: the flood mode's rows (see the header); the flooder is stopped on every path.
 flood_latency() {
     local tool fpid t v dr to nk gb cpu wall dcpu

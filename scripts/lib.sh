@@ -554,13 +554,15 @@ vr_daemon() {
 # ---------------------------------------------------------------------------------------------
 # Rust builds
 
-# vr_build_rust: the vrnic daemon (debug: shares cargo test's artefacts, keeps overflow checks)
-# and vrnic's Debian package for the guest (scripts/deb.sh: release builds of vrnic's
+# vr_build_rust: the vrnic daemon and the host programs that drive daemons (package vrnic-frontend:
+# vrnic-soak, which the e2e's soak-2min runs unbuilt, vrnic-flood) (debug: shares cargo test's
+# artefacts, keeps overflow checks) and vrnic's Debian package for the guest (scripts/deb.sh: release builds of vrnic's
 # libibverbs.so.1 and the tools, dynamically linked against the glibc of bookworm, like the
 # guests'); sets VR_GUEST_DEB, its path.
 vr_build_rust() {
     local t0=$SECONDS
-    (cd "$VR_TOP" && cargo build -q -p vrnic-vhost) || vr_die "cargo build -p vrnic-vhost failed"
+    (cd "$VR_TOP" && cargo build -q -p vrnic-vhost -p vrnic-frontend) ||
+        vr_die "cargo build -p vrnic-vhost -p vrnic-frontend failed"
     VR_GUEST_DEB=$("$VR_SCRIPTS/deb.sh") || vr_die "scripts/deb.sh (vrnic's Debian package) failed"
     vr_log "cargo builds took $((SECONDS - t0)) s; package $VR_GUEST_DEB"
 }

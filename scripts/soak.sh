@@ -8,7 +8,7 @@
 # two vrnic daemons run, A (10.0.0.101/24 on tap-va) and B (10.0.0.102/24 on tap-vb); the bridge
 # drops 1% of the RoCEv2 frames from and to tap-va (vr_loss_start, nft: the e2e's lossy pairs use
 # the same rule), so both directions of every connection lose frames. The traffic driver
-# vrnic-soak (vhost/src/bin/vrnic-soak.rs: a vhost-user frontend in a host process, no QEMU)
+# vrnic-soak (frontend/src/bin/vrnic-soak.rs: a vhost-user frontend in a host process, no QEMU)
 # connects to both daemons and keeps N RC QP pairs busy both ways with SEND, RDMA WRITE (with and
 # without immediate) and RDMA READ of 1 B..256 KiB, checking every completion and every byte; on a
 # quarter of the QPs (every fourth) 2% of the operations are large instead, 1 MiB..8 MiB, every
@@ -63,9 +63,10 @@ exec > >(tee -a "$RESULTS/soak.log") 2>&1
 DAEMON_BIN=${VRNIC_BIN:-$VR_TOP/target/debug/vrnic}
 DRIVER_BIN=${SOAK_BIN:-$VR_TOP/target/debug/vrnic-soak}
 if [ "${SOAK_NO_BUILD:-0}" != 1 ]; then
-    (cd "$VR_TOP" && cargo build -q -p vrnic-vhost) || vr_die "cargo build -p vrnic-vhost failed"
+    (cd "$VR_TOP" && cargo build -q -p vrnic-vhost -p vrnic-frontend) ||
+        vr_die "cargo build -p vrnic-vhost -p vrnic-frontend failed"
 fi
-[ -x "$DRIVER_BIN" ] || vr_die "no driver $DRIVER_BIN (cargo build -p vrnic-vhost)"
+[ -x "$DRIVER_BIN" ] || vr_die "no driver $DRIVER_BIN (cargo build -p vrnic-frontend)"
 
 NS=vrnic-soak-$$
 vr_netns_create "$NS"

@@ -26,12 +26,17 @@
 //! is merely preempted, and would not stop a hostile process anyway: it
 //! maps the whole ring and can write its indices directly. Isolation
 //! between hostile programs needs a kernel driver (issue 27).
+//!
+//! The ring's fields are reached through `vrnic-virtq`'s [`Ring`], the
+//! accesses (and memory orders) every driver of vrnic shares; what is
+//! this module's own is the lock, the slots and the in-order use.
 
 use std::ptr;
-use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use vrnic::abi::{self, Pod};
+use vrnic_virtq::{QueueLayout, RawMemory, Ring};
 
 use crate::transport::TransportError;
 
@@ -60,10 +65,10 @@ pub struct DbRingLayout {
 
 impl DbRingLayout {
     /// The layout for `size` descriptors: the split ring first (as
-    /// [`crate::virtio::QueueLayout`] lays it out), then the slots, then
-    /// the lock. `None` for a size that is not a power of two in 1..=32768.
+    /// [`QueueLayout`] lays it out), then the slots, then the lock. `None`
+    /// for a size that is not a power of two in 1..=32768.
     pub fn new(size: u16) -> Option<DbRingLayout> {
-        let q = crate::virtio::QueueLayout::new(size).ok()?;
+        let q = QueueLayout::new(size).ok()?;
         let slots = q.len.next_multiple_of(64);
         let lock = (slots + SLOT * size as usize).next_multiple_of(64);
         Some(DbRingLayout {
@@ -107,6 +112,8 @@ impl DbRingLayout {
 /// queue's notification register. See the [module documentation](self).
 #[derive(Debug)]
 pub struct DbRing {
+    /// The split ring at the region's start.
+    ring: Ring,
     base: *mut u8,
     layout: DbRingLayout,
     notify: *mut u16,
@@ -157,33 +164,34 @@ fn alive(tid: u32) -> bool {
 impl DbRing {
     /// A ring over `base` (a mapping of at least `layout.len` bytes, shared
     /// with the device and the other producers) notifying through the
-    /// 16-bit register at `notify` with queue index `queue`.
+    /// 16-bit register at `notify` with queue index `queue`. Errors:
+    /// `base` is not 16-byte aligned ([`TransportError::Io`]).
     ///
     /// # Safety
-    /// `base` and `notify` stay mapped for the ring's life; `base` is
-    /// 64-byte aligned.
-    pub unsafe fn new(base: *mut u8, layout: DbRingLayout, notify: *mut u16, queue: u16) -> DbRing {
-        DbRing {
+    /// `base` (`layout.len` bytes) and `notify` stay mapped for the ring's
+    /// life; `base` is 64-byte aligned.
+    pub unsafe fn new(
+        base: *mut u8,
+        layout: DbRingLayout,
+        notify: *mut u16,
+        queue: u16,
+    ) -> Result<DbRing, TransportError> {
+        let q = QueueLayout::new(layout.size)?;
+        // SAFETY: the split ring is the region's first q.len bytes (q.len
+        // <= layout.slots < layout.len), mapped for the ring's life.
+        let mem = unsafe { RawMemory::new(base, q.len) }?;
+        Ok(DbRing {
+            ring: Ring::new(mem, q)?,
             base,
             layout,
             notify,
             queue,
-        }
+        })
     }
 
     fn at<T>(&self, off: u32) -> *mut T {
         // SAFETY: every offset used is inside the layout's region.
         unsafe { self.base.add(off as usize).cast() }
-    }
-
-    fn avail_idx(&self) -> &AtomicU16 {
-        // SAFETY: avail + 2 is the 2-aligned avail index in the region.
-        unsafe { &*self.at::<AtomicU16>(self.layout.avail + 2) }
-    }
-
-    fn used_idx(&self) -> &AtomicU16 {
-        // SAFETY: used + 2 is the 2-aligned used index in the region.
-        unsafe { &*self.at::<AtomicU16>(self.layout.used + 2) }
     }
 
     fn lock_word(&self) -> &AtomicU32 {
@@ -194,16 +202,9 @@ impl DbRing {
     /// Writes descriptor `i` → slot `i` for every `i` (the agent, once,
     /// before the queue is enabled). `slots_gpa`: the slots' device address.
     pub fn init_descriptors(&self, slots_gpa: u64) {
-        for i in 0..self.layout.size as u32 {
-            let d = self.at::<u8>(self.layout.desc + 16 * i);
+        for i in 0..self.layout.size {
             let addr = slots_gpa + u64::from(i) * SLOT as u64;
-            // SAFETY: descriptor i is 16 bytes inside the region; nobody
-            // else writes it.
-            unsafe {
-                ptr::write_volatile(d.cast::<u64>(), addr.to_le());
-                ptr::write_volatile(d.add(8).cast::<u32>(), (SLOT as u32).to_le());
-                ptr::write_volatile(d.add(12).cast::<u32>(), 0);
-            }
+            self.ring.write_desc(i, addr, SLOT as u32, 0, 0);
         }
     }
 
@@ -246,26 +247,28 @@ impl DbRing {
         self.lock(&mut deadline)?;
         let r = self.post_locked(db, &mut deadline);
         self.lock_word().store(0, Ordering::Release);
-        r?;
-        crate::barrier::mb();
-        // SAFETY: used flags at used + 0, 2-aligned, in the region.
-        let flags = u16::from_le(unsafe { ptr::read_volatile(self.at::<u16>(self.layout.used)) });
-        if flags & crate::virtio::VIRTQ_USED_F_NO_NOTIFY == 0 {
+        let n = r?;
+        // The index store visible before the device's flag is read
+        // (§2.7.10; the ring's queue never negotiates EVENT_IDX).
+        self.ring.full_barrier();
+        if self.ring.notify_wanted(false, n, n.wrapping_add(1)) {
             // SAFETY: `notify` is the mapped notification register.
             unsafe { ptr::write_volatile(self.notify, self.queue.to_le()) };
         }
         Ok(())
     }
 
+    /// Writes the slot and the avail entry of index `n` (the avail index
+    /// as the lock's holder finds it) and publishes `n + 1`; returns `n`.
     fn post_locked(
         &self,
         db: &abi::Doorbell,
         deadline: &mut LazyDeadline,
-    ) -> Result<(), TransportError> {
+    ) -> Result<u16, TransportError> {
         let size = self.layout.size;
-        let n = u16::from_le(self.avail_idx().load(Ordering::Acquire));
+        let n = self.ring.avail_idx();
         let mut spins = 0u32;
-        while n.wrapping_sub(u16::from_le(self.used_idx().load(Ordering::Acquire))) >= size {
+        while n.wrapping_sub(self.ring.used_idx()) >= size {
             spins += 1;
             if spins.is_multiple_of(64) {
                 if deadline.passed() {
@@ -277,26 +280,31 @@ impl DbRing {
         }
         let slot = n % size;
         let bytes = db.as_bytes();
-        // SAFETY: slot < size: its 16 bytes and its avail entry lie in the
-        // region, and the device has returned the slot (checked above).
+        // SAFETY: slot < size: its 16 bytes lie in the region, and the
+        // device has returned the slot (checked above).
         unsafe {
             let p = self.at::<u8>(self.layout.slots + SLOT as u32 * u32::from(slot));
             ptr::copy_nonoverlapping(bytes.as_ptr(), p, SLOT);
-            ptr::write_volatile(
-                self.at::<u16>(self.layout.avail + 4 + 2 * u32::from(slot)),
-                slot.to_le(),
-            );
         }
+        // In order: the chain of index n is descriptor n mod size.
+        self.ring.set_avail_entry(n, slot);
         // Release: slot and entry are visible before the index.
-        self.avail_idx()
-            .store(n.wrapping_add(1).to_le(), Ordering::Release);
-        Ok(())
+        self.ring.publish_avail_idx(n.wrapping_add(1));
+        Ok(n)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicU16;
+
+    /// The device's side: stores the used index.
+    pub(super) fn set_used_idx(r: &DbRing, v: u16) {
+        // SAFETY: used + 2 is the 2-aligned used index in the region.
+        unsafe { AtomicU16::from_ptr(r.at::<u16>(r.layout.used + 2)) }
+            .store(v.to_le(), Ordering::Release);
+    }
 
     #[test]
     fn layout_round_trips_and_refuses_anything_else() {
@@ -316,7 +324,7 @@ mod tests {
         let base = region.as_mut_ptr().cast::<u8>();
         let mut notify = 0u16;
         // SAFETY: the region and the register outlive the ring.
-        let r = unsafe { DbRing::new(base, l, &mut notify, 1) };
+        let r = unsafe { DbRing::new(base, l, &mut notify, 1) }.unwrap();
         r.init_descriptors(0x1000);
         for i in 0..4u32 {
             let db = abi::Doorbell {
@@ -327,7 +335,7 @@ mod tests {
             };
             r.post(&db, Duration::from_millis(100)).unwrap();
         }
-        assert_eq!(u16::from_le(r.avail_idx().load(Ordering::Relaxed)), 4);
+        assert_eq!(r.ring.avail_idx(), 4);
         assert_eq!(notify, 1, "notified (no NO_NOTIFY flag)");
         // Full: the device holds all four slots.
         let db = abi::Doorbell::default();
@@ -336,14 +344,14 @@ mod tests {
             Err(TransportError::Timeout(_))
         ));
         // The device returns one: the next post reuses slot 0.
-        r.used_idx().store(1u16.to_le(), Ordering::Release);
+        set_used_idx(&r, 1);
         r.post(&db, Duration::from_millis(100)).unwrap();
         // SAFETY: avail ring entry 0 in the region.
         let e = unsafe { ptr::read_volatile(r.at::<u16>(l.avail + 4)) };
         assert_eq!(e, 0);
         // A lock left by a thread that no longer exists is taken over.
         r.lock_word().store(0x7fff_fff0, Ordering::Relaxed);
-        r.used_idx().store(2u16.to_le(), Ordering::Release);
+        set_used_idx(&r, 2);
         r.post(&db, Duration::from_millis(100)).unwrap();
         drop(region);
     }
@@ -355,7 +363,7 @@ mod tests {
         let base = region.as_mut_ptr().cast::<u8>();
         let mut notify = 0u16;
         // SAFETY: the region and the register outlive the ring.
-        let r = unsafe { DbRing::new(base, l, &mut notify, 1) };
+        let r = unsafe { DbRing::new(base, l, &mut notify, 1) }.unwrap();
         r.init_descriptors(0x1000);
         // The holder: another thread, alive until told to end.
         let (tx, rx) = std::sync::mpsc::channel();
@@ -376,14 +384,14 @@ mod tests {
         ));
         assert!(start.elapsed() < Duration::from_secs(5), "bounded wait");
         assert_eq!(r.lock_word().load(Ordering::Relaxed), holder, "not stolen");
-        assert_eq!(u16::from_le(r.avail_idx().load(Ordering::Relaxed)), 0);
+        assert_eq!(r.ring.avail_idx(), 0);
         assert_eq!(notify, 0, "nothing posted, nothing notified");
         drop(stop);
         t.join().unwrap();
         // Released, the next post goes through.
         r.lock_word().store(0, Ordering::Release);
         r.post(&db, Duration::from_millis(100)).unwrap();
-        assert_eq!(u16::from_le(r.avail_idx().load(Ordering::Relaxed)), 1);
+        assert_eq!(r.ring.avail_idx(), 1);
         drop(region);
     }
 }
@@ -410,7 +418,7 @@ mod concurrency_tests {
         let base = region.0.as_ptr() as *mut u8;
         let notify = base.wrapping_add(l.len as usize).cast::<u16>();
         // SAFETY: the region outlives every ring (joined below).
-        let dev = unsafe { DbRing::new(base, l, notify, 1) };
+        let dev = unsafe { DbRing::new(base, l, notify, 1) }.unwrap();
         dev.init_descriptors(0);
         let base_addr = base as usize;
         let producers: Vec<_> = (0..PRODUCERS)
@@ -420,7 +428,8 @@ mod concurrency_tests {
                     let _keep = _keep;
                     // SAFETY: the region outlives the thread.
                     let r =
-                        unsafe { DbRing::new(base_addr as *mut u8, l, base_addr as *mut u16, 1) };
+                        unsafe { DbRing::new(base_addr as *mut u8, l, base_addr as *mut u16, 1) }
+                            .unwrap();
                     for i in 0..EACH {
                         let db = abi::Doorbell {
                             kind: abi::DB_SQ,
@@ -440,8 +449,8 @@ mod concurrency_tests {
         let deadline = Instant::now() + Duration::from_secs(60);
         while taken < PRODUCERS * EACH {
             assert!(Instant::now() < deadline, "device starved: {taken} taken");
-            let avail = u16::from_le(dev.avail_idx().load(Ordering::Acquire));
-            let used = u16::from_le(dev.used_idx().load(Ordering::Relaxed));
+            let avail = dev.ring.avail_idx();
+            let used = dev.ring.used_idx();
             if avail == used {
                 std::hint::spin_loop();
                 continue;
@@ -469,8 +478,7 @@ mod concurrency_tests {
             );
             next[db.handle as usize] += 1;
             taken += 1;
-            dev.used_idx()
-                .store(used.wrapping_add(1).to_le(), Ordering::Release);
+            super::tests::set_used_idx(&dev, used.wrapping_add(1));
         }
         for p in producers {
             p.join().unwrap();

@@ -101,7 +101,7 @@ pub(crate) struct Queue {
 
 impl Queue {
     /// Notifies the device unless it suppressed notifications.
-    pub(crate) fn kick(&self) -> Result<(), TransportError> {
+    pub(crate) fn kick(&mut self) -> Result<(), TransportError> {
         if self.q.needs_notify() {
             self.notifier.notify()?;
         }
@@ -154,7 +154,7 @@ impl SlotQueue {
         let (p, gpa) = self.slot(head);
         fill(p);
         self.queue.q.add(&[BufDesc {
-            gpa,
+            addr: gpa,
             len: SLOT as u32,
             writable,
         }])?;
@@ -292,12 +292,12 @@ impl ControlQueue {
         }
         let head = self.queue.q.add(&[
             BufDesc {
-                gpa: b.gpa,
+                addr: b.gpa,
                 len: (hlen + body.len()) as u32,
                 writable: false,
             },
             BufDesc {
-                gpa: b.gpa + RESP_OFF as u64,
+                addr: b.gpa + RESP_OFF as u64,
                 len: RESP_LEN as u32,
                 writable: true,
             },

@@ -3,7 +3,8 @@
 //! parsing, the `vrnic-*` binaries) are the crate `vrnic-tools` (`tools/`).
 //!
 //! - [`transport`]: how the library reaches a device ([`transport::Transport`]).
-//! - [`pci`], [`virtio`], [`dma`]: the virtio-pci user-space driver used in a VM.
+//! - [`pci`], [`virtio`], [`dma`]: the virtio-pci user-space driver used in a VM
+//!   (its split virtqueues, and [`barrier`], are the crate `vrnic-virtq`'s).
 //! - [`verbs`]: the verbs API (`ibv_*` semantics).
 //! - [`vhost_user`]: the device from a container or host process, over the
 //!   daemon's vhost-user socket.
@@ -12,7 +13,7 @@
 #![deny(missing_docs)]
 
 pub mod agent;
-pub mod barrier;
+pub use vrnic_virtq::barrier;
 pub mod dbring;
 pub mod dma;
 pub(crate) mod driver;

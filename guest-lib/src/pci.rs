@@ -60,7 +60,7 @@ use crate::driver::{
     pick_queue_size, ControlQueue, Kick, Queue, SlotQueue, RESP_LEN, RESP_OFF, SLOT,
 };
 use crate::transport::{DmaBuf, Transport, TransportError};
-use crate::virtio::{Isr, Mmio, QueueLayout, SplitQueue, VirtioPci, VirtioPciCaps};
+use crate::virtio::{polled_queue, Isr, Mmio, QueueLayout, VirtioPci, VirtioPciCaps};
 
 /// Where the kernel lists PCI functions.
 pub const SYSFS_PCI_DEVICES: &str = "/sys/bus/pci/devices";
@@ -963,7 +963,7 @@ impl PciTransport {
             // SAFETY: mem is layout.len bytes of 64-aligned, physically
             // contiguous DMA memory at mem.gpa, owned by the transport and
             // freed only after the device is reset.
-            let q = unsafe { SplitQueue::new(layout, mem.ptr, mem.gpa) };
+            let q = unsafe { polled_queue(layout, mem.ptr, mem.gpa) }?;
             let notifier = virtio.setup_queue(index, &q)?;
             Ok((
                 Queue {
@@ -984,7 +984,7 @@ impl PciTransport {
             let ql = QueueLayout::new(size)?;
             // SAFETY: the region is 2 MiB of locked, physically contiguous
             // (one huge page) shared memory at gpa, kept until after reset.
-            let q = unsafe { SplitQueue::new(ql, region.ptr, gpa) };
+            let q = unsafe { polled_queue(ql, region.ptr, gpa) }?;
             let notifier = virtio.setup_queue(abi::DOORBELLQ, &q)?;
             virtio.common.select_queue(abi::DOORBELLQ)?;
             let notify_off = u64::from(virtio.common.queue_notify_off()?);
@@ -994,7 +994,7 @@ impl PciTransport {
             let (nmap, reg) = map_notify(&notify_file, notify_offset)?;
             // SAFETY: region and register stay mapped in the SharedDb.
             let ring =
-                unsafe { crate::dbring::DbRing::new(region.ptr, layout, reg, abi::DOORBELLQ) };
+                unsafe { crate::dbring::DbRing::new(region.ptr, layout, reg, abi::DOORBELLQ) }?;
             ring.init_descriptors(gpa + u64::from(layout.slots));
             let info = SharedDoorbells {
                 memfd: memfd.as_raw_fd(),
@@ -1468,9 +1468,9 @@ mod tests {
         assert_ne!(r[4].2 & IORESOURCE_MEM, 0);
     }
 
-    use crate::virtio::sim::{Device, Mem};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
+    use vrnic_virtq::sim::{Device, Mem};
 
     /// A queue on plain memory whose "guest-physical" addresses are the
     /// virtual ones, so the simulated device can follow them.
@@ -1478,9 +1478,9 @@ mod tests {
         let l = QueueLayout::new(size).unwrap();
         let ring = Mem::new(l.len);
         let notify = Mem::new(16);
-        // SAFETY: ring is l.len bytes, 16-aligned, and outlives the queue
+        // SAFETY: ring is l.len bytes, 64-aligned, and outlives the queue
         // (returned together, dropped after it).
-        let q = unsafe { SplitQueue::new(l, ring.ptr, ring.ptr as u64) };
+        let q = unsafe { polled_queue(l, ring.ptr, ring.ptr as u64) }.unwrap();
         // SAFETY: notify is 16 bytes and outlives the notifier.
         let notifier = Notifier::new(unsafe { Mmio::new(notify.ptr, 16) }, index).unwrap();
         let dev = Device::new(l, ring.ptr);

@@ -71,7 +71,7 @@ use vrnic::abi::{self, Pod};
 
 use crate::driver::{ControlQueue, Kick, Queue, SlotQueue, RESP_LEN, RESP_OFF, SLOT};
 use crate::transport::{DmaBuf, Transport, TransportError};
-use crate::virtio::{QueueLayout, SplitQueue, VIRTIO_F_VERSION_1};
+use crate::virtio::{polled_queue, QueueLayout, VIRTIO_F_VERSION_1};
 
 /// `VIRTIO_RING_F_EVENT_IDX` (virtio 1.2 §6): bit number.
 const VIRTIO_RING_F_EVENT_IDX: u32 = 29;
@@ -604,7 +604,7 @@ fn start_queue(
     let mem = ram.alloc_dma(layout.len, QueueLayout::ALIGN.max(64))?;
     // SAFETY: `mem` is layout.len bytes of 64-aligned shared memory at
     // mem.gpa, owned by the transport for its whole life.
-    let vq = unsafe { SplitQueue::new(layout, mem.ptr, mem.gpa) };
+    let vq = unsafe { polled_queue(layout, mem.ptr, mem.gpa) }?;
     let hva = |gpa: u64| ram.base as u64 + (gpa - GPA_BASE);
     fe.set_vring_base(q, 0)
         .map_err(|e| vhost_err("SET_VRING_BASE", e))?;

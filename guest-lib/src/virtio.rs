@@ -1,6 +1,9 @@
 //! The modern virtio-pci transport, driven from user space: capability
 //! parsing, common configuration registers, the device status handshake,
-//! queue setup, notifications, and split virtqueues.
+//! queue setup and notifications. The split virtqueues themselves are the
+//! crate `vrnic-virtq`'s (re-exported here: [`SplitQueue`], [`QueueLayout`],
+//! ...), the one driver-side implementation guest-lib's drivers, the shared
+//! doorbell ring and the daemon's test frontend share.
 //!
 //! References are to the virtio 1.2 specification:
 //! - §2.1 device status field, §2.2 feature bits, §2.5 configuration space
@@ -23,8 +26,13 @@
 
 use std::io;
 use std::ptr;
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
+
+pub use vrnic_virtq::{
+    BufDesc, QueueConfig, QueueLayout, RawMemory, SplitQueue, UsedElem, VirtqError,
+    MAX_SPLIT_QUEUE_SIZE, VIRTQ_AVAIL_F_NO_INTERRUPT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE,
+    VIRTQ_USED_F_NO_NOTIFY,
+};
 
 use crate::transport::TransportError;
 
@@ -115,17 +123,6 @@ pub mod common {
     /// Size of the virtio 1.0 common configuration structure, bytes.
     pub const LEN: usize = 0x38;
 }
-
-/// Split virtqueue descriptor flag (§2.7.5): the buffer continues in `next`.
-pub const VIRTQ_DESC_F_NEXT: u16 = 1;
-/// Descriptor flag: the buffer is device-writable (otherwise device-readable).
-pub const VIRTQ_DESC_F_WRITE: u16 = 2;
-/// Available ring flag (§2.7.6): the driver does not want interrupts.
-pub const VIRTQ_AVAIL_F_NO_INTERRUPT: u16 = 1;
-/// Used ring flag (§2.7.8): the device does not want notifications.
-pub const VIRTQ_USED_F_NO_NOTIFY: u16 = 1;
-/// Largest split virtqueue size (§2.7).
-pub const MAX_SPLIT_QUEUE_SIZE: u16 = 32768;
 
 fn invalid(what: String, msg: &'static str) -> TransportError {
     TransportError::Io {
@@ -822,52 +819,19 @@ impl VirtioPci {
 }
 
 // ---------------------------------------------------------------------------
-// Split virtqueue
+// Split virtqueues: the crate vrnic-virtq
 // ---------------------------------------------------------------------------
-
-/// Errors of a [`SplitQueue`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum VirtqError {
-    /// The queue size is not a power of two in 1..=32768.
-    #[error("invalid split virtqueue size {0}")]
-    BadSize(u32),
-    /// `add` of a chain with no buffers.
-    #[error("empty descriptor chain")]
-    EmptyChain,
-    /// Not enough free descriptors for the chain.
-    #[error("virtqueue full: chain needs {needed} descriptors, {free} free")]
-    Full {
-        /// Descriptors the chain needs.
-        needed: usize,
-        /// Descriptors free.
-        free: u16,
-    },
-    /// A device-readable buffer after a device-writable one (§2.7.4.2).
-    #[error("device-readable buffer after a device-writable one")]
-    ReadableAfterWritable,
-    /// The device returned an id that is not the head of a chain in flight.
-    #[error("device returned descriptor id {0}, which is not in flight")]
-    BadUsedId(u32),
-    /// The device's used index ran more than a queue size ahead.
-    #[error("device used index {used} is {ahead} entries ahead (queue size {size})")]
-    BadUsedIdx {
-        /// The device's `used.idx`.
-        used: u16,
-        /// How far ahead of the driver it is.
-        ahead: u16,
-        /// Queue size.
-        size: u16,
-    },
-}
 
 impl From<VirtqError> for TransportError {
     fn from(e: VirtqError) -> Self {
         let kind = match e {
             VirtqError::Full { .. } => io::ErrorKind::WouldBlock,
-            VirtqError::EmptyChain | VirtqError::ReadableAfterWritable | VirtqError::BadSize(_) => {
-                io::ErrorKind::InvalidInput
-            }
-            _ => io::ErrorKind::InvalidData,
+            VirtqError::EmptyChain
+            | VirtqError::ReadableAfterWritable
+            | VirtqError::BadSize(_)
+            | VirtqError::TooSmall { .. }
+            | VirtqError::Misaligned(_) => io::ErrorKind::InvalidInput,
+            VirtqError::BadUsedId(_) | VirtqError::BadUsedIdx { .. } => io::ErrorKind::InvalidData,
         };
         TransportError::Io {
             what: "virtqueue".into(),
@@ -876,480 +840,41 @@ impl From<VirtqError> for TransportError {
     }
 }
 
-/// Placement of a split virtqueue's three parts in one contiguous
-/// allocation (§2.7: descriptor table aligned 16, available ring 2, used
-/// ring 4). Offsets and lengths in bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QueueLayout {
-    /// Queue size (descriptors), a power of two.
-    pub size: u16,
-    /// Offset of the descriptor table (16 bytes per descriptor), 0.
-    pub desc: usize,
-    /// Offset of the available ring (`flags, idx, ring[size], used_event`).
-    pub avail: usize,
-    /// Offset of the used ring (`flags, idx, ring[size] of {id, len}, avail_event`).
-    pub used: usize,
-    /// Total length; the allocation must be 16-byte aligned.
-    pub len: usize,
-}
-
-impl QueueLayout {
-    /// Required alignment of the allocation, bytes.
-    pub const ALIGN: usize = 16;
-
-    /// The layout for `size` descriptors. Errors: `size` not a power of two
-    /// in 1..=32768.
-    pub fn new(size: u16) -> Result<Self, VirtqError> {
-        if size == 0 || !size.is_power_of_two() || size > MAX_SPLIT_QUEUE_SIZE {
-            return Err(VirtqError::BadSize(size.into()));
-        }
-        let n = size as usize;
-        let avail = 16 * n;
-        let used = (avail + 6 + 2 * n).next_multiple_of(4);
-        Ok(QueueLayout {
-            size,
-            desc: 0,
-            avail,
-            used,
-            len: used + 6 + 8 * n,
-        })
-    }
-}
-
-/// One buffer of a descriptor chain: guest-physical address, length in
-/// bytes, and whether the device writes it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BufDesc {
-    /// Guest-physical address.
-    pub gpa: u64,
-    /// Length, bytes.
-    pub len: u32,
-    /// Device-writable (otherwise device-readable).
-    pub writable: bool,
-}
-
-/// A chain the device has finished with (`struct virtq_used_elem`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UsedElem {
-    /// Head descriptor index of the chain, as returned by [`SplitQueue::add`].
-    pub id: u16,
-    /// Bytes the device wrote into the chain's writable buffers.
-    pub len: u32,
-}
-
-const NONE: u16 = u16::MAX;
-
-/// The driver side of a split virtqueue (§2.7) in memory shared with the
-/// device. Tracks free descriptors in a private free list (never trusting
-/// what the device could write into shared memory), publishes chains on
-/// the available ring and reaps the used ring.
+/// A polled queue (no `VIRTIO_F_EVENT_IDX`, `VIRTQ_AVAIL_F_NO_INTERRUPT`
+/// set until [`SplitQueue::set_interrupts`]) of `layout.size` descriptors
+/// on the memory at `ptr` (guest-physical `gpa`), which it zeroes: how both
+/// of guest-lib's drivers make their queues.
 ///
-/// Memory ordering: descriptors and the ring entry are written before
-/// `avail.idx` is stored with release ordering; `used.idx` is loaded with
-/// acquire ordering before the used entry and the device-written buffers
-/// are read; a full fence separates publishing from reading
-/// `used.flags` ([`SplitQueue::needs_notify`]). These are the
-/// `virtio_wmb`/`virtio_rmb`/`virtio_mb` of §2.7.13 and §2.7.14.
-#[derive(Debug)]
-pub struct SplitQueue {
-    size: u16,
-    desc: *mut u8,
-    avail: *mut u8,
-    used: *mut u8,
-    desc_gpa: u64,
-    avail_gpa: u64,
-    used_gpa: u64,
-    next: Vec<u16>,
-    chain_len: Vec<u16>,
-    free_head: u16,
-    num_free: u16,
-    avail_idx: u16,
-    last_used: u16,
-}
-
-// SAFETY: the queue exclusively owns its ring memory (per `new`'s
-// contract); it is only touched through &mut self or atomics.
-unsafe impl Send for SplitQueue {}
-
-impl SplitQueue {
-    /// A queue of `layout.size` descriptors on the memory at `ptr`
-    /// (guest-physical `gpa`), which it zeroes. The available ring's flags
-    /// are set to `VIRTQ_AVAIL_F_NO_INTERRUPT`: the queue is polled until
-    /// [`SplitQueue::set_interrupts`] asks for interrupts.
-    ///
-    /// # Safety
-    /// `ptr` must be valid for reads and writes of `layout.len` bytes,
-    /// aligned to [`QueueLayout::ALIGN`], physically contiguous at `gpa`,
-    /// used by nothing but this queue and the device, and outlive the queue
-    /// and the device's use of it (reset the device before freeing it).
-    pub unsafe fn new(layout: QueueLayout, ptr: *mut u8, gpa: u64) -> Self {
-        // SAFETY: per the contract.
-        unsafe { ptr::write_bytes(ptr, 0, layout.len) };
-        let n = layout.size as usize;
-        let mut q = SplitQueue {
-            size: layout.size,
-            // SAFETY: offsets lie within layout.len.
-            desc: unsafe { ptr.add(layout.desc) },
-            // SAFETY: as desc.
-            avail: unsafe { ptr.add(layout.avail) },
-            // SAFETY: as desc.
-            used: unsafe { ptr.add(layout.used) },
-            desc_gpa: gpa + layout.desc as u64,
-            avail_gpa: gpa + layout.avail as u64,
-            used_gpa: gpa + layout.used as u64,
-            next: (1..=n as u32)
-                .map(|i| if i as usize == n { NONE } else { i as u16 })
-                .collect(),
-            chain_len: vec![0; n],
-            free_head: 0,
-            num_free: layout.size,
-            avail_idx: 0,
-            last_used: 0,
-        };
-        q.write_avail_flags(VIRTQ_AVAIL_F_NO_INTERRUPT);
-        q
-    }
-
-    /// Queue size (descriptors).
-    pub fn size(&self) -> u16 {
-        self.size
-    }
-
-    /// Free descriptors.
-    pub fn num_free(&self) -> u16 {
-        self.num_free
-    }
-
-    /// Descriptors in chains the device has not returned yet.
-    pub fn in_flight(&self) -> u16 {
-        self.size - self.num_free
-    }
-
-    /// The descriptor the next [`SplitQueue::add`] will use as the chain's
-    /// head (lets a caller bind per-descriptor buffers to chains); `None`
-    /// when the queue is full.
-    pub fn next_head(&self) -> Option<u16> {
-        (self.num_free > 0).then_some(self.free_head)
-    }
-
-    /// Guest-physical address of the descriptor table.
-    pub fn desc_gpa(&self) -> u64 {
-        self.desc_gpa
-    }
-
-    /// Guest-physical address of the available ring (driver area).
-    pub fn avail_gpa(&self) -> u64 {
-        self.avail_gpa
-    }
-
-    /// Guest-physical address of the used ring (device area).
-    pub fn used_gpa(&self) -> u64 {
-        self.used_gpa
-    }
-
-    /// Asks the device to interrupt after it adds used buffers (`true`:
-    /// clears `VIRTQ_AVAIL_F_NO_INTERRUPT`) or not to (`false`: sets it),
-    /// §2.7.7 without `VIRTIO_F_EVENT_IDX` (this driver never negotiates
-    /// it, so `used_event` is unused). A full barrier follows
-    /// ([`crate::barrier::mb`]), so a caller
-    /// that then re-checks the used ring cannot miss a buffer the device
-    /// added without interrupting.
-    pub fn set_interrupts(&mut self, on: bool) {
-        self.write_avail_flags(if on { 0 } else { VIRTQ_AVAIL_F_NO_INTERRUPT });
-        crate::barrier::mb();
-    }
-
-    /// Whether the queue asks for interrupts (`VIRTQ_AVAIL_F_NO_INTERRUPT` clear).
-    pub fn interrupts(&self) -> bool {
-        // SAFETY: offset 0 of the avail ring, 2-aligned.
-        let f = u16::from_le(unsafe { ptr::read_volatile(self.avail as *const u16) });
-        f & VIRTQ_AVAIL_F_NO_INTERRUPT == 0
-    }
-
-    fn write_avail_flags(&mut self, flags: u16) {
-        // SAFETY: offset 0 of the avail ring, 2-aligned.
-        unsafe { ptr::write_volatile(self.avail as *mut u16, flags.to_le()) };
-    }
-
-    fn avail_idx_atomic(&self) -> &AtomicU16 {
-        // SAFETY: avail + 2 is 2-aligned, inside the ring, and lives as long
-        // as self; only the driver writes it.
-        unsafe { AtomicU16::from_ptr(self.avail.add(2) as *mut u16) }
-    }
-
-    fn used_idx_atomic(&self) -> &AtomicU16 {
-        // SAFETY: used + 2 is 2-aligned (used is 4-aligned), inside the ring.
-        unsafe { AtomicU16::from_ptr(self.used.add(2) as *mut u16) }
-    }
-
-    fn write_desc(&mut self, i: u16, b: &BufDesc, flags: u16, next: u16) {
-        // SAFETY: i < size; the descriptor is 16 bytes at desc + 16 * i.
-        unsafe {
-            let d = self.desc.add(16 * i as usize);
-            ptr::write_volatile(d as *mut u64, b.gpa.to_le());
-            ptr::write_volatile(d.add(8) as *mut u32, b.len.to_le());
-            ptr::write_volatile(d.add(12) as *mut u16, flags.to_le());
-            ptr::write_volatile(d.add(14) as *mut u16, next.to_le());
-        }
-    }
-
-    /// Adds a chain of buffers and makes it available to the device:
-    /// descriptors, then the available ring entry, then (release) `avail.idx`.
-    /// Device-readable buffers must precede device-writable ones. Returns
-    /// the head descriptor index, which [`SplitQueue::pop_used`] reports
-    /// when the device is done. Does not notify.
-    ///
-    /// Errors: empty chain, readable after writable, not enough free
-    /// descriptors ([`VirtqError::Full`]); nothing is changed then.
-    pub fn add(&mut self, bufs: &[BufDesc]) -> Result<u16, VirtqError> {
-        if bufs.is_empty() {
-            return Err(VirtqError::EmptyChain);
-        }
-        if bufs.windows(2).any(|w| w[0].writable && !w[1].writable) {
-            return Err(VirtqError::ReadableAfterWritable);
-        }
-        if bufs.len() > self.num_free as usize {
-            return Err(VirtqError::Full {
-                needed: bufs.len(),
-                free: self.num_free,
-            });
-        }
-        let head = self.free_head;
-        let mut i = head;
-        for (k, b) in bufs.iter().enumerate() {
-            let last = k + 1 == bufs.len();
-            let nxt = self.next[i as usize];
-            let mut flags = if b.writable { VIRTQ_DESC_F_WRITE } else { 0 };
-            if !last {
-                flags |= VIRTQ_DESC_F_NEXT;
-            }
-            self.write_desc(i, b, flags, if last { 0 } else { nxt });
-            i = nxt;
-        }
-        self.free_head = i;
-        self.num_free -= bufs.len() as u16;
-        self.chain_len[head as usize] = bufs.len() as u16;
-        let slot = (self.avail_idx % self.size) as usize;
-        // SAFETY: slot < size; ring entry at avail + 4 + 2 * slot.
-        unsafe { ptr::write_volatile(self.avail.add(4 + 2 * slot) as *mut u16, head.to_le()) };
-        self.avail_idx = self.avail_idx.wrapping_add(1);
-        // Release: the descriptors and the ring entry are visible before the index.
-        self.avail_idx_atomic()
-            .store(self.avail_idx.to_le(), Ordering::Release);
-        Ok(head)
-    }
-
-    /// Whether the device wants a notification for newly added chains: a
-    /// full barrier ([`crate::barrier::mb`]: the index store must be
-    /// visible before the flag is read),
-    /// then `used.flags & VIRTQ_USED_F_NO_NOTIFY == 0` (§2.7.10; without
-    /// `VIRTIO_F_EVENT_IDX`).
-    pub fn needs_notify(&self) -> bool {
-        crate::barrier::mb();
-        // SAFETY: offset 0 of the used ring, 2-aligned.
-        let flags = u16::from_le(unsafe { ptr::read_volatile(self.used as *const u16) });
-        flags & VIRTQ_USED_F_NO_NOTIFY == 0
-    }
-
-    /// Reaps the next chain the device has finished with, returning its
-    /// descriptors to the free list; `Ok(None)` when there is none. The
-    /// device-written contents of the chain's buffers are visible to the
-    /// caller after this returns `Some`.
-    ///
-    /// Errors (the device broke the protocol; the entry is skipped):
-    /// [`VirtqError::BadUsedId`], [`VirtqError::BadUsedIdx`].
-    pub fn pop_used(&mut self) -> Result<Option<UsedElem>, VirtqError> {
-        let used = u16::from_le(self.used_idx_atomic().load(Ordering::Acquire));
-        if used == self.last_used {
-            return Ok(None);
-        }
-        let ahead = used.wrapping_sub(self.last_used);
-        if ahead > self.size {
-            return Err(VirtqError::BadUsedIdx {
-                used,
-                ahead,
-                size: self.size,
-            });
-        }
-        let slot = (self.last_used % self.size) as usize;
-        // SAFETY: slot < size; element at used + 4 + 8 * slot (4-aligned).
-        let (id, len) = unsafe {
-            let e = self.used.add(4 + 8 * slot);
-            (
-                u32::from_le(ptr::read_volatile(e as *const u32)),
-                u32::from_le(ptr::read_volatile(e.add(4) as *const u32)),
-            )
-        };
-        self.last_used = self.last_used.wrapping_add(1);
-        if id >= self.size as u32 || self.chain_len[id as usize] == 0 {
-            return Err(VirtqError::BadUsedId(id));
-        }
-        let head = id as u16;
-        let n = self.chain_len[head as usize];
-        let mut tail = head;
-        for _ in 1..n {
-            tail = self.next[tail as usize];
-        }
-        self.next[tail as usize] = if self.num_free == 0 {
-            NONE
-        } else {
-            self.free_head
-        };
-        self.free_head = head;
-        self.num_free += n;
-        self.chain_len[head as usize] = 0;
-        Ok(Some(UsedElem { id: head, len }))
-    }
-}
-
-/// A simulated device and plain test memory, for unit tests of the driver
-/// side (here and in [`crate::pci`]).
-#[cfg(test)]
-pub(crate) mod sim {
-    use super::*;
-    use std::alloc::{alloc_zeroed, dealloc, Layout};
-
-    /// 16-aligned zeroed heap memory.
-    pub(crate) struct Mem {
-        pub(crate) ptr: *mut u8,
-        layout: Layout,
-    }
-    impl Mem {
-        pub(crate) fn new(len: usize) -> Self {
-            let layout = Layout::from_size_align(len, 16).unwrap();
-            // SAFETY: len > 0 in every test.
-            let ptr = unsafe { alloc_zeroed(layout) };
-            assert!(!ptr.is_null());
-            Mem { ptr, layout }
-        }
-    }
-    impl Drop for Mem {
-        fn drop(&mut self) {
-            // SAFETY: allocated with this layout.
-            unsafe { dealloc(self.ptr, self.layout) };
-        }
-    }
-
-    /// A simulated device: consumes available chains, returns used ones.
-    pub(crate) struct Device {
-        pub(crate) l: QueueLayout,
-        pub(crate) base: *mut u8,
-        last_avail: u16,
-        used_idx: u16,
-    }
-
-    #[derive(Debug, PartialEq)]
-    pub(crate) struct D {
-        pub(crate) addr: u64,
-        pub(crate) len: u32,
-        pub(crate) flags: u16,
-        pub(crate) next: u16,
-    }
-
-    // SAFETY: (tests) the simulated device owns its view of the ring; the
-    // test keeps the memory alive while the device runs.
-    unsafe impl Send for Device {}
-
-    impl Device {
-        pub(crate) fn new(l: QueueLayout, base: *mut u8) -> Self {
-            Device {
-                l,
-                base,
-                last_avail: 0,
-                used_idx: 0,
-            }
-        }
-        pub(crate) fn rd16(&self, off: usize) -> u16 {
-            // SAFETY: (this and the other accesses below) `base` is the
-            // ring memory of layout `l`, alive while the test runs.
-            unsafe { ptr::read_volatile(self.base.add(off) as *const u16) }
-        }
-        fn desc(&self, i: u16) -> D {
-            // SAFETY: as rd16; descriptor `i` of the table.
-            unsafe {
-                let d = self.base.add(self.l.desc + 16 * i as usize);
-                D {
-                    addr: ptr::read_volatile(d as *const u64),
-                    len: ptr::read_volatile(d.add(8) as *const u32),
-                    flags: ptr::read_volatile(d.add(12) as *const u16),
-                    next: ptr::read_volatile(d.add(14) as *const u16),
-                }
-            }
-        }
-        /// Takes the next available chain: (head, descriptors).
-        pub(crate) fn take(&mut self) -> Option<(u16, Vec<D>)> {
-            // SAFETY: as rd16; the available ring's aligned index.
-            let idx = unsafe { AtomicU16::from_ptr(self.base.add(self.l.avail + 2) as *mut u16) }
-                .load(Ordering::Acquire);
-            if idx == self.last_avail {
-                return None;
-            }
-            let slot = (self.last_avail % self.l.size) as usize;
-            let head = self.rd16(self.l.avail + 4 + 2 * slot);
-            self.last_avail = self.last_avail.wrapping_add(1);
-            let mut chain = vec![];
-            let mut i = head;
-            loop {
-                let d = self.desc(i);
-                let more = d.flags & VIRTQ_DESC_F_NEXT != 0;
-                i = d.next;
-                chain.push(d);
-                assert!(chain.len() <= self.l.size as usize, "descriptor loop");
-                if !more {
-                    break;
-                }
-            }
-            Some((head, chain))
-        }
-        pub(crate) fn complete(&mut self, id: u32, len: u32) {
-            let slot = (self.used_idx % self.l.size) as usize;
-            // SAFETY: as rd16; used element `slot`.
-            unsafe {
-                let e = self.base.add(self.l.used + 4 + 8 * slot);
-                ptr::write_volatile(e as *mut u32, id);
-                ptr::write_volatile(e.add(4) as *mut u32, len);
-            }
-            self.used_idx = self.used_idx.wrapping_add(1);
-            // SAFETY: as rd16; the used ring's aligned index.
-            unsafe { AtomicU16::from_ptr(self.base.add(self.l.used + 2) as *mut u16) }
-                .store(self.used_idx, Ordering::Release);
-        }
-        pub(crate) fn set_used_flags(&mut self, f: u16) {
-            // SAFETY: as rd16; the used ring's flags.
-            unsafe { ptr::write_volatile(self.base.add(self.l.used) as *mut u16, f) };
-        }
-    }
+/// # Safety
+/// `ptr` must be valid for reads and writes of `layout.len` bytes, aligned
+/// to [`QueueLayout::ALIGN`], physically contiguous at `gpa`, used by
+/// nothing but this queue and the device, and outlive the queue and the
+/// device's use of it (reset the device before freeing it).
+pub unsafe fn polled_queue(
+    layout: QueueLayout,
+    ptr: *mut u8,
+    gpa: u64,
+) -> Result<SplitQueue, TransportError> {
+    // SAFETY: per the contract.
+    let mem = unsafe { RawMemory::new(ptr, layout.len) }?;
+    Ok(SplitQueue::new(mem, layout, gpa, QueueConfig::POLLED)?)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::sim::{Device, Mem};
     use super::*;
+    use vrnic_virtq::sim::Mem;
 
     const GPA: u64 = 0x1_0000_0000;
 
-    fn setup(size: u16) -> (Mem, SplitQueue, Device) {
+    /// A queue of `size` on test memory (returned with it, to outlive it).
+    fn setup(size: u16) -> (Mem, SplitQueue) {
         let l = QueueLayout::new(size).unwrap();
         let mem = Mem::new(l.len);
-        // SAFETY: mem is l.len bytes, 16-aligned, and outlives q (returned together; tests drop q first).
-        let q = unsafe { SplitQueue::new(l, mem.ptr, GPA) };
-        let dev = Device::new(l, mem.ptr);
-        (mem, q, dev)
-    }
-
-    fn rb(gpa: u64, len: u32) -> BufDesc {
-        BufDesc {
-            gpa,
-            len,
-            writable: false,
-        }
-    }
-    fn wb(gpa: u64, len: u32) -> BufDesc {
-        BufDesc {
-            gpa,
-            len,
-            writable: true,
-        }
+        // SAFETY: mem is l.len bytes, 64-aligned, and outlives q (returned
+        // together; tests drop q first).
+        let q = unsafe { polled_queue(l, mem.ptr, GPA) }.unwrap();
+        (mem, q)
     }
 
     /// A fake BAR: common configuration at 0, ISR at 0x100, notifications
@@ -1383,7 +908,7 @@ mod tests {
         );
         // A queue of 8: its maximum is what QUEUE_SIZE reads before setup.
         m.write16(common::QUEUE_SIZE, 8).unwrap();
-        let (_ring, q, _dev) = setup(8);
+        let (_ring, q) = setup(8);
         let n = v.setup_queue(2, &q).unwrap();
         assert_eq!(n.queue(), 2);
         assert_eq!(m.read16(common::QUEUE_SELECT).unwrap(), 2);
@@ -1398,181 +923,6 @@ mod tests {
         assert_eq!(isr.read_and_clear().unwrap(), VIRTIO_PCI_ISR_QUEUE);
         // SAFETY: a zero-length window cannot be an ISR.
         assert!(Isr::new(unsafe { Mmio::new(bar.ptr, 0) }).is_err());
-    }
-
-    #[test]
-    fn queues_are_polled_until_interrupts_are_asked_for() {
-        let (_mem, mut q, dev) = setup(4);
-        let avail_flags = || dev.rd16(QueueLayout::new(4).unwrap().avail);
-        assert!(!q.interrupts());
-        assert_eq!(avail_flags(), VIRTQ_AVAIL_F_NO_INTERRUPT);
-        q.set_interrupts(true);
-        assert!(q.interrupts());
-        assert_eq!(avail_flags(), 0);
-        // Adding buffers leaves the flag alone.
-        q.add(&[wb(GPA, 16)]).unwrap();
-        assert_eq!(avail_flags(), 0);
-        q.set_interrupts(false);
-        assert_eq!(avail_flags(), VIRTQ_AVAIL_F_NO_INTERRUPT);
-    }
-
-    #[test]
-    fn layout_matches_spec_alignment() {
-        let l = QueueLayout::new(256).unwrap();
-        assert_eq!((l.desc, l.avail, l.used), (0, 4096, 4096 + 520));
-        assert_eq!(l.len, 4096 + 520 + 6 + 8 * 256);
-        let l = QueueLayout::new(1).unwrap();
-        assert_eq!(l.used % 4, 0);
-        assert!(QueueLayout::new(0).is_err());
-        assert!(QueueLayout::new(3).is_err());
-        assert!(QueueLayout::new(65535).is_err());
-    }
-
-    #[test]
-    fn chain_round_trip() {
-        let (_m, mut q, mut dev) = setup(8);
-        assert_eq!(dev.rd16(dev.l.avail), VIRTQ_AVAIL_F_NO_INTERRUPT);
-        assert_eq!(q.desc_gpa(), GPA);
-        assert_eq!(q.used_gpa(), GPA + dev.l.used as u64);
-        assert!(q.pop_used().unwrap().is_none());
-        let head = q.add(&[rb(0x1000, 24), wb(0x2000, 136)]).unwrap();
-        assert_eq!(q.num_free(), 6);
-        let (h, chain) = dev.take().unwrap();
-        assert_eq!(h, head);
-        assert_eq!(chain.len(), 2);
-        assert_eq!(chain[0].addr, 0x1000);
-        assert_eq!(chain[0].len, 24);
-        assert_eq!(chain[0].flags, VIRTQ_DESC_F_NEXT);
-        assert_eq!(chain[1].addr, 0x2000);
-        assert_eq!(chain[1].len, 136);
-        assert_eq!(chain[1].flags, VIRTQ_DESC_F_WRITE);
-        assert!(dev.take().is_none());
-        assert!(q.pop_used().unwrap().is_none(), "nothing used yet");
-        dev.complete(h as u32, 16);
-        assert_eq!(q.pop_used().unwrap(), Some(UsedElem { id: head, len: 16 }));
-        assert!(q.pop_used().unwrap().is_none());
-        assert_eq!(q.num_free(), 8);
-        assert_eq!(q.in_flight(), 0);
-    }
-
-    #[test]
-    fn wraps_around_many_times_in_and_out_of_order() {
-        let size = 8u16;
-        let (_m, mut q, mut dev) = setup(size);
-        let mut expected: std::collections::HashMap<u16, (u64, usize)> = Default::default();
-        let mut serial = 0u64;
-        // > 65536 chains: both the ring slots and the 16-bit indices wrap.
-        for round in 0..30_000u32 {
-            // Fill with chains of 1..=3 descriptors while they fit.
-            loop {
-                let n = 1 + (serial % 3) as usize;
-                let bufs: Vec<BufDesc> = (0..n)
-                    .map(|k| wb(serial << 8 | k as u64, k as u32 + 1))
-                    .collect();
-                match q.add(&bufs) {
-                    Ok(h) => {
-                        assert!(
-                            expected.insert(h, (serial, n)).is_none(),
-                            "head reused while in flight"
-                        );
-                        serial += 1;
-                    }
-                    Err(VirtqError::Full { needed, free }) => {
-                        assert_eq!(needed, n);
-                        assert!((free as usize) < n);
-                        break;
-                    }
-                    Err(e) => panic!("{e}"),
-                }
-            }
-            let mut taken = vec![];
-            while let Some((h, chain)) = dev.take() {
-                let (s, n) = expected[&h];
-                assert_eq!(chain.len(), n);
-                for (k, d) in chain.iter().enumerate() {
-                    assert_eq!(d.addr, s << 8 | k as u64);
-                }
-                taken.push(h);
-            }
-            // Complete out of order on odd rounds; some only partially.
-            if round % 2 == 1 {
-                taken.reverse();
-            }
-            let keep = if round % 5 == 0 { taken.len() / 2 } else { 0 };
-            for &h in &taken[keep..] {
-                dev.complete(h as u32, h as u32 + 7);
-            }
-            let mut got = 0;
-            while let Some(u) = q.pop_used().unwrap() {
-                assert_eq!(u.len, u.id as u32 + 7);
-                assert!(expected.remove(&u.id).is_some());
-                got += 1;
-            }
-            assert_eq!(got, taken.len() - keep);
-            for &h in &taken[..keep] {
-                dev.complete(h as u32, h as u32 + 7);
-            }
-            while let Some(u) = q.pop_used().unwrap() {
-                assert!(expected.remove(&u.id).is_some());
-            }
-            assert!(expected.is_empty());
-            assert_eq!(q.num_free(), size);
-        }
-        assert!(serial > 65536, "indices wrapped ({serial} chains)");
-    }
-
-    #[test]
-    fn full_queue_is_rejected_and_recovers() {
-        let (_m, mut q, mut dev) = setup(4);
-        let heads: Vec<u16> = (0..4).map(|i| q.add(&[rb(i, 16)]).unwrap()).collect();
-        assert_eq!(q.next_head(), None);
-        assert_eq!(
-            q.add(&[rb(9, 16)]),
-            Err(VirtqError::Full { needed: 1, free: 0 })
-        );
-        let (h, _) = dev.take().unwrap();
-        assert_eq!(h, heads[0]);
-        dev.complete(h as u32, 0);
-        assert_eq!(q.pop_used().unwrap().unwrap().id, heads[0]);
-        assert_eq!(q.next_head(), Some(heads[0]));
-        assert_eq!(
-            q.add(&[rb(1, 1), rb(2, 2)]),
-            Err(VirtqError::Full { needed: 2, free: 1 })
-        );
-        assert_eq!(q.add(&[rb(9, 16)]).unwrap(), heads[0]);
-        assert_eq!(
-            q.add(&[wb(1, 1), rb(2, 2)]),
-            Err(VirtqError::ReadableAfterWritable)
-        );
-        assert_eq!(q.add(&[]), Err(VirtqError::EmptyChain));
-    }
-
-    #[test]
-    fn device_protocol_errors_do_not_panic() {
-        let (_m, mut q, mut dev) = setup(4);
-        let h = q.add(&[rb(1, 1)]).unwrap();
-        dev.take().unwrap();
-        dev.complete(3, 0); // never made available
-        assert_eq!(q.pop_used(), Err(VirtqError::BadUsedId(3)));
-        dev.complete(1000, 0);
-        assert_eq!(q.pop_used(), Err(VirtqError::BadUsedId(1000)));
-        dev.complete(h as u32, 5);
-        assert_eq!(q.pop_used().unwrap(), Some(UsedElem { id: h, len: 5 }));
-        dev.complete(h as u32, 5); // returned twice
-        assert_eq!(q.pop_used(), Err(VirtqError::BadUsedId(h as u32)));
-        // Used index racing far ahead.
-        // SAFETY: the device's ring memory, alive; its aligned used index.
-        unsafe { AtomicU16::from_ptr(dev.base.add(dev.l.used + 2) as *mut u16) }
-            .store(200, Ordering::Release);
-        assert!(matches!(q.pop_used(), Err(VirtqError::BadUsedIdx { .. })));
-    }
-
-    #[test]
-    fn notification_suppression_is_honoured() {
-        let (_m, q, mut dev) = setup(4);
-        assert!(q.needs_notify());
-        dev.set_used_flags(VIRTQ_USED_F_NO_NOTIFY);
-        assert!(!q.needs_notify());
     }
 
     /// A synthetic type-0 configuration space shaped like QEMU's virtio

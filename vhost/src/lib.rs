@@ -1,6 +1,7 @@
 //! The vrnic vhost-user device: serves a [`vrnic::device::Device`] to a
-//! vhost-user frontend (QEMU's `vhost-user-test-device-pci`, or the test
-//! [`frontend`]) over three virtqueues (see [`vrnic::abi`]).
+//! vhost-user frontend (QEMU's `vhost-user-test-device-pci`, the
+//! containers' driver, or the test frontend of the crate `vrnic-frontend`)
+//! over three virtqueues (see [`vrnic::abi`]).
 //!
 //! - [`memory`]: bounds-checked guest memory over the vhost-user memory table.
 //! - [`fault`]: surviving a frontend memory that loses its backing (`SIGBUS`).
@@ -15,7 +16,6 @@
 //! - [`functions`]: many functions (devices) per daemon, added and removed while it runs.
 //! - [`switch`]: the embedded switch between a daemon's functions and its uplink.
 //! - [`addr`]: command-line address parsing and the default MAC.
-//! - [`frontend`]: a vhost-user frontend and virtio driver for tests.
 #![deny(missing_docs)]
 
 pub mod addr;
@@ -24,7 +24,6 @@ pub mod chain;
 pub mod control;
 pub mod datapath;
 pub mod fault;
-pub mod frontend;
 pub mod functions;
 pub mod memory;
 pub mod poll_group;

@@ -531,7 +531,7 @@ mod tests {
     use std::time::Instant;
 
     use vrnic::link::MemLink;
-    use vrnic_vhost::frontend::{test_device_config, FrontendOptions, TestDaemon};
+    use vrnic_frontend::{test_device_config, FrontendOptions, TestDaemon};
 
     const WAIT: Duration = Duration::from_secs(10);
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::TempDir;
 use vrnic::abi::{self, Pod};
-use vrnic_vhost::frontend::{FrontendOptions, TestFrontend};
+use vrnic_frontend::{FrontendOptions, TestFrontend};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vrnic");
 const WAIT: Duration = Duration::from_secs(20);
@@ -452,7 +452,7 @@ fn three_functions(dir: &TempDir) -> (Child, [std::path::PathBuf; 3]) {
 fn a_frontend_whose_memory_loses_its_backing_cannot_end_the_daemon() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
-    use vrnic_vhost::frontend::Buffer;
+    use vrnic_frontend::Buffer;
     let dir = TempDir::new("sigbus");
     let (child, [a, b, c]) = three_functions(&dir);
 

@@ -8,9 +8,7 @@ use std::time::Duration;
 use vrnic::abi::{self, Pod};
 use vrnic::link::{Link, MemLink};
 use vrnic::mem::DmaMemory;
-use vrnic_vhost::frontend::{
-    test_device_config, Buffer, FrontendOptions, TestDaemon, TestFrontend,
-};
+use vrnic_frontend::{test_device_config, Buffer, FrontendOptions, TestDaemon, TestFrontend};
 use vrnic_vhost::VrnicBackend;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -157,7 +155,7 @@ fn pipelined_commands_all_complete() {
     for _ in 0..n {
         let u = fe.wait(abi::CONTROLQ).unwrap();
         assert!(u.len >= 8);
-        done.push(u.head);
+        done.push(u.id);
     }
     done.sort_unstable();
     heads.sort_unstable();

@@ -9,8 +9,8 @@ mod common;
 
 use common::{memfd_mappings, open_fds, rc_qp, settle, WAIT};
 use vrnic::link::MemLink;
+use vrnic_frontend::{test_device_config, TestDaemon};
 use vrnic_guest::verbs::{Cq, Mr, Pd};
-use vrnic_vhost::frontend::{test_device_config, TestDaemon};
 
 /// A frontend with guest memory, vrings and verbs objects goes away: once
 /// the daemon has handled the end of the connection (its device reset), the

@@ -774,14 +774,14 @@ fn a_qp_can_send_to_a_qp_of_its_own_function() {
 /// the uplink.
 #[test]
 fn a_function_talks_to_a_device_beyond_the_uplink() {
-    use vrnic_vhost::frontend::TestDaemon;
+    use vrnic_frontend::TestDaemon;
     let dir = TempDir::new("uplink");
     let (fns, outside) = daemon();
     let sa = spec(&dir.0, "a", 1);
     let sb = spec(&dir.0, "b", 2);
     fns.add(&sa).unwrap();
     fns.add(&sb).unwrap();
-    let mut cfg = vrnic_vhost::frontend::test_device_config();
+    let mut cfg = vrnic_frontend::test_device_config();
     cfg.ipv4 = ip(3).addr;
     cfg.mac = vrnic_vhost::addr::Mac::from_ipv4(cfg.ipv4).0;
     let far = TestDaemon::with_device(cfg, Box::new(outside)).expect("the far daemon");
@@ -826,7 +826,7 @@ fn a_function_talks_to_a_device_beyond_the_uplink() {
 #[test]
 fn several_functions_connect_to_their_frontends_and_come_back() {
     use std::os::unix::net::UnixListener;
-    use vrnic_vhost::frontend::{FrontendOptions, TestFrontend};
+    use vrnic_frontend::{FrontendOptions, TestFrontend};
 
     let dir = TempDir::new("connectfns");
     let (fns, _outside) = daemon();

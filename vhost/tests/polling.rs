@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use vrnic::abi;
 use vrnic::link::MemLink;
-use vrnic_vhost::frontend::{FrontendOptions, TestDaemon};
+use vrnic_frontend::{FrontendOptions, TestDaemon};
 use vrnic_vhost::spin::PollConfig;
 use vrnic_vhost::BackendConfig;
 

@@ -13,10 +13,10 @@ use common::{buffer, connect_rc, gid, pattern, rc_qp, recv, send, wait_cq, Conn,
 use vrnic::abi::{self, Pod};
 use vrnic::device::DeviceConfig;
 use vrnic::link::MemLink;
+use vrnic_frontend::TestDaemon;
 use vrnic_guest::transport::TransportError;
 use vrnic_guest::verbs::{Context, Cq, Pd, Qp, QpState, RdmaWr, SendWr, WrOpcode, SEND_SIGNALED};
 use vrnic_vhost::addr::Mac;
-use vrnic_vhost::frontend::TestDaemon;
 use vrnic_vhost::VrnicBackend;
 
 /// First PSNs: A's close to the 24-bit wrap, so multi-packet messages

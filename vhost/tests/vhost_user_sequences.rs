@@ -59,12 +59,10 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vrnic::abi::{self, Pod};
 use vrnic::link::MemLink;
 use vrnic::mem::DmaMemory;
+use vrnic_frontend::{test_device_config, Buffer, FrontendOptions, TestDaemon, TestFrontend, PAGE};
 use vrnic_guest::vhost_user::Watchdog;
 use vrnic_vhost::addr::Ipv4Prefix;
 use vrnic_vhost::backend::FEATURES;
-use vrnic_vhost::frontend::{
-    test_device_config, Buffer, FrontendOptions, TestDaemon, TestFrontend, PAGE,
-};
 use vrnic_vhost::functions::{FunctionSpec, Functions, FunctionsConfig};
 
 /// The seed of the CI run (ChaCha): the same sequences every time.

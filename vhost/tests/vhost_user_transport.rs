@@ -12,11 +12,11 @@ use std::net::Ipv4Addr;
 use common::{connect_rc, gid, rc_qp, wait_cq_n, Peer};
 use vrnic::device::DeviceConfig;
 use vrnic::link::MemLink;
+use vrnic_frontend::TestDaemon;
 use vrnic_guest::transport::Transport;
 use vrnic_guest::verbs::*;
 use vrnic_guest::vhost_user::{VhostUserTransport, DEFAULT_TIMEOUT};
 use vrnic_vhost::addr::Mac;
-use vrnic_vhost::frontend::TestDaemon;
 
 fn config(n: u8) -> DeviceConfig {
     let ip = Ipv4Addr::new(10, 0, 0, n);

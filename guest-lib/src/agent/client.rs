@@ -146,7 +146,7 @@ impl AgentTransport {
                 // SAFETY: both mappings are kept beside the ring.
                 let r = unsafe {
                     crate::dbring::DbRing::new(region.ptr(), db.layout, reg, abi::DOORBELLQ)
-                };
+                }?;
                 Some((r, region, nmap))
             }
             _ => None,

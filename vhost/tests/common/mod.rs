@@ -6,7 +6,7 @@
 //! by [`WAIT`].
 //!
 //! Tests that need the vhost-user protocol itself (raw chains, pauses,
-//! reconnects) use `vrnic_vhost::frontend::TestFrontend` instead.
+//! reconnects) use `vrnic_frontend::TestFrontend` instead.
 
 // Each test binary uses a part of this module.
 #![allow(dead_code)]

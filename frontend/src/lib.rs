@@ -6,8 +6,9 @@
 //!
 //! - [`TestDaemon`]: a backend served on a temporary socket in a thread.
 //! - [`TestFrontend`]: the connected frontend + driver.
-//! - [`DriverMemory`], [`SplitQueue`]: guest RAM and the driver side of a
-//!   virtqueue, for tests that build chains by hand.
+//! - [`DriverMemory`], [`FrontendQueue`]: guest RAM and the driver side of
+//!   a virtqueue (`vrnic-virtq`'s split virtqueue, the one guest-lib's
+//!   drivers use), for tests that build chains by hand.
 //!
 //! This is the daemon's protocol-level test tool: raw chains, avail
 //! indices, pauses, resets, reconnects, raw control commands and
@@ -17,6 +18,15 @@
 //! one driver-side implementation, not two.
 //!
 //! Every wait is bounded by [`FrontendOptions::timeout`].
+//!
+//! A crate of its own (it was the daemon's `frontend` module): it drives
+//! the daemon's library (`vrnic_vhost`, which [`TestDaemon`] serves in a
+//! thread) with guest-lib's vhost-user negotiation, so the daemon itself
+//! depends on no driver. The daemon's integration tests use it as a
+//! dev-dependency; the host programs `vrnic-soak` (`src/bin/vrnic-soak.rs`,
+//! the soak's traffic driver) and `vrnic-flood` (`src/bin/vrnic-flood.rs`,
+//! a hostile frontend for benchmarks) are its binaries.
+#![deny(missing_docs)]
 
 mod daemon;
 mod memory;
@@ -36,9 +46,9 @@ use vrnic::mem::{DmaMemory, MemError};
 
 pub use daemon::{test_device_config, TestDaemon};
 pub use memory::{DriverMemory, PAGE};
-pub use queue::{Buffer, SplitQueue, Used};
+pub use queue::{Buffer, FrontendQueue, Used};
 
-use crate::datapath::MAX_CONTROL_MSG;
+use vrnic_vhost::datapath::MAX_CONTROL_MSG;
 
 /// Test frontend failures.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +71,16 @@ pub enum FrontendError {
     /// The queue has too few free descriptors.
     #[error("queue {0} has too few free descriptors")]
     QueueFull(u16),
+    /// The device broke the virtqueue protocol (other than
+    /// [`FrontendError::BadUsed`]), e.g. a used index more than a queue
+    /// ahead.
+    #[error("queue {queue}: {source}")]
+    Queue {
+        /// Queue index.
+        queue: u16,
+        /// What the queue found.
+        source: vrnic_virtq::VirtqError,
+    },
     /// The device used nothing in time.
     #[error("queue {queue}: nothing used within {waited:?}")]
     Timeout {
@@ -116,7 +136,7 @@ impl Default for FrontendOptions {
 pub struct TestFrontend {
     fe: Frontend,
     mem: DriverMemory,
-    queues: Vec<SplitQueue>,
+    queues: Vec<FrontendQueue>,
     timeout: Duration,
     acked: u64,
     ctrl_req: u64,
@@ -180,7 +200,7 @@ impl TestFrontend {
         let mut mem = DriverMemory::new(&opts.memory)?;
         fe.set_mem_table(&mem.region_infos()?)?;
         let queues = (0..abi::NUM_QUEUES)
-            .map(|q| SplitQueue::new(&mut mem, q as u16, opts.queue_size, event_idx))
+            .map(|q| FrontendQueue::new(&mut mem, q as u16, opts.queue_size, event_idx))
             .collect::<Result<Vec<_>, _>>()?;
         let ctrl_req = mem.alloc(MAX_CONTROL_MSG as u64, 8)?;
         let ctrl_resp = mem.alloc(MAX_CONTROL_MSG as u64, 8)?;
@@ -214,7 +234,7 @@ impl TestFrontend {
     ///
     /// # Panics
     /// When `q` is not a queue index (`q >= abi::NUM_QUEUES`).
-    pub fn queue(&self, q: u16) -> &SplitQueue {
+    pub fn queue(&self, q: u16) -> &FrontendQueue {
         &self.queues[usize::from(q)]
     }
 
@@ -273,45 +293,46 @@ impl TestFrontend {
     /// Returns its head.
     ///
     /// # Errors
-    /// As [`SplitQueue::add`].
+    /// As [`FrontendQueue::add`].
     pub fn post(&mut self, q: u16, bufs: &[Buffer]) -> Result<u16, FrontendError> {
-        self.queues[usize::from(q)].add(&self.mem, bufs)
+        self.queues[usize::from(q)].add(bufs)
     }
 
     /// Waits for the next used element of queue `q`.
     ///
     /// # Errors
-    /// As [`SplitQueue::wait_used`].
+    /// As [`FrontendQueue::wait_used`].
     pub fn wait(&mut self, q: u16) -> Result<Used, FrontendError> {
-        self.queues[usize::from(q)].wait_used(&self.mem, self.timeout)
+        self.queues[usize::from(q)].wait_used(self.timeout)
     }
 
     /// The next used element of queue `q`, if there is one, without
     /// waiting.
     ///
     /// # Errors
-    /// As [`SplitQueue::pop_used`].
+    /// As [`FrontendQueue::pop_used`].
     pub fn try_used(&mut self, q: u16) -> Result<Option<Used>, FrontendError> {
-        self.queues[usize::from(q)].pop_used(&self.mem)
+        self.queues[usize::from(q)].pop_used()
     }
 
     /// Whether the device would want a kick for the next chain on queue
-    /// `q` ([`SplitQueue::wants_kick`]).
+    /// `q` ([`FrontendQueue::wants_kick`]).
     ///
     /// # Errors
-    /// As [`SplitQueue::wants_kick`].
+    /// None today (the rings are in the frontend's own memory); kept for
+    /// the callers' `?`.
     pub fn wants_kick(&self, q: u16) -> Result<bool, FrontendError> {
-        self.queues[usize::from(q)].wants_kick(&self.mem)
+        Ok(self.queues[usize::from(q)].wants_kick())
     }
 
     /// Overwrites queue `q`'s available index with `idx` and kicks; for
     /// robustness tests. [`TestFrontend::republish`] undoes it.
     ///
     /// # Errors
-    /// As [`SplitQueue::write_avail_idx`].
+    /// None today; kept for the callers' `?`.
     pub fn write_avail_idx(&mut self, q: u16, idx: u16) -> Result<(), FrontendError> {
         let vq = &self.queues[usize::from(q)];
-        vq.write_avail_idx(&self.mem, idx)?;
+        vq.write_avail_idx(idx);
         vq.kick();
         Ok(())
     }
@@ -319,9 +340,10 @@ impl TestFrontend {
     /// Writes queue `q`'s true available index again and kicks.
     ///
     /// # Errors
-    /// As [`SplitQueue::republish`].
+    /// None today; kept for the callers' `?`.
     pub fn republish(&mut self, q: u16) -> Result<(), FrontendError> {
-        self.queues[usize::from(q)].republish(&self.mem)
+        self.queues[usize::from(q)].republish();
+        Ok(())
     }
 
     /// Posts the chain `bufs` on queue `q` and waits for the device to use
@@ -333,10 +355,10 @@ impl TestFrontend {
     pub fn submit(&mut self, q: u16, bufs: &[Buffer]) -> Result<Used, FrontendError> {
         let head = self.post(q, bufs)?;
         let used = self.wait(q)?;
-        if used.head != head {
+        if used.id != head {
             return Err(FrontendError::BadUsed {
                 queue: q,
-                head: used.head.into(),
+                head: used.id.into(),
             });
         }
         Ok(used)
@@ -398,7 +420,7 @@ impl TestFrontend {
         Ok((hdr, resp.split_off(8)))
     }
 
-    /// A hostile driver ([`SplitQueue::flood`]): one `opcode` command with
+    /// A hostile driver ([`FrontendQueue::flood`]): one `opcode` command with
     /// `body` made available on the control queue again and again, without
     /// waiting for the device, until `stop` is set, sleeping `pause` after
     /// each move of the avail index (zero: never). Returns how often the
@@ -416,7 +438,7 @@ impl TestFrontend {
     ) -> Result<u64, FrontendError> {
         let bufs = self.write_request(opcode, body)?;
         let head = self.post(abi::CONTROLQ, &bufs)?;
-        self.queues[usize::from(abi::CONTROLQ)].flood(&self.mem, head, stop, pause)
+        Ok(self.queues[usize::from(abi::CONTROLQ)].flood(head, stop, pause))
     }
 
     /// Posts one doorbell without waiting for the device to consume it.
@@ -438,10 +460,10 @@ impl TestFrontend {
     pub fn doorbell(&mut self, db: &abi::Doorbell) -> Result<Used, FrontendError> {
         let head = self.post_doorbell(db)?;
         let used = self.wait(abi::DOORBELLQ)?;
-        if used.head != head {
+        if used.id != head {
             return Err(FrontendError::BadUsed {
                 queue: abi::DOORBELLQ,
-                head: used.head.into(),
+                head: used.id.into(),
             });
         }
         Ok(used)
@@ -467,17 +489,17 @@ impl TestFrontend {
     /// [`FrontendError::ShortResponse`] if the device used fewer than 16
     /// bytes; [`FrontendError::BadUsed`]; as [`TestFrontend::post`].
     pub fn next_event(&mut self, timeout: Duration) -> Result<Option<abi::Event>, FrontendError> {
-        let used = match self.queues[usize::from(abi::EVENTQ)].wait_used(&self.mem, timeout) {
+        let used = match self.queues[usize::from(abi::EVENTQ)].wait_used(timeout) {
             Ok(u) => u,
             Err(FrontendError::Timeout { .. }) => return Ok(None),
             Err(e) => return Err(e),
         };
         let buf = self
             .event_bufs
-            .remove(&used.head)
+            .remove(&used.id)
             .ok_or(FrontendError::BadUsed {
                 queue: abi::EVENTQ,
-                head: used.head.into(),
+                head: used.id.into(),
             })?;
         let mut ev = abi::Event::default();
         self.mem.mem().read(buf, ev.as_bytes_mut())?;
@@ -492,7 +514,7 @@ impl TestFrontend {
     /// Stops queue `q` (`GET_VRING_BASE`); returns the backend's next
     /// available index. Stopping the control queue stops the device (its
     /// state is kept until the queue restarts; see
-    /// [`crate::datapath::DataPath::stop`]).
+    /// [`vrnic_vhost::datapath::DataPath::stop`]).
     ///
     /// # Errors
     /// [`FrontendError::Vhost`].
@@ -601,7 +623,7 @@ impl TestFrontend {
         let event_idx = self.acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
         let q = usize::from(q);
         let size = self.queues[q].size();
-        self.queues[q] = SplitQueue::new(&mut self.mem, q as u16, size, event_idx)?;
+        self.queues[q] = FrontendQueue::new(&mut self.mem, q as u16, size, event_idx)?;
         self.bounded("the queue's start", |this| this.start_queue(q, 0))?;
         if q == usize::from(abi::DOORBELLQ) {
             self.db_next = 0;

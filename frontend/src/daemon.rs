@@ -12,11 +12,12 @@ use std::time::Duration;
 use vrnic::device::{Device, DeviceConfig};
 use vrnic::link::Link;
 
-use super::{FrontendError, FrontendOptions, TestFrontend};
-use crate::addr::Mac;
-use crate::backend::{BackendConfig, VrnicBackend};
-use crate::server::{self, ServeError, Stopper};
-use crate::stats::{self, StatsServer};
+use vrnic_vhost::addr::Mac;
+use vrnic_vhost::backend::{BackendConfig, VrnicBackend};
+use vrnic_vhost::server::{self, ServeError, Stopper};
+use vrnic_vhost::stats::{self, StatsServer};
+
+use crate::{FrontendError, FrontendOptions, TestFrontend};
 
 /// A device configuration for tests: 10.0.0.1/24, MAC 02:76:0a:00:00:01,
 /// MTU 1500.

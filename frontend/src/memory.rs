@@ -10,8 +10,9 @@ use std::os::fd::FromRawFd;
 use vhost::VhostUserMemoryRegionInfo;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
-use super::FrontendError;
-use crate::memory::GuestMem;
+use vrnic_vhost::GuestMem;
+
+use crate::FrontendError;
 
 /// Page size the regions and allocations are aligned to, bytes.
 pub const PAGE: u64 = 4096;

@@ -1,6 +1,6 @@
 //! `vrnic-flood`: a hostile frontend, for measuring what one costs the
 //! others (issue 27). Connects to a running daemon's function as its
-//! vhost-user frontend (the test frontend, `vrnic_vhost::frontend`) and
+//! vhost-user frontend (the test frontend, `vrnic_frontend`) and
 //! keeps its control queue a ring ahead of the device, without waiting
 //! for it (pausing `--pause-us` between moves of the avail index, so the
 //! flood itself takes next to no CPU), with one command that costs the device milliseconds and fails:
@@ -22,7 +22,7 @@ use anyhow::{ensure, Context as _, Result};
 use clap::Parser;
 use vrnic::abi::{self, Pod};
 use vrnic::mem::DmaMemory;
-use vrnic_vhost::frontend::{FrontendOptions, TestFrontend};
+use vrnic_frontend::{FrontendOptions, TestFrontend};
 
 /// Command line.
 #[derive(Debug, Parser)]
