@@ -123,8 +123,8 @@ impl SendOp {
 /// device overflowed again and again, QPs waited for ACK timeouts and
 /// some moved far less than others (Jain's index 0.57-0.89), a READ's
 /// responder sending all it was asked for at once (issue 28). It is a
-/// shared window on top of the QPs' own ([`window`]), split equally
-/// among the QPs with something in flight ([`budget_window`]); a QP with
+/// shared window on top of the QPs' own (`window`), split equally
+/// among the QPs with something in flight (`budget_window`); a QP with
 /// nothing in flight may always send one packet or READ request, so none
 /// starves, and each waits only for its own ACKs and responses. One QP's
 /// full window (128 packets of 4096 bytes, 512 KiB) is well inside it.
