@@ -23,7 +23,7 @@
 #    RSS and fds sampled as it goes (samples.csv);
 # 4. end: the same figures once the driver has disconnected (the daemons idle again, as at the
 #    start, their guest memory unmapped).
-# Flat means, per daemon: VmRSS at the end at most SOAK_RSS_SLACK_KB (2048) or 5% of the start
+# Flat means, per daemon: VmRSS at the end at most SOAK_RSS_SLACK_KB (6144) or 5% of the start
 # above it, whichever is larger; the open fds equal. Also required: the driver exited 0 (every
 # operation completed successfully, every byte checked, no wait over its bounds), both daemons
 # still running, the loss dropped frames both ways (nft counters), retransmits grew and large
@@ -53,7 +53,11 @@ done
 [[ $QPS =~ ^[0-9]+$ && $QPS -ge 1 ]] || vr_die "--qps must be a positive number"
 vr_install_traps
 
-WARMUP=${SOAK_WARMUP:-20} REPORT=${SOAK_REPORT:-30} SLACK_KB=${SOAK_RSS_SLACK_KB:-2048}
+# The RSS bound: 6 MiB. With the large operations (1-8 MiB, issue 28) a daemon keeps 2.7-3.0 MB
+# more after its frontend leaves than after the warm-up (four 2-minute runs, 2026-11-29, the
+# engine before and after issue 28's READ changes alike), while its RSS during the run moves by
+# under 0.5 MB in 100 s (samples.csv): the allocator's high-water mark, not a leak of the run.
+WARMUP=${SOAK_WARMUP:-20} REPORT=${SOAK_REPORT:-30} SLACK_KB=${SOAK_RSS_SLACK_KB:-6144}
 SEED=${SOAK_SEED:-1}
 read -ra DRIVER_ARGS <<<"${SOAK_DRIVER_ARGS:-}"
 RESULTS=${SOAK_RESULTS:-$VR_TOP/out/soak-$(date +%Y%m%d-%H%M%S)}

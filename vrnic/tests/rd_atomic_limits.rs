@@ -548,8 +548,8 @@ fn a_duplicate_read_is_answered_only_for_the_bytes_and_r_key_of_the_original() {
 /// Replays A's log and returns the most PSNs A ever had unacknowledged
 /// when it sent a request packet: the packet's PSN minus the newest PSN
 /// acknowledged by what A had received (an ACK acknowledges its PSN, a
-/// NAK and a READ response FIRST/MIDDLE the one before, a LAST/ONLY READ
-/// response and an atomic ACK their own), as the completer counts.
+/// NAK the one before, a READ response and an atomic ACK their own), as
+/// the completer counts.
 fn most_unacknowledged(seen: &[Seen], start_acked: u32) -> i32 {
     use vrnic::transport::psn;
     let mut acked = start_acked;
@@ -570,9 +570,6 @@ fn most_unacknowledged(seen: &[Seen], start_acked: u32) -> i32 {
         match (op, p.hdr.aeth.map(|a| a.kind())) {
             (Opcode::RcAck, Some(AethKind::Ack { .. })) => ack(q, &mut acked),
             (Opcode::RcAck, _) => ack(before, &mut acked),
-            (Opcode::RcReadResponseFirst | Opcode::RcReadResponseMiddle, _) => {
-                ack(before, &mut acked)
-            }
             _ => ack(q, &mut acked),
         }
     }

@@ -766,6 +766,32 @@ fn a_response_past_the_head_read_asks_for_its_lost_responses_at_once() {
     s.assert_quiet(200, "two READs");
 }
 
+#[test]
+fn a_read_re_requested_mid_chunk_goes_at_once_though_the_gap_halved_the_window() {
+    // max_rd_atomic 1: a 1 MiB READ (4096 responses at path MTU 256) is
+    // asked for in chunks of the whole window, 128. Response 10 is lost:
+    // the gap re-requests 10..128 and halves the window to 64. The
+    // re-request must go (everything before it has arrived), not wait for
+    // room the window will never have: the soak's 8 MiB READs waited out
+    // their retries like this, with RETRY_EXC_ERR.
+    let (mut s, scripts) = scripted_with(
+        read_opts(1),
+        vec![],
+        vec![rule(false, 0x10 + 10, Act::Drop)],
+    );
+    let len = 1 << 20;
+    let (local, data, lk_a, remote, rk_b) = read_setup(&mut s, len);
+    s.post(read_wqe(1, remote, rk_b), &[sge(local, len as u32, lk_a)]);
+    let t0 = s.now;
+    let c = s.cqe(false, "1 MiB READ, response 10 lost");
+    assert_eq!((c.wr_id, c.status), (1, abi::WC_SUCCESS));
+    assert!(s.a.read(local, len) == data, "the READ's bytes");
+    assert_all_fired(&scripts);
+    let st = s.a.dev.stats();
+    assert_eq!(st.retransmits, 0, "{st:?}");
+    assert!(s.now - t0 < 67_000_000, "took {} ns", s.now - t0);
+}
+
 /// Path MTU 256, A's first PSN 0x10, the default 67 ms ACK timeout,
 /// `max_rd_atomic` (and B's `max_dest_rd_atomic`) `n`.
 fn read_opts(n: u8) -> ConnOpts {

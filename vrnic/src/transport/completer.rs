@@ -387,12 +387,15 @@ fn responses_landed(qp: &mut Qp, env: &mut Env, n: u32, last: bool) {
     // The response answers the request that asked for it: a round trip
     // when it is the one timed.
     let p = psn::add(op.first_psn, op.resp_pkts - 1);
-    // The last response of a request (LAST or ONLY) acknowledges its own
-    // PSN, not only those before it: the window then opens for the next
-    // request of a READ asked for in chunks.
-    let ended = op.resp_pkts == op.request_end(op.resp_pkts - 1);
+    // A response in order acknowledges its own PSN too, not only those
+    // before it: nothing more is awaited for it. Else the window counts
+    // it as unacknowledged, a re-request from the next one (after a gap,
+    // a probe or a timeout) starts one PSN "ahead" and, when its chunk
+    // does not fit in what the window has left, never goes: a READ then
+    // waited out its retries (the soak's 8 MiB READs), and a chunked
+    // READ waited for an ACK timeout between chunks.
     qp.req.rtt.on_ack(p, env.now);
-    if ended && !last {
+    if !last {
         ack_up_to(qp, env, p);
     }
     qp.req.retry_left = qp.attr.retry_cnt;
