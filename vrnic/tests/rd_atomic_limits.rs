@@ -189,21 +189,10 @@ impl T {
     }
 }
 
-fn read(wr_id: u64, remote: u64, rkey: u32) -> abi::SendWqe {
-    abi::SendWqe {
-        wr_id,
-        opcode: abi::WR_RDMA_READ,
-        send_flags: abi::SEND_SIGNALED,
-        remote_addr: remote,
-        rkey,
-        ..Default::default()
-    }
-}
-
 fn write(wr_id: u64, remote: u64, rkey: u32) -> abi::SendWqe {
     abi::SendWqe {
         opcode: abi::WR_RDMA_WRITE,
-        ..read(wr_id, remote, rkey)
+        ..read_wqe(wr_id, remote, rkey)
     }
 }
 
@@ -211,7 +200,7 @@ fn fetch_add(wr_id: u64, remote: u64, rkey: u32, add: u64) -> abi::SendWqe {
     abi::SendWqe {
         opcode: abi::WR_ATOMIC_FETCH_AND_ADD,
         compare_add: add,
-        ..read(wr_id, remote, rkey)
+        ..read_wqe(wr_id, remote, rkey)
     }
 }
 
@@ -283,7 +272,7 @@ fn no_responder_resources(make: impl Fn(u64, u32) -> abi::SendWqe, what: &str) {
 
 #[test]
 fn read_without_responder_resources_completes_with_rem_inv_req_err() {
-    no_responder_resources(|va, rkey| read(1, va, rkey), "READ");
+    no_responder_resources(|va, rkey| read_wqe(1, va, rkey), "READ");
 }
 
 #[test]
@@ -293,7 +282,7 @@ fn compare_and_swap_without_responder_resources_completes_with_rem_inv_req_err()
         opcode: abi::WR_ATOMIC_CMP_AND_SWP,
         compare_add: 7,
         swap: 99,
-        ..read(1, va, rkey)
+        ..read_wqe(1, va, rkey)
     };
     no_responder_resources(cas, "compare-and-swap");
 }
@@ -317,7 +306,7 @@ fn max_rd_atomic_reads_are_outstanding_at_once_and_all_complete() {
         let (lk_a, _) = t.s.a.reg_mr(t.s.pda, local, size as u64, ALL).unwrap();
         for k in 0..count as u64 {
             let off = k * 1024;
-            let w = read(k, remote + off, rk_b);
+            let w = read_wqe(k, remote + off, rk_b);
             t.s.post(w, &[sge(local + off, len as u32, lk_a)]);
         }
         for k in 0..count as u64 {
@@ -417,7 +406,11 @@ fn a_very_old_duplicate_read_is_dropped_not_answered() {
     let (_, rk_b) = t.s.b.reg_mr(t.s.pdb, remote, size as u64, ALL).unwrap();
     let local = t.s.a.alloc(size);
     let (lk_a, _) = t.s.a.reg_mr(t.s.pda, local, size as u64, ALL).unwrap();
-    let old = t.post_ok(read(1, remote, rk_b), &[sge(local, 1000, lk_a)], "old READ");
+    let old = t.post_ok(
+        read_wqe(1, remote, rk_b),
+        &[sge(local, 1000, lk_a)],
+        "old READ",
+    );
     assert_eq!(old.len(), 1);
     // Long after: 600 WRITEs (the READ's PSN falls far behind) and N more
     // READs (the responder resources all hold newer requests).
@@ -427,7 +420,7 @@ fn a_very_old_duplicate_read_is_dropped_not_answered() {
     }
     for k in 0..u64::from(N) {
         let off = 2048 * (k + 1);
-        let w = read(10 + k, remote + off, rk_b);
+        let w = read_wqe(10 + k, remote + off, rk_b);
         t.post_ok(w, &[sge(local + off, 1000, lk_a)], "READ");
     }
     let b_mem = t.s.b.read(remote, size);
@@ -441,7 +434,7 @@ fn a_very_old_duplicate_read_is_dropped_not_answered() {
     assert_eq!(t.s.b.read(remote, size), b_mem);
     assert_eq!(t.s.b.qp_state(t.s.qb.qpn), abi::QPS_RTS);
     // The connection carries on.
-    let w = read(50, remote + 16 * 1024, rk_b);
+    let w = read_wqe(50, remote + 16 * 1024, rk_b);
     let last = t.post_ok(w, &[sge(local + 16 * 1024, 1000, lk_a)], "READ after");
     assert_eq!(t.s.a.read(local, 1000), data[..1000]);
     assert_eq!(
@@ -488,7 +481,7 @@ fn a_duplicate_read_is_answered_only_for_the_bytes_and_r_key_of_the_original() {
     let local = t.s.a.alloc(4096);
     let (lk_a, _) = t.s.a.reg_mr(t.s.pda, local, 4096, ALL).unwrap();
     let va = remote + 4096;
-    let sent = t.post_ok(read(1, va, rk_b), &[sge(local, 1000, lk_a)], "READ");
+    let sent = t.post_ok(read_wqe(1, va, rk_b), &[sge(local, 1000, lk_a)], "READ");
     let req = &sent[0];
     let psn0 = roce(req).hdr.bth.psn;
     let dropped = t.b_stats().rx_dropped;
@@ -659,7 +652,10 @@ fn a_write_behind_a_1_mib_read_waits_for_the_responses_to_reach_the_window() {
     let dst_a = t.s.a.alloc(MIB);
     let (lk_dst, _) = t.s.a.reg_mr(t.s.pda, dst_a, MIB as u64, ALL).unwrap();
     t.s.b.fill(b.dst, &b.data);
-    t.s.post(read(1, b.dst, b.rk_b), &[sge(dst_a, MIB as u32, lk_dst)]);
+    t.s.post(
+        read_wqe(1, b.dst, b.rk_b),
+        &[sge(dst_a, MIB as u32, lk_dst)],
+    );
     let w = write(2, b.dst, b.rk_b);
     t.s.post(w, &[sge(b.src, 64 << 10, b.lk_a)]);
     let c = run_slow_receiver(&mut t, 4, 2, "READ then WRITE");
@@ -774,7 +770,10 @@ fn a_1_mib_read_is_asked_for_in_chunks_within_the_window_and_max_rd_atomic() {
         t.s.b.fill(b.dst, &b.data);
         let dst_a = t.s.a.alloc(MIB);
         let (lk_dst, _) = t.s.a.reg_mr(t.s.pda, dst_a, MIB as u64, ALL).unwrap();
-        t.s.post(read(1, b.dst, b.rk_b), &[sge(dst_a, MIB as u32, lk_dst)]);
+        t.s.post(
+            read_wqe(1, b.dst, b.rk_b),
+            &[sge(dst_a, MIB as u32, lk_dst)],
+        );
         let c = run_slow_receiver(&mut t, 1, 1, "1 MiB READ");
         assert_eq!((c[0].status, c[0].wr_id), (abi::WC_SUCCESS, 1), "n {n}");
         assert_eq!(t.s.a.read(dst_a, MIB), b.data, "n {n}");
@@ -809,7 +808,7 @@ fn long_reads_over_a_lossy_link_re_request_inside_their_chunks_and_complete() {
         let (lk_dst, _) = t.s.a.reg_mr(t.s.pda, dst_a, 2 * MIB as u64, ALL).unwrap();
         let half = (MIB / 2) as u64;
         for k in 0..2u64 {
-            let w = read(k, b.dst + k * half, b.rk_b);
+            let w = read_wqe(k, b.dst + k * half, b.rk_b);
             t.s.post(w, &[sge(dst_a + k * MIB as u64, half as u32, lk_dst)]);
         }
         let c = run_slow_receiver(&mut t, 1, 2, "lossy READs");

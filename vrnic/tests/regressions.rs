@@ -708,17 +708,6 @@ fn read_setup(s: &mut Setup, len: usize) -> (u64, Vec<u8>, u32, u64, u32) {
     (local, data, lk_a, remote, rk_b)
 }
 
-fn read_wqe(wr_id: u64, remote: u64, rkey: u32) -> abi::SendWqe {
-    abi::SendWqe {
-        wr_id,
-        opcode: abi::WR_RDMA_READ,
-        send_flags: abi::SEND_SIGNALED,
-        remote_addr: remote,
-        rkey,
-        ..Default::default()
-    }
-}
-
 #[test]
 fn a_lost_last_read_response_is_asked_for_again_by_the_tail_probe() {
     // Nothing follows the lost response: no gap shows, only silence. The

@@ -15,9 +15,9 @@ use crate::wire::{self, AtomicEth, Ieth, Immdt, Opcode, Reth, RoceHeaders};
 /// Most PSNs an RC QP sends beyond the last one acknowledged (rxe's
 /// `RXE_MAX_UNACKED_PSNS`): the requester stops, mid-message if need be,
 /// until ACKs (or READ responses) move the window. It bounds what
-/// go-back-N resends after a loss; a READ request is sent if its first PSN
-/// is in the window (its responses may run past it by less than one
-/// [`read_chunk`]).
+/// go-back-N resends after a loss; a READ request is sent when the PSNs it
+/// asks for fit in the window, or when nothing else is in flight (one
+/// [`read_chunk`] at most).
 pub const MAX_INFLIGHT_PKTS: u32 = 128;
 /// Most packets one call sends for one QP (fairness between QPs).
 const BURST: u32 = 64;
@@ -622,7 +622,7 @@ fn ack_interval(wnd: u32) -> u32 {
 }
 
 /// The window op `op` is sent within, packets: the congestion window for
-/// SEND, WRITE and READ (a READ request goes when its first PSN is inside
+/// SEND, WRITE and READ (a READ request goes when its whole chunk fits in
 /// it, [`read_chunk`]), [`MAX_INFLIGHT_PKTS`] for an atomic (one PSN);
 /// either no larger than the device's budget leaves it
 /// ([`budget_window`]).
@@ -717,7 +717,8 @@ fn send_packet(
 /// ([`wire::Run`]): an RC or UC SEND or WRITE from driver memory, at most
 /// `budget` packets, [`wire::RUN_MAX_PACKETS`] and what the window has
 /// room for (`ahead`: how far packet `k` is beyond the oldest
-/// unacknowledged PSN; `wnd`: the window, [`window`]), ending at the first packet that asks for an ACK
+/// unacknowledged PSN; `wnd`: the window, [`window`]), ending at the
+/// first packet that asks for an ACK
 /// ([`ack_every`]), so that only the run's last packet may ask.
 fn run_len(qp: &Qp, i: usize, k: u32, ahead: i32, wnd: i32, budget: u32) -> u32 {
     let op = &qp.req.inflight[i];
@@ -778,7 +779,9 @@ fn send_run(
         // RC: the window closes behind it, or it ends the message or an
         // ACK interval (run_len ends runs there).
         ack_req: qp.qp_type == abi::QpType::Rc
-            && (ends || ahead + n as i32 >= wnd || (last_k + 1).is_multiple_of(ack_every(qp, env))),
+            && (ends
+                || ahead + n as i32 >= wnd
+                || (last_k + 1).is_multiple_of(ack_interval(u32::try_from(wnd).unwrap_or(0)))),
         solicited: ends && op.wqe.send_flags & abi::SEND_SOLICITED != 0,
         ..hdr.bth
     });

@@ -738,6 +738,19 @@ pub fn sge(addr: u64, length: u32, lkey: u32) -> abi::Sge {
     abi::Sge { addr, length, lkey }
 }
 
+/// A signalled RDMA READ of `remote` under `rkey` (its SGEs given at
+/// posting), `wr_id` its id.
+pub fn read_wqe(wr_id: u64, remote: u64, rkey: u32) -> abi::SendWqe {
+    abi::SendWqe {
+        wr_id,
+        opcode: abi::WR_RDMA_READ,
+        send_flags: abi::SEND_SIGNALED,
+        remote_addr: remote,
+        rkey,
+        ..Default::default()
+    }
+}
+
 /// Two nodes with one RC QP each (A: `qa` on `ca` in PD `pda`; B likewise),
 /// driven on a simulated clock `now` (ns).
 pub struct RcPair {
