@@ -514,11 +514,17 @@ for variant in all qp long big huge; do
     big) vtools=${PERF_BIG_TOOLS:-} vargs=${PERF_BIG_ARGS:-} ;;
     huge) vtools=${PERF_HUGE_TOOLS:-} vargs=${PERF_HUGE_ARGS:-} ;;
     esac
+    # Many QPs with large messages take longest (perftest fills its buffers with random() first):
+    # bounded by 3 x RUN_TIMEOUT.
+    run_timeout=$RUN_TIMEOUT
+    case $variant in big | huge) run_timeout=$((RUN_TIMEOUT * 3)) ;; esac
     for tool in $vtools; do
         for role in $ROLES; do
             w0=$(now_cs)
+            run_timeout0=$RUN_TIMEOUT RUN_TIMEOUT=$run_timeout
             # shellcheck disable=SC2086
             perf_run "$role" 1100 "$tool" $vargs
+            RUN_TIMEOUT=$run_timeout0
             echo "--- $NAME perf $tool $role ($variant: $vargs)"
             cat /tmp/out
             # Result rows: "#bytes" header, then one numeric row per size (BW average: 4th

@@ -38,7 +38,8 @@
 # E2E_CRASH_AFTER, E2E_KILL_RSS_SLACK_KB (kill/restart steps), E2E_SOAK_MINUTES (soak-2min, 2),
 # E2E_HEAVY_MODES (heavy: "switch tap packet"), E2E_HEAVY_TIMEOUT (heavy, with its build: 1200 s),
 # E2E_PERF=0 (no perftest),
-# E2E_PERF_SWEEP=0 (no perftest -a / -q 4 / -q 8 large-message runs in the ibv pairs), E2E_PERF_ALL_TOOLS/ARGS,
+# E2E_PERF_SWEEP=0 (no perftest -a / -q 4 / -q 8 large-message runs in the ibv pairs; =full adds the
+# latency tools' -a and the switch's 8 MiB runs), E2E_PERF_ALL_TOOLS/ARGS,
 # E2E_PERF_QP_TOOLS/ARGS, E2E_PERF_BIG_TOOLS/ARGS (-q 8 at 1 MiB), E2E_PERF_HUGE_TOOLS/ARGS (-q 8 at 8 MiB),
 # E2E_PERF_LONG_TOOLS/ARGS (ib_send_lat -n 5000 in the ibv pairs), E2E_PIN=0 (no compaction check in ibv-ibv), E2E_PIN_SIZE, E2E_PIN_ITERS,
 # E2E_PIN_RDMA_SIZES, E2E_PIN_RDMA_READS,
@@ -150,7 +151,11 @@ PERF_ARGS_ALL=${E2E_PERF_ARGS:--n 200}
 # takes at least 5) to bound the time under TCG; ib_read_lat is left out of -a for time (about 14 s
 # a run under TCG; READs of every size are in ib_read_bw -a). Only exit status and rows are judged,
 # the rows go to RESULTS/perftest-sweep.csv. E2E_PERF_SWEEP=0 leaves them out.
-PERF_ALL_TOOLS_ALL=${E2E_PERF_ALL_TOOLS-ib_write_bw ib_read_bw ib_send_bw ib_write_lat ib_send_lat}
+# E2E_PERF_SWEEP=full adds the latency tools to -a (ib_write_lat, ib_send_lat: about 30 s a run
+# against rxe under TCG) and the 8 MiB runs to ibv-ibv-switch (the switch's large messages run in
+# tests/e2e/heavy.sh too); CI runs the default, E2E_PERF_SWEEP=1.
+PERF_ALL_TOOLS_ALL=${E2E_PERF_ALL_TOOLS-ib_write_bw ib_read_bw ib_send_bw}
+[ "${E2E_PERF_SWEEP:-1}" = full ] && PERF_ALL_TOOLS_ALL=${E2E_PERF_ALL_TOOLS-ib_write_bw ib_read_bw ib_send_bw ib_write_lat ib_send_lat}
 PERF_ALL_ARGS_ALL=${E2E_PERF_ALL_ARGS:--a -n 5}
 PERF_QP_TOOLS_ALL=${E2E_PERF_QP_TOOLS-ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw}
 PERF_QP_ARGS_ALL=${E2E_PERF_QP_ARGS:--q 4 -n 100}
@@ -159,7 +164,8 @@ PERF_QP_ARGS_ALL=${E2E_PERF_QP_ARGS:--q 4 -n 100}
 # (big, ~27 s a pair under TCG), and ib_write_bw with 8 QPs at 8 MiB (huge, ~50 s: with all three
 # tools it took 140 s, mostly perftest filling 128 MiB of buffers with random() in each guest; READ
 # and SEND at 8 MiB on 8 QPs run in tests/e2e/heavy.sh, between host processes). The client must
-# report the one row of its -s size.
+# report the one row of its -s size. Each big and huge run is bounded by 3 x E2E_RUN_TIMEOUT (an
+# 8 MiB run against rxe took 77 s of the 90 on a loaded machine).
 PERF_BIG_TOOLS_ALL=${E2E_PERF_BIG_TOOLS-ib_write_bw ib_read_bw ib_send_bw}
 PERF_BIG_ARGS_ALL=${E2E_PERF_BIG_ARGS:--q 8 -s 1048576 -n 5}
 PERF_HUGE_TOOLS_ALL=${E2E_PERF_HUGE_TOOLS-ib_write_bw}
@@ -282,11 +288,13 @@ run_pair() {
     # The -a, -q 4 and -q 8 large-message (big, huge) sweeps in the ibv pairs (both sides run them).
     local PERF_ALL_TOOLS='' PERF_ALL_ARGS='' PERF_QP_TOOLS='' PERF_QP_ARGS='' PERF_LONG_TOOLS='' PERF_LONG_ARGS=''
     local PERF_BIG_TOOLS='' PERF_BIG_ARGS='' PERF_HUGE_TOOLS='' PERF_HUGE_ARGS=''
-    if [ $lossy = 0 ] && [ "${E2E_PERF:-1}" = 1 ] && [ "${E2E_PERF_SWEEP:-1}" = 1 ] && [[ $pair == ibv-* ]]; then
+    if [ $lossy = 0 ] && [ "${E2E_PERF:-1}" = 1 ] && [ "${E2E_PERF_SWEEP:-1}" != 0 ] && [[ $pair == ibv-* ]]; then
         PERF_ALL_TOOLS=$PERF_ALL_TOOLS_ALL PERF_ALL_ARGS=$PERF_ALL_ARGS_ALL
         PERF_QP_TOOLS=$PERF_QP_TOOLS_ALL PERF_QP_ARGS=$PERF_QP_ARGS_ALL
         PERF_BIG_TOOLS=$PERF_BIG_TOOLS_ALL PERF_BIG_ARGS=$PERF_BIG_ARGS_ALL
-        PERF_HUGE_TOOLS=$PERF_HUGE_TOOLS_ALL PERF_HUGE_ARGS=$PERF_HUGE_ARGS_ALL
+        if [ "$pair" != ibv-ibv-switch ] || [ "${E2E_PERF_SWEEP:-1}" = full ]; then
+            PERF_HUGE_TOOLS=$PERF_HUGE_TOOLS_ALL PERF_HUGE_ARGS=$PERF_HUGE_ARGS_ALL
+        fi
     fi
     # The long run: in the ibv pairs, sweep or not.
     if [ $lossy = 0 ] && [ "${E2E_PERF:-1}" = 1 ] && [[ $pair == ibv-* ]]; then
