@@ -559,15 +559,6 @@ impl Transport for LoopbackTransport {
         self.config
     }
 
-    fn command(
-        &mut self,
-        opcode: u16,
-        body: &[u8],
-        resp: &mut [u8],
-    ) -> Result<usize, TransportError> {
-        self.command_in(abi::DEFAULT_CTX, opcode, body, resp)
-    }
-
     fn command_in(
         &mut self,
         ctx: u16,

@@ -1336,6 +1336,9 @@ impl Transport for PciTransport {
         self.config
     }
 
+    /// [`Transport::command`] for device context `ctx` (the guest agent's;
+    /// [`Transport::command`] is this for [`abi::DEFAULT_CTX`]).
+    ///
     /// Posts `[CmdHeader + body]` (device-readable) and `[RespHeader +
     /// MAX_CMD_BODY]` (device-writable) from a DMA bounce buffer, notifies,
     /// and polls for the answer for at most [`PciTransport::timeout`].
@@ -1347,16 +1350,6 @@ impl Transport for PciTransport {
     /// next command first waits for that answer); nonzero status:
     /// [`TransportError::Status`]; a response shorter than its header or
     /// than the length it claims: [`TransportError::Io`] (`InvalidData`).
-    fn command(
-        &mut self,
-        opcode: u16,
-        body: &[u8],
-        resp: &mut [u8],
-    ) -> Result<usize, TransportError> {
-        self.command_in(abi::DEFAULT_CTX, opcode, body, resp)
-    }
-
-    /// [`Transport::command`] for device context `ctx` (the guest agent's).
     fn command_in(
         &mut self,
         ctx: u16,
