@@ -555,10 +555,6 @@ fn stopped() -> TransportError {
 }
 
 impl Transport for LoopbackTransport {
-    fn config(&self) -> abi::ConfigSpace {
-        self.config
-    }
-
     fn command_in(
         &mut self,
         ctx: u16,
@@ -595,6 +591,10 @@ impl Transport for LoopbackTransport {
         let n = (rh.len as usize).min(body.len()).min(resp.len());
         resp[..n].copy_from_slice(&body[..n]);
         Ok(n)
+    }
+
+    fn config(&self) -> abi::ConfigSpace {
+        self.config
     }
 
     fn doorbell(&mut self, db: &abi::Doorbell) -> Result<(), TransportError> {

@@ -1332,10 +1332,6 @@ fn set_driver_ok(
 }
 
 impl Transport for PciTransport {
-    fn config(&self) -> abi::ConfigSpace {
-        self.config
-    }
-
     /// [`Transport::command`] for device context `ctx` (the guest agent's;
     /// [`Transport::command`] is this for [`abi::DEFAULT_CTX`]).
     ///
@@ -1364,6 +1360,10 @@ impl Transport for PciTransport {
             }
         }
         r
+    }
+
+    fn config(&self) -> abi::ConfigSpace {
+        self.config
     }
 
     /// Posts `db` in a preallocated 16-byte DMA buffer and notifies (unless

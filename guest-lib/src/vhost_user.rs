@@ -770,10 +770,6 @@ pub fn set_recv_timeout(fe: &Frontend, timeout: Duration) -> Result<(), Transpor
 }
 
 impl Transport for VhostUserTransport {
-    fn config(&self) -> abi::ConfigSpace {
-        self.config
-    }
-
     /// [`Transport::command`] for device context `ctx`
     /// ([`Transport::command`] is this for [`abi::DEFAULT_CTX`]). As the
     /// virtio-pci driver's: one command at a time through a bounce buffer
@@ -796,6 +792,10 @@ impl Transport for VhostUserTransport {
             });
         }
         self.ctrl.execute(ctx, opcode, body, resp, self.timeout)
+    }
+
+    fn config(&self) -> abi::ConfigSpace {
+        self.config
     }
 
     fn doorbell(&mut self, db: &abi::Doorbell) -> Result<(), TransportError> {
