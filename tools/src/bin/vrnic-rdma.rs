@@ -644,17 +644,20 @@ fn run_loopback(a: &Args) -> Result<()> {
     pingpong::run_loopback(a.rc.mtu, move |t, role, tag| run(&args, t, role, tag)).map(|_| ())
 }
 
+/// Runs what `a` asks for: both sides in-process with `--loopback`, else
+/// one side on the PCI device (the active one with a host argument).
+fn run_args(a: &Args) -> Result<()> {
+    if a.rc.loopback {
+        return run_loopback(a);
+    }
+    pingpong::run_on_pci(a.rc.pci.as_deref(), a.host.as_deref(), a.port, |t, role| {
+        run(a, t, role, "")
+    })
+}
+
 fn main() -> ExitCode {
     tools::init_tracing();
-    let a = Args::parse();
-    let r = if a.rc.loopback {
-        run_loopback(&a)
-    } else {
-        pingpong::run_on_pci(a.rc.pci.as_deref(), a.host.as_deref(), a.port, |t, role| {
-            run(&a, t, role, "")
-        })
-    };
-    tools::exit_code("vrnic-rdma", r)
+    tools::exit_code("vrnic-rdma", run_args(&Args::parse()))
 }
 
 #[cfg(test)]

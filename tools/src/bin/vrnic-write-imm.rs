@@ -416,17 +416,20 @@ fn run_loopback(a: &Args) -> Result<()> {
     pingpong::run_loopback_verified(a.rc.mtu, a.iters, true, side)
 }
 
+/// Runs what `a` asks for: both sides in-process with `--loopback`, else
+/// one side on the PCI device (the client with a host argument).
+fn run_args(a: &Args) -> Result<()> {
+    if a.rc.loopback {
+        return run_loopback(a);
+    }
+    pingpong::run_on_pci(a.rc.pci.as_deref(), a.host.as_deref(), a.port, |t, role| {
+        run(a, t, role, "").map(|_| ())
+    })
+}
+
 fn main() -> ExitCode {
     tools::init_tracing();
-    let a = Args::parse();
-    let r = if a.rc.loopback {
-        run_loopback(&a)
-    } else {
-        pingpong::run_on_pci(a.rc.pci.as_deref(), a.host.as_deref(), a.port, |t, role| {
-            run(&a, t, role, "").map(|_| ())
-        })
-    };
-    tools::exit_code("vrnic-write-imm", r)
+    tools::exit_code("vrnic-write-imm", run_args(&Args::parse()))
 }
 
 #[cfg(test)]
