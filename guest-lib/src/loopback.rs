@@ -555,19 +555,6 @@ fn stopped() -> TransportError {
 }
 
 impl Transport for LoopbackTransport {
-    fn config(&self) -> abi::ConfigSpace {
-        self.config
-    }
-
-    fn command(
-        &mut self,
-        opcode: u16,
-        body: &[u8],
-        resp: &mut [u8],
-    ) -> Result<usize, TransportError> {
-        self.command_in(abi::DEFAULT_CTX, opcode, body, resp)
-    }
-
     fn command_in(
         &mut self,
         ctx: u16,
@@ -604,6 +591,10 @@ impl Transport for LoopbackTransport {
         let n = (rh.len as usize).min(body.len()).min(resp.len());
         resp[..n].copy_from_slice(&body[..n]);
         Ok(n)
+    }
+
+    fn config(&self) -> abi::ConfigSpace {
+        self.config
     }
 
     fn doorbell(&mut self, db: &abi::Doorbell) -> Result<(), TransportError> {

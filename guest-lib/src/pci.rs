@@ -772,290 +772,49 @@ impl PciTransport {
         }))
     }
 
+    /// Claims and initialises the function `dev`, step by step (see the
+    /// module documentation): identify it, lock and read its configuration
+    /// space and virtio capabilities, take it from its driver ([`Claim`]),
+    /// choose its interrupt, enable it, map its BARs, initialise the device
+    /// (virtio 1.2 §3.1.1), set up the queues and set DRIVER_OK. On any
+    /// error the guards roll back what was done, in reverse order:
+    /// [`ResetGuard`] resets the device before its DMA memory is freed,
+    /// then the BARs are unmapped and [`Claim`] restores the Command
+    /// register and the original driver.
     fn attach(dev: &SysfsDevice, shared: bool) -> Result<PciTransport, TransportError> {
         let bdf = &dev.bdf;
-        let (vendor, device_id) = dev.ids()?;
-        if vendor != abi::PCI_VENDOR_ID || !(0x1040..=0x107f).contains(&device_id) {
-            return Err(TransportError::NoDevice(format!(
-                "{bdf}: {vendor:04x}:{device_id:04x} is not a modern virtio-pci function"
-            )));
-        }
-        if let Some(d) = dev.virtio_child_driver() {
-            return Err(TransportError::NoDevice(format!(
-                "{bdf}: in use by kernel driver {d}"
-            )));
-        }
-
-        // Exclusive use among processes, then the capabilities.
-        let cfg_path = dev.path("config");
-        let config = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&cfg_path)
-            .map_err(|e| io_err(format!("opening {}", cfg_path.display()), e))?;
-        // SAFETY: flock on an fd we own.
-        if unsafe { libc::flock(config.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                return Err(TransportError::NoDevice(format!(
-                    "{bdf}: in use by another process"
-                )));
-            }
-            tracing::debug!("{bdf}: flock unsupported ({e}); continuing without a lock");
-        }
-        let mut space = Vec::with_capacity(4096);
-        (&config)
-            .take(4096)
-            .read_to_end(&mut space)
-            .map_err(|e| io_err(format!("reading {}", cfg_path.display()), e))?;
-        let caps = VirtioPciCaps::parse(&space)
-            .map_err(|e| TransportError::NoDevice(format!("{bdf}: {e}")))?;
-        let Some(devcap) = caps.device else {
-            return Err(TransportError::NoDevice(format!(
-                "{bdf}: no device configuration (not a vrnic)"
-            )));
-        };
-        if (devcap.length as usize) < size_of::<abi::ConfigSpace>() {
-            return Err(TransportError::NoDevice(format!(
-                "{bdf}: device configuration of {} bytes (not a vrnic)",
-                devcap.length
-            )));
-        }
-        // Check every structure lies in an assigned memory BAR.
-        let mut need: Vec<(u8, usize)> = Vec::new();
-        for bar in caps.bars() {
-            let (size, flags) = dev.bar(bar)?;
-            if flags & IORESOURCE_MEM == 0 {
-                return Err(TransportError::NoDevice(format!(
-                    "{bdf}: BAR {bar} is not a memory BAR"
-                )));
-            }
-            let mut end = 0usize;
-            for cap in [Some(caps.common), Some(caps.notify), caps.isr, caps.device]
-                .into_iter()
-                .flatten()
-            {
-                if cap.bar != bar {
-                    continue;
-                }
-                let e = cap.offset as u64 + cap.length as u64;
-                if e > size {
-                    return Err(TransportError::NoDevice(format!(
-                        "{bdf}: capability at {:#x} ({:#x}+{:#x}) exceeds BAR {bar} of {size:#x} bytes",
-                        cap.cap_offset, cap.offset, cap.length
-                    )));
-                }
-                end = end.max(e as usize);
-            }
-            need.push((bar, end));
-        }
-
-        // Take the function from its driver. From here on, `claim` restores
-        // it on any error.
-        let orig_driver = dev.driver();
-        let mut claim = Claim {
-            dev: dev.clone(),
-            config,
-            orig_driver,
-            orig_command: 0,
-            unbound: false,
-            uio_bound: false,
-            restore: true,
-        };
-        claim.orig_command = claim.command()?;
-        if let Some(d) = claim.orig_driver.clone() {
-            if d != UIO_DRIVER {
-                dev.driver_op(&d, "unbind")?;
-                claim.unbound = true;
-            }
-        }
-        // The interrupt: INTx through uio_pci_generic, or none (polled).
-        // (After the unbind: virtio-pci's remove disables MSI-X.)
-        let mut no_irq = intx_unusable(&claim.config, &space)?;
-        if no_irq.is_none() && std::env::var_os(NO_IRQ_ENV).is_some() {
-            no_irq = Some(format!("{NO_IRQ_ENV} is set"));
-        }
-        if no_irq.is_none() && caps.isr.is_none() {
-            no_irq = Some("no ISR status capability".into());
-        }
-        let mut uio = None;
-        if no_irq.is_none() {
-            let drivers = dev
-                .dir
-                .parent()
-                .and_then(Path::parent)
-                .map(|bus| bus.join("drivers"))
-                .unwrap_or_default();
-            match bind_uio(&mut claim, &drivers).and_then(|()| open_uio(dev, Path::new(DEV_DIR))) {
-                Ok(f) => uio = Some(f),
-                Err(e) => no_irq = Some(e.to_string()),
-            }
-        }
+        check_virtio_function(dev)?;
+        let (config, space) = lock_config(dev)?;
+        let (caps, devcap) = read_virtio_caps(bdf, &space)?;
+        let need = bar_extents(dev, &caps)?;
+        let mut claim = Claim::take(dev, config)?;
+        let (uio, no_irq) = choose_interrupt(&mut claim, &space, &caps)?;
         // Bus Master after /dev/uioN is open: uio_pci_generic clears it
         // when the last descriptor is closed.
         claim.set_command(claim.orig_command | PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER)?;
-
-        let mut bars = Vec::new();
-        for (bar, end) in need {
-            bars.push(BarMap::map(dev, bar, end)?);
-        }
-        let window = |cap: crate::virtio::VirtioPciCap| -> Result<Mmio, TransportError> {
-            let b = bars.iter().find(|b| b.index == cap.bar).ok_or_else(|| {
-                TransportError::NoDevice(format!("{bdf}: BAR {} not mapped", cap.bar))
-            })?;
-            b.mmio().window(cap.offset as usize, cap.length as usize)
-        };
-        let virtio = VirtioPci::new(
-            window(caps.common)?,
-            window(caps.notify)?,
-            caps.notify_off_multiplier,
-            window(devcap)?,
-        )?;
-        let intx = match (uio, caps.isr) {
-            (Some(uio), Some(cap)) => Some(Intx {
-                uio,
-                isr: Isr::new(window(cap)?)?,
-            }),
-            _ => None,
-        };
+        let bars = map_bars(dev, need)?;
+        let (virtio, intx) = device_registers(bdf, &bars, &caps, devcap, uio)?;
         let mut dma = DmaAllocator::new()?;
         let mut guard = ResetGuard(Some(virtio));
-
-        // Initialisation (§3.1.1) and identification.
-        virtio.negotiate(RESET_TIMEOUT)?;
-        let mut raw = [0u8; size_of::<abi::ConfigSpace>()];
-        virtio.read_device_config(&mut raw)?;
-        let config = abi::ConfigSpace::read_from(&raw).unwrap_or_default();
-        if config.signature != abi::SIGNATURE {
-            return Err(TransportError::NoDevice(format!(
-                "{bdf}: signature {:?} is not vrnic's",
-                String::from_utf8_lossy(&config.signature)
-            )));
-        }
-        if config.abi_version != abi::ABI_VERSION {
-            return Err(TransportError::NoDevice(format!(
-                "{bdf}: vrnic ABI version {} (this driver speaks {})",
-                config.abi_version,
-                abi::ABI_VERSION
-            )));
-        }
-        let nq = virtio.common.num_queues()?;
-        if (nq as usize) < abi::NUM_QUEUES {
-            return Err(TransportError::NoDevice(format!(
-                "{bdf}: {nq} virtqueues, vrnic needs {}",
-                abi::NUM_QUEUES
-            )));
-        }
-
-        // Queues. The bounce buffer goes first: it settles whether huge
-        // pages are available, which bounds the ring sizes.
-        let ctrl_bounce = dma.alloc(RESP_OFF + RESP_LEN, 64)?;
-        let mut make_queue = |index: u16| -> Result<(Queue, u16), TransportError> {
-            let max = virtio.max_queue_size(index)?;
-            let size = pick_queue_size(max, dma.max_alloc());
-            if size == 0 {
-                return Err(TransportError::NoDevice(format!(
-                    "{bdf}: virtqueue {index} unavailable"
-                )));
-            }
-            let layout = QueueLayout::new(size)?;
-            let mem = dma.alloc(layout.len, QueueLayout::ALIGN.max(64))?;
-            // SAFETY: mem is layout.len bytes of 64-aligned, physically
-            // contiguous DMA memory at mem.gpa, owned by the transport and
-            // freed only after the device is reset.
-            let q = unsafe { polled_queue(layout, mem.ptr, mem.gpa) }?;
-            let notifier = virtio.setup_queue(index, &q)?;
-            Ok((
-                Queue {
-                    q,
-                    notifier: Kick::Mmio(notifier),
-                },
-                size,
-            ))
-        };
-        let (ctrlq, _) = make_queue(abi::CONTROLQ)?;
-        let (evq, ev_size) = make_queue(abi::EVENTQ)?;
-        let (db, db_size) = if shared {
-            let size = virtio.max_queue_size(abi::DOORBELLQ)?.min(256);
-            let layout = crate::dbring::DbRingLayout::new(size).ok_or_else(|| {
-                TransportError::NoDevice(format!("{bdf}: doorbell queue size {size}"))
-            })?;
-            let (memfd, region, gpa) = SharedDb::region(dma.pagemap())?;
-            let ql = QueueLayout::new(size)?;
-            // SAFETY: the region is 2 MiB of locked, physically contiguous
-            // (one huge page) shared memory at gpa, kept until after reset.
-            let q = unsafe { polled_queue(ql, region.ptr, gpa) }?;
-            let notifier = virtio.setup_queue(abi::DOORBELLQ, &q)?;
-            virtio.common.select_queue(abi::DOORBELLQ)?;
-            let notify_off = u64::from(virtio.common.queue_notify_off()?);
-            let notify_offset =
-                u64::from(caps.notify.offset) + notify_off * u64::from(caps.notify_off_multiplier);
-            let notify_file = dev.path(&format!("resource{}", caps.notify.bar));
-            let (nmap, reg) = map_notify(&notify_file, notify_offset)?;
-            // SAFETY: region and register stay mapped in the SharedDb.
-            let ring =
-                unsafe { crate::dbring::DbRing::new(region.ptr, layout, reg, abi::DOORBELLQ) }?;
-            ring.init_descriptors(gpa + u64::from(layout.slots));
-            let info = SharedDoorbells {
-                memfd: memfd.as_raw_fd(),
-                layout,
-                notify_file,
-                notify_offset,
-            };
-            let db = SharedDb {
-                _memfd: memfd,
-                _region: region,
-                ring,
-                _notify: nmap,
-                info,
-                _queue: Queue {
-                    q,
-                    notifier: Kick::Mmio(notifier),
-                },
-            };
-            (Doorbells::Shared(db), size)
-        } else {
-            let (dbq, db_size) = make_queue(abi::DOORBELLQ)?;
-            let db = SlotQueue {
-                queue: dbq,
-                slots: dma.alloc(SLOT * db_size as usize, 64)?,
-            };
-            (Doorbells::Private(db), db_size)
-        };
-        let mut ev = SlotQueue {
-            queue: evq,
-            slots: dma.alloc(SLOT * ev_size as usize, 64)?,
-        };
-        ev.prefill()?;
-        // Only the event queue interrupts (and only with an interrupt to
-        // receive it); control and doorbell answers are polled.
-        if intx.is_some() {
-            ev.queue.q.set_interrupts(true);
-        }
-        let ctrl = ControlQueue {
-            queue: ctrlq,
-            bounce: ctrl_bounce,
-            pending: None,
-        };
-        virtio.driver_ok()?;
-        let status = virtio.common.status()?;
-        if status & crate::virtio::STATUS_DRIVER_OK == 0 || virtio.needs_reset()? {
-            return Err(TransportError::NoDevice(format!(
-                "{bdf}: device did not accept DRIVER_OK (status {status:#x})"
-            )));
-        }
-        ev.queue.kick()?;
-        if let Some(i) = &intx {
-            // Clear a stale ISR and unmask INTx (the kernel's handler may
-            // have masked it since the last process).
-            i.ack(&claim.config)?;
-        }
-        if let Some(why) = &no_irq {
-            eprintln!("vrnic {bdf}: no device interrupt ({why}); waiting for events polls");
-        }
+        let config = init_device(&virtio, bdf)?;
+        let mut queues = setup_queues(&virtio, &mut dma, dev, &caps, shared, intx.is_some())?;
+        set_driver_ok(
+            &virtio,
+            &mut queues.ev,
+            intx.as_ref(),
+            &claim,
+            no_irq.as_deref(),
+        )?;
 
         guard.0 = None;
         claim.restore = false;
+        let Queues {
+            ctrl,
+            ev,
+            ev_size,
+            db,
+            db_size,
+        } = queues;
         tracing::info!(
             "vrnic {bdf}: queues {}/{db_size}/{ev_size}, DMA from {:?}, MAC {:02x?}",
             ctrl.queue.q.size(),
@@ -1133,11 +892,449 @@ impl Drop for PciTransport {
     }
 }
 
-impl Transport for PciTransport {
-    fn config(&self) -> abi::ConfigSpace {
-        self.config
-    }
+// ---------------------------------------------------------------------------
+// Attaching, one step at a time (in the order `PciTransport::attach` runs them)
+// ---------------------------------------------------------------------------
 
+/// Step 1: the function is a modern virtio-pci function (vendor 0x1af4,
+/// device 0x1040..=0x107f, virtio 1.2 §4.1.2) that no kernel virtio driver
+/// uses. Errors: [`TransportError::NoDevice`] saying which;
+/// [`TransportError::Io`] when sysfs cannot be read.
+fn check_virtio_function(dev: &SysfsDevice) -> Result<(), TransportError> {
+    let bdf = &dev.bdf;
+    let (vendor, device_id) = dev.ids()?;
+    if vendor != abi::PCI_VENDOR_ID || !(0x1040..=0x107f).contains(&device_id) {
+        return Err(TransportError::NoDevice(format!(
+            "{bdf}: {vendor:04x}:{device_id:04x} is not a modern virtio-pci function"
+        )));
+    }
+    if let Some(d) = dev.virtio_child_driver() {
+        return Err(TransportError::NoDevice(format!(
+            "{bdf}: in use by kernel driver {d}"
+        )));
+    }
+    Ok(())
+}
+
+/// Step 2: exclusive use among processes (`flock` on sysfs `config`, where
+/// supported), then the configuration space (up to 4096 bytes). Returns the
+/// open `config` file (which holds the lock) and its contents. Errors:
+/// [`TransportError::NoDevice`] when another process holds the lock;
+/// [`TransportError::Io`] when `config` cannot be opened or read.
+fn lock_config(dev: &SysfsDevice) -> Result<(File, Vec<u8>), TransportError> {
+    let bdf = &dev.bdf;
+    let cfg_path = dev.path("config");
+    let config = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&cfg_path)
+        .map_err(|e| io_err(format!("opening {}", cfg_path.display()), e))?;
+    // SAFETY: flock on an fd we own.
+    if unsafe { libc::flock(config.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(TransportError::NoDevice(format!(
+                "{bdf}: in use by another process"
+            )));
+        }
+        tracing::debug!("{bdf}: flock unsupported ({e}); continuing without a lock");
+    }
+    let mut space = Vec::with_capacity(4096);
+    (&config)
+        .take(4096)
+        .read_to_end(&mut space)
+        .map_err(|e| io_err(format!("reading {}", cfg_path.display()), e))?;
+    Ok((config, space))
+}
+
+/// Step 3: the virtio capabilities (virtio 1.2 §4.1.4) of configuration
+/// space `space`, and the device configuration capability, which must hold
+/// at least an [`abi::ConfigSpace`]. Errors: [`TransportError::NoDevice`]
+/// (malformed capabilities, no or too small device configuration: not a
+/// vrnic).
+fn read_virtio_caps(
+    bdf: &str,
+    space: &[u8],
+) -> Result<(VirtioPciCaps, crate::virtio::VirtioPciCap), TransportError> {
+    let caps =
+        VirtioPciCaps::parse(space).map_err(|e| TransportError::NoDevice(format!("{bdf}: {e}")))?;
+    let Some(devcap) = caps.device else {
+        return Err(TransportError::NoDevice(format!(
+            "{bdf}: no device configuration (not a vrnic)"
+        )));
+    };
+    if (devcap.length as usize) < size_of::<abi::ConfigSpace>() {
+        return Err(TransportError::NoDevice(format!(
+            "{bdf}: device configuration of {} bytes (not a vrnic)",
+            devcap.length
+        )));
+    }
+    Ok((caps, devcap))
+}
+
+/// Step 3 (continued): checks that every structure of `caps` lies in an
+/// assigned memory BAR (sysfs `resource`) and returns, per BAR the
+/// capabilities name, the bytes to map (the end of its last structure).
+/// Errors: [`TransportError::NoDevice`] for an I/O BAR or a structure past
+/// the end of its BAR; [`TransportError::Io`] when sysfs cannot be read.
+fn bar_extents(
+    dev: &SysfsDevice,
+    caps: &VirtioPciCaps,
+) -> Result<Vec<(u8, usize)>, TransportError> {
+    let bdf = &dev.bdf;
+    let mut need: Vec<(u8, usize)> = Vec::new();
+    for bar in caps.bars() {
+        let (size, flags) = dev.bar(bar)?;
+        if flags & IORESOURCE_MEM == 0 {
+            return Err(TransportError::NoDevice(format!(
+                "{bdf}: BAR {bar} is not a memory BAR"
+            )));
+        }
+        let mut end = 0usize;
+        for cap in [Some(caps.common), Some(caps.notify), caps.isr, caps.device]
+            .into_iter()
+            .flatten()
+        {
+            if cap.bar != bar {
+                continue;
+            }
+            let e = cap.offset as u64 + cap.length as u64;
+            if e > size {
+                return Err(TransportError::NoDevice(format!(
+                    "{bdf}: capability at {:#x} ({:#x}+{:#x}) exceeds BAR {bar} of {size:#x} bytes",
+                    cap.cap_offset, cap.offset, cap.length
+                )));
+            }
+            end = end.max(e as usize);
+        }
+        need.push((bar, end));
+    }
+    Ok(need)
+}
+
+impl Claim {
+    /// Step 4: takes the function from its kernel driver (`driver/unbind`,
+    /// unless it is [`UIO_DRIVER`]), keeping its `config` file (and lock).
+    /// From here on the returned claim restores the Command register and
+    /// the driver when dropped, until `restore` is cleared. Errors:
+    /// [`TransportError::Io`] reading the Command register or unbinding.
+    fn take(dev: &SysfsDevice, config: File) -> Result<Claim, TransportError> {
+        let orig_driver = dev.driver();
+        let mut claim = Claim {
+            dev: dev.clone(),
+            config,
+            orig_driver,
+            orig_command: 0,
+            unbound: false,
+            uio_bound: false,
+            restore: true,
+        };
+        claim.orig_command = claim.command()?;
+        if let Some(d) = claim.orig_driver.clone() {
+            if d != UIO_DRIVER {
+                dev.driver_op(&d, "unbind")?;
+                claim.unbound = true;
+            }
+        }
+        Ok(claim)
+    }
+}
+
+/// Step 5: the interrupt: INTx through [`UIO_DRIVER`] (bound here, see
+/// [`bind_uio`]), or none (events polled). Runs after the unbind, since
+/// virtio-pci's remove disables MSI-X. Returns `/dev/uioN` when usable,
+/// else why not. Errors: [`TransportError::Io`] reading configuration
+/// space; a failed bind only means no interrupt.
+fn choose_interrupt(
+    claim: &mut Claim,
+    space: &[u8],
+    caps: &VirtioPciCaps,
+) -> Result<(Option<File>, Option<String>), TransportError> {
+    let mut no_irq = intx_unusable(&claim.config, space)?;
+    if no_irq.is_none() && std::env::var_os(NO_IRQ_ENV).is_some() {
+        no_irq = Some(format!("{NO_IRQ_ENV} is set"));
+    }
+    if no_irq.is_none() && caps.isr.is_none() {
+        no_irq = Some("no ISR status capability".into());
+    }
+    let mut uio = None;
+    if no_irq.is_none() {
+        let drivers = claim
+            .dev
+            .dir
+            .parent()
+            .and_then(Path::parent)
+            .map(|bus| bus.join("drivers"))
+            .unwrap_or_default();
+        match bind_uio(claim, &drivers).and_then(|()| open_uio(&claim.dev, Path::new(DEV_DIR))) {
+            Ok(f) => uio = Some(f),
+            Err(e) => no_irq = Some(e.to_string()),
+        }
+    }
+    Ok((uio, no_irq))
+}
+
+/// Step 6: maps `need` (BAR, bytes) as [`BarMap`]s, in order. Errors:
+/// [`TransportError::Io`] opening or mapping `resourceN`.
+fn map_bars(dev: &SysfsDevice, need: Vec<(u8, usize)>) -> Result<Vec<BarMap>, TransportError> {
+    let mut bars = Vec::new();
+    for (bar, end) in need {
+        bars.push(BarMap::map(dev, bar, end)?);
+    }
+    Ok(bars)
+}
+
+/// Step 6 (continued): the virtio structures in the mapped `bars`: the
+/// [`VirtioPci`] registers, and the interrupt if `uio` is open and the ISR
+/// status is there. Errors: [`TransportError::NoDevice`] when a structure's
+/// BAR is not mapped or its window does not fit.
+fn device_registers(
+    bdf: &str,
+    bars: &[BarMap],
+    caps: &VirtioPciCaps,
+    devcap: crate::virtio::VirtioPciCap,
+    uio: Option<File>,
+) -> Result<(VirtioPci, Option<Intx>), TransportError> {
+    let window = |cap: crate::virtio::VirtioPciCap| -> Result<Mmio, TransportError> {
+        let b = bars.iter().find(|b| b.index == cap.bar).ok_or_else(|| {
+            TransportError::NoDevice(format!("{bdf}: BAR {} not mapped", cap.bar))
+        })?;
+        b.mmio().window(cap.offset as usize, cap.length as usize)
+    };
+    let virtio = VirtioPci::new(
+        window(caps.common)?,
+        window(caps.notify)?,
+        caps.notify_off_multiplier,
+        window(devcap)?,
+    )?;
+    let intx = match (uio, caps.isr) {
+        (Some(uio), Some(cap)) => Some(Intx {
+            uio,
+            isr: Isr::new(window(cap)?)?,
+        }),
+        _ => None,
+    };
+    Ok((virtio, intx))
+}
+
+/// Step 7: device initialisation up to FEATURES_OK (virtio 1.2 §3.1.1,
+/// [`VirtioPci::negotiate`]) and identification: the device configuration
+/// must carry [`abi::SIGNATURE`] and [`abi::ABI_VERSION`], and the device
+/// at least [`abi::NUM_QUEUES`] virtqueues. Returns the configuration.
+/// Errors: [`TransportError::NoDevice`] when it is not a vrnic this driver
+/// speaks to; the transport's errors from the registers.
+fn init_device(virtio: &VirtioPci, bdf: &str) -> Result<abi::ConfigSpace, TransportError> {
+    virtio.negotiate(RESET_TIMEOUT)?;
+    let mut raw = [0u8; size_of::<abi::ConfigSpace>()];
+    virtio.read_device_config(&mut raw)?;
+    let config = abi::ConfigSpace::read_from(&raw).unwrap_or_default();
+    if config.signature != abi::SIGNATURE {
+        return Err(TransportError::NoDevice(format!(
+            "{bdf}: signature {:?} is not vrnic's",
+            String::from_utf8_lossy(&config.signature)
+        )));
+    }
+    if config.abi_version != abi::ABI_VERSION {
+        return Err(TransportError::NoDevice(format!(
+            "{bdf}: vrnic ABI version {} (this driver speaks {})",
+            config.abi_version,
+            abi::ABI_VERSION
+        )));
+    }
+    let nq = virtio.common.num_queues()?;
+    if (nq as usize) < abi::NUM_QUEUES {
+        return Err(TransportError::NoDevice(format!(
+            "{bdf}: {nq} virtqueues, vrnic needs {}",
+            abi::NUM_QUEUES
+        )));
+    }
+    Ok(config)
+}
+
+/// The three queues [`setup_queues`] made, with the doorbell and event
+/// queue sizes (descriptors). Fields drop in this order (as they did when
+/// they were locals of one function: control, event, doorbell).
+struct Queues {
+    ctrl: ControlQueue,
+    ev: SlotQueue,
+    ev_size: u16,
+    db: Doorbells,
+    db_size: u16,
+}
+
+/// Step 8: the control, event and doorbell queues (virtio 1.2 §4.1.5.1.3),
+/// in that order, in DMA memory from `dma` (the doorbell queue in a shared
+/// huge-page memfd when `shared`); the event queue's buffers posted, and
+/// its interrupts on when `interrupts`. The control bounce buffer is
+/// allocated first: it settles whether huge pages are available, which
+/// bounds the ring sizes. Errors: [`TransportError::NoDevice`] for an
+/// unavailable queue; DMA and register errors.
+fn setup_queues(
+    virtio: &VirtioPci,
+    dma: &mut DmaAllocator,
+    dev: &SysfsDevice,
+    caps: &VirtioPciCaps,
+    shared: bool,
+    interrupts: bool,
+) -> Result<Queues, TransportError> {
+    let bdf = &dev.bdf;
+    let ctrl_bounce = dma.alloc(RESP_OFF + RESP_LEN, 64)?;
+    let (ctrlq, _) = make_queue(virtio, dma, bdf, abi::CONTROLQ)?;
+    let (evq, ev_size) = make_queue(virtio, dma, bdf, abi::EVENTQ)?;
+    let (db, db_size) = if shared {
+        shared_doorbells(virtio, dma, dev, caps)?
+    } else {
+        let (dbq, db_size) = make_queue(virtio, dma, bdf, abi::DOORBELLQ)?;
+        let db = SlotQueue {
+            queue: dbq,
+            slots: dma.alloc(SLOT * db_size as usize, 64)?,
+        };
+        (Doorbells::Private(db), db_size)
+    };
+    let mut ev = SlotQueue {
+        queue: evq,
+        slots: dma.alloc(SLOT * ev_size as usize, 64)?,
+    };
+    ev.prefill()?;
+    // Only the event queue interrupts (and only with an interrupt to
+    // receive it); control and doorbell answers are polled.
+    if interrupts {
+        ev.queue.q.set_interrupts(true);
+    }
+    let ctrl = ControlQueue {
+        queue: ctrlq,
+        bounce: ctrl_bounce,
+        pending: None,
+    };
+    Ok(Queues {
+        ctrl,
+        ev,
+        ev_size,
+        db,
+        db_size,
+    })
+}
+
+/// A polled virtqueue `index` in memory from `dma`, as large as the device
+/// and the allocator allow ([`pick_queue_size`]), set up in the device.
+/// Returns it and its size. Errors: [`TransportError::NoDevice`] when the
+/// device offers no queue `index`; DMA and register errors.
+fn make_queue(
+    virtio: &VirtioPci,
+    dma: &mut DmaAllocator,
+    bdf: &str,
+    index: u16,
+) -> Result<(Queue, u16), TransportError> {
+    let max = virtio.max_queue_size(index)?;
+    let size = pick_queue_size(max, dma.max_alloc());
+    if size == 0 {
+        return Err(TransportError::NoDevice(format!(
+            "{bdf}: virtqueue {index} unavailable"
+        )));
+    }
+    let layout = QueueLayout::new(size)?;
+    let mem = dma.alloc(layout.len, QueueLayout::ALIGN.max(64))?;
+    // SAFETY: mem is layout.len bytes of 64-aligned, physically
+    // contiguous DMA memory at mem.gpa, owned by the transport and
+    // freed only after the device is reset.
+    let q = unsafe { polled_queue(layout, mem.ptr, mem.gpa) }?;
+    let notifier = virtio.setup_queue(index, &q)?;
+    Ok((
+        Queue {
+            q,
+            notifier: Kick::Mmio(notifier),
+        },
+        size,
+    ))
+}
+
+/// The doorbell queue of [`PciTransport::open_shared`]: at most 256
+/// descriptors in a [`SharedDb`] region, set up in the device, with its
+/// notification register mapped from the notify BAR for other processes
+/// ([`crate::dbring`]). Returns it and its size. Errors:
+/// [`TransportError::NoDevice`] for an unusable size; [`TransportError::Io`]
+/// without a huge page or when mapping fails; register errors.
+fn shared_doorbells(
+    virtio: &VirtioPci,
+    dma: &DmaAllocator,
+    dev: &SysfsDevice,
+    caps: &VirtioPciCaps,
+) -> Result<(Doorbells, u16), TransportError> {
+    let size = virtio.max_queue_size(abi::DOORBELLQ)?.min(256);
+    let layout = crate::dbring::DbRingLayout::new(size).ok_or_else(|| {
+        TransportError::NoDevice(format!("{}: doorbell queue size {size}", dev.bdf))
+    })?;
+    let (memfd, region, gpa) = SharedDb::region(dma.pagemap())?;
+    let ql = QueueLayout::new(size)?;
+    // SAFETY: the region is 2 MiB of locked, physically contiguous
+    // (one huge page) shared memory at gpa, kept until after reset.
+    let q = unsafe { polled_queue(ql, region.ptr, gpa) }?;
+    let notifier = virtio.setup_queue(abi::DOORBELLQ, &q)?;
+    virtio.common.select_queue(abi::DOORBELLQ)?;
+    let notify_off = u64::from(virtio.common.queue_notify_off()?);
+    let notify_offset =
+        u64::from(caps.notify.offset) + notify_off * u64::from(caps.notify_off_multiplier);
+    let notify_file = dev.path(&format!("resource{}", caps.notify.bar));
+    let (nmap, reg) = map_notify(&notify_file, notify_offset)?;
+    // SAFETY: region and register stay mapped in the SharedDb.
+    let ring = unsafe { crate::dbring::DbRing::new(region.ptr, layout, reg, abi::DOORBELLQ) }?;
+    ring.init_descriptors(gpa + u64::from(layout.slots));
+    let info = SharedDoorbells {
+        memfd: memfd.as_raw_fd(),
+        layout,
+        notify_file,
+        notify_offset,
+    };
+    let db = SharedDb {
+        _memfd: memfd,
+        _region: region,
+        ring,
+        _notify: nmap,
+        info,
+        _queue: Queue {
+            q,
+            notifier: Kick::Mmio(notifier),
+        },
+    };
+    Ok((Doorbells::Shared(db), size))
+}
+
+/// Step 9: DRIVER_OK (virtio 1.2 §3.1.1 step 8), checked to have been
+/// accepted; then the event queue `ev` is kicked (its buffers are posted), a
+/// stale ISR cleared and INTx unmasked (the kernel's handler may have
+/// masked it since the last process), and the lack of an interrupt
+/// (`no_irq`: why) said once on stderr. Errors:
+/// [`TransportError::NoDevice`] when the device refused DRIVER_OK or needs
+/// a reset; register and `config` errors.
+fn set_driver_ok(
+    virtio: &VirtioPci,
+    ev: &mut SlotQueue,
+    intx: Option<&Intx>,
+    claim: &Claim,
+    no_irq: Option<&str>,
+) -> Result<(), TransportError> {
+    let bdf = &claim.dev.bdf;
+    virtio.driver_ok()?;
+    let status = virtio.common.status()?;
+    if status & crate::virtio::STATUS_DRIVER_OK == 0 || virtio.needs_reset()? {
+        return Err(TransportError::NoDevice(format!(
+            "{bdf}: device did not accept DRIVER_OK (status {status:#x})"
+        )));
+    }
+    ev.queue.kick()?;
+    if let Some(i) = intx {
+        i.ack(&claim.config)?;
+    }
+    if let Some(why) = no_irq {
+        eprintln!("vrnic {bdf}: no device interrupt ({why}); waiting for events polls");
+    }
+    Ok(())
+}
+
+impl Transport for PciTransport {
+    /// [`Transport::command`] for device context `ctx` (the guest agent's;
+    /// [`Transport::command`] is this for [`abi::DEFAULT_CTX`]).
+    ///
     /// Posts `[CmdHeader + body]` (device-readable) and `[RespHeader +
     /// MAX_CMD_BODY]` (device-writable) from a DMA bounce buffer, notifies,
     /// and polls for the answer for at most [`PciTransport::timeout`].
@@ -1149,16 +1346,6 @@ impl Transport for PciTransport {
     /// next command first waits for that answer); nonzero status:
     /// [`TransportError::Status`]; a response shorter than its header or
     /// than the length it claims: [`TransportError::Io`] (`InvalidData`).
-    fn command(
-        &mut self,
-        opcode: u16,
-        body: &[u8],
-        resp: &mut [u8],
-    ) -> Result<usize, TransportError> {
-        self.command_in(abi::DEFAULT_CTX, opcode, body, resp)
-    }
-
-    /// [`Transport::command`] for device context `ctx` (the guest agent's).
     fn command_in(
         &mut self,
         ctx: u16,
@@ -1173,6 +1360,10 @@ impl Transport for PciTransport {
             }
         }
         r
+    }
+
+    fn config(&self) -> abi::ConfigSpace {
+        self.config
     }
 
     /// Posts `db` in a preallocated 16-byte DMA buffer and notifies (unless
@@ -1520,9 +1711,70 @@ mod tests {
         }
     }
 
+    /// The simulated device of the control queue: answers each command
+    /// ([`answer_command`]) until `stop` (or 30 s), except that it holds
+    /// the answer to opcode 99 until `release`.
+    fn control_device(mut dev: Device, stop: &AtomicBool, release: &AtomicBool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut held: Option<(u16, u32)> = None;
+        while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
+            if let (Some((h, n)), true) = (held, release.load(Ordering::SeqCst)) {
+                dev.complete(h as u32, n);
+                held = None;
+            }
+            let Some((head, chain)) = dev.take() else {
+                std::thread::yield_now();
+                continue;
+            };
+            let (opcode, n) = answer_command(&chain);
+            if opcode == 99 {
+                held = Some((head, n));
+            } else {
+                dev.complete(head as u32, n);
+            }
+        }
+    }
+
+    /// Checks a command's chain (request, then writable response) and
+    /// writes the answer: opcode 77 an error status, 78 a used length
+    /// shorter than the header, 79 a used length inconsistent with the
+    /// body, any other the request body reversed. Returns the opcode and
+    /// the used length.
+    fn answer_command(chain: &[vrnic_virtq::sim::D]) -> (u16, u32) {
+        assert_eq!(chain.len(), 2);
+        assert_eq!(chain[0].flags & crate::virtio::VIRTQ_DESC_F_WRITE, 0);
+        assert_ne!(chain[1].flags & crate::virtio::VIRTQ_DESC_F_WRITE, 0);
+        let (req, rsp) = (chain[0].addr as *const u8, chain[1].addr as *mut u8);
+        // SAFETY: the driver's bounce buffer, addressed by its virtual address.
+        let (hdr, body) = unsafe {
+            let h = abi::CmdHeader::read_from(std::slice::from_raw_parts(req, 8)).unwrap();
+            (
+                h,
+                std::slice::from_raw_parts(req.add(8), h.len as usize).to_vec(),
+            )
+        };
+        assert_eq!(chain[0].len as usize, 8 + body.len());
+        let (status, out, used): (u32, Vec<u8>, Option<u32>) = match hdr.opcode {
+            77 => (abi::STATUS_EINVAL, vec![], None),
+            78 => (0, vec![], Some(4)),
+            79 => (0, vec![1; 100], Some(12)),
+            _ => (0, body.iter().rev().copied().collect(), None),
+        };
+        let rh = abi::RespHeader {
+            status,
+            len: out.len() as u32,
+        };
+        // SAFETY: the writable half of the bounce buffer, RESP_LEN bytes.
+        unsafe {
+            ptr::copy_nonoverlapping(rh.as_bytes().as_ptr(), rsp, 8);
+            ptr::copy_nonoverlapping(out.as_ptr(), rsp.add(8), out.len());
+        }
+        (hdr.opcode, used.unwrap_or(8 + out.len() as u32))
+    }
+
     #[test]
     fn control_commands_through_a_simulated_device() {
-        let (_ring, notify, queue, mut dev) = plain_queue(4, abi::CONTROLQ);
+        let (_ring, notify, queue, dev) = plain_queue(4, abi::CONTROLQ);
         let bounce = Mem::new(RESP_OFF + RESP_LEN);
         let mut ctrl = ControlQueue {
             queue,
@@ -1532,54 +1784,7 @@ mod tests {
         let stop = Arc::new(AtomicBool::new(false));
         let release = Arc::new(AtomicBool::new(false));
         let (stop2, release2) = (stop.clone(), release.clone());
-        let handle = std::thread::spawn(move || {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            let mut held: Option<(u16, u32)> = None;
-            while !stop2.load(Ordering::SeqCst) && Instant::now() < deadline {
-                if let (Some((h, n)), true) = (held, release2.load(Ordering::SeqCst)) {
-                    dev.complete(h as u32, n);
-                    held = None;
-                }
-                let Some((head, chain)) = dev.take() else {
-                    std::thread::yield_now();
-                    continue;
-                };
-                assert_eq!(chain.len(), 2);
-                assert_eq!(chain[0].flags & crate::virtio::VIRTQ_DESC_F_WRITE, 0);
-                assert_ne!(chain[1].flags & crate::virtio::VIRTQ_DESC_F_WRITE, 0);
-                let (req, rsp) = (chain[0].addr as *const u8, chain[1].addr as *mut u8);
-                // SAFETY: the driver's bounce buffer, addressed by its virtual address.
-                let (hdr, body) = unsafe {
-                    let h = abi::CmdHeader::read_from(std::slice::from_raw_parts(req, 8)).unwrap();
-                    (
-                        h,
-                        std::slice::from_raw_parts(req.add(8), h.len as usize).to_vec(),
-                    )
-                };
-                assert_eq!(chain[0].len as usize, 8 + body.len());
-                let (status, out, used): (u32, Vec<u8>, Option<u32>) = match hdr.opcode {
-                    77 => (abi::STATUS_EINVAL, vec![], None),
-                    78 => (0, vec![], Some(4)),
-                    79 => (0, vec![1; 100], Some(12)),
-                    _ => (0, body.iter().rev().copied().collect(), None),
-                };
-                let rh = abi::RespHeader {
-                    status,
-                    len: out.len() as u32,
-                };
-                // SAFETY: the writable half of the bounce buffer, RESP_LEN bytes.
-                unsafe {
-                    ptr::copy_nonoverlapping(rh.as_bytes().as_ptr(), rsp, 8);
-                    ptr::copy_nonoverlapping(out.as_ptr(), rsp.add(8), out.len());
-                }
-                let n = used.unwrap_or(8 + out.len() as u32);
-                if hdr.opcode == 99 {
-                    held = Some((head, n));
-                } else {
-                    dev.complete(head as u32, n);
-                }
-            }
-        });
+        let handle = std::thread::spawn(move || control_device(dev, &stop2, &release2));
         let _stop = Stop(stop, Some(handle));
         let t = Duration::from_secs(10);
 

@@ -80,16 +80,24 @@ pub trait Transport: Send {
     /// Executes one control command (`abi::CMD_*`) with `body`; copies the
     /// response body into `resp` and returns its length in bytes. An error
     /// status from the device is [`TransportError::Status`].
+    ///
+    /// An implementation provides this method, or
+    /// [`Transport::command_in`], or both: each defaults to the other. The
+    /// default is [`Transport::command_in`] for [`abi::DEFAULT_CTX`] (what
+    /// a driver that serves device contexts provides).
     fn command(
         &mut self,
         opcode: u16,
         body: &[u8],
         resp: &mut [u8],
-    ) -> Result<usize, TransportError>;
+    ) -> Result<usize, TransportError> {
+        self.command_in(abi::DEFAULT_CTX, opcode, body, resp)
+    }
     /// [`Transport::command`] for device context `ctx` (device spec
     /// §5.x.6.13): what a guest agent does for the processes it serves.
-    /// The default serves only [`abi::DEFAULT_CTX`]; other contexts are
-    /// `EOPNOTSUPP` ([`TransportError::Status`]).
+    /// The default serves only [`abi::DEFAULT_CTX`], with
+    /// [`Transport::command`]; other contexts are `EOPNOTSUPP`
+    /// ([`TransportError::Status`]).
     fn command_in(
         &mut self,
         ctx: u16,

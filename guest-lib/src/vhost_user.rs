@@ -770,23 +770,12 @@ pub fn set_recv_timeout(fe: &Frontend, timeout: Duration) -> Result<(), Transpor
 }
 
 impl Transport for VhostUserTransport {
-    fn config(&self) -> abi::ConfigSpace {
-        self.config
-    }
-
-    /// As the virtio-pci driver's: one command at a time through a bounce
-    /// buffer in shared memory, polled for at most [`DEFAULT_TIMEOUT`].
-    /// On a connection the daemon closed (it stopped, or the function was
+    /// [`Transport::command`] for device context `ctx`
+    /// ([`Transport::command`] is this for [`abi::DEFAULT_CTX`]). As the
+    /// virtio-pci driver's: one command at a time through a bounce buffer
+    /// in shared memory, polled for at most [`DEFAULT_TIMEOUT`]. On a
+    /// connection the daemon closed (it stopped, or the function was
     /// deleted) every command fails at once with `STATUS_ENODEV`.
-    fn command(
-        &mut self,
-        opcode: u16,
-        body: &[u8],
-        resp: &mut [u8],
-    ) -> Result<usize, TransportError> {
-        self.command_in(abi::DEFAULT_CTX, opcode, body, resp)
-    }
-
     fn command_in(
         &mut self,
         ctx: u16,
@@ -803,6 +792,10 @@ impl Transport for VhostUserTransport {
             });
         }
         self.ctrl.execute(ctx, opcode, body, resp, self.timeout)
+    }
+
+    fn config(&self) -> abi::ConfigSpace {
+        self.config
     }
 
     fn doorbell(&mut self, db: &abi::Doorbell) -> Result<(), TransportError> {

@@ -713,15 +713,34 @@ where
         if let Some(d) = &c.ib_dev {
             tracing::debug!("-d {d}: ignored; the vrnic device is chosen with --pci");
         }
-        tools::open_pci(c.pci.as_deref()).and_then(|t| {
-            let role = match &c.servername {
-                Some(h) => Role::Client(h.clone(), c.port),
-                None => Role::Server(tools::listen(c.port)?),
-            };
-            run(&args, t, role, "").map(|_| ())
-        })
+        run_on_pci(
+            c.pci.as_deref(),
+            c.servername.as_deref(),
+            c.port,
+            |t, role| run(&args, t, role, "").map(|_| ()),
+        )
     };
     tools::exit_code(tool, r)
+}
+
+/// Runs `side` on the vrnic PCI function `pci` (or the first one,
+/// [`tools::open_pci`]) as the client of `host` at TCP `port`, or without
+/// `host` as the server listening on `port` ([`tools::listen`]), in that
+/// order: what a tool does without `--loopback`. Errors: opening, listening,
+/// and `side`'s.
+pub fn run_on_pci<T>(
+    pci: Option<&str>,
+    host: Option<&str>,
+    port: u16,
+    side: impl FnOnce(Box<dyn Transport>, Role) -> Result<T>,
+) -> Result<T> {
+    tools::open_pci(pci).and_then(|t| {
+        let role = match host {
+            Some(h) => Role::Client(h.to_owned(), port),
+            None => Role::Server(tools::listen(port)?),
+        };
+        side(t, role)
+    })
 }
 
 /// [`run_loopback`] for sides that return how many messages they

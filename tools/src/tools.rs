@@ -919,6 +919,65 @@ pub fn say(tag: &str, line: std::fmt::Arguments<'_>) {
     println!("{tag}{line}");
 }
 
+/// The first fault [`guard_fault`] finds in a buffer meant to hold a
+/// target between guard bytes; offsets are bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuardFault {
+    /// The leading guard's byte at offset `at` of the buffer is `byte`.
+    Before {
+        /// Offset in the buffer (the guard starts at 0).
+        at: usize,
+        /// The byte found.
+        byte: u8,
+    },
+    /// The target's byte at offset `at` of the target is `got`, not `want`;
+    /// `bad` of its bytes differ in all.
+    Data {
+        /// Offset in the target.
+        at: usize,
+        /// The byte found.
+        got: u8,
+        /// The byte expected.
+        want: u8,
+        /// How many target bytes differ.
+        bad: usize,
+    },
+    /// The trailing guard's byte `at` bytes after the target is `byte`.
+    After {
+        /// Offset after the target's end.
+        at: usize,
+        /// The byte found.
+        byte: u8,
+    },
+}
+
+/// Checks `buf` after an RDMA operation wrote `expected` at offset `guard`:
+/// the `guard` bytes before the target and every byte of `buf` after it
+/// must be `fill`, the target must equal `expected`. Returns the first
+/// fault, in that order (`vrnic-rdma`, `vrnic-write-imm`); the caller
+/// checked that `buf` holds at least `guard + expected.len()` bytes.
+pub fn guard_fault(buf: &[u8], guard: usize, fill: u8, expected: &[u8]) -> Option<GuardFault> {
+    let end = guard + expected.len();
+    if let Some(at) = buf[..guard].iter().position(|&b| b != fill) {
+        return Some(GuardFault::Before { at, byte: buf[at] });
+    }
+    let target = &buf[guard..end];
+    if let Some(at) = target.iter().zip(expected).position(|(a, b)| a != b) {
+        let bad = target.iter().zip(expected).filter(|(a, b)| a != b).count();
+        return Some(GuardFault::Data {
+            at,
+            got: target[at],
+            want: expected[at],
+            bad,
+        });
+    }
+    let at = buf[end..].iter().position(|&b| b != fill)?;
+    Some(GuardFault::After {
+        at,
+        byte: buf[end + at],
+    })
+}
+
 /// A tool's exit status: success, or status 1 after printing
 /// `TOOL: ERROR` (the error with its causes) to stderr.
 pub fn exit_code(tool: &str, r: Result<()>) -> ExitCode {
@@ -934,6 +993,34 @@ pub fn exit_code(tool: &str, r: Result<()>) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Guards before and after the target, then the target, each named by
+    /// its first bad byte; a clean buffer has no fault.
+    #[test]
+    fn guard_fault_names_the_first_bad_byte_in_order() {
+        let mut buf = [0xa5u8; 4 + 3 + 4];
+        buf[4..7].copy_from_slice(&[1, 2, 3]);
+        assert_eq!(guard_fault(&buf, 4, 0xa5, &[1, 2, 3]), None);
+        assert_eq!(
+            guard_fault(&buf, 4, 0xa5, &[1, 9, 9]),
+            Some(GuardFault::Data {
+                at: 1,
+                got: 2,
+                want: 9,
+                bad: 2
+            })
+        );
+        buf[9] = 0;
+        assert_eq!(
+            guard_fault(&buf, 4, 0xa5, &[1, 2, 3]),
+            Some(GuardFault::After { at: 2, byte: 0 })
+        );
+        buf[1] = 7;
+        assert_eq!(
+            guard_fault(&buf, 4, 0xa5, &[1, 2, 3]),
+            Some(GuardFault::Before { at: 1, byte: 7 })
+        );
+    }
 
     #[test]
     fn exchange_message_matches_rc_pingpong_wire_format() {

@@ -36,12 +36,7 @@ use crate::poll_group::PollGroup;
 use crate::spin::PollConfig;
 use crate::stats::{Snapshot, StatsBoard};
 
-/// Worker event id of the link's descriptor (ids `0..NUM_QUEUES` are the
-/// queues, `NUM_QUEUES` is reserved by vhost-user-backend for its exit and
-/// vring-enable events).
-pub const LINK_EVENT: u16 = abi::NUM_QUEUES as u16 + 1;
-/// Worker event id of the device timer.
-pub const TIMER_EVENT: u16 = abi::NUM_QUEUES as u16 + 2;
+pub use crate::datapath::{LINK_EVENT, TIMER_EVENT};
 
 /// Virtio features offered: `VIRTIO_F_VERSION_1` (virtio 1.2 §6),
 /// `VIRTIO_RING_F_EVENT_IDX` (§2.7.10) and `VHOST_USER_F_PROTOCOL_FEATURES`

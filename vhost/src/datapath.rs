@@ -26,6 +26,7 @@ use vrnic::abi::{self, Pod};
 use vrnic::device::{Device, Nanos};
 use vrnic::link::{Link, Polling, TxFlush};
 
+pub use crate::backend_stats::BackendStats;
 use crate::chain::{self, Segment};
 use crate::fault::Fault;
 use crate::memory::{GuestMem, Poison};
@@ -34,6 +35,13 @@ use crate::timer::Timer;
 
 /// The vring type the backend uses ([`crate::vring`]).
 pub use crate::vring::Vring;
+
+/// Worker event id of the link's descriptor (ids `0..NUM_QUEUES` are the
+/// queues, `NUM_QUEUES` is reserved by vhost-user-backend for its exit and
+/// vring-enable events).
+pub const LINK_EVENT: u16 = abi::NUM_QUEUES as u16 + 1;
+/// Worker event id of the device timer.
+pub const TIMER_EVENT: u16 = abi::NUM_QUEUES as u16 + 2;
 
 /// Largest control request or response the device handles, bytes: a
 /// header and [`abi::MAX_CMD_BODY`].
@@ -73,91 +81,6 @@ const POLL_ROUNDS: usize = 16;
 pub const QP_STATS_INTERVAL_NS: Nanos = 10_000_000;
 /// Retry delay when a stats reader held the per-QP table, nanoseconds.
 const QP_STATS_RETRY_NS: Nanos = 1_000_000;
-
-vrnic::counters! {
-    /// Counters of the vhost-user side of the device (the engine's own are
-    /// [`vrnic::device::DeviceStats`]). All counts since the backend was made.
-    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-    pub struct BackendStats {
-        /// Control commands executed by the device.
-        commands,
-        /// Control chains completed with 0 bytes used and not executed: no or
-        /// too small (< 8 bytes) writable part, writable part outside guest
-        /// memory, or readable and writable descriptors interleaved.
-        rejected_chains,
-        /// Control commands whose readable part lay outside guest memory,
-        /// answered with `STATUS_EFAULT` and not executed.
-        faulted_commands,
-        /// Doorbells handed to the device.
-        doorbells,
-        /// Doorbell chains ignored: fewer than 16 readable bytes, or outside
-        /// guest memory.
-        bad_doorbells,
-        /// Events written to event-queue buffers.
-        events_delivered,
-        /// Events dropped because [`MAX_PENDING_EVENTS`] were already waiting.
-        events_dropped,
-        /// Event-queue buffers completed unused: smaller than 16 writable bytes
-        /// or outside guest memory.
-        bad_event_buffers,
-        /// Frames the link refused with an error, or stayed too full to take
-        /// for `vrnic::link::txq::TX_HOLD_MAX_NS`.
-        link_tx_errors,
-        /// Errors receiving from the link.
-        link_rx_errors,
-        /// Device resets (vhost-user `RESET_DEVICE`, a control queue restarted
-        /// at another index than where it stopped, a memory table set while
-        /// stopped, or the end of a frontend connection).
-        device_resets,
-        /// Panics caught in the engine (each followed by a device reset).
-        engine_panics,
-        /// Times the frontend stopped the control queue of a device in use
-        /// (`GET_VRING_BASE`: a VM pause, or a guest resetting the device).
-        device_stops,
-        /// Stops followed by a restart where the control queue left off (a VM
-        /// pause and `cont`): the device carried on with its state.
-        device_resumes,
-        /// Frames from the link dropped while the device was stopped.
-        rx_dropped_stopped,
-        /// Times the device found its queues started at indices it never
-        /// served: a driver set up against an earlier backend (a daemon that
-        /// restarted under a running guest). Each time the device is lost
-        /// until the driver resets it ([`DataPath::check_driver`]).
-        device_lost,
-        /// Commands refused (`STATUS_ENODEV`) and doorbells ignored while the
-        /// device was lost.
-        lost_requests,
-        /// Polling sessions the worker ran after work ([`crate::spin`]).
-        poll_sessions,
-        /// Sessions ended by a neighbour that does not yield the core, each
-        /// followed by a pause without polling ([`crate::spin::PollConfig`]).
-        poll_backoffs,
-        /// Times another function's worker, the daemon's poller, took over
-        /// polling this device ([`crate::poll_group`]).
-        poll_adopted,
-        /// Time the worker polled without finding work, nanoseconds: the CPU
-        /// time adaptive polling costs beyond the work itself (time yielded to
-        /// other threads included).
-        poll_idle_ns,
-        /// Times the worker, about to sleep, found chains the driver had made
-        /// available without a kick and served them (`DataPath::serve_late`):
-        /// how often the safety net catches a missing notification.
-        late_chains,
-        /// Frontends refused while another was served: a function serves one
-        /// program at a time ([`crate::server`]).
-        frontends_refused,
-        /// Times the frontend's memory lost its backing under the daemon (a
-        /// `SIGBUS` caught on a guest-memory access, [`crate::fault`]: a file
-        /// shrunk after `SET_MEM_TABLE`, a hugetlb pool run dry): each time
-        /// the device was reset, the memory table dropped and the connection
-        /// closed (`DataPath::memory_fault`).
-        memory_faults,
-        /// Memory tables refused (`SET_MEM_TABLE` failed, the connection
-        /// closed): a region running past the end of its file, or a region
-        /// whose file could not be checked ([`crate::memory::check_table`]).
-        memory_tables_refused,
-    }
-}
 
 /// The data-path state: the device, its link, its timer and the event
 /// backlog. Owned by the backend, used by its worker thread.
@@ -224,7 +147,7 @@ pub struct DataPath {
     /// driver's notifications off.
     pub(crate) spinning: bool,
     /// When the worker pauses its polling ([`crate::spin`]).
-    pub(crate) spin_backoff: crate::spin::Backoff,
+    pub(crate) spin_backoff: crate::backoff::Backoff,
 }
 
 impl DataPath {
@@ -266,7 +189,7 @@ impl DataPath {
             qp_stats_next: 0,
             qp_stats_due: None,
             spinning: false,
-            spin_backoff: crate::spin::Backoff::default(),
+            spin_backoff: crate::backoff::Backoff::default(),
         })
     }
 
@@ -519,9 +442,9 @@ impl DataPath {
                 false
             }
             _ => {
-                if event == crate::backend::LINK_EVENT {
+                if event == LINK_EVENT {
                     self.drop_rx();
-                } else if event == crate::backend::TIMER_EVENT {
+                } else if event == TIMER_EVENT {
                     self.timer.clear();
                 }
                 true

@@ -20,6 +20,8 @@
 
 pub mod addr;
 pub mod backend;
+mod backend_stats;
+mod backoff;
 pub mod chain;
 pub mod control;
 pub mod datapath;
@@ -38,5 +40,5 @@ pub mod timer;
 pub mod vring;
 
 pub use backend::{BackendConfig, BackendError, VrnicBackend};
-pub use datapath::BackendStats;
+pub use backend_stats::BackendStats;
 pub use memory::GuestMem;

@@ -66,6 +66,32 @@ impl<'a> GuestMem<'a> {
         let s = self.mem.get_slice(GuestAddress(gpa), len).ok()?;
         (s.len() == len).then_some(s)
     }
+
+    /// Where a read or write of `len` bytes at `gpa` goes: nowhere (`len`
+    /// 0), within one region (nearly always: one region lookup), or across
+    /// regions. Errors: a byte outside guest memory.
+    fn span(&self, gpa: u64, len: usize) -> Result<Span<'a>, MemError> {
+        if len == 0 {
+            return Ok(Span::Empty);
+        }
+        if let Some(s) = self.one_region(gpa, len) {
+            return Ok(Span::One(s));
+        }
+        if !self.contains(gpa, len) {
+            return Err(MemError { addr: gpa, len });
+        }
+        Ok(Span::Across)
+    }
+}
+
+/// Where an access goes ([`GuestMem::span`]).
+enum Span<'a> {
+    /// No byte.
+    Empty,
+    /// Within one region: its slice.
+    One(vm_memory::VolatileSlice<'a, vm_memory::bitmap::MS<'a, GuestMemoryMmap>>),
+    /// Across regions, all in guest memory.
+    Across,
 }
 
 impl DmaMemory for GuestMem<'_> {
@@ -90,18 +116,14 @@ impl DmaMemory for GuestMem<'_> {
             addr: gpa,
             len: buf.len(),
         };
-        if buf.is_empty() {
-            return Ok(());
+        match self.span(gpa, buf.len())? {
+            Span::Empty => Ok(()),
+            Span::One(from) => {
+                from.copy_to(buf);
+                Ok(())
+            }
+            Span::Across => self.mem.read_slice(buf, GuestAddress(gpa)).map_err(|_| err),
         }
-        // Within one region (nearly always): one region lookup.
-        if let Some(from) = self.one_region(gpa, buf.len()) {
-            from.copy_to(buf);
-            return Ok(());
-        }
-        if !self.contains(gpa, buf.len()) {
-            return Err(err);
-        }
-        self.mem.read_slice(buf, GuestAddress(gpa)).map_err(|_| err)
     }
 
     fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), MemError> {
@@ -109,19 +131,17 @@ impl DmaMemory for GuestMem<'_> {
             addr: gpa,
             len: buf.len(),
         };
-        if buf.is_empty() {
-            return Ok(());
+        match self.span(gpa, buf.len())? {
+            Span::Empty => Ok(()),
+            Span::One(to) => {
+                to.copy_from(buf);
+                Ok(())
+            }
+            Span::Across => self
+                .mem
+                .write_slice(buf, GuestAddress(gpa))
+                .map_err(|_| err),
         }
-        if let Some(to) = self.one_region(gpa, buf.len()) {
-            to.copy_from(buf);
-            return Ok(());
-        }
-        if !self.contains(gpa, buf.len()) {
-            return Err(err);
-        }
-        self.mem
-            .write_slice(buf, GuestAddress(gpa))
-            .map_err(|_| err)
     }
 
     fn copy_from_peer(

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use vrnic::device::{DeviceStats, QpStats};
 
-use crate::datapath::BackendStats;
+use crate::backend_stats::BackendStats;
 use crate::sockserv::{write_all_by, SocketServer, StartError};
 
 /// Where a daemon serving the vhost-user socket `socket` serves its

@@ -6,7 +6,10 @@
 //! `verbs.c`; the test `strings_match_debian` compares every value with
 //! Debian's library.
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::sync::OnceLock;
+
+use vrnic_guest::verbs::wc_status_str;
 
 use crate::ffi;
 
@@ -20,35 +23,23 @@ fn pick(table: &[&'static CStr], i: c_int) -> *const c_char {
         .as_ptr()
 }
 
-/// `ibv_wc_status_str(3)`: the text of an `enum ibv_wc_status`.
+/// `ibv_wc_status_str(3)`: the text of an `enum ibv_wc_status`: guest-lib's
+/// [`vrnic_guest::verbs::wc_status_str`] (the one table of rdma-core's
+/// texts), as C strings made once and kept for the process's life.
 pub(crate) extern "C" fn ibv_wc_status_str(status: ffi::ibv_wc_status) -> *const c_char {
-    const S: &[&CStr] = &[
-        c"success",
-        c"local length error",
-        c"local QP operation error",
-        c"local EE context operation error",
-        c"local protection error",
-        c"Work Request Flushed Error",
-        c"memory management operation error",
-        c"bad response error",
-        c"local access error",
-        c"remote invalid request error",
-        c"remote access error",
-        c"remote operation error",
-        c"transport retry counter exceeded",
-        c"RNR retry counter exceeded",
-        c"local RDD violation error",
-        c"remote invalid RD request",
-        c"aborted error",
-        c"invalid EE context number",
-        c"invalid EE context state",
-        c"fatal error",
-        c"response timeout error",
-        c"general error",
-        c"TM error",
-        c"TM software rendezvous",
-    ];
-    pick(S, status as c_int)
+    static S: OnceLock<Vec<CString>> = OnceLock::new();
+    let table = S.get_or_init(|| {
+        (0..=u8::MAX)
+            .map(|i| CString::new(wc_status_str(i)).unwrap_or_default())
+            .collect()
+    });
+    match usize::try_from(status as c_int)
+        .ok()
+        .and_then(|i| table.get(i))
+    {
+        Some(s) => s.as_ptr(),
+        None => c"unknown".as_ptr(),
+    }
 }
 
 /// `ibv_event_type_str(3)`: the text of an `enum ibv_event_type`.

@@ -165,18 +165,17 @@ unsafe extern "C" fn wr_atomic_cmp_swp(
     compare: u64,
     swap: u64,
 ) {
+    let atomic = AtomicWr {
+        remote_addr,
+        rkey,
+        compare_add: compare,
+        swap,
+    };
     push(
         "ibv_wr_atomic_cmp_swp",
         qp,
         WrOpcode::AtomicCmpAndSwp,
-        |p| {
-            p.atomic = AtomicWr {
-                remote_addr,
-                rkey,
-                compare_add: compare,
-                swap,
-            };
-        },
+        |p| p.atomic = atomic,
     );
 }
 
@@ -187,18 +186,17 @@ unsafe extern "C" fn wr_atomic_fetch_add(
     remote_addr: u64,
     add: u64,
 ) {
+    let atomic = AtomicWr {
+        remote_addr,
+        rkey,
+        compare_add: add,
+        swap: 0,
+    };
     push(
         "ibv_wr_atomic_fetch_add",
         qp,
         WrOpcode::AtomicFetchAndAdd,
-        |p| {
-            p.atomic = AtomicWr {
-                remote_addr,
-                rkey,
-                compare_add: add,
-                swap: 0,
-            };
-        },
+        |p| p.atomic = atomic,
     );
 }
 

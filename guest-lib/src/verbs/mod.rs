@@ -61,6 +61,7 @@ mod pd;
 mod qp;
 mod srq;
 mod wc;
+mod wq;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -70,7 +71,7 @@ pub use device::Gid;
 pub use mr::Mr;
 pub use pd::Pd;
 pub use qp::{
-    AtomicWr, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RcPath, RdmaWr, RecvWr, SendWr, UdWr,
+    AtomicWr, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RcPath, RdmaWr, SendWr, UdWr,
     WrOpcode,
 };
 pub use srq::{Srq, SrqAttr, SrqInitAttr};
@@ -85,6 +86,7 @@ pub use vrnic::abi::{
     WC_WITH_INV,
 };
 pub use wc::{wc_status_str, WorkCompletion};
+pub use wq::RecvWr;
 
 use crate::transport::{DmaBuf, Transport, TransportError};
 use vrnic::abi::{self, Pod};

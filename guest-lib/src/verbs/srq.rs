@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use vrnic::abi::{self, Pod};
 
-use super::qp::{ring_bytes, ring_fits, ring_size, WorkQueue};
-use super::{ArgError, Context, Pd, RecvWr, ResponseError, Result, Sge, VerbsError};
+use super::wq::{ring_bytes, ring_fits, ring_size, RecvWr, WorkQueue};
+use super::{ArgError, Context, Pd, ResponseError, Result, Sge, VerbsError};
 use crate::transport::DmaBuf;
 
 /// SRQ creation attributes (`struct ibv_srq_init_attr`'s `attr`).

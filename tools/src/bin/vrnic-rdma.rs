@@ -197,30 +197,20 @@ fn read_offset(k: u32, size: usize, data_len: usize) -> u64 {
 fn check_read(what: &str, buf: &[u8], expected: &[u8]) -> Result<()> {
     let end = GUARD + expected.len();
     ensure!(buf.len() >= end + GUARD, "{what}: buffer too small");
-    if let Some(j) = buf[..GUARD].iter().position(|&b| b != GUARD_FILL) {
-        bail!(
-            "{what}: guard byte {} before the target is {:#04x}, expected {GUARD_FILL:#04x}",
-            GUARD - j,
-            buf[j]
-        );
-    }
-    let target = &buf[GUARD..end];
-    if let Some(j) = target.iter().zip(expected).position(|(a, b)| a != b) {
-        let bad = target.iter().zip(expected).filter(|(a, b)| a != b).count();
-        bail!(
-            "{what}: data mismatch at byte {j}: {:#04x}, expected {:#04x} ({bad} of {} bytes differ)",
-            target[j],
-            expected[j],
+    match tools::guard_fault(&buf[..end + GUARD], GUARD, GUARD_FILL, expected) {
+        None => Ok(()),
+        Some(tools::GuardFault::Before { at, byte }) => bail!(
+            "{what}: guard byte {} before the target is {byte:#04x}, expected {GUARD_FILL:#04x}",
+            GUARD - at
+        ),
+        Some(tools::GuardFault::Data { at, got, want, bad }) => bail!(
+            "{what}: data mismatch at byte {at}: {got:#04x}, expected {want:#04x} ({bad} of {} bytes differ)",
             expected.len()
-        );
+        ),
+        Some(tools::GuardFault::After { at, byte }) => bail!(
+            "{what}: guard byte {at} after the target is {byte:#04x}, expected {GUARD_FILL:#04x}"
+        ),
     }
-    if let Some(j) = buf[end..end + GUARD].iter().position(|&b| b != GUARD_FILL) {
-        bail!(
-            "{what}: guard byte {j} after the target is {:#04x}, expected {GUARD_FILL:#04x}",
-            buf[end + j]
-        );
-    }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -654,21 +644,20 @@ fn run_loopback(a: &Args) -> Result<()> {
     pingpong::run_loopback(a.rc.mtu, move |t, role, tag| run(&args, t, role, tag)).map(|_| ())
 }
 
+/// Runs what `a` asks for: both sides in-process with `--loopback`, else
+/// one side on the PCI device (the active one with a host argument).
+fn run_args(a: &Args) -> Result<()> {
+    if a.rc.loopback {
+        return run_loopback(a);
+    }
+    pingpong::run_on_pci(a.rc.pci.as_deref(), a.host.as_deref(), a.port, |t, role| {
+        run(a, t, role, "")
+    })
+}
+
 fn main() -> ExitCode {
     tools::init_tracing();
-    let a = Args::parse();
-    let r = if a.rc.loopback {
-        run_loopback(&a)
-    } else {
-        tools::open_pci(a.rc.pci.as_deref()).and_then(|t| {
-            let role = match &a.host {
-                Some(h) => Role::Client(h.clone(), a.port),
-                None => Role::Server(tools::listen(a.port)?),
-            };
-            run(&a, t, role, "")
-        })
-    };
-    tools::exit_code("vrnic-rdma", r)
+    tools::exit_code("vrnic-rdma", run_args(&Args::parse()))
 }
 
 #[cfg(test)]

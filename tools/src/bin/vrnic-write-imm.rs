@@ -166,31 +166,21 @@ fn check_buffer(iter: u32, buf: &[u8], expected: &[u8]) -> Result<()> {
         buf.len(),
         expected.len()
     );
-    if let Some(j) = buf[..GUARD].iter().position(|&b| b != GUARD_FILL) {
-        bail!(
-            "write {iter}: guard byte at offset {j} ({} before the target) is {:#04x}, expected {GUARD_FILL:#04x}",
-            GUARD - j,
-            buf[j]
-        );
-    }
-    let target = &buf[GUARD..end];
-    if let Some(j) = target.iter().zip(expected).position(|(a, b)| a != b) {
-        let bad = target.iter().zip(expected).filter(|(a, b)| a != b).count();
-        bail!(
-            "write {iter}: data mismatch at target byte {j}: {:#04x}, expected {:#04x} ({bad} of {} bytes differ)",
-            target[j],
-            expected[j],
+    match tools::guard_fault(buf, GUARD, GUARD_FILL, expected) {
+        None => Ok(()),
+        Some(tools::GuardFault::Before { at, byte }) => bail!(
+            "write {iter}: guard byte at offset {at} ({} before the target) is {byte:#04x}, expected {GUARD_FILL:#04x}",
+            GUARD - at
+        ),
+        Some(tools::GuardFault::Data { at, got, want, bad }) => bail!(
+            "write {iter}: data mismatch at target byte {at}: {got:#04x}, expected {want:#04x} ({bad} of {} bytes differ)",
             expected.len()
-        );
+        ),
+        Some(tools::GuardFault::After { at, byte }) => bail!(
+            "write {iter}: guard byte at offset {} ({at} after the target) is {byte:#04x}, expected {GUARD_FILL:#04x}",
+            end + at
+        ),
     }
-    if let Some(j) = buf[end..].iter().position(|&b| b != GUARD_FILL) {
-        bail!(
-            "write {iter}: guard byte at offset {} ({j} after the target) is {:#04x}, expected {GUARD_FILL:#04x}",
-            end + j,
-            buf[end + j]
-        );
-    }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -426,21 +416,20 @@ fn run_loopback(a: &Args) -> Result<()> {
     pingpong::run_loopback_verified(a.rc.mtu, a.iters, true, side)
 }
 
+/// Runs what `a` asks for: both sides in-process with `--loopback`, else
+/// one side on the PCI device (the client with a host argument).
+fn run_args(a: &Args) -> Result<()> {
+    if a.rc.loopback {
+        return run_loopback(a);
+    }
+    pingpong::run_on_pci(a.rc.pci.as_deref(), a.host.as_deref(), a.port, |t, role| {
+        run(a, t, role, "").map(|_| ())
+    })
+}
+
 fn main() -> ExitCode {
     tools::init_tracing();
-    let a = Args::parse();
-    let r = if a.rc.loopback {
-        run_loopback(&a)
-    } else {
-        tools::open_pci(a.rc.pci.as_deref()).and_then(|t| {
-            let role = match &a.host {
-                Some(h) => Role::Client(h.clone(), a.port),
-                None => Role::Server(tools::listen(a.port)?),
-            };
-            run(&a, t, role, "").map(|_| ())
-        })
-    };
-    tools::exit_code("vrnic-write-imm", r)
+    tools::exit_code("vrnic-write-imm", run_args(&Args::parse()))
 }
 
 #[cfg(test)]
