@@ -73,6 +73,19 @@ unsafe impl Send for DmaBuf {}
 // SAFETY: as Send.
 unsafe impl Sync for DmaBuf {}
 
+/// The error of a command for a context other than [`abi::DEFAULT_CTX`] on a
+/// transport that serves only that one: `EOPNOTSUPP`
+/// ([`TransportError::Status`]), or `Ok(())` for the default context.
+pub fn not_this_context(ctx: u16, opcode: u16) -> Result<(), TransportError> {
+    if ctx == abi::DEFAULT_CTX {
+        return Ok(());
+    }
+    Err(TransportError::Status {
+        opcode,
+        status: abi::STATUS_EOPNOTSUPP,
+    })
+}
+
 /// A connection to one vrnic device.
 pub trait Transport: Send {
     /// The device's configuration space, read once at open.
@@ -81,10 +94,7 @@ pub trait Transport: Send {
     /// response body into `resp` and returns its length in bytes. An error
     /// status from the device is [`TransportError::Status`].
     ///
-    /// An implementation provides this method, or
-    /// [`Transport::command_in`], or both: each defaults to the other. The
-    /// default is [`Transport::command_in`] for [`abi::DEFAULT_CTX`] (what
-    /// a driver that serves device contexts provides).
+    /// The default is [`Transport::command_in`] for [`abi::DEFAULT_CTX`].
     fn command(
         &mut self,
         opcode: u16,
@@ -94,25 +104,16 @@ pub trait Transport: Send {
         self.command_in(abi::DEFAULT_CTX, opcode, body, resp)
     }
     /// [`Transport::command`] for device context `ctx` (device spec
-    /// §5.x.6.13): what a guest agent does for the processes it serves.
-    /// The default serves only [`abi::DEFAULT_CTX`], with
-    /// [`Transport::command`]; other contexts are `EOPNOTSUPP`
-    /// ([`TransportError::Status`]).
+    /// §5.x.6.13): what a guest agent does for the processes it serves. A
+    /// transport that serves only [`abi::DEFAULT_CTX`] answers any other
+    /// with [`not_this_context`].
     fn command_in(
         &mut self,
         ctx: u16,
         opcode: u16,
         body: &[u8],
         resp: &mut [u8],
-    ) -> Result<usize, TransportError> {
-        if ctx != abi::DEFAULT_CTX {
-            return Err(TransportError::Status {
-                opcode,
-                status: abi::STATUS_EOPNOTSUPP,
-            });
-        }
-        self.command(opcode, body, resp)
-    }
+    ) -> Result<usize, TransportError>;
     /// Rings a doorbell (posts it on the doorbell queue and notifies).
     fn doorbell(&mut self, db: &abi::Doorbell) -> Result<(), TransportError>;
     /// Allocates `len` zeroed bytes of DMA memory aligned to `align` (a power

@@ -815,13 +815,14 @@ mod tests {
         fn config(&self) -> abi::ConfigSpace {
             self.inner.config()
         }
-        fn command(
+        fn command_in(
             &mut self,
+            ctx: u16,
             opcode: u16,
             body: &[u8],
             resp: &mut [u8],
         ) -> Result<usize, vrnic_guest::transport::TransportError> {
-            self.inner.command(opcode, body, resp)
+            self.inner.command_in(ctx, opcode, body, resp)
         }
         fn doorbell(
             &mut self,

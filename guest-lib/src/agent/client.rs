@@ -270,12 +270,14 @@ impl Transport for AgentTransport {
     }
 
     /// Sends the command and waits for the answer, at most [`COMMAND_TIMEOUT`].
-    fn command(
+    fn command_in(
         &mut self,
+        ctx: u16,
         opcode: u16,
         body: &[u8],
         resp: &mut [u8],
     ) -> Result<usize, TransportError> {
+        crate::transport::not_this_context(ctx, opcode)?;
         if self.lost {
             return Err(gone());
         }
