@@ -20,6 +20,8 @@ mod pd_mr;
 mod qp;
 mod query;
 mod srq;
+#[cfg(test)]
+mod tests;
 
 use command::Command;
 pub(super) use error::{CommandError, Object};
