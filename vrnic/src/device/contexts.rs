@@ -192,16 +192,15 @@ impl Device {
         if ctx != abi::DEFAULT_CTX {
             return Err(CommandError::NotDefaultContext { ctx });
         }
-        let Ok(target16) = u16::try_from(target) else {
+        let Ok(target) = u16::try_from(target) else {
             return Err(CommandError::invalid("context number"));
         };
-        if target16 == abi::DEFAULT_CTX {
+        if target == abi::DEFAULT_CTX {
             return Err(CommandError::invalid("context (the default one)"));
         }
-        if !self.res.ctxs.is_open(target16) {
-            return Err(CommandError::NotFound(Object::Context(target)));
+        if !self.res.ctxs.is_open(target) {
+            return Err(CommandError::NotFound(Object::Context(target.into())));
         }
-        let target = target16;
         let qpns: Vec<u32> = self
             .qps
             .values()
