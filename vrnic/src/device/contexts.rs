@@ -8,8 +8,8 @@
 //! (others answer `STATUS_ENOENT` or are ignored, as if they did not
 //! exist), and [`abi::CMD_CLOSE_CTX`] destroys everything a context owns.
 
+use super::control::{CommandError, Object};
 use super::*;
-use crate::abi::Status;
 
 /// Which device contexts are open: [`abi::DEFAULT_CTX`] always, others
 /// from [`abi::CMD_OPEN_CTX`] to [`abi::CMD_CLOSE_CTX`]. Numbers are
@@ -172,15 +172,15 @@ impl Device {
     }
 
     /// `CMD_OPEN_CTX` from context `ctx`.
-    pub(super) fn open_ctx(&mut self, ctx: u16) -> Result<u32, Status> {
+    pub(super) fn open_ctx(&mut self, ctx: u16) -> Result<u32, CommandError> {
         if ctx != abi::DEFAULT_CTX {
-            return Err(abi::STATUS_EPERM);
+            return Err(CommandError::NotDefaultContext { ctx });
         }
         self.res
             .ctxs
             .open()
             .map(u32::from)
-            .ok_or(abi::STATUS_ENOMEM)
+            .ok_or(CommandError::no_resources("contexts"))
     }
 
     /// `CMD_CLOSE_CTX` of `target` from context `ctx`: destroys the
@@ -188,16 +188,18 @@ impl Device {
     /// watch of their doorbell records), SRQs, CQs, AHs,
     /// MRs and PDs, in that order, then frees its number. Bounded by the
     /// device's object limits.
-    pub(super) fn close_ctx(&mut self, ctx: u16, target: u32) -> Result<(), Status> {
+    pub(super) fn close_ctx(&mut self, ctx: u16, target: u32) -> Result<(), CommandError> {
         if ctx != abi::DEFAULT_CTX {
-            return Err(abi::STATUS_EPERM);
+            return Err(CommandError::NotDefaultContext { ctx });
         }
-        let target = u16::try_from(target).map_err(|_| abi::STATUS_EINVAL)?;
+        let Ok(target) = u16::try_from(target) else {
+            return Err(CommandError::invalid("context number"));
+        };
         if target == abi::DEFAULT_CTX {
-            return Err(abi::STATUS_EINVAL);
+            return Err(CommandError::invalid("context (the default one)"));
         }
         if !self.res.ctxs.is_open(target) {
-            return Err(abi::STATUS_ENOENT);
+            return Err(CommandError::NotFound(Object::Context(target.into())));
         }
         let qpns: Vec<u32> = self
             .qps

@@ -288,6 +288,96 @@ impl Entry {
     }
 }
 
+/// NDP option type of a source link-layer address (RFC 4861 §4.6.1).
+const NDP_OPT_SOURCE_LLADDR: u8 = 1;
+/// NDP option type of a target link-layer address (RFC 4861 §4.6.1).
+const NDP_OPT_TARGET_LLADDR: u8 = 2;
+/// Most options of one NDP message looked at: bounds the walk.
+const NDP_OPTS_MAX: usize = 16;
+
+/// The two neighbour discovery messages the port handles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NdpKind {
+    /// Neighbour solicitation (RFC 4861 §4.3).
+    Solicitation,
+    /// Neighbour advertisement (RFC 4861 §4.4).
+    Advertisement,
+}
+
+/// A neighbour solicitation or advertisement that passed the checks of
+/// RFC 4861 §7.1.1 and §7.1.2 the port makes (hop limit 255, valid
+/// ICMPv6 checksum, a target address).
+struct NdpMessage<'a> {
+    kind: NdpKind,
+    /// The Ethernet source.
+    eth_src: [u8; 6],
+    /// To the port: its MAC, or an IPv6 multicast MAC (RFC 2464 §7: the
+    /// solicited-node and all-nodes groups it listens to).
+    for_port: bool,
+    /// The IPv6 source.
+    src: Ipv6Addr,
+    /// The target address.
+    target: Ipv6Addr,
+    /// The ICMPv6 message after its 8-byte header: the target address,
+    /// then the options.
+    body: &'a [u8],
+}
+
+impl<'a> NdpMessage<'a> {
+    /// Parses `frame` (Ethernet onward) for a port of MAC `port_mac`;
+    /// `None` for anything but a valid solicitation or advertisement.
+    fn parse(frame: &'a [u8], port_mac: [u8; 6]) -> Option<NdpMessage<'a>> {
+        let p = SlicedPacket::from_ethernet(frame).ok()?;
+        let (Some(NetSlice::Ipv6(ip)), Some(TransportSlice::Icmpv6(icmp))) = (&p.net, &p.transport)
+        else {
+            return None;
+        };
+        let etherparse::LinkHeader::Ethernet2(eth) = p.link.as_ref()?.to_header()? else {
+            return None;
+        };
+        let h = ip.header();
+        let (src, dst) = (h.source_addr(), h.destination_addr());
+        if h.hop_limit() != 255 || !icmp.is_checksum_valid(src.octets(), dst.octets()) {
+            return None;
+        }
+        let body = icmp.payload();
+        let target = Ipv6Addr::from(<[u8; 16]>::try_from(body.get(..16)?).ok()?);
+        let kind = match icmp.icmp_type() {
+            Icmpv6Type::NeighborSolicitation => NdpKind::Solicitation,
+            Icmpv6Type::NeighborAdvertisement(_) => NdpKind::Advertisement,
+            _ => return None,
+        };
+        Some(NdpMessage {
+            kind,
+            eth_src: eth.source,
+            for_port: eth.destination == port_mac || eth.destination[..2] == [0x33, 0x33],
+            src,
+            target,
+            body,
+        })
+    }
+
+    /// The unicast MAC of the first link-layer address option of type
+    /// `kind` (RFC 4861 §4.6: type, length in 8-byte units, data), among
+    /// the first [`NDP_OPTS_MAX`]; `None` at a malformed option.
+    fn option_mac(&self, kind: u8) -> Option<[u8; 6]> {
+        let mut opts = self.body.get(16..)?;
+        for _ in 0..NDP_OPTS_MAX {
+            let (&t, &len) = (opts.first()?, opts.get(1)?);
+            let n = len as usize * 8;
+            if n == 0 {
+                return None;
+            }
+            if t == kind && n >= 8 {
+                let mac: [u8; 6] = opts.get(2..8)?.try_into().ok()?;
+                return Some(mac).filter(|m| unicast_mac(*m));
+            }
+            opts = opts.get(n..)?;
+        }
+        None
+    }
+}
+
 /// A MAC a neighbour may have: unicast (I/G bit clear) and not zero.
 fn unicast_mac(mac: [u8; 6]) -> bool {
     mac[0] & 1 == 0 && mac != [0; 6]
@@ -343,98 +433,69 @@ impl Device {
     /// answered (solicited, override) and its specified source learnt; an
     /// advertisement updates an entry or answers our own solicitation.
     pub(super) fn on_ndp(&mut self, frame: &[u8], now: Nanos) -> bool {
-        let Ok(p) = SlicedPacket::from_ethernet(frame) else {
+        let Some(msg) = NdpMessage::parse(frame, self.res.port.mac) else {
             return false;
         };
-        let (Some(NetSlice::Ipv6(ip)), Some(TransportSlice::Icmpv6(icmp))) = (&p.net, &p.transport)
-        else {
-            return false;
-        };
-        let Some(eth) = p.link.as_ref().and_then(|l| l.to_header()) else {
-            return false;
-        };
-        let etherparse::LinkHeader::Ethernet2(eth) = eth else {
-            return false;
-        };
-        // For the port: its MAC, or an IPv6 multicast MAC (RFC 2464 §7:
-        // the solicited-node and all-nodes groups it listens to).
-        let for_port = eth.destination == self.res.port.mac || eth.destination[..2] == [0x33, 0x33];
-        let h = ip.header();
-        let (src, dst) = (h.source_addr(), h.destination_addr());
-        if h.hop_limit() != 255 || !icmp.is_checksum_valid(src.octets(), dst.octets()) {
-            return false;
-        }
-        let body = icmp.payload();
-        let Some(target) = body.get(..16).and_then(|t| <[u8; 16]>::try_from(t).ok()) else {
-            return false;
-        };
-        let target = Ipv6Addr::from(target);
-        let option_mac = |kind: u8| -> Option<[u8; 6]> {
-            // Options (RFC 4861 §4.6): type, length in 8-byte units, data.
-            let mut opts = body.get(16..)?;
-            for _ in 0..16 {
-                let (&t, &len) = (opts.first()?, opts.get(1)?);
-                let n = len as usize * 8;
-                if n == 0 {
-                    return None;
-                }
-                if t == kind && n >= 8 {
-                    return opts.get(2..8)?.try_into().ok();
-                }
-                opts = opts.get(n..)?;
-            }
-            None
-        };
-        match icmp.icmp_type() {
-            Icmpv6Type::NeighborSolicitation => {
-                if !self.res.port.owns(IpAddr::V6(target)) || !for_port {
-                    return true;
-                }
-                if !src.is_unspecified() && !self.res.port.owns(IpAddr::V6(src)) {
-                    if let Some(mac) = option_mac(1).filter(|m| unicast_mac(*m)) {
-                        self.res.neigh.confirm(IpAddr::V6(src), mac, true, now);
-                    }
-                }
-                let (reply_to, reply_mac) = if src.is_unspecified() {
-                    (
-                        Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1),
-                        [0x33, 0x33, 0, 0, 0, 1],
-                    )
-                } else {
-                    (src, eth.source)
-                };
-                let na = NeighborAdvertisementHeader {
-                    router: false,
-                    solicited: !src.is_unspecified(),
-                    r#override: true,
-                };
-                let mut payload = target.octets().to_vec();
-                payload.extend_from_slice(&[2, 1]);
-                payload.extend_from_slice(&self.res.port.mac);
-                self.emit_icmpv6(
-                    target,
-                    reply_to,
-                    reply_mac,
-                    Icmpv6Type::NeighborAdvertisement(na),
-                    &payload,
-                    true,
-                );
-            }
-            Icmpv6Type::NeighborAdvertisement(_) => {
-                let ip = IpAddr::V6(target);
-                if !for_port {
-                    return true;
-                }
-                if let Some(mac) = option_mac(2).filter(|m| unicast_mac(*m)) {
-                    // Updates only (RFC 4861 §7.2.5): an entry, or the
-                    // resolution we started.
-                    let create = self.res.neigh.pending.contains_key(&ip);
-                    self.res.neigh.confirm(ip, mac, create, now);
-                }
-            }
-            _ => return false,
+        match msg.kind {
+            NdpKind::Solicitation => self.on_neighbour_solicitation(&msg, now),
+            NdpKind::Advertisement => self.on_neighbour_advertisement(&msg, now),
         }
         true
+    }
+
+    /// A valid neighbour solicitation (RFC 4861 §7.2.3): for one of the
+    /// port's addresses and to the port, its specified source is learnt
+    /// from its source link-layer address option, and it is answered
+    /// with an advertisement (solicited unless the source is
+    /// unspecified, then to all nodes; override).
+    fn on_neighbour_solicitation(&mut self, msg: &NdpMessage<'_>, now: Nanos) {
+        let (src, target) = (msg.src, msg.target);
+        if !self.res.port.owns(IpAddr::V6(target)) || !msg.for_port {
+            return;
+        }
+        if !src.is_unspecified() && !self.res.port.owns(IpAddr::V6(src)) {
+            if let Some(mac) = msg.option_mac(NDP_OPT_SOURCE_LLADDR) {
+                self.res.neigh.confirm(IpAddr::V6(src), mac, true, now);
+            }
+        }
+        let (reply_to, reply_mac) = if src.is_unspecified() {
+            (
+                Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1),
+                [0x33, 0x33, 0, 0, 0, 1],
+            )
+        } else {
+            (src, msg.eth_src)
+        };
+        let na = NeighborAdvertisementHeader {
+            router: false,
+            solicited: !src.is_unspecified(),
+            r#override: true,
+        };
+        let mut payload = target.octets().to_vec();
+        payload.extend_from_slice(&[NDP_OPT_TARGET_LLADDR, 1]);
+        payload.extend_from_slice(&self.res.port.mac);
+        self.emit_icmpv6(
+            target,
+            reply_to,
+            reply_mac,
+            Icmpv6Type::NeighborAdvertisement(na),
+            &payload,
+            true,
+        );
+    }
+
+    /// A valid neighbour advertisement to the port (RFC 4861 §7.2.5):
+    /// its target link-layer address option updates an entry, or answers
+    /// the resolution we started; it creates no other entry.
+    fn on_neighbour_advertisement(&mut self, msg: &NdpMessage<'_>, now: Nanos) {
+        if !msg.for_port {
+            return;
+        }
+        let ip = IpAddr::V6(msg.target);
+        if let Some(mac) = msg.option_mac(NDP_OPT_TARGET_LLADDR) {
+            let create = self.res.neigh.pending.contains_key(&ip);
+            self.res.neigh.confirm(ip, mac, create, now);
+        }
     }
 
     /// Queues an ICMPv6 message `kind` with `payload` from `src` to `dst`
