@@ -1,5 +1,5 @@
 //! Control commands as types: each `CMD_*` opcode tied to the body it takes
-//! and the body it answers with (device spec §5.x.6, the table of
+//! and the body it answers with (device spec §5.x.6.1, the table of
 //! commands), so a driver names the command once and cannot send it with
 //! another command's body.
 //!

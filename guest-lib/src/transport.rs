@@ -185,8 +185,8 @@ pub trait Transport: Send {
 impl dyn Transport + '_ {
     /// Executes control command `C` ([`Transport::command`]) with body
     /// `req`: the opcode and both body types come from `C`
-    /// ([`abi::Command`]; device spec §5.x.6), so the opcode is never given
-    /// apart from its body. Returns the response body, read from a zeroed
+    /// ([`abi::Command`]; device spec §5.x.6.1), so the opcode is never
+    /// given apart from its body. Returns the response body, read from a zeroed
     /// [`abi::MAX_CMD_BODY`] buffer (bytes the device did not write are
     /// zero), and the number of bytes the device wrote. Errors: as
     /// [`Transport::command`].
