@@ -35,7 +35,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use vrnic::abi::{self, Pod};
+use vrnic_abi::{self as abi, Pod};
 use vrnic_virtq::{QueueLayout, RawMemory, Ring};
 
 use crate::transport::TransportError;

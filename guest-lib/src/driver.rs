@@ -15,7 +15,7 @@ use std::ptr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vrnic::abi::{self, Pod};
+use vrnic_abi::{self as abi, Pod};
 
 use crate::transport::{DmaBuf, TransportError};
 use crate::virtio::{BufDesc, Notifier, QueueLayout, SplitQueue, UsedElem};

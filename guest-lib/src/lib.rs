@@ -9,7 +9,7 @@
 //! - [`vhost_user`]: the device from a container or host process, over the
 //!   daemon's vhost-user socket.
 //! - `driver`: the queue handling both drivers share.
-//! - [`loopback`]: an in-process device for tests.
+//! - `loopback` (feature `loopback`): an in-process device for tests.
 #![deny(missing_docs)]
 
 pub mod agent;
@@ -17,6 +17,7 @@ pub use vrnic_virtq::barrier;
 pub mod dbring;
 pub mod dma;
 pub(crate) mod driver;
+#[cfg(feature = "loopback")]
 pub mod loopback;
 pub mod pci;
 pub mod transport;

@@ -33,10 +33,10 @@ use std::time::{Duration, Instant};
 
 use std::net::Ipv4Addr;
 
-use vrnic::abi::{self, Pod};
 use vrnic::device::{Device, DeviceConfig, DeviceStats, Nanos};
 use vrnic::link::{Link, LinkStats, TxFlush};
 use vrnic::mem::{DmaMemory, MemError};
+use vrnic_abi::{self as abi, Pod};
 
 use crate::transport::{DmaBuf, Transport, TransportError};
 

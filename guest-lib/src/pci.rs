@@ -53,7 +53,7 @@ use std::path::{Path, PathBuf};
 use std::ptr;
 use std::time::Duration;
 
-use vrnic::abi::{self, Pod};
+use vrnic_abi::{self as abi, Pod};
 
 use crate::dma::{DmaAllocator, DmaMode};
 use crate::driver::{

@@ -1,14 +1,15 @@
 //! How guest-lib reaches a vrnic device: the [`Transport`] trait.
 //!
 //! Implementations: the virtio-pci user-space driver in a VM
-//! ([`crate::pci`]), an in-process device for tests ([`crate::loopback`]),
-//! and the vhost-user frontend of a container or host process
-//! ([`crate::vhost_user`]). The verbs layer
-//! ([`crate::verbs`]) is written only against this trait.
+//! ([`crate::pci`]), an in-process device for tests (`loopback`, with
+//! feature `loopback`), and the vhost-user frontend of a container or host
+//! process ([`crate::vhost_user`]). The verbs layer ([`crate::verbs`]) is
+//! written only against this trait; it sends control commands typed
+//! (`execute::<C: abi::Command>`).
 
 use std::os::fd::RawFd;
 
-use vrnic::abi;
+use vrnic_abi::{self as abi, Pod};
 
 /// Errors of a transport.
 #[derive(Debug, thiserror::Error)]
@@ -158,7 +159,7 @@ pub trait Transport: Send {
         false
     }
     /// Whether QPs ask the device for doorbell records
-    /// ([`vrnic::abi::QP_F_SQ_RECORD`], [`vrnic::abi::QP_F_RQ_RECORD`]:
+    /// ([`vrnic_abi::QP_F_SQ_RECORD`], [`vrnic_abi::QP_F_RQ_RECORD`]:
     /// no doorbell chain per post while the device polls). True for a
     /// process attached to the daemon's socket (containers, host
     /// processes), where they are measured; default false: guests ring
@@ -187,5 +188,25 @@ pub trait Transport: Send {
     /// was deregistered.
     fn unmap_user(&mut self, va: usize, len: usize) {
         let _ = (va, len);
+    }
+}
+
+impl dyn Transport + '_ {
+    /// Executes control command `C` ([`Transport::command`]) with body
+    /// `req`: the opcode and both body types come from `C`
+    /// ([`abi::Command`]; device spec §5.x.6.1), so the opcode is never
+    /// given apart from its body. Returns the response body, read from a zeroed
+    /// [`abi::MAX_CMD_BODY`] buffer (bytes the device did not write are
+    /// zero), and the number of bytes the device wrote. Errors: as
+    /// [`Transport::command`].
+    pub fn execute<C: abi::Command>(
+        &mut self,
+        req: &C::Request,
+    ) -> Result<(C::Response, usize), TransportError> {
+        let mut resp = [0u8; abi::MAX_CMD_BODY];
+        let n = self.command(C::OPCODE, req.as_bytes(), &mut resp)?;
+        // `abi::command` holds every response within MAX_CMD_BODY.
+        let r = C::Response::read_from(&resp).unwrap_or_default();
+        Ok((r, n))
     }
 }

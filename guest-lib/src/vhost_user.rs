@@ -67,7 +67,7 @@ use vhost::vhost_user::message::{
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-use vrnic::abi::{self, Pod};
+use vrnic_abi::{self as abi, Pod};
 
 use crate::driver::{ControlQueue, Kick, Queue, SlotQueue, RESP_LEN, RESP_OFF, SLOT};
 use crate::transport::{DmaBuf, Transport, TransportError};

@@ -1,6 +1,7 @@
 //! vrnic: a software RDMA NIC speaking RoCEv2.
 //!
-//! - [`abi`]: the device ABI shared by the device and the driver.
+//! - [`abi`]: the device ABI shared by the device and the driver (the
+//!   `vrnic-abi` crate, re-exported).
 //! - [`wire`]: typed views and parsed forms of Ethernet/IP/UDP/IBTA headers, ICRC, ARP.
 //! - [`verbs`]: the verbs object model (PD, MR, CQ, QP).
 //! - [`transport`]: the RC requester, responder and completer.
@@ -11,7 +12,7 @@
 //! - [`counters!`]: a struct of counters from one list of names.
 #![deny(missing_docs)]
 
-pub mod abi;
+pub use vrnic_abi as abi;
 mod counters;
 pub mod data;
 pub mod device;

@@ -11,7 +11,7 @@
 //! path calls through `context.ops` (`poll_cq`, `post_send`, ...).
 
 use std::ffi::{c_char, c_int, CStr};
-use vrnic::abi;
+use vrnic_abi as abi;
 use vrnic_guest::verbs::Context;
 
 use crate::boundary::{copy_cstr, ffi, set_errno};

@@ -29,21 +29,25 @@
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::OnceLock;
 
+#[cfg(feature = "loopback")]
 use vrnic::device::DeviceConfig;
 use vrnic_guest::agent::{self, client::AgentTransport};
+#[cfg(feature = "loopback")]
 use vrnic_guest::loopback::LoopbackTransport;
 use vrnic_guest::transport::Transport;
 
 use crate::boundary::{copy_cstr, ffi, set_errno};
 use crate::ffi as c;
 
-/// Environment variable selecting the in-process loopback device.
+/// Environment variable selecting the in-process loopback device (feature
+/// `loopback`, on by default; without it the variable is an error).
 pub const LOOPBACK_ENV: &str = "VRNIC_LOOPBACK";
 
 /// How a device is reached.
 #[derive(Debug, Clone)]
 pub enum DeviceKind {
-    /// An in-process device on an AF_PACKET link.
+    /// An in-process device on an AF_PACKET link (feature `loopback`).
+    #[cfg(feature = "loopback")]
     Loopback {
         /// Interface name.
         netdev: String,
@@ -84,11 +88,13 @@ pub struct VrnicDevice {
 }
 
 /// Parses `VRNIC_LOOPBACK`'s value ([`vrnic_guest::loopback::parse_spec`]).
+#[cfg(feature = "loopback")]
 pub fn parse_loopback(spec: &str) -> Result<(String, DeviceConfig), String> {
     vrnic_guest::loopback::parse_spec(spec)
 }
 
 /// The node GUID rxe derives from a MAC (modified EUI-64), in network byte order.
+#[cfg(feature = "loopback")]
 pub fn mac_to_guid(mac: [u8; 6]) -> u64 {
     let eui = [
         mac[0] ^ 2,
@@ -125,6 +131,7 @@ fn new_device(name: &str, kind: DeviceKind, guid: u64) -> VrnicDevice {
 fn devices() -> &'static [&'static VrnicDevice] {
     static DEVICES: OnceLock<Vec<&'static VrnicDevice>> = OnceLock::new();
     DEVICES.get_or_init(|| {
+        #[cfg(feature = "loopback")]
         if let Some(spec) = std::env::var_os(LOOPBACK_ENV) {
             let spec = spec.to_string_lossy();
             return match parse_loopback(&spec) {
@@ -138,6 +145,13 @@ fn devices() -> &'static [&'static VrnicDevice] {
                     Vec::new()
                 }
             };
+        }
+        #[cfg(not(feature = "loopback"))]
+        if std::env::var_os(LOOPBACK_ENV).is_some() {
+            eprintln_ignore(&format!(
+                "libibverbs (vrnic): {LOOPBACK_ENV}: built without the in-process device (feature `loopback`)"
+            ));
+            return Vec::new();
         }
         if let Some(sock) = std::env::var_os(agent::SOCKET_ENV) {
             let kind = DeviceKind::Agent {
@@ -191,6 +205,7 @@ pub(crate) fn eprintln_ignore(s: &str) {
 /// Opens a transport to `dev`.
 pub fn open_transport(dev: &VrnicDevice) -> Result<Box<dyn Transport>, (c_int, String)> {
     match &dev.kind {
+        #[cfg(feature = "loopback")]
         DeviceKind::Loopback { netdev, cfg } => {
             let link = vrnic::link::PacketLink::open(netdev)
                 .map_err(|e| (e.raw_os_error().unwrap_or(libc::ENODEV), e.to_string()))?;

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use vrnic::abi;
+use vrnic_abi as abi;
 use vrnic_guest::verbs::Context;
 
 use crate::boundary::{ffi, set_errno};

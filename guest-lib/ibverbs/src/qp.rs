@@ -10,7 +10,7 @@
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex};
 
-use vrnic::abi::Sge;
+use vrnic_abi::Sge;
 use vrnic_guest::verbs::{
     AhAttr, AtomicWr, Gid, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RdmaWr, RecvWr, SendWr,
     UdWr, WrOpcode,

@@ -19,7 +19,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use vrnic::abi::Sge;
+use vrnic_abi::Sge;
 use vrnic_guest::verbs::{AtomicWr, RdmaWr, SendWr, UdWr, VerbsError, WrOpcode};
 
 use crate::boundary::ffi;

@@ -552,7 +552,7 @@ impl Agent {
     }
 
     /// (programs, usage) from `vrnic-agent --status`'s query.
-    fn status(&self) -> (u32, vrnic::abi::Usage) {
+    fn status(&self) -> (u32, vrnic_abi::Usage) {
         let st = AgentTransport::status(&self.socket).expect("agent status");
         (st.programs, st.usage)
     }

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use vrnic::abi::{self, Pod};
+use vrnic_abi::{self as abi, Pod};
 
 use super::pin::Pins;
 use super::procmem::device_address;

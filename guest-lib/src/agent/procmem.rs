@@ -4,14 +4,17 @@
 //! reached with `process_vm_readv(2)`/`process_vm_writev(2)` (the agent
 //! runs as root, or with `CAP_SYS_PTRACE` over its programs).
 //!
-//! A process that is gone (or a context with no process) makes every
-//! access fail ([`MemError`]), which the device turns into an error CQE or
-//! a dropped packet: the device never touches another process's memory.
+//! The device's access (the engine's `DmaMemory`) needs feature
+//! `loopback`. A process that is gone (or a context with no process)
+//! makes every access fail (`MemError`), which the device turns into an
+//! error CQE or a dropped packet: the device never touches another
+//! process's memory.
 
 use std::sync::RwLock;
 
-use vrnic::abi;
+#[cfg(feature = "loopback")]
 use vrnic::mem::{DmaMemory, MemError};
+use vrnic_abi as abi;
 
 use super::proto::PROCESS_CTX_SHIFT;
 
@@ -44,6 +47,7 @@ impl ProcessMemory {
         }
     }
 
+    #[cfg(feature = "loopback")]
     fn target(&self, gpa: u64, len: usize) -> Result<(i32, usize), MemError> {
         let err = MemError { addr: gpa, len };
         let ctx = usize::try_from(gpa >> PROCESS_CTX_SHIFT).map_err(|_| err)?;
@@ -62,6 +66,7 @@ impl ProcessMemory {
     }
 }
 
+#[cfg(feature = "loopback")]
 impl DmaMemory for ProcessMemory {
     fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
         let (pid, va) = self.target(gpa, buf.len())?;
@@ -108,7 +113,7 @@ impl DmaMemory for ProcessMemory {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "loopback"))]
 mod tests {
     use super::*;
 

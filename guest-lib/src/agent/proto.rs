@@ -18,7 +18,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::Duration;
 
-use vrnic::abi::{self, Pod};
+use vrnic_abi::{self as abi, Pod};
 
 /// Protocol version in [`MSG_HELLO`].
 pub const VERSION: u32 = 1;

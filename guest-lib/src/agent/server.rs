@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vrnic::abi::{self, Pod};
+use vrnic_abi::{self as abi, command, Pod};
 
 use super::procmem::ProcessMemory;
 use super::proto::{self, Welcome};
@@ -254,6 +254,10 @@ impl Agent {
             }
             _ => None,
         };
+        // Raw, not `execute::<command::OpenCtx>`: the agent has always sent
+        // `CMD_OPEN_CTX` with 8 zero bytes, which the device ignores (the
+        // command has no body); kept so the bytes on the wire stay as they
+        // were.
         let mut resp = [0u8; abi::MAX_CMD_BODY];
         let (status, ctx) = match self.dev.command(abi::CMD_OPEN_CTX, &[0; 8], &mut resp) {
             Ok(_) => (
@@ -297,9 +301,8 @@ impl Agent {
     }
 
     fn status(&mut self, i: usize) {
-        let mut resp = [0u8; abi::MAX_CMD_BODY];
-        let usage = match self.dev.command(abi::CMD_QUERY_USAGE, &[], &mut resp) {
-            Ok(_) => abi::Usage::read_from(&resp).unwrap_or_default(),
+        let usage = match self.dev.execute::<command::QueryUsage>(&()) {
+            Ok((usage, _)) => usage,
             Err(e) => {
                 tracing::warn!("querying the device's usage: {e}");
                 abi::Usage::default()
@@ -387,11 +390,7 @@ impl Agent {
             handle: ctx.into(),
             reserved: 0,
         };
-        let mut resp = [0u8; abi::MAX_CMD_BODY];
-        match self
-            .dev
-            .command(abi::CMD_CLOSE_CTX, body.as_bytes(), &mut resp)
-        {
+        match self.dev.execute::<command::CloseCtx>(&body) {
             Ok(_) => tracing::info!(ctx, pid = p.pid, "program gone; context closed"),
             Err(e) => tracing::warn!(ctx, pid = p.pid, "closing the context: {e}"),
         }

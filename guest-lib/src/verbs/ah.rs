@@ -4,7 +4,7 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use vrnic::abi::{self, Pod};
+use vrnic_abi::{self as abi, command};
 
 use super::{Context, Gid, Pd, Result};
 
@@ -82,7 +82,7 @@ impl Ah {
             is_global: attr.is_global.into(),
             reserved: [0; 2],
         };
-        let h: abi::Handle = pd.context().command(abi::CMD_CREATE_AH, body.as_bytes())?;
+        let h: abi::Handle = pd.context().execute::<command::CreateAh>(&body)?;
         Ok(Ah {
             pd: pd.clone(),
             ahn: h.handle,
@@ -112,7 +112,7 @@ impl Ah {
 
 impl Drop for Ah {
     fn drop(&mut self) {
-        self.context().destroy(abi::CMD_DESTROY_AH, "AH", self.ahn);
+        self.context().destroy::<command::DestroyAh>("AH", self.ahn);
     }
 }
 

@@ -4,7 +4,7 @@ use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vrnic::abi::{self, Pod};
+use vrnic_abi::{self as abi, command};
 
 use super::{ArgError, Context, Result, VerbsError, WorkCompletion};
 use crate::transport::DmaBuf;
@@ -30,7 +30,7 @@ pub(crate) struct CqShared {
 
 impl Drop for CqShared {
     fn drop(&mut self) {
-        self.ctx.destroy(abi::CMD_DESTROY_CQ, "CQ", self.cqn);
+        self.ctx.destroy::<command::DestroyCq>("CQ", self.cqn);
     }
 }
 
@@ -54,7 +54,7 @@ impl Cq {
             ring: ring.gpa,
             db: db.gpa,
         };
-        let h: abi::Handle = ctx.command(abi::CMD_CREATE_CQ, body.as_bytes())?;
+        let h: abi::Handle = ctx.execute::<command::CreateCq>(&body)?;
         Ok(Cq {
             shared: Arc::new(CqShared {
                 ctx: ctx.clone(),

@@ -75,7 +75,7 @@ pub use qp::{
     WrOpcode,
 };
 pub use srq::{Srq, SrqAttr, SrqInitAttr};
-pub use vrnic::abi::{
+pub use vrnic_abi::{
     DeviceAttr, Event, PortAttr, Sge, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ,
     ACCESS_REMOTE_WRITE, EV_COMP, EV_CQ_ERR, EV_QP_FATAL, EV_QP_LAST_WQE_REACHED, EV_SQ_DRAINED,
     EV_SRQ_LIMIT, QP_ATTR_ACCESS_FLAGS, QP_ATTR_AV, QP_ATTR_CUR_STATE, QP_ATTR_DEST_QPN,
@@ -89,7 +89,7 @@ pub use wc::{wc_status_str, WorkCompletion};
 pub use wq::RecvWr;
 
 use crate::transport::{DmaBuf, Transport, TransportError};
-use vrnic::abi::{self, Pod};
+use vrnic_abi::{self as abi, command};
 
 /// Errors of the verbs API. [`VerbsError::errno`] gives the errno an
 /// `ibv_*` call would have returned or set.
@@ -218,7 +218,7 @@ pub enum ArgError {
     MessageTooLong {
         /// Bytes.
         len: u64,
-        /// [`vrnic::device::MAX_MSG_SZ`].
+        /// [`abi::MAX_MSG_SZ`].
         max: u32,
     },
     /// A remote address range that wraps the address space.
@@ -389,7 +389,7 @@ impl Context {
 
     /// Device attributes (`ibv_query_device(3)`, `CMD_QUERY_DEVICE`).
     pub fn query_device(&self) -> Result<DeviceAttr> {
-        self.command(abi::CMD_QUERY_DEVICE, &[])
+        self.execute::<command::QueryDevice>(&())
     }
 
     /// Attributes of `port` (`ibv_query_port(3)`, `CMD_QUERY_PORT`); vrnic
@@ -399,7 +399,7 @@ impl Context {
             port: port.into(),
             reserved: 0,
         };
-        self.command(abi::CMD_QUERY_PORT, body.as_bytes())
+        self.execute::<command::QueryPort>(&body)
     }
 
     /// GID `index` of `port` (`ibv_query_gid(3)`, `CMD_QUERY_GID`). On vrnic
@@ -410,7 +410,7 @@ impl Context {
             port: port.into(),
             index,
         };
-        let e: abi::GidEntry = self.command(abi::CMD_QUERY_GID, body.as_bytes())?;
+        let e = self.execute::<command::QueryGid>(&body)?;
         Ok(Gid { raw: e.gid })
     }
 
@@ -423,7 +423,7 @@ impl Context {
             port: port.into(),
             index,
         };
-        let e: abi::PkeyEntry = self.command(abi::CMD_QUERY_PKEY, body.as_bytes())?;
+        let e = self.execute::<command::QueryPkey>(&body)?;
         Ok(e.pkey)
     }
 
@@ -485,39 +485,34 @@ impl Context {
         Ok(self.with_transport(|t| t.doorbell(db))?)
     }
 
-    /// Executes a command whose response is an `R`.
-    pub(crate) fn command<R: Pod>(&self, opcode: u16, body: &[u8]) -> Result<R> {
-        let mut resp = [0u8; abi::MAX_CMD_BODY];
-        let n = self.with_transport(|t| t.command(opcode, body, &mut resp))?;
-        let want = size_of::<R>();
+    /// Executes control command `C` with body `req` ([`abi::Command`]
+    /// ties the opcode to both body types; `dyn Transport::execute`).
+    /// Errors: the transport's, and a response shorter than
+    /// `C::Response` ([`VerbsError::ShortResponse`]).
+    pub(crate) fn execute<C: abi::Command>(&self, req: &C::Request) -> Result<C::Response> {
+        let (r, n) = self.with_transport(|t| t.execute::<C>(req))?;
+        let want = size_of::<C::Response>();
         if n < want {
             return Err(VerbsError::ShortResponse {
-                opcode,
+                opcode: C::OPCODE,
                 got: n,
                 want,
             });
         }
-        R::read_from(&resp).ok_or(VerbsError::ShortResponse {
-            opcode,
-            got: n,
-            want,
-        })
+        Ok(r)
     }
 
-    /// Executes a command without a response body.
-    pub(crate) fn command_no_resp(&self, opcode: u16, body: &[u8]) -> Result<()> {
-        let mut resp = [0u8; abi::MAX_CMD_BODY];
-        self.with_transport(|t| t.command(opcode, body, &mut resp))?;
-        Ok(())
-    }
-
-    /// Destroys an object on drop: executes `opcode` on `handle` and logs a failure.
-    pub(crate) fn destroy(&self, opcode: u16, what: &str, handle: u32) {
+    /// Destroys an object on drop: executes `C` on `handle` and logs a failure.
+    pub(crate) fn destroy<C: abi::Command<Request = abi::Handle, Response = ()>>(
+        &self,
+        what: &str,
+        handle: u32,
+    ) {
         let body = abi::Handle {
             handle,
             reserved: 0,
         };
-        if let Err(e) = self.command_no_resp(opcode, body.as_bytes()) {
+        if let Err(e) = self.execute::<C>(&body) {
             tracing::warn!("destroying {what} {handle:#x} failed: {e}");
         }
     }

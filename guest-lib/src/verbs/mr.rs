@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::sync::Mutex;
 
-use vrnic::abi::{self, Pod};
+use vrnic_abi::{self as abi, command};
 
 use super::{lock, ArgError, Pd, Result, Sge, VerbsError};
 
@@ -115,9 +115,7 @@ impl<'a> Mr<'a> {
             npages: npages_u32,
             page_list: list.gpa,
         };
-        let keys: abi::MrKeys = ctx
-            .command(abi::CMD_REG_MR, body.as_bytes())
-            .map_err(unmap)?;
+        let keys: abi::MrKeys = ctx.execute::<command::RegMr>(&body).map_err(unmap)?;
         drop(guard);
         Ok(Mr {
             pd: pd.clone(),
@@ -272,7 +270,7 @@ impl Mr<'static> {
 impl Drop for Mr<'_> {
     fn drop(&mut self) {
         let ctx = self.pd.context();
-        ctx.destroy(abi::CMD_DEREG_MR, "MR", self.keys.lkey);
+        ctx.destroy::<command::DeregMr>("MR", self.keys.lkey);
         if let Some((va, len)) = self.mapped {
             ctx.with_transport(|t| t.unmap_user(va, len));
         }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use vrnic::abi;
+use vrnic_abi::{self as abi, command};
 
 use super::{Context, Result};
 
@@ -25,7 +25,7 @@ impl Pd {
     ///
     /// Errors: the device's status, `ENOMEM` when it has `max_pd` PDs.
     pub fn alloc(ctx: &Context) -> Result<Pd> {
-        let h: abi::Handle = ctx.command(abi::CMD_ALLOC_PD, &[])?;
+        let h: abi::Handle = ctx.execute::<command::AllocPd>(&())?;
         Ok(Pd {
             inner: Arc::new(PdInner {
                 ctx: ctx.clone(),
@@ -47,6 +47,6 @@ impl Pd {
 
 impl Drop for PdInner {
     fn drop(&mut self) {
-        self.ctx.destroy(abi::CMD_DEALLOC_PD, "PD", self.pdn);
+        self.ctx.destroy::<command::DeallocPd>("PD", self.pdn);
     }
 }

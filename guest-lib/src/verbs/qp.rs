@@ -4,7 +4,7 @@
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::Arc;
 
-use vrnic::abi::{self, Pod};
+use vrnic_abi::{self as abi, command, Pod};
 
 use super::cq::CqShared;
 use super::srq::{Srq, SrqShared};
@@ -13,11 +13,11 @@ use super::{AhAttr, ArgError, Context, Cq, Gid, Pd, ResponseError, Result, Sge, 
 use crate::transport::DmaBuf;
 
 /// `ibv_qp_type`, `ibv_qp_state` and `ibv_wr_opcode`: the device ABI's
-/// typed values ([`vrnic::abi`]), shared with the device, so the driver and
+/// typed values ([`vrnic_abi`]), shared with the device, so the driver and
 /// the device cannot disagree on a code. Their raw values are
 /// [`QpType::raw`] etc.; `TryFrom` converts back (unknown values are an
 /// error).
-pub use vrnic::abi::{QpState, QpType, WrOpcode};
+pub use vrnic_abi::{QpState, QpType, WrOpcode};
 
 /// QP capacities (`struct ibv_qp_cap`): requested at creation, actual from
 /// [`Qp::cap`].
@@ -466,7 +466,7 @@ impl Qp {
             srqn: srq.as_ref().map_or(0, |s| s.srqn),
             flags,
         };
-        let resp: abi::CreateQpResp = ctx.command(abi::CMD_CREATE_QP, body.as_bytes())?;
+        let resp: abi::CreateQpResp = ctx.execute::<command::CreateQp>(&body)?;
         let qp = Qp {
             ctx: ctx.clone(),
             pd: pd.clone(),
@@ -556,8 +556,7 @@ impl Qp {
     /// the QP state machine does not allow).
     pub fn modify(&mut self, attr: &QpAttr, mask: u32) -> Result<()> {
         let body = attr.to_abi(self.qpn, mask);
-        self.ctx
-            .command_no_resp(abi::CMD_MODIFY_QP, body.as_bytes())?;
+        self.ctx.execute::<command::ModifyQp>(&body)?;
         if mask & abi::QP_ATTR_STATE != 0 && attr.qp_state == QpState::Reset {
             self.sq.pi = 0;
             if let Some(rq) = self.rq.as_mut() {
@@ -631,7 +630,7 @@ impl Qp {
             handle: self.qpn,
             reserved: 0,
         };
-        let a: abi::QpAttr = self.ctx.command(abi::CMD_QUERY_QP, body.as_bytes())?;
+        let a: abi::QpAttr = self.ctx.execute::<command::QueryQp>(&body)?;
         QpAttr::from_abi(&a)
     }
 
@@ -745,10 +744,10 @@ impl Qp {
             Some(d) => d.len() as u64,
             None => wr.sg_list.iter().map(|s| u64::from(s.length)).sum(),
         };
-        if len > u64::from(vrnic::device::MAX_MSG_SZ) {
+        if len > u64::from(abi::MAX_MSG_SZ) {
             return Err(VerbsError::InvalidArgument(ArgError::MessageTooLong {
                 len,
-                max: vrnic::device::MAX_MSG_SZ,
+                max: abi::MAX_MSG_SZ,
             }));
         }
         // The remote range must not wrap past 2^64 (the device completes
@@ -848,7 +847,7 @@ impl Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        self.ctx.destroy(abi::CMD_DESTROY_QP, "QP", self.qpn);
+        self.ctx.destroy::<command::DestroyQp>("QP", self.qpn);
     }
 }
 

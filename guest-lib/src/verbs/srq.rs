@@ -4,7 +4,7 @@
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::Arc;
 
-use vrnic::abi::{self, Pod};
+use vrnic_abi::{self as abi, command};
 
 use super::wq::{ring_bytes, ring_fits, ring_size, RecvWr, WorkQueue};
 use super::{ArgError, Context, Pd, ResponseError, Result, Sge, VerbsError};
@@ -48,7 +48,7 @@ pub(crate) struct SrqShared {
 
 impl Drop for SrqShared {
     fn drop(&mut self) {
-        self.ctx.destroy(abi::CMD_DESTROY_SRQ, "SRQ", self.srqn);
+        self.ctx.destroy::<command::DestroySrq>("SRQ", self.srqn);
     }
 }
 
@@ -111,7 +111,7 @@ impl Srq {
             ring: ring.gpa,
             db: record.gpa,
         };
-        let resp: abi::CreateSrqResp = ctx.command(abi::CMD_CREATE_SRQ, body.as_bytes())?;
+        let resp: abi::CreateSrqResp = ctx.execute::<command::CreateSrq>(&body)?;
         let srq = Srq {
             shared: Arc::new(SrqShared {
                 ctx,
@@ -211,9 +211,7 @@ impl Srq {
             srq_limit: attr.srq_limit,
             reserved: 0,
         };
-        self.shared
-            .ctx
-            .command_no_resp(abi::CMD_MODIFY_SRQ, body.as_bytes())
+        self.shared.ctx.execute::<command::ModifySrq>(&body)
     }
 
     /// Arms the limit event at `limit` WQEs: [`Srq::modify`] with
@@ -234,10 +232,7 @@ impl Srq {
             handle: self.shared.srqn,
             reserved: 0,
         };
-        let a: abi::SrqAttr = self
-            .shared
-            .ctx
-            .command(abi::CMD_QUERY_SRQ, body.as_bytes())?;
+        let a: abi::SrqAttr = self.shared.ctx.execute::<command::QuerySrq>(&body)?;
         Ok(SrqAttr {
             max_wr: a.max_wr,
             max_sge: a.max_sge,

@@ -1,6 +1,6 @@
 //! Work completions (`struct ibv_wc`, `ibv_poll_cq(3)`).
 
-use vrnic::abi;
+use vrnic_abi as abi;
 
 /// One work completion (`struct ibv_wc`), decoded from an [`abi::Cqe`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use vrnic::abi::{self, Pod};
+use vrnic::abi::{self, command, Command, Pod};
 use vrnic_guest::pci::PciTransport;
 use vrnic_guest::transport::{Transport, TransportError};
 
@@ -68,17 +68,24 @@ fn print_config(c: &abi::ConfigSpace) {
     println!("config.max_inline: {}", c.max_inline);
 }
 
-/// Runs one command and decodes its response as `T`.
-fn query<T: Pod>(t: &mut PciTransport, name: &str, opcode: u16, body: &[u8]) -> Result<T, String> {
+/// Runs command `C` with `req` and decodes its response.
+fn query<C: Command>(
+    t: &mut PciTransport,
+    name: &str,
+    req: &C::Request,
+) -> Result<C::Response, String> {
     let mut resp = [0u8; abi::MAX_CMD_BODY];
     let start = Instant::now();
-    let r = t.command(opcode, body, &mut resp);
+    let r = t.command(C::OPCODE, req.as_bytes(), &mut resp);
     let us = start.elapsed().as_micros();
     match r {
         Ok(n) => {
             println!("{name}.round_trip_us: {us}");
-            T::read_from(&resp[..n]).ok_or_else(|| {
-                format!("{name}: response of {n} bytes, expected {}", size_of::<T>())
+            C::Response::read_from(&resp[..n]).ok_or_else(|| {
+                format!(
+                    "{name}: response of {n} bytes, expected {}",
+                    size_of::<C::Response>()
+                )
             })
         }
         Err(e) => Err(format!("{name}: {e}")),
@@ -103,7 +110,7 @@ fn run(args: &Args, errors: &mut Vec<String>) -> Result<(), TransportError> {
     let c = t.config();
     print_config(&c);
 
-    match query::<abi::DeviceAttr>(&mut t, "query_device", abi::CMD_QUERY_DEVICE, &[]) {
+    match query::<command::QueryDevice>(&mut t, "query_device", &()) {
         Ok(a) => {
             println!(
                 "query_device.node_guid: {}",
@@ -139,7 +146,7 @@ fn run(args: &Args, errors: &mut Vec<String>) -> Result<(), TransportError> {
         port: 1,
         reserved: 0,
     };
-    match query::<abi::PortAttr>(&mut t, "query_port", abi::CMD_QUERY_PORT, body.as_bytes()) {
+    match query::<command::QueryPort>(&mut t, "query_port", &body) {
         Ok(p) => {
             let state = match p.state {
                 1 => "DOWN",
@@ -164,7 +171,7 @@ fn run(args: &Args, errors: &mut Vec<String>) -> Result<(), TransportError> {
         port: 1,
         index: args.gid_index,
     };
-    match query::<abi::GidEntry>(&mut t, "query_gid", abi::CMD_QUERY_GID, body.as_bytes()) {
+    match query::<command::QueryGid>(&mut t, "query_gid", &body) {
         Ok(g) => {
             println!("query_gid.index: {}", args.gid_index);
             println!("query_gid.gid: {}", Ipv6Addr::from(g.gid));

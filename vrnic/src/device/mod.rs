@@ -117,10 +117,11 @@ pub const MAX_SGE: u32 = 32;
 /// Maximum inline bytes per send WQE.
 pub const MAX_INLINE: u32 = 512;
 /// Largest message, bytes (`ibv_port_attr.max_msg_sz`, rxe's
-/// `RXE_MAX_MSG_SIZE`): enforced by the requester (a longer WQE completes
-/// with `WC_LOC_LEN_ERR`) and the responder (a SEND growing past it, a
-/// READ or WRITE asking for more, is NAKed invalid request).
-pub const MAX_MSG_SZ: u32 = 1 << 31;
+/// `RXE_MAX_MSG_SIZE`; the ABI's, which drivers check too): enforced by
+/// the requester (a longer WQE completes with `WC_LOC_LEN_ERR`) and the
+/// responder (a SEND growing past it, a READ or WRITE asking for more, is
+/// NAKed invalid request).
+pub use crate::abi::MAX_MSG_SZ;
 /// Largest MR, bytes.
 pub const MAX_MR_SIZE: u64 = 1 << 40;
 /// Largest page list of one MR, entries (`DeviceAttr::max_mr_pages`):

@@ -19,7 +19,11 @@
 //! SQ, RQ and CQ rings live in driver memory, contiguous in guest-physical
 //! address space, registered by [`CMD_CREATE_QP`] and [`CMD_CREATE_CQ`].
 
+#![deny(missing_docs)]
 #![allow(clippy::unusual_byte_groupings)]
+
+pub mod command;
+pub use command::Command;
 
 #[cfg(not(target_endian = "little"))]
 compile_error!("the vrnic ABI is little-endian and vrnic builds only for little-endian targets");
@@ -153,6 +157,13 @@ pub struct RespHeader {
 
 /// Largest command or response body, bytes.
 pub const MAX_CMD_BODY: usize = 128;
+
+/// Largest message of a work request, bytes (`ibv_port_attr.max_msg_sz`,
+/// [`PortAttr::max_msg_sz`]; rxe's `RXE_MAX_MSG_SIZE`): a driver refuses a
+/// longer one; the device completes a longer WQE with
+/// [`WC_LOC_LEN_ERR`] and NAKs a peer's SEND growing past it, or a READ or
+/// WRITE asking for more, as an invalid request.
+pub const MAX_MSG_SZ: u32 = 1 << 31;
 
 /// `CMD_QUERY_DEVICE`: body none; response [`DeviceAttr`] (`ibv_query_device(3)`).
 pub const CMD_QUERY_DEVICE: u16 = 1;
@@ -1052,6 +1063,10 @@ pub fn sq_stride(max_sge: u32, max_inline: u32) -> u32 {
 pub fn rq_stride(max_sge: u32) -> u32 {
     (size_of::<RecvWqe>() as u32 + 16 * max_sge.max(1)).next_power_of_two()
 }
+
+// SAFETY: the empty body of a command or response with none
+// ([`Command`]): zero bytes, no fields, every (empty) bit pattern valid.
+unsafe impl Pod for () {}
 
 pod!(
     ConfigSpace = 64,
