@@ -3,7 +3,7 @@
 //! slots, and receive WQEs (`struct ibv_recv_wr`, `ibv_post_recv(3)`,
 //! `ibv_post_srq_recv(3)`).
 
-use vrnic::abi::{self, Pod};
+use vrnic_abi::{self as abi, Pod};
 
 use super::{ArgError, Result, Sge, VerbsError};
 use crate::transport::DmaBuf;
