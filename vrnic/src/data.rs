@@ -1,7 +1,7 @@
 //! A packet's payload as the transport consumes it: bytes in a frame, or
 //! bytes still in the memory of the device that sent it, when both devices
 //! are functions of one daemon (a batch's packet "by reference",
-//! [`crate::wire::gso`]). The receiver then copies them straight from the
+//! [`crate::batch::gso`]). The receiver then copies them straight from the
 //! sender's guest memory into its own: one copy instead of two, and none
 //! through a frame.
 //!
@@ -123,7 +123,7 @@ pub fn push_piece(out: &mut Vec<u8>, gpa: u64, len: u32) {
     out.extend_from_slice(&len.to_be_bytes());
 }
 
-/// A packet's payload ([`crate::wire::RocePacket::data`]).
+/// A packet's payload ([`crate::batch::Packet::data`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Data<'a> {
     /// In the frame.

@@ -8,10 +8,12 @@
 //! - [`link`]: TAP, AF_PACKET, in-memory and pcap links.
 //! - [`mem`]: bounds-checked access to driver memory.
 //! - [`data`]: a packet's payload, in a frame or in a peer device's memory.
+//! - [`batch`]: batches and runs of packets between a daemon's functions.
 //! - [`counters!`]: a struct of counters from one list of names.
 #![deny(missing_docs)]
 
 pub mod abi;
+pub mod batch;
 mod counters;
 pub mod data;
 pub mod device;

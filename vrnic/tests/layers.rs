@@ -60,22 +60,28 @@ const RULES: &[Rule] = &[
         reason: "a packet's payload (in the frame or by reference) knows memory, not objects",
     },
     Rule {
+        module: "batch",
+        name: "batch-above-payload",
+        may_import: &["abi", "wire", "counters", "mem", "data"],
+        reason: "the in-process fast path (batches, runs, packets by reference) is payloads in frames, below the objects and the transport that make them",
+    },
+    Rule {
         module: "verbs",
         name: "verbs-below-transport",
-        may_import: &["abi", "wire", "counters", "mem", "data"],
+        may_import: &["abi", "wire", "counters", "mem", "data", "batch"],
         reason: "the verbs objects do not know the transport or the device that use them",
     },
     Rule {
         module: "transport",
         name: "transport-below-device",
-        may_import: &["abi", "wire", "counters", "mem", "data", "verbs"],
+        may_import: &["abi", "wire", "counters", "mem", "data", "batch", "verbs"],
         reason:
             "the transport does not know the device that drives it nor the links its frames go to",
     },
     Rule {
         module: "link",
         name: "link-beside-engine",
-        may_import: &["abi", "wire", "counters", "mem", "data"],
+        may_import: &["abi", "wire", "counters", "mem", "data", "batch"],
         reason:
             "links carry frames; they do not know the device, the transport or the verbs objects",
     },
@@ -88,6 +94,7 @@ const RULES: &[Rule] = &[
             "counters",
             "mem",
             "data",
+            "batch",
             "verbs",
             "transport",
             "link",
@@ -103,6 +110,7 @@ const RULES: &[Rule] = &[
             "counters",
             "mem",
             "data",
+            "batch",
             "verbs",
             "transport",
             "link",
@@ -116,9 +124,6 @@ const RULES: &[Rule] = &[
 /// the layering work removes them one by one until this list is empty. An
 /// entry no longer needed fails the test too, so the list only shrinks.
 const KNOWN_BACK_EDGES: &[(&str, &str)] = &[
-    ("wire/packet.rs", "data"),
-    ("wire/gso.rs", "data"),
-    ("wire/run.rs", "data"),
     ("verbs/qp.rs", "device"),
     ("verbs/qp.rs", "transport"),
     ("transport/completer.rs", "device"),

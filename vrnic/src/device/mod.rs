@@ -46,6 +46,7 @@ pub use neigh::{
 };
 pub use stats::{Counter, Counters, DeviceStats, QpStats};
 
+use crate::batch;
 use crate::transport::{completer, datagram, hdr_check, requester, responder, Env, Output, PortId};
 use crate::verbs::ah::Ah;
 use crate::verbs::cq::Cq;
@@ -412,7 +413,7 @@ impl Device {
     pub fn receive_frame(&mut self, mem: &dyn DmaMemory, frame: &[u8], icrc: Icrc, now: Nanos) {
         self.res.out.stats.count(Counter::rx_frames, 1);
         let pkt = match wire::parse_frame_with(frame, icrc) {
-            Ok(Frame::Roce(p)) => p,
+            Ok(Frame::Roce(p)) => batch::Packet::from(p),
             Ok(Frame::Arp(arp)) => {
                 // parse_frame accepted an Ethernet header.
                 let eth_dst = frame
@@ -442,16 +443,16 @@ impl Device {
         if icrc == Icrc::Unneeded {
             // Its packets may leave their payload in the sender's memory.
             let peer = match &self.res.out.local_macs {
-                Some(l) if wire::gso::is_batch(frame) => l.memory_of(&pkt.hdr.eth_src),
+                Some(l) if batch::gso::is_batch(frame) => l.memory_of(&pkt.hdr.eth_src),
                 _ => None,
             };
-            for seg in wire::gso::rest(frame, &pkt.hdr, peer.as_deref()) {
+            for seg in batch::gso::rest(frame, &pkt.hdr, peer.as_deref()) {
                 match seg {
-                    Ok(wire::gso::Segment::Packet(p)) => {
+                    Ok(batch::gso::Segment::Packet(p)) => {
                         self.res.out.stats.count(Counter::rx_frames, 1);
                         self.receive_packet(mem, &p, None, now);
                     }
-                    Ok(wire::gso::Segment::Run(r)) => self.receive_run(mem, &r, now),
+                    Ok(batch::gso::Segment::Run(r)) => self.receive_run(mem, &r, now),
                     Err(_) => {
                         self.res.out.stats.count(Counter::rx_frames, 1);
                         self.res.out.stats.count(Counter::rx_dropped, 1);
@@ -462,13 +463,13 @@ impl Device {
         }
     }
 
-    /// Handles a run of a batch ([`wire::Run`]): to an RC or UC QP whose
+    /// Handles a run of a batch ([`batch::Run`]): to an RC or UC QP whose
     /// header checks its first packet passes, the responder (SEND, WRITE:
     /// [`responder::on_run`]) or the completer (READ responses:
     /// [`completer::on_run`]) takes it whole when it can; anything else is
     /// handled packet by packet, as the packets would have been. Counted
     /// as its packets.
-    fn receive_run(&mut self, mem: &dyn DmaMemory, run: &wire::Run<'_>, now: Nanos) {
+    fn receive_run(&mut self, mem: &dyn DmaMemory, run: &batch::Run<'_>, now: Nanos) {
         let pkt = &run.first;
         let port = &self.res.port;
         let whole = port.owns(pkt.hdr.ip_dst)
@@ -507,11 +508,11 @@ impl Device {
     /// Handles one RoCEv2 packet: checks its addresses and hands it to its
     /// QP's responder or completer. `ip`: its IP header onward, for a UD
     /// request (the GRH of its completion); `None` for a packet of a batch
-    /// ([`wire::gso`]), which is never UD.
+    /// ([`batch::gso`]), which is never UD.
     fn receive_packet(
         &mut self,
         mem: &dyn DmaMemory,
-        pkt: &wire::RocePacket<'_>,
+        pkt: &batch::Packet<'_>,
         ip: Option<&[u8]>,
         now: Nanos,
     ) {

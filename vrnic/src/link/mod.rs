@@ -17,7 +17,7 @@ pub use crate::wire::Icrc;
 /// it once per RoCEv2 frame it emits. A destination that leaves between
 /// the question and the delivery (a function deleted) gets one frame
 /// without an ICRC on the wire, which its receiver drops as corrupt; RC
-/// retransmits it with one. (A batch, [`crate::wire::gso`], is split into
+/// retransmits it with one. (A batch, [`crate::batch::gso`], is split into
 /// sealed frames by the switch instead.)
 #[derive(Clone)]
 pub struct LocalMacs(Arc<dyn LocalReach>);
@@ -28,7 +28,7 @@ pub trait LocalReach: Send + Sync {
     /// Whether frames to `mac` stay in the process.
     fn contains(&self, mac: &[u8; 6]) -> bool;
     /// Whether packets to `mac` may leave their payload in this device's
-    /// memory ([`crate::wire::gso::append_peer`]): the destination reads
+    /// memory ([`crate::batch::gso::append_peer`]): the destination reads
     /// it there ([`LocalReach::memory_of`] of this device's MAC, on its
     /// side). `false` by default.
     fn by_reference(&self, _mac: &[u8; 6]) -> bool {
@@ -156,7 +156,7 @@ pub trait Link: Send {
     /// process without a wire between (the other functions of a daemon,
     /// through its embedded switch): a device may emit its RoCEv2 frames
     /// to them without the ICRC ([`Icrc::Unneeded`]), RC and UC packets
-    /// of one flow batched into one frame ([`crate::wire::gso`]), and they
+    /// of one flow batched into one frame ([`crate::batch::gso`]), and they
     /// are received with [`Icrc::Unneeded`] through [`Link::recv_with`]. A
     /// link that returns `Some` delivers such batches whole through
     /// `recv_with` (of any length) and splits them into sealed frames

@@ -114,7 +114,7 @@ pub struct Flushed {
 pub const SEND_BATCH: usize = 32;
 /// Bytes of frames a [`TxFlush`] takes from its source ahead of the link,
 /// at most (the last frame taken may pass it): 32 frames of a 9000-byte
-/// MTU, or four batches between functions ([`crate::wire::gso`]).
+/// MTU, or four batches between functions ([`crate::batch::gso`]).
 pub const SEND_BATCH_BYTES: usize = 32 * 9216;
 
 /// Frames held for one full destination, oldest first.

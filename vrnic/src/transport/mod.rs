@@ -20,6 +20,7 @@ use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::abi;
+use crate::batch;
 use crate::device::{Counter, Counters, Nanos};
 use crate::mem::{self, DmaMemory};
 use crate::verbs::ah::Av;
@@ -105,7 +106,7 @@ pub struct Output {
     /// RoCEv2 frames to them are emitted without the ICRC.
     pub local_macs: Option<crate::link::LocalMacs>,
     /// The last frame of [`Output::tx`] while more packets may join it
-    /// ([`wire::gso`]): a frame to a local destination, RC or UC.
+    /// ([`batch::gso`]): a frame to a local destination, RC or UC.
     pub batch: Option<Batch>,
     /// Packets in each frame of [`Output::tx`], in the same order.
     tx_counts: VecDeque<usize>,
@@ -130,12 +131,12 @@ pub struct Output {
 }
 
 /// Big buffers (longer than [`BIG_BUFFER`]: they held batches,
-/// [`wire::gso`]) kept for reuse at most: 16 × 80 KiB, 1.3 MiB.
+/// [`batch::gso`]) kept for reuse at most: 16 × 80 KiB, 1.3 MiB.
 pub const TX_POOL_BIG_MAX: usize = 16;
 /// Capacity above which a frame buffer counts as big, bytes.
 pub const BIG_BUFFER: usize = 16 * 1024;
 
-/// The open batch at the back of [`Output::tx`] ([`wire::gso`]).
+/// The open batch at the back of [`Output::tx`] ([`batch::gso`]).
 #[derive(Debug, Clone)]
 pub struct Batch {
     /// Headers of its first packet.
@@ -168,7 +169,7 @@ fn is_plain_ack(hdr: &RoceHeaders) -> bool {
 pub const TX_POOL_MAX: usize = TX_BACKLOG_MAX + 64;
 
 /// Packets queued for the link (device-wide, [`Output::backlog`]: a
-/// batch, [`wire::gso`], counts its packets) at or above which the
+/// batch, [`batch::gso`], counts its packets) at or above which the
 /// transport produces no more data packets: READ responses
 /// ([`responder::run`]), RC/UC request packets ([`requester::run`]) and UD
 /// datagrams ([`datagram::run`]) wait for the owner to drain
@@ -182,7 +183,7 @@ pub const TX_BACKLOG_MAX: usize = 256;
 /// reply to a peer is dropped instead of queued ([`Output::send_reply`],
 /// [`Output::push_reply_frame`]; counted in `DeviceStats::replies_dropped`):
 /// twice [`TX_BACKLOG_MAX`]. Data packets stop at `TX_BACKLOG_MAX` (one
-/// run or burst may pass it by less than [`wire::RUN_MAX_PACKETS`]), so
+/// run or burst may pass it by less than [`batch::RUN_MAX_PACKETS`]), so
 /// replies always have room for as many again beyond them: an owner that
 /// drains the queue between inputs (the daemon's worker every 64 frames
 /// received, each answered with at most one reply or one coalesced ACK)
@@ -289,7 +290,7 @@ impl Output {
                 self.tx_counts.back_mut(),
             ) {
                 let at = b.end;
-                b.end = wire::gso::append(frame, at, hdr, len, fill)?;
+                b.end = batch::gso::append(frame, at, hdr, len, fill)?;
                 b.packets += 1;
                 b.last_ack = ack.then_some((at, hdr.bth.dest_qp, hdr.bth.psn));
                 *count += 1;
@@ -308,7 +309,7 @@ impl Output {
                 .local_macs
                 .as_ref()
                 .is_some_and(|l| l.by_reference(&hdr.eth_dst));
-            wire::gso::start(&mut frame, hdr, len, fill).map(|end| {
+            batch::gso::start(&mut frame, hdr, len, fill).map(|end| {
                 self.batch = Some(Batch {
                     first: hdr.clone(),
                     packets: 1,
@@ -356,7 +357,7 @@ impl Output {
             || self.batch.is_some()
             || old.bth.dest_qp != hdr.bth.dest_qp
             || psn::diff(hdr.bth.psn, old.bth.psn) <= 0
-            || !wire::gso::same_flow(old, hdr)
+            || !batch::gso::same_flow(old, hdr)
         {
             return false;
         }
@@ -391,12 +392,12 @@ impl Output {
         };
         if qp != hdr.bth.dest_qp
             || psn::diff(hdr.bth.psn, p) <= 0
-            || !wire::gso::same_flow(&b.first, hdr)
+            || !batch::gso::same_flow(&b.first, hdr)
         {
             return false;
         }
         // Its BTH and AETH over the old one's: the same packet otherwise.
-        if !wire::gso::rewrite_ack(frame, at, hdr) {
+        if !batch::gso::rewrite_ack(frame, at, hdr) {
             return false;
         }
         if at == 0 {
@@ -411,7 +412,7 @@ impl Output {
     /// Sends a packet whose `len` payload bytes stay in this device's
     /// memory, `pieces` appending their piece entries
     /// ([`crate::data::push_piece`]), when it joins an open batch whose
-    /// destination reads that memory ([`wire::gso::append_peer`]): one
+    /// destination reads that memory ([`batch::gso::append_peer`]): one
     /// copy of the payload, by the receiver, instead of two. `Ok(false)`
     /// when it cannot (the caller sends it with its bytes,
     /// [`Output::send_with`]); `pieces`' error otherwise.
@@ -432,7 +433,7 @@ impl Output {
         ) else {
             return Ok(false);
         };
-        let Some(end) = wire::gso::append_peer(frame, b.end, hdr, len, pieces)? else {
+        let Some(end) = batch::gso::append_peer(frame, b.end, hdr, len, pieces)? else {
             return Ok(false);
         };
         b.end = end;
@@ -451,13 +452,13 @@ impl Output {
         self.batch.as_ref().is_some_and(|b| b.by_ref)
     }
 
-    /// [`Output::send_by_ref`] of a run ([`wire::Run`]): `count` packets of
+    /// [`Output::send_by_ref`] of a run ([`batch::Run`]): `count` packets of
     /// one message from the one with headers `first` to the one with
     /// headers `last`, every one but the last `stride` bytes, `total`
     /// bytes in all, whose pieces `pieces` appends
-    /// ([`wire::gso::append_run`]). The caller keeps to what
-    /// [`wire::Run::new`] accepts. Counted as `count` packets, here and
-    /// against [`wire::gso::BATCH_MAX_PSNS`]. `Ok(false)` when it
+    /// ([`batch::gso::append_run`]). The caller keeps to what
+    /// [`batch::Run::new`] accepts. Counted as `count` packets, here and
+    /// against [`batch::gso::BATCH_MAX_PSNS`]. `Ok(false)` when it
     /// cannot (the caller sends the packets one by one).
     pub fn send_run_by_ref<E>(
         &mut self,
@@ -474,9 +475,9 @@ impl Output {
         };
         let fits = self.batch.as_ref().is_some_and(|b| {
             b.by_ref
-                && b.packets + count as usize <= wire::gso::BATCH_MAX_PSNS
+                && b.packets + count as usize <= batch::gso::BATCH_MAX_PSNS
                 && first.bth.opcode.transport() != wire::Transport::Ud
-                && wire::gso::same_flow(&b.first, first)
+                && batch::gso::same_flow(&b.first, first)
         });
         if !fits {
             return Ok(false);
@@ -489,7 +490,7 @@ impl Output {
             return Ok(false);
         };
         let Some(end) =
-            wire::gso::append_run(frame, b.end, first, last, count16, stride16, total, pieces)?
+            batch::gso::append_run(frame, b.end, first, last, count16, stride16, total, pieces)?
         else {
             return Ok(false);
         };
@@ -529,18 +530,18 @@ impl Output {
     }
 
     /// True when a packet with headers `hdr` and `len` payload bytes joins
-    /// the open batch at the back of `tx` ([`wire::gso`]): RC or UC, the
-    /// same flow, at most [`wire::gso::SEGMENT_MAX`] bytes, within
-    /// [`wire::gso::BATCH_MAX_PACKETS`] and [`wire::gso::BATCH_MAX_BYTES`].
+    /// the open batch at the back of `tx` ([`batch::gso`]): RC or UC, the
+    /// same flow, at most [`batch::gso::SEGMENT_MAX`] bytes, within
+    /// [`batch::gso::BATCH_MAX_PACKETS`] and [`batch::gso::BATCH_MAX_BYTES`].
     fn batch_has_room(&self, hdr: &RoceHeaders, len: usize) -> bool {
         let Some(b) = &self.batch else {
             return false;
         };
         hdr.bth.opcode.transport() != wire::Transport::Ud
-            && hdr.frame_len(len) <= wire::gso::SEGMENT_MAX
-            && b.packets < wire::gso::BATCH_MAX_PACKETS
-            && b.end + hdr.frame_len(len) <= wire::gso::BATCH_MAX_BYTES
-            && wire::gso::same_flow(&b.first, hdr)
+            && hdr.frame_len(len) <= batch::gso::SEGMENT_MAX
+            && b.packets < batch::gso::BATCH_MAX_PACKETS
+            && b.end + hdr.frame_len(len) <= batch::gso::BATCH_MAX_BYTES
+            && batch::gso::same_flow(&b.first, hdr)
     }
 
     /// Closes the open batch, if any: no more packets join it, and its
@@ -979,9 +980,9 @@ mod output_tests {
     /// byte bound.
     #[test]
     fn a_batch_by_reference_is_bounded_by_packets_not_by_payload_bytes() {
-        assert_eq!(first_batch(true), wire::gso::BATCH_MAX_PACKETS);
+        assert_eq!(first_batch(true), batch::gso::BATCH_MAX_PACKETS);
         let bytes = first_batch(false);
-        assert!(bytes < wire::gso::BATCH_MAX_PACKETS, "{bytes}");
+        assert!(bytes < batch::gso::BATCH_MAX_PACKETS, "{bytes}");
         // 80 KiB: the first packet's frame and 18 segments of 4110 bytes.
         assert_eq!(bytes, 19);
     }
@@ -1029,8 +1030,8 @@ mod output_tests {
             first.hdr.bth.psn,
             first.hdr.aeth.unwrap(),
         )];
-        for seg in wire::gso::rest(&frame, &first.hdr, None) {
-            let Ok(wire::gso::Segment::Packet(p)) = seg else {
+        for seg in batch::gso::rest(&frame, &first.hdr, None) {
+            let Ok(batch::gso::Segment::Packet(p)) = seg else {
                 panic!("{seg:?}");
             };
             got.push((p.hdr.bth.dest_qp, p.hdr.bth.psn, p.hdr.aeth.unwrap()));
@@ -1164,7 +1165,7 @@ mod output_tests {
     }
 
     /// Runs of 16 packets join a batch by reference up to
-    /// [`wire::gso::BATCH_MAX_PSNS`] packets in all, counted as packets;
+    /// [`batch::gso::BATCH_MAX_PSNS`] packets in all, counted as packets;
     /// not a batch of bytes.
     #[test]
     fn runs_join_a_batch_by_reference_up_to_its_psn_bound() {
@@ -1193,7 +1194,7 @@ mod output_tests {
                 }
             }
             let want = if by_ref {
-                (wire::gso::BATCH_MAX_PSNS - 1) / 16
+                (batch::gso::BATCH_MAX_PSNS - 1) / 16
             } else {
                 0
             };

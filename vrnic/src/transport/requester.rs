@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 
 use crate::abi::{self, Sge, WrOpcode};
+use crate::batch;
 use crate::device::{Counter, MAX_MSG_SZ};
 use crate::mem;
 use crate::transport::{peer_headers, psn, Env, TX_BACKLOG_MAX};
@@ -714,8 +715,8 @@ fn send_packet(
 }
 
 /// How many packets of inflight op `i` from packet `k` may go as one run
-/// ([`wire::Run`]): an RC or UC SEND or WRITE from driver memory, at most
-/// `budget` packets, [`wire::RUN_MAX_PACKETS`] and what the window has
+/// ([`batch::Run`]): an RC or UC SEND or WRITE from driver memory, at most
+/// `budget` packets, [`batch::RUN_MAX_PACKETS`] and what the window has
 /// room for (`ahead`: how far packet `k` is beyond the oldest
 /// unacknowledged PSN; `wnd`: the window, [`window`]), ending at the
 /// first packet that asks for an ACK
@@ -731,7 +732,7 @@ fn run_len(qp: &Qp, i: usize, k: u32, ahead: i32, wnd: i32, budget: u32) -> u32 
     let room = u32::try_from(wnd - ahead).unwrap_or(0);
     let n = (op.npkts - k)
         .min(budget)
-        .min(wire::RUN_MAX_PACKETS)
+        .min(batch::RUN_MAX_PACKETS)
         .min(room);
     // Packet j asks for an ACK every ack_every packets of the message.
     let every = ack_interval(u32::try_from(wnd).unwrap_or(0));
