@@ -37,21 +37,20 @@ mod contexts;
 mod control;
 mod db_records;
 mod neigh;
-mod stats;
 
+pub use crate::transport::stats::{Counter, Counters, DeviceStats, QpStats};
 pub use db_records::WATCH_MAX;
 pub use neigh::{
     NeighTable, NEIGH_FAILED_NS, NEIGH_MAX, NEIGH_MAX_PROBES, NEIGH_PENDING_MAX,
     NEIGH_REACHABLE_NS, NEIGH_RETRANS_NS,
 };
-pub use stats::{Counter, Counters, DeviceStats, QpStats};
 
 use crate::batch;
+use crate::transport::Qp;
 use crate::transport::{completer, datagram, hdr_check, requester, responder, Env, Output, PortId};
 use crate::verbs::ah::Ah;
 use crate::verbs::cq::Cq;
 use crate::verbs::mr::MrTable;
-use crate::verbs::qp::Qp;
 use crate::verbs::srq::Srq;
 use crate::verbs::table::{HandleSpace, HandleTable, KeySource};
 use crate::wire::{self, Frame, Icrc};

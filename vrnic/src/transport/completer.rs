@@ -5,10 +5,10 @@
 use crate::abi;
 use crate::batch::{self, Packet};
 use crate::data::Data;
-use crate::device::Counter;
 use crate::transport::requester::{self, ack_timeout_ns};
+use crate::transport::stats::Counter;
+use crate::transport::Qp;
 use crate::transport::{psn, send_queue_error, write_record, Env};
-use crate::verbs::qp::Qp;
 use crate::wire::{rnr_timer_ns, AethKind, NakCode, Opcode};
 
 /// Handles a response packet (ACK, NAK, READ response, atomic ACK)

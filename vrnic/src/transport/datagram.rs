@@ -9,11 +9,11 @@ use std::net::IpAddr;
 use crate::abi;
 use crate::batch::Packet;
 use crate::data::Data;
-use crate::device::Counter;
 use crate::transport::recv_queue;
 use crate::transport::requester::{self, complete_op, fetch};
+use crate::transport::stats::Counter;
+use crate::transport::Qp;
 use crate::transport::{headers_to, psn, scatter_sges, send_queue_error, write_record, Env};
-use crate::verbs::qp::Qp;
 use crate::wire::{Deth, Immdt, Opcode};
 
 /// Bytes of the GRH area at the start of every UD receive buffer

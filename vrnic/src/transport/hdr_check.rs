@@ -13,9 +13,9 @@ use std::net::IpAddr;
 
 use crate::abi;
 use crate::batch::Packet;
+use crate::transport::Qp;
 use crate::transport::{source_ip, PortId};
 use crate::verbs::ah::Av;
-use crate::verbs::qp::Qp;
 use crate::wire::{Gid, Transport};
 
 /// Why [`hdr_check`] dropped a packet.

@@ -15,16 +15,33 @@ pub mod psn;
 pub mod recv_queue;
 pub mod requester;
 pub mod responder;
+pub mod stats;
+
+/// The transport's parts of a QP ([`QpParts`]): its requester and
+/// responder state and its counters.
+#[derive(Debug)]
+pub enum TransportParts {}
+
+impl QpParts for TransportParts {
+    type Req = requester::ReqState;
+    type Resp = responder::RespState;
+    type Stats = stats::QpStats;
+}
+
+/// A QP as the transport and the device keep it: its verbs state
+/// ([`crate::verbs::qp::Qp`]) with the transport's parts.
+pub type Qp = crate::verbs::qp::Qp<TransportParts>;
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::abi;
 use crate::batch;
-use crate::device::{Counter, Counters, Nanos};
+use crate::device::Nanos;
 use crate::mem::{self, DmaMemory};
+use crate::transport::stats::{Counter, Counters};
 use crate::verbs::ah::Av;
-use crate::verbs::qp::Qp;
+use crate::verbs::qp::QpParts;
 use crate::wire::{self, Aeth, Bth, Gid, Opcode, RoceHeaders};
 
 /// The port's identity: addresses used in packets, and its GID table.

@@ -8,9 +8,9 @@ use crate::abi::{self, Sge, WrOpcode};
 use crate::batch;
 use crate::device::{Counter, MAX_MSG_SZ};
 use crate::mem;
+use crate::transport::Qp;
 use crate::transport::{peer_headers, psn, Env, TX_BACKLOG_MAX};
 use crate::verbs::mr::MrError;
-use crate::verbs::qp::Qp;
 use crate::wire::{self, AtomicEth, Ieth, Immdt, Opcode, Reth, RoceHeaders};
 
 /// Most PSNs an RC QP sends beyond the last one acknowledged (rxe's

@@ -7,10 +7,10 @@ use crate::abi;
 use crate::batch::{self, Packet};
 use crate::device::{Counter, MAX_MSG_SZ};
 use crate::transport::recv_queue::{self, RecvCtx};
+use crate::transport::Qp;
 use crate::transport::{
     psn, qp_to_error, reply_headers, write_record, Env, Output, TX_BACKLOG_MAX,
 };
-use crate::verbs::qp::Qp;
 use crate::wire::{Aeth, AtomicAckEth, AtomicEth, NakCode, Opcode, RoceHeaders, Transport};
 
 /// "Unlimited" credit count in an ACK's AETH (IBTA Table 44: 0x1F is
