@@ -9,6 +9,7 @@
 //! - [`mem`]: bounds-checked access to driver memory.
 //! - [`data`]: a packet's payload, in a frame or in a peer device's memory.
 //! - [`batch`]: batches and runs of packets between a daemon's functions.
+//! - [`time`]: the engine's time, [`time::Nanos`].
 //! - [`counters!`]: a struct of counters from one list of names.
 #![deny(missing_docs)]
 
@@ -22,6 +23,7 @@ pub mod device;
 pub mod fuzzing;
 pub mod link;
 pub mod mem;
+pub mod time;
 pub mod transport;
 pub mod verbs;
 pub mod wire;

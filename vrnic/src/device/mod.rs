@@ -30,8 +30,7 @@ pub struct DeviceConfig {
     pub link_mtu: u32,
 }
 
-/// Monotonic time in nanoseconds.
-pub type Nanos = u64;
+pub use crate::time::Nanos;
 
 mod contexts;
 mod control;
@@ -116,11 +115,7 @@ pub const MAX_CQE: u32 = 65536;
 pub const MAX_SGE: u32 = 32;
 /// Maximum inline bytes per send WQE.
 pub const MAX_INLINE: u32 = 512;
-/// Largest message, bytes (`ibv_port_attr.max_msg_sz`, rxe's
-/// `RXE_MAX_MSG_SIZE`): enforced by the requester (a longer WQE completes
-/// with `WC_LOC_LEN_ERR`) and the responder (a SEND growing past it, a
-/// READ or WRITE asking for more, is NAKed invalid request).
-pub const MAX_MSG_SZ: u32 = 1 << 31;
+pub use crate::transport::MAX_MSG_SZ;
 /// Largest MR, bytes.
 pub const MAX_MR_SIZE: u64 = 1 << 40;
 /// Largest page list of one MR, entries (`DeviceAttr::max_mr_pages`):

@@ -17,6 +17,12 @@ pub mod requester;
 pub mod responder;
 pub mod stats;
 
+/// Largest message, bytes (`ibv_port_attr.max_msg_sz`, rxe's
+/// `RXE_MAX_MSG_SIZE`): enforced by the requester (a longer WQE completes
+/// with `WC_LOC_LEN_ERR`) and the responder (a SEND growing past it, a
+/// READ or WRITE asking for more, is NAKed invalid request).
+pub const MAX_MSG_SZ: u32 = 1 << 31;
+
 /// The transport's parts of a QP ([`QpParts`]): its requester and
 /// responder state and its counters.
 #[derive(Debug)]
@@ -37,8 +43,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::abi;
 use crate::batch;
-use crate::device::Nanos;
 use crate::mem::{self, DmaMemory};
+use crate::time::Nanos;
 use crate::transport::stats::{Counter, Counters};
 use crate::verbs::ah::Av;
 use crate::verbs::qp::QpParts;
@@ -121,7 +127,7 @@ pub struct Output {
     pub spare: Vec<Vec<u8>>,
     /// Destinations reached without a wire ([`crate::link::Link::local_macs`]):
     /// RoCEv2 frames to them are emitted without the ICRC.
-    pub local_macs: Option<crate::link::LocalMacs>,
+    pub local_macs: Option<crate::data::LocalMacs>,
     /// The last frame of [`Output::tx`] while more packets may join it
     /// ([`batch::gso`]): a frame to a local destination, RC or UC.
     pub batch: Option<Batch>,

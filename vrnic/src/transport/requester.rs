@@ -6,9 +6,10 @@ use std::collections::VecDeque;
 
 use crate::abi::{self, Sge, WrOpcode};
 use crate::batch;
-use crate::device::{Counter, MAX_MSG_SZ};
 use crate::mem;
+use crate::transport::stats::Counter;
 use crate::transport::Qp;
+use crate::transport::MAX_MSG_SZ;
 use crate::transport::{peer_headers, psn, Env, TX_BACKLOG_MAX};
 use crate::verbs::mr::MrError;
 use crate::wire::{self, AtomicEth, Ieth, Immdt, Opcode, Reth, RoceHeaders};

@@ -5,9 +5,10 @@
 
 use crate::abi;
 use crate::batch::{self, Packet};
-use crate::device::{Counter, MAX_MSG_SZ};
 use crate::transport::recv_queue::{self, RecvCtx};
+use crate::transport::stats::Counter;
 use crate::transport::Qp;
+use crate::transport::MAX_MSG_SZ;
 use crate::transport::{
     psn, qp_to_error, reply_headers, write_record, Env, Output, TX_BACKLOG_MAX,
 };
