@@ -14,21 +14,11 @@
 //! (`ibv_post_send(3)`), and a completion comes only after the receiver's
 //! ACK, so the bytes read are the ones sent.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use crate::mem::{DmaMemory, MemError};
 
-/// Memory of another device of this process, read by this one: its guest
-/// memory, which outlives every packet that refers to it (the reference
-/// is counted). Bounds-checked as [`DmaMemory`].
-pub trait PeerMemory: Send + Sync + std::fmt::Debug {
-    /// Copies `buf.len()` bytes at `gpa` into `buf`.
-    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError>;
-    /// The implementation, for a [`DmaMemory`] that copies from it
-    /// directly ([`DmaMemory::copy_from_peer`]).
-    fn as_any(&self) -> &dyn Any;
-}
+pub use crate::mem::PeerMemory;
 
 /// Bytes of one piece entry: guest-physical address (8, big-endian) and
 /// length (4, big-endian).

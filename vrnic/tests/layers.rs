@@ -134,8 +134,6 @@ const RULES: &[Rule] = &[
 const KNOWN_BACK_EDGES: &[(&str, &str)] = &[
     ("transport/mod.rs", "device"),
     ("transport/requester.rs", "device"),
-    ("link/txq.rs", "device"),
-    ("mem.rs", "data"),
 ];
 
 /// One reference from a file to a top module.

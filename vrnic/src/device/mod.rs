@@ -788,6 +788,26 @@ impl Device {
     }
 }
 
+/// The link's transmit flusher takes the device's frames in order
+/// ([`crate::link::txq::TxFlush`]).
+impl crate::link::txq::FrameSource for Device {
+    fn next_frame(&mut self) -> Option<Vec<u8>> {
+        self.pop_tx()
+    }
+
+    fn recycle(&mut self, frame: Vec<u8>) {
+        self.recycle_tx(frame);
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.tx_popped()
+    }
+
+    fn set_held_from(&mut self, seq: Option<u64>) {
+        self.set_tx_held_from(seq);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::producer_index_ok;
