@@ -45,7 +45,7 @@ const RULES: &[Rule] = &[
         module: "counters",
         name: "counters-is-a-leaf",
         may_import: &[],
-        reason: "counters and time are utilities every layer may use",
+        reason: "the counters! macro is a utility every layer may use",
     },
     Rule {
         module: "time",
