@@ -315,44 +315,7 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
         }
         let last = st.resid <= mtu;
         let len = st.resid.min(mtu);
-        let opcode = match (st.first, last) {
-            (true, true) => Opcode::RcReadResponseOnly,
-            (true, false) => Opcode::RcReadResponseFirst,
-            (false, true) => Opcode::RcReadResponseLast,
-            (false, false) => Opcode::RcReadResponseMiddle,
-        };
-        let aeth = Aeth::ack(st.msn, CREDITS_UNLIMITED);
-        let mut hdr = reply_headers(qp, &env.res.port, &st.req, opcode, st.psn, aeth);
-        if opcode == Opcode::RcReadResponseMiddle {
-            hdr.aeth = None;
-        }
-        // To another function of the daemon, the payload may stay in driver
-        // memory for the requester to copy; else it goes from driver memory
-        // straight into the frame.
-        let res = &mut *env.res;
-        let (mem, pdn, va) = (env.mem, qp.pdn, st.va);
-        let mrs = &res.mrs;
-        let checked = || {
-            mrs.check(st.rkey, pdn, abi::ACCESS_REMOTE_READ, va, u64::from(len))
-                .map_err(|_| ())
-        };
-        let by_ref = match len {
-            0 => Ok(false),
-            _ => res.out.send_by_ref(&mut hdr, len as usize, |out| {
-                checked()?.pieces(va, len as usize, out).map_err(|_| ())
-            }),
-        };
-        let sent = match by_ref {
-            Ok(true) => Ok(()),
-            Ok(false) => res.out.send_with(&mut hdr, len as usize, |data| {
-                if data.is_empty() {
-                    return Ok(());
-                }
-                checked()?.read(mem, va, data).map_err(|_| ())
-            }),
-            Err(()) => Err(()),
-        };
-        if sent.is_err() {
+        if send_read_packet(qp, env, &st, len, last).is_err() {
             read_access_error(qp, env, &st);
             return true;
         }
@@ -371,6 +334,56 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
             first: false,
             ..st
         };
+    }
+}
+
+/// Sends one response packet of the READ stream `st`: its next `len`
+/// bytes (`last`: the stream's last packet), by reference to another
+/// function of the daemon or copied from driver memory into the frame.
+/// `Err` when the MR no longer allows the read.
+fn send_read_packet(
+    qp: &Qp,
+    env: &mut Env,
+    st: &ReadStream,
+    len: u32,
+    last: bool,
+) -> Result<(), ()> {
+    let opcode = match (st.first, last) {
+        (true, true) => Opcode::RcReadResponseOnly,
+        (true, false) => Opcode::RcReadResponseFirst,
+        (false, true) => Opcode::RcReadResponseLast,
+        (false, false) => Opcode::RcReadResponseMiddle,
+    };
+    let aeth = Aeth::ack(st.msn, CREDITS_UNLIMITED);
+    let mut hdr = reply_headers(qp, &env.res.port, &st.req, opcode, st.psn, aeth);
+    if opcode == Opcode::RcReadResponseMiddle {
+        hdr.aeth = None;
+    }
+    // To another function of the daemon, the payload may stay in driver
+    // memory for the requester to copy; else it goes from driver memory
+    // straight into the frame.
+    let res = &mut *env.res;
+    let (mem, pdn, va) = (env.mem, qp.pdn, st.va);
+    let mrs = &res.mrs;
+    let checked = || {
+        mrs.check(st.rkey, pdn, abi::ACCESS_REMOTE_READ, va, u64::from(len))
+            .map_err(|_| ())
+    };
+    let by_ref = match len {
+        0 => Ok(false),
+        _ => res.out.send_by_ref(&mut hdr, len as usize, |out| {
+            checked()?.pieces(va, len as usize, out).map_err(|_| ())
+        }),
+    };
+    match by_ref {
+        Ok(true) => Ok(()),
+        Ok(false) => res.out.send_with(&mut hdr, len as usize, |data| {
+            if data.is_empty() {
+                return Ok(());
+            }
+            checked()?.read(mem, va, data).map_err(|_| ())
+        }),
+        Err(()) => Err(()),
     }
 }
 
