@@ -68,9 +68,9 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use crossbeam_queue::ArrayQueue;
 
+use vrnic::batch::gso;
 use vrnic::data::PeerMemory;
 use vrnic::link::{Icrc, Link, LinkStats, LocalMacs, LocalReach, Polling};
-use vrnic::wire::gso;
 
 /// Receive queue depth of a port, frames.
 pub const PORT_QUEUE_DEPTH: usize = 1024;
@@ -202,7 +202,7 @@ impl PortCounters {
 /// beside it: about 2.3 MiB a port at most with 9 KiB frames.
 const SPARE_BUFFERS: usize = 256;
 /// Spare buffers longer than a jumbo frame ([`BIG_BUFFER`]: they held
-/// batches, `vrnic::wire::gso`) a port keeps, at most (plus one per
+/// batches, `vrnic::batch::gso`) a port keeps, at most (plus one per
 /// sender racing to give one back): 16 × 80 KiB, 1.3 MiB.
 const SPARE_BIG_MAX: usize = 16;
 /// Capacity above which a buffer counts as big, bytes.

@@ -280,7 +280,7 @@ fn roce(dst: [u8; 6], src: [u8; 6], icrc: Icrc) -> Vec<u8> {
     f
 }
 
-/// A batch of two packets from A to `dst` (`vrnic::wire::gso`), and the
+/// A batch of two packets from A to `dst` (`vrnic::batch::gso`), and the
 /// two frames with their ICRC a wire carries for it.
 fn roce_batch(dst: [u8; 6]) -> (Vec<u8>, Vec<Vec<u8>>) {
     let mut h = roce_hdr(dst, A);

@@ -224,7 +224,7 @@ fn two_functions_of_one_daemon_talk_through_the_switch_not_the_uplink() {
     assert_eq!(get("link_rx_malformed"), Some(0), "{reply}");
 
     // A's pcap file shows the RoCEv2 frames it exchanged with B, packet
-    // by packet: B's WRITE came to A as one batch (`vrnic::wire::gso`).
+    // by packet: B's WRITE came to A as one batch (`vrnic::batch::gso`).
     let ops = roce_opcodes_in_pcap(&pcap);
     let of = |o: Opcode| ops.iter().filter(|&&x| x == o).count();
     use vrnic::wire::Opcode;

@@ -1,7 +1,7 @@
 //! A packet's payload as the transport consumes it: bytes in a frame, or
 //! bytes still in the memory of the device that sent it, when both devices
 //! are functions of one daemon (a batch's packet "by reference",
-//! [`crate::wire::gso`]). The receiver then copies them straight from the
+//! [`crate::batch::gso`]). The receiver then copies them straight from the
 //! sender's guest memory into its own: one copy instead of two, and none
 //! through a frame.
 //!
@@ -14,20 +14,11 @@
 //! (`ibv_post_send(3)`), and a completion comes only after the receiver's
 //! ACK, so the bytes read are the ones sent.
 
-use std::any::Any;
+use std::sync::Arc;
 
 use crate::mem::{DmaMemory, MemError};
 
-/// Memory of another device of this process, read by this one: its guest
-/// memory, which outlives every packet that refers to it (the reference
-/// is counted). Bounds-checked as [`DmaMemory`].
-pub trait PeerMemory: Send + Sync + std::fmt::Debug {
-    /// Copies `buf.len()` bytes at `gpa` into `buf`.
-    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError>;
-    /// The implementation, for a [`DmaMemory`] that copies from it
-    /// directly ([`DmaMemory::copy_from_peer`]).
-    fn as_any(&self) -> &dyn Any;
-}
+pub use crate::mem::PeerMemory;
 
 /// Bytes of one piece entry: guest-physical address (8, big-endian) and
 /// length (4, big-endian).
@@ -123,7 +114,7 @@ pub fn push_piece(out: &mut Vec<u8>, gpa: u64, len: u32) {
     out.extend_from_slice(&len.to_be_bytes());
 }
 
-/// A packet's payload ([`crate::wire::RocePacket::data`]).
+/// A packet's payload ([`crate::batch::Packet::data`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Data<'a> {
     /// In the frame.
@@ -186,6 +177,77 @@ impl<'a> Data<'a> {
                 Ok(v)
             }
         }
+    }
+}
+
+/// Which destination MACs a link delivers within the process
+/// ([`crate::link::Link::local_macs`]): a predicate shared with the device, which asks
+/// it once per RoCEv2 frame it emits. A destination that leaves between
+/// the question and the delivery (a function deleted) gets one frame
+/// without an ICRC on the wire, which its receiver drops as corrupt; RC
+/// retransmits it with one. (A batch, [`crate::batch::gso`], is split into
+/// sealed frames by the switch instead.)
+#[derive(Clone)]
+pub struct LocalMacs(Arc<dyn LocalReach>);
+
+/// What a link knows of the destinations it reaches within the process
+/// ([`LocalMacs`]).
+pub trait LocalReach: Send + Sync {
+    /// Whether frames to `mac` stay in the process.
+    fn contains(&self, mac: &[u8; 6]) -> bool;
+    /// Whether packets to `mac` may leave their payload in this device's
+    /// memory ([`crate::batch::gso::append_peer`]): the destination reads
+    /// it there ([`LocalReach::memory_of`] of this device's MAC, on its
+    /// side). `false` by default.
+    fn by_reference(&self, _mac: &[u8; 6]) -> bool {
+        false
+    }
+    /// The memory of the device at `mac`, which packets from it may refer
+    /// to; `None` by default.
+    fn memory_of(&self, _mac: &[u8; 6]) -> Option<Arc<dyn PeerMemory>> {
+        None
+    }
+}
+
+/// A [`LocalReach`] that is a predicate on MACs and nothing more.
+struct MacPredicate<F>(F);
+
+impl<F: Fn(&[u8; 6]) -> bool + Send + Sync> LocalReach for MacPredicate<F> {
+    fn contains(&self, mac: &[u8; 6]) -> bool {
+        (self.0)(mac)
+    }
+}
+
+impl LocalMacs {
+    /// The MACs for which `f` is true (no payload by reference).
+    pub fn new(f: impl Fn(&[u8; 6]) -> bool + Send + Sync + 'static) -> Self {
+        Self(Arc::new(MacPredicate(f)))
+    }
+
+    /// What `reach` knows.
+    pub fn with(reach: impl LocalReach + 'static) -> Self {
+        Self(Arc::new(reach))
+    }
+
+    /// Whether frames to `mac` stay in the process.
+    pub fn contains(&self, mac: &[u8; 6]) -> bool {
+        self.0.contains(mac)
+    }
+
+    /// [`LocalReach::by_reference`].
+    pub fn by_reference(&self, mac: &[u8; 6]) -> bool {
+        self.0.by_reference(mac)
+    }
+
+    /// [`LocalReach::memory_of`].
+    pub fn memory_of(&self, mac: &[u8; 6]) -> Option<Arc<dyn PeerMemory>> {
+        self.0.memory_of(mac)
+    }
+}
+
+impl std::fmt::Debug for LocalMacs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LocalMacs(..)")
     }
 }
 

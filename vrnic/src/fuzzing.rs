@@ -708,7 +708,7 @@ impl Target {
 
     /// [`Target::receive`] of a frame that comes `icrc`: with
     /// [`Icrc::Unneeded`], as from another function of the daemon (its
-    /// ICRC unchecked, and it may be a batch, [`wire::gso`]).
+    /// ICRC unchecked, and it may be a batch, [`crate::batch::gso`]).
     pub fn receive_with(&mut self, frame: &[u8], icrc: Icrc) -> usize {
         self.dev.receive_frame(&self.mem, frame, icrc, self.now);
         let mut n = self.settle();

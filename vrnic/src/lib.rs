@@ -9,10 +9,13 @@
 //! - [`link`]: TAP, AF_PACKET, in-memory and pcap links.
 //! - [`mem`]: bounds-checked access to driver memory.
 //! - [`data`]: a packet's payload, in a frame or in a peer device's memory.
+//! - [`batch`]: batches and runs of packets between a daemon's functions.
+//! - [`time`]: the engine's time, [`time::Nanos`].
 //! - [`counters!`]: a struct of counters from one list of names.
 #![deny(missing_docs)]
 
 pub use vrnic_abi as abi;
+pub mod batch;
 mod counters;
 pub mod data;
 pub mod device;
@@ -21,6 +24,7 @@ pub mod device;
 pub mod fuzzing;
 pub mod link;
 pub mod mem;
+pub mod time;
 pub mod transport;
 pub mod verbs;
 pub mod wire;

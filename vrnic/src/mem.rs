@@ -19,6 +19,18 @@ pub struct MemError {
     pub len: usize,
 }
 
+/// Memory of another device of this process, read by this one (a
+/// payload by reference, `crate::data`): its guest
+/// memory, which outlives every packet that refers to it (the reference
+/// is counted). Bounds-checked as [`DmaMemory`].
+pub trait PeerMemory: Send + Sync + std::fmt::Debug {
+    /// Copies `buf.len()` bytes at `gpa` into `buf`.
+    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError>;
+    /// The implementation, for a [`DmaMemory`] that copies from it
+    /// directly ([`DmaMemory::copy_from_peer`]).
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
 /// Memory shared by a driver with the device, addressed by guest-physical
 /// address (bytes). Implementations bounds-check every access.
 pub trait DmaMemory {
@@ -35,7 +47,7 @@ pub trait DmaMemory {
     fn copy_from_peer(
         &self,
         gpa: u64,
-        src: &dyn crate::data::PeerMemory,
+        src: &dyn PeerMemory,
         src_gpa: u64,
         len: usize,
     ) -> Result<(), MemError> {
@@ -82,7 +94,7 @@ pub trait DmaMemory {
 pub fn bounce_copy<M: DmaMemory + ?Sized>(
     dst: &M,
     gpa: u64,
-    src: &dyn crate::data::PeerMemory,
+    src: &dyn PeerMemory,
     src_gpa: u64,
     len: usize,
 ) -> Result<(), MemError> {
@@ -161,7 +173,7 @@ impl DmaMemory for VecMemory {
 }
 
 /// A shared memory is a memory: `Arc<VecMemory>` for a test's device
-/// whose memory another device reads ([`crate::data::PeerMemory`]).
+/// whose memory another device reads ([`PeerMemory`]).
 impl<T: DmaMemory + ?Sized> DmaMemory for std::sync::Arc<T> {
     fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
         (**self).read(gpa, buf)
@@ -174,7 +186,7 @@ impl<T: DmaMemory + ?Sized> DmaMemory for std::sync::Arc<T> {
     fn copy_from_peer(
         &self,
         gpa: u64,
-        src: &dyn crate::data::PeerMemory,
+        src: &dyn PeerMemory,
         src_gpa: u64,
         len: usize,
     ) -> Result<(), MemError> {
@@ -184,7 +196,7 @@ impl<T: DmaMemory + ?Sized> DmaMemory for std::sync::Arc<T> {
 
 /// A test's memory read by another device of the process (through a
 /// buffer: [`bounce_copy`]).
-impl crate::data::PeerMemory for VecMemory {
+impl PeerMemory for VecMemory {
     fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
         DmaMemory::read(self, gpa, buf)
     }
@@ -196,7 +208,7 @@ impl crate::data::PeerMemory for VecMemory {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{DmaMemory, MemError, VecMemory};
 
     #[test]
     fn vec_memory_rejects_out_of_range() {

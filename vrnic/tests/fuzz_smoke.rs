@@ -18,6 +18,7 @@ mod common;
 
 use common::*;
 use vrnic::abi::{self, Pod};
+use vrnic::batch;
 use vrnic::fuzzing::{self, qp, Peer, Target};
 use vrnic::wire::{self, Frame, Opcode, RoceHeaders};
 
@@ -547,8 +548,8 @@ fn arbitrary_control_commands_and_doorbells_are_answered_without_panic() {
 /// exchange's frames in their record format), so a change that breaks them
 /// shows up in CI, not only under cargo-fuzz; and `VRNIC_FUZZ_CORPUS`
 /// exports those inputs as a seed corpus.
-/// Batches (`wire::gso`) of the exchange's packets, some by reference
-/// and runs of packets (`wire::Run`) among them, as another function of
+/// Batches (`batch::gso`) of the exchange's packets, some by reference
+/// and runs of packets (`batch::Run`) among them, as another function of
 /// the daemon hands them over (`Icrc::Unneeded`), intact or damaged:
 /// every packet of a batch is handled as its own, damage never panics,
 /// and the device keeps working.
@@ -581,7 +582,7 @@ fn batches_of_mutated_packets_never_panic_and_the_device_keeps_working() {
             end = match &first {
                 None => {
                     first = Some(h.clone());
-                    wire::gso::start(&mut f, h, payload.len(), fill).unwrap()
+                    batch::gso::start(&mut f, h, payload.len(), fill).unwrap()
                 }
                 Some(fh) => {
                     // Of the first packet's flow.
@@ -597,7 +598,7 @@ fn batches_of_mutated_packets_never_panic_and_the_device_keeps_working() {
                         ..fh.clone()
                     };
                     match rng.below(3) {
-                        0 => wire::gso::append(&mut f, end, &h, payload.len(), fill).unwrap(),
+                        0 => batch::gso::append(&mut f, end, &h, payload.len(), fill).unwrap(),
                         // Its payload by reference, in the peer's memory
                         // (now and then past its end).
                         1 => {
@@ -606,7 +607,7 @@ fn batches_of_mutated_packets_never_panic_and_the_device_keeps_working() {
                                 vrnic::data::push_piece(out, at, payload.len() as u32);
                                 Ok::<(), ()>(())
                             };
-                            match wire::gso::append_peer(&mut f, end, &h, payload.len(), pieces) {
+                            match batch::gso::append_peer(&mut f, end, &h, payload.len(), pieces) {
                                 Ok(Some(e)) => e,
                                 _ => end,
                             }
@@ -667,7 +668,7 @@ const PEER_SPAN: u64 = fuzzing::PEER_MEM_SIZE as u64 - 2048;
 /// a SEND, WRITE or READ response of the flow of `h`, to its QP and from
 /// its PSN, its
 /// payload in the peer's memory, as another function of the daemon sends
-/// one (`wire::Run`); a WRITE's RETH names the target's MR 0. Returns the
+/// one (`batch::Run`); a WRITE's RETH names the target's MR 0. Returns the
 /// batch's new end and the run's packet count.
 fn append_run(
     f: &mut Vec<u8>,
@@ -728,7 +729,7 @@ fn append_run(
         vrnic::data::push_piece(out, at + u64::from(cut), total - cut);
         Ok::<(), ()>(())
     };
-    let e = wire::gso::append_run(
+    let e = batch::gso::append_run(
         f,
         end,
         &first,

@@ -3,8 +3,8 @@
 //! (`Link::local_macs`, `wire::Icrc::Unneeded`), and RC works as on a
 //! wire: SEND, WRITE and a READ whose stream holds the requests behind it
 //! (held requests are processed later), and the frames between them
-//! carry batches of packets (`wire::gso`), each packet handled on its own,
-//! and runs of packets (`wire::Run`), each handled as its packets would be.
+//! carry batches of packets (`batch::gso`), each packet handled on its own,
+//! and runs of packets (`batch::Run`), each handled as its packets would be.
 
 mod common;
 
@@ -15,6 +15,7 @@ use std::sync::{Arc, OnceLock};
 
 use common::*;
 use vrnic::abi;
+use vrnic::batch;
 use vrnic::data::PeerMemory;
 use vrnic::link::{Icrc, Link, LocalMacs, LocalReach, MemLink};
 use vrnic::wire::{self, WireError};
@@ -83,7 +84,7 @@ impl Link for LocalLink {
             && wire::parse_roce_with(frame, Icrc::Unneeded).is_ok()
         {
             self.counts.bare.fetch_add(1, Ordering::Relaxed);
-            if wire::gso::is_batch(frame) {
+            if batch::gso::is_batch(frame) {
                 self.counts.batches.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -113,8 +114,8 @@ impl Link for LocalLink {
         };
         let peer = self.peer_mem.as_ref().and_then(|m| m.get().cloned());
         if let (Ok(first), Some(mem)) = (wire::parse_roce_with(frame, Icrc::Unneeded), &peer) {
-            for seg in wire::gso::rest(frame, &first.hdr, Some(mem.as_ref())) {
-                if let Ok(wire::gso::Segment::Run(r)) = seg {
+            for seg in batch::gso::rest(frame, &first.hdr, Some(mem.as_ref())) {
+                if let Ok(batch::gso::Segment::Run(r)) = seg {
                     self.counts.runs.fetch_add(1, Ordering::Relaxed);
                     let n = u64::from(r.count);
                     self.counts.run_packets.fetch_add(n, Ordering::Relaxed);
@@ -122,7 +123,7 @@ impl Link for LocalLink {
             }
         }
         deliver(frame, Icrc::Unneeded);
-        if wire::gso::is_batch(frame) {
+        if batch::gso::is_batch(frame) {
             for _ in 0..self.replay {
                 self.counts.replayed.fetch_add(1, Ordering::Relaxed);
                 deliver(frame, Icrc::Unneeded);
@@ -184,7 +185,7 @@ fn local_pair_with(
     let (la, lb) = MemLink::pair();
     let (slot_a, slot_b): (PeerSlot, PeerSlot) = Default::default();
     let counts = Arc::new(Counts::default());
-    let buf = vec![0; wire::gso::BATCH_MAX_BYTES];
+    let buf = vec![0; batch::gso::BATCH_MAX_BYTES];
     // Node::new gives node n the MAC 2:0:0:0:0:n.
     let la = LocalLink {
         inner: la,
@@ -349,7 +350,7 @@ fn wqe(wr_id: u64, opcode: u8) -> abi::SendWqe {
 /// SEND, SEND with immediate and with invalidate, WRITE and WRITE with
 /// immediate of many packets, and READ responses, between two functions
 /// go as runs
-/// (`wire::Run`: one entry per message, or per ACK interval of a long
+/// (`batch::Run`: one entry per message, or per ACK interval of a long
 /// one), and land as their packets would have: the bytes, the receive
 /// completions with their lengths, immediate data, invalidated key and
 /// solicited flag, one completion per WQE, the packets counted one by
@@ -839,7 +840,7 @@ fn end_read_runs_in_a_middle(frame: &mut Vec<u8>) {
     let Ok(first) = wire::parse_roce_with(frame, Icrc::Unneeded) else {
         return;
     };
-    if !wire::gso::is_batch(frame) {
+    if !batch::gso::is_batch(frame) {
         return;
     }
     let mut off = first.hdr.frame_len(first.payload.len());

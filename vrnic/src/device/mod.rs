@@ -30,27 +30,26 @@ pub struct DeviceConfig {
     pub link_mtu: u32,
 }
 
-/// Monotonic time in nanoseconds.
-pub type Nanos = u64;
+pub use crate::time::Nanos;
 
 mod contexts;
 mod control;
 mod db_records;
 mod neigh;
-mod stats;
 
+pub use crate::transport::stats::{Counter, Counters, DeviceStats, QpStats};
 pub use db_records::WATCH_MAX;
 pub use neigh::{
     NeighTable, NEIGH_FAILED_NS, NEIGH_MAX, NEIGH_MAX_PROBES, NEIGH_PENDING_MAX,
     NEIGH_REACHABLE_NS, NEIGH_RETRANS_NS,
 };
-pub use stats::{Counter, Counters, DeviceStats, QpStats};
 
+use crate::batch;
+use crate::transport::Qp;
 use crate::transport::{completer, datagram, hdr_check, requester, responder, Env, Output, PortId};
 use crate::verbs::ah::Ah;
 use crate::verbs::cq::Cq;
 use crate::verbs::mr::MrTable;
-use crate::verbs::qp::Qp;
 use crate::verbs::srq::Srq;
 use crate::verbs::table::{HandleSpace, HandleTable, KeySource};
 use crate::wire::{self, Frame, Icrc};
@@ -116,12 +115,7 @@ pub const MAX_CQE: u32 = 65536;
 pub const MAX_SGE: u32 = 32;
 /// Maximum inline bytes per send WQE.
 pub const MAX_INLINE: u32 = 512;
-/// Largest message, bytes (`ibv_port_attr.max_msg_sz`, rxe's
-/// `RXE_MAX_MSG_SIZE`; the ABI's, which drivers check too): enforced by
-/// the requester (a longer WQE completes with `WC_LOC_LEN_ERR`) and the
-/// responder (a SEND growing past it, a READ or WRITE asking for more, is
-/// NAKed invalid request).
-pub use crate::abi::MAX_MSG_SZ;
+pub use crate::transport::MAX_MSG_SZ;
 /// Largest MR, bytes.
 pub const MAX_MR_SIZE: u64 = 1 << 40;
 /// Largest page list of one MR, entries (`DeviceAttr::max_mr_pages`):
@@ -413,7 +407,7 @@ impl Device {
     pub fn receive_frame(&mut self, mem: &dyn DmaMemory, frame: &[u8], icrc: Icrc, now: Nanos) {
         self.res.out.stats.count(Counter::rx_frames, 1);
         let pkt = match wire::parse_frame_with(frame, icrc) {
-            Ok(Frame::Roce(p)) => p,
+            Ok(Frame::Roce(p)) => batch::Packet::from(p),
             Ok(Frame::Arp(arp)) => {
                 // parse_frame accepted an Ethernet header.
                 let eth_dst = frame
@@ -443,16 +437,16 @@ impl Device {
         if icrc == Icrc::Unneeded {
             // Its packets may leave their payload in the sender's memory.
             let peer = match &self.res.out.local_macs {
-                Some(l) if wire::gso::is_batch(frame) => l.memory_of(&pkt.hdr.eth_src),
+                Some(l) if batch::gso::is_batch(frame) => l.memory_of(&pkt.hdr.eth_src),
                 _ => None,
             };
-            for seg in wire::gso::rest(frame, &pkt.hdr, peer.as_deref()) {
+            for seg in batch::gso::rest(frame, &pkt.hdr, peer.as_deref()) {
                 match seg {
-                    Ok(wire::gso::Segment::Packet(p)) => {
+                    Ok(batch::gso::Segment::Packet(p)) => {
                         self.res.out.stats.count(Counter::rx_frames, 1);
                         self.receive_packet(mem, &p, None, now);
                     }
-                    Ok(wire::gso::Segment::Run(r)) => self.receive_run(mem, &r, now),
+                    Ok(batch::gso::Segment::Run(r)) => self.receive_run(mem, &r, now),
                     Err(_) => {
                         self.res.out.stats.count(Counter::rx_frames, 1);
                         self.res.out.stats.count(Counter::rx_dropped, 1);
@@ -463,13 +457,13 @@ impl Device {
         }
     }
 
-    /// Handles a run of a batch ([`wire::Run`]): to an RC or UC QP whose
+    /// Handles a run of a batch ([`batch::Run`]): to an RC or UC QP whose
     /// header checks its first packet passes, the responder (SEND, WRITE:
     /// [`responder::on_run`]) or the completer (READ responses:
     /// [`completer::on_run`]) takes it whole when it can; anything else is
     /// handled packet by packet, as the packets would have been. Counted
     /// as its packets.
-    fn receive_run(&mut self, mem: &dyn DmaMemory, run: &wire::Run<'_>, now: Nanos) {
+    fn receive_run(&mut self, mem: &dyn DmaMemory, run: &batch::Run<'_>, now: Nanos) {
         let pkt = &run.first;
         let port = &self.res.port;
         let whole = port.owns(pkt.hdr.ip_dst)
@@ -508,11 +502,11 @@ impl Device {
     /// Handles one RoCEv2 packet: checks its addresses and hands it to its
     /// QP's responder or completer. `ip`: its IP header onward, for a UD
     /// request (the GRH of its completion); `None` for a packet of a batch
-    /// ([`wire::gso`]), which is never UD.
+    /// ([`batch::gso`]), which is never UD.
     fn receive_packet(
         &mut self,
         mem: &dyn DmaMemory,
-        pkt: &wire::RocePacket<'_>,
+        pkt: &batch::Packet<'_>,
         ip: Option<&[u8]>,
         now: Nanos,
     ) {
@@ -791,6 +785,26 @@ impl Device {
         out.clear();
         out.extend(self.qps.values().map(|q| (q.qpn, q.stats)));
         out.sort_unstable_by_key(|(n, _)| *n);
+    }
+}
+
+/// The link's transmit flusher takes the device's frames in order
+/// ([`crate::link::txq::TxFlush`]).
+impl crate::link::txq::FrameSource for Device {
+    fn next_frame(&mut self) -> Option<Vec<u8>> {
+        self.pop_tx()
+    }
+
+    fn recycle(&mut self, frame: Vec<u8>) {
+        self.recycle_tx(frame);
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.tx_popped()
+    }
+
+    fn set_held_from(&mut self, seq: Option<u64>) {
+        self.set_tx_held_from(seq);
     }
 }
 

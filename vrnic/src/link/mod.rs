@@ -12,76 +12,7 @@ use std::sync::Arc;
 use crate::data::PeerMemory;
 pub use crate::wire::Icrc;
 
-/// Which destination MACs a link delivers within the process
-/// ([`Link::local_macs`]): a predicate shared with the device, which asks
-/// it once per RoCEv2 frame it emits. A destination that leaves between
-/// the question and the delivery (a function deleted) gets one frame
-/// without an ICRC on the wire, which its receiver drops as corrupt; RC
-/// retransmits it with one. (A batch, [`crate::wire::gso`], is split into
-/// sealed frames by the switch instead.)
-#[derive(Clone)]
-pub struct LocalMacs(Arc<dyn LocalReach>);
-
-/// What a link knows of the destinations it reaches within the process
-/// ([`LocalMacs`]).
-pub trait LocalReach: Send + Sync {
-    /// Whether frames to `mac` stay in the process.
-    fn contains(&self, mac: &[u8; 6]) -> bool;
-    /// Whether packets to `mac` may leave their payload in this device's
-    /// memory ([`crate::wire::gso::append_peer`]): the destination reads
-    /// it there ([`LocalReach::memory_of`] of this device's MAC, on its
-    /// side). `false` by default.
-    fn by_reference(&self, _mac: &[u8; 6]) -> bool {
-        false
-    }
-    /// The memory of the device at `mac`, which packets from it may refer
-    /// to; `None` by default.
-    fn memory_of(&self, _mac: &[u8; 6]) -> Option<Arc<dyn PeerMemory>> {
-        None
-    }
-}
-
-/// A [`LocalReach`] that is a predicate on MACs and nothing more.
-struct MacPredicate<F>(F);
-
-impl<F: Fn(&[u8; 6]) -> bool + Send + Sync> LocalReach for MacPredicate<F> {
-    fn contains(&self, mac: &[u8; 6]) -> bool {
-        (self.0)(mac)
-    }
-}
-
-impl LocalMacs {
-    /// The MACs for which `f` is true (no payload by reference).
-    pub fn new(f: impl Fn(&[u8; 6]) -> bool + Send + Sync + 'static) -> Self {
-        Self(Arc::new(MacPredicate(f)))
-    }
-
-    /// What `reach` knows.
-    pub fn with(reach: impl LocalReach + 'static) -> Self {
-        Self(Arc::new(reach))
-    }
-
-    /// Whether frames to `mac` stay in the process.
-    pub fn contains(&self, mac: &[u8; 6]) -> bool {
-        self.0.contains(mac)
-    }
-
-    /// [`LocalReach::by_reference`].
-    pub fn by_reference(&self, mac: &[u8; 6]) -> bool {
-        self.0.by_reference(mac)
-    }
-
-    /// [`LocalReach::memory_of`].
-    pub fn memory_of(&self, mac: &[u8; 6]) -> Option<Arc<dyn PeerMemory>> {
-        self.0.memory_of(mac)
-    }
-}
-
-impl std::fmt::Debug for LocalMacs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("LocalMacs(..)")
-    }
-}
+pub use crate::data::{LocalMacs, LocalReach};
 
 /// A full-duplex Ethernet link carrying whole frames (no FCS).
 pub trait Link: Send {
@@ -156,7 +87,7 @@ pub trait Link: Send {
     /// process without a wire between (the other functions of a daemon,
     /// through its embedded switch): a device may emit its RoCEv2 frames
     /// to them without the ICRC ([`Icrc::Unneeded`]), RC and UC packets
-    /// of one flow batched into one frame ([`crate::wire::gso`]), and they
+    /// of one flow batched into one frame ([`crate::batch::gso`]), and they
     /// are received with [`Icrc::Unneeded`] through [`Link::recv_with`]. A
     /// link that returns `Some` delivers such batches whole through
     /// `recv_with` (of any length) and splits them into sealed frames

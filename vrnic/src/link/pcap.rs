@@ -272,9 +272,9 @@ impl Link for PcapLink {
         if let Some(icrc) = seen {
             let f = std::mem::take(&mut self.scratch);
             if icrc == Icrc::Unneeded {
-                // Sealed, a batch packet by packet (`wire::gso`).
+                // Sealed, a batch packet by packet (`batch::gso`).
                 let mut out = std::mem::take(&mut self.split);
-                crate::wire::gso::split(&f, &mut out, |p| self.record(p));
+                crate::batch::gso::split(&f, &mut out, |p| self.record(p));
                 self.split = out;
             } else {
                 self.record(&f);

@@ -32,7 +32,7 @@
 //! [`FrameSource::next_seq`]): a device's ACK timers wait for them rather
 //! than count their time in its hands as the peer's silence.
 
-use crate::device::{Device, Nanos};
+use crate::time::Nanos;
 
 use super::Link;
 
@@ -57,7 +57,8 @@ pub const HELD_MAX: usize = SEND_BATCH;
 /// flusher takes no more from its source.
 pub const HELD_TOTAL_MAX: usize = 4 * SEND_BATCH;
 
-/// Where [`TxFlush`] takes frames from: a [`Device`]'s transmit queue, in
+/// Where [`TxFlush`] takes frames from: a device's transmit queue
+/// (`crate::device::Device` implements it), in
 /// order, with the buffers given back for reuse.
 pub trait FrameSource {
     /// The next frame to send, if any.
@@ -74,24 +75,6 @@ pub trait FrameSource {
     /// The flusher still holds frames from sequence number `seq` on (some
     /// of them), or none (`None`).
     fn set_held_from(&mut self, _seq: Option<u64>) {}
-}
-
-impl FrameSource for Device {
-    fn next_frame(&mut self) -> Option<Vec<u8>> {
-        self.pop_tx()
-    }
-
-    fn recycle(&mut self, frame: Vec<u8>) {
-        self.recycle_tx(frame);
-    }
-
-    fn next_seq(&self) -> u64 {
-        self.tx_popped()
-    }
-
-    fn set_held_from(&mut self, seq: Option<u64>) {
-        self.set_tx_held_from(seq);
-    }
 }
 
 /// What one [`TxFlush::flush`] did.
@@ -114,7 +97,7 @@ pub struct Flushed {
 pub const SEND_BATCH: usize = 32;
 /// Bytes of frames a [`TxFlush`] takes from its source ahead of the link,
 /// at most (the last frame taken may pass it): 32 frames of a 9000-byte
-/// MTU, or four batches between functions ([`crate::wire::gso`]).
+/// MTU, or four batches between functions ([`crate::batch::gso`]).
 pub const SEND_BATCH_BYTES: usize = 32 * 9216;
 
 /// Frames held for one full destination, oldest first.

@@ -3,12 +3,13 @@
 //! local ACK timeout (IBTA Vol 1 §9.7.5.1, §9.7.6; rxe_comp.c).
 
 use crate::abi;
+use crate::batch::{self, Packet};
 use crate::data::Data;
-use crate::device::Counter;
 use crate::transport::requester::{self, ack_timeout_ns};
+use crate::transport::stats::Counter;
+use crate::transport::Qp;
 use crate::transport::{psn, send_queue_error, write_record, Env};
-use crate::verbs::qp::Qp;
-use crate::wire::{self, rnr_timer_ns, AethKind, NakCode, Opcode, RocePacket};
+use crate::wire::{rnr_timer_ns, AethKind, NakCode, Opcode};
 
 /// Handles a response packet (ACK, NAK, READ response, atomic ACK)
 /// addressed to `qp`: the driver of rxe's completer state machine
@@ -16,7 +17,7 @@ use crate::wire::{self, rnr_timer_ns, AethKind, NakCode, Opcode, RocePacket};
 /// `complete_ack`, for an RNR NAK `rnr_retry`, for a NAK `on_nak`,
 /// and for a READ response or atomic ACK `on_read_or_atomic_response`
 /// (`check_resp_psn`, `do_read` or `do_atomic`, `complete_wqe`).
-pub fn on_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
+pub fn on_response(qp: &mut Qp, env: &mut Env, pkt: &Packet) {
     if !matches!(qp.state, abi::QpState::Rts | abi::QpState::Sqd) || qp.qp_type != abi::QpType::Rc {
         return;
     }
@@ -41,7 +42,7 @@ pub fn on_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
 /// last acknowledged one; anything else is stale or bogus and dropped.
 /// (The checks against the WQE a READ response or atomic ACK answers are
 /// [`check_resp_psn`].)
-fn check_psn(qp: &Qp, pkt: &RocePacket) -> bool {
+fn check_psn(qp: &Qp, pkt: &Packet) -> bool {
     let p = pkt.hdr.bth.psn;
     psn::diff(p, qp.req.psn) < 0 && psn::diff(p, qp.req.acked_psn) >= -(1 << 22)
 }
@@ -67,7 +68,7 @@ enum AckKind {
 
 /// rxe's `check_ack`: classifies a response by its opcode and its AETH
 /// syndrome (IBTA §9.3.5, Table 44).
-fn check_ack(pkt: &RocePacket) -> AckKind {
+fn check_ack(pkt: &Packet) -> AckKind {
     let op = pkt.hdr.bth.opcode;
     if op.is_read_response() || op == Opcode::RcAtomicAck {
         return AckKind::ReadOrAtomic;
@@ -318,7 +319,7 @@ enum RespPsn {
 /// rxe's `check_psn` (its part against the WQE) for a READ response or
 /// atomic ACK: the head WQE must be a READ (for a READ response) or an
 /// atomic (for an atomic ACK) still waiting, and the response its next one.
-fn check_resp_psn(qp: &Qp, pkt: &RocePacket) -> RespPsn {
+fn check_resp_psn(qp: &Qp, pkt: &Packet) -> RespPsn {
     let Some(op) = qp.req.inflight.front() else {
         return RespPsn::NotForHead;
     };
@@ -343,7 +344,7 @@ fn check_resp_psn(qp: &Qp, pkt: &RocePacket) -> RespPsn {
 /// value in its 8-byte SGE ([`do_atomic`]); the last response completes
 /// the WQE ([`complete_wqe`]). A gap in the response PSNs re-requests from
 /// the first missing one; repeats are ignored ([`check_resp_psn`]).
-fn on_read_or_atomic_response(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
+fn on_read_or_atomic_response(qp: &mut Qp, env: &mut Env, pkt: &Packet) {
     let p = pkt.hdr.bth.psn;
     // Everything before this response is implicitly acknowledged.
     ack_up_to(qp, env, psn::add(p, psn::PSN_MASK));
@@ -411,7 +412,7 @@ fn responses_landed(qp: &mut Qp, env: &mut Env, n: u32, last: bool) {
     requester::run(qp, env);
 }
 
-/// A run of READ responses ([`wire::Run`]) to `qp`, whose header checks
+/// A run of READ responses ([`batch::Run`]) to `qp`, whose header checks
 /// its first packet passed. Taken whole when its packets would all land
 /// in turn: the next responses of the READ at the head, the stride the
 /// path MTU, the run ending the READ exactly when its last packet is a
@@ -419,7 +420,7 @@ fn responses_landed(qp: &mut Qp, env: &mut Env, n: u32, last: bool) {
 /// the responses counted, the WQE completed after its last. Anything
 /// else is handled packet by packet ([`on_response`]), as it would have
 /// come.
-pub fn on_run(qp: &mut Qp, env: &mut Env, run: &wire::Run) {
+pub fn on_run(qp: &mut Qp, env: &mut Env, run: &batch::Run) {
     if !take_run(qp, env, run) {
         for p in run.packets() {
             on_response(qp, env, &p);
@@ -428,7 +429,7 @@ pub fn on_run(qp: &mut Qp, env: &mut Env, run: &wire::Run) {
 }
 
 /// [`on_run`]'s whole case; false (nothing done) when it does not apply.
-fn take_run(qp: &mut Qp, env: &mut Env, run: &wire::Run) -> bool {
+fn take_run(qp: &mut Qp, env: &mut Env, run: &batch::Run) -> bool {
     let first = &run.first;
     // A READ response is what check_ack calls ReadOrAtomic.
     let ok = matches!(qp.state, abi::QpState::Rts | abi::QpState::Sqd)
@@ -501,7 +502,7 @@ fn rerequest(qp: &mut Qp, env: &mut Env, expected: u32) {
 /// A scatter error is the WQE's status.
 ///
 /// [`SendOp::request_end`]: crate::transport::requester::SendOp::request_end
-fn do_read(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<(), abi::WcStatus> {
+fn do_read(qp: &Qp, env: &Env, pkt: &Packet) -> Result<(), abi::WcStatus> {
     let op = qp.req.inflight.front().ok_or(abi::WcStatus::BadRespErr)?;
     let last = op.resp_pkts + 1 == op.request_end(op.resp_pkts);
     let mtu = qp.mtu();
@@ -532,7 +533,7 @@ fn do_read(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<(), abi::WcStatus> {
 /// rxe's `do_atomic`: the atomic ACK's original value lands in the head
 /// WQE's 8-byte SGE; an atomic ACK without an AtomicAckETH is
 /// `WC_BAD_RESP_ERR`.
-fn do_atomic(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<(), abi::WcStatus> {
+fn do_atomic(qp: &Qp, env: &Env, pkt: &Packet) -> Result<(), abi::WcStatus> {
     let op = qp.req.inflight.front().ok_or(abi::WcStatus::BadRespErr)?;
     match pkt.hdr.atomic_ack_eth {
         Some(a) => requester::scatter(env, qp.pdn, op, 0, Data::Bytes(&a.orig.to_le_bytes())),

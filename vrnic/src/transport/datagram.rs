@@ -7,13 +7,14 @@
 use std::net::IpAddr;
 
 use crate::abi;
+use crate::batch::Packet;
 use crate::data::Data;
-use crate::device::Counter;
 use crate::transport::recv_queue;
 use crate::transport::requester::{self, complete_op, fetch};
+use crate::transport::stats::Counter;
+use crate::transport::Qp;
 use crate::transport::{headers_to, psn, scatter_sges, send_queue_error, write_record, Env};
-use crate::verbs::qp::Qp;
-use crate::wire::{Deth, Immdt, Opcode, RocePacket};
+use crate::wire::{Deth, Immdt, Opcode};
 
 /// Bytes of the GRH area at the start of every UD receive buffer
 /// (`sizeof(struct ibv_grh)`).
@@ -111,7 +112,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
 /// The GRH area of a UD receive (as Linux rxe and RoCE hardware fill it):
 /// for IPv4 20 zero bytes then the 20-byte IPv4 header, for IPv6 the
 /// 40-byte IPv6 header. `net_hdr` is the frame from the IP header on.
-fn grh_area(pkt: &RocePacket, net_hdr: &[u8]) -> [u8; GRH_LEN] {
+fn grh_area(pkt: &Packet, net_hdr: &[u8]) -> [u8; GRH_LEN] {
     let mut grh = [0u8; GRH_LEN];
     match pkt.hdr.ip_src {
         IpAddr::V4(_) => {
@@ -132,7 +133,7 @@ fn grh_area(pkt: &RocePacket, net_hdr: &[u8]) -> [u8; GRH_LEN] {
 /// `rx_dropped`): a Q_Key mismatch (IBTA C10-16), no posted receive WQE (UD
 /// has no RNR), a QP not yet in RTR. A receive buffer too short for GRH +
 /// payload completes with `WC_LOC_LEN_ERR` and the QP carries on.
-pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, net_hdr: &[u8]) {
+pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &Packet, net_hdr: &[u8]) {
     let ok_state = matches!(
         qp.state,
         abi::QpState::Rtr | abi::QpState::Rts | abi::QpState::Sqd | abi::QpState::Sqe
@@ -173,7 +174,7 @@ fn complete(
     wr_id: u64,
     status: abi::WcStatus,
     len: u32,
-    pkt: &RocePacket,
+    pkt: &Packet,
     src_qp: u32,
 ) {
     let imm = pkt.hdr.immdt.map(|i| i.0);

@@ -12,10 +12,11 @@
 use std::net::IpAddr;
 
 use crate::abi;
+use crate::batch::Packet;
+use crate::transport::Qp;
 use crate::transport::{source_ip, PortId};
 use crate::verbs::ah::Av;
-use crate::verbs::qp::Qp;
-use crate::wire::{Gid, RocePacket, Transport};
+use crate::wire::{Gid, Transport};
 
 /// Why [`hdr_check`] dropped a packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +35,7 @@ pub enum HdrDrop {
 
 /// Runs the checks of rxe's `hdr_check` on a packet for `qp`, in its
 /// order. `Ok` when the packet may go on to the transport.
-pub fn hdr_check(qp: &Qp, port: &PortId, pkt: &RocePacket) -> Result<(), HdrDrop> {
+pub fn hdr_check(qp: &Qp, port: &PortId, pkt: &Packet) -> Result<(), HdrDrop> {
     check_type_state(qp, pkt)?;
     check_addr(qp, port, pkt)?;
     check_keys(qp, port, pkt)
@@ -46,7 +47,7 @@ pub fn hdr_check(qp: &Qp, port: &PortId, pkt: &RocePacket) -> Result<(), HdrDrop
 /// on), a response (RC only) in RTS or SQD, where the requester has
 /// packets outstanding. rxe's `check_type_state`; rxe lets ERR through
 /// to drain in the responder, vrnic drops it here.
-pub fn check_type_state(qp: &Qp, pkt: &RocePacket) -> Result<(), HdrDrop> {
+pub fn check_type_state(qp: &Qp, pkt: &Packet) -> Result<(), HdrDrop> {
     let want = match qp.qp_type {
         abi::QpType::Rc => Transport::Rc,
         abi::QpType::Uc => Transport::Uc,
@@ -75,7 +76,7 @@ pub fn check_type_state(qp: &Qp, pkt: &RocePacket) -> Result<(), HdrDrop> {
 /// SGID and DGID of a connected QP's packets, and RoCEv2 carries them as
 /// the IP addresses (Annex A17.4). rxe's `check_addr`. UD QPs accept any
 /// source.
-pub fn check_addr(qp: &Qp, port: &PortId, pkt: &RocePacket) -> Result<(), HdrDrop> {
+pub fn check_addr(qp: &Qp, port: &PortId, pkt: &Packet) -> Result<(), HdrDrop> {
     if qp.qp_type != abi::QpType::Rc && qp.qp_type != abi::QpType::Uc {
         return Ok(());
     }
@@ -91,7 +92,7 @@ pub fn check_addr(qp: &Qp, port: &PortId, pkt: &RocePacket) -> Result<(), HdrDro
 /// ([`pkey_match`]); a UD packet's DETH Q_Key must be the QP's (IBTA
 /// C10-16). rxe's `check_keys` (which compares with its one default
 /// P_Key).
-pub fn check_keys(qp: &Qp, port: &PortId, pkt: &RocePacket) -> Result<(), HdrDrop> {
+pub fn check_keys(qp: &Qp, port: &PortId, pkt: &Packet) -> Result<(), HdrDrop> {
     let own = port.pkey(u32::from(qp.attr.pkey_index));
     if !own.is_some_and(|k| pkey_match(pkt.hdr.bth.pkey, k)) {
         return Err(HdrDrop::BadPkey);

@@ -6,8 +6,9 @@
 
 use crate::abi::{self, Sge};
 use crate::mem;
+use crate::transport::Qp;
 use crate::transport::{write_record, Env};
-use crate::verbs::qp::{Qp, Ring};
+use crate::verbs::qp::Ring;
 
 /// A receive WQE taken for a message.
 #[derive(Debug, Clone)]

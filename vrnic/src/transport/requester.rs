@@ -5,11 +5,13 @@
 use std::collections::VecDeque;
 
 use crate::abi::{self, Sge, WrOpcode};
-use crate::device::{Counter, MAX_MSG_SZ};
+use crate::batch;
 use crate::mem;
+use crate::transport::stats::Counter;
+use crate::transport::Qp;
+use crate::transport::MAX_MSG_SZ;
 use crate::transport::{peer_headers, psn, Env, TX_BACKLOG_MAX};
 use crate::verbs::mr::MrError;
-use crate::verbs::qp::Qp;
 use crate::wire::{self, AtomicEth, Ieth, Immdt, Opcode, Reth, RoceHeaders};
 
 /// Most PSNs an RC QP sends beyond the last one acknowledged (rxe's
@@ -714,8 +716,8 @@ fn send_packet(
 }
 
 /// How many packets of inflight op `i` from packet `k` may go as one run
-/// ([`wire::Run`]): an RC or UC SEND or WRITE from driver memory, at most
-/// `budget` packets, [`wire::RUN_MAX_PACKETS`] and what the window has
+/// ([`batch::Run`]): an RC or UC SEND or WRITE from driver memory, at most
+/// `budget` packets, [`batch::RUN_MAX_PACKETS`] and what the window has
 /// room for (`ahead`: how far packet `k` is beyond the oldest
 /// unacknowledged PSN; `wnd`: the window, [`window`]), ending at the
 /// first packet that asks for an ACK
@@ -731,7 +733,7 @@ fn run_len(qp: &Qp, i: usize, k: u32, ahead: i32, wnd: i32, budget: u32) -> u32 
     let room = u32::try_from(wnd - ahead).unwrap_or(0);
     let n = (op.npkts - k)
         .min(budget)
-        .min(wire::RUN_MAX_PACKETS)
+        .min(batch::RUN_MAX_PACKETS)
         .min(room);
     // Packet j asks for an ACK every ack_every packets of the message.
     let every = ack_interval(u32::try_from(wnd).unwrap_or(0));
@@ -868,120 +870,175 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             break;
         }
         let pos = qp.req.send_pos;
-        if pos < qp.req.inflight.len() {
-            let op = &qp.req.inflight[pos];
-            if op.error.is_some() {
-                break; // completes when it reaches the head
-            }
-            let k = op.sent;
-            if k >= op.npkts {
-                qp.req.send_pos += 1;
-                continue;
-            }
-            if must_wait(qp, pos) {
-                break;
-            }
-            if op.opcode == WrOpcode::RdmaRead && op.chunk == 0 {
-                qp.req.inflight[pos].chunk = read_chunk(qp);
-            }
-            let op = &qp.req.inflight[pos];
-            let ahead = window_ahead(qp, psn::add(op.first_psn, k));
-            let wnd = window(qp, env, op);
-            // A READ request goes when its whole chunk fits (its
-            // responses come at once), or when nothing else is in flight.
-            let need = match op.opcode {
-                WrOpcode::RdmaRead if ahead > 0 => (op.request_end(k) - k) as i32,
-                _ => 1,
-            };
-            if ahead + need > wnd {
-                break; // resumed by the ACK that moves the window
-            }
-            // (PSNs sent, burst budget spent): a run, else one packet.
-            let (psns, cost) = match send_run(qp, env, pos, k, ahead, budget) {
-                Ok(0) => {
-                    match send_packet(qp, env, pos, k, ahead + 1 >= wnd) {
-                        Ok(true) => {
-                            let op = &qp.req.inflight[pos];
-                            // A READ or atomic request covers the PSNs up
-                            // to its end.
-                            let psns = if op.needs_response() {
-                                op.request_end(op.sent) - op.sent
-                            } else {
-                                1
-                            };
-                            (psns, 1)
-                        }
-                        Ok(false) => {
-                            qp.req.waiting_arp = Some(qp.attr.dgid);
-                            break;
-                        }
-                        Err(status) => {
-                            // The memory behind a validated SGE went away.
-                            qp.req.inflight[pos].error = Some(status);
-                            break;
-                        }
-                    }
-                }
-                Ok(n) => (n, n),
-                Err(status) => {
-                    qp.req.inflight[pos].error = Some(status);
-                    break;
-                }
-            };
-            qp.req.inflight[pos].sent += psns;
-            budget -= cost;
-            if qp.qp_type == abi::QpType::Uc {
-                // Unreliable: a message is complete once its last packet is
-                // on the wire (IBTA §9.7.2 has no acknowledgement for UC).
-                complete_sent(qp, env);
-                continue;
-            }
-            if qp.req.ack_deadline.is_none() {
-                qp.req.ack_deadline = ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t);
-            }
-            qp.req.tx_mark = env.res.out.frames_queued();
-            let op = &qp.req.inflight[pos];
-            qp.req
-                .rtt
-                .on_send(psn::add(op.first_psn, op.sent - 1), env.now);
-            sent_any = true;
-            continue;
-        }
-        // Fetch a new WQE (not in SQD: IBTA §10.3.1.4).
-        if qp.req.sq_next == qp.req.sq_pi || qp.state != abi::QpState::Rts {
-            break;
-        }
-        if window_ahead(qp, qp.req.psn) >= qp.req.cwnd.window() as i32 {
-            break;
-        }
-        let op = fetch(qp, env, qp.req.sq_next);
-        qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
-        qp.req.psn = psn::add(qp.req.psn, op.npkts);
-        let failed = op.error.is_some();
-        qp.req.inflight.push_back(op);
-        if failed {
-            break;
+        let step = if pos < qp.req.inflight.len() {
+            send_next(qp, env, pos, &mut budget)
+        } else {
+            fetch_next(qp, env)
+        };
+        match step {
+            Step::Next => {}
+            Step::Sent => sent_any = true,
+            Step::Stop => break,
         }
     }
     qp.req.more = budget == 0 || backlog;
     if (sent_any || qp.req.probe_deadline.is_none()) && !qp.req.probe_sent {
-        let ack_timeout = ack_timeout_ns(qp.attr.timeout);
-        let pto = qp.req.rtt.pto(ack_timeout);
-        qp.req.probe_deadline = if last_sent(qp).is_some() {
-            Some(env.now + pto)
-        } else if head_awaits_responses(qp) {
-            // READ responses come in the responder's bursts, one QP after
-            // another (64 packets each, `responder::READ_BURST`): with
-            // many QPs the gap between two bursts is many round trips, and
-            // a probe then only asks for responses already on their way.
-            // A quarter of the ACK timeout still finds a lost tail four
-            // times sooner.
-            Some(env.now + pto.max(ack_timeout.unwrap_or(0) / 4))
-        } else {
-            None
-        };
+        arm_probe(qp, env);
     }
     crate::transport::completer::complete_head_errors(qp, env);
+}
+
+/// What one step of [`run`]'s loop did.
+enum Step {
+    /// Go on: an op was passed, a WQE fetched, or a UC message sent.
+    Next,
+    /// Packets of an RC QP went: go on.
+    Sent,
+    /// Stop: the window, the neighbour, an error or the queue ends the
+    /// burst.
+    Stop,
+}
+
+/// [`run`]'s step for the fetched op at `pos` of `inflight`: sends its
+/// next packets (a run, else one packet) when the window has room for
+/// them, taking what they cost from `budget`.
+fn send_next(qp: &mut Qp, env: &mut Env, pos: usize, budget: &mut u32) -> Step {
+    let op = &qp.req.inflight[pos];
+    if op.error.is_some() {
+        return Step::Stop; // completes when it reaches the head
+    }
+    let k = op.sent;
+    if k >= op.npkts {
+        qp.req.send_pos += 1;
+        return Step::Next;
+    }
+    if must_wait(qp, pos) {
+        return Step::Stop;
+    }
+    if op.opcode == WrOpcode::RdmaRead && op.chunk == 0 {
+        qp.req.inflight[pos].chunk = read_chunk(qp);
+    }
+    let op = &qp.req.inflight[pos];
+    let ahead = window_ahead(qp, psn::add(op.first_psn, k));
+    let wnd = window(qp, env, op);
+    // A READ request goes when its whole chunk fits (its
+    // responses come at once), or when nothing else is in flight.
+    let need = match op.opcode {
+        WrOpcode::RdmaRead if ahead > 0 => (op.request_end(k) - k) as i32,
+        _ => 1,
+    };
+    if ahead + need > wnd {
+        return Step::Stop; // resumed by the ACK that moves the window
+    }
+    let Some((psns, cost)) = send_some(qp, env, pos, k, ahead, ahead + 1 >= wnd, *budget) else {
+        return Step::Stop;
+    };
+    qp.req.inflight[pos].sent += psns;
+    *budget -= cost;
+    if qp.qp_type == abi::QpType::Uc {
+        // Unreliable: a message is complete once its last packet is
+        // on the wire (IBTA §9.7.2 has no acknowledgement for UC).
+        complete_sent(qp, env);
+        return Step::Next;
+    }
+    if qp.req.ack_deadline.is_none() {
+        qp.req.ack_deadline = ack_timeout_ns(qp.attr.timeout).map(|t| env.now + t);
+    }
+    qp.req.tx_mark = env.res.out.frames_queued();
+    let op = &qp.req.inflight[pos];
+    qp.req
+        .rtt
+        .on_send(psn::add(op.first_psn, op.sent - 1), env.now);
+    Step::Sent
+}
+
+/// Sends packets `k..` of the op at `pos` (`ahead` PSNs past the oldest
+/// unacknowledged one): a run when [`send_run`] makes one, else one packet
+/// ([`send_packet`]; `window_full`: it fills the window). Returns the
+/// PSNs sent and the burst budget they cost; `None` when nothing went:
+/// the neighbour is being resolved (`waiting_arp` set) or the op failed
+/// (its error set).
+fn send_some(
+    qp: &mut Qp,
+    env: &mut Env,
+    pos: usize,
+    k: u32,
+    ahead: i32,
+    window_full: bool,
+    budget: u32,
+) -> Option<(u32, u32)> {
+    match send_run(qp, env, pos, k, ahead, budget) {
+        Ok(0) => {}
+        Ok(n) => return Some((n, n)),
+        Err(status) => {
+            qp.req.inflight[pos].error = Some(status);
+            return None;
+        }
+    }
+    match send_packet(qp, env, pos, k, window_full) {
+        Ok(true) => {
+            let op = &qp.req.inflight[pos];
+            // A READ or atomic request covers the PSNs up to its end.
+            let psns = if op.needs_response() {
+                op.request_end(op.sent) - op.sent
+            } else {
+                1
+            };
+            Some((psns, 1))
+        }
+        Ok(false) => {
+            qp.req.waiting_arp = Some(qp.attr.dgid);
+            None
+        }
+        Err(status) => {
+            // The memory behind a validated SGE went away.
+            qp.req.inflight[pos].error = Some(status);
+            None
+        }
+    }
+}
+
+/// [`run`]'s step when every fetched op is sent: fetches the next WQE
+/// when the window has room (not in SQD: IBTA §10.3.1.4).
+fn fetch_next(qp: &mut Qp, env: &mut Env) -> Step {
+    if qp.req.sq_next == qp.req.sq_pi || qp.state != abi::QpState::Rts {
+        return Step::Stop;
+    }
+    if window_ahead(qp, qp.req.psn) >= qp.req.cwnd.window() as i32 {
+        return Step::Stop;
+    }
+    let op = fetch(qp, env, qp.req.sq_next);
+    qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
+    qp.req.psn = psn::add(qp.req.psn, op.npkts);
+    let failed = op.error.is_some();
+    qp.req.inflight.push_back(op);
+    if failed {
+        Step::Stop
+    } else {
+        Step::Next
+    }
+}
+
+/// Arms the tail loss probe ([`crate::transport::probe`]) after [`run`]
+/// sent or found none armed: about two round trips after the last packet
+/// sent, longer while READ responses are awaited; none when nothing is
+/// outstanding.
+fn arm_probe(qp: &mut Qp, env: &Env) {
+    let ack_timeout = ack_timeout_ns(qp.attr.timeout);
+    let pto = qp.req.rtt.pto(ack_timeout);
+    qp.req.probe_deadline = if last_sent(qp).is_some() {
+        Some(env.now + pto)
+    } else if head_awaits_responses(qp) {
+        // READ responses come in the responder's bursts, one QP after
+        // another (64 packets each, `responder::READ_BURST`): with
+        // many QPs the gap between two bursts is many round trips, and
+        // a probe then only asks for responses already on their way.
+        // A quarter of the ACK timeout still finds a lost tail four
+        // times sooner.
+        Some(env.now + pto.max(ack_timeout.unwrap_or(0) / 4))
+    } else {
+        None
+    };
 }
 
 /// The last SEND or WRITE packet an RC QP sent that is not acknowledged:

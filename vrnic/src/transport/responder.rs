@@ -4,15 +4,15 @@
 //! §9.9; rxe_resp.c). Every error is answered: a requester never hangs.
 
 use crate::abi;
-use crate::device::{Counter, MAX_MSG_SZ};
+use crate::batch::{self, Packet};
 use crate::transport::recv_queue::{self, RecvCtx};
+use crate::transport::stats::Counter;
+use crate::transport::Qp;
+use crate::transport::MAX_MSG_SZ;
 use crate::transport::{
     psn, qp_to_error, reply_headers, write_record, Env, Output, TX_BACKLOG_MAX,
 };
-use crate::verbs::qp::Qp;
-use crate::wire::{
-    self, Aeth, AtomicAckEth, AtomicEth, NakCode, Opcode, RoceHeaders, RocePacket, Transport,
-};
+use crate::wire::{Aeth, AtomicAckEth, AtomicEth, NakCode, Opcode, RoceHeaders, Transport};
 
 /// "Unlimited" credit count in an ACK's AETH (IBTA Table 44: 0x1F is
 /// "invalid/no credit information", which end-to-end flow control ignores).
@@ -166,7 +166,7 @@ impl RdAtomicRes {
     /// and its responses within the original PSNs, so a resend from the
     /// first missing response (`psn + k`, `va + k × MTU`) qualifies and a
     /// forged or stale one reads nothing more. `mtu` in bytes.
-    fn replays_read(&self, pkt: &RocePacket, mtu: u32) -> bool {
+    fn replays_read(&self, pkt: &Packet, mtu: u32) -> bool {
         let (RdAtomicKind::Read { rkey, va, len }, Some(reth)) = (self.kind, pkt.hdr.reth) else {
             return false;
         };
@@ -223,7 +223,7 @@ impl RespState {
 /// until the stream ends, except a duplicate READ, which restarts the
 /// stream at once (rxe's `duplicate_request`). Then sends what the stream
 /// has to send, within [`READ_BURST`].
-pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
+pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &Packet) {
     let busy = qp.resp.read.is_some() || !qp.resp.held.is_empty();
     let dup_read =
         pkt.hdr.bth.opcode == Opcode::RcReadRequest && psn::diff(pkt.hdr.bth.psn, qp.resp.epsn) < 0;
@@ -236,7 +236,7 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
 }
 
 /// Keeps `pkt` for after the READ stream, within the bounds.
-fn hold(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
+fn hold(qp: &mut Qp, env: &mut Env, pkt: &Packet) {
     if qp.resp.held.len() < RESP_HOLD_MAX
         && env.res.out.held_frames < RESP_HOLD_DEVICE_MAX
         && pkt.hdr.frame_len(pkt.payload_len()) <= HELD_FRAME_MAX
@@ -272,7 +272,7 @@ pub fn run(qp: &mut Qp, env: &mut Env) -> bool {
             return false;
         };
         env.res.out.held_frames = env.res.out.held_frames.saturating_sub(1);
-        let pkt = RocePacket {
+        let pkt = Packet {
             hdr: held.hdr,
             payload: &held.payload,
             peer: None,
@@ -315,44 +315,7 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
         }
         let last = st.resid <= mtu;
         let len = st.resid.min(mtu);
-        let opcode = match (st.first, last) {
-            (true, true) => Opcode::RcReadResponseOnly,
-            (true, false) => Opcode::RcReadResponseFirst,
-            (false, true) => Opcode::RcReadResponseLast,
-            (false, false) => Opcode::RcReadResponseMiddle,
-        };
-        let aeth = Aeth::ack(st.msn, CREDITS_UNLIMITED);
-        let mut hdr = reply_headers(qp, &env.res.port, &st.req, opcode, st.psn, aeth);
-        if opcode == Opcode::RcReadResponseMiddle {
-            hdr.aeth = None;
-        }
-        // To another function of the daemon, the payload may stay in driver
-        // memory for the requester to copy; else it goes from driver memory
-        // straight into the frame.
-        let res = &mut *env.res;
-        let (mem, pdn, va) = (env.mem, qp.pdn, st.va);
-        let mrs = &res.mrs;
-        let checked = || {
-            mrs.check(st.rkey, pdn, abi::ACCESS_REMOTE_READ, va, u64::from(len))
-                .map_err(|_| ())
-        };
-        let by_ref = match len {
-            0 => Ok(false),
-            _ => res.out.send_by_ref(&mut hdr, len as usize, |out| {
-                checked()?.pieces(va, len as usize, out).map_err(|_| ())
-            }),
-        };
-        let sent = match by_ref {
-            Ok(true) => Ok(()),
-            Ok(false) => res.out.send_with(&mut hdr, len as usize, |data| {
-                if data.is_empty() {
-                    return Ok(());
-                }
-                checked()?.read(mem, va, data).map_err(|_| ())
-            }),
-            Err(()) => Err(()),
-        };
-        if sent.is_err() {
+        if send_read_packet(qp, env, &st, len, last).is_err() {
             read_access_error(qp, env, &st);
             return true;
         }
@@ -374,6 +337,56 @@ fn read_reply(qp: &mut Qp, env: &mut Env, budget: &mut u32) -> bool {
     }
 }
 
+/// Sends one response packet of the READ stream `st`: its next `len`
+/// bytes (`last`: the stream's last packet), by reference to another
+/// function of the daemon or copied from driver memory into the frame.
+/// `Err` when the MR no longer allows the read.
+fn send_read_packet(
+    qp: &Qp,
+    env: &mut Env,
+    st: &ReadStream,
+    len: u32,
+    last: bool,
+) -> Result<(), ()> {
+    let opcode = match (st.first, last) {
+        (true, true) => Opcode::RcReadResponseOnly,
+        (true, false) => Opcode::RcReadResponseFirst,
+        (false, true) => Opcode::RcReadResponseLast,
+        (false, false) => Opcode::RcReadResponseMiddle,
+    };
+    let aeth = Aeth::ack(st.msn, CREDITS_UNLIMITED);
+    let mut hdr = reply_headers(qp, &env.res.port, &st.req, opcode, st.psn, aeth);
+    if opcode == Opcode::RcReadResponseMiddle {
+        hdr.aeth = None;
+    }
+    // To another function of the daemon, the payload may stay in driver
+    // memory for the requester to copy; else it goes from driver memory
+    // straight into the frame.
+    let res = &mut *env.res;
+    let (mem, pdn, va) = (env.mem, qp.pdn, st.va);
+    let mrs = &res.mrs;
+    let checked = || {
+        mrs.check(st.rkey, pdn, abi::ACCESS_REMOTE_READ, va, u64::from(len))
+            .map_err(|_| ())
+    };
+    let by_ref = match len {
+        0 => Ok(false),
+        _ => res.out.send_by_ref(&mut hdr, len as usize, |out| {
+            checked()?.pieces(va, len as usize, out).map_err(|_| ())
+        }),
+    };
+    match by_ref {
+        Ok(true) => Ok(()),
+        Ok(false) => res.out.send_with(&mut hdr, len as usize, |data| {
+            if data.is_empty() {
+                return Ok(());
+            }
+            checked()?.read(mem, va, data).map_err(|_| ())
+        }),
+        Err(()) => Err(()),
+    }
+}
+
 /// The READ's MR failed as its responses were read (it went away or
 /// changed since the request was checked): a remote access error NAK at
 /// the stream's PSN, and the QP to ERR.
@@ -389,7 +402,7 @@ fn read_access_error(qp: &mut Qp, env: &mut Env, st: &ReadStream) {
 /// Sends the next responses of the READ stream `st` as one run to another
 /// function of the daemon that reads this one's memory
 /// ([`Output::send_run_by_ref`]): as many as `budget` and
-/// [`wire::RUN_MAX_PACKETS`] allow, when that is at least 2. `Ok(None)`
+/// [`batch::RUN_MAX_PACKETS`] allow, when that is at least 2. `Ok(None)`
 /// when they go one by one instead; else how many were sent and the
 /// stream after them (`None`: it ended). `Err` when the MR fails.
 fn read_run(
@@ -400,7 +413,7 @@ fn read_run(
 ) -> Result<Option<(u32, Option<ReadStream>)>, ()> {
     let mtu = qp.mtu();
     let left = st.resid.div_ceil(mtu);
-    let n = left.min(budget).min(wire::RUN_MAX_PACKETS);
+    let n = left.min(budget).min(batch::RUN_MAX_PACKETS);
     if n < 2 || !env.res.out.may_send_run() {
         return Ok(None);
     }
@@ -464,7 +477,7 @@ fn read_run(
 /// to [`duplicate_request`], a PSN beyond the expected one to
 /// [`nak_psn_out_of_seq`]. The header checks ([`crate::transport::hdr_check`]:
 /// type, state, addresses, keys) ran before, as rxe's `hdr_check`.
-fn process(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
+fn process(qp: &mut Qp, env: &mut Env, pkt: &Packet) {
     if !matches!(
         qp.state,
         abi::QpState::Rtr | abi::QpState::Rts | abi::QpState::Sqd | abi::QpState::Sqe
@@ -488,12 +501,12 @@ fn process(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
     answer(qp, env, pkt, done, 1);
 }
 
-/// A run of packets ([`wire::Run`]) to `qp`, whose header checks its first
+/// A run of packets ([`batch::Run`]) to `qp`, whose header checks its first
 /// packet passed. Taken whole when its packets would all be executed in
 /// turn: its stride the path MTU; an RC QP with no READ response stream
 /// or held requests and the run's first PSN the expected one, or a UC QP
 /// in sequence and not dropping the rest of a message; and the checks
-/// passing for the run as one packet ([`wire::Run::message`], spanning
+/// passing for the run as one packet ([`batch::Run::message`], spanning
 /// its PSNs): then one copy, the expected PSN moved past it, one answer
 /// (RC: an ACK of its last PSN when that packet asks for one). Anything
 /// else is handled packet by packet ([`on_request`]), as it would have
@@ -501,7 +514,7 @@ fn process(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
 /// longer than its receive WQE) is answered for the run's first PSN, as
 /// for one packet (UC: the message is dropped); the message fails either
 /// way.
-pub fn on_run(qp: &mut Qp, env: &mut Env, run: &wire::Run) {
+pub fn on_run(qp: &mut Qp, env: &mut Env, run: &batch::Run) {
     let transport = run.first.hdr.bth.opcode.transport();
     let whole = run.stride == qp.mtu() as usize
         && match (qp.qp_type, transport) {
@@ -549,7 +562,7 @@ pub fn on_run(qp: &mut Qp, env: &mut Env, run: &wire::Run) {
 /// Answers the executed request `pkt`, spanning `psns` PSNs (a run's
 /// packets, [`on_run`]; else 1): [`acknowledge`], an RNR NAK, or
 /// [`nak_error`].
-fn answer(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, done: Result<Reply, RespError>, psns: u32) {
+fn answer(qp: &mut Qp, env: &mut Env, pkt: &Packet, done: Result<Reply, RespError>, psns: u32) {
     match done {
         Ok(reply) => acknowledge(qp, env, pkt, reply, psns),
         Err(RespError::Rnr) => {
@@ -577,7 +590,7 @@ enum PsnCheck {
 
 /// rxe's `check_psn` for an RC request: compares its PSN with the
 /// expected one (24-bit serial arithmetic, [`psn::diff`]).
-fn check_psn(qp: &Qp, pkt: &RocePacket) -> PsnCheck {
+fn check_psn(qp: &Qp, pkt: &Packet) -> PsnCheck {
     match psn::diff(pkt.hdr.bth.psn, qp.resp.epsn) {
         d if d > 0 => PsnCheck::OutOfSequence,
         d if d < 0 => PsnCheck::Duplicate,
@@ -590,7 +603,7 @@ fn check_psn(qp: &Qp, pkt: &RocePacket) -> PsnCheck {
 /// `RESPST_ERR_PSN_OUT_OF_SEQ`, sent once per gap as its `sent_psn_nak`).
 /// One dropped for the link backlog ([`Output::send_reply`]) is asked
 /// again at the next packet of the gap.
-fn nak_psn_out_of_seq(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
+fn nak_psn_out_of_seq(qp: &mut Qp, env: &mut Env, pkt: &Packet) {
     if qp.resp.nak_sent {
         return;
     }
@@ -609,7 +622,7 @@ fn nak_psn_out_of_seq(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
 /// R_Key, an atomic from its remembered result, never executed twice. A
 /// SEND or WRITE was already executed: it is acknowledged with the last
 /// PSN executed, as rxe does.
-fn duplicate_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
+fn duplicate_request(qp: &mut Qp, env: &mut Env, pkt: &Packet) {
     env.res.out.stats.count(Counter::duplicates, 1);
     let bth = pkt.hdr.bth;
     if bth.opcode == Opcode::RcReadRequest || bth.opcode.is_atomic() {
@@ -722,7 +735,7 @@ enum Reply {
 /// The checks of a request in sequence, in rxe's order (`rxe_responder`'s
 /// states `RESPST_CHK_OP_SEQ` to `RESPST_CHK_RKEY`); the first that fails
 /// decides the answer. `Ok` with what [`execute`] works on.
-fn check_request(qp: &Qp, env: &Env, pkt: &RocePacket, psns: u32) -> Result<Target, RespError> {
+fn check_request(qp: &Qp, env: &Env, pkt: &Packet, psns: u32) -> Result<Target, RespError> {
     check_op_seq(qp, pkt)?;
     check_op_valid(qp, pkt)?;
     check_resource(qp, env, pkt)?;
@@ -734,7 +747,7 @@ fn check_request(qp: &Qp, env: &Env, pkt: &RocePacket, psns: u32) -> Result<Targ
 /// (READ and atomics are ONLY) may not interrupt a message, a MIDDLE or
 /// LAST must continue one of the same kind ([`InboundMsg`]). Else an
 /// invalid request.
-fn check_op_seq(qp: &Qp, pkt: &RocePacket) -> Result<(), RespError> {
+fn check_op_seq(qp: &Qp, pkt: &Packet) -> Result<(), RespError> {
     let op = pkt.hdr.bth.opcode;
     let ok = match &qp.resp.msg {
         _ if op.is_first() => matches!(qp.resp.msg, InboundMsg::Idle | InboundMsg::UcDrop),
@@ -755,7 +768,7 @@ fn check_op_seq(qp: &Qp, pkt: &RocePacket) -> Result<(), RespError> {
 /// `ACCESS_REMOTE_WRITE`, an atomic `ACCESS_REMOTE_ATOMIC`, whatever the
 /// length (else a remote access error); the RETH or AtomicETH they need
 /// must be there (else an invalid request).
-fn check_op_valid(qp: &Qp, pkt: &RocePacket) -> Result<(), RespError> {
+fn check_op_valid(qp: &Qp, pkt: &Packet) -> Result<(), RespError> {
     let op = pkt.hdr.bth.opcode;
     // As rxe's check_op_valid: the QP's access flags gate every READ,
     // every packet of a WRITE and every atomic, whatever its length (a
@@ -786,7 +799,7 @@ fn check_op_valid(qp: &Qp, pkt: &RocePacket) -> Result<(), RespError> {
 /// or SRQ), else RNR; a READ or atomic needs responder resources
 /// (`max_dest_rd_atomic` > 0, IBTA §9.5), else an invalid request
 /// (`RESPST_ERR_TOO_MANY_RDMA_ATM_REQ`).
-fn check_resource(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<(), RespError> {
+fn check_resource(qp: &Qp, env: &Env, pkt: &Packet) -> Result<(), RespError> {
     let op = pkt.hdr.bth.opcode;
     let needs_wqe = (op.is_send() && op.is_first()) || (op.is_write() && op.has_immdt());
     if needs_wqe && qp.resp.spare.is_none() && !recv_queue::available(qp, env) {
@@ -805,9 +818,9 @@ fn check_resource(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<(), RespError>
 /// `MAX_MSG_SZ` or its receive WQE is caught as it is scattered, in
 /// [`execute`]; a WRITE packet beyond its RETH's length in [`check_rkey`].)
 /// A run taken as one packet ([`on_run`]) spans `psns` packets, every one
-/// but the last a path MTU ([`wire::Run::new`]): at most `psns` MTUs,
+/// but the last a path MTU ([`batch::Run::new`]): at most `psns` MTUs,
 /// exactly that unless it ends the message.
-fn check_length(pkt: &RocePacket, mtu: u32, psns: u32) -> Result<(), RespError> {
+fn check_length(pkt: &Packet, mtu: u32, psns: u32) -> Result<(), RespError> {
     let op = pkt.hdr.bth.opcode;
     let len = pkt.payload_len();
     let mtu = (mtu as usize).saturating_mul(psns as usize);
@@ -831,7 +844,7 @@ fn check_length(pkt: &RocePacket, mtu: u32, psns: u32) -> Result<(), RespError> 
 /// an atomic's address must be 8-byte aligned, a WRITE packet's payload
 /// within what its RETH announced and its LAST packet end it exactly
 /// (else an invalid request). Returns what [`execute`] works on.
-fn check_rkey(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<Target, RespError> {
+fn check_rkey(qp: &Qp, env: &Env, pkt: &Packet) -> Result<Target, RespError> {
     let op = pkt.hdr.bth.opcode;
     if op == Opcode::RcReadRequest {
         return read_stream(qp, env, pkt).map(|st| Target::Read(Box::new(st)));
@@ -911,7 +924,7 @@ fn write_target<'e>(
 /// own what [`check_op_valid`] and [`check_length`] check too, for
 /// [`duplicate_request`], which skips them. Nothing is sent here: [`run`]
 /// sends the responses, a burst at a time.
-fn read_stream(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<ReadStream, RespError> {
+fn read_stream(qp: &Qp, env: &Env, pkt: &Packet) -> Result<ReadStream, RespError> {
     let Some(reth) = pkt.hdr.reth else {
         return Err(nak(NakCode::InvalidRequest));
     };
@@ -949,12 +962,7 @@ fn read_stream(qp: &Qp, env: &Env, pkt: &RocePacket) -> Result<ReadStream, RespE
 /// its receive WQE, writes a WRITE's payload, executes an atomic, and
 /// completes the receive WQE of a SEND or WRITE with immediate on its last
 /// packet; a READ only starts its stream, in [`acknowledge`].
-fn execute(
-    qp: &mut Qp,
-    env: &mut Env,
-    pkt: &RocePacket,
-    target: Target,
-) -> Result<Reply, RespError> {
+fn execute(qp: &mut Qp, env: &mut Env, pkt: &Packet, target: Target) -> Result<Reply, RespError> {
     match target {
         Target::Recv => execute_send(qp, env, pkt),
         Target::Write(w) => execute_write(qp, env, pkt, w),
@@ -969,7 +977,7 @@ fn execute(
 /// (counted by the MSN at once, C9-148, and remembered as a responder
 /// resource, it consumes one PSN per response); an atomic's ACK with its
 /// original value (remembered for a duplicate).
-fn acknowledge(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, reply: Reply, psns: u32) {
+fn acknowledge(qp: &mut Qp, env: &mut Env, pkt: &Packet, reply: Reply, psns: u32) {
     let bth = pkt.hdr.bth;
     match reply {
         Reply::Ack => {
@@ -1025,7 +1033,7 @@ fn acknowledge(qp: &mut Qp, env: &mut Env, pkt: &RocePacket, reply: Reply, psns:
 fn nak_error(
     qp: &mut Qp,
     env: &mut Env,
-    pkt: &RocePacket,
+    pkt: &Packet,
     code: NakCode,
     wqe: Option<(u64, abi::WcStatus)>,
 ) {
@@ -1049,7 +1057,7 @@ fn nak_error(
 /// next FIRST or ONLY ([`InboundMsg::UcDrop`]); a message that cannot be
 /// executed (no receive WQE, bad R_Key, too long) is silently dropped and
 /// the QP carries on. The checks and execution are the RC ones.
-fn on_uc_request(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) {
+fn on_uc_request(qp: &mut Qp, env: &mut Env, pkt: &Packet) {
     let bth = pkt.hdr.bth;
     let op = bth.opcode;
     let starts = op.is_first();
@@ -1105,7 +1113,7 @@ fn abandon_uc_message(qp: &mut Qp) {
 
 /// Answers `pkt` with an ACK, NAK or RNR NAK (`aeth`) at PSN `p`, within
 /// the reply bound ([`Output::send_reply`]): whether it was queued.
-fn send_aeth(qp: &Qp, env: &mut Env, pkt: &RocePacket, p: u32, aeth: Aeth) -> bool {
+fn send_aeth(qp: &Qp, env: &mut Env, pkt: &Packet, p: u32, aeth: Aeth) -> bool {
     let mut hdr = reply_headers(qp, &env.res.port, &pkt.hdr, Opcode::RcAck, p, aeth);
     env.res.out.send_reply(&mut hdr)
 }
@@ -1116,7 +1124,7 @@ fn send_aeth(qp: &Qp, env: &mut Env, pkt: &RocePacket, p: u32, aeth: Aeth) -> bo
 fn execute_atomic(
     qp: &mut Qp,
     env: &mut Env,
-    pkt: &RocePacket,
+    pkt: &Packet,
     a: AtomicEth,
 ) -> Result<Reply, RespError> {
     let mr = env
@@ -1142,7 +1150,7 @@ fn execute_atomic(
     Ok(Reply::Atomic(orig))
 }
 
-fn send_atomic_ack(qp: &Qp, env: &mut Env, pkt: &RocePacket, orig: u64) {
+fn send_atomic_ack(qp: &Qp, env: &mut Env, pkt: &Packet, orig: u64) {
     let aeth = Aeth::ack(qp.resp.msn, CREDITS_UNLIMITED);
     let mut hdr = reply_headers(
         qp,
@@ -1179,7 +1187,7 @@ fn take_recv(qp: &mut Qp, env: &mut Env) -> Result<Option<RecvCtx>, RespError> {
 /// `do_complete`): the FIRST or ONLY takes a receive WQE, every packet
 /// scatters its payload at the message offset, the LAST (or ONLY)
 /// invalidates an IETH's R_Key and completes the WQE.
-fn execute_send(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Reply, RespError> {
+fn execute_send(qp: &mut Qp, env: &mut Env, pkt: &Packet) -> Result<Reply, RespError> {
     let op = pkt.hdr.bth.opcode;
     let mut ctx = if op.is_first() {
         // check_resource found one; none now is RNR all the same.
@@ -1263,7 +1271,7 @@ fn execute_send(qp: &mut Qp, env: &mut Env, pkt: &RocePacket) -> Result<Reply, R
 fn execute_write(
     qp: &mut Qp,
     env: &mut Env,
-    pkt: &RocePacket,
+    pkt: &Packet,
     w: WriteCtx,
 ) -> Result<Reply, RespError> {
     let op = pkt.hdr.bth.opcode;

@@ -3,7 +3,6 @@
 //! required/optional attribute tables).
 
 use crate::abi::{self, QpState, QpType};
-use crate::transport::{requester::ReqState, responder::RespState};
 
 /// A work queue ring in driver memory.
 #[derive(Debug, Clone, Copy, Default)]
@@ -24,9 +23,21 @@ impl Ring {
     }
 }
 
-/// A queue pair.
+/// What the layers above a QP keep in it beside its verbs state: the
+/// transport's requester and responder state and the QP's counters
+/// (`crate::transport::TransportParts`). The verbs layer only stores them.
+pub trait QpParts {
+    /// Requester (send side) state.
+    type Req: std::fmt::Debug;
+    /// Responder (receive side) state.
+    type Resp: std::fmt::Debug;
+    /// Counters.
+    type Stats: std::fmt::Debug;
+}
+
+/// A queue pair, with the parts `P` of the layers above.
 #[derive(Debug)]
-pub struct Qp {
+pub struct Qp<P: QpParts> {
     /// QP number.
     pub qpn: u32,
     /// Protection domain.
@@ -64,11 +75,11 @@ pub struct Qp {
     /// Current attributes (as returned by `CMD_QUERY_QP`).
     pub attr: abi::QpAttr,
     /// Requester (send side) state.
-    pub req: ReqState,
+    pub req: P::Req,
     /// Responder (receive side) state.
-    pub resp: RespState,
-    /// Counters (see [`crate::device::QpStats`]).
-    pub stats: crate::device::QpStats,
+    pub resp: P::Resp,
+    /// Counters (see `crate::device::QpStats`).
+    pub stats: P::Stats,
     /// Bytes this QP had in flight when the device last added them to its
     /// sum ([`crate::device::Resources::bytes_in_flight`]), so that the
     /// device can take them out again.
@@ -80,7 +91,7 @@ pub struct Qp {
     pub to_wire: bool,
 }
 
-impl Qp {
+impl<P: QpParts> Qp<P> {
     /// Path MTU in bytes (1024 until set).
     pub fn mtu(&self) -> u32 {
         abi::mtu_bytes(self.attr.path_mtu).unwrap_or(1024)
@@ -144,7 +155,7 @@ pub const MAX_QP_RD_ATOM: u32 = 128;
 /// Validates a modify request against the transition table and value
 /// ranges; returns the state to move to, or the status to answer on
 /// failure (`EINVAL`, also for a `qp_state` that names no state).
-pub fn validate_modify(qp: &Qp, a: &abi::QpAttr) -> Result<QpState, abi::Status> {
+pub fn validate_modify<P: QpParts>(qp: &Qp<P>, a: &abi::QpAttr) -> Result<QpState, abi::Status> {
     let next = if a.attr_mask & STATE != 0 {
         QpState::try_from(a.qp_state).map_err(|_| abi::STATUS_EINVAL)?
     } else {

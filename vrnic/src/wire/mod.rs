@@ -20,13 +20,11 @@ mod atomic;
 mod bth;
 mod deth;
 mod gid;
-pub mod gso;
 mod icrc;
 mod immdt;
 mod opcode;
 mod packet;
 mod reth;
-mod run;
 
 #[cfg(test)]
 pub(crate) mod packet_tests;
@@ -45,11 +43,12 @@ pub use icrc::{icrc, ICRC_LEN};
 pub use immdt::{Ieth, Immdt};
 pub use opcode::{Opcode, Transport};
 pub use packet::{
-    emit_frame, emit_frame_icrc, emit_frame_with, parse_frame, parse_frame_with, parse_roce,
-    parse_roce_with, seal_icrc, Frame, Icrc, RoceHeaders, RocePacket,
+    emit_frame, emit_frame_icrc, emit_frame_open, emit_frame_with, emit_run_peer, emit_segment,
+    emit_segment_peer, pad_len, parse_frame, parse_frame_with, parse_ib, parse_ib_headers,
+    parse_roce, parse_roce_with, parse_run_parts, seal_icrc, Frame, Icrc, RoceHeaders, RocePacket,
+    PEER_SEGMENT_MAX, SEGMENT_MAX,
 };
 pub use reth::Reth;
-pub use run::{Run, RUN_MAX_PACKETS};
 
 /// The UDP destination port that identifies RoCEv2 (IBTA Annex A17.2.1,
 /// IANA-assigned port 4791).

@@ -123,26 +123,14 @@ impl RoceHeaders {
 pub struct RocePacket<'a> {
     /// All headers.
     pub hdr: RoceHeaders,
-    /// The payload after the extension headers, without pad bytes and ICRC
-    /// (empty when the payload is in `peer`).
+    /// The payload after the extension headers, without pad bytes and ICRC.
     pub payload: &'a [u8],
-    /// The payload in the sending device's memory instead: a batch's
-    /// packet by reference ([`super::gso`]).
-    pub peer: Option<crate::data::PeerData<'a>>,
 }
 
-impl<'a> RocePacket<'a> {
-    /// The payload, wherever it is.
-    pub fn data(&self) -> crate::data::Data<'a> {
-        match self.peer {
-            Some(p) => crate::data::Data::Peer(p),
-            None => crate::data::Data::Bytes(self.payload),
-        }
-    }
-
+impl RocePacket<'_> {
     /// Length of the payload, bytes.
     pub fn payload_len(&self) -> usize {
-        self.data().len()
+        self.payload.len()
     }
 }
 
@@ -162,9 +150,19 @@ pub enum Frame<'a> {
     Other,
 }
 
+/// Largest packet after the first in a batch (`crate::batch::gso`),
+/// bytes: its length field has 15 bits (the top one marks a packet by
+/// reference). A path MTU (4096) and headers fit many times over.
+pub const SEGMENT_MAX: usize = 0x7fff;
+
+/// Largest packet by reference or run after the first in a batch, bytes:
+/// 14 bits of the length field (the next one marks a run). Headers and the
+/// piece entries of a run's 128 KiB in 4 KiB pages take under 1 KiB.
+pub const PEER_SEGMENT_MAX: usize = 0x3fff;
+
 /// Pad bytes needed after `payload_len` bytes to reach a multiple of 4
 /// (IBTA 9.2 PadCnt).
-fn pad_len(payload_len: usize) -> usize {
+pub fn pad_len(payload_len: usize) -> usize {
     (4 - payload_len % 4) % 4
 }
 
@@ -270,7 +268,7 @@ pub fn parse_roce_with(frame: &[u8], icrc_check: Icrc) -> Result<RocePacket<'_>,
 /// with the parsed BTH and every extension header `None` (the Ethernet,
 /// IP and UDP fields come from the caller). The checks after the ICRC's
 /// of [`parse_roce_with`], in its order.
-pub(super) fn parse_ib(
+pub fn parse_ib(
     ib: &[u8],
     base: impl FnOnce(Bth) -> RoceHeaders,
 ) -> Result<RocePacket<'_>, WireError> {
@@ -287,41 +285,12 @@ pub(super) fn parse_ib(
     Ok(RocePacket {
         hdr,
         payload: &padded[..padded.len() - pad],
-        peer: None,
-    })
-}
-
-/// [`parse_ib`] for a packet whose payload is in the sending device's
-/// memory `mem` ([`super::gso`]): after the headers, `ib` holds the
-/// payload's piece entries ([`crate::data::PIECE_LEN`] bytes each), and
-/// the BTH's pad count is the one of the payload's length. Errors as
-/// [`parse_ib`]'s, and [`WireError::BadLength`] for entries that are not
-/// whole.
-pub(super) fn parse_ib_peer<'a>(
-    ib: &'a [u8],
-    mem: &'a dyn crate::data::PeerMemory,
-    base: impl FnOnce(Bth) -> RoceHeaders,
-) -> Result<RocePacket<'a>, WireError> {
-    let (hdr, hdr_len) = parse_ib_headers(ib, base)?;
-    let op = hdr.bth.opcode;
-    let data = crate::data::PeerData::new(mem, &ib[hdr_len..]).ok_or(WireError::BadLength)?;
-    let len = crate::data::Data::Peer(data).len();
-    if !op.has_payload() && len != 0 {
-        return Err(WireError::BadLength);
-    }
-    if usize::from(hdr.bth.pad_count) != pad_len(len) {
-        return Err(WireError::BadPadCount);
-    }
-    Ok(RocePacket {
-        hdr,
-        payload: &[],
-        peer: Some(data),
     })
 }
 
 /// The BTH and extension headers at the start of `ib` ([`parse_ib`]) and
 /// their length, bytes.
-fn parse_ib_headers(
+pub fn parse_ib_headers(
     ib: &[u8],
     base: impl FnOnce(Bth) -> RoceHeaders,
 ) -> Result<(RoceHeaders, usize), WireError> {
@@ -552,8 +521,8 @@ pub fn emit_frame_icrc<E>(
 
 /// [`emit_frame_icrc`] with [`Icrc::Unneeded`] that leaves the bytes
 /// after the frame as they were (a batch's later packets go over them
-/// without zeroing, [`super::gso`]): returns where the frame ends.
-pub(super) fn emit_frame_open<E>(
+/// without zeroing, the in-process batches, `crate::batch::gso`): returns where the frame ends.
+pub fn emit_frame_open<E>(
     hdr: &RoceHeaders,
     payload_len: usize,
     out: &mut Vec<u8>,
@@ -706,10 +675,10 @@ fn emit_ib_headers(w: &mut Cursor<'_>, hdr: &RoceHeaders, pad: usize) {
 /// Writes the InfiniBand part of one more packet at byte `at` of `out`,
 /// over its old bytes: its length in bytes (16 bits, big-endian), then
 /// BTH, extension headers, the `payload_len` bytes `fill` writes and the
-/// pad, without an ICRC (a packet of a batch, [`super::gso`]). Returns
+/// pad, without an ICRC (a packet of a batch, the in-process batches, `crate::batch::gso`). Returns
 /// where it ends; bytes after it are left as they were. When `fill`
 /// fails, its error is returned.
-pub(super) fn emit_segment<E>(
+pub fn emit_segment<E>(
     hdr: &RoceHeaders,
     payload_len: usize,
     out: &mut Vec<u8>,
@@ -718,8 +687,8 @@ pub(super) fn emit_segment<E>(
 ) -> Result<usize, E> {
     let pad = pad_len(payload_len);
     let seg_len = Bth::LEN + hdr.ext_len() + payload_len + pad;
-    // The caller keeps within super::gso::SEGMENT_MAX.
-    debug_assert!(seg_len <= super::gso::SEGMENT_MAX, "segment too long");
+    // The caller keeps within SEGMENT_MAX.
+    debug_assert!(seg_len <= SEGMENT_MAX, "segment too long");
     let mut w = Cursor { buf: out, pos: at };
     w.put(&(seg_len as u16).to_be_bytes());
     emit_ib_headers(&mut w, hdr, pad);
@@ -732,13 +701,13 @@ pub(super) fn emit_segment<E>(
 
 /// [`emit_segment`] for a packet whose `payload_len` bytes stay in the
 /// sending device's memory: after the headers, `pieces` appends their
-/// piece entries ([`crate::data::push_piece`]) instead of the bytes, and
+/// piece entries (`crate::data::push_piece`) instead of the bytes, and
 /// the length field has its top bit set. `out` is cut at `at` first (its
 /// old bytes after are dropped). Returns where the packet ends; `Ok(None)`
 /// (and `out` cut back to `at`) when it is longer than
-/// [`super::gso::PEER_SEGMENT_MAX`]; when `pieces` fails, `out` is cut
+/// [`PEER_SEGMENT_MAX`]; when `pieces` fails, `out` is cut
 /// back to `at` and its error returned.
-pub(super) fn emit_segment_peer<E>(
+pub fn emit_segment_peer<E>(
     hdr: &RoceHeaders,
     payload_len: usize,
     out: &mut Vec<u8>,
@@ -757,7 +726,7 @@ pub(super) fn emit_segment_peer<E>(
 /// headers end at `end` of `out`: `pieces` appends its piece entries, and
 /// the length field gets the bytes after it with `flags` (its top bits)
 /// set. `Ok(None)`, and `out` cut back to `at`, when those bytes are more
-/// than [`super::gso::PEER_SEGMENT_MAX`]; `pieces`' error likewise.
+/// than [`PEER_SEGMENT_MAX`]; `pieces`' error likewise.
 fn seal_peer_segment<E>(
     out: &mut Vec<u8>,
     at: usize,
@@ -771,7 +740,7 @@ fn seal_peer_segment<E>(
         return Err(e);
     }
     let seg_len = out.len() - at - 2;
-    if seg_len > super::gso::PEER_SEGMENT_MAX {
+    if seg_len > PEER_SEGMENT_MAX {
         out.truncate(at);
         return Ok(None);
     }
@@ -779,17 +748,17 @@ fn seal_peer_segment<E>(
     Ok(Some(out.len()))
 }
 
-/// Writes a run ([`super::Run`]) at byte `at` of `out`, cutting `out` there
+/// Writes a run (`crate::batch::Run`) at byte `at` of `out`, cutting `out` there
 /// first: its length field (top two bits set: by reference, a run), the
 /// packet count and the stride (16 bits each, big-endian), the InfiniBand
 /// headers of its first packet (`first`, pad count 0) and of its last
 /// (`last`, the pad of a last packet of `total - (count - 1) * stride`
 /// bytes), then `pieces` appends the piece entries of all `total` bytes.
 /// Returns where it ends; `Ok(None)` (and `out` cut back to `at`) when it
-/// is longer than [`super::gso::PEER_SEGMENT_MAX`]; `pieces`' error
-/// likewise. The caller keeps to what [`super::Run::new`] accepts.
+/// is longer than [`PEER_SEGMENT_MAX`]; `pieces`' error
+/// likewise. The caller keeps to what `crate::batch::Run::new` accepts.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn emit_run_peer<E>(
+pub fn emit_run_peer<E>(
     first: &RoceHeaders,
     last: &RoceHeaders,
     count: u16,
@@ -814,7 +783,7 @@ pub(super) fn emit_run_peer<E>(
 /// The parts of a run's segment after its length field
 /// ([`emit_run_peer`]): the packet count, the stride, the first and last
 /// packets' headers (from `base`, as [`parse_ib`]) and the piece entries.
-pub(super) fn parse_run_parts(
+pub fn parse_run_parts(
     seg: &[u8],
     base: impl Fn(Bth) -> RoceHeaders,
 ) -> Result<(u16, u16, RoceHeaders, RoceHeaders, &[u8]), WireError> {

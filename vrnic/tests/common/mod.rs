@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use vrnic::abi::{self, Pod};
+use vrnic::batch;
 use vrnic::device::{Device, DeviceConfig, Nanos};
 use vrnic::link::fault::{FaultConfig, FaultLink, FaultRates};
 use vrnic::link::mem::MemLink;
@@ -958,7 +959,7 @@ pub enum MrLoss {
 
 /// What [`write_across_mr_loss`] saw.
 pub struct MrLossRun {
-    /// Runs of the WRITE's packets (`wire::Run`) in the frame B received
+    /// Runs of the WRITE's packets (`batch::Run`) in the frame B received
     /// again after the MR went away: the packets the run path
     /// (`responder::on_run`) got.
     pub runs_after: usize,
@@ -1060,10 +1061,11 @@ pub fn write_across_mr_loss(
     let (first, icrc) = &w[0];
     let p = wire::parse_roce_with(first, *icrc).unwrap();
     assert_eq!(p.hdr.bth.opcode, wire::Opcode::RcWriteFirst);
-    assert_eq!((p.payload.len(), p.peer.is_none()), (mtu, true));
+    // A frame's packet: its payload in the frame, not by reference.
+    assert_eq!(p.payload.len(), mtu);
     let peer: &dyn vrnic::data::PeerMemory = s.a.mem.as_ref();
-    let runs_after = wire::gso::rest(first, &p.hdr, Some(peer))
-        .filter(|seg| matches!(seg, Ok(wire::gso::Segment::Run(_))))
+    let runs_after = batch::gso::rest(first, &p.hdr, Some(peer))
+        .filter(|seg| matches!(seg, Ok(batch::gso::Segment::Run(_))))
         .count();
     // The FIRST packet alone.
     let mut alone = Vec::new();

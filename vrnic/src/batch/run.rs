@@ -16,8 +16,8 @@
 //! must end where handling its packets in order would. Nothing else
 //! changes: PSNs, ACKs and counters are per packet as on a wire.
 
-use super::{Bth, Opcode, RoceHeaders, RocePacket, Transport, WireError};
-use crate::data::Data;
+use super::Packet;
+use crate::wire::{Bth, Opcode, RoceHeaders, Transport, WireError};
 
 /// Most packets in one run: a batch's ([`super::gso::BATCH_MAX_PACKETS`]).
 pub const RUN_MAX_PACKETS: u32 = super::gso::BATCH_MAX_PACKETS as u32;
@@ -29,7 +29,7 @@ pub struct Run<'a> {
     /// The first packet's headers (a FIRST or MIDDLE; a WRITE's FIRST with
     /// its RETH, a READ response's FIRST with its AETH), with the payload
     /// of the whole run.
-    pub first: RocePacket<'a>,
+    pub first: Packet<'a>,
     /// The last packet's headers (a MIDDLE or LAST of the same kind, with
     /// its ImmDt, IETH or AETH and its acknowledgement request and
     /// solicited event bits).
@@ -58,7 +58,7 @@ impl<'a> Run<'a> {
     /// event and pad count; `first` without pad, `last` with its
     /// payload's.
     pub fn new(
-        first: RocePacket<'a>,
+        first: Packet<'a>,
         last: RoceHeaders,
         count: u32,
         stride: usize,
@@ -114,7 +114,7 @@ impl<'a> Run<'a> {
 
     /// Packet `i` of the run (0: the first), as it would have come on its
     /// own; `None` past the last.
-    pub fn packet(&self, i: u32) -> Option<RocePacket<'a>> {
+    pub fn packet(&self, i: u32) -> Option<Packet<'a>> {
         if i >= self.count {
             return None;
         }
@@ -143,11 +143,11 @@ impl<'a> Run<'a> {
                 ..self.first.hdr.bth
             }),
         };
-        Some(with_data(hdr, self.first.data().slice(off, len)?))
+        Some(Packet::with_data(hdr, self.first.data().slice(off, len)?))
     }
 
     /// The run's packets in order.
-    pub fn packets(&self) -> impl Iterator<Item = RocePacket<'a>> + '_ {
+    pub fn packets(&self) -> impl Iterator<Item = Packet<'a>> + '_ {
         (0..self.count).map_while(|i| self.packet(i))
     }
 
@@ -159,7 +159,7 @@ impl<'a> Run<'a> {
     /// acknowledgement request, solicited event and pad count, and the
     /// AETH of the last, else of the first, when the opcode has one (a
     /// READ response's). It spans [`Run::count`] PSNs.
-    pub fn message(&self) -> RocePacket<'a> {
+    pub fn message(&self) -> Packet<'a> {
         let (f, l) = (self.first.hdr.bth.opcode, self.last.bth.opcode);
         let opcode = match (f.is_first(), l.is_last()) {
             // `new` checked `l` is a LAST of a kind with an ONLY.
@@ -184,7 +184,7 @@ impl<'a> Run<'a> {
             },
             ..self.first.hdr.clone()
         };
-        with_data(hdr, self.first.data())
+        Packet::with_data(hdr, self.first.data())
     }
 
     /// PSN of the last packet.
@@ -193,28 +193,12 @@ impl<'a> Run<'a> {
     }
 }
 
-/// The packet with headers `hdr` and payload `data`.
-fn with_data<'a>(hdr: RoceHeaders, data: Data<'a>) -> RocePacket<'a> {
-    match data {
-        Data::Bytes(payload) => RocePacket {
-            hdr,
-            payload,
-            peer: None,
-        },
-        Data::Peer(p) => RocePacket {
-            hdr,
-            payload: &[],
-            peer: Some(p),
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batch::gso::{self, Segment};
     use crate::data::{push_piece, PeerMemory};
     use crate::mem::{DmaMemory, VecMemory};
-    use crate::wire::gso::{self, Segment};
     use crate::wire::packet_tests::sample_headers;
     use crate::wire::{parse_roce_with, Icrc};
 

@@ -152,7 +152,7 @@ device_counters! {
     /// the QP's (IBTA C10-16, rxe's `check_keys`).
     rx_drop_bad_qkey,
     /// Packets (also in `tx_frames`) sent to another function of the
-    /// daemon in the frame of an earlier one (a batch, `wire::gso`).
+    /// daemon in the frame of an earlier one (a batch, `batch::gso`).
     tx_batched,
     /// Of those, packets whose payload stayed in this device's memory for
     /// the receiver to copy (by reference, `vrnic::data`).

@@ -10,7 +10,7 @@
 //! changes: PSNs, ACKs, NAKs and counters are per packet as on a wire.
 //!
 //! Layout: the first packet is a whole RoCEv2 frame emitted without its
-//! ICRC ([`super::emit_frame_icrc`]), whose ICRC field holds
+//! ICRC ([`emit_frame_icrc`]), whose ICRC field holds
 //! [`BATCH_MAGIC`]; after the end its IP length gives, each further packet
 //! is its length in bytes (15 bits, big-endian) and its InfiniBand part:
 //! BTH, extension headers, payload and pad, without an ICRC — or, with the
@@ -32,13 +32,15 @@
 //! [`split`] into sealed frames first. RC and UC only: a UD packet's
 //! receiver needs its own IP header (the GRH of its completion).
 
-use super::packet::{
-    emit_frame_icrc, emit_frame_open, emit_run_peer, emit_segment, emit_segment_peer, parse_ib,
-    parse_ib_peer, parse_run_parts, seal_icrc,
-};
 use super::run::Run;
-use super::{Aeth, Bth, Icrc, RoceHeaders, RocePacket, WireError, ICRC_LEN};
+use super::Packet;
 use crate::data::PeerMemory;
+use crate::wire::{
+    emit_frame_icrc, emit_frame_open, emit_run_peer, emit_segment, emit_segment_peer, pad_len,
+    parse_ib, parse_ib_headers, parse_run_parts, seal_icrc, Aeth, Bth, Icrc, RoceHeaders,
+    WireError, ICRC_LEN,
+};
+pub use crate::wire::{PEER_SEGMENT_MAX, SEGMENT_MAX};
 
 /// The ICRC field of a batch's first packet ("VRBA"): frames with their
 /// ICRC unneeded carry zero there.
@@ -55,16 +57,6 @@ pub const BATCH_MAX_PACKETS: usize = 32;
 /// receiver's work for one frame stays bounded, and a 64 KiB message
 /// costs a quarter of a batch, not half.
 pub const BATCH_MAX_PSNS: usize = 64;
-
-/// Largest packet after the first in a batch, bytes: its length field has
-/// 15 bits (the top one marks a packet by reference). A path MTU (4096)
-/// and headers fit many times over.
-pub const SEGMENT_MAX: usize = 0x7fff;
-
-/// Largest packet by reference or run after the first in a batch, bytes:
-/// 14 bits of the length field (the next one marks a run). Headers and the
-/// piece entries of a run's 128 KiB in 4 KiB pages take under 1 KiB.
-pub const PEER_SEGMENT_MAX: usize = 0x3fff;
 
 const ETH_LEN: usize = 14;
 const UDP_LEN: usize = 8;
@@ -241,13 +233,13 @@ fn mark(frame: &mut [u8]) {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Segment<'a> {
     /// One packet.
-    Packet(RocePacket<'a>),
+    Packet(Packet<'a>),
     /// Several packets of one message ([`Run`]).
     Run(Run<'a>),
 }
 
 /// The packets and runs of the batch `frame` after its first packet,
-/// whose headers are `first` (as [`super::parse_roce_with`] gave them), in
+/// whose headers are `first` (as [`crate::wire::parse_roce_with`] gave them), in
 /// order. Each is parsed like a frame's InfiniBand part (its errors); a
 /// packet by reference or a run needs `peer`, the sending device's memory
 /// (without it, or with entries that are not whole, it is an error), and a
@@ -304,7 +296,7 @@ impl<'a> Iterator for Rest<'a> {
         let base = &self.base;
         let with = |bth| base.of_flow(bth);
         let got = match (by_ref, run, self.peer) {
-            (false, _, _) => parse_ib(seg, with).map(Segment::Packet),
+            (false, _, _) => parse_ib(seg, with).map(|p| Segment::Packet(p.into())),
             (true, false, Some(mem)) => parse_ib_peer(seg, mem, with).map(Segment::Packet),
             (true, true, Some(mem)) => parse_run(seg, mem, with).map(Segment::Run),
             (true, _, None) => Err(WireError::BadLength),
@@ -320,15 +312,42 @@ impl<'a> Iterator for Rest<'a> {
     }
 }
 
+/// [`parse_ib`] for a packet whose payload is in the sending device's
+/// memory `mem`: after the headers, `ib` holds the payload's piece
+/// entries ([`crate::data::PIECE_LEN`] bytes each), and the BTH's pad
+/// count is the one of the payload's length. Errors as [`parse_ib`]'s,
+/// and [`WireError::BadLength`] for entries that are not whole.
+fn parse_ib_peer<'a>(
+    ib: &'a [u8],
+    mem: &'a dyn PeerMemory,
+    base: impl FnOnce(Bth) -> RoceHeaders,
+) -> Result<Packet<'a>, WireError> {
+    let (hdr, hdr_len) = parse_ib_headers(ib, base)?;
+    let op = hdr.bth.opcode;
+    let data = crate::data::PeerData::new(mem, &ib[hdr_len..]).ok_or(WireError::BadLength)?;
+    let len = crate::data::Data::Peer(data).len();
+    if !op.has_payload() && len != 0 {
+        return Err(WireError::BadLength);
+    }
+    if usize::from(hdr.bth.pad_count) != pad_len(len) {
+        return Err(WireError::BadPadCount);
+    }
+    Ok(Packet {
+        hdr,
+        payload: &[],
+        peer: Some(data),
+    })
+}
+
 /// A run's segment ([`emit_run_peer`]) whose payload is in `mem`.
 fn parse_run<'a>(
     seg: &'a [u8],
     mem: &'a dyn PeerMemory,
-    base: impl Fn(super::Bth) -> RoceHeaders,
+    base: impl Fn(Bth) -> RoceHeaders,
 ) -> Result<Run<'a>, WireError> {
     let (count, stride, first, last, pieces) = parse_run_parts(seg, base)?;
     let data = crate::data::PeerData::new(mem, pieces).ok_or(WireError::BadLength)?;
-    let first = RocePacket {
+    let first = Packet {
         hdr: first,
         payload: &[],
         peer: Some(data),
@@ -349,7 +368,7 @@ pub fn split(frame: &[u8], scratch: &mut Vec<u8>, mut each: impl FnMut(&[u8])) {
     };
     scratch.clear();
     scratch.extend_from_slice(&frame[..end]);
-    let first = match super::parse_roce_with(scratch, Icrc::Unneeded) {
+    let first = match crate::wire::parse_roce_with(scratch, Icrc::Unneeded) {
         Ok(p) => Some(p.hdr),
         Err(_) => None,
     };
