@@ -71,7 +71,13 @@ type Deps = BTreeMap<String, Vec<(String, String, bool)>>;
 fn workspace_deps() -> Deps {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
-        .args(["metadata", "--no-deps", "--format-version", "1", "--offline"])
+        .args([
+            "metadata",
+            "--no-deps",
+            "--format-version",
+            "1",
+            "--offline",
+        ])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("cargo metadata runs");
@@ -139,7 +145,11 @@ fn workspace_crates_depend_only_downwards() {
         );
     }
     let bad = violations(&deps, RULES);
-    assert!(bad.is_empty(), "crate layer violations:\n{}", bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "crate layer violations:\n{}",
+        bad.join("\n")
+    );
 }
 
 #[test]

@@ -155,7 +155,7 @@ impl Device {
 
     /// Number of open device contexts, [`abi::DEFAULT_CTX`] included.
     pub fn context_count(&self) -> usize {
-        self.res.ctxs.count()
+        self.ctxs.count()
     }
 
     /// Numbers of live objects `(PDs, MRs, CQs, QPs, AHs, SRQs)`, over all
@@ -176,8 +176,7 @@ impl Device {
         if ctx != abi::DEFAULT_CTX {
             return Err(CommandError::NotDefaultContext { ctx });
         }
-        self.res
-            .ctxs
+        self.ctxs
             .open()
             .map(u32::from)
             .ok_or(CommandError::no_resources("contexts"))
@@ -198,7 +197,7 @@ impl Device {
         if target == abi::DEFAULT_CTX {
             return Err(CommandError::invalid("context (the default one)"));
         }
-        if !self.res.ctxs.is_open(target) {
+        if !self.ctxs.is_open(target) {
             return Err(CommandError::NotFound(Object::Context(target.into())));
         }
         let qpns: Vec<u32> = self
@@ -251,7 +250,7 @@ impl Device {
             self.res.mrs.remove_pd(*pdn);
             self.res.pds.remove(*pdn);
         }
-        self.res.ctxs.open[usize::from(target)] = false;
+        self.ctxs.open[usize::from(target)] = false;
         Ok(())
     }
 }

@@ -117,7 +117,7 @@ impl Device {
         out: &mut [u8],
         now: Nanos,
     ) -> Result<usize, CommandError> {
-        if !self.res.ctxs.is_open(ctx) {
+        if !self.ctxs.is_open(ctx) {
             return Err(CommandError::NotFound(Object::Context(ctx.into())));
         }
         let cmd = Command::decode(opcode, args)?;

@@ -38,6 +38,7 @@ mod db_records;
 mod neigh;
 
 pub use crate::transport::stats::{Counter, Counters, DeviceStats, QpStats};
+pub use crate::transport::Resources;
 pub use db_records::WATCH_MAX;
 pub use neigh::{
     NeighTable, NEIGH_FAILED_NS, NEIGH_MAX, NEIGH_MAX_PROBES, NEIGH_PENDING_MAX,
@@ -47,10 +48,8 @@ pub use neigh::{
 use crate::batch;
 use crate::transport::Qp;
 use crate::transport::{completer, datagram, hdr_check, requester, responder, Env, Output, PortId};
-use crate::verbs::ah::Ah;
 use crate::verbs::cq::Cq;
 use crate::verbs::mr::MrTable;
-use crate::verbs::srq::Srq;
 use crate::verbs::table::{HandleSpace, HandleTable, KeySource};
 use crate::wire::{self, Frame, Icrc};
 
@@ -149,42 +148,13 @@ pub fn producer_index_ok(index: u32, fetch: u32, ci: u32, size: u32) -> bool {
     fetched <= posted && posted <= size
 }
 
-/// A device's objects other than its QPs, its port identity, neighbour
-/// table, contexts and output queues: what a transport step ([`Env`])
-/// borrows beside the one QP it serves. Fields are public to the crate's
-/// transport; the device owns the only instance.
-#[derive(Debug)]
-pub struct Resources {
-    /// The port's addresses and P_Key table.
-    pub port: PortId,
-    /// PDs and the context owning each (device spec §5.x.6.13).
-    pub pds: HandleTable<u16>,
-    /// Memory regions (mutable for SEND with invalidate).
-    pub mrs: MrTable,
-    /// Completion queues.
-    pub cqs: HandleTable<Cq>,
-    /// Address handles.
-    pub ahs: HandleTable<Ah>,
-    /// Shared receive queues.
-    pub srqs: HandleTable<Srq>,
-    /// Known neighbours (IP → MAC).
-    pub neigh: NeighTable,
-    /// Open device contexts.
-    pub(crate) ctxs: contexts::Contexts,
-    /// Output queues (frames, events) and counters.
-    pub out: Output,
-    /// Bytes the device's RC QPs have in flight, as of each QP's last step
-    /// ([`crate::transport::requester::IN_FLIGHT_BUDGET_BYTES`]).
-    pub bytes_in_flight: u64,
-    /// RC QPs with something in flight, as of each one's last step.
-    pub qps_in_flight: u32,
-}
-
 /// One RNIC port: verbs objects, RoCEv2 transport and ARP.
 pub struct Device {
     cfg: DeviceConfig,
     /// The QP table: what the transport runs on.
     qps: HandleTable<Qp>,
+    /// Open device contexts (device spec §5.x.6.13).
+    ctxs: contexts::Contexts,
     /// Everything else, which the transport borrows while it serves a QP.
     res: Resources,
     /// The QP table slot [`Device::poll`] serves first: the first QP that
@@ -223,6 +193,7 @@ impl Device {
         Self {
             cfg,
             qps: HandleTable::new(QPN_SPACE),
+            ctxs: contexts::Contexts::default(),
             res: Resources {
                 port,
                 pds: HandleTable::new(HandleSpace::numbers(MAX_PD)),
@@ -231,7 +202,6 @@ impl Device {
                 ahs: HandleTable::new(HandleSpace::numbers(MAX_AH)),
                 srqs: HandleTable::new(HandleSpace::numbers(MAX_SRQ)),
                 neigh,
-                ctxs: contexts::Contexts::default(),
                 out: Output::default(),
                 bytes_in_flight: 0,
                 qps_in_flight: 0,
@@ -757,7 +727,7 @@ impl Device {
         // The link stays: so does what it reaches without a wire.
         self.res.out.local_macs = old.res.out.local_macs;
         self.res.pds.continue_after(&old.res.pds);
-        self.res.ctxs.continue_after(&old.res.ctxs);
+        self.ctxs.continue_after(&old.ctxs);
         self.res.mrs.continue_after(&old.res.mrs);
         self.res.cqs.continue_after(&old.res.cqs);
         self.qps.continue_after(&old.qps);

@@ -17,10 +17,12 @@ pub mod completer;
 pub mod cwnd;
 pub mod datagram;
 pub mod hdr_check;
+pub mod neigh_table;
 pub mod probe;
 pub mod psn;
 pub mod recv_queue;
 pub mod requester;
+mod resources;
 pub mod responder;
 pub mod stats;
 
@@ -33,6 +35,7 @@ pub use output::{
     Batch, Output, BIG_BUFFER, TX_BACKLOG_MAX, TX_POOL_BIG_MAX, TX_POOL_MAX, TX_REPLY_MAX,
 };
 pub use port::{PortId, DEFAULT_PKEY};
+pub use resources::Resources;
 
 /// Largest message, bytes (`ibv_port_attr.max_msg_sz`, rxe's
 /// `RXE_MAX_MSG_SIZE`): enforced by the requester (a longer WQE completes
@@ -67,7 +70,7 @@ pub struct Env<'a> {
     pub mem: &'a dyn DmaMemory,
     /// The device's objects other than QPs, its port, neighbours and
     /// output queues, borrowed whole beside the QP being served.
-    pub res: &'a mut crate::device::Resources,
+    pub res: &'a mut Resources,
     /// Current time.
     pub now: Nanos,
 }

@@ -24,7 +24,7 @@ pub struct Output {
     pub ip_id: u16,
     /// Request frames held by the QPs' responders while their READ
     /// streams are in progress, all QPs together (at most
-    /// [`responder::RESP_HOLD_DEVICE_MAX`]).
+    /// [`super::responder::RESP_HOLD_DEVICE_MAX`]).
     pub held_frames: usize,
     /// Frame buffers handed back by the owner after the link took them
     /// ([`Output::recycle`]), reused by [`Output::send_with`] so that a
@@ -100,8 +100,8 @@ pub const TX_POOL_MAX: usize = TX_BACKLOG_MAX + 64;
 /// Packets queued for the link (device-wide, [`Output::backlog`]: a
 /// batch, [`batch::gso`], counts its packets) at or above which the
 /// transport produces no more data packets: READ responses
-/// ([`responder::run`]), RC/UC request packets ([`requester::run`]) and UD
-/// datagrams ([`datagram::run`]) wait for the owner to drain
+/// ([`super::responder::run`]), RC/UC request packets
+/// ([`super::requester::run`]) and UD datagrams ([`super::datagram::run`]) wait for the owner to drain
 /// `Device::pop_tx`, and the next `Device::poll` resumes them. With the
 /// answers one received frame or command produces (an ACK, a NAK), it
 /// bounds the frames waiting for the link: about 1.1 MiB at path MTU

@@ -150,9 +150,9 @@ fn psns_in_flight(qp: &Qp) -> u32 {
 }
 
 /// Brings the device's sum of bytes in flight
-/// ([`crate::device::Resources::bytes_in_flight`]) up to date with `qp`
+/// ([`crate::transport::Resources::bytes_in_flight`]) up to date with `qp`
 /// after a step of it.
-pub fn count_in_flight(qp: &mut Qp, res: &mut crate::device::Resources) {
+pub fn count_in_flight(qp: &mut Qp, res: &mut crate::transport::Resources) {
     // Another function of the daemon holds its sender back instead of
     // dropping (`link::txq`): its QPs need no budget and take none.
     qp.to_wire = match (&qp.req.peer_hdr, &res.out.local_macs) {

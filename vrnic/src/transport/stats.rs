@@ -121,12 +121,12 @@ device_counters! {
     /// RoCEv2 payload bytes received in packets for one of the device's
     /// QPs (counted as [`DeviceStats::tx_bytes`]).
     rx_bytes => qp.rx_bytes,
-    /// Doorbells ignored ([`Device::doorbell`](super::Device::doorbell)), for any reason: an
+    /// Doorbells ignored ([`Device::doorbell`](crate::device::Device::doorbell)), for any reason: an
     /// unknown kind or handle, a handle of another context (also counted
     /// in [`DeviceStats::doorbells_foreign`]), or a producer index outside
     /// `[fetch index, consumer index + ring size]` of its queue (device
     /// spec §5.x.6.9); and producer indices read from QP records outside
-    /// that window ([`Device::poll_records`](super::Device::poll_records)).
+    /// that window (`Device::poll_records`).
     doorbells_ignored,
     /// Doorbells ignored (also in `doorbells_ignored`) because the QP, SRQ
     /// or CQ they name exists but belongs to another device context than

@@ -81,7 +81,7 @@ pub struct Qp<P: QpParts> {
     /// Counters (see `crate::device::QpStats`).
     pub stats: P::Stats,
     /// Bytes this QP had in flight when the device last added them to its
-    /// sum ([`crate::device::Resources::bytes_in_flight`]), so that the
+    /// sum ([`crate::transport::Resources::bytes_in_flight`]), so that the
     /// device can take them out again.
     pub in_flight_counted: u64,
     /// The QP's packets go to the wire, not to another function of the
