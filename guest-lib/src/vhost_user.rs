@@ -32,14 +32,19 @@
 //! from then on the page *is* shared memory, and the device reads and
 //! writes it in place. A page covered by several MRs is remapped once
 //! (counted). When the last MR covering it is deregistered
-//! ([`Transport::unmap_user`]), its contents are copied back into a fresh
-//! private anonymous page at the same address and the memfd page is
-//! returned (`fallocate(PUNCH_HOLE)`).
+//! ([`Transport::unmap_user`]), its contents are copied into a fresh
+//! private anonymous mapping, which `mremap(2)` moves over the page at the
+//! same address, and the memfd page is returned (`fallocate(PUNCH_HOLE)`).
+//! No heap buffer is used for that copy: a registered page is often heap
+//! memory itself (a small `posix_memalign`'d buffer shares its page with
+//! malloc's other chunks).
 //!
 //! Limits, documented in `docs/ARCHITECTURE.md`:
 //! - registration costs one copy of the range (and deregistration one
-//!   more); a thread writing the range *during* `ibv_reg_mr` may lose that
-//!   write (the same caveat as FreeFlow's);
+//!   more); a thread writing the range's pages *during* `ibv_reg_mr` or
+//!   the last `ibv_dereg_mr` may lose that write (the same caveat as
+//!   FreeFlow's; for a heap buffer that includes malloc's neighbouring
+//!   chunks in those pages);
 //! - remapped pages are `PROT_READ | PROT_WRITE` whatever they were;
 //! - pages of a hugetlb mapping cannot be remapped with 4 KiB pages, and
 //!   memory already shared with another process (`MAP_SHARED`, shm) would
