@@ -32,14 +32,19 @@
 //! from then on the page *is* shared memory, and the device reads and
 //! writes it in place. A page covered by several MRs is remapped once
 //! (counted). When the last MR covering it is deregistered
-//! ([`Transport::unmap_user`]), its contents are copied back into a fresh
-//! private anonymous page at the same address and the memfd page is
-//! returned (`fallocate(PUNCH_HOLE)`).
+//! ([`Transport::unmap_user`]), its contents are copied into a fresh
+//! private anonymous mapping, which `mremap(2)` moves over the page at the
+//! same address, and the memfd page is returned (`fallocate(PUNCH_HOLE)`).
+//! No heap buffer is used for that copy: a registered page is often heap
+//! memory itself (a small `posix_memalign`'d buffer shares its page with
+//! malloc's other chunks).
 //!
 //! Limits, documented in `docs/ARCHITECTURE.md`:
 //! - registration costs one copy of the range (and deregistration one
-//!   more); a thread writing the range *during* `ibv_reg_mr` may lose that
-//!   write (the same caveat as FreeFlow's);
+//!   more); a thread writing the range's pages *during* `ibv_reg_mr` or
+//!   the last `ibv_dereg_mr` may lose that write (the same caveat as
+//!   FreeFlow's; for a heap buffer that includes malloc's neighbouring
+//!   chunks in those pages);
 //! - remapped pages are `PROT_READ | PROT_WRITE` whatever they were;
 //! - pages of a hugetlb mapping cannot be remapped with 4 KiB pages, and
 //!   memory already shared with another process (`MAP_SHARED`, shm) would
@@ -501,20 +506,46 @@ impl VhostUserTransport {
 
     /// Gives the run `[va, va + n * PAGE)` (remapped, last user gone) back
     /// its private anonymous memory with the same contents.
+    ///
+    /// The copy is made in a fresh private mapping of its own, which then
+    /// replaces the run in one `mremap(2)`; not in a heap buffer: the run
+    /// is often heap memory itself (a small `posix_memalign`'d buffer, as
+    /// pyverbs registers, shares its page with malloc's other chunks), so
+    /// a heap buffer could lie inside the run, be wiped with it and copy
+    /// zeros back over malloc's chunks (`free(): invalid pointer` later).
     fn restore_run(&mut self, va: usize, n: usize) {
         let bytes = n * PAGE;
-        let mut copy = vec![0u8; bytes];
-        // SAFETY: the run is mapped shared and ours.
-        unsafe { std::ptr::copy_nonoverlapping(va as *const u8, copy.as_mut_ptr(), bytes) };
-        // SAFETY: replaces the run's shared pages with private ones.
-        let p = unsafe {
+        // SAFETY: a new private mapping at an address the kernel picks; no
+        // existing memory is touched.
+        let tmp = unsafe {
             libc::mmap(
-                va as *mut libc::c_void,
+                std::ptr::null_mut(),
                 bytes,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,
+            )
+        };
+        if tmp == libc::MAP_FAILED {
+            tracing::warn!(
+                "restoring {va:#x}+{bytes}: {}; the pages stay shared",
+                io::Error::last_os_error()
+            );
+            return;
+        }
+        // SAFETY: the run is mapped shared and ours; `tmp` is a distinct
+        // fresh mapping of `bytes` bytes, so the two do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(va as *const u8, tmp.cast::<u8>(), bytes) };
+        // SAFETY: moves the private copy over the run (MREMAP_FIXED unmaps
+        // the run's shared pages first); `tmp` is ours and `bytes` long.
+        let p = unsafe {
+            libc::mremap(
+                tmp,
+                bytes,
+                bytes,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                va as *mut libc::c_void,
             )
         };
         if p == libc::MAP_FAILED {
@@ -522,10 +553,10 @@ impl VhostUserTransport {
                 "restoring {va:#x}+{bytes}: {}; the pages stay shared",
                 io::Error::last_os_error()
             );
+            // SAFETY: `tmp` is our own mapping, not moved.
+            unsafe { libc::munmap(tmp, bytes) };
             return;
         }
-        // SAFETY: the fresh private mapping is `bytes` long.
-        unsafe { std::ptr::copy_nonoverlapping(copy.as_ptr(), va as *mut u8, bytes) };
         for i in 0..n {
             if let Some((off, _)) = self.user.remove(&(va + i * PAGE)) {
                 self.ram.give_back(off, PAGE);

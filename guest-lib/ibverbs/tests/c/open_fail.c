@@ -1,0 +1,100 @@
+/*
+ * A refused ibv_open_device and the objects of the context that is open
+ * (tests/open_fail.rs runs it, the device being a vrnic function behind a
+ * vhost-user socket, VRNIC_VHOST_USER, which takes one frontend at a time):
+ * ibv_open_device(NULL) is NULL with EINVAL; a second open of the device
+ * is NULL with ENODEV and leaves the first context working; then, as
+ * pyverbs does after such a failure, the first context's MRs on small
+ * posix_memalign'd heap buffers (pages malloc shares with other chunks)
+ * are deregistered: the buffers, the heap chunks beside them and malloc's
+ * own bookkeeping must be intact (free() of each, no abort), and the
+ * context, PD and list are released. Prints "open_fail: ok" and exits 0,
+ * or names the failed step and exits 1 (or dies, which the test reports).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <infiniband/verbs.h>
+
+#define FAIL(...) do { fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
+#define CHECK(c, ...) do { if (!(c)) FAIL(__VA_ARGS__); } while (0)
+
+/* Fills p[0..n) with a pattern of seed. */
+static void fill(unsigned char *p, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (unsigned char)(i * 131 + seed);
+}
+
+/* Whether p[0..n) still holds the pattern of seed. */
+static int intact(const unsigned char *p, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i] != (unsigned char)(i * 131 + seed))
+			return 0;
+	return 1;
+}
+
+int main(void)
+{
+	int n = -1;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	CHECK(list && n == 1, "ibv_get_device_list: %d devices (errno %d)", n, errno);
+
+	errno = 0;
+	CHECK(!ibv_open_device(NULL) && errno == EINVAL,
+	      "ibv_open_device(NULL): want NULL with EINVAL, errno %d", errno);
+
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	CHECK(ctx, "first ibv_open_device: errno %d", errno);
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	CHECK(pd, "ibv_alloc_pd: errno %d", errno);
+
+	/* The function serves this process's first context: refused. */
+	errno = 0;
+	struct ibv_context *again = ibv_open_device(list[0]);
+	CHECK(!again && errno == ENODEV,
+	      "second ibv_open_device: want NULL with ENODEV, got %p, errno %d", (void *)again, errno);
+	struct ibv_device_attr attr;
+	CHECK(ibv_query_device(ctx, &attr) == 0, "the first context after the refused open");
+
+	/*
+	 * Rounds of pyverbs' MR: a 64-byte posix_memalign'd buffer at the
+	 * start of a heap page whose rest malloc hands out (free space left
+	 * by the hole, a neighbour chunk), registered and deregistered.
+	 */
+	for (unsigned round = 0; round < 8; round++) {
+		void *hole = malloc(32 * 1024);
+		void *guard = malloc(16);
+		CHECK(hole && guard, "malloc");
+		free(hole);
+		void *buf = NULL;
+		CHECK(posix_memalign(&buf, 4096, 64) == 0, "posix_memalign");
+		unsigned char *next = malloc(200);
+		CHECK(next, "malloc");
+		fill(buf, 64, round);
+		fill(next, 200, round + 100);
+		struct ibv_mr *mr = ibv_reg_mr(pd, buf, 64, IBV_ACCESS_LOCAL_WRITE);
+		CHECK(mr, "round %u: ibv_reg_mr: errno %d", round, errno);
+		CHECK(ibv_dereg_mr(mr) == 0, "round %u: ibv_dereg_mr", round);
+		CHECK(intact(buf, 64, round), "round %u: the MR's buffer changed", round);
+		CHECK(intact(next, 200, round + 100),
+		      "round %u: the heap chunk beside the MR changed", round);
+		/* malloc's chunk headers in that page must have survived too. */
+		free(next);
+		free(buf);
+		free(guard);
+		void *churn[64];
+		for (int i = 0; i < 64; i++)
+			CHECK(churn[i] = malloc(16 + 97 * i), "malloc");
+		for (int i = 0; i < 64; i++)
+			free(churn[i]);
+	}
+
+	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
+	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
+	ibv_free_device_list(list);
+	printf("open_fail: ok\n");
+	return 0;
+}
