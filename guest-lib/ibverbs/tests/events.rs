@@ -13,7 +13,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{c_test_netns, compile_c_test, lib_dir, run_bounded};
+use common::{assert_c_test_ok, c_test_netns, compile_c_test, lib_dir, run_bounded};
 
 #[test]
 fn channel_and_async_fds_wake_poll_and_name_their_objects() {
@@ -30,15 +30,5 @@ fn channel_and_async_fds_wake_poll_and_name_their_objects() {
             .env("VRNIC_LOOPBACK", "netdev=lo,ip=10.9.44.11/24,mtu=1500"),
         Duration::from_secs(70),
     );
-    let _ = std::fs::remove_dir_all(&dir);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && text.contains("events: ok"),
-        "events.c failed ({}):\n{text}",
-        out.status
-    );
+    assert_c_test_ok("events", &dir, &out);
 }

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{compile_c_test, lib_dir, run_bounded, which};
+use common::{assert_c_test_ok, compile_c_test, lib_dir, run_bounded, which};
 use vrnic::link::MemLink;
 use vrnic_frontend::{test_device_config, TestDaemon};
 
@@ -39,15 +39,5 @@ fn a_refused_open_fails_with_enodev_and_the_process_lives() {
             .env_remove("VRNIC_AGENT_SOCKET"),
         Duration::from_secs(70),
     );
-    let _ = std::fs::remove_dir_all(&dir);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && text.contains("open_fail: ok"),
-        "open_fail.c failed ({}):\n{text}",
-        out.status
-    );
+    assert_c_test_ok("open_fail", &dir, &out);
 }

@@ -17,7 +17,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{c_test_netns, compile_c_test, lib_dir, run_bounded};
+use common::{assert_c_test_ok, c_test_netns, compile_c_test, lib_dir, run_bounded};
 
 #[test]
 fn extended_cq_and_qp_post_and_poll_every_opcode() {
@@ -47,15 +47,5 @@ fn extended_cq_and_qp_post_and_poll_every_opcode() {
             .env("XVERBS_PEER", "netdev=xb,ip=10.9.45.12/24"),
         Duration::from_secs(70),
     );
-    let _ = std::fs::remove_dir_all(&dir);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && text.contains("xverbs: ok"),
-        "xverbs.c failed ({}):\n{text}",
-        out.status
-    );
+    assert_c_test_ok("xverbs", &dir, &out);
 }

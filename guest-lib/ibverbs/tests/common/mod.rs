@@ -171,3 +171,20 @@ pub fn compile_c_test(name: &str) -> (PathBuf, PathBuf) {
     );
     (dir, exe)
 }
+
+/// Removes `dir` (from [`compile_c_test`]) and asserts that the C test
+/// `NAME` exited 0 and printed `NAME: ok`, showing its stdout and stderr
+/// when it did not.
+pub fn assert_c_test_ok(name: &str, dir: &Path, out: &Output) {
+    let _ = std::fs::remove_dir_all(dir);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains(&format!("{name}: ok")),
+        "{name}.c failed ({}):\n{text}",
+        out.status
+    );
+}
