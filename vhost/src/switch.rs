@@ -1312,7 +1312,8 @@ impl Link for SwitchPort {
 
     /// A frame from the port's queue, else from the uplink (see the
     /// module); `Ok(None)` when neither has one for this port.
-    /// [`Rx::Copy`]: as on a wire ([`SwitchPort::pop_own`]).
+    /// [`Rx::Copy`]: as on a wire (`SwitchPort::pop_own`: a batch split
+    /// into sealed frames, a frame without its ICRC sealed).
     /// [`Rx::Deliver`]: a frame from the port's queue handed over in place
     /// (a batch whole); frames from the uplink are read into the buffer.
     fn receive(&mut self, rx: Rx<'_>) -> io::Result<Option<usize>> {
