@@ -786,7 +786,7 @@ impl Engine {
                 revents: 0,
             },
             libc::pollfd {
-                fd: self.link.raw_fd().unwrap_or(-1),
+                fd: self.link.caps().fd.unwrap_or(-1),
                 events: if writable {
                     libc::POLLIN | libc::POLLOUT
                 } else {

@@ -187,7 +187,7 @@ impl VrnicBackend {
     /// The link's pollable descriptor, if it has one (register it as
     /// [`LINK_EVENT`]).
     pub fn link_fd(&self) -> Option<RawFd> {
-        self.lock().link.raw_fd()
+        self.lock().link_fd
     }
 
     /// The device timer's descriptor (register it as [`TIMER_EVENT`]).
@@ -358,7 +358,7 @@ impl VrnicBackend {
         }
         // A polled link, or one that may hold frames its descriptor does
         // not show (the last receive stopped at its bound).
-        if (dp.link.raw_fd().is_none() || dp.rx_more()) && device_event != LINK_EVENT {
+        if (dp.link_fd.is_none() || dp.rx_more()) && device_event != LINK_EVENT {
             dp.receive();
         }
         dp.after_work(vrings);

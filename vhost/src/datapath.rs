@@ -14,6 +14,7 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 use std::sync::Arc;
@@ -24,7 +25,7 @@ use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vrnic::abi::{self, Pod};
 use vrnic::device::{Device, Nanos};
-use vrnic::link::{Link, Polling, TxFlush};
+use vrnic::link::{Link, LinkSetting, Polling, TxFlush};
 
 pub use crate::backend_stats::BackendStats;
 use crate::chain::{self, Segment};
@@ -87,6 +88,9 @@ const QP_STATS_RETRY_NS: Nanos = 1_000_000;
 pub struct DataPath {
     pub(crate) device: Device,
     pub(crate) link: Box<dyn Link>,
+    /// The link's descriptor ([`vrnic::link::LinkCaps::fd`]), kept: asked
+    /// for at every wake-up.
+    pub(crate) link_fd: Option<RawFd>,
     mem: GuestMemoryAtomic<GuestMemoryMmap>,
     /// Whether `mem` still stands (none for an empty table): lost when an
     /// access to it faulted ([`crate::fault`]).
@@ -157,13 +161,15 @@ impl DataPath {
     /// Creating the timerfd failed.
     pub fn new(mut device: Device, link: Box<dyn Link>) -> io::Result<Self> {
         // Frames to the other functions of the daemon need no ICRC.
-        device.set_local_macs(link.local_macs());
+        let caps = link.caps();
+        device.set_local_macs(caps.local_macs);
         // No driver until a frontend sets its memory table.
         let mut link = link;
-        link.set_attended(false);
+        link.set(LinkSetting::Attended(false));
         Ok(Self {
             device,
             link,
+            link_fd: caps.fd,
             mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
             poison: None,
             conn: None,
@@ -206,7 +212,7 @@ impl DataPath {
 
     /// Replaces the memory table (vhost-user `SET_MEM_TABLE`), and shares
     /// it with the daemon's other functions through the link
-    /// ([`Link::share_memory`]; an empty table withdraws it). The table is
+    /// ([`LinkSetting::Memory`]; an empty table withdraws it). The table is
     /// registered for [`crate::memory::blame`], the old one forgotten.
     pub fn set_memory(&mut self, mem: GuestMemoryAtomic<GuestMemoryMmap>) {
         use vm_memory::GuestMemoryBackend;
@@ -222,8 +228,8 @@ impl DataPath {
                 Arc::new(crate::memory::SharedMemory::new(mem.clone(), poison)) as _
             });
         drop(table);
-        self.link.set_attended(shared.is_some());
-        self.link.share_memory(shared);
+        self.link.set(LinkSetting::Attended(shared.is_some()));
+        self.link.set(LinkSetting::Memory(shared));
         self.mem = mem;
     }
 
@@ -311,7 +317,7 @@ impl DataPath {
         // not stay in polling mode (notifications left off for good).
         self.spinning = false;
         // Given back, if the daemon's poller had it (crate::poll_group).
-        self.link.set_polling(Polling::Off);
+        self.link.set(LinkSetting::Polling(Polling::Off));
         self.stats.device_resets += 1;
         self.qp_stats_due = None;
     }
@@ -650,7 +656,7 @@ impl DataPath {
             self.deliver_events(evq, &mem);
         }
 
-        if self.link.raw_fd().is_none() || more_rx {
+        if self.link_fd.is_none() || more_rx {
             let poll_at = now + if more_rx { 0 } else { LINK_POLL_INTERVAL_NS };
             next = Some(next.map_or(poll_at, |d| d.min(poll_at)));
         }

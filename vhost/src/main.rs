@@ -818,7 +818,7 @@ mod tests {
         let mut fe = d.connect(&FrontendOptions::default()).unwrap();
         use vrnic::link::Link;
         peer.send(&arp_request()).unwrap();
-        let fd = peer.raw_fd().expect("MemLink has an eventfd");
+        let fd = peer.caps().fd.expect("MemLink has an eventfd");
         let deadline = Instant::now() + WAIT;
         let mut buf = vec![0u8; 2048];
         let reply = loop {

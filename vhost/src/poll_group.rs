@@ -28,7 +28,7 @@
 //! sleep without polling itself.
 //!
 //! A switch port of an adopted member stops signalling while it is
-//! adopted ([`vrnic::link::Link::set_polling`]): frames queued for it wake
+//! adopted ([`vrnic::link::LinkSetting::Polling`]): frames queued for it wake
 //! no worker; the poller reads them.
 //!
 //! Each member's round is bounded (`datapath::PASS_CHAINS_MAX` chains and

@@ -4,9 +4,8 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::RawFd;
 
-use vrnic::link::{Link, MemLink};
+use vrnic::link::{Link, LinkCaps, MemLink, Rx};
 
 /// A [`MemLink`] whose first receive takes every frame waiting on it, so
 /// its descriptor no longer polls readable for the frames it holds.
@@ -30,7 +29,19 @@ impl Link for ReadAhead {
         self.inner.send(frame)
     }
 
-    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    fn receive(&mut self, rx: Rx<'_>) -> io::Result<Option<usize>> {
+        rx.read(|buf| self.read(buf))
+    }
+
+    fn caps(&self) -> LinkCaps {
+        self.inner.caps()
+    }
+}
+
+impl ReadAhead {
+    /// The next frame held, into `buf`; at the first with none held,
+    /// every frame waiting on the inner link is taken.
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
         if self.held.is_empty() {
             let mut b = vec![0u8; buf.len()];
             while let Some(n) = self.inner.recv(&mut b)? {
@@ -42,9 +53,5 @@ impl Link for ReadAhead {
         };
         buf[..f.len()].copy_from_slice(&f);
         Ok(Some(f.len()))
-    }
-
-    fn raw_fd(&self) -> Option<RawFd> {
-        self.inner.raw_fd()
     }
 }

@@ -61,7 +61,7 @@ use virtio_queue::QueueT;
 use vm_memory::GuestAddressSpace;
 use vrnic::abi;
 use vrnic::device::Nanos;
-use vrnic::link::Polling;
+use vrnic::link::{LinkSetting, Polling};
 
 pub use crate::backoff::{Backoff, BACKOFF_MIN_NS};
 use crate::datapath::{DataPath, Vring};
@@ -199,13 +199,13 @@ impl DataPath {
     /// `VIRTQ_USED_F_NO_NOTIFY`; with `VIRTIO_F_EVENT_IDX` the avail event
     /// is simply not moved, §2.7.10), `spinning` set so the doorbell
     /// queue's service leaves them off, and the link told
-    /// ([`vrnic::link::Link::set_polling`]: a switch port's senders then
+    /// ([`vrnic::link::LinkSetting::Polling`]: a switch port's senders then
     /// write no eventfd). The control queue's stay on (see the module).
     fn notifications_off(&mut self, db: &Vring, who: Polling) {
         if let Err(e) = db.disable_notification() {
             tracing::debug!("cannot disable notifications: {e}");
         }
-        self.link.set_polling(who);
+        self.link.set(LinkSetting::Polling(who));
         self.device.begin_record_polling();
         self.spinning = true;
     }
@@ -216,7 +216,7 @@ impl DataPath {
     /// they were off, then the device's work after it
     /// ([`DataPath::after_work`]).
     fn notifications_on(&mut self, vrings: &[Vring]) {
-        self.link.set_polling(Polling::Off);
+        self.link.set(LinkSetting::Polling(Polling::Off));
         self.spinning = false;
         // The drivers ring again: what they wrote to their QP records
         // before they could see that is taken now.

@@ -25,7 +25,7 @@
 //! ring (or rxe with a full `skb` queue) drops; RC retransmits. The queue
 //! is lock-free (crossbeam's `ArrayQueue`); a frame between two ports
 //! travels in the buffer its sender built it in ([`Link::try_send_buf`],
-//! [`Link::recv_with`]), without its ICRC ([`Link::local_macs`]). The
+//! [`Link::recv_with`]), without its ICRC ([`LinkCaps::local_macs`]). The
 //! receiving port takes all queued frames at once, so a port holds at
 //! most twice [`PORT_QUEUE_DEPTH`] frames: those taken and not yet
 //! returned by its `recv`, and a full queue behind them. An `eventfd(2)`
@@ -36,7 +36,7 @@
 //! lock, at most [`UPLINK_PULL_MAX`] frames per call): a frame for the
 //! caller is returned directly (no copy more than a device alone on the
 //! uplink makes), one for another port goes into that port's queue. A
-//! port's [`Link::raw_fd`] is an `epoll(7)` descriptor watching both its
+//! port's [`LinkCaps::fd`] is an `epoll(7)` descriptor watching both its
 //! eventfd and the uplink's descriptor, so the port's worker wakes for
 //! either. With one function this is today's path: the worker reads the
 //! uplink. With several, a frame on the uplink may wake every connected
@@ -70,7 +70,9 @@ use crossbeam_queue::ArrayQueue;
 
 use vrnic::batch::gso;
 use vrnic::data::PeerMemory;
-use vrnic::link::{Icrc, Link, LinkStats, LocalMacs, LocalReach, Polling};
+use vrnic::link::{
+    Icrc, Link, LinkCaps, LinkSetting, LinkStats, LocalMacs, LocalReach, Polling, Rx,
+};
 
 /// Receive queue depth of a port, frames.
 pub const PORT_QUEUE_DEPTH: usize = 1024;
@@ -134,7 +136,7 @@ pub struct PortStats {
     /// yet: the device kept it and sent it again later, nothing was lost.
     pub tx_busy: u64,
     /// Frames for this port dropped because no driver was there to read
-    /// them ([`Link::set_attended`]): sent to it, or queued when its
+    /// them ([`LinkSetting::Attended`]): sent to it, or queued when its
     /// driver left.
     pub rx_unattended: u64,
     /// Batches for this port dropped because their payload referred to
@@ -225,7 +227,7 @@ struct PortShared {
     mac: [u8; 6],
     /// Frames, each with whether its ICRC is checked: not for frames from
     /// the daemon's own ports, whose engines may leave it out
-    /// ([`Link::local_macs`]).
+    /// ([`LinkCaps::local_macs`]).
     frames: ArrayQueue<Queued>,
     /// Bytes of the frames in `frames` (at most [`PORT_QUEUE_BYTES`]).
     bytes: AtomicUsize,
@@ -237,7 +239,7 @@ struct PortShared {
     /// The eventfd has been written since the receiver last reset it: a
     /// sender finding it set saves the system call (one write per burst).
     signalled: AtomicBool,
-    /// Someone polls the port for now ([`Link::set_polling`]: its own
+    /// Someone polls the port for now ([`LinkSetting::Polling`]: its own
     /// worker or another): the receiver keeps `signalled` set, so senders
     /// write nothing.
     polled: AtomicBool,
@@ -253,7 +255,7 @@ struct PortShared {
     efd: OwnedFd,
     counters: PortCounters,
     /// The memory of the port's device, shared with the other ports'
-    /// devices while its driver is there ([`Link::share_memory`]): packets
+    /// devices while its driver is there ([`LinkSetting::Memory`]): packets
     /// between two ports that both share theirs leave their payload in the
     /// sender's memory, and the receiver copies it from there. With its
     /// generation: a new one (from [`NEXT_GENERATION`]) at every change.
@@ -265,7 +267,7 @@ struct PortShared {
     /// this port's device was sent with (0: none): the only memory its
     /// references may be read from (`Reach::memory_of`).
     delivering: AtomicU64,
-    /// A driver is there to read the port's frames ([`Link::set_attended`]).
+    /// A driver is there to read the port's frames ([`LinkSetting::Attended`]).
     attended: AtomicBool,
 }
 
@@ -542,7 +544,7 @@ fn show_mac(m: &[u8; 6]) -> String {
 impl Switch {
     /// A switch with no port yet on `uplink`.
     pub fn new(uplink: Box<dyn Link>) -> Self {
-        let uplink_fd = uplink.raw_fd();
+        let uplink_fd = uplink.caps().fd;
         Self {
             inner: Arc::new(Inner {
                 uplink: Mutex::new(uplink),
@@ -971,7 +973,7 @@ impl SwitchPort {
         }
         if q.polled.load(Ordering::Relaxed) {
             // Polled: the flag stays set (senders write nothing), the
-            // eventfd is emptied so it wakes nobody ([`Link::set_polling`]),
+            // eventfd is emptied so it wakes nobody ([`LinkSetting::Polling`]),
             // if anything wrote it since it was last emptied (else a
             // system call a polling round for nothing).
             if q.written.swap(false, Ordering::SeqCst) {
@@ -1073,7 +1075,7 @@ impl SwitchPort {
 
     /// [`SwitchPort::pull_uplink`] for [`Link::recv`] and
     /// [`Link::recv_with`], unless another thread polls the port (the
-    /// poller's own port reads the uplink, `Link::set_polling`) or this
+    /// poller's own port reads the uplink, `LinkSetting::Polling`) or this
     /// round's read of an idle uplink is skipped
     /// ([`SwitchPort::skip_uplink`]); counts reads that found no frame
     /// for any port.
@@ -1127,21 +1129,6 @@ impl SwitchPort {
         }
         false
     }
-}
-
-impl Link for SwitchPort {
-    /// The MACs of the switch's ports (this one's too): frames to them stay
-    /// in the daemon and need no ICRC; packets may leave their payload in
-    /// this port's device's memory for a port that shares its memory too
-    /// (both devices are plain functions, no pcap or fault injection
-    /// between: [`Link::share_memory`]).
-    fn local_macs(&self) -> Option<LocalMacs> {
-        Some(LocalMacs::with(Reach {
-            sw: Arc::downgrade(&self.sw),
-            own: Arc::downgrade(&self.shared),
-        }))
-    }
-
     /// While polled ([`Polling::Own`] or [`Polling::Other`]), frames
     /// queued for the port write nothing (the flag that saves senders the
     /// system call stays set): the poller reads the queue every round
@@ -1152,7 +1139,7 @@ impl Link for SwitchPort {
     /// to [`Polling::Off`], the flag is reset and the queue looked at
     /// again, the port readable if frames wait there or on the uplink (as
     /// in `SwitchPort::take_batch`).
-    fn set_polling(&mut self, polling: Polling) {
+    pub fn set_polling(&mut self, polling: Polling) {
         let q = &*self.shared;
         let adopted = polling == Polling::Other;
         if q.adopted.swap(adopted, Ordering::SeqCst) != adopted {
@@ -1191,10 +1178,10 @@ impl Link for SwitchPort {
     }
 
     /// Shares the device's memory with the other ports' devices (see
-    /// [`SwitchPort::local_macs`]).
+    /// [`SwitchPort::caps`]).
     /// Frames queued with the previous memory's generation are not read
     /// by reference any more (`Reach::memory_of`).
-    fn share_memory(&mut self, mem: Option<Arc<dyn PeerMemory>>) {
+    pub fn share_memory(&mut self, mem: Option<Arc<dyn PeerMemory>>) {
         let gen = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
         let mut m = self
             .shared
@@ -1208,7 +1195,7 @@ impl Link for SwitchPort {
     /// An unattended port takes no frames (they are dropped and counted,
     /// [`PortStats::rx_unattended`]); what it held when its driver came or
     /// went is dropped too.
-    fn set_attended(&mut self, attended: bool) {
+    pub fn set_attended(&mut self, attended: bool) {
         let q = &*self.shared;
         // Also when it becomes attended: a sender racing with the last
         // change may have queued a frame for nobody.
@@ -1222,6 +1209,54 @@ impl Link for SwitchPort {
             n += 1;
         }
         add(&q.counters.rx_unattended, n);
+    }
+
+    /// [`Link::recv`]: a frame from the port's queue, else from the
+    /// uplink, copied into `buf` as on a wire ([`SwitchPort::pop_own`]).
+    fn recv_copy(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        if let Some(n) = self.pop_own(buf) {
+            return Ok(Some(n));
+        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.resize(buf.len(), 0);
+        let mut got = None;
+        let r = self.read_uplink(&mut scratch, &mut |frame, _| {
+            if let Some(dst) = buf.get_mut(..frame.len()) {
+                dst.copy_from_slice(frame);
+                got = Some(frame.len());
+            }
+        });
+        self.scratch = scratch;
+        r?;
+        Ok(got)
+    }
+}
+
+impl Link for SwitchPort {
+    /// Its descriptor (an epoll set of the port's eventfd and the
+    /// uplink's), and the MACs of the switch's ports (this one's too):
+    /// frames to them stay in the daemon and need no ICRC; packets may
+    /// leave their payload in this port's device's memory for a port that
+    /// shares its memory too (both devices are plain functions, no pcap
+    /// or fault injection between: [`LinkSetting::Memory`]).
+    fn caps(&self) -> LinkCaps {
+        LinkCaps {
+            fd: self.epfd.as_ref().map(|fd| fd.as_raw_fd()),
+            local_macs: Some(LocalMacs::with(Reach {
+                sw: Arc::downgrade(&self.sw),
+                own: Arc::downgrade(&self.shared),
+            })),
+        }
+    }
+
+    /// Acts on every setting ([`SwitchPort::set_polling`],
+    /// [`SwitchPort::share_memory`], [`SwitchPort::set_attended`]).
+    fn set(&mut self, setting: LinkSetting) {
+        match setting {
+            LinkSetting::Polling(p) => self.set_polling(p),
+            LinkSetting::Attended(a) => self.set_attended(a),
+            LinkSetting::Memory(m) => self.share_memory(m),
+        }
     }
 
     /// Forwards `frame` by its destination MAC (see the module). Never
@@ -1277,39 +1312,22 @@ impl Link for SwitchPort {
 
     /// A frame from the port's queue, else from the uplink (see the
     /// module); `Ok(None)` when neither has one for this port.
-    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        if let Some(n) = self.pop_own(buf) {
-            return Ok(Some(n));
-        }
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.resize(buf.len(), 0);
-        let mut got = None;
-        let r = self.read_uplink(&mut scratch, &mut |frame, _| {
-            if let Some(dst) = buf.get_mut(..frame.len()) {
-                dst.copy_from_slice(frame);
-                got = Some(frame.len());
-            }
-        });
-        self.scratch = scratch;
-        r?;
-        Ok(got)
-    }
-
-    /// As [`Link::recv`], handing a frame from the port's queue to
-    /// `deliver` in place; frames from the uplink are read into `buf`.
-    fn recv_with(
-        &mut self,
-        buf: &mut [u8],
-        deliver: &mut dyn FnMut(&[u8], Icrc),
-    ) -> io::Result<bool> {
-        if self.deliver_own(deliver) {
-            return Ok(true);
-        }
-        self.read_uplink(buf, deliver)
-    }
-
-    fn raw_fd(&self) -> Option<RawFd> {
-        self.epfd.as_ref().map(|fd| fd.as_raw_fd())
+    /// [`Rx::Copy`]: as on a wire (`SwitchPort::pop_own`: a batch split
+    /// into sealed frames, a frame without its ICRC sealed).
+    /// [`Rx::Deliver`]: a frame from the port's queue handed over in place
+    /// (a batch whole); frames from the uplink are read into the buffer.
+    fn receive(&mut self, rx: Rx<'_>) -> io::Result<Option<usize>> {
+        let (buf, deliver) = match rx {
+            Rx::Copy(buf) => return self.recv_copy(buf),
+            Rx::Deliver(buf, deliver) => (buf, deliver),
+        };
+        let mut len = 0;
+        let mut deliver = |f: &[u8], icrc: Icrc| {
+            len = f.len();
+            deliver(f, icrc);
+        };
+        let got = self.deliver_own(&mut deliver) || self.read_uplink(buf, &mut deliver)?;
+        Ok(got.then_some(len))
     }
 }
 

@@ -80,7 +80,7 @@ fn race(
 /// `recv_with`, publishing the count in `read` after each and sleeping
 /// on the port's descriptor between them ([`wait_readable`]).
 fn read_one_at_a_time(b: &mut SwitchPort, total: u32, read: &std::sync::atomic::AtomicU32) {
-    let fd = b.raw_fd().unwrap();
+    let fd = b.caps().fd.unwrap();
     let mut next = 0u32;
     let mut buf = [0u8; 64];
     while next < total {
@@ -112,7 +112,7 @@ fn readable_within(fd: RawFd, ms: i32) -> bool {
 #[test]
 fn unicast_between_ports_never_touches_the_uplink() {
     let (sw, mut a, mut b, mut outside) = switch_ab();
-    let fb = b.raw_fd().unwrap();
+    let fb = b.caps().fd.unwrap();
     assert!(!readable(fb));
     a.send(&frame(B, A, 1)).unwrap();
     assert!(readable(fb), "B's worker is woken");
@@ -136,7 +136,7 @@ fn unicast_between_ports_never_touches_the_uplink() {
 #[test]
 fn a_late_write_leaves_the_port_readable_for_one_look_only() {
     let (_sw, _a, mut b, _outside) = switch_ab();
-    let fb = b.raw_fd().unwrap();
+    let fb = b.caps().fd.unwrap();
     let q = b.shared.clone();
     assert!(q.queue(frame(B, A, 1), Icrc::Unneeded).is_ok());
     q.signal();
@@ -155,7 +155,7 @@ fn a_late_write_leaves_the_port_readable_for_one_look_only() {
 #[test]
 fn frames_taken_in_a_burst_keep_the_port_readable_and_in_order() {
     let (_sw, mut a, mut b, _outside) = switch_ab();
-    let fb = b.raw_fd().unwrap();
+    let fb = b.caps().fd.unwrap();
     for t in 0..3 {
         a.send(&frame(B, A, t)).unwrap();
     }
@@ -313,7 +313,7 @@ fn a_batch_reaches_a_copying_reader_and_the_uplink_as_its_packets_sealed() {
 #[test]
 fn frames_between_ports_need_no_icrc_and_frames_from_the_wire_do() {
     let (sw, mut a, mut b, mut outside) = switch_ab();
-    let local = a.local_macs().expect("a port reaches the other ports");
+    let local = a.caps().local_macs.expect("a port reaches the other ports");
     assert!(local.contains(&A) && local.contains(&B));
     assert!(!local.contains(&OUTSIDE) && !local.contains(&[0xff; 6]));
     let bare = roce(B, A, Icrc::Unneeded);
@@ -478,7 +478,7 @@ fn group_frames_reach_every_other_port_and_the_uplink() {
 #[test]
 fn uplink_frames_go_to_the_port_of_their_mac() {
     let (sw, mut a, mut b, mut outside) = switch_ab();
-    let fb = b.raw_fd().unwrap();
+    let fb = b.caps().fd.unwrap();
     outside.send(&frame(B, OUTSIDE, 1)).unwrap();
     outside.send(&frame(OUTSIDE, OUTSIDE, 2)).unwrap();
     outside.send(&frame([0xff; 6], OUTSIDE, 3)).unwrap();
@@ -678,7 +678,7 @@ fn a_pull_stopped_by_its_bound_keeps_the_port_readable_for_frames_read_ahead() {
     let sw = Switch::new(Box::new(ReadAhead::new(up)));
     let mut a = sw.add_port(A).unwrap();
     let mut b = sw.add_port(B).unwrap();
-    let fa = a.raw_fd().unwrap();
+    let fa = a.caps().fd.unwrap();
     for i in 0..UPLINK_PULL_MAX {
         outside.send(&frame(B, OUTSIDE, i as u8)).unwrap();
     }
@@ -692,14 +692,14 @@ fn a_pull_stopped_by_its_bound_keeps_the_port_readable_for_frames_read_ahead() {
     assert_eq!(recv_all(&mut b).len(), UPLINK_PULL_MAX);
 }
 
-/// A port another thread polls (`Link::set_polling`, `Polling::Other`) wakes nobody for the
+/// A port another thread polls (`LinkSetting::Polling`, `Polling::Other`) wakes nobody for the
 /// frames queued for it, still hands them over in order, and once given
 /// back is readable at once for the frames that wait (a worker asleep on
 /// it would otherwise never learn of them).
 #[test]
 fn a_polled_port_wakes_nobody_and_is_readable_again_when_given_back() {
     let (_sw, mut a, mut b, _outside) = switch_ab();
-    let fb = b.raw_fd().unwrap();
+    let fb = b.caps().fd.unwrap();
     // Readable before it is polled: the poller empties the eventfd.
     a.send(&frame(B, A, 1)).unwrap();
     assert!(readable(fb));
@@ -747,7 +747,7 @@ fn a_polled_port_wakes_nobody_and_is_readable_again_when_given_back() {
 #[test]
 fn a_polled_port_is_not_woken_by_the_uplink_until_given_back() {
     let (_sw, mut a, mut b, mut outside) = switch_ab();
-    let fb = b.raw_fd().unwrap();
+    let fb = b.caps().fd.unwrap();
     b.set_polling(Polling::Other);
     outside.send(&frame(B, OUTSIDE, 1)).unwrap();
     assert!(!readable(fb), "the uplink woke a polled port");
@@ -779,7 +779,7 @@ fn a_polled_port_is_not_woken_by_the_uplink_until_given_back() {
 #[test]
 fn a_port_polled_by_its_own_worker_wakes_nobody_and_still_reads_the_uplink() {
     let (_sw, mut a, mut b, mut outside) = switch_ab();
-    let fb = b.raw_fd().unwrap();
+    let fb = b.caps().fd.unwrap();
     b.set_polling(Polling::Own);
     for tag in 1..4 {
         a.send(&frame(B, A, tag)).unwrap();
@@ -916,7 +916,7 @@ fn an_unattended_port_costs_its_senders_nothing() {
 #[test]
 fn references_are_read_only_from_the_memory_they_were_sent_with() {
     let (_sw, mut a, mut b, _outside) = switch_ab();
-    let reach = b.local_macs().unwrap();
+    let reach = b.caps().local_macs.unwrap();
     a.share_memory(Some(Arc::new(NoMemory)));
     b.share_memory(Some(Arc::new(NoMemory)));
     // Sent and read while A's memory stands: found.

@@ -479,7 +479,7 @@ fn link_frames_reach_the_device_and_replies_go_out() {
     for _ in 0..n {
         peer.send(&arp_request()).unwrap();
     }
-    let fd = Fd(peer.raw_fd().expect("MemLink has an eventfd"));
+    let fd = Fd(peer.caps().fd.expect("MemLink has an eventfd"));
     let mut buf = vec![0u8; 2048];
     let mut replies = 0;
     while replies < n {
@@ -511,7 +511,7 @@ fn frames_before_the_frontend_and_between_connections() {
     drop(fe);
     let mut fe = connect(&d);
     peer.send(&arp_request()).unwrap();
-    let fd = Fd(peer.raw_fd().unwrap());
+    let fd = Fd(peer.caps().fd.unwrap());
     assert!(
         wait_readable(&fd, WAIT),
         "no ARP reply on the second connection"
@@ -598,7 +598,7 @@ fn a_vm_pause_keeps_the_device_and_its_objects() {
     fe.resume_device(&bases).unwrap();
     // Resumed: the link is answered again, once (the three stayed dropped).
     peer.send(&arp_request()).unwrap();
-    let fd = Fd(peer.raw_fd().unwrap());
+    let fd = Fd(peer.caps().fd.unwrap());
     assert!(wait_readable(&fd, WAIT), "no ARP reply after the resume");
     let mut buf = vec![0u8; 2048];
     let mut replies = 0;

@@ -181,7 +181,7 @@ impl<'a> Data<'a> {
 }
 
 /// Which destination MACs a link delivers within the process
-/// ([`crate::link::Link::local_macs`]): a predicate shared with the device, which asks
+/// ([`crate::link::LinkCaps::local_macs`]): a predicate shared with the device, which asks
 /// it once per RoCEv2 frame it emits. A destination that leaves between
 /// the question and the delivery (a function deleted) gets one frame
 /// without an ICRC on the wire, which its receiver drops as corrupt; RC

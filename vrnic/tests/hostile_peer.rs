@@ -1362,12 +1362,8 @@ impl vrnic::link::Link for LoseOne {
         self.inner.send(frame)
     }
 
-    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
-        self.inner.recv(buf)
-    }
-
-    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
-        None
+    fn receive(&mut self, rx: vrnic::link::Rx<'_>) -> std::io::Result<Option<usize>> {
+        rx.read(|buf| self.inner.recv(buf))
     }
 }
 

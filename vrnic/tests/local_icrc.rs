@@ -1,6 +1,6 @@
 //! Two engines of one process (a daemon's functions, through its embedded
 //! switch) leave the ICRC out of the frames between them
-//! (`Link::local_macs`, `wire::Icrc::Unneeded`), and RC works as on a
+//! (`LinkCaps::local_macs`, `wire::Icrc::Unneeded`), and RC works as on a
 //! wire: SEND, WRITE and a READ whose stream holds the requests behind it
 //! (held requests are processed later), and the frames between them
 //! carry batches of packets (`batch::gso`), each packet handled on its own,
@@ -9,7 +9,6 @@
 mod common;
 
 use std::io;
-use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -17,7 +16,7 @@ use common::*;
 use vrnic::abi;
 use vrnic::batch;
 use vrnic::data::PeerMemory;
-use vrnic::link::{Icrc, Link, LocalMacs, LocalReach, MemLink};
+use vrnic::link::{Icrc, Link, LinkCaps, LocalMacs, LocalReach, MemLink, Rx};
 use vrnic::wire::{self, WireError};
 
 const ALL: u32 = abi::ACCESS_LOCAL_WRITE | abi::ACCESS_REMOTE_WRITE | abi::ACCESS_REMOTE_READ;
@@ -91,17 +90,15 @@ impl Link for LocalLink {
         self.inner.send(frame)
     }
 
-    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        self.inner.recv(buf)
-    }
-
-    fn recv_with(
-        &mut self,
-        _buf: &mut [u8],
-        deliver: &mut dyn FnMut(&[u8], Icrc),
-    ) -> io::Result<bool> {
+    /// A copy as the inner link's; handed over: each frame read into the
+    /// link's own buffer, without its ICRC.
+    fn receive(&mut self, rx: Rx<'_>) -> io::Result<Option<usize>> {
+        let deliver = match rx {
+            Rx::Copy(buf) => return self.inner.recv(buf),
+            Rx::Deliver(_, deliver) => deliver,
+        };
         let Some(n) = self.inner.recv(&mut self.buf)? else {
-            return Ok(false);
+            return Ok(None);
         };
         let mut tampered;
         let frame = match self.tamper {
@@ -129,22 +126,22 @@ impl Link for LocalLink {
                 deliver(frame, Icrc::Unneeded);
             }
         }
-        Ok(true)
+        Ok(Some(n))
     }
 
-    fn raw_fd(&self) -> Option<RawFd> {
-        None
-    }
-
-    fn local_macs(&self) -> Option<LocalMacs> {
+    fn caps(&self) -> LinkCaps {
         let peer = self.peer;
-        Some(match &self.peer_mem {
+        let local = match &self.peer_mem {
             Some(mem) => LocalMacs::with(ByRef {
                 peer,
                 mem: mem.clone(),
             }),
             None => LocalMacs::new(move |m: &[u8; 6]| *m == peer),
-        })
+        };
+        LinkCaps {
+            local_macs: Some(local),
+            ..LinkCaps::default()
+        }
     }
 }
 
@@ -209,9 +206,9 @@ fn local_pair_with(
     // Each side reads the other's memory (as the switch's ports do).
     let _ = slot_a.set(s.a.mem.clone());
     let _ = slot_b.set(s.b.mem.clone());
-    let local = s.a.link.local_macs();
+    let local = s.a.link.caps().local_macs;
     s.a.dev.set_local_macs(local);
-    let local = s.b.link.local_macs();
+    let local = s.b.link.caps().local_macs;
     s.b.dev.set_local_macs(local);
     (s, counts)
 }

@@ -71,16 +71,21 @@ impl Link for Tap {
         self.inner.send(frame)
     }
 
-    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
-        let r = self.inner.recv(buf)?;
-        if let Some(n) = r {
-            self.keep(false, &buf[..n]);
-        }
-        Ok(r)
+    fn receive(&mut self, rx: vrnic::link::Rx<'_>) -> std::io::Result<Option<usize>> {
+        rx.read(|buf| {
+            let r = self.inner.recv(buf)?;
+            if let Some(n) = r {
+                self.keep(false, &buf[..n]);
+            }
+            Ok(r)
+        })
     }
 
-    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.inner.raw_fd()
+    fn caps(&self) -> vrnic::link::LinkCaps {
+        vrnic::link::LinkCaps {
+            fd: self.inner.caps().fd,
+            ..Default::default()
+        }
     }
 }
 

@@ -410,12 +410,8 @@ impl Link for ScriptLink {
         Ok(())
     }
 
-    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
-        self.inner.recv(buf)
-    }
-
-    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
-        None
+    fn receive(&mut self, rx: vrnic::link::Rx<'_>) -> std::io::Result<Option<usize>> {
+        rx.read(|buf| self.inner.recv(buf))
     }
 }
 
@@ -810,12 +806,15 @@ impl Link for Recorder {
         self.inner.send(frame)
     }
 
-    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
-        self.inner.recv(buf)
+    fn receive(&mut self, rx: vrnic::link::Rx<'_>) -> std::io::Result<Option<usize>> {
+        rx.read(|buf| self.inner.recv(buf))
     }
 
-    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.inner.raw_fd()
+    fn caps(&self) -> vrnic::link::LinkCaps {
+        vrnic::link::LinkCaps {
+            fd: self.inner.caps().fd,
+            ..Default::default()
+        }
     }
 }
 

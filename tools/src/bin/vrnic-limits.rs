@@ -210,7 +210,7 @@ struct TapPort {
 impl TapPort {
     fn open(name: &str) -> anyhow::Result<TapPort> {
         let link = TapLink::open(name)?;
-        let fd = link.raw_fd().context("a TAP link has a descriptor")?;
+        let fd = link.caps().fd.context("a TAP link has a descriptor")?;
         Ok(TapPort {
             link,
             fd,
@@ -280,7 +280,8 @@ impl UsoPort {
     fn open(ifname: &str) -> anyhow::Result<UsoPort> {
         let link = PacketLink::open(ifname)?;
         let fd = link
-            .raw_fd()
+            .caps()
+            .fd
             .context("an AF_PACKET link has a descriptor")?;
         Ok(UsoPort {
             link,

@@ -26,7 +26,7 @@
 //! (a run counting as its packets).
 //!
 //! A batch is only ever made for a destination that is local
-//! ([`crate::link::Link::local_macs`]) and only read as one when it came
+//! ([`crate::link::LinkCaps::local_macs`]) and only read as one when it came
 //! [`Icrc::Unneeded`]; a copy that leaves the process (a pcap record, a
 //! frame that finds its destination gone and takes the uplink) is
 //! [`split`] into sealed frames first. RC and UC only: a UD packet's
@@ -135,7 +135,7 @@ pub fn append<E>(
 /// device's memory: `pieces` appends their piece entries
 /// ([`crate::data::push_piece`]); the receiver copies from there
 /// ([`rest`] with that memory). Only for a destination that reads the
-/// sender's memory (`Link::local_macs`). `Ok(None)` (the batch unchanged)
+/// sender's memory (`LinkCaps::local_macs`). `Ok(None)` (the batch unchanged)
 /// when the entry would be longer than [`PEER_SEGMENT_MAX`].
 pub fn append_peer<E>(
     frame: &mut Vec<u8>,

@@ -358,7 +358,7 @@ impl Device {
     }
 
     /// Destinations the device's link reaches without a wire
-    /// ([`crate::link::Link::local_macs`]): RoCEv2 frames to them are
+    /// ([`crate::link::LinkCaps::local_macs`]): RoCEv2 frames to them are
     /// emitted without the ICRC ([`Icrc::Unneeded`]). `None` (the
     /// default): every frame carries it.
     pub fn set_local_macs(&mut self, local: Option<crate::link::LocalMacs>) {

@@ -28,9 +28,8 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::RawFd;
 
-use super::{Link, LinkStats};
+use super::{Link, Rx};
 
 /// Largest number of inner frames one [`Link::recv`] call consumes before
 /// it gives up (returns `Ok(None)`), so a drop rate of 1 under a flood
@@ -292,6 +291,69 @@ impl FaultLink {
         }
     }
 
+    /// Returns a duplicated or reordered frame buffered earlier, else takes
+    /// frames from the inner link and applies the `rx` faults. When it
+    /// returns `Ok(None)` nothing is buffered in the wrapper, so draining
+    /// until `None` on each wakeup of [`super::LinkCaps::fd`] never strands a frame.
+    /// ([`Link::recv`] into `buf`.)
+    fn recv_into(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        while let Some(f) = self.rx_pending.pop_front() {
+            if let Some(n) = Self::deliver(&mut self.rx_stats, &f, buf) {
+                return Ok(Some(n));
+            }
+        }
+        for _ in 0..MAX_INNER_PER_RECV {
+            let Some(n) = self.inner.recv(buf)? else {
+                break;
+            };
+            let v = self.draw(self.cfg.rx);
+            if v.drop {
+                self.rx_stats.dropped += 1;
+                continue;
+            }
+            let Some(frame) = buf.get_mut(..n) else {
+                continue;
+            };
+            if v.corrupt {
+                self.rx_stats.corrupted += 1;
+                self.corrupt(frame);
+            }
+            let frame = buf.get(..n).unwrap_or_default();
+            let due = Self::tick(&mut self.rx_delayed);
+            if v.delay > 0 {
+                self.rx_stats.delayed += 1;
+                self.rx_delayed.push((v.delay, frame.to_vec()));
+                self.rx_pending.extend(due);
+                continue;
+            }
+            self.rx_pending.extend(due);
+            if v.duplicate {
+                self.rx_stats.duplicated += 1;
+                self.rx_pending.push_back(frame.to_vec());
+            }
+            if v.reorder && self.rx_held.is_none() {
+                self.rx_held = Some(frame.to_vec());
+                continue;
+            }
+            if let Some(h) = self.rx_held.take() {
+                self.rx_stats.reordered += 1;
+                self.rx_pending.push_back(h);
+            }
+            return Ok(Some(n));
+        }
+        // Nothing (more) to swap with: hand out what is held, then any
+        // duplicate still buffered.
+        self.rx_pending.extend(self.rx_held.take());
+        self.rx_pending
+            .extend(self.rx_delayed.drain(..).map(|(_, f)| f));
+        while let Some(f) = self.rx_pending.pop_front() {
+            if let Some(n) = Self::deliver(&mut self.rx_stats, &f, buf) {
+                return Ok(Some(n));
+            }
+        }
+        Ok(None)
+    }
+
     /// Copies a buffered frame into `buf`; `None` (counted) when it does not fit.
     fn deliver(stats: &mut FaultStats, frame: &[u8], buf: &mut [u8]) -> Option<usize> {
         match buf.get_mut(..frame.len()) {
@@ -351,82 +413,19 @@ impl Link for FaultLink {
         res
     }
 
-    /// Returns a duplicated or reordered frame buffered earlier, else takes
-    /// frames from the inner link and applies the `rx` faults. When it
-    /// returns `Ok(None)` nothing is buffered in the wrapper, so draining
-    /// until `None` on each wakeup of [`Link::raw_fd`] never strands a frame.
-    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        while let Some(f) = self.rx_pending.pop_front() {
-            if let Some(n) = Self::deliver(&mut self.rx_stats, &f, buf) {
-                return Ok(Some(n));
-            }
-        }
-        for _ in 0..MAX_INNER_PER_RECV {
-            let Some(n) = self.inner.recv(buf)? else {
-                break;
-            };
-            let v = self.draw(self.cfg.rx);
-            if v.drop {
-                self.rx_stats.dropped += 1;
-                continue;
-            }
-            let Some(frame) = buf.get_mut(..n) else {
-                continue;
-            };
-            if v.corrupt {
-                self.rx_stats.corrupted += 1;
-                self.corrupt(frame);
-            }
-            let frame = buf.get(..n).unwrap_or_default();
-            let due = Self::tick(&mut self.rx_delayed);
-            if v.delay > 0 {
-                self.rx_stats.delayed += 1;
-                self.rx_delayed.push((v.delay, frame.to_vec()));
-                self.rx_pending.extend(due);
-                continue;
-            }
-            self.rx_pending.extend(due);
-            if v.duplicate {
-                self.rx_stats.duplicated += 1;
-                self.rx_pending.push_back(frame.to_vec());
-            }
-            if v.reorder && self.rx_held.is_none() {
-                self.rx_held = Some(frame.to_vec());
-                continue;
-            }
-            if let Some(h) = self.rx_held.take() {
-                self.rx_stats.reordered += 1;
-                self.rx_pending.push_back(h);
-            }
-            return Ok(Some(n));
-        }
-        // Nothing (more) to swap with: hand out what is held, then any
-        // duplicate still buffered.
-        self.rx_pending.extend(self.rx_held.take());
-        self.rx_pending
-            .extend(self.rx_delayed.drain(..).map(|(_, f)| f));
-        while let Some(f) = self.rx_pending.pop_front() {
-            if let Some(n) = Self::deliver(&mut self.rx_stats, &f, buf) {
-                return Ok(Some(n));
-            }
-        }
-        Ok(None)
+    /// Returns a frame buffered earlier or takes one from the inner link
+    /// (`recv_into`), then hands it over, its ICRC to be
+    /// checked.
+    fn receive(&mut self, rx: Rx<'_>) -> io::Result<Option<usize>> {
+        rx.read(|buf| self.recv_into(buf))
     }
 
-    fn raw_fd(&self) -> Option<RawFd> {
-        self.inner.raw_fd()
+    fn inner(&self) -> Option<&dyn Link> {
+        Some(self.inner.as_ref())
     }
 
-    fn link_stats(&self) -> Option<LinkStats> {
-        self.inner.link_stats()
-    }
-
-    fn set_polling(&mut self, polling: super::Polling) {
-        self.inner.set_polling(polling);
-    }
-
-    fn set_attended(&mut self, attended: bool) {
-        self.inner.set_attended(attended);
+    fn inner_mut(&mut self) -> Option<&mut dyn Link> {
+        Some(self.inner.as_mut())
     }
 }
 

@@ -3,17 +3,17 @@
 //! sent while the peer's queue is full is dropped and counted, like a NIC
 //! with a full ring. Both ends are `Send` and can live on different threads.
 //!
-//! Each end's [`Link::raw_fd`] is an `eventfd(2)` that polls readable exactly
+//! Each end's [`LinkCaps::fd`] is an `eventfd(2)` that polls readable exactly
 //! while that end has frames waiting, so an epoll loop can wait on it like
 //! on a TAP or AF_PACKET descriptor.
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::stats::LinkStats;
-use super::Link;
+use super::{Icrc, Link, LinkCaps, Rx};
 
 /// Default queue depth of each direction, frames.
 pub const DEFAULT_DEPTH: usize = 1024;
@@ -138,30 +138,32 @@ impl Link for MemLink {
         Ok(true)
     }
 
-    /// Takes the oldest waiting frame. A frame longer than `buf` is discarded
-    /// ([`LinkStats::rx_oversize`]) and the next one is tried.
-    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    /// Takes the oldest waiting frame. A frame longer than the caller's
+    /// buffer is discarded ([`LinkStats::rx_oversize`]) and the next one
+    /// is tried.
+    fn receive(&mut self, rx: Rx<'_>) -> io::Result<Option<usize>> {
         let mut q = self.rx.lock();
         let mut got = None;
         while let Some(frame) = q.pop_front() {
-            match buf.get_mut(..frame.len()) {
-                Some(dst) => {
-                    dst.copy_from_slice(&frame);
-                    self.stats.rx_frames += 1;
-                    got = Some(frame.len());
-                    break;
-                }
-                None => self.stats.rx_oversize += 1,
+            if frame.len() <= rx.max_len() {
+                self.stats.rx_frames += 1;
+                got = Some(frame);
+                break;
             }
+            self.stats.rx_oversize += 1;
         }
         if q.is_empty() {
             self.rx.clear();
         }
-        Ok(got)
+        drop(q);
+        Ok(got.and_then(|f| rx.hand(&f, Icrc::Needed)))
     }
 
-    fn raw_fd(&self) -> Option<RawFd> {
-        self.rx.efd.as_ref().map(|fd| fd.as_raw_fd())
+    fn caps(&self) -> LinkCaps {
+        LinkCaps {
+            fd: self.rx.efd.as_ref().map(|fd| fd.as_raw_fd()),
+            ..LinkCaps::default()
+        }
     }
 
     fn link_stats(&self) -> Option<LinkStats> {
@@ -172,6 +174,7 @@ impl Link for MemLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::RawFd;
 
     fn recv_all(l: &mut MemLink) -> Vec<Vec<u8>> {
         let mut buf = [0u8; 64];
@@ -244,7 +247,7 @@ mod tests {
     #[test]
     fn mem_eventfd_is_readable_exactly_while_frames_wait() {
         let (mut a, mut b) = MemLink::pair();
-        let fd = b.raw_fd().expect("eventfd");
+        let fd = b.caps().fd.expect("eventfd");
         assert!(!readable(fd));
         a.send(b"x").unwrap();
         a.send(b"y").unwrap();
@@ -254,7 +257,7 @@ mod tests {
         assert!(readable(fd), "one frame still waiting");
         assert_eq!(b.recv(&mut buf).unwrap(), Some(1));
         assert!(!readable(fd));
-        assert!(a.raw_fd().is_some_and(|f| !readable(f)));
+        assert!(a.caps().fd.is_some_and(|f| !readable(f)));
     }
 
     #[test]

@@ -141,7 +141,7 @@ fn wait_readable(fd: RawFd, left: Duration) {
 /// Waits (bounded by [`WAIT`], on the link's descriptor) for a frame equal
 /// to `want`, skipping unrelated traffic (IPv6 autoconfiguration, ...).
 fn wait_for(link: &mut dyn Link, want: &[u8]) -> bool {
-    let fd: RawFd = link.raw_fd().expect("kernel links have a descriptor");
+    let fd: RawFd = link.caps().fd.expect("kernel links have a descriptor");
     let deadline = Instant::now() + WAIT;
     let mut buf = vec![0u8; 2048];
     loop {
@@ -179,7 +179,7 @@ fn packet_links_exchange_frames_over_veth_in_netns() {
     ns.run(|| {
         let mut a = PacketLink::open("va").expect("open va");
         let mut b = PacketLink::open("vb").expect("open vb");
-        assert!(a.raw_fd().is_some());
+        assert!(a.caps().fd.is_some());
 
         let f1 = test_frame(b"a-to-b!!");
         a.send(&f1).expect("send on va");
@@ -268,7 +268,7 @@ fn count_numbered(link: &mut dyn Link, len: usize) -> u32 {
 /// hands frames over asynchronously — then takes whatever else is
 /// already there, so extra frames show.
 fn received(link: &mut dyn Link, want: usize, keep: impl Fn(&[u8]) -> bool) -> Vec<Vec<u8>> {
-    let fd: RawFd = link.raw_fd().expect("kernel links have a descriptor");
+    let fd: RawFd = link.caps().fd.expect("kernel links have a descriptor");
     let deadline = Instant::now() + WAIT;
     let mut buf = vec![0u8; 4200];
     let mut got = Vec::new();

@@ -17,7 +17,7 @@
 //! was the daemon's largest cost on this link (issue 10). So the link
 //! reads ahead: its descriptor does not poll readable for the frames it
 //! holds, and a caller reads until [`Link::recv`] returns none (or comes
-//! back without waiting, see [`Link::raw_fd`]).
+//! back without waiting, see [`LinkCaps::fd`]).
 //!
 //! With `PACKET_VNET_HDR` (Linux 4.18+ for UDP), every frame carries a
 //! virtio-net header: a run of frames of one flow goes as one super-frame
@@ -26,11 +26,11 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use super::stats::{is_transient_tx_error, LinkStats, OpenError};
 use super::uso::{self, Segments, VNET_HDR_LEN};
-use super::{Icrc, Link};
+use super::{Icrc, Link, LinkCaps, Rx};
 
 /// Upper bound of frames one [`Link::recv`] call skips (outgoing or
 /// oversize) before it returns `Ok(None)`, so a flood cannot pin the caller.
@@ -557,30 +557,23 @@ impl Link for PacketLink {
         Ok(taken)
     }
 
-    /// Receives one frame into `buf` (see [`Link::recv_with`]).
-    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        let f = self.next_frame(buf.len())?;
-        Ok(super::copy_frame(f, buf))
-    }
-
     /// Receives one frame, from the frames the last `recvmmsg(2)` read
     /// ([`RECV_MANY`] at most; a new call when they are all handed out),
-    /// and hands it to `deliver` in the link's buffer (its ICRC to be
-    /// checked); `buf` only gives the largest frame taken, bytes. Frames
-    /// longer are discarded ([`LinkStats::rx_oversize`], detected with
-    /// `MSG_TRUNC`), as are outgoing frames on kernels without
+    /// and hands it over from the link's buffer (its ICRC to be checked);
+    /// the caller's buffer only gives the largest frame taken, bytes.
+    /// Frames longer are discarded ([`LinkStats::rx_oversize`], detected
+    /// with `MSG_TRUNC`), as are outgoing frames on kernels without
     /// `PACKET_IGNORE_OUTGOING`.
-    fn recv_with(
-        &mut self,
-        buf: &mut [u8],
-        deliver: &mut dyn FnMut(&[u8], Icrc),
-    ) -> io::Result<bool> {
-        let f = self.next_frame(buf.len())?;
-        Ok(super::hand_frame(f, deliver))
+    fn receive(&mut self, rx: Rx<'_>) -> io::Result<Option<usize>> {
+        let f = self.next_frame(rx.max_len())?;
+        Ok(f.and_then(|f| rx.hand(f, Icrc::Needed)))
     }
 
-    fn raw_fd(&self) -> Option<RawFd> {
-        Some(self.fd.as_raw_fd())
+    fn caps(&self) -> LinkCaps {
+        LinkCaps {
+            fd: Some(self.fd.as_raw_fd()),
+            ..LinkCaps::default()
+        }
     }
 
     fn link_stats(&self) -> Option<LinkStats> {

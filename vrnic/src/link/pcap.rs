@@ -12,14 +12,13 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pcap_file::pcap::{PcapHeader, PcapPacket, PcapWriter};
 use pcap_file::{DataLink, Endianness, TsResolution};
 
-use super::{Icrc, Link, LinkStats};
+use super::{Icrc, Link, Rx};
 
 /// Snapshot length of the file, bytes: longer frames are cut to this length
 /// in the file (their original length is kept in the record header, as
@@ -241,34 +240,32 @@ impl Link for PcapLink {
         r
     }
 
-    /// Receives from the inner link and records what it returns.
-    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        let got = self.inner.recv(buf)?;
-        if let Some(n) = got {
-            if let Some(frame) = buf.get(..n) {
-                self.record(frame);
+    /// Receives from the inner link and records what it hands out.
+    /// [`Rx::Copy`]: the frame the inner link copied (as on a wire).
+    /// [`Rx::Deliver`]: each frame as the inner link hands it out,
+    /// recorded as on a wire: a frame that came without its ICRC
+    /// ([`Icrc::Unneeded`]) is recorded with it
+    /// ([`crate::wire::seal_icrc`]), so the file is what a capture of
+    /// RoCEv2 traffic shows.
+    fn receive(&mut self, rx: Rx<'_>) -> io::Result<Option<usize>> {
+        let (buf, deliver) = match rx {
+            Rx::Copy(buf) => {
+                let got = self.inner.recv(buf)?;
+                if let Some(frame) = got.and_then(|n| buf.get(..n)) {
+                    self.record(frame);
+                }
+                return Ok(got);
             }
-        }
-        Ok(got)
-    }
-
-    /// Receives from the inner link as it hands frames out, recording each
-    /// as on a wire: a frame that came without its ICRC
-    /// ([`Icrc::Unneeded`]) is recorded with it ([`crate::wire::seal_icrc`]),
-    /// so the file is what a capture of RoCEv2 traffic shows.
-    fn recv_with(
-        &mut self,
-        buf: &mut [u8],
-        deliver: &mut dyn FnMut(&[u8], Icrc),
-    ) -> io::Result<bool> {
+            Rx::Deliver(buf, deliver) => (buf, deliver),
+        };
         let scratch = &mut self.scratch;
         let mut seen = None;
-        let got = self.inner.recv_with(buf, &mut |frame, icrc| {
+        let got = self.inner.receive(Rx::Deliver(buf, &mut |frame, icrc| {
             scratch.clear();
             scratch.extend_from_slice(frame);
             seen = Some(icrc);
             deliver(frame, icrc);
-        })?;
+        }))?;
         if let Some(icrc) = seen {
             let f = std::mem::take(&mut self.scratch);
             if icrc == Icrc::Unneeded {
@@ -284,20 +281,12 @@ impl Link for PcapLink {
         Ok(got)
     }
 
-    fn raw_fd(&self) -> Option<RawFd> {
-        self.inner.raw_fd()
+    fn inner(&self) -> Option<&dyn Link> {
+        Some(self.inner.as_ref())
     }
 
-    fn link_stats(&self) -> Option<LinkStats> {
-        self.inner.link_stats()
-    }
-
-    fn set_polling(&mut self, polling: super::Polling) {
-        self.inner.set_polling(polling);
-    }
-
-    fn set_attended(&mut self, attended: bool) {
-        self.inner.set_attended(attended);
+    fn inner_mut(&mut self) -> Option<&mut dyn Link> {
+        Some(self.inner.as_mut())
     }
 }
 

@@ -18,11 +18,11 @@
 //! `TUNSETIFF`.)
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use super::stats::{is_transient_tx_error, LinkStats, OpenError};
 use super::uso::{self, Segments, VNET_HDR_LEN};
-use super::{Icrc, Link};
+use super::{Icrc, Link, LinkCaps, Rx};
 
 /// Longest interface name Linux accepts, bytes (`IFNAMSIZ - 1`).
 pub const MAX_IFNAME_LEN: usize = libc::IFNAMSIZ - 1;
@@ -32,8 +32,8 @@ pub const MAX_IFNAME_LEN: usize = libc::IFNAMSIZ - 1;
 pub const SEND_MANY_MAX: usize = 64;
 
 /// A [`Link`] over a TAP interface, nonblocking, pollable through
-/// [`Link::raw_fd`]. It reads ahead: the frames of a super-frame it holds
-/// do not make the descriptor readable ([`Link::raw_fd`]).
+/// [`LinkCaps::fd`]. It reads ahead: the frames of a super-frame it holds
+/// do not make the descriptor readable ([`LinkCaps::fd`]).
 #[derive(Debug)]
 pub struct TapLink {
     fd: OwnedFd,
@@ -376,27 +376,20 @@ impl Link for TapLink {
         Ok(count)
     }
 
-    /// Reads one frame into `buf` (see [`Link::recv_with`]).
-    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        let f = self.next_frame(buf.len())?;
-        Ok(super::copy_frame(f, buf))
-    }
-
     /// Reads one frame (or takes the next of a super-frame read before)
-    /// and hands it to `deliver` in the link's buffer (its ICRC to be
-    /// checked); `buf` only gives the largest frame taken, bytes. `EIO`
-    /// (interface down) reads as no frame.
-    fn recv_with(
-        &mut self,
-        buf: &mut [u8],
-        deliver: &mut dyn FnMut(&[u8], Icrc),
-    ) -> io::Result<bool> {
-        let f = self.next_frame(buf.len())?;
-        Ok(super::hand_frame(f, deliver))
+    /// and hands it over from the link's buffer (its ICRC to be checked);
+    /// the caller's buffer only gives the largest frame taken, bytes.
+    /// `EIO` (interface down) reads as no frame.
+    fn receive(&mut self, rx: Rx<'_>) -> io::Result<Option<usize>> {
+        let f = self.next_frame(rx.max_len())?;
+        Ok(f.and_then(|f| rx.hand(f, Icrc::Needed)))
     }
 
-    fn raw_fd(&self) -> Option<RawFd> {
-        Some(self.fd.as_raw_fd())
+    fn caps(&self) -> LinkCaps {
+        LinkCaps {
+            fd: Some(self.fd.as_raw_fd()),
+            ..LinkCaps::default()
+        }
     }
 
     /// [`TapLink::stats`], with [`LinkStats::rx_dropped`] the frames the

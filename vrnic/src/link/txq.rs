@@ -20,7 +20,7 @@
 //! for [`TX_HOLD_MAX_NS`] loses its oldest held frame after all (counted),
 //! so a stuck link cannot stall the device's other work forever. A local
 //! destination (another function of the daemon,
-//! [`super::Link::local_macs`]) is a queue its own worker drains: its
+//! [`super::LinkCaps::local_macs`]) is a queue its own worker drains: its
 //! frames are held as long as it takes frames at all, and given up only
 //! after [`TX_HOLD_LOCAL_MAX_NS`] without one (issue 28: between
 //! functions, a full queue holds the sender back instead of losing its
@@ -39,7 +39,7 @@ use super::Link;
 /// Longest a frame is held for a full destination, ns (10 ms): then it is
 /// given up ([`TxFlush::given_up`]) and the RC transport retransmits it.
 pub const TX_HOLD_MAX_NS: Nanos = 10_000_000;
-/// Longest a local destination ([`super::Link::local_macs`]) may take
+/// Longest a local destination ([`super::LinkCaps::local_macs`]) may take
 /// no frame at all before its oldest held frame is given up, ns (1 s): a
 /// function whose worker is wedged must not stall its senders forever;
 /// one that drains, however slowly, loses nothing.
@@ -241,7 +241,7 @@ impl TxFlush {
         now: Nanos,
         done: &mut Flushed,
     ) {
-        let local = link.local_macs();
+        let local = link.caps().local_macs;
         let mut i = 0;
         while let Some(h) = self.held.get_mut(i) {
             let bound = match &local {
@@ -306,11 +306,10 @@ impl TxFlush {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::link::Rx;
     use std::collections::VecDeque;
     use std::io;
-    use std::os::fd::RawFd;
-
-    use super::*;
 
     /// A link that is full for its first `refuse` tries, then takes
     /// everything; what it took, in order.
@@ -338,12 +337,8 @@ mod tests {
             Ok(true)
         }
 
-        fn recv(&mut self, _: &mut [u8]) -> io::Result<Option<usize>> {
+        fn receive(&mut self, _: Rx<'_>) -> io::Result<Option<usize>> {
             Ok(None)
-        }
-
-        fn raw_fd(&self) -> Option<RawFd> {
-            None
         }
     }
 
@@ -425,14 +420,14 @@ mod tests {
         fn try_send(&mut self, frame: &[u8]) -> io::Result<bool> {
             self.0.try_send(frame)
         }
-        fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-            self.0.recv(buf)
+        fn receive(&mut self, rx: Rx<'_>) -> io::Result<Option<usize>> {
+            self.0.receive(rx)
         }
-        fn raw_fd(&self) -> Option<RawFd> {
-            None
-        }
-        fn local_macs(&self) -> Option<crate::link::LocalMacs> {
-            Some(crate::link::LocalMacs::new(|m| *m == [7; 6]))
+        fn caps(&self) -> crate::link::LinkCaps {
+            crate::link::LinkCaps {
+                local_macs: Some(crate::link::LocalMacs::new(|m| *m == [7; 6])),
+                ..Default::default()
+            }
         }
     }
 
@@ -580,12 +575,8 @@ mod tests {
             Ok(frames.len().min(self.per_call))
         }
 
-        fn recv(&mut self, _: &mut [u8]) -> io::Result<Option<usize>> {
+        fn receive(&mut self, _: Rx<'_>) -> io::Result<Option<usize>> {
             Ok(None)
-        }
-
-        fn raw_fd(&self) -> Option<RawFd> {
-            None
         }
     }
 
@@ -646,12 +637,8 @@ mod tests {
             Ok(n)
         }
 
-        fn recv(&mut self, _: &mut [u8]) -> io::Result<Option<usize>> {
+        fn receive(&mut self, _: Rx<'_>) -> io::Result<Option<usize>> {
             Ok(None)
-        }
-
-        fn raw_fd(&self) -> Option<RawFd> {
-            None
         }
     }
 

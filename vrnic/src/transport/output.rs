@@ -31,7 +31,7 @@ pub struct Output {
     /// frame costs no heap allocation once the pool is warm (at most
     /// [`TX_POOL_MAX`]).
     pub spare: Vec<Vec<u8>>,
-    /// Destinations reached without a wire ([`crate::link::Link::local_macs`]):
+    /// Destinations reached without a wire ([`crate::link::LinkCaps::local_macs`]):
     /// RoCEv2 frames to them are emitted without the ICRC.
     pub local_macs: Option<crate::data::LocalMacs>,
     /// The last frame of [`Output::tx`] while more packets may join it

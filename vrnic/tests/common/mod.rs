@@ -523,17 +523,15 @@ impl Link for QueueLink {
         Ok(())
     }
 
-    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
-        let Some(f) = self.rx.lock().unwrap().pop_front() else {
-            return Ok(None);
-        };
-        let n = f.len().min(buf.len());
-        buf[..n].copy_from_slice(&f[..n]);
-        Ok(Some(n))
-    }
-
-    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
-        None
+    fn receive(&mut self, rx: vrnic::link::Rx<'_>) -> std::io::Result<Option<usize>> {
+        rx.read(|buf| {
+            let Some(f) = self.rx.lock().unwrap().pop_front() else {
+                return Ok(None);
+            };
+            let n = f.len().min(buf.len());
+            buf[..n].copy_from_slice(&f[..n]);
+            Ok(Some(n))
+        })
     }
 }
 
@@ -896,19 +894,17 @@ impl Link for PoolLink {
         Ok(())
     }
 
-    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
-        let mut w = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(f) = w.frames.pop_front() else {
-            return Ok(None);
-        };
-        let n = f.len().min(buf.len());
-        buf[..n].copy_from_slice(&f[..n]);
-        w.spare.push(f);
-        Ok(Some(n))
-    }
-
-    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
-        None
+    fn receive(&mut self, rx: vrnic::link::Rx<'_>) -> std::io::Result<Option<usize>> {
+        rx.read(|buf| {
+            let mut w = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(f) = w.frames.pop_front() else {
+                return Ok(None);
+            };
+            let n = f.len().min(buf.len());
+            buf[..n].copy_from_slice(&f[..n]);
+            w.spare.push(f);
+            Ok(Some(n))
+        })
     }
 }
 
