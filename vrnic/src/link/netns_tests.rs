@@ -33,9 +33,11 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
-/// A network namespace that exists while the guard lives.
+/// A network namespace that exists while the guard lives; one at a time
+/// in this process ([`ONE_AT_A_TIME`]).
 struct Netns {
     name: String,
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Netns {
@@ -46,12 +48,21 @@ impl Netns {
             eprintln!("skipping: netns link tests need root");
             return None;
         }
+        let one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        // A flood of an earlier test whose wait ran out would drop this
+        // test's frames.
+        if let Some(q) = backlog_drained().filter(|&q| q > 0) {
+            eprintln!("{tag}: {q} frames in the kernel's backlog before the test after {WAIT:?}");
+        }
         let name = format!("vrnic-linktest-{}-{tag}", std::process::id());
         if let Err(e) = ip(&["netns", "add", &name]) {
             eprintln!("skipping: cannot create a network namespace: {e}");
             return None;
         }
-        Some(Netns { name })
+        Some(Netns {
+            name,
+            _one_at_a_time: one,
+        })
     }
 
     /// `ip -n NAME ARGS`.
@@ -250,9 +261,14 @@ fn numbered_frame(seq: u32, len: usize) -> Vec<u8> {
     f
 }
 
-/// Drains `link` without waiting; the number of [`numbered_frame`]s of
-/// length `len` read (other traffic is skipped).
+/// Drains `link` once no CPU's backlog holds frames (at most [`WAIT`],
+/// [`backlog_drained`]); the number of [`numbered_frame`]s of length `len`
+/// read (other traffic is skipped).
 fn count_numbered(link: &mut dyn Link, len: usize) -> u32 {
+    // Frames still in a CPU's backlog (ksoftirqd runs late under load)
+    // reach the socket, or its drop count, only when it runs: wait for
+    // it (bounded), else they are neither counted received nor dropped.
+    backlog_drained();
     let mut buf = vec![0u8; 9100];
     let mut n = 0;
     while let Some(got) = link.recv(&mut buf).expect("recv") {
@@ -292,14 +308,13 @@ fn received(link: &mut dyn Link, want: usize, keep: impl Fn(&[u8]) -> bool) -> V
     }
 }
 
-/// Held by the tests that flood a veth pair: the kernel's backlog (1000
-/// frames) is per CPU and shared by all namespaces, so two floods at once
-/// would drop each other's frames there.
-static FLOOD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// Held by every test's namespace ([`Netns`]): the kernel's backlog (1000
+/// frames) is per CPU and shared by all namespaces, so a test that floods
+/// a veth pair would drop another test's frames there.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Runs `f` (with the namespace and a [`PacketLink`] on each end) in a new
-/// namespace `tag` holding a veth pair `va`/`vb` with MTU 9000, up; one
-/// such test at a time ([`FLOOD`]). `None`: the test cannot run here.
+/// namespace `tag` holding a veth pair `va`/`vb` with MTU 9000, up. `None`: the test cannot run here.
 fn jumbo_pair<T: Send>(
     tag: &str,
     f: impl FnOnce(&Netns, PacketLink, PacketLink) -> T + Send,
@@ -308,12 +323,6 @@ fn jumbo_pair<T: Send>(
     ns.ip(&["link", "add", "va", "type", "veth", "peer", "name", "vb"]);
     for i in ["va", "vb"] {
         ns.ip(&["link", "set", i, "mtu", "9000", "up"]);
-    }
-    let _flood = FLOOD.lock().unwrap_or_else(|e| e.into_inner());
-    // And before: a flood of another test in this process (not holding
-    // FLOOD) or an earlier one whose wait below ran out.
-    if let Some(q) = backlog_drained().filter(|&q| q > 0) {
-        eprintln!("{tag}: {q} frames in the kernel's backlog before the test after {WAIT:?}");
     }
     let r = ns.run(|| {
         let a = PacketLink::open("va").expect("open va");
