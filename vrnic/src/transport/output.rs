@@ -213,17 +213,10 @@ impl Output {
         }
         let ack = is_plain_ack(hdr);
         if self.batch_has_room(hdr, len) {
-            if let (Some(b), Some(frame), Some(count)) = (
-                &mut self.batch,
-                self.tx.back_mut(),
-                self.tx_counts.back_mut(),
-            ) {
-                let at = b.end;
-                b.end = batch::gso::append(frame, at, hdr, len, fill)?;
-                b.packets += 1;
-                b.last_ack = ack.then_some((at, hdr.bth.dest_qp, hdr.bth.psn));
-                *count += 1;
-                self.joined(len);
+            if let Some((at, frame)) = self.batch_frame() {
+                let end = batch::gso::append(frame, at, hdr, len, fill)?;
+                let last_ack = ack.then_some((at, hdr.bth.dest_qp, hdr.bth.psn));
+                self.batch_grew(end, 1, len, last_ack);
                 return Ok(());
             }
         }
@@ -260,7 +253,7 @@ impl Output {
             return Err(e);
         }
         self.queue(frame);
-        self.sent(len);
+        self.sent_many(1, len);
         if ack && !local {
             self.wire_ack = Some((self.queued.wrapping_sub(1), Box::new(hdr.clone())));
         }
@@ -338,50 +331,61 @@ impl Output {
         true
     }
 
-    /// Sends a packet whose `len` payload bytes stay in this device's
-    /// memory, `pieces` appending their piece entries
-    /// ([`crate::data::push_piece`]), when it joins an open batch whose
-    /// destination reads that memory ([`batch::gso::append_peer`]): one
-    /// copy of the payload, by the receiver, instead of two. `Ok(false)`
-    /// when it cannot (the caller sends it with its bytes,
-    /// [`Output::send_with`]); `pieces`' error otherwise.
-    pub fn send_by_ref<E>(
+    /// Emits one packet whose `len` payload bytes stay in this device's
+    /// memory (an MR's pages): the one way a payload from memory is sent.
+    /// When the packet joins an open batch whose destination reads this
+    /// device's memory ([`crate::data::LocalMacs::by_reference`]),
+    /// `pieces` appends the payload's piece entries
+    /// ([`crate::data::push_piece`], [`batch::gso::append_peer`]): one
+    /// copy of the payload, by the receiver, instead of two. Else `fill`
+    /// copies it into the frame ([`Output::send_with`]). Either's error
+    /// is returned, nothing sent.
+    pub fn send_payload<E>(
+        &mut self,
+        hdr: &mut RoceHeaders,
+        len: usize,
+        pieces: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+        fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        if len > 0 && self.send_by_ref(hdr, len, pieces)? {
+            return Ok(());
+        }
+        self.send_with(hdr, len, fill)
+    }
+
+    /// [`Output::send_payload`]'s by-reference case: `Ok(false)` when the
+    /// packet cannot join the open batch by reference.
+    fn send_by_ref<E>(
         &mut self,
         hdr: &mut RoceHeaders,
         len: usize,
         pieces: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
     ) -> Result<bool, E> {
         hdr.ip_id = self.ip_id;
-        if !self.batch.as_ref().is_some_and(|b| b.by_ref) || !self.batch_has_room(hdr, len) {
+        if !self.may_send_run() || !self.batch_has_room(hdr, len) {
             return Ok(false);
         }
-        let (Some(b), Some(frame), Some(count)) = (
-            &mut self.batch,
-            self.tx.back_mut(),
-            self.tx_counts.back_mut(),
-        ) else {
+        let Some((at, frame)) = self.batch_frame() else {
             return Ok(false);
         };
-        let Some(end) = batch::gso::append_peer(frame, b.end, hdr, len, pieces)? else {
+        let Some(end) = batch::gso::append_peer(frame, at, hdr, len, pieces)? else {
             return Ok(false);
         };
-        b.end = end;
-        b.packets += 1;
-        b.last_ack = None;
-        *count += 1;
-        self.joined(len);
+        self.batch_grew(end, 1, len, None);
         self.stats.count(Counter::tx_by_ref, 1);
         Ok(true)
     }
 
-    /// Whether a run may join the open batch now ([`Output::send_run_by_ref`]
-    /// needs one whose destination reads this device's memory): a cheap
-    /// test before its headers are built.
+    /// Whether the open batch's destination reads this device's memory,
+    /// so that packets and runs may join it by reference
+    /// ([`Output::send_run_by_ref`], [`Output::send_payload`]): a cheap
+    /// test before a run's headers are built.
     pub fn may_send_run(&self) -> bool {
         self.batch.as_ref().is_some_and(|b| b.by_ref)
     }
 
-    /// [`Output::send_by_ref`] of a run ([`batch::Run`]): `count` packets of
+    /// [`Output::send_payload`] of a run ([`batch::Run`]), by reference
+    /// only: `count` packets of
     /// one message from the one with headers `first` to the one with
     /// headers `last`, every one but the last `stride` bytes, `total`
     /// bytes in all, whose pieces `pieces` appends
@@ -402,52 +406,57 @@ impl Output {
         let (Ok(count16), Ok(stride16)) = (u16::try_from(count), u16::try_from(stride)) else {
             return Ok(false);
         };
-        let fits = self.batch.as_ref().is_some_and(|b| {
-            b.by_ref
-                && b.packets + count as usize <= batch::gso::BATCH_MAX_PSNS
-                && first.bth.opcode.transport() != wire::Transport::Ud
-                && batch::gso::same_flow(&b.first, first)
-        });
+        let fits = self.may_send_run()
+            && self.continues_batch(first)
+            && self
+                .batch
+                .as_ref()
+                .is_some_and(|b| b.packets + usize::from(count16) <= batch::gso::BATCH_MAX_PSNS);
         if !fits {
             return Ok(false);
         }
-        let (Some(b), Some(frame), Some(n)) = (
-            &mut self.batch,
-            self.tx.back_mut(),
-            self.tx_counts.back_mut(),
-        ) else {
+        let Some((at, frame)) = self.batch_frame() else {
             return Ok(false);
         };
         let Some(end) =
-            batch::gso::append_run(frame, b.end, first, last, count16, stride16, total, pieces)?
+            batch::gso::append_run(frame, at, first, last, count16, stride16, total, pieces)?
         else {
             return Ok(false);
         };
-        b.end = end;
-        b.packets += count as usize;
-        b.last_ack = None;
-        *n += count as usize;
-        self.joined_many(count16, total);
+        self.batch_grew(end, count16, total, None);
         self.stats.count(Counter::tx_by_ref, u64::from(count));
         Ok(true)
     }
 
-    /// Counts a packet of `len` payload bytes that joined the open batch.
-    fn joined(&mut self, len: usize) {
-        self.joined_many(1, len);
+    /// Where the open batch ends and its frame (the back of
+    /// [`Output::tx`]), if a batch is open.
+    fn batch_frame(&mut self) -> Option<(usize, &mut Vec<u8>)> {
+        let end = self.batch.as_ref()?.end;
+        Some((end, self.tx.back_mut()?))
     }
 
-    /// Counts `packets` packets of `len` payload bytes in all that joined
-    /// the open batch (a run's, [`Output::send_run_by_ref`]).
-    fn joined_many(&mut self, packets: u16, len: usize) {
+    /// Records that `packets` packets of `len` payload bytes in all joined
+    /// the open batch, which now ends at `end`; `last_ack`: where its new
+    /// last packet starts, its QP and PSN, when that is a plain ACK
+    /// ([`Output::replace_last_ack`]). The one bookkeeping of every way a
+    /// packet joins a batch (bytes, by reference, a run).
+    fn batch_grew(
+        &mut self,
+        end: usize,
+        packets: u16,
+        len: usize,
+        last_ack: Option<(usize, u32, u32)>,
+    ) {
+        let (Some(b), Some(n)) = (&mut self.batch, self.tx_counts.back_mut()) else {
+            return;
+        };
+        b.end = end;
+        b.packets += usize::from(packets);
+        b.last_ack = last_ack;
+        *n += usize::from(packets);
         self.tx_packets += usize::from(packets);
         self.sent_many(packets, len);
         self.stats.count(Counter::tx_batched, u64::from(packets));
-    }
-
-    /// Counts a packet of `len` payload bytes sent.
-    fn sent(&mut self, len: usize) {
-        self.sent_many(1, len);
     }
 
     /// Counts `packets` packets of `len` payload bytes in all sent (each
@@ -466,11 +475,22 @@ impl Output {
         let Some(b) = &self.batch else {
             return false;
         };
-        hdr.bth.opcode.transport() != wire::Transport::Ud
+        self.continues_batch(hdr)
             && hdr.frame_len(len) <= batch::gso::SEGMENT_MAX
             && b.packets < batch::gso::BATCH_MAX_PACKETS
             && b.end + hdr.frame_len(len) <= batch::gso::BATCH_MAX_BYTES
-            && batch::gso::same_flow(&b.first, hdr)
+    }
+
+    /// True when a packet with headers `hdr` continues the open batch's
+    /// flow: RC or UC (a UD datagram's frame carries its own GRH for the
+    /// receiver, [`batch::gso`]) and [`batch::gso::same_flow`]. What
+    /// every way of joining a batch asks first; the bounds are each
+    /// one's.
+    fn continues_batch(&self, hdr: &RoceHeaders) -> bool {
+        self.batch.as_ref().is_some_and(|b| {
+            hdr.bth.opcode.transport() != wire::Transport::Ud
+                && batch::gso::same_flow(&b.first, hdr)
+        })
     }
 
     /// Closes the open batch, if any: no more packets join it, and its

@@ -702,16 +702,13 @@ fn send_packet(
     // To another function of the daemon, the payload may stay in driver
     // memory for the receiver to copy; else it goes from driver memory
     // straight into the frame.
-    if matches!(op.payload, Payload::Sges(_))
-        && res.out.send_by_ref(&mut hdr, n as usize, |out| {
-            pieces(&res.mrs, op, offset, n as usize, out)
-        })?
-    {
-        return Ok(true);
+    let fill = |buf: &mut [u8]| gather(env.mem, &res.mrs, op, offset, buf);
+    if matches!(op.payload, Payload::Sges(_)) {
+        let entries = |out: &mut Vec<u8>| pieces(&res.mrs, op, offset, n as usize, out);
+        res.out.send_payload(&mut hdr, n as usize, entries, fill)?;
+    } else {
+        res.out.send_with(&mut hdr, n as usize, fill)?;
     }
-    res.out.send_with(&mut hdr, n as usize, |buf| {
-        gather(env.mem, &res.mrs, op, offset, buf)
-    })?;
     Ok(true)
 }
 

@@ -369,22 +369,17 @@ fn send_read_packet(
         mrs.check(st.rkey, pdn, abi::ACCESS_REMOTE_READ, va, u64::from(len))
             .map_err(|_| ())
     };
-    let by_ref = match len {
-        0 => Ok(false),
-        _ => res.out.send_by_ref(&mut hdr, len as usize, |out| {
-            checked()?.pieces(va, len as usize, out).map_err(|_| ())
-        }),
-    };
-    match by_ref {
-        Ok(true) => Ok(()),
-        Ok(false) => res.out.send_with(&mut hdr, len as usize, |data| {
+    res.out.send_payload(
+        &mut hdr,
+        len as usize,
+        |out| checked()?.pieces(va, len as usize, out).map_err(|_| ()),
+        |data| {
             if data.is_empty() {
                 return Ok(());
             }
             checked()?.read(mem, va, data).map_err(|_| ())
-        }),
-        Err(()) => Err(()),
-    }
+        },
+    )
 }
 
 /// The READ's MR failed as its responses were read (it went away or
