@@ -86,20 +86,26 @@ impl Device {
         used + u64::from(a) + u64::from(b) <= u64::from(MAX_TOTAL_WR)
     }
 
-    /// Executes command `opcode` with body `args` for context `ctx`
-    /// (device spec §5.x.6.13: objects of other contexts answer
-    /// `STATUS_ENOENT`, as if they did not exist); the response body goes
-    /// to `out`, its length is returned. A failure is the status
+    /// Executes the command in `req`, an [`abi::CmdHeader`] and its body,
+    /// for the header's context (device spec §5.x.6.13: objects of other
+    /// contexts answer `STATUS_ENOENT`, as if they did not exist); the
+    /// response body goes to `out`, its length is returned. A failure (a
+    /// header shorter than 8 bytes included) is the status
     /// [`CommandError::status`] gives, logged at debug level.
     pub(super) fn command(
         &mut self,
         mem: &dyn DmaMemory,
-        ctx: u16,
-        opcode: u16,
-        args: &[u8],
+        req: &[u8],
         out: &mut [u8],
         now: Nanos,
     ) -> Result<usize, Status> {
+        let Some(h) = abi::CmdHeader::read_from(req) else {
+            let e = CommandError::invalid("command header (shorter than 8 bytes)");
+            tracing::debug!(len = req.len(), error = %e, "command failed");
+            return Err(e.status());
+        };
+        let (ctx, opcode) = (h.ctx, h.opcode);
+        let args = req.get(8..).unwrap_or_default();
         self.execute(mem, ctx, opcode, args, out, now).map_err(|e| {
             tracing::debug!(ctx, opcode, error = %e, "command failed");
             e.status()

@@ -256,15 +256,9 @@ impl Device {
     ) -> usize {
         use abi::Pod;
         let mut body = [0u8; abi::MAX_CMD_BODY];
-        let (status, n) = match abi::CmdHeader::read_from(req) {
-            None => (abi::STATUS_EINVAL, 0),
-            Some(h) => {
-                let args = &req[8..];
-                match self.command(mem, h.ctx, h.opcode, args, &mut body, now) {
-                    Ok(n) => (abi::STATUS_OK, n),
-                    Err(s) => (s, 0),
-                }
-            }
+        let (status, n) = match self.command(mem, req, &mut body, now) {
+            Ok(n) => (abi::STATUS_OK, n),
+            Err(s) => (s, 0),
         };
         if status != abi::STATUS_OK {
             self.res.out.stats.count(Counter::cmd_errors, 1);

@@ -4,6 +4,7 @@
 use crate::abi;
 use crate::mem::{DmaMemory, MemError};
 use crate::verbs::table::{HandleSpace, HandleTable, KeySource};
+use crate::verbs::Invalid;
 
 /// Why an access through an MR was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -280,29 +281,37 @@ impl MrTable {
 
 /// Validates a `CMD_REG_MR` request's shape (not its memory): access flag
 /// rules of `ibv_reg_mr(3)` (remote write or atomic need local write) and
-/// the page list length. Returns the status to answer on failure.
-pub fn validate_reg(req: &abi::RegMr, max_mr_size: u64) -> Result<(), abi::Status> {
+/// the page list length. Returns which check failed ([`Invalid`]).
+pub fn validate_reg(req: &abi::RegMr, max_mr_size: u64) -> Result<(), Invalid> {
     let known = abi::ACCESS_LOCAL_WRITE
         | abi::ACCESS_REMOTE_WRITE
         | abi::ACCESS_REMOTE_READ
         | abi::ACCESS_REMOTE_ATOMIC;
     if req.access & !known != 0 {
-        return Err(abi::STATUS_EINVAL);
+        return Err(Invalid("access flags (unknown bits)"));
     }
     if req.access & (abi::ACCESS_REMOTE_WRITE | abi::ACCESS_REMOTE_ATOMIC) != 0
         && req.access & abi::ACCESS_LOCAL_WRITE == 0
     {
-        return Err(abi::STATUS_EINVAL);
+        return Err(Invalid(
+            "access flags (remote write or atomic without local write)",
+        ));
     }
-    if !(12..=30).contains(&req.page_shift) || req.length == 0 || req.length > max_mr_size {
-        return Err(abi::STATUS_EINVAL);
+    if !(12..=30).contains(&req.page_shift) {
+        return Err(Invalid("MR page size"));
+    }
+    if req.length == 0 || req.length > max_mr_size {
+        return Err(Invalid("MR length"));
     }
     let page = 1u64 << req.page_shift;
-    let end = req.iova.checked_add(req.length).ok_or(abi::STATUS_EINVAL)?;
+    let end = req
+        .iova
+        .checked_add(req.length)
+        .ok_or(Invalid("MR range"))?;
     let first = req.iova & !(page - 1);
     let npages = (end - first).div_ceil(page);
     if npages != req.npages as u64 {
-        return Err(abi::STATUS_EINVAL);
+        return Err(Invalid("MR page count"));
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! required/optional attribute tables).
 
 use crate::abi::{self, QpState, QpType};
+use crate::verbs::Invalid;
 
 /// A work queue ring in driver memory.
 #[derive(Debug, Clone, Copy, Default)]
@@ -153,45 +154,47 @@ pub fn transition_masks(qp_type: QpType, cur: QpState, next: QpState) -> Option<
 pub const MAX_QP_RD_ATOM: u32 = 128;
 
 /// Validates a modify request against the transition table and value
-/// ranges; returns the state to move to, or the status to answer on
-/// failure (`EINVAL`, also for a `qp_state` that names no state).
-pub fn validate_modify<P: QpParts>(qp: &Qp<P>, a: &abi::QpAttr) -> Result<QpState, abi::Status> {
+/// ranges (`ibv_modify_qp(3)`, IBTA §10.3.1 Table 91; rxe's
+/// `rxe_qp_chk_attr`); returns the state to move to, or which check
+/// failed ([`Invalid`]; also for a `qp_state` that names no state).
+pub fn validate_modify<P: QpParts>(qp: &Qp<P>, a: &abi::QpAttr) -> Result<QpState, Invalid> {
     let next = if a.attr_mask & STATE != 0 {
-        QpState::try_from(a.qp_state).map_err(|_| abi::STATUS_EINVAL)?
+        QpState::try_from(a.qp_state).map_err(|_| Invalid("qp_state"))?
     } else {
         qp.state
     };
     if a.attr_mask & CUR != 0 && a.qp_state != u32::from(qp.state) && a.attr_mask & STATE == 0 {
-        return Err(abi::STATUS_EINVAL);
+        return Err(Invalid("cur_qp_state"));
     }
-    let (req, opt) = transition_masks(qp.qp_type, qp.state, next).ok_or(abi::STATUS_EINVAL)?;
+    let (req, opt) =
+        transition_masks(qp.qp_type, qp.state, next).ok_or(Invalid("QP state transition"))?;
     let mask = a.attr_mask | STATE;
     if mask & req != req || mask & !(req | opt) != 0 {
-        return Err(abi::STATUS_EINVAL);
+        return Err(Invalid("attribute mask for the transition"));
     }
     if mask & PATH_MTU != 0 && abi::mtu_bytes(a.path_mtu).is_none() {
-        return Err(abi::STATUS_EINVAL);
+        return Err(Invalid("path_mtu"));
     }
     if mask & PORT != 0 && a.port_num != 1 {
-        return Err(abi::STATUS_EINVAL);
+        return Err(Invalid("port_num"));
     }
     if mask & RETRY != 0 && a.retry_cnt > 7 || mask & RNR_RETRY != 0 && a.rnr_retry > 7 {
-        return Err(abi::STATUS_EINVAL);
+        return Err(Invalid("retry_cnt or rnr_retry (at most 7)"));
     }
     if mask & (TIMEOUT) != 0 && a.timeout > 31 || mask & MIN_RNR != 0 && a.min_rnr_timer > 31 {
-        return Err(abi::STATUS_EINVAL);
+        return Err(Invalid("timeout or min_rnr_timer (at most 31)"));
     }
     // ibv_modify_qp(3): EINVAL beyond the device's max_qp_rd_atom /
     // max_qp_init_rd_atom.
     if mask & MAX_RD != 0 && u32::from(a.max_rd_atomic) > MAX_QP_RD_ATOM
         || mask & MAX_DEST_RD != 0 && u32::from(a.max_dest_rd_atomic) > MAX_QP_RD_ATOM
     {
-        return Err(abi::STATUS_EINVAL);
+        return Err(Invalid("max_rd_atomic or max_dest_rd_atomic"));
     }
     if mask & (SQ_PSN | RQ_PSN | DEST_QPN) != 0
         && (a.sq_psn > 0xff_ffff || a.rq_psn > 0xff_ffff || a.dest_qp_num > 0xff_ffff)
     {
-        return Err(abi::STATUS_EINVAL);
+        return Err(Invalid("sq_psn, rq_psn or dest_qp_num (24 bits)"));
     }
     Ok(next)
 }

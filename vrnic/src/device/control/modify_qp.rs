@@ -57,9 +57,7 @@ impl Device {
             .qps
             .get(a.qpn)
             .ok_or(CommandError::NotFound(Object::Qp(a.qpn)))?;
-        // validate_modify answers STATUS_EINVAL only.
-        let next = validate_modify(qp, a)
-            .map_err(|_| CommandError::invalid("QP attributes or state transition"))?;
+        let next = validate_modify(qp, a).map_err(|e| CommandError::invalid(e.0))?;
         if a.attr_mask & abi::QP_ATTR_PKEY_INDEX != 0
             && self.res.port.pkey(a.pkey_index.into()).is_none()
         {

@@ -47,9 +47,7 @@ impl Device {
         if !self.owns_pd(ctx, r.pdn) {
             return Err(CommandError::NotFound(Object::Pd(r.pdn)));
         }
-        // validate_reg answers STATUS_EINVAL only.
-        validate_reg(&r, MAX_MR_SIZE)
-            .map_err(|_| CommandError::invalid("MR access, page size, range or page count"))?;
+        validate_reg(&r, MAX_MR_SIZE).map_err(|e| CommandError::invalid(e.0))?;
         self.check_mr_limits(&r)?;
         let pages = read_page_list(mem, &r)?;
         let mr = Mr {
