@@ -32,6 +32,24 @@ pub fn test_device_config() -> DeviceConfig {
     }
 }
 
+/// An Ethernet frame with an ARP request for [`test_device_config`]'s
+/// address 10.0.0.1, broadcast from 10.0.0.2 at MAC 02:00:00:00:00:02,
+/// padded to 60 bytes.
+pub fn arp_request_frame() -> Vec<u8> {
+    let peer_mac = [0x02, 0x00, 0x00, 0x00, 0x00, 0x02];
+    let mut f = Vec::new();
+    f.extend_from_slice(&[0xff; 6]);
+    f.extend_from_slice(&peer_mac);
+    f.extend_from_slice(&[0x08, 0x06]);
+    f.extend_from_slice(&[0, 1, 0x08, 0, 6, 4, 0, 1]);
+    f.extend_from_slice(&peer_mac);
+    f.extend_from_slice(&[10, 0, 0, 2]);
+    f.extend_from_slice(&[0; 6]);
+    f.extend_from_slice(&[10, 0, 0, 1]);
+    f.resize(60, 0);
+    f
+}
+
 /// A backend serving frontends on a socket in a fresh temporary directory,
 /// in a thread. Dropping it stops the thread (bounded) and removes the
 /// directory.

@@ -44,7 +44,7 @@ use virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use vrnic::abi::{self, Pod};
 use vrnic::mem::{DmaMemory, MemError};
 
-pub use daemon::{test_device_config, TestDaemon};
+pub use daemon::{arp_request_frame, test_device_config, TestDaemon};
 pub use memory::{DriverMemory, PAGE};
 pub use queue::{Buffer, FrontendQueue, Used};
 

@@ -874,6 +874,23 @@ check_retry_exc() {
     fi
 }
 
+# vr_daemon_pair WHAT DIR: starts daemons vrnic-a (tap-va, 10.0.0.101/24) and vrnic-b (tap-vb,
+# 10.0.0.102/24) in $NS with their sockets and logs in DIR, for the test WHAT; sets VR_PAIR to
+# their pids. If one does not start: fails WHAT, stops the one started and returns 1.
+vr_daemon_pair() {
+    local what=$1 dir=$2 side ip
+    VR_PAIR=()
+    for side in a b; do
+        if [ $side = a ]; then ip=10.0.0.1; else ip=10.0.0.2; fi
+        if ! vr_daemon "vrnic-$side" "$NS" "$dir/vrnic-$side.sock" "tap-v$side" "10.0.0.10${ip##*.}/24" "$dir"; then
+            fail "$what: daemon vrnic-$side did not start (log $dir/vrnic-$side.log)"
+            [ ${#VR_PAIR[@]} = 0 ] || vr_stop "${VR_PAIR[@]}"
+            return 1
+        fi
+        VR_PAIR+=("$VR_LAST_PID")
+    done
+}
+
 # run_kill: guest A's QEMU is killed (SIGKILL) in the middle of the ping-pong. Daemon A must free
 # everything the guest had (its RSS back within KILL_RSS_SLACK kB of, and its open descriptors
 # exactly at, what they were before any guest attached), B's QP must fail with RETRY_EXC_ERR
@@ -883,15 +900,8 @@ run_kill() {
     local sock_a=$dir/vrnic-a.sock rx rss0 fd0 rss1 fd1 rss2 fd2 rss3 fd3 map0 map1 map2 t_kill line
     mkdir -p "$dir"
     echo "=== vrnic-vrnic-kill"
-    for side in a b; do
-        if [ $side = a ]; then ip=10.0.0.1; else ip=10.0.0.2; fi
-        if ! vr_daemon "vrnic-$side" "$NS" "$dir/vrnic-$side.sock" "tap-v$side" "10.0.0.10${ip##*.}/24" "$dir"; then
-            fail "vrnic-vrnic-kill: daemon vrnic-$side did not start (log $dir/vrnic-$side.log)"
-            [ ${#daemons[@]} = 0 ] || vr_stop "${daemons[@]}"
-            return 0
-        fi
-        daemons+=("$VR_LAST_PID")
-    done
+    vr_daemon_pair vrnic-vrnic-kill "$dir" || return 0
+    daemons=("${VR_PAIR[@]}")
     # Daemon A before any guest attached.
     rss0=$(vr_rss_kb "${daemons[0]}") fd0=$(vr_fd_count "${daemons[0]}") map0=$(memfd_maps "${daemons[0]}")
     runs_job "$dir/job-a.sh" kill-a server 10.0.0.2 "18515:4096:$CRASH_ITERS"
@@ -967,15 +977,8 @@ run_restart() {
     local sock_a=$dir/vrnic-a.sock rx t_kill line err out
     mkdir -p "$dir"
     echo "=== vrnic-vrnic-restart"
-    for side in a b; do
-        if [ $side = a ]; then ip=10.0.0.1; else ip=10.0.0.2; fi
-        if ! vr_daemon "vrnic-$side" "$NS" "$dir/vrnic-$side.sock" "tap-v$side" "10.0.0.10${ip##*.}/24" "$dir"; then
-            fail "vrnic-vrnic-restart: daemon vrnic-$side did not start (log $dir/vrnic-$side.log)"
-            [ ${#daemons[@]} = 0 ] || vr_stop "${daemons[@]}"
-            return 0
-        fi
-        daemons+=("$VR_LAST_PID")
-    done
+    vr_daemon_pair vrnic-vrnic-restart "$dir" || return 0
+    daemons=("${VR_PAIR[@]}")
     runs_job "$dir/job-a.sh" restart-a server 10.0.0.2 "18515:4096:$CRASH_ITERS 18516:4096:$ITERS" \
         "--stall-timeout 10" $((GUEST_TIMEOUT / 2))
     runs_job "$dir/job-b.sh" restart-b client 10.0.0.1 "18515:4096:$CRASH_ITERS 18516:4096:$ITERS" \

@@ -531,7 +531,7 @@ mod tests {
     use std::time::Instant;
 
     use vrnic::link::MemLink;
-    use vrnic_frontend::{test_device_config, FrontendOptions, TestDaemon};
+    use vrnic_frontend::{arp_request_frame, test_device_config, FrontendOptions, TestDaemon};
 
     const WAIT: Duration = Duration::from_secs(10);
 
@@ -771,22 +771,6 @@ mod tests {
         }
     }
 
-    /// An ARP request for 10.0.0.1 from 10.0.0.2.
-    fn arp_request() -> Vec<u8> {
-        let peer_mac = [0x02, 0x00, 0x00, 0x00, 0x00, 0x02];
-        let mut f = Vec::new();
-        f.extend_from_slice(&[0xff; 6]);
-        f.extend_from_slice(&peer_mac);
-        f.extend_from_slice(&[0x08, 0x06]);
-        f.extend_from_slice(&[0, 1, 0x08, 0, 6, 4, 0, 1]);
-        f.extend_from_slice(&peer_mac);
-        f.extend_from_slice(&[10, 0, 0, 2]);
-        f.extend_from_slice(&[0; 6]);
-        f.extend_from_slice(&[10, 0, 0, 1]);
-        f.resize(60, 0);
-        f
-    }
-
     fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
         let mut p = libc::pollfd {
             fd,
@@ -817,7 +801,7 @@ mod tests {
 
         let mut fe = d.connect(&FrontendOptions::default()).unwrap();
         use vrnic::link::Link;
-        peer.send(&arp_request()).unwrap();
+        peer.send(&arp_request_frame()).unwrap();
         let fd = peer.caps().fd.expect("MemLink has an eventfd");
         let deadline = Instant::now() + WAIT;
         let mut buf = vec![0u8; 2048];

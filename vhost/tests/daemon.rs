@@ -8,7 +8,9 @@ use std::time::Duration;
 use vrnic::abi::{self, Pod};
 use vrnic::link::{Link, MemLink};
 use vrnic::mem::DmaMemory;
-use vrnic_frontend::{test_device_config, Buffer, FrontendOptions, TestDaemon, TestFrontend};
+use vrnic_frontend::{
+    arp_request_frame, test_device_config, Buffer, FrontendOptions, TestDaemon, TestFrontend,
+};
 use vrnic_vhost::VrnicBackend;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -436,22 +438,6 @@ fn event_buffers_are_held_until_there_is_an_event() {
     assert_eq!(s.bad_event_buffers, 0);
 }
 
-/// An ARP request for the port's address, from 10.0.0.2.
-fn arp_request() -> Vec<u8> {
-    let peer_mac = [0x02, 0x00, 0x00, 0x00, 0x00, 0x02];
-    let mut f = Vec::new();
-    f.extend_from_slice(&[0xff; 6]);
-    f.extend_from_slice(&peer_mac);
-    f.extend_from_slice(&[0x08, 0x06]);
-    f.extend_from_slice(&[0, 1, 0x08, 0, 6, 4, 0, 1]);
-    f.extend_from_slice(&peer_mac);
-    f.extend_from_slice(&[10, 0, 0, 2]);
-    f.extend_from_slice(&[0; 6]);
-    f.extend_from_slice(&[10, 0, 0, 1]);
-    f.resize(60, 0);
-    f
-}
-
 fn wait_readable(fd: &impl AsRawFd, timeout: Duration) -> bool {
     let mut p = libc::pollfd {
         fd: fd.as_raw_fd(),
@@ -477,7 +463,7 @@ fn link_frames_reach_the_device_and_replies_go_out() {
     let fe = connect(&d);
     let n = 5;
     for _ in 0..n {
-        peer.send(&arp_request()).unwrap();
+        peer.send(&arp_request_frame()).unwrap();
     }
     let fd = Fd(peer.caps().fd.expect("MemLink has an eventfd"));
     let mut buf = vec![0u8; 2048];
@@ -510,7 +496,7 @@ fn frames_before_the_frontend_and_between_connections() {
     fe.control(BOGUS_OPCODE, &[]).unwrap();
     drop(fe);
     let mut fe = connect(&d);
-    peer.send(&arp_request()).unwrap();
+    peer.send(&arp_request_frame()).unwrap();
     let fd = Fd(peer.caps().fd.unwrap());
     assert!(
         wait_readable(&fd, WAIT),
@@ -592,12 +578,12 @@ fn a_vm_pause_keeps_the_device_and_its_objects() {
     );
     // Frames while stopped: dropped, counted, never answered.
     for _ in 0..3 {
-        peer.send(&arp_request()).unwrap();
+        peer.send(&arp_request_frame()).unwrap();
     }
     wait_for_counter(&d, "rx_dropped_stopped", 3);
     fe.resume_device(&bases).unwrap();
     // Resumed: the link is answered again, once (the three stayed dropped).
-    peer.send(&arp_request()).unwrap();
+    peer.send(&arp_request_frame()).unwrap();
     let fd = Fd(peer.caps().fd.unwrap());
     assert!(wait_readable(&fd, WAIT), "no ARP reply after the resume");
     let mut buf = vec![0u8; 2048];

@@ -5,7 +5,7 @@ use std::ffi::c_int;
 
 use vrnic_guest::verbs::{grh_sgid, Ah, AhAttr, Gid, GRH_LEN};
 
-use crate::boundary::{ffi, set_errno};
+use crate::boundary::{fail_with_errno, ffi};
 use crate::ffi as c;
 use crate::pd::VrnicPd;
 
@@ -34,12 +34,10 @@ pub(crate) extern "C" fn ibv_create_ah(
     ffi("ibv_create_ah", std::ptr::null_mut(), || {
         // SAFETY: the application passes a live PD or NULL.
         let Some(vpd) = (unsafe { VrnicPd::from_ptr(pd) }) else {
-            set_errno(libc::EINVAL);
-            return std::ptr::null_mut();
+            return fail_with_errno(libc::EINVAL);
         };
         if attr.is_null() {
-            set_errno(libc::EINVAL);
-            return std::ptr::null_mut();
+            return fail_with_errno(libc::EINVAL);
         }
         // SAFETY: non-NULL (checked), the caller's attributes.
         let a = unsafe { &*attr };
@@ -65,10 +63,7 @@ pub(crate) extern "C" fn ibv_create_ah(
                 };
                 Box::into_raw(Box::new(VrnicAh { ah, inner })).cast()
             }
-            Err(e) => {
-                set_errno(e.errno());
-                std::ptr::null_mut()
-            }
+            Err(e) => fail_with_errno(e.errno()),
         }
     })
 }
@@ -159,8 +154,7 @@ pub(crate) extern "C" fn ibv_init_ah_from_wc(
 ) -> c_int {
     ffi("ibv_init_ah_from_wc", -1, || {
         if ah_attr.is_null() {
-            set_errno(libc::EINVAL);
-            return -1;
+            return fail_with_errno(libc::EINVAL);
         }
         match ah_attr_from_wc(context, port_num, wc, grh) {
             Ok(a) => {
@@ -168,10 +162,7 @@ pub(crate) extern "C" fn ibv_init_ah_from_wc(
                 unsafe { ah_attr.write(a) };
                 0
             }
-            Err(e) => {
-                set_errno(e);
-                -1
-            }
+            Err(e) => fail_with_errno(e),
         }
     })
 }
@@ -186,17 +177,13 @@ pub(crate) extern "C" fn ibv_create_ah_from_wc(
 ) -> *mut c::ibv_ah {
     ffi("ibv_create_ah_from_wc", std::ptr::null_mut(), || {
         if pd.is_null() {
-            set_errno(libc::EINVAL);
-            return std::ptr::null_mut();
+            return fail_with_errno(libc::EINVAL);
         }
         // SAFETY: a live PD (non-NULL, checked).
         let context = unsafe { (*pd).context };
         match ah_attr_from_wc(context, port_num, wc, grh) {
             Ok(mut a) => ibv_create_ah(pd, &mut a),
-            Err(e) => {
-                set_errno(e);
-                std::ptr::null_mut()
-            }
+            Err(e) => fail_with_errno(e),
         }
     })
 }

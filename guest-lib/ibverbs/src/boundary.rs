@@ -15,6 +15,31 @@ pub(crate) fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e };
 }
 
+/// The value a verb returns when it fails with `errno` set: NULL for the
+/// verbs that return an object, -1 for those that return an `int`.
+pub(crate) trait Failed {
+    /// The failure value.
+    const FAILED: Self;
+}
+
+impl<T> Failed for *mut T {
+    const FAILED: Self = std::ptr::null_mut();
+}
+
+impl<T> Failed for *const T {
+    const FAILED: Self = std::ptr::null();
+}
+
+impl Failed for c_int {
+    const FAILED: Self = -1;
+}
+
+/// Sets `errno` to `e` and returns the verb's failure value ([`Failed`]).
+pub(crate) fn fail_with_errno<R: Failed>(e: c_int) -> R {
+    set_errno(e);
+    R::FAILED
+}
+
 /// True when `VRNIC_IBVERBS_DEBUG` is set: the library then says on stderr
 /// what it does not support.
 pub(crate) fn debug() -> bool {

@@ -14,7 +14,7 @@ use std::ffi::{c_char, c_int, CStr};
 use vrnic_abi as abi;
 use vrnic_guest::verbs::Context;
 
-use crate::boundary::{copy_cstr, ffi, set_errno};
+use crate::boundary::{copy_cstr, fail_with_errno, ffi};
 use crate::device::{self, VrnicDevice};
 use crate::events::EventThread;
 use crate::ffi as c;
@@ -64,16 +64,14 @@ impl VrnicContext {
 pub(crate) extern "C" fn ibv_open_device(device: *mut c::ibv_device) -> *mut c::ibv_context {
     ffi("ibv_open_device", std::ptr::null_mut(), || {
         let Some(dev) = device::from_ptr(device) else {
-            set_errno(libc::EINVAL);
-            return std::ptr::null_mut();
+            return fail_with_errno(libc::EINVAL);
         };
         let fail = |errno: c_int, why: String| {
             device::eprintln_ignore(&format!(
                 "libibverbs (vrnic): cannot open {}: {why}",
                 device::name(dev)
             ));
-            set_errno(errno);
-            std::ptr::null_mut()
+            fail_with_errno(errno)
         };
         let transport = match device::open_transport(dev) {
             Ok(t) => t,
@@ -375,10 +373,7 @@ pub(crate) extern "C" fn ibv_query_gid(
                 };
                 0
             }
-            Err(e) => {
-                set_errno(e);
-                -1
-            }
+            Err(e) => fail_with_errno(e),
         }
     })
 }
@@ -446,10 +441,7 @@ pub(crate) extern "C" fn ibv_query_gid_type(
                 unsafe { gid_type.write(1) };
                 0
             }
-            Err(e) => {
-                set_errno(e);
-                -1
-            }
+            Err(e) => fail_with_errno(e),
         }
     })
 }
@@ -464,8 +456,7 @@ pub(crate) extern "C" fn ibv_query_pkey(
 ) -> c_int {
     ffi("ibv_query_pkey", -1, || {
         if ctx_of(context).is_err() || pkey.is_null() || index != 0 {
-            set_errno(libc::EINVAL);
-            return -1;
+            return fail_with_errno(libc::EINVAL);
         }
         // SAFETY: non-NULL (checked), the caller's __be16.
         unsafe { pkey.write(0xffffu16.to_be()) };
@@ -482,8 +473,7 @@ pub(crate) extern "C" fn ibv_get_pkey_index(
     if u16::from_be(pkey) & 0x7fff == 0x7fff {
         0
     } else {
-        set_errno(libc::EINVAL);
-        -1
+        fail_with_errno(libc::EINVAL)
     }
 }
 
@@ -498,8 +488,7 @@ pub(crate) extern "C" fn ibv_read_sysfs_file(
 ) -> c_int {
     ffi("ibv_read_sysfs_file", -1, || {
         if dir.is_null() || file.is_null() || buf.is_null() || size == 0 {
-            set_errno(libc::EINVAL);
-            return -1;
+            return fail_with_errno(libc::EINVAL);
         }
         // SAFETY: the caller passes NUL-terminated strings (non-NULL, checked).
         let (d, f) = unsafe { (CStr::from_ptr(dir), CStr::from_ptr(file)) };
@@ -517,10 +506,7 @@ pub(crate) extern "C" fn ibv_read_sysfs_file(
                 }
                 data.len() as c_int
             }
-            Err(e) => {
-                set_errno(e.raw_os_error().unwrap_or(libc::EIO));
-                -1
-            }
+            Err(e) => fail_with_errno(e.raw_os_error().unwrap_or(libc::EIO)),
         }
     })
 }

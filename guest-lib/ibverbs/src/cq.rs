@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use vrnic_guest::verbs::{Cq, WorkCompletion};
 
-use crate::boundary::{ffi, set_errno};
+use crate::boundary::{fail_with_errno, ffi};
 use crate::context::VrnicContext;
 use crate::events::{channel_of, lock, Events};
 use crate::ffi as c;
@@ -67,10 +67,7 @@ pub(crate) extern "C" fn ibv_create_cq(
             .and_then(|n| create(context, n, cq_context, channel, comp_vector));
         match r {
             Ok(p) => p.cast(),
-            Err(e) => {
-                set_errno(e);
-                std::ptr::null_mut()
-            }
+            Err(e) => fail_with_errno(e),
         }
     })
 }
@@ -134,8 +131,7 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
 ) -> *mut c::ibv_cq_ex {
     ffi("ibv_create_cq_ex", std::ptr::null_mut(), || {
         if attr.is_null() {
-            set_errno(libc::EINVAL);
-            return std::ptr::null_mut();
+            return fail_with_errno(libc::EINVAL);
         }
         // SAFETY: non-NULL (checked), the caller's attributes.
         let a = unsafe { &*attr };
@@ -157,10 +153,7 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         };
         match r {
             Ok(p) => p,
-            Err(e) => {
-                set_errno(e);
-                std::ptr::null_mut()
-            }
+            Err(e) => fail_with_errno(e),
         }
     })
 }

@@ -36,7 +36,7 @@ use vrnic_guest::agent::{self, client::AgentTransport};
 use vrnic_guest::loopback::LoopbackTransport;
 use vrnic_guest::transport::Transport;
 
-use crate::boundary::{copy_cstr, ffi, set_errno};
+use crate::boundary::{copy_cstr, fail_with_errno, ffi};
 use crate::ffi as c;
 
 /// Environment variable selecting the in-process loopback device (feature
@@ -245,8 +245,7 @@ pub(crate) extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *m
                 .cast::<*mut c::ibv_device>()
         };
         if list.is_null() {
-            set_errno(libc::ENOMEM);
-            return std::ptr::null_mut();
+            return fail_with_errno(libc::ENOMEM);
         }
         for (i, d) in devs.iter().enumerate() {
             // SAFETY: `list` has devs.len() + 1 slots; the device lives forever.
@@ -282,10 +281,7 @@ pub(crate) extern "C" fn ibv_get_device_name(dev: *mut c::ibv_device) -> *const 
     ffi("ibv_get_device_name", std::ptr::null(), || {
         match from_ptr(dev) {
             Some(d) => d.dev.name.as_ptr(),
-            None => {
-                set_errno(libc::EINVAL);
-                std::ptr::null()
-            }
+            None => fail_with_errno(libc::EINVAL),
         }
     })
 }

@@ -27,7 +27,7 @@ use std::time::Duration;
 use vrnic_abi as abi;
 use vrnic_guest::verbs::Context;
 
-use crate::boundary::{ffi, set_errno};
+use crate::boundary::{fail_with_errno, ffi};
 use crate::context::VrnicContext;
 use crate::ffi as c;
 
@@ -281,14 +281,12 @@ pub(crate) extern "C" fn ibv_create_comp_channel(
     ffi("ibv_create_comp_channel", std::ptr::null_mut(), || {
         // SAFETY: the application passes a context from ibv_open_device or NULL.
         if unsafe { VrnicContext::from_ptr(context) }.is_none() {
-            set_errno(libc::EINVAL);
-            return std::ptr::null_mut();
+            return fail_with_errno(libc::EINVAL);
         }
         let fd = match eventfd(false) {
             Ok(fd) => fd,
             Err(e) => {
-                set_errno(e.raw_os_error().unwrap_or(libc::EMFILE));
-                return std::ptr::null_mut();
+                return fail_with_errno(e.raw_os_error().unwrap_or(libc::EMFILE));
             }
         };
         let shared = Arc::new(Channel {
@@ -341,21 +339,17 @@ pub(crate) extern "C" fn ibv_get_cq_event(
     ffi("ibv_get_cq_event", -1, || {
         // SAFETY: the application passes a live channel or NULL.
         let Some(ch) = (unsafe { channel_of(channel) }) else {
-            set_errno(libc::EINVAL);
-            return -1;
+            return fail_with_errno(libc::EINVAL);
         };
         if cq_out.is_null() || cq_context.is_null() {
-            set_errno(libc::EINVAL);
-            return -1;
+            return fail_with_errno(libc::EINVAL);
         }
         let e = wait_one(ch.fd.as_raw_fd());
         if e != 0 {
-            set_errno(e);
-            return -1;
+            return fail_with_errno(e);
         }
         let Some(cq) = lock(&ch.queue).pop_front() else {
-            set_errno(libc::EAGAIN);
-            return -1;
+            return fail_with_errno(libc::EAGAIN);
         };
         let cq = cq as *mut c::ibv_cq;
         // SAFETY: outputs non-NULL (checked); `cq` is a live CQ of this
@@ -390,22 +384,18 @@ pub(crate) extern "C" fn ibv_get_async_event(
     ffi("ibv_get_async_event", -1, || {
         // SAFETY: the application passes a context from ibv_open_device or NULL.
         let Some(ctx) = (unsafe { VrnicContext::from_ptr(context) }) else {
-            set_errno(libc::EINVAL);
-            return -1;
+            return fail_with_errno(libc::EINVAL);
         };
         if event.is_null() {
-            set_errno(libc::EINVAL);
-            return -1;
+            return fail_with_errno(libc::EINVAL);
         }
         let ev = &ctx.events.events;
         let e = wait_one(ev.async_fd.as_raw_fd());
         if e != 0 {
-            set_errno(e);
-            return -1;
+            return fail_with_errno(e);
         }
         let Some(a) = lock(&ev.async_q).pop_front() else {
-            set_errno(libc::EAGAIN);
-            return -1;
+            return fail_with_errno(libc::EAGAIN);
         };
         let mut out = c::ibv_async_event {
             event_type: a.kind,

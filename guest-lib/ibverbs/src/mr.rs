@@ -7,7 +7,7 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use vrnic_guest::verbs::Mr;
 
-use crate::boundary::{ffi, set_errno};
+use crate::boundary::{fail_with_errno, ffi};
 use crate::ffi as c;
 use crate::pd::VrnicPd;
 
@@ -38,17 +38,14 @@ fn reg(
 ) -> *mut c::ibv_mr {
     // SAFETY: the application passes a PD from ibv_alloc_pd or NULL.
     let Some(vpd) = (unsafe { VrnicPd::from_ptr(pd) }) else {
-        set_errno(libc::EINVAL);
-        return std::ptr::null_mut();
+        return fail_with_errno(libc::EINVAL);
     };
     if addr.is_null() || length == 0 {
-        set_errno(libc::EINVAL);
-        return std::ptr::null_mut();
+        return fail_with_errno(libc::EINVAL);
     }
     if access & !(SUPPORTED | IGNORED) != 0 || iova != addr as u64 {
         // On-demand paging, zero-based and other-than-VA iovas: not in vrnic.
-        set_errno(libc::EOPNOTSUPP);
-        return std::ptr::null_mut();
+        return fail_with_errno(libc::EOPNOTSUPP);
     }
     // SAFETY: the application keeps [addr, addr + length) mapped while the
     // MR exists (ibv_reg_mr(3)); guest-lib locks the pages.
@@ -65,10 +62,7 @@ fn reg(
             };
             Box::into_raw(Box::new(VrnicMr { mr, inner })).cast()
         }
-        Err(e) => {
-            set_errno(e.errno());
-            std::ptr::null_mut()
-        }
+        Err(e) => fail_with_errno(e.errno()),
     }
 }
 

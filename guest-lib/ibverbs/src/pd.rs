@@ -4,7 +4,7 @@ use std::ffi::c_int;
 
 use vrnic_guest::verbs::Pd;
 
-use crate::boundary::{ffi, set_errno};
+use crate::boundary::{fail_with_errno, ffi};
 use crate::context::VrnicContext;
 use crate::ffi as c;
 
@@ -31,8 +31,7 @@ pub(crate) extern "C" fn ibv_alloc_pd(context: *mut c::ibv_context) -> *mut c::i
     ffi("ibv_alloc_pd", std::ptr::null_mut(), || {
         // SAFETY: the application passes a context from ibv_open_device or NULL.
         let Some(ctx) = (unsafe { VrnicContext::from_ptr(context) }) else {
-            set_errno(libc::EINVAL);
-            return std::ptr::null_mut();
+            return fail_with_errno(libc::EINVAL);
         };
         match Pd::alloc(&ctx.verbs) {
             Ok(inner) => {
@@ -42,10 +41,7 @@ pub(crate) extern "C" fn ibv_alloc_pd(context: *mut c::ibv_context) -> *mut c::i
                 };
                 Box::into_raw(Box::new(VrnicPd { pd, inner })).cast()
             }
-            Err(e) => {
-                set_errno(e.errno());
-                std::ptr::null_mut()
-            }
+            Err(e) => fail_with_errno(e.errno()),
         }
     })
 }

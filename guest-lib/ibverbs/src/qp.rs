@@ -16,7 +16,7 @@ use vrnic_guest::verbs::{
     UdWr, WrOpcode,
 };
 
-use crate::boundary::{ffi, set_errno};
+use crate::boundary::{fail_with_errno, ffi};
 use crate::context::VrnicContext;
 use crate::cq::VrnicCq;
 use crate::events::{lock, Events};
@@ -80,10 +80,7 @@ pub(crate) extern "C" fn ibv_create_qp(
     ffi("ibv_create_qp", std::ptr::null_mut(), || {
         match create(pd, init) {
             Ok(p) => p,
-            Err(e) => {
-                set_errno(e);
-                std::ptr::null_mut()
-            }
+            Err(e) => fail_with_errno(e),
         }
     })
 }
@@ -195,10 +192,7 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         std::ptr::null_mut(),
         || match create_ex(context, attr) {
             Ok(p) => p,
-            Err(e) => {
-                set_errno(e);
-                std::ptr::null_mut()
-            }
+            Err(e) => fail_with_errno(e),
         },
     )
 }

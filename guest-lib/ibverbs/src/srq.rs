@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use vrnic_guest::verbs::{Srq, SrqAttr, SrqInitAttr};
 
-use crate::boundary::{ffi, set_errno};
+use crate::boundary::{fail_with_errno, ffi};
 use crate::context::VrnicContext;
 use crate::events::{lock, Events};
 use crate::ffi as c;
@@ -43,17 +43,14 @@ pub(crate) extern "C" fn ibv_create_srq(
     ffi("ibv_create_srq", std::ptr::null_mut(), || {
         // SAFETY: the application passes a live PD or NULL.
         let Some(vpd) = (unsafe { VrnicPd::from_ptr(pd) }) else {
-            set_errno(libc::EINVAL);
-            return std::ptr::null_mut();
+            return fail_with_errno(libc::EINVAL);
         };
         if init.is_null() {
-            set_errno(libc::EINVAL);
-            return std::ptr::null_mut();
+            return fail_with_errno(libc::EINVAL);
         }
         // SAFETY: the PD's context is open (objects are created on open contexts).
         let Some(ctx) = (unsafe { VrnicContext::from_ptr(vpd.pd.context) }) else {
-            set_errno(libc::EINVAL);
-            return std::ptr::null_mut();
+            return fail_with_errno(libc::EINVAL);
         };
         // SAFETY: non-NULL (checked), the caller's init attributes.
         let ia = unsafe { &mut *init };
@@ -65,8 +62,7 @@ pub(crate) extern "C" fn ibv_create_srq(
         let inner = match Srq::new(&vpd.inner, &attr) {
             Ok(s) => s,
             Err(e) => {
-                set_errno(e.errno());
-                return std::ptr::null_mut();
+                return fail_with_errno(e.errno());
             }
         };
         ia.attr.max_wr = inner.max_wr();

@@ -42,31 +42,34 @@ use crate::stubs::compat;
 #[allow(unused_imports)]
 use crate::stubs::*;
 
+/// The target's unconditional branch to the operand `{f}` of [`export!`].
+#[cfg(target_arch = "x86_64")]
+macro_rules! jump_to_f {
+    () => {
+        "jmp {f}"
+    };
+}
+#[cfg(target_arch = "aarch64")]
+macro_rules! jump_to_f {
+    () => {
+        "b {f}"
+    };
+}
+
 /// Exports function `$f` as `$ver` (`name@@NODE` or `name@NODE`) through
-/// the trampoline `$tramp`.
+/// the trampoline `$tramp`, which branches to it. (`%function`: the one
+/// spelling of the type both targets' assemblers take; `@` starts a
+/// comment on aarch64.)
 macro_rules! export {
     ($f:path, $tramp:literal, $ver:literal) => {
-        #[cfg(target_arch = "x86_64")]
-        std::arch::global_asm!(
-            ".pushsection .text",
-            concat!(".globl ", $tramp),
-            concat!(".type ", $tramp, ", @function"),
-            ".p2align 4",
-            concat!($tramp, ":"),
-            "jmp {f}",
-            concat!(".size ", $tramp, ", . - ", $tramp),
-            concat!(".symver ", $tramp, ", ", $ver),
-            ".popsection",
-            f = sym $f,
-        );
-        #[cfg(target_arch = "aarch64")]
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         std::arch::global_asm!(
             ".pushsection .text",
             concat!(".globl ", $tramp),
             concat!(".type ", $tramp, ", %function"),
             ".p2align 4",
             concat!($tramp, ":"),
-            "b {f}",
+            jump_to_f!(),
             concat!(".size ", $tramp, ", . - ", $tramp),
             concat!(".symver ", $tramp, ", ", $ver),
             ".popsection",

@@ -209,36 +209,11 @@ impl Device {
         for qpn in qpns {
             self.remove_qp(qpn);
         }
-        let srqns: Vec<u32> = self
-            .res
-            .srqs
-            .values()
-            .filter(|s| self.owns_pd(target, s.pdn))
-            .map(|s| s.srqn)
-            .collect();
-        for srqn in srqns {
-            self.res.srqs.remove(srqn);
-        }
-        let cqns: Vec<u32> = self
-            .res
-            .cqs
-            .values()
-            .filter(|c| c.ctx == target)
-            .map(|c| c.cqn)
-            .collect();
-        for cqn in cqns {
-            self.res.cqs.remove(cqn);
-        }
-        let ahns: Vec<u32> = self
-            .res
-            .ahs
-            .values()
-            .filter(|a| self.owns_pd(target, a.pdn))
-            .map(|a| a.ahn)
-            .collect();
-        for ahn in ahns {
-            self.res.ahs.remove(ahn);
-        }
+        let pds = &self.res.pds;
+        let owns_pd = |pdn: u32| pds.get(pdn) == Some(&target);
+        self.res.srqs.remove_where(|s| owns_pd(s.pdn));
+        self.res.cqs.remove_where(|c| c.ctx == target);
+        self.res.ahs.remove_where(|a| owns_pd(a.pdn));
         let pdns: Vec<u32> = self
             .res
             .pds

@@ -160,22 +160,7 @@ pub fn scatter_sges(
     offset: u32,
     data: crate::data::Data<'_>,
 ) -> Result<(), abi::WcStatus> {
-    let mut skip = offset as u64;
-    let mut done = 0usize;
-    for sge in sges {
-        if done == data.len() {
-            break;
-        }
-        let l = sge.length as u64;
-        if skip >= l {
-            skip -= l;
-            continue;
-        }
-        let n = ((l - skip) as usize).min(data.len() - done);
-        let va = sge
-            .addr
-            .checked_add(skip)
-            .ok_or(abi::WcStatus::LocProtErr)?;
+    for_each_sge_piece(sges, offset, data.len(), |sge, va, done, n| {
         let mr = env
             .res
             .mrs
@@ -183,11 +168,42 @@ pub fn scatter_sges(
             .map_err(|_| abi::WcStatus::LocProtErr)?;
         let part = data.slice(done, n).ok_or(abi::WcStatus::LocLenErr)?;
         mr.write_data(env.mem, va, part)
-            .map_err(|_| abi::WcStatus::LocProtErr)?;
+            .map_err(|_| abi::WcStatus::LocProtErr)
+    })
+}
+
+/// Walks the pieces of the SGEs `sges` that hold message bytes `offset ..
+/// offset + len`, in order: `piece(sge, va, done, n)` for `n` bytes at
+/// address `va` of `sge`, which are bytes `done .. done + n` of the `len`.
+/// Stops at the first error `piece` returns. `WC_LOC_PROT_ERR` when an
+/// address overflows, `WC_LOC_LEN_ERR` when the SGEs end before `len` bytes.
+pub(crate) fn for_each_sge_piece(
+    sges: &[abi::Sge],
+    offset: u32,
+    len: usize,
+    mut piece: impl FnMut(&abi::Sge, u64, usize, usize) -> Result<(), abi::WcStatus>,
+) -> Result<(), abi::WcStatus> {
+    let mut skip = offset as u64;
+    let mut done = 0usize;
+    for sge in sges {
+        if done == len {
+            break;
+        }
+        let l = sge.length as u64;
+        if skip >= l {
+            skip -= l;
+            continue;
+        }
+        let n = ((l - skip) as usize).min(len - done);
+        let va = sge
+            .addr
+            .checked_add(skip)
+            .ok_or(abi::WcStatus::LocProtErr)?;
+        piece(sge, va, done, n)?;
         done += n;
         skip = 0;
     }
-    if done < data.len() {
+    if done < len {
         return Err(abi::WcStatus::LocLenErr);
     }
     Ok(())

@@ -491,33 +491,14 @@ pub(crate) fn gather(
             buf.copy_from_slice(d.get(o..end).ok_or(abi::WcStatus::LocLenErr)?);
         }
         Payload::Sges(sges) => {
-            let mut skip = offset as u64;
-            let mut done = 0usize;
-            for sge in sges {
-                if done == buf.len() {
-                    break;
-                }
-                let l = sge.length as u64;
-                if skip >= l {
-                    skip -= l;
-                    continue;
-                }
-                let n = ((l - skip) as usize).min(buf.len() - done);
+            // Every byte of `buf` is written, or it is an error: it holds a
+            // reused frame's old bytes (`wire::emit_frame_with`).
+            let len = buf.len();
+            super::for_each_sge_piece(sges, offset, len, |sge, va, done, n| {
                 let mr = mrs.get(sge.lkey).map_err(|_| abi::WcStatus::LocProtErr)?;
-                let va = sge
-                    .addr
-                    .checked_add(skip)
-                    .ok_or(abi::WcStatus::LocProtErr)?;
                 mr.read(mem, va, &mut buf[done..done + n])
-                    .map_err(|_| abi::WcStatus::LocProtErr)?;
-                done += n;
-                skip = 0;
-            }
-            // Every byte of `buf` is written: it holds a reused frame's
-            // old bytes (`wire::emit_frame_with`).
-            if done != buf.len() {
-                return Err(abi::WcStatus::LocLenErr);
-            }
+                    .map_err(|_| abi::WcStatus::LocProtErr)
+            })?;
         }
     }
     Ok(())
@@ -536,32 +517,10 @@ fn pieces(
     let Payload::Sges(sges) = &op.payload else {
         return Err(abi::WcStatus::LocLenErr);
     };
-    let mut skip = offset as u64;
-    let mut done = 0usize;
-    for sge in sges {
-        if done == len {
-            break;
-        }
-        let l = sge.length as u64;
-        if skip >= l {
-            skip -= l;
-            continue;
-        }
-        let n = ((l - skip) as usize).min(len - done);
+    super::for_each_sge_piece(sges, offset, len, |sge, va, _, n| {
         let mr = mrs.get(sge.lkey).map_err(|_| abi::WcStatus::LocProtErr)?;
-        let va = sge
-            .addr
-            .checked_add(skip)
-            .ok_or(abi::WcStatus::LocProtErr)?;
-        mr.pieces(va, n, out)
-            .map_err(|_| abi::WcStatus::LocProtErr)?;
-        done += n;
-        skip = 0;
-    }
-    if done != len {
-        return Err(abi::WcStatus::LocLenErr);
-    }
-    Ok(())
+        mr.pieces(va, n, out).map_err(|_| abi::WcStatus::LocProtErr)
+    })
 }
 
 /// Packet opcode for packet `k` of `npkts` of a message with WR opcode

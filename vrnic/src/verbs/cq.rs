@@ -77,19 +77,24 @@ mod tests {
     use super::*;
     use crate::mem::VecMemory;
 
-    #[test]
-    fn owner_bit_flips_per_pass_and_overrun_is_detected() {
-        let mem = VecMemory::new(0, 0x1000);
-        let mut cq = Cq {
+    /// CQ 1 of `size` CQEs with its ring at 0x100 and its record at 0x10.
+    fn cq(size: u32, armed: Option<bool>) -> Cq {
+        Cq {
             ctx: 0,
             cqn: 1,
             ring: 0x100,
-            size: 2,
+            size,
             db: 0x10,
             pi: 0,
-            armed: None,
+            armed,
             broken: false,
-        };
+        }
+    }
+
+    #[test]
+    fn owner_bit_flips_per_pass_and_overrun_is_detected() {
+        let mem = VecMemory::new(0, 0x1000);
+        let mut cq = cq(2, None);
         for i in 0..2u64 {
             cq.push(
                 &mem,
@@ -134,16 +139,7 @@ mod tests {
     #[test]
     fn armed_cq_fires_once() {
         let mem = VecMemory::new(0, 0x1000);
-        let mut cq = Cq {
-            ctx: 0,
-            cqn: 1,
-            ring: 0x100,
-            size: 8,
-            db: 0x10,
-            pi: 0,
-            armed: Some(true),
-            broken: false,
-        };
+        let mut cq = cq(8, Some(true));
         assert!(!cq.push(&mem, abi::Cqe::default(), false).unwrap());
         assert!(cq.push(&mem, abi::Cqe::default(), true).unwrap());
         assert!(!cq.push(&mem, abi::Cqe::default(), true).unwrap());

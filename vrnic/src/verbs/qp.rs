@@ -199,61 +199,38 @@ pub fn validate_modify<P: QpParts>(qp: &Qp<P>, a: &abi::QpAttr) -> Result<QpStat
     Ok(next)
 }
 
+/// For each `MASK => [field, ...]`, copies the fields from `$from` to `$to`
+/// when `MASK` is set in `$mask`.
+macro_rules! copy_masked_fields {
+    ($mask:expr, $to:ident <- $from:ident, { $($bit:expr => [$($field:ident),+ $(,)?]),+ $(,)? }) => {
+        $(
+            if $mask & $bit != 0 {
+                $($to.$field = $from.$field;)+
+            }
+        )+
+    };
+}
+
 /// Copies the attributes named by `a.attr_mask` into `cur`, except the
 /// state, which lives in [`Qp::state`] alone.
 pub fn apply_attrs(cur: &mut abi::QpAttr, a: &abi::QpAttr) {
-    let m = a.attr_mask;
-    if m & ACCESS != 0 {
-        cur.qp_access_flags = a.qp_access_flags;
-    }
-    if m & PKEY != 0 {
-        cur.pkey_index = a.pkey_index;
-    }
-    if m & PORT != 0 {
-        cur.port_num = a.port_num;
-    }
-    if m & QKEY != 0 {
-        cur.qkey = a.qkey;
-    }
-    if m & AV != 0 {
-        cur.dgid = a.dgid;
-        cur.sgid_index = a.sgid_index;
-        cur.hop_limit = a.hop_limit;
-        cur.traffic_class = a.traffic_class;
-        cur.flow_label = a.flow_label;
-        cur.sl = a.sl;
-        cur.is_global = a.is_global;
-    }
-    if m & PATH_MTU != 0 {
-        cur.path_mtu = a.path_mtu;
-    }
-    if m & TIMEOUT != 0 {
-        cur.timeout = a.timeout;
-    }
-    if m & RETRY != 0 {
-        cur.retry_cnt = a.retry_cnt;
-    }
-    if m & RNR_RETRY != 0 {
-        cur.rnr_retry = a.rnr_retry;
-    }
-    if m & RQ_PSN != 0 {
-        cur.rq_psn = a.rq_psn;
-    }
-    if m & MAX_RD != 0 {
-        cur.max_rd_atomic = a.max_rd_atomic;
-    }
-    if m & MIN_RNR != 0 {
-        cur.min_rnr_timer = a.min_rnr_timer;
-    }
-    if m & SQ_PSN != 0 {
-        cur.sq_psn = a.sq_psn;
-    }
-    if m & MAX_DEST_RD != 0 {
-        cur.max_dest_rd_atomic = a.max_dest_rd_atomic;
-    }
-    if m & DEST_QPN != 0 {
-        cur.dest_qp_num = a.dest_qp_num;
-    }
+    copy_masked_fields!(a.attr_mask, cur <- a, {
+        ACCESS => [qp_access_flags],
+        PKEY => [pkey_index],
+        PORT => [port_num],
+        QKEY => [qkey],
+        AV => [dgid, sgid_index, hop_limit, traffic_class, flow_label, sl, is_global],
+        PATH_MTU => [path_mtu],
+        TIMEOUT => [timeout],
+        RETRY => [retry_cnt],
+        RNR_RETRY => [rnr_retry],
+        RQ_PSN => [rq_psn],
+        MAX_RD => [max_rd_atomic],
+        MIN_RNR => [min_rnr_timer],
+        SQ_PSN => [sq_psn],
+        MAX_DEST_RD => [max_dest_rd_atomic],
+        DEST_QPN => [dest_qp_num],
+    });
 }
 
 #[cfg(test)]

@@ -188,6 +188,18 @@ impl<T> HandleTable<T> {
         self.slots[slot].take().map(|(_, v)| *v)
     }
 
+    /// Removes every live object for which `doomed` holds, in slot order.
+    pub fn remove_where(&mut self, mut doomed: impl FnMut(&T) -> bool) {
+        let handles: Vec<u32> = self
+            .iter()
+            .filter(|(_, v)| doomed(v))
+            .map(|(h, _)| h)
+            .collect();
+        for h in handles {
+            self.remove(h);
+        }
+    }
+
     /// Every live object with its handle, in slot order.
     pub fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
         self.used

@@ -1,74 +1,37 @@
 //! Atomic Extended Transport Header (IBTA Vol 1 9.3.4) and Atomic
 //! Acknowledge Extended Transport Header (9.3.5.3).
 
-use super::{be32, be64, need, WireError};
+use super::{need, WireError};
 
-/// The parsed AtomicETH: 28 bytes, big-endian (IBTA 9.3.4, Figure 103).
-///
-/// ```text
-/// bytes 0-7    virtual address (8-byte aligned)
-/// bytes 8-11   R_Key
-/// bytes 12-19  swap (CmpSwap) or add (FetchAdd) data
-/// bytes 20-27  compare data (CmpSwap; ignored by FetchAdd)
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct AtomicEth {
-    /// Remote virtual address of the 8-byte operand.
-    pub va: u64,
-    /// Remote key of the memory region.
-    pub rkey: u32,
-    /// Value to swap in (CmpSwap) or to add (FetchAdd).
-    pub swap_add: u64,
-    /// Value to compare against (CmpSwap only).
-    pub compare: u64,
-}
-
-impl AtomicEth {
-    /// Length of the AtomicETH on the wire, in bytes.
-    pub const LEN: usize = 28;
-
-    /// Parses `buf[..28]`; [`WireError::Truncated`] if `buf` is shorter.
-    pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
-        let b = need(buf, Self::LEN)?;
-        Ok(AtomicEth {
-            va: be64(b),
-            rkey: be32(&b[8..]),
-            swap_add: be64(&b[12..]),
-            compare: be64(&b[20..]),
-        })
-    }
-
-    /// Writes the header into `buf[..28]`. Panics if `buf` is shorter.
-    pub fn emit(&self, buf: &mut [u8]) {
-        buf[..8].copy_from_slice(&self.va.to_be_bytes());
-        buf[8..12].copy_from_slice(&self.rkey.to_be_bytes());
-        buf[12..20].copy_from_slice(&self.swap_add.to_be_bytes());
-        buf[20..28].copy_from_slice(&self.compare.to_be_bytes());
+big_endian_header! {
+    /// The parsed AtomicETH: 28 bytes, big-endian (IBTA 9.3.4, Figure 103).
+    ///
+    /// ```text
+    /// bytes 0-7    virtual address (8-byte aligned)
+    /// bytes 8-11   R_Key
+    /// bytes 12-19  swap (CmpSwap) or add (FetchAdd) data
+    /// bytes 20-27  compare data (CmpSwap; ignored by FetchAdd)
+    /// ```
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct AtomicEth {
+        /// Remote virtual address of the 8-byte operand.
+        pub va: u64,
+        /// Remote key of the memory region.
+        pub rkey: u32,
+        /// Value to swap in (CmpSwap) or to add (FetchAdd).
+        pub swap_add: u64,
+        /// Value to compare against (CmpSwap only).
+        pub compare: u64,
     }
 }
 
-/// The parsed AtomicAckETH: the original remote value, 8 bytes, big-endian
-/// (IBTA 9.3.5.3). Follows the AETH in an ATOMIC ACKNOWLEDGE.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct AtomicAckEth {
-    /// The value at the remote address before the atomic operation.
-    pub orig: u64,
-}
-
-impl AtomicAckEth {
-    /// Length of the AtomicAckETH on the wire, in bytes.
-    pub const LEN: usize = 8;
-
-    /// Parses `buf[..8]`; [`WireError::Truncated`] if `buf` is shorter.
-    pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
-        Ok(AtomicAckEth {
-            orig: be64(need(buf, Self::LEN)?),
-        })
-    }
-
-    /// Writes the header into `buf[..8]`. Panics if `buf` is shorter.
-    pub fn emit(&self, buf: &mut [u8]) {
-        buf[..8].copy_from_slice(&self.orig.to_be_bytes());
+big_endian_header! {
+    /// The parsed AtomicAckETH: the original remote value, 8 bytes, big-endian
+    /// (IBTA 9.3.5.3). Follows the AETH in an ATOMIC ACKNOWLEDGE.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct AtomicAckEth {
+        /// The value at the remote address before the atomic operation.
+        pub orig: u64,
     }
 }
 

@@ -1,7 +1,7 @@
 //! Immediate Data (IBTA Vol 1 9.3.6) and Invalidate (9.3.7) extended
 //! transport headers: 4 bytes each.
 
-use super::{be32, need, WireError};
+use super::{need, WireError};
 
 /// The ImmDt header: 4 opaque bytes, copied to the receive completion as is
 /// (IBTA 9.3.6). Kept as bytes because verbs hand it over in network order.
@@ -24,27 +24,13 @@ impl Immdt {
     }
 }
 
-/// The IETH: the R_Key to invalidate at the responder, big-endian (IBTA
-/// 9.3.7). Carried by SEND LAST/ONLY with Invalidate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Ieth {
-    /// The R_Key the responder invalidates.
-    pub rkey: u32,
-}
-
-impl Ieth {
-    /// Length of the IETH on the wire, in bytes.
-    pub const LEN: usize = 4;
-
-    /// Parses `buf[..4]`; [`WireError::Truncated`] if `buf` is shorter.
-    pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
-        let b = need(buf, Self::LEN)?;
-        Ok(Ieth { rkey: be32(b) })
-    }
-
-    /// Writes the header into `buf[..4]`. Panics if `buf` is shorter.
-    pub fn emit(&self, buf: &mut [u8]) {
-        buf[..4].copy_from_slice(&self.rkey.to_be_bytes());
+big_endian_header! {
+    /// The IETH: the R_Key to invalidate at the responder, big-endian (IBTA
+    /// 9.3.7). Carried by SEND LAST/ONLY with Invalidate.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct Ieth {
+        /// The R_Key the responder invalidates.
+        pub rkey: u32,
     }
 }
 

@@ -14,6 +14,56 @@
 //! Parsing never panics on any input bytes; `emit` functions panic only if
 //! the caller passes a buffer shorter than the documented length.
 
+/// Defines a header made of big-endian integer fields that follow each
+/// other with no gap or reserved bits: the struct as written (its fields in
+/// wire order), its length `LEN` (the sum of the fields' sizes), `parse` and
+/// `emit`. Each field's offset follows from the sizes of those before it, so
+/// `parse` and `emit` cannot disagree on the layout.
+macro_rules! big_endian_header {
+    (
+        $(#[$attr:meta])*
+        pub struct $name:ident {
+            $($(#[$field_attr:meta])* pub $field:ident: $ty:ty,)+
+        }
+    ) => {
+        $(#[$attr])*
+        pub struct $name {
+            $($(#[$field_attr])* pub $field: $ty,)+
+        }
+
+        impl $name {
+            /// Length of the header on the wire, in bytes.
+            pub const LEN: usize = 0 $(+ std::mem::size_of::<$ty>())+;
+
+            /// Parses `buf[..Self::LEN]`; [`WireError::Truncated`] if `buf`
+            /// is shorter.
+            #[allow(unused_assignments)] // the offset after the last field
+            pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
+                let mut rest = need(buf, Self::LEN)?;
+                Ok($name {
+                    $($field: {
+                        let (bytes, tail) = rest.split_at(std::mem::size_of::<$ty>());
+                        rest = tail;
+                        <$ty>::from_be_bytes(bytes.try_into().expect("split at its size"))
+                    },)+
+                })
+            }
+
+            /// Writes the header into `buf[..Self::LEN]`. Panics if `buf` is
+            /// shorter.
+            #[allow(unused_assignments)] // the offset after the last field
+            pub fn emit(&self, buf: &mut [u8]) {
+                let mut at = 0;
+                $(
+                    let end = at + std::mem::size_of::<$ty>();
+                    buf[at..end].copy_from_slice(&self.$field.to_be_bytes());
+                    at = end;
+                )+
+            }
+        }
+    };
+}
+
 mod aeth;
 mod arp;
 mod atomic;
@@ -49,6 +99,11 @@ pub use packet::{
     PEER_SEGMENT_MAX, SEGMENT_MAX,
 };
 pub use reth::Reth;
+
+// The lengths IBTA 9.3 gives the headers that `big_endian_header!` defines
+// (there, the sum of their fields' sizes).
+const _: () =
+    assert!(Reth::LEN == 16 && AtomicEth::LEN == 28 && AtomicAckEth::LEN == 8 && Ieth::LEN == 4);
 
 /// The UDP destination port that identifies RoCEv2 (IBTA Annex A17.2.1,
 /// IANA-assigned port 4791).
@@ -118,11 +173,6 @@ fn be24(b: &[u8]) -> u32 {
 #[inline]
 fn be32(b: &[u8]) -> u32 {
     u32::from_be_bytes([b[0], b[1], b[2], b[3]])
-}
-
-#[inline]
-fn be64(b: &[u8]) -> u64 {
-    u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
 }
 
 /// Returns `Err(Truncated)` unless `buf` holds at least `len` bytes.

@@ -110,50 +110,63 @@ use Transport::{Rc, Uc, Ud};
 const SEND_REQ: u32 = REQ | SEND | PAYLOAD;
 const WRITE_REQ: u32 = REQ | WRITE | PAYLOAD;
 
+/// Builds [`TABLE`] in wire-value order from its parts. The SEND and RDMA
+/// WRITE rows that RC (0x00-0x0b) and UC (0x20-0x2b) both have are written
+/// once, each with its name after the `RC_` / `UC_` prefix; then RC's other
+/// rows and UD's rows, each with its full name.
+macro_rules! opcode_table {
+    (
+        rc_and_uc: [$(($rc:ident, $uc:ident, $name:literal, $flags:expr)),* $(,)?],
+        rc: [$(($rc_op:ident, $rc_name:literal, $rc_flags:expr)),* $(,)?],
+        ud: [$(($ud_op:ident, $ud_name:literal, $ud_flags:expr)),* $(,)?] $(,)?
+    ) => {
+        [
+            $(row($rc, concat!("RC_", $name), Rc, $flags),)*
+            $(row($rc_op, $rc_name, Rc, $rc_flags),)*
+            $(row($uc, concat!("UC_", $name), Uc, $flags),)*
+            $(row($ud_op, $ud_name, Ud, $ud_flags),)*
+        ]
+    };
+}
+
 /// THE opcode table: IBTA 9.2 Table 38 and the header layouts of 9.2-9.3
 /// (which extension headers follow the BTH), mirroring rxe_opcode.c.
 /// Single-packet operations (read request, atomics, ACKs) are ONLY packets,
 /// as rxe marks them RXE_START_MASK | RXE_END_MASK.
 #[rustfmt::skip]
-const TABLE: [Info; 37] = [
-    row(RcSendFirst, "RC_SEND_FIRST", Rc, SEND_REQ | FIRST),
-    row(RcSendMiddle, "RC_SEND_MIDDLE", Rc, SEND_REQ | MIDDLE),
-    row(RcSendLast, "RC_SEND_LAST", Rc, SEND_REQ | LAST),
-    row(RcSendLastImm, "RC_SEND_LAST_WITH_IMMEDIATE", Rc, SEND_REQ | LAST | IMMDT),
-    row(RcSendOnly, "RC_SEND_ONLY", Rc, SEND_REQ | ONLY),
-    row(RcSendOnlyImm, "RC_SEND_ONLY_WITH_IMMEDIATE", Rc, SEND_REQ | ONLY | IMMDT),
-    row(RcWriteFirst, "RC_RDMA_WRITE_FIRST", Rc, WRITE_REQ | FIRST | RETH),
-    row(RcWriteMiddle, "RC_RDMA_WRITE_MIDDLE", Rc, WRITE_REQ | MIDDLE),
-    row(RcWriteLast, "RC_RDMA_WRITE_LAST", Rc, WRITE_REQ | LAST),
-    row(RcWriteLastImm, "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Rc, WRITE_REQ | LAST | IMMDT),
-    row(RcWriteOnly, "RC_RDMA_WRITE_ONLY", Rc, WRITE_REQ | ONLY | RETH),
-    row(RcWriteOnlyImm, "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Rc, WRITE_REQ | ONLY | RETH | IMMDT),
-    row(RcReadRequest, "RC_RDMA_READ_REQUEST", Rc, REQ | READ_REQ | ONLY | RETH),
-    row(RcReadResponseFirst, "RC_RDMA_READ_RESPONSE_FIRST", Rc, RESP | READ_RESP | PAYLOAD | FIRST | AETH),
-    row(RcReadResponseMiddle, "RC_RDMA_READ_RESPONSE_MIDDLE", Rc, RESP | READ_RESP | PAYLOAD | MIDDLE),
-    row(RcReadResponseLast, "RC_RDMA_READ_RESPONSE_LAST", Rc, RESP | READ_RESP | PAYLOAD | LAST | AETH),
-    row(RcReadResponseOnly, "RC_RDMA_READ_RESPONSE_ONLY", Rc, RESP | READ_RESP | PAYLOAD | ONLY | AETH),
-    row(RcAck, "RC_ACKNOWLEDGE", Rc, RESP | ACK | ONLY | AETH),
-    row(RcAtomicAck, "RC_ATOMIC_ACKNOWLEDGE", Rc, RESP | ACK | ONLY | AETH | ATMACK),
-    row(RcCompareSwap, "RC_COMPARE_SWAP", Rc, REQ | ATOMIC | ONLY | ATMETH),
-    row(RcFetchAdd, "RC_FETCH_ADD", Rc, REQ | ATOMIC | ONLY | ATMETH),
-    row(RcSendLastInv, "RC_SEND_LAST_WITH_INVALIDATE", Rc, SEND_REQ | LAST | IETH),
-    row(RcSendOnlyInv, "RC_SEND_ONLY_WITH_INVALIDATE", Rc, SEND_REQ | ONLY | IETH),
-    row(UcSendFirst, "UC_SEND_FIRST", Uc, SEND_REQ | FIRST),
-    row(UcSendMiddle, "UC_SEND_MIDDLE", Uc, SEND_REQ | MIDDLE),
-    row(UcSendLast, "UC_SEND_LAST", Uc, SEND_REQ | LAST),
-    row(UcSendLastImm, "UC_SEND_LAST_WITH_IMMEDIATE", Uc, SEND_REQ | LAST | IMMDT),
-    row(UcSendOnly, "UC_SEND_ONLY", Uc, SEND_REQ | ONLY),
-    row(UcSendOnlyImm, "UC_SEND_ONLY_WITH_IMMEDIATE", Uc, SEND_REQ | ONLY | IMMDT),
-    row(UcWriteFirst, "UC_RDMA_WRITE_FIRST", Uc, WRITE_REQ | FIRST | RETH),
-    row(UcWriteMiddle, "UC_RDMA_WRITE_MIDDLE", Uc, WRITE_REQ | MIDDLE),
-    row(UcWriteLast, "UC_RDMA_WRITE_LAST", Uc, WRITE_REQ | LAST),
-    row(UcWriteLastImm, "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Uc, WRITE_REQ | LAST | IMMDT),
-    row(UcWriteOnly, "UC_RDMA_WRITE_ONLY", Uc, WRITE_REQ | ONLY | RETH),
-    row(UcWriteOnlyImm, "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Uc, WRITE_REQ | ONLY | RETH | IMMDT),
-    row(UdSendOnly, "UD_SEND_ONLY", Ud, SEND_REQ | ONLY | DETH),
-    row(UdSendOnlyImm, "UD_SEND_ONLY_WITH_IMMEDIATE", Ud, SEND_REQ | ONLY | DETH | IMMDT),
-];
+const TABLE: [Info; 37] = opcode_table! {
+    rc_and_uc: [
+        (RcSendFirst, UcSendFirst, "SEND_FIRST", SEND_REQ | FIRST),
+        (RcSendMiddle, UcSendMiddle, "SEND_MIDDLE", SEND_REQ | MIDDLE),
+        (RcSendLast, UcSendLast, "SEND_LAST", SEND_REQ | LAST),
+        (RcSendLastImm, UcSendLastImm, "SEND_LAST_WITH_IMMEDIATE", SEND_REQ | LAST | IMMDT),
+        (RcSendOnly, UcSendOnly, "SEND_ONLY", SEND_REQ | ONLY),
+        (RcSendOnlyImm, UcSendOnlyImm, "SEND_ONLY_WITH_IMMEDIATE", SEND_REQ | ONLY | IMMDT),
+        (RcWriteFirst, UcWriteFirst, "RDMA_WRITE_FIRST", WRITE_REQ | FIRST | RETH),
+        (RcWriteMiddle, UcWriteMiddle, "RDMA_WRITE_MIDDLE", WRITE_REQ | MIDDLE),
+        (RcWriteLast, UcWriteLast, "RDMA_WRITE_LAST", WRITE_REQ | LAST),
+        (RcWriteLastImm, UcWriteLastImm, "RDMA_WRITE_LAST_WITH_IMMEDIATE", WRITE_REQ | LAST | IMMDT),
+        (RcWriteOnly, UcWriteOnly, "RDMA_WRITE_ONLY", WRITE_REQ | ONLY | RETH),
+        (RcWriteOnlyImm, UcWriteOnlyImm, "RDMA_WRITE_ONLY_WITH_IMMEDIATE", WRITE_REQ | ONLY | RETH | IMMDT),
+    ],
+    rc: [
+        (RcReadRequest, "RC_RDMA_READ_REQUEST", REQ | READ_REQ | ONLY | RETH),
+        (RcReadResponseFirst, "RC_RDMA_READ_RESPONSE_FIRST", RESP | READ_RESP | PAYLOAD | FIRST | AETH),
+        (RcReadResponseMiddle, "RC_RDMA_READ_RESPONSE_MIDDLE", RESP | READ_RESP | PAYLOAD | MIDDLE),
+        (RcReadResponseLast, "RC_RDMA_READ_RESPONSE_LAST", RESP | READ_RESP | PAYLOAD | LAST | AETH),
+        (RcReadResponseOnly, "RC_RDMA_READ_RESPONSE_ONLY", RESP | READ_RESP | PAYLOAD | ONLY | AETH),
+        (RcAck, "RC_ACKNOWLEDGE", RESP | ACK | ONLY | AETH),
+        (RcAtomicAck, "RC_ATOMIC_ACKNOWLEDGE", RESP | ACK | ONLY | AETH | ATMACK),
+        (RcCompareSwap, "RC_COMPARE_SWAP", REQ | ATOMIC | ONLY | ATMETH),
+        (RcFetchAdd, "RC_FETCH_ADD", REQ | ATOMIC | ONLY | ATMETH),
+        (RcSendLastInv, "RC_SEND_LAST_WITH_INVALIDATE", SEND_REQ | LAST | IETH),
+        (RcSendOnlyInv, "RC_SEND_ONLY_WITH_INVALIDATE", SEND_REQ | ONLY | IETH),
+    ],
+    ud: [
+        (UdSendOnly, "UD_SEND_ONLY", SEND_REQ | ONLY | DETH),
+        (UdSendOnlyImm, "UD_SEND_ONLY_WITH_IMMEDIATE", SEND_REQ | ONLY | DETH | IMMDT),
+    ],
+};
 
 /// Wire value -> index into `TABLE` (`NONE` if unknown), built from `TABLE`.
 const NONE: u8 = u8::MAX;
