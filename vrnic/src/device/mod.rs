@@ -46,8 +46,9 @@ pub use neigh::{
 };
 
 use crate::batch;
+use crate::transport::hdr_check::{self, Refusal, Route};
 use crate::transport::Qp;
-use crate::transport::{completer, datagram, hdr_check, requester, responder, Env, Output, PortId};
+use crate::transport::{completer, datagram, requester, responder, Env, Output, PortId};
 use crate::verbs::cq::Cq;
 use crate::verbs::mr::MrTable;
 use crate::verbs::table::{HandleSpace, HandleTable, KeySource};
@@ -421,24 +422,18 @@ impl Device {
         }
     }
 
-    /// Handles a run of a batch ([`batch::Run`]): to an RC or UC QP whose
-    /// header checks its first packet passes, the responder (SEND, WRITE:
-    /// [`responder::on_run`]) or the completer (READ responses:
-    /// [`completer::on_run`]) takes it whole when it can; anything else is
-    /// handled packet by packet, as the packets would have been. Counted
-    /// as its packets.
+    /// Handles a run of a batch ([`batch::Run`]): when its first packet
+    /// is admitted ([`hdr_check::admit`]) as an RC or UC request or
+    /// response, the responder (SEND, WRITE: [`responder::on_run`]) or
+    /// the completer (READ responses: [`completer::on_run`]) takes it
+    /// whole when it can; anything else is handled packet by packet
+    /// ([`Device::receive_packet`]), as the packets would have been.
+    /// Counted as its packets.
     fn receive_run(&mut self, mem: &dyn DmaMemory, run: &batch::Run<'_>, now: Nanos) {
         let pkt = &run.first;
-        let port = &self.res.port;
-        let whole = port.owns(pkt.hdr.ip_dst)
-            && pkt.hdr.eth_dst == port.mac
-            && self.qps.get(pkt.hdr.bth.dest_qp).is_some_and(|qp| {
-                matches!(
-                    (qp.qp_type, pkt.hdr.bth.opcode.transport()),
-                    (abi::QpType::Rc, wire::Transport::Rc) | (abi::QpType::Uc, wire::Transport::Uc)
-                ) && hdr_check::hdr_check(qp, port, pkt).is_ok()
-            });
-        let Some(qp) = self.qps.get_mut(pkt.hdr.bth.dest_qp).filter(|_| whole) else {
+        let qp = self.qps.get_mut(pkt.hdr.bth.dest_qp);
+        let route = hdr_check::admit(&self.res.port, qp.as_deref(), pkt);
+        let (Some(qp), Ok(route @ (Route::Request | Route::Response))) = (qp, route) else {
             for p in run.packets() {
                 self.res.out.stats.count(Counter::rx_frames, 1);
                 self.receive_packet(mem, &p, None, now);
@@ -455,7 +450,7 @@ impl Device {
                 .out
                 .stats
                 .count(Counter::rx_bytes, pkt.payload_len() as u64);
-            if pkt.hdr.bth.opcode.is_request() {
+            if route == Route::Request {
                 responder::on_run(qp, &mut env, run);
             } else {
                 completer::on_run(qp, &mut env, run);
@@ -463,10 +458,13 @@ impl Device {
         });
     }
 
-    /// Handles one RoCEv2 packet: checks its addresses and hands it to its
-    /// QP's responder or completer. `ip`: its IP header onward, for a UD
-    /// request (the GRH of its completion); `None` for a packet of a batch
-    /// ([`batch::gso`]), which is never UD.
+    /// Handles one RoCEv2 packet: [`hdr_check::admit`] decides whether it
+    /// is taken and by whom, the responder, the completer or the datagram
+    /// receiver. A packet naming a QP is counted for it (`rx_packets`,
+    /// `rx_bytes`, and a header check's drop); else it is counted in
+    /// `rx_dropped`. `ip`: its IP header onward, for a UD request (the
+    /// GRH of its completion); `None` for a packet of a batch
+    /// ([`batch::gso`]), which is never UD: one that is is dropped.
     fn receive_packet(
         &mut self,
         mem: &dyn DmaMemory,
@@ -474,18 +472,20 @@ impl Device {
         ip: Option<&[u8]>,
         now: Nanos,
     ) {
-        if !self.res.port.owns(pkt.hdr.ip_dst) || pkt.hdr.eth_dst != self.res.port.mac {
-            self.res.out.stats.count(Counter::rx_dropped, 1);
-            return;
-        }
         // Neighbours are learnt from ARP / neighbour discovery only, never
         // from RoCE packets: their Ethernet header is not covered by the
         // ICRC, so one corrupted or forged frame would misdirect every
         // later request of the QPs to that peer (replies go to the
         // request's source MAC and need no table).
-        let Some(qp) = self.qps.get_mut(pkt.hdr.bth.dest_qp) else {
-            self.res.out.stats.count(Counter::rx_dropped, 1);
-            return;
+        let qp = self.qps.get_mut(pkt.hdr.bth.dest_qp);
+        let admitted = hdr_check::admit(&self.res.port, qp.as_deref(), pkt);
+        let (qp, route) = match (qp, admitted) {
+            (Some(qp), Ok(route)) => (qp, Ok(route)),
+            (Some(qp), Err(Refusal::Header(why))) => (qp, Err(why)),
+            _ => {
+                self.res.out.stats.count(Counter::rx_dropped, 1);
+                return;
+            }
         };
         qp.stats.rx_packets += 1;
         qp_step!(self, qp, mem, now, |env| {
@@ -493,23 +493,12 @@ impl Device {
                 .out
                 .stats
                 .count(Counter::rx_bytes, pkt.payload_len() as u64);
-            if let Err(why) = hdr_check::hdr_check(qp, &env.res.port, pkt) {
-                env.res.out.stats.hdr_drop(why);
-            } else if pkt.hdr.bth.opcode.transport() == wire::Transport::Ud {
-                match ip {
-                    Some(ip)
-                        if qp.qp_type == abi::QpType::Ud && pkt.hdr.bth.opcode.is_request() =>
-                    {
-                        datagram::on_request(qp, &mut env, pkt, ip);
-                    }
-                    _ => env.res.out.stats.count(Counter::rx_dropped, 1),
-                }
-            } else if qp.qp_type == abi::QpType::Ud {
-                env.res.out.stats.count(Counter::rx_dropped, 1);
-            } else if pkt.hdr.bth.opcode.is_request() {
-                responder::on_request(qp, &mut env, pkt);
-            } else {
-                completer::on_response(qp, &mut env, pkt);
+            match (route, ip) {
+                (Err(why), _) => env.res.out.stats.hdr_drop(why),
+                (Ok(Route::Datagram), Some(ip)) => datagram::on_request(qp, &mut env, pkt, ip),
+                (Ok(Route::Datagram), None) => env.res.out.stats.count(Counter::rx_dropped, 1),
+                (Ok(Route::Request), _) => responder::on_request(qp, &mut env, pkt),
+                (Ok(Route::Response), _) => completer::on_response(qp, &mut env, pkt),
             }
         });
     }

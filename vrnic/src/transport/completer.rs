@@ -18,10 +18,7 @@ use crate::wire::{rnr_timer_ns, AethKind, NakCode, Opcode};
 /// and for a READ response or atomic ACK `on_read_or_atomic_response`
 /// (`check_resp_psn`, `do_read` or `do_atomic`, `complete_wqe`).
 pub fn on_response(qp: &mut Qp, env: &mut Env, pkt: &Packet) {
-    if !matches!(qp.state, abi::QpState::Rts | abi::QpState::Sqd) || qp.qp_type != abi::QpType::Rc {
-        return;
-    }
-    if !check_psn(qp, pkt) {
+    if !takes_response(qp, pkt) {
         return;
     }
     let p = pkt.hdr.bth.psn;
@@ -35,6 +32,20 @@ pub fn on_response(qp: &mut Qp, env: &mut Env, pkt: &Packet) {
         AckKind::Nak(code) => on_nak(qp, env, p, code),
         AckKind::Ignore => {}
     }
+}
+
+/// True when the completer looks at response `pkt` at all: the QP is RC
+/// and in RTS or SQD, where its requester may have requests outstanding
+/// (IBTA §10.3.1: the states [`check_type_state`] admits responses in,
+/// asked again per packet since an earlier one, of a run or of a batch,
+/// may have moved the QP to ERR), and the response's PSN is one the
+/// requester sent ([`check_psn`]). Anything else is ignored.
+///
+/// [`check_type_state`]: crate::transport::hdr_check::check_type_state
+fn takes_response(qp: &Qp, pkt: &Packet) -> bool {
+    matches!(qp.state, abi::QpState::Rts | abi::QpState::Sqd)
+        && qp.qp_type == abi::QpType::Rc
+        && check_psn(qp, pkt)
 }
 
 /// rxe's `check_psn`, its first part: a response must be for a PSN the
@@ -428,15 +439,17 @@ pub fn on_run(qp: &mut Qp, env: &mut Env, run: &batch::Run) {
     }
 }
 
-/// [`on_run`]'s whole case; false (nothing done) when it does not apply.
+/// [`on_run`]'s whole case; false (nothing done) when it does not apply:
+/// the questions [`on_response`] and [`on_read_or_atomic_response`] ask
+/// of one packet ([`takes_response`], [`check_ack`], [`check_resp_psn`],
+/// [`read_fits`]), asked of the run.
 fn take_run(qp: &mut Qp, env: &mut Env, run: &batch::Run) -> bool {
     let first = &run.first;
-    // A READ response is what check_ack calls ReadOrAtomic.
-    let ok = matches!(qp.state, abi::QpState::Rts | abi::QpState::Sqd)
-        && qp.qp_type == abi::QpType::Rc
-        && first.hdr.bth.opcode.is_read_response()
-        && run.stride == qp.mtu() as usize
-        && check_psn(qp, first);
+    // A run's responses are READ responses (batch::Run::new): what
+    // check_ack calls ReadOrAtomic.
+    let ok = run.stride == qp.mtu() as usize
+        && takes_response(qp, first)
+        && check_ack(first) == AckKind::ReadOrAtomic;
     if !ok {
         return false;
     }
@@ -450,19 +463,9 @@ fn take_run(qp: &mut Qp, env: &mut Env, run: &batch::Run) -> bool {
     let Some(op) = qp.req.inflight.front() else {
         return false;
     };
-    let mtu = qp.mtu();
-    // The run must end inside the request it answers, with a LAST
-    // exactly at that request's end (do_read's rule, packet by packet).
-    let (end, upto) = (op.request_end(op.resp_pkts), op.resp_pkts + run.count);
-    let ends = upto == op.npkts;
-    let want = op
-        .resp_pkts
-        .checked_mul(mtu)
-        .map(|offset| (offset, op.len.saturating_sub(offset).min(run.count * mtu)));
-    let fits = upto <= end
-        && (upto == end) == run.last.bth.opcode.is_last()
-        && want.is_some_and(|(_, len)| len as usize == first.payload_len());
-    let (Some((offset, _)), true) = (want, fits) else {
+    let ends = op.resp_pkts + run.count == op.npkts;
+    let is_last = run.last.bth.opcode.is_last();
+    let Some(offset) = read_fits(op, qp.mtu(), run.count, first.payload_len(), is_last) else {
         return false;
     };
     if let Err(status) = requester::scatter(env, qp.pdn, op, offset, first.data()) {
@@ -498,36 +501,47 @@ fn rerequest(qp: &mut Qp, env: &mut Env, expected: u32) {
 /// when it is the last response of the request it answers (response
 /// opcodes count from the (re-)request they answer, §9.7.5.1.5; a READ
 /// is asked for in chunks, [`SendOp::request_end`]), and its payload the
-/// path MTU, or the rest for the message's last; else `WC_BAD_RESP_ERR`.
+/// path MTU, or the rest for the message's last ([`read_fits`]); else
+/// `WC_BAD_RESP_ERR`.
 /// A scatter error is the WQE's status.
 ///
 /// [`SendOp::request_end`]: crate::transport::requester::SendOp::request_end
 fn do_read(qp: &Qp, env: &Env, pkt: &Packet) -> Result<(), abi::WcStatus> {
     let op = qp.req.inflight.front().ok_or(abi::WcStatus::BadRespErr)?;
-    let last = op.resp_pkts + 1 == op.request_end(op.resp_pkts);
-    let mtu = qp.mtu();
-    let len = u32::try_from(pkt.payload_len()).map_err(|_| abi::WcStatus::BadRespErr)?;
-    // resp_pkts < npkts = ceil(len / mtu) keeps this below len, unless
-    // the path MTU changed since the request: then it is a bad response.
-    let offset = op.resp_pkts.checked_mul(mtu);
-    let want = offset.map(|o| op.len.saturating_sub(o).min(mtu));
-    let kind_ok = if last {
-        matches!(
-            pkt.hdr.bth.opcode,
-            Opcode::RcReadResponseLast | Opcode::RcReadResponseOnly
-        )
-    } else {
-        matches!(
-            pkt.hdr.bth.opcode,
-            Opcode::RcReadResponseFirst | Opcode::RcReadResponseMiddle
-        )
-    };
-    match offset {
-        Some(offset) if kind_ok && Some(len) == want => {
-            requester::scatter(env, qp.pdn, op, offset, pkt.data())
-        }
-        _ => Err(abi::WcStatus::BadRespErr),
+    // A READ response (check_ack, check_resp_psn): LAST or ONLY is_last,
+    // FIRST or MIDDLE not.
+    let is_last = pkt.hdr.bth.opcode.is_last();
+    match read_fits(op, qp.mtu(), 1, pkt.payload_len(), is_last) {
+        Some(offset) => requester::scatter(env, qp.pdn, op, offset, pkt.data()),
+        None => Err(abi::WcStatus::BadRespErr),
     }
+}
+
+/// Where the next `count` READ responses of `op` (the head WQE, waiting
+/// for its response `op.resp_pkts`), `payload_len` bytes together, land:
+/// their byte offset in the message, when they fit (rxe's `do_read`
+/// rule, IBTA §9.7.5.1.5, asked of one packet or of a run): they end
+/// inside the (re-)request that asks for the first of them
+/// ([`SendOp::request_end`]), the last of them is a LAST or ONLY
+/// (`last_is_last`) exactly when it ends that request, and they carry
+/// `count` path MTUs (`mtu`, bytes) or what is left of the message if
+/// less. `None` otherwise, and when the offset overflows: the path MTU
+/// changed since the request (`resp_pkts < npkts = ceil(len / mtu)`
+/// keeps it below the length otherwise).
+///
+/// [`SendOp::request_end`]: crate::transport::requester::SendOp::request_end
+fn read_fits(
+    op: &requester::SendOp,
+    mtu: u32,
+    count: u32,
+    payload_len: usize,
+    last_is_last: bool,
+) -> Option<u32> {
+    let (end, upto) = (op.request_end(op.resp_pkts), op.resp_pkts + count);
+    let offset = op.resp_pkts.checked_mul(mtu)?;
+    let want = op.len.saturating_sub(offset).min(count * mtu);
+    let fits = upto <= end && (upto == end) == last_is_last && want as usize == payload_len;
+    fits.then_some(offset)
 }
 
 /// rxe's `do_atomic`: the atomic ACK's original value lands in the head

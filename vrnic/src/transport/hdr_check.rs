@@ -3,7 +3,10 @@
 //! `hdr_check` (`rxe_recv.c`): [`check_type_state`], [`check_addr`],
 //! [`check_keys`]. A packet that fails one is dropped silently (no NAK:
 //! it may come from anyone) and counted by class
-//! ([`crate::device::Counters::hdr_drop`]).
+//! ([`crate::device::Counters::hdr_drop`]). [`admit`] runs them, after
+//! the port's own address checks, and says where a packet goes
+//! ([`Route`]): the one decision for a packet on its own and for a run
+//! of a batch.
 //!
 //! Without them an off-path host that knows a QP number could write into
 //! a connected QP's memory, complete its WQEs with a forged ACK or move it
@@ -17,6 +20,58 @@ use crate::transport::Qp;
 use crate::transport::{source_ip, PortId};
 use crate::verbs::ah::Av;
 use crate::wire::{Gid, Transport};
+
+/// Where [`admit`] sends a packet it lets in: rxe's `rxe_rcv_pkt`, which
+/// queues requests to the responder and responses to the completer
+/// (IBTA §9.6: the OpCode says which).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// An RC or UC request (SEND, WRITE, READ request, atomic): the
+    /// responder ([`crate::transport::responder`]).
+    Request,
+    /// An RC response (ACK, NAK, READ response, atomic ACK): the
+    /// completer ([`crate::transport::completer`]).
+    Response,
+    /// A UD request (UD has no responses): the datagram receiver
+    /// ([`crate::transport::datagram`]).
+    Datagram,
+}
+
+/// Why [`admit`] refused a packet: whom its drop is counted against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not this port's: its destination IP is none of the port's
+    /// addresses (rxe's `rxe_chk_dgid`), its destination MAC not the
+    /// port's, or it names no QP (rxe's `hdr_check` finds none).
+    /// Counted in `rx_dropped`, against no QP.
+    Stray,
+    /// Its QP's header checks ([`hdr_check`]) failed: counted against
+    /// the QP, by class ([`crate::device::Counters::hdr_drop`]).
+    Header(HdrDrop),
+}
+
+/// Decides what a received RoCEv2 packet may do (rxe's `rxe_rcv`: the
+/// destination checks, `hdr_check`, then `rxe_rcv_pkt`; IBTA §9.6,
+/// packet header validation): it must be addressed to `port` (an IP
+/// address of its GID table, its MAC) and name a QP, `qp` (the QP of its
+/// BTH's destination QP number, if there is one), pass that QP's checks
+/// ([`hdr_check`]: transport, state, addresses, keys), and then goes
+/// where its OpCode says ([`Route`]). Nothing is counted here; the
+/// caller counts the packet for the QP it names, or as a drop.
+pub fn admit(port: &PortId, qp: Option<&Qp>, pkt: &Packet) -> Result<Route, Refusal> {
+    if !port.owns(pkt.hdr.ip_dst) || pkt.hdr.eth_dst != port.mac {
+        return Err(Refusal::Stray);
+    }
+    let qp = qp.ok_or(Refusal::Stray)?;
+    hdr_check(qp, port, pkt).map_err(Refusal::Header)?;
+    let op = pkt.hdr.bth.opcode;
+    // hdr_check made the OpCode's transport the QP's.
+    Ok(match op.transport() {
+        Transport::Ud => Route::Datagram,
+        _ if op.is_request() => Route::Request,
+        _ => Route::Response,
+    })
+}
 
 /// Why [`hdr_check`] dropped a packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

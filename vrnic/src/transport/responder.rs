@@ -224,15 +224,30 @@ impl RespState {
 /// stream at once (rxe's `duplicate_request`). Then sends what the stream
 /// has to send, within [`READ_BURST`].
 pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &Packet) {
-    let busy = qp.resp.read.is_some() || !qp.resp.held.is_empty();
-    let dup_read =
-        pkt.hdr.bth.opcode == Opcode::RcReadRequest && psn::diff(pkt.hdr.bth.psn, qp.resp.epsn) < 0;
-    if busy && qp.qp_type == abi::QpType::Rc && !dup_read {
+    if held_back(qp, pkt) {
         hold(qp, env, pkt);
         return;
     }
     process(qp, env, pkt);
     run(qp, env);
+}
+
+/// True while the QP's READ response stream is in progress or requests
+/// wait behind it ([`RespState::held`]): responses leave in PSN order
+/// (IBTA §9.7.5.1.5), so the requests that come meanwhile wait too
+/// (rxe's `req_pkts` queue). Only an RC QP has a READ stream.
+fn busy(qp: &Qp) -> bool {
+    qp.resp.read.is_some() || !qp.resp.held.is_empty()
+}
+
+/// True when request `pkt` must wait behind the READ response stream
+/// ([`hold`]): the QP is RC and [`busy`], and `pkt` is not a duplicate
+/// READ ([`check_psn`]), which restarts the stream at once (rxe's
+/// `duplicate_request`).
+fn held_back(qp: &Qp, pkt: &Packet) -> bool {
+    let dup_read =
+        pkt.hdr.bth.opcode == Opcode::RcReadRequest && check_psn(qp, pkt) == PsnCheck::Duplicate;
+    busy(qp) && qp.qp_type == abi::QpType::Rc && !dup_read
 }
 
 /// Keeps `pkt` for after the READ stream, within the bounds.
@@ -465,72 +480,121 @@ fn read_run(
 
 /// [`on_request`] without holding and without the stream: checks and
 /// executes one request. The driver of rxe's responder state machine
-/// (`rxe_responder`): [`check_psn`], then for a request in sequence
+/// (`rxe_responder`): its [`Turn`] first, then for a request in turn
 /// [`check_request`] ([`check_op_seq`], [`check_op_valid`],
 /// [`check_resource`], [`check_length`], [`check_rkey`]) and [`execute`],
-/// then [`acknowledge`] or, on an error, [`nak_error`]. A duplicate goes
-/// to [`duplicate_request`], a PSN beyond the expected one to
-/// [`nak_psn_out_of_seq`]. The header checks ([`crate::transport::hdr_check`]:
-/// type, state, addresses, keys) ran before, as rxe's `hdr_check`.
+/// then [`end_turn`]. A duplicate goes to [`duplicate_request`], a PSN
+/// beyond the expected one to [`nak_psn_out_of_seq`], a UC request out
+/// of turn to [`uc_resync`]. The header checks
+/// ([`crate::transport::hdr_check`]: type, state, addresses, keys) ran
+/// before, as rxe's `hdr_check`.
 fn process(qp: &mut Qp, env: &mut Env, pkt: &Packet) {
+    match turn(qp, pkt) {
+        Turn::Now => take_turn(qp, env, pkt),
+        Turn::UcResync => uc_resync(qp, env, pkt),
+        Turn::Duplicate => duplicate_request(qp, env, pkt),
+        Turn::OutOfSequence => nak_psn_out_of_seq(qp, env, pkt),
+        Turn::Dropped => env.res.out.stats.count(Counter::rx_dropped, 1),
+        Turn::Closed => {}
+    }
+}
+
+/// What [`process`] does with a request, from the QP's state, type,
+/// expected PSN and message in progress: the decision rxe's responder
+/// makes before `RESPST_CHK_OP_SEQ` (its QP state check, `check_psn`,
+/// and for UC its `drop_msg`; IBTA §9.7.5.2, §9.8.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    /// In turn: checked ([`check_request`]) and executed now.
+    Now,
+    /// RC: before the expected PSN, [`duplicate_request`].
+    Duplicate,
+    /// RC: after the expected PSN (packets were lost),
+    /// [`nak_psn_out_of_seq`].
+    OutOfSequence,
+    /// UC: after a PSN gap, or inside a message being dropped
+    /// ([`InboundMsg::UcDrop`]): [`uc_resync`].
+    UcResync,
+    /// Not the QP's transport, or an RC QP in SQE: dropped, counted in
+    /// `rx_dropped`.
+    Dropped,
+    /// The QP's state receives no requests (not RTR, RTS, SQD or SQE,
+    /// IBTA §10.3.1): ignored.
+    Closed,
+}
+
+/// The [`Turn`] of request `pkt` at `qp` now.
+fn turn(qp: &Qp, pkt: &Packet) -> Turn {
     if !matches!(
         qp.state,
         abi::QpState::Rtr | abi::QpState::Rts | abi::QpState::Sqd | abi::QpState::Sqe
     ) {
-        return;
+        return Turn::Closed;
     }
     match (qp.qp_type, pkt.hdr.bth.opcode.transport()) {
-        (abi::QpType::Rc, Transport::Rc) if qp.state != abi::QpState::Sqe => {}
-        (abi::QpType::Uc, Transport::Uc) => return on_uc_request(qp, env, pkt),
-        _ => {
-            env.res.out.stats.count(Counter::rx_dropped, 1);
-            return;
+        (abi::QpType::Rc, Transport::Rc) if qp.state != abi::QpState::Sqe => {
+            match check_psn(qp, pkt) {
+                PsnCheck::Expected => Turn::Now,
+                PsnCheck::Duplicate => Turn::Duplicate,
+                PsnCheck::OutOfSequence => Turn::OutOfSequence,
+            }
         }
+        (abi::QpType::Uc, Transport::Uc)
+            if pkt.hdr.bth.psn == qp.resp.epsn && !matches!(qp.resp.msg, InboundMsg::UcDrop) =>
+        {
+            Turn::Now
+        }
+        (abi::QpType::Uc, Transport::Uc) => Turn::UcResync,
+        _ => Turn::Dropped,
     }
-    match check_psn(qp, pkt) {
-        PsnCheck::OutOfSequence => return nak_psn_out_of_seq(qp, env, pkt),
-        PsnCheck::Duplicate => return duplicate_request(qp, env, pkt),
-        PsnCheck::Expected => qp.resp.nak_sent = false,
-    }
+}
+
+/// True when request `pkt` would be executed now were it processed
+/// ([`process`]): its [`Turn`] is [`Turn::Now`].
+fn in_turn(qp: &Qp, pkt: &Packet) -> bool {
+    turn(qp, pkt) == Turn::Now
+}
+
+/// Checks and executes request `pkt`, in turn, then [`end_turn`].
+fn take_turn(qp: &mut Qp, env: &mut Env, pkt: &Packet) {
     let done = check_request(qp, env, pkt, 1).and_then(|target| execute(qp, env, pkt, target));
-    answer(qp, env, pkt, done, 1);
+    end_turn(qp, env, pkt, done, 1);
+}
+
+/// After request `pkt` was executed in turn (`done`), spanning `psns`
+/// PSNs (a run's packets, [`on_run`]; else 1): UC moves the expected PSN
+/// past it and drops it silently if it failed ([`uc_drop`]); RC clears
+/// the sequence NAK (the expected PSN came) and answers it ([`answer`],
+/// which moves the expected PSN).
+fn end_turn(qp: &mut Qp, env: &mut Env, pkt: &Packet, done: Result<Reply, RespError>, psns: u32) {
+    if qp.qp_type == abi::QpType::Uc {
+        qp.resp.epsn = psn::add(pkt.hdr.bth.psn, psns);
+        if let Err(e) = done {
+            // Dropped silently, as its packets would have been.
+            uc_drop(qp, env, e, pkt.hdr.bth.opcode, psns);
+        }
+        return;
+    }
+    qp.resp.nak_sent = false;
+    answer(qp, env, pkt, done, psns);
 }
 
 /// A run of packets ([`batch::Run`]) to `qp`, whose header checks its first
 /// packet passed. Taken whole when its packets would all be executed in
-/// turn: its stride the path MTU; an RC QP with no READ response stream
-/// or held requests and the run's first PSN the expected one, or a UC QP
-/// in sequence and not dropping the rest of a message; and the checks
-/// passing for the run as one packet ([`batch::Run::message`], spanning
-/// its PSNs): then one copy, the expected PSN moved past it, one answer
-/// (RC: an ACK of its last PSN when that packet asks for one). Anything
-/// else is handled packet by packet ([`on_request`]), as it would have
-/// come. An error in the execution itself (memory that went away, a SEND
-/// longer than its receive WQE) is answered for the run's first PSN, as
-/// for one packet (UC: the message is dropped); the message fails either
+/// turn: its stride the path MTU; its first packet neither
+/// `held_back` nor out of turn (`in_turn`: the questions
+/// [`on_request`] asks of it); and the checks passing for the run as one
+/// packet ([`batch::Run::message`], spanning its PSNs): then one copy,
+/// the expected PSN moved past it, one answer (RC: an ACK of its last
+/// PSN when that packet asks for one; `end_turn`). Anything else is
+/// handled packet by packet ([`on_request`]), as it would have come. An
+/// error in the execution itself (memory that went away, a SEND longer
+/// than its receive WQE) is answered for the run's first PSN, as for
+/// one packet (UC: the message is dropped); the message fails either
 /// way.
 pub fn on_run(qp: &mut Qp, env: &mut Env, run: &batch::Run) {
-    let transport = run.first.hdr.bth.opcode.transport();
-    let whole = run.stride == qp.mtu() as usize
-        && match (qp.qp_type, transport) {
-            (abi::QpType::Rc, Transport::Rc) => {
-                matches!(
-                    qp.state,
-                    abi::QpState::Rtr | abi::QpState::Rts | abi::QpState::Sqd
-                ) && qp.resp.read.is_none()
-                    && qp.resp.held.is_empty()
-                    && check_psn(qp, &run.first) == PsnCheck::Expected
-            }
-            // UC: in sequence, not dropping the rest of a message.
-            (abi::QpType::Uc, Transport::Uc) => {
-                matches!(
-                    qp.state,
-                    abi::QpState::Rtr | abi::QpState::Rts | abi::QpState::Sqd | abi::QpState::Sqe
-                ) && run.first.hdr.bth.psn == qp.resp.epsn
-                    && !matches!(qp.resp.msg, InboundMsg::UcDrop)
-            }
-            _ => false,
-        };
+    let whole =
+        run.stride == qp.mtu() as usize && !held_back(qp, &run.first) && in_turn(qp, &run.first);
     let msg = whole.then(|| run.message());
     let (msg, target) = match msg.map(|m| (check_request(qp, env, &m, run.count), m)) {
         Some((Ok(target), m)) => (m, target),
@@ -542,16 +606,7 @@ pub fn on_run(qp: &mut Qp, env: &mut Env, run: &batch::Run) {
         }
     };
     let done = execute(qp, env, &msg, target);
-    if qp.qp_type == abi::QpType::Uc {
-        qp.resp.epsn = psn::add(run.first.hdr.bth.psn, run.count);
-        if let Err(e) = done {
-            // Dropped silently, as its packets would have been.
-            uc_drop(qp, env, e, msg.hdr.bth.opcode, run.count);
-        }
-        return;
-    }
-    qp.resp.nak_sent = false;
-    answer(qp, env, &msg, done, run.count);
+    end_turn(qp, env, &msg, done, run.count);
 }
 
 /// Answers the executed request `pkt`, spanning `psns` PSNs (a run's
@@ -1047,31 +1102,26 @@ fn nak_error(
 }
 
 /// UC responder (IBTA §9.7.5.2, §9.8.4): no acknowledgements, no
-/// retransmission. A PSN gap abandons the message in progress (its receive
-/// WQE is kept for the next SEND) and the rest of it is dropped until the
-/// next FIRST or ONLY ([`InboundMsg::UcDrop`]); a message that cannot be
-/// executed (no receive WQE, bad R_Key, too long) is silently dropped and
-/// the QP carries on. The checks and execution are the RC ones.
-fn on_uc_request(qp: &mut Qp, env: &mut Env, pkt: &Packet) {
+/// retransmission. A request out of turn ([`Turn::UcResync`]): a PSN gap
+/// abandons the message in progress (its receive WQE is kept for the
+/// next SEND) and the rest of it is dropped until the next FIRST or ONLY
+/// ([`InboundMsg::UcDrop`]), which starts afresh in turn ([`take_turn`]);
+/// the expected PSN follows the request either way. A message that
+/// cannot be executed (no receive WQE, bad R_Key, too long) is silently
+/// dropped and the QP carries on ([`end_turn`]). The checks and
+/// execution are the RC ones.
+fn uc_resync(qp: &mut Qp, env: &mut Env, pkt: &Packet) {
     let bth = pkt.hdr.bth;
-    let op = bth.opcode;
-    let starts = op.is_first();
     if bth.psn != qp.resp.epsn {
         abandon_uc_message(qp);
-        if !starts {
-            qp.resp.msg = InboundMsg::UcDrop;
-        }
     }
     qp.resp.epsn = psn::add(bth.psn, 1);
-    if matches!(qp.resp.msg, InboundMsg::UcDrop) {
-        if !starts {
-            env.res.out.stats.count(Counter::rx_dropped, 1);
-            return;
-        }
+    if bth.opcode.is_first() {
         qp.resp.msg = InboundMsg::Idle;
-    }
-    if let Err(e) = check_request(qp, env, pkt, 1).and_then(|t| execute(qp, env, pkt, t)) {
-        uc_drop(qp, env, e, op, 1);
+        take_turn(qp, env, pkt);
+    } else {
+        qp.resp.msg = InboundMsg::UcDrop;
+        env.res.out.stats.count(Counter::rx_dropped, 1);
     }
 }
 
