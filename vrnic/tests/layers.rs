@@ -322,6 +322,14 @@ fn test_only_submodules(code: &str) -> Vec<String> {
 /// The top modules `code` refers to, written in a file whose module path
 /// below the crate root is `path` (`["transport", "requester"]`).
 fn crate_refs(code: &str, path: &[&str]) -> Vec<Ref> {
+    module_refs(code, path, &[])
+}
+
+/// The modules directly below `base` (a module path; `[]`: the crate
+/// root) that `code` refers to, written in a file whose module path is
+/// `path`: through `crate::<base>::x`, or a `super` chain reaching `base`
+/// or a module above it and naming the rest of `base`.
+fn module_refs(code: &str, path: &[&str], base: &[&str]) -> Vec<Ref> {
     let c: Vec<char> = code.chars().collect();
     let newlines: Vec<usize> = (0..c.len()).filter(|&k| c[k] == '\n').collect();
     let line_of = |pos: usize| newlines.partition_point(|&n| n < pos) + 1;
@@ -354,19 +362,29 @@ fn crate_refs(code: &str, path: &[&str]) -> Vec<Ref> {
                 }
                 j = skip_sep(&c, j);
             }
-            if depth == 0 {
-                level = Some(0);
+            if base.starts_with(&path[..depth]) {
+                level = Some(depth);
             } else {
                 i = j;
                 continue;
             }
         }
-        let Some(_) = level else {
+        let Some(mut level) = level else {
             while i < c.len() && is_ident(c[i]) {
                 i += 1;
             }
             continue;
         };
+        // Walk the rest of `base`: `crate::transport::` for base `transport`.
+        while level < base.len() && word_at(&c, j, base[level]) && sep_at(&c, j + base[level].len())
+        {
+            j = skip_sep(&c, j + base[level].len());
+            level += 1;
+        }
+        if level < base.len() {
+            i = j.max(i + 1);
+            continue;
+        }
         if c.get(j) == Some(&'{') {
             for (pos, name) in group_heads(&c, j) {
                 refs.push(Ref {
@@ -486,6 +504,23 @@ struct Violation {
 /// Every cross-module reference of non-test code under `src`:
 /// `(file relative to src, its top module, reference)`.
 fn scan(src: &Path) -> Vec<(String, String, Ref)> {
+    let mut out = Vec::new();
+    for (rel, path, code) in non_test_code(src) {
+        let top = path[0].clone();
+        let path: Vec<&str> = path.iter().map(String::as_str).collect();
+        for r in crate_refs(&code, &path) {
+            if r.module != top {
+                out.push((rel.clone(), top.clone(), r));
+            }
+        }
+    }
+    out
+}
+
+/// The non-test files under `src` (not `lib.rs`): `(file relative to src,
+/// its module path, its code with comments, strings and `#[cfg(test)]`
+/// items blanked)`.
+fn non_test_code(src: &Path) -> Vec<(String, Vec<String>, String)> {
     let files = rust_files(src);
     let mut code_of = BTreeMap::new();
     let mut test_only = BTreeSet::new();
@@ -507,22 +542,107 @@ fn scan(src: &Path) -> Vec<(String, String, Ref)> {
         code_of.insert(rel, code);
     }
     let mut out = Vec::new();
-    for (rel, code) in &code_of {
-        if rel == "lib.rs" || rel.ends_with("_tests.rs") || test_only.contains(rel) {
+    for (rel, code) in code_of {
+        if rel == "lib.rs" || rel.ends_with("_tests.rs") || test_only.contains(&rel) {
             continue;
         }
-        let mut path: Vec<&str> = rel.trim_end_matches(".rs").split('/').collect();
-        if path.last() == Some(&"mod") {
+        let mut path: Vec<String> = rel
+            .trim_end_matches(".rs")
+            .split('/')
+            .map(String::from)
+            .collect();
+        if path.last().is_some_and(|l| l == "mod") {
             path.pop();
         }
-        let top = path[0].to_string();
-        for r in crate_refs(&blank_test_items(code), &path) {
-            if r.module != top {
-                out.push((rel.clone(), top.clone(), r));
+        let code = blank_test_items(&code);
+        out.push((rel, path, code));
+    }
+    out
+}
+
+/// One import between two submodules of a top module, `from` → `to`, and
+/// where.
+#[derive(Debug, Clone)]
+struct Edge {
+    to: String,
+    at: String,
+}
+
+/// The imports among the submodules of each top module that is a
+/// directory (`transport/requester.rs` → `transport/completer.rs`): top
+/// module → submodule → the submodules it imports. A file deeper down
+/// counts as its submodule of the top (`device/control/qp.rs` is
+/// `control`); `mod.rs` is the top module itself and left out (it
+/// declares and re-exports its submodules).
+fn submodule_imports(src: &Path) -> BTreeMap<String, BTreeMap<String, Vec<Edge>>> {
+    let files = non_test_code(src);
+    let mut subs: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (_, path, _) in &files {
+        if path.len() >= 2 {
+            subs.entry(path[0].clone())
+                .or_default()
+                .insert(path[1].clone());
+        }
+    }
+    let mut out: BTreeMap<String, BTreeMap<String, Vec<Edge>>> = BTreeMap::new();
+    for (rel, path, code) in &files {
+        let (Some(top), Some(from)) = (path.first(), path.get(1)) else {
+            continue;
+        };
+        let p: Vec<&str> = path.iter().map(String::as_str).collect();
+        for r in module_refs(code, &p, &[top.as_str()]) {
+            if &r.module != from && subs[top].contains(&r.module) {
+                out.entry(top.clone())
+                    .or_default()
+                    .entry(from.clone())
+                    .or_default()
+                    .push(Edge {
+                        to: r.module,
+                        at: format!("vrnic/src/{rel}:{}", r.line),
+                    });
             }
         }
     }
     out
+}
+
+/// A circle in `graph` (submodule → imports), as the edges that make it,
+/// if there is one.
+fn find_circle(graph: &BTreeMap<String, Vec<Edge>>) -> Option<Vec<(String, Edge)>> {
+    fn visit(
+        graph: &BTreeMap<String, Vec<Edge>>,
+        node: &str,
+        stack: &mut Vec<(String, Edge)>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<(String, Edge)>> {
+        for e in graph.get(node).into_iter().flatten() {
+            if let Some(k) = stack.iter().position(|(from, _)| *from == e.to) {
+                let mut circle = stack[k..].to_vec();
+                circle.push((node.to_string(), e.clone()));
+                return Some(circle);
+            }
+            if e.to == node || done.contains(&e.to) {
+                continue;
+            }
+            stack.push((node.to_string(), e.clone()));
+            let found = visit(graph, &e.to.clone(), stack, done);
+            stack.pop();
+            if found.is_some() {
+                return found;
+            }
+        }
+        done.insert(node.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    for node in graph.keys() {
+        if !done.contains(node) {
+            if let Some(c) = visit(graph, node, &mut Vec::new(), &mut done) {
+                return Some(c);
+            }
+        }
+    }
+    None
 }
 
 fn src_dir() -> PathBuf {
@@ -586,6 +706,59 @@ fn layers_hold() {
         "layering broken:\n{}",
         problems.join("\n")
     );
+}
+
+/// Inside a top module the files import each other without a circle
+/// (rule `no-circles-inside`): a submodule that needs another's item does
+/// not also serve it, so each can be read, and split, from the bottom up
+/// (rxe's `rxe_req.c` → `rxe_comp.c` are one way too: the completer
+/// schedules the requester, never the reverse through a call).
+#[test]
+fn no_circles_inside_a_module() {
+    let mut problems = Vec::new();
+    for (top, graph) in submodule_imports(&src_dir()) {
+        if let Some(circle) = find_circle(&graph) {
+            let steps: Vec<String> = circle
+                .iter()
+                .map(|(from, e)| format!("{top}::{from} -> {top}::{} ({})", e.to, e.at))
+                .collect();
+            problems.push(format!(
+                "rule `no-circles-inside`: {top}'s files import each other in a circle:\n  {}",
+                steps.join("\n  ")
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn circles_are_found() {
+    let edge = |to: &str| Edge {
+        to: to.into(),
+        at: String::new(),
+    };
+    let mut g: BTreeMap<String, Vec<Edge>> = BTreeMap::new();
+    g.insert("a".into(), vec![edge("b")]);
+    g.insert("b".into(), vec![edge("c")]);
+    g.insert("c".into(), vec![]);
+    assert!(find_circle(&g).is_none());
+    g.insert("c".into(), vec![edge("a")]);
+    let circle = find_circle(&g).expect("a -> b -> c -> a");
+    let names: Vec<(&str, &str)> = circle
+        .iter()
+        .map(|(f, e)| (f.as_str(), e.to.as_str()))
+        .collect();
+    assert_eq!(names, [("a", "b"), ("b", "c"), ("c", "a")]);
+}
+
+#[test]
+fn parser_reads_a_modules_own_submodules() {
+    let code = blank_comments_and_strings(
+        "use super::psn;\nuse crate::transport::{cwnd::Cwnd, Env};\nfn f() { crate::transport::completer::g(); super::super::wire::h(); }\nuse crate::verbs::qp;\n",
+    );
+    let refs = module_refs(&code, &["transport", "requester"], &["transport"]);
+    let got: Vec<(usize, &str)> = refs.iter().map(|r| (r.line, r.module.as_str())).collect();
+    assert_eq!(got, [(1, "psn"), (2, "cwnd"), (2, "Env"), (3, "completer")]);
 }
 
 #[test]

@@ -32,8 +32,7 @@
 //! [`split`] into sealed frames first. RC and UC only: a UD packet's
 //! receiver needs its own IP header (the GRH of its completion).
 
-use super::run::Run;
-use super::Packet;
+use super::{Packet, Run};
 use crate::data::PeerMemory;
 use crate::wire::{
     emit_frame_icrc, emit_frame_open, emit_run_peer, emit_segment, emit_segment_peer, pad_len,
@@ -48,9 +47,6 @@ pub const BATCH_MAGIC: u32 = 0x5652_4241;
 /// Largest batch, bytes: a 64 KiB message at path MTU 4096 (16 packets)
 /// and their headers fit.
 pub const BATCH_MAX_BYTES: usize = 80 * 1024;
-/// Most packets in one batch (32: one ACK request interval of a long
-/// message, [`crate::transport::requester`]).
-pub const BATCH_MAX_PACKETS: usize = 32;
 /// Most packets a batch stands for with runs ([`Run`]) in it, whose
 /// payloads stay in the sender's memory: 64, one requester burst
 /// (`crate::transport::requester`), 256 KiB at path MTU 4096 — the
@@ -118,7 +114,7 @@ pub fn start<E>(
 /// `frame`, a batch [`start`] made, marking it a batch; returns the new
 /// end (bytes after it left as they were). When `fill` fails, the batch
 /// still ends at `end` and the error is returned. The caller keeps within
-/// [`BATCH_MAX_BYTES`] and [`BATCH_MAX_PACKETS`].
+/// [`BATCH_MAX_BYTES`] and [`super::BATCH_MAX_PACKETS`].
 pub fn append<E>(
     frame: &mut Vec<u8>,
     end: usize,

@@ -12,7 +12,13 @@
 pub mod gso;
 mod run;
 
-pub use run::{Run, RUN_MAX_PACKETS};
+pub use run::Run;
+
+/// Most packets in one batch ([`gso`]; 32: one ACK request interval of a
+/// long message, [`crate::transport::requester`]).
+pub const BATCH_MAX_PACKETS: usize = 32;
+/// Most packets in one run ([`Run`]): a batch's.
+pub const RUN_MAX_PACKETS: u32 = BATCH_MAX_PACKETS as u32;
 
 use crate::data::{Data, PeerData};
 use crate::wire::{RoceHeaders, RocePacket};

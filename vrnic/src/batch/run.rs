@@ -16,11 +16,8 @@
 //! must end where handling its packets in order would. Nothing else
 //! changes: PSNs, ACKs and counters are per packet as on a wire.
 
-use super::Packet;
+use super::{Packet, RUN_MAX_PACKETS};
 use crate::wire::{Bth, Opcode, RoceHeaders, Transport, WireError};
-
-/// Most packets in one run: a batch's ([`super::gso::BATCH_MAX_PACKETS`]).
-pub const RUN_MAX_PACKETS: u32 = super::gso::BATCH_MAX_PACKETS as u32;
 
 /// Packets `first.bth.psn ..= last.bth.psn` of one message, as a batch
 /// carries them ([`super::gso::append_run`]).

@@ -689,7 +689,7 @@ impl Device {
                 requester::flush(qp, &mut env);
                 crate::transport::write_record(qp, &env);
             } else if sq {
-                requester::run(qp, &mut env);
+                crate::transport::send(qp, &mut env);
             }
         });
         if let Some(dgid) = qp.req.waiting_arp {

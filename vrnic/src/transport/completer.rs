@@ -5,10 +5,10 @@
 use crate::abi;
 use crate::batch::{self, Packet};
 use crate::data::Data;
-use crate::transport::requester::{self, ack_timeout_ns};
+use crate::transport::requester::{self, ack_timeout_ns, complete_head_errors, fail_head};
 use crate::transport::stats::Counter;
 use crate::transport::Qp;
-use crate::transport::{psn, send_queue_error, write_record, Env};
+use crate::transport::{psn, write_record, Env};
 use crate::wire::{rnr_timer_ns, AethKind, NakCode, Opcode};
 
 /// Handles a response packet (ACK, NAK, READ response, atomic ACK)
@@ -200,25 +200,6 @@ fn ack_up_to(qp: &mut Qp, env: &mut Env, p: u32) {
         write_record(qp, env);
     }
     complete_head_errors(qp, env);
-}
-
-/// If the oldest WQE failed locally, completes it with its error and moves
-/// the QP to ERR (IBTA §10.8.3: a local error is fatal to the QP).
-pub fn complete_head_errors(qp: &mut Qp, env: &mut Env) {
-    let Some(status) = qp.req.inflight.front().and_then(|op| op.error) else {
-        return;
-    };
-    fail_head(qp, env, status);
-}
-
-/// Completes the oldest WQE with `status` and moves the QP to ERR (RC) or
-/// SQE (UC, UD).
-fn fail_head(qp: &mut Qp, env: &mut Env, status: abi::WcStatus) {
-    if let Some(op) = qp.req.inflight.pop_front() {
-        qp.req.send_pos = qp.req.send_pos.saturating_sub(1);
-        requester::complete_op(qp, env, &op, status);
-    }
-    send_queue_error(qp, env, status);
 }
 
 /// Runs the QP's timers at `env.now`: the end of an RNR back-off resumes

@@ -1,6 +1,6 @@
 //! The RC requester's congestion window: how many PSNs of SEND and WRITE
 //! packets a QP may have unacknowledged, between [`CWND_MIN`] and
-//! [`requester::MAX_INFLIGHT_PKTS`], set by loss (issue 28).
+//! [`MAX_INFLIGHT_PKTS`], set by loss (issue 28).
 //!
 //! A loss-based window control in the manner of TCP Reno (RFC 5681):
 //! slow start up to a threshold, then one packet more per window
@@ -25,10 +25,15 @@
 //! PSN is inside the window, so that the responses, which acknowledge as
 //! they land, are paced like SEND and WRITE packets; a gap in them halves
 //! the window as a sequence NAK does. Atomics (one PSN) are not.
-//!
-//! [`requester::MAX_INFLIGHT_PKTS`]: crate::transport::requester::MAX_INFLIGHT_PKTS
 
-use crate::transport::requester::MAX_INFLIGHT_PKTS;
+/// Most PSNs an RC QP sends beyond the last one acknowledged (rxe's
+/// `RXE_MAX_UNACKED_PSNS`), the window's ceiling: the requester stops,
+/// mid-message if need be, until ACKs (or READ responses) move the
+/// window. It bounds what go-back-N resends after a loss; a READ request
+/// is sent when the PSNs it asks for fit in the window, or when nothing
+/// else is in flight (one [`crate::transport::requester::read_chunk`] at
+/// most).
+pub const MAX_INFLIGHT_PKTS: u32 = 128;
 
 /// Smallest congestion window, packets: after an ACK timeout.
 pub const CWND_MIN: u32 = 8;

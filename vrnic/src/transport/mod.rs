@@ -104,6 +104,17 @@ pub fn write_record(qp: &Qp, env: &Env) {
     }
 }
 
+/// Sends what the QP may send now (a doorbell, a resumed send queue): a
+/// UD QP's datagrams ([`datagram::run`]), an RC or UC QP's packets
+/// ([`requester::run`]).
+pub fn send(qp: &mut Qp, env: &mut Env) {
+    if qp.qp_type == abi::QpType::Ud {
+        datagram::run(qp, env);
+    } else {
+        requester::run(qp, env);
+    }
+}
+
 /// Moves `qp` to ERR (IBTA §10.3.1): every outstanding send and receive WQE
 /// completes with `IBV_WC_WR_FLUSH_ERR`, and `EV_QP_FATAL` carries `status`
 /// when the move was caused by an error (`status != WC_SUCCESS`).

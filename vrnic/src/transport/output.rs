@@ -470,14 +470,14 @@ impl Output {
     /// True when a packet with headers `hdr` and `len` payload bytes joins
     /// the open batch at the back of `tx` ([`batch::gso`]): RC or UC, the
     /// same flow, at most [`batch::gso::SEGMENT_MAX`] bytes, within
-    /// [`batch::gso::BATCH_MAX_PACKETS`] and [`batch::gso::BATCH_MAX_BYTES`].
+    /// [`batch::BATCH_MAX_PACKETS`] and [`batch::gso::BATCH_MAX_BYTES`].
     fn batch_has_room(&self, hdr: &RoceHeaders, len: usize) -> bool {
         let Some(b) = &self.batch else {
             return false;
         };
         self.continues_batch(hdr)
             && hdr.frame_len(len) <= batch::gso::SEGMENT_MAX
-            && b.packets < batch::gso::BATCH_MAX_PACKETS
+            && b.packets < batch::BATCH_MAX_PACKETS
             && b.end + hdr.frame_len(len) <= batch::gso::BATCH_MAX_BYTES
     }
 
@@ -646,9 +646,9 @@ mod tests {
     /// byte bound.
     #[test]
     fn a_batch_by_reference_is_bounded_by_packets_not_by_payload_bytes() {
-        assert_eq!(first_batch(true), batch::gso::BATCH_MAX_PACKETS);
+        assert_eq!(first_batch(true), batch::BATCH_MAX_PACKETS);
         let bytes = first_batch(false);
-        assert!(bytes < batch::gso::BATCH_MAX_PACKETS, "{bytes}");
+        assert!(bytes < batch::BATCH_MAX_PACKETS, "{bytes}");
         // 80 KiB: the first packet's frame and 18 segments of 4110 bytes.
         assert_eq!(bytes, 19);
     }

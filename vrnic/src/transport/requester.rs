@@ -10,17 +10,11 @@ use crate::mem;
 use crate::transport::stats::Counter;
 use crate::transport::Qp;
 use crate::transport::MAX_MSG_SZ;
-use crate::transport::{peer_headers, psn, Env, TX_BACKLOG_MAX};
+use crate::transport::{peer_headers, psn, send_queue_error, Env, TX_BACKLOG_MAX};
 use crate::verbs::mr::MrError;
 use crate::wire::{self, AtomicEth, Ieth, Immdt, Opcode, Reth, RoceHeaders};
 
-/// Most PSNs an RC QP sends beyond the last one acknowledged (rxe's
-/// `RXE_MAX_UNACKED_PSNS`): the requester stops, mid-message if need be,
-/// until ACKs (or READ responses) move the window. It bounds what
-/// go-back-N resends after a loss; a READ request is sent when the PSNs it
-/// asks for fit in the window, or when nothing else is in flight (one
-/// [`read_chunk`] at most).
-pub const MAX_INFLIGHT_PKTS: u32 = 128;
+pub use crate::transport::cwnd::MAX_INFLIGHT_PKTS;
 /// Most packets one call sends for one QP (fairness between QPs).
 const BURST: u32 = 64;
 /// Request an ACK at least every this many packets of a long message.
@@ -803,16 +797,16 @@ fn must_wait(qp: &Qp, pos: usize) -> bool {
     outstanding >= u32::from(qp.attr.max_rd_atomic.max(1))
 }
 
-/// Sends what the QP may send now: unsent packets of fetched WQEs, then new
-/// WQEs, within the in-flight window. In SQD only WQEs already fetched are
-/// sent (and retransmitted); nothing new is fetched. UD QPs are served by
-/// [`crate::transport::datagram::run`].
+/// Sends what an RC or UC QP may send now: unsent packets of fetched
+/// WQEs, then new WQEs, within the in-flight window. In SQD only WQEs
+/// already fetched are sent (and retransmitted); nothing new is fetched.
+/// A UD QP sends nothing here: [`crate::transport::datagram::run`] serves
+/// it ([`crate::transport::send`] picks).
 pub fn run(qp: &mut Qp, env: &mut Env) {
-    if qp.qp_type == abi::QpType::Ud {
-        crate::transport::datagram::run(qp, env);
-        return;
-    }
-    if !matches!(qp.state, abi::QpState::Rts | abi::QpState::Sqd) || qp.req.rnr_deadline.is_some() {
+    if qp.qp_type == abi::QpType::Ud
+        || !matches!(qp.state, abi::QpState::Rts | abi::QpState::Sqd)
+        || qp.req.rnr_deadline.is_some()
+    {
         return;
     }
     qp.req.waiting_arp = None;
@@ -841,7 +835,26 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
     if (sent_any || qp.req.probe_deadline.is_none()) && !qp.req.probe_sent {
         arm_probe(qp, env);
     }
-    crate::transport::completer::complete_head_errors(qp, env);
+    complete_head_errors(qp, env);
+}
+
+/// If the oldest WQE failed locally, completes it with its error and moves
+/// the QP to ERR (IBTA §10.8.3: a local error is fatal to the QP).
+pub fn complete_head_errors(qp: &mut Qp, env: &mut Env) {
+    let Some(status) = qp.req.inflight.front().and_then(|op| op.error) else {
+        return;
+    };
+    fail_head(qp, env, status);
+}
+
+/// Completes the oldest WQE with `status` and moves the QP to ERR (RC) or
+/// SQE (UC, UD).
+pub fn fail_head(qp: &mut Qp, env: &mut Env, status: abi::WcStatus) {
+    if let Some(op) = qp.req.inflight.pop_front() {
+        qp.req.send_pos = qp.req.send_pos.saturating_sub(1);
+        complete_op(qp, env, &op, status);
+    }
+    send_queue_error(qp, env, status);
 }
 
 /// What one step of [`run`]'s loop did.

@@ -101,7 +101,7 @@ fn enter_state(qp: &mut Qp, env: &mut Env, prev: abi::QpState, next: abi::QpStat
         }
         abi::QpState::Rts if prev == abi::QpState::Sqd || prev == abi::QpState::Sqe => {
             qp.req.drain_pending = false;
-            requester::run(qp, env);
+            crate::transport::send(qp, env);
         }
         abi::QpState::Err => {
             qp.state = prev;
