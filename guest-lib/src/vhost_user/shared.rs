@@ -109,7 +109,8 @@ impl State {
                 return;
             };
             let delivered = if ev.ctx == abi::ALL_CTX {
-                self.routes.values().fold(false, |d, m| m.push(ev) || d)
+                // Every mailbox, not stopping at the first that takes it.
+                self.routes.values().filter(|m| m.push(ev)).count() > 0
             } else {
                 self.routes.get(&ev.ctx).is_some_and(|m| m.push(ev))
             };
