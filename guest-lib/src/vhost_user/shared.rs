@@ -183,7 +183,7 @@ impl Shared {
         });
         let c = conn.clone();
         let router = std::thread::Builder::new()
-            .name("vrnic-events-route".into())
+            .name("vrnic-evroute".into())
             .spawn(move || run_router(&c))
             .map_err(|e| io_err("starting the event router", e))?;
         let s = Arc::new(Shared {
