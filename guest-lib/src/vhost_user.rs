@@ -56,8 +56,15 @@
 //! - registered memory in all counts at most [`RAM_SIZE`] bytes.
 //!
 //! A vhost-user backend serves one frontend per socket at a time: one
-//! program per function. Several programs of one container share a
-//! function through the guest agent ([`crate::agent`]) as in a VM.
+//! program per function. Within that program, any number of device opens
+//! share its one connection, each in a device context of its own
+//! ([`VhostUserContext`], module [`shared`]). Several programs of one
+//! container share a function through the guest agent ([`crate::agent`])
+//! as in a VM.
+
+pub mod shared;
+
+pub use shared::VhostUserContext;
 
 use std::collections::BTreeMap;
 use std::io;
@@ -139,8 +146,22 @@ struct Ram {
     len: usize,
     /// Free extents, offset → length (bytes, page multiples), coalesced.
     free: BTreeMap<usize, usize>,
-    /// The DMA chunk being carved: (offset, used, size).
-    dma: Option<(usize, usize, usize)>,
+    /// DMA memory of the connection itself (rings, bounce buffer) and of
+    /// [`Transport::alloc_dma`] on this transport.
+    dma: DmaCarver,
+}
+
+/// Carves DMA memory out of 2 MiB chunks of the shared memory, remembering
+/// the chunks it took so that they can be given back at once: the
+/// connection has one, and each device context sharing it
+/// ([`shared::VhostUserContext`]) one of its own, returned when the
+/// context is closed.
+#[derive(Debug, Default)]
+pub(crate) struct DmaCarver {
+    /// The chunk being carved: (offset, used, size).
+    current: Option<(usize, usize, usize)>,
+    /// Every chunk taken: (offset, size).
+    chunks: Vec<(usize, usize)>,
 }
 
 // SAFETY: the mapping is owned by the Ram; access is synchronised by the
@@ -179,7 +200,7 @@ impl Ram {
             base: base.cast(),
             len,
             free: BTreeMap::from([(0, len)]),
-            dma: None,
+            dma: DmaCarver::default(),
         })
     }
 
@@ -224,14 +245,28 @@ impl Ram {
     }
 
     fn alloc_dma(&mut self, len: usize, align: usize) -> Result<DmaBuf, TransportError> {
+        let mut dma = std::mem::take(&mut self.dma);
+        let r = self.carve(&mut dma, len, align);
+        self.dma = dma;
+        r
+    }
+
+    /// `len` bytes aligned to `align` from `carver`'s chunk, or from a new
+    /// chunk it takes.
+    fn carve(
+        &mut self,
+        carver: &mut DmaCarver,
+        len: usize,
+        align: usize,
+    ) -> Result<DmaBuf, TransportError> {
         if !align.is_power_of_two() || align > DMA_CHUNK {
             return Err(TransportError::NoDmaMemory(len));
         }
         let len = len.max(1);
-        if let Some((off, used, size)) = self.dma {
+        if let Some((off, used, size)) = carver.current {
             let start = (off + used).next_multiple_of(align);
             if start + len <= off + size {
-                self.dma = Some((off, start + len - off, size));
+                carver.current = Some((off, start + len - off, size));
                 return Ok(self.buf(start, len));
             }
         }
@@ -239,7 +274,8 @@ impl Ram {
             .checked_next_multiple_of(DMA_CHUNK)
             .ok_or(TransportError::NoDmaMemory(len))?;
         let off = self.take(size).ok_or(TransportError::NoDmaMemory(len))?;
-        self.dma = Some((off, len, size));
+        carver.current = Some((off, len, size));
+        carver.chunks.push((off, size));
         Ok(self.buf(off, len))
     }
 
@@ -425,6 +461,27 @@ impl VhostUserTransport {
     /// Pages of the program currently remapped onto shared memory.
     pub fn user_pages(&self) -> usize {
         self.user.len()
+    }
+
+    /// [`Transport::alloc_dma`] from `carver`'s chunks (a device context's
+    /// memory, given back with [`VhostUserTransport::free_dma`]).
+    pub(crate) fn alloc_dma_in(
+        &mut self,
+        carver: &mut DmaCarver,
+        len: usize,
+        align: usize,
+    ) -> Result<DmaBuf, TransportError> {
+        self.ram.carve(carver, len, align)
+    }
+
+    /// Gives back every chunk `carver` took (their memory is released).
+    /// Only once the device no longer uses any of it: after the context
+    /// that allocated it was closed.
+    pub(crate) fn free_dma(&mut self, carver: &mut DmaCarver) {
+        carver.current = None;
+        for (off, size) in carver.chunks.drain(..) {
+            self.ram.give_back(off, size);
+        }
     }
 
     /// Whether the daemon still holds this connection: false once it has

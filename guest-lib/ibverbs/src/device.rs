@@ -14,7 +14,9 @@
 //!   exists (a container with the daemon's socket mounted there, or a
 //!   host process): one device, `vrnic0`, the vrnic function behind that
 //!   vhost-user socket, this process being its frontend
-//!   (`vrnic_guest::vhost_user`; no kernel module, no privilege);
+//!   (`vrnic_guest::vhost_user`; no kernel module, no privilege); every
+//!   `ibv_open_device` is a device context of its own on the process's one
+//!   connection (`VhostUserContext`);
 //! - otherwise (in a VM) one device per vrnic virtio-pci function
 //!   (`VRNIC_PCI=BDF` picks the function, default the first), reached
 //!   through the guest agent, which is started on first use
@@ -215,7 +217,9 @@ pub fn open_transport(dev: &VrnicDevice) -> Result<Box<dyn Transport>, (c_int, S
             t.allow_user_memory();
             Ok(Box::new(t))
         }
-        DeviceKind::VhostUser(socket) => vrnic_guest::vhost_user::VhostUserTransport::open(socket)
+        // Every open is a device context of its own on the process's one
+        // connection to the function (the first open connects).
+        DeviceKind::VhostUser(socket) => vrnic_guest::vhost_user::VhostUserContext::open(socket)
             .map(|t| Box::new(t) as Box<dyn Transport>)
             .map_err(|e| (libc::ENODEV, e.to_string())),
         DeviceKind::Pci(bdf) => vrnic_guest::pci::PciTransport::open(bdf.as_deref())

@@ -3,11 +3,12 @@
 //! `<infiniband/verbs.h>` and run on vrnic's libibverbs.so.1 with a vrnic
 //! function served by an in-process daemon (`vrnic_frontend::TestDaemon`
 //! on a `MemLink`) behind `VRNIC_VHOST_USER`. The function takes one
-//! frontend at a time, so the program's second open is refused: it must
-//! be NULL with `ENODEV`, the first context must keep working, and
-//! deregistering that context's MRs on small heap buffers afterwards (what
-//! pyverbs does next) must leave the heap intact; the process must live.
-//! Skipped, saying why, without gcc or libibverbs-dev.
+//! frontend, one process, at a time: the program's second open is a
+//! context of its own on its connection, a child's open is refused (NULL
+//! with `ENODEV`), the first context keeps working, and deregistering that
+//! context's MRs on small heap buffers afterwards (what pyverbs does next)
+//! must leave the heap intact; the process must live. Skipped, saying why,
+//! without gcc or libibverbs-dev.
 
 mod common;
 
@@ -20,7 +21,7 @@ use vrnic::link::MemLink;
 use vrnic_frontend::{test_device_config, TestDaemon};
 
 #[test]
-fn a_refused_open_fails_with_enodev_and_the_process_lives() {
+fn a_second_process_is_refused_with_enodev_and_the_first_lives() {
     if which("gcc").is_none() || !Path::new("/usr/include/infiniband/verbs.h").exists() {
         eprintln!("skipping: needs gcc and libibverbs-dev");
         return;

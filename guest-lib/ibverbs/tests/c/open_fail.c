@@ -1,20 +1,25 @@
 /*
  * A refused ibv_open_device and the objects of the context that is open
  * (tests/open_fail.rs runs it, the device being a vrnic function behind a
- * vhost-user socket, VRNIC_VHOST_USER, which takes one frontend at a time):
- * ibv_open_device(NULL) is NULL with EINVAL; a second open of the device
- * is NULL with ENODEV and leaves the first context working; then, as
- * pyverbs does after such a failure, the first context's MRs on small
- * posix_memalign'd heap buffers (pages malloc shares with other chunks)
- * are deregistered: the buffers, the heap chunks beside them and malloc's
- * own bookkeeping must be intact (free() of each, no abort), and the
- * context, PD and list are released. Prints "open_fail: ok" and exits 0,
- * or names the failed step and exits 1 (or dies, which the test reports).
+ * vhost-user socket, VRNIC_VHOST_USER, which takes one frontend, one
+ * process, at a time): ibv_open_device(NULL) is NULL with EINVAL; a second
+ * open in this process succeeds (a device context of its own on the
+ * process's connection) and its close leaves the first context working;
+ * an open in another process (a child) is NULL with ENODEV and leaves the
+ * first context working too; then, as pyverbs does after opens and
+ * closes, the first context's MRs on small posix_memalign'd heap buffers
+ * (pages malloc shares with other chunks) are deregistered: the buffers,
+ * the heap chunks beside them and malloc's own bookkeeping must be intact
+ * (free() of each, no abort), and the context, PD and list are released.
+ * Prints "open_fail: ok" and exits 0, or names the failed step and exits 1
+ * (or dies, which the test reports).
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <infiniband/verbs.h>
 
 #define FAIL(...) do { fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
@@ -51,12 +56,29 @@ int main(void)
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	CHECK(pd, "ibv_alloc_pd: errno %d", errno);
 
-	/* The function serves this process's first context: refused. */
-	errno = 0;
+	/* A second open in this process: a context of its own. */
 	struct ibv_context *again = ibv_open_device(list[0]);
-	CHECK(!again && errno == ENODEV,
-	      "second ibv_open_device: want NULL with ENODEV, got %p, errno %d", (void *)again, errno);
+	CHECK(again && again != ctx, "second ibv_open_device: errno %d", errno);
 	struct ibv_device_attr attr;
+	CHECK(ibv_query_device(again, &attr) == 0, "ibv_query_device on the second context");
+	struct ibv_pd *pd2 = ibv_alloc_pd(again);
+	CHECK(pd2, "ibv_alloc_pd on the second context: errno %d", errno);
+	CHECK(ibv_dealloc_pd(pd2) == 0 && ibv_close_device(again) == 0, "closing the second context");
+	CHECK(ibv_query_device(ctx, &attr) == 0, "the first context after the second closed");
+
+	/* Another process: the function serves this one, so it is refused. */
+	fflush(NULL);
+	pid_t child = fork();
+	CHECK(child >= 0, "fork: errno %d", errno);
+	if (child == 0) {
+		errno = 0;
+		struct ibv_context *other = ibv_open_device(list[0]);
+		_exit(!other && errno == ENODEV ? 0 : other ? 2 : 3);
+	}
+	int st = 0;
+	CHECK(waitpid(child, &st, 0) == child, "waitpid: errno %d", errno);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	      "ibv_open_device in a child: want NULL with ENODEV (child status %#x)", st);
 	CHECK(ibv_query_device(ctx, &attr) == 0, "the first context after the refused open");
 
 	/*
