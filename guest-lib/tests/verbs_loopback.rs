@@ -203,6 +203,36 @@ fn receive_queue_full_is_enomem_like_ibv_post_recv() {
     assert_eq!(err.errno(), libc::EINVAL);
 }
 
+/// A send before RTS is `EINVAL` with nothing posted, as rxe's
+/// `rxe_post_send` answers (pyverbs' `test_post_send_qp_state_bad_flow`);
+/// receives are taken from INIT on, and once the QP is in RTS the same
+/// send goes and lands.
+#[test]
+fn a_send_before_rts_is_einval_and_posts_nothing() {
+    let (ca, cb) = two_contexts();
+    let (mut a, mut b) = (Side::new(&ca, 8192, 4), Side::new(&cb, 8192, 4));
+    let sge = [a.mr.sge(0, 64)];
+    let wr = SendWr {
+        wr_id: 7,
+        opcode: WrOpcode::Send,
+        send_flags: SEND_SIGNALED,
+        sg_list: &sge,
+        ..Default::default()
+    };
+    let err = a.qp.post_send(&wr).expect_err("a send in INIT");
+    assert!(
+        matches!(err, VerbsError::InvalidArgument(ArgError::NotReady { .. })),
+        "{err}"
+    );
+    assert_eq!(err.errno(), libc::EINVAL);
+    let (ga, gb) = (a.gid(), b.gid());
+    let (qa, qb) = (a.qp.qp_num(), b.qp.qp_num());
+    a.connect(0x0a_0001, qb, 0x0b_0001, gb);
+    b.connect(0x0b_0001, qa, 0x0a_0001, ga);
+    // Nothing of the refused post went: the first send is message 0.
+    send_one(&mut a, &mut b, 0, 64);
+}
+
 /// Sends message `n` of `size` bytes from the start of `tx`'s MR into the
 /// second half of `rx`'s and checks both completions and every byte.
 fn send_one(tx: &mut Side, rx: &mut Side, n: u32, size: usize) {

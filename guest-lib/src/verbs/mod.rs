@@ -232,6 +232,15 @@ pub enum ArgError {
     /// A receive posted to a QP that receives from an SRQ.
     #[error("the QP receives from an SRQ: post with Srq::post_recv")]
     RecvOnSrqQp,
+    /// A post to a queue the QP's state does not take work for yet (a
+    /// send before RTS, as rxe's `rxe_post_send`).
+    #[error("{queue} of a QP in {state:?} takes no work requests")]
+    NotReady {
+        /// Which queue.
+        queue: &'static str,
+        /// The QP's state.
+        state: QpState,
+    },
     /// A CQ of 0 or more than 2^31 entries.
     #[error("CQ of {cqe} entries")]
     CqSize {

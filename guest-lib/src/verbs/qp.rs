@@ -376,6 +376,10 @@ pub struct Qp {
     sq_record: bool,
     /// Created with [`abi::QP_F_RQ_RECORD`] (QPs without an SRQ).
     rq_record: bool,
+    /// The state the last successful [`Qp::modify`] moved it to (RESET at
+    /// creation): what posting checks. The device may move it on to SQE
+    /// or ERR by itself; both accept posts (they flush).
+    state: QpState,
 }
 
 /// Whether QPs ask for doorbell records ([`abi::QP_F_SQ_RECORD`],
@@ -497,6 +501,7 @@ impl Qp {
             record,
             sq_record: flags & abi::QP_F_SQ_RECORD != 0,
             rq_record: flags & abi::QP_F_RQ_RECORD != 0,
+            state: QpState::Reset,
         };
         // From here on, dropping `qp` destroys the device's QP.
         let min_send = size_of::<abi::SendWqe>()
@@ -557,6 +562,9 @@ impl Qp {
     pub fn modify(&mut self, attr: &QpAttr, mask: u32) -> Result<()> {
         let body = attr.to_abi(self.qpn, mask);
         self.ctx.execute::<command::ModifyQp>(&body)?;
+        if mask & abi::QP_ATTR_STATE != 0 {
+            self.state = attr.qp_state;
+        }
         if mask & abi::QP_ATTR_STATE != 0 && attr.qp_state == QpState::Reset {
             self.sq.pi = 0;
             if let Some(rq) = self.rq.as_mut() {
@@ -658,7 +666,8 @@ impl Qp {
     /// RC QP to ERR.
     ///
     /// Errors: [`VerbsError::QueueFull`] (`ENOMEM`) when `max_send_wr`
-    /// requests are outstanding; `EINVAL` for more SGEs than
+    /// requests are outstanding; `EINVAL` before RTS (RESET, INIT, RTR:
+    /// rxe's `rxe_post_send`), for more SGEs than
     /// `max_send_sge`, inline data beyond `max_inline_data` or with SGEs,
     /// `SEND_INLINE` in `send_flags`, an atomic whose `sg_list` is not one
     /// 8-byte SGE, a message longer than `max_msg_sz` (2^31 bytes, as
@@ -682,6 +691,13 @@ impl Qp {
     pub fn post_send_list(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
         if wrs.is_empty() {
             return Ok(());
+        }
+        // rxe's rxe_post_send: EINVAL before RTS (SQE and ERR flush).
+        if matches!(self.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(VerbsError::InvalidArgument(ArgError::NotReady {
+                queue: "send queue",
+                state: self.state,
+            }));
         }
         for wr in wrs {
             self.check_send(wr)?;
@@ -780,7 +796,8 @@ impl Qp {
     /// the payload follows (`ibv_post_recv(3)`).
     ///
     /// Errors: [`VerbsError::QueueFull`] (`ENOMEM`) when `max_recv_wr`
-    /// requests are outstanding; `EINVAL` for more SGEs than
+    /// requests are outstanding (in any state: rxe's and mlx5's user
+    /// space providers take receives in RESET too); `EINVAL` for more SGEs than
     /// `max_recv_sge`, and on a QP that receives from an SRQ (as rxe
     /// answers); the transport's doorbell error.
     pub fn post_recv(&mut self, wr: &RecvWr<'_>) -> Result<()> {
