@@ -419,6 +419,66 @@ pub(crate) extern "C" fn _ibv_query_gid_ex(
     })
 }
 
+/// `ibv_query_gid_table(3)` (`_ibv_query_gid_table`): the used GID entries
+/// of every port, in port and index order, each as [`_ibv_query_gid_ex`]
+/// gives it, written `entry_size` bytes apart; their number, or a negative
+/// errno: `-EINVAL` for no room (`max_entries` 0, or fewer than the used
+/// entries: the man page's "the call will fail"), a NULL `entries` or
+/// `flags` other than 0.
+pub(crate) extern "C" fn _ibv_query_gid_table(
+    context: *mut c::ibv_context,
+    entries: *mut c::ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    ffi("ibv_query_gid_table", -(libc::EIO as isize), || {
+        let ctx = match ctx_of(context) {
+            Ok(c) => c,
+            Err(e) => return -(e as isize),
+        };
+        if entries.is_null() || flags != 0 || max_entries == 0 || entry_size == 0 {
+            return -(libc::EINVAL as isize);
+        }
+        let ports = ctx.verbs.config().phys_port_cnt;
+        let mut n = 0usize;
+        for port in 1..=ports {
+            let tbl = match ctx.verbs.query_port(port) {
+                Ok(p) => p.gid_tbl_len,
+                Err(e) => return -(e.errno() as isize),
+            };
+            for index in 0..tbl {
+                let raw = match gid(ctx, port, index) {
+                    Ok(Some(raw)) => raw,
+                    Ok(None) => continue,
+                    Err(e) => return -(e as isize),
+                };
+                if n >= max_entries {
+                    return -(libc::EINVAL as isize);
+                }
+                let e = c::ibv_gid_entry {
+                    gid: c::ibv_gid { raw },
+                    gid_index: index,
+                    port_num: u32::from(port),
+                    gid_type: c::ibv_gid_type_IBV_GID_TYPE_ROCE_V2,
+                    ndev_ifindex: 0,
+                };
+                // SAFETY: the caller's array holds max_entries entries of
+                // entry_size bytes, and n < max_entries.
+                unsafe {
+                    let at = entries
+                        .cast::<u8>()
+                        .add(n * entry_size)
+                        .cast::<c::ibv_gid_entry>();
+                    write_prefix(at, &e, entry_size)
+                };
+                n += 1;
+            }
+        }
+        n as isize
+    })
+}
+
 /// `ibv_query_gid_type` (rdma-core's provider-private `driver.h`, called by
 /// `ibv_devinfo`): `IBV_GID_TYPE_SYSFS_ROCE_V2` (1) for every used entry;
 /// 0, or -1 with errno.

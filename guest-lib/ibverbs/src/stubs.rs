@@ -15,7 +15,7 @@
 //! them is sound; only the return type must match, hence the kinds:
 //! - `errno`: returns `EOPNOTSUPP` (functions that return an errno, e.g. `ibv_destroy_qp(3)`);
 //! - `minus_one`: returns -1 (functions that return -1 and set errno, e.g. `ibv_query_gid(3)`);
-//! - `neg_errno`: returns `-EOPNOTSUPP` as `ssize_t` (`_ibv_query_gid_table`);
+//! - `neg_errno`: returns `-EOPNOTSUPP` as `ssize_t` (none today; `_ibv_query_gid_table` was one);
 //! - `null`: returns NULL (constructors, e.g. `ibv_import_pd(3)`);
 //! - `void`: returns nothing (`verbs_*` provider hooks, `ibv_unimport_*`).
 
@@ -111,7 +111,7 @@ stubs! {
 
         ibv_read_ibdev_sysfs_file,
     ]
-    neg_errno: [_ibv_query_gid_table]
+    neg_errno: []
     null: [
         ibv_get_sysfs_path,
         ibv_reg_dmabuf_mr,

@@ -17,8 +17,9 @@
 
 use crate::ah::{ibv_create_ah, ibv_create_ah_from_wc, ibv_destroy_ah, ibv_init_ah_from_wc};
 use crate::context::{
-    _ibv_query_gid_ex, ibv_close_device, ibv_get_pkey_index, ibv_open_device, ibv_query_device,
-    ibv_query_gid, ibv_query_gid_type, ibv_query_pkey, ibv_query_port, ibv_read_sysfs_file,
+    _ibv_query_gid_ex, _ibv_query_gid_table, ibv_close_device, ibv_get_pkey_index, ibv_open_device,
+    ibv_query_device, ibv_query_gid, ibv_query_gid_type, ibv_query_pkey, ibv_query_port,
+    ibv_read_sysfs_file,
 };
 use crate::cq::{ibv_create_cq, ibv_destroy_cq};
 use crate::device::{

@@ -189,6 +189,19 @@ static void open_side(struct side *s)
 	s->cq = ibv_create_cq_ex(s->ctx, &ca);
 	CHECK(s->cq, "ibv_create_cq_ex: %m");
 	CHECK(!ibv_query_gid(s->ctx, 1, 1, &s->gid), "ibv_query_gid: %m");
+	/* ibv_query_gid_table(3): the used entries, GID index 1 among them
+	 * as ibv_query_gid gave it; too small an array fails. */
+	struct ibv_gid_entry tbl[32];
+	ssize_t ng = ibv_query_gid_table(s->ctx, tbl, 32, 0);
+	CHECK(ng >= 2 && ng <= 32, "ibv_query_gid_table: %zd", ng);
+	int found = 0;
+	for (ssize_t i = 0; i < ng; i++)
+		found |= tbl[i].port_num == 1 && tbl[i].gid_index == 1 &&
+			 tbl[i].gid_type == IBV_GID_TYPE_ROCE_V2 &&
+			 !memcmp(tbl[i].gid.raw, s->gid.raw, 16);
+	CHECK(found, "ibv_query_gid_table lacks GID index 1");
+	CHECK(ibv_query_gid_table(s->ctx, tbl, 1, 0) == -EINVAL,
+	      "ibv_query_gid_table into 1 entry of %zd", ng);
 }
 
 static void close_side(struct side *s, struct ibv_qp *qp)
