@@ -34,6 +34,13 @@ pub struct VrnicContext {
     pub attr: abi::DeviceAttr,
     /// The event thread and the tables it routes events with.
     pub(crate) events: EventThread,
+    /// What `ibv_context.cmd_fd` holds: `/dev/null`, opened read-write per
+    /// context (`None`, and -1 there, when it cannot be opened). A kernel
+    /// provider's is its `/dev/infiniband/uverbsN`; programs `dup(2)` it
+    /// to share the context with another process (`ibv_import_device(3)`,
+    /// which vrnic answers `EOPNOTSUPP`, so that pyverbs' shared-PD tests
+    /// skip instead of failing on `dup(-1)`). Nothing reads or writes it.
+    _cmd_fd: Option<std::os::fd::OwnedFd>,
 }
 
 impl VrnicContext {
@@ -99,7 +106,13 @@ pub(crate) extern "C" fn ibv_open_device(device: *mut c::ibv_device) -> *mut c::
         };
         let ctx = &mut vctx.context;
         ctx.device = device;
-        ctx.cmd_fd = -1;
+        let cmd_fd = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .ok()
+            .map(std::os::fd::OwnedFd::from);
+        ctx.cmd_fd = cmd_fd.as_ref().map_or(-1, std::os::fd::AsRawFd::as_raw_fd);
         ctx.async_fd = std::os::fd::AsRawFd::as_raw_fd(&events.events.async_fd);
         ctx.num_comp_vectors = 1;
         // verbs.h: __VERBS_ABI_IS_EXTENDED, ((void *)UINTPTR_MAX).
@@ -111,6 +124,7 @@ pub(crate) extern "C" fn ibv_open_device(device: *mut c::ibv_device) -> *mut c::
             verbs,
             attr,
             events,
+            _cmd_fd: cmd_fd,
         });
         // The mutex in ibv_context is zeroed: PTHREAD_MUTEX_INITIALIZER on glibc.
         let p = Box::into_raw(boxed);

@@ -202,6 +202,13 @@ static void open_side(struct side *s)
 	CHECK(found, "ibv_query_gid_table lacks GID index 1");
 	CHECK(ibv_query_gid_table(s->ctx, tbl, 1, 0) == -EINVAL,
 	      "ibv_query_gid_table into 1 entry of %zd", ng);
+	/* cmd_fd can be dup'd (pyverbs' shared PD test does); importing a
+	 * context from it is not supported: NULL with EOPNOTSUPP. */
+	int fd = dup(s->ctx->cmd_fd);
+	CHECK(fd >= 0, "dup(cmd_fd %d): %m", s->ctx->cmd_fd);
+	errno = 0;
+	CHECK(!ibv_import_device(fd) && errno == EOPNOTSUPP, "ibv_import_device: %m");
+	close(fd);
 }
 
 static void close_side(struct side *s, struct ibv_qp *qp)
