@@ -232,8 +232,9 @@ pub enum ArgError {
     /// A receive posted to a QP that receives from an SRQ.
     #[error("the QP receives from an SRQ: post with Srq::post_recv")]
     RecvOnSrqQp,
-    /// A post to a queue the QP's state does not take work for yet (a
-    /// send before RTS, as rxe's `rxe_post_send`).
+    /// A post to a queue the QP's state does not take work for yet: a
+    /// send before RTS, a receive in RESET (rxe's `rxe_post_send`,
+    /// `rxe_post_recv`).
     #[error("{queue} of a QP in {state:?} takes no work requests")]
     NotReady {
         /// Which queue.

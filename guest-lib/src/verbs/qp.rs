@@ -796,11 +796,18 @@ impl Qp {
     /// the payload follows (`ibv_post_recv(3)`).
     ///
     /// Errors: [`VerbsError::QueueFull`] (`ENOMEM`) when `max_recv_wr`
-    /// requests are outstanding (in any state: rxe's and mlx5's user
-    /// space providers take receives in RESET too); `EINVAL` for more SGEs than
+    /// requests are outstanding; `EINVAL` in RESET (rxe's `rxe_post_recv`,
+    /// IBTA C10-97.2.1), for more SGEs than
     /// `max_recv_sge`, and on a QP that receives from an SRQ (as rxe
     /// answers); the transport's doorbell error.
     pub fn post_recv(&mut self, wr: &RecvWr<'_>) -> Result<()> {
+        // rxe's rxe_post_recv: EINVAL in RESET (IBTA C10-97.2.1).
+        if self.state == QpState::Reset {
+            return Err(VerbsError::InvalidArgument(ArgError::NotReady {
+                queue: "receive queue",
+                state: self.state,
+            }));
+        }
         let ci = self.consumer_index(4);
         let max_sge = self.cap.max_recv_sge;
         let Some(rq) = self.rq.as_mut() else {

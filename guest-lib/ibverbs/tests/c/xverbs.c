@@ -238,15 +238,6 @@ static int side_b(int wfd, int rfd)
 	CHECK(ibv_qp_to_qp_ex(qp) == NULL, "a plain QP has no ibv_qp_ex");
 	memcpy(b + 7400, "read me back", 12);
 	*(uint64_t *)(b + 7168) = 40;
-	static const struct { uint64_t id; size_t off; uint32_t len; } rx[] = {
-		{ 101, 0, 256 }, { 102, 512, 256 }, { 103, 1024, 256 }, { 105, 1536, 16 },
-		{ 109, 1600, 64 }, { 110, 1700, 64 }, { 115, 1800, 64 },
-	};
-	for (unsigned i = 0; i < sizeof(rx) / sizeof(rx[0]); i++) {
-		struct ibv_sge sge = { (uintptr_t)b + rx[i].off, rx[i].len, s.mr->lkey };
-		struct ibv_recv_wr wr = { .wr_id = rx[i].id, .sg_list = &sge, .num_sge = 1 }, *bad;
-		CHECK(!ibv_post_recv(qp, &wr, &bad), "ibv_post_recv: %m");
-	}
 	/* UD: b sends to a, a answers with an AH made from the completion. */
 	struct ibv_cq *udcq = ibv_create_cq(s.ctx, 8, NULL, NULL, 0);
 	struct ibv_qp_init_attr iu = { .send_cq = udcq, .recv_cq = udcq, .qp_type = IBV_QPT_UD,
@@ -260,6 +251,16 @@ static int side_b(int wfd, int rfd)
 	struct info mine = { qp->qp_num, s.mr->rkey, ud->qp_num, (uintptr_t)b, s.gid }, a;
 	xfer(wfd, rfd, &mine, &a);
 	connect_qp(qp, a.qpn, a.gid);
+	/* Receives once the QP left RESET (rxe's post_recv refuses them there). */
+	static const struct { uint64_t id; size_t off; uint32_t len; } rx[] = {
+		{ 101, 0, 256 }, { 102, 512, 256 }, { 103, 1024, 256 }, { 105, 1536, 16 },
+		{ 109, 1600, 64 }, { 110, 1700, 64 }, { 115, 1800, 64 },
+	};
+	for (unsigned i = 0; i < sizeof(rx) / sizeof(rx[0]); i++) {
+		struct ibv_sge sge = { (uintptr_t)b + rx[i].off, rx[i].len, s.mr->lkey };
+		struct ibv_recv_wr wr = { .wr_id = rx[i].id, .sg_list = &sge, .num_sge = 1 }, *bad;
+		CHECK(!ibv_post_recv(qp, &wr, &bad), "ibv_post_recv: %m");
+	}
 	char ready = 1;
 	CHECK(write(wfd, &ready, 1) == 1, "pipe write");
 
