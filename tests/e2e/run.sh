@@ -5,10 +5,13 @@
 # Usage: tests/e2e/run.sh [STEP...]     STEP: qemu-select | rxe-rxe | probe | vrnic-rxe | vrnic-vrnic |
 #                                             vrnic-rxe-lossy | vrnic-vrnic-pause | vrnic-vrnic-kill |
 #                                             vrnic-vrnic-restart | hostile-peer | soak-2min | heavy |
-#                                             ibv-rxe | ibv-ibv | ibv-ibv-switch | ibv-vrnic | containers
+#                                             pyverbs | ibv-rxe | ibv-ibv | ibv-ibv-switch | ibv-vrnic |
+#                                             containers
 #   default: qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause
-#   vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min heavy ibv-rxe ibv-ibv ibv-ibv-switch
-#   containers
+#   vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min heavy pyverbs ibv-rxe ibv-ibv
+#   ibv-ibv-switch containers
+#   (pyverbs: rdma-core's own test suite, Debian's python3-pyverbs, unmodified, in a host process on
+#   a daemon function, every module passing or skipping, tests/e2e/pyverbs.sh; no QEMU, about 1 min)
 #   (containers: Debian's tools in podman containers on vrnic through the daemon's vhost-user
 #   socket, against each other and against a vrnic and an rxe guest, tests/e2e/containers.sh; soak-2min:
 #   scripts/soak.sh --minutes 2, two daemons and the vrnic-soak driver, no QEMU; heavy: tests/e2e/heavy.sh,
@@ -55,7 +58,7 @@ trap 'rc=$?; if [ $SUMMARY_DONE = 0 ]; then echo "FAIL: e2e aborted (exit $rc)";
 
 PAIRS=("$@")
 [ ${#PAIRS[@]} -gt 0 ] || PAIRS=(qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause
-    vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min heavy ibv-rxe ibv-ibv ibv-ibv-switch containers)
+    vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min heavy pyverbs ibv-rxe ibv-ibv ibv-ibv-switch containers)
 [ "${E2E_BASELINE:-0}" = 1 ] && PAIRS=(rxe-rxe "${PAIRS[@]}")
 if [ -z "${E2E_RESULTS:-}" ] && [ -d "$VR_TOP/out" ]; then
     # Default results dirs out/e2e-DATE: keep the last 5 (daemon pcaps are ~60 MB each).
@@ -85,7 +88,7 @@ for p in "${PAIRS[@]}"; do
     case $p in
     rxe-rxe | qemu-select) ;;
     probe | vrnic-rxe | vrnic-vrnic | vrnic-rxe-lossy | vrnic-vrnic-lossy | vrnic-vrnic-pause | vrnic-vrnic-kill | vrnic-vrnic-restart | hostile-peer) need_vrnic=1 ;;
-    soak-2min | heavy) need_vrnic=1 ;;
+    soak-2min | heavy | pyverbs) need_vrnic=1 ;;
     ibv-rxe | ibv-ibv | ibv-ibv-switch | ibv-vrnic | containers) need_vrnic=1 ;;
     *) vr_die "unknown pair $p" ;;
     esac
@@ -1091,11 +1094,30 @@ run_heavy() {
     echo "=== heavy took $((SECONDS - tp)) s"
 }
 
+# run_pyverbs: tests/e2e/pyverbs.sh (all modules) on the e2e's release build, results in
+# RESULTS/pyverbs; its PASS:/FAIL: lines count here, and a non-zero exit without a FAIL line (it
+# could not run) is one failure.
+run_pyverbs() {
+    local line failed=0 tp=$SECONDS
+    echo "=== pyverbs"
+    while IFS= read -r line; do
+        case $line in
+        "PASS: "*) pass "${line#PASS: }" ;;
+        "FAIL: "*) failed=1; fail "${line#FAIL: }" ;;
+        "PYVERBS-EXIT "*) [ $failed = 1 ] || fail "tests/e2e/pyverbs.sh exit ${line#PYVERBS-EXIT } without a result (see $RESULTS/pyverbs)" ;;
+        *) echo "$line" ;;
+        esac
+    done < <(PYVERBS_NO_BUILD=${E2E_NO_BUILD:-0} PYVERBS_RESULTS=$RESULTS/pyverbs timeout -k 30 900 \
+        "$VR_TOP/tests/e2e/pyverbs.sh" 2>&1 || echo "PYVERBS-EXIT $?")
+    echo "=== pyverbs took $((SECONDS - tp)) s"
+}
+
 for p in "${PAIRS[@]}"; do
     case $p in
     qemu-select) run_qemu_select ;;
     soak-2min) run_soak ;;
     heavy) run_heavy ;;
+    pyverbs) run_pyverbs ;;
     probe) run_probe ;;
     containers) run_containers ;;
     hostile-peer)

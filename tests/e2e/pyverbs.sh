@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# rdma-core's own test suite (pyverbs, Debian's python3-pyverbs: /usr/share/doc/rdma-core/tests),
+# unmodified, in a host process on vrnic's libibverbs.so.1 attached to a daemon function: the
+# containers' path (issue 30, point 4). No QEMU.
+#
+#   tests/e2e/pyverbs.sh [MODULE...]     # as root; MODULE: test_qp, test_mr, ... (default: all)
+#
+# One network namespace (vrnic-pyverbs-PID) with a TAP nobody reads and one daemon function
+# (10.79.0.1/24, socket RESULTS/f1.sock); each module runs as
+#   VRNIC_VHOST_USER=f1.sock LD_LIBRARY_PATH=LIB /usr/bin/python3 run_tests.py --dev vrnic0 --gid 1 -v MODULE
+# inside the namespace, bounded by `timeout` (PYVERBS_TIMEOUT, 300 s). The suite is copied from
+# the package (Debian compresses most of its files) into RESULTS/tests. A module passes when
+# unittest ends with "OK" (its skips are what vrnic lacks, each with the suite's own reason:
+# memory windows, device memory, ODP, dmabuf, rereg MR, vendor-only modules, rdma_cm) and the
+# daemon still runs. Printed: one line per module (ran, passed, skipped, failed, errors), then
+# `PASS: pyverbs MODULE` or `FAIL: pyverbs MODULE: why`, and "pyverbs: N modules passed, N failed";
+# the skip reasons, counted, go to RESULTS/skips.txt. Exit status 0 iff no module failed.
+# Environment: PYVERBS_RESULTS (default out/pyverbs-DATE), PYVERBS_TIMEOUT, PYVERBS_BIN (the
+# daemon; default target/release/vrnic, built here), PYVERBS_NO_BUILD=1 (use what target/release
+# holds). CI runs this as the e2e step `pyverbs` (tests/e2e/run.sh).
+set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/../../scripts/lib.sh"
+vr_install_traps
+
+SUITE=/usr/share/doc/rdma-core/tests
+[ -f "$SUITE/run_tests.py" ] || vr_die "no $SUITE/run_tests.py (scripts/deps.sh installs python3-pyverbs)"
+# Debian's interpreter, where python3-pyverbs is installed (not a python3 earlier on the PATH).
+PY=/usr/bin/python3
+[ -x "$PY" ] || vr_die "no $PY"
+for b in timeout ip; do
+    command -v "$b" >/dev/null || vr_die "$b missing"
+done
+RESULTS=${PYVERBS_RESULTS:-$VR_TOP/out/pyverbs-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$RESULTS"
+RESULTS=$(readlink -f "$RESULTS")
+RUN_TIMEOUT=${PYVERBS_TIMEOUT:-300}
+DAEMON_BIN=${PYVERBS_BIN:-$VR_TOP/target/release/vrnic}
+if [ "${PYVERBS_NO_BUILD:-0}" != 1 ]; then
+    if [ -z "${PYVERBS_BIN:-}" ]; then
+        (cd "$VR_TOP" && cargo build -q --release -p vrnic-vhost) || vr_die "cargo build --release -p vrnic-vhost failed"
+    fi
+    LIB=$("$VR_SCRIPTS/ibverbs-lib.sh" --release) || vr_die "scripts/ibverbs-lib.sh --release failed"
+else
+    LIB=$VR_TOP/target/release/ibverbs
+    mkdir -p "$LIB"
+    [ -f "$VR_TOP/target/release/libvrnic_ibverbs.so" ] || vr_die "no target/release/libvrnic_ibverbs.so"
+    cp "$VR_TOP/target/release/libvrnic_ibverbs.so" "$LIB/libibverbs.so.1.tmp"
+    mv "$LIB/libibverbs.so.1.tmp" "$LIB/libibverbs.so.1"
+fi
+[ -x "$DAEMON_BIN" ] || vr_die "no vrnic daemon $DAEMON_BIN"
+
+# The suite, uncompressed (run_tests.py imports the package `tests` from its own directory).
+rm -rf "$RESULTS/tests"
+cp -r "$SUITE" "$RESULTS/tests"
+find "$RESULTS/tests" -name '*.gz' -exec gunzip -f {} +
+MODULES=("$@")
+if [ ${#MODULES[@]} = 0 ]; then
+    mapfile -t MODULES < <(cd "$RESULTS/tests" && ls test_*.py | sed 's/\.py$//')
+fi
+vr_log "pyverbs: daemon $DAEMON_BIN, library $LIB/libibverbs.so.1, ${#MODULES[@]} modules, results in $RESULTS"
+
+NS=vrnic-pyverbs-$$
+vr_netns_create "$NS"
+vr_netns_tap "$NS" vr-py 1500
+rm -f "$RESULTS"/f1.sock*
+vr_spawn "$RESULTS/daemon.log" ip netns exec "$NS" env NO_COLOR=1 "$DAEMON_BIN" --socket "$RESULTS/f1.sock" \
+    --ip 10.79.0.1/24 --tap vr-py
+DPID=$VR_LAST_PID
+for _ in $(seq 100); do
+    [ -S "$RESULTS/f1.sock" ] && break
+    kill -0 "$DPID" 2>/dev/null || vr_die "the daemon exited (log $RESULTS/daemon.log)"
+    sleep 0.1
+done
+[ -S "$RESULTS/f1.sock" ] || vr_die "the daemon's socket did not appear within 10 s"
+
+PASSED=0 FAILED=0
+printf '%-28s %5s %6s %7s %6s %6s\n' module ran passed skipped failed errors
+for m in "${MODULES[@]}"; do
+    log=$RESULTS/$m.log
+    rc=0
+    (cd "$RESULTS/tests" && VRNIC_VHOST_USER=$RESULTS/f1.sock LD_LIBRARY_PATH=$LIB \
+        timeout -k 10 "$RUN_TIMEOUT" ip netns exec "$NS" "$PY" run_tests.py --dev vrnic0 --gid 1 -v "$m") \
+        >"$log" 2>&1 || rc=$?
+    ran=$(sed -n 's/^Ran \([0-9]*\) tests\{0,1\} in.*/\1/p' "$log" | tail -1)
+    last=$(grep -E '^(OK|FAILED)' "$log" | tail -1 || true)
+    num() { echo "$last" | grep -oE "$1=[0-9]+" | cut -d= -f2 || true; }
+    skipped=$(num skipped) failures=$(num failures) errors=$(num errors)
+    ran=${ran:-0} skipped=${skipped:-0} failures=${failures:-0} errors=${errors:-0}
+    printf '%-28s %5s %6s %7s %6s %6s\n' "$m" "$ran" "$((ran - skipped - failures - errors))" \
+        "$skipped" "$failures" "$errors"
+    if ! kill -0 "$DPID" 2>/dev/null; then
+        FAILED=$((FAILED + 1)); echo "FAIL: pyverbs $m: the daemon died (log $RESULTS/daemon.log)"
+        break
+    elif [ $rc = 124 ] || [ $rc = 137 ]; then
+        FAILED=$((FAILED + 1)); echo "FAIL: pyverbs $m: not done within $RUN_TIMEOUT s (log $log)"
+    elif [ "${last%% *}" != OK ] || [ $rc != 0 ]; then
+        FAILED=$((FAILED + 1)); echo "FAIL: pyverbs $m: exit $rc, ${last:-no result} (log $log)"
+        { grep -E '^(FAIL|ERROR):' "$log" || true; } | head -5 | sed 's/^/    /'
+    else
+        PASSED=$((PASSED + 1)); echo "PASS: pyverbs $m"
+    fi
+done
+grep -hoE "skipped '[^']*'" "$RESULTS"/test_*.log 2>/dev/null | sort | uniq -c | sort -rn >"$RESULTS/skips.txt" || true
+vr_stop "$DPID"
+vr_netns_destroy "$NS"
+echo "pyverbs: $PASSED modules passed, $FAILED failed (skip reasons: $RESULTS/skips.txt)"
+[ $FAILED = 0 ]
