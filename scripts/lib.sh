@@ -566,3 +566,26 @@ vr_build_rust() {
     VR_GUEST_DEB=$("$VR_SCRIPTS/deb.sh") || vr_die "scripts/deb.sh (vrnic's Debian package) failed"
     vr_log "cargo builds took $((SECONDS - t0)) s; package $VR_GUEST_DEB"
 }
+
+# vr_release_build NO_BUILD BIN: what the host-process steps (tests/e2e/heavy.sh, pyverbs.sh) run.
+# Sets VR_DAEMON_BIN (BIN, else target/release/vrnic, built here unless NO_BUILD=1 or BIN is given)
+# and VR_IBVERBS_LIB (the directory holding vrnic's release libibverbs.so.1: scripts/ibverbs-lib.sh
+# --release, or with NO_BUILD=1 a copy of what target/release holds, as the e2e's build made it).
+vr_release_build() {
+    local no_build=$1 bin=$2
+    VR_DAEMON_BIN=${bin:-$VR_TOP/target/release/vrnic}
+    if [ "$no_build" != 1 ]; then
+        if [ -z "$bin" ]; then
+            (cd "$VR_TOP" && cargo build -q --release -p vrnic-vhost) ||
+                vr_die "cargo build --release -p vrnic-vhost failed"
+        fi
+        VR_IBVERBS_LIB=$("$VR_SCRIPTS/ibverbs-lib.sh" --release) || vr_die "scripts/ibverbs-lib.sh --release failed"
+    else
+        VR_IBVERBS_LIB=$VR_TOP/target/release/ibverbs
+        mkdir -p "$VR_IBVERBS_LIB"
+        [ -f "$VR_TOP/target/release/libvrnic_ibverbs.so" ] || vr_die "no target/release/libvrnic_ibverbs.so"
+        cp "$VR_TOP/target/release/libvrnic_ibverbs.so" "$VR_IBVERBS_LIB/libibverbs.so.1.tmp"
+        mv "$VR_IBVERBS_LIB/libibverbs.so.1.tmp" "$VR_IBVERBS_LIB/libibverbs.so.1"
+    fi
+    [ -x "$VR_DAEMON_BIN" ] || vr_die "no vrnic daemon $VR_DAEMON_BIN"
+}

@@ -63,22 +63,8 @@ SERVER_GRACE=20
 RESULTS=${HEAVY_RESULTS:-$VR_TOP/out/heavy-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$RESULTS"
 RESULTS=$(readlink -f "$RESULTS")
-DAEMON_BIN=${HEAVY_BIN:-$VR_TOP/target/release/vrnic}
-if [ "${HEAVY_NO_BUILD:-0}" != 1 ]; then
-    if [ -z "${HEAVY_BIN:-}" ]; then
-        (cd "$VR_TOP" && cargo build -q --release -p vrnic-vhost) || vr_die "cargo build --release -p vrnic-vhost failed"
-    fi
-    LIB=$("$VR_SCRIPTS/ibverbs-lib.sh" --release) || vr_die "scripts/ibverbs-lib.sh --release failed"
-else
-    # What scripts/ibverbs-lib.sh --release would print, without its cargo build: the library
-    # the e2e's build made (scripts/deb.sh builds it in release).
-    LIB=$VR_TOP/target/release/ibverbs
-    mkdir -p "$LIB"
-    [ -f "$VR_TOP/target/release/libvrnic_ibverbs.so" ] || vr_die "no target/release/libvrnic_ibverbs.so"
-    cp "$VR_TOP/target/release/libvrnic_ibverbs.so" "$LIB/libibverbs.so.1.tmp"
-    mv "$LIB/libibverbs.so.1.tmp" "$LIB/libibverbs.so.1"
-fi
-[ -x "$DAEMON_BIN" ] || vr_die "no vrnic daemon $DAEMON_BIN"
+vr_release_build "${HEAVY_NO_BUILD:-0}" "${HEAVY_BIN:-}"
+DAEMON_BIN=$VR_DAEMON_BIN LIB=$VR_IBVERBS_LIB
 vr_log "heavy: daemon $DAEMON_BIN, library $LIB/libibverbs.so.1, results in $RESULTS"
 
 PASSED=0 FAILED=0

@@ -35,20 +35,8 @@ RESULTS=${PYVERBS_RESULTS:-$VR_TOP/out/pyverbs-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$RESULTS"
 RESULTS=$(readlink -f "$RESULTS")
 RUN_TIMEOUT=${PYVERBS_TIMEOUT:-300}
-DAEMON_BIN=${PYVERBS_BIN:-$VR_TOP/target/release/vrnic}
-if [ "${PYVERBS_NO_BUILD:-0}" != 1 ]; then
-    if [ -z "${PYVERBS_BIN:-}" ]; then
-        (cd "$VR_TOP" && cargo build -q --release -p vrnic-vhost) || vr_die "cargo build --release -p vrnic-vhost failed"
-    fi
-    LIB=$("$VR_SCRIPTS/ibverbs-lib.sh" --release) || vr_die "scripts/ibverbs-lib.sh --release failed"
-else
-    LIB=$VR_TOP/target/release/ibverbs
-    mkdir -p "$LIB"
-    [ -f "$VR_TOP/target/release/libvrnic_ibverbs.so" ] || vr_die "no target/release/libvrnic_ibverbs.so"
-    cp "$VR_TOP/target/release/libvrnic_ibverbs.so" "$LIB/libibverbs.so.1.tmp"
-    mv "$LIB/libibverbs.so.1.tmp" "$LIB/libibverbs.so.1"
-fi
-[ -x "$DAEMON_BIN" ] || vr_die "no vrnic daemon $DAEMON_BIN"
+vr_release_build "${PYVERBS_NO_BUILD:-0}" "${PYVERBS_BIN:-}"
+DAEMON_BIN=$VR_DAEMON_BIN LIB=$VR_IBVERBS_LIB
 
 # The suite, uncompressed (run_tests.py imports the package `tests` from its own directory).
 rm -rf "$RESULTS/tests"
