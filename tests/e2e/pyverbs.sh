@@ -63,6 +63,8 @@ done
 [ -S "$RESULTS/f1.sock" ] || vr_die "the daemon's socket did not appear within 10 s"
 
 PASSED=0 FAILED=0
+# num KEY: KEY's count in unittest's last line ($last), e.g. skipped=3.
+num() { echo "$last" | grep -oE "$1=[0-9]+" | cut -d= -f2 || true; }
 printf '%-28s %5s %6s %7s %6s %6s\n' module ran passed skipped failed errors
 for m in "${MODULES[@]}"; do
     log=$RESULTS/$m.log
@@ -72,7 +74,6 @@ for m in "${MODULES[@]}"; do
         >"$log" 2>&1 || rc=$?
     ran=$(sed -n 's/^Ran \([0-9]*\) tests\{0,1\} in.*/\1/p' "$log" | tail -1)
     last=$(grep -E '^(OK|FAILED)' "$log" | tail -1 || true)
-    num() { echo "$last" | grep -oE "$1=[0-9]+" | cut -d= -f2 || true; }
     skipped=$(num skipped) failures=$(num failures) errors=$(num errors)
     ran=${ran:-0} skipped=${skipped:-0} failures=${failures:-0} errors=${errors:-0}
     printf '%-28s %5s %6s %7s %6s %6s\n' "$m" "$ran" "$((ran - skipped - failures - errors))" \

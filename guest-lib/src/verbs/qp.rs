@@ -564,11 +564,11 @@ impl Qp {
         self.ctx.execute::<command::ModifyQp>(&body)?;
         if mask & abi::QP_ATTR_STATE != 0 {
             self.state = attr.qp_state;
-        }
-        if mask & abi::QP_ATTR_STATE != 0 && attr.qp_state == QpState::Reset {
-            self.sq.pi = 0;
-            if let Some(rq) = self.rq.as_mut() {
-                rq.pi = 0;
+            if attr.qp_state == QpState::Reset {
+                self.sq.pi = 0;
+                if let Some(rq) = self.rq.as_mut() {
+                    rq.pi = 0;
+                }
             }
         }
         Ok(())
