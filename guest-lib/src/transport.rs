@@ -44,6 +44,21 @@ pub enum TransportError {
     },
 }
 
+impl TransportError {
+    /// The Linux errno a verb failing with this error reports: the
+    /// device's status, `ETIMEDOUT`, `ENODEV`, `ENOMEM`, or the system
+    /// call's (`EIO` when it has none).
+    pub fn errno(&self) -> i32 {
+        match self {
+            TransportError::Status { status, .. } => *status as i32,
+            TransportError::Timeout(_) => libc::ETIMEDOUT,
+            TransportError::NoDevice(_) => libc::ENODEV,
+            TransportError::NoDmaMemory(_) => libc::ENOMEM,
+            TransportError::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+}
+
 /// The text of a command status: the errno's, and for `STATUS_ENODEV` what
 /// it means for a vrnic device.
 fn status_text(status: u32) -> String {
@@ -188,6 +203,24 @@ pub trait Transport: Send {
     /// was deregistered.
     fn unmap_user(&mut self, va: usize, len: usize) {
         let _ = (va, len);
+    }
+    /// Lets the device reach `len` bytes of memory file `fd` (another
+    /// process's: a program served by a guest agent over vhost-user,
+    /// [`crate::agent::proto::MODE_FILE`]) at a device address range of its
+    /// own, whose first address is returned. The default: such a device
+    /// reaches no other process's memory (`EOPNOTSUPP`). Errors: `ENOSPC`
+    /// when the device's memory table is full, the transport's own.
+    fn share_memory(&mut self, fd: RawFd, len: usize) -> Result<u64, TransportError> {
+        let _ = (fd, len);
+        Err(TransportError::Io {
+            what: "sharing another process's memory with the device".into(),
+            source: std::io::Error::from_raw_os_error(libc::EOPNOTSUPP),
+        })
+    }
+    /// Withdraws the memory [`Transport::share_memory`] placed at `gpa`,
+    /// once no object of the device refers to it (its context closed).
+    fn unshare_memory(&mut self, gpa: u64) {
+        let _ = gpa;
     }
 }
 

@@ -62,13 +62,13 @@
 //! container share a function through the guest agent ([`crate::agent`])
 //! as in a VM.
 
+mod ram;
 pub mod shared;
 
 pub use shared::VhostUserContext;
 
-use std::collections::BTreeMap;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,6 +80,8 @@ use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vrnic_abi::{self as abi, Pod};
+
+pub(crate) use ram::{DmaCarver, Ram, PAGE};
 
 use crate::driver::{ControlQueue, Kick, Queue, SlotQueue, RESP_LEN, RESP_OFF, SLOT};
 use crate::transport::{DmaBuf, Transport, TransportError};
@@ -98,6 +100,20 @@ pub const GPA_BASE: u64 = 1 << 32;
 /// Size of the shared memory, bytes: the sum of all DMA memory and
 /// registered pages of one process. Sparse: only what is used is committed.
 pub const RAM_SIZE: usize = 16 << 30;
+/// Most memory files of other processes the device reaches beside this
+/// transport's own ([`Transport::share_memory`]: a guest agent's programs):
+/// a `SET_MEM_TABLE` carries at most 32 descriptors (vhost crate's
+/// `MAX_ATTACHED_FD_ENTRIES`), one of them the transport's own.
+pub const MAX_SHARED: usize = 31;
+/// Device address space of each shared file, bytes: the file of slot `k`
+/// lies at `GPA_BASE + (k + 1) * SHARED_STRIDE`, and is at most this long.
+pub const SHARED_STRIDE: u64 = 1 << 36;
+/// `userspace_addr` of a shared file in the memory table: the frontend
+/// does not map it, and the daemon uses this only to translate ring
+/// addresses (`SET_VRING_ADDR`), which are never in it; above every
+/// user-space address of x86-64 and AArch64, so it never overlaps the
+/// transport's own mapping.
+const SHARED_UADDR: u64 = 0xffff_8000_0000_0000;
 /// Bound on every wait for the daemon (a vhost-user reply, a command).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest virtqueue size asked for; halved until the daemon accepts it
@@ -105,9 +121,6 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_QUEUE: u16 = 256;
 /// Smallest virtqueue size tried.
 const MIN_QUEUE: u16 = 8;
-/// DMA memory is carved from chunks of this many bytes.
-const DMA_CHUNK: usize = 2 << 20;
-const PAGE: usize = 4096;
 
 fn io_err(what: impl Into<String>, source: io::Error) -> TransportError {
     TransportError::Io {
@@ -137,169 +150,6 @@ pub fn socket_from_env() -> Option<PathBuf> {
     d.exists().then(|| d.to_path_buf())
 }
 
-/// The shared memory: a memfd mapped at `base`, page-granular first-fit
-/// allocation of its offsets, and a bump allocator for DMA memory.
-#[derive(Debug)]
-struct Ram {
-    fd: OwnedFd,
-    base: *mut u8,
-    len: usize,
-    /// Free extents, offset → length (bytes, page multiples), coalesced.
-    free: BTreeMap<usize, usize>,
-    /// DMA memory of the connection itself (rings, bounce buffer) and of
-    /// [`Transport::alloc_dma`] on this transport.
-    dma: DmaCarver,
-}
-
-/// Carves DMA memory out of 2 MiB chunks of the shared memory, remembering
-/// the chunks it took so that they can be given back at once: the
-/// connection has one, and each device context sharing it
-/// ([`shared::VhostUserContext`]) one of its own, returned when the
-/// context is closed.
-#[derive(Debug, Default)]
-pub(crate) struct DmaCarver {
-    /// The chunk being carved: (offset, used, size).
-    current: Option<(usize, usize, usize)>,
-    /// Every chunk taken: (offset, size).
-    chunks: Vec<(usize, usize)>,
-}
-
-// SAFETY: the mapping is owned by the Ram; access is synchronised by the
-// transport's owner (`&mut self` for every change).
-unsafe impl Send for Ram {}
-
-impl Ram {
-    fn new(len: usize) -> Result<Self, TransportError> {
-        // SAFETY: plain syscall with a static name; the result is checked.
-        let fd = unsafe { libc::memfd_create(c"vrnic-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io_err("memfd_create", io::Error::last_os_error()));
-        }
-        // SAFETY: a fresh descriptor nobody else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: plain syscall on our descriptor.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(io_err("ftruncate of guest RAM", io::Error::last_os_error()));
-        }
-        // SAFETY: a new shared mapping of our memfd; no existing memory is touched.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_NORESERVE,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io_err("mmap of guest RAM", io::Error::last_os_error()));
-        }
-        Ok(Ram {
-            fd,
-            base: base.cast(),
-            len,
-            free: BTreeMap::from([(0, len)]),
-            dma: DmaCarver::default(),
-        })
-    }
-
-    fn gpa(&self, off: usize) -> u64 {
-        GPA_BASE + off as u64
-    }
-
-    /// Takes `bytes` (a page multiple) of the memfd, first fit.
-    fn take(&mut self, bytes: usize) -> Option<usize> {
-        let (&off, &len) = self.free.iter().find(|(_, &l)| l >= bytes)?;
-        self.free.remove(&off);
-        if len > bytes {
-            self.free.insert(off + bytes, len - bytes);
-        }
-        Some(off)
-    }
-
-    /// Returns `[off, off + bytes)` and releases its memory.
-    fn give_back(&mut self, off: usize, bytes: usize) {
-        // SAFETY: plain syscall on our memfd; failure only keeps memory committed.
-        unsafe {
-            libc::fallocate(
-                self.fd.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                off as libc::off_t,
-                bytes as libc::off_t,
-            )
-        };
-        let (mut start, mut len) = (off, bytes);
-        if let Some((&p, &pl)) = self.free.range(..off).next_back() {
-            if p + pl == off {
-                self.free.remove(&p);
-                start = p;
-                len += pl;
-            }
-        }
-        if let Some(&nl) = self.free.get(&(off + bytes)) {
-            self.free.remove(&(off + bytes));
-            len += nl;
-        }
-        self.free.insert(start, len);
-    }
-
-    fn alloc_dma(&mut self, len: usize, align: usize) -> Result<DmaBuf, TransportError> {
-        let mut dma = std::mem::take(&mut self.dma);
-        let r = self.carve(&mut dma, len, align);
-        self.dma = dma;
-        r
-    }
-
-    /// `len` bytes aligned to `align` from `carver`'s chunk, or from a new
-    /// chunk it takes.
-    fn carve(
-        &mut self,
-        carver: &mut DmaCarver,
-        len: usize,
-        align: usize,
-    ) -> Result<DmaBuf, TransportError> {
-        if !align.is_power_of_two() || align > DMA_CHUNK {
-            return Err(TransportError::NoDmaMemory(len));
-        }
-        let len = len.max(1);
-        if let Some((off, used, size)) = carver.current {
-            let start = (off + used).next_multiple_of(align);
-            if start + len <= off + size {
-                carver.current = Some((off, start + len - off, size));
-                return Ok(self.buf(start, len));
-            }
-        }
-        let size = len
-            .checked_next_multiple_of(DMA_CHUNK)
-            .ok_or(TransportError::NoDmaMemory(len))?;
-        let off = self.take(size).ok_or(TransportError::NoDmaMemory(len))?;
-        carver.current = Some((off, len, size));
-        carver.chunks.push((off, size));
-        Ok(self.buf(off, len))
-    }
-
-    fn buf(&self, off: usize, len: usize) -> DmaBuf {
-        DmaBuf {
-            // SAFETY: off + len <= self.len: inside the mapping.
-            ptr: unsafe { self.base.add(off) },
-            len,
-            gpa: self.gpa(off),
-        }
-    }
-}
-
-impl Drop for Ram {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping, unused once the transport is gone.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
-    }
-}
-
-/// Registered pages of the program remapped onto the shared memory:
-/// page address → (memfd offset, number of MRs covering it).
-type UserPages = BTreeMap<usize, (usize, u32)>;
-
 /// A vrnic function reached over its daemon's vhost-user socket; see the
 /// module documentation.
 ///
@@ -314,7 +164,9 @@ pub struct VhostUserTransport {
     timeout: Duration,
     _kicks: Vec<Arc<EventFd>>,
     calls: Vec<EventFd>,
-    user: UserPages,
+    /// Other processes' memory files the device reaches, by slot
+    /// ([`Transport::share_memory`]).
+    shared: Vec<Option<(OwnedFd, u64)>>,
     ram: Ram,
     socket: PathBuf,
 }
@@ -323,7 +175,7 @@ impl std::fmt::Debug for VhostUserTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VhostUserTransport")
             .field("socket", &self.socket)
-            .field("user_pages", &self.user.len())
+            .field("user_pages", &self.ram.user_pages())
             .finish_non_exhaustive()
     }
 }
@@ -387,15 +239,9 @@ impl VhostUserTransport {
             )));
         }
 
-        let mut ram = Ram::new(RAM_SIZE)?;
-        fe.set_mem_table(&[VhostUserMemoryRegionInfo {
-            guest_phys_addr: GPA_BASE,
-            memory_size: ram.len as u64,
-            userspace_addr: ram.base as u64,
-            mmap_offset: 0,
-            mmap_handle: ram.fd.as_raw_fd(),
-        }])
-        .map_err(|e| vhost_err("SET_MEM_TABLE", e))?;
+        let mut ram = Ram::new(RAM_SIZE, GPA_BASE)?;
+        fe.set_mem_table(&[own_region(&ram)])
+            .map_err(|e| vhost_err("SET_MEM_TABLE", e))?;
 
         let mut kicks = Vec::new();
         let mut calls = Vec::new();
@@ -447,7 +293,7 @@ impl VhostUserTransport {
             timeout: DEFAULT_TIMEOUT,
             _kicks: kicks,
             calls,
-            user: BTreeMap::new(),
+            shared: Vec::new(),
             ram,
             socket: socket.to_path_buf(),
         })
@@ -458,9 +304,26 @@ impl VhostUserTransport {
         &self.socket
     }
 
+    /// The memory table: this transport's memory, then each shared file.
+    fn memory_table(&self) -> Vec<VhostUserMemoryRegionInfo> {
+        let own = own_region(&self.ram);
+        let shared = self.shared.iter().enumerate().filter_map(|(k, s)| {
+            let (fd, len) = s.as_ref()?;
+            let gpa = shared_gpa(k);
+            Some(VhostUserMemoryRegionInfo {
+                guest_phys_addr: gpa,
+                memory_size: *len,
+                userspace_addr: SHARED_UADDR + gpa,
+                mmap_offset: 0,
+                mmap_handle: fd.as_raw_fd(),
+            })
+        });
+        std::iter::once(own).chain(shared).collect()
+    }
+
     /// Pages of the program currently remapped onto shared memory.
     pub fn user_pages(&self) -> usize {
-        self.user.len()
+        self.ram.user_pages()
     }
 
     /// [`Transport::alloc_dma`] from `carver`'s chunks (a device context's
@@ -478,10 +341,7 @@ impl VhostUserTransport {
     /// Only once the device no longer uses any of it: after the context
     /// that allocated it was closed.
     pub(crate) fn free_dma(&mut self, carver: &mut DmaCarver) {
-        carver.current = None;
-        for (off, size) in carver.chunks.drain(..) {
-            self.ram.give_back(off, size);
-        }
+        self.ram.free_dma(carver)
     }
 
     /// Whether the daemon still holds this connection: false once it has
@@ -498,178 +358,22 @@ impl VhostUserTransport {
         let r = unsafe { libc::poll(&mut p, 1, 0) };
         !(r == 1 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0)
     }
+}
 
-    /// Remaps the run of pages `[va, va + n * PAGE)` (none of them
-    /// remapped yet) onto fresh shared memory, contents kept.
-    fn remap_run(&mut self, va: usize, n: usize) -> Result<(), TransportError> {
-        let bytes = n * PAGE;
-        check_private(va, bytes)?;
-        let off = self.ram.take(bytes).ok_or_else(|| {
-            errno(
-                format!("registering {bytes} bytes at {va:#x}"),
-                libc::ENOMEM,
-            )
-        })?;
-        // Copy with pwrite(2) from the program's pages into the memfd: an
-        // unmapped page is EFAULT, not a crash (and no ptrace-class call a
-        // container's seccomp profile may refuse).
-        let mut done = 0usize;
-        while done < bytes {
-            // SAFETY: the kernel reads `[va + done, va + bytes)` and checks it.
-            let got = unsafe {
-                libc::pwrite(
-                    self.ram.fd.as_raw_fd(),
-                    (va + done) as *const libc::c_void,
-                    bytes - done,
-                    (off + done) as libc::off_t,
-                )
-            };
-            if got <= 0 {
-                let e = if got < 0 {
-                    io::Error::last_os_error()
-                } else {
-                    io::Error::from_raw_os_error(libc::EFAULT)
-                };
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                self.ram.give_back(off, bytes);
-                return Err(io_err(format!("reading memory at {va:#x}+{bytes}"), e));
-            }
-            done += got as usize;
-        }
-        // SAFETY: replaces the program's own pages `[va, va + bytes)` (which
-        // it asked to register) by the same bytes in shared memory.
-        let p = unsafe {
-            libc::mmap(
-                va as *mut libc::c_void,
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_FIXED,
-                self.ram.fd.as_raw_fd(),
-                off as libc::off_t,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            let e = io::Error::last_os_error();
-            self.ram.give_back(off, bytes);
-            return Err(io_err(format!("remapping {va:#x}+{bytes}"), e));
-        }
-        for i in 0..n {
-            self.user.insert(va + i * PAGE, (off + i * PAGE, 1));
-        }
-        Ok(())
-    }
-
-    /// Gives the run `[va, va + n * PAGE)` (remapped, last user gone) back
-    /// its private anonymous memory with the same contents.
-    ///
-    /// The copy is made in a fresh private mapping of its own, which then
-    /// replaces the run in one `mremap(2)`; not in a heap buffer: the run
-    /// is often heap memory itself (a small `posix_memalign`'d buffer, as
-    /// pyverbs registers, shares its page with malloc's other chunks), so
-    /// a heap buffer could lie inside the run, be wiped with it and copy
-    /// zeros back over malloc's chunks (`free(): invalid pointer` later).
-    fn restore_run(&mut self, va: usize, n: usize) {
-        let bytes = n * PAGE;
-        // SAFETY: a new private mapping at an address the kernel picks; no
-        // existing memory is touched.
-        let tmp = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if tmp == libc::MAP_FAILED {
-            tracing::warn!(
-                "restoring {va:#x}+{bytes}: {}; the pages stay shared",
-                io::Error::last_os_error()
-            );
-            return;
-        }
-        // SAFETY: the run is mapped shared and ours; `tmp` is a distinct
-        // fresh mapping of `bytes` bytes, so the two do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(va as *const u8, tmp.cast::<u8>(), bytes) };
-        // SAFETY: moves the private copy over the run (MREMAP_FIXED unmaps
-        // the run's shared pages first); `tmp` is ours and `bytes` long.
-        let p = unsafe {
-            libc::mremap(
-                tmp,
-                bytes,
-                bytes,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                va as *mut libc::c_void,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            tracing::warn!(
-                "restoring {va:#x}+{bytes}: {}; the pages stay shared",
-                io::Error::last_os_error()
-            );
-            // SAFETY: `tmp` is our own mapping, not moved.
-            unsafe { libc::munmap(tmp, bytes) };
-            return;
-        }
-        for i in 0..n {
-            if let Some((off, _)) = self.user.remove(&(va + i * PAGE)) {
-                self.ram.give_back(off, PAGE);
-            }
-        }
+/// The transport's own memory in the memory table, at [`GPA_BASE`].
+fn own_region(ram: &Ram) -> VhostUserMemoryRegionInfo {
+    VhostUserMemoryRegionInfo {
+        guest_phys_addr: GPA_BASE,
+        memory_size: ram.len() as u64,
+        userspace_addr: ram.base() as u64,
+        mmap_offset: 0,
+        mmap_handle: ram.fd(),
     }
 }
 
-/// Refuses to remap `[va, va + bytes)` when any of it is a shared mapping
-/// (`s` in `/proc/self/maps`: memory shared with another process, which
-/// remapping would silently unshare) or a hugetlb one (`/anon_hugepage`,
-/// hugetlbfs: 4 KiB pages cannot be mapped over it). Errors: `EINVAL` for
-/// those, `EFAULT` for a range no mapping covers, `Io` when the maps cannot
-/// be read.
-fn check_private(va: usize, bytes: usize) -> Result<(), TransportError> {
-    let maps = std::fs::read_to_string("/proc/self/maps")
-        .map_err(|e| io_err("reading /proc/self/maps", e))?;
-    let end = va + bytes;
-    let mut covered = va;
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
-            continue;
-        };
-        let Some((s, e)) = range.split_once('-') else {
-            continue;
-        };
-        let (Ok(s), Ok(e)) = (usize::from_str_radix(s, 16), usize::from_str_radix(e, 16)) else {
-            continue;
-        };
-        if e <= va || s >= end {
-            continue;
-        }
-        let path = f.nth(3).unwrap_or("");
-        let hugetlb = path.starts_with("/anon_hugepage") || path.contains("hugepages");
-        if perms.as_bytes().get(3) == Some(&b's') || hugetlb {
-            let what = if hugetlb { "a hugetlb" } else { "a shared" };
-            return Err(errno(
-                format!(
-                    "registering {va:#x}+{bytes}: {what} mapping ({line}) cannot be moved onto \
-                     the daemon's memory"
-                ),
-                libc::EINVAL,
-            ));
-        }
-        if s <= covered {
-            covered = covered.max(e);
-        }
-    }
-    if covered < end {
-        return Err(errno(
-            format!("registering {va:#x}+{bytes}: {covered:#x} is not mapped"),
-            libc::EFAULT,
-        ));
-    }
-    Ok(())
+/// Device address of shared slot `k`.
+fn shared_gpa(k: usize) -> u64 {
+    GPA_BASE + (k as u64 + 1) * SHARED_STRIDE
 }
 
 /// Sets queue `index` up: rings in shared memory (the largest size the
@@ -693,7 +397,7 @@ fn start_queue(
     // SAFETY: `mem` is layout.len bytes of 64-aligned shared memory at
     // mem.gpa, owned by the transport for its whole life.
     let vq = unsafe { polled_queue(layout, mem.ptr, mem.gpa) }?;
-    let hva = |gpa: u64| ram.base as u64 + (gpa - GPA_BASE);
+    let hva = |gpa: u64| ram.base() as u64 + (gpa - GPA_BASE);
     fe.set_vring_base(q, 0)
         .map_err(|e| vhost_err("SET_VRING_BASE", e))?;
     fe.set_vring_addr(
@@ -898,15 +602,7 @@ impl Transport for VhostUserTransport {
     /// or in a page remapped by [`Transport::map_user`]. Anything else is
     /// `EFAULT`.
     fn virt_to_phys(&self, va: usize) -> Result<u64, TransportError> {
-        let base = self.ram.base as usize;
-        if va >= base && va < base + self.ram.len {
-            return Ok(self.ram.gpa(va - base));
-        }
-        let page = va & !(PAGE - 1);
-        self.user
-            .get(&page)
-            .map(|&(off, _)| self.ram.gpa(off) + (va - page) as u64)
-            .ok_or_else(|| errno(format!("address {va:#x} is not registered"), libc::EFAULT))
+        self.ram.virt_to_phys(va)
     }
 
     fn page_size(&self) -> usize {
@@ -946,85 +642,66 @@ impl Transport for VhostUserTransport {
 
     /// Remaps the pages of `[va, va + len)` onto shared memory (see the
     /// module documentation). Errors: `EINVAL` for an unaligned or empty
-    /// range or one inside a hugetlb mapping, `EFAULT` for unmapped memory,
-    /// `ENOMEM` when the shared memory is full.
+    /// range or one inside a hugetlb or shared mapping, `EFAULT` for
+    /// unmapped memory, `ENOMEM` when the shared memory is full.
     fn map_user(&mut self, va: usize, len: usize) -> Result<(), TransportError> {
-        let end = va.checked_add(len);
-        let (true, Some(end)) = (
-            va.is_multiple_of(PAGE) && len.is_multiple_of(PAGE) && len > 0,
-            end,
-        ) else {
-            return Err(errno(format!("range {va:#x}+{len}"), libc::EINVAL));
-        };
-        let base = self.ram.base as usize;
-        if va < base + self.ram.len && end > base {
-            // DMA memory of this transport (Mr::alloc): already shared.
-            return Ok(());
-        }
-        let mut done: Vec<usize> = Vec::new();
-        let mut page = va;
-        while page < end {
-            if let Some(e) = self.user.get_mut(&page) {
-                e.1 = e.1.saturating_add(1);
-                done.push(page);
-                page += PAGE;
-                continue;
-            }
-            let mut n = 1;
-            while page + n * PAGE < end && !self.user.contains_key(&(page + n * PAGE)) {
-                n += 1;
-            }
-            if let Err(e) = self.remap_run(page, n) {
-                // Undo what this call did.
-                for p in done {
-                    self.release_page(p);
-                }
-                return Err(e);
-            }
-            done.extend((0..n).map(|i| page + i * PAGE));
-            page += n * PAGE;
-        }
-        Ok(())
+        self.ram.map_user(va, len)
     }
 
     fn unmap_user(&mut self, va: usize, len: usize) {
-        let base = self.ram.base as usize;
-        let end = va.saturating_add(len);
-        if va < base + self.ram.len && end > base {
+        self.ram.unmap_user(va, len)
+    }
+
+    /// Adds `fd` to the daemon's memory table at the first free slot
+    /// ([`SHARED_STRIDE`] apart) and sends the whole table again
+    /// (`SET_MEM_TABLE` while the device runs, as QEMU does when a guest's
+    /// memory is hot-plugged). Errors: `EINVAL` for an empty file or one
+    /// longer than [`SHARED_STRIDE`], `ENOSPC` past [`MAX_SHARED`] files,
+    /// the `dup(2)` and the request's.
+    fn share_memory(&mut self, fd: RawFd, len: usize) -> Result<u64, TransportError> {
+        if len == 0 || len as u64 > SHARED_STRIDE {
+            return Err(errno(
+                format!("sharing a memory file of {len} bytes"),
+                libc::EINVAL,
+            ));
+        }
+        // SAFETY: the caller's descriptor is open for the call; it is only duplicated.
+        let own = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+            .try_clone_to_owned()
+            .map_err(|e| io_err("dup of a shared memory file", e))?;
+        let k = match self.shared.iter().position(Option::is_none) {
+            Some(k) => k,
+            None if self.shared.len() < MAX_SHARED => {
+                self.shared.push(None);
+                self.shared.len() - 1
+            }
+            None => {
+                return Err(errno(
+                    format!("sharing a memory file: {MAX_SHARED} are shared already"),
+                    libc::ENOSPC,
+                ))
+            }
+        };
+        self.shared[k] = Some((own, len as u64));
+        if let Err(e) = self.conn.set_mem_table(&self.memory_table()) {
+            self.shared[k] = None;
+            return Err(vhost_err("SET_MEM_TABLE", e));
+        }
+        Ok(shared_gpa(k))
+    }
+
+    /// Drops the file at `gpa` from the memory table and sends the table
+    /// again; the daemon unmaps it. A failure is logged: the daemon then
+    /// keeps the file mapped until the connection ends.
+    fn unshare_memory(&mut self, gpa: u64) {
+        let Some(k) = (0..self.shared.len()).find(|&k| shared_gpa(k) == gpa) else {
+            return;
+        };
+        if self.shared[k].take().is_none() {
             return;
         }
-        // Drop this MR's hold on every page; restore the pages nobody
-        // holds any more, a run of neighbours at a time.
-        let mut run: Option<(usize, usize)> = None;
-        let mut page = va & !(PAGE - 1);
-        while page < end {
-            let last = match self.user.get_mut(&page) {
-                Some(e) => {
-                    e.1 = e.1.saturating_sub(1);
-                    e.1 == 0
-                }
-                None => false,
-            };
-            run = match (run, last) {
-                (Some((s, n)), true) => Some((s, n + 1)),
-                (None, true) => Some((page, 1)),
-                (Some((s, n)), false) => {
-                    self.restore_run(s, n);
-                    None
-                }
-                (None, false) => None,
-            };
-            page += PAGE;
+        if let Err(e) = self.conn.set_mem_table(&self.memory_table()) {
+            tracing::warn!("withdrawing a shared memory file: SET_MEM_TABLE: {e}");
         }
-        if let Some((s, n)) = run {
-            self.restore_run(s, n);
-        }
-    }
-}
-
-impl VhostUserTransport {
-    /// Drops one MR's hold on `page`; the last one restores it.
-    fn release_page(&mut self, page: usize) {
-        self.unmap_user(page, PAGE);
     }
 }

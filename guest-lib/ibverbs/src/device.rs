@@ -13,10 +13,17 @@
 //! - with `VRNIC_VHOST_USER=PATH`, or when `/run/vrnic/vhost-user.sock`
 //!   exists (a container with the daemon's socket mounted there, or a
 //!   host process): one device, `vrnic0`, the vrnic function behind that
-//!   vhost-user socket, this process being its frontend
-//!   (`vrnic_guest::vhost_user`; no kernel module, no privilege); every
-//!   `ibv_open_device` is a device context of its own on the process's one
-//!   connection (`VhostUserContext`);
+//!   vhost-user socket (`vrnic_guest::vhost_user`; no kernel module, no
+//!   privilege). Where the agent binary is installed
+//!   (`/usr/lib/vrnic/vrnic-agent`, or `VRNIC_AGENT=PATH`) the function is
+//!   reached through an agent that is its frontend (`vrnic-agent
+//!   --vhost-user PATH`, started on first use, its socket in
+//!   `$TMPDIR/vrnic-UID/`), so several processes share it, each
+//!   `ibv_open_device` a context of its own with its own memory file
+//!   (`MODE_FILE`); with `VRNIC_AGENT=off`, or without the agent binary,
+//!   this process is the frontend itself, and every `ibv_open_device` is a
+//!   device context of its own on the process's one connection
+//!   (`VhostUserContext`);
 //! - otherwise (in a VM) one device per vrnic virtio-pci function
 //!   (`VRNIC_PCI=BDF` picks the function, default the first), reached
 //!   through the guest agent, which is started on first use
@@ -67,13 +74,14 @@ pub enum DeviceKind {
     VhostUser(std::path::PathBuf),
     /// A device served by a guest agent on a Unix socket
     /// (`vrnic_guest::agent`): several processes share it. `spawn`: the
-    /// agent binary to start, and the function it should serve, when no
-    /// agent answers.
+    /// agent binary to start, and its arguments naming the function it
+    /// should serve (`--pci BDF`, `--vhost-user SOCKET`), when no agent
+    /// answers.
     Agent {
         /// The agent's socket.
         socket: std::path::PathBuf,
         /// The agent to start when none answers.
-        spawn: Option<(std::path::PathBuf, Option<String>)>,
+        spawn: Option<(std::path::PathBuf, Vec<std::ffi::OsString>)>,
     },
 }
 
@@ -163,7 +171,7 @@ fn devices() -> &'static [&'static VrnicDevice] {
             return vec![&*Box::leak(Box::new(new_device("vrnic0", kind, 0)))];
         }
         if let Some(sock) = vrnic_guest::vhost_user::socket_from_env() {
-            let d = new_device("vrnic0", DeviceKind::VhostUser(sock), 0);
+            let d = new_device("vrnic0", vhost_user_kind(sock), 0);
             return vec![&*Box::leak(Box::new(d))];
         }
         let bdf = std::env::var("VRNIC_PCI").ok();
@@ -186,16 +194,41 @@ fn devices() -> &'static [&'static VrnicDevice] {
 /// `/usr/lib/vrnic/vrnic-agent`), or directly when `VRNIC_AGENT=off` or
 /// the agent binary is not installed.
 fn pci_kind(bdf: Option<String>) -> DeviceKind {
+    let Some(bin) = agent_bin() else {
+        return DeviceKind::Pci(bdf);
+    };
+    let args = bdf
+        .iter()
+        .flat_map(|b| ["--pci".into(), b.into()])
+        .collect();
+    DeviceKind::Agent {
+        socket: agent::default_socket(bdf.as_deref()),
+        spawn: Some((bin, args)),
+    }
+}
+
+/// How this process reaches the function behind vhost-user socket `sock`:
+/// through an agent serving it (started on first use, as for a PCI
+/// function; its socket [`agent::vhost_user_socket`]), or as its frontend
+/// itself when `VRNIC_AGENT=off` or the agent binary is not installed.
+fn vhost_user_kind(sock: std::path::PathBuf) -> DeviceKind {
+    let Some(bin) = agent_bin() else {
+        return DeviceKind::VhostUser(sock);
+    };
+    DeviceKind::Agent {
+        socket: agent::vhost_user_socket(&sock),
+        spawn: Some((bin, vec!["--vhost-user".into(), sock.into()])),
+    }
+}
+
+/// The agent binary to start (`VRNIC_AGENT`, default
+/// `/usr/lib/vrnic/vrnic-agent`); `None` for `VRNIC_AGENT=off` or when it
+/// is not installed.
+fn agent_bin() -> Option<std::path::PathBuf> {
     let bin = std::env::var_os(agent::AGENT_BIN_ENV)
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| agent::DEFAULT_AGENT_BIN.into());
-    if bin.as_os_str() == "off" || !bin.exists() {
-        return DeviceKind::Pci(bdf);
-    }
-    DeviceKind::Agent {
-        socket: agent::default_socket(bdf.as_deref()),
-        spawn: Some((bin, bdf)),
-    }
+    (bin.as_os_str() != "off" && bin.exists()).then_some(bin)
 }
 
 /// Writes a line to stderr, ignoring failure (no panic at the C boundary).
@@ -227,7 +260,7 @@ pub fn open_transport(dev: &VrnicDevice) -> Result<Box<dyn Transport>, (c_int, S
             .map_err(|e| (libc::ENODEV, e.to_string())),
         DeviceKind::Agent { socket, spawn } => {
             let t = match spawn {
-                Some((bin, bdf)) => AgentTransport::connect_or_spawn(socket, bin, bdf.as_deref()),
+                Some((bin, args)) => AgentTransport::connect_or_spawn(socket, bin, args),
                 None => AgentTransport::connect(socket),
             };
             t.map(|t| Box::new(t) as Box<dyn Transport>)

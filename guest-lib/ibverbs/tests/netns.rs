@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{lib_dir, run_bounded, which};
+use common::{agent_bin, lib_dir, run_bounded, which};
 use vrnic_guest::agent::client::AgentTransport;
 
 /// Bound on one program run (also passed to timeout(1)).
@@ -514,28 +514,6 @@ fn perftest_all_sizes_and_several_qps() {
         }
         eprintln!("{t} {extra:?}:\n{c}");
     }
-}
-
-/// The `vrnic-agent` binary of this tree: built here (cargo's lock on
-/// the target directory is free while tests run), so a test never runs a
-/// stale agent. Built once per test process.
-fn agent_bin() -> PathBuf {
-    static BUILT: std::sync::Once = std::sync::Once::new();
-    let dir = lib_dir().parent().expect("target/<profile>").to_path_buf();
-    BUILT.call_once(|| {
-        let mut c = Command::new(env!("CARGO"));
-        c.args(["build", "-p", "vrnic-tools", "--bin", "vrnic-agent"]);
-        if dir.file_name().is_some_and(|n| n == "release") {
-            c.arg("--release");
-        }
-        let out = run_bounded(&mut c, Duration::from_secs(900));
-        assert!(
-            out.status.success(),
-            "building vrnic-agent failed: {}",
-            text(&out)
-        );
-    });
-    dir.join("vrnic-agent")
 }
 
 /// A running `vrnic-agent`; stopped with SIGTERM (bounded, then SIGKILL)

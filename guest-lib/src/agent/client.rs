@@ -8,12 +8,15 @@
 //! program's own: hugepage memory and `/proc/self/pagemap` in a VM
 //! ([`proto::MODE_PHYS`], pinned with [`Pins`]), plain memory and
 //! `ctx << 48 | address` for an agent over an in-process device
-//! ([`proto::MODE_PROCESS`]).
+//! ([`proto::MODE_PROCESS`]), a memory file of the program's own that the
+//! agent adds to the daemon's memory for an agent over a daemon's
+//! vhost-user socket ([`proto::MODE_FILE`], a container).
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vrnic_abi::{self as abi, Pod};
@@ -24,6 +27,7 @@ use super::proto::{self, Welcome};
 use crate::dma::DmaAllocator;
 use crate::pci::SharedMap;
 use crate::transport::{DmaBuf, Transport, TransportError};
+use crate::vhost_user::{DmaCarver, Ram, RAM_SIZE};
 
 /// Longest wait for the agent's answer to a command (a large `REG_MR`
 /// takes the device tens of ms; the agent serves programs in turn).
@@ -51,6 +55,15 @@ enum Memory {
     Phys { dma: DmaAllocator },
     /// An in-process device in the agent: plain mappings of this process.
     Process { maps: Vec<(usize, usize)> },
+    /// A daemon's function over vhost-user: this process's memory file
+    /// (one for all its connections: a buffer registered in two contexts
+    /// is remapped once), which the agent added to the daemon's memory
+    /// table; this connection's DMA memory is carved from chunks of its
+    /// own, given back once the agent closed its context.
+    File {
+        ram: Arc<Mutex<Ram>>,
+        dma: DmaCarver,
+    },
 }
 
 /// A [`Transport`] through the guest agent. See the [module documentation](self).
@@ -118,6 +131,10 @@ impl AgentTransport {
                 dma: DmaAllocator::new()?,
             },
             proto::MODE_PROCESS => Memory::Process { maps: Vec::new() },
+            proto::MODE_FILE => Memory::File {
+                ram: share_memory(&sock)?,
+                dma: DmaCarver::default(),
+            },
             m => {
                 return Err(TransportError::NoDevice(format!(
                     "agent memory mode {m} unknown"
@@ -165,14 +182,15 @@ impl AgentTransport {
     }
 
     /// Connects to the agent at `path`, starting `agent_bin` first when no
-    /// agent answers there (`agent_bin --socket PATH [--pci BDF]`, detached,
-    /// its log in `PATH.log`), then waiting at most [`SPAWN_TIMEOUT`] for it.
-    /// Two programs starting at once may both start one: the second agent
-    /// finds the device taken and exits, and both programs connect to the first.
+    /// agent answers there (`agent_bin --socket PATH ARGS...`, detached, its
+    /// log in `PATH.log`; `args` name the device: `--pci BDF`, `--vhost-user
+    /// SOCKET`), then waiting at most [`SPAWN_TIMEOUT`] for it. Two
+    /// programs starting at once may both start one: the second agent finds
+    /// the device taken and exits, and both programs connect to the first.
     pub fn connect_or_spawn(
         path: &Path,
         agent_bin: &Path,
-        bdf: Option<&str>,
+        args: &[std::ffi::OsString],
     ) -> Result<AgentTransport, TransportError> {
         match Self::connect(path) {
             Ok(t) => return Ok(t),
@@ -181,8 +199,7 @@ impl AgentTransport {
         }
         let log = PathBuf::from(format!("{}.log", path.display()));
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| io_err("creating the agent's directory", e))?;
+            private_dir(dir)?;
         }
         let logf = std::fs::OpenOptions::new()
             .create(true)
@@ -190,10 +207,7 @@ impl AgentTransport {
             .open(&log)
             .map_err(|e| io_err(format!("opening {}", log.display()), e))?;
         let mut cmd = Command::new(agent_bin);
-        cmd.arg("--socket").arg(path);
-        if let Some(b) = bdf {
-            cmd.arg("--pci").arg(b);
-        }
+        cmd.arg("--socket").arg(path).args(args);
         cmd.stdin(std::process::Stdio::null())
             .stdout(logf.try_clone().map_err(|e| io_err("agent log", e))?)
             .stderr(logf);
@@ -262,6 +276,106 @@ impl AgentTransport {
         self.lost = true;
         gone()
     }
+}
+
+/// Creates directory `dir` (mode 0700) unless it exists, and checks that
+/// only this user can put an agent's socket there: owned by this user, not
+/// writable by group or others (an agent socket in a directory another user
+/// controls could be theirs). Errors: `Io` (`EPERM` for a directory that
+/// fails the check).
+fn private_dir(dir: &Path) -> Result<(), TransportError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| io_err(format!("creating {}", dir.display()), e))?;
+    let md = std::fs::metadata(dir).map_err(|e| io_err(format!("{}", dir.display()), e))?;
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if md.uid() != uid || md.mode() & 0o022 != 0 {
+        return Err(io_err(
+            format!(
+                "{}: owned by uid {} with mode {:o}; an agent's directory must be this user's alone",
+                dir.display(),
+                md.uid(),
+                md.mode() & 0o7777
+            ),
+            std::io::Error::from_raw_os_error(libc::EPERM),
+        ));
+    }
+    Ok(())
+}
+
+/// This process's memory file ([`proto::MODE_FILE`]), made on first use
+/// and kept for the process's life; a forked child makes its own (its
+/// parent's allocations are not its to reuse).
+fn process_ram() -> Result<Arc<Mutex<Ram>>, TransportError> {
+    static RAM: Mutex<Option<(u32, Arc<Mutex<Ram>>)>> = Mutex::new(None);
+    let mut g = RAM.lock().unwrap_or_else(|e| e.into_inner());
+    let pid = std::process::id();
+    match g.take() {
+        Some((p, r)) if p == pid => {
+            *g = Some((p, r.clone()));
+            return Ok(r);
+        }
+        // The parent's, inherited over fork(2): left mapped as it is.
+        Some(parent) => std::mem::forget(parent),
+        None => {}
+    }
+    let r = Arc::new(Mutex::new(Ram::new(RAM_SIZE, 0)?));
+    *g = Some((pid, r.clone()));
+    Ok(r)
+}
+
+/// Hands this process's memory file to the agent ([`proto::MSG_MEMORY`]),
+/// which adds it to the daemon's memory unless another connection of the
+/// process did; its answer says at which device address. Errors: the
+/// agent's refusal (`Status` with its errno, e.g. `ENOSPC`: the function's
+/// memory table is full; `EBUSY`: the file moved while another context of
+/// the process uses it, after the agent restarted), the memory file's, a
+/// lost agent.
+fn share_memory(sock: &OwnedFd) -> Result<Arc<Mutex<Ram>>, TransportError> {
+    let ram = process_ram()?;
+    let mut r = ram.lock().unwrap_or_else(|e| e.into_inner());
+    let mut m = vec![proto::MSG_MEMORY];
+    m.extend_from_slice(&(r.len() as u64).to_le_bytes());
+    proto::send(sock.as_raw_fd(), &m, &[r.fd()], 0)
+        .map_err(|e| io_err("sending the memory file to the agent", e))?;
+    if !proto::wait_readable(sock.as_raw_fd(), COMMAND_TIMEOUT)
+        .map_err(|e| io_err("waiting for the agent", e))?
+    {
+        return Err(TransportError::Timeout(COMMAND_TIMEOUT.as_millis() as u64));
+    }
+    let mut buf = [0u8; proto::MAX_MSG];
+    let (n, _) = proto::recv(sock.as_raw_fd(), &mut buf, 0).map_err(|e| io_err("agent", e))?;
+    let a = buf
+        .get(..n)
+        .filter(|a| a.len() == 13 && a[0] == proto::MSG_MEMORY);
+    let Some(a) = a else {
+        return Err(gone());
+    };
+    let status = u32::from_le_bytes([a[1], a[2], a[3], a[4]]);
+    let mut base = [0u8; 8];
+    base.copy_from_slice(&a[5..13]);
+    let base = u64::from_le_bytes(base);
+    let status = match status {
+        // Held by the process's static and here: more holders are other
+        // contexts, whose addresses must not move.
+        0 if r.gpa_base() != 0 && r.gpa_base() != base && Arc::strong_count(&ram) > 2 => {
+            libc::EBUSY as u32
+        }
+        s => s,
+    };
+    if status != 0 {
+        return Err(TransportError::Status {
+            opcode: abi::CMD_OPEN_CTX,
+            status,
+        });
+    }
+    r.set_gpa_base(base);
+    drop(r);
+    Ok(ram)
 }
 
 impl Transport for AgentTransport {
@@ -371,6 +485,7 @@ impl Transport for AgentTransport {
                     gpa: device_address(self.ctx, start),
                 })
             }
+            Memory::File { ram, dma } => lock(ram).carve(dma, len, align),
         }
     }
 
@@ -378,13 +493,14 @@ impl Transport for AgentTransport {
         match &self.mem {
             Memory::Phys { dma } => dma.pagemap().virt_to_phys(va),
             Memory::Process { .. } => Ok(device_address(self.ctx, va)),
+            Memory::File { ram, .. } => lock(ram).virt_to_phys(va),
         }
     }
 
     fn page_size(&self) -> usize {
         match &self.mem {
             Memory::Phys { dma } => dma.pagemap().page_size(),
-            Memory::Process { .. } => 4096,
+            Memory::Process { .. } | Memory::File { .. } => crate::vhost_user::PAGE,
         }
     }
 
@@ -410,9 +526,23 @@ impl Transport for AgentTransport {
     }
 
     /// True when doorbells go through the agent (no shared doorbell
-    /// queue): it must get the CPU to forward them.
+    /// queue): it must get the CPU to forward them; and over a daemon's
+    /// vhost-user socket, whose worker runs on this machine's CPUs.
     fn yield_when_idle(&self) -> bool {
         self.ring.is_none()
+    }
+
+    /// True over a daemon's vhost-user socket ([`proto::MODE_FILE`]): the
+    /// daemon polls the QP records, and doorbells go through the agent only
+    /// while it does not.
+    fn doorbell_records(&self) -> bool {
+        matches!(self.mem, Memory::File { .. })
+    }
+
+    /// Not over a daemon's vhost-user socket: the daemon reaches registered
+    /// pages through the memory file.
+    fn needs_locked_pages(&self) -> bool {
+        !matches!(self.mem, Memory::File { .. })
     }
 
     /// The event socket: readable when the agent sent an event.
@@ -423,8 +553,13 @@ impl Transport for AgentTransport {
     /// Nothing to acknowledge: [`Transport::poll_event`] consumes the messages.
     fn ack_event(&mut self) {}
 
-    /// Pins the range (the verbs layer has locked it already).
+    /// Pins the range (the verbs layer has locked it already); over a
+    /// daemon's vhost-user socket, remaps it onto the memory file
+    /// ([`crate::vhost_user`]'s way, with its limits).
     fn map_user(&mut self, va: usize, len: usize) -> Result<(), TransportError> {
+        if let Memory::File { ram, .. } = &self.mem {
+            return lock(ram).map_user(va, len);
+        }
         if let Some(p) = &mut self.pins {
             if let Err(e) = p.pin(va, len) {
                 // A mapping io_uring cannot pin (read-only, file-backed):
@@ -436,14 +571,49 @@ impl Transport for AgentTransport {
     }
 
     fn unmap_user(&mut self, va: usize, len: usize) {
+        if let Memory::File { ram, .. } = &self.mem {
+            return lock(ram).unmap_user(va, len);
+        }
         if let Some(p) = &mut self.pins {
             p.unpin(va, len);
         }
     }
 }
 
+/// The process's memory file, locked (a panic elsewhere leaves it usable).
+fn lock(ram: &Mutex<Ram>) -> std::sync::MutexGuard<'_, Ram> {
+    ram.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl Drop for AgentTransport {
     fn drop(&mut self) {
+        if let Memory::File { ram, dma } = &mut self.mem {
+            // The DMA chunks go back only once the agent closed the context
+            // (it closes the socket after CMD_CLOSE_CTX): until then the
+            // device may still write there. Bounded; past it they are kept.
+            // SAFETY: shutdown of our own socket.
+            unsafe { libc::shutdown(self.sock.as_raw_fd(), libc::SHUT_WR) };
+            let deadline = Instant::now() + COMMAND_TIMEOUT;
+            let mut buf = [0u8; proto::MAX_MSG];
+            let closed = loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match proto::wait_readable(self.sock.as_raw_fd(), left) {
+                    Ok(true) => match proto::recv(self.sock.as_raw_fd(), &mut buf, 0) {
+                        Ok((0, _)) => break true,
+                        Ok(_) => continue,
+                        Err(_) => break true,
+                    },
+                    _ => break false,
+                }
+            };
+            if closed {
+                lock(ram).free_dma(dma);
+            } else {
+                tracing::warn!(
+                    "the agent did not close the context in time; its DMA memory is kept"
+                );
+            }
+        }
         if let Memory::Process { maps } = &self.mem {
             for &(p, size) in maps {
                 // SAFETY: mappings this transport made; the device no longer

@@ -43,6 +43,36 @@ pub const DEFAULT_AGENT_BIN: &str = "/usr/lib/vrnic/vrnic-agent";
 /// Directory of the agents' sockets and logs in a guest.
 pub const RUN_DIR: &str = "/run/vrnic";
 
+/// The socket of the agent serving the function behind the daemon's
+/// vhost-user socket `vhost_user` (a container, a host process):
+/// `$TMPDIR/vrnic-UID/agent-HASH.sock`, `HASH` the FNV-1a hash of the
+/// socket's path (made absolute), so every process of this user naming
+/// that function finds the same agent.
+pub fn vhost_user_socket(vhost_user: &std::path::Path) -> std::path::PathBuf {
+    vhost_user_socket_in(&std::env::temp_dir(), vhost_user)
+}
+
+/// [`vhost_user_socket`] under temporary directory `tmp` instead of
+/// `$TMPDIR`.
+pub fn vhost_user_socket_in(
+    tmp: &std::path::Path,
+    vhost_user: &std::path::Path,
+) -> std::path::PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    let abs = std::path::absolute(vhost_user).unwrap_or_else(|_| vhost_user.to_path_buf());
+    let hash = abs
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    tmp.join(format!("vrnic-{uid}"))
+        .join(format!("agent-{hash:016x}.sock"))
+}
+
 /// The socket of the agent serving PCI function `bdf` (`None`: the first
 /// vrnic function), in [`RUN_DIR`].
 pub fn default_socket(bdf: Option<&str>) -> std::path::PathBuf {

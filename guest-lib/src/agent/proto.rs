@@ -12,6 +12,8 @@
 //! | [`MSG_EVENT`] | agent → program, on the event socket | an `abi::Event` |
 //! | [`MSG_STATUS`] | anyone → agent, instead of a hello | none |
 //! | [`MSG_STATUS`] | agent → asker | [`Status`] |
+//! | [`MSG_MEMORY`] | program → agent, after a [`MODE_FILE`] welcome | `len: u64`; descriptor: the program's memory file |
+//! | [`MSG_MEMORY`] | agent → program | `status: u32` (0 or an errno), `base: u64` (the device address of the file's first byte) |
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -37,6 +39,9 @@ pub const MSG_EVENT: u8 = 6;
 
 /// A status query (`vrnic-agent --status`) and its answer.
 pub const MSG_STATUS: u8 = 7;
+/// A program's memory file ([`MODE_FILE`]) and the agent's answer: where
+/// the device reaches it.
+pub const MSG_MEMORY: u8 = 8;
 
 /// The agent's answer to [`MSG_STATUS`]: 40 bytes after the tag.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -77,6 +82,11 @@ pub const MODE_PHYS: u8 = 0;
 /// Device addresses are `ctx << 48 | virtual address` in the program
 /// (an agent over an in-process device; [`super::procmem`]).
 pub const MODE_PROCESS: u8 = 1;
+/// Device addresses are offsets in memory files shared with the device
+/// (an agent over a daemon's vhost-user socket: a container): each
+/// program shares its own file ([`MSG_MEMORY`]) and the agent adds it to
+/// the daemon's memory table.
+pub const MODE_FILE: u8 = 2;
 /// Bit position of the context in a [`MODE_PROCESS`] device address.
 pub const PROCESS_CTX_SHIFT: u32 = 48;
 
@@ -103,7 +113,7 @@ pub struct Welcome {
     pub status: u32,
     /// The program's device context.
     pub ctx: u16,
-    /// [`MODE_PHYS`] or [`MODE_PROCESS`].
+    /// [`MODE_PHYS`], [`MODE_PROCESS`] or [`MODE_FILE`].
     pub mode: u8,
     /// The device's configuration space.
     pub config: abi::ConfigSpace,

@@ -49,7 +49,23 @@ struct Program {
     events: Option<OwnedFd>,
     /// Held until the context is closed (see [`super::pin`]).
     _pins: Option<OwnedFd>,
+    /// The program's memory file ([`proto::MODE_FILE`]), by identity
+    /// ([`FileId`]); its share is dropped once its context is closed.
+    shared: Option<FileId>,
     pid: i32,
+}
+
+/// A memory file's identity (`st_dev`, `st_ino`): every connection of one
+/// process hands the agent the same file.
+type FileId = (u64, u64);
+
+/// A memory file the device reaches ([`proto::MODE_FILE`]).
+#[derive(Debug, Clone, Copy)]
+struct SharedFile {
+    /// Its device address ([`Transport::share_memory`]).
+    gpa: u64,
+    /// Programs (connections) using it.
+    users: u32,
 }
 
 /// A guest agent serving programs on one device.
@@ -64,6 +80,9 @@ pub struct Agent {
     linger: Option<Duration>,
     /// The device's doorbell queue, which programs post to themselves.
     shared_db: Option<crate::pci::SharedDoorbells>,
+    /// Memory files the device reaches ([`proto::MODE_FILE`]), shared once
+    /// however many connections of a process hand them over.
+    files: std::collections::HashMap<FileId, SharedFile>,
     stats: AgentStats,
 }
 
@@ -98,8 +117,16 @@ impl Agent {
             procmem,
             linger,
             shared_db: None,
+            files: std::collections::HashMap::new(),
             stats: AgentStats::default(),
         })
+    }
+
+    /// Serves programs whose memory the device reaches through files they
+    /// share ([`proto::MODE_FILE`]: the transport is a daemon's vhost-user
+    /// socket, [`Transport::share_memory`]).
+    pub fn share_files(&mut self) {
+        self.mode = proto::MODE_FILE;
     }
 
     /// Lets programs post doorbells to `db` themselves (the transport's
@@ -184,6 +211,7 @@ impl Agent {
                 ctx: None,
                 events: None,
                 _pins: None,
+                shared: None,
                 pid,
             });
         }
@@ -214,6 +242,11 @@ impl Agent {
                 }
                 (proto::MSG_CMD, Some(ctx)) => self.command(i, ctx, &buf[..n]),
                 (proto::MSG_DB, Some(ctx)) => self.doorbell(ctx, &buf[..n]),
+                (proto::MSG_MEMORY, Some(_))
+                    if self.mode == proto::MODE_FILE && self.programs[i].shared.is_none() =>
+                {
+                    self.memory(i, &buf[..n], fds)
+                }
                 _ => false,
             };
             if !ok {
@@ -238,9 +271,11 @@ impl Agent {
         }
         let events = fds.into_iter().next();
         // The program's pins, held until its context is closed (physical
-        // addresses only: an in-process device cannot reach a dead process).
+        // addresses only: an in-process device cannot reach a dead process,
+        // and a daemon keeps a program's memory file mapped until the agent
+        // withdraws it).
         let pins = match pin_fd {
-            Some(fd) if fd >= 0 && self.procmem.is_none() => {
+            Some(fd) if fd >= 0 && self.mode == proto::MODE_PHYS => {
                 match super::pin::take_fd(self.programs[i].pid, fd) {
                     Ok(f) => Some(f),
                     Err(e) => {
@@ -298,6 +333,58 @@ impl Agent {
         self.stats.programs += 1;
         tracing::info!(ctx, pid = p.pid, "program connected");
         true
+    }
+
+    /// A program's memory file ([`proto::MSG_MEMORY`]): added to the
+    /// device's memory unless another connection of the process shared it
+    /// already; the answer says where the device reaches it. A refusal (the
+    /// device's memory table is full) is answered with its errno and keeps
+    /// the program connected: its open fails, and it goes.
+    fn memory(&mut self, i: usize, m: &[u8], fds: Vec<OwnedFd>) -> bool {
+        let len = m
+            .get(1..9)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes);
+        let (Some(len), [fd]) = (len, fds.as_slice()) else {
+            return false;
+        };
+        let Ok(len) = usize::try_from(len) else {
+            return false;
+        };
+        let id = match file_id(fd) {
+            Ok(id) => id,
+            Err(e) => {
+                tracing::warn!("a program's memory file: {e}");
+                return false;
+            }
+        };
+        let (status, base) = match self.files.get_mut(&id) {
+            Some(f) => {
+                f.users += 1;
+                (0, f.gpa)
+            }
+            None => match self.dev.share_memory(fd.as_raw_fd(), len) {
+                Ok(gpa) => {
+                    self.files.insert(id, SharedFile { gpa, users: 1 });
+                    (0u32, gpa)
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        pid = self.programs[i].pid,
+                        "sharing a program's memory: {e}"
+                    );
+                    (e.errno() as u32, 0)
+                }
+            },
+        };
+        let p = &mut self.programs[i];
+        if status == 0 {
+            p.shared = Some(id);
+        }
+        let mut a = vec![proto::MSG_MEMORY];
+        a.extend_from_slice(&status.to_le_bytes());
+        a.extend_from_slice(&base.to_le_bytes());
+        proto::send(p.sock.as_raw_fd(), &a, &[], 0).is_ok()
     }
 
     fn status(&mut self, i: usize) {
@@ -397,9 +484,31 @@ impl Agent {
         if let Some(pm) = &self.procmem {
             pm.set(ctx, 0);
         }
+        // Its memory goes only now, nothing of the context referring to
+        // it, and only with the process's last connection.
+        if let Some(id) = p.shared {
+            if let Some(f) = self.files.get_mut(&id) {
+                f.users -= 1;
+                if f.users == 0 {
+                    self.dev.unshare_memory(f.gpa);
+                    self.files.remove(&id);
+                }
+            }
+        }
         self.stats.closed += 1;
         drop(p);
     }
+}
+
+/// The identity of the file behind `fd`. Errors: `fstat(2)`'s.
+fn file_id(fd: &OwnedFd) -> io::Result<FileId> {
+    // SAFETY: stat is plain data, filled by fstat on our own descriptor.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a valid stat buffer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((st.st_dev, st.st_ino))
 }
 
 impl Drop for Agent {

@@ -307,13 +307,7 @@ impl VerbsError {
     /// The Linux errno the corresponding `ibv_*` call would report.
     pub fn errno(&self) -> i32 {
         match self {
-            VerbsError::Transport(TransportError::Status { status, .. }) => *status as i32,
-            VerbsError::Transport(TransportError::Timeout(_)) => libc::ETIMEDOUT,
-            VerbsError::Transport(TransportError::NoDevice(_)) => libc::ENODEV,
-            VerbsError::Transport(TransportError::NoDmaMemory(_)) => libc::ENOMEM,
-            VerbsError::Transport(TransportError::Io { source, .. }) => {
-                source.raw_os_error().unwrap_or(libc::EIO)
-            }
+            VerbsError::Transport(e) => e.errno(),
             VerbsError::NotVrnic { .. } => libc::ENODEV,
             VerbsError::InvalidArgument(_) => libc::EINVAL,
             VerbsError::QueueFull { .. } => libc::ENOMEM,

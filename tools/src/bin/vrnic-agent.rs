@@ -7,7 +7,11 @@
 //! for tests and development: `vrnic-agent --loopback
 //! netdev=IF,ip=A.B.C.D/N --socket PATH` runs an in-process device on an
 //! AF_PACKET link and reaches the programs' memory with
-//! `process_vm_readv(2)`.
+//! `process_vm_readv(2)`. In a container or a host process:
+//! `vrnic-agent --vhost-user SOCKET --socket PATH` is the frontend of the
+//! daemon's function behind `SOCKET`, and adds each program's memory file to
+//! the daemon's memory table (`MODE_FILE`); vrnic's `libibverbs.so.1`
+//! starts it on first use there too.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +24,7 @@ use vrnic_guest::agent::{self, client::AgentTransport, procmem::ProcessMemory, s
 use vrnic_guest::loopback::{self, LoopbackTransport};
 use vrnic_guest::pci::PciTransport;
 use vrnic_guest::transport::Transport;
+use vrnic_guest::vhost_user::VhostUserTransport;
 
 /// Serve a vrnic device to several programs.
 #[derive(Parser, Debug)]
@@ -31,6 +36,10 @@ struct Args {
     /// An in-process device instead: `netdev=IF,ip=A.B.C.D/N[,mac=..][,mtu=M]`.
     #[arg(long, conflicts_with = "pci")]
     loopback: Option<String>,
+    /// The function behind this daemon's vhost-user socket instead (a
+    /// container, a host process).
+    #[arg(long, conflicts_with_all = ["pci", "loopback"])]
+    vhost_user: Option<PathBuf>,
     /// The socket to listen on (default: /run/vrnic/agent.sock, or
     /// /run/vrnic/agent-BDF.sock with --pci).
     #[arg(long)]
@@ -81,8 +90,13 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let mut shared = None;
-    let (dev, procmem): (Box<dyn Transport>, _) = match &args.loopback {
-        Some(spec) => {
+    let (dev, procmem): (Box<dyn Transport>, _) = match (&args.loopback, &args.vhost_user) {
+        (_, Some(sock)) => {
+            let t = VhostUserTransport::open(sock)
+                .with_context(|| format!("opening the function behind {}", sock.display()))?;
+            (Box::new(t), None)
+        }
+        (Some(spec), None) => {
             let (netdev, cfg) = loopback::parse_spec(spec).map_err(anyhow::Error::msg)?;
             let link = vrnic::link::PacketLink::open(&netdev)
                 .with_context(|| format!("opening {netdev}"))?;
@@ -90,7 +104,7 @@ fn main() -> anyhow::Result<()> {
             let t = LoopbackTransport::with_device_memory(cfg, Box::new(link), pm.clone())?;
             (Box::new(t), Some(pm))
         }
-        None => {
+        (None, None) => {
             let t = match PciTransport::open_shared(args.pci.as_deref()) {
                 Ok(t) => t,
                 Err(e) => {
@@ -128,6 +142,9 @@ fn main() -> anyhow::Result<()> {
         .with_context(|| format!("listening on {}", socket.display()))?;
     if let Some(db) = shared {
         a.share_doorbells(db);
+    }
+    if args.vhost_user.is_some() {
+        a.share_files();
     }
     tracing::info!("serving on {}", socket.display());
     let stats = a.run(&STOP)?;

@@ -86,6 +86,28 @@ pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
     }
 }
 
+/// The `vrnic-agent` binary of this tree: built here (cargo's lock on
+/// the target directory is free while tests run), so a test never runs a
+/// stale agent. Built once per test process.
+pub fn agent_bin() -> PathBuf {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    let dir = lib_dir().parent().expect("target/<profile>").to_path_buf();
+    BUILT.call_once(|| {
+        let mut c = Command::new(env!("CARGO"));
+        c.args(["build", "-p", "vrnic-tools", "--bin", "vrnic-agent"]);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            c.arg("--release");
+        }
+        let out = run_bounded(&mut c, Duration::from_secs(900));
+        assert!(
+            out.status.success(),
+            "building vrnic-agent failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    dir.join("vrnic-agent")
+}
+
 /// The defined, versioned dynamic symbols of `lib` as readelf shows them
 /// (`name@@NODE` default, `name@NODE` compatibility), sorted.
 pub fn versioned_exports(lib: &Path) -> Vec<String> {
@@ -153,7 +175,10 @@ pub fn c_test_netns(tag: &str) -> Option<Netns> {
 /// directory of its own; returns that directory (the caller removes it)
 /// and the executable. Panics with gcc's messages if it fails.
 pub fn compile_c_test(name: &str) -> (PathBuf, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("vrnic-ibverbs-{name}-{}", std::process::id()));
+    // A directory per call: two tests of one process may build one program.
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("vrnic-ibverbs-{name}-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let exe = dir.join(name);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));

@@ -1,0 +1,506 @@
+//! The memory a process shares with a vrnic daemon: one sparse memfd,
+//! DMA memory carved from it, and the program's registered pages remapped
+//! onto it ([`Ram`]; see the [module documentation](super) for why and
+//! the limits). The device reaches it at a device address of its own
+//! (`gpa_base`): [`super::GPA_BASE`] for a process attached to the daemon
+//! itself, another range for each program of a guest agent over
+//! vhost-user ([`crate::agent`], [`crate::agent::proto::MODE_FILE`]).
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use crate::transport::{DmaBuf, TransportError};
+
+/// DMA memory is carved from chunks of this many bytes.
+const DMA_CHUNK: usize = 2 << 20;
+/// Page size of the memfd and of the remapped pages, bytes.
+pub(crate) const PAGE: usize = 4096;
+
+fn io_err(what: impl Into<String>, source: io::Error) -> TransportError {
+    TransportError::Io {
+        what: what.into(),
+        source,
+    }
+}
+
+fn errno(what: impl Into<String>, e: i32) -> TransportError {
+    io_err(what, io::Error::from_raw_os_error(e))
+}
+
+/// The shared memory: a memfd mapped at `base`, page-granular first-fit
+/// allocation of its offsets, and a bump allocator for DMA memory.
+#[derive(Debug)]
+pub(crate) struct Ram {
+    fd: OwnedFd,
+    base: *mut u8,
+    len: usize,
+    /// Free extents, offset → length (bytes, page multiples), coalesced.
+    free: BTreeMap<usize, usize>,
+    /// DMA memory of the connection itself (rings, bounce buffer) and of
+    /// [`Transport::alloc_dma`] on this transport.
+    dma: DmaCarver,
+    /// Device address of the memfd's first byte.
+    gpa_base: u64,
+    /// The program's registered pages remapped onto the memfd.
+    user: UserPages,
+}
+
+/// Carves DMA memory out of 2 MiB chunks of the shared memory, remembering
+/// the chunks it took so that they can be given back at once: the
+/// connection has one, and each device context sharing it
+/// ([`shared::VhostUserContext`]) one of its own, returned when the
+/// context is closed.
+#[derive(Debug, Default)]
+pub(crate) struct DmaCarver {
+    /// The chunk being carved: (offset, used, size).
+    current: Option<(usize, usize, usize)>,
+    /// Every chunk taken: (offset, size).
+    chunks: Vec<(usize, usize)>,
+}
+
+// SAFETY: the mapping is owned by the Ram; access is synchronised by the
+// transport's owner (`&mut self` for every change).
+unsafe impl Send for Ram {}
+
+impl Ram {
+    pub(crate) fn new(len: usize, gpa_base: u64) -> Result<Self, TransportError> {
+        // SAFETY: plain syscall with a static name; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"vrnic-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io_err("memfd_create", io::Error::last_os_error()));
+        }
+        // SAFETY: a fresh descriptor nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: plain syscall on our descriptor.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(io_err("ftruncate of guest RAM", io::Error::last_os_error()));
+        }
+        // SAFETY: a new shared mapping of our memfd; no existing memory is touched.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io_err("mmap of guest RAM", io::Error::last_os_error()));
+        }
+        Ok(Ram {
+            fd,
+            base: base.cast(),
+            len,
+            free: BTreeMap::from([(0, len)]),
+            dma: DmaCarver::default(),
+            gpa_base,
+            user: BTreeMap::new(),
+        })
+    }
+
+    fn gpa(&self, off: usize) -> u64 {
+        self.gpa_base + off as u64
+    }
+
+    /// Takes `bytes` (a page multiple) of the memfd, first fit.
+    fn take(&mut self, bytes: usize) -> Option<usize> {
+        let (&off, &len) = self.free.iter().find(|(_, &l)| l >= bytes)?;
+        self.free.remove(&off);
+        if len > bytes {
+            self.free.insert(off + bytes, len - bytes);
+        }
+        Some(off)
+    }
+
+    /// Returns `[off, off + bytes)` and releases its memory.
+    pub(crate) fn give_back(&mut self, off: usize, bytes: usize) {
+        // SAFETY: plain syscall on our memfd; failure only keeps memory committed.
+        unsafe {
+            libc::fallocate(
+                self.fd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                off as libc::off_t,
+                bytes as libc::off_t,
+            )
+        };
+        let (mut start, mut len) = (off, bytes);
+        if let Some((&p, &pl)) = self.free.range(..off).next_back() {
+            if p + pl == off {
+                self.free.remove(&p);
+                start = p;
+                len += pl;
+            }
+        }
+        if let Some(&nl) = self.free.get(&(off + bytes)) {
+            self.free.remove(&(off + bytes));
+            len += nl;
+        }
+        self.free.insert(start, len);
+    }
+
+    pub(crate) fn alloc_dma(&mut self, len: usize, align: usize) -> Result<DmaBuf, TransportError> {
+        let mut dma = std::mem::take(&mut self.dma);
+        let r = self.carve(&mut dma, len, align);
+        self.dma = dma;
+        r
+    }
+
+    /// `len` bytes aligned to `align` from `carver`'s chunk, or from a new
+    /// chunk it takes.
+    pub(crate) fn carve(
+        &mut self,
+        carver: &mut DmaCarver,
+        len: usize,
+        align: usize,
+    ) -> Result<DmaBuf, TransportError> {
+        if !align.is_power_of_two() || align > DMA_CHUNK {
+            return Err(TransportError::NoDmaMemory(len));
+        }
+        let len = len.max(1);
+        if let Some((off, used, size)) = carver.current {
+            let start = (off + used).next_multiple_of(align);
+            if start + len <= off + size {
+                carver.current = Some((off, start + len - off, size));
+                return Ok(self.buf(start, len));
+            }
+        }
+        let size = len
+            .checked_next_multiple_of(DMA_CHUNK)
+            .ok_or(TransportError::NoDmaMemory(len))?;
+        let off = self.take(size).ok_or(TransportError::NoDmaMemory(len))?;
+        carver.current = Some((off, len, size));
+        carver.chunks.push((off, size));
+        Ok(self.buf(off, len))
+    }
+
+    fn buf(&self, off: usize, len: usize) -> DmaBuf {
+        DmaBuf {
+            // SAFETY: off + len <= self.len: inside the mapping.
+            ptr: unsafe { self.base.add(off) },
+            len,
+            gpa: self.gpa(off),
+        }
+    }
+
+    /// Sets where the device reaches the memfd's first byte (learnt after
+    /// the memfd was handed over); before any memory is handed out.
+    pub(crate) fn set_gpa_base(&mut self, gpa_base: u64) {
+        self.gpa_base = gpa_base;
+    }
+
+    /// Where the device reaches the memfd's first byte (0: not yet known).
+    pub(crate) fn gpa_base(&self) -> u64 {
+        self.gpa_base
+    }
+
+    /// The memfd, for the daemon's memory table.
+    pub(crate) fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Size of the memfd (and its mapping), bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Where the memfd is mapped in this process.
+    pub(crate) fn base(&self) -> usize {
+        self.base as usize
+    }
+
+    /// Pages of the program currently remapped onto the memfd.
+    pub(crate) fn user_pages(&self) -> usize {
+        self.user.len()
+    }
+
+    /// Gives back every chunk `carver` took (their memory is released).
+    /// Only once the device no longer uses any of it.
+    pub(crate) fn free_dma(&mut self, carver: &mut DmaCarver) {
+        carver.current = None;
+        for (off, size) in carver.chunks.drain(..) {
+            self.give_back(off, size);
+        }
+    }
+
+    /// The device address of `va`: inside the memfd's own mapping, or in a
+    /// page remapped by [`Ram::map_user`]. Anything else is `EFAULT`.
+    pub(crate) fn virt_to_phys(&self, va: usize) -> Result<u64, TransportError> {
+        let base = self.base as usize;
+        if va >= base && va < base + self.len {
+            return Ok(self.gpa(va - base));
+        }
+        let page = va & !(PAGE - 1);
+        self.user
+            .get(&page)
+            .map(|&(off, _)| self.gpa(off) + (va - page) as u64)
+            .ok_or_else(|| errno(format!("address {va:#x} is not registered"), libc::EFAULT))
+    }
+
+    /// Remaps the run of pages `[va, va + n * PAGE)` (none of them
+    /// remapped yet) onto fresh shared memory, contents kept.
+    fn remap_run(&mut self, va: usize, n: usize) -> Result<(), TransportError> {
+        let bytes = n * PAGE;
+        check_private(va, bytes)?;
+        let off = self.take(bytes).ok_or_else(|| {
+            errno(
+                format!("registering {bytes} bytes at {va:#x}"),
+                libc::ENOMEM,
+            )
+        })?;
+        // Copy with pwrite(2) from the program's pages into the memfd: an
+        // unmapped page is EFAULT, not a crash (and no ptrace-class call a
+        // container's seccomp profile may refuse).
+        let mut done = 0usize;
+        while done < bytes {
+            // SAFETY: the kernel reads `[va + done, va + bytes)` and checks it.
+            let got = unsafe {
+                libc::pwrite(
+                    self.fd.as_raw_fd(),
+                    (va + done) as *const libc::c_void,
+                    bytes - done,
+                    (off + done) as libc::off_t,
+                )
+            };
+            if got <= 0 {
+                let e = if got < 0 {
+                    io::Error::last_os_error()
+                } else {
+                    io::Error::from_raw_os_error(libc::EFAULT)
+                };
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                self.give_back(off, bytes);
+                return Err(io_err(format!("reading memory at {va:#x}+{bytes}"), e));
+            }
+            done += got as usize;
+        }
+        // SAFETY: replaces the program's own pages `[va, va + bytes)` (which
+        // it asked to register) by the same bytes in shared memory.
+        let p = unsafe {
+            libc::mmap(
+                va as *mut libc::c_void,
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                self.fd.as_raw_fd(),
+                off as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            self.give_back(off, bytes);
+            return Err(io_err(format!("remapping {va:#x}+{bytes}"), e));
+        }
+        for i in 0..n {
+            self.user.insert(va + i * PAGE, (off + i * PAGE, 1));
+        }
+        Ok(())
+    }
+
+    /// Gives the run `[va, va + n * PAGE)` (remapped, last user gone) back
+    /// its private anonymous memory with the same contents.
+    ///
+    /// The copy is made in a fresh private mapping of its own, which then
+    /// replaces the run in one `mremap(2)`; not in a heap buffer: the run
+    /// is often heap memory itself (a small `posix_memalign`'d buffer, as
+    /// pyverbs registers, shares its page with malloc's other chunks), so
+    /// a heap buffer could lie inside the run, be wiped with it and copy
+    /// zeros back over malloc's chunks (`free(): invalid pointer` later).
+    fn restore_run(&mut self, va: usize, n: usize) {
+        let bytes = n * PAGE;
+        // SAFETY: a new private mapping at an address the kernel picks; no
+        // existing memory is touched.
+        let tmp = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if tmp == libc::MAP_FAILED {
+            tracing::warn!(
+                "restoring {va:#x}+{bytes}: {}; the pages stay shared",
+                io::Error::last_os_error()
+            );
+            return;
+        }
+        // SAFETY: the run is mapped shared and ours; `tmp` is a distinct
+        // fresh mapping of `bytes` bytes, so the two do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(va as *const u8, tmp.cast::<u8>(), bytes) };
+        // SAFETY: moves the private copy over the run (MREMAP_FIXED unmaps
+        // the run's shared pages first); `tmp` is ours and `bytes` long.
+        let p = unsafe {
+            libc::mremap(
+                tmp,
+                bytes,
+                bytes,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                va as *mut libc::c_void,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            tracing::warn!(
+                "restoring {va:#x}+{bytes}: {}; the pages stay shared",
+                io::Error::last_os_error()
+            );
+            // SAFETY: `tmp` is our own mapping, not moved.
+            unsafe { libc::munmap(tmp, bytes) };
+            return;
+        }
+        for i in 0..n {
+            if let Some((off, _)) = self.user.remove(&(va + i * PAGE)) {
+                self.give_back(off, PAGE);
+            }
+        }
+    }
+
+    /// Remaps the pages of `[va, va + len)` onto shared memory (see the
+    /// module documentation). Errors: `EINVAL` for an unaligned or empty
+    /// range or one inside a hugetlb mapping, `EFAULT` for unmapped memory,
+    /// `ENOMEM` when the shared memory is full.
+    pub(crate) fn map_user(&mut self, va: usize, len: usize) -> Result<(), TransportError> {
+        let end = va.checked_add(len);
+        let (true, Some(end)) = (
+            va.is_multiple_of(PAGE) && len.is_multiple_of(PAGE) && len > 0,
+            end,
+        ) else {
+            return Err(errno(format!("range {va:#x}+{len}"), libc::EINVAL));
+        };
+        let base = self.base as usize;
+        if va < base + self.len && end > base {
+            // DMA memory of this transport (Mr::alloc): already shared.
+            return Ok(());
+        }
+        let mut done: Vec<usize> = Vec::new();
+        let mut page = va;
+        while page < end {
+            if let Some(e) = self.user.get_mut(&page) {
+                e.1 = e.1.saturating_add(1);
+                done.push(page);
+                page += PAGE;
+                continue;
+            }
+            let mut n = 1;
+            while page + n * PAGE < end && !self.user.contains_key(&(page + n * PAGE)) {
+                n += 1;
+            }
+            if let Err(e) = self.remap_run(page, n) {
+                // Undo what this call did.
+                for p in done {
+                    self.release_page(p);
+                }
+                return Err(e);
+            }
+            done.extend((0..n).map(|i| page + i * PAGE));
+            page += n * PAGE;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn unmap_user(&mut self, va: usize, len: usize) {
+        let base = self.base as usize;
+        let end = va.saturating_add(len);
+        if va < base + self.len && end > base {
+            return;
+        }
+        // Drop this MR's hold on every page; restore the pages nobody
+        // holds any more, a run of neighbours at a time.
+        let mut run: Option<(usize, usize)> = None;
+        let mut page = va & !(PAGE - 1);
+        while page < end {
+            let last = match self.user.get_mut(&page) {
+                Some(e) => {
+                    e.1 = e.1.saturating_sub(1);
+                    e.1 == 0
+                }
+                None => false,
+            };
+            run = match (run, last) {
+                (Some((s, n)), true) => Some((s, n + 1)),
+                (None, true) => Some((page, 1)),
+                (Some((s, n)), false) => {
+                    self.restore_run(s, n);
+                    None
+                }
+                (None, false) => None,
+            };
+            page += PAGE;
+        }
+        if let Some((s, n)) = run {
+            self.restore_run(s, n);
+        }
+    }
+
+    /// Drops one MR's hold on `page`; the last one restores it.
+    fn release_page(&mut self, page: usize) {
+        self.unmap_user(page, PAGE);
+    }
+}
+
+impl Drop for Ram {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, unused once the transport is gone.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// Registered pages of the program remapped onto the shared memory:
+/// page address → (memfd offset, number of MRs covering it).
+type UserPages = BTreeMap<usize, (usize, u32)>;
+
+/// Refuses to remap `[va, va + bytes)` when any of it is a shared mapping
+/// (`s` in `/proc/self/maps`: memory shared with another process, which
+/// remapping would silently unshare) or a hugetlb one (`/anon_hugepage`,
+/// hugetlbfs: 4 KiB pages cannot be mapped over it). Errors: `EINVAL` for
+/// those, `EFAULT` for a range no mapping covers, `Io` when the maps cannot
+/// be read.
+fn check_private(va: usize, bytes: usize) -> Result<(), TransportError> {
+    let maps = std::fs::read_to_string("/proc/self/maps")
+        .map_err(|e| io_err("reading /proc/self/maps", e))?;
+    let end = va + bytes;
+    let mut covered = va;
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let Some((s, e)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(s), Ok(e)) = (usize::from_str_radix(s, 16), usize::from_str_radix(e, 16)) else {
+            continue;
+        };
+        if e <= va || s >= end {
+            continue;
+        }
+        let path = f.nth(3).unwrap_or("");
+        let hugetlb = path.starts_with("/anon_hugepage") || path.contains("hugepages");
+        if perms.as_bytes().get(3) == Some(&b's') || hugetlb {
+            let what = if hugetlb { "a hugetlb" } else { "a shared" };
+            return Err(errno(
+                format!(
+                    "registering {va:#x}+{bytes}: {what} mapping ({line}) cannot be moved onto \
+                     the daemon's memory"
+                ),
+                libc::EINVAL,
+            ));
+        }
+        if s <= covered {
+            covered = covered.max(e);
+        }
+    }
+    if covered < end {
+        return Err(errno(
+            format!("registering {va:#x}+{bytes}: {covered:#x} is not mapped"),
+            libc::EFAULT,
+        ));
+    }
+    Ok(())
+}
