@@ -207,8 +207,8 @@ run_pair() {
         env_b=(VRNIC_LOOPBACK="netdev=veth-b,ip=10.77.0.12/24" VRNIC_STATS=1)
     else
         ns_s=$ns_v ns_c=$ns_v peer=127.0.0.1
-        env_a=(VRNIC_VHOST_USER="/tmp/$tag/f1.sock")
-        env_b=(VRNIC_VHOST_USER="/tmp/$tag/f2.sock")
+        env_a=(VRNIC_AGENT=off VRNIC_VHOST_USER="/tmp/$tag/f1.sock")
+        env_b=(VRNIC_AGENT=off VRNIC_VHOST_USER="/tmp/$tag/f2.sock")
         base=$(dcounters)
     fi
     rm -f "/tmp/$tag"/cpu-*

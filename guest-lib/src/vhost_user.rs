@@ -59,8 +59,10 @@
 //! program per function. Within that program, any number of device opens
 //! share its one connection, each in a device context of its own
 //! ([`VhostUserContext`], module [`shared`]). Several programs of one
-//! container share a function through the guest agent ([`crate::agent`])
-//! as in a VM.
+//! container share a function through the agent ([`crate::agent`],
+//! `vrnic-agent --vhost-user`), which is the frontend: each program's
+//! memory file (module `ram`) is added to the daemon's memory table
+//! ([`Transport::share_memory`], at most [`MAX_SHARED`] of them).
 
 mod ram;
 pub mod shared;

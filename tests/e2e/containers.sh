@@ -18,7 +18,7 @@
 #   container c1 (server) <-> container c2 (client)
 #   vrnic guest A (server) <-> container c1 (client)
 #   rxe guest B (server)   <-> container c2 (client)
-# Then fairness between functions (ct_fairness: two more functions added and deleted while the
+# Then two processes in one container on one function (ct_processes), and fairness between functions (ct_fairness: two more functions added and deleted while the
 # daemon runs, one pair's latency measured while another pair floods).
 # E2E_CT_ITERS (200): ping-pong iterations (4 KiB) and ib_write_bw iterations (64 KiB).
 
@@ -102,6 +102,42 @@ ct_guest_rc() {
         if [ $((SECONDS - t0)) -ge $((RUN_TIMEOUT + 60)) ]; then echo timeout; return 0; fi
         sleep 0.5
     done
+}
+
+# ct_processes: several processes of one container share its one function (issue 30): Debian's
+# ibv_rc_pingpong -c server and client, two processes in container c1 on function c1, each through
+# the agent vrnic's library starts on first use (vrnic-agent --vhost-user, the function's one
+# vhost-user frontend; each process's memory file added to the daemon's memory table), then an
+# ib_write_bw pair the same way. Judged: all four exit 0, and the agent then serves no program and
+# its device holds nothing but the default context (`vrnic-agent --status`).
+ct_processes() {
+    local rc=0 st
+    ct_run 1 "$CT_DIR/processes.log" sh -c '
+        pair() { # port tool args...: server and client in this container, the client retried
+            p=$1; shift
+            timeout 120 "$@" -p "$p" >/tmp/s.log 2>&1 & s=$!
+            for i in $(seq 100); do
+                timeout 120 "$@" -p "$p" 127.0.0.1 >/tmp/c.log 2>&1; c=$?
+                [ $c = 0 ] && break
+                grep -qiE "couldn.t connect|unable to init the socket" /tmp/c.log || break
+                sleep 0.2
+            done
+            wait $s; r=$?
+            cat /tmp/s.log /tmp/c.log
+            echo "VRNIC-MP $2 server=$r client=$c"
+        }
+        pair 18613 ibv_rc_pingpong -g 1 -s 4096 -n '"$CT_ITERS"' -c
+        pair 18614 ib_write_bw -x 1 -n '"$CT_ITERS"'
+        a=$(ls /tmp/vrnic-*/agent-*.sock)
+        echo "VRNIC-MP agent $a: $(/usr/lib/vrnic/vrnic-agent --status --socket "$a" 2>&1)"
+    ' || rc=$?
+    st=$(grep -a '^VRNIC-MP agent' "$CT_DIR/processes.log" | tr -d '\r')
+    if [ $rc = 0 ] && [ "$(grep -ac '^VRNIC-MP .* server=0 client=0' "$CT_DIR/processes.log")" = 2 ] &&
+        [[ $st == *"programs 0 pinned 0 contexts 1 pds 0 mrs 0 cqs 0 qps 0 ahs 0 srqs 0 mr_pages 0" ]]; then
+        pass "containers: two processes on one function, through the agent (ibv_rc_pingpong -c, ib_write_bw; ${st#*: })"
+    else
+        fail "containers: two processes on one function: rc=$rc, $(grep -a '^VRNIC-MP' "$CT_DIR/processes.log" | tr '\n' ' ') (log $CT_DIR/processes.log)"
+    fi
 }
 
 # ct_fairness: one function's load must not starve another's. Functions c3 and c4 are added to
@@ -227,6 +263,8 @@ run_containers() {
     else
         fail "containers: embedded switch: $((sw1 - sw0)) frames switched locally, $((up1 - up0)) to the uplink"
     fi
+
+    ct_processes
 
     ct_fairness
 

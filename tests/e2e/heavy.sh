@@ -151,14 +151,14 @@ run() {
     PORT=$((PORT + 1))
     tag=$DIR/$tool-$PORT
     b1=$(counters 1) b2=$(counters 2)
-    vr_spawn "$tag.server" ip netns exec "$NS" env LD_LIBRARY_PATH="$LIB" VRNIC_VHOST_USER="$DIR/f1.sock" \
+    vr_spawn "$tag.server" ip netns exec "$NS" env LD_LIBRARY_PATH="$LIB" VRNIC_AGENT=off VRNIC_VHOST_USER="$DIR/f1.sock" \
         timeout -k 5 "$RUN_TIMEOUT" "$tool" -x 1 -p "$PORT" "$@"
     srv=$VR_LAST_PID
     # The client, again while the server is not listening yet (at most 50 tries, 0.2 s apart).
     while :; do
         crc=0
         # In the background (vr_spawn) so that a signal's cleanup stops it too.
-        vr_spawn "$tag.client" ip netns exec "$NS" env LD_LIBRARY_PATH="$LIB" VRNIC_VHOST_USER="$DIR/f2.sock" \
+        vr_spawn "$tag.client" ip netns exec "$NS" env LD_LIBRARY_PATH="$LIB" VRNIC_AGENT=off VRNIC_VHOST_USER="$DIR/f2.sock" \
             timeout -k 5 "$RUN_TIMEOUT" "$tool" -x 1 -p "$PORT" "$@" 127.0.0.1
         wait "$VR_LAST_PID" || crc=$?
         vr_stop "$VR_LAST_PID" # only drops it from the list: it has ended

@@ -36,6 +36,7 @@ fn a_second_process_is_refused_with_enodev_and_the_first_lives() {
             .arg(&exe)
             .env("LD_LIBRARY_PATH", lib_dir())
             .env("VRNIC_VHOST_USER", daemon.socket())
+            .env("VRNIC_AGENT", "off")
             .env_remove("VRNIC_LOOPBACK")
             .env_remove("VRNIC_AGENT_SOCKET"),
         Duration::from_secs(70),
