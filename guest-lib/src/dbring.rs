@@ -108,16 +108,25 @@ impl DbRingLayout {
     }
 }
 
-/// A producer's view of a shared doorbell ring: the mapped region and the
-/// queue's notification register. See the [module documentation](self).
+/// How a producer notifies the device.
+#[derive(Debug, Clone, Copy)]
+enum Notify {
+    /// A virtio-pci notification register (a VM): the queue index is
+    /// written to it.
+    Register { reg: *mut u16, queue: u16 },
+    /// A vhost-user kick eventfd (a daemon's function): 1 is added to it.
+    EventFd(std::os::fd::RawFd),
+}
+
+/// A producer's view of a shared doorbell ring: the mapped region and how
+/// the device is notified. See the [module documentation](self).
 #[derive(Debug)]
 pub struct DbRing {
     /// The split ring at the region's start.
     ring: Ring,
     base: *mut u8,
     layout: DbRingLayout,
-    notify: *mut u16,
-    queue: u16,
+    notify: Notify,
 }
 
 // SAFETY: the ring is plain shared memory; access goes through the lock.
@@ -176,6 +185,33 @@ impl DbRing {
         notify: *mut u16,
         queue: u16,
     ) -> Result<DbRing, TransportError> {
+        // SAFETY: the caller's guarantees.
+        unsafe { Self::with(base, layout, Notify::Register { reg: notify, queue }) }
+    }
+
+    /// A ring over `base` (as [`DbRing::new`]) notifying a vhost-user
+    /// backend through its kick eventfd `kick` (vhost-user spec,
+    /// `SET_VRING_KICK`).
+    ///
+    /// # Safety
+    /// `base` (`layout.len` bytes) stays mapped and `kick` open for the
+    /// ring's life; `base` is 64-byte aligned.
+    pub unsafe fn with_eventfd(
+        base: *mut u8,
+        layout: DbRingLayout,
+        kick: std::os::fd::RawFd,
+    ) -> Result<DbRing, TransportError> {
+        // SAFETY: the caller's guarantees.
+        unsafe { Self::with(base, layout, Notify::EventFd(kick)) }
+    }
+
+    /// # Safety
+    /// As [`DbRing::new`].
+    unsafe fn with(
+        base: *mut u8,
+        layout: DbRingLayout,
+        notify: Notify,
+    ) -> Result<DbRing, TransportError> {
         let q = QueueLayout::new(layout.size)?;
         // SAFETY: the split ring is the region's first q.len bytes (q.len
         // <= layout.slots < layout.len), mapped for the ring's life.
@@ -185,7 +221,6 @@ impl DbRing {
             base,
             layout,
             notify,
-            queue,
         })
     }
 
@@ -252,8 +287,19 @@ impl DbRing {
         // (§2.7.10; the ring's queue never negotiates EVENT_IDX).
         self.ring.full_barrier();
         if self.ring.notify_wanted(false, n, n.wrapping_add(1)) {
-            // SAFETY: `notify` is the mapped notification register.
-            unsafe { ptr::write_volatile(self.notify, self.queue.to_le()) };
+            match self.notify {
+                // SAFETY: `reg` is the mapped notification register.
+                Notify::Register { reg, queue } => unsafe {
+                    ptr::write_volatile(reg, queue.to_le())
+                },
+                Notify::EventFd(fd) => {
+                    let one = 1u64;
+                    // SAFETY: 8 bytes from a live u64 to an eventfd kept
+                    // open for the ring's life; a full counter (EAGAIN)
+                    // has the device notified already.
+                    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+                }
+            }
         }
         Ok(())
     }

@@ -85,6 +85,7 @@ use vrnic_abi::{self as abi, Pod};
 
 pub(crate) use ram::{DmaCarver, Ram, PAGE};
 
+use crate::dbring::{DbRing, DbRingLayout};
 use crate::driver::{ControlQueue, Kick, Queue, SlotQueue, RESP_LEN, RESP_OFF, SLOT};
 use crate::transport::{DmaBuf, Transport, TransportError};
 use crate::virtio::{polled_queue, QueueLayout, VIRTIO_F_VERSION_1};
@@ -152,6 +153,36 @@ pub fn socket_from_env() -> Option<PathBuf> {
     d.exists().then(|| d.to_path_buf())
 }
 
+/// The doorbell queue.
+enum Doorbells {
+    /// Posted by this transport alone.
+    Private(SlotQueue),
+    /// A [`DbRing`] other processes post to as well (the agent's
+    /// programs): its rings and slots in the memfd at `off`.
+    Shared {
+        ring: DbRing,
+        layout: DbRingLayout,
+        off: usize,
+        /// Kept for its size only: nothing is posted through it.
+        _queue: Queue,
+    },
+}
+
+/// Where a shared doorbell queue ([`VhostUserTransport::open_shared`])
+/// lies, for the processes that post to it: `layout.len` bytes of `memfd`
+/// at `offset` (page-aligned), notified through eventfd `kick`.
+#[derive(Debug, Clone, Copy)]
+pub struct SharedDoorbells {
+    /// The transport's memory file.
+    pub memfd: RawFd,
+    /// The ring's first byte in it (a page multiple).
+    pub offset: u64,
+    /// Where the ring's parts lie from there.
+    pub layout: DbRingLayout,
+    /// The doorbell queue's kick eventfd.
+    pub kick: RawFd,
+}
+
 /// A vrnic function reached over its daemon's vhost-user socket; see the
 /// module documentation.
 ///
@@ -161,7 +192,7 @@ pub struct VhostUserTransport {
     conn: Frontend,
     config: abi::ConfigSpace,
     ctrl: ControlQueue,
-    db: SlotQueue,
+    db: Doorbells,
     ev: SlotQueue,
     timeout: Duration,
     _kicks: Vec<Arc<EventFd>>,
@@ -203,6 +234,36 @@ impl VhostUserTransport {
     /// (the vhost crate retries a receive that `SO_RCVTIMEO` ended, so
     /// that alone bounds nothing) and the request waiting fails.
     pub fn open_within(socket: &Path, timeout: Duration) -> Result<Self, TransportError> {
+        Self::open_with(socket, timeout, false)
+    }
+
+    /// [`VhostUserTransport::open`] with a doorbell queue other processes
+    /// post to directly ([`crate::dbring`], its place given by
+    /// [`VhostUserTransport::shared_doorbells`]): the agent's, whose
+    /// programs then post doorbells without a hop through it.
+    pub fn open_shared(socket: &Path) -> Result<Self, TransportError> {
+        Self::open_with(socket, DEFAULT_TIMEOUT, true)
+    }
+
+    /// Where the shared doorbell queue lies
+    /// ([`VhostUserTransport::open_shared`]); `None` for a private one.
+    pub fn shared_doorbells(&self) -> Option<SharedDoorbells> {
+        match &self.db {
+            Doorbells::Shared { layout, off, .. } => Some(SharedDoorbells {
+                memfd: self.ram.fd(),
+                offset: *off as u64,
+                layout: *layout,
+                kick: self._kicks.get(usize::from(abi::DOORBELLQ))?.as_raw_fd(),
+            }),
+            Doorbells::Private(_) => None,
+        }
+    }
+
+    fn open_with(
+        socket: &Path,
+        timeout: Duration,
+        shared_db: bool,
+    ) -> Result<Self, TransportError> {
         let nodev = |m: String| TransportError::NoDevice(format!("{}: {m}", socket.display()));
         let mut fe = Frontend::connect(socket, abi::NUM_QUEUES as u64)
             .map_err(|e| nodev(format!("connect: {e}")))?;
@@ -248,8 +309,24 @@ impl VhostUserTransport {
         let mut kicks = Vec::new();
         let mut calls = Vec::new();
         let mut queues = Vec::new();
+        let mut shared = None;
         for index in 0..abi::NUM_QUEUES as u16 {
-            let (q, kick, call) = start_queue(&mut fe, &mut ram, index)?;
+            let (q, kick, call) = if index == abi::DOORBELLQ && shared_db {
+                let size = vring_size(&mut fe, index)?;
+                let layout = DbRingLayout::new(size)
+                    .ok_or_else(|| nodev(format!("doorbell queue size {size}")))?;
+                let mem = ram.alloc_dma(layout.len as usize, PAGE)?;
+                let (q, kick, call) = start_queue_in(&mut fe, &ram, index, size, &mem)?;
+                // SAFETY: the region is the transport's memory (kept for its
+                // life, 4096-aligned), the kick eventfd is kept in `kicks`.
+                let ring = unsafe { DbRing::with_eventfd(mem.ptr, layout, kick.as_raw_fd()) }?;
+                ring.init_descriptors(mem.gpa + u64::from(layout.slots));
+                let off = (mem.gpa - GPA_BASE) as usize;
+                shared = Some((ring, layout, off));
+                (q, kick, call)
+            } else {
+                start_queue(&mut fe, &mut ram, index)?
+            };
             queues.push(q);
             kicks.push(kick);
             calls.push(call);
@@ -265,9 +342,17 @@ impl VhostUserTransport {
             pending: None,
         };
         let db_size = usize::from(dbq.q.size());
-        let db = SlotQueue {
-            queue: dbq,
-            slots: ram.alloc_dma(SLOT * db_size, 64)?,
+        let db = match shared {
+            Some((ring, layout, off)) => Doorbells::Shared {
+                ring,
+                layout,
+                off,
+                _queue: dbq,
+            },
+            None => Doorbells::Private(SlotQueue {
+                queue: dbq,
+                slots: ram.alloc_dma(SLOT * db_size, 64)?,
+            }),
         };
         let ev_size = usize::from(evq.q.size());
         let mut ev = SlotQueue {
@@ -385,19 +470,40 @@ fn start_queue(
     ram: &mut Ram,
     index: u16,
 ) -> Result<(Queue, Arc<EventFd>, EventFd), TransportError> {
+    let size = vring_size(fe, index)?;
+    let layout = QueueLayout::new(size)?;
+    let mem = ram.alloc_dma(layout.len, QueueLayout::ALIGN.max(64))?;
+    start_queue_in(fe, ram, index, size, &mem)
+}
+
+/// `SET_VRING_NUM` for queue `index`: the largest size the daemon takes
+/// (its `--queue-size`), from [`MAX_QUEUE`] down to [`MIN_QUEUE`].
+fn vring_size(fe: &mut Frontend, index: u16) -> Result<u16, TransportError> {
     let q = usize::from(index);
     let mut size = MAX_QUEUE;
     loop {
         match fe.set_vring_num(q, size) {
-            Ok(()) => break,
+            Ok(()) => return Ok(size),
             Err(_) if size > MIN_QUEUE => size /= 2,
             Err(e) => return Err(vhost_err("SET_VRING_NUM", e)),
         }
     }
+}
+
+/// Sets queue `index` (of `size` descriptors, already told the daemon) up
+/// with its split ring at the start of `mem`: addresses, kick and call
+/// eventfds, enabled.
+fn start_queue_in(
+    fe: &mut Frontend,
+    ram: &Ram,
+    index: u16,
+    size: u16,
+    mem: &DmaBuf,
+) -> Result<(Queue, Arc<EventFd>, EventFd), TransportError> {
+    let q = usize::from(index);
     let layout = QueueLayout::new(size)?;
-    let mem = ram.alloc_dma(layout.len, QueueLayout::ALIGN.max(64))?;
-    // SAFETY: `mem` is layout.len bytes of 64-aligned shared memory at
-    // mem.gpa, owned by the transport for its whole life.
+    // SAFETY: `mem` is at least layout.len bytes of 64-aligned shared memory
+    // at mem.gpa, owned by the transport for its whole life.
     let vq = unsafe { polled_queue(layout, mem.ptr, mem.gpa) }?;
     let hva = |gpa: u64| ram.base() as u64 + (gpa - GPA_BASE);
     fe.set_vring_base(q, 0)
@@ -593,7 +699,10 @@ impl Transport for VhostUserTransport {
     }
 
     fn doorbell(&mut self, db: &abi::Doorbell) -> Result<(), TransportError> {
-        self.db.ring(db, self.timeout)
+        match &mut self.db {
+            Doorbells::Private(q) => q.ring(db, self.timeout),
+            Doorbells::Shared { ring, .. } => ring.post(db, self.timeout),
+        }
     }
 
     fn alloc_dma(&mut self, len: usize, align: usize) -> Result<DmaBuf, TransportError> {

@@ -66,6 +66,80 @@ enum Memory {
     },
 }
 
+/// The agent's shared doorbell queue as this program maps it: the ring,
+/// and what must stay mapped or open while it is used.
+#[derive(Debug)]
+struct SharedRing {
+    ring: crate::dbring::DbRing,
+    _region: SharedMap,
+    _notify: Notifier,
+}
+
+/// What notifies the device of [`SharedRing`]'s doorbells.
+#[derive(Debug)]
+enum Notifier {
+    /// The mapped notification register (a VM).
+    Register { _map: SharedMap },
+    /// The queue's kick eventfd (over vhost-user).
+    EventFd { _kick: OwnedFd },
+}
+
+impl SharedRing {
+    /// Maps the ring the welcome describes, with the descriptors that came
+    /// with it (the memfd; the kick eventfd over vhost-user). Errors: a
+    /// description or descriptors that do not fit ([`gone`]), the mappings'.
+    fn map(db: &proto::SharedDb, fds: &[OwnedFd]) -> Result<SharedRing, TransportError> {
+        let len = db.layout.len as usize;
+        match (&db.notify, fds) {
+            (proto::DbNotify::Register { file, offset }, [memfd, ..]) => {
+                if len > crate::pci::SHARED_DB_REGION {
+                    return Err(gone());
+                }
+                let region = SharedMap::map(
+                    memfd.as_raw_fd(),
+                    crate::pci::SHARED_DB_REGION,
+                    0,
+                    libc::MAP_POPULATE,
+                )?;
+                let (nmap, reg) = crate::pci::map_notify(file, *offset)?;
+                // SAFETY: both mappings are kept beside the ring.
+                let ring = unsafe {
+                    crate::dbring::DbRing::new(region.ptr(), db.layout, reg, abi::DOORBELLQ)
+                }?;
+                Ok(SharedRing {
+                    ring,
+                    _region: region,
+                    _notify: Notifier::Register { _map: nmap },
+                })
+            }
+            (proto::DbNotify::EventFd { region_offset }, [memfd, kick, ..]) => {
+                if !region_offset.is_multiple_of(crate::vhost_user::PAGE as u64) {
+                    return Err(gone());
+                }
+                let region = SharedMap::map(
+                    memfd.as_raw_fd(),
+                    len.next_multiple_of(crate::vhost_user::PAGE),
+                    *region_offset,
+                    libc::MAP_POPULATE,
+                )?;
+                let kick = kick
+                    .try_clone()
+                    .map_err(|e| io_err("the doorbell queue's kick eventfd", e))?;
+                // SAFETY: the mapping and the eventfd are kept beside the ring.
+                let ring = unsafe {
+                    crate::dbring::DbRing::with_eventfd(region.ptr(), db.layout, kick.as_raw_fd())
+                }?;
+                Ok(SharedRing {
+                    ring,
+                    _region: region,
+                    _notify: Notifier::EventFd { _kick: kick },
+                })
+            }
+            _ => Err(gone()),
+        }
+    }
+}
+
 /// A [`Transport`] through the guest agent. See the [module documentation](self).
 #[derive(Debug)]
 pub struct AgentTransport {
@@ -77,7 +151,7 @@ pub struct AgentTransport {
     pins: Option<Pins>,
     /// The agent's doorbell queue, posted to directly; `None`: doorbells
     /// go through the agent.
-    ring: Option<(crate::dbring::DbRing, SharedMap, SharedMap)>,
+    ring: Option<SharedRing>,
     /// An `EV_DEVICE_FATAL` is owed: the agent went away.
     lost: bool,
     pending: VecDeque<abi::Event>,
@@ -148,25 +222,9 @@ impl AgentTransport {
         } else {
             None
         };
-        let ring = match (&w.db, wfds.first()) {
-            (Some(db), Some(memfd)) => {
-                if (db.layout.len as usize) > crate::pci::SHARED_DB_REGION {
-                    return Err(gone());
-                }
-                let region = SharedMap::map(
-                    memfd.as_raw_fd(),
-                    crate::pci::SHARED_DB_REGION,
-                    0,
-                    libc::MAP_POPULATE,
-                )?;
-                let (nmap, reg) = crate::pci::map_notify(&db.notify_file, db.notify_offset)?;
-                // SAFETY: both mappings are kept beside the ring.
-                let r = unsafe {
-                    crate::dbring::DbRing::new(region.ptr(), db.layout, reg, abi::DOORBELLQ)
-                }?;
-                Some((r, region, nmap))
-            }
-            _ => None,
+        let ring = match &w.db {
+            Some(db) => Some(SharedRing::map(db, &wfds)?),
+            None => None,
         };
         Ok(AgentTransport {
             sock,
@@ -432,7 +490,7 @@ impl Transport for AgentTransport {
         if self.lost {
             return Err(gone());
         }
-        if let Some((ring, _, _)) = &self.ring {
+        if let Some(SharedRing { ring, .. }) = &self.ring {
             let db = abi::Doorbell {
                 ctx: self.ctx,
                 ..*db
@@ -529,7 +587,7 @@ impl Transport for AgentTransport {
     /// queue): it must get the CPU to forward them; and over a daemon's
     /// vhost-user socket, whose worker runs on this machine's CPUs.
     fn yield_when_idle(&self) -> bool {
-        self.ring.is_none()
+        self.ring.is_none() || matches!(self.mem, Memory::File { .. })
     }
 
     /// True over a daemon's vhost-user socket ([`proto::MODE_FILE`]): the

@@ -94,15 +94,34 @@ pub const PROCESS_CTX_SHIFT: u32 = 48;
 pub const MAX_MSG: usize = 512;
 
 /// The agent's shared doorbell queue, as a program maps it
-/// ([`crate::dbring`]); the memfd travels with the [`MSG_WELCOME`].
+/// ([`crate::dbring`]); the memfd travels with the [`MSG_WELCOME`] (and,
+/// over vhost-user, the kick eventfd after it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SharedDb {
-    /// Where the ring's parts lie in the memfd.
+    /// Where the ring's parts lie from its first byte.
     pub layout: crate::dbring::DbRingLayout,
-    /// The resource file of the BAR with the queue's notification register.
-    pub notify_file: std::path::PathBuf,
-    /// The register's offset in it, bytes.
-    pub notify_offset: u64,
+    /// How the device is notified, and where the ring lies.
+    pub notify: DbNotify,
+}
+
+/// How a program notifies the device of a shared doorbell queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DbNotify {
+    /// A virtio-pci function (a VM): the ring is at the memfd's start; the
+    /// queue's notification register is mapped from a BAR's resource file.
+    Register {
+        /// The resource file of the BAR with the register.
+        file: std::path::PathBuf,
+        /// The register's offset in it, bytes.
+        offset: u64,
+    },
+    /// A daemon's function over vhost-user: the ring lies at
+    /// `region_offset` (a page multiple) of the agent's memory file, and the
+    /// queue's kick eventfd is the second descriptor.
+    EventFd {
+        /// The ring's first byte in the memfd.
+        region_offset: u64,
+    },
 }
 
 /// The agent's [`MSG_WELCOME`]: 73 bytes after the tag, then the shared
@@ -133,13 +152,20 @@ impl Welcome {
         m.extend_from_slice(self.config.as_bytes());
         match &self.db {
             None => m.push(0),
-            Some(d) => {
-                use std::os::unix::ffi::OsStrExt;
-                m.push(1);
-                m.extend_from_slice(&d.layout.encode());
-                m.extend_from_slice(&d.notify_offset.to_le_bytes());
-                m.extend_from_slice(d.notify_file.as_os_str().as_bytes());
-            }
+            Some(d) => match &d.notify {
+                DbNotify::Register { file, offset } => {
+                    use std::os::unix::ffi::OsStrExt;
+                    m.push(1);
+                    m.extend_from_slice(&d.layout.encode());
+                    m.extend_from_slice(&offset.to_le_bytes());
+                    m.extend_from_slice(file.as_os_str().as_bytes());
+                }
+                DbNotify::EventFd { region_offset } => {
+                    m.push(2);
+                    m.extend_from_slice(&d.layout.encode());
+                    m.extend_from_slice(&region_offset.to_le_bytes());
+                }
+            },
         }
         m
     }
@@ -152,16 +178,21 @@ impl Welcome {
         let rest = &m[9 + size_of::<abi::ConfigSpace>()..];
         let db = match rest.first() {
             None | Some(0) => None,
-            Some(_) => {
+            Some(&kind) => {
                 use std::os::unix::ffi::OsStrExt;
                 let layout = crate::dbring::DbRingLayout::decode(rest.get(1..29)?)?;
-                let notify_offset = u64::from_le_bytes(rest.get(29..37)?.try_into().ok()?);
-                let path = std::ffi::OsStr::from_bytes(rest.get(37..)?);
-                Some(SharedDb {
-                    layout,
-                    notify_file: path.into(),
-                    notify_offset,
-                })
+                let offset = u64::from_le_bytes(rest.get(29..37)?.try_into().ok()?);
+                let notify = match kind {
+                    1 => DbNotify::Register {
+                        file: std::ffi::OsStr::from_bytes(rest.get(37..)?).into(),
+                        offset,
+                    },
+                    2 if rest.len() == 37 => DbNotify::EventFd {
+                        region_offset: offset,
+                    },
+                    _ => return None,
+                };
+                Some(SharedDb { layout, notify })
             }
         };
         Some(Welcome {
@@ -446,14 +477,29 @@ mod tests {
         assert!(Welcome::decode(&m[..m.len() - 2]).is_none());
         let db = SharedDb {
             layout: crate::dbring::DbRingLayout::new(256).unwrap(),
-            notify_file: "/sys/bus/pci/devices/0000:00:04.0/resource4".into(),
-            notify_offset: 0x3004,
+            notify: DbNotify::Register {
+                file: "/sys/bus/pci/devices/0000:00:04.0/resource4".into(),
+                offset: 0x3004,
+            },
         };
         let w2 = Welcome {
             db: Some(db.clone()),
             ..w
         };
         assert_eq!(Welcome::decode(&w2.encode()).unwrap().db, Some(db));
+        let vu = SharedDb {
+            layout: crate::dbring::DbRingLayout::new(128).unwrap(),
+            notify: DbNotify::EventFd {
+                region_offset: 0x20_1000,
+            },
+        };
+        let w3 = Welcome {
+            db: Some(vu.clone()),
+            ..w2
+        };
+        let m3 = w3.encode();
+        assert_eq!(Welcome::decode(&m3).unwrap().db, Some(vu));
+        assert!(Welcome::decode(&m3[..m3.len() - 1]).is_none());
         assert!(Welcome::decode(&[MSG_RESP; 80]).is_none());
     }
 

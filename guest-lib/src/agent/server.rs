@@ -78,8 +78,9 @@ pub struct Agent {
     procmem: Option<Arc<ProcessMemory>>,
     /// Exit after this long without programs (`None`: never).
     linger: Option<Duration>,
-    /// The device's doorbell queue, which programs post to themselves.
-    shared_db: Option<crate::pci::SharedDoorbells>,
+    /// The device's doorbell queue, which programs post to themselves,
+    /// and the descriptors that travel with its description.
+    shared_db: Option<(proto::SharedDb, Vec<RawFd>)>,
     /// Memory files the device reaches ([`proto::MODE_FILE`]), shared once
     /// however many connections of a process hand them over.
     files: std::collections::HashMap<FileId, SharedFile>,
@@ -133,7 +134,28 @@ impl Agent {
     /// [`crate::pci::PciTransport::shared_doorbells`]): no hop through the
     /// agent per doorbell.
     pub fn share_doorbells(&mut self, db: crate::pci::SharedDoorbells) {
-        self.shared_db = Some(db);
+        let d = proto::SharedDb {
+            layout: db.layout,
+            notify: proto::DbNotify::Register {
+                file: db.notify_file,
+                offset: db.notify_offset,
+            },
+        };
+        self.shared_db = Some((d, vec![db.memfd]));
+    }
+
+    /// [`Agent::share_doorbells`] over a daemon's vhost-user socket
+    /// ([`crate::vhost_user::VhostUserTransport::shared_doorbells`]): the
+    /// agent's memory file and the queue's kick eventfd travel with the
+    /// welcome.
+    pub fn share_vhost_user_doorbells(&mut self, db: crate::vhost_user::SharedDoorbells) {
+        let d = proto::SharedDb {
+            layout: db.layout,
+            notify: proto::DbNotify::EventFd {
+                region_offset: db.offset,
+            },
+        };
+        self.shared_db = Some((d, vec![db.memfd, db.kick]));
     }
 
     /// Counters so far.
@@ -310,13 +332,9 @@ impl Agent {
             ctx,
             mode: self.mode,
             config: self.dev.config(),
-            db: self.shared_db.as_ref().map(|d| proto::SharedDb {
-                layout: d.layout,
-                notify_file: d.notify_file.clone(),
-                notify_offset: d.notify_offset,
-            }),
+            db: self.shared_db.as_ref().map(|(d, _)| d.clone()),
         };
-        let fds: Vec<RawFd> = self.shared_db.iter().map(|d| d.memfd).collect();
+        let fds: Vec<RawFd> = self.shared_db.iter().flat_map(|(_, f)| f.clone()).collect();
         let p = &mut self.programs[i];
         if proto::send(p.sock.as_raw_fd(), &w.encode(), &fds, 0).is_err() || status != 0 {
             if status == 0 {

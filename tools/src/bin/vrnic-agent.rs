@@ -90,10 +90,12 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let mut shared = None;
+    let mut vu_shared = None;
     let (dev, procmem): (Box<dyn Transport>, _) = match (&args.loopback, &args.vhost_user) {
         (_, Some(sock)) => {
-            let t = VhostUserTransport::open(sock)
+            let t = VhostUserTransport::open_shared(sock)
                 .with_context(|| format!("opening the function behind {}", sock.display()))?;
+            vu_shared = t.shared_doorbells();
             (Box::new(t), None)
         }
         (Some(spec), None) => {
@@ -145,6 +147,9 @@ fn main() -> anyhow::Result<()> {
     }
     if args.vhost_user.is_some() {
         a.share_files();
+    }
+    if let Some(db) = vu_shared {
+        a.share_vhost_user_doorbells(db);
     }
     tracing::info!("serving on {}", socket.display());
     let stats = a.run(&STOP)?;
