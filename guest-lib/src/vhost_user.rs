@@ -50,9 +50,12 @@
 //!   memory already shared with another process (`MAP_SHARED`, shm) would
 //!   silently stop being shared: `ibv_reg_mr` fails with `EINVAL` on both
 //!   (`/proc/self/maps` is read at registration);
-//! - after `fork(2)`, remapped pages are shared with the child rather than
-//!   copied on write (as with `ibv_fork_init(3)`, children must not touch
-//!   registered memory);
+//! - at `fork(2)` the child's remapped pages are made private copies (a
+//!   `pthread_atfork(3)` child handler copies every remapped run, as a
+//!   kernel with copy-on-fork copies pinned pages), which costs the child a
+//!   copy of all registered memory; if another thread of the parent was
+//!   remapping or restoring pages at that moment, the child's pages stay
+//!   shared;
 //! - registered memory in all counts at most [`RAM_SIZE`] bytes.
 //!
 //! A vhost-user backend serves one frontend per socket at a time: one

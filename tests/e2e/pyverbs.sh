@@ -14,7 +14,11 @@
 # memory windows, device memory, ODP, dmabuf, rereg MR, vendor-only modules, rdma_cm) and the
 # daemon still runs. Printed: one line per module (ran, passed, skipped, failed, errors), then
 # `PASS: pyverbs MODULE` or `FAIL: pyverbs MODULE: why`, and "pyverbs: N modules passed, N failed";
-# the skip reasons, counted, go to RESULTS/skips.txt. Exit status 0 iff no module failed.
+# the skip reasons, counted, go to RESULTS/skips.txt. Exit status 0 iff no module failed. The suite
+# runs twice (PYVERBS_VIA, default "direct agent"): each process its function's own vhost-user
+# frontend (VRNIC_AGENT=off), then through the agent the library starts (vrnic-agent --vhost-user,
+# how a container with vrnic's package runs it; lines `pyverbs (agent) MODULE`), after which the
+# agent must serve no program and hold no object.
 # Environment: PYVERBS_RESULTS (default out/pyverbs-DATE), PYVERBS_TIMEOUT, PYVERBS_BIN (the
 # daemon; default target/release/vrnic, built here), PYVERBS_NO_BUILD=1 (use what target/release
 # holds). CI runs this as the e2e step `pyverbs` (tests/e2e/run.sh).
@@ -37,6 +41,15 @@ RESULTS=$(readlink -f "$RESULTS")
 RUN_TIMEOUT=${PYVERBS_TIMEOUT:-300}
 vr_release_build "${PYVERBS_NO_BUILD:-0}" "${PYVERBS_BIN:-}"
 DAEMON_BIN=$VR_DAEMON_BIN LIB=$VR_IBVERBS_LIB
+VIAS=${PYVERBS_VIA:-direct agent}
+AGENT_BIN=$VR_TOP/target/release/vrnic-agent
+if [[ " $VIAS " == *" agent "* ]]; then
+    if [ "${PYVERBS_NO_BUILD:-0}" != 1 ]; then
+        (cd "$VR_TOP" && cargo build -q --release -p vrnic-tools --bin vrnic-agent) ||
+            vr_die "cargo build --release --bin vrnic-agent failed"
+    fi
+    [ -x "$AGENT_BIN" ] || vr_die "no $AGENT_BIN"
+fi
 
 # The suite, uncompressed (run_tests.py imports the package `tests` from its own directory).
 rm -rf "$RESULTS/tests"
@@ -65,32 +78,60 @@ done
 PASSED=0 FAILED=0
 # num KEY: KEY's count in unittest's last line ($last), e.g. skipped=3.
 num() { echo "$last" | grep -oE "$1=[0-9]+" | cut -d= -f2 || true; }
-printf '%-28s %5s %6s %7s %6s %6s\n' module ran passed skipped failed errors
-for m in "${MODULES[@]}"; do
-    log=$RESULTS/$m.log
-    rc=0
-    (cd "$RESULTS/tests" && VRNIC_VHOST_USER=$RESULTS/f1.sock LD_LIBRARY_PATH=$LIB \
-        timeout -k 10 "$RUN_TIMEOUT" ip netns exec "$NS" "$PY" run_tests.py --dev vrnic0 --gid 1 -v "$m") \
-        >"$log" 2>&1 || rc=$?
-    ran=$(sed -n 's/^Ran \([0-9]*\) tests\{0,1\} in.*/\1/p' "$log" | tail -1)
-    last=$(grep -E '^(OK|FAILED)' "$log" | tail -1 || true)
-    skipped=$(num skipped) failures=$(num failures) errors=$(num errors)
-    ran=${ran:-0} skipped=${skipped:-0} failures=${failures:-0} errors=${errors:-0}
-    printf '%-28s %5s %6s %7s %6s %6s\n' "$m" "$ran" "$((ran - skipped - failures - errors))" \
-        "$skipped" "$failures" "$errors"
-    if ! kill -0 "$DPID" 2>/dev/null; then
-        FAILED=$((FAILED + 1)); echo "FAIL: pyverbs $m: the daemon died (log $RESULTS/daemon.log)"
-        break
-    elif [ $rc = 124 ] || [ $rc = 137 ]; then
-        FAILED=$((FAILED + 1)); echo "FAIL: pyverbs $m: not done within $RUN_TIMEOUT s (log $log)"
-    elif [ "${last%% *}" != OK ] || [ $rc != 0 ]; then
-        FAILED=$((FAILED + 1)); echo "FAIL: pyverbs $m: exit $rc, ${last:-no result} (log $log)"
-        { grep -E '^(FAIL|ERROR):' "$log" || true; } | head -5 | sed 's/^/    /'
+# suite VIA: every module, the process its function's own frontend (VIA=direct, VRNIC_AGENT=off)
+# or through the agent the library starts (VIA=agent: vrnic-agent --vhost-user, each process's
+# memory file added to the daemon's memory table; then the agent must serve nothing and hold no
+# object, and is stopped). Logs in RESULTS/VIA/.
+suite() {
+    local via=$1 tag="" dir=$RESULTS/$1 agent=off tmp st p
+    [ "$via" = agent ] && tag=" (agent)" agent=$AGENT_BIN
+    tmp=$dir/tmp
+    mkdir -p "$tmp"
+    printf '%-28s %5s %6s %7s %6s %6s\n' "module$tag" ran passed skipped failed errors
+    for m in "${MODULES[@]}"; do
+        log=$dir/$m.log
+        rc=0
+        (cd "$RESULTS/tests" && VRNIC_VHOST_USER=$RESULTS/f1.sock LD_LIBRARY_PATH=$LIB VRNIC_AGENT=$agent \
+            TMPDIR=$tmp timeout -k 10 "$RUN_TIMEOUT" ip netns exec "$NS" "$PY" run_tests.py --dev vrnic0 --gid 1 -v "$m") \
+            >"$log" 2>&1 || rc=$?
+        ran=$(sed -n 's/^Ran \([0-9]*\) tests\{0,1\} in.*/\1/p' "$log" | tail -1)
+        last=$(grep -E '^(OK|FAILED)' "$log" | tail -1 || true)
+        skipped=$(num skipped) failures=$(num failures) errors=$(num errors)
+        ran=${ran:-0} skipped=${skipped:-0} failures=${failures:-0} errors=${errors:-0}
+        printf '%-28s %5s %6s %7s %6s %6s\n' "$m" "$ran" "$((ran - skipped - failures - errors))" \
+            "$skipped" "$failures" "$errors"
+        if ! kill -0 "$DPID" 2>/dev/null; then
+            FAILED=$((FAILED + 1)); echo "FAIL: pyverbs$tag $m: the daemon died (log $RESULTS/daemon.log)"
+            break
+        elif [ $rc = 124 ] || [ $rc = 137 ]; then
+            FAILED=$((FAILED + 1)); echo "FAIL: pyverbs$tag $m: not done within $RUN_TIMEOUT s (log $log)"
+        elif [ "${last%% *}" != OK ] || [ $rc != 0 ]; then
+            FAILED=$((FAILED + 1)); echo "FAIL: pyverbs$tag $m: exit $rc, ${last:-no result} (log $log)"
+            { grep -E '^(FAIL|ERROR):' "$log" || true; } | head -5 | sed 's/^/    /'
+        else
+            PASSED=$((PASSED + 1)); echo "PASS: pyverbs$tag $m"
+        fi
+    done
+    [ "$via" = agent ] || return 0
+    # What every program left is gone: no program, only the default context, no object. Then the
+    # agent (the one process in the namespace besides the daemon) is stopped.
+    st=$("$AGENT_BIN" --status --socket "$(ls "$tmp"/vrnic-*/agent-*.sock 2>/dev/null | head -1)" 2>&1 || true)
+    if [ "$st" = "programs 0 pinned 0 contexts 1 pds 0 mrs 0 cqs 0 qps 0 ahs 0 srqs 0 mr_pages 0" ]; then
+        PASSED=$((PASSED + 1)); echo "PASS: pyverbs$tag: nothing left ($st)"
     else
-        PASSED=$((PASSED + 1)); echo "PASS: pyverbs $m"
+        FAILED=$((FAILED + 1)); echo "FAIL: pyverbs$tag: the agent's device after the suite: $st"
     fi
-done
-grep -hoE "skipped '[^']*'" "$RESULTS"/test_*.log 2>/dev/null | sort | uniq -c | sort -rn >"$RESULTS/skips.txt" || true
+    # Not this script's child (the library detached it), but in this script's own namespace.
+    for p in $(ip netns pids "$NS"); do
+        [ "$p" = "$DPID" ] || kill -TERM "$p" 2>/dev/null || true
+    done
+    for _ in $(seq 100); do
+        [ "$(ip netns pids "$NS" | grep -vcx "$DPID")" = 0 ] && break
+        sleep 0.1
+    done
+}
+for via in $VIAS; do suite "$via"; done
+grep -hoE "skipped '[^']*'" "$RESULTS"/*/test_*.log 2>/dev/null | sort | uniq -c | sort -rn >"$RESULTS/skips.txt" || true
 vr_stop "$DPID"
 vr_netns_destroy "$NS"
 echo "pyverbs: $PASSED modules passed, $FAILED failed (skip reasons: $RESULTS/skips.txt)"

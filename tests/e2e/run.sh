@@ -81,7 +81,8 @@ exec > >(tee -a "$RESULTS/summary.log") 2>&1
 . "$VR_TOP/tests/e2e/containers.sh"
 
 pass() { PASSED=$((PASSED + 1)); echo "PASS: $*"; }
-fail() { FAILED=$((FAILED + 1)); echo "FAIL: $*"; }
+FAILS=()
+fail() { FAILED=$((FAILED + 1)); FAILS+=("$*"); echo "FAIL: $*"; }
 
 need_vrnic=0
 for p in "${PAIRS[@]}"; do
@@ -1152,6 +1153,12 @@ if [ -s "$RESULTS/perftest.csv" ]; then
     /usr/bin/python3 "$VR_TOP/tests/e2e/perf-table.py" "$RESULTS/perftest.csv" | tee "$RESULTS/perftest.txt"
 fi
 echo "results: $RESULTS ($((SECONDS - T_START)) s)"
+# The failed checks again, last, where a reader of a long log (CI's tail) finds them, with the
+# guest consoles' last lines for a guest job that failed.
+if [ "$FAILED" != 0 ]; then
+    echo "failed checks:"
+    for f in "${FAILS[@]}"; do echo "  FAIL: $f"; done
+fi
 SUMMARY_DONE=1
 echo "e2e: $PASSED passed, $FAILED failed"
 [ "$FAILED" = 0 ]

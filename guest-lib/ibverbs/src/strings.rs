@@ -157,7 +157,9 @@ pub(crate) extern "C" fn mbps_to_ibv_rate(mbps: c_int) -> ffi::ibv_rate {
 
 /// `ibv_fork_init(3)`: vrnic's registered memory stays valid across
 /// `fork(2)` as with a kernel that has copy-on-fork (rdma-core returns 0
-/// then too).
+/// then too): the parent keeps its pages, the child gets copies (in a VM
+/// the pages are locked and pinned; elsewhere the library's fork handler
+/// copies its remapped pages, `vrnic_guest::vhost_user`).
 pub(crate) extern "C" fn ibv_fork_init() -> c_int {
     0
 }

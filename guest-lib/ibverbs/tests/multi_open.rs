@@ -235,6 +235,19 @@ fn completion_channels_through_the_agent_get_only_their_own_events() {
     run_c_test("multi_events", Via::Agent);
 }
 
+/// Registered memory across `fork(2)` (`tests/c/fork_copy.c`): the child
+/// gets a private copy of the parent's registered pages (as rdma-core's
+/// `IBV_FORK_UNNEEDED` promises), and the parent's MRs go on working.
+#[test]
+fn a_forked_child_gets_a_copy_of_registered_memory() {
+    run_c_test("fork_copy", Via::Direct);
+}
+
+#[test]
+fn a_forked_child_gets_a_copy_through_the_agent_too() {
+    run_c_test("fork_copy", Via::Agent);
+}
+
 /// Debian's `ibv_rc_pingpong` server and client: two processes on one
 /// function, through the agent the first of them starts; both move their
 /// data (the tool checks nothing itself, but exits non-zero on any error

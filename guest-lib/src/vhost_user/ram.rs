@@ -242,6 +242,11 @@ impl Ram {
     /// Remaps the run of pages `[va, va + n * PAGE)` (none of them
     /// remapped yet) onto fresh shared memory, contents kept.
     fn remap_run(&mut self, va: usize, n: usize) -> Result<(), TransportError> {
+        FORK_HANDLER.call_once(|| {
+            // SAFETY: registers a plain function pointer; it runs in the
+            // child only (see `copy_on_fork`).
+            unsafe { libc::pthread_atfork(None, None, Some(copy_on_fork)) };
+        });
         let bytes = n * PAGE;
         check_private(va, bytes)?;
         let off = self.take(bytes).ok_or_else(|| {
@@ -297,6 +302,7 @@ impl Ram {
         }
         for i in 0..n {
             self.user.insert(va + i * PAGE, (off + i * PAGE, 1));
+            lock_remapped().insert(va + i * PAGE);
         }
         Ok(())
     }
@@ -312,49 +318,13 @@ impl Ram {
     /// zeros back over malloc's chunks (`free(): invalid pointer` later).
     fn restore_run(&mut self, va: usize, n: usize) {
         let bytes = n * PAGE;
-        // SAFETY: a new private mapping at an address the kernel picks; no
-        // existing memory is touched.
-        let tmp = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if tmp == libc::MAP_FAILED {
-            tracing::warn!(
-                "restoring {va:#x}+{bytes}: {}; the pages stay shared",
-                io::Error::last_os_error()
-            );
+        if let Err(e) = privatize(va, bytes) {
+            tracing::warn!("restoring {va:#x}+{bytes}: {e}; the pages stay shared");
             return;
         }
-        // SAFETY: the run is mapped shared and ours; `tmp` is a distinct
-        // fresh mapping of `bytes` bytes, so the two do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(va as *const u8, tmp.cast::<u8>(), bytes) };
-        // SAFETY: moves the private copy over the run (MREMAP_FIXED unmaps
-        // the run's shared pages first); `tmp` is ours and `bytes` long.
-        let p = unsafe {
-            libc::mremap(
-                tmp,
-                bytes,
-                bytes,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                va as *mut libc::c_void,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            tracing::warn!(
-                "restoring {va:#x}+{bytes}: {}; the pages stay shared",
-                io::Error::last_os_error()
-            );
-            // SAFETY: `tmp` is our own mapping, not moved.
-            unsafe { libc::munmap(tmp, bytes) };
-            return;
-        }
+        let mut remapped = lock_remapped();
         for i in 0..n {
+            remapped.remove(&(va + i * PAGE));
             if let Some((off, _)) = self.user.remove(&(va + i * PAGE)) {
                 self.give_back(off, PAGE);
             }
@@ -442,6 +412,97 @@ impl Ram {
     fn release_page(&mut self, page: usize) {
         self.unmap_user(page, PAGE);
     }
+}
+
+/// Makes `[va, va + bytes)` (mapped shared onto a memory file) private
+/// anonymous memory with the same contents, at the same address.
+///
+/// The copy is made in a fresh private mapping of its own, which then
+/// replaces the run in one `mremap(2)`; not in a heap buffer: the run is
+/// often heap memory itself (a small `posix_memalign`'d buffer, as pyverbs
+/// registers, shares its page with malloc's other chunks), so a heap buffer
+/// could lie inside the run, be wiped with it and copy zeros back over
+/// malloc's chunks (`free(): invalid pointer` later). No allocation, no
+/// lock: [`copy_on_fork`] calls it in a forked child. Errors: `mmap(2)`'s
+/// and `mremap(2)`'s (the run then stays shared).
+fn privatize(va: usize, bytes: usize) -> io::Result<()> {
+    // SAFETY: a new private mapping at an address the kernel picks; no
+    // existing memory is touched.
+    let tmp = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if tmp == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the run is mapped shared and ours; `tmp` is a distinct fresh
+    // mapping of `bytes` bytes, so the two do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(va as *const u8, tmp.cast::<u8>(), bytes) };
+    // SAFETY: moves the private copy over the run (MREMAP_FIXED unmaps the
+    // run's shared pages first); `tmp` is ours and `bytes` long.
+    let p = unsafe {
+        libc::mremap(
+            tmp,
+            bytes,
+            bytes,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            va as *mut libc::c_void,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        let e = io::Error::last_os_error();
+        // SAFETY: `tmp` is our own mapping, not moved.
+        unsafe { libc::munmap(tmp, bytes) };
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Every page of this process remapped onto a memory file (all [`Ram`]s),
+/// for [`copy_on_fork`].
+static REMAPPED: std::sync::Mutex<std::collections::BTreeSet<usize>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// Registers [`copy_on_fork`] once, at the first remapped page.
+static FORK_HANDLER: std::sync::Once = std::sync::Once::new();
+
+fn lock_remapped() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<usize>> {
+    REMAPPED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `pthread_atfork(3)` child handler: a forked child gets private copies of
+/// its parent's registered pages, as a kernel with copy-on-fork gives it
+/// (`ibv_is_fork_initialized(3)`: `IBV_FORK_UNNEEDED`), instead of sharing
+/// them with the parent, whose device keeps using them. Each run of
+/// neighbouring pages is made private in one [`privatize`]; the set is then
+/// emptied (the pages are no longer the child's to give back). If another
+/// thread of the parent held the set's lock at the fork, nothing is done
+/// and the pages stay shared (the documented limit).
+extern "C" fn copy_on_fork() {
+    let Ok(mut set) = REMAPPED.try_lock() else {
+        return;
+    };
+    let mut run: Option<(usize, usize)> = None;
+    for &page in set.iter() {
+        run = match run {
+            Some((s, n)) if s + n * PAGE == page => Some((s, n + 1)),
+            Some((s, n)) => {
+                let _ = privatize(s, n * PAGE);
+                Some((page, 1))
+            }
+            None => Some((page, 1)),
+        };
+    }
+    if let Some((s, n)) = run {
+        let _ = privatize(s, n * PAGE);
+    }
+    set.clear();
 }
 
 impl Drop for Ram {
