@@ -35,6 +35,10 @@
 # function of a release `vrnic` daemon through its vhost-user socket (VRNIC_VHOST_USER: the
 # containers' path, guest-lib/src/vhost_user.rs), the two in one namespace (TCP over lo):
 #   switch: one daemon, two functions, through its embedded switch (its uplink a TAP nobody reads);
+#   switch-agent: as switch, each process reaching its function through the agent vrnic's library
+#           starts (vrnic-agent --vhost-user: how a container with vrnic's package runs, several
+#           processes per function; every other daemon mode has each process its function's own
+#           frontend, VRNIC_AGENT=off);
 #   tap:    two daemons on two TAPs of a bridge (MTU 9000);
 #   packet: two daemons on the two ends of a veth pair (AF_PACKET, MTU 9000);
 #   flood:  as switch with a third function, ib_send_lat/ib_write_lat at 64 B between the first two
@@ -86,12 +90,12 @@ done
 for b in ib_write_bw ip timeout; do
     command -v $b >/dev/null || { echo "bench: $b missing (scripts/deps.sh)" >&2; exit 1; }
 done
-modes=${BENCH_MODES:-loopback switch tap packet flood switch-q tap-q packet-q tap-loss}
+modes=${BENCH_MODES:-loopback switch switch-agent tap packet flood switch-q tap-q packet-q tap-loss}
 qps=${BENCH_QPS:-1 8 64}
 loss=${BENCH_LOSS:-10}
 for m in $modes; do
     case $m in
-    loopback | switch | tap | packet | flood | switch-q | tap-q | packet-q | tap-loss) ;;
+    loopback | switch | switch-agent | tap | packet | flood | switch-q | tap-q | packet-q | tap-loss) ;;
     *) echo "bench: unknown mode $m in BENCH_MODES" >&2; exit 2 ;;
     esac
 done
@@ -207,8 +211,10 @@ run_pair() {
         env_b=(VRNIC_LOOPBACK="netdev=veth-b,ip=10.77.0.12/24" VRNIC_STATS=1)
     else
         ns_s=$ns_v ns_c=$ns_v peer=127.0.0.1
-        env_a=(VRNIC_AGENT=off VRNIC_VHOST_USER="/tmp/$tag/f1.sock")
-        env_b=(VRNIC_AGENT=off VRNIC_VHOST_USER="/tmp/$tag/f2.sock")
+        local agent=off
+        [ "$mode" = switch-agent ] && agent=$rel/vrnic-agent
+        env_a=(VRNIC_AGENT=$agent TMPDIR=/tmp/$tag VRNIC_VHOST_USER="/tmp/$tag/f1.sock")
+        env_b=(VRNIC_AGENT=$agent TMPDIR=/tmp/$tag VRNIC_VHOST_USER="/tmp/$tag/f2.sock")
         base=$(dcounters)
     fi
     rm -f "/tmp/$tag"/cpu-*
@@ -313,6 +319,11 @@ start_daemons() {
 }
 stop_daemons() {
     local p
+    # The agents the library started (switch-agent): not this script's children, but in its own
+    # namespace.
+    for p in $(ip netns pids $ns_v 2>/dev/null); do
+        [ "$(cat /proc/$p/comm 2>/dev/null)" = vrnic-agent ] && kill "$p" 2>/dev/null || true
+    done
     for p in ${dpids[@]+"${dpids[@]}"}; do kill "$p" 2>/dev/null || true; done
     for p in ${dpids[@]+"${dpids[@]}"}; do wait "$p" 2>/dev/null || true; done
     dpids=()
@@ -490,6 +501,7 @@ for mode in $modes; do
     case $mode in
     loopback) ;;
     *-q) start_daemons "${mode%-q}" ;;
+    switch-agent) start_daemons switch ;;
     tap-loss)
         start_daemons tap
         loss_start
@@ -559,10 +571,11 @@ def fnum(v):
     except (TypeError, ValueError):
         return None
 def base(mode):
-    # The QP-scaling modes run on the daemons of their base mode, the loss mode on tap's.
+    # The QP-scaling modes run on the daemons of their base mode, the loss mode on tap's, the
+    # agent mode on switch's.
     if mode.endswith("-q"):
         return mode[:-2]
-    return "tap" if mode == "tap-loss" else mode
+    return {"tap-loss": "tap", "switch-agent": "switch"}.get(mode, mode)
 def q1_of(r):
     # The 1-QP figure of the same mode, tool and size (same run) beside a multi-QP row.
     return next((fnum(i["value"]) for i in rows if i["mode"] == r["mode"] and i["what"] == r["what"]
@@ -629,7 +642,7 @@ for r in rows:
         idle = next((fnum(i["value"]) for i in rows if i["mode"] == "switch-idle3" and i["what"] == r["what"]), None)
         ratio = x / idle if idle else None
         fig, limtxt = f"{x:.1f} us", (f"{idle:.1f} us idle" if idle else "-")
-    elif r["mode"] in ("switch", "switch-idle3") and relay:
+    elif r["mode"] in ("switch", "switch-agent", "switch-idle3") and relay:
         # Two host processes through one daemon: the limit is the same hand-offs with no work,
         # two yielding pollers through one relay thread (the daemon's one poller).
         ratio = x / relay
