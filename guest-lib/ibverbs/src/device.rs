@@ -411,10 +411,8 @@ mod tests {
         assert!(md.file_type().is_char_device());
         let c = std::ffi::CString::new(node.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: a NUL-terminated path.
-        assert_eq!(
-            unsafe { libc::access(c.as_ptr(), libc::R_OK | libc::W_OK) },
-            0
-        );
+        let r = unsafe { libc::access(c.as_ptr(), libc::R_OK | libc::W_OK) };
+        assert_eq!(r, 0);
         ensure_uverbs_node(&ib).expect("node already there");
         std::fs::remove_dir_all(&dir).expect("clean up");
     }

@@ -568,10 +568,8 @@ mod tests {
         ram.map_user(va, 3 * PAGE).expect("map_user");
         assert_eq!(ram.user_pages(), 3);
         // SAFETY: the middle page of our own mapping.
-        assert_eq!(
-            unsafe { libc::munmap((va + PAGE) as *mut libc::c_void, PAGE) },
-            0
-        );
+        let r = unsafe { libc::munmap((va + PAGE) as *mut libc::c_void, PAGE) };
+        assert_eq!(r, 0);
         ram.unmap_user(va, 3 * PAGE);
         assert_eq!(ram.user_pages(), 0);
         assert_eq!(ram.free.values().sum::<usize>(), free_before);
@@ -594,10 +592,8 @@ mod tests {
         let va = private_pages(2);
         ram.map_user(va, 2 * PAGE).expect("map_user");
         // SAFETY: our own mapping.
-        assert_eq!(
-            unsafe { libc::munmap(va as *mut libc::c_void, 2 * PAGE) },
-            0
-        );
+        let r = unsafe { libc::munmap(va as *mut libc::c_void, 2 * PAGE) };
+        assert_eq!(r, 0);
         ram.unmap_user(va, 2 * PAGE);
         assert_eq!(ram.user_pages(), 0);
     }
