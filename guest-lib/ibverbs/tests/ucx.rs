@@ -29,8 +29,10 @@ const NODE: &str = "/dev/infiniband/vrnic-uverbs0";
 /// made of links to the real one's entries (through a bind of it, so its
 /// submounts, `/dev/shm` and `/dev/pts`, stay the same) plus
 /// `infiniband/vrnic-uverbs0` → `/dev/null`, then runs its arguments.
+/// Its first argument is an empty directory for the two mounts, which the
+/// caller removes once the namespace is gone.
 const PRIVATE_DEV: &str = r#"set -e
-t=$(mktemp -d)
+t=$1; shift
 mkdir "$t/old" "$t/new"
 mount --rbind /dev "$t/old"
 mount -t tmpfs tmpfs "$t/new"
@@ -50,6 +52,7 @@ fn ucx_info_lists_rc_verbs_and_ud_verbs_on_vrnic() {
         eprintln!("skipping: ucx_info not installed (ucx-utils, scripts/deps.sh)");
         return;
     };
+    let scratch = std::env::temp_dir().join(format!("vrnic-ucx-dev-{}", std::process::id()));
     let mut cmd = if Path::new(NODE).exists() {
         Command::new(&ucx_info)
     } else {
@@ -58,6 +61,7 @@ fn ucx_info_lists_rc_verbs_and_ud_verbs_on_vrnic() {
             eprintln!("skipping: {NODE} missing, and making it in a mount namespace needs root and unshare");
             return;
         }
+        std::fs::create_dir_all(&scratch).expect("scratch directory");
         let mut c = Command::new("unshare");
         c.args([
             "--mount",
@@ -68,6 +72,7 @@ fn ucx_info_lists_rc_verbs_and_ud_verbs_on_vrnic() {
             PRIVATE_DEV,
             "sh",
         ])
+        .arg(&scratch)
         .arg(&ucx_info);
         c
     };
@@ -80,6 +85,8 @@ fn ucx_info_lists_rc_verbs_and_ud_verbs_on_vrnic() {
         .env("VRNIC_AGENT", "off")
         .env("UCX_NET_DEVICES", "vrnic0:1");
     let out = run_bounded(&mut cmd, Duration::from_secs(120));
+    // Empty directories once the namespace (its mounts) is gone.
+    let _ = std::fs::remove_dir_all(&scratch);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
