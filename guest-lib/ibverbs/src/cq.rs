@@ -18,6 +18,7 @@ use crate::boundary::{fail_with_errno, ffi};
 use crate::context::VrnicContext;
 use crate::events::{channel_of, lock, Events};
 use crate::ffi as c;
+use crate::udrx::UdRx;
 
 /// A CQ: the `struct ibv_cq_ex` applications see, first. Its leading
 /// fields are `struct ibv_cq` (verbs.h's `ibv_cq_ex_to_cq` is a cast), so
@@ -38,6 +39,9 @@ pub(crate) struct VrnicCq {
     /// The context's event tables (kept by the CQ: destroying it must not
     /// need the context, which a careless application may have closed).
     events: Arc<Events>,
+    /// The receives posted to the UD QPs completing here, to report each
+    /// UD receive's RoCE packet type in `sl` ([`crate::udrx`]).
+    pub(crate) ud_rx: Arc<UdRx>,
 }
 
 impl VrnicCq {
@@ -103,6 +107,7 @@ fn create(
         yield_when_empty: ctx.verbs.yield_when_idle(),
         empty_since: AtomicU64::new(0),
         events: ctx.events.events.clone(),
+        ud_rx: UdRx::new(),
     }))
     .cast::<c::ibv_cq_ex>();
     // SAFETY: the application passes a live channel or NULL.
@@ -284,6 +289,7 @@ pub(crate) unsafe extern "C" fn poll_cq(
         let mut done = 0usize;
         while done < want {
             let n = inner.poll(&mut buf[..(want - done).min(16)]);
+            vcq.ud_rx.mark(&mut buf[..n]);
             for w in &buf[..n] {
                 // SAFETY: `wc` holds num_entries entries; done < want = num_entries.
                 unsafe { wc.add(done).write(to_wc(w)) };
@@ -349,7 +355,12 @@ fn advance(cq: *mut c::ibv_cq_ex) -> c_int {
         return libc::EINVAL;
     };
     let mut one = [WorkCompletion::default()];
-    let n = lock(&vcq.inner).poll(&mut one);
+    let n = {
+        let mut inner = lock(&vcq.inner);
+        let n = inner.poll(&mut one);
+        vcq.ud_rx.mark(&mut one[..n]);
+        n
+    };
     if n == 0 {
         if vcq.yield_when_empty {
             // As in poll_cq: let the in-process device's engine run.

@@ -52,6 +52,45 @@ use crate::ffi as c;
 /// `loopback`, on by default; without it the variable is an error).
 pub const LOOPBACK_ENV: &str = "VRNIC_LOOPBACK";
 
+/// The device's `ibv_device.dev_name`: the name of its node under
+/// `/dev/infiniband/` (there is one device per process, index 0).
+///
+/// Nothing opens the node (this library reaches the device its own way),
+/// but UCX (`uct_ib_device_is_accessible`, `src/uct/ib/base/ib_md.c`,
+/// UCX 1.13) skips a verbs device unless `/dev/infiniband/<dev_name>`
+/// exists, is a character device (`stat(2)`, `S_ISCHR`; symlinks are
+/// followed) and is readable and writable (`access(2)`, `R_OK | W_OK`).
+/// Any character device passes, e.g. `/dev/null`: on a host, as root,
+/// `ln -s /dev/null /dev/infiniband/vrnic-uverbs0`; in a container,
+/// `podman run --device /dev/null:/dev/infiniband/vrnic-uverbs0`; in a
+/// VM guest the library makes it itself ([`ensure_uverbs_node`]). The
+/// name is not a kernel one (`uverbsN`), so it never hides or is hidden by
+/// a real RDMA device's node.
+pub const UVERBS_NODE: &str = "vrnic-uverbs0";
+
+/// Where device nodes of verbs devices live (rdma-core, UCX).
+pub const DEV_INFINIBAND: &str = "/dev/infiniband";
+
+/// Makes `<dir>/<UVERBS_NODE>` (see [`UVERBS_NODE`]) a symlink to
+/// `/dev/null`, creating `dir` (mode 0755) if needed, unless something
+/// already exists under that name. Done for a VM guest's device (a PCI
+/// function), whose programs run as root; a host process or a container
+/// gets the node from its user (see the README). Errors (e.g. `EACCES`
+/// when not root, `EROFS`) are returned for the caller to ignore: only
+/// UCX needs the node.
+pub fn ensure_uverbs_node(dir: &std::path::Path) -> std::io::Result<()> {
+    let node = dir.join(UVERBS_NODE);
+    if node.symlink_metadata().is_ok() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    match std::os::unix::fs::symlink("/dev/null", &node) {
+        // Another process made it first.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        r => r,
+    }
+}
+
 /// How a device is reached.
 #[derive(Debug, Clone)]
 pub enum DeviceKind {
@@ -126,7 +165,7 @@ fn new_device(name: &str, kind: DeviceKind, guid: u64) -> VrnicDevice {
         ..Default::default()
     };
     copy_cstr(&mut dev.name, name);
-    copy_cstr(&mut dev.dev_name, "uverbs-vrnic");
+    copy_cstr(&mut dev.dev_name, UVERBS_NODE);
     // No sysfs directory exists for vrnic: ibv_read_sysfs_file(3) on these
     // paths fails, as it does for a missing attribute.
     copy_cstr(&mut dev.dev_path, "/sys/class/infiniband_verbs/vrnic-none");
@@ -181,6 +220,8 @@ fn devices() -> &'static [&'static VrnicDevice] {
         let candidate = bdf.is_some()
             || vrnic_guest::pci::scan(root).is_ok_and(|v| v.iter().any(|c| c.skip.is_none()));
         if candidate {
+            // A VM guest: let UCX see the device (UVERBS_NODE).
+            let _ = ensure_uverbs_node(std::path::Path::new(DEV_INFINIBAND));
             let d = new_device("vrnic0", pci_kind(bdf), 0);
             vec![&*Box::leak(Box::new(d))]
         } else {
@@ -349,4 +390,30 @@ pub(crate) fn name(d: &VrnicDevice) -> String {
     unsafe { CStr::from_ptr(d.dev.name.as_ptr()) }
         .to_string_lossy()
         .into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileTypeExt as _;
+
+    /// The node made for UCX is what `uct_ib_device_is_accessible` asks
+    /// for: through `stat(2)` a character device, readable and writable;
+    /// made once, then left as it is.
+    #[test]
+    fn uverbs_node_passes_ucx_checks() {
+        let dir = std::env::temp_dir().join(format!("vrnic-uverbs-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let ib = dir.join("infiniband");
+        ensure_uverbs_node(&ib).expect("make node");
+        let node = ib.join(UVERBS_NODE);
+        let md = std::fs::metadata(&node).expect("stat node");
+        assert!(md.file_type().is_char_device());
+        let c = std::ffi::CString::new(node.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        let r = unsafe { libc::access(c.as_ptr(), libc::R_OK | libc::W_OK) };
+        assert_eq!(r, 0);
+        ensure_uverbs_node(&ib).expect("node already there");
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
 }

@@ -43,6 +43,7 @@ mod strings;
 mod stubs;
 #[cfg(not(test))]
 mod symbols;
+mod udrx;
 mod wr;
 
 #[cfg(test)]

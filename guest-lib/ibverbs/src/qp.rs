@@ -22,6 +22,7 @@ use crate::cq::VrnicCq;
 use crate::events::{lock, Events};
 use crate::ffi as c;
 use crate::pd::VrnicPd;
+use crate::udrx::UdRx;
 use crate::wr::Batch;
 
 /// A QP: the `struct ibv_qp_ex` applications see, first (its first member
@@ -38,6 +39,9 @@ pub(crate) struct VrnicQp {
     pub(crate) batch: Mutex<Batch>,
     /// The context's event tables (see `VrnicCq::events`).
     events: Arc<Events>,
+    /// A UD QP with a receive queue of its own: its receive CQ's table of
+    /// posted receives ([`crate::udrx`]).
+    ud_rx: Option<Arc<UdRx>>,
 }
 
 impl VrnicQp {
@@ -162,6 +166,7 @@ fn create_with(
         is_ex,
         batch: Mutex::new(Batch::default()),
         events: ctx.events.events.clone(),
+        ud_rx: (t == QpType::Ud && vsrq.is_none()).then(|| rcq.ud_rx.clone()),
     }))
     .cast::<c::ibv_qp>();
     ctx.events.events.add_qp(qpn, p);
@@ -261,6 +266,9 @@ pub(crate) extern "C" fn ibv_destroy_qp(qp: *mut c::ibv_qp) -> c_int {
         // SAFETY: `qp` is the start of a VrnicQp boxed by ibv_create_qp, freed once.
         let b = unsafe { Box::from_raw(qp.cast::<VrnicQp>()) };
         b.events.remove_qp(b.qp.qp_base.qp_num, qp);
+        if let Some(u) = &b.ud_rx {
+            u.remove(b.qp.qp_base.qp_num);
+        }
         drop(b);
         0
     })
@@ -348,6 +356,10 @@ pub(crate) extern "C" fn ibv_modify_qp(
                     // SAFETY: `qp` is live; the application serialises
                     // modify_qp with its own reads of qp->state.
                     unsafe { (*qp).state = a.qp_state };
+                    // RESET drops the posted receives without completions.
+                    if let (QpState::Reset, Some(u)) = (state, &vqp.ud_rx) {
+                        u.remove(vqp.qp.qp_base.qp_num);
+                    }
                 }
                 0
             }
@@ -565,8 +577,21 @@ pub(crate) unsafe extern "C" fn post_recv(
             return libc::EINVAL;
         };
         let mut inner = lock(&vqp.inner);
+        let qpn = vqp.qp.qp_base.qp_num;
         // SAFETY: the application's list and bad_wr (ibv_post_recv(3)).
-        unsafe { post_recv_list(wr, bad_wr, |r| inner.post_recv(r).map_err(|e| e.errno())) }
+        unsafe {
+            post_recv_list(wr, bad_wr, |r| {
+                // Queued before the device can complete it (crate::udrx).
+                if let Some(u) = &vqp.ud_rx {
+                    u.push(qpn, r.sg_list.first().map(|s| (s.addr, s.length)));
+                }
+                let res = inner.post_recv(r).map_err(|e| e.errno());
+                if let (Err(_), Some(u)) = (&res, &vqp.ud_rx) {
+                    u.unpush(qpn);
+                }
+                res
+            })
+        }
     })
 }
 

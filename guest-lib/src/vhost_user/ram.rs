@@ -316,8 +316,26 @@ impl Ram {
     /// pyverbs registers, shares its page with malloc's other chunks), so
     /// a heap buffer could lie inside the run, be wiped with it and copy
     /// zeros back over malloc's chunks (`free(): invalid pointer` later).
+    ///
+    /// A page the program unmapped itself while it was still registered
+    /// (UCX's registration cache, `ucs_rcache`, deregisters lazily, after
+    /// its memory pool has `munmap`ped the chunk: `ucx_info -d` does so in
+    /// `uct_ib_md_close`) is not restored: its offset is given back and
+    /// nothing is mapped there. Such a hole could otherwise be where the
+    /// kernel puts the copy (`mmap(NULL)` reuses it), and reading it faults.
     fn restore_run(&mut self, va: usize, n: usize) {
         let bytes = n * PAGE;
+        if !is_mapped(va, n) {
+            if n > 1 {
+                for i in 0..n {
+                    self.restore_run(va + i * PAGE, 1);
+                }
+            } else if let Some((off, _)) = self.user.remove(&va) {
+                lock_remapped().remove(&va);
+                self.give_back(off, PAGE);
+            }
+            return;
+        }
         if let Err(e) = privatize(va, bytes) {
             tracing::warn!("restoring {va:#x}+{bytes}: {e}; the pages stay shared");
             return;
@@ -426,6 +444,10 @@ impl Ram {
 /// lock: [`copy_on_fork`] calls it in a forked child. Errors: `mmap(2)`'s
 /// and `mremap(2)`'s (the run then stays shared).
 fn privatize(va: usize, bytes: usize) -> io::Result<()> {
+    if !is_mapped(va, bytes / PAGE) {
+        // Unmapped by the program itself: nothing to copy, nothing to keep.
+        return Err(io::Error::from_raw_os_error(libc::ENOMEM));
+    }
     // SAFETY: a new private mapping at an address the kernel picks; no
     // existing memory is touched.
     let tmp = unsafe {
@@ -516,6 +538,32 @@ impl Drop for Ram {
 /// page address → (memfd offset, number of MRs covering it).
 type UserPages = BTreeMap<usize, (usize, u32)>;
 
+/// Whether every page of `[va, va + n * PAGE)` is mapped in this process
+/// (`mincore(2)` fails with `ENOMEM` when one is not). No allocation: the
+/// fork handler ([`copy_on_fork`]) asks too.
+fn is_mapped(va: usize, n: usize) -> bool {
+    const CHUNK: usize = 64;
+    let mut vec = [0u8; CHUNK];
+    let mut done = 0;
+    while done < n {
+        let k = (n - done).min(CHUNK);
+        // SAFETY: mincore only reads the page tables of the range and
+        // writes one byte per page into `vec`, which holds CHUNK >= k.
+        let r = unsafe {
+            libc::mincore(
+                (va + done * PAGE) as *mut libc::c_void,
+                k * PAGE,
+                vec.as_mut_ptr(),
+            )
+        };
+        if r != 0 {
+            return false;
+        }
+        done += k;
+    }
+    true
+}
+
 /// Refuses to remap `[va, va + bytes)` when any of it is a shared mapping
 /// (`s` in `/proc/self/maps`: memory shared with another process, which
 /// remapping would silently unshare) or a hugetlb one (`/anon_hugepage`,
@@ -564,4 +612,72 @@ fn check_private(va: usize, bytes: usize) -> Result<(), TransportError> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A private anonymous mapping of `n` pages, page `i` filled with `i + 1`.
+    fn private_pages(n: usize) -> usize {
+        // SAFETY: a new private mapping at an address the kernel picks.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                n * PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        for i in 0..n {
+            // SAFETY: page i of the mapping just made.
+            unsafe { std::ptr::write_bytes(p.cast::<u8>().add(i * PAGE), i as u8 + 1, PAGE) };
+        }
+        p as usize
+    }
+
+    /// A program that unmaps registered memory before deregistering it
+    /// (UCX's registration cache does): the pages still mapped are restored
+    /// with their contents, the unmapped one is left alone, and every
+    /// offset is given back.
+    #[test]
+    fn unmap_user_after_program_unmapped_part_of_the_range() {
+        let mut ram = Ram::new(4 << 20, 0).expect("ram");
+        let free_before: usize = ram.free.values().sum();
+        let va = private_pages(3);
+        ram.map_user(va, 3 * PAGE).expect("map_user");
+        assert_eq!(ram.user_pages(), 3);
+        // SAFETY: the middle page of our own mapping.
+        let r = unsafe { libc::munmap((va + PAGE) as *mut libc::c_void, PAGE) };
+        assert_eq!(r, 0);
+        ram.unmap_user(va, 3 * PAGE);
+        assert_eq!(ram.user_pages(), 0);
+        assert_eq!(ram.free.values().sum::<usize>(), free_before);
+        for i in [0, 2] {
+            // SAFETY: pages 0 and 2 are still mapped (restored, private).
+            let b = unsafe { *((va + i * PAGE) as *const u8) };
+            assert_eq!(b, i as u8 + 1);
+        }
+        // SAFETY: our own mapping's remaining pages.
+        unsafe {
+            libc::munmap(va as *mut libc::c_void, PAGE);
+            libc::munmap((va + 2 * PAGE) as *mut libc::c_void, PAGE);
+        }
+    }
+
+    /// The whole registered range unmapped by the program first.
+    #[test]
+    fn unmap_user_after_program_unmapped_the_range() {
+        let mut ram = Ram::new(4 << 20, 0).expect("ram");
+        let va = private_pages(2);
+        ram.map_user(va, 2 * PAGE).expect("map_user");
+        // SAFETY: our own mapping.
+        let r = unsafe { libc::munmap(va as *mut libc::c_void, 2 * PAGE) };
+        assert_eq!(r, 0);
+        ram.unmap_user(va, 2 * PAGE);
+        assert_eq!(ram.user_pages(), 0);
+    }
 }
