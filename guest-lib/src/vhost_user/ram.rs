@@ -510,19 +510,27 @@ extern "C" fn copy_on_fork() {
     let Ok(mut set) = REMAPPED.try_lock() else {
         return;
     };
+    // A run with a page the program unmapped itself is copied a page at a time.
+    let privatize_run = |s: usize, n: usize| {
+        if privatize(s, n * PAGE).is_err() {
+            for i in 0..n {
+                let _ = privatize(s + i * PAGE, PAGE);
+            }
+        }
+    };
     let mut run: Option<(usize, usize)> = None;
     for &page in set.iter() {
         run = match run {
             Some((s, n)) if s + n * PAGE == page => Some((s, n + 1)),
             Some((s, n)) => {
-                let _ = privatize(s, n * PAGE);
+                privatize_run(s, n);
                 Some((page, 1))
             }
             None => Some((page, 1)),
         };
     }
     if let Some((s, n)) = run {
-        let _ = privatize(s, n * PAGE);
+        privatize_run(s, n);
     }
     set.clear();
 }
