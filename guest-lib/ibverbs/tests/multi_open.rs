@@ -19,61 +19,12 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
-use common::{agent_bin, assert_c_test_ok, compile_c_test, lib_dir, run_bounded, which};
-use vrnic::link::{Link, MemLink};
-use vrnic_frontend::{test_device_config, TestDaemon};
-use vrnic_guest::agent::{self, client::AgentTransport, proto};
-
-/// Sends every frame arriving on its end of the link back, until dropped:
-/// the function then receives what it sends to itself.
-struct Reflector {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Reflector {
-    fn start(mut end: MemLink) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let fd = end.caps().fd.expect("a MemLink end has an eventfd");
-            let mut buf = vec![0u8; 65536];
-            while !s.load(Ordering::Relaxed) {
-                let mut p = libc::pollfd {
-                    fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one live pollfd; bounded wait, so the stop flag
-                // is seen within 50 ms.
-                unsafe { libc::poll(&mut p, 1, 50) };
-                while let Ok(Some(n)) = end.recv(&mut buf) {
-                    let _ = end.send(&buf[..n]);
-                }
-            }
-        });
-        Reflector {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Reflector {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
+use common::{
+    assert_c_test_ok, compile_c_test, lib_dir, reflecting_function, run_bounded, which, AgentDir,
+};
 
 /// How the test's programs reach the function.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -82,112 +33,6 @@ enum Via {
     Direct,
     /// Through `vrnic-agent --vhost-user`, started by the library.
     Agent,
-}
-
-/// The agent a test's programs started (through the library), in a
-/// temporary directory of the test's own (`TMPDIR`): on drop, stopped with
-/// SIGTERM (its PID from the socket's peer credentials; bounded, then
-/// SIGKILL) and the directory removed.
-struct AgentDir {
-    tmp: std::path::PathBuf,
-}
-
-impl AgentDir {
-    fn new(tag: &str) -> Self {
-        // One per test, even for two tests of one program.
-        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        let tmp = std::env::temp_dir().join(format!("vrnic-mp-{}-{tag}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(&tmp).expect("agent temp dir");
-        AgentDir { tmp }
-    }
-
-    /// The agent's socket for the function behind `vhost_user`, as the
-    /// library computes it under this `TMPDIR`.
-    fn socket(&self, vhost_user: &Path) -> std::path::PathBuf {
-        agent::vhost_user_socket_in(&self.tmp, vhost_user)
-    }
-
-    /// Sets `cmd` up to reach the function behind `vhost_user` through the
-    /// agent.
-    fn env(&self, cmd: &mut Command) {
-        cmd.env("VRNIC_AGENT", agent_bin()).env("TMPDIR", &self.tmp);
-    }
-
-    /// Waits (bounded) until the agent at `socket` serves no program and
-    /// its device holds nothing but the default context.
-    fn wait_empty(socket: &Path) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            let st = AgentTransport::status(socket).unwrap_or_else(|e| {
-                let log = std::fs::read_to_string(format!("{}.log", socket.display()));
-                panic!("the agent does not answer its status: {e}; its log:\n{log:?}")
-            });
-            let u = st.usage;
-            let left = [u.pds, u.mrs, u.cqs, u.qps, u.ahs, u.srqs, u.mr_pages];
-            if st.programs == 0 && u.ctxs == 1 && left == [0; 7] {
-                return;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the agent still serves {} programs: {u:?}",
-                st.programs
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for AgentDir {
-    fn drop(&mut self) {
-        // SAFETY: getuid cannot fail.
-        let uid = unsafe { libc::getuid() };
-        let dir = self.tmp.join(format!("vrnic-{uid}"));
-        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let path = e.path();
-            if path.extension().is_none_or(|x| x != "sock") {
-                continue;
-            }
-            let Ok(sock) = proto::connect(&path) else {
-                continue;
-            };
-            let Ok(pid) = proto::peer_pid(&sock) else {
-                continue;
-            };
-            drop(sock);
-            // SAFETY: signalling the agent this test's programs started
-            // (the peer of its own socket in the test's own directory).
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            let alive = || {
-                // SAFETY: signal 0 only checks that the process exists.
-                unsafe { libc::kill(pid, 0) == 0 }
-            };
-            while alive() && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            if alive() {
-                // SAFETY: as above; the agent did not stop within 10 s.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.tmp);
-    }
-}
-
-/// A fresh function whose link reflects every frame, served in this
-/// process; `None` (saying why) without gcc or libibverbs-dev.
-fn reflecting_function() -> Option<(TestDaemon, Reflector)> {
-    if which("gcc").is_none() || !Path::new("/usr/include/infiniband/verbs.h").exists() {
-        eprintln!("skipping: needs gcc and libibverbs-dev");
-        return None;
-    }
-    let (link, peer) = MemLink::pair();
-    let reflector = Reflector::start(peer);
-    let daemon =
-        TestDaemon::with_device(test_device_config(), Box::new(link)).expect("the daemon starts");
-    Some((daemon, reflector))
 }
 
 /// Runs C test `name` against a fresh function whose link reflects.

@@ -46,6 +46,37 @@ mount --bind "$t/new" /dev
 exec "$@"
 "#;
 
+/// A command running `prog` where the node exists: directly when the host
+/// has it, else in a mount namespace of its own (root and `unshare`
+/// needed), its scratch directory `scratch` (the caller removes it once
+/// the command ended). `None`, saying why, where neither can be.
+fn with_node(prog: &Path, scratch: &Path) -> Option<Command> {
+    if Path::new(NODE).exists() {
+        return Some(Command::new(prog));
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || which("unshare").is_none() {
+        eprintln!(
+            "skipping: {NODE} missing, and making it in a mount namespace needs root and unshare"
+        );
+        return None;
+    }
+    std::fs::create_dir_all(scratch).expect("scratch directory");
+    let mut c = Command::new("unshare");
+    c.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        PRIVATE_DEV,
+        "sh",
+    ])
+    .arg(scratch)
+    .arg(prog);
+    Some(c)
+}
+
 #[test]
 fn ucx_info_lists_rc_verbs_and_ud_verbs_on_vrnic() {
     let Some(ucx_info) = which("ucx_info") else {
@@ -53,28 +84,8 @@ fn ucx_info_lists_rc_verbs_and_ud_verbs_on_vrnic() {
         return;
     };
     let scratch = std::env::temp_dir().join(format!("vrnic-ucx-dev-{}", std::process::id()));
-    let mut cmd = if Path::new(NODE).exists() {
-        Command::new(&ucx_info)
-    } else {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 || which("unshare").is_none() {
-            eprintln!("skipping: {NODE} missing, and making it in a mount namespace needs root and unshare");
-            return;
-        }
-        std::fs::create_dir_all(&scratch).expect("scratch directory");
-        let mut c = Command::new("unshare");
-        c.args([
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            PRIVATE_DEV,
-            "sh",
-        ])
-        .arg(&scratch)
-        .arg(&ucx_info);
-        c
+    let Some(mut cmd) = with_node(&ucx_info, &scratch) else {
+        return;
     };
     let (link, _peer) = MemLink::pair();
     let daemon =
@@ -103,4 +114,99 @@ fn ucx_info_lists_rc_verbs_and_ud_verbs_on_vrnic() {
         assert!(found, "ucx_info -d lists no {tl} on vrnic0:1:\n{text}");
     }
     assert!(text.contains("# Memory domain: vrnic0"), "{text}");
+}
+
+/// `ucx_perftest` (ucx-utils) between two processes on ONE function, each
+/// through the agent the library starts (how MPI ranks in one container
+/// run): `tag_lat` and `tag_bw` 64 KiB over `rc_verbs` (`UCX_TLS=rc_v`:
+/// UCX wires RC up over UD), the function's link reflecting its frames.
+/// Judged: both sides exit 0 and the client prints its `Final:` line; then
+/// the agent serves nobody and the device holds nothing. Skipped, saying
+/// why, without ucx_perftest or a way to make the node.
+#[test]
+fn ucx_perftest_between_two_processes_of_one_function() {
+    let Some(perftest) = which("ucx_perftest") else {
+        eprintln!("skipping: ucx_perftest not installed (ucx-utils, scripts/deps.sh)");
+        return;
+    };
+    let Some((daemon, _reflector)) = common::reflecting_function() else {
+        return;
+    };
+    let agent = common::AgentDir::new("ucx");
+    let port = (30000 + std::process::id() % 20000).to_string();
+    for (test, args) in [
+        ("tag_lat", vec!["-n", "200"]),
+        ("tag_bw", vec!["-s", "65536", "-n", "100"]),
+    ] {
+        let scratch = agent.tmp.join(format!("dev-{test}"));
+        let run = |client: bool, n: u32| {
+            let dir = scratch.join(format!("{}-{n}", if client { "c" } else { "s" }));
+            let mut c = with_node(&perftest, &dir)?;
+            c.args(["-p", &port])
+                .env("LD_LIBRARY_PATH", lib_dir())
+                .env("VRNIC_VHOST_USER", daemon.socket())
+                .env("UCX_TLS", "rc_v")
+                .env("UCX_NET_DEVICES", "vrnic0:1")
+                .env_remove("VRNIC_LOOPBACK")
+                .env_remove("VRNIC_AGENT_SOCKET");
+            if client {
+                c.args(["127.0.0.1", "-t", test]).args(&args);
+            }
+            agent.env(&mut c);
+            Some(c)
+        };
+        let Some(mut server) = run(false, 0) else {
+            return;
+        };
+        let server = std::thread::spawn(move || run_bounded(&mut server, Duration::from_secs(120)));
+        // The client retries while the server does not listen yet (bounded).
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut n = 0;
+        let client = loop {
+            n += 1;
+            let mut c = run(true, n).expect("the server's command was made");
+            let out = run_bounded(&mut c, Duration::from_secs(120));
+            let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+            if out.status.success()
+                || !(err.contains("connect") || err.contains("refused"))
+                || std::time::Instant::now() > deadline
+            {
+                break out;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let server = server.join().expect("the server thread");
+        let text = |o: &std::process::Output| {
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        };
+        assert!(
+            client.status.success(),
+            "{test} client: {}\n{}",
+            client.status,
+            text(&client)
+        );
+        assert!(
+            server.status.success(),
+            "{test} server: {}\n{}",
+            server.status,
+            text(&server)
+        );
+        assert!(
+            text(&client).contains("Final:"),
+            "{test}: no result\n{}",
+            text(&client)
+        );
+        eprintln!(
+            "{test}: {}",
+            text(&client)
+                .lines()
+                .filter(|l| l.starts_with("Final:"))
+                .collect::<String>()
+        );
+    }
+    common::AgentDir::wait_empty(&agent.socket(daemon.socket()));
 }
