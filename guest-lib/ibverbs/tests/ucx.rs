@@ -14,68 +14,11 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use common::{lib_dir, run_bounded, which};
 use vrnic::link::MemLink;
 use vrnic_frontend::{test_device_config, TestDaemon};
-
-/// The node UCX checks (the library's `UVERBS_NODE`).
-const NODE: &str = "/dev/infiniband/vrnic-uverbs0";
-
-/// A shell script run by `unshare --mount`: gives the namespace a `/dev`
-/// made of links to the real one's entries (through a bind of it, so its
-/// submounts, `/dev/shm` and `/dev/pts`, stay the same) plus
-/// `infiniband/vrnic-uverbs0` → `/dev/null`, then runs its arguments.
-/// Its first argument is an empty directory for the two mounts, which the
-/// caller removes once the namespace is gone.
-const PRIVATE_DEV: &str = r#"set -e
-t=$1; shift
-mkdir "$t/old" "$t/new"
-mount --rbind /dev "$t/old"
-mount -t tmpfs tmpfs "$t/new"
-for e in "$t"/old/* "$t"/old/.[!.]*; do
-  [ -e "$e" ] || [ -L "$e" ] || continue
-  ln -s "$e" "$t/new/${e##*/}"
-done
-mkdir "$t/new/infiniband"
-ln -s "$t/old/null" "$t/new/infiniband/vrnic-uverbs0"
-mount --bind "$t/new" /dev
-exec "$@"
-"#;
-
-/// A command running `prog` where the node exists: directly when the host
-/// has it, else in a mount namespace of its own (root and `unshare`
-/// needed), its scratch directory `scratch` (the caller removes it once
-/// the command ended). `None`, saying why, where neither can be.
-fn with_node(prog: &Path, scratch: &Path) -> Option<Command> {
-    if Path::new(NODE).exists() {
-        return Some(Command::new(prog));
-    }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || which("unshare").is_none() {
-        eprintln!(
-            "skipping: {NODE} missing, and making it in a mount namespace needs root and unshare"
-        );
-        return None;
-    }
-    std::fs::create_dir_all(scratch).expect("scratch directory");
-    let mut c = Command::new("unshare");
-    c.args([
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        PRIVATE_DEV,
-        "sh",
-    ])
-    .arg(scratch)
-    .arg(prog);
-    Some(c)
-}
 
 #[test]
 fn ucx_info_lists_rc_verbs_and_ud_verbs_on_vrnic() {
@@ -84,7 +27,7 @@ fn ucx_info_lists_rc_verbs_and_ud_verbs_on_vrnic() {
         return;
     };
     let scratch = std::env::temp_dir().join(format!("vrnic-ucx-dev-{}", std::process::id()));
-    let Some(mut cmd) = with_node(&ucx_info, &scratch) else {
+    let Some(mut cmd) = common::with_node(&ucx_info, &scratch) else {
         return;
     };
     let (link, _peer) = MemLink::pair();
@@ -141,7 +84,7 @@ fn ucx_perftest_between_two_processes_of_one_function() {
         let scratch = agent.tmp.join(format!("dev-{test}"));
         let run = |client: bool, n: u32| {
             let dir = scratch.join(format!("{}-{n}", if client { "c" } else { "s" }));
-            let mut c = with_node(&perftest, &dir)?;
+            let mut c = common::with_node(&perftest, &dir)?;
             c.args(["-p", &port])
                 .env("LD_LIBRARY_PATH", lib_dir())
                 .env("VRNIC_VHOST_USER", daemon.socket())
@@ -166,7 +109,13 @@ fn ucx_perftest_between_two_processes_of_one_function() {
             n += 1;
             let mut c = run(true, n).expect("the server's command was made");
             let out = run_bounded(&mut c, Duration::from_secs(120));
-            let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+            // UCX logs to stdout.
+            let err = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .to_lowercase();
             if out.status.success()
                 || !(err.contains("connect") || err.contains("refused"))
                 || std::time::Instant::now() > deadline
@@ -175,6 +124,15 @@ fn ucx_perftest_between_two_processes_of_one_function() {
             }
             std::thread::sleep(Duration::from_millis(200));
         };
+        if !client.status.success() {
+            // The server waits for a client that will not come: say why now.
+            panic!(
+                "{test} client: {}\n{}{}",
+                client.status,
+                String::from_utf8_lossy(&client.stdout),
+                String::from_utf8_lossy(&client.stderr)
+            );
+        }
         let server = server.join().expect("the server thread");
         let text = |o: &std::process::Output| {
             format!(

@@ -286,7 +286,7 @@ impl Ram {
         // SAFETY: replaces the program's own pages `[va, va + bytes)` (which
         // it asked to register) by the same bytes in shared memory.
         let p = unsafe {
-            libc::mmap(
+            raw::mmap(
                 va as *mut libc::c_void,
                 bytes,
                 libc::PROT_READ | libc::PROT_WRITE,
@@ -451,7 +451,7 @@ fn privatize(va: usize, bytes: usize) -> io::Result<()> {
     // SAFETY: a new private mapping at an address the kernel picks; no
     // existing memory is touched.
     let tmp = unsafe {
-        libc::mmap(
+        raw::mmap(
             std::ptr::null_mut(),
             bytes,
             libc::PROT_READ | libc::PROT_WRITE,
@@ -469,7 +469,7 @@ fn privatize(va: usize, bytes: usize) -> io::Result<()> {
     // SAFETY: moves the private copy over the run (MREMAP_FIXED unmaps the
     // run's shared pages first); `tmp` is ours and `bytes` long.
     let p = unsafe {
-        libc::mremap(
+        raw::mremap(
             tmp,
             bytes,
             bytes,
@@ -480,10 +480,74 @@ fn privatize(va: usize, bytes: usize) -> io::Result<()> {
     if p == libc::MAP_FAILED {
         let e = io::Error::last_os_error();
         // SAFETY: `tmp` is our own mapping, not moved.
-        unsafe { libc::munmap(tmp, bytes) };
+        unsafe { raw::munmap(tmp, bytes) };
         return Err(e);
     }
     Ok(())
+}
+
+/// `mmap(2)`, `mremap(2)` and `munmap(2)` made with `syscall(2)`, not
+/// through libc's wrappers, for swapping a registered page's backing (same
+/// address, same contents): a program's memory hooks must not hear of it.
+/// UCX's `ucm` patches libc's `mmap`/`munmap`/`mremap` to learn of memory
+/// the program unmaps and invalidates its registration cache's entries
+/// there (`UCX_MEM_EVENTS`); it took the library's swap inside
+/// `ibv_reg_mr` for an unmap of the buffer just registered, deregistered
+/// it while a transfer into it was under way, and an MPI rendezvous
+/// message arrived altered. Errors as the calls' (`MAP_FAILED`/-1, errno
+/// set by `syscall(2)`).
+mod raw {
+    use libc::{c_int, c_void, off_t, size_t};
+
+    /// `mmap(2)`.
+    ///
+    /// # Safety
+    /// As `mmap(2)`: a fixed `addr` replaces what is mapped there.
+    pub(super) unsafe fn mmap(
+        addr: *mut c_void,
+        len: size_t,
+        prot: c_int,
+        flags: c_int,
+        fd: c_int,
+        off: off_t,
+    ) -> *mut c_void {
+        // SAFETY: the caller's; the kernel checks every argument.
+        let r = unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) };
+        if r == -1 {
+            libc::MAP_FAILED
+        } else {
+            r as *mut c_void
+        }
+    }
+
+    /// `mremap(2)` with a new address.
+    ///
+    /// # Safety
+    /// As `mremap(2)`: `MREMAP_FIXED` replaces what is mapped at `new`.
+    pub(super) unsafe fn mremap(
+        old: *mut c_void,
+        old_len: size_t,
+        new_len: size_t,
+        flags: c_int,
+        new: *mut c_void,
+    ) -> *mut c_void {
+        // SAFETY: the caller's; the kernel checks every argument.
+        let r = unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new) };
+        if r == -1 {
+            libc::MAP_FAILED
+        } else {
+            r as *mut c_void
+        }
+    }
+
+    /// `munmap(2)`.
+    ///
+    /// # Safety
+    /// As `munmap(2)`: nothing may use the range after.
+    pub(super) unsafe fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+        // SAFETY: the caller's.
+        unsafe { libc::syscall(libc::SYS_munmap, addr, len) as c_int }
+    }
 }
 
 /// Every page of this process remapped onto a memory file (all [`Ram`]s),

@@ -370,3 +370,58 @@ pub fn reflecting_function() -> Option<(TestDaemon, Reflector)> {
         TestDaemon::with_device(test_device_config(), Box::new(link)).expect("the daemon starts");
     Some((daemon, reflector))
 }
+
+/// The node UCX checks (the library's `UVERBS_NODE`).
+pub const NODE: &str = "/dev/infiniband/vrnic-uverbs0";
+
+/// A shell script run by `unshare --mount`: gives the namespace a `/dev`
+/// made of links to the real one's entries (through a bind of it, so its
+/// submounts, `/dev/shm` and `/dev/pts`, stay the same) plus
+/// `infiniband/vrnic-uverbs0` → `/dev/null`, then runs its arguments.
+/// Its first argument is an empty directory for the two mounts, which the
+/// caller removes once the namespace is gone.
+const PRIVATE_DEV: &str = r#"set -e
+t=$1; shift
+mkdir "$t/old" "$t/new"
+mount --rbind /dev "$t/old"
+mount -t tmpfs tmpfs "$t/new"
+for e in "$t"/old/* "$t"/old/.[!.]*; do
+  [ -e "$e" ] || [ -L "$e" ] || continue
+  ln -s "$e" "$t/new/${e##*/}"
+done
+mkdir "$t/new/infiniband"
+ln -s "$t/old/null" "$t/new/infiniband/vrnic-uverbs0"
+mount --bind "$t/new" /dev
+exec "$@"
+"#;
+
+/// A command running `prog` where the node exists: directly when the host
+/// has it, else in a mount namespace of its own (root and `unshare`
+/// needed), its scratch directory `scratch` (the caller removes it once
+/// the command ended). `None`, saying why, where neither can be.
+pub fn with_node(prog: &Path, scratch: &Path) -> Option<Command> {
+    if Path::new(NODE).exists() {
+        return Some(Command::new(prog));
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || which("unshare").is_none() {
+        eprintln!(
+            "skipping: {NODE} missing, and making it in a mount namespace needs root and unshare"
+        );
+        return None;
+    }
+    std::fs::create_dir_all(scratch).expect("scratch directory");
+    let mut c = Command::new("unshare");
+    c.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        PRIVATE_DEV,
+        "sh",
+    ])
+    .arg(scratch)
+    .arg(prog);
+    Some(c)
+}
