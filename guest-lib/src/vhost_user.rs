@@ -50,12 +50,11 @@
 //!   memory already shared with another process (`MAP_SHARED`, shm) would
 //!   silently stop being shared: `ibv_reg_mr` fails with `EINVAL` on both
 //!   (`/proc/self/maps` is read at registration);
-//! - at `fork(2)` the child's remapped pages are made private copies (a
-//!   `pthread_atfork(3)` child handler copies every remapped run, as a
-//!   kernel with copy-on-fork copies pinned pages), which costs the child a
-//!   copy of all registered memory; if another thread of the parent was
-//!   remapping or restoring pages at that moment, the child's pages stay
-//!   shared;
+//! - at `fork(2)` the child gets private copies of the remapped pages as
+//!   they were at the fork (`pthread_atfork(3)` handlers: the parent copies
+//!   every remapped run before it forks, the child moves the copies over its
+//!   pages), as a kernel with copy-on-fork copies pinned pages; this costs
+//!   a copy of all registered memory per fork;
 //! - registered memory in all counts at most [`RAM_SIZE`] bytes.
 //!
 //! A vhost-user backend serves one frontend per socket at a time: one

@@ -243,9 +243,10 @@ impl Ram {
     /// remapped yet) onto fresh shared memory, contents kept.
     fn remap_run(&mut self, va: usize, n: usize) -> Result<(), TransportError> {
         FORK_HANDLER.call_once(|| {
-            // SAFETY: registers a plain function pointer; it runs in the
-            // child only (see `copy_on_fork`).
-            unsafe { libc::pthread_atfork(None, None, Some(copy_on_fork)) };
+            // SAFETY: registers plain function pointers (see `fork_prepare`).
+            unsafe {
+                libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child))
+            };
         });
         let bytes = n * PAGE;
         check_private(va, bytes)?;
@@ -440,8 +441,7 @@ impl Ram {
 /// often heap memory itself (a small `posix_memalign`'d buffer, as pyverbs
 /// registers, shares its page with malloc's other chunks), so a heap buffer
 /// could lie inside the run, be wiped with it and copy zeros back over
-/// malloc's chunks (`free(): invalid pointer` later). No allocation, no
-/// lock: [`copy_on_fork`] calls it in a forked child. Errors: `mmap(2)`'s
+/// malloc's chunks (`free(): invalid pointer` later). Errors: `mmap(2)`'s
 /// and `mremap(2)`'s (the run then stays shared).
 fn privatize(va: usize, bytes: usize) -> io::Result<()> {
     if !is_mapped(va, bytes / PAGE) {
@@ -551,34 +551,75 @@ mod raw {
 }
 
 /// Every page of this process remapped onto a memory file (all [`Ram`]s),
-/// for [`copy_on_fork`].
+/// for [`fork_prepare`].
 static REMAPPED: std::sync::Mutex<std::collections::BTreeSet<usize>> =
     std::sync::Mutex::new(std::collections::BTreeSet::new());
 
-/// Registers [`copy_on_fork`] once, at the first remapped page.
+/// Registers the fork handlers ([`fork_prepare`]) once, at the first
+/// remapped page.
 static FORK_HANDLER: std::sync::Once = std::sync::Once::new();
 
 fn lock_remapped() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<usize>> {
     REMAPPED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// `pthread_atfork(3)` child handler: a forked child gets private copies of
-/// its parent's registered pages, as a kernel with copy-on-fork gives it
-/// (`ibv_is_fork_initialized(3)`: `IBV_FORK_UNNEEDED`), instead of sharing
-/// them with the parent, whose device keeps using them. Each run of
-/// neighbouring pages is made private in one [`privatize`]; the set is then
-/// emptied (the pages are no longer the child's to give back). If another
-/// thread of the parent held the set's lock at the fork, nothing is done
-/// and the pages stay shared (the documented limit).
-extern "C" fn copy_on_fork() {
-    let Ok(mut set) = REMAPPED.try_lock() else {
-        return;
+/// Snapshots of the remapped runs taken before a fork ([`fork_prepare`]):
+/// (address, bytes, private copy).
+static SNAPSHOTS: std::sync::Mutex<Vec<(usize, usize, usize)>> = std::sync::Mutex::new(Vec::new());
+
+fn lock_snapshots() -> std::sync::MutexGuard<'static, Vec<(usize, usize, usize)>> {
+    SNAPSHOTS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A private anonymous copy of `[va, va + bytes)` (mapped), at an address
+/// the kernel picks; `None` when unmapped or out of memory.
+fn snapshot(va: usize, bytes: usize) -> Option<usize> {
+    if !is_mapped(va, bytes / PAGE) {
+        return None;
+    }
+    // SAFETY: a new private mapping at an address the kernel picks.
+    let tmp = unsafe {
+        raw::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
     };
-    // A run with a page the program unmapped itself is copied a page at a time.
-    let privatize_run = |s: usize, n: usize| {
-        if privatize(s, n * PAGE).is_err() {
+    if tmp == libc::MAP_FAILED {
+        return None;
+    }
+    // SAFETY: the run is mapped (checked) and ours; `tmp` is a distinct
+    // fresh mapping of `bytes` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(va as *const u8, tmp.cast::<u8>(), bytes) };
+    Some(tmp as usize)
+}
+
+/// `pthread_atfork(3)` handlers giving a forked child private copies of its
+/// parent's registered pages, as a kernel with copy-on-fork does (the
+/// reason `ibv_is_fork_initialized(3)` answers `IBV_FORK_UNNEEDED`),
+/// instead of sharing them with the parent, whose device keeps using them.
+/// The copies must hold the pages as they were at the fork, so the parent
+/// takes them before it forks (the device may write the pages as soon as
+/// the parent goes on): `fork_prepare` copies each run of neighbouring
+/// pages (a page at a time in a run with a page the program unmapped); in
+/// the child `fork_child` moves each copy over its run (`mremap(2)`, no
+/// copy: the child's view of the parent's private copy is copy-on-write);
+/// in the parent `fork_parent` unmaps them. The cost: one copy of all
+/// registered memory per `fork(2)`.
+extern "C" fn fork_prepare() {
+    let set = lock_remapped();
+    let mut snaps = lock_snapshots();
+    snaps.clear();
+    let mut take = |s: usize, n: usize| match snapshot(s, n * PAGE) {
+        Some(tmp) => snaps.push((s, n * PAGE, tmp)),
+        None => {
             for i in 0..n {
-                let _ = privatize(s + i * PAGE, PAGE);
+                if let Some(tmp) = snapshot(s + i * PAGE, PAGE) {
+                    snaps.push((s + i * PAGE, PAGE, tmp));
+                }
             }
         }
     };
@@ -587,16 +628,54 @@ extern "C" fn copy_on_fork() {
         run = match run {
             Some((s, n)) if s + n * PAGE == page => Some((s, n + 1)),
             Some((s, n)) => {
-                privatize_run(s, n);
+                take(s, n);
                 Some((page, 1))
             }
             None => Some((page, 1)),
         };
     }
     if let Some((s, n)) = run {
-        privatize_run(s, n);
+        take(s, n);
     }
-    set.clear();
+}
+
+/// See [`fork_prepare`]: the parent's copies go.
+extern "C" fn fork_parent() {
+    let mut snaps = lock_snapshots();
+    for &(_, bytes, tmp) in snaps.iter() {
+        // SAFETY: a copy fork_prepare mapped; nothing else uses it.
+        unsafe { raw::munmap(tmp as *mut libc::c_void, bytes) };
+    }
+    snaps.clear();
+}
+
+/// See [`fork_prepare`]: the child's copies replace its runs; its set of
+/// remapped pages is emptied (they are no longer the child's to give back).
+extern "C" fn fork_child() {
+    let Ok(mut snaps) = SNAPSHOTS.try_lock() else {
+        return;
+    };
+    for &(va, bytes, tmp) in snaps.iter() {
+        // SAFETY: moves the copy over the run (MREMAP_FIXED unmaps the run's
+        // shared pages first); `tmp` is the child's and `bytes` long.
+        let p = unsafe {
+            raw::mremap(
+                tmp as *mut libc::c_void,
+                bytes,
+                bytes,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                va as *mut libc::c_void,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            // SAFETY: the copy, not moved.
+            unsafe { raw::munmap(tmp as *mut libc::c_void, bytes) };
+        }
+    }
+    snaps.clear();
+    if let Ok(mut set) = REMAPPED.try_lock() {
+        set.clear();
+    }
 }
 
 impl Drop for Ram {
@@ -611,8 +690,7 @@ impl Drop for Ram {
 type UserPages = BTreeMap<usize, (usize, u32)>;
 
 /// Whether every page of `[va, va + n * PAGE)` is mapped in this process
-/// (`mincore(2)` fails with `ENOMEM` when one is not). No allocation: the
-/// fork handler ([`copy_on_fork`]) asks too.
+/// (`mincore(2)` fails with `ENOMEM` when one is not). No allocation.
 fn is_mapped(va: usize, n: usize) -> bool {
     const CHUNK: usize = 64;
     let mut vec = [0u8; CHUNK];
