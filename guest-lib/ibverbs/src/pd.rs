@@ -46,12 +46,17 @@ pub(crate) extern "C" fn ibv_alloc_pd(context: *mut c::ibv_context) -> *mut c::i
     })
 }
 
-/// `ibv_dealloc_pd(3)`: 0, or `EINVAL` for NULL. The device's PD goes when
-/// the last object using it is gone.
+/// `ibv_dealloc_pd(3)`: 0; `EINVAL` for NULL; `EBUSY`, the PD kept, while
+/// an MR, QP, SRQ or AH still uses it (as the kernel's uverbs answers,
+/// `ib_destroy_usecnt`, and the device's `CMD_DEALLOC_PD` would).
 pub(crate) extern "C" fn ibv_dealloc_pd(pd: *mut c::ibv_pd) -> c_int {
     ffi("ibv_dealloc_pd", libc::EIO, || {
-        if pd.is_null() {
+        // SAFETY: the application passes a PD from ibv_alloc_pd or NULL.
+        let Some(p) = (unsafe { VrnicPd::from_ptr(pd) }) else {
             return libc::EINVAL;
+        };
+        if p.inner.users() > 0 {
+            return libc::EBUSY;
         }
         // SAFETY: `pd` is the start of a VrnicPd boxed by ibv_alloc_pd, freed once.
         drop(unsafe { Box::from_raw(pd.cast::<VrnicPd>()) });

@@ -7,8 +7,10 @@
 //! context of its own on its connection, a child's open is refused (NULL
 //! with `ENODEV`), the first context keeps working, and deregistering that
 //! context's MRs on small heap buffers afterwards (what pyverbs does next)
-//! must leave the heap intact; the process must live. Skipped, saying why,
-//! without gcc or libibverbs-dev.
+//! must leave the heap intact; the process must live. And
+//! `tests/c/create_fail.c`: creates and calls with bad arguments fail with
+//! rxe's errno, and the process lives. Skipped, saying why, without gcc or
+//! libibverbs-dev.
 
 mod common;
 
@@ -20,8 +22,8 @@ use common::{assert_c_test_ok, compile_c_test, lib_dir, run_bounded, which};
 use vrnic::link::MemLink;
 use vrnic_frontend::{test_device_config, TestDaemon};
 
-#[test]
-fn a_second_process_is_refused_with_enodev_and_the_first_lives() {
+/// Runs C test `name` on a fresh function (its link goes nowhere).
+fn run_c_test(name: &str) {
     if which("gcc").is_none() || !Path::new("/usr/include/infiniband/verbs.h").exists() {
         eprintln!("skipping: needs gcc and libibverbs-dev");
         return;
@@ -29,7 +31,7 @@ fn a_second_process_is_refused_with_enodev_and_the_first_lives() {
     let (link, _peer) = MemLink::pair();
     let daemon =
         TestDaemon::with_device(test_device_config(), Box::new(link)).expect("the daemon starts");
-    let (dir, exe) = compile_c_test("open_fail");
+    let (dir, exe) = compile_c_test(name);
     let out = run_bounded(
         Command::new("timeout")
             .arg("60")
@@ -41,5 +43,18 @@ fn a_second_process_is_refused_with_enodev_and_the_first_lives() {
             .env_remove("VRNIC_AGENT_SOCKET"),
         Duration::from_secs(70),
     );
-    assert_c_test_ok("open_fail", &dir, &out);
+    assert_c_test_ok(name, &dir, &out);
+}
+
+#[test]
+fn a_second_process_is_refused_with_enodev_and_the_first_lives() {
+    run_c_test("open_fail");
+}
+
+/// `tests/c/create_fail.c`: every create past the device's limits or with
+/// bad arguments is NULL with rxe's errno, every failing call returning an
+/// int returns it, and the process and its context live on.
+#[test]
+fn failing_creates_return_their_errno_and_the_process_lives() {
+    run_c_test("create_fail");
 }

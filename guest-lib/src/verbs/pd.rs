@@ -39,6 +39,12 @@ impl Pd {
         self.inner.pdn
     }
 
+    /// How many objects (MRs, QPs, SRQs, AHs) still use this PD: each holds
+    /// its handle, and the device's PD goes when the last holder does.
+    pub fn users(&self) -> usize {
+        Arc::strong_count(&self.inner) - 1
+    }
+
     /// The context the PD belongs to.
     pub fn context(&self) -> &Context {
         &self.inner.ctx
