@@ -101,7 +101,15 @@ fn ucx_perftest_between_two_processes_of_one_function() {
         let Some(mut server) = run(false, 0) else {
             return;
         };
-        let server = std::thread::spawn(move || run_bounded(&mut server, Duration::from_secs(120)));
+        let server = server
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("ucx_perftest server starts");
+        // Killed (and reaped) on every way out of this round, the test's
+        // panics included: a server whose client failed would wait forever.
+        let mut server = KillOnDrop(Some(server));
         // The client retries while the server does not listen yet (bounded).
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         let mut n = 0;
@@ -125,7 +133,8 @@ fn ucx_perftest_between_two_processes_of_one_function() {
             std::thread::sleep(Duration::from_millis(200));
         };
         if !client.status.success() {
-            // The server waits for a client that will not come: say why now.
+            // The server waits for a client that will not come: say why now
+            // (dropping it kills it).
             panic!(
                 "{test} client: {}\n{}{}",
                 client.status,
@@ -133,7 +142,7 @@ fn ucx_perftest_between_two_processes_of_one_function() {
                 String::from_utf8_lossy(&client.stderr)
             );
         }
-        let server = server.join().expect("the server thread");
+        let server = server.wait_within(Duration::from_secs(60));
         let text = |o: &std::process::Output| {
             format!(
                 "{}{}",
@@ -167,4 +176,36 @@ fn ucx_perftest_between_two_processes_of_one_function() {
         );
     }
     common::AgentDir::wait_empty(&agent.socket(daemon.socket()));
+}
+
+/// A child process killed and reaped when dropped, unless waited for.
+struct KillOnDrop(Option<std::process::Child>);
+
+impl KillOnDrop {
+    /// Its output once it exits, within `limit` (else killed, and the test fails).
+    fn wait_within(&mut self, limit: Duration) -> std::process::Output {
+        let deadline = std::time::Instant::now() + limit;
+        let mut c = self.0.take().expect("not waited for yet");
+        while c.try_wait().expect("try_wait").is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = c.kill();
+                let out = c.wait_with_output().expect("wait_with_output");
+                panic!(
+                    "the server did not exit within {limit:?}: {}",
+                    String::from_utf8_lossy(&out.stdout)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        c.wait_with_output().expect("wait_with_output")
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
