@@ -10,23 +10,13 @@ use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use super::{errno, io_err};
 use crate::transport::{DmaBuf, TransportError};
 
 /// DMA memory is carved from chunks of this many bytes.
 const DMA_CHUNK: usize = 2 << 20;
 /// Page size of the memfd and of the remapped pages, bytes.
 pub(crate) const PAGE: usize = 4096;
-
-fn io_err(what: impl Into<String>, source: io::Error) -> TransportError {
-    TransportError::Io {
-        what: what.into(),
-        source,
-    }
-}
-
-fn errno(what: impl Into<String>, e: i32) -> TransportError {
-    io_err(what, io::Error::from_raw_os_error(e))
-}
 
 /// The shared memory: a memfd mapped at `base`, page-granular first-fit
 /// allocation of its offsets, and a bump allocator for DMA memory.
@@ -434,43 +424,26 @@ impl Ram {
 }
 
 /// Makes `[va, va + bytes)` (mapped shared onto a memory file) private
-/// anonymous memory with the same contents, at the same address.
-///
-/// The copy is made in a fresh private mapping of its own, which then
-/// replaces the run in one `mremap(2)`; not in a heap buffer: the run is
-/// often heap memory itself (a small `posix_memalign`'d buffer, as pyverbs
-/// registers, shares its page with malloc's other chunks), so a heap buffer
-/// could lie inside the run, be wiped with it and copy zeros back over
-/// malloc's chunks (`free(): invalid pointer` later). Errors: `mmap(2)`'s
-/// and `mremap(2)`'s (the run then stays shared).
+/// anonymous memory with the same contents, at the same address: a
+/// [`snapshot`] moved over it ([`move_over`]). Not through a heap buffer,
+/// which could lie inside the run, be wiped with it and copy zeros back
+/// over malloc's chunks (`free(): invalid pointer` later). Errors:
+/// [`snapshot`]'s and `mremap(2)`'s (the run then stays shared).
 fn privatize(va: usize, bytes: usize) -> io::Result<()> {
-    if !is_mapped(va, bytes / PAGE) {
-        // Unmapped by the program itself: nothing to copy, nothing to keep.
-        return Err(io::Error::from_raw_os_error(libc::ENOMEM));
-    }
-    // SAFETY: a new private mapping at an address the kernel picks; no
-    // existing memory is touched.
-    let tmp = unsafe {
-        raw::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if tmp == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the run is mapped shared and ours; `tmp` is a distinct fresh
-    // mapping of `bytes` bytes, so the two do not overlap.
-    unsafe { std::ptr::copy_nonoverlapping(va as *const u8, tmp.cast::<u8>(), bytes) };
-    // SAFETY: moves the private copy over the run (MREMAP_FIXED unmaps the
-    // run's shared pages first); `tmp` is ours and `bytes` long.
+    let tmp = snapshot(va, bytes)?;
+    move_over(tmp, va, bytes)
+}
+
+/// Moves the private copy `tmp` (`bytes` long, [`snapshot`]) over
+/// `[va, va + bytes)` in one `mremap(2)` (`MREMAP_FIXED` unmaps what was
+/// there first). Errors: `mremap(2)`'s; the copy is then unmapped and the
+/// range left as it was.
+fn move_over(tmp: usize, va: usize, bytes: usize) -> io::Result<()> {
+    // SAFETY: `tmp` is a mapping of `bytes` bytes of this process's own,
+    // used by nothing else; the range it replaces is a remapped run.
     let p = unsafe {
         raw::mremap(
-            tmp,
+            tmp as *mut libc::c_void,
             bytes,
             bytes,
             libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
@@ -479,8 +452,8 @@ fn privatize(va: usize, bytes: usize) -> io::Result<()> {
     };
     if p == libc::MAP_FAILED {
         let e = io::Error::last_os_error();
-        // SAFETY: `tmp` is our own mapping, not moved.
-        unsafe { raw::munmap(tmp, bytes) };
+        // SAFETY: the copy, not moved.
+        unsafe { raw::munmap(tmp as *mut libc::c_void, bytes) };
         return Err(e);
     }
     Ok(())
@@ -571,13 +544,18 @@ fn lock_snapshots() -> std::sync::MutexGuard<'static, Vec<(usize, usize, usize)>
     SNAPSHOTS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A private anonymous copy of `[va, va + bytes)` (mapped), at an address
-/// the kernel picks; `None` when unmapped or out of memory.
-fn snapshot(va: usize, bytes: usize) -> Option<usize> {
+/// A private anonymous copy of `[va, va + bytes)`, at an address the
+/// kernel picks. The copy is made in a fresh mapping of its own, not in a
+/// heap buffer: the run is often heap memory itself (a small
+/// `posix_memalign`'d buffer, as pyverbs registers, shares its page with
+/// malloc's other chunks). Errors: `ENOMEM` for a range the program
+/// unmapped itself (nothing to copy), `mmap(2)`'s.
+fn snapshot(va: usize, bytes: usize) -> io::Result<usize> {
     if !is_mapped(va, bytes / PAGE) {
-        return None;
+        return Err(io::Error::from_raw_os_error(libc::ENOMEM));
     }
-    // SAFETY: a new private mapping at an address the kernel picks.
+    // SAFETY: a new private mapping at an address the kernel picks; no
+    // existing memory is touched.
     let tmp = unsafe {
         raw::mmap(
             std::ptr::null_mut(),
@@ -589,12 +567,12 @@ fn snapshot(va: usize, bytes: usize) -> Option<usize> {
         )
     };
     if tmp == libc::MAP_FAILED {
-        return None;
+        return Err(io::Error::last_os_error());
     }
     // SAFETY: the run is mapped (checked) and ours; `tmp` is a distinct
-    // fresh mapping of `bytes` bytes.
+    // fresh mapping of `bytes` bytes, so the two do not overlap.
     unsafe { std::ptr::copy_nonoverlapping(va as *const u8, tmp.cast::<u8>(), bytes) };
-    Some(tmp as usize)
+    Ok(tmp as usize)
 }
 
 /// `pthread_atfork(3)` handlers giving a forked child private copies of its
@@ -614,10 +592,10 @@ extern "C" fn fork_prepare() {
     let mut snaps = lock_snapshots();
     snaps.clear();
     let mut take = |s: usize, n: usize| match snapshot(s, n * PAGE) {
-        Some(tmp) => snaps.push((s, n * PAGE, tmp)),
-        None => {
+        Ok(tmp) => snaps.push((s, n * PAGE, tmp)),
+        Err(_) => {
             for i in 0..n {
-                if let Some(tmp) = snapshot(s + i * PAGE, PAGE) {
+                if let Ok(tmp) = snapshot(s + i * PAGE, PAGE) {
                     snaps.push((s + i * PAGE, PAGE, tmp));
                 }
             }
@@ -656,21 +634,8 @@ extern "C" fn fork_child() {
         return;
     };
     for &(va, bytes, tmp) in snaps.iter() {
-        // SAFETY: moves the copy over the run (MREMAP_FIXED unmaps the run's
-        // shared pages first); `tmp` is the child's and `bytes` long.
-        let p = unsafe {
-            raw::mremap(
-                tmp as *mut libc::c_void,
-                bytes,
-                bytes,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                va as *mut libc::c_void,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            // SAFETY: the copy, not moved.
-            unsafe { raw::munmap(tmp as *mut libc::c_void, bytes) };
-        }
+        // A copy that cannot be moved is unmapped; the run stays shared.
+        let _ = move_over(tmp, va, bytes);
     }
     snaps.clear();
     if let Ok(mut set) = REMAPPED.try_lock() {
