@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{agent_bin, lib_dir, run_bounded, which};
+use common::{agent_bin, lib_dir, run_bounded, which, Reaped};
 use vrnic_guest::agent::client::AgentTransport;
 
 /// Bound on one program run (also passed to timeout(1)).
@@ -226,37 +226,6 @@ impl Drop for Pair {
         for n in &self.ns {
             // Deleting a namespace deletes its end of the veth pair.
             let _ = ip(&["netns", "del", n]);
-        }
-    }
-}
-
-/// A child killed (and reaped) if still running when dropped.
-struct Reaped(Option<Child>);
-
-impl Reaped {
-    fn wait_bounded(mut self, limit: Duration) -> Output {
-        let mut child = self.0.take().expect("child");
-        let start = Instant::now();
-        while child.try_wait().expect("try_wait").is_none() {
-            if start.elapsed() > limit {
-                let _ = child.kill();
-                let out = child.wait_with_output().expect("wait");
-                panic!(
-                    "did not finish within {limit:?}: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        child.wait_with_output().expect("wait_with_output")
-    }
-}
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
         }
     }
 }

@@ -109,7 +109,7 @@ fn ucx_perftest_between_two_processes_of_one_function() {
             .expect("ucx_perftest server starts");
         // Killed (and reaped) on every way out of this round, the test's
         // panics included: a server whose client failed would wait forever.
-        let mut server = KillOnDrop(Some(server));
+        let server = common::Reaped(Some(server));
         // The client retries while the server does not listen yet (bounded).
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         let mut n = 0;
@@ -142,7 +142,7 @@ fn ucx_perftest_between_two_processes_of_one_function() {
                 String::from_utf8_lossy(&client.stderr)
             );
         }
-        let server = server.wait_within(Duration::from_secs(60));
+        let server = server.wait_bounded(Duration::from_secs(60));
         let text = |o: &std::process::Output| {
             format!(
                 "{}{}",
@@ -176,36 +176,4 @@ fn ucx_perftest_between_two_processes_of_one_function() {
         );
     }
     common::AgentDir::wait_empty(&agent.socket(daemon.socket()));
-}
-
-/// A child process killed and reaped when dropped, unless waited for.
-struct KillOnDrop(Option<std::process::Child>);
-
-impl KillOnDrop {
-    /// Its output once it exits, within `limit` (else killed, and the test fails).
-    fn wait_within(&mut self, limit: Duration) -> std::process::Output {
-        let deadline = std::time::Instant::now() + limit;
-        let mut c = self.0.take().expect("not waited for yet");
-        while c.try_wait().expect("try_wait").is_none() {
-            if std::time::Instant::now() > deadline {
-                let _ = c.kill();
-                let out = c.wait_with_output().expect("wait_with_output");
-                panic!(
-                    "the server did not exit within {limit:?}: {}",
-                    String::from_utf8_lossy(&out.stdout)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        c.wait_with_output().expect("wait_with_output")
-    }
-}
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }

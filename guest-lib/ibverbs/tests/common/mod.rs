@@ -425,3 +425,38 @@ pub fn with_node(prog: &Path, scratch: &Path) -> Option<Command> {
     .arg(prog);
     Some(c)
 }
+
+/// A child killed (and reaped) if still running when dropped: a test that
+/// fails while a server waits leaves nothing behind.
+pub struct Reaped(pub Option<std::process::Child>);
+
+impl Reaped {
+    /// Its output once it exits, within `limit`; past it, killed, and the
+    /// test fails showing what it printed.
+    pub fn wait_bounded(mut self, limit: Duration) -> Output {
+        let mut child = self.0.take().expect("child");
+        let start = Instant::now();
+        while child.try_wait().expect("try_wait").is_none() {
+            if start.elapsed() > limit {
+                let _ = child.kill();
+                let out = child.wait_with_output().expect("wait");
+                panic!(
+                    "did not finish within {limit:?}: {}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        child.wait_with_output().expect("wait_with_output")
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
