@@ -1076,40 +1076,41 @@ run_soak() {
         "$VR_TOP/scripts/soak.sh" --minutes "${E2E_SOAK_MINUTES:-2}" 2>&1 || echo "FAIL: scripts/soak.sh exit $?")
 }
 
-# run_heavy: tests/e2e/heavy.sh (E2E_HEAVY_MODES, default all three) with its own release daemon
-# (built there unless E2E_NO_BUILD=1), results in RESULTS/heavy; its PASS:/FAIL: lines count here,
-# and a non-zero exit without a FAIL line (it could not run) is one failure.
-run_heavy() {
-    local line failed=0 tp=$SECONDS modes
-    read -ra modes <<<"${E2E_HEAVY_MODES:-}"
-    echo "=== heavy"
+# relay SCRIPT DIR CMD...: runs CMD (SCRIPT, a step of host processes whose results are in DIR)
+# and counts its PASS:/FAIL: lines here; a non-zero exit without a FAIL line (it could not run) is
+# one failure; every other line is printed as it is.
+relay() {
+    local script=$1 dir=$2 line failed=0
+    shift 2
     while IFS= read -r line; do
         case $line in
         "PASS: "*) pass "${line#PASS: }" ;;
         "FAIL: "*) failed=1; fail "${line#FAIL: }" ;;
-        "HEAVY-EXIT "*) [ $failed = 1 ] || fail "tests/e2e/heavy.sh exit ${line#HEAVY-EXIT } without a result (see $RESULTS/heavy)" ;;
+        "RELAY-EXIT "*) [ $failed = 1 ] || fail "$script exit ${line#RELAY-EXIT } without a result (see $dir)" ;;
         *) echo "$line" ;;
         esac
-    done < <(HEAVY_NO_BUILD=${E2E_NO_BUILD:-0} HEAVY_RESULTS=$RESULTS/heavy timeout -k 30 "${E2E_HEAVY_TIMEOUT:-1200}" \
-        "$VR_TOP/tests/e2e/heavy.sh" ${modes[@]+"${modes[@]}"} 2>&1 || echo "HEAVY-EXIT $?")
+    done < <("$@" 2>&1 || echo "RELAY-EXIT $?")
+}
+
+# run_heavy: tests/e2e/heavy.sh (E2E_HEAVY_MODES, default all three) with its own release daemon
+# (built there unless E2E_NO_BUILD=1), results in RESULTS/heavy.
+run_heavy() {
+    local tp=$SECONDS modes
+    read -ra modes <<<"${E2E_HEAVY_MODES:-}"
+    echo "=== heavy"
+    relay tests/e2e/heavy.sh "$RESULTS/heavy" env HEAVY_NO_BUILD="${E2E_NO_BUILD:-0}" \
+        HEAVY_RESULTS="$RESULTS/heavy" timeout -k 30 "${E2E_HEAVY_TIMEOUT:-1200}" \
+        "$VR_TOP/tests/e2e/heavy.sh" ${modes[@]+"${modes[@]}"}
     echo "=== heavy took $((SECONDS - tp)) s"
 }
 
-# run_pyverbs: tests/e2e/pyverbs.sh (all modules) on the e2e's release build, results in
-# RESULTS/pyverbs; its PASS:/FAIL: lines count here, and a non-zero exit without a FAIL line (it
-# could not run) is one failure.
+# run_pyverbs: tests/e2e/pyverbs.sh (all modules, both ways) on the e2e's release build, results
+# in RESULTS/pyverbs.
 run_pyverbs() {
-    local line failed=0 tp=$SECONDS
+    local tp=$SECONDS
     echo "=== pyverbs"
-    while IFS= read -r line; do
-        case $line in
-        "PASS: "*) pass "${line#PASS: }" ;;
-        "FAIL: "*) failed=1; fail "${line#FAIL: }" ;;
-        "PYVERBS-EXIT "*) [ $failed = 1 ] || fail "tests/e2e/pyverbs.sh exit ${line#PYVERBS-EXIT } without a result (see $RESULTS/pyverbs)" ;;
-        *) echo "$line" ;;
-        esac
-    done < <(PYVERBS_NO_BUILD=${E2E_NO_BUILD:-0} PYVERBS_RESULTS=$RESULTS/pyverbs timeout -k 30 900 \
-        "$VR_TOP/tests/e2e/pyverbs.sh" 2>&1 || echo "PYVERBS-EXIT $?")
+    relay tests/e2e/pyverbs.sh "$RESULTS/pyverbs" env PYVERBS_NO_BUILD="${E2E_NO_BUILD:-0}" \
+        PYVERBS_RESULTS="$RESULTS/pyverbs" timeout -k 30 900 "$VR_TOP/tests/e2e/pyverbs.sh"
     echo "=== pyverbs took $((SECONDS - tp)) s"
 }
 
