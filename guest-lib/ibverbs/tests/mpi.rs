@@ -13,11 +13,11 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
-use common::{lib_dir, reflecting_function, run_bounded, which, with_node, AgentDir};
+use common::{
+    compile_c_test_with, lib_dir, reflecting_function, run_bounded, which, with_node, AgentDir,
+};
 
 #[test]
 fn two_mpi_ranks_on_one_function_ping_pong_and_allreduce() {
@@ -31,19 +31,7 @@ fn two_mpi_ranks_on_one_function_ping_pong_and_allreduce() {
         return;
     };
     let agent = AgentDir::new("mpi");
-    let exe = agent.tmp.join("mpi_pingpong");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mpi_pingpong.c");
-    let cc = Command::new(&mpicc)
-        .args(["-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("mpicc runs");
-    assert!(
-        cc.status.success(),
-        "mpicc: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    let (dir, exe) = compile_c_test_with(&mpicc, "mpi_pingpong", &[]);
     let Some(mut cmd) = with_node(&mpirun, &agent.tmp.join("dev")) else {
         return;
     };
@@ -69,6 +57,7 @@ fn two_mpi_ranks_on_one_function_ping_pong_and_allreduce() {
         .env_remove("VRNIC_LOOPBACK")
         .env_remove("VRNIC_AGENT_SOCKET");
     let out = run_bounded(&mut cmd, Duration::from_secs(300));
+    let _ = std::fs::remove_dir_all(&dir);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -182,6 +182,12 @@ pub fn c_test_netns(tag: &str) -> Option<Netns> {
 /// directory of its own; returns that directory (the caller removes it)
 /// and the executable. Panics with gcc's messages if it fails.
 pub fn compile_c_test(name: &str) -> (PathBuf, PathBuf) {
+    compile_c_test_with(Path::new("gcc"), name, &["-libverbs"])
+}
+
+/// [`compile_c_test`] with compiler `cc` (e.g. Open MPI's `mpicc`) and
+/// `libs` after the source.
+pub fn compile_c_test_with(cc: &Path, name: &str, libs: &[&str]) -> (PathBuf, PathBuf) {
     // A directory per call: two tests of one process may build one program.
     static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -189,17 +195,18 @@ pub fn compile_c_test(name: &str) -> (PathBuf, PathBuf) {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let exe = dir.join(name);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
-    let cc = Command::new("gcc")
+    let out = Command::new(cc)
         .args(["-Wall", "-Werror", "-o"])
         .arg(&exe)
         .arg(&src)
-        .arg("-libverbs")
+        .args(libs)
         .output()
-        .expect("gcc runs");
+        .unwrap_or_else(|e| panic!("{} runs: {e}", cc.display()));
     assert!(
-        cc.status.success(),
-        "gcc: {}",
-        String::from_utf8_lossy(&cc.stderr)
+        out.status.success(),
+        "{}: {}",
+        cc.display(),
+        String::from_utf8_lossy(&out.stderr)
     );
     (dir, exe)
 }
