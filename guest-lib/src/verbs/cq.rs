@@ -39,10 +39,15 @@ impl Cq {
     /// `CMD_CREATE_CQ`): the size is rounded up to a power of two, so
     /// [`Cq::capacity`] may exceed `cqe`.
     ///
-    /// Errors: `EINVAL` for 0 or more than 2^31 entries; out of DMA memory;
-    /// the device's status (`EINVAL` above `max_cqe`, `ENOMEM` at `max_cq`).
+    /// Errors: `EINVAL` for 0 or more than 2^31 entries, and above the
+    /// device's `max_cqe` (its configuration space) before the ring is
+    /// allocated, as rxe's `rxe_cq_chk_attr` (allocating first failed with
+    /// `ENOMEM` in a guest, where DMA memory is scarcer: pyverbs'
+    /// `test_create_cq_bad_flow`); out of DMA memory; the device's status
+    /// (`EINVAL` above `max_cqe`, `ENOMEM` at `max_cq`).
     pub fn new(ctx: &Context, cqe: u32) -> Result<Cq> {
-        if cqe == 0 || cqe > 1 << 31 {
+        let max = ctx.config().max_cqe;
+        if cqe == 0 || cqe > 1 << 31 || (max != 0 && cqe > max) {
             return Err(VerbsError::InvalidArgument(ArgError::CqSize { cqe }));
         }
         let size = cqe.next_power_of_two();

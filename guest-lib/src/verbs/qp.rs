@@ -431,10 +431,11 @@ impl Qp {
                 recv: recv_sge,
             }));
         }
-        let sq_size = ring_size(cap.max_send_wr, "send queue")?;
+        let max_wr = ctx.config().max_qp_wr;
+        let sq_size = ring_size(cap.max_send_wr, max_wr, "send queue")?;
         let rq_size = match srq {
             Some(_) => 0,
-            None => ring_size(cap.max_recv_wr, "receive queue")?,
+            None => ring_size(cap.max_recv_wr, max_wr, "receive queue")?,
         };
         let sq_stride = abi::sq_stride(send_sge, cap.max_inline_data);
         let sq = ctx.alloc_dma(ring_bytes(sq_size, sq_stride)?, 4096)?;

@@ -100,7 +100,7 @@ impl Srq {
                 sges: max_sge,
             }));
         }
-        let size = ring_size(init.max_wr, "shared receive queue")?;
+        let size = ring_size(init.max_wr, ctx.config().max_qp_wr, "shared receive queue")?;
         let ring = ctx.alloc_dma(ring_bytes(size, abi::rq_stride(max_sge))?, 4096)?;
         let record = ctx.alloc_dma(8, 64)?;
         let body = abi::CreateSrq {

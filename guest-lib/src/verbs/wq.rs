@@ -89,13 +89,16 @@ pub(super) fn ring_fits(stride: u32, min: usize, size: u32, buf: &DmaBuf) -> boo
 }
 
 /// Rounds a requested queue depth up to a power of two (at least 1).
-pub(super) fn ring_size(wr: u32, what: &'static str) -> Result<u32> {
-    wr.max(1)
-        .checked_next_power_of_two()
-        .ok_or(VerbsError::InvalidArgument(ArgError::QueueTooLarge {
-            queue: what,
-            wr,
-        }))
+/// `EINVAL` beyond `max`, the device's `max_qp_wr` from its configuration
+/// space (0: not stated, the device judges), before any ring is allocated:
+/// rxe's `rxe_qp_chk_cap` and `rxe_srq_chk_init` refuse such a depth with
+/// `EINVAL`, where allocating its ring first could fail with `ENOMEM`.
+pub(super) fn ring_size(wr: u32, max: u32, what: &'static str) -> Result<u32> {
+    let too_large = VerbsError::InvalidArgument(ArgError::QueueTooLarge { queue: what, wr });
+    if max != 0 && wr > max {
+        return Err(too_large);
+    }
+    wr.max(1).checked_next_power_of_two().ok_or(too_large)
 }
 
 /// Bytes of a ring of `size` slots of `stride` bytes; `EINVAL` on overflow.
