@@ -73,8 +73,11 @@ fn send_wr<'a>(wr_id: u64, opcode: WrOpcode, sge: &'a [Sge]) -> SendWr<'a> {
 fn ud_over_ipv6_gids_puts_the_ipv6_header_in_the_grh_area() {
     let (ca, cb) = two_contexts_ipv6();
     let (mut a, mut b) = (Node::new(&ca, 8192), Node::new(&cb, 8192));
-    // GID table: 0 link-local (fe80::/64 from the MAC), 1 IPv4-mapped, 2 fd00::n.
-    assert_eq!(a.ctx.query_port(1).expect("query port").gid_tbl_len, 3);
+    // GID table: 0 link-local (fe80::/64 from the MAC), 1 IPv4-mapped, 2 fd00::n,
+    // then unused entries up to the table's length (16), which the device
+    // does not know.
+    assert_eq!(a.ctx.query_port(1).expect("query port").gid_tbl_len, 16);
+    assert!(a.ctx.query_gid(1, 3).is_err(), "GID 3 is unused");
     assert_eq!(a.gid(0).subnet_prefix(), 0xfe80_0000_0000_0000);
     assert_eq!(
         a.gid(GID_INDEX).to_ipv4_mapped(),

@@ -113,6 +113,13 @@ pub const MAX_QP_WR: u32 = 16384;
 pub const MAX_CQE: u32 = 65536;
 /// Maximum SGEs per WQE.
 pub const MAX_SGE: u32 = 32;
+/// The port's GID table length (`ibv_port_attr.gid_tbl_len`), in
+/// entries: room for the port's addresses (the MAC's link-local GID, the
+/// IPv4-mapped GID, each IPv6 address), the unused entries reading as
+/// `NotFound` (rdma-core's `ENODATA` from `ibv_query_gid_ex`), as a real
+/// RoCE port's table has unused entries (rxe's holds 1024). pyverbs'
+/// `test_query_gid_ex_bad_flow` asks an unused entry for its error.
+pub const GID_TBL_LEN: u32 = 16;
 /// Maximum inline bytes per send WQE.
 pub const MAX_INLINE: u32 = 512;
 pub use crate::transport::MAX_MSG_SZ;

@@ -45,14 +45,16 @@ impl Device {
     }
 
     /// `CMD_QUERY_PORT` of port 1, the only one: active, RoCE (Ethernet
-    /// link layer), 4096-byte maximum MTU.
+    /// link layer), 4096-byte maximum MTU, a GID table of [`GID_TBL_LEN`]
+    /// entries (more if the port has more addresses) of which the unused
+    /// ones are `NotFound` to `CMD_QUERY_GID`.
     pub(super) fn query_port(&self, q: abi::QueryPort) -> Result<abi::PortAttr, CommandError> {
         check_port(q.port)?;
         Ok(abi::PortAttr {
             state: 4,
             max_mtu: 5,
             active_mtu: self.active_mtu(),
-            gid_tbl_len: self.res.port.gid_count(),
+            gid_tbl_len: self.res.port.gid_count().max(GID_TBL_LEN),
             max_msg_sz: MAX_MSG_SZ,
             link_layer: 2,
         })
