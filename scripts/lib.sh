@@ -164,6 +164,14 @@ vr_vrnic_image() {
     VR_VRNIC_INITRD=$d/initramfs.cpio
 }
 
+# vr_software_layer: builds (once) the software layer (images/software.sh: pyverbs' suite, UCX's
+# tools, Open MPI) and sets VR_SOFTWARE_LAYER, its cpio, for VR_GUEST_LAYER (vr_guest).
+vr_software_layer() {
+    local d
+    d=$("$VR_TOP/images/software.sh") || vr_die "software layer failed"
+    VR_SOFTWARE_LAYER=$d/software.cpio
+}
+
 # ---------------------------------------------------------------------------------------------
 # QEMU
 
@@ -262,7 +270,8 @@ vr_qemu_exec() {
 #   Boots a guest in the background: KIND rxe (Soft-RoCE peer) or vrnic (Debian root with vrnic's
 #   package: libibverbs.so.1 and tools, with the vhost-user device on SOCK; without SOCK, no device). eth0 on TAP gets IP (A.B.C.D/N); the job script
 #   JOB runs in the guest. Serial console: LOGDIR/NAME.log, QEMU's own output LOGDIR/NAME.qemu,
-#   its QMP socket LOGDIR/NAME.qmp (vr_qmp).
+#   its QMP socket LOGDIR/NAME.qmp (vr_qmp). With VR_GUEST_LAYER (a cpio, e.g. VR_SOFTWARE_LAYER)
+#   the image is booted with that archive appended (LOGDIR/NAME-initrd.cpio; the caller removes it).
 #   Sets VR_LAST_PID.
 vr_guest() {
     local name=$1 kind=$2 ns=$3 tap=$4 ip=$5 job=$6 logdir=$7 sock=${8:-}
@@ -272,6 +281,12 @@ vr_guest() {
     vrnic) initrd=$VR_VRNIC_INITRD ;;
     *) vr_die "unknown guest kind $kind" ;;
     esac
+    if [ -n "${VR_GUEST_LAYER:-}" ]; then
+        # The image with the layer appended (the kernel unpacks concatenated archives in turn),
+        # beside the guest's console log.
+        cat "$initrd" "$VR_GUEST_LAYER" >"$logdir/$name-initrd.cpio"
+        initrd=$logdir/$name-initrd.cpio
+    fi
     mac=$(printf '52:54:00:%s' "$(echo "$name$ip" | md5sum | sed 's/^\(..\)\(..\)\(..\).*/\1:\2:\3/')")
     job=$(readlink -f "$job")
     logdir=$(readlink -f "$logdir")

@@ -6,10 +6,12 @@
 #                                             vrnic-rxe-lossy | vrnic-vrnic-pause | vrnic-vrnic-kill |
 #                                             vrnic-vrnic-restart | hostile-peer | soak-2min | heavy |
 #                                             pyverbs | ibv-rxe | ibv-ibv | ibv-ibv-switch | ibv-vrnic |
-#                                             containers
+#                                             containers | software
 #   default: qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause
 #   vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min heavy pyverbs ibv-rxe ibv-ibv
-#   ibv-ibv-switch containers
+#   ibv-ibv-switch containers software
+#   (software: rdma-core's test suite, UCX and Open MPI, unmodified from Debian, in a vrnic guest
+#   beside an rxe guest, tests/e2e/software.sh)
 #   (pyverbs: rdma-core's own test suite, Debian's python3-pyverbs, unmodified, in a host process on
 #   a daemon function, every module passing or skipping, tests/e2e/pyverbs.sh; no QEMU, about 1 min)
 #   (containers: Debian's tools in podman containers on vrnic through the daemon's vhost-user
@@ -58,7 +60,8 @@ trap 'rc=$?; if [ $SUMMARY_DONE = 0 ]; then echo "FAIL: e2e aborted (exit $rc)";
 
 PAIRS=("$@")
 [ ${#PAIRS[@]} -gt 0 ] || PAIRS=(qemu-select probe vrnic-rxe vrnic-vrnic vrnic-rxe-lossy vrnic-vrnic-pause
-    vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min heavy pyverbs ibv-rxe ibv-ibv ibv-ibv-switch containers)
+    vrnic-vrnic-kill vrnic-vrnic-restart hostile-peer soak-2min heavy pyverbs ibv-rxe ibv-ibv ibv-ibv-switch containers
+    software)
 [ "${E2E_BASELINE:-0}" = 1 ] && PAIRS=(rxe-rxe "${PAIRS[@]}")
 if [ -z "${E2E_RESULTS:-}" ] && [ -d "$VR_TOP/out" ]; then
     # Default results dirs out/e2e-DATE: keep the last 5 (daemon pcaps are ~60 MB each).
@@ -79,6 +82,8 @@ exec > >(tee -a "$RESULTS/summary.log") 2>&1
 
 # shellcheck source=tests/e2e/containers.sh
 . "$VR_TOP/tests/e2e/containers.sh"
+# shellcheck source=tests/e2e/software.sh
+. "$VR_TOP/tests/e2e/software.sh"
 
 pass() { PASSED=$((PASSED + 1)); echo "PASS: $*"; }
 FAILS=()
@@ -90,7 +95,7 @@ for p in "${PAIRS[@]}"; do
     rxe-rxe | qemu-select) ;;
     probe | vrnic-rxe | vrnic-vrnic | vrnic-rxe-lossy | vrnic-vrnic-lossy | vrnic-vrnic-pause | vrnic-vrnic-kill | vrnic-vrnic-restart | hostile-peer) need_vrnic=1 ;;
     soak-2min | heavy | pyverbs) need_vrnic=1 ;;
-    ibv-rxe | ibv-ibv | ibv-ibv-switch | ibv-vrnic | containers) need_vrnic=1 ;;
+    ibv-rxe | ibv-ibv | ibv-ibv-switch | ibv-vrnic | containers | software) need_vrnic=1 ;;
     *) vr_die "unknown pair $p" ;;
     esac
 done
@@ -1122,6 +1127,7 @@ for p in "${PAIRS[@]}"; do
     pyverbs) run_pyverbs ;;
     probe) run_probe ;;
     containers) run_containers ;;
+    software) run_software ;;
     hostile-peer)
         if [ $PROBE_OK = 0 ] && [ "${E2E_KEEP_GOING:-0}" != 1 ]; then
             fail "$p: not run, the probe failed (E2E_KEEP_GOING=1 runs it anyway)"

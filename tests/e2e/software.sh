@@ -1,0 +1,131 @@
+# shellcheck shell=bash
+# The e2e step `software` (sourced by tests/e2e/run.sh; issue 30, points 4 and 5): RDMA software
+# nobody here wrote, unmodified from Debian, in a vrnic guest (A, 10.0.0.1, its daemon's function
+# at 10.0.0.101) and an rxe guest (B, 10.0.0.2), both booted with the software layer
+# (images/software.sh: python3-pyverbs, ucx-utils, openmpi-bin) appended to their images.
+# Each guest runs tests/e2e/guest-sw.sh:
+#   1. ucx_perftest between the two guests, over each of E2E_SW_UCX_TLS (default "rc_v ud_v":
+#      UCX's rc_verbs and ud_verbs), each test of E2E_SW_UCX_TESTS (TEST:SIZE:ITERS, default
+#      tag_lat 8 B, tag_bw 64 KiB, ucp_put_bw 64 KiB, ucp_get 8 B: UCX 1.13's name for the get
+#      latency test), vrnic the server, then the client. A run passes when both sides exit 0 and
+#      the client printed its "Final:" line (the figure in the PASS line: iterations, typical and
+#      average latency in us, bandwidth in MB/s, message rate; TCG's, not a benchmark). The rxe
+#      guest runs UCX with UCX_UD_ETH_DGID_CHECK=n, which UCX needs on rxe (see guest-sw.sh).
+#   2. Open MPI across the guests: mpirun in A (rank 0) starts rank 1 in B through a remote shell
+#      of the test's own (tests/e2e/peer/sw-rsh.py: the guests have no ssh server), --mca pml ucx;
+#      guest-lib/ibverbs/tests/c/mpi_pingpong.c checks a ping-pong from 1 B to 4 MiB and an
+#      MPI_Allreduce. E2E_SW_MPI=0 leaves it out.
+#   3. rdma-core's own test suite (run_tests.py --dev vrnic0 / rxe0 --gid 1 -v), in both guests at
+#      once; tests/e2e/pyverbs-table.py prints the table, module by module, of both, and passes
+#      when the suite ran to its end on vrnic and no test passes on rxe and fails on vrnic (the
+#      tests rxe passes and vrnic skips are listed with the suite's reason).
+# E2E_SW_A=rxe puts an rxe guest in A's place: the baseline of what the same software does on rxe.
+# Results in RESULTS/software: consoles a.log/b.log, the daemon's pcap, pyverbs-{vrnic,rxe}.log,
+# pyverbs.txt (the table), pyverbs.csv (every test's status on both).
+
+SW_UCX_TLS=${E2E_SW_UCX_TLS:-rc_v ud_v}
+SW_UCX_TESTS=${E2E_SW_UCX_TESTS:-tag_lat:8:100 tag_bw:65536:50 ucp_put_bw:65536:50 ucp_get:8:100}
+SW_PYV_TIMEOUT=${E2E_SW_PYVERBS_TIMEOUT:-900}
+# E2E_SW_PYVERBS=0 leaves the suite out; E2E_SW_UCX_ENV adds variables to every ucx_perftest
+# (e.g. "UCX_LOG_LEVEL=debug").
+
+SW_MPI_TIMEOUT=${E2E_SW_MPI_TIMEOUT:-600}
+
+# sw_job FILE NAME DEV PEER_IP ROLES MPI_ROLE: the guest job (parameters + tests/e2e/guest-sw.sh).
+sw_job() {
+    local mpi=$6
+    [ "${E2E_SW_MPI:-1}" = 1 ] || mpi=
+    {
+        echo "MPI_ROLE=$mpi MPI_TIMEOUT=$SW_MPI_TIMEOUT MPI_X='${E2E_SW_MPI_X:-}'"
+        echo "NAME=$2 DEV=$3 GID=1 PEER_IP=$4 ROLES='$5' UCX_TLS_LIST='$SW_UCX_TLS' UCX_TESTS='$SW_UCX_TESTS'"
+        echo "BASEPORT=18700 RUN_TIMEOUT=$RUN_TIMEOUT CONNECT_WAIT=$((RUN_TIMEOUT + 120))"
+        echo "PYVERBS=${E2E_SW_PYVERBS:-1} PYV_TIMEOUT=$SW_PYV_TIMEOUT UCX_ENV='${E2E_SW_UCX_ENV:-}'"
+        cat "$VR_TOP/tests/e2e/guest-sw.sh"
+    } >"$1"
+}
+
+# sw_block LOG NAME OUT: the suite's output from a guest's console (between its BEGIN and END
+# lines, the END line kept) into OUT.
+sw_block() {
+    tr -d '\r' <"$1" | awk -v n="$2" '$0 == "VRNIC-PYVERBS-BEGIN " n { on = 1; next }
+        on { print } on && index($0, "VRNIC-PYVERBS-END " n " ") == 1 { on = 0 }' >"$3"
+}
+
+run_software() {
+    local dir=$RESULTS/software tp=$SECONDS pids=() daemon='' g tl t test
+    mkdir -p "$dir"
+    echo "=== software"
+    vr_software_layer
+    # E2E_SW_A=rxe: the baseline, an rxe guest in A's place (what UCX and the suite do on rxe alone).
+    local akind=${E2E_SW_A:-vrnic} adev=vrnic0
+    [ "$akind" = rxe ] && adev=rxe0
+    sw_job "$dir/job-a.sh" a $adev 10.0.0.2 "server client" launcher
+    sw_job "$dir/job-b.sh" b rxe0 10.0.0.1 "client server" host
+    # The job's own bound: the UCX runs and the suite (vrnic.timeout; the last one given counts).
+    local VRNIC_GUEST_APPEND="$VRNIC_GUEST_APPEND vrnic.timeout=$((SW_PYV_TIMEOUT + SW_MPI_TIMEOUT + 900))"
+    if [ "$akind" = rxe ]; then
+        VR_GUEST_LAYER=$VR_SOFTWARE_LAYER vr_guest a rxe "$NS" tap-ga 10.0.0.1/24 "$dir/job-a.sh" "$dir"
+        pids+=("$VR_LAST_PID")
+    elif vr_daemon vrnic-a "$NS" "$dir/vrnic-a.sock" tap-va 10.0.0.101/24 "$dir" "$dir/vrnic-a.pcap"; then
+        daemon=$VR_LAST_PID
+        VR_GUEST_LAYER=$VR_SOFTWARE_LAYER vr_guest a vrnic "$NS" tap-ga 10.0.0.1/24 "$dir/job-a.sh" "$dir" "$dir/vrnic-a.sock"
+        pids+=("$VR_LAST_PID")
+    else
+        fail "software: the vrnic guest's daemon did not start"
+        return 0
+    fi
+    VR_GUEST_LAYER=$VR_SOFTWARE_LAYER vr_guest b rxe "$NS" tap-gb 10.0.0.2/24 "$dir/job-b.sh" "$dir"
+    pids+=("$VR_LAST_PID")
+    for g in a b; do
+        if vr_wait_job $g "$dir" "${pids[0]}" $((SW_PYV_TIMEOUT + SW_MPI_TIMEOUT + 960)); then
+            pass "software: guest $g's job ended (rc 0)"
+        else
+            fail "software: guest $g's job: rc $VR_JOB_RC (console $dir/$g.log)"
+        fi
+        pids=("${pids[@]:1}")
+    done
+    [ -z "$daemon" ] || vr_stop "$daemon"
+    rm -f "$dir"/?-initrd.cpio
+    # UCX: per transport and test, per server side: the client's line and the server's.
+    for tl in $SW_UCX_TLS; do
+        for t in $SW_UCX_TESTS; do
+            test=${t%%:*}
+            for g in a b; do
+                local srv=$g cli=b what
+                [ $g = a ] || cli=a
+                if [ $srv = a ]; then what="vrnic guest serves, rxe guest runs"; else what="rxe guest serves, vrnic guest runs"; fi
+                local sl cl
+                sl=$(grep -a "^VRNIC-UCX $srv $tl $test server " "$dir/$srv.log" | tr -d '\r' | tail -1)
+                cl=$(grep -a "^VRNIC-UCX $cli $tl $test client " "$dir/$cli.log" | tr -d '\r' | tail -1)
+                if [[ $sl == *" rc=0 "* && $cl == *" rc=0 "* && $cl != *"final=none" ]]; then
+                    # Final: iterations, typical/average/overall latency (us), average/overall
+                    # bandwidth (MB/s), message rates.
+                    local f fig
+                    IFS=, read -ra f <<<"${cl##*final=}"
+                    if [[ $test == *_bw ]]; then fig="${f[4]} MB/s"; else fig="typical ${f[1]} us"; fi
+                    pass "software: ucx_perftest $tl $test ($what): $fig"
+                else
+                    fail "software: ucx_perftest $tl $test ($what): server '${sl:-no line}', client '${cl:-no line}'"
+                fi
+            done
+        done
+    done
+    # Open MPI: the launcher's result and the host's end.
+    if [ "${E2E_SW_MPI:-1}" = 1 ]; then
+        local ml hl
+        ml=$(grep -a "^VRNIC-MPI a launcher " "$dir/a.log" | tr -d '\r' | tail -1)
+        hl=$(grep -a "^VRNIC-MPI b host " "$dir/b.log" | tr -d '\r' | tail -1)
+        if [[ $ml == *" rc=0 ok=yes "* && $hl == *"done=yes"* ]]; then
+            pass "software: mpirun --mca pml ucx, rank 0 in the $akind guest, rank 1 in the rxe guest: ping-pong 1 B-4 MiB checked, MPI_Allreduce (${ml#*ok=yes })"
+        else
+            fail "software: mpirun across the guests: '${ml:-no launcher line}', '${hl:-no host line}' (consoles $dir/a.log, $dir/b.log)"
+        fi
+    fi
+    [ "${E2E_SW_PYVERBS:-1}" = 1 ] || { echo "=== software took $((SECONDS - tp)) s"; return 0; }
+    # pyverbs, both guests, one table.
+    sw_block "$dir/a.log" a "$dir/pyverbs-vrnic.log"
+    sw_block "$dir/b.log" b "$dir/pyverbs-rxe.log"
+    relay tests/e2e/pyverbs-table.py "$dir" /usr/bin/python3 "$VR_TOP/tests/e2e/pyverbs-table.py" \
+        "$dir/pyverbs-vrnic.log" "$dir/pyverbs-rxe.log" "$dir/pyverbs"
+    echo "=== software took $((SECONDS - tp)) s"
+}
