@@ -192,6 +192,13 @@ proc_ticks() {
 # pair_tmo: the bound on each perftest process of a run, in seconds (qp_scaling raises it: 64 QPs
 # of 4 MiB register 512 MiB on each side before the first message).
 pair_tmo=120
+# run_cost D0 T0: "cpu_s wall_s daemon_cpu_s" of the run that just ended: the CPU seconds of its
+# processes (cpu_wrap's files /tmp/$tag/cpu-*) and of the daemons since D0 (proc_ticks), the wall
+# seconds since T0 (EPOCHREALTIME), the daemons' share.
+run_cost() {
+    awk -v a="$(times_cpu "/tmp/$tag"/cpu-*)" -v d="$(($(proc_ticks ${dpids[@]+"${dpids[@]}"}) - $1))" \
+        -v hz="$hz" -v t0="$2" -v t1="$EPOCHREALTIME" 'BEGIN { printf "%.3f %.3f %.2f", a + d / hz, t1 - t0, d / hz }'
+}
 # run_pair MODE TOOL PORT ARGS...: a perftest server and client (the client retrying, bounded,
 # while the server is not listening yet); prints the client's figure (BW average MB/s, or
 # t_typical µs) or "fail", then the run's dropped frames, ACK timeouts (retransmits), sequence
@@ -234,10 +241,8 @@ run_pair() {
         sleep 0.2
     done
     wait $srv || true
-    # "cpu_s wall_s daemon_cpu_s" of the run.
     local cost
-    cost=$(awk -v a="$(times_cpu "/tmp/$tag"/cpu-*)" -v d="$(($(proc_ticks ${dpids[@]+"${dpids[@]}"}) - d0))" \
-        -v hz="$hz" -v t0="$t0" -v t1="$EPOCHREALTIME" 'BEGIN { printf "%.3f %.3f %.2f", a + d / hz, t1 - t0, d / hz }')
+    cost=$(run_cost "$d0" "$t0")
     if [ -z "$v" ]; then
         case $tool in
         *_bw) c=4 ;;
