@@ -534,12 +534,12 @@ flood_latency() {
     done
 }
 
-# keep_failed NAME: a failed run's perftest output (its error: a completion status, a timeout) kept
-# as fail-NAME-server.out and fail-NAME-client.out in the results.
+# keep_failed NAME: a failed run's perftest or ucx_perftest output (its error: a completion status, a
+# timeout, UCX's ERROR lines) kept as fail-NAME-server.out and fail-NAME-client.out in the results.
 keep_failed() {
     local s
     for s in server client; do cp "/tmp/$tag/$s.out" "$out/fail-$1-$s.out" 2>/dev/null || true; done
-    log "$1 failed: $(grep -ohiE "failed status [0-9]+.*|completion with error.*|couldn't.*|unable.*" \
+    log "$1 failed: $(grep -ohiE "failed status [0-9]+.*|completion with error.*|couldn't.*|unable.*|UCX +ERROR.*" \
         "$out/fail-$1-client.out" "$out/fail-$1-server.out" 2>/dev/null | head -3 | paste -sd ';')"
 }
 # bw_row MODE TOOL SIZE QPS: one timed bandwidth run (run_pair, perftest -q QPS) and its CSV row;
