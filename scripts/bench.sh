@@ -233,27 +233,10 @@ run_cost() {
 # UCX (ucx_perftest, Open MPI's pml ucx) skips a verbs device unless /dev/infiniband/<dev_name> is
 # an accessible character device; vrnic's library names vrnic-uverbs0. "${with_node[@]}" DIR CMD...
 # runs CMD in a mount namespace of its own whose /dev has that node (-> /dev/null), the host's
-# /dev left alone, with the UCX tests' script (guest-lib/ibverbs/tests/common/mod.rs, PRIVATE_DEV):
-# a tmpfs of links to a bind of the real /dev (so its submounts, /dev/shm and /dev/pts, stay the
-# same) plus infiniband/vrnic-uverbs0, bound over /dev. DIR, new for each command, holds the two
-# mountpoints, empty directories once the namespace is gone (cleanup removes /tmp/$tag).
-cat >"/tmp/$tag/with-node.sh" <<'SH'
-set -e
-t=$1; shift
-mkdir -p "$t"
-mkdir "$t/old" "$t/new"
-mount --rbind /dev "$t/old"
-mount -t tmpfs tmpfs "$t/new"
-for e in "$t"/old/* "$t"/old/.[!.]*; do
-  [ -e "$e" ] || [ -L "$e" ] || continue
-  ln -s "$e" "$t/new/${e##*/}"
-done
-mkdir "$t/new/infiniband"
-ln -s "$t/old/null" "$t/new/infiniband/vrnic-uverbs0"
-mount --bind "$t/new" /dev
-exec "$@"
-SH
-with_node=(unshare --mount --propagation private sh "/tmp/$tag/with-node.sh")
+# /dev left alone (scripts/uverbs-node.sh, the UCX tests' script). DIR, new for each command,
+# holds the namespace's two mountpoints, empty directories once it is gone (cleanup removes
+# /tmp/$tag).
+with_node=(unshare --mount --propagation private sh "$top/scripts/uverbs-node.sh")
 # The UCX environment of every UCX process: rc_verbs (UCX wires RC up over UD) on vrnic's port.
 ucx_env=(UCX_TLS=rc_v UCX_NET_DEVICES=vrnic0:1)
 # run_pair MODE TOOL PORT ARGS...: a perftest server and client (the client retrying, bounded,
