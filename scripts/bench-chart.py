@@ -4,10 +4,11 @@
 Top left: perftest bandwidth (Gb/s of payload) against message size, one line per
 mode (how the two programs reach vrnic; 1-QP rows of the size sweep), with the
 machine's best raw frame rate and its raw TAP frame rate measured in the same run
-as dashed lines.
-Top right: 64 B latencies (us) per mode and tool, with the busy-poll round trips
-(AF_PACKET and TAP), the yield relay round trip (two yielding pollers
-through a third thread: the switch's floor) and the relayed wire round trips
+as dashed lines; ucx_perftest's tag_bw 64 KiB and Open MPI's 4 MiB ping-pong are
+one point each per mode.
+Top right: perftest's 64 B and ucx_perftest tag_lat's 8 B latencies (us) per mode and
+tool, with the busy-poll round trips (AF_PACKET and TAP), the yield relay round trip
+(two yielding pollers through a third thread: the switch's floor) and the relayed wire round trips
 (two yielding ends through two yielding relays and the veth pair or the TAPs'
 bridge: the floor between two daemons) of the same run as lines.
 Bottom left (modes switch-q, tap-q, packet-q): aggregate bandwidth against the
@@ -74,7 +75,7 @@ def sweep(bw, runs, lim):
     bw.set_xscale("log", base=2)
     bw.set_xlabel("message size (bytes)")
     bw.set_ylabel("payload Gb/s")
-    bw.set_title("perftest bandwidth (1 QP)")
+    bw.set_title("bandwidth (1 QP; perftest, ucx_perftest tag_bw, MPI ping-pong)")
     bw.legend(fontsize=7)
     bw.grid(alpha=0.3)
 
@@ -87,12 +88,16 @@ def latency(lat, runs, lim):
               (("rtt_relay_wire_us", "AF_PACKET"), ("rtt_relay_tap_us", "TAP"))]
     names, vals = [], []
     for r in runs:
-        if r.get("unit") != "us" or r["what"] not in ("ib_send_lat", "ib_write_lat"):
+        if r.get("unit") != "us" or r["what"] not in ("ib_send_lat", "ib_write_lat", "ucx_tag_lat"):
             continue
         v = fnum(r["value"])
         if v is None:
             continue
-        names.append(f"{r['what'].replace('ib_', '').replace('_lat', '')} {r['mode']}")
+        # "send switch", "write tap", "ucx_tag 8 B switch" (UCX's rows are 8 B, perftest's 64 B).
+        what = r["what"].replace("ib_", "").replace("_lat", "")
+        if r["what"].startswith("ucx_"):
+            what += f" {r['bytes']} B"
+        names.append(f"{what} {r['mode']}")
         vals.append(v)
     lat.bar(range(len(vals)), vals, color="tab:blue")
     lat.set_xticks(range(len(vals)), names, fontsize=7, rotation=60, ha="right")
@@ -111,7 +116,7 @@ def latency(lat, runs, lim):
     lat.set_yscale("log")
     lat.set_ylim(bottom=1)
     lat.set_ylabel("us (typical)")
-    lat.set_title("64 B latency")
+    lat.set_title("latency (perftest 64 B, ucx_perftest tag_lat 8 B)")
     lat.grid(alpha=0.3, axis="y")
 
 
@@ -199,7 +204,7 @@ def main() -> int:
         draw(ax)
     for ax in cells[len(panels):]:
         ax.set_visible(False)
-    fig.suptitle("vrnic perftest vs this machine's limits (same run)")
+    fig.suptitle("vrnic (perftest, ucx_perftest, Open MPI) vs this machine's limits (same run)")
     fig.tight_layout()
     fig.savefig(f"{out}/bench.png", dpi=100)
     return 0

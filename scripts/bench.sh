@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# vrnic benchmark (issue 10): the machine's own limits and Debian's perftest on vrnic,
-# measured in the same run and printed side by side with ratios; figures, never verdicts.
+# vrnic benchmark (issue 10): the machine's own limits and Debian's perftest (and, issue 30,
+# ucx_perftest and Open MPI) on vrnic, measured in the same run and printed side by side with
+# ratios; figures, never verdicts.
 #
 # Usage: scripts/bench.sh [--quick] [--guests] [--out DIR]
 #   1. vrnic-limits in a namespace of its own with a veth pair and two TAPs on a bridge: memcpy,
@@ -14,7 +15,7 @@
 #      --quick; ib_send_lat, ib_write_lat at 64 B) between two host processes in two namespaces joined by a veth pair (MTU 9000, path
 #      MTU 4096), each with an in-process vrnic device (VRNIC_LOOPBACK: the engine alone on
 #      AF_PACKET, mode "loopback"), then through daemons (modes switch, tap, packet, and the QP-scaling
-#      and loss modes, below);
+#      and loss modes, below; switch and tap also with ucx_perftest and Open MPI);
 #   3. with --guests: tests/e2e/run.sh rxe-rxe ibv-ibv ibv-ibv-switch (perftest between two rxe
 #      guests, two vrnic guests on two daemons over TAP, and two vrnic guests on one daemon through
 #      its switch, under the same QEMU accelerator; several minutes under TCG), every tool with
@@ -30,11 +31,19 @@
 # printed table (bench.txt), the chart (bench.png), the per-QP samples of multi-QP rows (qp/), a
 # failed run's perftest output (fail-*.out).
 # Needs root; installs its Debian packages when missing (scripts/deps.sh --bench: perftest,
-# iproute2, nftables, python3-matplotlib for the chart).
+# iproute2, nftables, ucx-utils, openmpi-bin and libopenmpi-dev, python3-matplotlib for the chart).
 # Daemon modes (2b): the same perftest between two host processes each attached to a vrnic
 # function of a release `vrnic` daemon through its vhost-user socket (VRNIC_VHOST_USER: the
 # containers' path, guest-lib/src/vhost_user.rs), the two in one namespace (TCP over lo):
 #   switch: one daemon, two functions, through its embedded switch (its uplink a TAP nobody reads);
+#           with tap, also UCX and Open MPI (issue 30): ucx_perftest tag_bw 64 KiB (3000 messages,
+#           20000 without --quick) and tag_lat 8 B (1000 round trips, 5000) over rc_verbs
+#           (UCX_TLS=rc_v), server and client one on each function (rows ucx_tag_bw, ucx_tag_lat),
+#           and Open MPI's ping-pong bandwidth at 4 MiB for 1 s (3 s; row mpi_pingpong: mpirun
+#           --mca pml ucx, tests/c/mpi_pingpong.c --bw, its two ranks one on each function), each
+#           beside the limits of perftest's rows of its mode. UCX needs /dev/infiniband/
+#           vrnic-uverbs0 to be a character device: its processes run in mount namespaces of
+#           their own whose /dev has it (with_node), the host's /dev untouched;
 #   switch-agent: as switch, each process reaching its function through the agent vrnic's library
 #           starts (vrnic-agent --vhost-user: how a container with vrnic's package runs, several
 #           processes per function; every other daemon mode has each process its function's own
@@ -102,6 +111,16 @@ done
 for q in $qps $loss; do
     case $q in '' | *[!0-9]*) echo "bench: BENCH_QPS and BENCH_LOSS take whole numbers" >&2; exit 2 ;; esac
 done
+# ucx_mpi: 1 when the run has the UCX and Open MPI rows (modes switch and tap).
+ucx_mpi=0
+case " $modes " in
+*" switch "* | *" tap "*)
+    ucx_mpi=1
+    for b in ucx_perftest mpirun mpicc unshare; do
+        command -v $b >/dev/null || { echo "bench: $b missing for the UCX and MPI rows (scripts/deps.sh)" >&2; exit 1; }
+    done
+    ;;
+esac
 case " $modes " in
 *" tap-loss "*) command -v nft >/dev/null || { echo "bench: nft missing for mode tap-loss (scripts/deps.sh)" >&2; exit 1; } ;;
 esac
@@ -111,6 +130,10 @@ mkdir -p "$out"
 # runs of a few tens of ms whose figure was mostly start-up and scheduling noise.
 secs=1 bw_secs=3 lat_iters=2000
 [ $quick = 1 ] && secs=0.3 bw_secs=1 lat_iters=300
+# ucx_perftest has no time limit, only counts: 64 KiB messages for tag_bw (20000: 1.3 GB, a few
+# seconds at this machine's ~1 GB/s through vrnic) and round trips of 8 B for tag_lat.
+ucx_bw_iters=20000 ucx_lat_iters=5000
+[ $quick = 1 ] && ucx_bw_iters=3000 ucx_lat_iters=1000
 tag=vrb$$
 ns_l=$tag-l ns_a=$tag-a ns_b=$tag-b ns_v=$tag-v
 pids=() dpids=()
@@ -132,6 +155,14 @@ log "building (release)"
 lib=$("$top/scripts/ibverbs-lib.sh" --release)
 rel=$top/target/release
 mkdir -p "/tmp/$tag"
+if [ $ucx_mpi = 1 ]; then
+    # The MPI rows' program (its --bw mode) and the wrapper that gives each rank its own function.
+    mpicc -O2 -Wall -o "/tmp/$tag/mpi_pingpong" "$top/guest-lib/ibverbs/tests/c/mpi_pingpong.c"
+    # shellcheck disable=SC2016 # the wrapper expands them, in each rank
+    printf '%s\n' '#!/bin/sh' 'export VRNIC_VHOST_USER="$TMPDIR/f$((OMPI_COMM_WORLD_RANK + 1)).sock"' 'exec "$@"' \
+        >"/tmp/$tag/mpi-rank.sh"
+    chmod +x "/tmp/$tag/mpi-rank.sh"
+fi
 
 # Namespaces: one with both ends of a veth pair and two TAPs on a bridge (the limits probe), two
 # joined by a veth pair. Deleting a namespace (cleanup) deletes its interfaces.
@@ -192,6 +223,22 @@ proc_ticks() {
 # pair_tmo: the bound on each perftest process of a run, in seconds (qp_scaling raises it: 64 QPs
 # of 4 MiB register 512 MiB on each side before the first message).
 pair_tmo=120
+# run_cost D0 T0: "cpu_s wall_s daemon_cpu_s" of the run that just ended: the CPU seconds of its
+# processes (cpu_wrap's files /tmp/$tag/cpu-*) and of the daemons since D0 (proc_ticks), the wall
+# seconds since T0 (EPOCHREALTIME), the daemons' share.
+run_cost() {
+    awk -v a="$(times_cpu "/tmp/$tag"/cpu-*)" -v d="$(($(proc_ticks ${dpids[@]+"${dpids[@]}"}) - $1))" \
+        -v hz="$hz" -v t0="$2" -v t1="$EPOCHREALTIME" 'BEGIN { printf "%.3f %.3f %.2f", a + d / hz, t1 - t0, d / hz }'
+}
+# UCX (ucx_perftest, Open MPI's pml ucx) skips a verbs device unless /dev/infiniband/<dev_name> is
+# an accessible character device; vrnic's library names vrnic-uverbs0. "${with_node[@]}" DIR CMD...
+# runs CMD in a mount namespace of its own whose /dev has that node (-> /dev/null), the host's
+# /dev left alone (scripts/uverbs-node.sh, the UCX tests' script). DIR, new for each command,
+# holds the namespace's two mountpoints, empty directories once it is gone (cleanup removes
+# /tmp/$tag).
+with_node=(unshare --mount --propagation private sh "$top/scripts/uverbs-node.sh")
+# The UCX environment of every UCX process: rc_verbs (UCX wires RC up over UD) on vrnic's port.
+ucx_env=(UCX_TLS=rc_v UCX_NET_DEVICES=vrnic0:1)
 # run_pair MODE TOOL PORT ARGS...: a perftest server and client (the client retrying, bounded,
 # while the server is not listening yet); prints the client's figure (BW average MB/s, or
 # t_typical µs) or "fail", then the run's dropped frames, ACK timeouts (retransmits), sequence
@@ -201,10 +248,15 @@ pair_tmo=120
 # with an in-process device, which reports its counters when it stops (VRNIC_STATS=1). Daemon
 # modes (start_daemons): both in ns_v on the functions f1 and f2, the counters the daemons'
 # differences over the run (dcounters).
+# TOOL ucx_tag_bw or ucx_tag_lat (daemon modes): ucx_perftest -t tag_bw or tag_lat over rc_verbs
+# on vrnic0:1 (ucx_env), each side in with_node; ARGS go to the client, which tells the server
+# the test. Its figure, from the client's "Final:" line: the overall bandwidth (MB/s, MB = 2^20
+# bytes as perftest's) or the 50th percentile latency (µs, half a round trip as perftest's
+# t_typical).
 run_pair() {
     local mode=$1 tool=$2 port=$3 ns_s ns_c peer base= c t=0 srv d0 t0 v
     shift 3
-    local env_a env_b
+    local env_a env_b srv_cmd cli_cmd cmd
     if [ "$mode" = loopback ]; then
         ns_s=$ns_a ns_c=$ns_b peer=10.77.0.1
         env_a=(VRNIC_LOOPBACK="netdev=veth-a,ip=10.77.0.11/24" VRNIC_STATS=1)
@@ -217,15 +269,30 @@ run_pair() {
         env_b=(VRNIC_AGENT=$agent TMPDIR=/tmp/$tag VRNIC_VHOST_USER="/tmp/$tag/f2.sock")
         base=$(dcounters)
     fi
+    case $tool in
+    ucx_*)
+        env_a+=("${ucx_env[@]}") env_b+=("${ucx_env[@]}")
+        srv_cmd=("${with_node[@]}" "/tmp/$tag/dev-$port-s" ucx_perftest -p "$port")
+        cli_cmd=(ucx_perftest "$peer" -p "$port" -t "${tool#ucx_}" "$@")
+        ;;
+    *)
+        srv_cmd=("$tool" -x 1 -p "$port" "$@")
+        cli_cmd=("$tool" -x 1 -p "$port" "$@" "$peer")
+        ;;
+    esac
     rm -f "/tmp/$tag"/cpu-*
     d0=$(proc_ticks ${dpids[@]+"${dpids[@]}"})
     ip netns exec "$ns_s" env LD_LIBRARY_PATH="$lib" "${env_a[@]}" bash -c "$cpu_wrap" "/tmp/$tag/cpu-server" \
-        timeout "$pair_tmo" "$tool" -x 1 -p "$port" "$@" >"/tmp/$tag/server.out" 2>&1 &
+        timeout "$pair_tmo" "${srv_cmd[@]}" >"/tmp/$tag/server.out" 2>&1 &
     srv=$!
     v=
     # t0: the start of the client attempt that connects (the retries' pauses are not the run's).
-    while t0=$EPOCHREALTIME; ! ip netns exec "$ns_c" env LD_LIBRARY_PATH="$lib" "${env_b[@]}" bash -c "$cpu_wrap" "/tmp/$tag/cpu-client-$t" \
-        timeout "$pair_tmo" "$tool" -x 1 -p "$port" "$@" "$peer" >"/tmp/$tag/client.out" 2>&1; do
+    # UCX's client says "connect() failed: Connection refused".
+    while t0=$EPOCHREALTIME
+        cmd=("${cli_cmd[@]}")
+        [[ $tool != ucx_* ]] || cmd=("${with_node[@]}" "/tmp/$tag/dev-$port-c$t" "${cmd[@]}")
+        ! ip netns exec "$ns_c" env LD_LIBRARY_PATH="$lib" "${env_b[@]}" bash -c "$cpu_wrap" "/tmp/$tag/cpu-client-$t" \
+            timeout "$pair_tmo" "${cmd[@]}" >"/tmp/$tag/client.out" 2>&1; do
         t=$((t + 1))
         if [ $t -ge 50 ] || ! grep -qiE "couldn't connect|connection refused" "/tmp/$tag/client.out"; then
             v=fail
@@ -234,17 +301,21 @@ run_pair() {
         sleep 0.2
     done
     wait $srv || true
-    # "cpu_s wall_s daemon_cpu_s" of the run.
     local cost
-    cost=$(awk -v a="$(times_cpu "/tmp/$tag"/cpu-*)" -v d="$(($(proc_ticks ${dpids[@]+"${dpids[@]}"}) - d0))" \
-        -v hz="$hz" -v t0="$t0" -v t1="$EPOCHREALTIME" 'BEGIN { printf "%.3f %.3f %.2f", a + d / hz, t1 - t0, d / hz }')
+    cost=$(run_cost "$d0" "$t0")
     if [ -z "$v" ]; then
         case $tool in
-        *_bw) c=4 ;;
-        *) c=5 ;;
+        ucx_*_bw) v=$(awk '$1 == "Final:" { print $7; found = 1 } END { if (!found) print "fail" }' "/tmp/$tag/client.out") ;;
+        ucx_*) v=$(awk '$1 == "Final:" { print $3; found = 1 } END { if (!found) print "fail" }' "/tmp/$tag/client.out") ;;
+        *)
+            case $tool in
+            *_bw) c=4 ;;
+            *) c=5 ;;
+            esac
+            v=$(awk -v c=$c '/#bytes/ { getline; if ($1 ~ /^[0-9]+$/) { print $c; found = 1 } exit }
+                END { if (!found) print "fail" }' "/tmp/$tag/client.out")
+            ;;
         esac
-        v=$(awk -v c=$c '/#bytes/ { getline; if ($1 ~ /^[0-9]+$/) { print $c; found = 1 } exit }
-            END { if (!found) print "fail" }' "/tmp/$tag/client.out")
     fi
     echo "$v $(counters "$mode" "$base") $cost"
 }
@@ -446,12 +517,12 @@ flood_latency() {
     done
 }
 
-# keep_failed NAME: a failed run's perftest output (its error: a completion status, a timeout) kept
-# as fail-NAME-server.out and fail-NAME-client.out in the results.
+# keep_failed NAME: a failed run's perftest or ucx_perftest output (its error: a completion status, a
+# timeout, UCX's ERROR lines) kept as fail-NAME-server.out and fail-NAME-client.out in the results.
 keep_failed() {
     local s
     for s in server client; do cp "/tmp/$tag/$s.out" "$out/fail-$1-$s.out" 2>/dev/null || true; done
-    log "$1 failed: $(grep -ohiE "failed status [0-9]+.*|completion with error.*|couldn't.*|unable.*" \
+    log "$1 failed: $(grep -ohiE "failed status [0-9]+.*|completion with error.*|couldn't.*|unable.*|UCX +ERROR.*" \
         "$out/fail-$1-client.out" "$out/fail-$1-server.out" 2>/dev/null | head -3 | paste -sd ';')"
 }
 # bw_row MODE TOOL SIZE QPS: one timed bandwidth run (run_pair, perftest -q QPS) and its CSV row;
@@ -481,6 +552,55 @@ bw_row() {
     fi
     [ "$v" != fail ] || keep_failed "$mode-$tool-$size-q$q"
     echo "$tool,$mode,$size,$v,MB/s,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu,$q,${j// /,},${nft// /,}" >>"$out/bench.csv"
+}
+# ucx_rows MODE: ucx_perftest tag_bw 64 KiB (-n ucx_bw_iters) and tag_lat 8 B (-n ucx_lat_iters),
+# each with a tenth as many warm-up iterations (its default, 10000, would be 655 MB at 64 KiB),
+# between the two functions of MODE's daemons (run_pair); their CSV rows.
+ucx_rows() {
+    local mode=$1 v dr to nk gb cpu wall dcpu
+    port=$((port + 1))
+    log "$mode ucx_perftest tag_bw 65536 B x $ucx_bw_iters"
+    read -r v dr to nk gb cpu wall dcpu < <(run_pair "$mode" ucx_tag_bw $port -s 65536 -n $ucx_bw_iters -w $((ucx_bw_iters / 10)))
+    echo "ucx_tag_bw,$mode,65536,$v,MB/s,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu,1,-,0,-,-,-,-" >>"$out/bench.csv"
+    [ "$v" != fail ] || keep_failed "$mode-ucx_tag_bw-65536"
+    port=$((port + 1))
+    log "$mode ucx_perftest tag_lat 8 B x $ucx_lat_iters"
+    read -r v dr to nk gb cpu wall dcpu < <(run_pair "$mode" ucx_tag_lat $port -s 8 -n $ucx_lat_iters -w $((ucx_lat_iters / 10)))
+    echo "ucx_tag_lat,$mode,8,$v,us,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu,1,-,0,-,-,-,-" >>"$out/bench.csv"
+    [ "$v" != fail ] || keep_failed "$mode-ucx_tag_lat-8"
+}
+# mpi_row MODE: Open MPI's ping-pong bandwidth at 4 MiB (mpi_pingpong --bw, its figure MB/s with
+# MB = 2^20 bytes) for about bw_secs: mpirun (--mca pml ucx, UCX_TLS=rc_v,self so that the ranks'
+# messages go over rc_verbs, not shared memory) in with_node, its two ranks each on its own
+# function (mpi-rank.sh picks f1 or f2 by OMPI_COMM_WORLD_RANK: mpirun gives both ranks one
+# environment); its CSV row, with the run's counters and costs as run_pair's (cpu_s: mpirun and
+# both ranks, and the daemons; wall_s: mpirun's start to its end, start-up included).
+mpi_row() {
+    local mode=$1 base d0 t0 v=fail r=0 e k dr to nk gb cost
+    local size=4194304 x=()
+    port=$((port + 1))
+    log "$mode Open MPI ping-pong $size B for ${bw_secs}s"
+    base=$(dcounters)
+    rm -f "/tmp/$tag"/cpu-*
+    d0=$(proc_ticks ${dpids[@]+"${dpids[@]}"})
+    for e in LD_LIBRARY_PATH="$lib" VRNIC_AGENT=off TMPDIR="/tmp/$tag" UCX_TLS=rc_v,self UCX_NET_DEVICES=vrnic0:1; do
+        x+=(-x "$e")
+    done
+    t0=$EPOCHREALTIME
+    # timeout -k: mpirun passes the TERM to its ranks; KILL 10 s later if that did not end it.
+    ip netns exec $ns_v bash -c "$cpu_wrap" "/tmp/$tag/cpu-mpirun" timeout -k 10 "$pair_tmo" \
+        "${with_node[@]}" "/tmp/$tag/dev-$port-mpi" mpirun --allow-run-as-root --oversubscribe -np 2 \
+        --mca pml ucx --mca btl '^openib,uct' "${x[@]}" "/tmp/$tag/mpi-rank.sh" "/tmp/$tag/mpi_pingpong" \
+        --bw $size "$bw_secs" >"/tmp/$tag/client.out" 2>&1 || r=$?
+    cost=$(run_cost "$d0" "$t0")
+    read -r dr to nk gb < <(counters "$mode" "$base")
+    [ $r != 0 ] || v=$(awk '$1 == "pingpong_bw" { print $5; found = 1 } END { if (!found) print "fail" }' "/tmp/$tag/client.out")
+    if [ "$v" = fail ]; then
+        cp "/tmp/$tag/client.out" "$out/fail-$mode-mpi_pingpong-$size.out"
+        log "$mode mpi_pingpong failed (exit $r): $(grep -v '^ *$' "/tmp/$tag/client.out" | tail -2 | paste -sd ';')"
+    fi
+    k=${cost// /,}
+    echo "mpi_pingpong,$mode,$size,$v,MB/s,$dr,$to,$nk,$gb,$k,1,-,0,-,-,-,-" >>"$out/bench.csv"
 }
 # qp_scaling MODE: the rows of modes switch-q, tap-q and packet-q (see the header). Each perftest
 # process gets more time: 64 QPs of 4 MiB register 512 MiB on each side before the first message.
@@ -532,6 +652,12 @@ for mode in $modes; do
             echo "$tool,$mode,64,$v,us,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu,1,-,0,-,-,-,-" >>"$out/bench.csv"
             [ "$v" != fail ] || keep_failed "$mode-$tool-64"
         done
+        case $mode in
+        switch | tap)
+            ucx_rows "$mode"
+            mpi_row "$mode"
+            ;;
+        esac
         ;;
     esac
     if [ "$mode" != loopback ]; then
@@ -586,7 +712,7 @@ print("machine limits (same run):")
 for k in sorted(lim):
     print(f"  {k:32} {lim[k]}")
 print()
-print(f"{'perftest':14} {'mode':{mw}} {'bytes':>8} {'qps':>3} {'figure':>11}  {'limit':>20}  {'ratio':>5} {'vs_tap':>6} {'vs_uso':>6}  "
+print(f"{'tool':14} {'mode':{mw}} {'bytes':>8} {'qps':>3} {'figure':>11}  {'limit':>20}  {'ratio':>5} {'vs_tap':>6} {'vs_uso':>6}  "
       f"{'vs_floor':>8} {'vs_q1':>5}  {'J':>11}  {'drops':>6} {'timeouts':>8} {'seq_naks':>8} {'retx/GB':>8}  {'cores':>5} {'cpu_s/Gbit':>10}")
 print("  (ratio: figure / limit; vs_tap, TAP rows: figure / the raw TAP path, tap_write_4154_gbps or")
 print("   rtt_tap_busy_us; vs_uso, bandwidth rows: figure / the same frames as UDP super-frames,")
@@ -602,6 +728,10 @@ print("   NAKs; retx/GB: (timeouts + seq_naks) per GB of RoCEv2 payload the devi
 print("   seconds of the run's processes, both perftests and the daemons, over its wall seconds,")
 print("   start-up included; cpu_s/Gbit: those CPU seconds per Gbit of RoCEv2 payload the devices")
 print("   sent; '-': not known)")
+print("  (ucx_tag_bw, ucx_tag_lat: ucx_perftest tag_bw 64 KiB (overall MB/s) and tag_lat 8 B (50th")
+print("   percentile, half a round trip) over rc_verbs; mpi_pingpong: Open MPI (pml ucx) ping-pong")
+print("   of 4 MiB, 2 x bytes x rounds / time, its ranks on the two functions; both beside the limits")
+print("   of perftest's rows of their mode)")
 doc = {"limits": lim, "loss_per_mille": loss, "runs": []}
 for r in rows:
     v = r["value"]

@@ -381,26 +381,14 @@ pub fn reflecting_function() -> Option<(TestDaemon, Reflector)> {
 /// The node UCX checks (the library's `UVERBS_NODE`).
 pub const NODE: &str = "/dev/infiniband/vrnic-uverbs0";
 
-/// A shell script run by `unshare --mount`: gives the namespace a `/dev`
-/// made of links to the real one's entries (through a bind of it, so its
+/// The shell script run by `unshare --mount` (`scripts/uverbs-node.sh`,
+/// which `scripts/bench.sh` runs too): gives the namespace a `/dev` made
+/// of links to the real one's entries (through a bind of it, so its
 /// submounts, `/dev/shm` and `/dev/pts`, stay the same) plus
 /// `infiniband/vrnic-uverbs0` → `/dev/null`, then runs its arguments.
-/// Its first argument is an empty directory for the two mounts, which the
-/// caller removes once the namespace is gone.
-const PRIVATE_DEV: &str = r#"set -e
-t=$1; shift
-mkdir "$t/old" "$t/new"
-mount --rbind /dev "$t/old"
-mount -t tmpfs tmpfs "$t/new"
-for e in "$t"/old/* "$t"/old/.[!.]*; do
-  [ -e "$e" ] || [ -L "$e" ] || continue
-  ln -s "$e" "$t/new/${e##*/}"
-done
-mkdir "$t/new/infiniband"
-ln -s "$t/old/null" "$t/new/infiniband/vrnic-uverbs0"
-mount --bind "$t/new" /dev
-exec "$@"
-"#;
+/// Its first argument is a directory for the two mounts, which the caller
+/// removes once the namespace is gone.
+const PRIVATE_DEV: &str = include_str!("../../../../scripts/uverbs-node.sh");
 
 /// A command running `prog` where the node exists: directly when the host
 /// has it, else in a mount namespace of its own (root and `unshare`
