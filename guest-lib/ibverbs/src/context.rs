@@ -176,7 +176,10 @@ pub(crate) extern "C" fn ibv_query_device(
 }
 
 /// `struct ibv_device_attr` of the device (from `CMD_QUERY_DEVICE`; what
-/// vrnic has no notion of, e.g. multicast, is 0).
+/// vrnic has no notion of, e.g. multicast, is 0). Every count is the
+/// device's own: the number of objects a program can create before the
+/// next is `ENOMEM` (`tests/c/exhaust.c`; `max_ah` and `max_srq` were once
+/// `max_qp`: 1024 AHs advertised of the device's 4096).
 fn device_attr_of(ctx: &VrnicContext) -> c::ibv_device_attr {
     let a = &ctx.attr;
     let cfg = ctx.verbs.config();
@@ -203,10 +206,10 @@ fn device_attr_of(ctx: &VrnicContext) -> c::ibv_device_attr {
         max_res_rd_atom: i(a.max_qp_rd_atom.saturating_mul(a.max_qp)),
         max_qp_init_rd_atom: i(a.max_qp_init_rd_atom),
         atomic_cap: c::ibv_atomic_cap_IBV_ATOMIC_HCA,
-        max_ah: i(a.max_qp),
-        max_srq: i(a.max_qp),
-        max_srq_wr: i(a.max_qp_wr),
-        max_srq_sge: i(a.max_sge),
+        max_ah: i(a.max_ah),
+        max_srq: i(a.max_srq),
+        max_srq_wr: i(a.max_srq_wr),
+        max_srq_sge: i(a.max_srq_sge),
         max_pkeys: 1,
         local_ca_ack_delay: 15,
         phys_port_cnt: cfg.phys_port_cnt,
