@@ -135,6 +135,16 @@ pub trait Transport: Send {
     /// Allocates `len` zeroed bytes of DMA memory aligned to `align` (a power
     /// of two, at most 2 MiB), contiguous in guest-physical address space.
     fn alloc_dma(&mut self, len: usize, align: usize) -> Result<DmaBuf, TransportError>;
+    /// Gives `buf`, from [`Transport::alloc_dma`], back for reuse; called
+    /// only once the device no longer uses it (the object whose ring or
+    /// record it was is destroyed, or its create was refused). The default
+    /// keeps it allocated as long as the transport: a transport whose DMA
+    /// memory is bounded and outlives many objects (the vhost-user ones,
+    /// whose shared memory is 16 GiB) gives it back, or a program that
+    /// creates and destroys CQs and QPs runs out of it.
+    fn release_dma(&mut self, buf: DmaBuf) {
+        let _ = buf;
+    }
     /// Device address of the byte at `va` in this process. The page must be
     /// resident and locked (the verbs layer locks MR pages before asking).
     fn virt_to_phys(&self, va: usize) -> Result<u64, TransportError>;

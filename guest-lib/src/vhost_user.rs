@@ -426,6 +426,12 @@ impl VhostUserTransport {
         self.ram.carve(carver, len, align)
     }
 
+    /// [`Transport::release_dma`] of `buf`, handed out for `carver`
+    /// ([`VhostUserTransport::alloc_dma_in`]).
+    pub(crate) fn release_dma_in(&mut self, carver: &mut DmaCarver, buf: DmaBuf) {
+        self.ram.release_in(carver, buf)
+    }
+
     /// Gives back every chunk `carver` took (their memory is released).
     /// Only once the device no longer uses any of it: after the context
     /// that allocated it was closed.
@@ -709,6 +715,10 @@ impl Transport for VhostUserTransport {
 
     fn alloc_dma(&mut self, len: usize, align: usize) -> Result<DmaBuf, TransportError> {
         self.ram.alloc_dma(len, align)
+    }
+
+    fn release_dma(&mut self, buf: DmaBuf) {
+        self.ram.release_dma(buf)
     }
 
     /// The device address of `va`: inside the shared memory's own mapping,

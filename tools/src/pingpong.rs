@@ -838,6 +838,9 @@ mod tests {
         {
             self.inner.alloc_dma(len, align)
         }
+        fn release_dma(&mut self, buf: vrnic_guest::transport::DmaBuf) {
+            self.inner.release_dma(buf)
+        }
         fn virt_to_phys(&self, va: usize) -> Result<u64, vrnic_guest::transport::TransportError> {
             self.inner.virt_to_phys(va)
         }

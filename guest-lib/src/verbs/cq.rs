@@ -26,11 +26,16 @@ pub struct Cq {
 pub(crate) struct CqShared {
     ctx: Context,
     pub(crate) cqn: u32,
+    /// The ring and the doorbell record, given back once the device
+    /// destroyed the CQ.
+    dma: [DmaBuf; 2],
 }
 
 impl Drop for CqShared {
     fn drop(&mut self) {
-        self.ctx.destroy::<command::DestroyCq>("CQ", self.cqn);
+        if self.ctx.destroy::<command::DestroyCq>("CQ", self.cqn) {
+            self.ctx.release_dma(&self.dma);
+        }
     }
 }
 
@@ -52,18 +57,23 @@ impl Cq {
         }
         let size = cqe.next_power_of_two();
         let ring = ctx.alloc_dma(size as usize * size_of::<abi::Cqe>(), 4096)?;
-        let db = ctx.alloc_dma(8, 64)?;
+        let db = ctx
+            .alloc_dma(8, 64)
+            .inspect_err(|_| ctx.release_dma(&[ring]))?;
         let body = abi::CreateCq {
             cqe: size,
             reserved: 0,
             ring: ring.gpa,
             db: db.gpa,
         };
-        let h: abi::Handle = ctx.execute::<command::CreateCq>(&body)?;
+        let h: abi::Handle = ctx
+            .execute::<command::CreateCq>(&body)
+            .inspect_err(|e| ctx.release_after_refusal(e, &[ring, db]))?;
         Ok(Cq {
             shared: Arc::new(CqShared {
                 ctx: ctx.clone(),
                 cqn: h.handle,
+                dma: [ring, db],
             }),
             // SAFETY: `ring` holds `size` CQEs and `db` 8 bytes, both 64-byte
             // aligned DMA memory alive as long as the context's transport,

@@ -26,9 +26,11 @@
 //! Dropping an object destroys it on the device; a failure there is logged,
 //! not returned.
 //!
-//! Rings live in DMA memory from [`Transport::alloc_dma`], which a transport
-//! never frees: destroying and re-creating CQs and QPs keeps using new DMA
-//! memory (the page-list buffer of [`Mr`] registration is reused).
+//! Rings live in DMA memory from [`Transport::alloc_dma`]. A CQ, QP or SRQ
+//! gives its rings and records back ([`Transport::release_dma`]) once the
+//! device destroyed it, or refused to create it; a transport that keeps
+//! DMA memory for its lifetime (the default) ignores that. The page-list
+//! buffer of [`Mr`] registration is reused.
 //!
 //! # Example
 //! ```no_run
@@ -479,6 +481,23 @@ impl Context {
         Ok(lock(&self.inner.transport).alloc_dma(len, align)?)
     }
 
+    /// Gives `bufs` (from [`Context::alloc_dma`]) back
+    /// ([`Transport::release_dma`]); only once the device no longer uses
+    /// them.
+    pub(crate) fn release_dma(&self, bufs: &[DmaBuf]) {
+        self.with_transport(|t| bufs.iter().for_each(|b| t.release_dma(*b)))
+    }
+
+    /// Gives `bufs`, allocated for an object whose create failed with
+    /// `e`, back when the device answered (a status: it never took them);
+    /// after a timeout or a lost connection the device may yet use them,
+    /// and they stay allocated.
+    pub(crate) fn release_after_refusal(&self, e: &VerbsError, bufs: &[DmaBuf]) {
+        if matches!(e, VerbsError::Transport(TransportError::Status { .. })) {
+            self.release_dma(bufs);
+        }
+    }
+
     /// Runs `f` with the transport locked.
     pub(crate) fn with_transport<T>(&self, f: impl FnOnce(&mut dyn Transport) -> T) -> T {
         f(&mut **lock(&self.inner.transport))
@@ -506,18 +525,24 @@ impl Context {
         Ok(r)
     }
 
-    /// Destroys an object on drop: executes `C` on `handle` and logs a failure.
+    /// Destroys an object on drop: executes `C` on `handle` and logs a
+    /// failure. True when the device destroyed it (and no longer uses its
+    /// memory).
     pub(crate) fn destroy<C: abi::Command<Request = abi::Handle, Response = ()>>(
         &self,
         what: &str,
         handle: u32,
-    ) {
+    ) -> bool {
         let body = abi::Handle {
             handle,
             reserved: 0,
         };
-        if let Err(e) = self.execute::<C>(&body) {
-            tracing::warn!("destroying {what} {handle:#x} failed: {e}");
+        match self.execute::<C>(&body) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!("destroying {what} {handle:#x} failed: {e}");
+                false
+            }
         }
     }
 

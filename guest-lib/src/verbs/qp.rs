@@ -438,13 +438,17 @@ impl Qp {
             None => ring_size(cap.max_recv_wr, max_wr, "receive queue")?,
         };
         let sq_stride = abi::sq_stride(send_sge, cap.max_inline_data);
-        let sq = ctx.alloc_dma(ring_bytes(sq_size, sq_stride)?, 4096)?;
-        let rq = match srq {
+        let rq_bytes = match srq {
             Some(_) => None,
-            None => {
-                let bytes = ring_bytes(rq_size, abi::rq_stride(recv_sge))?;
-                Some(ctx.alloc_dma(bytes, 4096)?)
-            }
+            None => Some(ring_bytes(rq_size, abi::rq_stride(recv_sge))?),
+        };
+        let sq = ctx.alloc_dma(ring_bytes(sq_size, sq_stride)?, 4096)?;
+        let rq = match rq_bytes {
+            None => None,
+            Some(bytes) => Some(
+                ctx.alloc_dma(bytes, 4096)
+                    .inspect_err(|_| ctx.release_dma(&[sq]))?,
+            ),
         };
         // Doorbell records where the transport uses them; an RQ record
         // only with an RQ of its own.
@@ -453,7 +457,11 @@ impl Qp {
             (true, false) => abi::QP_F_SQ_RECORD,
             (true, true) => abi::QP_F_SQ_RECORD | abi::QP_F_RQ_RECORD,
         };
-        let record = ctx.alloc_dma(abi::qp_record_len(flags) as usize, 64)?;
+        let record = ctx
+            .alloc_dma(abi::qp_record_len(flags) as usize, 64)
+            .inspect_err(|_| {
+                ctx.release_dma(&[Some(sq), rq].into_iter().flatten().collect::<Vec<_>>())
+            })?;
         let body = abi::CreateQp {
             pdn: pd.pdn(),
             qp_type: init.qp_type.raw(),
@@ -471,7 +479,10 @@ impl Qp {
             srqn: srq.as_ref().map_or(0, |s| s.srqn),
             flags,
         };
-        let resp: abi::CreateQpResp = ctx.execute::<command::CreateQp>(&body)?;
+        let resp: abi::CreateQpResp = ctx.execute::<command::CreateQp>(&body).inspect_err(|e| {
+            let bufs: Vec<DmaBuf> = [Some(sq), rq, Some(record)].into_iter().flatten().collect();
+            ctx.release_after_refusal(e, &bufs)
+        })?;
         let qp = Qp {
             ctx: ctx.clone(),
             pd: pd.clone(),
@@ -871,8 +882,17 @@ impl Qp {
 }
 
 impl Drop for Qp {
+    /// Destroys the QP and, once the device has, gives its rings and
+    /// record back.
     fn drop(&mut self) {
-        self.ctx.destroy::<command::DestroyQp>("QP", self.qpn);
+        if self.ctx.destroy::<command::DestroyQp>("QP", self.qpn) {
+            let rq = self.rq.as_ref().map(|q| q.buf);
+            let bufs: Vec<DmaBuf> = [Some(self.sq.buf), rq, Some(self.record)]
+                .into_iter()
+                .flatten()
+                .collect();
+            self.ctx.release_dma(&bufs);
+        }
     }
 }
 

@@ -44,11 +44,16 @@ pub(crate) struct SrqShared {
     pub(crate) ctx: Context,
     _pd: Pd,
     pub(crate) srqn: u32,
+    /// The ring and the record, given back once the device destroyed the
+    /// SRQ.
+    dma: [DmaBuf; 2],
 }
 
 impl Drop for SrqShared {
     fn drop(&mut self) {
-        self.ctx.destroy::<command::DestroySrq>("SRQ", self.srqn);
+        if self.ctx.destroy::<command::DestroySrq>("SRQ", self.srqn) {
+            self.ctx.release_dma(&self.dma);
+        }
     }
 }
 
@@ -102,7 +107,9 @@ impl Srq {
         }
         let size = ring_size(init.max_wr, ctx.config().max_qp_wr, "shared receive queue")?;
         let ring = ctx.alloc_dma(ring_bytes(size, abi::rq_stride(max_sge))?, 4096)?;
-        let record = ctx.alloc_dma(8, 64)?;
+        let record = ctx
+            .alloc_dma(8, 64)
+            .inspect_err(|_| ctx.release_dma(&[ring]))?;
         let body = abi::CreateSrq {
             pdn: pd.pdn(),
             max_wr: size,
@@ -111,12 +118,15 @@ impl Srq {
             ring: ring.gpa,
             db: record.gpa,
         };
-        let resp: abi::CreateSrqResp = ctx.execute::<command::CreateSrq>(&body)?;
+        let resp: abi::CreateSrqResp = ctx
+            .execute::<command::CreateSrq>(&body)
+            .inspect_err(|e| ctx.release_after_refusal(e, &[ring, record]))?;
         let srq = Srq {
             shared: Arc::new(SrqShared {
                 ctx,
                 _pd: pd.clone(),
                 srqn: resp.srqn,
+                dma: [ring, record],
             }),
             ring: WorkQueue {
                 buf: ring,

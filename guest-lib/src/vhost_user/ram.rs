@@ -19,7 +19,8 @@ const DMA_CHUNK: usize = 2 << 20;
 pub(crate) const PAGE: usize = 4096;
 
 /// The shared memory: a memfd mapped at `base`, page-granular first-fit
-/// allocation of its offsets, and a bump allocator for DMA memory.
+/// allocation of its offsets, and DMA memory handed out from it
+/// ([`DmaCarver`]).
 #[derive(Debug)]
 pub(crate) struct Ram {
     fd: OwnedFd,
@@ -36,18 +37,40 @@ pub(crate) struct Ram {
     user: UserPages,
 }
 
-/// Carves DMA memory out of 2 MiB chunks of the shared memory, remembering
-/// the chunks it took so that they can be given back at once: the
-/// connection has one, and each device context sharing it
-/// ([`shared::VhostUserContext`]) one of its own, returned when the
-/// context is closed.
+/// Carves DMA memory out of the shared memory, remembering what it took so
+/// that it can be given back at once: the connection has one, and each
+/// device context sharing it ([`shared::VhostUserContext`]) one of its own,
+/// returned when the context is closed.
+///
+/// Buffers are also given back one at a time ([`Ram::release_in`], for
+/// [`Transport::release_dma`](crate::transport::Transport::release_dma)):
+/// a program that creates and destroys CQs and QPs for as long as it runs
+/// must not use up the shared memory (it did: 4095 create/destroy cycles
+/// of a CQ of `max_cqe` entries, 4 MiB each, spent the 16 GiB, and every
+/// create failed with `ENOMEM` though none was alive). So a buffer of up
+/// to [`SLOT_MAX`] bytes is a slot of a power-of-two size carved from
+/// 2 MiB chunks, kept on a free list of its size when released and zeroed
+/// when handed out again; a larger one (alignment up to a page) is pages
+/// of its own, taken first-fit and given back (their memory released) when
+/// released. Only a buffer aligned to more than a page is carved for good.
 #[derive(Debug, Default)]
 pub(crate) struct DmaCarver {
     /// The chunk being carved: (offset, used, size).
     current: Option<(usize, usize, usize)>,
     /// Every chunk taken: (offset, size).
     chunks: Vec<(usize, usize)>,
+    /// Slots handed out: offset → size.
+    slots: BTreeMap<usize, usize>,
+    /// Released slots by size: offsets.
+    free_slots: BTreeMap<usize, Vec<usize>>,
+    /// Buffers of pages of their own handed out: offset → bytes.
+    extents: BTreeMap<usize, usize>,
 }
+
+/// Largest buffer handed out as a slot ([`DmaCarver`]), bytes.
+const SLOT_MAX: usize = 2048;
+/// Smallest slot, bytes: a cache line, the alignment doorbell records ask.
+const SLOT_MIN: usize = 64;
 
 // SAFETY: the mapping is owned by the Ram; access is synchronised by the
 // transport's owner (`&mut self` for every change).
@@ -138,8 +161,16 @@ impl Ram {
         r
     }
 
-    /// `len` bytes aligned to `align` from `carver`'s chunk, or from a new
-    /// chunk it takes.
+    /// [`Ram::release_in`] for the connection's own DMA memory.
+    pub(crate) fn release_dma(&mut self, buf: DmaBuf) {
+        let mut dma = std::mem::take(&mut self.dma);
+        self.release_in(&mut dma, buf);
+        self.dma = dma;
+    }
+
+    /// `len` zeroed bytes aligned to `align` for `carver`: a slot, pages of
+    /// their own, or (aligned to more than a page) carved from its chunk
+    /// ([`DmaCarver`]).
     pub(crate) fn carve(
         &mut self,
         carver: &mut DmaCarver,
@@ -150,6 +181,62 @@ impl Ram {
             return Err(TransportError::NoDmaMemory(len));
         }
         let len = len.max(1);
+        let slot = len.max(align).max(SLOT_MIN).next_power_of_two();
+        if slot <= SLOT_MAX {
+            if let Some(off) = carver.free_slots.get_mut(&slot).and_then(Vec::pop) {
+                carver.slots.insert(off, slot);
+                let buf = self.buf(off, len);
+                // SAFETY: the slot lies inside the mapping, and nothing uses
+                // it since it was released (after the device let go of it).
+                unsafe { std::ptr::write_bytes(buf.ptr, 0, slot) };
+                return Ok(buf);
+            }
+            let buf = self.carve_chunk(carver, slot, slot)?;
+            carver.slots.insert(self.offset_of(&buf), slot);
+            return Ok(buf);
+        }
+        if align <= PAGE {
+            let bytes = len
+                .checked_next_multiple_of(PAGE)
+                .ok_or(TransportError::NoDmaMemory(len))?;
+            let off = self.take(bytes).ok_or(TransportError::NoDmaMemory(len))?;
+            carver.extents.insert(off, bytes);
+            return Ok(self.buf(off, len));
+        }
+        self.carve_chunk(carver, len, align)
+    }
+
+    /// Gives `buf`, handed out by [`Ram::carve`] for `carver`, back for
+    /// reuse: a slot to its free list, pages of their own to the shared
+    /// memory (released). A buffer carved for good, or one `carver` did
+    /// not hand out, stays as it is. Only once the device no longer uses
+    /// it.
+    pub(crate) fn release_in(&mut self, carver: &mut DmaCarver, buf: DmaBuf) {
+        let off = self.offset_of(&buf);
+        if let Some(slot) = carver.slots.remove(&off) {
+            carver.free_slots.entry(slot).or_default().push(off);
+        } else if let Some(bytes) = carver.extents.remove(&off) {
+            self.give_back(off, bytes);
+        }
+    }
+
+    /// Offset in the memfd of `buf`'s first byte (`usize::MAX` for a buffer
+    /// outside the mapping, which no carver has handed out).
+    fn offset_of(&self, buf: &DmaBuf) -> usize {
+        (buf.ptr as usize)
+            .checked_sub(self.base as usize)
+            .filter(|&o| o < self.len)
+            .unwrap_or(usize::MAX)
+    }
+
+    /// `len` bytes aligned to `align` from `carver`'s chunk, or from a new
+    /// chunk it takes.
+    fn carve_chunk(
+        &mut self,
+        carver: &mut DmaCarver,
+        len: usize,
+        align: usize,
+    ) -> Result<DmaBuf, TransportError> {
         if let Some((off, used, size)) = carver.current {
             let start = (off + used).next_multiple_of(align);
             if start + len <= off + size {
@@ -210,8 +297,13 @@ impl Ram {
     /// Only once the device no longer uses any of it.
     pub(crate) fn free_dma(&mut self, carver: &mut DmaCarver) {
         carver.current = None;
+        carver.slots.clear();
+        carver.free_slots.clear();
         for (off, size) in carver.chunks.drain(..) {
             self.give_back(off, size);
+        }
+        for (off, bytes) in std::mem::take(&mut carver.extents) {
+            self.give_back(off, bytes);
         }
     }
 
@@ -752,6 +844,47 @@ mod tests {
             unsafe { std::ptr::write_bytes(p.cast::<u8>().add(i * PAGE), i as u8 + 1, PAGE) };
         }
         p as usize
+    }
+
+    /// DMA memory given back one buffer at a time is handed out again,
+    /// zeroed: creating and destroying rings for ever does not use up the
+    /// shared memory, and closing the context gives back what is left.
+    #[test]
+    fn released_dma_is_reused_zeroed_and_churn_does_not_run_out() {
+        let mut ram = Ram::new(8 << 20, 1 << 32).expect("ram");
+        let free_before: usize = ram.free.values().sum();
+        let mut carver = DmaCarver::default();
+        // A ring of 2 MiB and a record, 100 times: 200 MiB through 8 MiB.
+        for _ in 0..100 {
+            let ring = ram.carve(&mut carver, 2 << 20, PAGE).expect("ring");
+            let rec = ram.carve(&mut carver, 8, 64).expect("record");
+            assert_eq!(ring.gpa % PAGE as u64, 0);
+            assert_eq!(rec.gpa % 64, 0);
+            // SAFETY: both buffers are ours, inside the mapping.
+            unsafe {
+                assert_eq!(*ring.ptr.add(4096), 0, "a reused ring is zeroed");
+                assert_eq!(*rec.ptr, 0, "a reused record is zeroed");
+                *ring.ptr.add(4096) = 0xa5;
+                *rec.ptr = 0x5a;
+            }
+            ram.release_in(&mut carver, ring);
+            ram.release_in(&mut carver, rec);
+        }
+        // Slots of one size share a chunk; released ones come back first.
+        let a = ram.carve(&mut carver, 100, 64).expect("slot");
+        let b = ram.carve(&mut carver, 100, 64).expect("slot");
+        assert_eq!(b.gpa, a.gpa + 128);
+        ram.release_in(&mut carver, a);
+        assert_eq!(ram.carve(&mut carver, 128, 8).expect("slot").gpa, a.gpa);
+        // A buffer another carver handed out is not this one's to release.
+        let mut other = DmaCarver::default();
+        let c = ram.carve(&mut other, 3 * PAGE, PAGE).expect("extent");
+        ram.release_in(&mut carver, c);
+        assert_eq!(other.extents.len(), 1);
+        ram.free_dma(&mut other);
+        ram.free_dma(&mut carver);
+        assert_eq!(ram.free.values().sum::<usize>(), free_before);
+        assert_eq!(ram.free.len(), 1, "the free extents coalesce again");
     }
 
     /// A program that unmaps registered memory before deregistering it

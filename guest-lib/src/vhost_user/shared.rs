@@ -371,6 +371,12 @@ impl Transport for VhostUserContext {
         st.dev.alloc_dma_in(&mut self.dma, len, align)
     }
 
+    /// Back to this context's own memory, for its next objects.
+    fn release_dma(&mut self, buf: DmaBuf) {
+        let mut st = lock(&self.shared.conn.state);
+        st.dev.release_dma_in(&mut self.dma, buf)
+    }
+
     fn virt_to_phys(&self, va: usize) -> Result<u64, TransportError> {
         self.state().dev.virt_to_phys(va)
     }

@@ -116,6 +116,13 @@ impl Transport for Shared {
     fn alloc_dma(&mut self, len: usize, align: usize) -> Result<DmaBuf, TransportError> {
         self.conn.with(|t| t.alloc_dma(len, align))
     }
+    fn release_dma(&mut self, buf: DmaBuf) {
+        // A killed program's memory went with it.
+        let _ = self.conn.with(|t| {
+            t.release_dma(buf);
+            Ok(())
+        });
+    }
     fn virt_to_phys(&self, va: usize) -> Result<u64, TransportError> {
         self.conn.with(|t| t.virt_to_phys(va))
     }
