@@ -496,7 +496,7 @@ impl Qp {
                 max_recv_wr: rq_size,
                 max_send_sge: send_sge,
                 max_recv_sge: recv_sge,
-                max_inline_data: resp.max_inline,
+                max_inline_data: granted_inline(resp.max_inline, ctx.config().max_inline),
             },
             sq: WorkQueue {
                 buf: sq,
@@ -878,6 +878,24 @@ impl Qp {
             ..Default::default()
         };
         self.ctx.doorbell(&db)
+    }
+}
+
+/// The inline bytes a QP reports (`ibv_qp_init_attr.cap.max_inline_data`
+/// after `ibv_create_qp(3)`, [`Qp::cap`]): what its SQ stride holds
+/// (`CreateQpResp.max_inline`), but at most the device's `max_inline`
+/// (`device_max`, 0: none known). `ibv_create_qp(3)` writes the granted
+/// capabilities back into the caller's attributes, and a program creating
+/// its next QP with the same attributes must not be refused: a stride of
+/// 32 SGEs holds 960 inline bytes, and a create asking 960 is `EINVAL`
+/// (past `max_inline`, 512; `tests/c/exhaust.c` found it). rxe grants
+/// `max(16 * max_send_sge, max_inline_data)` (`rxe_qp_init_req`), 512 for
+/// 32 SGEs.
+fn granted_inline(stride_holds: u32, device_max: u32) -> u32 {
+    if device_max == 0 {
+        stride_holds
+    } else {
+        stride_holds.min(device_max)
     }
 }
 
