@@ -295,7 +295,8 @@ pub struct Handle {
 /// (device spec §5.x.6.2): every count and size here is enforced by the
 /// commands, a single object beyond its maximum with `STATUS_EINVAL`, an
 /// object past a device-wide count or budget with `STATUS_ENOMEM` (as
-/// Linux rxe's verbs and `rxe_pool.c`). 96 bytes; the fields from
+/// mlx5; today's rxe answers `-EINVAL` for both, device spec §5.x.6.2).
+/// 96 bytes; the fields from
 /// `max_srq` on follow the 64 bytes of earlier devices.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

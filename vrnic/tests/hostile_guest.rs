@@ -444,7 +444,8 @@ fn sqd_to_rts_uses_the_callers_clock() {
 // has a maximum count, MR page lists a per-MR and a per-device budget,
 // and SQ/RQ/SRQ rings a per-device budget of entries; past a per-object
 // maximum a command fails with EINVAL, past a device budget with ENOMEM
-// (rxe: `rxe_param.h` limits, `rxe_pool.c`'s -ENOMEM at `max_elem`).
+// (limits as rxe's `rxe_param.h`; ENOMEM as mlx5's "limits exceeded",
+// where today's rxe answers -EINVAL at `max_elem`: device spec §5.x.6.2).
 
 use vrnic::device::{MAX_MR_PAGES, MAX_MR_PAGES_TOTAL, MAX_TOTAL_WR};
 

@@ -66,7 +66,10 @@ pub(in crate::device) enum CommandError {
     #[error("{0} is in use")]
     InUse(Object),
     /// A device limit is reached (`MAX_*` objects, MR pages, ring
-    /// entries; rxe: a full pool is `-ENOMEM`): `STATUS_ENOMEM`.
+    /// entries): `STATUS_ENOMEM`, as mlx5 answers its firmware's "limits
+    /// exceeded"; today's rxe answers a full pool with `-EINVAL`
+    /// (`__rxe_add_to_pool`), older ones with `-ENOMEM` (device spec
+    /// §5.x.6.2).
     #[error("out of {what}")]
     NoResources {
         /// The limit reached.

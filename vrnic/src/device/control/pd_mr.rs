@@ -71,8 +71,9 @@ impl Device {
 
     /// One MR beyond the per-MR maximum ([`MAX_MR_PAGES`]) is invalid;
     /// past the device's count ([`MAX_MR`]) or page budget
-    /// ([`MAX_MR_PAGES_TOTAL`]) the device is out of resources (rxe: a
-    /// full pool is `-ENOMEM`). Both before any work on the page list.
+    /// ([`MAX_MR_PAGES_TOTAL`]) the device is out of resources
+    /// (`ENOMEM`, [`CommandError::NoResources`]). Both before any work on
+    /// the page list.
     fn check_mr_limits(&self, r: &abi::RegMr) -> Result<(), CommandError> {
         if r.npages > MAX_MR_PAGES {
             return Err(CommandError::invalid("MR page count"));
