@@ -547,6 +547,16 @@ impl Transport for AgentTransport {
         }
     }
 
+    /// Over a daemon's function (the program's memory file), back to this
+    /// connection's memory for its next objects, as
+    /// [`crate::vhost_user::VhostUserTransport`]'s; a VM's hugepages and an
+    /// in-process device's mappings stay for the transport's lifetime.
+    fn release_dma(&mut self, buf: DmaBuf) {
+        if let Memory::File { ram, dma } = &mut self.mem {
+            lock(ram).release_in(dma, buf);
+        }
+    }
+
     fn virt_to_phys(&self, va: usize) -> Result<u64, TransportError> {
         match &self.mem {
             Memory::Phys { dma } => dma.pagemap().virt_to_phys(va),
