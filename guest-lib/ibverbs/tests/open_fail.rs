@@ -17,8 +17,9 @@
 //! ring entries; the library's own DMA memory comes back as objects go
 //! (more than all of it through CQs and QPs, every create succeeds); the
 //! context, a second context of the device and the process live on, and a
-//! second process on the same daemon finds every limit again. Skipped,
-//! saying why, without gcc or libibverbs-dev.
+//! second process on the same daemon finds every limit again; the same
+//! through the guest agent, which then ends empty. Skipped, saying why,
+//! without gcc or libibverbs-dev.
 //!
 //! Not driven to exhaustion here: the device's MR page budget
 //! (`max_total_mr_pages`, 8 GiB of registered pages) — registering that
@@ -32,7 +33,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{assert_c_test_ok, compile_c_test, lib_dir, run_bounded, which};
+use common::{agent_bin, assert_c_test_ok, compile_c_test, lib_dir, run_bounded, which, AgentDir};
 use vrnic::link::MemLink;
 use vrnic_frontend::{test_device_config, TestDaemon};
 
@@ -112,7 +113,18 @@ fn running_out_of_every_object_is_enomem_at_the_advertised_limit() {
         return;
     }
     let daemon = lone_function();
-    let env = [
+    let env = exhaust_env();
+    for args in [&[][..], &["again"][..]] {
+        // assert_c_test_ok removes the program's directory: one each run.
+        let (dir, exe) = compile_c_test("exhaust");
+        run_c_on(&daemon, "exhaust", (&dir, &exe), args, &env);
+    }
+}
+
+/// What `tests/c/exhaust.c` needs to know that `ibv_query_device` does not
+/// say: the device's ring-entry budget and the library's DMA memory.
+fn exhaust_env() -> Vec<(&'static str, String)> {
+    vec![
         (
             "VRNIC_TEST_MAX_TOTAL_WR",
             vrnic::device::MAX_TOTAL_WR.to_string(),
@@ -121,10 +133,24 @@ fn running_out_of_every_object_is_enomem_at_the_advertised_limit() {
             "VRNIC_TEST_DMA_BYTES",
             vrnic_guest::vhost_user::RAM_SIZE.to_string(),
         ),
-    ];
-    for args in [&[][..], &["again"][..]] {
-        // assert_c_test_ok removes the program's directory: one each run.
-        let (dir, exe) = compile_c_test("exhaust");
-        run_c_on(&daemon, "exhaust", (&dir, &exe), args, &env);
+    ]
+}
+
+/// `tests/c/exhaust.c` through the guest agent (`VRNIC_AGENT`), which
+/// holds the program's objects in a context of its own and reaches the
+/// program's DMA memory in its memory file: the same limits and errnos,
+/// the DMA memory comes back as objects go, and the agent ends empty.
+#[test]
+fn running_out_through_the_agent_is_enomem_too() {
+    if !have_compiler() {
+        return;
     }
+    let daemon = lone_function();
+    let agent = AgentDir::new("exhaust");
+    let mut env = exhaust_env();
+    env.push(("VRNIC_AGENT", agent_bin().display().to_string()));
+    env.push(("TMPDIR", agent.tmp.display().to_string()));
+    let (dir, exe) = compile_c_test("exhaust");
+    run_c_on(&daemon, "exhaust", (&dir, &exe), &[], &env);
+    AgentDir::wait_empty(&agent.socket(daemon.socket()));
 }
