@@ -21,7 +21,9 @@
 //! is committed until touched), maps it shared at one address of this
 //! process and gives it to the daemon as a single region at
 //! guest-physical address [`GPA_BASE`]. Rings and other DMA memory are
-//! carved from it ([`Transport::alloc_dma`]).
+//! carved from it ([`Transport::alloc_dma`]) and given back when the CQ,
+//! QP or SRQ they served is destroyed ([`Transport::release_dma`]): rings
+//! as pages punched out of the memfd, records as slots reused.
 //!
 //! Memory a program registers is whatever it allocated (malloc, stack,
 //! `mmap`). [`Transport::map_user`] makes it reachable without copies on the
