@@ -18,7 +18,10 @@
 #   container c1 (server) <-> container c2 (client)
 #   vrnic guest A (server) <-> container c1 (client)
 #   rxe guest B (server)   <-> container c2 (client)
-# Then two processes in one container on one function (ct_processes), and fairness between functions (ct_fairness: two more functions added and deleted while the
+# and (E2E_CT_UCX=1, the default) ucx_perftest tag_bw over rc_verbs the same ways, the guests booted
+# with the software layer (images/software.sh).
+# Then two processes in one container on one function (ct_processes), UCX between c1 and c2
+# (ct_ucx), rdma-core's test suite in c1 (ct_pyverbs), and fairness between functions (ct_fairness: two more functions added and deleted while the
 # daemon runs, one pair's latency measured while another pair floods).
 # E2E_CT_ITERS (200): ping-pong iterations (4 KiB) and ib_write_bw iterations (64 KiB).
 
@@ -41,12 +44,13 @@ ct_image() {
 }
 
 # ct_run C LOG CMD...: runs CMD in a fresh container on function C's socket and in namespace
-# NS-cC (NS-c$CT_NS_OF if set), bounded by RUN_TIMEOUT; output to LOG.
+# NS-cC (NS-c$CT_NS_OF if set), bounded by RUN_TIMEOUT; output to LOG. More podman options from
+# the array CT_RUN_OPTS, if set.
 ct_run() {
     local c=$1 log=$2
     shift 2
     timeout -k 5 "$RUN_TIMEOUT" "${CT_PODMAN[@]}" run --rm --network "ns:/run/netns/$NS-c${CT_NS_OF:-$c}" \
-        --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 \
+        --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 ${CT_RUN_OPTS[@]+"${CT_RUN_OPTS[@]}"} \
         -v "$CT_DIR/c$c.sock:/run/vrnic/vhost-user.sock" "$CT_IMAGE" "$@" >"$log" 2>&1
 }
 
@@ -74,7 +78,7 @@ ct_stat() {
 # ct_judge WHAT SERVER_RC SERVER_LOG CLIENT_RC CLIENT_LOG: one PASS/FAIL line for a tool's run.
 ct_judge() {
     local what=$1 src=$2 slog=$3 crc=$4 clog=$5 fig
-    fig=$(grep -aE 'usec/iter|^ *65536 ' "$clog" | tail -1 | tr -s ' \t' ' ' | tr -d '\r')
+    fig=$(grep -aE 'usec/iter|^ *65536 |^Final:' "$clog" | tail -1 | tr -s ' \t' ' ' | tr -d '\r')
     if [ "$src" = 0 ] && [ "$crc" = 0 ]; then
         pass "containers: $what (${fig# })"
     else
@@ -82,14 +86,24 @@ ct_judge() {
     fi
 }
 
-# ct_guest_job FILE NAME: a guest job serving ibv_rc_pingpong -c then ib_write_bw, each once,
-# printing "VRNIC-CT <name> <tool> rc=<rc>".
+# ct_guest_job FILE NAME DEV: a guest job serving ibv_rc_pingpong -c then ib_write_bw, each once,
+# then (E2E_CT_UCX, default 1: the guest boots with the software layer, images/software.sh)
+# ucx_perftest over rc_verbs on device DEV, printing "VRNIC-CT <name> <tool> rc=<rc>".
 ct_guest_job() {
     cat >"$1" <<EOF
 ibv_rc_pingpong -g 1 -s 4096 -n $CT_ITERS -c -p 18600 >/tmp/pp.out 2>&1; rc=\$?
 cat /tmp/pp.out; echo "VRNIC-CT $2 ibv_rc_pingpong rc=\$rc"
 ib_write_bw -x 1 -n $CT_ITERS -p 18601 >/tmp/bw.out 2>&1; rc=\$?
 cat /tmp/bw.out; echo "VRNIC-CT $2 ib_write_bw rc=\$rc"
+EOF
+    [ "${E2E_CT_UCX:-1}" = 1 ] || return 0
+    # UCX on rxe needs UCX_UD_ETH_DGID_CHECK=n (tests/e2e/guest-sw.sh says why); the layer leaves
+    # ld.so's cache to the image.
+    cat >>"$1" <<EOF
+ldconfig
+case $3 in rxe*) export UCX_UD_ETH_DGID_CHECK=n ;; esac
+UCX_TLS=rc_v UCX_NET_DEVICES=$3:1 timeout $((RUN_TIMEOUT + 120)) ucx_perftest -p 18602 >/tmp/ucx.out 2>&1; rc=\$?
+cat /tmp/ucx.out; echo "VRNIC-CT $2 ucx_perftest rc=\$rc"
 EOF
 }
 
@@ -137,6 +151,59 @@ ct_processes() {
         pass "containers: two processes on one function, through the agent (ibv_rc_pingpong -c, ib_write_bw; ${st#*: })"
     else
         fail "containers: two processes on one function: rc=$rc, $(grep -a '^VRNIC-MP' "$CT_DIR/processes.log" | tr '\n' ' ') (log $CT_DIR/processes.log)"
+    fi
+}
+
+# ct_ucx: UCX between two containers (issue 30, point 5): Debian's ucx_perftest, server in c1 and
+# client in c2 (two functions of one daemon, through its switch), tag_lat 8 B and tag_bw 64 KiB
+# over rc_verbs (UCX_TLS=rc_v; UCX wires RC up over ud_verbs), each container given the device
+# node UCX looks for, as the README's recipe says (--device /dev/null:/dev/infiniband/vrnic-uverbs0).
+# Judged: both sides exit 0 and the client prints its "Final:" line.
+ct_ucx() {
+    local t args spid src crc fin
+    local CT_RUN_OPTS=(--device /dev/null:/dev/infiniband/vrnic-uverbs0 -e UCX_TLS=rc_v -e UCX_NET_DEVICES=vrnic0:1)
+    for t in tag_lat:8:200 tag_bw:65536:100; do
+        args=(-t "${t%%:*}" -s "$(echo "$t" | cut -d: -f2)" -n "${t##*:}")
+        ct_run 1 "$CT_DIR/ucx-${t%%:*}-server.log" ucx_perftest -p 18630 &
+        spid=$!
+        crc=0
+        ct_client 2 "$CT_DIR/ucx-${t%%:*}-client.log" ucx_perftest 10.0.0.5 -p 18630 "${args[@]}" || crc=$?
+        src=0
+        wait $spid || src=$?
+        # Final: iterations, typical/average/overall latency (us), average/overall bandwidth
+        # (MB/s), message rates.
+        fin=$(grep -a '^Final:' "$CT_DIR/ucx-${t%%:*}-client.log" | tr -s ' ' | cut -d' ' -f2-)
+        if [ $src = 0 ] && [ $crc = 0 ] && [ -n "$fin" ]; then
+            if [[ $t == tag_bw* ]]; then fin="$(echo "$fin" | cut -d' ' -f5) MB/s"
+            else fin="typical $(echo "$fin" | cut -d' ' -f2) us"; fi
+            pass "containers: ucx_perftest rc_verbs ${t%%:*} container <-> container: $fin"
+        else
+            fail "containers: ucx_perftest rc_verbs ${t%%:*}: server rc $src, client rc $crc (logs $CT_DIR/ucx-${t%%:*}-*.log)"
+        fi
+    done
+}
+
+# ct_pyverbs: rdma-core's own test suite (Debian's python3-pyverbs, in the image) in container c1,
+# unmodified: `run_tests.py --dev vrnic0 --gid 1`, every module in one process that opens the
+# device many times, through the agent vrnic's library starts. Judged: unittest ends "OK" (its skips
+# are what vrnic lacks, as in the e2e step pyverbs) and the agent then serves no program and holds
+# nothing but the default context.
+ct_pyverbs() {
+    local rc=0 st res RUN_TIMEOUT=300
+    ct_run 1 "$CT_DIR/pyverbs.log" sh -c '
+        cd /usr/share/doc/rdma-core/tests && python3 run_tests.py --dev vrnic0 --gid 1 -v 2>&1
+        echo "VRNIC-PV rc=$?"
+        a=$(ls /tmp/vrnic-*/agent-*.sock)
+        echo "VRNIC-PV agent $a: $(/usr/lib/vrnic/vrnic-agent --status --socket "$a" 2>&1)"
+    ' || rc=$?
+    st=$(grep -a '^VRNIC-PV agent' "$CT_DIR/pyverbs.log" | tr -d '\r')
+    res="$(grep -a '^Ran ' "$CT_DIR/pyverbs.log" | tail -1): $(grep -aE '^(OK|FAILED)' "$CT_DIR/pyverbs.log" | tail -1)"
+    if [ $rc = 0 ] && grep -aq '^VRNIC-PV rc=0' "$CT_DIR/pyverbs.log" && grep -aqE '^OK( |$)' "$CT_DIR/pyverbs.log" &&
+        [[ $st == *"programs 0 pinned 0 contexts 1 pds 0 mrs 0 cqs 0 qps 0 ahs 0 srqs 0 mr_pages 0" ]]; then
+        pass "containers: rdma-core's test suite in a container, through the agent ($res; ${st#*: })"
+    else
+        fail "containers: rdma-core's test suite in a container: rc=$rc, $res, ${st:-no agent status} (log $CT_DIR/pyverbs.log)"
+        { grep -aE '^(FAIL|ERROR):' "$CT_DIR/pyverbs.log" || true; } | head -5 | sed 's/^/    /'
     fi
 }
 
@@ -266,14 +333,23 @@ run_containers() {
 
     ct_processes
 
+    ct_ucx
+
+    ct_pyverbs
+
     ct_fairness
 
     # The guests boot only now: two TCG guests booting take both CPUs, which the fairness
     # check above must not share with them (a first version that overlapped them measured
     # 2.6 ms instead of 25-90 us under load).
     if [ "${E2E_CT_GUESTS:-1}" = 1 ]; then
-        ct_guest_job "$dir/job-a.sh" ct-a
-        ct_guest_job "$dir/job-b.sh" ct-b
+        ct_guest_job "$dir/job-a.sh" ct-a vrnic0
+        ct_guest_job "$dir/job-b.sh" ct-b rxe0
+        local VR_GUEST_LAYER=
+        if [ "${E2E_CT_UCX:-1}" = 1 ]; then
+            vr_software_layer
+            VR_GUEST_LAYER=$VR_SOFTWARE_LAYER
+        fi
         if vr_daemon vrnic-a "$NS" "$dir/vrnic-a.sock" tap-va 10.0.0.101/24 "$dir"; then
             daemons+=("$VR_LAST_PID")
             vr_guest a vrnic "$NS" tap-ga 10.0.0.1/24 "$dir/job-a.sh" "$dir" "$dir/vrnic-a.sock"
@@ -288,9 +364,19 @@ run_containers() {
     # Containers against the guests' servers: c1 -> vrnic guest A, c2 -> rxe guest B, at once.
     if [ "${E2E_CT_GUESTS:-1}" = 1 ]; then
         local g peer cc name
-        for tool in ibv_rc_pingpong ib_write_bw; do
-            if [ $tool = ibv_rc_pingpong ]; then args=(-g 1 -s 4096 -n "$CT_ITERS" -c -p 18600)
-            else args=(-x 1 -n "$CT_ITERS" -p 18601); fi
+        local tools=(ibv_rc_pingpong ib_write_bw)
+        [ "${E2E_CT_UCX:-1}" = 1 ] && tools+=(ucx_perftest)
+        for tool in "${tools[@]}"; do
+            local CT_RUN_OPTS=()
+            case $tool in
+            ibv_rc_pingpong) args=(-g 1 -s 4096 -n "$CT_ITERS" -c -p 18600) ;;
+            ib_write_bw) args=(-x 1 -n "$CT_ITERS" -p 18601) ;;
+            *)
+                # tag_bw 64 KiB over rc_verbs, the container the client (ct_ucx says how).
+                args=(-p 18602 -t tag_bw -s 65536 -n 100)
+                CT_RUN_OPTS=(--device /dev/null:/dev/infiniband/vrnic-uverbs0 -e UCX_TLS=rc_v -e UCX_NET_DEVICES=vrnic0:1)
+                ;;
+            esac
             local cpids=()
             for g in a b; do
                 if [ $g = a ]; then peer=10.0.0.1 cc=1; else peer=10.0.0.2 cc=2; fi
@@ -307,6 +393,7 @@ run_containers() {
             done
         done
         for g in a b; do vr_wait_job $g "$dir" "${pids[0]}" 120 >/dev/null 2>&1 || true; pids=("${pids[@]:1}"); done
+        rm -f "$dir"/?-initrd.cpio
     fi
     for p in "${daemons[@]}"; do vr_stop "$p"; done
     for c in 1 2; do vr_netns_destroy "$NS-c$c"; done

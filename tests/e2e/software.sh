@@ -19,8 +19,9 @@
 #      once; tests/e2e/pyverbs-table.py prints the table, module by module, of both, and passes
 #      when the suite ran to its end on vrnic and no test passes on rxe and fails on vrnic (the
 #      tests rxe passes and vrnic skips are listed with the suite's reason).
-# E2E_SW_A=rxe puts an rxe guest in A's place: the baseline of what the same software does on rxe.
-# Results in RESULTS/software: consoles a.log/b.log, the daemon's pcap, pyverbs-{vrnic,rxe}.log,
+# E2E_SW_PAIRS (default "vrnic-rxe vrnic-vrnic") picks the pairs: vrnic-vrnic is two vrnic guests,
+# a daemon each, UCX and MPI without the suite; rxe-rxe the baseline (the same software on rxe).
+# Results in RESULTS/software (other pairs: software-PAIR): consoles a.log/b.log, the daemon's pcap, pyverbs-{vrnic,rxe}.log,
 # pyverbs.txt (the table), pyverbs.csv (every test's status on both).
 
 SW_UCX_TLS=${E2E_SW_UCX_TLS:-rc_v ud_v}
@@ -51,40 +52,65 @@ sw_block() {
         on { print } on && index($0, "VRNIC-PYVERBS-END " n " ") == 1 { on = 0 }' >"$3"
 }
 
+# run_software: each pair of E2E_SW_PAIRS (default "vrnic-rxe vrnic-vrnic"; also rxe-rxe: the
+# baseline), guest A of the first kind, B of the second. The suite runs in vrnic-rxe only (it
+# compares the two), unless E2E_SW_PYVERBS=0.
 run_software() {
-    local dir=$RESULTS/software tp=$SECONDS pids=() daemon='' g tl t test
-    mkdir -p "$dir"
-    echo "=== software"
+    local pair
     vr_software_layer
-    # E2E_SW_A=rxe: the baseline, an rxe guest in A's place (what UCX and the suite do on rxe alone).
-    local akind=${E2E_SW_A:-vrnic} adev=vrnic0
+    for pair in ${E2E_SW_PAIRS:-vrnic-rxe vrnic-vrnic}; do
+        case $pair in
+        vrnic-rxe | vrnic-vrnic | rxe-rxe) sw_pair "$pair" ;;
+        *) fail "software: unknown pair $pair (E2E_SW_PAIRS: vrnic-rxe, vrnic-vrnic, rxe-rxe)" ;;
+        esac
+    done
+}
+
+# sw_guest SIDE KIND DIR: boots guest SIDE (a: 10.0.0.1, b: 10.0.0.2) of KIND with the software
+# layer, a vrnic guest with a daemon of its own (RoCE 10.0.0.101 / .102, a pcap); appends its PID
+# to pids and a daemon's to daemons. Returns 1 if the daemon did not start.
+sw_guest() {
+    local side=$1 kind=$2 dir=$3 ip=10.0.0.1 roce=10.0.0.101
+    [ "$side" = b ] && ip=10.0.0.2 roce=10.0.0.102
+    if [ "$kind" = vrnic ]; then
+        vr_daemon "vrnic-$side" "$NS" "$dir/vrnic-$side.sock" "tap-v$side" "$roce/24" "$dir" "$dir/vrnic-$side.pcap" ||
+            return 1
+        daemons+=("$VR_LAST_PID")
+        VR_GUEST_LAYER=$VR_SOFTWARE_LAYER vr_guest "$side" vrnic "$NS" "tap-g$side" "$ip/24" "$dir/job-$side.sh" \
+            "$dir" "$dir/vrnic-$side.sock"
+    else
+        VR_GUEST_LAYER=$VR_SOFTWARE_LAYER vr_guest "$side" rxe "$NS" "tap-g$side" "$ip/24" "$dir/job-$side.sh" "$dir"
+    fi
+    pids+=("$VR_LAST_PID")
+}
+
+sw_pair() {
+    local pair=$1 dir=$RESULTS/software tp=$SECONDS pids=() daemons=() g tl t test p
+    local akind=${1%-*} bkind=${1#*-} adev=vrnic0 bdev=vrnic0 E2E_SW_PYVERBS=${E2E_SW_PYVERBS:-1}
+    [ "$pair" = vrnic-rxe ] || dir=$RESULTS/software-$pair
     [ "$akind" = rxe ] && adev=rxe0
+    [ "$bkind" = rxe ] && bdev=rxe0
+    [ "$pair" = vrnic-rxe ] || E2E_SW_PYVERBS=0
+    mkdir -p "$dir"
+    echo "=== software $pair"
     sw_job "$dir/job-a.sh" a $adev 10.0.0.2 "server client" launcher
-    sw_job "$dir/job-b.sh" b rxe0 10.0.0.1 "client server" host
+    sw_job "$dir/job-b.sh" b $bdev 10.0.0.1 "client server" host
     # The job's own bound: the UCX runs and the suite (vrnic.timeout; the last one given counts).
     local VRNIC_GUEST_APPEND="$VRNIC_GUEST_APPEND vrnic.timeout=$((SW_PYV_TIMEOUT + SW_MPI_TIMEOUT + 900))"
-    if [ "$akind" = rxe ]; then
-        VR_GUEST_LAYER=$VR_SOFTWARE_LAYER vr_guest a rxe "$NS" tap-ga 10.0.0.1/24 "$dir/job-a.sh" "$dir"
-        pids+=("$VR_LAST_PID")
-    elif vr_daemon vrnic-a "$NS" "$dir/vrnic-a.sock" tap-va 10.0.0.101/24 "$dir" "$dir/vrnic-a.pcap"; then
-        daemon=$VR_LAST_PID
-        VR_GUEST_LAYER=$VR_SOFTWARE_LAYER vr_guest a vrnic "$NS" tap-ga 10.0.0.1/24 "$dir/job-a.sh" "$dir" "$dir/vrnic-a.sock"
-        pids+=("$VR_LAST_PID")
-    else
-        fail "software: the vrnic guest's daemon did not start"
+    if ! sw_guest a "$akind" "$dir" || ! sw_guest b "$bkind" "$dir"; then
+        fail "software $pair: a vrnic guest's daemon did not start"
+        for p in ${pids[@]+"${pids[@]}"} ${daemons[@]+"${daemons[@]}"}; do vr_stop "$p"; done
         return 0
     fi
-    VR_GUEST_LAYER=$VR_SOFTWARE_LAYER vr_guest b rxe "$NS" tap-gb 10.0.0.2/24 "$dir/job-b.sh" "$dir"
-    pids+=("$VR_LAST_PID")
     for g in a b; do
         if vr_wait_job $g "$dir" "${pids[0]}" $((SW_PYV_TIMEOUT + SW_MPI_TIMEOUT + 960)); then
-            pass "software: guest $g's job ended (rc 0)"
+            pass "software $pair: guest $g's job ended (rc 0)"
         else
-            fail "software: guest $g's job: rc $VR_JOB_RC (console $dir/$g.log)"
+            fail "software $pair: guest $g's job: rc $VR_JOB_RC (console $dir/$g.log)"
         fi
         pids=("${pids[@]:1}")
     done
-    [ -z "$daemon" ] || vr_stop "$daemon"
+    for p in ${daemons[@]+"${daemons[@]}"}; do vr_stop "$p"; done
     rm -f "$dir"/?-initrd.cpio
     # UCX: per transport and test, per server side: the client's line and the server's.
     for tl in $SW_UCX_TLS; do
@@ -93,7 +119,8 @@ run_software() {
             for g in a b; do
                 local srv=$g cli=b what
                 [ $g = a ] || cli=a
-                if [ $srv = a ]; then what="vrnic guest serves, rxe guest runs"; else what="rxe guest serves, vrnic guest runs"; fi
+                if [ $srv = a ]; then what="$akind guest a serves, $bkind guest b runs"
+                else what="$bkind guest b serves, $akind guest a runs"; fi
                 local sl cl
                 sl=$(grep -a "^VRNIC-UCX $srv $tl $test server " "$dir/$srv.log" | tr -d '\r' | tail -1)
                 cl=$(grep -a "^VRNIC-UCX $cli $tl $test client " "$dir/$cli.log" | tr -d '\r' | tail -1)
@@ -103,9 +130,9 @@ run_software() {
                     local f fig
                     IFS=, read -ra f <<<"${cl##*final=}"
                     if [[ $test == *_bw ]]; then fig="${f[4]} MB/s"; else fig="typical ${f[1]} us"; fi
-                    pass "software: ucx_perftest $tl $test ($what): $fig"
+                    pass "software $pair: ucx_perftest $tl $test ($what): $fig"
                 else
-                    fail "software: ucx_perftest $tl $test ($what): server '${sl:-no line}', client '${cl:-no line}'"
+                    fail "software $pair: ucx_perftest $tl $test ($what): server '${sl:-no line}', client '${cl:-no line}'"
                 fi
             done
         done
@@ -116,16 +143,16 @@ run_software() {
         ml=$(grep -a "^VRNIC-MPI a launcher " "$dir/a.log" | tr -d '\r' | tail -1)
         hl=$(grep -a "^VRNIC-MPI b host " "$dir/b.log" | tr -d '\r' | tail -1)
         if [[ $ml == *" rc=0 ok=yes "* && $hl == *"done=yes"* ]]; then
-            pass "software: mpirun --mca pml ucx, rank 0 in the $akind guest, rank 1 in the rxe guest: ping-pong 1 B-4 MiB checked, MPI_Allreduce (${ml#*ok=yes })"
+            pass "software $pair: mpirun --mca pml ucx, rank 0 in the $akind guest, rank 1 in the $bkind guest: ping-pong 1 B-4 MiB checked, MPI_Allreduce (${ml#*ok=yes })"
         else
-            fail "software: mpirun across the guests: '${ml:-no launcher line}', '${hl:-no host line}' (consoles $dir/a.log, $dir/b.log)"
+            fail "software $pair: mpirun across the guests: '${ml:-no launcher line}', '${hl:-no host line}' (consoles $dir/a.log, $dir/b.log)"
         fi
     fi
-    [ "${E2E_SW_PYVERBS:-1}" = 1 ] || { echo "=== software took $((SECONDS - tp)) s"; return 0; }
+    [ "$E2E_SW_PYVERBS" = 1 ] || { echo "=== software $pair took $((SECONDS - tp)) s"; return 0; }
     # pyverbs, both guests, one table.
     sw_block "$dir/a.log" a "$dir/pyverbs-vrnic.log"
     sw_block "$dir/b.log" b "$dir/pyverbs-rxe.log"
     relay tests/e2e/pyverbs-table.py "$dir" /usr/bin/python3 "$VR_TOP/tests/e2e/pyverbs-table.py" \
         "$dir/pyverbs-vrnic.log" "$dir/pyverbs-rxe.log" "$dir/pyverbs"
-    echo "=== software took $((SECONDS - tp)) s"
+    echo "=== software $pair took $((SECONDS - tp)) s"
 }
