@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Recipe: the container image of the e2e test and of users who want to try vrnic from a container:
 # the bookworm root (rdma-core's user land: ibverbs-utils, perftest, ...; the guests' root) and
-# UCX's tools (ucx-utils) and rdma-core's test suite (python3-pyverbs), with vrnic's Debian package installed by `dpkg -i` in a chroot (vrnic's libibverbs.so.1 found first
+# UCX's tools (ucx-utils), rdma-core's test suite (python3-pyverbs), Open MPI (openmpi-bin) and the
+# e2e's MPI ping-pong (/usr/bin/mpi-pingpong), with vrnic's Debian package installed by `dpkg -i` in a chroot (vrnic's libibverbs.so.1 found first
 # through /etc/ld.so.conf.d/00-vrnic.conf), without docs, locales and apt lists, as a tar archive
 # for `podman import`. In the container the library reaches a vrnic function through the daemon's
 # vhost-user socket mounted at /run/vrnic/vhost-user.sock (guest-lib/src/vhost_user.rs): no kernel
@@ -16,14 +17,17 @@ build_container() {
     # shellcheck disable=SC2064 # $img now: it is a local
     trap "rm -rf --one-file-system '$img'" EXIT
     cp -a "$root" "$img"
-    # UCX's tools (ucx_info, ucx_perftest) and rdma-core's test suite (python3-pyverbs), from
-    # Debian, for the e2e's UCX and pyverbs checks in containers; the suite uncompressed, as its
-    # run_tests.py reads it.
+    # UCX's tools (ucx_info, ucx_perftest), rdma-core's test suite (python3-pyverbs) and Open MPI,
+    # from Debian, for the e2e's checks in containers; the suite uncompressed, as its run_tests.py
+    # reads it.
     chroot "$img" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        ucx-utils python3-pyverbs >"$out/apt.log" 2>&1 ||
-        { tail -20 "$out/apt.log" >&2; die "apt-get install ucx-utils python3-pyverbs failed"; }
+        ucx-utils python3-pyverbs openmpi-bin >"$out/apt.log" 2>&1 ||
+        { tail -20 "$out/apt.log" >&2; die "apt-get install ucx-utils python3-pyverbs openmpi-bin failed"; }
     chroot "$img" apt-get clean
     find "$img/usr/share/doc/rdma-core/tests" -name '*.gz' -exec gunzip -f {} +
+    # The MPI ping-pong of the e2e (built with the host's mpicc: bookworm's Open MPI, as the root's).
+    command -v mpicc >/dev/null || die "mpi-pingpong needs mpicc on the host (libopenmpi-dev: scripts/deps.sh)"
+    mpicc -O2 -Wall -o "$img/usr/bin/mpi-pingpong" "$MPI_PINGPONG_SRC" || die "compiling $MPI_PINGPONG_SRC failed"
     cp "$deb" "$img/tmp/vrnic-guest.deb"
     chroot "$img" dpkg -i /tmp/vrnic-guest.deb >"$out/dpkg.log" 2>&1 ||
         { tail -20 "$out/dpkg.log" >&2; die "dpkg -i $(basename "$deb") in the container root failed"; }
@@ -43,5 +47,7 @@ build_container() {
 [ "${1:-}" = --deb ] && [ -f "${2:-}" ] || die "usage: container.sh --deb DEB"
 deb=$(readlink -f "$2")
 root=$("$IMAGES_DIR/bookworm-root.sh")
-k=$(key "$IMAGES_DIR/common.sh" "$0" <(echo "$root") "$deb")
+MPI_PINGPONG_SRC=$IMAGES_DIR/../guest-lib/ibverbs/tests/c/mpi_pingpong.c
+k=$(key "$IMAGES_DIR/common.sh" "$0" "$MPI_PINGPONG_SRC" "$deb" \
+    <(echo "$root"; mpicc --version 2>/dev/null | head -1; dpkg-query -W libopenmpi-dev 2>/dev/null))
 cached container "$k" build_container "$root" "$deb"

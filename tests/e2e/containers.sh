@@ -21,7 +21,7 @@
 # and (E2E_CT_UCX=1, the default) ucx_perftest tag_bw over rc_verbs the same ways, the guests booted
 # with the software layer (images/software.sh).
 # Then two processes in one container on one function (ct_processes), UCX between c1 and c2
-# (ct_ucx), rdma-core's test suite in c1 (ct_pyverbs), and fairness between functions (ct_fairness: two more functions added and deleted while the
+# (ct_ucx), rdma-core's test suite in c1 (ct_pyverbs), two MPI ranks in c1 (ct_mpi), and fairness between functions (ct_fairness: two more functions added and deleted while the
 # daemon runs, one pair's latency measured while another pair floods).
 # E2E_CT_ITERS (200): ping-pong iterations (4 KiB) and ib_write_bw iterations (64 KiB).
 
@@ -155,32 +155,54 @@ ct_processes() {
 }
 
 # ct_ucx: UCX between two containers (issue 30, point 5): Debian's ucx_perftest, server in c1 and
-# client in c2 (two functions of one daemon, through its switch), tag_lat 8 B and tag_bw 64 KiB
-# over rc_verbs (UCX_TLS=rc_v; UCX wires RC up over ud_verbs), each container given the device
-# node UCX looks for, as the README's recipe says (--device /dev/null:/dev/infiniband/vrnic-uverbs0).
+# client in c2 (two functions of one daemon, through its switch), tag_lat 8 B, tag_bw 64 KiB,
+# ucp_put_bw 64 KiB and ucp_get 8 B (E2E_CT_UCX_TESTS, TEST:SIZE:ITERS) over rc_verbs and ud_verbs
+# (UCX_TLS=rc_v: UCX wires RC up over ud_verbs; ud_v), each container given the device node UCX
+# looks for, as the README's recipe says (--device /dev/null:/dev/infiniband/vrnic-uverbs0).
 # Judged: both sides exit 0 and the client prints its "Final:" line.
 ct_ucx() {
-    local t args spid src crc fin
-    local CT_RUN_OPTS=(--device /dev/null:/dev/infiniband/vrnic-uverbs0 -e UCX_TLS=rc_v -e UCX_NET_DEVICES=vrnic0:1)
-    for t in tag_lat:8:200 tag_bw:65536:100; do
-        args=(-t "${t%%:*}" -s "$(echo "$t" | cut -d: -f2)" -n "${t##*:}")
-        ct_run 1 "$CT_DIR/ucx-${t%%:*}-server.log" ucx_perftest -p 18630 &
-        spid=$!
-        crc=0
-        ct_client 2 "$CT_DIR/ucx-${t%%:*}-client.log" ucx_perftest 10.0.0.5 -p 18630 "${args[@]}" || crc=$?
-        src=0
-        wait $spid || src=$?
-        # Final: iterations, typical/average/overall latency (us), average/overall bandwidth
-        # (MB/s), message rates.
-        fin=$(grep -a '^Final:' "$CT_DIR/ucx-${t%%:*}-client.log" | tr -s ' ' | cut -d' ' -f2-)
-        if [ $src = 0 ] && [ $crc = 0 ] && [ -n "$fin" ]; then
-            if [[ $t == tag_bw* ]]; then fin="$(echo "$fin" | cut -d' ' -f5) MB/s"
-            else fin="typical $(echo "$fin" | cut -d' ' -f2) us"; fi
-            pass "containers: ucx_perftest rc_verbs ${t%%:*} container <-> container: $fin"
-        else
-            fail "containers: ucx_perftest rc_verbs ${t%%:*}: server rc $src, client rc $crc (logs $CT_DIR/ucx-${t%%:*}-*.log)"
-        fi
+    local tl t test args spid src crc fin port=18630 log
+    for tl in rc_v ud_v; do
+        local CT_RUN_OPTS=(--device /dev/null:/dev/infiniband/vrnic-uverbs0 -e "UCX_TLS=$tl" -e UCX_NET_DEVICES=vrnic0:1)
+        for t in ${E2E_CT_UCX_TESTS:-tag_lat:8:200 tag_bw:65536:100 ucp_put_bw:65536:100 ucp_get:8:200}; do
+            test=${t%%:*} port=$((port + 1)) log=$CT_DIR/ucx-$tl-$test
+            args=(-t "$test" -s "$(echo "$t" | cut -d: -f2)" -n "${t##*:}")
+            ct_run 1 "$log-server.log" ucx_perftest -p $port &
+            spid=$!
+            crc=0
+            ct_client 2 "$log-client.log" ucx_perftest 10.0.0.5 -p $port "${args[@]}" || crc=$?
+            src=0
+            wait $spid || src=$?
+            # Final: iterations, typical/average/overall latency (us), average/overall bandwidth
+            # (MB/s), message rates.
+            fin=$(grep -a '^Final:' "$log-client.log" | tr -s ' ' | cut -d' ' -f2-)
+            if [ $src = 0 ] && [ $crc = 0 ] && [ -n "$fin" ]; then
+                if [[ $test == *_bw ]]; then fin="$(echo "$fin" | cut -d' ' -f5) MB/s"
+                else fin="typical $(echo "$fin" | cut -d' ' -f2) us"; fi
+                pass "containers: ucx_perftest $tl $test container <-> container: $fin"
+            else
+                fail "containers: ucx_perftest $tl $test: server rc $src, client rc $crc (logs $log-*.log)"
+            fi
+        done
     done
+}
+
+# ct_mpi: Open MPI in one container (issue 30, point 5): Debian's mpirun, two ranks of
+# /usr/bin/mpi-pingpong (guest-lib/ibverbs/tests/c/mpi_pingpong.c: a checked ping-pong from 1 B to
+# 4 MiB, then MPI_Allreduce) in container c1, both on its one function through the agent,
+# `--mca pml ucx` with UCX_TLS=rc_v,self (so that their messages cross vrnic, not shared memory).
+# Judged: mpirun exits 0, the program says "mpi_pingpong: ok" after its 4 MiB round.
+ct_mpi() {
+    local rc=0 big RUN_TIMEOUT=300
+    local CT_RUN_OPTS=(--device /dev/null:/dev/infiniband/vrnic-uverbs0)
+    ct_run 1 "$CT_DIR/mpi.log" mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ucx \
+        --mca btl ^openib,uct -x UCX_TLS=rc_v,self -x UCX_NET_DEVICES=vrnic0:1 /usr/bin/mpi-pingpong || rc=$?
+    big=$(grep -a '^pingpong 4194304 ' "$CT_DIR/mpi.log" | tail -1 | awk '{ print $4 }')
+    if [ $rc = 0 ] && grep -aq '^mpi_pingpong: ok' "$CT_DIR/mpi.log" && [ -n "$big" ]; then
+        pass "containers: mpirun -np 2 --mca pml ucx in one container (ping-pong 1 B-4 MiB checked, MPI_Allreduce; 4 MiB at $big MB/s)"
+    else
+        fail "containers: mpirun in one container: rc=$rc (log $CT_DIR/mpi.log): $(tail -2 "$CT_DIR/mpi.log" | tr '\n' ' ')"
+    fi
 }
 
 # ct_pyverbs: rdma-core's own test suite (Debian's python3-pyverbs, in the image) in container c1,
@@ -336,6 +358,8 @@ run_containers() {
     ct_ucx
 
     ct_pyverbs
+
+    ct_mpi
 
     ct_fairness
 
