@@ -19,17 +19,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <infiniband/verbs.h>
+#include "check.h"
 
-#define FAIL(...) do { fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
-#define CHECK(c, ...) do { if (!(c)) FAIL(__VA_ARGS__); } while (0)
-/* A call that must return NULL with errno e. */
-#define REFUSED(call, e) do { errno = 0; void *r_ = (void *)(call); \
-	CHECK(!r_ && errno == (e), "%s: want NULL with errno %d (%s), got %p errno %d (%s)", \
-	      #call, (e), strerror(e), r_, errno, strerror(errno)); } while (0)
-/* A call that must return the errno e. */
-#define RETURNS(call, e) do { int r_ = (call); \
-	CHECK(r_ == (e), "%s: want %d (%s), got %d (%s)", #call, (e), strerror(e), r_, \
-	      r_ > 0 ? strerror(r_) : "-"); } while (0)
 
 static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq, uint32_t wr, uint32_t sge)
 {
@@ -42,9 +33,7 @@ static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq, uint32_t wr, u
 
 int main(void)
 {
-	int n = -1;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	CHECK(list && n == 1, "ibv_get_device_list: %d devices (errno %d)", n, errno);
+	struct ibv_device **list = one_device_list();
 	struct ibv_context *ctx = ibv_open_device(list[0]);
 	CHECK(ctx, "ibv_open_device: errno %d", errno);
 	struct ibv_device_attr da;

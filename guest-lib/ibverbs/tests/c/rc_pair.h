@@ -15,9 +15,8 @@
 #include <string.h>
 #include <time.h>
 #include <infiniband/verbs.h>
+#include "check.h"
 
-#define FAIL(...) do { fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
-#define CHECK(c, ...) do { if (!(c)) FAIL(__VA_ARGS__); } while (0)
 
 /* Bytes of each side's registered buffer. */
 #define BUF 8192

@@ -25,9 +25,8 @@
 #include <unistd.h>
 #include <sys/wait.h>
 #include <infiniband/verbs.h>
+#include "check.h"
 
-#define FAIL(...) do { fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
-#define CHECK(c, ...) do { if (!(c)) FAIL(__VA_ARGS__); } while (0)
 
 /* What is being waited for (named by a failure). */
 static const char *step = "";
