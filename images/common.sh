@@ -143,6 +143,24 @@ build_rdma_peer() {
     "$1" --self-test >/dev/null || die "rxe-rdma-peer --self-test failed"
 }
 
+# MPI_PINGPONG_SRC: the MPI ping-pong the e2e runs in guests and containers
+# (guest-lib/ibverbs/tests/c/mpi_pingpong.c).
+MPI_PINGPONG_SRC=$IMAGES_DIR/../guest-lib/ibverbs/tests/c/mpi_pingpong.c
+
+# build_mpi_pingpong FILE: compiles MPI_PINGPONG_SRC with the host's mpicc (libopenmpi-dev: the
+# host is bookworm, like the roots, with the same Open MPI) into FILE.
+build_mpi_pingpong() {
+    command -v mpicc >/dev/null || die "mpi-pingpong needs mpicc on the host (libopenmpi-dev: scripts/deps.sh)"
+    mpicc -O2 -Wall -o "$1" "$MPI_PINGPONG_SRC" || die "compiling $MPI_PINGPONG_SRC failed"
+}
+
+# mpi_key: what the build of mpi-pingpong depends on, for a recipe's cache key.
+mpi_key() {
+    cat "$MPI_PINGPONG_SRC"
+    mpicc --version 2>/dev/null | head -1
+    dpkg-query -W libopenmpi-dev 2>/dev/null
+}
+
 # pack_cpio DIR FILE: uncompressed newc cpio of DIR (uncompressed: no decompression under TCG).
 pack_cpio() {
     (cd "$1" && find . -mindepth 1 -path ./.done -prune -o -print | LC_ALL=C sort |

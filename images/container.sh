@@ -25,9 +25,7 @@ build_container() {
         { tail -20 "$out/apt.log" >&2; die "apt-get install ucx-utils python3-pyverbs openmpi-bin failed"; }
     chroot "$img" apt-get clean
     find "$img/usr/share/doc/rdma-core/tests" -name '*.gz' -exec gunzip -f {} +
-    # The MPI ping-pong of the e2e (built with the host's mpicc: bookworm's Open MPI, as the root's).
-    command -v mpicc >/dev/null || die "mpi-pingpong needs mpicc on the host (libopenmpi-dev: scripts/deps.sh)"
-    mpicc -O2 -Wall -o "$img/usr/bin/mpi-pingpong" "$MPI_PINGPONG_SRC" || die "compiling $MPI_PINGPONG_SRC failed"
+    build_mpi_pingpong "$img/usr/bin/mpi-pingpong"
     cp "$deb" "$img/tmp/vrnic-guest.deb"
     chroot "$img" dpkg -i /tmp/vrnic-guest.deb >"$out/dpkg.log" 2>&1 ||
         { tail -20 "$out/dpkg.log" >&2; die "dpkg -i $(basename "$deb") in the container root failed"; }
@@ -47,7 +45,5 @@ build_container() {
 [ "${1:-}" = --deb ] && [ -f "${2:-}" ] || die "usage: container.sh --deb DEB"
 deb=$(readlink -f "$2")
 root=$("$IMAGES_DIR/bookworm-root.sh")
-MPI_PINGPONG_SRC=$IMAGES_DIR/../guest-lib/ibverbs/tests/c/mpi_pingpong.c
-k=$(key "$IMAGES_DIR/common.sh" "$0" "$MPI_PINGPONG_SRC" "$deb" \
-    <(echo "$root"; mpicc --version 2>/dev/null | head -1; dpkg-query -W libopenmpi-dev 2>/dev/null))
+k=$(key "$IMAGES_DIR/common.sh" "$0" "$deb" <(echo "$root"; mpi_key))
 cached container "$k" build_container "$root" "$deb"

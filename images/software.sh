@@ -21,7 +21,6 @@ set -euo pipefail
 . "$(dirname "$0")/common.sh"
 
 PACKAGES="python3-pyverbs ucx-utils openmpi-bin"
-MPI_PINGPONG_SRC=$IMAGES_DIR/../guest-lib/ibverbs/tests/c/mpi_pingpong.c
 SW_RSH_SRC=$IMAGES_DIR/../tests/e2e/peer/sw-rsh.py
 
 # listing ROOT: one line per path under ROOT (type, mode, size, mtime, link target, path), sorted.
@@ -52,8 +51,7 @@ build_software() {
     (cd "$root" && printf '%s\n' ./usr/share/doc ./usr/share/doc/rdma-core && find ./usr/share/doc/rdma-core/tests) >>"$out/paths"
     # The test programs: the MPI ping-pong (built with the host's mpicc: the host is bookworm, like
     # the root, with the same Open MPI) and the remote shell mpirun starts its daemons with.
-    command -v mpicc >/dev/null || die "mpi-pingpong needs mpicc on the host (libopenmpi-dev: scripts/deps.sh)"
-    mpicc -O2 -Wall -o "$root/usr/bin/mpi-pingpong" "$MPI_PINGPONG_SRC" || die "compiling $MPI_PINGPONG_SRC failed"
+    build_mpi_pingpong "$root/usr/bin/mpi-pingpong"
     install -m 0755 "$SW_RSH_SRC" "$root/usr/bin/sw-rsh"
     printf '%s\n' ./usr/bin/mpi-pingpong ./usr/bin/sw-rsh >>"$out/paths"
     (cd "$root" && LC_ALL=C sort -u "$out/paths" | cpio --quiet -o -H newc -R 0:0) >"$out/software.cpio"
@@ -62,6 +60,5 @@ build_software() {
 }
 
 root=$("$IMAGES_DIR/bookworm-root.sh")
-cached software "$(key "$IMAGES_DIR/common.sh" "$0" "$MPI_PINGPONG_SRC" "$SW_RSH_SRC" \
-    <(echo "$root"; mpicc --version 2>/dev/null | head -1; dpkg-query -W libopenmpi-dev 2>/dev/null))" \
+cached software "$(key "$IMAGES_DIR/common.sh" "$0" "$SW_RSH_SRC" <(echo "$root"; mpi_key))" \
     build_software "$root"

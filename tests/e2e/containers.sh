@@ -155,28 +155,35 @@ ct_processes() {
     fi
 }
 
+# ct_function_add C / ct_function_del C: adds function C to the running daemon (`vrnic function
+# add` through c1's control socket: socket CT_DIR/cC.sock, RoCE address 10.0.0.(104+C), no pcap)
+# or deletes it; a failure is a FAIL line and status 1.
+ct_function_add() {
+    "${VRNIC_BIN:-$VR_TOP/target/debug/vrnic}" function add --control "$CT_DIR/c1.sock.control" \
+        --socket "$CT_DIR/c$1.sock" --ip "10.0.0.$((104 + $1))/24" >"$CT_DIR/function-add-c$1.log" 2>&1 && return 0
+    fail "containers: vrnic function add c$1: $(tail -1 "$CT_DIR/function-add-c$1.log")"
+    return 1
+}
+ct_function_del() {
+    "${VRNIC_BIN:-$VR_TOP/target/debug/vrnic}" function del --control "$CT_DIR/c1.sock.control" \
+        --socket "$CT_DIR/c$1.sock" >"$CT_DIR/function-del-c$1.log" 2>&1 && return 0
+    fail "containers: vrnic function del c$1: $(tail -1 "$CT_DIR/function-del-c$1.log")"
+    return 1
+}
+
 # ct_software: ct_ucx, ct_pyverbs and ct_mpi on two more functions of the daemon, c5 and c6
 # (`vrnic function add`, 10.0.0.109 and .110, no pcap: their traffic, hundreds of MB with MPI's
 # 4 MiB rounds, would take pcap_check past its bound; their containers in c1's and c2's network
 # namespaces for the TCP exchange), deleted afterwards.
 ct_software() {
-    local bin=${VRNIC_BIN:-$VR_TOP/target/debug/vrnic} ctl=$CT_DIR/c1.sock.control c ok=1
-    for c in 5 6; do
-        if ! "$bin" function add --control "$ctl" --socket "$CT_DIR/c$c.sock" \
-            --ip "10.0.0.$((104 + c))/24" >"$CT_DIR/function-add-c$c.log" 2>&1; then
-            fail "containers: vrnic function add c$c: $(tail -1 "$CT_DIR/function-add-c$c.log")"
-            ok=0
-        fi
-    done
+    local c ok=1
+    for c in 5 6; do ct_function_add $c || ok=0; done
     if [ $ok = 1 ]; then
         ct_ucx
         ct_pyverbs
         ct_mpi
     fi
-    for c in 5 6; do
-        "$bin" function del --control "$ctl" --socket "$CT_DIR/c$c.sock" >"$CT_DIR/function-del-c$c.log" 2>&1 ||
-            fail "containers: vrnic function del c$c: $(tail -1 "$CT_DIR/function-del-c$c.log")"
-    done
+    for c in 5 6; do ct_function_del $c || true; done
 }
 
 # ct_ucx: UCX between two containers (issue 30, point 5): Debian's ucx_perftest, server on c5 and
@@ -198,13 +205,10 @@ ct_ucx() {
             CT_NS_OF=2 ct_client 6 "$log-client.log" ucx_perftest 10.0.0.5 -p $port "${args[@]}" || crc=$?
             src=0
             wait $spid || src=$?
-            # Final: iterations, typical/average/overall latency (us), average/overall bandwidth
-            # (MB/s), message rates.
             fin=$(grep -a '^Final:' "$log-client.log" | tr -s ' ' | cut -d' ' -f2-)
             if [ $src = 0 ] && [ $crc = 0 ] && [ -n "$fin" ]; then
-                if [[ $test == *_bw ]]; then fin="$(echo "$fin" | cut -d' ' -f5) MB/s"
-                else fin="typical $(echo "$fin" | cut -d' ' -f2) us"; fi
-                pass "containers: ucx_perftest $tl $test container <-> container: $fin"
+                # shellcheck disable=SC2086 # the Final: fields
+                pass "containers: ucx_perftest $tl $test container <-> container: $(ucx_figure "$test" $fin)"
             else
                 fail "containers: ucx_perftest $tl $test: server rc $src, client rc $crc (logs $log-*.log)"
             fi
@@ -269,11 +273,7 @@ ct_fairness() {
     local bin=${VRNIC_BIN:-$VR_TOP/target/debug/vrnic} ctl=$CT_DIR/c1.sock.control c spid fpid src frc
     local idle loaded n
     for c in 3 4; do
-        if ! "$bin" function add --control "$ctl" --socket "$CT_DIR/c$c.sock" \
-            --ip "10.0.0.10$((4 + c))/24" >"$CT_DIR/function-add-c$c.log" 2>&1; then
-            fail "containers: vrnic function add c$c: $(tail -1 "$CT_DIR/function-add-c$c.log")"
-            return 0
-        fi
+        ct_function_add $c || return 0
     done
     n=$("$bin" function list --control "$ctl" 2>/dev/null | grep -vc '^#')
     if [ "$n" = 4 ]; then pass "containers: vrnic function add: 4 functions listed"
@@ -298,10 +298,7 @@ ct_fairness() {
     else
         fail "containers: fairness: idle=$idle loaded=$loaded (bound $CT_FAIR_BOUND_US us), flood client rc=$frc server rc=$src (logs $CT_DIR/fair-*, flood-*)"
     fi
-    for c in 3 4; do
-        "$bin" function del --control "$ctl" --socket "$CT_DIR/c$c.sock" >"$CT_DIR/function-del-c$c.log" 2>&1 ||
-            fail "containers: vrnic function del c$c: $(tail -1 "$CT_DIR/function-del-c$c.log")"
-    done
+    for c in 3 4; do ct_function_del $c || true; done
     n=$("$bin" function list --control "$ctl" 2>/dev/null | grep -vc '^#')
     if [ "$n" = 2 ]; then pass "containers: vrnic function del: 2 functions left"
     else fail "containers: vrnic function list shows $n functions after deleting 2 of 4"; fi

@@ -45,6 +45,16 @@ sw_job() {
     } >"$1"
 }
 
+# ucx_figure TEST FIELD...: the figure of a ucx_perftest TEST's "Final:" line, given its FIELDs
+# (iterations, typical/average/overall latency in us, average/overall bandwidth in MB/s, message
+# rates): the average bandwidth for a *_bw TEST, the typical latency otherwise. Also used by
+# tests/e2e/containers.sh.
+ucx_figure() {
+    local test=$1
+    shift
+    if [[ $test == *_bw ]]; then echo "$5 MB/s"; else echo "typical $2 us"; fi
+}
+
 # sw_block LOG NAME OUT: the suite's output from a guest's console (between its BEGIN and END
 # lines, the END line kept) into OUT.
 sw_block() {
@@ -125,12 +135,9 @@ sw_pair() {
                 sl=$(grep -a "^VRNIC-UCX $srv $tl $test server " "$dir/$srv.log" | tr -d '\r' | tail -1)
                 cl=$(grep -a "^VRNIC-UCX $cli $tl $test client " "$dir/$cli.log" | tr -d '\r' | tail -1)
                 if [[ $sl == *" rc=0 "* && $cl == *" rc=0 "* && $cl != *"final=none" ]]; then
-                    # Final: iterations, typical/average/overall latency (us), average/overall
-                    # bandwidth (MB/s), message rates.
-                    local f fig
-                    IFS=, read -ra f <<<"${cl##*final=}"
-                    if [[ $test == *_bw ]]; then fig="${f[4]} MB/s"; else fig="typical ${f[1]} us"; fi
-                    pass "software $pair: ucx_perftest $tl $test ($what): $fig"
+                    local fin=${cl##*final=}
+                    # shellcheck disable=SC2086 # the Final: fields, comma-separated in the line
+                    pass "software $pair: ucx_perftest $tl $test ($what): $(ucx_figure "$test" ${fin//,/ })"
                 else
                     fail "software $pair: ucx_perftest $tl $test ($what): server '${sl:-no line}', client '${cl:-no line}'"
                 fi
