@@ -79,7 +79,7 @@ ct_stat() {
 # ct_judge WHAT SERVER_RC SERVER_LOG CLIENT_RC CLIENT_LOG: one PASS/FAIL line for a tool's run.
 ct_judge() {
     local what=$1 src=$2 slog=$3 crc=$4 clog=$5 fig
-    fig=$(grep -aE 'usec/iter|^ *65536 |^Final:' "$clog" | tail -1 | tr -s ' \t' ' ' | tr -d '\r')
+    fig=$(grep -aE 'usec/iter|^ *65536 |^Final:' "$clog" | tail -1 | tr -s ' \t' ' ' | tr -d '\r') || true
     if [ "$src" = 0 ] && [ "$crc" = 0 ]; then
         pass "containers: $what (${fig# })"
     else
@@ -146,7 +146,7 @@ ct_processes() {
         a=$(ls /tmp/vrnic-*/agent-*.sock)
         echo "VRNIC-MP agent $a: $(/usr/lib/vrnic/vrnic-agent --status --socket "$a" 2>&1)"
     ' || rc=$?
-    st=$(grep -a '^VRNIC-MP agent' "$CT_DIR/processes.log" | tr -d '\r')
+    st=$(grep -a '^VRNIC-MP agent' "$CT_DIR/processes.log" | tr -d '\r') || true
     if [ $rc = 0 ] && [ "$(grep -ac '^VRNIC-MP .* server=0 client=0' "$CT_DIR/processes.log")" = 2 ] &&
         [[ $st == *"programs 0 pinned 0 contexts 1 pds 0 mrs 0 cqs 0 qps 0 ahs 0 srqs 0 mr_pages 0" ]]; then
         pass "containers: two processes on one function, through the agent (ibv_rc_pingpong -c, ib_write_bw; ${st#*: })"
@@ -205,7 +205,7 @@ ct_ucx() {
             CT_NS_OF=2 ct_client 6 "$log-client.log" ucx_perftest 10.0.0.5 -p $port "${args[@]}" || crc=$?
             src=0
             wait $spid || src=$?
-            fin=$(grep -a '^Final:' "$log-client.log" | tr -s ' ' | cut -d' ' -f2-)
+            fin=$(grep -a '^Final:' "$log-client.log" | tr -s ' ' | cut -d' ' -f2-) || true
             if [ $src = 0 ] && [ $crc = 0 ] && [ -n "$fin" ]; then
                 # shellcheck disable=SC2086 # the Final: fields
                 pass "containers: ucx_perftest $tl $test container <-> container: $(ucx_figure "$test" $fin)"
@@ -220,17 +220,25 @@ ct_ucx() {
 # /usr/bin/mpi-pingpong (guest-lib/ibverbs/tests/c/mpi_pingpong.c: a checked ping-pong from 1 B to
 # 4 MiB, then MPI_Allreduce) in one container on c5, both on its one function through the agent,
 # `--mca pml ucx` with UCX_TLS=rc_v,self (so that their messages cross vrnic, not shared memory).
-# Judged: mpirun exits 0, the program says "mpi_pingpong: ok" after its 4 MiB round.
+# Judged: mpirun exits 0, the program says "mpi_pingpong: ok" after its 4 MiB round. A failed
+# first try is run once more (the PASS line then carries the first try's last lines: a CI run
+# once lost this check without a log to read; tests/e2e/guest-pp.sh's perf_run does the same).
 ct_mpi() {
-    local rc=0 big RUN_TIMEOUT=300
+    local rc try first='' big RUN_TIMEOUT=300
     local CT_RUN_OPTS=(--device /dev/null:/dev/infiniband/vrnic-uverbs0)
-    CT_NS_OF=1 ct_run 5 "$CT_DIR/mpi.log" mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ucx \
-        --mca btl ^openib,uct -x UCX_TLS=rc_v,self -x UCX_NET_DEVICES=vrnic0:1 /usr/bin/mpi-pingpong || rc=$?
-    big=$(grep -a '^pingpong 4194304 ' "$CT_DIR/mpi.log" | tail -1 | awk '{ print $4 }')
-    if [ $rc = 0 ] && grep -aq '^mpi_pingpong: ok' "$CT_DIR/mpi.log" && [ -n "$big" ]; then
-        pass "containers: mpirun -np 2 --mca pml ucx in one container (ping-pong 1 B-4 MiB checked, MPI_Allreduce; 4 MiB at $big MB/s)"
+    for try in 1 2; do
+        rc=0
+        CT_NS_OF=1 ct_run 5 "$CT_DIR/mpi-$try.log" mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ucx \
+            --mca btl ^openib,uct -x UCX_TLS=rc_v,self -x UCX_NET_DEVICES=vrnic0:1 /usr/bin/mpi-pingpong || rc=$?
+        big=$(grep -a '^pingpong 4194304 ' "$CT_DIR/mpi-$try.log" | tail -1 | awk '{ print $4 }') || true
+        [ $rc = 0 ] && grep -aq '^mpi_pingpong: ok' "$CT_DIR/mpi-$try.log" && [ -n "$big" ] && break
+        big=''
+        first+="try $try: rc=$rc, $(tail -3 "$CT_DIR/mpi-$try.log" | tr -s '\n' ' ') "
+    done
+    if [ -n "$big" ]; then
+        pass "containers: mpirun -np 2 --mca pml ucx in one container (ping-pong 1 B-4 MiB checked, MPI_Allreduce; 4 MiB at $big MB/s${first:+; after a failed first try: $first})"
     else
-        fail "containers: mpirun in one container: rc=$rc (log $CT_DIR/mpi.log): $(tail -2 "$CT_DIR/mpi.log" | tr '\n' ' ')"
+        fail "containers: mpirun in one container: $first(logs $CT_DIR/mpi-*.log)"
     fi
 }
 
@@ -247,8 +255,8 @@ ct_pyverbs() {
         a=$(ls /tmp/vrnic-*/agent-*.sock)
         echo "VRNIC-PV agent $a: $(/usr/lib/vrnic/vrnic-agent --status --socket "$a" 2>&1)"
     ' || rc=$?
-    st=$(grep -a '^VRNIC-PV agent' "$CT_DIR/pyverbs.log" | tr -d '\r')
-    res="$(grep -a '^Ran ' "$CT_DIR/pyverbs.log" | tail -1): $(grep -aE '^(OK|FAILED)' "$CT_DIR/pyverbs.log" | tail -1)"
+    st=$(grep -a '^VRNIC-PV agent' "$CT_DIR/pyverbs.log" | tr -d '\r') || true
+    res="$(grep -a '^Ran ' "$CT_DIR/pyverbs.log" | tail -1): $(grep -aE '^(OK|FAILED)' "$CT_DIR/pyverbs.log" | tail -1)" || true
     if [ $rc = 0 ] && grep -aq '^VRNIC-PV rc=0' "$CT_DIR/pyverbs.log" && grep -aqE '^OK( |$)' "$CT_DIR/pyverbs.log" &&
         [[ $st == *"programs 0 pinned 0 contexts 1 pds 0 mrs 0 cqs 0 qps 0 ahs 0 srqs 0 mr_pages 0" ]]; then
         pass "containers: rdma-core's test suite in a container, through the agent ($res; ${st#*: })"
@@ -275,10 +283,10 @@ ct_fairness() {
     for c in 3 4; do
         ct_function_add $c || return 0
     done
-    n=$("$bin" function list --control "$ctl" 2>/dev/null | grep -vc '^#')
+    n=$("$bin" function list --control "$ctl" 2>/dev/null | grep -vc '^#') || true
     if [ "$n" = 4 ]; then pass "containers: vrnic function add: 4 functions listed"
     else fail "containers: vrnic function list shows $n functions after adding 2 to 2"; fi
-    idle=$(ct_lat idle 18620)
+    idle=$(ct_lat idle 18626)
     CT_NS_OF=1 ct_run 3 "$CT_DIR/flood-server.log" ib_write_bw -x 1 -D "$CT_FLOOD_SECS" -p 18621 &
     spid=$!
     CT_NS_OF=2 ct_client 4 "$CT_DIR/flood-client.log" ib_write_bw -x 1 -D "$CT_FLOOD_SECS" -p 18621 10.0.0.5 &
@@ -299,24 +307,29 @@ ct_fairness() {
         fail "containers: fairness: idle=$idle loaded=$loaded (bound $CT_FAIR_BOUND_US us), flood client rc=$frc server rc=$src (logs $CT_DIR/fair-*, flood-*)"
     fi
     for c in 3 4; do ct_function_del $c || true; done
-    n=$("$bin" function list --control "$ctl" 2>/dev/null | grep -vc '^#')
+    n=$("$bin" function list --control "$ctl" 2>/dev/null | grep -vc '^#') || true
     if [ "$n" = 2 ]; then pass "containers: vrnic function del: 2 functions left"
     else fail "containers: vrnic function list shows $n functions after deleting 2 of 4"; fi
 }
 
 # ct_lat TAG PORT: c1 (server) <-> c2 (client) ib_write_lat 64 B x 2000; prints the client's
-# t_typical (us) or "fail".
+# t_typical (us) or "fail". A run whose figure is no number (perftest prints "inf" when its clock
+# calibration fails, "Correlation coefficient r^2 ... < 0.9", seen under a flood on 2 cores) runs
+# once more on PORT+1.
 ct_lat() {
-    local sp rc=0 rs=0
-    ct_run 1 "$CT_DIR/fair-$1-server.log" ib_write_lat -x 1 -s 64 -n 2000 -p "$2" &
-    sp=$!
-    ct_client 2 "$CT_DIR/fair-$1-client.log" ib_write_lat -x 1 -s 64 -n 2000 -p "$2" 10.0.0.5 || rc=$?
-    wait $sp || rs=$?
-    if [ $rc = 0 ] && [ $rs = 0 ]; then
-        awk '/#bytes/ { getline; print $5; exit }' "$CT_DIR/fair-$1-client.log"
-    else
-        echo fail
-    fi
+    local sp rc rs try v=fail
+    for try in 1 2; do
+        rc=0 rs=0
+        ct_run 1 "$CT_DIR/fair-$1-$try-server.log" ib_write_lat -x 1 -s 64 -n 2000 -p $(($2 + try - 1)) &
+        sp=$!
+        ct_client 2 "$CT_DIR/fair-$1-$try-client.log" ib_write_lat -x 1 -s 64 -n 2000 -p $(($2 + try - 1)) 10.0.0.5 || rc=$?
+        wait $sp || rs=$?
+        [ $rc = 0 ] && [ $rs = 0 ] || break
+        v=$(awk '/#bytes/ { getline; print $5; exit }' "$CT_DIR/fair-$1-$try-client.log")
+        [[ $v =~ ^[0-9]+(\.[0-9]+)?$ ]] && break
+        v=fail
+    done
+    echo "$v"
 }
 
 run_containers() {

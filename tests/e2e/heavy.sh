@@ -182,7 +182,7 @@ run() {
     fi
     a1=$(counters 1) a2=$(counters 2)
     # Table rows: "#bytes #iterations BW-peak BW-average MsgRate", sizes of this run.
-    rows=$(awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && NF >= 5 { print $1 }' "$tag.client" | tr '\n' ' ')
+    rows=$(awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && NF >= 5 { print $1 }' "$tag.client" | tr '\n' ' ') || true
     if [[ " $* " == *" -a "* ]]; then
         want=$(for i in $(seq 1 23); do printf '%d ' $((1 << i)); done)
     else

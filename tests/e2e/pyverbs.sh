@@ -94,7 +94,7 @@ suite() {
         (cd "$RESULTS/tests" && VRNIC_VHOST_USER=$RESULTS/f1.sock LD_LIBRARY_PATH=$LIB VRNIC_AGENT=$agent \
             TMPDIR=$tmp timeout -k 10 "$RUN_TIMEOUT" ip netns exec "$NS" "$PY" run_tests.py --dev vrnic0 --gid 1 -v "$m") \
             >"$log" 2>&1 || rc=$?
-        ran=$(sed -n 's/^Ran \([0-9]*\) tests\{0,1\} in.*/\1/p' "$log" | tail -1)
+        ran=$(sed -n 's/^Ran \([0-9]*\) tests\{0,1\} in.*/\1/p' "$log" | tail -1) || true
         last=$(grep -E '^(OK|FAILED)' "$log" | tail -1 || true)
         skipped=$(num skipped) failures=$(num failures) errors=$(num errors)
         ran=${ran:-0} skipped=${skipped:-0} failures=${failures:-0} errors=${errors:-0}
