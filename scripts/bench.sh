@@ -21,6 +21,10 @@
 #      its switch, under the same QEMU accelerator; several minutes under TCG), every tool with
 #      -n 5000 (perftest's own default for the bandwidth tools; BENCH_GUEST_PERF_ARGS to change):
 #      the e2e's -n 200 moves 13 MB, ~30 ms for vrnic, where start-up weighs on the figure.
+#      Then the e2e step software with two rxe guests and two vrnic guests: ucx_perftest tag_bw
+#      64 KiB and tag_lat 8 B over rc_verbs (2000 each; BENCH_GUEST_UCX_TESTS) and Open MPI's
+#      checked ping-pong across the two guests (its 4 MiB round), rows guests-rxe-rxe and
+#      guests-vrnic-vrnic.
 # Each perftest row also shows why a figure is low: the frames the receive queues dropped and, for
 # in-process devices (VRNIC_STATS=1), the ACK timeouts and sequence NAKs of that run; and what it
 # cost: the CPU time of every process of the run (both perftest processes, from getrusage at
@@ -671,6 +675,28 @@ if [ $guests = 1 ]; then
     awk -F, 'NR > 1 && $2 == "a" && $6 == "client" { print "guest-" $1 "," $5 "," $7 "," $8 "," $9 }' \
         "$out/e2e/perftest.csv" 2>/dev/null | sed 's/MB\/sec/MB\/s/; s/usec/us/' |
         awk -F, '{ print $2 ",guests-" substr($1, 7) "," $3 "," $4 "," $5 ",-,-,-,-,-,-,-,-,-,-,-,-,-,-" }' >>"$out/bench.csv" || true
+    # UCX and Open MPI in the same guests' software (the e2e step software, images/software.sh):
+    # two rxe guests, then two vrnic guests (a daemon each, over TAP), ucx_perftest tag_bw 64 KiB
+    # and tag_lat 8 B over rc_verbs, and Open MPI's checked ping-pong across the guests (its 4 MiB
+    # round). Rows ucx_tag_bw, ucx_tag_lat, mpi_pingpong of modes guests-rxe-rxe, guests-vrnic-vrnic.
+    log "guests: tests/e2e/run.sh software, rxe-rxe and vrnic-vrnic (UCX and Open MPI; minutes under TCG)"
+    VRNIC_BIN=$rel/vrnic E2E_RESULTS=$out/e2e-sw E2E_SW_PAIRS="rxe-rxe vrnic-vrnic" E2E_SW_PYVERBS=0 \
+        E2E_SW_UCX_TLS=rc_v E2E_SW_UCX_TESTS="${BENCH_GUEST_UCX_TESTS:-tag_bw:65536:2000 tag_lat:8:2000}" \
+        "$top/tests/e2e/run.sh" software >"$out/e2e-sw.log" 2>&1 || true
+    for pair in rxe-rxe vrnic-vrnic; do
+        # guest b's client runs (a serves): "VRNIC-UCX b rc_v TEST client rc=0 attempts=N final=F,..."
+        # with F: iterations, typical/average/overall latency (us), average/overall MB/s, rates.
+        tr -d '\r' <"$out/e2e-sw/software-$pair/b.log" 2>/dev/null | awk -v m="guests-$pair" '
+            $1 == "VRNIC-UCX" && $5 == "client" && $6 == "rc=0" {
+                split(substr($8, 7), f, ",")
+                if ($4 == "tag_bw") print "ucx_tag_bw," m ",65536," f[6] ",MB/s,-,-,-,-,-,-,-,1,-,0,-,-,-,-"
+                if ($4 == "tag_lat") print "ucx_tag_lat," m ",8," f[2] ",us,-,-,-,-,-,-,-,1,-,0,-,-,-,-"
+            }' >>"$out/bench.csv" || true
+        tr -d '\r' <"$out/e2e-sw/software-$pair/a.log" 2>/dev/null | awk -v m="guests-$pair" '
+            $1 == "VRNIC-MPI" && $3 == "launcher" && $4 == "rc=0" && $5 == "ok=yes" {
+                print "mpi_pingpong," m ",4194304," substr($6, 11) ",MB/s,-,-,-,-,-,-,-,1,-,0,-,-,-,-"
+            }' >>"$out/bench.csv" || true
+    done
 fi
 
 # The table: each figure beside the limit it is compared with (same run).
