@@ -155,7 +155,7 @@ pub mod msg_response {
     pub const REQ: u8 = 0;
     /// The REP.
     pub const REP: u8 = 1;
-    /// Another message (LAP for an MRA; none in Linux's use of REJ).
+    /// Another message (for an MRA: a LAP).
     pub const OTHER: u8 = 2;
 }
 
@@ -619,8 +619,8 @@ pub struct CmRep {
     /// Vendor ID, 24 bits (ECE), split over bytes 15, 19 and 23 (Linux
     /// `CM_REP_VENDOR_ID_H/M/L`).
     pub vendor_id: u32,
-    /// Local EE Context Number, 24 bits (RD; XRC target: the SRQ's
-    /// number).
+    /// Local EE Context Number, 24 bits (RD; Linux puts an XRC target's
+    /// QPN here instead of in Local QPN).
     pub local_eecn: u32,
     /// Starting PSN, 24 bits: the sender's first send PSN.
     pub starting_psn: u32,
@@ -1034,9 +1034,9 @@ pub struct CmSidrRep {
     /// Additional Information Length.
     pub additional_info_length: u8,
     /// Vendor ID, 24 bits (ECE): bytes 6-7 then byte 11 (Linux
-    /// `CM_SIDR_REP_VENDOR_ID_H/L`). Linux 5.9-6.x writes only bits 15-0
-    /// of its vendor ID here (`(vendor_id >> 8) & 0xff` into the 16-bit
-    /// high part), so from Linux bits 23-16 read 0.
+    /// `CM_SIDR_REP_VENDOR_ID_H/L`). Linux's `cm_format_sidr_rep` writes
+    /// `(vendor_id >> 8) & 0xff` into the 16-bit high part, so from Linux
+    /// bits 23-16 read 0.
     pub vendor_id: u32,
     /// QPN, 24 bits: the service's UD QP.
     pub qpn: u32,

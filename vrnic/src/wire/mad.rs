@@ -132,10 +132,12 @@ big_endian_header! {
         pub status: u16,
         /// `ClassSpecific`: 0 in the CM class.
         pub class_specific: u16,
-        /// `TransactionID`. The Linux CM puts its agent's `hi_tid` in the
-        /// high 32 bits and the sender's local communication ID in the low
-        /// 32 (`cm.c` `cm_form_tid`); REP and RTU reuse the REQ's, a REJ or
-        /// MRA answering a message carries that message's.
+        /// `TransactionID`, opaque to the receiver. The Linux CM puts its
+        /// agent's `hi_tid` in the high 32 bits and the sender's local
+        /// communication ID in the low 32 (`cm.c` `cm_form_tid`), in host
+        /// byte order (a `__be32` cast to `u64`, so byte-swapped on
+        /// little-endian hosts); REP and RTU reuse the REQ's, a REJ or MRA
+        /// answering a message carries that message's.
         pub tid: u64,
         /// `AttributeID`: which CM message follows ([`CmAttrId`]).
         pub attr_id: u16,
