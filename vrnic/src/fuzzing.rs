@@ -909,7 +909,8 @@ pub fn fuzz_control(data: &[u8]) {
 
 /// The `parse_frame` fuzz target: arbitrary bytes to the parser; a RoCE
 /// packet it accepts is emitted again and must parse to the same headers
-/// and payload.
+/// and payload. Its payload also goes to the IB CM MAD parser (a MAD on
+/// QP1 is a UD SEND's whole payload).
 pub fn fuzz_parse(data: &[u8]) {
     // emit_frame's callers keep packets MTU-sized (it debug-asserts that).
     if data.len() > MAX_FRAME {
@@ -919,6 +920,7 @@ pub fn fuzz_parse(data: &[u8]) {
     let Ok(Frame::Roce(p)) = wire::parse_frame(data) else {
         return;
     };
+    let _ = wire::Mad::parse(p.payload).and_then(|m| wire::CmMessage::parse(&m));
     let mut out = Vec::new();
     wire::emit_frame(&p.hdr, p.payload, &mut out);
     match wire::parse_frame(&out) {

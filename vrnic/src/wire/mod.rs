@@ -1,5 +1,7 @@
 //! Wire formats of RoCEv2: Ethernet/IP/UDP framing, the IBTA base and
-//! extension transport headers, the invariant CRC, GIDs and ARP.
+//! extension transport headers, the invariant CRC, GIDs and ARP; and the
+//! management datagrams that ride on QP1: the MAD header, IB
+//! Communication Management messages and rdma_cm's addressing on top.
 //!
 //! Modelled on smoltcp's `wire` module: every header is a plain struct (the
 //! parsed "Repr") with `LEN`, `parse(&[u8]) -> Result<Self, WireError>` and
@@ -8,7 +10,9 @@
 //! are handled with `etherparse`, CRC-32 with `crc32fast`.
 //!
 //! Sources: IBTA Specification Vol 1 Release 1.4 chapter 9 (transport
-//! headers) and Annex A17 (RoCEv2); RFC 791 (IPv4), RFC 8200 (IPv6),
+//! headers), chapters 12 and 13 (CM, MADs), Annexes A11 (RDMA IP CM
+//! service) and A17 (RoCEv2); Linux `include/rdma/ibta_vol1_c12.h` for
+//! the CM layouts as the kernel sends them; RFC 791 (IPv4), RFC 8200 (IPv6),
 //! RFC 768 (UDP), RFC 826 (ARP), RFC 4291 (IPv6 addressing).
 //!
 //! Parsing never panics on any input bytes; `emit` functions panic only if
@@ -68,10 +72,13 @@ mod aeth;
 mod arp;
 mod atomic;
 mod bth;
+mod cm;
+mod cma;
 mod deth;
 mod gid;
 mod icrc;
 mod immdt;
+mod mad;
 mod opcode;
 mod packet;
 mod reth;
@@ -87,10 +94,22 @@ pub use aeth::{rnr_timer_ns, Aeth, AethKind, NakCode};
 pub use arp::{emit_arp, ArpPacket};
 pub use atomic::{AtomicAckEth, AtomicEth};
 pub use bth::Bth;
+pub use cm::{
+    msg_response, private_data_len, rej_reason, sidr_status, transport_type, CmApr, CmDrep, CmDreq,
+    CmLap, CmMessage, CmMra, CmPath, CmRej, CmRep, CmReq, CmRtu, CmSidrRep, CmSidrReq, CM_MSG_LEN,
+};
+pub use cma::{
+    service_id, service_id_port, service_id_port_space, CmaAddrs, CmaHdr, PortSpace, CMA_VERSION,
+    REQ_USER_PRIVATE_DATA_MAX, SERVICE_ID_PS_MASK, SIDR_REQ_USER_PRIVATE_DATA_MAX,
+};
 pub use deth::Deth;
 pub use gid::Gid;
 pub use icrc::{icrc, ICRC_LEN};
 pub use immdt::{Ieth, Immdt};
+pub use mad::{
+    CmAttrId, Mad, MadHeader, CM_CLASS_VERSION, DEFAULT_PKEY, GSI_QKEY, GSI_QPN, MAD_DATA_LEN,
+    MAD_LEN, MGMT_BASE_VERSION, MGMT_CLASS_CM, MGMT_METHOD_SEND,
+};
 pub use opcode::{Opcode, Transport};
 pub use packet::{
     emit_frame, emit_frame_icrc, emit_frame_open, emit_frame_with, emit_run_peer, emit_segment,
@@ -156,6 +175,36 @@ pub enum WireError {
     /// The invariant CRC does not match (IBTA Annex A17.3.3).
     #[error("bad ICRC")]
     BadIcrc,
+    /// A MAD is not one the CM agent receives: base version not 1, class
+    /// not CM (0x07), class version not 2 or method not Send (returned by
+    /// [`CmMessage::parse`]).
+    #[error(
+        "not a CM MAD (base version {base_version}, class {mgmt_class:#04x}, \
+         class version {class_version}, method {method:#04x})"
+    )]
+    NotCmMad {
+        /// The MAD's `BaseVersion`.
+        base_version: u8,
+        /// The MAD's `MgmtClass`.
+        mgmt_class: u8,
+        /// The MAD's `ClassVersion`.
+        class_version: u8,
+        /// The MAD's `Method`.
+        method: u8,
+    },
+    /// A CM MAD's attribute ID names no CM message (IBTA 12.6; REQ 0x10 to
+    /// APR 0x1A).
+    #[error("unknown CM attribute {0:#06x}")]
+    UnknownCmAttribute(u16),
+    /// rdma_cm's private-data header has a version other than 0 or an IP
+    /// version other than 4 or 6 (returned by [`CmaHdr::parse`]).
+    #[error("bad rdma_cm header (version {version}, IP version {ip_version})")]
+    BadCmaHeader {
+        /// Byte 0, `cma_version`.
+        version: u8,
+        /// The high nibble of byte 1.
+        ip_version: u8,
+    },
 }
 
 /// Big-endian reads from a slice the caller has already length-checked.

@@ -475,12 +475,37 @@ fn every_error_has_a_message() {
         WireError::BadPadCount,
         WireError::BadLength,
         WireError::BadIcrc,
+        WireError::NotCmMad {
+            base_version: 1,
+            mgmt_class: 0x04,
+            class_version: 1,
+            method: 0x01,
+        },
+        WireError::UnknownCmAttribute(0x1b),
+        WireError::BadCmaHeader {
+            version: 1,
+            ip_version: 4,
+        },
     ] {
         assert!(!e.to_string().is_empty());
     }
     assert_eq!(
         WireError::UnknownOpcode(0x15).to_string(),
         "unknown BTH opcode 0x15"
+    );
+    assert_eq!(
+        WireError::NotCmMad {
+            base_version: 1,
+            mgmt_class: 0x04,
+            class_version: 1,
+            method: 0x01
+        }
+        .to_string(),
+        "not a CM MAD (base version 1, class 0x04, class version 1, method 0x01)"
+    );
+    assert_eq!(
+        WireError::UnknownCmAttribute(0x1b).to_string(),
+        "unknown CM attribute 0x001b"
     );
 }
 
