@@ -106,6 +106,7 @@ pub const QPN_SPACE: HandleSpace = HandleSpace {
     index_bits: 24,
     key_bits: 0,
     max: MAX_QP,
+    fixed: None,
 };
 /// Maximum WQEs per SQ/RQ.
 pub const MAX_QP_WR: u32 = 16384;
