@@ -93,7 +93,9 @@ impl<T> HandleTable<T> {
             .max(1)
             .next_power_of_two();
         assert!(u64::from(space.first) < 1u64 << space.index_bits);
-        assert!(space.fixed.is_none_or(|f| f >> space.key_bits < space.first));
+        assert!(space
+            .fixed
+            .is_none_or(|f| f >> space.key_bits < space.first));
         assert!((cap as u64) < 1u64 << space.index_bits);
         let mut slots = Vec::new();
         slots.resize_with(cap, || None);
