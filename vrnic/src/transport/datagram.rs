@@ -39,7 +39,7 @@ pub fn send_qkey(qp: &Qp, wqe_qkey: u32) -> u32 {
 
 /// The QP a UD send goes to: the WQE's, and for the GSI QP always the
 /// peer's GSI QP, [`abi::GSI_QPN`] (MADs go from QP1 to QP1; vrnic does
-/// not redirect GSI traffic, IBTA §13.5.2).
+/// not redirect GSI traffic, the class redirection of IBTA chapter 13).
 fn dest_qpn(qp: &Qp, wqe_qpn: u32) -> u32 {
     if qp.qp_type == abi::QpType::Gsi {
         abi::GSI_QPN
