@@ -494,7 +494,8 @@ pub struct CreateCq {
 pub struct CreateQp {
     /// PD number.
     pub pdn: u32,
-    /// `ibv_qp_type` ([`QPT_RC`], [`QPT_UC`], [`QPT_UD`]).
+    /// `ibv_qp_type` ([`QPT_RC`], [`QPT_UC`], [`QPT_UD`]), or the
+    /// kernel's `IB_QPT_GSI` ([`QPT_GSI`]) for the port's GSI QP.
     pub qp_type: u32,
     /// CQ for send completions.
     pub send_cqn: u32,
@@ -733,6 +734,29 @@ pub const QPT_RC: u32 = 2;
 pub const QPT_UC: u32 = 3;
 /// `ibv_qp_type`: unreliable datagram.
 pub const QPT_UD: u32 = 4;
+/// The GSI QP, QP1 of the port (IBTA Vol 1 §13.5): a UD QP the device
+/// numbers [`GSI_QPN`], one per device, for the CM's MADs (device spec
+/// §5.x.6.5, "The GSI QP"). The value is the kernel's `IB_QPT_GSI` (`enum
+/// ib_qp_type`); `enum ibv_qp_type` starts at `IBV_QPT_RC` 2 (then 3, 4,
+/// `RAW_PACKET` 8, `XRC_SEND` 9, `XRC_RECV` 10, `DRIVER` 0xff), so no
+/// `IBV_QPT_*` value collides with it, and libibverbs has no way to ask
+/// for it: `ibv_create_qp(3)` never creates the GSI QP.
+pub const QPT_GSI: u32 = 1;
+/// The GSI QP's number (IBTA's QP1), the only QP number below 0x11 the
+/// device hands out, and only to a [`QPT_GSI`] QP.
+pub const GSI_QPN: u32 = 1;
+/// The Q_Key of every GSI packet (IBTA Vol 1 §13.5: QP1's well-known Q_Key,
+/// the kernel's `IB_QP1_QKEY`): the device sends it in the DETH of the GSI QP's
+/// datagrams whatever the WQE says, and drops a datagram for QP1 that
+/// carries another.
+pub const GSI_QKEY: u32 = 0x8001_0000;
+/// The P_Key of GSI packets: the default P_Key, full member. Received
+/// datagrams for QP1 must match it (IBTA §10.9.3), as on Linux rxe.
+pub const GSI_PKEY: u16 = 0xffff;
+/// The UDP source port of the GSI QP's packets: Linux rxe's for QP 1
+/// (`0xc000 + (hash_32(1, 14) & 0x3fff)`), so captures of vrnic and rxe
+/// look alike. Receivers do not check it.
+pub const GSI_UDP_SPORT: u16 = 0xd872;
 
 /// `ibv_qp_state` values.
 pub const QPS_RESET: u32 = 0;
@@ -1216,8 +1240,12 @@ macro_rules! abi_enum {
 abi_enum! {
     /// `ibv_qp_type` (the [`QPT_RC`], [`QPT_UC`], [`QPT_UD`] values of
     /// [`CreateQp::qp_type`]): the transport service (IBTA Vol 1
-    /// chapter 9: RC, UC, UD). Default: RC.
+    /// chapter 9: RC, UC, UD), and the GSI QP ([`QPT_GSI`], the kernel's
+    /// `IB_QPT_GSI`), a UD QP numbered [`GSI_QPN`]. Default: RC.
     pub enum QpType: u32 {
+        /// The port's GSI QP, QP1 (`IB_QPT_GSI`; no `IBV_QPT_*`): UD
+        /// with the GSI's fixed Q_Key, P_Key and QP number.
+        Gsi = QPT_GSI,
         /// Reliable connected (`IBV_QPT_RC`).
         #[default]
         Rc = QPT_RC,
@@ -1225,6 +1253,14 @@ abi_enum! {
         Uc = QPT_UC,
         /// Unreliable datagram (`IBV_QPT_UD`).
         Ud = QPT_UD,
+    }
+}
+
+impl QpType {
+    /// A datagram QP: UD or the GSI QP (one packet per message, an
+    /// address handle per send, the GRH area in front of each receive).
+    pub fn is_datagram(self) -> bool {
+        matches!(self, QpType::Ud | QpType::Gsi)
     }
 }
 
@@ -1349,6 +1385,9 @@ mod typed_tests {
         assert_eq!(WcStatus::GeneralErr.raw(), WC_GENERAL_ERR);
         assert!(QpState::try_from(7).is_err());
         assert!(QpType::try_from(0).is_err());
+        assert_eq!(QpType::try_from(1), Ok(QpType::Gsi));
+        assert!(QpType::Gsi.is_datagram() && QpType::Ud.is_datagram());
+        assert!(!QpType::Rc.is_datagram() && !QpType::Uc.is_datagram());
         assert!(WrOpcode::try_from(7).is_err());
         assert!(WrOpcode::try_from(u8::MAX).is_err());
         assert!(WcStatus::try_from(3).is_err());

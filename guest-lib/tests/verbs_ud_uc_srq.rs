@@ -684,3 +684,89 @@ fn a_qp_taken_back_to_reset_starts_its_queues_afresh() {
         [0x77; 16]
     );
 }
+
+/// The port's GSI QP (QP1) through the verbs API, as the guest agent will
+/// run the CM: one per device, numbered 1, 256-byte MADs from QP1 to QP1
+/// with the GSI Q_Key whatever the work request names, the GRH area and
+/// the sender's QP1 in the receive completion.
+#[test]
+fn gsi_qps_exchange_mads_and_only_one_exists_per_device() {
+    const MAD: usize = 256;
+    let (ca, cb) = two_contexts();
+    let (mut a, mut b) = (Node::new(&ca, 8192), Node::new(&cb, 8192));
+    let mut qa = a.qp(QpType::Gsi, None, 4, 0);
+    let mut qb = b.qp(QpType::Gsi, None, 4, 0);
+    assert_eq!((qa.qp_num(), qb.qp_num()), (abi::GSI_QPN, abi::GSI_QPN));
+    assert_eq!(qa.qp_type(), QpType::Gsi);
+    assert!(
+        Qp::new(
+            &a.pd,
+            &QpInitAttr {
+                qp_type: QpType::Gsi,
+                send_cq: &a.cq,
+                recv_cq: &a.cq,
+                srq: None,
+                cap: QpCap {
+                    max_send_wr: 4,
+                    max_recv_wr: 4,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                sq_sig_all: false,
+            },
+        )
+        .is_err(),
+        "a second GSI QP on the device"
+    );
+    connect(&mut qa, 1, 0, 0, Gid::default());
+    connect(&mut qb, 2, 0, 0, Gid::default());
+    let to_a = b.ah_to(a.gid(GID_INDEX), GID_INDEX);
+    let to_b = a.ah_to(b.gid(GID_INDEX), GID_INDEX);
+    let (ma, mb) = (pattern(10, MAD), pattern(11, MAD));
+    a.mr.write(0, &ma);
+    b.mr.write(0, &mb);
+    for (qp, node) in [(&mut qa, &a), (&mut qb, &b)] {
+        qp.post_recv(&RecvWr {
+            wr_id: 5,
+            sg_list: &[node.mr.sge(4096, GRH_LEN + MAD)],
+        })
+        .expect("post recv");
+    }
+    // The kernel's MAD layer: remote QP 1, "the QP's own" Q_Key; and a
+    // work request naming neither, which goes to QP1 with the GSI Q_Key
+    // all the same.
+    let set_qkey = UdWr {
+        ah: to_b.handle(),
+        remote_qpn: 1,
+        remote_qkey: 0x8000_0000,
+    };
+    ud_send(&mut qa, 1, &[a.mr.sge(0, MAD)], None, set_qkey, None);
+    let anything = UdWr {
+        ah: to_a.handle(),
+        remote_qpn: 0x42,
+        remote_qkey: QKEY,
+    };
+    ud_send(&mut qb, 2, &[b.mr.sge(0, MAD)], None, anything, None);
+    for (node, peer, want) in [(&mut a, 2u8, &mb), (&mut b, 1u8, &ma)] {
+        // The node's send and its receive, in either order (one CQ).
+        let got = node.wait(2, "the send and the MAD");
+        let send = got.iter().find(|w| w.opcode == abi::WC_OP_SEND);
+        assert!(send.expect("the send").is_success(), "{got:?}");
+        let w = *got
+            .iter()
+            .find(|w| w.opcode == abi::WC_OP_RECV)
+            .expect("the MAD");
+        assert_eq!(w.status_str(), "success", "{w:?}");
+        assert_eq!((w.wr_id, w.qp_num, w.src_qp), (5, 1, 1));
+        assert_eq!(w.byte_len as usize, GRH_LEN + MAD);
+        assert_ne!(w.wc_flags & WC_GRH, 0);
+        let buf = node.mr.to_vec();
+        assert_eq!(&buf[4096 + 32..4096 + 36], &[10, 0, 0, peer], "source");
+        assert_eq!(&buf[4096 + GRH_LEN..4096 + GRH_LEN + MAD], &want[..]);
+    }
+    // Destroyed, QP1 can be created again.
+    drop(qa);
+    let again = a.qp(QpType::Gsi, None, 4, 0);
+    assert_eq!(again.qp_num(), abi::GSI_QPN);
+}

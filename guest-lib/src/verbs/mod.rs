@@ -10,7 +10,9 @@
 //! - [`Cq`]: a completion queue (`ibv_create_cq(3)`, `ibv_poll_cq(3)`).
 //! - [`Qp`]: a queue pair (`ibv_create_qp(3)`, `ibv_modify_qp(3)`,
 //!   `ibv_query_qp(3)`, `ibv_post_send(3)`, `ibv_post_recv(3)`): RC, UC or
-//!   UD ([`QpType`]).
+//!   UD ([`QpType`]), or the port's GSI QP, QP1 ([`QpType::Gsi`], one per
+//!   device, for the CM's MADs: the guest agent's; `libibverbs.so.1` never
+//!   creates it).
 //! - [`Ah`]: an address handle for UD sends (`ibv_create_ah(3)`).
 //! - [`Srq`]: a shared receive queue (`ibv_create_srq(3)`,
 //!   `ibv_modify_srq(3)`, `ibv_query_srq(3)`, `ibv_post_srq_recv(3)`).

@@ -83,7 +83,7 @@ pub fn connect(qp: &mut Qp, my_psn: u32, peer_qpn: u32, peer_psn: u32, peer_gid:
     let connected =
         QP_ATTR_STATE | QP_ATTR_AV | QP_ATTR_PATH_MTU | QP_ATTR_DEST_QPN | QP_ATTR_RQ_PSN;
     let (rtr, rts) = match qp.qp_type() {
-        QpType::Ud => (QP_ATTR_STATE, QP_ATTR_STATE | QP_ATTR_SQ_PSN),
+        QpType::Ud | QpType::Gsi => (QP_ATTR_STATE, QP_ATTR_STATE | QP_ATTR_SQ_PSN),
         QpType::Uc => (connected, QP_ATTR_STATE | QP_ATTR_SQ_PSN),
         QpType::Rc => (
             connected | QP_ATTR_MAX_DEST_RD_ATOMIC | QP_ATTR_MIN_RNR_TIMER,
@@ -141,7 +141,8 @@ impl Node {
 
     /// A QP of `qp_type` on this node's CQ (`wrs` WRs each way, 1 SGE,
     /// `inline` bytes of inline data), optionally on `srq`, moved to INIT
-    /// with the masks `ibv_modify_qp(3)` requires (UD: [`QKEY`]; else
+    /// with the masks `ibv_modify_qp(3)` requires (UD: [`QKEY`]; GSI:
+    /// `GSI_QKEY`, as the kernel's MAD layer sets it; else
     /// remote read and write).
     pub fn qp(&self, qp_type: QpType, srq: Option<&Srq>, wrs: u32, inline: u32) -> Qp {
         let init = QpInitAttr {
@@ -166,7 +167,10 @@ impl Node {
             ..Default::default()
         };
         let mut mask = QP_ATTR_STATE | QP_ATTR_PKEY_INDEX | QP_ATTR_PORT;
-        if qp_type == QpType::Ud {
+        if qp_type == QpType::Gsi {
+            attr.qkey = vrnic_abi::GSI_QKEY;
+            mask |= QP_ATTR_QKEY;
+        } else if qp_type == QpType::Ud {
             attr.qkey = QKEY;
             mask |= QP_ATTR_QKEY;
         } else {

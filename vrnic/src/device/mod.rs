@@ -100,12 +100,14 @@ pub const MAX_AH: usize = 4096;
 /// Maximum SRQs.
 pub const MAX_SRQ: usize = 1024;
 /// QP numbers: 24 bits, from 0x11 up (0 and 1 are IBTA's QP0 and QP1),
-/// allocated cyclically, at most [`MAX_QP`] alive.
+/// allocated cyclically, at most [`MAX_QP`] alive; 1 ([`abi::GSI_QPN`])
+/// is the GSI QP's alone, created with `QPT_GSI`.
 pub const QPN_SPACE: HandleSpace = HandleSpace {
     first: 0x11,
     index_bits: 24,
     key_bits: 0,
     max: MAX_QP,
+    fixed: Some(abi::GSI_QPN),
 };
 /// Maximum WQEs per SQ/RQ.
 pub const MAX_QP_WR: u32 = 16384;
@@ -489,6 +491,11 @@ impl Device {
         let (qp, route) = match (qp, admitted) {
             (Some(qp), Ok(route)) => (qp, Ok(route)),
             (Some(qp), Err(Refusal::Header(why))) => (qp, Err(why)),
+            (_, Err(Refusal::NoGsi)) => {
+                self.res.out.stats.count(Counter::rx_dropped, 1);
+                self.res.out.stats.count(Counter::rx_drop_no_gsi, 1);
+                return;
+            }
             _ => {
                 self.res.out.stats.count(Counter::rx_dropped, 1);
                 return;
@@ -528,7 +535,7 @@ impl Device {
                 starved = Some(slot);
             }
             let t = qp_step!(self, qp, mem, now, |env| {
-                if qp.qp_type == abi::QpType::Ud {
+                if qp.qp_type.is_datagram() {
                     if qp.req.waiting_arp.is_some() || qp.req.more {
                         datagram::run(qp, &mut env);
                     }

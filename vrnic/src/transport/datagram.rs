@@ -24,12 +24,27 @@ pub const GRH_LEN: usize = 40;
 const BURST: u32 = 64;
 
 /// The Q_Key a UD send carries: the WQE's, or the QP's own when the WQE's
-/// has its most significant bit set (IBTA §10.2.5, C10-15).
+/// has its most significant bit set (IBTA §10.2.5, C10-15). The GSI QP's
+/// always carry [`abi::GSI_QKEY`]: the kernel's MAD layer asks for the
+/// QP's own (`IB_QP_SET_QKEY`), which for QP1 is that one.
 pub fn send_qkey(qp: &Qp, wqe_qkey: u32) -> u32 {
-    if wqe_qkey & 0x8000_0000 != 0 {
+    if qp.qp_type == abi::QpType::Gsi {
+        abi::GSI_QKEY
+    } else if wqe_qkey & 0x8000_0000 != 0 {
         qp.attr.qkey
     } else {
         wqe_qkey
+    }
+}
+
+/// The QP a UD send goes to: the WQE's, and for the GSI QP always the
+/// peer's GSI QP, [`abi::GSI_QPN`] (MADs go from QP1 to QP1; vrnic does
+/// not redirect GSI traffic, the class redirection of IBTA chapter 13).
+fn dest_qpn(qp: &Qp, wqe_qpn: u32) -> u32 {
+    if qp.qp_type == abi::QpType::Gsi {
+        abi::GSI_QPN
+    } else {
+        wqe_qpn
     }
 }
 
@@ -78,8 +93,14 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
         } else {
             Opcode::UdSendOnly
         };
-        let Some(mut hdr) = headers_to(env, &ah.av, qp.qpn, op.wqe.remote_qpn, opcode, qp.req.psn)
-        else {
+        let Some(mut hdr) = headers_to(
+            env,
+            &ah.av,
+            qp.qpn,
+            dest_qpn(qp, op.wqe.remote_qpn),
+            opcode,
+            qp.req.psn,
+        ) else {
             qp.req.waiting_arp = Some(ah.av.dgid);
             break;
         };
@@ -142,7 +163,7 @@ pub fn on_request(qp: &mut Qp, env: &mut Env, pkt: &Packet, net_hdr: &[u8]) {
         env.res.out.stats.count(Counter::rx_dropped, 1);
         return;
     };
-    if !ok_state || !pkt.hdr.bth.opcode.has_deth() || deth.qkey != qp.attr.qkey {
+    if !ok_state || !pkt.hdr.bth.opcode.has_deth() || deth.qkey != qp.rx_qkey() {
         env.res.out.stats.count(Counter::rx_dropped, 1);
         return;
     }

@@ -45,6 +45,10 @@ pub enum Refusal {
     /// port's, or it names no QP (rxe's `hdr_check` finds none).
     /// Counted in `rx_dropped`, against no QP.
     Stray,
+    /// Addressed to the port's QP1 while it has no GSI QP (none was
+    /// created, or it was destroyed): counted in `rx_dropped` and
+    /// `rx_drop_no_gsi`, against no QP.
+    NoGsi,
     /// Its QP's header checks ([`hdr_check`]) failed: counted against
     /// the QP, by class ([`crate::device::Counters::hdr_drop`]).
     Header(HdrDrop),
@@ -62,7 +66,11 @@ pub fn admit(port: &PortId, qp: Option<&Qp>, pkt: &Packet) -> Result<Route, Refu
     if !port.owns(pkt.hdr.ip_dst) || pkt.hdr.eth_dst != port.mac {
         return Err(Refusal::Stray);
     }
-    let qp = qp.ok_or(Refusal::Stray)?;
+    let qp = qp.ok_or(if pkt.hdr.bth.dest_qp == abi::GSI_QPN {
+        Refusal::NoGsi
+    } else {
+        Refusal::Stray
+    })?;
     hdr_check(qp, port, pkt).map_err(Refusal::Header)?;
     let op = pkt.hdr.bth.opcode;
     // hdr_check made the OpCode's transport the QP's.
@@ -106,7 +114,7 @@ pub fn check_type_state(qp: &Qp, pkt: &Packet) -> Result<(), HdrDrop> {
     let want = match qp.qp_type {
         abi::QpType::Rc => Transport::Rc,
         abi::QpType::Uc => Transport::Uc,
-        abi::QpType::Ud => Transport::Ud,
+        abi::QpType::Ud | abi::QpType::Gsi => Transport::Ud,
     };
     if pkt.hdr.bth.opcode.transport() != want {
         return Err(HdrDrop::QpType);
@@ -144,15 +152,21 @@ pub fn check_addr(qp: &Qp, port: &PortId, pkt: &Packet) -> Result<(), HdrDrop> {
 }
 
 /// The BTH P_Key must match the port's P_Key at the QP's `pkey_index`
-/// ([`pkey_match`]); a UD packet's DETH Q_Key must be the QP's (IBTA
-/// C10-16). rxe's `check_keys` (which compares with its one default
-/// P_Key).
+/// ([`pkey_match`]; the GSI QP's: [`abi::GSI_PKEY`], whatever its
+/// `pkey_index`); a UD packet's DETH Q_Key must be the QP's (IBTA
+/// C10-16), a GSI packet's [`abi::GSI_QKEY`] ([`Qp::rx_qkey`]). rxe's
+/// `check_keys` (which compares with its one default P_Key, and with
+/// `GSI_QKEY` for QP 1).
 pub fn check_keys(qp: &Qp, port: &PortId, pkt: &Packet) -> Result<(), HdrDrop> {
-    let own = port.pkey(u32::from(qp.attr.pkey_index));
+    let own = if qp.qp_type == abi::QpType::Gsi {
+        Some(abi::GSI_PKEY)
+    } else {
+        port.pkey(u32::from(qp.attr.pkey_index))
+    };
     if !own.is_some_and(|k| pkey_match(pkt.hdr.bth.pkey, k)) {
         return Err(HdrDrop::BadPkey);
     }
-    if qp.qp_type == abi::QpType::Ud && pkt.hdr.deth.is_some_and(|d| d.qkey != qp.attr.qkey) {
+    if qp.qp_type.is_datagram() && pkt.hdr.deth.is_some_and(|d| d.qkey != qp.rx_qkey()) {
         return Err(HdrDrop::BadQkey);
     }
     Ok(())

@@ -8,8 +8,12 @@ use super::{Env, PortId, Qp};
 use crate::verbs::ah::Av;
 use crate::wire::{Aeth, Bth, Gid, Opcode, RoceHeaders};
 
-/// UDP source port of a QP's packets (a per-QP flow, like rxe).
+/// UDP source port of a QP's packets (a per-QP flow, like rxe): the
+/// GSI QP's is rxe's for QP 1, [`crate::abi::GSI_UDP_SPORT`].
 pub fn udp_src_port(qpn: u32) -> u16 {
+    if qpn == crate::abi::GSI_QPN {
+        return crate::abi::GSI_UDP_SPORT;
+    }
     0xc000 | (qpn as u16 & 0x3fff)
 }
 

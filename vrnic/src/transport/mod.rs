@@ -105,10 +105,10 @@ pub fn write_record(qp: &Qp, env: &Env) {
 }
 
 /// Sends what the QP may send now (a doorbell, a resumed send queue): a
-/// UD QP's datagrams ([`datagram::run`]), an RC or UC QP's packets
+/// UD or GSI QP's datagrams ([`datagram::run`]), an RC or UC QP's packets
 /// ([`requester::run`]).
 pub fn send(qp: &mut Qp, env: &mut Env) {
-    if qp.qp_type == abi::QpType::Ud {
+    if qp.qp_type.is_datagram() {
         datagram::run(qp, env);
     } else {
         requester::run(qp, env);

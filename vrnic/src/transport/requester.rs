@@ -375,7 +375,7 @@ fn load_payload(qp: &Qp, env: &Env, slot: u64, op: &mut SendOp) -> Result<(), ab
     let supported = match qp.qp_type {
         abi::QpType::Rc => send || write || wr == WrOpcode::SendWithInv || is_read_or_atomic(wr),
         abi::QpType::Uc => send || write,
-        abi::QpType::Ud => send,
+        abi::QpType::Ud | abi::QpType::Gsi => send,
     };
     // READ and atomic results are written into the local buffers: their
     // SGEs need ACCESS_LOCAL_WRITE, the others only local read. rxe finds
@@ -803,7 +803,7 @@ fn must_wait(qp: &Qp, pos: usize) -> bool {
 /// A UD QP sends nothing here: [`crate::transport::datagram::run`] serves
 /// it ([`crate::transport::send`] picks).
 pub fn run(qp: &mut Qp, env: &mut Env) {
-    if qp.qp_type == abi::QpType::Ud
+    if qp.qp_type.is_datagram()
         || !matches!(qp.state, abi::QpState::Rts | abi::QpState::Sqd)
         || qp.req.rnr_deadline.is_some()
     {

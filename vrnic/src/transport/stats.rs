@@ -178,6 +178,9 @@ device_counters! {
     /// again after about two round trips without progress
     /// (`transport::probe`).
     tail_probes,
+    /// Packets for QP1 dropped (also in `rx_dropped`) because the device
+    /// has no GSI QP: none was created, or it was destroyed.
+    rx_drop_no_gsi,
 }
 
 crate::counters! {

@@ -166,6 +166,7 @@ impl MrTable {
                 index_bits: 24,
                 key_bits: 8,
                 max,
+                fixed: None,
             }),
             keys,
             pages: 0,

@@ -97,6 +97,17 @@ impl<P: QpParts> Qp<P> {
     pub fn mtu(&self) -> u32 {
         abi::mtu_bytes(self.attr.path_mtu).unwrap_or(1024)
     }
+
+    /// The Q_Key a datagram for this QP must carry (IBTA C10-16): the
+    /// GSI QP's is [`abi::GSI_QKEY`] whatever its `qkey` attribute says,
+    /// as on Linux rxe (`check_keys`); a UD QP's is its `qkey`.
+    pub fn rx_qkey(&self) -> u32 {
+        if self.qp_type == QpType::Gsi {
+            abi::GSI_QKEY
+        } else {
+            self.attr.qkey
+        }
+    }
 }
 
 use abi::{
@@ -114,10 +125,13 @@ use abi::{
 /// not allowed.
 pub fn transition_masks(qp_type: QpType, cur: QpState, next: QpState) -> Option<(u32, u32)> {
     use QpState::{Err, Init, Reset, Rtr, Rts, Sqd, Sqe};
-    let ud = qp_type == QpType::Ud;
+    let ud = qp_type.is_datagram();
     let uc = qp_type == QpType::Uc;
     let m = match (cur, next) {
         (_, Reset) | (_, Err) => (STATE, 0),
+        // The GSI QP's port is its device's (the kernel's MAD layer sets
+        // PKEY_INDEX and QKEY alone, as `ib_modify_qp_is_ok` requires).
+        (Reset, Init) if qp_type == QpType::Gsi => (STATE | PKEY | QKEY, PORT),
         (Reset, Init) if ud => (STATE | PKEY | PORT | QKEY, 0),
         (Reset, Init) => (STATE | PKEY | PORT | ACCESS, 0),
         (Init, Init) if ud => (STATE, PKEY | PORT | QKEY),

@@ -25,6 +25,11 @@ pub struct HandleSpace {
     pub key_bits: u32,
     /// Most objects alive at once (the device limit of the kind).
     pub max: usize,
+    /// A handle below `first` that only [`HandleTable::insert_fixed`]
+    /// places (QP number 1, the GSI QP): its slot is kept for it, so no
+    /// handle [`HandleTable::insert_with`] hands out ever takes its place
+    /// and it can always be created while fewer than `max` objects live.
+    pub fixed: Option<u32>,
 }
 
 impl HandleSpace {
@@ -36,6 +41,7 @@ impl HandleSpace {
             index_bits: 24,
             key_bits: 0,
             max,
+            fixed: None,
         }
     }
 }
@@ -82,8 +88,14 @@ impl<T> HandleTable<T> {
     /// objects than indices): a programming error, not an input.
     pub fn new(space: HandleSpace) -> Self {
         assert!(space.index_bits + space.key_bits <= 32 && space.index_bits <= 31);
-        let cap = space.max.max(1).next_power_of_two();
+        // The fixed handle's slot is its own: the others still need `max`.
+        let cap = (space.max + usize::from(space.fixed.is_some()))
+            .max(1)
+            .next_power_of_two();
         assert!(u64::from(space.first) < 1u64 << space.index_bits);
+        assert!(space
+            .fixed
+            .is_none_or(|f| f >> space.key_bits < space.first));
         assert!((cap as u64) < 1u64 << space.index_bits);
         let mut slots = Vec::new();
         slots.resize_with(cap, || None);
@@ -116,14 +128,43 @@ impl<T> HandleTable<T> {
         index as usize & (self.slots.len() - 1)
     }
 
+    /// The slot kept for [`HandleSpace::fixed`], if the table has one.
+    fn fixed_slot(&self) -> Option<usize> {
+        self.space.fixed.map(|h| self.slot_of(h))
+    }
+
+    /// Adds the object `make(handle)` under the fixed handle
+    /// ([`HandleSpace::fixed`]) and returns it; `None` when the table has
+    /// no fixed handle, an object already holds it, or
+    /// [`HandleSpace::max`] objects are alive.
+    pub fn insert_fixed(&mut self, make: impl FnOnce(u32) -> T) -> Option<u32> {
+        let handle = self.space.fixed?;
+        let slot = self.slot_of(handle);
+        if self.live >= self.space.max || self.slots[slot].is_some() {
+            return None;
+        }
+        self.place(slot, handle, make);
+        Some(handle)
+    }
+
+    /// Puts `make(handle)` in the empty slot `slot`.
+    fn place(&mut self, slot: usize, handle: u32, make: impl FnOnce(u32) -> T) {
+        self.slots[slot] = Some((handle, Box::new(make(handle))));
+        // `slot` < slots.len() ≤ 2^31 (asserted in `new`).
+        let at = self.used.partition_point(|&u| (u as usize) < slot);
+        self.used.insert(at, slot as u32);
+        self.live += 1;
+    }
+
     /// Adds the object `make(handle)` under a new handle whose low
     /// [`HandleSpace::key_bits`] bits are those of `key`; returns the
     /// handle, or `None` when [`HandleSpace::max`] objects are alive
     /// (`ENOMEM`). The index is the next free one cyclically after the
     /// last one handed out; the search is bounded (at most twice the
     /// capacity plus `first` steps), since fewer than capacity objects are
-    /// alive and each run of capacity consecutive indices covers every
-    /// slot.
+    /// alive (fewer than capacity - 1 besides the fixed handle's slot, which
+    /// it never takes) and each run of capacity consecutive indices covers
+    /// every slot.
     pub fn insert_with(&mut self, key: u32, make: impl FnOnce(u32) -> T) -> Option<u32> {
         if self.live >= self.space.max {
             return None;
@@ -131,6 +172,7 @@ impl<T> HandleTable<T> {
         let end = 1u64 << self.space.index_bits;
         let key_mask = ((1u64 << self.space.key_bits) - 1) as u32;
         let steps = 2 * self.slots.len() + self.space.first as usize;
+        let fixed_slot = self.fixed_slot();
         for _ in 0..steps {
             let index = self.next;
             self.next = if u64::from(index) + 1 >= end {
@@ -140,12 +182,8 @@ impl<T> HandleTable<T> {
             };
             let handle = ((u64::from(index) << self.space.key_bits) as u32) | (key & key_mask);
             let slot = self.slot_of(handle);
-            if self.slots[slot].is_none() {
-                self.slots[slot] = Some((handle, Box::new(make(handle))));
-                // `slot` < slots.len() ≤ 2^31 (asserted in `new`).
-                let at = self.used.partition_point(|&u| (u as usize) < slot);
-                self.used.insert(at, slot as u32);
-                self.live += 1;
+            if self.slots[slot].is_none() && Some(slot) != fixed_slot {
+                self.place(slot, handle, make);
                 return Some(handle);
             }
         }
@@ -305,7 +343,47 @@ mod tests {
             index_bits: 24,
             key_bits: 8,
             max,
+            fixed: None,
         }
+    }
+
+    /// The fixed handle's slot is never given to another handle, however
+    /// the cyclic allocation wraps, and the fixed handle can be placed
+    /// whenever fewer than `max` objects live, once at a time.
+    #[test]
+    fn the_fixed_handle_keeps_its_slot() {
+        let space = HandleSpace {
+            first: 0x11,
+            index_bits: 24,
+            key_bits: 0,
+            max: 8,
+            fixed: Some(1),
+        };
+        let mut t = HandleTable::new(space);
+        // Indices 0x11.. go round the 16 slots many times: none lands in
+        // slot 1, nor is handle 1 ever handed out.
+        for _ in 0..100 {
+            let hs: Vec<u32> = (0..8).map(|_| t.insert_with(0, |h| h).unwrap()).collect();
+            assert!(hs.iter().all(|&h| h != 1 && h % 16 != 1), "{hs:?}");
+            assert_eq!(t.insert_with(0, |h| h), None, "max alive");
+            assert_eq!(t.insert_fixed(|h| h), None, "max alive");
+            for h in hs {
+                t.remove(h);
+            }
+        }
+        assert_eq!(t.insert_fixed(|h| h), Some(1));
+        assert_eq!(t.insert_fixed(|h| h), None, "already there");
+        assert_eq!(t.get(1), Some(&1));
+        let hs: Vec<u32> = (0..7).map(|_| t.insert_with(0, |h| h).unwrap()).collect();
+        assert_eq!(t.insert_with(0, |h| h), None, "the fixed one counts");
+        assert_eq!(t.remove(1), Some(1));
+        assert_eq!(t.get(1), None);
+        assert_eq!(t.insert_fixed(|h| h + 100), Some(1), "again after remove");
+        assert_eq!(t.get(1), Some(&101));
+        assert!(hs.iter().all(|&h| t.get(h) == Some(&h)));
+        // A table without one has no fixed handle.
+        let mut plain = HandleTable::new(HandleSpace::numbers(4));
+        assert_eq!(plain.insert_fixed(|h| h), None);
     }
 
     #[test]
@@ -391,6 +469,7 @@ mod tests {
             index_bits: 4,
             key_bits: 0,
             max: 4,
+            fixed: None,
         });
         let a = t.insert_with(0, |_| 0).unwrap();
         assert_eq!(a, 3);

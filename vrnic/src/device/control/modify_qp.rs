@@ -34,7 +34,7 @@ impl Device {
         qp_step!(self, qp, mem, now, |env| {
             enter_state(qp, &mut env, prev, next)
         });
-        let connected = qp.qp_type != abi::QpType::Ud;
+        let connected = !qp.qp_type.is_datagram();
         let dgid = (connected && (next == abi::QpState::Rtr || next == abi::QpState::Rts))
             .then_some(qp.attr.dgid);
         if let Some(dgid) = dgid {

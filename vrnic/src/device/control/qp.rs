@@ -7,6 +7,15 @@
 //! the status): the QP type, the objects it names, its SRQ, its ring
 //! sizes, its capabilities, the device's limits, then the driver memory
 //! of its rings and doorbell record.
+//!
+//! The GSI QP (`QPT_GSI`, the kernel's `IB_QPT_GSI`) is a UD QP numbered
+//! [`abi::GSI_QPN`], one per device: any context of the function may
+//! create it, the first to ask gets it, and a second `CMD_CREATE_QP` of
+//! the type while it lives is `STATUS_EBUSY` (the guest agent, or a guest
+//! kernel driver's MAD layer, is meant to own it and run the CM for every
+//! program of the function). Its number's slot in the QP table is kept
+//! for it ([`crate::verbs::table::HandleSpace::fixed`]), so no other QP
+//! ever takes number 1 or its place.
 
 use super::*;
 use crate::transport::requester::ReqState;
@@ -33,7 +42,7 @@ impl QpLayout {
     }
 }
 
-/// The QP type (RC, UC or UD): any other is `EOPNOTSUPP`.
+/// The QP type (RC, UC, UD or GSI): any other is `EOPNOTSUPP`.
 fn check_qp_type(c: &abi::CreateQp) -> Result<abi::QpType, CommandError> {
     abi::QpType::try_from(c.qp_type).map_err(|_| CommandError::NotSupported { what: "QP type" })
 }
@@ -163,15 +172,23 @@ impl Device {
         init_qp_record(mem, &c)?;
         // UD has no PATH_MTU attribute: its messages may fill the port's
         // active MTU, as on rxe and hardware RNICs.
-        let path_mtu = if c.qp_type == abi::QPT_UD {
+        let path_mtu = if qp_type.is_datagram() {
             self.active_mtu()
         } else {
             3
         };
-        let qpn = self
-            .qps
-            .insert_with(0, |qpn| new_qp(qpn, &c, qp_type, &layout, path_mtu))
-            .ok_or(CommandError::no_resources("QP numbers"))?;
+        let make = |qpn| new_qp(qpn, &c, qp_type, &layout, path_mtu);
+        let qpn = if qp_type == abi::QpType::Gsi {
+            // check_qp_resources left room for one more QP: only a live
+            // GSI QP can hold its number.
+            self.qps
+                .insert_fixed(make)
+                .ok_or(CommandError::InUse(Object::Qp(abi::GSI_QPN)))?
+        } else {
+            self.qps
+                .insert_with(0, make)
+                .ok_or(CommandError::no_resources("QP numbers"))?
+        };
         Ok(abi::CreateQpResp {
             qpn,
             sq_stride: layout.sq_stride,
