@@ -33,7 +33,10 @@ fn main() {
             );
         }
     }
-    let wrapper: String = headers.iter().map(|h| format!("#include \"{h}\"\n")).collect();
+    let wrapper: String = headers
+        .iter()
+        .map(|h| format!("#include \"{h}\"\n"))
+        .collect();
     let bindings = bindgen::Builder::default()
         .header_contents("vrnic_rdmacm.h", &wrapper)
         .allowlist_type(

@@ -126,12 +126,26 @@ unsafe fn to_rai(rai: &mut rdma_addrinfo, hints: &rdma_addrinfo, ai: &libc::addr
         // SAFETY: libc's canonical name is NULL or a C string.
         rai.ai_src_canonname = unsafe { dup(ai.ai_canonname) };
         // SAFETY: libc's result has ai_addrlen bytes at ai_addr.
-        unsafe { copy_addr(&mut rai.ai_src_addr, &mut rai.ai_src_len, ai.ai_addr, ai.ai_addrlen) }
+        unsafe {
+            copy_addr(
+                &mut rai.ai_src_addr,
+                &mut rai.ai_src_len,
+                ai.ai_addr,
+                ai.ai_addrlen,
+            )
+        }
     } else {
         // SAFETY: as above.
         rai.ai_dst_canonname = unsafe { dup(ai.ai_canonname) };
         // SAFETY: as above.
-        unsafe { copy_addr(&mut rai.ai_dst_addr, &mut rai.ai_dst_len, ai.ai_addr, ai.ai_addrlen) }
+        unsafe {
+            copy_addr(
+                &mut rai.ai_dst_addr,
+                &mut rai.ai_dst_len,
+                ai.ai_addr,
+                ai.ai_addrlen,
+            )
+        }
     }
 }
 
@@ -170,7 +184,11 @@ pub(crate) extern "C" fn rdma_getaddrinfo(
         if !node.is_null() || !service.is_null() {
             let ai_hints = to_ai(h);
             let mut ai: *mut libc::addrinfo = ptr::null_mut();
-            let hp = if hints.is_null() { ptr::null() } else { &ai_hints as *const _ };
+            let hp = if hints.is_null() {
+                ptr::null()
+            } else {
+                &ai_hints as *const _
+            };
             // SAFETY: node/service are NULL or C strings (the caller's),
             // hp NULL or our hints, ai receives libc's list.
             ret = unsafe { libc::getaddrinfo(node, service, hp, &mut ai) };
@@ -187,12 +205,26 @@ pub(crate) extern "C" fn rdma_getaddrinfo(
             r.ai_port_space = h.ai_port_space;
             if h.ai_dst_len != 0 {
                 // SAFETY: the hints' dst address has ai_dst_len bytes.
-                ret = unsafe { copy_addr(&mut r.ai_dst_addr, &mut r.ai_dst_len, h.ai_dst_addr, h.ai_dst_len) };
+                ret = unsafe {
+                    copy_addr(
+                        &mut r.ai_dst_addr,
+                        &mut r.ai_dst_len,
+                        h.ai_dst_addr,
+                        h.ai_dst_len,
+                    )
+                };
             }
         }
         if ret == 0 && r.ai_src_len == 0 && h.ai_src_len != 0 {
             // SAFETY: the hints' src address has ai_src_len bytes.
-            ret = unsafe { copy_addr(&mut r.ai_src_addr, &mut r.ai_src_len, h.ai_src_addr, h.ai_src_len) };
+            ret = unsafe {
+                copy_addr(
+                    &mut r.ai_src_addr,
+                    &mut r.ai_src_len,
+                    h.ai_src_addr,
+                    h.ai_src_len,
+                )
+            };
         }
         if ret != 0 {
             rdma_freeaddrinfo(rai);

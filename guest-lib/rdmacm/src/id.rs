@@ -67,11 +67,13 @@ pub(crate) extern "C" fn rdma_create_id(
         } else {
             (channel, false)
         };
-        let mut c: rdma_cm_id = Default::default();
-        c.channel = channel;
-        c.context = context;
-        c.ps = ps;
-        c.qp_type = qp_type;
+        let c = rdma_cm_id {
+            channel,
+            context,
+            ps,
+            qp_type,
+            ..Default::default()
+        };
         let cm = Box::new(CmId {
             id: c,
             sync,
@@ -168,12 +170,8 @@ pub(crate) extern "C" fn rdma_set_option(
             (RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT) if optlen == 1 => {
                 cm.ack_timeout = Some(byte())
             }
-            (RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR) if optlen == 4 => {
-                cm.reuseaddr = int() != 0
-            }
-            (RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY) if optlen == 4 => {
-                cm.afonly = Some(int() != 0)
-            }
+            (RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR) if optlen == 4 => cm.reuseaddr = int() != 0,
+            (RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY) if optlen == 4 => cm.afonly = Some(int() != 0),
             (
                 RDMA_OPTION_ID,
                 RDMA_OPTION_ID_TOS
