@@ -31,3 +31,6 @@ mod strings;
 mod stubs;
 #[cfg(not(test))]
 mod symbols;
+
+#[cfg(test)]
+mod layout_tests;
