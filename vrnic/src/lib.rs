@@ -27,4 +27,4 @@ pub mod mem;
 pub mod time;
 pub mod transport;
 pub mod verbs;
-pub mod wire;
+pub use vrnic_wire as wire;

@@ -28,6 +28,13 @@ const RULES: &[Rule] = &[
         why: "the device ABI is what engine, daemon, driver and library share; it depends on none of them",
     },
     Rule {
+        name: "wire-is-bytes-only",
+        krate: "vrnic-wire",
+        forbidden: &["vrnic", "vrnic-abi", "vrnic-vhost", "vrnic-guest", "vrnic-virtq", "vrnic-frontend", "vrnic-tools"],
+        optional_ok: false,
+        why: "the wire formats are RoCEv2's and IBTA's bytes, shared by the engine and the driver side's connection manager; they know nothing of vrnic",
+    },
+    Rule {
         name: "engine-below-daemon-and-driver",
         krate: "vrnic",
         forbidden: &["vrnic-vhost", "vrnic-guest", "vrnic-virtq", "vrnic-frontend", "vrnic-tools"],

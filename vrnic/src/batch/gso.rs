@@ -390,7 +390,7 @@ pub fn split(frame: &[u8], scratch: &mut Vec<u8>, mut each: impl FnMut(&[u8])) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::packet_tests::sample_headers;
+    use crate::wire::samples::sample_headers;
     use crate::wire::{emit_frame, parse_roce, parse_roce_with, Opcode};
 
     fn bytes(len: usize, seed: u8) -> Vec<u8> {

@@ -196,7 +196,7 @@ mod tests {
     use crate::batch::gso::{self, Segment};
     use crate::data::{push_piece, PeerMemory};
     use crate::mem::{DmaMemory, VecMemory};
-    use crate::wire::packet_tests::sample_headers;
+    use crate::wire::samples::sample_headers;
     use crate::wire::{parse_roce_with, Icrc};
 
     const BASE: u64 = 0x10_0000;

@@ -689,7 +689,7 @@ mod tests {
         use proptest::prelude::*;
 
         use super::*;
-        use crate::wire::packet_tests::sample_headers;
+        use crate::wire::samples::sample_headers;
         use crate::wire::{emit_frame, parse_roce_with, Icrc, Opcode};
 
         /// The engine's frames of one RDMA WRITE of `len` bytes at path

@@ -599,7 +599,7 @@ impl Output {
 mod tests {
     use super::*;
     use crate::link::{LocalMacs, LocalReach};
-    use crate::wire::packet_tests::sample_headers;
+    use crate::wire::samples::sample_headers;
     use crate::wire::Opcode;
 
     /// Every destination is local; payloads by reference when `by_ref`.

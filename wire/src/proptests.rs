@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use proptest::prelude::*;
 
-use super::packet_tests::sample_headers;
+use super::samples::sample_headers;
 use super::*;
 
 fn opcode() -> impl Strategy<Value = Opcode> {

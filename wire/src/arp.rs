@@ -95,7 +95,7 @@ pub fn emit_arp(eth_src: [u8; 6], eth_dst: [u8; 6], arp: &ArpPacket, out: &mut V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{parse_frame, Frame};
+    use crate::{parse_frame, Frame};
 
     fn sample() -> ArpPacket {
         ArpPacket {

@@ -112,7 +112,7 @@ impl CmPath {
 /// byte  51      Max CM Retries(7-4) SRQ(3) Extended Transport Type(2-0)
 /// bytes 52-95   primary path ([`CmPath`])
 /// bytes 96-139  alternate path ([`CmPath`]); byte 139 bit 2: SAP Supported
-/// bytes 140-231 Private Data (92 bytes; rdma_cm: a [`crate::wire::CmaHdr`]
+/// bytes 140-231 Private Data (92 bytes; rdma_cm: a [`crate::CmaHdr`]
 ///               then up to 56 bytes of the consumer's)
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -124,7 +124,7 @@ pub struct CmReq {
     /// attribute modifier).
     pub vendor_id: u32,
     /// Service ID: what the REQ connects to (rdma_cm:
-    /// [`crate::wire::service_id`] of port space and port).
+    /// [`crate::service_id`] of port space and port).
     pub service_id: u64,
     /// Local CA GUID: the sender's node GUID.
     pub local_ca_guid: u64,

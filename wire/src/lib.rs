@@ -18,6 +18,8 @@
 //! Parsing never panics on any input bytes; `emit` functions panic only if
 //! the caller passes a buffer shorter than the documented length.
 
+#![deny(missing_docs)]
+
 /// Defines a header made of big-endian integer fields that follow each
 /// other with no gap or reserved bits: the struct as written (its fields in
 /// wire order), its length `LEN` (the sum of the fields' sizes), `parse` and
@@ -84,9 +86,11 @@ mod packet;
 mod reth;
 
 #[cfg(test)]
-pub(crate) mod packet_tests;
+mod packet_tests;
 #[cfg(test)]
 mod proptests;
+#[cfg(any(test, feature = "samples"))]
+pub mod samples;
 #[cfg(test)]
 mod vectors;
 

@@ -10,7 +10,7 @@ use super::*;
 /// bytes 4-5    Partition Key
 /// bytes 6-7    reserved
 /// bytes 8-15   Service ID
-/// bytes 16-231 Private Data (216 bytes; rdma_cm: a [`crate::wire::CmaHdr`]
+/// bytes 16-231 Private Data (216 bytes; rdma_cm: a [`crate::CmaHdr`]
 ///              first)
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
