@@ -790,7 +790,9 @@ impl Cm {
             CmState::RepSent => (msg_response::OTHER, true),
             _ => return Err(CmError::BadState),
         };
-        let mad = Self::rej_mad(id.0, c.remote_id, c.tid, msg, reason, pd);
+        // cm_format_rej: in REQ received the local comm ID is 0.
+        let local = if c.state == CmState::ReqRcvd { 0 } else { id.0 };
+        let mad = Self::rej_mad(local, c.remote_id, c.tid, msg, reason, pd);
         let gid = c.peer_gid;
         c.retx = None;
         if timewait {
@@ -915,7 +917,7 @@ impl Cm {
                     msg_response::REP
                 };
                 let mad = Self::rej_mad(
-                    id.0,
+                    if c.state == CmState::ReqRcvd { 0 } else { id.0 },
                     c.remote_id,
                     c.tid,
                     msg,
@@ -1117,7 +1119,7 @@ impl Cm {
                         id,
                         req.local_comm_id,
                         tid,
-                        req_msg,
+                        msg_response::OTHER,
                         rej_reason::STALE_CONN,
                         nopd,
                     );

@@ -201,7 +201,16 @@ fn consumer_reject_carries_private_data() {
     let (ida, idb) = request(0, &mut a, &mut b, b"x");
     b.reject(0, idb, rej_reason::CONSUMER_DEFINED, b"go away")
         .unwrap();
-    shuttle(0, &mut b, &mut a);
+    let o = b.pop_mad().unwrap();
+    // cm_format_rej in REQ received: local comm ID 0, message REQ.
+    let CmMessage::Rej(r) = CmMessage::parse(&Mad::parse(&o.mad).unwrap()).unwrap() else {
+        panic!()
+    };
+    assert_eq!(
+        (r.local_comm_id, r.remote_comm_id, r.message_rejected),
+        (0, ida.0, msg_response::REQ)
+    );
+    a.handle_mad(0, src(&b), &o.mad);
     let ev = events(&mut a);
     let CmEventKind::RejReceived {
         reason,
