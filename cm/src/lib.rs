@@ -18,16 +18,18 @@
 //! consumer reject, no resources), retransmission of REQ, REP and DREQ with
 //! the kernel's timeouts and retry counts and the error events after the
 //! last one, duplicate REQ/REP handling, disconnection (DREQ/DREP) and
-//! timewait. Not yet: MRA (received MRAs are counted and dropped, none is
-//! sent), SIDR, LAP/APR (dropped, as rdma_cm never sends them on RoCE).
+//! timewait, received MRAs (the wait for a REP or RTU extended). Not yet:
+//! sending MRA (Linux sends one only for a duplicate REQ/REP while the
+//! consumer has not answered), SIDR, LAP/APR (counted and dropped; rdma_cm
+//! never sends LAP on RoCE).
 
 #![deny(missing_docs)]
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use vrnic_wire::{
-    msg_response, private_data_len, rej_reason, transport_type, CmDrep, CmDreq, CmMessage, CmPath,
-    CmRej, CmRep, CmReq, CmRtu,
+    msg_response, private_data_len, rej_reason, transport_type, CmDrep, CmDreq, CmMessage, CmMra,
+    CmPath, CmRej, CmRep, CmReq, CmRtu,
 };
 use vrnic_wire::{Gid, Mad, MAD_LEN};
 
@@ -208,6 +210,13 @@ pub enum CmEventKind {
     },
     /// `IB_CM_DREP_RECEIVED`: the disconnection is complete; timewait.
     DrepReceived,
+    /// `IB_CM_MRA_RECEIVED`: the peer needs more time; the REQ's or REP's
+    /// retransmission now waits `cm_convert_to_ms(service_timeout) +
+    /// cm_convert_to_ms(ack timeout)` ms (cm.c `cm_mra_handler`).
+    MraReceived {
+        /// The MRA's service timeout (IBA exponent).
+        service_timeout: u8,
+    },
     /// `IB_CM_TIMEWAIT_EXIT`: the connection left timewait and is idle;
     /// destroy it.
     TimewaitExit,
@@ -341,7 +350,7 @@ pub struct CmCounters {
     pub no_resources: u64,
     /// DREQs for unknown connections, answered with a DREP.
     pub unknown_dreq: u64,
-    /// MRA, SIDR, LAP and APR messages, not implemented, dropped.
+    /// SIDR, LAP and APR messages, not implemented, dropped.
     pub unsupported: u64,
     /// MADs dropped at a full output queue.
     pub mads_dropped: u64,
@@ -409,6 +418,10 @@ struct Conn {
     /// Whether remote_id/remote_ca_guid/remote_qpn are valid (after REQ
     /// received or REP received).
     remote_known: bool,
+    /// An MRA was received for the REQ or REP in flight (cm.c's
+    /// `IB_CM_MRA_REQ_RCVD`/`IB_CM_MRA_REP_RCVD`, kept as a flag on
+    /// `ReqSent`/`RepSent`).
+    mra_rcvd: bool,
 }
 
 /// The Communication Manager of one port.
@@ -667,6 +680,7 @@ impl Cm {
                 timewait_until: 0,
                 destroyed: false,
                 remote_known: false,
+                mra_rcvd: false,
             },
         );
         self.push_mad(p.path.remote_gid, mad);
@@ -1084,6 +1098,7 @@ impl Cm {
             CmMessage::Rej(rej) => self.on_rej(now_ns, from, rej),
             CmMessage::Dreq(dreq) => self.on_dreq(from, tid, dreq),
             CmMessage::Drep(drep) => self.on_drep(now_ns, from, drep),
+            CmMessage::Mra(mra) => self.on_mra(now_ns, from, mra),
             _ => self.counters.unsupported += 1,
         }
     }
@@ -1216,6 +1231,7 @@ impl Cm {
                 timewait_until: 0,
                 destroyed: false,
                 remote_known: true,
+                mra_rcvd: false,
             },
         );
         self.push_event(
@@ -1360,6 +1376,48 @@ impl Cm {
             }
             _ => self.counters.wrong_state += 1,
         }
+    }
+
+    /// cm.c `cm_mra_handler`: only for the REQ (in REQ sent) or the REP
+    /// (in REP sent) it names, once.
+    fn on_mra(&mut self, now_ns: u64, from: Source, mra: CmMra) {
+        let Some(id) = self.peer_conn(mra.remote_comm_id, mra.local_comm_id, &from) else {
+            self.counters.unknown_id += 1;
+            return;
+        };
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let want = match c.state {
+            CmState::ReqSent => msg_response::REQ,
+            CmState::RepSent => msg_response::REP,
+            _ => {
+                self.counters.wrong_state += 1;
+                return;
+            }
+        };
+        if mra.message_mraed != want || c.mra_rcvd {
+            self.counters.wrong_state += 1;
+            return;
+        }
+        let Some(r) = c.retx.as_mut() else {
+            return;
+        };
+        // ib_modify_mad: the send in flight and its retries wait this long.
+        let timeout_ms =
+            cm_convert_to_ms(mra.service_timeout).saturating_add(cm_convert_to_ms(c.ack_timeout));
+        r.interval_ns = timeout_ms.saturating_mul(NS_PER_MS);
+        r.deadline = now_ns.saturating_add(r.interval_ns);
+        c.mra_rcvd = true;
+        if c.destroyed {
+            return;
+        }
+        self.push_event(
+            id,
+            CmEventKind::MraReceived {
+                service_timeout: mra.service_timeout,
+            },
+        );
     }
 
     /// cm.c `cm_drep_handler`.

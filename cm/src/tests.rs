@@ -667,3 +667,75 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn mra_extends_the_req_wait_once() {
+    let mut a = cm(1, 1);
+    let b = cm(2, 2);
+    let ida = a.connect(0, &req_params(b.port().gid, &[])).unwrap();
+    drop_mads(&mut a);
+    let mra = |mraed, timeout| {
+        CmMessage::Mra(CmMra {
+            local_comm_id: 99,
+            remote_comm_id: ida.0,
+            message_mraed: mraed,
+            service_timeout: timeout,
+            private_data: [0; private_data_len::MRA],
+        })
+        .to_mad(0, 0)
+        .to_bytes()
+    };
+    // The wrong message MRAed, and a stranger's: ignored.
+    a.handle_mad(10, src(&b), &mra(msg_response::REP, 24));
+    a.handle_mad(
+        10,
+        Source {
+            gid: gid(66),
+            qpn: 1,
+            pkey_index: 0,
+        },
+        &mra(msg_response::REQ, 24),
+    );
+    assert_eq!(a.next_timer(), Some(6144 * MS));
+    // rdma_cm's MRA: service timeout 24 → 65536 ms + ack timeout 19 → 2048 ms.
+    a.handle_mad(10, src(&b), &mra(msg_response::REQ, 24));
+    assert_eq!(
+        events(&mut a),
+        vec![CmEvent {
+            id: ida,
+            kind: CmEventKind::MraReceived {
+                service_timeout: 24
+            }
+        }]
+    );
+    assert_eq!(a.next_timer(), Some(10 + (65536 + 2048) * MS));
+    a.handle_mad(20, src(&b), &mra(msg_response::REQ, 24));
+    assert!(events(&mut a).is_empty());
+    // A REP still completes it.
+    let rep = CmMessage::Rep(CmRep {
+        local_comm_id: 99,
+        remote_comm_id: ida.0,
+        local_qkey: 0,
+        local_qpn: 5,
+        vendor_id: 0,
+        local_eecn: 0,
+        starting_psn: 0,
+        responder_resources: 0,
+        initiator_depth: 0,
+        target_ack_delay: 0,
+        failover_accepted: 0,
+        end_to_end_flow_control: false,
+        rnr_retry_count: 0,
+        srq: false,
+        local_ca_guid: 7,
+        private_data: [0; private_data_len::REP],
+    })
+    .to_mad(0, 0)
+    .to_bytes();
+    a.handle_mad(30, src(&b), &rep);
+    assert!(matches!(
+        events(&mut a)[0].kind,
+        CmEventKind::RepReceived(_)
+    ));
+    assert_eq!(a.next_timer(), None);
+}
