@@ -579,6 +579,8 @@ enum Op {
     Disconnect(usize),
     ReplyDisconnect(usize),
     Destroy(usize),
+    Sidr(u64),
+    SidrReply(usize, u8),
     Advance(u64),
     Shuttle,
 }
@@ -606,6 +608,8 @@ fn op() -> impl Strategy<Value = Op> {
         any::<usize>().prop_map(Op::Disconnect),
         any::<usize>().prop_map(Op::ReplyDisconnect),
         any::<usize>().prop_map(Op::Destroy),
+        (0u64..3).prop_map(Op::Sidr),
+        (any::<usize>(), any::<u8>()).prop_map(|(i, st)| Op::SidrReply(i, st)),
         (0u64..20_000 * MS).prop_map(Op::Advance),
         Just(Op::Shuttle),
     ]
@@ -652,6 +656,8 @@ proptest! {
                 Op::Disconnect(i) => { let id = pick(x, i); let _ = x.disconnect(now, id, b""); }
                 Op::ReplyDisconnect(i) => { let id = pick(x, i); let _ = x.reply_disconnect(now, id, b""); }
                 Op::Destroy(i) => { let id = pick(x, i); let _ = x.destroy(now, id); }
+                Op::Sidr(sv) => { let _ = x.sidr_request(now, SID + sv, y.port().gid, 100, 3, b""); }
+                Op::SidrReply(i, st) => { let id = pick(x, i); let _ = x.sidr_reply(id, st, 1, 2, b""); }
                 Op::Advance(d) => { now += d; x.poll(now); y.poll(now); }
                 Op::Shuttle => { shuttle(now, x, y); shuttle(now, y, x); }
             }
@@ -738,4 +744,85 @@ fn mra_extends_the_req_wait_once() {
         CmEventKind::RepReceived(_)
     ));
     assert_eq!(a.next_timer(), None);
+}
+
+#[test]
+fn sidr_resolves_rejects_and_times_out() {
+    let mut a = cm(1, 1);
+    let mut b = cm(2, 2);
+    let udp = 0x0111_0000_0000_1234;
+    // No listener: SIDR_REP unsupported.
+    let id = a
+        .sidr_request(0, udp, b.port().gid, 4096, 15, b"q")
+        .unwrap();
+    shuttle(0, &mut a, &mut b);
+    shuttle(0, &mut b, &mut a);
+    let ev = events(&mut a);
+    let CmEventKind::SidrRepReceived(rep) = &ev[0].kind else {
+        panic!("{ev:?}")
+    };
+    assert_eq!((ev[0].id, rep.status), (id, sidr_status::UNSUPPORTED));
+    assert_eq!(a.connection_count(), 0);
+    // A listener answers with its QP; a stranger's SIDR_REP first is ignored.
+    b.listen(udp).unwrap();
+    let id = a
+        .sidr_request(0, udp, b.port().gid, 4096, 15, b"q")
+        .unwrap();
+    shuttle(0, &mut a, &mut b);
+    let ev = events(&mut b);
+    let CmEventKind::SidrReqReceived { listener, req, .. } = &ev[0].kind else {
+        panic!("{ev:?}")
+    };
+    assert_eq!((*listener, &req.private_data[..1]), (udp, &b"q"[..]));
+    let forged = CmMessage::SidrRep(CmSidrRep {
+        request_id: id.0,
+        status: 0,
+        additional_info_length: 0,
+        vendor_id: 0,
+        qpn: 666,
+        service_id: udp,
+        qkey: 0,
+        additional_info: [0; private_data_len::ADDITIONAL_INFO],
+        private_data: [0; private_data_len::SIDR_REP],
+    })
+    .to_mad(0, 0)
+    .to_bytes();
+    a.handle_mad(
+        0,
+        Source {
+            gid: gid(66),
+            qpn: 1,
+            pkey_index: 0,
+        },
+        &forged,
+    );
+    assert!(events(&mut a).is_empty());
+    b.sidr_reply(ev[0].id, sidr_status::SUCCESS, 0x33, 0x0123_4567, b"r")
+        .unwrap();
+    assert_eq!(b.connection_count(), 0);
+    shuttle(0, &mut b, &mut a);
+    let ev = events(&mut a);
+    let CmEventKind::SidrRepReceived(rep) = &ev[0].kind else {
+        panic!("{ev:?}")
+    };
+    assert_eq!(
+        (rep.status, rep.qpn, rep.qkey, rep.private_data[0]),
+        (0, 0x33, 0x0123_4567, b'r')
+    );
+    // Nobody answers: 1 + 15 tries 4096 ms apart, then the error.
+    let id = a.sidr_request(0, udp, gid(77), 4096, 15, &[]).unwrap();
+    let mut sent = drop_mads(&mut a);
+    while let Some(t) = a.next_timer() {
+        a.poll(t);
+        sent += drop_mads(&mut a);
+    }
+    assert_eq!(sent, 16);
+    assert_eq!(
+        events(&mut a),
+        vec![CmEvent {
+            id,
+            kind: CmEventKind::SidrReqError
+        }]
+    );
+    assert_eq!(a.connection_count(), 0);
 }
