@@ -233,6 +233,9 @@ pub enum CmEventKind {
     /// `IB_CM_SIDR_REQ_ERROR`: no SIDR_REP after every retry; the id is
     /// gone.
     SidrReqError,
+    /// `IB_CM_USER_ESTABLISHED`: [`Cm::establish`] ended a REP's wait
+    /// for its RTU.
+    UserEstablished,
     /// `IB_CM_TIMEWAIT_EXIT`: the connection left timewait and is idle;
     /// destroy it.
     TimewaitExit,
@@ -806,6 +809,25 @@ impl Cm {
             private_data: pd,
         };
         CmMessage::Rej(rej).to_mad(tid, 0).to_bytes()
+    }
+
+    /// The consumer saw traffic on the QP before the RTU (cm.c
+    /// `ib_cm_notify(IB_EVENT_COMM_EST)`, librdmacm's `rdma_establish`):
+    /// in REP sent the connection is established, the REP no longer
+    /// retransmitted, and [`CmEventKind::UserEstablished`] queued; in
+    /// established nothing happens.
+    pub fn establish(&mut self, id: CmId) -> Result<(), CmError> {
+        let c = self.conn_mut(id)?;
+        match c.state {
+            CmState::Established => Ok(()),
+            CmState::RepSent => {
+                c.state = CmState::Established;
+                c.retx = None;
+                self.push_event(id.0, CmEventKind::UserEstablished);
+                Ok(())
+            }
+            _ => Err(CmError::BadState),
+        }
     }
 
     /// Rejects a received REQ or REP (cm.c `ib_send_cm_rej`): in REQ

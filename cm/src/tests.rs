@@ -826,3 +826,24 @@ fn sidr_resolves_rejects_and_times_out() {
     );
     assert_eq!(a.connection_count(), 0);
 }
+
+#[test]
+fn establish_ends_the_rep_wait() {
+    let mut a = cm(1, 1);
+    let mut b = cm(2, 2);
+    b.listen(SID).unwrap();
+    let (_, idb) = request(0, &mut a, &mut b, b"");
+    assert_eq!(b.establish(idb), Err(CmError::BadState));
+    b.accept(0, idb, &rep_params(b"")).unwrap();
+    assert!(b.next_timer().is_some());
+    b.establish(idb).unwrap();
+    assert_eq!(
+        events(&mut b),
+        vec![CmEvent {
+            id: idb,
+            kind: CmEventKind::UserEstablished
+        }]
+    );
+    assert_eq!(b.next_timer(), None);
+    assert_eq!(b.state(idb), Some(CmState::Established));
+}
