@@ -847,3 +847,30 @@ fn establish_ends_the_rep_wait() {
     assert_eq!(b.next_timer(), None);
     assert_eq!(b.state(idb), Some(CmState::Established));
 }
+
+#[test]
+fn destroy_disconnects_and_keeps_timewait_quietly() {
+    let mut a = cm(1, 1);
+    let mut b = cm(2, 2);
+    b.listen(SID).unwrap();
+    let (ida, idb) = establish(0, &mut a, &mut b);
+    // cm_destroy_id in established: DREQ, then timewait; no more events.
+    b.destroy(0, idb).unwrap();
+    assert_eq!(b.state(idb), None);
+    assert_eq!(b.timewait_count(), 1);
+    shuttle(0, &mut b, &mut a);
+    assert!(matches!(
+        events(&mut a)[0].kind,
+        CmEventKind::DreqReceived { .. }
+    ));
+    // a destroys instead of replying: the DREP goes out for it.
+    a.destroy(0, ida).unwrap();
+    assert_eq!(shuttle(0, &mut a, &mut b), 1);
+    assert_eq!(a.timewait_count(), 1);
+    a.poll(2048 * MS);
+    b.poll(2048 * MS);
+    assert!(events(&mut a).is_empty() && events(&mut b).is_empty());
+    assert_eq!((a.connection_count(), b.connection_count()), (0, 0));
+    // The comm ID is free again only now; a new connection works.
+    establish(2048 * MS, &mut a, &mut b);
+}
