@@ -35,6 +35,13 @@ const RULES: &[Rule] = &[
         why: "the wire formats are RoCEv2's and IBTA's bytes, shared by the engine and the driver side's connection manager; they know nothing of vrnic",
     },
     Rule {
+        name: "cm-on-wire-only",
+        krate: "vrnic-cm",
+        forbidden: &["vrnic", "vrnic-abi", "vrnic-vhost", "vrnic-guest", "vrnic-virtq", "vrnic-frontend", "vrnic-tools", "vrnic-ibverbs", "vrnic-rdmacm"],
+        optional_ok: false,
+        why: "the IB CM is a sans-IO state machine over the CM MADs (vrnic-wire) that the driver side's agent drives; it knows neither the engine nor the device ABI",
+    },
+    Rule {
         name: "engine-below-daemon-and-driver",
         krate: "vrnic",
         forbidden: &["vrnic-vhost", "vrnic-guest", "vrnic-virtq", "vrnic-frontend", "vrnic-tools"],
