@@ -1,8 +1,13 @@
 //! Two CMs wired in memory, a simulated clock, and a stranger.
 
 use super::*;
+use crate::timing::NS_PER_MS;
 use proptest::prelude::*;
 use std::net::Ipv4Addr;
+use vrnic_wire::{
+    msg_response, private_data_len, rej_reason, sidr_status, CmDreq, CmMessage, CmMra, CmRej,
+    CmRep, CmRtu, CmSidrRep, Gid, Mad,
+};
 
 const SID: u64 = 0x0106_0000_0000_4791;
 const MS: u64 = NS_PER_MS;
