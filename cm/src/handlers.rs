@@ -48,39 +48,23 @@ impl Cm {
                     && c.remote_id == req.local_comm_id
                     && c.remote_ca_guid == req.local_ca_guid
             })
-            .map(|(k, c)| {
-                (
-                    *k,
-                    c.state,
-                    c.last,
-                    c.retx.as_ref().map(|r| r.mad),
-                    c.peer_gid,
-                )
-            });
-        if let Some((id, state, _last, retx, gid)) = dup {
+            .map(|(k, c)| (*k, c.state, c.peer_gid));
+        if let Some((id, state, gid)) = dup {
             self.counters.dup_req += 1;
-            match state {
-                // cm_dup_req_handler: in timewait, REJ stale connection.
-                CmState::Timewait => {
-                    let mad = Self::rej_mad(
-                        id,
-                        req.local_comm_id,
-                        tid,
-                        msg_response::OTHER,
-                        rej_reason::STALE_CONN,
-                        nopd,
-                    );
-                    self.push_mad(gid, mad);
-                }
-                // The REP we sent, again (cm.c leaves it to the MAD
-                // layer's retransmission; answering at once shortens the
-                // active side's wait).
-                CmState::RepSent => {
-                    if let Some(mad) = retx {
-                        self.push_mad(gid, mad);
-                    }
-                }
-                _ => {}
+            // cm_dup_req_handler: in timewait, REJ stale connection. Every
+            // other state drops it, REP sent included: the REP's own
+            // retransmission answers (the kernel answers only in
+            // MRA_REQ_SENT, which this CM never enters, and in timewait).
+            if state == CmState::Timewait {
+                let mad = Self::rej_mad(
+                    id,
+                    req.local_comm_id,
+                    tid,
+                    msg_response::OTHER,
+                    rej_reason::STALE_CONN,
+                    nopd,
+                );
+                self.push_mad(gid, mad);
             }
             return;
         }

@@ -264,20 +264,21 @@ fn rep_loss_dup_req_and_rep_retransmission() {
     let (ida, idb) = request(0, &mut a, &mut b, b"");
     b.accept(0, idb, &rep_params(b"rep")).unwrap();
     assert_eq!(drop_mads(&mut b), 1);
-    // The active side retries its REQ: a duplicate, answered with the same REP.
+    // The active side retries its REQ: a duplicate, counted and dropped as
+    // the kernel's cm_dup_req_handler drops it in REP sent.
     let t = a.next_timer().unwrap();
     a.poll(t);
     shuttle(t, &mut a, &mut b);
     assert_eq!(b.counters().dup_req, 1);
     assert!(events(&mut b).is_empty());
+    assert!(b.pop_mad().is_none());
+    // The REP's own timer retransmits it: REQ's local CM response
+    // timeout 20 → 4096 ms.
+    assert_eq!(b.next_timer(), Some(4096 * MS));
+    b.poll(4096 * MS);
     let o = b.pop_mad().unwrap();
     assert_eq!(Mad::peek_attr_tid(&o.mad).unwrap().0, 0x13);
     assert_eq!(o.to_gid, a.port().gid);
-    // And the REP's own timer retransmits it too: REQ's local CM
-    // response timeout 20 → 4096 ms.
-    assert_eq!(b.next_timer(), Some(4096 * MS));
-    b.poll(4096 * MS);
-    assert_eq!(b.pop_mad().unwrap().mad, o.mad);
     a.handle_mad(t, src(&b), &o.mad);
     assert!(matches!(
         events(&mut a)[0].kind,
