@@ -14,6 +14,19 @@ pub(crate) struct Retx {
     pub(crate) left: u8,
 }
 
+impl Retx {
+    /// `mad` sent at `now_ns`, sent again every `interval_ns` until
+    /// answered, at most `left` more times.
+    pub(crate) fn new(mad: [u8; MAD_LEN], now_ns: u64, interval_ns: u64, left: u8) -> Retx {
+        Retx {
+            mad,
+            deadline: now_ns.saturating_add(interval_ns),
+            interval_ns,
+            left,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub(crate) struct Conn {
     pub(crate) state: CmState,

@@ -95,12 +95,7 @@ impl Cm {
                 timeout_ns,
                 max_retries: p.max_cm_retries,
                 ack_timeout,
-                retx: Some(Retx {
-                    mad,
-                    deadline: now_ns.saturating_add(timeout_ns),
-                    interval_ns: timeout_ns,
-                    left: p.max_cm_retries,
-                }),
+                retx: Some(Retx::new(mad, now_ns, timeout_ns, p.max_cm_retries)),
                 last: None,
                 timewait_until: 0,
                 destroyed: false,
@@ -149,12 +144,7 @@ impl Cm {
         let mad = CmMessage::Rep(rep).to_mad(c.tid, 0).to_bytes();
         c.state = CmState::RepSent;
         c.local_qpn = p.qpn;
-        c.retx = Some(Retx {
-            mad,
-            deadline: now_ns.saturating_add(c.timeout_ns),
-            interval_ns: c.timeout_ns,
-            left: c.max_retries,
-        });
+        c.retx = Some(Retx::new(mad, now_ns, c.timeout_ns, c.max_retries));
         let gid = c.peer_gid;
         self.push_mad(gid, mad);
         Ok(())

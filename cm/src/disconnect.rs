@@ -40,12 +40,7 @@ impl Cm {
         }
         let mad = Self::dreq_mad(id.0, c, pd);
         c.state = CmState::DreqSent;
-        c.retx = Some(Retx {
-            mad,
-            deadline: now_ns.saturating_add(c.timeout_ns),
-            interval_ns: c.timeout_ns,
-            left: c.max_retries,
-        });
+        c.retx = Some(Retx::new(mad, now_ns, c.timeout_ns, c.max_retries));
         let gid = c.peer_gid;
         self.push_mad(gid, mad);
         Ok(())

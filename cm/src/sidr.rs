@@ -50,12 +50,7 @@ impl Cm {
                 timeout_ns: interval_ns,
                 max_retries: max_cm_retries,
                 ack_timeout: 0,
-                retx: Some(Retx {
-                    mad,
-                    deadline: now_ns.saturating_add(interval_ns),
-                    interval_ns,
-                    left: max_cm_retries,
-                }),
+                retx: Some(Retx::new(mad, now_ns, interval_ns, max_cm_retries)),
                 last: None,
                 timewait_until: 0,
                 destroyed: false,
