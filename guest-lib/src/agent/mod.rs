@@ -32,6 +32,7 @@ pub mod pin;
 pub mod procmem;
 pub mod proto;
 pub mod server;
+pub mod ucma;
 
 /// Environment variable naming the agent's socket a program connects to.
 pub const SOCKET_ENV: &str = "VRNIC_AGENT_SOCKET";
@@ -81,4 +82,19 @@ pub fn default_socket(bdf: Option<&str>) -> std::path::PathBuf {
         None => "agent.sock".to_string(),
     };
     std::path::Path::new(RUN_DIR).join(name)
+}
+
+/// The agent socket a program of this process reaches, chosen as vrnic's
+/// `libibverbs.so.1` chooses it: [`SOCKET_ENV`] if set; else the agent of
+/// the function behind `VRNIC_VHOST_USER` ([`vhost_user_socket`], a
+/// container); else the agent of PCI function `VRNIC_PCI` (unset: the
+/// first vrnic function; [`default_socket`], a VM).
+pub fn socket_from_env() -> std::path::PathBuf {
+    if let Some(s) = std::env::var_os(SOCKET_ENV) {
+        return s.into();
+    }
+    if let Some(s) = crate::vhost_user::socket_from_env() {
+        return vhost_user_socket(&s);
+    }
+    default_socket(std::env::var("VRNIC_PCI").ok().as_deref())
 }
