@@ -84,6 +84,10 @@ pub struct Agent {
     /// Memory files the device reaches ([`proto::MODE_FILE`]), shared once
     /// however many connections of a process hand them over.
     files: std::collections::HashMap<FileId, SharedFile>,
+    /// The connection manager service (rdma_ucm connections), started at
+    /// the first one.
+    ucma: Option<super::ucma::service::Service>,
+    ucma_stats: super::ucma::service::SharedStats,
     stats: AgentStats,
 }
 
@@ -119,6 +123,8 @@ impl Agent {
             linger,
             shared_db: None,
             files: std::collections::HashMap::new(),
+            ucma: None,
+            ucma_stats: Default::default(),
             stats: AgentStats::default(),
         })
     }
@@ -156,6 +162,12 @@ impl Agent {
             },
         };
         self.shared_db = Some((d, vec![db.memfd, db.kick]));
+    }
+
+    /// What the connection manager service holds (updated by its
+    /// thread; all zero before the first rdma_ucm connection).
+    pub fn ucma_stats(&self) -> super::ucma::service::SharedStats {
+        self.ucma_stats.clone()
     }
 
     /// Counters so far.
@@ -262,6 +274,11 @@ impl Agent {
                     // Answered; the asker is not a program.
                     return false;
                 }
+                (super::ucma::proto::MSG_UCMA_HELLO, None) => {
+                    self.ucma_hello(i, &buf[..n]);
+                    // The connection is the CM service's now.
+                    return false;
+                }
                 (proto::MSG_CMD, Some(ctx)) => self.command(i, ctx, &buf[..n]),
                 (proto::MSG_DB, Some(ctx)) => self.doorbell(ctx, &buf[..n]),
                 (proto::MSG_MEMORY, Some(_))
@@ -277,6 +294,30 @@ impl Agent {
             }
         }
         true
+    }
+
+    /// Hands an rdma_ucm connection (an event channel of vrnic's
+    /// `librdmacm.so.1`) to the connection manager service, starting it
+    /// at the first; the program's entry is then dropped (it has no
+    /// context).
+    fn ucma_hello(&mut self, i: usize, m: &[u8]) {
+        if self.ucma.is_none() {
+            match super::ucma::service::Service::spawn(self.path.clone(), self.ucma_stats.clone()) {
+                Ok(s) => self.ucma = Some(s),
+                Err(e) => {
+                    tracing::warn!("starting the connection manager: {e}");
+                    return;
+                }
+            }
+        }
+        match self.programs[i].sock.try_clone() {
+            Ok(sock) => {
+                if let Some(s) = &self.ucma {
+                    s.hand_off(sock, m);
+                }
+            }
+            Err(e) => tracing::warn!("an rdma_ucm connection: {e}"),
+        }
     }
 
     fn hello(&mut self, i: usize, m: &[u8], fds: Vec<OwnedFd>) -> bool {

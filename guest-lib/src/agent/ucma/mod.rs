@@ -6,6 +6,17 @@
 //! - [`proto`]: how those commands travel on an agent connection (one
 //!   connection per event channel), and the library's side of it
 //!   ([`proto::UcmaConn`]).
+//! - [`service`]: the thread the agent hands rdma_ucm connections to: one
+//!   poll loop over them, QP1 and the CM's timers.
+//! - [`core`]: the ids, channels and commands without I/O (ucma.c, cma.c),
+//!   over `vrnic_cm::Cm` (cm.c).
+//! - [`ports`]: the port spaces; [`sockaddr`]: addresses and GIDs;
+//!   [`qpattr`]: `INIT_QP_ATTR`'s attributes.
 
 pub mod abi;
+pub mod core;
+pub mod ports;
 pub mod proto;
+pub mod qpattr;
+pub mod service;
+pub mod sockaddr;

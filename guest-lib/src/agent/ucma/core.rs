@@ -1,0 +1,1472 @@
+//! The connection manager service's state, without I/O: event channels,
+//! rdma_cm ids, the port spaces, the IB CM ([`vrnic_cm::Cm`]) and the
+//! rdma_ucm commands on them (Linux 6.1 `drivers/infiniband/core/ucma.c`
+//! for the commands and events, `cma.c` for the ids' states and errnos).
+//!
+//! [`Ucma::command`] executes one command of a channel and gives the
+//! answer's `ret` and response; [`Ucma::handle_mad`] and [`Ucma::poll`]
+//! feed the CM; [`Ucma::pop_mad`] gives what to send on QP1. Events wait
+//! in their channel's bounded queue until `GET_EVENT`.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+
+use vrnic_cm::{
+    Cm, CmEventKind, CmId, CmState, Outgoing, PathParams, PortIdentity, RepParams, ReqParams,
+    Source, CMA_CM_RESPONSE_TIMEOUT, CMA_IBOE_PACKET_LIFETIME, CMA_MAX_CM_RETRIES,
+};
+use vrnic_wire::{rej_reason, service_id, CmaAddrs, CmaHdr, PortSpace};
+
+use super::abi;
+use super::ports::Ports;
+use super::qpattr::{self, ConnAttrs, QpAttrInput};
+use super::sockaddr::{self, ip_to_gid};
+
+/// The most event channels (rdma_ucm connections) one agent serves;
+/// beyond it a HELLO is refused with `EMFILE`.
+pub const MAX_CHANNELS: usize = 256;
+/// The most ids one channel holds; `CREATE_ID` beyond it: `-ENOMEM`. A
+/// CONNECT_REQUEST beyond it is rejected (REJ consumer defined, as the
+/// kernel's failing handler).
+pub const MAX_IDS_PER_CHANNEL: usize = 1024;
+/// The most events waiting in one channel; beyond it an event is dropped
+/// and counted ([`Ucma::events_dropped`]); a dropped CONNECT_REQUEST's
+/// new id is destroyed (its REQ rejected).
+pub const MAX_EVENTS_PER_CHANNEL: usize = 1024;
+/// rdma_cm's largest listen backlog (`ucma.c` `max_backlog`, 1024).
+pub const MAX_BACKLOG: u32 = 1024;
+/// The hop limit of a RoCEv2 route (the IP TTL `cma_resolve_iboe_route`
+/// takes, 64).
+pub const HOP_LIMIT: u8 = 64;
+/// `sizeof(struct rdma_ucm_event_resp)`.
+pub const EVENT_RESP_LEN: usize = 336;
+/// `struct ib_path_rec_data` size.
+const PATH_DATA_LEN: usize = 72;
+
+/// librdmacm's `enum rdma_cm_event_type`.
+#[allow(missing_docs)]
+pub mod event {
+    pub const ADDR_RESOLVED: u32 = 0;
+    pub const ADDR_ERROR: u32 = 1;
+    pub const ROUTE_RESOLVED: u32 = 2;
+    pub const ROUTE_ERROR: u32 = 3;
+    pub const CONNECT_REQUEST: u32 = 4;
+    pub const CONNECT_RESPONSE: u32 = 5;
+    pub const CONNECT_ERROR: u32 = 6;
+    pub const UNREACHABLE: u32 = 7;
+    pub const REJECTED: u32 = 8;
+    pub const ESTABLISHED: u32 = 9;
+    pub const DISCONNECTED: u32 = 10;
+    pub const DEVICE_REMOVAL: u32 = 11;
+    pub const MULTICAST_JOIN: u32 = 12;
+    pub const MULTICAST_ERROR: u32 = 13;
+    pub const ADDR_CHANGE: u32 = 14;
+    pub const TIMEWAIT_EXIT: u32 = 15;
+}
+
+/// What the service knows of its device function.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The port's GIDs (index, GID); RoCEv2: IPv4-mapped or IPv6
+    /// addresses, the function's addresses.
+    pub gids: Vec<(u8, [u8; 16])>,
+    /// The node GUID as `ibv_query_device` reports it (`node_guid`, big
+    /// endian bytes: the EUI-64 of the MAC), which librdmacm compares with
+    /// `ibv_get_device_guid`.
+    pub node_guid: [u8; 8],
+    /// The port's active MTU (IBA encoding).
+    pub mtu: u8,
+    /// The CA's ACK delay exponent (`cm_ack_timeout`'s).
+    pub ca_ack_delay: u8,
+}
+
+impl DeviceInfo {
+    /// The GID index of `ip`, `None` when it is not the function's.
+    pub fn gid_index(&self, ip: IpAddr) -> Option<u8> {
+        let g = ip_to_gid(ip);
+        self.gids.iter().find(|(_, x)| *x == g).map(|(i, _)| *i)
+    }
+
+    /// The source address for reaching `dst` (cma.c: the GID of the
+    /// source IP of the same family): the first IPv4 GID for IPv4, the
+    /// first non-link-local IPv6 GID (else a link-local one) for IPv6.
+    pub fn source_for(&self, dst: IpAddr) -> Option<IpAddr> {
+        let ips = self.gids.iter().map(|(_, g)| sockaddr::gid_to_ip(g));
+        match dst {
+            IpAddr::V4(_) => ips.clone().find(|i| i.is_ipv4()),
+            IpAddr::V6(_) => {
+                let v6: Vec<IpAddr> = ips.filter(|i| i.is_ipv6()).collect();
+                v6.iter()
+                    .find(|i| !matches!(i, IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80))
+                    .or(v6.first())
+                    .copied()
+            }
+        }
+    }
+}
+
+/// An id's `enum rdma_cm_state` (cma.c; the query states are instant here).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdState {
+    /// `RDMA_CM_IDLE`.
+    Idle,
+    /// `RDMA_CM_ADDR_BOUND`.
+    AddrBound,
+    /// `RDMA_CM_ADDR_RESOLVED`.
+    AddrResolved,
+    /// `RDMA_CM_ROUTE_RESOLVED`.
+    RouteResolved,
+    /// `RDMA_CM_LISTEN`.
+    Listen,
+    /// `RDMA_CM_CONNECT`: connecting or connected.
+    Connect,
+    /// `RDMA_CM_DISCONNECT`.
+    Disconnect,
+}
+
+/// One rdma_cm id.
+#[derive(Debug, Clone)]
+struct Id {
+    chan: u32,
+    uid: u64,
+    ps: PortSpace,
+    ud: bool,
+    state: IdState,
+    src: Option<SocketAddr>,
+    dst: Option<SocketAddr>,
+    /// The port held in `Ports`, with its space.
+    port: Option<u16>,
+    reuseaddr: bool,
+    afonly: Option<bool>,
+    tos: u8,
+    ack_timeout: Option<u8>,
+    backlog: u32,
+    /// Whether a route was resolved (`num_pri_alt_paths` 1).
+    routed: bool,
+    /// cma.c `seq_num`: the starting PSN this side advertises.
+    seq_num: u32,
+    cm: Option<CmId>,
+    conn: Option<ConnAttrs>,
+    events_reported: u32,
+    /// A listener's service ID held in the CM.
+    listening: Option<u64>,
+}
+
+/// A queued event.
+#[derive(Clone)]
+struct Event {
+    /// The id it counts against (`events_reported`).
+    id: u32,
+    /// A CONNECT_REQUEST's new id.
+    new_id: Option<u32>,
+    resp: [u8; EVENT_RESP_LEN],
+}
+
+/// One event channel.
+#[derive(Default)]
+struct Channel {
+    events: VecDeque<Event>,
+    ids: usize,
+}
+
+/// The service's state (see the module documentation).
+pub struct Ucma {
+    dev: DeviceInfo,
+    cm: Cm,
+    ids: BTreeMap<u32, Id>,
+    by_cm: HashMap<CmId, u32>,
+    channels: BTreeMap<u32, Channel>,
+    ports: Ports,
+    next_id: u32,
+    next_channel: u32,
+    rng: u64,
+    events_dropped: u64,
+}
+
+fn rd_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_ne_bytes([b[at], b[at + 1]])
+}
+fn rd_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+fn rd_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_ne_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+fn wr_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+}
+
+/// A command's result: the response bytes, or a negative errno.
+type Answer = Result<Vec<u8>, i32>;
+
+/// `struct rdma_ucm_conn_param`, decoded.
+#[derive(Debug, Clone, Default)]
+struct ConnParam {
+    qp_num: u32,
+    private_data: Vec<u8>,
+    srq: bool,
+    responder_resources: u8,
+    initiator_depth: u8,
+    flow_control: bool,
+    retry_count: u8,
+    rnr_retry_count: u8,
+    valid: bool,
+}
+
+fn conn_param(b: &[u8]) -> ConnParam {
+    let len = usize::from(b[264]).min(256);
+    ConnParam {
+        qp_num: rd_u32(b, 0) & 0xff_ffff,
+        private_data: b[8..8 + len].to_vec(),
+        srq: b[265] != 0,
+        responder_resources: b[266],
+        initiator_depth: b[267],
+        flow_control: b[268] != 0,
+        retry_count: b[269] & 7,
+        rnr_retry_count: b[270] & 7,
+        valid: b[271] != 0,
+    }
+}
+
+/// Writes an `rdma_ucm_conn_param` at `b[20..]` of an event.
+#[allow(clippy::too_many_arguments)]
+fn put_conn(
+    resp: &mut [u8; EVENT_RESP_LEN],
+    qp_num: u32,
+    pd: &[u8],
+    srq: bool,
+    rr: u8,
+    id: u8,
+    fc: bool,
+    retry: u8,
+    rnr: u8,
+) {
+    let p = &mut resp[20..20 + 272];
+    p[0..4].copy_from_slice(&qp_num.to_ne_bytes());
+    let n = pd.len().min(256);
+    p[8..8 + n].copy_from_slice(&pd[..n]);
+    p[264] = n.min(255) as u8;
+    p[265] = srq.into();
+    p[266] = rr;
+    p[267] = id;
+    p[268] = fc.into();
+    p[269] = retry;
+    p[270] = rnr;
+}
+
+impl Ucma {
+    /// A service for a function with `dev`; `seed` randomises comm IDs,
+    /// ephemeral ports and starting PSNs.
+    pub fn new(dev: DeviceInfo, seed: u64) -> Ucma {
+        let gid = dev
+            .gids
+            .iter()
+            .find(|(_, g)| sockaddr::gid_to_ip(g).is_ipv4())
+            .or(dev.gids.first())
+            .map_or([0; 16], |(_, g)| *g);
+        let cm = Cm::new(PortIdentity {
+            gid: vrnic_wire::Gid(gid),
+            ca_guid: u64::from_be_bytes(dev.node_guid),
+            ca_ack_delay: dev.ca_ack_delay,
+            seed,
+        });
+        Ucma {
+            dev,
+            cm,
+            ids: BTreeMap::new(),
+            by_cm: HashMap::new(),
+            channels: BTreeMap::new(),
+            ports: Ports::new(seed as u32),
+            next_id: 1,
+            next_channel: 1,
+            rng: seed | 1,
+            events_dropped: 0,
+        }
+    }
+
+    fn random24(&mut self) -> u32 {
+        // xorshift64*
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        (self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as u32 & 0xff_ffff
+    }
+
+    /// Opens an event channel; its number (`MIGRATE_ID`'s `fd`). `None`
+    /// when [`MAX_CHANNELS`] are open.
+    pub fn open_channel(&mut self) -> Option<u32> {
+        if self.channels.len() >= MAX_CHANNELS {
+            return None;
+        }
+        let mut c = self.next_channel;
+        while c == 0 || self.channels.contains_key(&c) {
+            c = c.wrapping_add(1);
+        }
+        self.next_channel = c.wrapping_add(1);
+        self.channels.insert(c, Channel::default());
+        Some(c)
+    }
+
+    /// Closes channel `chan` as `ucma_close` does: every id of it is
+    /// destroyed (connections get REJ or DREQ as cm.c `cm_destroy_id`
+    /// sends them), and its events go.
+    pub fn close_channel(&mut self, now_ns: u64, chan: u32) {
+        let mine: Vec<u32> = self
+            .ids
+            .iter()
+            .filter(|(_, i)| i.chan == chan)
+            .map(|(k, _)| *k)
+            .collect();
+        for id in mine {
+            self.destroy_id(now_ns, id);
+        }
+        self.channels.remove(&chan);
+    }
+
+    /// Whether channel `chan` has an event waiting (its wake descriptor is
+    /// then readable).
+    pub fn has_event(&self, chan: u32) -> bool {
+        self.channels
+            .get(&chan)
+            .is_some_and(|c| !c.events.is_empty())
+    }
+
+    /// How many ids exist.
+    pub fn id_count(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// How many channels are open.
+    pub fn channel_count(&self) -> usize {
+        self.channels.len()
+    }
+
+    /// The CM's connections (timewait ones included).
+    pub fn connection_count(&self) -> usize {
+        self.cm.connection_count()
+    }
+
+    /// Events dropped because their channel's queue was full.
+    pub fn events_dropped(&self) -> u64 {
+        self.events_dropped
+    }
+
+    /// The CM (its counters, listeners).
+    pub fn cm(&self) -> &Cm {
+        &self.cm
+    }
+
+    /// The next MAD to send on QP1.
+    pub fn pop_mad(&mut self) -> Option<Outgoing> {
+        self.cm.pop_mad()
+    }
+
+    /// When [`Ucma::poll`] next has work (ns).
+    pub fn next_timer(&self) -> Option<u64> {
+        self.cm.next_timer()
+    }
+
+    /// Runs the CM's timers due at `now_ns` and maps its events.
+    pub fn poll(&mut self, now_ns: u64) {
+        self.cm.poll(now_ns);
+        self.cm_events(now_ns);
+    }
+
+    /// A MAD received on QP1 from `from`.
+    pub fn handle_mad(&mut self, now_ns: u64, from: Source, mad: &[u8]) {
+        self.cm.handle_mad(now_ns, from, mad);
+        self.cm_events(now_ns);
+    }
+
+    /// Executes one command of channel `chan` (`cmd`: its header's `cmd`;
+    /// `body`: the `in` bytes; `extra`: SET_OPTION's value; `out`: the
+    /// header's `out`). Returns `(ret, response)`: `ret` what the kernel
+    /// device's `write(2)` returns, the write's length (8 + `in`) or a
+    /// negative errno.
+    pub fn command(
+        &mut self,
+        now_ns: u64,
+        chan: u32,
+        cmd: u32,
+        body: &[u8],
+        extra: &[u8],
+        out: u16,
+    ) -> (i32, Vec<u8>) {
+        let r = self.dispatch(now_ns, chan, cmd, body, extra, usize::from(out));
+        self.cm_events(now_ns);
+        match r {
+            Ok(resp) => (8 + body.len() as i32, resp),
+            Err(e) => (e, Vec::new()),
+        }
+    }
+
+    fn need(body: &[u8], n: usize) -> Result<(), i32> {
+        if body.len() < n {
+            Err(-libc::EINVAL)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn out_ok(out: usize, n: usize) -> Result<(), i32> {
+        if out < n {
+            Err(-libc::ENOSPC)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// `ucma_get_ctx`: `-ENOENT` for no such id, `-EINVAL` for another
+    /// channel's.
+    fn get(&self, chan: u32, id: u32) -> Result<&Id, i32> {
+        match self.ids.get(&id) {
+            None => Err(-libc::ENOENT),
+            Some(i) if i.chan != chan => Err(-libc::EINVAL),
+            Some(i) => Ok(i),
+        }
+    }
+
+    fn get_mut(&mut self, chan: u32, id: u32) -> Result<&mut Id, i32> {
+        match self.ids.get_mut(&id) {
+            None => Err(-libc::ENOENT),
+            Some(i) if i.chan != chan => Err(-libc::EINVAL),
+            Some(i) => Ok(i),
+        }
+    }
+
+    fn dispatch(
+        &mut self,
+        now: u64,
+        chan: u32,
+        cmd: u32,
+        b: &[u8],
+        extra: &[u8],
+        out: usize,
+    ) -> Answer {
+        if !self.channels.contains_key(&chan) {
+            return Err(-libc::EBADF);
+        }
+        match cmd {
+            abi::RDMA_USER_CM_CMD_CREATE_ID => {
+                Self::need(b, 24)?;
+                Self::out_ok(out, 4)?;
+                self.create_id(chan, rd_u64(b, 0), rd_u16(b, 16), b[18])
+            }
+            abi::RDMA_USER_CM_CMD_DESTROY_ID => {
+                Self::need(b, 16)?;
+                Self::out_ok(out, 4)?;
+                let id = rd_u32(b, 8);
+                let n = self.get(chan, id)?.events_reported;
+                self.destroy_id(now, id);
+                Ok(n.to_ne_bytes().to_vec())
+            }
+            abi::RDMA_USER_CM_CMD_BIND_IP => {
+                Self::need(b, 40)?;
+                let a = sockaddr::parse(&b[8..36]).map_err(|e| e.errno())?;
+                self.bind(chan, rd_u32(b, 36), a).map(|_| Vec::new())
+            }
+            abi::RDMA_USER_CM_CMD_BIND => {
+                Self::need(b, 136)?;
+                let (id, size) = (rd_u32(b, 0), usize::from(rd_u16(b, 4)));
+                if rd_u16(b, 6) != 0 || size == 0 {
+                    return Err(-libc::EINVAL);
+                }
+                let a = sockaddr::parse(&b[8..136]).map_err(|e| e.errno())?;
+                if sockaddr::size(&a) != size {
+                    return Err(-libc::EINVAL);
+                }
+                self.bind(chan, id, a).map(|_| Vec::new())
+            }
+            abi::RDMA_USER_CM_CMD_RESOLVE_IP => {
+                Self::need(b, 64)?;
+                let src = if sockaddr::family(&b[0..28]) == 0 {
+                    None
+                } else {
+                    Some(sockaddr::parse(&b[0..28]).map_err(|e| e.errno())?)
+                };
+                let dst = sockaddr::parse(&b[28..56]).map_err(|e| e.errno())?;
+                self.resolve_addr(chan, rd_u32(b, 56), src, dst)
+            }
+            abi::RDMA_USER_CM_CMD_RESOLVE_ADDR => {
+                Self::need(b, 272)?;
+                let (src_size, dst_size) = (usize::from(rd_u16(b, 8)), usize::from(rd_u16(b, 10)));
+                if rd_u32(b, 12) != 0 || dst_size == 0 {
+                    return Err(-libc::EINVAL);
+                }
+                let src = if src_size == 0 {
+                    None
+                } else {
+                    let s = sockaddr::parse(&b[16..144]).map_err(|e| e.errno())?;
+                    if sockaddr::size(&s) != src_size {
+                        return Err(-libc::EINVAL);
+                    }
+                    Some(s)
+                };
+                let dst = sockaddr::parse(&b[144..272]).map_err(|e| e.errno())?;
+                if sockaddr::size(&dst) != dst_size {
+                    return Err(-libc::EINVAL);
+                }
+                self.resolve_addr(chan, rd_u32(b, 0), src, dst)
+            }
+            abi::RDMA_USER_CM_CMD_RESOLVE_ROUTE => {
+                Self::need(b, 8)?;
+                let id = rd_u32(b, 0);
+                let i = self.get_mut(chan, id)?;
+                if i.state != IdState::AddrResolved {
+                    return Err(-libc::EINVAL);
+                }
+                i.state = IdState::RouteResolved;
+                i.routed = true;
+                self.push_simple(id, event::ROUTE_RESOLVED, 0);
+                Ok(Vec::new())
+            }
+            abi::RDMA_USER_CM_CMD_QUERY_ROUTE => {
+                Self::need(b, 16)?;
+                Self::out_ok(out, 208)?;
+                let i = self.get(chan, rd_u32(b, 8))?;
+                Ok(self.query_route(i))
+            }
+            abi::RDMA_USER_CM_CMD_QUERY => {
+                Self::need(b, 16)?;
+                let i = self.get(chan, rd_u32(b, 8))?;
+                match rd_u32(b, 12) {
+                    abi::RDMA_USER_CM_QUERY_ADDR => {
+                        Self::out_ok(out, 280)?;
+                        Ok(self.query_addr(i))
+                    }
+                    abi::RDMA_USER_CM_QUERY_PATH => {
+                        Self::out_ok(out, 8)?;
+                        Ok(self.query_path(i, out))
+                    }
+                    abi::RDMA_USER_CM_QUERY_GID => {
+                        Self::out_ok(out, 280)?;
+                        Ok(self.query_gid(i))
+                    }
+                    _ => Err(-libc::ENOSYS),
+                }
+            }
+            abi::RDMA_USER_CM_CMD_LISTEN => {
+                Self::need(b, 8)?;
+                self.listen(chan, rd_u32(b, 0), rd_u32(b, 4) as i32)
+                    .map(|_| Vec::new())
+            }
+            abi::RDMA_USER_CM_CMD_CONNECT => {
+                Self::need(b, 288)?;
+                let p = conn_param(&b[0..272]);
+                if !p.valid {
+                    return Err(-libc::EINVAL);
+                }
+                self.connect(now, chan, rd_u32(b, 272), &p)
+                    .map(|_| Vec::new())
+            }
+            abi::RDMA_USER_CM_CMD_ACCEPT => {
+                Self::need(b, 296)?;
+                let p = conn_param(&b[8..280]);
+                self.accept(now, chan, rd_u32(b, 280), rd_u64(b, 0), &p)
+                    .map(|_| Vec::new())
+            }
+            abi::RDMA_USER_CM_CMD_REJECT => {
+                Self::need(b, 264)?;
+                let len = usize::from(b[4]);
+                let reason = match b[5] {
+                    0 | 28 => rej_reason::CONSUMER_DEFINED,
+                    // IB_CM_REJ_VENDOR_OPTION_NOT_SUPPORTED
+                    35 => 35,
+                    _ => return Err(-libc::EINVAL),
+                };
+                if len > vrnic_wire::private_data_len::REJ {
+                    return Err(-libc::EINVAL);
+                }
+                let id = rd_u32(b, 0);
+                let cm = self.get(chan, id)?.cm.ok_or(-libc::EINVAL)?;
+                self.cm
+                    .reject(now, cm, reason, &b[8..8 + len])
+                    .map_err(|_| -libc::EINVAL)?;
+                Ok(Vec::new())
+            }
+            abi::RDMA_USER_CM_CMD_DISCONNECT => {
+                Self::need(b, 4)?;
+                self.disconnect(now, chan, rd_u32(b, 0)).map(|_| Vec::new())
+            }
+            abi::RDMA_USER_CM_CMD_INIT_QP_ATTR => {
+                Self::need(b, 16)?;
+                Self::out_ok(out, size_of::<abi::ib_uverbs_qp_attr>())?;
+                let i = self.get(chan, rd_u32(b, 8))?;
+                let input = QpAttrInput {
+                    qp_state: rd_u32(b, 12),
+                    ud: i.ud,
+                    qkey: qpattr::RDMA_UDP_QKEY,
+                    conn: if i.cm.is_some() { i.conn } else { None },
+                    ack_timeout: i.ack_timeout,
+                };
+                let a = qpattr::init_qp_attr(&input).map_err(|_| -libc::EINVAL)?;
+                Ok(qpattr::to_bytes(&a))
+            }
+            abi::RDMA_USER_CM_CMD_GET_EVENT => {
+                Self::need(b, 8)?;
+                Self::out_ok(out, EVENT_RESP_LEN)?;
+                self.get_event(chan)
+            }
+            abi::RDMA_USER_CM_CMD_SET_OPTION => {
+                Self::need(b, 24)?;
+                let (id, level, name, len) =
+                    (rd_u32(b, 8), rd_u32(b, 12), rd_u32(b, 16), rd_u32(b, 20));
+                let val = extra.get(..len as usize).ok_or(-libc::EFAULT)?;
+                self.set_option(chan, id, level, name, val)
+                    .map(|_| Vec::new())
+            }
+            abi::RDMA_USER_CM_CMD_NOTIFY => {
+                Self::need(b, 8)?;
+                let i = self.get(chan, rd_u32(b, 0))?;
+                let cm = i.cm.ok_or(-libc::EINVAL)?;
+                // IB_EVENT_COMM_EST (4): cm.c cm_establish.
+                if rd_u32(b, 4) != 4 {
+                    return Err(-libc::EINVAL);
+                }
+                if self.cm.state(cm) == Some(CmState::Established) {
+                    return Err(-libc::EISCONN);
+                }
+                self.cm.establish(cm).map_err(|_| -libc::EINVAL)?;
+                Ok(Vec::new())
+            }
+            abi::RDMA_USER_CM_CMD_MIGRATE_ID => {
+                Self::need(b, 16)?;
+                Self::out_ok(out, 4)?;
+                self.migrate(chan, rd_u32(b, 8), rd_u32(b, 12))
+            }
+            abi::RDMA_USER_CM_CMD_JOIN_IP_MCAST
+            | abi::RDMA_USER_CM_CMD_JOIN_MCAST
+            | abi::RDMA_USER_CM_CMD_LEAVE_MCAST
+            | abi::RDMA_USER_CM_CMD_GET_OPTION => Err(-libc::ENOSYS),
+            _ => Err(-libc::EINVAL),
+        }
+    }
+
+    fn create_id(&mut self, chan: u32, uid: u64, ps: u16, qp_type: u8) -> Answer {
+        let ps = PortSpace::from_u16(ps).ok_or(-libc::EINVAL)?;
+        // ucma_create_id: IB_QPT_RC (2) or IB_QPT_UD (4) (ucma_get_qp_type).
+        let ud = match (ps, qp_type) {
+            (PortSpace::Tcp, _) => false,
+            (PortSpace::Udp | PortSpace::Ipoib, _) => true,
+            (PortSpace::Ib, 2) => false,
+            (PortSpace::Ib, 4) => true,
+            _ => return Err(-libc::EINVAL),
+        };
+        let c = self.channels.get_mut(&chan).ok_or(-libc::EBADF)?;
+        if c.ids >= MAX_IDS_PER_CHANNEL {
+            return Err(-libc::ENOMEM);
+        }
+        c.ids += 1;
+        let id = self.alloc_id();
+        let seq = self.random24();
+        self.ids.insert(
+            id,
+            Id {
+                chan,
+                uid,
+                ps,
+                ud,
+                state: IdState::Idle,
+                src: None,
+                dst: None,
+                port: None,
+                reuseaddr: false,
+                afonly: None,
+                tos: 0,
+                ack_timeout: None,
+                backlog: 0,
+                routed: false,
+                seq_num: seq,
+                cm: None,
+                conn: None,
+                events_reported: 0,
+                listening: None,
+            },
+        );
+        Ok(id.to_ne_bytes().to_vec())
+    }
+
+    fn alloc_id(&mut self) -> u32 {
+        let mut id = self.next_id;
+        while id == 0 || self.ids.contains_key(&id) {
+            id = id.wrapping_add(1);
+        }
+        self.next_id = id.wrapping_add(1);
+        id
+    }
+
+    /// cma.c `rdma_bind_addr`: IDLE → ADDR_BOUND on one of the function's
+    /// addresses or the wildcard, with a port (`cma_get_port`).
+    fn bind(&mut self, chan: u32, id: u32, a: SocketAddr) -> Result<(), i32> {
+        let i = self.get(chan, id)?;
+        if i.state != IdState::Idle {
+            return Err(-libc::EINVAL);
+        }
+        if !sockaddr::is_any(&a) && self.dev.gid_index(a.ip()).is_none() {
+            return Err(-libc::EADDRNOTAVAIL);
+        }
+        let afonly = i.afonly.unwrap_or(a.is_ipv4());
+        let (ps, reuse) = (i.ps, i.reuseaddr);
+        let port = self
+            .ports
+            .bind(ps, id, a, reuse, afonly)
+            .map_err(|e| e.errno())?;
+        let i = self.ids.get_mut(&id).ok_or(-libc::ENOENT)?;
+        let mut a = a;
+        a.set_port(port);
+        i.src = Some(a);
+        i.port = Some(port);
+        i.afonly = Some(afonly);
+        i.state = IdState::AddrBound;
+        Ok(())
+    }
+
+    /// cma.c `rdma_resolve_addr`, resolved at once: the source is the
+    /// function's address of the destination's family; ADDR_RESOLVED.
+    fn resolve_addr(
+        &mut self,
+        chan: u32,
+        id: u32,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+    ) -> Answer {
+        if self.get(chan, id)?.state == IdState::Idle {
+            let s = src.unwrap_or_else(|| sockaddr::any_of(&dst, 0));
+            self.bind(chan, id, s)?;
+        }
+        let i = self.get(chan, id)?;
+        let bound = i.src.ok_or(-libc::EINVAL)?;
+        if bound.is_ipv4() != dst.is_ipv4() || i.state != IdState::AddrBound {
+            return Err(-libc::EINVAL);
+        }
+        // cma_resolve_loopback: a wildcard destination is the source.
+        let src_ip = if sockaddr::is_any(&bound) {
+            let want = if sockaddr::is_any(&dst) {
+                bound.ip()
+            } else {
+                dst.ip()
+            };
+            self.dev.source_for(want).ok_or(-libc::ENETUNREACH)?
+        } else {
+            bound.ip()
+        };
+        let mut dst = dst;
+        if sockaddr::is_any(&dst) {
+            dst.set_ip(src_ip);
+        }
+        let (ps, port) = (i.ps, bound.port());
+        let src = SocketAddr::new(src_ip, port);
+        self.ports.rebind(ps, id, src);
+        let i = self.ids.get_mut(&id).ok_or(-libc::ENOENT)?;
+        i.src = Some(src);
+        i.dst = Some(dst);
+        i.state = IdState::AddrResolved;
+        self.push_simple(id, event::ADDR_RESOLVED, 0);
+        Ok(Vec::new())
+    }
+
+    /// cma.c `rdma_listen`: binds to the IPv4 wildcard from IDLE, then
+    /// listens on the service ID of the port (shared with other listeners
+    /// of the port at other addresses).
+    fn listen(&mut self, chan: u32, id: u32, backlog: i32) -> Result<(), i32> {
+        if self.get(chan, id)?.state == IdState::Idle {
+            self.bind(chan, id, "0.0.0.0:0".parse().expect("an address"))?;
+        }
+        let i = self.get(chan, id)?;
+        if i.state != IdState::AddrBound {
+            return Err(-libc::EINVAL);
+        }
+        let src = i.src.ok_or(-libc::EINVAL)?;
+        if i.reuseaddr {
+            self.ports
+                .check_listen(i.ps, id, &src)
+                .map_err(|e| e.errno())?;
+        }
+        let sid = service_id(i.ps, src.port());
+        match self.cm.listen(sid) {
+            Ok(()) | Err(vrnic_cm::CmError::Busy) => {}
+            Err(_) => return Err(-libc::ENOMEM),
+        }
+        let i = self.ids.get_mut(&id).ok_or(-libc::ENOENT)?;
+        i.listening = Some(sid);
+        i.state = IdState::Listen;
+        i.backlog = if backlog > 0 && (backlog as u32) < MAX_BACKLOG {
+            backlog as u32
+        } else {
+            MAX_BACKLOG
+        };
+        Ok(())
+    }
+
+    fn path(&self, i: &Id) -> Option<(PathParams, u8)> {
+        let (src, dst) = (i.src?, i.dst?);
+        let sgid_index = self.dev.gid_index(src.ip())?;
+        // cma_get_roce_udp_flow_label.
+        let flow_label = (u32::from(src.port()) * 31 + u32::from(dst.port())) & 0xf_ffff;
+        Some((
+            PathParams {
+                remote_gid: vrnic_wire::Gid(ip_to_gid(dst.ip())),
+                mtu: self.dev.mtu,
+                packet_life_time: CMA_IBOE_PACKET_LIFETIME,
+                flow_label,
+                hop_limit: HOP_LIMIT,
+                traffic_class: i.tos,
+                sl: 0,
+                rate: 0,
+            },
+            sgid_index,
+        ))
+    }
+
+    /// cma.c `cma_connect_ib`: a REQ with rdma_cm's header and the
+    /// consumer's private data (≤ 56 bytes), the service ID of the
+    /// destination port.
+    fn connect(&mut self, now: u64, chan: u32, id: u32, p: &ConnParam) -> Result<(), i32> {
+        let i = self.get(chan, id)?;
+        if i.state != IdState::RouteResolved {
+            return Err(-libc::EINVAL);
+        }
+        if i.ud {
+            // SIDR (UD) is not served yet.
+            return Err(-libc::ENOSYS);
+        }
+        if p.private_data.len() > vrnic_wire::REQ_USER_PRIVATE_DATA_MAX {
+            return Err(-libc::EINVAL);
+        }
+        let (src, dst) = (i.src.ok_or(-libc::EINVAL)?, i.dst.ok_or(-libc::EINVAL)?);
+        let (path, sgid_index) = self.path(i).ok_or(-libc::EINVAL)?;
+        let addrs = match (src.ip(), dst.ip()) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => CmaAddrs::V4 { src: s, dst: d },
+            (IpAddr::V6(s), IpAddr::V6(d)) => CmaAddrs::V6 { src: s, dst: d },
+            _ => return Err(-libc::EINVAL),
+        };
+        let mut pd = vec![0u8; CmaHdr::LEN];
+        CmaHdr {
+            src_port: src.port(),
+            addrs,
+        }
+        .emit(&mut pd);
+        pd.extend_from_slice(&p.private_data);
+        let req = ReqParams {
+            service_id: service_id(i.ps, dst.port()),
+            qpn: p.qp_num,
+            starting_psn: i.seq_num,
+            uc: false,
+            responder_resources: p.responder_resources,
+            initiator_depth: p.initiator_depth,
+            retry_count: p.retry_count,
+            rnr_retry_count: p.rnr_retry_count,
+            srq: p.srq,
+            flow_control: p.flow_control,
+            remote_cm_response_timeout: CMA_CM_RESPONSE_TIMEOUT,
+            local_cm_response_timeout: CMA_CM_RESPONSE_TIMEOUT,
+            max_cm_retries: CMA_MAX_CM_RETRIES,
+            path,
+            private_data: pd,
+        };
+        let timeout = vrnic_cm::cm_ack_timeout(self.dev.ca_ack_delay, path.packet_life_time);
+        let conn = ConnAttrs {
+            dgid: path.remote_gid.0,
+            sgid_index,
+            hop_limit: path.hop_limit,
+            traffic_class: path.traffic_class,
+            flow_label: path.flow_label,
+            path_mtu: path.mtu,
+            remote_qpn: 0,
+            rq_psn: i.seq_num,
+            sq_psn: 0,
+            responder_resources: p.responder_resources,
+            initiator_depth: p.initiator_depth,
+            timeout,
+            retry_count: p.retry_count,
+            rnr_retry_count: p.rnr_retry_count,
+        };
+        let cm = self.cm.connect(now, &req).map_err(|e| match e {
+            vrnic_cm::CmError::TableFull => -libc::ENOMEM,
+            _ => -libc::EINVAL,
+        })?;
+        self.by_cm.insert(cm, id);
+        let i = self.ids.get_mut(&id).ok_or(-libc::ENOENT)?;
+        i.cm = Some(cm);
+        i.conn = Some(conn);
+        i.state = IdState::Connect;
+        Ok(())
+    }
+
+    /// cma.c `rdma_accept`: passive, a REP (`cma_accept_ib`); active after
+    /// CONNECT_RESPONSE without parameters, the RTU (`cma_rep_recv`).
+    fn accept(&mut self, now: u64, chan: u32, id: u32, uid: u64, p: &ConnParam) -> Result<(), i32> {
+        let i = self.get(chan, id)?;
+        if i.state != IdState::Connect {
+            return Err(-libc::EINVAL);
+        }
+        let cm = i.cm.ok_or(-libc::EINVAL)?;
+        if i.ud {
+            return Err(-libc::ENOSYS);
+        }
+        let seq = i.seq_num;
+        match self.cm.state(cm) {
+            Some(CmState::RepRcvd) if !p.valid => {
+                self.cm.send_rtu(cm, &[]).map_err(|_| -libc::EINVAL)?;
+                Ok(())
+            }
+            Some(CmState::ReqRcvd) if p.valid => {
+                if p.private_data.len() > vrnic_wire::private_data_len::REP {
+                    return Err(-libc::EINVAL);
+                }
+                self.cm
+                    .accept(
+                        now,
+                        cm,
+                        &RepParams {
+                            qpn: p.qp_num,
+                            starting_psn: seq,
+                            responder_resources: p.responder_resources,
+                            initiator_depth: p.initiator_depth,
+                            failover_accepted: 0,
+                            flow_control: p.flow_control,
+                            rnr_retry_count: p.rnr_retry_count,
+                            srq: p.srq,
+                            private_data: p.private_data.clone(),
+                        },
+                    )
+                    .map_err(|_| -libc::EINVAL)?;
+                let i = self.ids.get_mut(&id).ok_or(-libc::ENOENT)?;
+                // ucma_accept: the id's uid is the accepting program's.
+                i.uid = uid;
+                if let Some(c) = &mut i.conn {
+                    c.responder_resources = p.responder_resources;
+                    c.initiator_depth = p.initiator_depth;
+                }
+                Ok(())
+            }
+            _ => Err(-libc::EINVAL),
+        }
+    }
+
+    /// cma.c `rdma_disconnect`: DREQ, or DREP to a received DREQ.
+    fn disconnect(&mut self, now: u64, chan: u32, id: u32) -> Result<(), i32> {
+        let cm = self.get(chan, id)?.cm.ok_or(-libc::EINVAL)?;
+        if self.cm.disconnect(now, cm, &[]).is_ok() {
+            return Ok(());
+        }
+        self.cm
+            .reply_disconnect(now, cm, &[])
+            .map_err(|_| -libc::EINVAL)
+    }
+
+    fn set_option(
+        &mut self,
+        chan: u32,
+        id: u32,
+        level: u32,
+        name: u32,
+        val: &[u8],
+    ) -> Result<(), i32> {
+        let int = || -> Result<i32, i32> {
+            let b: [u8; 4] = val.try_into().map_err(|_| -libc::EINVAL)?;
+            Ok(i32::from_ne_bytes(b))
+        };
+        let u8v = || -> Result<u8, i32> {
+            match val {
+                [v] => Ok(*v),
+                _ => Err(-libc::EINVAL),
+            }
+        };
+        match (level, name) {
+            (abi::RDMA_OPTION_ID, abi::RDMA_OPTION_ID_TOS) => {
+                let v = u8v()?;
+                self.get_mut(chan, id)?.tos = v;
+            }
+            (abi::RDMA_OPTION_ID, abi::RDMA_OPTION_ID_REUSEADDR) => {
+                let v = int()? != 0;
+                let i = self.get_mut(chan, id)?;
+                // rdma_set_reuseaddr.
+                if !((v && i.state != IdState::Listen) || i.state == IdState::Idle) {
+                    return Err(-libc::EINVAL);
+                }
+                i.reuseaddr = v;
+            }
+            (abi::RDMA_OPTION_ID, abi::RDMA_OPTION_ID_AFONLY) => {
+                let v = int()? != 0;
+                let i = self.get_mut(chan, id)?;
+                if !matches!(i.state, IdState::Idle | IdState::AddrBound) {
+                    return Err(-libc::EINVAL);
+                }
+                i.afonly = Some(v);
+            }
+            (abi::RDMA_OPTION_ID, abi::RDMA_OPTION_ID_ACK_TIMEOUT) => {
+                let v = u8v()?;
+                let i = self.get_mut(chan, id)?;
+                if i.ud {
+                    return Err(-libc::EINVAL);
+                }
+                i.ack_timeout = Some(v);
+            }
+            (abi::RDMA_OPTION_IB, abi::RDMA_OPTION_IB_PATH) => {
+                if val.is_empty() || !val.len().is_multiple_of(PATH_DATA_LEN) {
+                    return Err(-libc::EINVAL);
+                }
+                // rdma_set_ib_path: ADDR_RESOLVED → ROUTE_RESOLVED, and
+                // ucma_set_ib_path's ROUTE_RESOLVED event. The path is
+                // computed locally, as for RESOLVE_ROUTE.
+                let i = self.get_mut(chan, id)?;
+                if i.state != IdState::AddrResolved {
+                    return Err(-libc::EINVAL);
+                }
+                i.state = IdState::RouteResolved;
+                i.routed = true;
+                self.push_simple(id, event::ROUTE_RESOLVED, 0);
+            }
+            _ => return Err(-libc::ENOSYS),
+        }
+        Ok(())
+    }
+
+    fn get_event(&mut self, chan: u32) -> Answer {
+        let c = self.channels.get_mut(&chan).ok_or(-libc::EBADF)?;
+        let ev = c.events.pop_front().ok_or(-libc::EAGAIN)?;
+        if let Some(i) = self.ids.get_mut(&ev.id) {
+            i.events_reported = i.events_reported.wrapping_add(1);
+            if rd_u32(&ev.resp, 12) == event::CONNECT_REQUEST {
+                i.backlog += 1;
+            }
+        }
+        Ok(ev.resp.to_vec())
+    }
+
+    /// ucma.c `ucma_migrate_id`: id `id` of channel `from` moves, with its
+    /// waiting events, to `chan`.
+    fn migrate(&mut self, chan: u32, id: u32, from: u32) -> Answer {
+        if !self.channels.contains_key(&from) {
+            return Err(-libc::ENOENT);
+        }
+        let n = self.get(from, id)?.events_reported;
+        if from != chan {
+            let Some(src) = self.channels.get_mut(&from) else {
+                return Err(-libc::ENOENT);
+            };
+            let (moving, staying): (VecDeque<Event>, VecDeque<Event>) =
+                src.events.drain(..).partition(|e| e.id == id);
+            src.events = staying;
+            src.ids = src.ids.saturating_sub(1);
+            let dst = self.channels.get_mut(&chan).ok_or(-libc::EBADF)?;
+            dst.ids += 1;
+            dst.events.extend(moving);
+            if let Some(i) = self.ids.get_mut(&id) {
+                i.chan = chan;
+            }
+        }
+        Ok(n.to_ne_bytes().to_vec())
+    }
+
+    /// cma.c `rdma_destroy_id` and ucma.c's cleanup: the CM connection is
+    /// destroyed (REJ, DREQ or DREP as cm.c's `cm_destroy_id`), the port
+    /// released, unreported events dropped (a CONNECT_REQUEST's new id
+    /// destroyed with them).
+    fn destroy_id(&mut self, now: u64, id: u32) {
+        let Some(i) = self.ids.remove(&id) else {
+            return;
+        };
+        if let Some(cm) = i.cm {
+            self.by_cm.remove(&cm);
+            let _ = self.cm.destroy(now, cm);
+        }
+        if let Some(port) = i.port {
+            self.ports.release(i.ps, id, port);
+        }
+        if let Some(sid) = i.listening {
+            if !self.ids.values().any(|o| o.listening == Some(sid)) {
+                let _ = self.cm.unlisten(sid);
+            }
+        }
+        let mut orphans = Vec::new();
+        if let Some(c) = self.channels.get_mut(&i.chan) {
+            c.ids = c.ids.saturating_sub(1);
+            c.events.retain(|e| {
+                if e.id == id {
+                    orphans.extend(e.new_id);
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        for o in orphans {
+            self.destroy_id(now, o);
+        }
+    }
+
+    fn push(&mut self, ev: Event) {
+        let chan = match self.ids.get(&ev.id) {
+            Some(i) => i.chan,
+            None => return,
+        };
+        let Some(c) = self.channels.get_mut(&chan) else {
+            return;
+        };
+        if c.events.len() >= MAX_EVENTS_PER_CHANNEL {
+            self.events_dropped += 1;
+            return;
+        }
+        c.events.push_back(ev);
+    }
+
+    fn new_event(&self, id: u32, ev: u32, status: i32) -> [u8; EVENT_RESP_LEN] {
+        let mut r = [0u8; EVENT_RESP_LEN];
+        let uid = self.ids.get(&id).map_or(0, |i| i.uid);
+        r[0..8].copy_from_slice(&uid.to_ne_bytes());
+        wr_u32(&mut r, 8, id);
+        wr_u32(&mut r, 12, ev);
+        wr_u32(&mut r, 16, status as u32);
+        r
+    }
+
+    fn push_simple(&mut self, id: u32, ev: u32, status: i32) {
+        let resp = self.new_event(id, ev, status);
+        self.push(Event {
+            id,
+            new_id: None,
+            resp,
+        });
+    }
+
+    /// Maps the CM's events to rdma_cm events (cma.c `cma_ib_handler`,
+    /// `cma_ib_req_handler`).
+    fn cm_events(&mut self, now: u64) {
+        while let Some(e) = self.cm.pop_event() {
+            if let CmEventKind::ReqReceived {
+                listener,
+                req,
+                source,
+            } = &e.kind
+            {
+                self.on_req(now, e.id, *listener, req, source);
+                continue;
+            }
+            let Some(&id) = self.by_cm.get(&e.id) else {
+                // A destroyed id's connection (timewait exit and the like).
+                if matches!(e.kind, CmEventKind::TimewaitExit) {
+                    let _ = self.cm.destroy(now, e.id);
+                }
+                continue;
+            };
+            let Some(state) = self.ids.get(&id).map(|i| i.state) else {
+                continue;
+            };
+            match e.kind {
+                CmEventKind::RepReceived(rep) => {
+                    if let Some(c) = self.ids.get_mut(&id).and_then(|i| i.conn.as_mut()) {
+                        c.remote_qpn = rep.local_qpn;
+                        c.sq_psn = rep.starting_psn;
+                        // cm_rep_handler: the peer's resources mirrored.
+                        c.initiator_depth = rep.responder_resources;
+                        c.responder_resources = rep.initiator_depth;
+                        c.rnr_retry_count = rep.rnr_retry_count;
+                    }
+                    let mut r = self.new_event(id, event::CONNECT_RESPONSE, 0);
+                    put_conn(
+                        &mut r,
+                        rep.local_qpn,
+                        &rep.private_data,
+                        rep.srq,
+                        rep.responder_resources,
+                        rep.initiator_depth,
+                        rep.end_to_end_flow_control,
+                        0,
+                        rep.rnr_retry_count,
+                    );
+                    self.push(Event {
+                        id,
+                        new_id: None,
+                        resp: r,
+                    });
+                }
+                CmEventKind::RtuReceived | CmEventKind::UserEstablished => {
+                    if state == IdState::Connect {
+                        self.push_simple(id, event::ESTABLISHED, 0);
+                    }
+                }
+                CmEventKind::RejReceived {
+                    reason,
+                    private_data,
+                } => {
+                    let mut r = self.new_event(id, event::REJECTED, i32::from(reason));
+                    put_conn(&mut r, 0, &private_data[..], false, 0, 0, false, 0, 0);
+                    self.push(Event {
+                        id,
+                        new_id: None,
+                        resp: r,
+                    });
+                }
+                CmEventKind::ReqError | CmEventKind::RepError => {
+                    self.push_simple(id, event::UNREACHABLE, -libc::ETIMEDOUT);
+                }
+                CmEventKind::DreqReceived { .. }
+                | CmEventKind::DrepReceived
+                | CmEventKind::DreqError => {
+                    if state == IdState::Connect {
+                        if let Some(i) = self.ids.get_mut(&id) {
+                            i.state = IdState::Disconnect;
+                        }
+                        let st = if matches!(e.kind, CmEventKind::DreqError) {
+                            -libc::ETIMEDOUT
+                        } else {
+                            0
+                        };
+                        self.push_simple(id, event::DISCONNECTED, st);
+                    }
+                }
+                CmEventKind::TimewaitExit => {
+                    if state == IdState::Disconnect {
+                        self.push_simple(id, event::TIMEWAIT_EXIT, 0);
+                    }
+                }
+                CmEventKind::MraReceived { .. }
+                | CmEventKind::ReqReceived { .. }
+                | CmEventKind::SidrReqReceived { .. }
+                | CmEventKind::SidrRepReceived(_)
+                | CmEventKind::SidrReqError => {}
+            }
+        }
+    }
+
+    /// cma.c `cma_ib_req_handler`: the listener of the REQ's service ID
+    /// whose address matches the rdma_cm header's destination (a specific
+    /// address first, then a wildcard of the family) gets a new id and a
+    /// CONNECT_REQUEST; no match, a bad header, a full backlog or channel:
+    /// REJ consumer defined (the kernel's handler fails and
+    /// `cm_destroy_id` rejects).
+    fn on_req(&mut self, now: u64, cm: CmId, sid: u64, req: &vrnic_wire::CmReq, source: &Source) {
+        let hdr = CmaHdr::parse(&req.private_data);
+        let listener = hdr.ok().and_then(|h| {
+            let dst = h.dst();
+            let cands = self.ids.iter().filter(|(_, i)| {
+                i.state == IdState::Listen && i.listening == Some(sid) && i.backlog > 0
+            });
+            let mut best = None;
+            for (k, i) in cands {
+                let Some(src) = i.src else { continue };
+                if src.ip() == dst {
+                    best = Some(*k);
+                    break;
+                }
+                let fam_ok = src.is_ipv4() == dst.is_ipv4() || !i.afonly.unwrap_or(true);
+                if sockaddr::is_any(&src) && fam_ok && best.is_none() {
+                    best = Some(*k);
+                }
+            }
+            best.map(|l| (l, h))
+        });
+        let Some((lid, h)) = listener else {
+            let _ = self.cm.reject(now, cm, rej_reason::CONSUMER_DEFINED, &[]);
+            let _ = self.cm.destroy(now, cm);
+            return;
+        };
+        let l = self.ids[&lid].clone();
+        let full = self.channels.get(&l.chan).is_none_or(|c| {
+            c.ids >= MAX_IDS_PER_CHANNEL || c.events.len() >= MAX_EVENTS_PER_CHANNEL
+        });
+        let local_ip = h.dst();
+        let sgid_index = self.dev.gid_index(local_ip);
+        if full || sgid_index.is_none() {
+            if full {
+                self.events_dropped += 1;
+            }
+            let _ = self.cm.reject(now, cm, rej_reason::CONSUMER_DEFINED, &[]);
+            let _ = self.cm.destroy(now, cm);
+            return;
+        }
+        let new = self.alloc_id();
+        let seq = self.random24();
+        let src = SocketAddr::new(local_ip, sockaddr_port(sid));
+        let dst = SocketAddr::new(h.src(), h.src_port);
+        let conn = ConnAttrs {
+            dgid: source.gid.0,
+            sgid_index: sgid_index.unwrap_or(0),
+            hop_limit: req.primary_path.hop_limit,
+            traffic_class: req.primary_path.traffic_class,
+            flow_label: req.primary_path.flow_label,
+            path_mtu: req.path_mtu.min(self.dev.mtu),
+            remote_qpn: req.local_qpn,
+            rq_psn: seq,
+            sq_psn: req.starting_psn,
+            responder_resources: req.initiator_depth,
+            initiator_depth: req.responder_resources,
+            timeout: req.primary_path.local_ack_timeout,
+            retry_count: req.retry_count,
+            rnr_retry_count: req.rnr_retry_count,
+        };
+        self.ids.insert(
+            new,
+            Id {
+                chan: l.chan,
+                uid: 0,
+                ps: l.ps,
+                ud: false,
+                state: IdState::Connect,
+                src: Some(src),
+                dst: Some(dst),
+                port: None,
+                reuseaddr: false,
+                afonly: l.afonly,
+                tos: l.tos,
+                ack_timeout: None,
+                backlog: 0,
+                routed: true,
+                seq_num: seq,
+                cm: Some(cm),
+                conn: Some(conn),
+                events_reported: 0,
+                listening: None,
+            },
+        );
+        if let Some(c) = self.channels.get_mut(&l.chan) {
+            c.ids += 1;
+        }
+        self.by_cm.insert(cm, new);
+        if let Some(li) = self.ids.get_mut(&lid) {
+            li.backlog -= 1;
+        }
+        // cma_set_req_event_data: the consumer's private data after the
+        // header; ucma: the listener's uid, the new id.
+        let mut r = self.new_event(lid, event::CONNECT_REQUEST, 0);
+        wr_u32(&mut r, 8, new);
+        put_conn(
+            &mut r,
+            req.local_qpn,
+            &req.private_data[CmaHdr::LEN..],
+            req.srq,
+            req.responder_resources,
+            req.initiator_depth,
+            req.end_to_end_flow_control,
+            req.retry_count,
+            req.rnr_retry_count,
+        );
+        self.push(Event {
+            id: lid,
+            new_id: Some(new),
+            resp: r,
+        });
+    }
+
+    fn node_guid(&self, i: &Id) -> [u8; 8] {
+        // The id has a device once bound to one of its addresses.
+        match i.src {
+            Some(s) if !sockaddr::is_any(&s) => self.dev.node_guid,
+            _ => [0; 8],
+        }
+    }
+
+    /// ucma.c `ucma_query_route` (RoCE: `ucma_copy_iboe_route`).
+    fn query_route(&self, i: &Id) -> Vec<u8> {
+        let mut r = vec![0u8; 208];
+        r[0..8].copy_from_slice(&self.node_guid(i));
+        if let Some(s) = i.src {
+            sockaddr::emit(&s, &mut r[136..164]);
+        }
+        if let Some(d) = i.dst {
+            sockaddr::emit(&d, &mut r[164..192]);
+        }
+        if r[0..8] == [0; 8] {
+            return r;
+        }
+        let (sgid, dgid) = (
+            i.src.map_or([0; 16], |s| ip_to_gid(s.ip())),
+            i.dst.map_or([0; 16], |d| ip_to_gid(d.ip())),
+        );
+        let rec = &mut r[8..72];
+        rec[0..16].copy_from_slice(&dgid);
+        rec[16..32].copy_from_slice(&sgid);
+        rec[52..54].copy_from_slice(&0xffffu16.to_be_bytes());
+        if i.routed {
+            if let Some((p, _)) = self.path(i) {
+                rec[40..44].copy_from_slice(&p.flow_label.to_be_bytes());
+                wr_u32(rec, 44, 1); // reversible
+                wr_u32(rec, 48, u32::from(p.mtu));
+                rec[54] = p.hop_limit;
+                rec[55] = p.traffic_class;
+                rec[56] = 1; // numb_path
+                rec[58] = 2; // mtu_selector: exactly
+                rec[59] = 2;
+                rec[61] = 2;
+                rec[62] = p.packet_life_time;
+            }
+            wr_u32(&mut r, 192, 1);
+        }
+        r[196] = 1; // port_num
+        wr_u32(&mut r, 200, u32::MAX); // ibdev_index: match by GUID
+        r
+    }
+
+    /// ucma.c `ucma_query_addr`.
+    fn query_addr(&self, i: &Id) -> Vec<u8> {
+        let mut r = vec![0u8; 280];
+        r[0..8].copy_from_slice(&self.node_guid(i));
+        r[8] = 1;
+        r[10..12].copy_from_slice(&0xffffu16.to_ne_bytes());
+        if let Some(s) = i.src {
+            let n = sockaddr::emit(&s, &mut r[16..144]);
+            r[12..14].copy_from_slice(&(n as u16).to_ne_bytes());
+        }
+        if let Some(d) = i.dst {
+            let n = sockaddr::emit(&d, &mut r[144..272]);
+            r[14..16].copy_from_slice(&(n as u16).to_ne_bytes());
+        }
+        wr_u32(&mut r, 272, u32::MAX);
+        r
+    }
+
+    /// ucma.c `ucma_query_gid`: the GIDs as `sockaddr_ib`s.
+    fn query_gid(&self, i: &Id) -> Vec<u8> {
+        let mut r = vec![0u8; 280];
+        r[0..8].copy_from_slice(&self.node_guid(i));
+        r[8] = 1;
+        r[10..12].copy_from_slice(&0xffffu16.to_ne_bytes());
+        let sid = |a: Option<SocketAddr>| a.map_or(0, |a| service_id(i.ps, a.port()));
+        if let Some(s) = i.src {
+            let n = sockaddr::emit_ib(&ip_to_gid(s.ip()), 0xffff, sid(i.src), &mut r[16..144]);
+            r[12..14].copy_from_slice(&(n as u16).to_ne_bytes());
+        }
+        if let Some(d) = i.dst {
+            let n = sockaddr::emit_ib(&ip_to_gid(d.ip()), 0xffff, sid(i.dst), &mut r[144..272]);
+            r[14..16].copy_from_slice(&(n as u16).to_ne_bytes());
+        }
+        wr_u32(&mut r, 272, u32::MAX);
+        r
+    }
+
+    /// ucma.c `ucma_query_path`: the route as packed SA path records
+    /// (`struct ib_path_rec_data`), at most as many as `out` holds.
+    fn query_path(&self, i: &Id, out: usize) -> Vec<u8> {
+        let mut r = vec![0u8; 8];
+        let Some((p, _)) = (if i.routed { self.path(i) } else { None }) else {
+            return r;
+        };
+        if out < 8 + PATH_DATA_LEN {
+            return r;
+        }
+        wr_u32(&mut r, 0, 1);
+        let mut d = [0u8; PATH_DATA_LEN];
+        // IB_PATH_GMP | IB_PATH_PRIMARY | IB_PATH_BIDIRECTIONAL.
+        wr_u32(&mut d, 0, (1 << 0) | (1 << 1) | (1 << 4));
+        let rec = &mut d[8..];
+        let sid = i.dst.map_or(0, |a| service_id(i.ps, a.port()));
+        rec[0..8].copy_from_slice(&sid.to_be_bytes());
+        rec[8..24].copy_from_slice(&p.remote_gid.0);
+        rec[24..40].copy_from_slice(&i.src.map_or([0; 16], |s| ip_to_gid(s.ip())));
+        rec[44..48].copy_from_slice(&((p.flow_label << 8) | u32::from(p.hop_limit)).to_be_bytes());
+        rec[48] = p.traffic_class;
+        rec[49] = 0x80 | 1;
+        rec[50..52].copy_from_slice(&0xffffu16.to_be_bytes());
+        rec[54] = 0x80 | p.mtu;
+        rec[55] = 0x80;
+        rec[56] = 0x80 | p.packet_life_time;
+        r.extend_from_slice(&d);
+        r
+    }
+}
+
+fn sockaddr_port(sid: u64) -> u16 {
+    vrnic_wire::service_id_port(sid)
+}

@@ -1,0 +1,652 @@
+//! The agent's connection manager service (issue 31) end to end: two
+//! in-process devices on one link, an agent serving each, and on each side
+//! a program that speaks rdma_ucm to its agent with raw commands
+//! ([`UcmaConn`], what vrnic's `librdmacm.so.1` sends) and does its verbs
+//! through the same agent (`AgentTransport`): rping's sequence, a SEND
+//! over the connection, the disconnect; a connect to a port nobody
+//! listens on, a rejected request, a channel closed mid-connection, and
+//! hostile commands.
+
+mod verbs_common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use verbs_common::{config, DEADLINE};
+use vrnic::link::mem::MemLink;
+use vrnic_guest::agent::client::AgentTransport;
+use vrnic_guest::agent::procmem::ProcessMemory;
+use vrnic_guest::agent::server::Agent;
+use vrnic_guest::agent::ucma::abi as u;
+use vrnic_guest::agent::ucma::core::event;
+use vrnic_guest::agent::ucma::proto::UcmaConn;
+use vrnic_guest::agent::ucma::service::{SharedStats, UcmaStats};
+use vrnic_guest::agent::ucma::sockaddr;
+use vrnic_guest::loopback::LoopbackTransport;
+use vrnic_guest::verbs::*;
+
+/// An agent serving one in-process device, in a thread of its own.
+struct AgentThread {
+    path: PathBuf,
+    ucma: SharedStats,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for AgentThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn agent(dir: &Path, n: u8, link: MemLink) -> AgentThread {
+    let path = dir.join(format!("agent{n}.sock"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (p, s) = (path.clone(), stop.clone());
+    let thread = std::thread::spawn(move || {
+        let pm = Arc::new(ProcessMemory::default());
+        let t = LoopbackTransport::with_device_memory(config(n, 1500), Box::new(link), pm.clone())
+            .expect("device");
+        let mut a = Agent::new(Box::new(t), p, Some(pm), None).expect("agent");
+        tx.send(a.ucma_stats()).unwrap();
+        a.run(&s).expect("agent runs");
+    });
+    let ucma = rx.recv_timeout(DEADLINE).expect("agent up");
+    AgentThread {
+        path,
+        ucma,
+        stop,
+        thread: Some(thread),
+    }
+}
+
+fn two_agents() -> (tempdir::Dir, AgentThread, AgentThread) {
+    let dir = tempdir::Dir::new();
+    let (la, lb) = MemLink::pair();
+    let a = agent(&dir.0, 1, la);
+    let b = agent(&dir.0, 2, lb);
+    (dir, a, b)
+}
+
+mod tempdir {
+    pub struct Dir(pub std::path::PathBuf);
+    impl Dir {
+        pub fn new() -> Dir {
+            let p = std::env::temp_dir().join(format!(
+                "vrnic-ucma-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir_all(&p).unwrap();
+            Dir(p)
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+// ---- raw rdma_ucm commands, laid out as <rdma/rdma_user_cm.h> ----
+
+fn call(c: &UcmaConn, cmd: u32, body: &[u8], extra: &[u8], out: usize) -> (i32, Vec<u8>) {
+    let mut resp = vec![0u8; out];
+    let ret = c.call(cmd, body, extra, &mut resp).expect("agent answers");
+    (ret, resp)
+}
+
+fn ok(c: &UcmaConn, cmd: u32, body: &[u8], out: usize) -> Vec<u8> {
+    let (ret, resp) = call(c, cmd, body, &[], out);
+    assert_eq!(ret, 8 + body.len() as i32, "command {cmd}");
+    resp
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_ne_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+fn create_id(c: &UcmaConn, uid: u64) -> u32 {
+    let mut b = [0u8; 24];
+    b[0..8].copy_from_slice(&uid.to_ne_bytes());
+    b[16..18].copy_from_slice(&(u::RDMA_PS_TCP as u16).to_ne_bytes());
+    b[18] = 2; // IBV_QPT_RC
+    u32_at(&ok(c, u::RDMA_USER_CM_CMD_CREATE_ID, &b, 4), 0)
+}
+
+fn destroy_id(c: &UcmaConn, id: u32) -> u32 {
+    let mut b = [0u8; 16];
+    b[8..12].copy_from_slice(&id.to_ne_bytes());
+    u32_at(&ok(c, u::RDMA_USER_CM_CMD_DESTROY_ID, &b, 4), 0)
+}
+
+fn bind_body(id: u32, a: SocketAddr) -> [u8; 136] {
+    let mut b = [0u8; 136];
+    b[0..4].copy_from_slice(&id.to_ne_bytes());
+    let n = sockaddr::emit(&a, &mut b[8..]);
+    b[4..6].copy_from_slice(&(n as u16).to_ne_bytes());
+    b
+}
+
+fn listen(c: &UcmaConn, id: u32, backlog: u32) {
+    let mut b = [0u8; 8];
+    b[0..4].copy_from_slice(&id.to_ne_bytes());
+    b[4..8].copy_from_slice(&backlog.to_ne_bytes());
+    ok(c, u::RDMA_USER_CM_CMD_LISTEN, &b, 0);
+}
+
+fn resolve_addr(c: &UcmaConn, id: u32, dst: SocketAddr) {
+    let mut b = [0u8; 272];
+    b[0..4].copy_from_slice(&id.to_ne_bytes());
+    b[4..8].copy_from_slice(&2000u32.to_ne_bytes());
+    let n = sockaddr::emit(&dst, &mut b[144..]);
+    b[10..12].copy_from_slice(&(n as u16).to_ne_bytes());
+    ok(c, u::RDMA_USER_CM_CMD_RESOLVE_ADDR, &b, 0);
+}
+
+fn resolve_route(c: &UcmaConn, id: u32) {
+    let mut b = [0u8; 8];
+    b[0..4].copy_from_slice(&id.to_ne_bytes());
+    ok(c, u::RDMA_USER_CM_CMD_RESOLVE_ROUTE, &b, 0);
+}
+
+fn conn_param(qpn: u32, pd: &[u8], valid: bool) -> [u8; 272] {
+    let mut p = [0u8; 272];
+    p[0..4].copy_from_slice(&qpn.to_ne_bytes());
+    p[8..8 + pd.len()].copy_from_slice(pd);
+    p[264] = pd.len() as u8;
+    p[266] = 1; // responder_resources
+    p[267] = 1; // initiator_depth
+    p[269] = 7; // retry_count
+    p[270] = 7; // rnr_retry_count
+    p[271] = valid.into();
+    p
+}
+
+fn connect(c: &UcmaConn, id: u32, qpn: u32, pd: &[u8]) -> i32 {
+    let mut b = [0u8; 288];
+    b[..272].copy_from_slice(&conn_param(qpn, pd, true));
+    b[272..276].copy_from_slice(&id.to_ne_bytes());
+    call(c, u::RDMA_USER_CM_CMD_CONNECT, &b, &[], 0).0
+}
+
+fn accept(c: &UcmaConn, id: u32, uid: u64, param: Option<(u32, &[u8])>) {
+    let mut b = [0u8; 296];
+    b[0..8].copy_from_slice(&uid.to_ne_bytes());
+    if let Some((qpn, pd)) = param {
+        b[8..280].copy_from_slice(&conn_param(qpn, pd, true));
+    }
+    b[280..284].copy_from_slice(&id.to_ne_bytes());
+    ok(c, u::RDMA_USER_CM_CMD_ACCEPT, &b, 0);
+}
+
+fn simple(c: &UcmaConn, cmd: u32, id: u32) -> i32 {
+    let mut b = [0u8; 8];
+    b[0..4].copy_from_slice(&id.to_ne_bytes());
+    call(
+        c,
+        cmd,
+        &b[..if cmd == u::RDMA_USER_CM_CMD_DISCONNECT {
+            4
+        } else {
+            8
+        }],
+        &[],
+        0,
+    )
+    .0
+}
+
+/// An event as GET_EVENT answers it.
+#[derive(Debug)]
+struct Ev {
+    uid: u64,
+    id: u32,
+    event: u32,
+    status: i32,
+    qp_num: u32,
+    private_data: Vec<u8>,
+}
+
+/// Waits (poll on the wake descriptor, bounded) for the next event.
+fn get_event(c: &UcmaConn) -> Ev {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let mut b = [0u8; 8];
+        b[0..8].copy_from_slice(&0u64.to_ne_bytes());
+        let (ret, r) = call(c, u::RDMA_USER_CM_CMD_GET_EVENT, &b, &[], 336);
+        if ret == -libc::EAGAIN {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "no event within {DEADLINE:?}");
+            let mut p = libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&c.wake),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one live pollfd.
+            unsafe { libc::poll(&mut p, 1, left.as_millis() as i32) };
+            continue;
+        }
+        assert_eq!(ret, 16);
+        let len = r[20 + 264] as usize;
+        return Ev {
+            uid: u64::from_ne_bytes(r[0..8].try_into().unwrap()),
+            id: u32_at(&r, 8),
+            event: u32_at(&r, 12),
+            status: u32_at(&r, 16) as i32,
+            qp_num: u32_at(&r, 20),
+            private_data: r[28..28 + len].to_vec(),
+        };
+    }
+}
+
+fn no_event(c: &UcmaConn) {
+    let (ret, _) = call(c, u::RDMA_USER_CM_CMD_GET_EVENT, &[0; 8], &[], 336);
+    assert_eq!(ret, -libc::EAGAIN);
+}
+
+/// INIT_QP_ATTR → ibv_modify_qp, as librdmacm's rdma_init_qp_attr users do.
+fn modify(c: &UcmaConn, id: u32, qp: &mut Qp, state: QpState) {
+    let mut b = [0u8; 16];
+    b[8..12].copy_from_slice(&id.to_ne_bytes());
+    let st = match state {
+        QpState::Init => 1u32,
+        QpState::Rtr => 2,
+        QpState::Rts => 3,
+        _ => unreachable!(),
+    };
+    b[12..16].copy_from_slice(&st.to_ne_bytes());
+    let r = ok(c, u::RDMA_USER_CM_CMD_INIT_QP_ATTR, &b, 144);
+    let mask = u32_at(&r, 0);
+    let ah = &r[40..72];
+    let attr = QpAttr {
+        qp_state: state,
+        path_mtu: u32_at(&r, 12),
+        qkey: u32_at(&r, 20),
+        rq_psn: u32_at(&r, 24),
+        sq_psn: u32_at(&r, 28),
+        dest_qp_num: u32_at(&r, 32),
+        qp_access_flags: u32_at(&r, 36) | ACCESS_LOCAL_WRITE,
+        ah_attr: AhAttr {
+            dgid: Gid {
+                raw: ah[0..16].try_into().unwrap(),
+            },
+            flow_label: u32_at(ah, 16),
+            sgid_index: ah[20],
+            hop_limit: ah[21],
+            traffic_class: ah[22],
+            is_global: ah[29] != 0,
+            port_num: ah[30],
+            ..Default::default()
+        },
+        pkey_index: u16::from_ne_bytes([r[124], r[125]]),
+        max_rd_atomic: r[130],
+        max_dest_rd_atomic: r[131],
+        min_rnr_timer: r[132],
+        port_num: r[133],
+        timeout: r[134],
+        retry_cnt: r[135],
+        rnr_retry: r[136],
+    };
+    qp.modify(&attr, mask)
+        .unwrap_or_else(|e| panic!("modify to {state:?}: {e}"));
+}
+
+/// A program on one side: verbs through its agent, and an event channel.
+struct Prog {
+    ctx: Context,
+    pd: Pd,
+    mr: Mr<'static>,
+    cq: Cq,
+    ch: UcmaConn,
+}
+
+fn prog(a: &AgentThread) -> Prog {
+    let t = AgentTransport::connect(&a.path).expect("verbs through the agent");
+    let ctx = Context::open(Box::new(t)).expect("context");
+    let pd = Pd::alloc(&ctx).unwrap();
+    let mr = Mr::alloc(&pd, 4096, ACCESS_LOCAL_WRITE).unwrap();
+    let cq = Cq::new(&ctx, 16).unwrap();
+    let ch = UcmaConn::connect(&a.path).expect("an event channel");
+    Prog {
+        ctx,
+        pd,
+        mr,
+        cq,
+        ch,
+    }
+}
+
+fn rc_qp(p: &Prog) -> Qp {
+    Qp::new(
+        &p.pd,
+        &QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: &p.cq,
+            recv_cq: &p.cq,
+            srq: None,
+            cap: QpCap {
+                max_send_wr: 4,
+                max_recv_wr: 4,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        },
+    )
+    .expect("RC QP")
+}
+
+const PORT: u16 = 7174;
+
+/// Waits (bounded) until agent `a`'s service holds nothing: no channel, id
+/// or connection, and its device context closed.
+fn wait_service_empty(a: &AgentThread) {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let s = *a.ucma.lock().unwrap();
+        if s == (UcmaStats {
+            events_dropped: s.events_dropped,
+            bad_connections: s.bad_connections,
+            ..Default::default()
+        }) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the service still holds {s:?}");
+        std::thread::yield_now();
+    }
+}
+
+/// Server listening on 10.0.0.2:PORT (B), client resolved to it (A):
+/// returns the listener and the client's id.
+fn listen_and_resolve(a: &Prog, b: &Prog) -> (u32, u32) {
+    let lid = create_id(&b.ch, 0xb0);
+    ok(
+        &b.ch,
+        u::RDMA_USER_CM_CMD_BIND,
+        &bind_body(lid, format!("0.0.0.0:{PORT}").parse().unwrap()),
+        0,
+    );
+    listen(&b.ch, lid, 4);
+    let cid = create_id(&a.ch, 0xa0);
+    resolve_addr(&a.ch, cid, format!("10.0.0.2:{PORT}").parse().unwrap());
+    let e = get_event(&a.ch);
+    assert_eq!(
+        (e.event, e.status, e.id, e.uid),
+        (event::ADDR_RESOLVED, 0, cid, 0xa0)
+    );
+    resolve_route(&a.ch, cid);
+    let e = get_event(&a.ch);
+    assert_eq!((e.event, e.status), (event::ROUTE_RESOLVED, 0));
+    (lid, cid)
+}
+
+#[test]
+fn rping_sequence_over_two_agents() {
+    let (_dir, aa, ab) = two_agents();
+    let (mut a, mut b) = (prog(&aa), prog(&ab));
+    let (lid, cid) = listen_and_resolve(&a, &b);
+
+    // QUERY_ROUTE after the route: the device, the path, the addresses.
+    let mut q = [0u8; 16];
+    q[8..12].copy_from_slice(&cid.to_ne_bytes());
+    let r = ok(&a.ch, u::RDMA_USER_CM_CMD_QUERY_ROUTE, &q, 208);
+    let dev = a.ctx.query_device().unwrap();
+    assert_eq!(&r[0..8], &dev.node_guid, "node GUID as ibv_query_device");
+    assert_eq!(u32_at(&r, 192), 1, "one path");
+    assert_eq!(
+        &r[8 + 16..8 + 32],
+        &a.ctx.query_gid(1, 1).unwrap().raw,
+        "sgid"
+    );
+    assert_eq!(
+        sockaddr::parse(&r[164..192]).unwrap(),
+        format!("10.0.0.2:{PORT}").parse::<SocketAddr>().unwrap()
+    );
+
+    // Active: QP, INIT from the agent, CONNECT with private data.
+    let mut qa = rc_qp(&a);
+    modify(&a.ch, cid, &mut qa, QpState::Init);
+    assert_eq!(connect(&a.ch, cid, qa.qp_num(), b"hello"), 288 + 8);
+
+    // Passive: CONNECT_REQUEST with a new id, the listener's uid.
+    let e = get_event(&b.ch);
+    assert_eq!(
+        (e.event, e.status, e.uid),
+        (event::CONNECT_REQUEST, 0, 0xb0)
+    );
+    assert_ne!(e.id, lid);
+    assert_eq!(e.qp_num, qa.qp_num());
+    assert_eq!(&e.private_data[..5], b"hello");
+    assert_eq!(e.private_data.len(), 56);
+    let sid = e.id;
+    let mut qb = rc_qp(&b);
+    modify(&b.ch, sid, &mut qb, QpState::Init);
+    modify(&b.ch, sid, &mut qb, QpState::Rtr);
+    modify(&b.ch, sid, &mut qb, QpState::Rts);
+    accept(&b.ch, sid, 0xb1, Some((qb.qp_num(), b"welcome")));
+
+    // Active: CONNECT_RESPONSE, RTR/RTS from the agent, ACCEPT → RTU.
+    let e = get_event(&a.ch);
+    assert_eq!((e.event, e.status, e.id), (event::CONNECT_RESPONSE, 0, cid));
+    assert_eq!(e.qp_num, qb.qp_num());
+    assert_eq!(&e.private_data[..7], b"welcome");
+    modify(&a.ch, cid, &mut qa, QpState::Rtr);
+    modify(&a.ch, cid, &mut qa, QpState::Rts);
+    accept(&a.ch, cid, 0, None);
+    let e = get_event(&b.ch);
+    assert_eq!(
+        (e.event, e.status, e.id, e.uid),
+        (event::ESTABLISHED, 0, sid, 0xb1)
+    );
+
+    // A SEND crosses intact.
+    let msg: Vec<u8> = (0..512).map(|i| (i * 13 + 1) as u8).collect();
+    a.mr.write(0, &msg);
+    b.mr.fill(0);
+    qb.post_recv(&RecvWr {
+        wr_id: 1,
+        sg_list: &[b.mr.sge(0, 512)],
+    })
+    .unwrap();
+    qa.post_send(&SendWr {
+        wr_id: 2,
+        opcode: WrOpcode::Send,
+        send_flags: SEND_SIGNALED,
+        sg_list: &[a.mr.sge(0, 512)],
+        ..Default::default()
+    })
+    .unwrap();
+    let s = a.cq.poll_wait(1, DEADLINE);
+    assert!(s.len() == 1 && s[0].is_success(), "{s:?}");
+    let r = b.cq.poll_wait(1, DEADLINE);
+    assert!(r.len() == 1 && r[0].is_success(), "{r:?}");
+    assert_eq!(&b.mr.to_vec()[..512], &msg[..]);
+
+    // DISCONNECT from A: DREQ; B: DISCONNECTED, its DISCONNECT → DREP; A:
+    // DISCONNECTED.
+    assert_eq!(simple(&a.ch, u::RDMA_USER_CM_CMD_DISCONNECT, cid), 12);
+    let e = get_event(&b.ch);
+    assert_eq!((e.event, e.id), (event::DISCONNECTED, sid));
+    assert_eq!(simple(&b.ch, u::RDMA_USER_CM_CMD_DISCONNECT, sid), 12);
+    let e = get_event(&a.ch);
+    assert_eq!((e.event, e.id), (event::DISCONNECTED, cid));
+    // Timewait ends on both sides (cm.c: 2 · 4.096 µs · 2^19 ≈ 2 s).
+    let e = get_event(&a.ch);
+    assert_eq!((e.event, e.id), (event::TIMEWAIT_EXIT, cid));
+    let e = get_event(&b.ch);
+    assert_eq!((e.event, e.id), (event::TIMEWAIT_EXIT, sid));
+
+    // DESTROY_ID reports the events each id had.
+    assert_eq!(destroy_id(&a.ch, cid), 5);
+    assert_eq!(destroy_id(&b.ch, sid), 3);
+    assert_eq!(destroy_id(&b.ch, lid), 1);
+    no_event(&a.ch);
+    no_event(&b.ch);
+    let s = *aa.ucma.lock().unwrap();
+    assert!(s.device_open && s.events_dropped == 0, "{s:?}");
+    drop(qa);
+    drop(qb);
+    drop(a);
+    drop(b);
+    // Nothing left: ids, connections, channels, and the QP1 context.
+    wait_service_empty(&aa);
+    wait_service_empty(&ab);
+}
+
+#[test]
+fn connect_to_a_port_nobody_listens_on_is_rejected() {
+    let (_dir, aa, ab) = two_agents();
+    let (a, b) = (prog(&aa), prog(&ab));
+    let (lid, cid) = listen_and_resolve(&a, &b);
+    // Another port: no IB CM listener for its service ID → REJ 8.
+    let c2 = create_id(&a.ch, 0xa2);
+    resolve_addr(&a.ch, c2, "10.0.0.2:9999".parse().unwrap());
+    assert_eq!(get_event(&a.ch).event, event::ADDR_RESOLVED);
+    resolve_route(&a.ch, c2);
+    assert_eq!(get_event(&a.ch).event, event::ROUTE_RESOLVED);
+    let qa = rc_qp(&a);
+    assert_eq!(connect(&a.ch, c2, qa.qp_num(), &[]), 296);
+    let e = get_event(&a.ch);
+    assert_eq!((e.event, e.status, e.id), (event::REJECTED, 8, c2));
+
+    // The listened port, but the consumer rejects: REJ 28 with its data.
+    assert_eq!(connect(&a.ch, cid, qa.qp_num(), &[]), 296);
+    let e = get_event(&b.ch);
+    assert_eq!(e.event, event::CONNECT_REQUEST);
+    let mut rej = [0u8; 264];
+    rej[0..4].copy_from_slice(&e.id.to_ne_bytes());
+    rej[4] = 3;
+    rej[8..11].copy_from_slice(b"no!");
+    ok(&b.ch, u::RDMA_USER_CM_CMD_REJECT, &rej, 0);
+    let e2 = get_event(&a.ch);
+    assert_eq!((e2.event, e2.status, e2.id), (event::REJECTED, 28, cid));
+    assert_eq!(&e2.private_data[..3], b"no!");
+    for id in [c2, cid] {
+        destroy_id(&a.ch, id);
+    }
+    destroy_id(&b.ch, e.id);
+    destroy_id(&b.ch, lid);
+}
+
+#[test]
+fn a_channel_closed_mid_connection_is_cleaned_up() {
+    let (_dir, aa, ab) = two_agents();
+    let (a, b) = (prog(&aa), prog(&ab));
+    let (_lid, cid) = listen_and_resolve(&a, &b);
+    let qa = rc_qp(&a);
+    assert_eq!(connect(&a.ch, cid, qa.qp_num(), &[]), 296);
+    let e = get_event(&b.ch);
+    assert_eq!(e.event, event::CONNECT_REQUEST);
+    // B's program goes away with the request unanswered: its ids are
+    // destroyed, the REQ rejected (cm_destroy_id: REJ consumer defined).
+    let Prog { ch, .. } = b;
+    drop(ch);
+    let e = get_event(&a.ch);
+    assert_eq!((e.event, e.status, e.id), (event::REJECTED, 28, cid));
+    destroy_id(&a.ch, cid);
+    drop(a);
+    wait_service_empty(&aa);
+    wait_service_empty(&ab);
+}
+
+#[test]
+fn hostile_commands_get_errnos_and_garbage_closes() {
+    let (_dir, aa, _ab) = two_agents();
+    let a = prog(&aa);
+    let c = &a.ch;
+    // Unknown command, truncated bodies, unknown id, bad family.
+    assert_eq!(call(c, 99, &[0; 8], &[], 0).0, -libc::EINVAL);
+    assert_eq!(
+        call(c, u::RDMA_USER_CM_CMD_CREATE_ID, &[0; 3], &[], 4).0,
+        -libc::EINVAL
+    );
+    assert_eq!(
+        call(c, u::RDMA_USER_CM_CMD_DESTROY_ID, &[0; 16], &[], 4).0,
+        -libc::ENOENT
+    );
+    assert_eq!(
+        call(c, u::RDMA_USER_CM_CMD_JOIN_MCAST, &[0; 8], &[], 0).0,
+        -libc::ENOSYS
+    );
+    let id = create_id(c, 1);
+    let mut b = bind_body(id, "10.0.0.1:1".parse().unwrap());
+    b[8..10].copy_from_slice(&27u16.to_ne_bytes());
+    assert_eq!(
+        call(c, u::RDMA_USER_CM_CMD_BIND, &b, &[], 0).0,
+        -libc::EAFNOSUPPORT
+    );
+    // Not the function's address.
+    let b = bind_body(id, "10.9.9.9:1".parse().unwrap());
+    assert_eq!(
+        call(c, u::RDMA_USER_CM_CMD_BIND, &b, &[], 0).0,
+        -libc::EADDRNOTAVAIL
+    );
+    // Port in use.
+    let b = bind_body(id, "10.0.0.1:5000".parse().unwrap());
+    ok(c, u::RDMA_USER_CM_CMD_BIND, &b, 0);
+    let id2 = create_id(c, 2);
+    let b = bind_body(id2, "10.0.0.1:5000".parse().unwrap());
+    assert_eq!(
+        call(c, u::RDMA_USER_CM_CMD_BIND, &b, &[], 0).0,
+        -libc::EADDRINUSE
+    );
+    // RESOLVE_ROUTE before the address: EINVAL.
+    assert_eq!(
+        simple(c, u::RDMA_USER_CM_CMD_RESOLVE_ROUTE, id2),
+        -libc::EINVAL
+    );
+    // Another channel's id: EINVAL.
+    let c2 = UcmaConn::connect(&aa.path).unwrap();
+    let mut d = [0u8; 16];
+    d[8..12].copy_from_slice(&id.to_ne_bytes());
+    assert_eq!(
+        call(&c2, u::RDMA_USER_CM_CMD_DESTROY_ID, &d, &[], 4).0,
+        -libc::EINVAL
+    );
+    // MIGRATE_ID moves it; then it is c2's.
+    let mut m = [0u8; 16];
+    m[8..12].copy_from_slice(&id.to_ne_bytes());
+    m[12..16].copy_from_slice(&c.channel.to_ne_bytes());
+    assert_eq!(call(&c2, u::RDMA_USER_CM_CMD_MIGRATE_ID, &m, &[], 4).0, 24);
+    assert_eq!(call(&c2, u::RDMA_USER_CM_CMD_DESTROY_ID, &d, &[], 4).0, 24);
+    // Garbage closes the connection.
+    let raw = vrnic_guest::agent::proto::connect(&aa.path).unwrap();
+    vrnic_guest::agent::proto::send(
+        std::os::fd::AsRawFd::as_raw_fd(&raw),
+        &vrnic_guest::agent::ucma::proto::hello(),
+        &[],
+        0,
+    )
+    .unwrap();
+    let mut buf = [0u8; 64];
+    assert!(vrnic_guest::agent::proto::wait_readable(
+        std::os::fd::AsRawFd::as_raw_fd(&raw),
+        DEADLINE
+    )
+    .unwrap());
+    let _ = vrnic_guest::agent::proto::recv(std::os::fd::AsRawFd::as_raw_fd(&raw), &mut buf, 0);
+    vrnic_guest::agent::proto::send(std::os::fd::AsRawFd::as_raw_fd(&raw), &[0xee; 7], &[], 0)
+        .unwrap();
+    assert!(vrnic_guest::agent::proto::wait_readable(
+        std::os::fd::AsRawFd::as_raw_fd(&raw),
+        DEADLINE
+    )
+    .unwrap());
+    let (n, _) =
+        vrnic_guest::agent::proto::recv(std::os::fd::AsRawFd::as_raw_fd(&raw), &mut buf, 0)
+            .unwrap();
+    assert_eq!(n, 0, "closed");
+    assert_eq!(aa.ucma.lock().unwrap().bad_connections, 1);
+    // The channel still works.
+    destroy_id(c, id2);
+}
