@@ -115,10 +115,15 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 }
 
 fn create_id(c: &UcmaConn, uid: u64) -> u32 {
+    create_id_ps(c, uid, u::RDMA_PS_TCP as u16, 2)
+}
+
+/// CREATE_ID in port space `ps` for a QP of `qp_type` (IBV_QPT_RC 2, UD 4).
+fn create_id_ps(c: &UcmaConn, uid: u64, ps: u16, qp_type: u8) -> u32 {
     let mut b = [0u8; 24];
     b[0..8].copy_from_slice(&uid.to_ne_bytes());
-    b[16..18].copy_from_slice(&(u::RDMA_PS_TCP as u16).to_ne_bytes());
-    b[18] = 2; // IBV_QPT_RC
+    b[16..18].copy_from_slice(&ps.to_ne_bytes());
+    b[18] = qp_type;
     u32_at(&ok(c, u::RDMA_USER_CM_CMD_CREATE_ID, &b, 4), 0)
 }
 
@@ -214,6 +219,8 @@ struct Ev {
     status: i32,
     qp_num: u32,
     private_data: Vec<u8>,
+    /// The whole `param` union (UD: `rdma_ucm_ud_param`).
+    param: Vec<u8>,
 }
 
 /// Waits (poll on the wake descriptor, bounded) for the next event.
@@ -244,6 +251,7 @@ fn get_event(c: &UcmaConn) -> Ev {
             status: u32_at(&r, 16) as i32,
             qp_num: u32_at(&r, 20),
             private_data: r[28..28 + len].to_vec(),
+            param: r[20..324].to_vec(),
         };
     }
 }
@@ -326,10 +334,14 @@ fn prog(a: &AgentThread) -> Prog {
 }
 
 fn rc_qp(p: &Prog) -> Qp {
+    new_qp(p, QpType::Rc)
+}
+
+fn new_qp(p: &Prog, qp_type: QpType) -> Qp {
     Qp::new(
         &p.pd,
         &QpInitAttr {
-            qp_type: QpType::Rc,
+            qp_type,
             send_cq: &p.cq,
             recv_cq: &p.cq,
             srq: None,
@@ -649,4 +661,114 @@ fn hostile_commands_get_errnos_and_garbage_closes() {
     assert_eq!(aa.ucma.lock().unwrap().bad_connections, 1);
     // The channel still works.
     destroy_id(c, id2);
+}
+
+#[test]
+fn ud_service_resolved_by_sidr_carries_a_datagram() {
+    let (_dir, aa, ab) = two_agents();
+    let (mut a, mut b) = (prog(&aa), prog(&ab));
+    let ps = u::RDMA_PS_UDP as u16;
+    let lid = create_id_ps(&b.ch, 0xb0, ps, 4);
+    ok(
+        &b.ch,
+        u::RDMA_USER_CM_CMD_BIND,
+        &bind_body(lid, "10.0.0.2:7000".parse().unwrap()),
+        0,
+    );
+    listen(&b.ch, lid, 0);
+    let cid = create_id_ps(&a.ch, 0xa0, ps, 4);
+    resolve_addr(&a.ch, cid, "10.0.0.2:7000".parse().unwrap());
+    assert_eq!(get_event(&a.ch).event, event::ADDR_RESOLVED);
+    resolve_route(&a.ch, cid);
+    assert_eq!(get_event(&a.ch).event, event::ROUTE_RESOLVED);
+
+    // Both UD QPs to RTS: INIT from the agent (RDMA_UDP_QKEY), as
+    // librdmacm's ucma_init_ud_qp.
+    let mut qa = new_qp(&a, QpType::Ud);
+    let mut qb = new_qp(&b, QpType::Ud);
+    for (c, id, q) in [(&a.ch, cid, &mut qa), (&b.ch, lid, &mut qb)] {
+        modify(c, id, q, QpState::Init);
+        let mut at = QpAttr {
+            qp_state: QpState::Rtr,
+            ..Default::default()
+        };
+        q.modify(&at, QP_ATTR_STATE).unwrap();
+        at.qp_state = QpState::Rts;
+        q.modify(&at, QP_ATTR_STATE | QP_ATTR_SQ_PSN).unwrap();
+    }
+
+    // SIDR_REQ → CONNECT_REQUEST (UD) → ACCEPT → SIDR_REP → ESTABLISHED.
+    assert_eq!(connect(&a.ch, cid, qa.qp_num(), b"ud?"), 296);
+    let e = get_event(&b.ch);
+    assert_eq!((e.event, e.uid), (event::CONNECT_REQUEST, 0xb0));
+    assert_eq!(e.param[296], 180, "SIDR_REQ private data after the header");
+    assert_eq!(&e.param[40..43], b"ud?");
+    accept(&b.ch, e.id, 0xb1, Some((qb.qp_num(), b"ud!")));
+    let e2 = get_event(&a.ch);
+    assert_eq!((e2.event, e2.status, e2.id), (event::ESTABLISHED, 0, cid));
+    assert_eq!(u32_at(&e2.param, 0), qb.qp_num());
+    let qkey = u32_at(&e2.param, 4);
+    assert_eq!(qkey, 0x0123_4567);
+    assert_eq!(&e2.param[40..43], b"ud!");
+    let ah = &e2.param[8..40];
+    assert_eq!(&ah[0..16], &b.ctx.query_gid(1, 1).unwrap().raw, "AH to B");
+
+    // A datagram crosses with that AH, QPN and Q_Key.
+    let ah = Ah::new(
+        &a.pd,
+        &AhAttr {
+            dgid: Gid {
+                raw: ah[0..16].try_into().unwrap(),
+            },
+            sgid_index: ah[20],
+            hop_limit: ah[21],
+            is_global: true,
+            port_num: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    a.mr.write(0, b"datagram");
+    b.mr.fill(0);
+    qb.post_recv(&RecvWr {
+        wr_id: 1,
+        sg_list: &[b.mr.sge(0, GRH_LEN + 8)],
+    })
+    .unwrap();
+    qa.post_send(&SendWr {
+        wr_id: 2,
+        opcode: WrOpcode::Send,
+        send_flags: SEND_SIGNALED,
+        sg_list: &[a.mr.sge(0, 8)],
+        ud: UdWr {
+            ah: ah.handle(),
+            remote_qpn: u32_at(&e2.param, 0),
+            remote_qkey: qkey,
+        },
+        ..Default::default()
+    })
+    .unwrap();
+    let s = a.cq.poll_wait(1, DEADLINE);
+    assert!(s.len() == 1 && s[0].is_success(), "{s:?}");
+    let r = b.cq.poll_wait(1, DEADLINE);
+    assert!(r.len() == 1 && r[0].is_success(), "{r:?}");
+    assert_eq!(&b.mr.to_vec()[GRH_LEN..GRH_LEN + 8], b"datagram");
+
+    // A SIDR_REQ to a UDP port nobody listens on: UNREACHABLE with the
+    // SIDR_REP's status (IB_SIDR_UNSUPPORTED, 1).
+    let c2 = create_id_ps(&a.ch, 0xa2, ps, 4);
+    resolve_addr(&a.ch, c2, "10.0.0.2:7001".parse().unwrap());
+    assert_eq!(get_event(&a.ch).event, event::ADDR_RESOLVED);
+    resolve_route(&a.ch, c2);
+    assert_eq!(get_event(&a.ch).event, event::ROUTE_RESOLVED);
+    assert_eq!(connect(&a.ch, c2, qa.qp_num(), &[]), 296);
+    let e3 = get_event(&a.ch);
+    assert_eq!((e3.event, e3.status, e3.id), (event::UNREACHABLE, 1, c2));
+    drop(ah);
+    drop(qa);
+    drop(qb);
+    drop(a);
+    drop(b);
+    wait_service_empty(&aa);
+    wait_service_empty(&ab);
 }

@@ -254,6 +254,41 @@ fn put_conn(
     p[270] = rnr;
 }
 
+/// Writes an `rdma_ucm_ud_param` at `resp[20..]` of an event: QPN,
+/// Q_Key, the AH to the peer (`ib_init_ah_attr_from_path`) and private
+/// data.
+fn put_ud(
+    resp: &mut [u8; EVENT_RESP_LEN],
+    qp_num: u32,
+    qkey: u32,
+    path: Option<&ConnAttrs>,
+    pd: &[u8],
+) {
+    let p = &mut resp[20..20 + 304];
+    p[0..4].copy_from_slice(&qp_num.to_ne_bytes());
+    p[4..8].copy_from_slice(&qkey.to_ne_bytes());
+    if let Some(c) = path {
+        let ah = &mut p[8..40];
+        ah[0..16].copy_from_slice(&c.dgid);
+        ah[16..20].copy_from_slice(&c.flow_label.to_ne_bytes());
+        ah[20] = c.sgid_index;
+        ah[21] = c.hop_limit;
+        ah[22] = c.traffic_class;
+        ah[29] = 1; // is_global
+        ah[30] = 1; // port_num
+    }
+    let n = pd.len().min(255);
+    p[40..40 + n].copy_from_slice(&pd[..n]);
+    p[296] = n as u8;
+}
+
+/// A received connection request: REQ (RC) or SIDR_REQ (UD).
+#[derive(Clone, Copy)]
+enum Req<'a> {
+    Rc(&'a vrnic_wire::CmReq),
+    Sidr(&'a vrnic_wire::CmSidrReq),
+}
+
 impl Ucma {
     /// A service for a function with `dev`; `seed` randomises comm IDs,
     /// ephemeral ports and starting PSNs.
@@ -578,10 +613,23 @@ impl Ucma {
                     return Err(-libc::EINVAL);
                 }
                 let id = rd_u32(b, 0);
-                let cm = self.get(chan, id)?.cm.ok_or(-libc::EINVAL)?;
-                self.cm
-                    .reject(now, cm, reason, &b[8..8 + len])
-                    .map_err(|_| -libc::EINVAL)?;
+                let i = self.get(chan, id)?;
+                let (cm, ud) = (i.cm.ok_or(-libc::EINVAL)?, i.ud);
+                if ud {
+                    // cma.c: `cma_send_sidr_rep(IB_SIDR_REJECT)`.
+                    let n = len.min(vrnic_wire::private_data_len::SIDR_REP);
+                    self.cm
+                        .sidr_reply(cm, vrnic_wire::sidr_status::REJECT, 0, 0, &b[8..8 + n])
+                        .map_err(|_| -libc::EINVAL)?;
+                    self.by_cm.remove(&cm);
+                    if let Some(i) = self.ids.get_mut(&id) {
+                        i.cm = None;
+                    }
+                } else {
+                    self.cm
+                        .reject(now, cm, reason, &b[8..8 + len])
+                        .map_err(|_| -libc::EINVAL)?;
+                }
                 Ok(Vec::new())
             }
             abi::RDMA_USER_CM_CMD_DISCONNECT => {
@@ -826,11 +874,12 @@ impl Ucma {
         if i.state != IdState::RouteResolved {
             return Err(-libc::EINVAL);
         }
-        if i.ud {
-            // SIDR (UD) is not served yet.
-            return Err(-libc::ENOSYS);
-        }
-        if p.private_data.len() > vrnic_wire::REQ_USER_PRIVATE_DATA_MAX {
+        let max = if i.ud {
+            vrnic_wire::SIDR_REQ_USER_PRIVATE_DATA_MAX
+        } else {
+            vrnic_wire::REQ_USER_PRIVATE_DATA_MAX
+        };
+        if p.private_data.len() > max {
             return Err(-libc::EINVAL);
         }
         let (src, dst) = (i.src.ok_or(-libc::EINVAL)?, i.dst.ok_or(-libc::EINVAL)?);
@@ -847,23 +896,6 @@ impl Ucma {
         }
         .emit(&mut pd);
         pd.extend_from_slice(&p.private_data);
-        let req = ReqParams {
-            service_id: service_id(i.ps, dst.port()),
-            qpn: p.qp_num,
-            starting_psn: i.seq_num,
-            uc: false,
-            responder_resources: p.responder_resources,
-            initiator_depth: p.initiator_depth,
-            retry_count: p.retry_count,
-            rnr_retry_count: p.rnr_retry_count,
-            srq: p.srq,
-            flow_control: p.flow_control,
-            remote_cm_response_timeout: CMA_CM_RESPONSE_TIMEOUT,
-            local_cm_response_timeout: CMA_CM_RESPONSE_TIMEOUT,
-            max_cm_retries: CMA_MAX_CM_RETRIES,
-            path,
-            private_data: pd,
-        };
         let timeout = vrnic_cm::cm_ack_timeout(self.dev.ca_ack_delay, path.packet_life_time);
         let conn = ConnAttrs {
             dgid: path.remote_gid.0,
@@ -880,6 +912,47 @@ impl Ucma {
             timeout,
             retry_count: p.retry_count,
             rnr_retry_count: p.rnr_retry_count,
+        };
+        if i.ud {
+            // cma.c `cma_resolve_ib_udp`: a SIDR_REQ, retried every
+            // 1 << (CMA_CM_RESPONSE_TIMEOUT - 8) ms.
+            let cm = self
+                .cm
+                .sidr_request(
+                    now,
+                    service_id(i.ps, dst.port()),
+                    path.remote_gid,
+                    1 << (CMA_CM_RESPONSE_TIMEOUT - 8),
+                    CMA_MAX_CM_RETRIES,
+                    &pd,
+                )
+                .map_err(|e| match e {
+                    vrnic_cm::CmError::TableFull => -libc::ENOMEM,
+                    _ => -libc::EINVAL,
+                })?;
+            self.by_cm.insert(cm, id);
+            let i = self.ids.get_mut(&id).ok_or(-libc::ENOENT)?;
+            i.cm = Some(cm);
+            i.conn = Some(conn);
+            i.state = IdState::Connect;
+            return Ok(());
+        }
+        let req = ReqParams {
+            service_id: service_id(i.ps, dst.port()),
+            qpn: p.qp_num,
+            starting_psn: i.seq_num,
+            uc: false,
+            responder_resources: p.responder_resources,
+            initiator_depth: p.initiator_depth,
+            retry_count: p.retry_count,
+            rnr_retry_count: p.rnr_retry_count,
+            srq: p.srq,
+            flow_control: p.flow_control,
+            remote_cm_response_timeout: CMA_CM_RESPONSE_TIMEOUT,
+            local_cm_response_timeout: CMA_CM_RESPONSE_TIMEOUT,
+            max_cm_retries: CMA_MAX_CM_RETRIES,
+            path,
+            private_data: pd,
         };
         let cm = self.cm.connect(now, &req).map_err(|e| match e {
             vrnic_cm::CmError::TableFull => -libc::ENOMEM,
@@ -902,7 +975,28 @@ impl Ucma {
         }
         let cm = i.cm.ok_or(-libc::EINVAL)?;
         if i.ud {
-            return Err(-libc::ENOSYS);
+            // cma.c `cma_send_sidr_rep(IB_SIDR_SUCCESS)`: the UD QP and
+            // the id's Q_Key (RDMA_UDP_QKEY, `cma_set_qkey`).
+            if p.private_data.len() > vrnic_wire::private_data_len::SIDR_REP {
+                return Err(-libc::EINVAL);
+            }
+            let qpn = if p.valid { p.qp_num } else { 0 };
+            self.cm
+                .sidr_reply(
+                    cm,
+                    vrnic_wire::sidr_status::SUCCESS,
+                    qpn,
+                    qpattr::RDMA_UDP_QKEY,
+                    &p.private_data,
+                )
+                .map_err(|_| -libc::EINVAL)?;
+            self.by_cm.remove(&cm);
+            let i = self.ids.get_mut(&id).ok_or(-libc::ENOENT)?;
+            i.cm = None;
+            if p.valid {
+                i.uid = uid;
+            }
+            return Ok(());
         }
         let seq = i.seq_num;
         match self.cm.state(cm) {
@@ -1141,7 +1235,16 @@ impl Ucma {
                 source,
             } = &e.kind
             {
-                self.on_req(now, e.id, *listener, req, source);
+                self.on_req(now, e.id, *listener, Req::Rc(req), source);
+                continue;
+            }
+            if let CmEventKind::SidrReqReceived {
+                listener,
+                req,
+                source,
+            } = &e.kind
+            {
+                self.on_req(now, e.id, *listener, Req::Sidr(req), source);
                 continue;
             }
             let Some(&id) = self.by_cm.get(&e.id) else {
@@ -1222,23 +1325,34 @@ impl Ucma {
                         self.push_simple(id, event::TIMEWAIT_EXIT, 0);
                     }
                 }
+                CmEventKind::SidrRepReceived(rep) => self.on_sidr_rep(id, &rep),
+                CmEventKind::SidrReqError => {
+                    // The CM's id is gone.
+                    self.by_cm.remove(&e.id);
+                    if let Some(i) = self.ids.get_mut(&id) {
+                        i.cm = None;
+                    }
+                    self.push_simple(id, event::UNREACHABLE, -libc::ETIMEDOUT);
+                }
                 CmEventKind::MraReceived { .. }
                 | CmEventKind::ReqReceived { .. }
-                | CmEventKind::SidrReqReceived { .. }
-                | CmEventKind::SidrRepReceived(_)
-                | CmEventKind::SidrReqError => {}
+                | CmEventKind::SidrReqReceived { .. } => {}
             }
         }
     }
 
-    /// cma.c `cma_ib_req_handler`: the listener of the REQ's service ID
-    /// whose address matches the rdma_cm header's destination (a specific
-    /// address first, then a wildcard of the family) gets a new id and a
-    /// CONNECT_REQUEST; no match, a bad header, a full backlog or channel:
-    /// REJ consumer defined (the kernel's handler fails and
-    /// `cm_destroy_id` rejects).
-    fn on_req(&mut self, now: u64, cm: CmId, sid: u64, req: &vrnic_wire::CmReq, source: &Source) {
-        let hdr = CmaHdr::parse(&req.private_data);
+    /// cma.c `cma_ib_req_handler`: the listener of the REQ's (or
+    /// SIDR_REQ's) service ID whose address matches the rdma_cm header's
+    /// destination (a specific address first, then a wildcard of the
+    /// family) gets a new id and a CONNECT_REQUEST; no match, a bad header,
+    /// a full backlog or channel: REJ consumer defined (the kernel's handler
+    /// fails and `cm_destroy_id` rejects; for SIDR a SIDR_REP REJECT).
+    fn on_req(&mut self, now: u64, cm: CmId, sid: u64, req: Req<'_>, source: &Source) {
+        let private = match req {
+            Req::Rc(r) => &r.private_data[..],
+            Req::Sidr(r) => &r.private_data[..],
+        };
+        let hdr = CmaHdr::parse(private);
         let listener = hdr.ok().and_then(|h| {
             let dst = h.dst();
             let cands = self.ids.iter().filter(|(_, i)| {
@@ -1258,9 +1372,17 @@ impl Ucma {
             }
             best.map(|l| (l, h))
         });
+        let refuse = |me: &mut Ucma| {
+            let _ = match req {
+                Req::Rc(_) => me.cm.reject(now, cm, rej_reason::CONSUMER_DEFINED, &[]),
+                Req::Sidr(_) => me
+                    .cm
+                    .sidr_reply(cm, vrnic_wire::sidr_status::REJECT, 0, 0, &[]),
+            };
+            let _ = me.cm.destroy(now, cm);
+        };
         let Some((lid, h)) = listener else {
-            let _ = self.cm.reject(now, cm, rej_reason::CONSUMER_DEFINED, &[]);
-            let _ = self.cm.destroy(now, cm);
+            refuse(self);
             return;
         };
         let l = self.ids[&lid].clone();
@@ -1269,33 +1391,35 @@ impl Ucma {
         });
         let local_ip = h.dst();
         let sgid_index = self.dev.gid_index(local_ip);
-        if full || sgid_index.is_none() {
+        if full || sgid_index.is_none() || matches!(req, Req::Sidr(_)) != l.ud {
             if full {
                 self.events_dropped += 1;
             }
-            let _ = self.cm.reject(now, cm, rej_reason::CONSUMER_DEFINED, &[]);
-            let _ = self.cm.destroy(now, cm);
+            refuse(self);
             return;
         }
         let new = self.alloc_id();
         let seq = self.random24();
-        let src = SocketAddr::new(local_ip, sockaddr_port(sid));
+        let src = SocketAddr::new(local_ip, vrnic_wire::service_id_port(sid));
         let dst = SocketAddr::new(h.src(), h.src_port);
-        let conn = ConnAttrs {
-            dgid: source.gid.0,
-            sgid_index: sgid_index.unwrap_or(0),
-            hop_limit: req.primary_path.hop_limit,
-            traffic_class: req.primary_path.traffic_class,
-            flow_label: req.primary_path.flow_label,
-            path_mtu: req.path_mtu.min(self.dev.mtu),
-            remote_qpn: req.local_qpn,
-            rq_psn: seq,
-            sq_psn: req.starting_psn,
-            responder_resources: req.initiator_depth,
-            initiator_depth: req.responder_resources,
-            timeout: req.primary_path.local_ack_timeout,
-            retry_count: req.retry_count,
-            rnr_retry_count: req.rnr_retry_count,
+        let conn = match req {
+            Req::Rc(req) => Some(ConnAttrs {
+                dgid: source.gid.0,
+                sgid_index: sgid_index.unwrap_or(0),
+                hop_limit: req.primary_path.hop_limit,
+                traffic_class: req.primary_path.traffic_class,
+                flow_label: req.primary_path.flow_label,
+                path_mtu: req.path_mtu.min(self.dev.mtu),
+                remote_qpn: req.local_qpn,
+                rq_psn: seq,
+                sq_psn: req.starting_psn,
+                responder_resources: req.initiator_depth,
+                initiator_depth: req.responder_resources,
+                timeout: req.primary_path.local_ack_timeout,
+                retry_count: req.retry_count,
+                rnr_retry_count: req.rnr_retry_count,
+            }),
+            Req::Sidr(_) => None,
         };
         self.ids.insert(
             new,
@@ -1303,7 +1427,7 @@ impl Ucma {
                 chan: l.chan,
                 uid: 0,
                 ps: l.ps,
-                ud: false,
+                ud: l.ud,
                 state: IdState::Connect,
                 src: Some(src),
                 dst: Some(dst),
@@ -1316,7 +1440,7 @@ impl Ucma {
                 routed: true,
                 seq_num: seq,
                 cm: Some(cm),
-                conn: Some(conn),
+                conn,
                 events_reported: 0,
                 listening: None,
             },
@@ -1328,24 +1452,59 @@ impl Ucma {
         if let Some(li) = self.ids.get_mut(&lid) {
             li.backlog -= 1;
         }
-        // cma_set_req_event_data: the consumer's private data after the
-        // header; ucma: the listener's uid, the new id.
+        // ucma: the listener's uid, the new id.
         let mut r = self.new_event(lid, event::CONNECT_REQUEST, 0);
         wr_u32(&mut r, 8, new);
-        put_conn(
-            &mut r,
-            req.local_qpn,
-            &req.private_data[CmaHdr::LEN..],
-            req.srq,
-            req.responder_resources,
-            req.initiator_depth,
-            req.end_to_end_flow_control,
-            req.retry_count,
-            req.rnr_retry_count,
-        );
+        match req {
+            // cma_set_req_event_data: the consumer's private data after
+            // the header.
+            Req::Rc(req) => put_conn(
+                &mut r,
+                req.local_qpn,
+                &req.private_data[CmaHdr::LEN..],
+                req.srq,
+                req.responder_resources,
+                req.initiator_depth,
+                req.end_to_end_flow_control,
+                req.retry_count,
+                req.rnr_retry_count,
+            ),
+            // cma_ib_req_handler for SIDR: only the private data.
+            Req::Sidr(req) => put_ud(&mut r, 0, 0, None, &req.private_data[CmaHdr::LEN..]),
+        }
         self.push(Event {
             id: lid,
             new_id: Some(new),
+            resp: r,
+        });
+    }
+
+    /// cma.c `cma_sidr_rep_handler`: SUCCESS is ESTABLISHED with the
+    /// service's QPN, Q_Key and an AH to it; any other status UNREACHABLE
+    /// with that status.
+    fn on_sidr_rep(&mut self, id: u32, rep: &vrnic_wire::CmSidrRep) {
+        let conn = self.ids.get_mut(&id).and_then(|i| {
+            let c = i.conn;
+            if let Some(cm) = i.cm.take() {
+                self.by_cm.remove(&cm);
+            }
+            c
+        });
+        if rep.status != vrnic_wire::sidr_status::SUCCESS {
+            let mut r = self.new_event(id, event::UNREACHABLE, i32::from(rep.status));
+            put_ud(&mut r, 0, 0, None, &rep.private_data);
+            self.push(Event {
+                id,
+                new_id: None,
+                resp: r,
+            });
+            return;
+        }
+        let mut r = self.new_event(id, event::ESTABLISHED, 0);
+        put_ud(&mut r, rep.qpn, rep.qkey, conn.as_ref(), &rep.private_data);
+        self.push(Event {
+            id,
+            new_id: None,
             resp: r,
         });
     }
@@ -1465,8 +1624,4 @@ impl Ucma {
         r.extend_from_slice(&d);
         r
     }
-}
-
-fn sockaddr_port(sid: u64) -> u16 {
-    vrnic_wire::service_id_port(sid)
 }

@@ -559,6 +559,11 @@ impl Thread {
                 return false;
             };
             let (ret, resp) = u.command(now, self.conns[i].chan, c.cmd, c.body, c.extra, c.out);
+            // The wake descriptor agrees with the queue before the answer
+            // leaves: after GET_EVENT took the last event it is no longer
+            // readable.
+            let has = u.has_event(self.conns[i].chan);
+            Self::set_wake(&mut self.conns[i], has);
             let a = uproto::answer(ret, &resp, c.out);
             // The library waits for this answer: a full socket means it is gone.
             if proto::send(fd, &a, &[], libc::MSG_DONTWAIT).is_err() {
@@ -575,14 +580,17 @@ impl Thread {
             return;
         };
         for c in &mut self.conns {
-            let has = u.has_event(c.chan);
-            if has && !c.woken {
-                efd_add(c.wake.as_raw_fd());
-            } else if !has && c.woken {
-                efd_clear(c.wake.as_raw_fd());
-            }
-            c.woken = has;
+            Self::set_wake(c, u.has_event(c.chan));
         }
+    }
+
+    fn set_wake(c: &mut Conn, has: bool) {
+        if has && !c.woken {
+            efd_add(c.wake.as_raw_fd());
+        } else if !has && c.woken {
+            efd_clear(c.wake.as_raw_fd());
+        }
+        c.woken = has;
     }
 
     fn publish(&self) {
