@@ -640,8 +640,40 @@ impl Ucma {
                 Self::need(b, 16)?;
                 Self::out_ok(out, size_of::<abi::ib_uverbs_qp_attr>())?;
                 let i = self.get(chan, rd_u32(b, 8))?;
+                let qp_state = rd_u32(b, 12);
+                // cm.c `cm_init_qp_*_attr`: the CM id's state must have
+                // the attributes (none before REP on the active side, none
+                // once disconnecting or rejected).
+                if let (Some(cm), false) = (i.cm, i.ud) {
+                    let st = self.cm.state(cm);
+                    let ok = match qp_state {
+                        qpattr::QPS_INIT => matches!(
+                            st,
+                            Some(
+                                CmState::ReqSent
+                                    | CmState::ReqRcvd
+                                    | CmState::RepRcvd
+                                    | CmState::RepSent
+                                    | CmState::Established
+                            )
+                        ),
+                        qpattr::QPS_RTR | qpattr::QPS_RTS => matches!(
+                            st,
+                            Some(
+                                CmState::ReqRcvd
+                                    | CmState::RepRcvd
+                                    | CmState::RepSent
+                                    | CmState::Established
+                            )
+                        ),
+                        _ => false,
+                    };
+                    if !ok {
+                        return Err(-libc::EINVAL);
+                    }
+                }
                 let input = QpAttrInput {
-                    qp_state: rd_u32(b, 12),
+                    qp_state,
                     ud: i.ud,
                     qkey: qpattr::RDMA_UDP_QKEY,
                     conn: if i.cm.is_some() { i.conn } else { None },
@@ -1038,15 +1070,15 @@ impl Ucma {
         }
     }
 
-    /// cma.c `rdma_disconnect`: DREQ, or DREP to a received DREQ.
+    /// cma.c `rdma_disconnect`: DREQ, or DREP to a received DREQ; in any
+    /// other state nothing is sent and, as in the kernel, the answer is
+    /// still success. `-EINVAL` only without a CM id.
     fn disconnect(&mut self, now: u64, chan: u32, id: u32) -> Result<(), i32> {
         let cm = self.get(chan, id)?.cm.ok_or(-libc::EINVAL)?;
-        if self.cm.disconnect(now, cm, &[]).is_ok() {
-            return Ok(());
+        if self.cm.disconnect(now, cm, &[]).is_err() {
+            let _ = self.cm.reply_disconnect(now, cm, &[]);
         }
-        self.cm
-            .reply_disconnect(now, cm, &[])
-            .map_err(|_| -libc::EINVAL)
+        Ok(())
     }
 
     fn set_option(
@@ -1623,5 +1655,330 @@ impl Ucma {
         rec[56] = 0x80 | p.packet_life_time;
         r.extend_from_slice(&d);
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn offsets_are_the_kernel_headers() {
+        use abi::*;
+        assert_eq!(size_of::<rdma_ucm_create_id>(), 24);
+        assert_eq!(offset_of!(rdma_ucm_create_id, ps), 16);
+        assert_eq!(offset_of!(rdma_ucm_create_id, qp_type), 18);
+        assert_eq!(offset_of!(rdma_ucm_destroy_id, id), 8);
+        assert_eq!(
+            (
+                offset_of!(rdma_ucm_bind_ip, addr),
+                offset_of!(rdma_ucm_bind_ip, id)
+            ),
+            (8, 36)
+        );
+        assert_eq!(size_of::<rdma_ucm_bind>(), 136);
+        assert_eq!(offset_of!(rdma_ucm_bind, addr), 8);
+        assert_eq!(
+            (
+                offset_of!(rdma_ucm_resolve_ip, dst_addr),
+                offset_of!(rdma_ucm_resolve_ip, id)
+            ),
+            (28, 56)
+        );
+        assert_eq!(size_of::<rdma_ucm_resolve_addr>(), 272);
+        assert_eq!(offset_of!(rdma_ucm_resolve_addr, src_addr), 16);
+        assert_eq!(offset_of!(rdma_ucm_resolve_addr, dst_addr), 144);
+        assert_eq!(offset_of!(rdma_ucm_query, option), 12);
+        assert_eq!(size_of::<rdma_ucm_query_route_resp>(), 208);
+        assert_eq!(offset_of!(rdma_ucm_query_route_resp, src_addr), 136);
+        assert_eq!(offset_of!(rdma_ucm_query_route_resp, num_paths), 192);
+        assert_eq!(offset_of!(rdma_ucm_query_route_resp, ibdev_index), 200);
+        assert_eq!(size_of::<rdma_ucm_query_addr_resp>(), 280);
+        assert_eq!(offset_of!(rdma_ucm_query_addr_resp, pkey), 10);
+        assert_eq!(offset_of!(rdma_ucm_query_addr_resp, dst_addr), 144);
+        assert_eq!(offset_of!(rdma_ucm_query_addr_resp, ibdev_index), 272);
+        assert_eq!(size_of::<rdma_ucm_conn_param>(), 272);
+        assert_eq!(offset_of!(rdma_ucm_conn_param, private_data_len), 264);
+        assert_eq!(offset_of!(rdma_ucm_conn_param, valid), 271);
+        assert_eq!(size_of::<rdma_ucm_ud_param>(), 304);
+        assert_eq!(offset_of!(rdma_ucm_ud_param, ah_attr), 8);
+        assert_eq!(offset_of!(rdma_ucm_ud_param, private_data), 40);
+        assert_eq!(offset_of!(rdma_ucm_ud_param, private_data_len), 296);
+        assert_eq!(offset_of!(rdma_ucm_connect, id), 272);
+        assert_eq!(size_of::<rdma_ucm_connect>(), 288);
+        assert_eq!(offset_of!(rdma_ucm_accept, conn_param), 8);
+        assert_eq!(offset_of!(rdma_ucm_accept, id), 280);
+        assert_eq!(size_of::<rdma_ucm_accept>(), 296);
+        assert_eq!(offset_of!(rdma_ucm_reject, reason), 5);
+        assert_eq!(offset_of!(rdma_ucm_reject, private_data), 8);
+        assert_eq!(offset_of!(rdma_ucm_init_qp_attr, qp_state), 12);
+        assert_eq!(size_of::<rdma_ucm_event_resp>(), EVENT_RESP_LEN);
+        assert_eq!(offset_of!(rdma_ucm_event_resp, param), 20);
+        assert_eq!(offset_of!(rdma_ucm_set_option, optlen), 20);
+        assert_eq!(offset_of!(rdma_ucm_migrate_id, fd), 12);
+        assert_eq!(size_of::<ib_user_path_rec>(), 64);
+        assert_eq!(offset_of!(ib_user_path_rec, flow_label), 40);
+        assert_eq!(offset_of!(ib_user_path_rec, pkey), 52);
+        assert_eq!(offset_of!(ib_user_path_rec, packet_life_time), 62);
+        assert_eq!(size_of::<ib_path_rec_data>(), PATH_DATA_LEN);
+    }
+
+    fn dev(n: u8) -> DeviceInfo {
+        DeviceInfo {
+            gids: vec![
+                (0, ip_to_gid(format!("fe80::{n}").parse().unwrap())),
+                (1, ip_to_gid(format!("10.0.0.{n}").parse().unwrap())),
+            ],
+            node_guid: [2, 0, 0, 0xff, 0xfe, 0, 0, n],
+            mtu: 3,
+            ca_ack_delay: 15,
+        }
+    }
+
+    /// A tiny deterministic generator for the hostile inputs.
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            self.0 >> 33
+        }
+    }
+
+    #[test]
+    fn hostile_commands_never_panic_and_answer_errnos() {
+        let sizes = [
+            0usize, 3, 4, 8, 15, 16, 24, 40, 64, 136, 264, 272, 288, 296, 400,
+        ];
+        let mut u = Ucma::new(dev(1), 7);
+        let chans = [u.open_channel().unwrap(), u.open_channel().unwrap()];
+        let mut r = Lcg(42);
+        for n in 0..20_000u64 {
+            let chan = if r.next() % 50 == 0 {
+                999
+            } else {
+                chans[(r.next() % 2) as usize]
+            };
+            let cmd = (r.next() % 26) as u32;
+            let len = sizes[(r.next() as usize) % sizes.len()];
+            let mut body: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
+            // Small ids, real families and lengths often enough to reach
+            // deep states.
+            for at in [0usize, 8, 36, 56, 272, 280] {
+                if body.len() >= at + 4 && r.next() % 2 == 0 {
+                    body[at..at + 4].copy_from_slice(&((r.next() % 8) as u32).to_ne_bytes());
+                }
+            }
+            for at in [8usize, 16, 144] {
+                if body.len() >= at + 16 && r.next() % 2 == 0 {
+                    body[at..at + 2].copy_from_slice(&sockaddr::AF_INET.to_ne_bytes());
+                    body[at + 4..at + 8].copy_from_slice(&[10, 0, 0, 1]);
+                }
+            }
+            let extra: Vec<u8> = (0..(r.next() % 80)).map(|_| r.next() as u8).collect();
+            let out = (r.next() % 400) as u16;
+            let (ret, resp) = u.command(n, chan, cmd, &body, &extra, out);
+            assert!(
+                ret == 8 + body.len() as i32 || (-200..0).contains(&ret),
+                "cmd {cmd} len {len}: {ret}"
+            );
+            if ret < 0 {
+                assert!(resp.is_empty());
+            }
+            if chan == 999 {
+                assert_eq!(ret, -libc::EBADF);
+            }
+            // Garbage MADs too.
+            if n % 7 == 0 {
+                let mad: Vec<u8> = (0..256).map(|_| r.next() as u8).collect();
+                let src = Source {
+                    gid: vrnic_wire::Gid(ip_to_gid("10.0.0.9".parse().unwrap())),
+                    qpn: 1,
+                    pkey_index: 0,
+                };
+                u.handle_mad(n, src, &mad);
+            }
+            while u.pop_mad().is_some() {}
+        }
+        u.poll(u64::MAX / 2);
+        for c in chans {
+            u.close_channel(u64::MAX / 2, c);
+        }
+        assert_eq!((u.id_count(), u.channel_count()), (0, 0));
+    }
+
+    fn create(u: &mut Ucma, chan: u32, uid: u64) -> u32 {
+        let mut b = [0u8; 24];
+        b[0..8].copy_from_slice(&uid.to_ne_bytes());
+        b[16..18].copy_from_slice(&(PortSpace::Tcp as u16).to_ne_bytes());
+        let (ret, r) = u.command(0, chan, abi::RDMA_USER_CM_CMD_CREATE_ID, &b, &[], 4);
+        assert_eq!(ret, 32);
+        rd_u32(&r, 0)
+    }
+
+    fn bind(u: &mut Ucma, chan: u32, id: u32, a: &str) -> i32 {
+        let mut b = [0u8; 40];
+        sockaddr::emit(&a.parse().unwrap(), &mut b[8..36]);
+        b[36..40].copy_from_slice(&id.to_ne_bytes());
+        u.command(0, chan, abi::RDMA_USER_CM_CMD_BIND_IP, &b, &[], 0)
+            .0
+    }
+
+    /// Moves every MAD between `a` (10.0.0.1) and `b` (10.0.0.2).
+    fn pump(now: u64, a: &mut Ucma, b: &mut Ucma) {
+        fn one(now: u64, from: &mut Ucma, to: &mut Ucma, n: u8) -> bool {
+            let mut moved = false;
+            while let Some(m) = from.pop_mad() {
+                moved = true;
+                let src = Source {
+                    gid: vrnic_wire::Gid(ip_to_gid(format!("10.0.0.{n}").parse().unwrap())),
+                    qpn: 1,
+                    pkey_index: 0,
+                };
+                to.handle_mad(now, src, &m.mad);
+            }
+            moved
+        }
+        for _ in 0..100 {
+            let x = one(now, a, b, 1);
+            let y = one(now, b, a, 2);
+            if !x && !y {
+                return;
+            }
+        }
+        panic!("MADs ping-pong forever");
+    }
+
+    fn event_of(u: &mut Ucma, chan: u32) -> (u32, u32, i32) {
+        let (ret, r) = u.command(0, chan, abi::RDMA_USER_CM_CMD_GET_EVENT, &[0; 8], &[], 336);
+        assert_eq!(ret, 16, "an event");
+        (rd_u32(&r, 8), rd_u32(&r, 12), rd_u32(&r, 16) as i32)
+    }
+
+    fn connect_to(u: &mut Ucma, chan: u32, id: u32, dst: &str) {
+        // A QP number per id: cm.c rejects a second REQ of one remote QPN
+        // as stale.
+        let mut b = [0u8; 272];
+        b[0..4].copy_from_slice(&id.to_ne_bytes());
+        let a: SocketAddr = dst.parse().unwrap();
+        let n = sockaddr::emit(&a, &mut b[144..]);
+        b[10..12].copy_from_slice(&(n as u16).to_ne_bytes());
+        assert_eq!(
+            u.command(0, chan, abi::RDMA_USER_CM_CMD_RESOLVE_ADDR, &b, &[], 0)
+                .0,
+            280
+        );
+        assert_eq!(event_of(u, chan).1, event::ADDR_RESOLVED);
+        assert_eq!(
+            u.command(
+                0,
+                chan,
+                abi::RDMA_USER_CM_CMD_RESOLVE_ROUTE,
+                &b[..8],
+                &[],
+                0
+            )
+            .0,
+            16
+        );
+        assert_eq!(event_of(u, chan).1, event::ROUTE_RESOLVED);
+        let mut c = [0u8; 288];
+        c[0..4].copy_from_slice(&(0x100 + id).to_ne_bytes());
+        c[271] = 1;
+        c[272..276].copy_from_slice(&id.to_ne_bytes());
+        assert_eq!(
+            u.command(0, chan, abi::RDMA_USER_CM_CMD_CONNECT, &c, &[], 0)
+                .0,
+            296
+        );
+    }
+
+    #[test]
+    fn listener_destroyed_with_a_request_waiting_rejects_it_and_backlog_bounds() {
+        let (mut a, mut b) = (Ucma::new(dev(1), 1), Ucma::new(dev(2), 2));
+        let (ca, cb) = (a.open_channel().unwrap(), b.open_channel().unwrap());
+        let l = create(&mut b, cb, 0xb);
+        assert_eq!(bind(&mut b, cb, l, "10.0.0.2:80"), 48);
+        let mut lb = [0u8; 8];
+        lb[0..4].copy_from_slice(&l.to_ne_bytes());
+        lb[4..8].copy_from_slice(&1u32.to_ne_bytes()); // backlog 1
+        assert_eq!(
+            b.command(0, cb, abi::RDMA_USER_CM_CMD_LISTEN, &lb, &[], 0)
+                .0,
+            16
+        );
+        // Two requests: the second exceeds the backlog and is rejected.
+        let x = create(&mut a, ca, 1);
+        let y = create(&mut a, ca, 2);
+        connect_to(&mut a, ca, x, "10.0.0.2:80");
+        pump(0, &mut a, &mut b);
+        connect_to(&mut a, ca, y, "10.0.0.2:80");
+        pump(0, &mut a, &mut b);
+        assert_eq!(event_of(&mut a, ca), (y, event::REJECTED, 28));
+        assert_eq!(b.id_count(), 2, "listener and one request");
+        // The listener goes with the request unreported: REJ to x.
+        let mut d = [0u8; 16];
+        d[8..12].copy_from_slice(&l.to_ne_bytes());
+        let (ret, r) = b.command(0, cb, abi::RDMA_USER_CM_CMD_DESTROY_ID, &d, &[], 4);
+        assert_eq!((ret, rd_u32(&r, 0)), (24, 0));
+        assert_eq!(b.id_count(), 0);
+        pump(0, &mut a, &mut b);
+        assert_eq!(event_of(&mut a, ca), (x, event::REJECTED, 28));
+        assert_eq!(b.connection_count(), 0);
+        a.close_channel(0, ca);
+        assert_eq!((a.id_count(), a.connection_count()), (0, 0));
+    }
+
+    #[test]
+    fn full_event_queue_counts_drops() {
+        let mut u = Ucma::new(dev(1), 3);
+        let c = u.open_channel().unwrap();
+        // Two events per id (ADDR_RESOLVED, ROUTE_RESOLVED).
+        for _ in 0..MAX_EVENTS_PER_CHANNEL / 2 + 3 {
+            let id = create(&mut u, c, 1);
+            let mut r = [0u8; 272];
+            r[0..4].copy_from_slice(&id.to_ne_bytes());
+            let n = sockaddr::emit(&"10.0.0.2:1".parse().unwrap(), &mut r[144..]);
+            r[10..12].copy_from_slice(&(n as u16).to_ne_bytes());
+            assert_eq!(
+                u.command(0, c, abi::RDMA_USER_CM_CMD_RESOLVE_ADDR, &r, &[], 0)
+                    .0,
+                280
+            );
+            assert_eq!(
+                u.command(0, c, abi::RDMA_USER_CM_CMD_RESOLVE_ROUTE, &r[..8], &[], 0)
+                    .0,
+                16
+            );
+        }
+        assert_eq!(u.events_dropped(), 6);
+        let mut got = 0;
+        while u
+            .command(0, c, abi::RDMA_USER_CM_CMD_GET_EVENT, &[0; 8], &[], 336)
+            .0
+            == 16
+        {
+            got += 1;
+        }
+        assert_eq!(got, MAX_EVENTS_PER_CHANNEL);
+        assert!(!u.has_event(c));
+    }
+
+    #[test]
+    fn source_address_choice() {
+        let d = dev(3);
+        assert_eq!(
+            d.source_for("10.9.9.9".parse().unwrap()),
+            Some("10.0.0.3".parse().unwrap())
+        );
+        assert_eq!(
+            d.source_for("fd00::1".parse().unwrap()),
+            Some("fe80::3".parse().unwrap())
+        );
+        assert_eq!(d.gid_index("10.0.0.3".parse().unwrap()), Some(1));
+        assert_eq!(d.gid_index("10.0.0.4".parse().unwrap()), None);
     }
 }
