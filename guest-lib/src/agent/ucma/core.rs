@@ -1757,7 +1757,7 @@ mod tests {
         let chans = [u.open_channel().unwrap(), u.open_channel().unwrap()];
         let mut r = Lcg(42);
         for n in 0..20_000u64 {
-            let chan = if r.next() % 50 == 0 {
+            let chan = if r.next().is_multiple_of(50) {
                 999
             } else {
                 chans[(r.next() % 2) as usize]
@@ -1768,12 +1768,12 @@ mod tests {
             // Small ids, real families and lengths often enough to reach
             // deep states.
             for at in [0usize, 8, 36, 56, 272, 280] {
-                if body.len() >= at + 4 && r.next() % 2 == 0 {
+                if body.len() >= at + 4 && r.next().is_multiple_of(2) {
                     body[at..at + 4].copy_from_slice(&((r.next() % 8) as u32).to_ne_bytes());
                 }
             }
             for at in [8usize, 16, 144] {
-                if body.len() >= at + 16 && r.next() % 2 == 0 {
+                if body.len() >= at + 16 && r.next().is_multiple_of(2) {
                     body[at..at + 2].copy_from_slice(&sockaddr::AF_INET.to_ne_bytes());
                     body[at + 4..at + 8].copy_from_slice(&[10, 0, 0, 1]);
                 }
@@ -1792,7 +1792,7 @@ mod tests {
                 assert_eq!(ret, -libc::EBADF);
             }
             // Garbage MADs too.
-            if n % 7 == 0 {
+            if n.is_multiple_of(7) {
                 let mad: Vec<u8> = (0..256).map(|_| r.next() as u8).collect();
                 let src = Source {
                     gid: vrnic_wire::Gid(ip_to_gid("10.0.0.9".parse().unwrap())),

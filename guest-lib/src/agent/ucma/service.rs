@@ -304,18 +304,29 @@ impl Device {
         }
     }
 
-    /// Handles QP1's completions and the device's events.
-    fn complete(&mut self, ucma: &mut Ucma, now: u64) {
-        while self.ctx.poll_event().is_some() {}
+    /// Handles QP1's completions and the device's events; false when the
+    /// device is gone (the agent closed this context).
+    fn complete(&mut self, ucma: &mut Ucma, now: u64) -> bool {
+        let mut alive = true;
+        for _ in 0..1024 {
+            match self.ctx.poll_event() {
+                Some(e) if e.kind == vrnic_abi::EV_DEVICE_FATAL => alive = false,
+                Some(_) => {}
+                None => break,
+            }
+        }
+        if !alive {
+            return false;
+        }
         let mut wc = [crate::verbs::WorkCompletion::default(); 16];
         loop {
             let n = self.cq.poll(&mut wc);
             if n == 0 {
                 if self.cq.req_notify(false).is_err() {
-                    return;
+                    return false;
                 }
                 if self.cq.poll(&mut wc[..1]) == 0 {
-                    return;
+                    return true;
                 }
                 // A completion slipped in before the arm: handle it.
                 self.one(ucma, now, &wc[0]);
@@ -401,7 +412,15 @@ impl Thread {
             self.accept();
             let now = self.now();
             if let (Some(d), Some(u)) = (self.dev.as_mut(), self.ucma.as_mut()) {
-                d.complete(u, now);
+                if !d.complete(u, now) {
+                    // The device is gone: so are its connections; every
+                    // channel is closed (the library sees ECONNRESET).
+                    tracing::warn!("the connection manager lost its device context");
+                    self.conns.clear();
+                    self.ucma = None;
+                    self.dev = None;
+                    continue;
+                }
                 if u.next_timer().is_some_and(|t| t <= now) {
                     u.poll(now);
                 }
