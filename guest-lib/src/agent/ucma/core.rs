@@ -1590,12 +1590,22 @@ impl Ucma {
         r
     }
 
+    /// The device part of a `rdma_ucm_query_addr_resp`: node GUID, port
+    /// and P_Key once the id has a device (ucma.c writes them only then).
+    fn addr_resp_head(&self, i: &Id) -> Vec<u8> {
+        let mut r = vec![0u8; 280];
+        let guid = self.node_guid(i);
+        if guid != [0; 8] {
+            r[0..8].copy_from_slice(&guid);
+            r[8] = 1;
+            r[10..12].copy_from_slice(&0xffffu16.to_ne_bytes());
+        }
+        r
+    }
+
     /// ucma.c `ucma_query_addr`.
     fn query_addr(&self, i: &Id) -> Vec<u8> {
-        let mut r = vec![0u8; 280];
-        r[0..8].copy_from_slice(&self.node_guid(i));
-        r[8] = 1;
-        r[10..12].copy_from_slice(&0xffffu16.to_ne_bytes());
+        let mut r = self.addr_resp_head(i);
         if let Some(s) = i.src {
             let n = sockaddr::emit(&s, &mut r[16..144]);
             r[12..14].copy_from_slice(&(n as u16).to_ne_bytes());
@@ -1610,10 +1620,7 @@ impl Ucma {
 
     /// ucma.c `ucma_query_gid`: the GIDs as `sockaddr_ib`s.
     fn query_gid(&self, i: &Id) -> Vec<u8> {
-        let mut r = vec![0u8; 280];
-        r[0..8].copy_from_slice(&self.node_guid(i));
-        r[8] = 1;
-        r[10..12].copy_from_slice(&0xffffu16.to_ne_bytes());
+        let mut r = self.addr_resp_head(i);
         let sid = |a: Option<SocketAddr>| a.map_or(0, |a| service_id(i.ps, a.port()));
         if let Some(s) = i.src {
             let n = sockaddr::emit_ib(&ip_to_gid(s.ip()), 0xffff, sid(i.src), &mut r[16..144]);
@@ -1965,6 +1972,80 @@ mod tests {
         }
         assert_eq!(got, MAX_EVENTS_PER_CHANNEL);
         assert!(!u.has_event(c));
+    }
+
+    fn query(u: &mut Ucma, chan: u32, id: u32, option: u32, out: u16) -> Vec<u8> {
+        let mut q = [0u8; 16];
+        q[8..12].copy_from_slice(&id.to_ne_bytes());
+        q[12..16].copy_from_slice(&option.to_ne_bytes());
+        let (ret, r) = u.command(0, chan, abi::RDMA_USER_CM_CMD_QUERY, &q, &[], out);
+        assert_eq!(ret, 24);
+        r
+    }
+
+    #[test]
+    fn queries_name_the_device_only_once_bound_to_its_address() {
+        let mut u = Ucma::new(dev(1), 5);
+        let c = u.open_channel().unwrap();
+        let w = create(&mut u, c, 1);
+        assert_eq!(bind(&mut u, c, w, "0.0.0.0:7"), 48);
+        let r = query(&mut u, c, w, abi::RDMA_USER_CM_QUERY_ADDR, 280);
+        assert_eq!(
+            (&r[0..8], r[8]),
+            (&[0u8; 8][..], 0),
+            "a wildcard has no device"
+        );
+        assert_eq!(
+            sockaddr::parse(&r[16..]).unwrap(),
+            "0.0.0.0:7".parse().unwrap()
+        );
+        let id = create(&mut u, c, 2);
+        let mut b = [0u8; 272];
+        b[0..4].copy_from_slice(&id.to_ne_bytes());
+        let n = sockaddr::emit(&"10.0.0.2:9".parse().unwrap(), &mut b[144..]);
+        b[10..12].copy_from_slice(&(n as u16).to_ne_bytes());
+        assert_eq!(
+            u.command(0, c, abi::RDMA_USER_CM_CMD_RESOLVE_ADDR, &b, &[], 0)
+                .0,
+            280
+        );
+        let r = query(&mut u, c, id, abi::RDMA_USER_CM_QUERY_ADDR, 280);
+        assert_eq!(&r[0..8], &dev(1).node_guid);
+        assert_eq!((r[8], u16::from_ne_bytes([r[10], r[11]])), (1, 0xffff));
+        let src = sockaddr::parse(&r[16..]).unwrap();
+        assert_eq!(src.ip(), "10.0.0.1".parse::<IpAddr>().unwrap());
+        assert!(super::super::ports::EPHEMERAL.contains(&src.port()));
+        // No path before the route, one after.
+        let r = query(&mut u, c, id, abi::RDMA_USER_CM_QUERY_PATH, 8 + 72 * 6);
+        assert_eq!(rd_u32(&r, 0), 0);
+        assert_eq!(
+            u.command(0, c, abi::RDMA_USER_CM_CMD_RESOLVE_ROUTE, &b[..8], &[], 0)
+                .0,
+            16
+        );
+        let r = query(&mut u, c, id, abi::RDMA_USER_CM_QUERY_PATH, 8 + 72 * 6);
+        assert_eq!(rd_u32(&r, 0), 1);
+        let rec = &r[16..80];
+        assert_eq!(&rec[8..24], &ip_to_gid("10.0.0.2".parse().unwrap()), "dgid");
+        assert_eq!(
+            &rec[24..40],
+            &ip_to_gid("10.0.0.1".parse().unwrap()),
+            "sgid"
+        );
+        assert_eq!(rec[47], HOP_LIMIT);
+        assert_eq!(rec[54] & 0x3f, 3, "the port's MTU");
+        // GIDs as sockaddr_ib.
+        let r = query(&mut u, c, id, abi::RDMA_USER_CM_QUERY_GID, 280);
+        assert_eq!(sockaddr::family(&r[16..]), sockaddr::AF_IB);
+        assert_eq!(&r[24..40], &ip_to_gid("10.0.0.1".parse().unwrap()));
+        assert_eq!(&r[152..168], &ip_to_gid("10.0.0.2".parse().unwrap()));
+        // Too small an answer: ENOSPC, as ucma.c.
+        let mut q = [0u8; 16];
+        q[8..12].copy_from_slice(&id.to_ne_bytes());
+        assert_eq!(
+            u.command(0, c, abi::RDMA_USER_CM_CMD_QUERY, &q, &[], 100).0,
+            -libc::ENOSPC
+        );
     }
 
     #[test]
