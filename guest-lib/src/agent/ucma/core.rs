@@ -1836,12 +1836,19 @@ mod tests {
 
     /// Moves every MAD between `a` (10.0.0.1) and `b` (10.0.0.2).
     fn pump(now: u64, a: &mut Ucma, b: &mut Ucma) {
-        fn one(now: u64, from: &mut Ucma, to: &mut Ucma, n: u8) -> bool {
+        pump_gids(now, a, b, "10.0.0.1", "10.0.0.2");
+    }
+
+    /// Moves every MAD between `a` (at `ga`) and `b` (at `gb`), checking
+    /// each is addressed to the other.
+    fn pump_gids(now: u64, a: &mut Ucma, b: &mut Ucma, ga: &str, gb: &str) {
+        fn one(now: u64, from: &mut Ucma, to: &mut Ucma, me: &str, peer: &str) -> bool {
             let mut moved = false;
             while let Some(m) = from.pop_mad() {
                 moved = true;
+                assert_eq!(m.to_gid.0, ip_to_gid(peer.parse().unwrap()));
                 let src = Source {
-                    gid: vrnic_wire::Gid(ip_to_gid(format!("10.0.0.{n}").parse().unwrap())),
+                    gid: vrnic_wire::Gid(ip_to_gid(me.parse().unwrap())),
                     qpn: 1,
                     pkey_index: 0,
                 };
@@ -1850,8 +1857,8 @@ mod tests {
             moved
         }
         for _ in 0..100 {
-            let x = one(now, a, b, 1);
-            let y = one(now, b, a, 2);
+            let x = one(now, a, b, ga, gb);
+            let y = one(now, b, a, gb, ga);
             if !x && !y {
                 return;
             }
@@ -2046,6 +2053,60 @@ mod tests {
             u.command(0, c, abi::RDMA_USER_CM_CMD_QUERY, &q, &[], 100).0,
             -libc::ENOSPC
         );
+    }
+
+    #[test]
+    fn ipv6_connection_request_and_response() {
+        let dev6 = |n: u8| DeviceInfo {
+            gids: vec![
+                (0, ip_to_gid(format!("fe80::{n}").parse().unwrap())),
+                (1, ip_to_gid(format!("10.0.0.{n}").parse().unwrap())),
+                (2, ip_to_gid(format!("fd00::{n}").parse().unwrap())),
+            ],
+            ..dev(n)
+        };
+        let (mut a, mut b) = (Ucma::new(dev6(1), 1), Ucma::new(dev6(2), 2));
+        let (ca, cb) = (a.open_channel().unwrap(), b.open_channel().unwrap());
+        let l = create(&mut b, cb, 0xb);
+        assert_eq!(bind(&mut b, cb, l, "[::]:80"), 48);
+        let mut lb = [0u8; 8];
+        lb[0..4].copy_from_slice(&l.to_ne_bytes());
+        assert_eq!(
+            b.command(0, cb, abi::RDMA_USER_CM_CMD_LISTEN, &lb, &[], 0)
+                .0,
+            16
+        );
+        let x = create(&mut a, ca, 1);
+        connect_to(&mut a, ca, x, "[fd00::2]:80");
+        pump_gids(0, &mut a, &mut b, "fd00::1", "fd00::2");
+        let (ret, r) = b.command(0, cb, abi::RDMA_USER_CM_CMD_GET_EVENT, &[0; 8], &[], 336);
+        assert_eq!((ret, rd_u32(&r, 12)), (16, event::CONNECT_REQUEST));
+        let new = rd_u32(&r, 8);
+        // The new id: its addresses from the rdma_cm header, its RTR AV
+        // to the requester's GID from its own GID index.
+        let mut q = [0u8; 16];
+        q[8..12].copy_from_slice(&new.to_ne_bytes());
+        q[12..16].copy_from_slice(&abi::RDMA_USER_CM_QUERY_ADDR.to_ne_bytes());
+        let (_, qa) = b.command(0, cb, abi::RDMA_USER_CM_CMD_QUERY, &q, &[], 280);
+        assert_eq!(
+            sockaddr::parse(&qa[16..]).unwrap(),
+            "[fd00::2]:80".parse().unwrap()
+        );
+        assert_eq!(
+            sockaddr::parse(&qa[144..]).unwrap().ip(),
+            "fd00::1".parse::<IpAddr>().unwrap()
+        );
+        let mut ia = [0u8; 16];
+        ia[8..12].copy_from_slice(&new.to_ne_bytes());
+        ia[12..16].copy_from_slice(&qpattr::QPS_RTR.to_ne_bytes());
+        let (ret, at) = b.command(0, cb, abi::RDMA_USER_CM_CMD_INIT_QP_ATTR, &ia, &[], 144);
+        assert_eq!(ret, 24);
+        assert_eq!(&at[40..56], &ip_to_gid("fd00::1".parse().unwrap()));
+        assert_eq!(at[60], 2, "sgid_index of fd00::2");
+        a.close_channel(0, ca);
+        b.close_channel(0, cb);
+        pump_gids(0, &mut a, &mut b, "fd00::1", "fd00::2");
+        assert_eq!((a.id_count(), b.id_count()), (0, 0));
     }
 
     #[test]
