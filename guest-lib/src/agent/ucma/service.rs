@@ -149,6 +149,8 @@ struct Device {
     free_send: Vec<usize>,
     pending: VecDeque<Outgoing>,
     info: DeviceInfo,
+    /// Whether the CQ is armed for a completion event.
+    armed: bool,
 }
 
 impl Device {
@@ -218,11 +220,13 @@ impl Device {
             free_send: (0..SEND_SLOTS).collect(),
             pending: VecDeque::new(),
             info,
+            armed: false,
         };
         for i in 0..RECV_SLOTS {
             d.repost(i)?;
         }
         d.cq.req_notify(false).map_err(|e| e.to_string())?;
+        d.armed = true;
         Ok(d)
     }
 
@@ -311,6 +315,8 @@ impl Device {
         for _ in 0..1024 {
             match self.ctx.poll_event() {
                 Some(e) if e.kind == vrnic_abi::EV_DEVICE_FATAL => alive = false,
+                // The CQ's arm was used up.
+                Some(e) if e.kind == vrnic_abi::EV_COMP => self.armed = false,
                 Some(_) => {}
                 None => break,
             }
@@ -322,9 +328,14 @@ impl Device {
         loop {
             let n = self.cq.poll(&mut wc);
             if n == 0 {
+                if self.armed {
+                    return true;
+                }
+                // Re-armed only after its event: an arm costs a doorbell.
                 if self.cq.req_notify(false).is_err() {
                     return false;
                 }
+                self.armed = true;
                 if self.cq.poll(&mut wc[..1]) == 0 {
                     return true;
                 }
