@@ -5,6 +5,8 @@
 //! harness and its dev-dependencies; these tests need none of them.)
 #![allow(dead_code)]
 
+pub mod fake_agent;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
