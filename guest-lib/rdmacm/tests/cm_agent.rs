@@ -12,7 +12,9 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::fake_agent::{bytes, event, read, zeroed, Ctx, FakeAgent, Rec, Script};
-use common::{assert_c_test_ok, compile_c_test, lib_dir, run_bounded, text, vrnic_lib_dir};
+use common::{
+    assert_c_test_ok, compile_c_test, lib_dir, run_bounded, text, vrnic_lib_dir, wait_bounded,
+};
 use vrnic_guest::agent::ucma::abi as kabi;
 use vrnic_rdmacm::ffi as cm;
 
@@ -570,4 +572,154 @@ fn no_agent_is_enodev_saying_why() {
         t.contains("no connection manager") && t.contains("no-agent.sock"),
         "VRNIC_RDMACM_DEBUG says why:\n{t}"
     );
+}
+
+#[test]
+fn a_thread_waiting_for_events_does_not_hold_up_commands() {
+    let Some((dir, exe)) = compile_c_test("cm_agent") else {
+        return;
+    };
+    let agent = FakeAgent::start(Box::new(|ctx: &mut Ctx, r: &Rec| match r.cmd {
+        kabi::RDMA_USER_CM_CMD_RESOLVE_IP => {
+            ctx.push(
+                event(handle_of(r), cm::RDMA_CM_EVENT_ADDR_RESOLVED, 0),
+                false,
+            );
+            Ok(vec![])
+        }
+        kabi::RDMA_USER_CM_CMD_QUERY_ROUTE => Ok(route(0, 0)),
+        _ => Err(libc::EOPNOTSUPP),
+    }));
+    let mut child = Command::new(&exe)
+        .arg("threads")
+        .env_remove("VRNIC_LOOPBACK")
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("VRNIC_AGENT_SOCKET", &agent.path)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn cm_agent threads");
+    // The waiting thread has had its -EAGAIN: it waits on the wake fd.
+    let waiting = agent.wait_for(LIMIT, |l| {
+        l.iter().any(|r| r.cmd == kabi::RDMA_USER_CM_CMD_GET_EVENT)
+    });
+    // ... and is in poll(2) (or ppoll) in the library, not about to enter it.
+    let pid = child.id();
+    let in_poll = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|t| {
+                std::fs::read_to_string(t.path().join("syscall")).is_ok_and(|s| {
+                    let nr = s.split_whitespace().next().unwrap_or("");
+                    [libc::SYS_ppoll, poll_syscall()]
+                        .iter()
+                        .any(|n| nr == n.to_string())
+                })
+            })
+    };
+    let deadline = std::time::Instant::now() + LIMIT;
+    while waiting && !in_poll() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let polling = in_poll();
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().expect("stdin");
+        let _ = stdin.write_all(b"go\n");
+    }
+    let out = wait_bounded(child, "cm_agent threads", LIMIT);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(waiting, "the thread never asked for an event");
+    assert!(polling, "the thread never waited in poll(2)");
+    assert_c_test_ok("cm_agent", &out);
+    let n = names(&agent.log());
+    assert_eq!(n[..3], ["CREATE_ID", "RESOLVE_IP", "QUERY_ROUTE"], "{n:?}");
+}
+
+#[test]
+fn synchronous_endpoints_get_requests_with_qps() {
+    let Some((dir, exe)) = compile_c_test("cm_agent") else {
+        return;
+    };
+    let Some((vdir, guid)) = loopback_setup(&exe) else {
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    };
+    let script: Script = Box::new(move |ctx: &mut Ctx, r: &Rec| {
+        let h = handle_of(r);
+        match r.cmd {
+            kabi::RDMA_USER_CM_CMD_BIND_IP => Ok(vec![]),
+            kabi::RDMA_USER_CM_CMD_QUERY_ROUTE => Ok(route(guid, 1)),
+            kabi::RDMA_USER_CM_CMD_LISTEN => {
+                let new = ctx.new_handle(h);
+                let e = conn_event(new, cm::RDMA_CM_EVENT_CONNECT_REQUEST, b"", 0x77);
+                ctx.push_request(h, e);
+                Ok(vec![])
+            }
+            kabi::RDMA_USER_CM_CMD_INIT_QP_ATTR => Ok(qp_attr(r, 0x77)),
+            kabi::RDMA_USER_CM_CMD_ACCEPT => {
+                ctx.push(event(h, cm::RDMA_CM_EVENT_ESTABLISHED, 0), false);
+                Ok(vec![])
+            }
+            kabi::RDMA_USER_CM_CMD_DISCONNECT => {
+                ctx.push(event(h, cm::RDMA_CM_EVENT_DISCONNECTED, 0), false);
+                Ok(vec![])
+            }
+            _ => Err(libc::EOPNOTSUPP),
+        }
+    });
+    let agent = FakeAgent::start(script);
+    let out = run(
+        &exe,
+        "ep",
+        &[
+            ("LD_LIBRARY_PATH", vdir.as_os_str()),
+            ("VRNIC_LOOPBACK", LOOPBACK.as_ref()),
+            ("VRNIC_AGENT_SOCKET", agent.path.as_os_str()),
+        ],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_c_test_ok("cm_agent", &out);
+    let log = agent.log();
+    assert_eq!(
+        names(&log),
+        [
+            "CREATE_ID",
+            "BIND_IP",
+            "QUERY_ROUTE",
+            "LISTEN",
+            "QUERY_ROUTE",
+            "MIGRATE_ID",
+            "QUERY_ROUTE",
+            "INIT_QP_ATTR(1)",
+            "INIT_QP_ATTR(1)",
+            "INIT_QP_ATTR(2)",
+            "INIT_QP_ATTR(3)",
+            "ACCEPT",
+            "DISCONNECT",
+            "DESTROY_ID",
+            "DESTROY_ID",
+        ],
+        "{}",
+        text(&out)
+    );
+    // The request's id moved to a channel of its own, named the old one.
+    let m = log
+        .iter()
+        .find(|r| r.cmd == kabi::RDMA_USER_CM_CMD_MIGRATE_ID)
+        .unwrap();
+    let c: kabi::rdma_ucm_migrate_id = m.as_();
+    assert_eq!((c.id, c.fd), (2, 1));
+    assert_ne!(m.chan, 1);
+}
+
+/// `poll(2)`'s system call number (-1 where only `ppoll` exists).
+fn poll_syscall() -> libc::c_long {
+    #[cfg(target_arch = "x86_64")]
+    return libc::SYS_poll;
+    #[cfg(not(target_arch = "x86_64"))]
+    return -1;
 }

@@ -12,6 +12,12 @@
  *   cm_agent errors    the agent's errors as errno and event statuses
  *   cm_agent nonblock  O_NONBLOCK on the channel fd: EAGAIN, then poll
  *   cm_agent vanish    blocked in rdma_get_cm_event when the agent goes
+ *   cm_agent threads   a thread blocked in rdma_get_cm_event while another
+ *                      sends a command (after a line on stdin: the test
+ *                      says when the first is blocked)
+ *   cm_agent ep        rdma_server's synchronous passive side:
+ *                      rdma_create_ep, rdma_listen, rdma_get_request (QP
+ *                      made), rdma_accept, rdma_disconnect
  *   cm_agent noagent   no agent: rdma_create_event_channel fails ENODEV
  *
  * Prints "cm_agent: ok" at the end when all passed.
@@ -20,6 +26,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -245,6 +252,64 @@ static void vanish(void)
 	rdma_destroy_event_channel(ch);
 }
 
+static struct rdma_event_channel *waiter_ch;
+
+static void *waiter(void *arg)
+{
+	struct rdma_cm_event **ev = arg;
+	if (rdma_get_cm_event(waiter_ch, ev))
+		*ev = NULL;
+	return NULL;
+}
+
+static void threads(void)
+{
+	waiter_ch = rdma_create_event_channel();
+	CHECK(waiter_ch, "rdma_create_event_channel: errno %d", errno);
+	struct rdma_cm_id *id = NULL;
+	OK(rdma_create_id(waiter_ch, &id, NULL, RDMA_PS_TCP));
+	struct rdma_cm_event *ev = NULL;
+	pthread_t t;
+	CHECK(pthread_create(&t, NULL, waiter, &ev) == 0, "pthread_create");
+	char line[16];
+	CHECK(fgets(line, sizeof line, stdin), "no go line");
+	struct sockaddr_in dst = addr("10.9.9.9", 7471);
+	OK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000));
+	CHECK(pthread_join(t, NULL) == 0, "pthread_join");
+	CHECK(ev && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED && ev->id == id,
+	      "the waiting thread got the event");
+	OK(rdma_ack_cm_event(ev));
+	OK(rdma_destroy_id(id));
+	rdma_destroy_event_channel(waiter_ch);
+}
+
+static void ep(void)
+{
+	struct rdma_addrinfo hints, *res = NULL;
+	memset(&hints, 0, sizeof hints);
+	hints.ai_flags = RAI_PASSIVE;
+	hints.ai_port_space = RDMA_PS_TCP;
+	OK(rdma_getaddrinfo("127.0.0.1", "7471", &hints, &res));
+	struct ibv_qp_init_attr qa = qp_attr();
+	struct rdma_cm_id *listen = NULL, *id = NULL;
+	OK(rdma_create_ep(&listen, res, NULL, &qa));
+	CHECK(listen->verbs && listen->channel, "a bound synchronous endpoint");
+	OK(rdma_listen(listen, 0));
+	OK(rdma_get_request(listen, &id));
+	CHECK(id != listen && id->qp && id->event &&
+	      id->event->event == RDMA_CM_EVENT_CONNECT_REQUEST, "a request with a QP");
+	CHECK(id->channel && id->channel != listen->channel, "the request's id has its own channel");
+	CHECK(qp_state(id->qp) == IBV_QPS_INIT, "the request's QP in INIT");
+	OK(rdma_accept(id, NULL));
+	CHECK(qp_state(id->qp) == IBV_QPS_RTS && id->event->event == RDMA_CM_EVENT_ESTABLISHED,
+	      "accepted synchronously: ESTABLISHED, QP in RTS");
+	OK(rdma_disconnect(id));
+	CHECK(id->event->event == RDMA_CM_EVENT_DISCONNECTED, "disconnected synchronously");
+	rdma_destroy_ep(id);
+	rdma_destroy_ep(listen);
+	rdma_freeaddrinfo(res);
+}
+
 static void noagent(void)
 {
 	errno = 0;
@@ -270,10 +335,14 @@ int main(int argc, char **argv)
 		nonblock();
 	else if (!strcmp(mode, "vanish"))
 		vanish();
+	else if (!strcmp(mode, "threads"))
+		threads();
+	else if (!strcmp(mode, "ep"))
+		ep();
 	else if (!strcmp(mode, "noagent"))
 		noagent();
 	else
-		FAIL("usage: cm_agent guid|active|passive|errors|nonblock|vanish|noagent");
+		FAIL("usage: cm_agent guid|active|passive|errors|nonblock|vanish|threads|ep|noagent");
 	printf("cm_agent: ok\n");
 	return 0;
 }
