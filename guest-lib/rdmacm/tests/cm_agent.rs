@@ -723,3 +723,129 @@ fn poll_syscall() -> libc::c_long {
     #[cfg(not(target_arch = "x86_64"))]
     return -1;
 }
+
+/// The script's answers for resolving an address and a route to device `guid`.
+fn resolving(ctx: &mut Ctx, r: &Rec, guid: u64) -> Option<Result<Vec<u8>, i32>> {
+    let h = handle_of(r);
+    Some(match r.cmd {
+        kabi::RDMA_USER_CM_CMD_RESOLVE_IP => {
+            ctx.push(event(h, cm::RDMA_CM_EVENT_ADDR_RESOLVED, 0), false);
+            Ok(vec![])
+        }
+        kabi::RDMA_USER_CM_CMD_QUERY_ROUTE => Ok(route(guid, 1)),
+        kabi::RDMA_USER_CM_CMD_RESOLVE_ROUTE => {
+            ctx.push(event(h, cm::RDMA_CM_EVENT_ROUTE_RESOLVED, 0), false);
+            Ok(vec![])
+        }
+        _ => return None,
+    })
+}
+
+#[test]
+fn ud_established_gives_the_peers_qpn_qkey_and_address() {
+    let Some((dir, exe)) = compile_c_test("cm_agent") else {
+        return;
+    };
+    let Some((vdir, guid)) = loopback_setup(&exe) else {
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    };
+    let script: Script = Box::new(move |ctx: &mut Ctx, r: &Rec| {
+        if let Some(a) = resolving(ctx, r, guid) {
+            return a;
+        }
+        match r.cmd {
+            kabi::RDMA_USER_CM_CMD_INIT_QP_ATTR => {
+                // cm_init_qp_init_attr for UD: Q_Key, no access flags.
+                let mut a: kabi::ib_uverbs_qp_attr = zeroed();
+                a.qp_attr_mask = QP_STATE | QP_PKEY_INDEX | QP_PORT | 64;
+                a.qp_state = 1;
+                a.port_num = 1;
+                a.qkey = 0x0123_4567;
+                Ok(bytes(&a))
+            }
+            kabi::RDMA_USER_CM_CMD_CONNECT => {
+                let mut e = event(handle_of(r), cm::RDMA_CM_EVENT_ESTABLISHED, 0);
+                let mut u: kabi::rdma_ucm_ud_param = zeroed();
+                u.qp_num = 0x99;
+                u.qkey = 0x0123_4567;
+                u.ah_attr.grh.dgid = gid_v4([127, 0, 0, 1]);
+                u.ah_attr.grh.sgid_index = 1;
+                u.ah_attr.is_global = 1;
+                u.ah_attr.port_num = 1;
+                u.private_data[..5].copy_from_slice(b"sidr\0");
+                u.private_data_len = 5;
+                e.param.ud = u;
+                ctx.push(e, false);
+                Ok(vec![])
+            }
+            _ => Err(libc::EOPNOTSUPP),
+        }
+    });
+    let agent = FakeAgent::start(script);
+    let out = run(
+        &exe,
+        "ud",
+        &[
+            ("LD_LIBRARY_PATH", vdir.as_os_str()),
+            ("VRNIC_LOOPBACK", LOOPBACK.as_ref()),
+            ("VRNIC_AGENT_SOCKET", agent.path.as_os_str()),
+        ],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_c_test_ok("cm_agent", &out);
+    let log = agent.log();
+    let c: kabi::rdma_ucm_create_id = log[0].as_();
+    assert_eq!((c.ps, c.qp_type), (0x0111, 4), "CREATE_ID: PS_UDP, UD");
+    assert_eq!(
+        names(&log)[5..],
+        ["INIT_QP_ATTR(1)", "CONNECT", "DESTROY_ID"],
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn a_rejected_connection_reports_the_reason_and_errors_the_qp() {
+    let Some((dir, exe)) = compile_c_test("cm_agent") else {
+        return;
+    };
+    let Some((vdir, guid)) = loopback_setup(&exe) else {
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    };
+    let script: Script = Box::new(move |ctx: &mut Ctx, r: &Rec| {
+        if let Some(a) = resolving(ctx, r, guid) {
+            return a;
+        }
+        match r.cmd {
+            kabi::RDMA_USER_CM_CMD_INIT_QP_ATTR => Ok(qp_attr(r, 0x77)),
+            kabi::RDMA_USER_CM_CMD_CONNECT => {
+                let mut e = conn_event(handle_of(r), cm::RDMA_CM_EVENT_REJECTED, b"no\0", 0);
+                e.status = 28;
+                ctx.push(e, false);
+                Ok(vec![])
+            }
+            _ => Err(libc::EOPNOTSUPP),
+        }
+    });
+    let agent = FakeAgent::start(script);
+    let out = run(
+        &exe,
+        "rejected",
+        &[
+            ("LD_LIBRARY_PATH", vdir.as_os_str()),
+            ("VRNIC_LOOPBACK", LOOPBACK.as_ref()),
+            ("VRNIC_AGENT_SOCKET", agent.path.as_os_str()),
+        ],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_c_test_ok("cm_agent", &out);
+    assert!(
+        !agent
+            .log()
+            .iter()
+            .any(|r| r.cmd == kabi::RDMA_USER_CM_CMD_ACCEPT),
+        "no ACCEPT after a rejection"
+    );
+}

@@ -18,6 +18,10 @@
  *   cm_agent ep        rdma_server's synchronous passive side:
  *                      rdma_create_ep, rdma_listen, rdma_get_request (QP
  *                      made), rdma_accept, rdma_disconnect
+ *   cm_agent ud        a UD id: its QP to RTS at creation, ESTABLISHED (SIDR)
+ *                      with the peer's QP, Q_Key and address handle
+ *   cm_agent rejected  a connection rejected: REJECTED with the reason,
+ *                      the QP in ERROR
  *   cm_agent noagent   no agent: rdma_create_event_channel fails ENODEV
  *
  * Prints "cm_agent: ok" at the end when all passed.
@@ -310,6 +314,66 @@ static void ep(void)
 	rdma_freeaddrinfo(res);
 }
 
+/* An id of `ps` with its address and route resolved, on channel `ch`. */
+static struct rdma_cm_id *resolved(struct rdma_event_channel *ch, enum rdma_port_space ps)
+{
+	struct rdma_cm_id *id = NULL;
+	OK(rdma_create_id(ch, &id, NULL, ps));
+	struct sockaddr_in dst = addr("127.0.0.1", 7471);
+	OK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000));
+	OK(rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED, 0)));
+	OK(rdma_resolve_route(id, 2000));
+	OK(rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, 0)));
+	CHECK(id->verbs, "a device");
+	return id;
+}
+
+static void ud(void)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	CHECK(ch, "rdma_create_event_channel: errno %d", errno);
+	struct rdma_cm_id *id = resolved(ch, RDMA_PS_UDP);
+	CHECK(id->qp_type == IBV_QPT_UD, "PS_UDP: UD");
+	struct ibv_qp_init_attr qa = qp_attr();
+	qa.qp_type = IBV_QPT_UD;
+	OK(rdma_create_qp(id, NULL, &qa));
+	CHECK(qp_state(id->qp) == IBV_QPS_RTS, "a UD QP is in RTS once created");
+	struct rdma_conn_param cp;
+	memset(&cp, 0, sizeof cp);
+	OK(rdma_connect(id, &cp));
+	struct rdma_cm_event *ev = expect(ch, RDMA_CM_EVENT_ESTABLISHED, 0);
+	struct rdma_ud_param *u = &ev->param.ud;
+	CHECK(u->qp_num == 0x99 && u->qkey == 0x01234567 && u->ah_attr.is_global == 1 &&
+	      u->ah_attr.port_num == 1 && u->ah_attr.grh.dgid.raw[15] == 1 &&
+	      u->ah_attr.grh.sgid_index == 1 && u->private_data_len == 5 &&
+	      !strcmp(u->private_data, "sidr"),
+	      "UD parameters: qpn %#x qkey %#x global %d", u->qp_num, u->qkey, u->ah_attr.is_global);
+	OK(rdma_ack_cm_event(ev));
+	rdma_destroy_qp(id);
+	OK(rdma_destroy_id(id));
+	rdma_destroy_event_channel(ch);
+}
+
+static void rejected(void)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	CHECK(ch, "rdma_create_event_channel: errno %d", errno);
+	struct rdma_cm_id *id = resolved(ch, RDMA_PS_TCP);
+	struct ibv_qp_init_attr qa = qp_attr();
+	OK(rdma_create_qp(id, NULL, &qa));
+	struct rdma_conn_param cp;
+	memset(&cp, 0, sizeof cp);
+	OK(rdma_connect(id, &cp));
+	struct rdma_cm_event *ev = expect(ch, RDMA_CM_EVENT_REJECTED, 28);
+	CHECK(ev->param.conn.private_data_len == 3 && !strcmp(ev->param.conn.private_data, "no"),
+	      "the REJ's private data");
+	CHECK(qp_state(id->qp) == IBV_QPS_ERR, "QP in ERROR after REJECTED");
+	OK(rdma_ack_cm_event(ev));
+	rdma_destroy_qp(id);
+	OK(rdma_destroy_id(id));
+	rdma_destroy_event_channel(ch);
+}
+
 static void noagent(void)
 {
 	errno = 0;
@@ -339,10 +403,14 @@ int main(int argc, char **argv)
 		threads();
 	else if (!strcmp(mode, "ep"))
 		ep();
+	else if (!strcmp(mode, "ud"))
+		ud();
+	else if (!strcmp(mode, "rejected"))
+		rejected();
 	else if (!strcmp(mode, "noagent"))
 		noagent();
 	else
-		FAIL("usage: cm_agent guid|active|passive|errors|nonblock|vanish|threads|ep|noagent");
+		FAIL("usage: cm_agent guid|active|passive|errors|nonblock|vanish|threads|ep|ud|rejected|noagent");
 	printf("cm_agent: ok\n");
 	return 0;
 }
