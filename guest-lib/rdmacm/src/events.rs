@@ -214,6 +214,9 @@ fn process(resp: &kabi::rdma_ucm_event_resp) -> Option<Box<CmaEvent>> {
             evt.event.status = status(query_route(cm));
             if evt.event.status != 0 {
                 evt.event.event = RDMA_CM_EVENT_ADDR_ERROR;
+            } else if cm.dev.is_null() {
+                // As rdma-core: not an error, but the id has no device.
+                say("ADDR_RESOLVED, but the agent named no device (node GUID 0)");
             }
         }
         RDMA_CM_EVENT_ROUTE_RESOLVED => {
