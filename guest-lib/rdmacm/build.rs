@@ -41,7 +41,9 @@ fn main() {
         .header_contents("vrnic_rdmacm.h", &wrapper)
         .allowlist_type(
             "rdma_.*|ibv_path_data|ibv_sa_path_rec|ibv_qp_init_attr(_ex)?|ibv_srq_init_attr(_ex)?\
-             |ibv_qp_attr|ibv_ece|ibv_event_type|ibv_device",
+             |ibv_qp_attr|ibv_ece|ibv_event_type|ibv_device|ibv_device_attr|ibv_port_attr\
+             |ibv_qp_attr_mask|ibv_qp_state|ibv_transport_type|ibv_qp_init_attr_mask\
+             |ibv_srq_init_attr_mask|ibv_srq_type|ibv_ah_attr|ibv_srq|ibv_cq|ibv_comp_channel",
         )
         .allowlist_var("RDMA_.*|RAI_.*|SOL_RDMA")
         // The few libc types the signatures need are libc's.

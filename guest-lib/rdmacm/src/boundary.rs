@@ -85,3 +85,19 @@ pub(crate) fn ffi<T: Failed>(name: &str, f: impl FnOnce() -> T) -> T {
         }
     }
 }
+
+/// Under `VRNIC_RDMACM_DEBUG`, says `msg` on stderr (why a call failed).
+pub(crate) fn say(msg: &str) {
+    if debug() {
+        let _ = writeln!(std::io::stderr(), "librdmacm (vrnic): {msg}");
+    }
+}
+
+/// The calling thread's `errno`, or `dflt` when it is 0 (a library that
+/// failed without saying why).
+pub(crate) fn errno_or(dflt: c_int) -> c_int {
+    match errno() {
+        0 => dflt,
+        e => e,
+    }
+}

@@ -1,49 +1,233 @@
 //! Communication identifiers: `rdma_create_id(3)`, `rdma_destroy_id(3)`,
 //! `rdma_set_option(3)`, `rdma_get_src_port(3)`/`rdma_get_dst_port(3)` and
-//! the ECE pair (`rdma_set_local_ece(3)`, `rdma_get_remote_ece(3)`), the
-//! parts that need no connection manager.
+//! the ECE pair (`rdma_set_local_ece(3)`, `rdma_get_remote_ece(3)`).
 //!
 //! An id is a [`CmId`]: the header's `struct rdma_cm_id` first (the
 //! layout applications and `<rdma/rdma_verbs.h>`'s inline functions
 //! read), then what rdma-core keeps in its `struct cma_id_private`
-//! (`librdmacm/cma.c`) and the kernel's `rdma_ucm` keeps per id.
+//! (`librdmacm/cma.c`): the agent's handle of the id, the device, the
+//! count of events acknowledged. The agent learns the id's address as its
+//! `uid` (`CREATE_ID`), and names it so in events; the library accepts
+//! only the uids of its live ids ([`lookup_uid`]).
 
+use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
+use std::sync::{Condvar, Mutex};
 
-use crate::boundary::{fail, ffi};
-use crate::event_channel::{self, Channel};
+use vrnic_guest::agent::ucma::abi as kabi;
+
+use crate::boundary::{fail, ffi, say};
+use crate::channel::{self, Channel};
+use crate::device::{self, CmaDevice};
 use crate::ffi::*;
+use crate::verbs::zeroed;
+use vrnic_guest::agent::ucma::proto::MAX_OPTION_LEN;
 
-/// An id as allocated by this library.
+/// An id as allocated by this library (rdma-core's `cma_id_private`).
 #[repr(C)]
 pub(crate) struct CmId {
     /// `struct rdma_cm_id`, what applications see.
     pub(crate) id: rdma_cm_id,
-    /// The id made its own channel (`rdma_create_id` with a NULL channel:
-    /// synchronous operation); destroying the id destroys it.
+    /// The device the id is bound to (once the agent named it).
+    pub(crate) dev: *mut CmaDevice,
+    /// Private data `rdma_create_ep(3)` took from `ai_connect`, sent with
+    /// the next connect or accept.
+    pub(crate) connect: Vec<u8>,
+    /// Events of this id acknowledged (`rdma_ack_cm_event`); `cond`
+    /// signals each.
+    pub(crate) events_completed: Mutex<u32>,
+    cond: Condvar,
+    /// The connection failed in the library (CONNECT_ERROR reported): the
+    /// agent's REJECTED/DISCONNECTED that follow are swallowed.
+    pub(crate) connect_error: bool,
+    /// The id made its own channel (synchronous operation).
     pub(crate) sync: bool,
-    /// `RDMA_OPTION_ID_TOS`, once set.
-    pub(crate) tos: Option<u8>,
-    /// `RDMA_OPTION_ID_REUSEADDR`.
-    pub(crate) reuseaddr: bool,
-    /// `RDMA_OPTION_ID_AFONLY`, once set.
-    pub(crate) afonly: Option<bool>,
-    /// `RDMA_OPTION_ID_ACK_TIMEOUT`, once set.
-    pub(crate) ack_timeout: Option<u8>,
-    /// `rdma_set_local_ece(3)`'s vendor id and options.
+    /// The agent's handle of the id.
+    pub(crate) handle: u32,
+    /// `rdma_create_ep(3)`'s QP attributes, for `rdma_get_request(3)`.
+    pub(crate) qp_init_attr: Option<ibv_qp_init_attr>,
+    /// Initiator depth and responder resources negotiated.
+    pub(crate) initiator_depth: u8,
+    pub(crate) responder_resources: u8,
+    /// ECE (vendor id, options): ours and the peer's.
     pub(crate) local_ece: (u32, u32),
-    /// The peer's ECE (none until a connection exists).
     pub(crate) remote_ece: (u32, u32),
+}
+
+/// Live ids by agent handle (rdma-core's `ucma_idm`), holding their addresses.
+static IDS: Mutex<BTreeMap<u32, usize>> = Mutex::new(BTreeMap::new());
+
+/// The id whose address the agent gave as `uid`, if it is a live id.
+pub(crate) fn lookup_uid(uid: u64) -> Option<*mut CmId> {
+    let ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
+    ids.values()
+        .any(|&p| p as u64 == uid)
+        .then_some(uid as usize as *mut CmId)
+}
+
+/// The live id with agent handle `handle` (rdma-core's `ucma_lookup_id`).
+pub(crate) fn lookup_handle(handle: u32) -> Option<*mut CmId> {
+    let ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
+    ids.get(&handle).map(|&p| p as *mut CmId)
+}
+
+/// Registers `cm` under its handle (`ucma_insert_id`).
+pub(crate) fn insert(cm: *mut CmId) {
+    // SAFETY: a live id.
+    let h = unsafe { (*cm).handle };
+    IDS.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(h, cm as usize);
+}
+
+/// The library's id behind an application's id pointer.
+///
+/// # Safety
+/// `id` came from this library and is live.
+pub(crate) unsafe fn cm<'a>(id: *mut rdma_cm_id) -> &'a mut CmId {
+    // SAFETY: the caller's contract: the C struct is the head of a CmId.
+    unsafe { &mut *id.cast::<CmId>() }
+}
+
+impl CmId {
+    /// The channel the id's commands and events go through.
+    pub(crate) fn channel(&self) -> &Channel {
+        // SAFETY: an id always has a live channel (its own, or the
+        // application's, which must outlive it).
+        unsafe { channel::of(self.id.channel) }
+    }
+
+    /// The device, if bound.
+    pub(crate) fn device(&self) -> Option<&CmaDevice> {
+        // SAFETY: device records are leaked, never freed.
+        unsafe { self.dev.as_ref() }
+    }
+
+    /// rdma-core's `ucma_complete_event`: one more event acknowledged.
+    pub(crate) fn complete_event(&self) {
+        let mut n = self
+            .events_completed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *n += 1;
+        self.cond.notify_all();
+    }
+
+    /// Waits until `reported` events of this id are acknowledged (as
+    /// rdma-core waits in `rdma_destroy_id` and `rdma_migrate_id`).
+    pub(crate) fn wait_events(&self, reported: u32) {
+        let mut n = self
+            .events_completed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        while *n < reported {
+            n = self.cond.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// rdma-core's `ucma_alloc_id`: a new id on `channel` (NULL: a channel of
+/// its own), not yet known to the agent.
+pub(crate) fn alloc(
+    channel: *mut rdma_event_channel,
+    context: *mut c_void,
+    ps: rdma_port_space,
+    qp_type: ibv_qp_type,
+) -> Result<*mut CmId, c_int> {
+    let (channel, sync) = if channel.is_null() {
+        (channel::create()?.cast::<rdma_event_channel>(), true)
+    } else {
+        (channel, false)
+    };
+    let c = rdma_cm_id {
+        channel,
+        context,
+        ps,
+        qp_type,
+        ..zeroed()
+    };
+    Ok(Box::into_raw(Box::new(CmId {
+        id: c,
+        dev: std::ptr::null_mut(),
+        connect: Vec::new(),
+        events_completed: Mutex::new(0),
+        cond: Condvar::new(),
+        connect_error: false,
+        sync,
+        handle: u32::MAX,
+        qp_init_attr: None,
+        initiator_depth: 0,
+        responder_resources: 0,
+        local_ece: (0, 0),
+        remote_ece: (0, 0),
+    })))
+}
+
+/// rdma-core's `ucma_free_id`: forgets the id, leaves its device, frees
+/// its path records and its own channel.
+///
+/// # Safety
+/// `cm` came from [`alloc`] and is not used afterwards.
+pub(crate) unsafe fn free(cm: *mut CmId) {
+    // SAFETY: the caller's contract: `cm` is a live CmId Box.
+    let cm = unsafe { Box::from_raw(cm) };
+    {
+        let mut ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
+        if ids.get(&cm.handle) == Some(&(std::ptr::from_ref(&*cm) as usize)) {
+            ids.remove(&cm.handle);
+        }
+    }
+    if !cm.dev.is_null() {
+        device::put(cm.dev);
+    }
+    // SAFETY: path records are malloc'd by this library (or NULL).
+    unsafe { libc::free(cm.id.route.path_rec.cast()) };
+    if cm.sync && !cm.id.channel.is_null() {
+        // SAFETY: a synchronous id's channel is its own, made by
+        // channel::create; nothing else refers to it.
+        unsafe { channel::destroy(cm.id.channel.cast::<Channel>()) };
+    }
+}
+
+/// rdma-core's `rdma_create_id2`: an id with an explicit QP type, made at
+/// the agent (`CREATE_ID`, `uid` the id's address).
+pub(crate) fn create(
+    channel: *mut rdma_event_channel,
+    context: *mut c_void,
+    ps: rdma_port_space,
+    qp_type: ibv_qp_type,
+) -> Result<*mut CmId, c_int> {
+    let cm = alloc(channel, context, ps, qp_type)?;
+    let cmd = kabi::rdma_ucm_create_id {
+        uid: cm as u64,
+        ps: ps as u16,
+        qp_type: qp_type as u8,
+        ..zeroed()
+    };
+    let mut resp: kabi::rdma_ucm_create_id_resp = zeroed();
+    // SAFETY: the id just allocated.
+    let r = unsafe { &*cm }
+        .channel()
+        .exec_resp(kabi::RDMA_USER_CM_CMD_CREATE_ID, &cmd, &mut resp);
+    if let Err(e) = r {
+        // SAFETY: the id just allocated, never handed out.
+        unsafe { free(cm) };
+        return Err(e);
+    }
+    // SAFETY: as above.
+    unsafe { (*cm).handle = resp.id };
+    insert(cm);
+    Ok(cm)
 }
 
 /// `rdma_create_id(3)`: allocates an id on `channel` (NULL: a channel of
 /// its own, for synchronous use) with `ps` (`RDMA_PS_TCP`, `RDMA_PS_UDP`,
-/// `RDMA_PS_IB`, `RDMA_PS_IPOIB`) and `context`. `qp_type` is UD for
-/// `RDMA_PS_UDP`/`RDMA_PS_IPOIB`, RC otherwise, as `rdma_create_id` in
-/// rdma-core's `librdmacm/cma.c`; another `ps` is `EINVAL`, as the kernel's
-/// `ucma_get_qp_type` (drivers/infiniband/core/ucma.c) answers it. A NULL
-/// `id` is `EINVAL` (librdmacm would crash). `verbs` stays NULL until an
-/// address binds the id to a device.
+/// `RDMA_PS_IB`, `RDMA_PS_IPOIB`) and `context`, and makes it at the
+/// agent (`CREATE_ID`). `qp_type` is UD for `RDMA_PS_UDP`/`RDMA_PS_IPOIB`,
+/// RC otherwise, as rdma-core's `librdmacm/cma.c`; another `ps` is
+/// `EINVAL`, as the kernel's `ucma_get_qp_type` answers it (checked here
+/// before the agent is asked). A NULL `id` is `EINVAL` (librdmacm would
+/// crash). `verbs` stays NULL until an address binds the id to a device.
 pub(crate) extern "C" fn rdma_create_id(
     channel: *mut rdma_event_channel,
     id: *mut *mut rdma_cm_id,
@@ -59,87 +243,88 @@ pub(crate) extern "C" fn rdma_create_id(
             RDMA_PS_UDP | RDMA_PS_IPOIB => IBV_QPT_UD,
             _ => return fail(libc::EINVAL),
         };
-        let (channel, sync) = if channel.is_null() {
-            match event_channel::create() {
-                Some(ch) => (ch.cast::<rdma_event_channel>(), true),
-                None => return -1,
+        match create(channel, context, ps, qp_type) {
+            Ok(cm) => {
+                // SAFETY: `id` is non-NULL; the caller passes where to store the id.
+                unsafe { *id = cm.cast() };
+                0
             }
-        } else {
-            (channel, false)
-        };
-        let c = rdma_cm_id {
-            channel,
-            context,
-            ps,
-            qp_type,
-            ..Default::default()
-        };
-        let cm = Box::new(CmId {
-            id: c,
-            sync,
-            tos: None,
-            reuseaddr: false,
-            afonly: None,
-            ack_timeout: None,
-            local_ece: (0, 0),
-            remote_ece: (0, 0),
-        });
-        // SAFETY: `id` is non-NULL; the caller passes where to store the id.
-        unsafe { *id = Box::into_raw(cm).cast() };
-        0
+            Err(e) => fail(e),
+        }
     })
 }
 
-/// Frees an id this library made (and its own channel, if synchronous).
+/// rdma-core's `ucma_destroy_kern_id`: `DESTROY_ID` on `ch`; the number of
+/// events the agent reported for the id.
+pub(crate) fn destroy_kern_id(ch: &Channel, handle: u32) -> Result<u32, c_int> {
+    let cmd = kabi::rdma_ucm_destroy_id {
+        id: handle,
+        ..zeroed()
+    };
+    let mut resp: kabi::rdma_ucm_destroy_id_resp = zeroed();
+    ch.exec_resp(kabi::RDMA_USER_CM_CMD_DESTROY_ID, &cmd, &mut resp)?;
+    Ok(resp.events_reported)
+}
+
+/// rdma-core's `rdma_destroy_id`: `DESTROY_ID`, acknowledges the event the
+/// id holds (synchronous ids), waits until every event the agent reported
+/// for it is acknowledged, frees it.
 ///
 /// # Safety
-/// `id` came from [`rdma_create_id`] and is not used afterwards.
-pub(crate) unsafe fn free(id: *mut rdma_cm_id) {
-    // SAFETY: the caller's contract: `id` is the head of a live CmId Box.
-    let cm = unsafe { Box::from_raw(id.cast::<CmId>()) };
-    if cm.sync && !cm.id.channel.is_null() {
-        // SAFETY: a synchronous id's channel is its own, made by
-        // event_channel::create; nothing else refers to it.
-        unsafe { event_channel::destroy(cm.id.channel.cast::<Channel>()) };
+/// `id` is a live id of this library, not used afterwards on success.
+pub(crate) unsafe fn destroy(id: *mut rdma_cm_id) -> Result<(), c_int> {
+    // SAFETY: the caller's contract.
+    let cm = unsafe { cm(id) };
+    let reported = destroy_kern_id(cm.channel(), cm.handle)?;
+    if !cm.id.event.is_null() {
+        crate::events::ack(cm.id.event);
+        cm.id.event = std::ptr::null_mut();
     }
+    cm.wait_events(reported);
+    // SAFETY: the id, no longer known to the agent.
+    unsafe { free(cm) };
+    Ok(())
 }
 
 /// `rdma_destroy_id(3)`: releases an id (and its own channel, for one
-/// created without a channel). The man page requires its QP destroyed and
-/// its events acknowledged first; no event exists yet. NULL is `EINVAL`.
+/// created without a channel), after every event the agent reported for
+/// it has been acknowledged (`rdma_ack_cm_event(3)`); the man page
+/// requires its QP destroyed first. NULL is `EINVAL`.
 pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     ffi("rdma_destroy_id", || {
         if id.is_null() {
             return fail(libc::EINVAL);
         }
-        // SAFETY: an id pointer applications hold came from rdma_create_id.
-        unsafe { free(id) };
-        0
+        // SAFETY: an id pointer applications hold came from this library.
+        match unsafe { destroy(id) } {
+            Ok(()) => 0,
+            Err(e) => fail(e),
+        }
     })
-}
-
-/// `rdma_destroy_ep(3)`: destroys an id made by `rdma_create_ep` with its
-/// QP and SRQ. No endpoint can hold a QP yet, so this is
-/// [`rdma_destroy_id`] (NULL: `EINVAL`, nothing done).
-pub(crate) extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
-    rdma_destroy_id(id);
 }
 
 /// `KMALLOC_MAX_SIZE` on x86-64 Linux 6.1 (4 MiB): the kernel's `rdma_ucm`
 /// refuses a longer `optlen` with `EINVAL` (`ucma_set_option`).
 const KMALLOC_MAX_SIZE: usize = 4 << 20;
 
-/// `rdma_set_option(3)`: sets an option of an unbound id with the checks
-/// the kernel's `rdma_ucm` makes (rdma-core's `rdma_set_option` passes
-/// everything to it; Linux `drivers/infiniband/core/ucma.c`
-/// `ucma_set_option`, `ucma_set_option_id`, `ucma_set_ib_path`):
+/// `IBV_PATH_FLAG_GMP | IBV_PATH_FLAG_PRIMARY | IBV_PATH_FLAG_BIDIRECTIONAL`
+/// (`<infiniband/sa.h>`): the primary path the kernel's
+/// `ucma_set_ib_path` looks for.
+const PATH_GMP_PRIMARY_BIDIRECTIONAL: u32 = 0x01 | 0x02 | 0x08 | 0x20;
+
+/// `rdma_set_option(3)`: sets an option of an id at the agent
+/// (`SET_OPTION`, the value's bytes after the structure), after the
+/// argument checks the kernel's `rdma_ucm` makes (Linux
+/// `drivers/infiniband/core/ucma.c` `ucma_set_option`,
+/// `ucma_set_option_id`, `ucma_set_ib_path`), so that the agent sees only
+/// well-formed options:
 /// `optlen` over `KMALLOC_MAX_SIZE` is `EINVAL`, an unreadable (NULL)
 /// `optval` with a length `EFAULT`; at `RDMA_OPTION_ID`, `TOS` and
 /// `ACK_TIMEOUT` take a `uint8_t`, `REUSEADDR` and `AFONLY` an `int`
 /// (another length: `EINVAL`); at `RDMA_OPTION_IB`, `IB_PATH` takes
-/// `struct ibv_path_data[]` and, on an id bound to no device (every id,
-/// until the CM exists), is `EINVAL`; an unknown level or name is
-/// `ENOSYS`. A NULL id is `EINVAL`.
+/// `struct ibv_path_data[]` with a primary path (else `EINVAL`); an unknown
+/// level or name is `ENOSYS`. The agent's errors are the call's. A NULL id
+/// is `EINVAL`.
 pub(crate) extern "C" fn rdma_set_option(
     id: *mut rdma_cm_id,
     level: c_int,
@@ -154,24 +339,9 @@ pub(crate) extern "C" fn rdma_set_option(
         if optval.is_null() && optlen > 0 {
             return fail(libc::EFAULT);
         }
-        // SAFETY: ids applications hold came from rdma_create_id.
-        let cm = unsafe { &mut *id.cast::<CmId>() };
-        let byte = || {
-            // SAFETY: optlen == 1 and optval non-NULL (checked above).
-            unsafe { *optval.cast::<u8>() }
-        };
-        let int = || {
-            // SAFETY: optlen == sizeof(int) and optval non-NULL; the
-            // application's int need not be aligned for us.
-            unsafe { optval.cast::<c_int>().read_unaligned() }
-        };
         match (level as u32, optname as u32) {
-            (RDMA_OPTION_ID, RDMA_OPTION_ID_TOS) if optlen == 1 => cm.tos = Some(byte()),
-            (RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT) if optlen == 1 => {
-                cm.ack_timeout = Some(byte())
-            }
-            (RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR) if optlen == 4 => cm.reuseaddr = int() != 0,
-            (RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY) if optlen == 4 => cm.afonly = Some(int() != 0),
+            (RDMA_OPTION_ID, RDMA_OPTION_ID_TOS | RDMA_OPTION_ID_ACK_TIMEOUT) if optlen == 1 => {}
+            (RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR | RDMA_OPTION_ID_AFONLY) if optlen == 4 => {}
             (
                 RDMA_OPTION_ID,
                 RDMA_OPTION_ID_TOS
@@ -179,10 +349,49 @@ pub(crate) extern "C" fn rdma_set_option(
                 | RDMA_OPTION_ID_REUSEADDR
                 | RDMA_OPTION_ID_AFONLY,
             ) => return fail(libc::EINVAL),
-            // Any length: not a whole number of path records, no primary
-            // path, or (always, for now) no device: all EINVAL.
-            (RDMA_OPTION_IB, RDMA_OPTION_IB_PATH) => return fail(libc::EINVAL),
+            (RDMA_OPTION_IB, RDMA_OPTION_IB_PATH) => {
+                let n = size_of::<ibv_path_data>();
+                if !optlen.is_multiple_of(n) {
+                    return fail(libc::EINVAL);
+                }
+                let primary = (0..optlen / n).any(|i| {
+                    // SAFETY: optval holds optlen / n path records
+                    // (possibly unaligned).
+                    let p = unsafe { optval.cast::<ibv_path_data>().add(i).read_unaligned() };
+                    p.flags == PATH_GMP_PRIMARY_BIDIRECTIONAL
+                });
+                if !primary {
+                    return fail(libc::EINVAL);
+                }
+            }
             _ => return fail(libc::ENOSYS),
+        }
+        if optlen > MAX_OPTION_LEN {
+            say(&format!(
+                "rdma_set_option: {optlen} bytes of option value, more than the agent takes ({MAX_OPTION_LEN})"
+            ));
+            return fail(libc::EINVAL);
+        }
+        // SAFETY: ids applications hold came from this library.
+        let cm = unsafe { cm(id) };
+        let cmd = kabi::rdma_ucm_set_option {
+            id: cm.handle,
+            level: level as u32,
+            optname: optname as u32,
+            optlen: optlen as u32,
+            ..zeroed()
+        };
+        let value: &[u8] = if optlen == 0 {
+            &[]
+        } else {
+            // SAFETY: optval is non-NULL with optlen readable bytes.
+            unsafe { std::slice::from_raw_parts(optval.cast::<u8>(), optlen) }
+        };
+        if let Err(e) = cm
+            .channel()
+            .exec(kabi::RDMA_USER_CM_CMD_SET_OPTION, &cmd, value, &mut [])
+        {
+            return fail(e);
         }
         0
     })

@@ -1,11 +1,11 @@
-//! What needs the connection manager, not there yet: every such function
-//! of `<rdma/rdma_cma.h>` and `<rdma/rsocket.h>` with its exact C
+//! What vrnic does not implement: multicast (`rdma_join_multicast(3)`,
+//! `rdma_join_multicast_ex(3)`, `rdma_leave_multicast(3)`: the agent's CM
+//! has no multicast) and the rsocket API, every function with its exact C
 //! signature, failing with librdmacm's convention for its return type and
-//! `errno = ENOSYS` (`-1`, NULL, or for `riowrite` `(size_t)-1`; a `void`
-//! function only sets `errno`). A NULL `rdma_cm_id` (or event, channel,
-//! out-pointer the function must write) is `EINVAL` first: rdma-core
-//! dereferences them, this library never crashes on an argument. With
-//! `VRNIC_RDMACM_DEBUG` set, each call says so on stderr.
+//! `errno = ENOSYS` (`-1`, NULL, or for `riowrite` `(size_t)-1`). A NULL
+//! `rdma_cm_id` (or address) is `EINVAL` first: rdma-core dereferences
+//! them, this library never crashes on an argument. With
+//! `VRNIC_RDMACM_DEBUG` set, each call says why on stderr.
 //!
 //! `rfcntl(3)` is variadic in C (`int rfcntl(int, int, ...)`); stable Rust
 //! cannot define a variadic function, so it is defined with the two fixed
@@ -25,7 +25,12 @@ fn enosys<R: Failed>(name: &str) -> R {
     if debug() {
         let _ = writeln!(
             std::io::stderr(),
-            "librdmacm (vrnic): {name} needs the connection manager, not implemented yet"
+            "librdmacm (vrnic): {name}: {}",
+            if name.contains("multicast") {
+                "multicast is not supported by vrnic's connection manager"
+            } else {
+                "the rsocket API is not implemented"
+            }
         );
     }
     fail(libc::ENOSYS)
@@ -50,97 +55,17 @@ macro_rules! not_yet {
 }
 
 not_yet! {
-    /// `rdma_create_ep(3)`: resolves and creates an endpoint (id + QP).
-    fn rdma_create_ep(
-        id: *mut *mut rdma_cm_id,
-        res: *mut rdma_addrinfo,
-        pd: *mut ibv_pd,
-        qp_init_attr: *mut ibv_qp_init_attr,
-    ) -> c_int; nonnull id, res;
-    /// `rdma_bind_addr(3)`: binds an id to a local address (and device).
-    fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int; nonnull id;
-    /// `rdma_resolve_addr(3)`: resolves a destination address to a device.
-    fn rdma_resolve_addr(
-        id: *mut rdma_cm_id,
-        src_addr: *mut sockaddr,
-        dst_addr: *mut sockaddr,
-        timeout_ms: c_int,
-    ) -> c_int; nonnull id;
-    /// `rdma_resolve_route(3)`: resolves the route to the destination.
-    fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_int) -> c_int; nonnull id;
-    /// `rdma_create_qp(3)`: a QP on the id's device, moved to INIT.
-    fn rdma_create_qp(
-        id: *mut rdma_cm_id,
-        pd: *mut ibv_pd,
-        qp_init_attr: *mut ibv_qp_init_attr,
-    ) -> c_int; nonnull id, qp_init_attr;
-    /// `rdma_create_qp_ex(3)`.
-    fn rdma_create_qp_ex(id: *mut rdma_cm_id, qp_init_attr: *mut ibv_qp_init_attr_ex) -> c_int;
-        nonnull id, qp_init_attr;
-    /// `rdma_destroy_qp(3)`.
-    fn rdma_destroy_qp(id: *mut rdma_cm_id); nonnull id;
-    /// `rdma_create_srq(3)`.
-    fn rdma_create_srq(
-        id: *mut rdma_cm_id,
-        pd: *mut ibv_pd,
-        attr: *mut ibv_srq_init_attr,
-    ) -> c_int; nonnull id, attr;
-    /// `rdma_create_srq_ex(3)`.
-    fn rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut ibv_srq_init_attr_ex) -> c_int;
-        nonnull id, attr;
-    /// `rdma_destroy_srq(3)`.
-    fn rdma_destroy_srq(id: *mut rdma_cm_id); nonnull id;
-    /// `rdma_connect(3)`: sends a connection request (IB CM REQ, or SIDR for UD).
-    fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int; nonnull id;
-    /// `rdma_establish(3)`: completes an active connection whose QP the
-    /// application moved to RTS itself (REP → RTU).
-    fn rdma_establish(id: *mut rdma_cm_id) -> c_int; nonnull id;
-    /// `rdma_listen(3)`.
-    fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int; nonnull id;
-    /// `rdma_get_request(3)`: the next connection request of a synchronous listener.
-    fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int;
-        nonnull listen, id;
-    /// `rdma_accept(3)`: accepts a connection request (REP).
-    fn rdma_accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int; nonnull id;
-    /// `rdma_reject(3)`: rejects a connection request (REJ, consumer reason).
-    fn rdma_reject(
-        id: *mut rdma_cm_id,
-        private_data: *const c_void,
-        private_data_len: u8,
-    ) -> c_int; nonnull id;
-    /// `rdma_reject_ece(3)`: rejects for an ECE mismatch.
-    fn rdma_reject_ece(
-        id: *mut rdma_cm_id,
-        private_data: *const c_void,
-        private_data_len: u8,
-    ) -> c_int; nonnull id;
-    /// `rdma_notify(3)`: tells the CM of a QP event (`IBV_EVENT_COMM_EST`).
-    fn rdma_notify(id: *mut rdma_cm_id, event: ibv_event_type) -> c_int; nonnull id;
-    /// `rdma_disconnect(3)`: DREQ, QP to ERROR.
-    fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int; nonnull id;
-    /// `rdma_join_multicast(3)`.
+    /// `rdma_join_multicast(3)`: not supported (`ENOSYS`).
     fn rdma_join_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr, context: *mut c_void)
         -> c_int; nonnull id, addr;
-    /// `rdma_leave_multicast(3)`.
+    /// `rdma_leave_multicast(3)`: not supported (`ENOSYS`).
     fn rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int; nonnull id, addr;
-    /// `rdma_join_multicast_ex(3)`.
+    /// `rdma_join_multicast_ex(3)`: not supported (`ENOSYS`).
     fn rdma_join_multicast_ex(
         id: *mut rdma_cm_id,
         mc_join_attr: *mut rdma_cm_join_mc_attr_ex,
         context: *mut c_void,
     ) -> c_int; nonnull id, mc_join_attr;
-    /// `rdma_get_cm_event(3)`: the next event of a channel.
-    fn rdma_get_cm_event(channel: *mut rdma_event_channel, event: *mut *mut rdma_cm_event)
-        -> c_int; nonnull channel, event;
-    /// `rdma_ack_cm_event(3)`: frees an event (none is ever handed out yet).
-    fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int; nonnull event;
-    /// `rdma_migrate_id(3)`: moves an id to another channel.
-    fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int; nonnull id;
-    /// `rdma_init_qp_attr(3)`: the attributes for the application's own
-    /// QP transitions (from the connection's path and parameters).
-    fn rdma_init_qp_attr(id: *mut rdma_cm_id, qp_attr: *mut ibv_qp_attr, qp_attr_mask: *mut c_int)
-        -> c_int; nonnull id, qp_attr, qp_attr_mask;
-
     /// `rsocket(7)`: `rsocket`.
     fn rsocket(domain: c_int, type_: c_int, protocol: c_int) -> c_int;
     /// `rsocket(7)`: `rbind`.

@@ -9,13 +9,25 @@
 //! so a symbol of the map without an implementation here is a compile
 //! error, and one the map lacks cannot be exported.
 
+use crate::addr::{rdma_bind_addr, rdma_resolve_addr};
 use crate::addrinfo::{rdma_freeaddrinfo, rdma_getaddrinfo};
-use crate::devices::{rdma_free_devices, rdma_get_devices};
-use crate::event_channel::{rdma_create_event_channel, rdma_destroy_event_channel};
-use crate::id::{
-    rdma_create_id, rdma_destroy_ep, rdma_destroy_id, rdma_get_dst_port, rdma_get_remote_ece,
-    rdma_get_src_port, rdma_set_local_ece, rdma_set_option,
+use crate::channel::{rdma_create_event_channel, rdma_destroy_event_channel};
+use crate::connect::{
+    rdma_accept, rdma_connect, rdma_disconnect, rdma_establish, rdma_listen, rdma_notify,
+    rdma_reject, rdma_reject_ece,
 };
+use crate::device::{rdma_free_devices, rdma_get_devices};
+use crate::ep::{rdma_create_ep, rdma_destroy_ep, rdma_get_request};
+use crate::events::{rdma_ack_cm_event, rdma_get_cm_event, rdma_migrate_id};
+use crate::id::{
+    rdma_create_id, rdma_destroy_id, rdma_get_dst_port, rdma_get_remote_ece, rdma_get_src_port,
+    rdma_set_local_ece, rdma_set_option,
+};
+use crate::qp::{
+    rdma_create_qp, rdma_create_qp_ex, rdma_create_srq, rdma_create_srq_ex, rdma_destroy_qp,
+    rdma_destroy_srq, rdma_init_qp_attr,
+};
+use crate::route::rdma_resolve_route;
 use crate::strings::rdma_event_str;
 use crate::stubs::*;
 

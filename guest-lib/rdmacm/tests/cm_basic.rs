@@ -1,7 +1,8 @@
-//! The calls that need no connection manager, from C (`tests/c/cm_basic.c`):
-//! - `checks`: event channel (a pollable fd), ids, options, ports, ECE,
-//!   and every call that needs the CM failing with `ENOSYS` (`EINVAL` for
-//!   a NULL id), never crashing;
+//! What needs no working connection manager, from C (`tests/c/cm_basic.c`):
+//! - `checks`: event channel (a pollable fd), ids, options (sent to the
+//!   agent with their values), ports, ECE, and the CM's calls against a
+//!   fake agent that refuses every command (`EOPNOTSUPP`: the calls fail
+//!   with it, or with the library's own `EINVAL`), never crashing;
 //! - `compare`: `rdma_event_str(3)` of every event and `rdma_getaddrinfo(3)`
 //!   of numeric, passive and hint-only cases print the same lines with this
 //!   library as with Debian's. Debian's resolves nothing on a machine
@@ -17,9 +18,11 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
+use common::fake_agent::{FakeAgent, Rec};
 use common::{
     assert_c_test_ok, compile_c_test, debian_lib, lib_dir, run_bounded, text, vrnic_lib_dir,
 };
+use vrnic_guest::agent::ucma::abi as kabi;
 
 const LOOPBACK: &str = "netdev=lo,ip=127.0.0.1/8";
 
@@ -37,17 +40,41 @@ fn run(
 }
 
 #[test]
-fn implemented_calls_and_enosys() {
+fn implemented_calls_and_agent_errors() {
     let Some((dir, exe)) = compile_c_test("cm_basic") else {
         return;
     };
+    let agent = FakeAgent::start(Box::new(|_, _| Err(libc::EOPNOTSUPP)));
     let out = run(
         &exe,
         "checks",
-        &[("LD_LIBRARY_PATH", lib_dir().as_os_str())],
+        &[
+            ("LD_LIBRARY_PATH", lib_dir().as_os_str()),
+            ("VRNIC_AGENT_SOCKET", agent.path.as_os_str()),
+        ],
     );
     let _ = std::fs::remove_dir_all(&dir);
     assert_c_test_ok("cm_basic", &out);
+    // The four valid options reached the agent, each with its value.
+    let opts: Vec<(u32, u32, Vec<u8>)> = agent
+        .log()
+        .iter()
+        .filter(|r| r.cmd == kabi::RDMA_USER_CM_CMD_SET_OPTION)
+        .map(|r: &Rec| {
+            let c: kabi::rdma_ucm_set_option = r.as_();
+            assert_eq!(c.optlen as usize, r.extra.len());
+            (c.level, c.optname, r.extra.clone())
+        })
+        .collect();
+    assert_eq!(
+        opts,
+        [
+            (0, 0, vec![32]),
+            (0, 3, vec![14]),
+            (0, 1, 1i32.to_ne_bytes().to_vec()),
+            (0, 2, 1i32.to_ne_bytes().to_vec()),
+        ]
+    );
 }
 
 /// The `= ` lines of a `compare` run.

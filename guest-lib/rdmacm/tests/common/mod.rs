@@ -5,6 +5,8 @@
 //! harness and its dev-dependencies; these tests need none of them.)
 #![allow(dead_code)]
 
+pub mod fake_agent;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -113,12 +115,18 @@ pub fn which(name: &str) -> Option<PathBuf> {
 
 /// Runs `cmd` to completion or kills it after `limit`. Panics on timeout.
 pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
-    let mut child = cmd
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    wait_bounded(child, &format!("{cmd:?}"), limit)
+}
+
+/// Waits for `child` (spawned with piped stdout and stderr) or kills it
+/// after `limit`. Panics on timeout, naming it `what`.
+pub fn wait_bounded(mut child: std::process::Child, what: &str, limit: Duration) -> Output {
     let start = Instant::now();
     loop {
         if child.try_wait().expect("try_wait").is_some() {
@@ -128,7 +136,7 @@ pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
             let _ = child.kill();
             let out = child.wait_with_output().expect("wait_with_output");
             panic!(
-                "{cmd:?} did not finish within {limit:?}; stderr: {}",
+                "{what} did not finish within {limit:?}; stderr: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
         }

@@ -193,6 +193,12 @@ impl UcmaConn {
         })
     }
 
+    /// The connection's socket, for the library to notice the agent going
+    /// away (`poll(2)` reports `POLLHUP` on it) while it waits on `wake`.
+    pub fn socket(&self) -> std::os::fd::RawFd {
+        self.sock.as_raw_fd()
+    }
+
     /// Executes command `cmd` with structure `body` (and `extra`), copying
     /// at most `resp.len()` bytes of the response into `resp`; returns
     /// what the kernel device's `write(2)` would: the bytes written, or a
