@@ -80,8 +80,11 @@ impl Drop for Scratch {
             // (the peer of a socket in the test's own directory).
             unsafe { libc::kill(pid, libc::SIGTERM) };
             let deadline = Instant::now() + Duration::from_secs(10);
-            // SAFETY: signal 0 only checks that the process exists.
-            while unsafe { libc::kill(pid, 0) } == 0 && Instant::now() < deadline {
+            let alive = || {
+                // SAFETY: signal 0 only checks that the process exists.
+                unsafe { libc::kill(pid, 0) == 0 }
+            };
+            while alive() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(10));
             }
             // SAFETY: as above; it did not stop within 10 s.
