@@ -14,115 +14,15 @@ mod common;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{run_bounded, which};
 use vrnic::link::MemLink;
-use vrnic_guest::agent::{self, proto};
+use vrnic_test_support::{which, AgentDir, Reaped};
 use vrnic_vhost::addr::Ipv4Prefix;
 use vrnic_vhost::functions::{FunctionSpec, Functions, FunctionsConfig};
 
 /// Pings per run.
 const COUNT: u32 = 20;
-
-/// The `vrnic-agent` binary of this tree, built once per test process.
-fn agent_bin() -> PathBuf {
-    static BUILT: std::sync::Once = std::sync::Once::new();
-    let dir = common::profile_dir();
-    BUILT.call_once(|| {
-        let mut c = Command::new(env!("CARGO"));
-        c.args(["build", "-p", "vrnic-tools", "--bin", "vrnic-agent"]);
-        if dir.file_name().is_some_and(|n| n == "release") {
-            c.arg("--release");
-        }
-        let out = run_bounded(&mut c, Duration::from_secs(900));
-        assert!(
-            out.status.success(),
-            "building vrnic-agent failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    });
-    dir.join("vrnic-agent")
-}
-
-/// A test's temporary directory (`TMPDIR` of its programs, so their
-/// agents' sockets are its own); on drop every agent in it is stopped
-/// (SIGTERM, bounded, then SIGKILL; PID from the socket's peer) and the
-/// directory removed.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        let d = std::env::temp_dir().join(format!("vrnic-rping-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("scratch directory");
-        Scratch(d)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        // SAFETY: getuid cannot fail.
-        let uid = unsafe { libc::getuid() };
-        for e in std::fs::read_dir(self.0.join(format!("vrnic-{uid}")))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let Ok(sock) = proto::connect(&e.path()) else {
-                continue;
-            };
-            let Ok(pid) = proto::peer_pid(&sock) else {
-                continue;
-            };
-            drop(sock);
-            // SAFETY: signalling the agent this test's programs started
-            // (the peer of a socket in the test's own directory).
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(10);
-            let alive = || {
-                // SAFETY: signal 0 only checks that the process exists.
-                unsafe { libc::kill(pid, 0) == 0 }
-            };
-            while alive() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            // SAFETY: as above; it did not stop within 10 s.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A child killed and reaped if still running when dropped.
-struct Reaped(Option<std::process::Child>);
-
-impl Reaped {
-    /// Its output once it exits, within `limit`; past it, killed, and the
-    /// test fails showing what it printed.
-    fn wait_bounded(mut self, limit: Duration) -> std::process::Output {
-        let mut child = self.0.take().expect("child");
-        let start = Instant::now();
-        while child.try_wait().expect("try_wait").is_none() {
-            if start.elapsed() > limit {
-                let _ = child.kill();
-                let out = child.wait_with_output().expect("wait");
-                panic!("did not finish within {limit:?}: {}", common::text(&out));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        child.wait_with_output().expect("wait_with_output")
-    }
-}
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 fn function(dir: &Path, name: &str, last: u8) -> FunctionSpec {
     let mut s = FunctionSpec::new(
@@ -136,24 +36,6 @@ fn function(dir: &Path, name: &str, last: u8) -> FunctionSpec {
     s
 }
 
-/// Waits (bounded) until the agent at `socket` serves no program.
-fn wait_agent_idle(socket: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let st = agent::client::AgentTransport::status(socket)
-            .unwrap_or_else(|e| panic!("the agent at {} does not answer: {e}", socket.display()));
-        if st.programs == 0 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the agent still serves {} programs",
-            st.programs
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Two functions of one daemon (10.0.0.1 and 10.0.0.2 on its switch) and
 /// the libraries, for one test.
 struct Pair {
@@ -161,7 +43,7 @@ struct Pair {
     a: FunctionSpec,
     b: FunctionSpec,
     _fns: Functions,
-    scratch: Scratch,
+    agents: AgentDir,
 }
 
 impl Pair {
@@ -172,10 +54,10 @@ impl Pair {
             return None;
         }
         let libs = common::vrnic_lib_dir(true)?;
-        let scratch = Scratch::new(tag);
+        let agents = AgentDir::new(tag);
         let (uplink, _outside) = MemLink::pair();
         let fns = Functions::new(Box::new(uplink), FunctionsConfig::default());
-        let (a, b) = (function(&scratch.0, "a", 1), function(&scratch.0, "b", 2));
+        let (a, b) = (function(&agents.tmp, "a", 1), function(&agents.tmp, "b", 2));
         fns.add(&a).expect("function a");
         fns.add(&b).expect("function b");
         Some(Pair {
@@ -183,7 +65,7 @@ impl Pair {
             a,
             b,
             _fns: fns,
-            scratch,
+            agents,
         })
     }
 
@@ -200,11 +82,10 @@ impl Pair {
     ) -> (String, String) {
         let cmd = |sock: &Path, (prog, args): (&str, &[&str])| {
             let mut c = Command::new(prog);
+            self.agents.env(&mut c);
             c.args(args)
                 .env("LD_LIBRARY_PATH", &self.libs)
                 .env("VRNIC_VHOST_USER", sock)
-                .env("VRNIC_AGENT", agent_bin())
-                .env("TMPDIR", &self.scratch.0)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
@@ -240,14 +121,8 @@ impl Pair {
             cout.status,
             sout.status
         );
-        wait_agent_idle(&agent::vhost_user_socket_in(
-            &self.scratch.0,
-            &self.a.socket,
-        ));
-        wait_agent_idle(&agent::vhost_user_socket_in(
-            &self.scratch.0,
-            &self.b.socket,
-        ));
+        AgentDir::wait_empty(&self.agents.socket(&self.a.socket));
+        AgentDir::wait_empty(&self.agents.socket(&self.b.socket));
         (ct, st)
     }
 }
