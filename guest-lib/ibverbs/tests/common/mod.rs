@@ -3,15 +3,16 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use vrnic::link::{Link, MemLink};
 use vrnic_frontend::{test_device_config, TestDaemon};
-use vrnic_guest::agent::{self, client::AgentTransport, proto};
+// Each test binary uses some of them.
+#[allow(unused_imports)]
+pub use vrnic_test_support::{agent_bin, run_bounded, which, AgentDir, Reaped};
 
 /// Debian's `libibverbs.so.1` (package libibverbs1), if installed.
 pub fn debian_lib() -> Option<PathBuf> {
@@ -56,63 +57,6 @@ pub fn lib_dir() -> PathBuf {
     std::os::unix::fs::symlink(&so, &tmp).expect("symlink libibverbs.so.1");
     std::fs::rename(&tmp, dir.join("libibverbs.so.1")).expect("rename libibverbs.so.1");
     dir
-}
-
-/// Path of an executable on `PATH`, if any.
-pub fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    })
-}
-
-/// Runs `cmd` to completion or kills it after `limit` (polling its exit
-/// status; the child is killed and reaped on timeout). Panics on timeout.
-pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    let start = Instant::now();
-    loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            return child.wait_with_output().expect("wait_with_output");
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("wait_with_output");
-            panic!(
-                "{cmd:?} did not finish within {limit:?}; stderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// The `vrnic-agent` binary of this tree: built here (cargo's lock on
-/// the target directory is free while tests run), so a test never runs a
-/// stale agent. Built once per test process.
-pub fn agent_bin() -> PathBuf {
-    static BUILT: std::sync::Once = std::sync::Once::new();
-    let dir = lib_dir().parent().expect("target/<profile>").to_path_buf();
-    BUILT.call_once(|| {
-        let mut c = Command::new(env!("CARGO"));
-        c.args(["build", "-p", "vrnic-tools", "--bin", "vrnic-agent"]);
-        if dir.file_name().is_some_and(|n| n == "release") {
-            c.arg("--release");
-        }
-        let out = run_bounded(&mut c, Duration::from_secs(900));
-        assert!(
-            out.status.success(),
-            "building vrnic-agent failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    });
-    dir.join("vrnic-agent")
 }
 
 /// The defined, versioned dynamic symbols of `lib` as readelf shows them
@@ -272,98 +216,6 @@ impl Drop for Reflector {
     }
 }
 
-/// The agent a test's programs started (through the library), in a
-/// temporary directory of the test's own (`TMPDIR`): on drop, stopped with
-/// SIGTERM (its PID from the socket's peer credentials; bounded, then
-/// SIGKILL) and the directory removed.
-pub struct AgentDir {
-    pub tmp: std::path::PathBuf,
-}
-
-impl AgentDir {
-    pub fn new(tag: &str) -> Self {
-        // One per test, even for two tests of one program.
-        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        let tmp = std::env::temp_dir().join(format!("vrnic-mp-{}-{tag}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(&tmp).expect("agent temp dir");
-        AgentDir { tmp }
-    }
-
-    /// The agent's socket for the function behind `vhost_user`, as the
-    /// library computes it under this `TMPDIR`.
-    pub fn socket(&self, vhost_user: &Path) -> std::path::PathBuf {
-        agent::vhost_user_socket_in(&self.tmp, vhost_user)
-    }
-
-    /// Sets `cmd` up to reach the function behind `vhost_user` through the
-    /// agent.
-    pub fn env(&self, cmd: &mut Command) {
-        cmd.env("VRNIC_AGENT", agent_bin()).env("TMPDIR", &self.tmp);
-    }
-
-    /// Waits (bounded) until the agent at `socket` serves no program and
-    /// its device holds nothing but the default context.
-    pub fn wait_empty(socket: &Path) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            let st = AgentTransport::status(socket).unwrap_or_else(|e| {
-                let log = std::fs::read_to_string(format!("{}.log", socket.display()));
-                panic!("the agent does not answer its status: {e}; its log:\n{log:?}")
-            });
-            let u = st.usage;
-            let left = [u.pds, u.mrs, u.cqs, u.qps, u.ahs, u.srqs, u.mr_pages];
-            if st.programs == 0 && u.ctxs == 1 && left == [0; 7] {
-                return;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the agent still serves {} programs: {u:?}",
-                st.programs
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for AgentDir {
-    fn drop(&mut self) {
-        // SAFETY: getuid cannot fail.
-        let uid = unsafe { libc::getuid() };
-        let dir = self.tmp.join(format!("vrnic-{uid}"));
-        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let path = e.path();
-            if path.extension().is_none_or(|x| x != "sock") {
-                continue;
-            }
-            let Ok(sock) = proto::connect(&path) else {
-                continue;
-            };
-            let Ok(pid) = proto::peer_pid(&sock) else {
-                continue;
-            };
-            drop(sock);
-            // SAFETY: signalling the agent this test's programs started
-            // (the peer of its own socket in the test's own directory).
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            let alive = || {
-                // SAFETY: signal 0 only checks that the process exists.
-                unsafe { libc::kill(pid, 0) == 0 }
-            };
-            while alive() && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            if alive() {
-                // SAFETY: as above; the agent did not stop within 10 s.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.tmp);
-    }
-}
-
 /// A fresh function whose link reflects every frame, served in this
 /// process; `None` (saying why) without gcc or libibverbs-dev.
 pub fn reflecting_function() -> Option<(TestDaemon, Reflector)> {
@@ -419,39 +271,4 @@ pub fn with_node(prog: &Path, scratch: &Path) -> Option<Command> {
     .arg(scratch)
     .arg(prog);
     Some(c)
-}
-
-/// A child killed (and reaped) if still running when dropped: a test that
-/// fails while a server waits leaves nothing behind.
-pub struct Reaped(pub Option<std::process::Child>);
-
-impl Reaped {
-    /// Its output once it exits, within `limit`; past it, killed, and the
-    /// test fails showing what it printed.
-    pub fn wait_bounded(mut self, limit: Duration) -> Output {
-        let mut child = self.0.take().expect("child");
-        let start = Instant::now();
-        while child.try_wait().expect("try_wait").is_none() {
-            if start.elapsed() > limit {
-                let _ = child.kill();
-                let out = child.wait_with_output().expect("wait");
-                panic!(
-                    "did not finish within {limit:?}: {}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        child.wait_with_output().expect("wait_with_output")
-    }
-}
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }

@@ -34,7 +34,7 @@ pub fn built_lib() -> PathBuf {
 }
 
 /// `target/<profile>`.
-fn profile_dir() -> PathBuf {
+pub fn profile_dir() -> PathBuf {
     built_lib()
         .parent()
         .and_then(Path::parent)
