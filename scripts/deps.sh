@@ -7,7 +7,7 @@
 # for its chart)
 set -euo pipefail
 PKGS=(debootstrap cpio iproute2 kmod xz-utils zstd binutils util-linux tshark python3-scapy
-    ca-certificates nftables gcc libc6-dev libibverbs-dev librdmacm-dev libclang-dev ibverbs-utils perftest ucx-utils openmpi-bin libopenmpi-dev podman runc
+    ca-certificates nftables gcc libc6-dev libibverbs-dev librdmacm-dev libclang-dev ibverbs-utils perftest rdmacm-utils ucx-utils openmpi-bin libopenmpi-dev podman runc
     python3-pyverbs)
 case ${1:-} in
 '') ;;
