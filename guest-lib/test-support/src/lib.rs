@@ -186,6 +186,13 @@ impl Drop for AgentDir {
 pub struct Reaped(pub Option<std::process::Child>);
 
 impl Reaped {
+    /// Kills it (if still running) and returns what it printed.
+    pub fn kill(mut self) -> Output {
+        let mut child = self.0.take().expect("child");
+        let _ = child.kill();
+        child.wait_with_output().expect("wait_with_output")
+    }
+
     /// Its output once it exits, within `limit`; past it, killed, and the
     /// test fails showing what it printed.
     pub fn wait_bounded(mut self, limit: Duration) -> Output {

@@ -74,9 +74,13 @@ pub struct Service {
     stop: Arc<AtomicBool>,
 }
 
-fn eventfd() -> io::Result<OwnedFd> {
+/// An eventfd, non-blocking (the service's own wake) or blocking (a
+/// channel's wake descriptor: the library reads `O_NONBLOCK` on it as the
+/// application's choice, as on rdma-core's device file).
+fn eventfd(nonblock: bool) -> io::Result<OwnedFd> {
+    let flags = libc::EFD_CLOEXEC | if nonblock { libc::EFD_NONBLOCK } else { 0 };
     // SAFETY: eventfd(2) with valid flags; the result is checked.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    let fd = unsafe { libc::eventfd(0, flags) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -90,9 +94,16 @@ fn efd_add(fd: RawFd) {
     let _ = unsafe { libc::write(fd, one.as_ptr().cast(), 8) };
 }
 
+/// Zeroes eventfd `fd`'s counter if it is readable; never blocks, whether
+/// or not the descriptor is non-blocking (a channel's may be blocking, or
+/// made non-blocking by the application sharing it).
 fn efd_clear(fd: RawFd) {
+    if !matches!(proto::wait_readable(fd, Duration::ZERO), Ok(true)) {
+        return;
+    }
     let mut b = [0u8; 8];
-    // SAFETY: reads 8 bytes into a live buffer from a non-blocking eventfd.
+    // SAFETY: reads 8 bytes into a live buffer from an eventfd that poll
+    // just found readable (only this thread reads it).
     let _ = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 8) };
 }
 
@@ -102,7 +113,7 @@ impl Service {
     /// It publishes what it holds in `stats`.
     pub fn spawn(agent_socket: PathBuf, stats: SharedStats) -> io::Result<Service> {
         let (tx, rx) = mpsc::channel();
-        let wake = Arc::new(eventfd()?);
+        let wake = Arc::new(eventfd(true)?);
         let stop = Arc::new(AtomicBool::new(false));
         let (w, s) = (wake.clone(), stop.clone());
         std::thread::Builder::new()
@@ -531,7 +542,7 @@ impl Thread {
         } else {
             None
         };
-        let wake = match eventfd() {
+        let wake = match eventfd(false) {
             Ok(w) => w,
             Err(_) => return,
         };
