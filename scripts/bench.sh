@@ -136,8 +136,8 @@ secs=1 bw_secs=3 lat_iters=2000
 [ $quick = 1 ] && secs=0.3 bw_secs=1 lat_iters=300
 # ucx_perftest has no time limit, only counts: 64 KiB messages for tag_bw (20000: 1.3 GB, a few
 # seconds at this machine's ~1 GB/s through vrnic) and round trips of 8 B for tag_lat.
-ucx_bw_iters=20000 ucx_lat_iters=5000
-[ $quick = 1 ] && ucx_bw_iters=3000 ucx_lat_iters=1000
+ucx_bw_iters=20000 ucx_lat_iters=5000 cm_conns=100
+[ $quick = 1 ] && ucx_bw_iters=3000 ucx_lat_iters=1000 cm_conns=20
 tag=vrb$$
 ns_l=$tag-l ns_a=$tag-a ns_b=$tag-b ns_v=$tag-v
 pids=() dpids=()
@@ -153,11 +153,14 @@ trap cleanup EXIT
 log() { echo "[bench $(date +%H:%M:%S)] $*" >&2; }
 
 log "building (release)"
-(cd "$top" && cargo build -q --release -p vrnic-ibverbs -p vrnic-tools)
+(cd "$top" && cargo build -q --release -p vrnic-ibverbs -p vrnic-rdmacm -p vrnic-tools)
 # shellcheck source=scripts/lib.sh
 . "$top/scripts/lib.sh" # vr_netns_no_brnf (bridges without netfilter hooks, as in the e2e)
 lib=$("$top/scripts/ibverbs-lib.sh" --release)
 rel=$top/target/release
+# vrnic's librdmacm.so.1 beside its libibverbs.so.1 (the rdma_cm rows, cm_rows).
+cp "$rel/libvrnic_rdmacm.so" "$lib/librdmacm.so.1.tmp"
+mv "$lib/librdmacm.so.1.tmp" "$lib/librdmacm.so.1"
 mkdir -p "/tmp/$tag"
 if [ $ucx_mpi = 1 ]; then
     # The MPI rows' program (its --bw mode) and the wrapper that gives each rank its own function.
@@ -269,6 +272,11 @@ run_pair() {
         ns_s=$ns_v ns_c=$ns_v peer=127.0.0.1
         local agent=off
         [ "$mode" = switch-agent ] && agent=$rel/vrnic-agent
+        # Through rdma_cm (cm_rows' cm=1): the agent's connection manager, the server's function
+        # address.
+        if [ "${cm:-0}" = 1 ]; then
+            agent=$rel/vrnic-agent peer=10.78.0.1
+        fi
         env_a=(VRNIC_AGENT=$agent TMPDIR=/tmp/$tag VRNIC_VHOST_USER="/tmp/$tag/f1.sock")
         env_b=(VRNIC_AGENT=$agent TMPDIR=/tmp/$tag VRNIC_VHOST_USER="/tmp/$tag/f2.sock")
         base=$(dcounters)
@@ -280,8 +288,10 @@ run_pair() {
         cli_cmd=(ucx_perftest "$peer" -p "$port" -t "${tool#ucx_}" "$@")
         ;;
     *)
-        srv_cmd=("$tool" -x 1 -p "$port" "$@")
-        cli_cmd=("$tool" -x 1 -p "$port" "$@" "$peer")
+        local gid=(-x 1)
+        [ "${cm:-0}" = 1 ] && gid=(-R)
+        srv_cmd=("$tool" "${gid[@]}" -p "$port" "$@")
+        cli_cmd=("$tool" "${gid[@]}" -p "$port" "$@" "$peer")
         ;;
     esac
     rm -f "/tmp/$tag"/cpu-*
@@ -298,7 +308,7 @@ run_pair() {
         ! ip netns exec "$ns_c" env LD_LIBRARY_PATH="$lib" "${env_b[@]}" bash -c "$cpu_wrap" "/tmp/$tag/cpu-client-$t" \
             timeout "$pair_tmo" "${cmd[@]}" >"/tmp/$tag/client.out" 2>&1; do
         t=$((t + 1))
-        if [ $t -ge 50 ] || ! grep -qiE "couldn't connect|connection refused" "/tmp/$tag/client.out"; then
+        if [ $t -ge 50 ] || ! grep -qiE "couldn't connect|connection refused|REJECTED|Unable to Connect" "/tmp/$tag/client.out"; then
             v=fail
             break
         fi
@@ -606,6 +616,51 @@ mpi_row() {
     k=${cost// /,}
     echo "mpi_pingpong,$mode,$size,$v,MB/s,$dr,$to,$nk,$gb,$k,1,-,0,-,-,-,-" >>"$out/bench.csv"
 }
+# cm_rows MODE (issue 31): connections made through rdma_cm, each process on vrnic's
+# librdmacm.so.1 and the agent's connection manager (IB CM on QP1): ib_write_bw -R at 64 KiB and
+# ib_write_lat -R at 64 B (rows ib_write_bw-R, ib_write_lat-R, beside the out-of-band rows of the
+# same mode: the data path is the same, only the connection differs), then the connection rate:
+# cmtime -c cm_conns between the two functions, its "us / conn" of the connect and disconnect steps
+# (rows cmtime_connect, cmtime_disconnect: microseconds per connection, cmtime's own division of
+# the step's wall time by the connections, which it runs concurrently).
+cm_rows() {
+    local mode=$1 cm=1 v dr to nk gb cpu wall dcpu d=/tmp/$tag srv t=0
+    port=$((port + 1))
+    log "$mode ib_write_bw -R 65536 B for ${bw_secs}s"
+    read -r v dr to nk gb cpu wall dcpu < <(run_pair "$mode" ib_write_bw $port -s 65536 -D $bw_secs)
+    echo "ib_write_bw-R,$mode,65536,$v,MB/s,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu,1,-,0,-,-,-,-" >>"$out/bench.csv"
+    [ "$v" != fail ] || keep_failed "$mode-ib_write_bw-R-65536"
+    port=$((port + 1))
+    log "$mode ib_write_lat -R 64 B x $lat_iters"
+    read -r v dr to nk gb cpu wall dcpu < <(run_pair "$mode" ib_write_lat $port -s 64 -n $lat_iters)
+    echo "ib_write_lat-R,$mode,64,$v,us,$dr,$to,$nk,$gb,$cpu,$wall,$dcpu,1,-,0,-,-,-,-" >>"$out/bench.csv"
+    [ "$v" != fail ] || keep_failed "$mode-ib_write_lat-R-64"
+    port=$((port + 1))
+    log "$mode cmtime -c $cm_conns"
+    ip netns exec "$ns_v" env LD_LIBRARY_PATH="$lib" VRNIC_AGENT="$rel/vrnic-agent" TMPDIR="$d" \
+        VRNIC_VHOST_USER="$d/f1.sock" timeout "$pair_tmo" cmtime -b 10.78.0.1 -p $port >"$d/server.out" 2>&1 &
+    srv=$!
+    pids+=("$srv")
+    while ! ip netns exec "$ns_v" env LD_LIBRARY_PATH="$lib" VRNIC_AGENT="$rel/vrnic-agent" TMPDIR="$d" \
+        VRNIC_VHOST_USER="$d/f2.sock" timeout "$pair_tmo" cmtime -s 10.78.0.1 -p $port -c "$cm_conns" >"$d/client.out" 2>&1; do
+        t=$((t + 1))
+        # cmtime's client reports a rejection (the server not listening yet) per connection.
+        if [ $t -ge 50 ] || ! grep -qiE "REJECTED|refused|failed" "$d/client.out"; then
+            break
+        fi
+        sleep 0.2
+    done
+    kill "$srv" 2>/dev/null || true
+    wait "$srv" 2>/dev/null || true
+    local step row
+    for step in connect disconnect; do
+        row=cmtime_$step
+        v=$(awk -F: -v s="$step" '{ n = $1; gsub(/ +$/, "", n) } n == s { split($2, f, " "); print f[4]; found = 1 }
+            END { if (!found) print "fail" }' "$d/client.out")
+        echo "$row,$mode,$cm_conns,$v,us,-,-,-,-,-,-,-,1,-,0,-,-,-,-" >>"$out/bench.csv"
+    done
+    [ "$v" != fail ] || { cp "$d/client.out" "$out/fail-$mode-cmtime-client.out"; log "$mode cmtime failed: $(tail -2 "$d/client.out" | paste -sd ';')"; }
+}
 # qp_scaling MODE: the rows of modes switch-q, tap-q and packet-q (see the header). Each perftest
 # process gets more time: 64 QPs of 4 MiB register 512 MiB on each side before the first message.
 qp_scaling() {
@@ -660,6 +715,7 @@ for mode in $modes; do
         switch | tap)
             ucx_rows "$mode"
             mpi_row "$mode"
+            cm_rows "$mode"
             ;;
         esac
         ;;
@@ -758,6 +814,10 @@ print("  (ucx_tag_bw, ucx_tag_lat: ucx_perftest tag_bw 64 KiB (overall MB/s) and
 print("   percentile, half a round trip) over rc_verbs; mpi_pingpong: Open MPI (pml ucx) ping-pong")
 print("   of 4 MiB, 2 x bytes x rounds / time, its ranks on the two functions; both beside the limits")
 print("   of perftest's rows of their mode)")
+print("  (ib_write_bw-R, ib_write_lat-R: perftest -R, connected by rdma_cm through vrnic's librdmacm.so.1")
+print("   and the agent's CM, ratio against the out-of-band row of the same mode and size; cmtime_connect,")
+print("   cmtime_disconnect: cmtime's us / conn over the bytes column's connections, ratio against the")
+print("   guests' rxe-rxe row when --guests ran)")
 doc = {"limits": lim, "loss_per_mille": loss, "runs": []}
 for r in rows:
     v = r["value"]
@@ -778,6 +838,25 @@ for r in rows:
     fig = limtxt = ""
     if x is None:
         fig = v
+    elif r["what"].endswith("-R"):
+        # Connected through rdma_cm (cm_rows): beside the same tool connected out of band (its
+        # TCP exchange), same mode, size and run; the data path is the same.
+        oob = next((fnum(i["value"]) for i in rows if i["mode"] == r["mode"] and i["what"] == r["what"][:-2]
+                    and i["bytes"] == r["bytes"] and i.get("qps") == "1"), None)
+        ratio = x / oob if oob else None
+        unit = "Gb/s" if r["unit"] == "MB/s" else "us"
+        val = (lambda y: y * 8 / 1000) if r["unit"] == "MB/s" else (lambda y: y)
+        fig = f"{val(x):.2f} {unit}"
+        limtxt = f"{val(oob):.2f} {unit} out-of-band" if oob else "-"
+    elif r["what"].startswith("cmtime_"):
+        # Microseconds per connection (cmtime's division of the step's time by its connections);
+        # no limit of this machine bounds it: compare the guests' rxe-rxe row of the same run.
+        fig = f"{x:.0f} us/conn"
+        rxe = next((fnum(i["value"]) for i in rows if i["mode"] == "guests-rxe-rxe" and i["what"] == r["what"]), None)
+        if rxe and r["mode"] != "guests-rxe-rxe":
+            ratio, limtxt = x / rxe, f"{rxe:.0f} us rxe-rxe"
+        else:
+            limtxt = "-"
     elif r["unit"] == "MB/s" and b.endswith("switch"):
         # Between two functions of one daemon (host processes or guests) the limit is a memory
         # copy (same size).
