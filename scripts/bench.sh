@@ -308,7 +308,7 @@ run_pair() {
         ! ip netns exec "$ns_c" env LD_LIBRARY_PATH="$lib" "${env_b[@]}" bash -c "$cpu_wrap" "/tmp/$tag/cpu-client-$t" \
             timeout "$pair_tmo" "${cmd[@]}" >"/tmp/$tag/client.out" 2>&1; do
         t=$((t + 1))
-        if [ $t -ge 50 ] || ! grep -qiE "couldn't connect|connection refused|REJECTED|Unable to Connect" "/tmp/$tag/client.out"; then
+        if [ $t -ge 50 ] || ! grep -qiE "couldn.t connect|connection refused|REJECTED|Unable to Connect|Unexpected CM event|Unable to init the socket" "/tmp/$tag/client.out"; then
             v=fail
             break
         fi
@@ -616,7 +616,7 @@ mpi_row() {
     k=${cost// /,}
     echo "mpi_pingpong,$mode,$size,$v,MB/s,$dr,$to,$nk,$gb,$k,1,-,0,-,-,-,-" >>"$out/bench.csv"
 }
-# cm_rows MODE (issue 31): connections made through rdma_cm, each process on vrnic's
+# cm_rows MODE (issue 31; mode switch-agent): connections made through rdma_cm, each process on vrnic's
 # librdmacm.so.1 and the agent's connection manager (IB CM on QP1): ib_write_bw -R at 64 KiB and
 # ib_write_lat -R at 64 B (rows ib_write_bw-R, ib_write_lat-R, beside the out-of-band rows of the
 # same mode: the data path is the same, only the connection differs), then the connection rate:
@@ -715,6 +715,10 @@ for mode in $modes; do
         switch | tap)
             ucx_rows "$mode"
             mpi_row "$mode"
+            ;;
+        switch-agent)
+            # Beside this mode's out-of-band rows: both through the agent, which rdma_cm needs
+            # (without it, a process is its function's own frontend, another memory path).
             cm_rows "$mode"
             ;;
         esac
