@@ -762,7 +762,8 @@ run_pause() {
 # serves; last an RDMA WRITE with a guessed
 # R_Key, which must get a fatal NAK. Then the server must have failed cleanly (a completion
 # error, no data error: nothing hostile was taken for data) and daemon A must have counted the
-# drops by class in `vrnic stats`.
+# drops by class in `vrnic stats`. Before that, where the image has vrnic's librdmacm.so.1, the CM
+# classes: tests/e2e/cm-hostile-peer.py against rping -P in the guest (tests/e2e/README.md).
 run_hostile() {
     local dir=$RESULTS/hostile-peer nsh=$NS-h daemon pid line tp=$SECONDS
     mkdir -p "$dir"
