@@ -69,7 +69,10 @@ impl Cm {
             return;
         }
         // Stale: the remote QPN and CA GUID of a connection still held
-        // (cm_insert_remote_qpn): REJ stale, and a DREQ on the old one.
+        // (cm_insert_remote_qpn): REJ stale, and a DREQ on the old one, but
+        // only when the REQ comes from that connection's peer GID. Both
+        // fields are on the wire in the old REQ, so Linux's rule (a DREQ
+        // whoever asks) would let any host on the link tear it down.
         let stale = self
             .conns
             .iter()
@@ -78,8 +81,8 @@ impl Cm {
                     && c.remote_qpn == req.local_qpn
                     && c.remote_ca_guid == req.local_ca_guid
             })
-            .map(|(k, c)| (*k, c.state));
-        if let Some((old, state)) = stale {
+            .map(|(k, c)| (*k, c.state, c.peer_gid));
+        if let Some((old, state, peer_gid)) = stale {
             self.counters.stale_req += 1;
             let mad = Self::rej_mad(
                 0,
@@ -90,7 +93,7 @@ impl Cm {
                 nopd,
             );
             self.push_mad(from.gid, mad);
-            if state == CmState::Established {
+            if state == CmState::Established && peer_gid == from.gid {
                 let _ = self.disconnect(now_ns, CmId(old), &[]);
             }
             return;

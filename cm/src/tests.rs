@@ -520,6 +520,41 @@ fn forged_messages_are_ignored() {
     assert_eq!(c.state(idc), Some(CmState::Established));
 }
 
+/// A REQ from a stranger's GID that names a live connection's remote CA
+/// GUID and QPN (both on the wire in that connection's REQ) is rejected as
+/// stale but leaves the connection alone: only the peer it was made with
+/// may make it stale (Linux's `cm_match_req` sends a DREQ on the old one
+/// whoever asks, which would let anyone on the link tear it down).
+#[test]
+fn a_strangers_stale_req_does_not_disconnect() {
+    let mut a = cm(1, 1);
+    let mut b = cm(2, 2);
+    let mut evil = cm(66, 3);
+    b.listen(SID).unwrap();
+    let (ida, idb) = establish(0, &mut a, &mut b);
+    evil.connect(0, &req_params(b.port().gid, &[])).unwrap();
+    let out = evil.pop_mad().unwrap();
+    let mad = Mad::parse(&out.mad).unwrap();
+    let CmMessage::Req(mut req) = CmMessage::parse(&mad).unwrap() else {
+        panic!("not a REQ")
+    };
+    req.local_ca_guid = a.port().ca_guid;
+    req.local_qpn = 0x11;
+    let forged = CmMessage::Req(req).to_mad(mad.hdr.tid, 0).to_bytes();
+    b.handle_mad(0, src(&evil), &forged);
+    assert_eq!(b.counters().stale_req, 1);
+    assert_eq!(b.state(idb), Some(CmState::Established));
+    assert!(events(&mut b).is_empty());
+    // Only the REJ, to the stranger; no DREQ to a.
+    let o = b.pop_mad().unwrap();
+    assert_eq!(o.to_gid, evil.port().gid);
+    assert!(b.pop_mad().is_none());
+    assert_eq!(a.state(ida), Some(CmState::Established));
+    // The same REQ from a's own GID still ends the old connection.
+    b.handle_mad(0, src(&a), &forged);
+    assert_eq!(b.state(idb), Some(CmState::DreqSent));
+}
+
 #[test]
 fn tables_are_bounded() {
     let mut a = cm(1, 1);

@@ -762,7 +762,8 @@ run_pause() {
 # serves; last an RDMA WRITE with a guessed
 # R_Key, which must get a fatal NAK. Then the server must have failed cleanly (a completion
 # error, no data error: nothing hostile was taken for data) and daemon A must have counted the
-# drops by class in `vrnic stats`.
+# drops by class in `vrnic stats`. Before that, where the image has vrnic's librdmacm.so.1, the CM
+# classes: tests/e2e/cm-hostile-peer.py against rping -P in the guest (tests/e2e/README.md).
 run_hostile() {
     local dir=$RESULTS/hostile-peer nsh=$NS-h daemon pid line tp=$SECONDS
     mkdir -p "$dir"
@@ -779,9 +780,60 @@ run_hostile() {
     ip -n "$nsh" link set hA up
     local SIZES=512 ITERS=1000000 XRUNS='' E2E_EXTRA=''
     job "$dir/job-a.sh" hostile-a vrnic-pingpong 10.0.0.3 server
+    # The CM classes (issue 31) first: an rdma_cm server, Debian's rping on vrnic's
+    # librdmacm.so.1 (where the package ships it) and the guest agent's CM. rping exits at the
+    # first error event, here the REJ cm-hostile-peer.py ends with; then the agent, which holds
+    # the device while a program uses it, lingers 10 s, and vrnic-pingpong (its own driver) can
+    # open the device.
+    {
+        echo 'if [ -e /usr/lib/vrnic/librdmacm.so.1 ] && command -v rping >/dev/null; then'
+        echo '    echo "VRNIC-CM rping-server started"'
+        echo '    timeout 150 rping -s -P -a 10.0.0.101 -p 7174 2>&1 | sed "s/^/RPING /"'
+        echo '    i=0'
+        echo '    while pgrep -x vrnic-agent >/dev/null && [ $i -lt 60 ]; do sleep 0.5; i=$((i + 1)); done'
+        echo '    echo "VRNIC-CM device free"'
+        echo 'else'
+        echo '    echo "VRNIC-CM skip: no /usr/lib/vrnic/librdmacm.so.1 (or rping) in the image"'
+        echo 'fi'
+        cat "$dir/job-a.sh"
+    } >"$dir/job-a.cm" && mv "$dir/job-a.cm" "$dir/job-a.sh"
     vr_guest a vrnic "$NS" tap-ga 10.0.0.1/24 "$dir/job-a.sh" "$dir" "$dir/vrnic-a.sock"
     pid=$VR_LAST_PID
-    local rc=0
+    local rc=0 cm='' t0
+    t0=$SECONDS
+    while [ $((SECONDS - t0)) -lt 180 ]; do
+        cm=$(grep -a -m1 '^VRNIC-CM ' "$dir/a.log" 2>/dev/null | tr -d '\r') || true
+        [ -n "$cm" ] && break
+        sleep 0.5
+    done
+    case $cm in
+    "VRNIC-CM rping-server started")
+        t0=$SECONDS
+        timeout -k 5 240 ip netns exec "$nsh" /usr/bin/python3 "$VR_TOP/tests/e2e/cm-hostile-peer.py" \
+            --iface hA --ip 10.0.0.3 --server 10.0.0.101 --port 7174 >"$dir/cm-hostile.log" 2>&1 || rc=$?
+        echo "cm-hostile-peer.py exit $rc in $((SECONDS - t0)) s (log $dir/cm-hostile.log)"
+        while IFS= read -r line; do
+            case $line in
+            "HOSTILE "*" ok"*) pass "hostile-peer: ${line#HOSTILE }" ;;
+            "HOSTILE "*) fail "hostile-peer: ${line#HOSTILE }" ;;
+            esac
+        done <"$dir/cm-hostile.log"
+        grep -q '^HOSTILE-CM-RESULT .* failed=0$' "$dir/cm-hostile.log" ||
+            fail "hostile-peer: cm: $(grep -a '^HOSTILE-CM-RESULT' "$dir/cm-hostile.log" || tail -3 "$dir/cm-hostile.log")"
+        local c v
+        for c in rx_drop_bad_qkey tx_drop_unresolved; do
+            v=$(stat_of "$dir/vrnic-a.sock" "$c")
+            if [ "${v:-0}" -gt 0 ]; then pass "hostile-peer: cm: vrnic stats $c $v"; else fail "hostile-peer: cm: vrnic stats $c ${v:-none}"; fi
+        done
+        rc=0 t0=$SECONDS
+        until grep -aq '^VRNIC-CM device free' "$dir/a.log" 2>/dev/null; do
+            [ $((SECONDS - t0)) -lt 200 ] || { fail "hostile-peer: cm: rping never ended (console $dir/a.log)"; break; }
+            sleep 0.5
+        done
+        ;;
+    "VRNIC-CM skip"*) echo "hostile-peer: CM classes SKIPPED: ${cm#VRNIC-CM skip: }" ;;
+    *) fail "hostile-peer: the guest never said whether it serves rdma_cm (console $dir/a.log)" ;;
+    esac
     timeout -k 5 300 ip netns exec "$nsh" /usr/bin/python3 "$VR_TOP/tests/e2e/hostile-peer.py" \
         --iface hA --ip 10.0.0.3 --server 10.0.0.1 --port 18515 --size 512 >"$dir/hostile.log" 2>&1 || rc=$?
     echo "hostile-peer.py exit $rc (log $dir/hostile.log)"

@@ -4,7 +4,9 @@
 //! Q_Key, P_Key and UDP source port on the wire and the GRH area in the
 //! receive; datagrams with another Q_Key or P_Key, of another transport,
 //! or for QP1 while no GSI QP exists, dropped and counted; one GSI QP per
-//! device, number 1 never handed to another QP.
+//! device, number 1 never handed to another QP; MADs to addresses nobody
+//! answers for (a spoofed sender's) lost after their resolutions, which
+//! run together, never stalling the MADs queued behind them.
 
 mod common;
 
@@ -90,6 +92,7 @@ fn destroy_qp(n: &mut Node, qpn: u32) -> Result<Vec<u8>, u32> {
 /// One side: PD, CQ, GSI QP brought up, a 4 KiB buffer registered, an AH
 /// to `peer`.
 struct Side {
+    pd: u32,
     cq: Cq,
     qp: Qp,
     buf: u64,
@@ -115,6 +118,7 @@ fn side(n: &mut Node, peer: Ipv4Addr) -> Side {
     };
     let ah = Node::handle_of(n.cmd(abi::CMD_CREATE_AH, &c).unwrap());
     Side {
+        pd,
         cq,
         qp,
         buf,
@@ -498,4 +502,56 @@ fn gsi_posts_only_sends() {
         )
         .unwrap();
     }
+}
+
+/// An AH on `s`'s PD to `peer`.
+fn ah_to(n: &mut Node, s: &Side, peer: Ipv4Addr) -> u32 {
+    let c = abi::CreateAh {
+        pdn: s.pd,
+        dgid: peer.to_ipv6_mapped().octets(),
+        sgid_index: 1,
+        port_num: 1,
+        is_global: 1,
+        ..Default::default()
+    };
+    Node::handle_of(n.cmd(abi::CMD_CREATE_AH, &c).unwrap())
+}
+
+/// Issue 31, hostile CM traffic: the CM answers a forged MAD (a DREQ for
+/// no connection gets a DREP, a REQ beyond the backlog a REJ) at its
+/// source, which a stranger spoofs; nobody answers ARP for it. Such a MAD
+/// is lost once its resolution fails (counted `tx_drop_unresolved`), the
+/// resolutions of the WQEs queued behind it run at the same time, and a
+/// MAD to a live peer behind them all goes out within about one
+/// resolution (3 requests, 200 ms apart) rather than one per address.
+/// Before, QP1 waited at the first unresolvable address for good: one
+/// forged MAD silenced a function's CM.
+#[test]
+fn gsi_mads_to_unanswered_addresses_are_lost_without_stalling_the_queue() {
+    let (mut a, mut b) = pair(1500);
+    let (ip_a, ip_b) = (a.ip, b.ip);
+    let mut sa = side(&mut a, ip_b);
+    let mut sb = side(&mut b, ip_a);
+    post_mad_recv(&mut b, &mut sb, 1);
+    let to_b = sa.ah;
+    // 15 MADs to strangers nobody answers for, then one to B (the send
+    // queue holds 16).
+    for i in 0..15u8 {
+        sa.ah = ah_to(&mut a, &sa, Ipv4Addr::new(10, 0, 0, 100 + i));
+        post_mad(&mut a, &mut sa, &mad(i), 1, 0x8000_0000);
+    }
+    sa.ah = to_b;
+    let m = mad(0xb0);
+    post_mad(&mut a, &mut sa, &m, 1, 0x8000_0000);
+    let start = a.now;
+    let got = collect(&mut a, &mut b, true, &mut sb.cq, 1);
+    let took = a.now.max(b.now) - start;
+    check_mad_recv(&b, &sb, &got[0], ip_a, &m);
+    assert!(
+        took < 1_500_000_000,
+        "the MAD to B waited {took} ns behind the unresolved ones"
+    );
+    let sent = collect(&mut a, &mut b, false, &mut sa.cq, 16);
+    assert!(sent.iter().all(|c| c.status == abi::WC_SUCCESS), "{sent:?}");
+    assert_eq!(a.dev.stats().tx_drop_unresolved, 15);
 }

@@ -557,6 +557,7 @@ impl Device {
             }
             if let Some(dgid) = qp.req.waiting_arp {
                 unresolved.push(dgid);
+                unresolved.extend_from_slice(&qp.req.resolve_ahead);
             }
         }
         self.poll_from = starved.unwrap_or(start);
@@ -707,7 +708,11 @@ impl Device {
             }
         });
         if let Some(dgid) = qp.req.waiting_arp {
+            let ahead = std::mem::take(&mut qp.req.resolve_ahead);
             self.resolve(dgid, now);
+            for d in &ahead {
+                self.resolve(*d, now);
+            }
         }
         true
     }

@@ -14,7 +14,7 @@ use crate::transport::requester::{self, complete_op, fetch};
 use crate::transport::stats::Counter;
 use crate::transport::Qp;
 use crate::transport::{headers_to, psn, scatter_sges, send_queue_error, write_record, Env};
-use crate::wire::{Deth, Immdt, Opcode};
+use crate::wire::{Deth, Gid, Immdt, Opcode};
 
 /// Bytes of the GRH area at the start of every UD receive buffer
 /// (`sizeof(struct ibv_grh)`).
@@ -48,16 +48,48 @@ fn dest_qpn(qp: &Qp, wqe_qpn: u32) -> u32 {
     }
 }
 
+/// How many WQEs behind one waiting for its destination's resolution
+/// have theirs started at the same time.
+pub const RESOLVE_AHEAD: u32 = 32;
+
+/// Notes the unresolved destinations of the WQEs after the head one (which
+/// waits), up to [`RESOLVE_AHEAD`] WQEs, in `qp.req.resolve_ahead`.
+fn resolve_ahead(qp: &mut Qp, env: &Env) {
+    let mut i = qp.req.sq_next.wrapping_add(1);
+    for _ in 0..RESOLVE_AHEAD {
+        if i == qp.req.sq_pi {
+            break;
+        }
+        let Ok(w) = crate::mem::read_obj::<abi::SendWqe>(env.mem, qp.sq.slot(i)) else {
+            break;
+        };
+        i = i.wrapping_add(1);
+        let Some(ah) = env.res.ahs.get(w.ah).filter(|a| a.pdn == qp.pdn) else {
+            continue;
+        };
+        let dgid = ah.av.dgid;
+        if !env.res.neigh.resolved(&Gid(dgid).to_ip())
+            && Some(dgid) != qp.req.waiting_arp
+            && !qp.req.resolve_ahead.contains(&dgid)
+        {
+            qp.req.resolve_ahead.push(dgid);
+        }
+    }
+}
+
 /// Sends the UD QP's posted WQEs, in order, one packet each. A WQE whose
 /// AH is missing or of another PD completes with `WC_LOC_QP_OP_ERR`, one
 /// longer than the path MTU with `WC_LOC_LEN_ERR` (IBTA C10-9); either
 /// moves the QP to SQE. A WQE whose destination MAC is still being
-/// resolved waits at the head.
+/// resolved waits at the head (the resolutions of the WQEs behind it start
+/// too: [`RESOLVE_AHEAD`]); one whose resolution failed completes
+/// successfully unsent, counted `tx_drop_unresolved`.
 pub fn run(qp: &mut Qp, env: &mut Env) {
     if qp.state != abi::QpState::Rts {
         return;
     }
     qp.req.waiting_arp = None;
+    qp.req.resolve_ahead.clear();
     qp.req.more = false;
     for n in 0..=BURST {
         if qp.req.sq_next == qp.req.sq_pi {
@@ -101,7 +133,17 @@ pub fn run(qp: &mut Qp, env: &mut Env) {
             opcode,
             qp.req.psn,
         ) else {
+            if env.res.neigh.failed(&Gid(ah.av.dgid).to_ip(), env.now) {
+                // Nobody answers for that address: the datagram is lost
+                // (UD is unreliable) and the queue goes on.
+                env.res.out.stats.count(Counter::tx_drop_unresolved, 1);
+                qp.req.psn = psn::add(qp.req.psn, 1);
+                qp.req.sq_next = qp.req.sq_next.wrapping_add(1);
+                complete_op(qp, env, &op, abi::WcStatus::Success);
+                continue;
+            }
             qp.req.waiting_arp = Some(ah.av.dgid);
+            resolve_ahead(qp, env);
             break;
         };
         hdr.bth.solicited = op.wqe.send_flags & abi::SEND_SOLICITED != 0;

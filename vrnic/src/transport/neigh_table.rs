@@ -15,7 +15,8 @@
 //! - a resolution sends at most [`NEIGH_MAX_PROBES`] requests,
 //!   [`NEIGH_RETRANS_NS`] apart, then rests for [`NEIGH_FAILED_NS`] before
 //!   a waiting sender may start another; an unresolved destination leaves
-//!   its QP waiting;
+//!   its RC/UC QP waiting, while a UD datagram to it is dropped
+//!   (`transport::datagram`);
 //! - an entry is reachable for [`NEIGH_REACHABLE_NS`] after it was last
 //!   confirmed (Linux's `base_reachable_time`). Then, if a QP used it since,
 //!   it stays in use while it is re-probed (up to [`NEIGH_MAX_PROBES`]
@@ -141,6 +142,15 @@ impl NeighTable {
     /// an entry: RFC 826, RFC 4861 §7.2.5).
     pub(crate) fn is_pending(&self, ip: &IpAddr) -> bool {
         self.pending.contains_key(ip)
+    }
+
+    /// Whether the resolution of `ip` failed: every request was sent and
+    /// the last went unanswered for [`NEIGH_RETRANS_NS`]; it rests (and
+    /// reads as failed) until [`NEIGH_FAILED_NS`] after that request.
+    pub(crate) fn failed(&self, ip: &IpAddr, now: Nanos) -> bool {
+        self.pending.get(ip).is_some_and(|p| {
+            p.tries >= NEIGH_MAX_PROBES && now >= p.last.saturating_add(NEIGH_RETRANS_NS)
+        })
     }
 
     /// Number of resolutions in progress.

@@ -254,6 +254,11 @@ pub struct ReqState {
     pub rnr_deadline: Option<u64>,
     /// Sending waits for ARP / neighbour discovery to resolve this GID.
     pub waiting_arp: Option<[u8; 16]>,
+    /// UD: the unresolved destinations of the WQEs queued behind the one
+    /// waiting (at most `datagram::RESOLVE_AHEAD`), whose resolutions the
+    /// device starts at the same time, so that a send queue naming many
+    /// unresolved destinations waits for them together, not in turn.
+    pub resolve_ahead: Vec<[u8; 16]>,
     /// RTS→SQD asked for `EV_SQ_DRAINED` once every fetched WQE completes.
     pub drain_pending: bool,
     /// The last run stopped at its burst limit with work left: the next

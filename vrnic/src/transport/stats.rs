@@ -181,6 +181,12 @@ device_counters! {
     /// Packets for QP1 dropped (also in `rx_dropped`) because the device
     /// has no GSI QP: none was created, or it was destroyed.
     rx_drop_no_gsi,
+    /// UD (and GSI) datagrams dropped unsent, their WQEs completed
+    /// successfully, because their destination's resolution (ARP or
+    /// neighbour discovery) failed: a datagram lost on the way, rather
+    /// than a send queue waiting for a neighbour that never answers (a
+    /// spoofed source's MAD would stall QP1's every answer behind it).
+    tx_drop_unresolved,
 }
 
 crate::counters! {
