@@ -106,18 +106,19 @@ extern "C" fn ucma_complete(id: *mut rdma_cm_id) -> c_int {
 /// `int ucma_shutdown(struct rdma_cm_id *id)`: 0, or -1 with `errno`.
 extern "C" fn ucma_shutdown(id: *mut rdma_cm_id) -> c_int {
     ffi("ucma_shutdown", || {
-        // SAFETY: NULL or an id of this library; its context and device
-        // are libibverbs objects.
+        // SAFETY: NULL or an id of this library.
         let Some(id) = (unsafe { id.as_ref() }) else {
             return fail(libc::EINVAL);
         };
-        let transport = match unsafe { id.verbs.as_ref() }.and_then(|v| {
-            // SAFETY: an open context's device.
-            unsafe { v.device.as_ref() }
-        }) {
-            Some(d) => d.transport_type,
-            None => return fail(libc::EINVAL),
+        // SAFETY: NULL or the id's open context (libibverbs').
+        let Some(verbs) = (unsafe { id.verbs.as_ref() }) else {
+            return fail(libc::EINVAL);
         };
+        // SAFETY: NULL or the context's device (libibverbs').
+        let Some(dev) = (unsafe { verbs.device.as_ref() }) else {
+            return fail(libc::EINVAL);
+        };
+        let transport = dev.transport_type;
         let r = match transport {
             IBV_TRANSPORT_IB => crate::qp::modify_qp_err(id),
             IBV_TRANSPORT_IWARP => crate::qp::modify_qp_sqd(id),

@@ -72,11 +72,17 @@ extern "C" {
         timeout: *mut libc::timeval,
     ) -> c_int;
     #[link_name = "vrnic_rs_rgetpeername"]
-    pub(crate) fn rgetpeername(socket: c_int, addr: *mut sockaddr, addrlen: *mut socklen_t)
-        -> c_int;
+    pub(crate) fn rgetpeername(
+        socket: c_int,
+        addr: *mut sockaddr,
+        addrlen: *mut socklen_t,
+    ) -> c_int;
     #[link_name = "vrnic_rs_rgetsockname"]
-    pub(crate) fn rgetsockname(socket: c_int, addr: *mut sockaddr, addrlen: *mut socklen_t)
-        -> c_int;
+    pub(crate) fn rgetsockname(
+        socket: c_int,
+        addr: *mut sockaddr,
+        addrlen: *mut socklen_t,
+    ) -> c_int;
     #[link_name = "vrnic_rs_rsetsockopt"]
     pub(crate) fn rsetsockopt(
         socket: c_int,

@@ -292,9 +292,17 @@ fn rstream_blocking_and_nonblocking_transfers_verified() {
         return;
     };
     // Blocking calls, 64 KiB transfers, every byte checked.
-    rsocket_run(&p, "rstream", &["-S", "65536", "-C", "50", "-T", "b", "-T", "v"]);
+    rsocket_run(
+        &p,
+        "rstream",
+        &["-S", "65536", "-C", "50", "-T", "b", "-T", "v"],
+    );
     // Non-blocking rsockets (EAGAIN and retry), 4 KiB transfers, checked.
-    rsocket_run(&p, "rstream", &["-S", "4096", "-C", "200", "-T", "n", "-T", "v"]);
+    rsocket_run(
+        &p,
+        "rstream",
+        &["-S", "4096", "-C", "200", "-T", "n", "-T", "v"],
+    );
 }
 
 #[test]
@@ -305,6 +313,14 @@ fn riostream_transfers_through_riomap_and_riowrite() {
     // Each side riomap()s its buffer for the peer and riowrite()s into the
     // peer's (RDMA WRITEs to the mapped offset), spinning on the last byte
     // of its own for the peer's marker; the sync messages are rsend/rrecv.
-    rsocket_run(&p, "riostream", &["-S", "65536", "-C", "50", "-T", "b", "-T", "v"]);
-    rsocket_run(&p, "riostream", &["-S", "4096", "-C", "200", "-T", "n", "-T", "v"]);
+    rsocket_run(
+        &p,
+        "riostream",
+        &["-S", "65536", "-C", "50", "-T", "b", "-T", "v"],
+    );
+    rsocket_run(
+        &p,
+        "riostream",
+        &["-S", "4096", "-C", "200", "-T", "n", "-T", "v"],
+    );
 }
