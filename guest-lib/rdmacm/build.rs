@@ -117,7 +117,13 @@ fn rsocket(dir: &std::path::Path, out: &std::path::Path) {
         // rdma-core's own warning set is not this crate's business: the
         // files are compiled as they are.
         .warnings(false)
-        .compile("vrnic_rsocket");
+        .try_compile("vrnic_rsocket")
+        .unwrap_or_else(|e| {
+            panic!(
+                "compiling the vendored rsocket.c: {e}\n(vrnic-rdmacm needs a C compiler, gcc, \
+                 and Debian's librdmacm-dev/libibverbs-dev headers: run scripts/deps.sh)"
+            )
+        });
 }
 
 /// One `export!` per symbol line of the version script (librdmacm has no
