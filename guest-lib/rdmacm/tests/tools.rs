@@ -1,6 +1,6 @@
 //! Debian's rdma_cm programs (rdmacm-utils: `rping`, `ucmatose`,
-//! `rdma_server`/`rdma_client`, `cmtime`, the rsocket programs `rstream`
-//! and `riostream`; perftest's `-R`) on vrnic's
+//! `rdma_server`/`rdma_client`, `cmtime`, the rsocket programs `rstream`,
+//! `riostream` and `rcopy`; perftest's `-R`) on vrnic's
 //! `librdmacm.so.1` and `libibverbs.so.1` (issue 31 point 4): a server and
 //! a client, two host processes on two functions of one daemon served in
 //! this process (the functions reach each other through its embedded
@@ -337,5 +337,32 @@ fn riostream_transfers_through_riomap_and_riowrite() {
         &p,
         "riostream",
         &["-S", "4096", "-C", "200", "-T", "a", "-T", "v"],
+    );
+}
+
+/// rcopy (rsocket file copy: rsend of the file, the server rrecv()s it
+/// into an mmap of the destination) copies a 200 000-byte file intact. Its
+/// server serves until killed. (udpong, rsockets' SOCK_DGRAM, binds a
+/// kernel UDP socket to the address, so it needs a host with 10.0.0.x:
+/// not this test's functions.)
+#[test]
+fn rcopy_copies_a_file_through_rsockets() {
+    let Some(p) = Pair::new("rcopy", "rcopy") else {
+        return;
+    };
+    let src = p.agents.tmp.join("rcopy-src.bin");
+    let dst = p.agents.tmp.join("rcopy-dst.bin");
+    let data: Vec<u8> = (0..200_000u32)
+        .map(|i| (i.wrapping_mul(7) >> 3) as u8)
+        .collect();
+    std::fs::write(&src, &data).expect("write the source file");
+    let to = format!("10.0.0.1:{}", dst.display());
+    let from = src.to_str().expect("a UTF-8 path");
+    let (ct, st) = p.run(("rcopy", &[]), ("rcopy", &[from, &to]), EARLY, true);
+    assert!(ct.contains("200000 bytes"), "client:\n{ct}\nserver:\n{st}");
+    let got = std::fs::read(&dst).expect("the copy exists");
+    assert!(
+        got == data,
+        "the copy differs\nclient:\n{ct}\nserver:\n{st}"
     );
 }
