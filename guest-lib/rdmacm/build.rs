@@ -8,6 +8,13 @@
 //! 2. One versioned export per line of `librdmacm.map` (`$OUT_DIR/exports.rs`, included by
 //!    `src/symbols.rs`), the map as the cdylib's version script (nodes RDMACM_1.0 ... 1.3), the
 //!    soname `librdmacm.so.1`, and `NEEDED libibverbs.so.1`, as rdma-core's librdmacm has.
+//! 3. The rsocket API: rdma-core v44.0's `librdmacm/rsocket.c` with `indexer.c` and
+//!    `util/util.c`, vendored unchanged under `vendor/rdma-core/` (its README says what and why),
+//!    compiled with the `cc` crate into a static library linked into the cdylib. Each file is
+//!    compiled with `vendor/rdma-core/vrnic/names.h` included first, which renames the 27
+//!    public functions `vrnic_rs_<name>` (hidden), the targets of `src/symbols.rs`'s versioned
+//!    trampolines; the few librdmacm internals rsocket.c calls (`ucma_init`, `ucma_complete`, ...)
+//!    are Rust (`src/internals.rs`).
 
 use std::env;
 use std::fmt::Write as _;
@@ -72,6 +79,51 @@ fn main() {
     // `rdma_get_devices(3)` goes through the process's libibverbs.so.1
     // (vrnic's or rdma-core's), linked like rdma-core's librdmacm links it.
     println!("cargo:rustc-link-lib=dylib=ibverbs");
+
+    rsocket(&dir, &out);
+}
+
+/// Compiles the vendored rsocket implementation (see the module
+/// documentation, item 3) into `libvrnic_rsocket.a`. rdma-core's build
+/// puts `buildlib/fixup-include/valgrind-memcheck.h` at
+/// `<valgrind/memcheck.h>` when valgrind's headers are absent; so does
+/// this, always (the stubs: no valgrind client requests).
+fn rsocket(dir: &std::path::Path, out: &std::path::Path) {
+    let vendor = dir.join("vendor/rdma-core");
+    println!("cargo:rerun-if-changed={}", vendor.display());
+    let fixup = out.join("fixup-include");
+    fs::create_dir_all(fixup.join("valgrind")).expect("creating fixup-include/valgrind");
+    fs::copy(
+        vendor.join("buildlib/fixup-include/valgrind-memcheck.h"),
+        fixup.join("valgrind/memcheck.h"),
+    )
+    .expect("copying valgrind-memcheck.h");
+    cc::Build::new()
+        .files(
+            ["librdmacm/rsocket.c", "librdmacm/indexer.c", "util/util.c"].map(|f| vendor.join(f)),
+        )
+        .include(vendor.join("vrnic"))
+        .include(&vendor)
+        .include(vendor.join("librdmacm"))
+        .include(&fixup)
+        .flag("-std=gnu11")
+        .flag("-include")
+        .flag(vendor.join("vrnic/names.h").to_str().expect("a UTF-8 path"))
+        // As rdma-core builds it; hidden: nothing of it is exported but
+        // through the trampolines (and rustc's `local: *` would hide it anyway).
+        .flag("-fno-strict-aliasing")
+        .flag("-fvisibility=hidden")
+        .define("_FILE_OFFSET_BITS", "64")
+        // rdma-core's own warning set is not this crate's business: the
+        // files are compiled as they are.
+        .warnings(false)
+        .try_compile("vrnic_rsocket")
+        .unwrap_or_else(|e| {
+            panic!(
+                "compiling the vendored rsocket.c: {e}\n(vrnic-rdmacm needs a C compiler, gcc, \
+                 and Debian's librdmacm-dev/libibverbs-dev headers: run scripts/deps.sh)"
+            )
+        });
 }
 
 /// One `export!` per symbol line of the version script (librdmacm has no

@@ -55,8 +55,10 @@ fn store(id: &mut rdma_cm_id, addr: *const sockaddr, len: usize, dst: bool) {
         std::ptr::addr_of_mut!(id.route.addr.__bindgen_anon_1).cast()
     };
     // SAFETY: the route's address unions are sockaddr_storage-sized;
-    // `addr` holds `len` <= 28 bytes.
-    unsafe { std::ptr::copy_nonoverlapping(addr.cast::<u8>(), to, len) };
+    // `addr` holds `len` <= 28 bytes. It may be the route's own address:
+    // rsocket.c resolves `&id->route.addr.dst_addr` (cma.c's memcpy onto
+    // itself), hence a copy that allows overlap.
+    unsafe { std::ptr::copy(addr.cast::<u8>(), to, len) };
 }
 
 /// `rdma_bind_addr(3)`: binds the id to a local address (`BIND_IP`), then

@@ -159,6 +159,36 @@ pub(crate) fn open_first() -> Result<(), c_int> {
     init(unsafe { &mut *first })
 }
 
+/// rdma-core's `ucma_init` as far as devices go (`sync_devices_list`):
+/// learns libibverbs' devices; `Err(ENODEV)` when there is none.
+pub(crate) fn sync_list() -> Result<(), c_int> {
+    let mut d = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    sync(&mut d)
+}
+
+/// The smallest `max_qp_wr` of the devices that open (rdma-core's
+/// `ucma_max_qpsize(NULL)`, after `ucma_init_all`); 0 when none does.
+pub(crate) fn min_max_qpsize() -> c_int {
+    let mut d = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = sync(&mut d);
+    let mut max_size = 0;
+    for &c in &d.devs {
+        // SAFETY: live leaked records, under the lock.
+        let c = unsafe { &mut *c };
+        if c.dead {
+            continue;
+        }
+        if init(c).is_err() {
+            c.dead = true;
+            continue;
+        }
+        if max_size == 0 || max_size > c.max_qpsize {
+            max_size = c.max_qpsize;
+        }
+    }
+    max_size
+}
+
 /// rdma-core's `ucma_get_device`: the device with node GUID `guid` (and
 /// index `idx`, unless either side does not know it: -1), opened, with a
 /// protection domain; its reference count taken for the id.

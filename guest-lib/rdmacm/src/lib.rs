@@ -25,7 +25,9 @@
 //! - `verbs`: the libibverbs calls, the kernel ABI's structure copies.
 //! - `addrinfo`: `rdma_getaddrinfo(3)`, `rdma_freeaddrinfo(3)`.
 //! - `strings`: `rdma_event_str(3)`.
-//! - `stubs`: multicast and the rsocket API, `ENOSYS`.
+//! - `rsocket`: the rsocket API, rdma-core's `rsocket.c` (vendored C).
+//! - `internals`: the librdmacm internals rsocket.c calls (`ucma_complete`...).
+//! - `stubs`: multicast, `ENOSYS`.
 //! - `boundary`: errno, and panics caught at the C boundary.
 #![deny(missing_docs)]
 // The unit-test build leaves out `symbols` (its `.symver`s need the
@@ -42,8 +44,10 @@ mod ep;
 mod events;
 pub mod ffi;
 mod id;
+mod internals;
 mod qp;
 mod route;
+mod rsocket;
 mod strings;
 mod stubs;
 #[cfg(not(test))]

@@ -131,6 +131,17 @@ pub(crate) fn modify_qp_err(id: &rdma_cm_id) -> Result<(), c_int> {
     modify(id.qp, &mut attr, IBV_QP_STATE as c_int)
 }
 
+/// rdma-core's `ucma_modify_qp_sqd`: the QP (if any) to SQD (iWARP's
+/// `ucma_shutdown`).
+pub(crate) fn modify_qp_sqd(id: &rdma_cm_id) -> Result<(), c_int> {
+    if id.qp.is_null() {
+        return Ok(());
+    }
+    let mut attr: ibv_qp_attr = zeroed();
+    attr.qp_state = IBV_QPS_SQD;
+    modify(id.qp, &mut attr, IBV_QP_STATE as c_int)
+}
+
 /// rdma-core's `ucma_init_conn_qp`: a connected QP to INIT with the
 /// agent's attributes.
 fn init_conn_qp(cm: &CmId, qp: *mut ibv_qp) -> Result<(), c_int> {

@@ -7,7 +7,9 @@
 //! node (`rdma_establish@@RDMACM_1.2`); build.rs passes the map to the
 //! link as version script and generates the list (`$OUT_DIR/exports.rs`),
 //! so a symbol of the map without an implementation here is a compile
-//! error, and one the map lacks cannot be exported.
+//! error, and one the map lacks cannot be exported. The rsocket functions'
+//! implementations are C (`crate::rsocket`): their trampolines branch to
+//! the vendored rsocket.c's hidden definitions.
 
 use crate::addr::{rdma_bind_addr, rdma_resolve_addr};
 use crate::addrinfo::{rdma_freeaddrinfo, rdma_getaddrinfo};
@@ -28,6 +30,7 @@ use crate::qp::{
     rdma_destroy_srq, rdma_init_qp_attr,
 };
 use crate::route::rdma_resolve_route;
+use crate::rsocket::*;
 use crate::strings::rdma_event_str;
 use crate::stubs::*;
 

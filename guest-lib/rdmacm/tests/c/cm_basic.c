@@ -266,13 +266,25 @@ static void checks(void)
 	SETS(rdma_destroy_qp(id), 0);
 	SETS(rdma_destroy_qp(NULL), EINVAL);
 	SETS(rdma_destroy_srq(NULL), EINVAL);
-	MINUS1(rsocket(AF_INET, SOCK_STREAM, 0), ENOSYS);
-	MINUS1(rsend(3, "x", 1, 0), ENOSYS);
-	MINUS1(rpoll(&p, 1, 0), ENOSYS);
-	MINUS1(rfcntl(3, F_GETFL), ENOSYS);
-	MINUS1(riomap(3, NULL, 0, 0, 0, 0), ENOSYS);
+	/* rsockets (rdma-core's rsocket.c): a stream rsocket is a synchronous
+	 * id, its connect fails with the agent's errno; argument checks; calls
+	 * on a descriptor that is no rsocket (EBADF); rpoll on an ordinary
+	 * descriptor is poll(2). */
+	int rs = rsocket(AF_INET, SOCK_STREAM, 0);
+	CHECK(rs >= 0, "rsocket: %d errno %d", rs, errno);
+	MINUS1(rconnect(rs, (struct sockaddr *)&dst, sizeof dst), EOPNOTSUPP);
+	OK(rclose(rs));
+	MINUS1(rsocket(AF_UNIX, SOCK_STREAM, 0), ENOTSUP);
+	MINUS1(rsocket(AF_INET, SOCK_RAW, 0), ENOTSUP);
+	MINUS1(rsend(3, "x", 1, 0), EBADF);
+	/* rdma-core's rclose returns EBADF itself, not -1. */
+	CHECK(rclose(3) == EBADF, "rclose of no rsocket");
 	errno = 0;
-	CHECK(riowrite(3, "x", 1, 0, 0) == (size_t)-1 && errno == ENOSYS, "riowrite");
+	CHECK(rpoll(&p, 1, 0) == 0 && p.revents == 0, "rpoll of an idle channel: %d", errno);
+	MINUS1(rfcntl(3, F_GETFL), EBADF);
+	MINUS1(riomap(3, NULL, 0, 0, 0, 0), EBADF);
+	errno = 0;
+	CHECK(riowrite(3, "x", 1, 0, 0) == (size_t)-1 && errno == EBADF, "riowrite");
 
 	/* getaddrinfo's argument checks. */
 	struct rdma_addrinfo *res = NULL;
