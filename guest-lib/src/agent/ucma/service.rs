@@ -3,7 +3,7 @@
 //! function's GSI QP (QP1) and the CM's timers; no thread per connection.
 //!
 //! The agent's main loop hands it each connection whose first message is
-//! [`MSG_UCMA_HELLO`] ([`Service::hand_off`]: a channel and an eventfd
+//! [`MSG_UCMA_HELLO`](super::proto::MSG_UCMA_HELLO) ([`Service::hand_off`]: a channel and an eventfd
 //! wake-up). The service reaches the device as an ordinary program of its
 //! own agent ([`AgentTransport`] to the agent's socket, a device context
 //! of its own), opened when the first channel arrives and closed when no
