@@ -126,3 +126,141 @@ fn perftest_read_bw_connects_through_rdma_cm() {
         "client:\n{ct}\nserver:\n{st}"
     );
 }
+
+#[test]
+fn rdma_xserver_and_rdma_xclient_over_xrc_fail_cleanly() {
+    let Some(p) = Pair::new("rdma-xrc", "rdma_xserver") else {
+        return;
+    };
+    let start = Instant::now();
+    let (cout, sout) = p.run_raw(
+        ("rdma_xserver", &["-p", "7474", "-c", "x"]),
+        ("rdma_xclient", &["-s", "10.0.0.1", "-p", "7474", "-c", "x"]),
+        EARLY,
+        true,
+    );
+    let (ct, st) = (common::text(&cout), common::text(&sout));
+    // XRC is not supported (vrnic has no XRC domains or SRQs): both
+    // fail at once at rdma_create_ep, neither hangs.
+    for (who, out, t) in [("client", &cout, &ct), ("server", &sout, &st)] {
+        assert!(
+            !out.status.success() && t.contains("rdma_create_ep") && t.contains("end -1"),
+            "{who} {}:\n{t}",
+            out.status
+        );
+    }
+    assert!(start.elapsed() < Duration::from_secs(30), "{ct}\n{st}");
+    p.wait_agents_empty();
+}
+
+/// libfabric's verbs provider (Debian's libfabric1, `fi_info`,
+/// `fi_pingpong`): its MSG endpoints exist only for a device that has an
+/// up, non-loopback interface whose address `rdma_bind_addr` binds to it
+/// (`vrb_getifaddrs`), and fi_pingpong exchanges its setup over TCP to
+/// the server's address: so both run in network namespaces whose veth
+/// ends carry the functions' addresses.
+#[test]
+fn fi_info_lists_vrnic_in_a_namespace_with_its_address() {
+    let Some(mut p) = Pair::new("fi-info", "fi_info") else {
+        return;
+    };
+    if !p.netns("fi") {
+        return;
+    }
+    let out = Reaped(Some(
+        p.command(Side::A, "fi_info", &["-p", "verbs"])
+            .spawn()
+            .expect("start fi_info"),
+    ))
+    .wait_bounded(Duration::from_secs(60));
+    let t = common::text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("vrnic0") && t.contains("FI_EP_MSG"), "{t}");
+    p.wait_agent_empty(Side::A);
+}
+
+/// fi_pingpong over verbs does not run yet, and fails cleanly: its
+/// `fi_getinfo` (node and service NULL) makes the verbs provider bind an
+/// rdma_cm id to "localhost" to find the device (`vrb_get_rdmacm_rai`),
+/// which the agent refuses (`EADDRNOTAVAIL`: 127.0.0.1 is none of the
+/// function's addresses), so the provider offers nothing (`-61`). The
+/// test asserts that state (README "Not yet"); accepting a loopback bind
+/// as `cma_bind_loopback` does got further and then hung (MSG) or failed
+/// `fi_enable` (`-22`, RxM over MSG): the next step, not done.
+fn fi_pingpong(tag: &str, prov: &str, ep: &str) {
+    let Some(mut p) = Pair::new(tag, "fi_pingpong") else {
+        return;
+    };
+    if !p.netns(tag) {
+        return;
+    }
+    if let Ok(l) = std::env::var("VRNIC_TEST_FI_LOG") {
+        p.env.push(("FI_LOG_LEVEL".into(), l));
+    }
+    let args = ["-p", prov, "-e", ep, "-I", "100", "-S", "1024", "-c"];
+    let mut cargs = args.to_vec();
+    cargs.push("10.0.0.1");
+    let start = Instant::now();
+    let (cout, sout) = p.run_raw(
+        ("fi_pingpong", &args),
+        ("fi_pingpong", &cargs),
+        &["Connection refused"],
+        false,
+    );
+    let (ct, st) = (common::text(&cout), common::text(&sout));
+    assert!(
+        !sout.status.success() && st.contains("fi_getinfo") && st.contains("-61"),
+        "fi_pingpong's state changed: client {}:\n{ct}\nserver {}:\n{st}",
+        cout.status,
+        sout.status
+    );
+    assert!(!cout.status.success(), "client:\n{ct}");
+    assert!(start.elapsed() < Duration::from_secs(60));
+    p.wait_agents_empty();
+}
+
+#[test]
+fn fi_pingpong_verbs_msg() {
+    fi_pingpong("fimsg", "verbs", "msg");
+}
+
+#[test]
+fn fi_pingpong_verbs_rxm_rdm() {
+    fi_pingpong("firdm", "verbs;ofi_rxm", "rdm");
+}
+
+/// qperf over rdma_cm (`-cm1`): its control connection is TCP to the
+/// server's address (so the namespaces), the RDMA connections rdma_cm's.
+#[test]
+fn qperf_rc_tests_connect_through_rdma_cm() {
+    let Some(mut p) = Pair::new("qperf", "qperf") else {
+        return;
+    };
+    if !p.netns("qp") {
+        return;
+    }
+    let (ct, st) = p.run(
+        ("qperf", &[]),
+        (
+            "qperf",
+            &[
+                "-cm1",
+                "-t",
+                "1",
+                "10.0.0.1",
+                "rc_bw",
+                "rc_lat",
+                "rc_rdma_write_bw",
+                "rc_rdma_read_lat",
+            ],
+        ),
+        &["Connection refused", "failed to connect"],
+        true,
+    );
+    for t in ["rc_bw", "rc_lat", "rc_rdma_write_bw", "rc_rdma_read_lat"] {
+        assert!(
+            ct.contains(&format!("{t}:")),
+            "{t}: client:\n{ct}\nserver:\n{st}"
+        );
+    }
+}

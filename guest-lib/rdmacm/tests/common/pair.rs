@@ -198,7 +198,12 @@ impl Pair {
             Side::A => &self.a.socket,
             Side::B => &self.b.socket,
         };
-        AgentDir::wait_empty(&self.agents.socket(sock));
+        let sock = self.agents.socket(sock);
+        // An agent that has exited (its linger over, or never started)
+        // removed its socket and holds nothing.
+        if sock.exists() {
+            AgentDir::wait_empty(&sock);
+        }
     }
 
     /// `server` (program and arguments) on function a, then `client` on
