@@ -349,3 +349,62 @@ fn ucx_rdmacm_connection_manager() {
     );
     p.wait_agent_empty(Side::A);
 }
+
+/// rdma-core's own rdma_cm tests (pyverbs, Debian's python3-pyverbs,
+/// `test_rdmacm`), unmodified, on function a: the suite finds the
+/// device's IP address through `/sys/class/infiniband/DEV/device/net/`
+/// and `ip addr` (else every test skips, "doesn't have net interface"),
+/// so it runs in a network namespace whose veth carries 10.0.0.1 and a
+/// mount namespace whose `/sys/class` is a tmpfs holding just
+/// `infiniband/vrnic0/device/net/VETH`. Its passive and active processes
+/// both use function a (a connection to the function's own address).
+#[test]
+fn pyverbs_test_rdmacm() {
+    let suite = std::path::Path::new("/usr/share/doc/rdma-core/tests");
+    if !suite.join("run_tests.py").exists() || !std::path::Path::new("/usr/bin/python3").exists()
+    {
+        eprintln!("skipping: python3-pyverbs not installed");
+        return;
+    }
+    let Some(mut p) = Pair::new("pyverbs-cm", "unshare") else {
+        return;
+    };
+    if !p.netns("py") {
+        return;
+    }
+    let veth = p.veth(Side::A).expect("netns").to_string();
+    let copy = p.agents.tmp.join("tests");
+    let script = format!(
+        "set -e; cp -r {suite} {copy}; find {copy} -name '*.gz' -exec gunzip -f {{}} +; \
+         mount -t tmpfs vrnic-sys /sys/class; mkdir -p /sys/class/infiniband/vrnic0/device/net/{veth}; \
+         cd {copy}/..; exec /usr/bin/python3 tests/run_tests.py --dev vrnic0 --gid 1 -v test_rdmacm",
+        suite = suite.display(),
+        copy = copy.display(),
+    );
+    let out = Reaped(Some(
+        p.command(
+            Side::A,
+            "unshare",
+            &["--mount", "--propagation", "private", "sh", "-c", &script],
+        )
+        .spawn()
+        .expect("start the suite"),
+    ))
+    .wait_bounded(Duration::from_secs(600));
+    let t = common::text(&out);
+    // unittest's verdict, and each test's line "NAME (...) ... ok" or
+    // "... skipped 'REASON'": every test passes but the multicast ones,
+    // which the suite itself skips (vrnic reports no multicast groups).
+    assert!(out.status.success() && t.contains("\nOK"), "{t}");
+    let results: Vec<&str> = t.lines().filter(|l| l.contains(") ... ")).collect();
+    let passed = results.iter().filter(|l| l.ends_with("... ok")).count();
+    let skipped: Vec<&&str> = results.iter().filter(|l| l.contains("... skipped")).collect();
+    assert!(passed >= 7, "{passed} passed:\n{t}");
+    assert!(
+        skipped
+            .iter()
+            .all(|l| l.contains("multicast") && l.contains("Multicast is not supported")),
+        "{t}"
+    );
+    p.wait_agent_empty(Side::A);
+}

@@ -47,6 +47,7 @@ pub struct Pair {
 /// The RDMA traffic still crosses the daemon's switch. Removed on drop.
 struct Netns {
     names: [String; 2],
+    veths: [String; 2],
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
@@ -67,10 +68,11 @@ impl Netns {
         static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let base = format!("vrmw{}{n}", std::process::id());
+        let veth = [format!("{base}a"), format!("{base}b")];
         let ns = Netns {
             names: [format!("{base}{tag}a"), format!("{base}{tag}b")],
+            veths: veth.clone(),
         };
-        let veth = [format!("{base}a"), format!("{base}b")];
         for name in &ns.names {
             ip(&["netns", "add", name])?;
         }
@@ -157,6 +159,13 @@ impl Pair {
                 false
             }
         }
+    }
+
+    /// The name of the veth end that carries function `side`'s address
+    /// in its namespace, if the programs run in namespaces.
+    pub fn veth(&self, side: Side) -> Option<&str> {
+        let i = matches!(side, Side::B) as usize;
+        self.netns.as_ref().map(|n| n.veths[i].as_str())
     }
 
     /// `prog args` set up to run on function `side` through its agent, on
