@@ -365,8 +365,7 @@ fn ucx_rdmacm_connection_manager() {
 #[test]
 fn pyverbs_test_rdmacm() {
     let suite = std::path::Path::new("/usr/share/doc/rdma-core/tests");
-    if !suite.join("run_tests.py").exists() || !std::path::Path::new("/usr/bin/python3").exists()
-    {
+    if !suite.join("run_tests.py").exists() || !std::path::Path::new("/usr/bin/python3").exists() {
         eprintln!("skipping: python3-pyverbs not installed");
         return;
     }
@@ -402,7 +401,10 @@ fn pyverbs_test_rdmacm() {
     assert!(out.status.success() && t.contains("\nOK"), "{t}");
     let results: Vec<&str> = t.lines().filter(|l| l.contains(") ... ")).collect();
     let passed = results.iter().filter(|l| l.ends_with("... ok")).count();
-    let skipped: Vec<&&str> = results.iter().filter(|l| l.contains("... skipped")).collect();
+    let skipped: Vec<&&str> = results
+        .iter()
+        .filter(|l| l.contains("... skipped"))
+        .collect();
     assert!(passed >= 7, "{passed} passed:\n{t}");
     assert!(
         skipped
@@ -411,4 +413,27 @@ fn pyverbs_test_rdmacm() {
         "{t}"
     );
     p.wait_agent_empty(Side::A);
+}
+
+/// ucmatose `-m`: after the transfer, both sides move their ids to a new
+/// event channel (`rdma_migrate_id(3)`) and disconnect through it.
+#[test]
+fn ucmatose_migrates_ids_to_a_new_channel() {
+    let Some(p) = Pair::new("ucmatose-m", "ucmatose") else {
+        return;
+    };
+    let (ct, st) = p.run(
+        ("ucmatose", &["-b", "10.0.0.1", "-c", "2", "-C", "10", "-m"]),
+        ("ucmatose", &["-s", "10.0.0.1", "-c", "2", "-C", "10", "-m"]),
+        EARLY,
+        false,
+    );
+    for (who, t) in [("client", &ct), ("server", &st)] {
+        assert!(
+            t.contains("migrating to new event channel")
+                && t.contains("test complete")
+                && t.contains("return status 0"),
+            "{who}:\n{t}"
+        );
+    }
 }
