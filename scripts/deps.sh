@@ -8,7 +8,7 @@
 set -euo pipefail
 PKGS=(debootstrap cpio iproute2 kmod xz-utils zstd binutils util-linux tshark python3-scapy
     ca-certificates nftables gcc libc6-dev libibverbs-dev librdmacm-dev libclang-dev ibverbs-utils perftest rdmacm-utils ucx-utils openmpi-bin libopenmpi-dev podman runc
-    python3-pyverbs)
+    python3-pyverbs libfabric-bin qperf)
 case ${1:-} in
 '') ;;
 --bench) PKGS+=(python3-matplotlib) ;;

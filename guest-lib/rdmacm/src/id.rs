@@ -190,13 +190,29 @@ pub(crate) unsafe fn free(cm: *mut CmId) {
 }
 
 /// rdma-core's `rdma_create_id2`: an id with an explicit QP type, made at
-/// the agent (`CREATE_ID`, `uid` the id's address).
+/// the agent (`CREATE_ID`, `uid` the id's address). An XRC QP type
+/// (`rdma_create_ep(3)` of an `rdma_getaddrinfo(3)` for XRC, as
+/// rdma_xserver/rdma_xclient `-c x` ask) is `EOPNOTSUPP`: vrnic has no XRC
+/// domains or XRC SRQs, so such a connection could never carry data; the
+/// first refusal of a process says so on stderr (the agent would answer
+/// `EINVAL`, which does not tell the user what is missing).
 pub(crate) fn create(
     channel: *mut rdma_event_channel,
     context: *mut c_void,
     ps: rdma_port_space,
     qp_type: ibv_qp_type,
 ) -> Result<*mut CmId, c_int> {
+    if qp_type == IBV_QPT_XRC_SEND || qp_type == IBV_QPT_XRC_RECV {
+        static TOLD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !TOLD.swap(true, std::sync::atomic::Ordering::Relaxed) || crate::boundary::debug() {
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
+                "librdmacm (vrnic): XRC is not supported by vrnic (no XRC domains or XRC SRQs)"
+            );
+        }
+        return Err(libc::EOPNOTSUPP);
+    }
     let cm = alloc(channel, context, ps, qp_type)?;
     let cmd = kabi::rdma_ucm_create_id {
         uid: cm as u64,

@@ -4,7 +4,8 @@
 //! with librdmacm's convention (`-1`) and `errno = ENOSYS`. A NULL
 //! `rdma_cm_id` (or address) is `EINVAL` first: rdma-core dereferences
 //! them, this library never crashes on an argument. With
-//! `VRNIC_RDMACM_DEBUG` set, each call says why on stderr.
+//! `VRNIC_RDMACM_DEBUG` set, each call says why on stderr; the first
+//! multicast call of a process says so in any case.
 
 use std::ffi::{c_int, c_void};
 use std::io::Write as _;
@@ -13,9 +14,16 @@ use crate::boundary::{debug, fail, ffi, Failed};
 use crate::ffi::*;
 
 /// `errno = ENOSYS` and the failure value, with a line on stderr under
-/// `VRNIC_RDMACM_DEBUG`.
+/// `VRNIC_RDMACM_DEBUG`; for multicast, the first call of the process
+/// says so on stderr whatever the setting: a program's own message only
+/// shows `strerror(ENOSYS)` ("Function not implemented"), which does not
+/// tell its user that the missing piece is multicast (mckey).
 fn enosys<R: Failed>(name: &str) -> R {
-    if debug() {
+    static MULTICAST_TOLD: std::sync::atomic::AtomicBool =
+        std::sync::atomic::AtomicBool::new(false);
+    let multicast = name.contains("multicast");
+    let first = multicast && !MULTICAST_TOLD.swap(true, std::sync::atomic::Ordering::Relaxed);
+    if debug() || first {
         let _ = writeln!(
             std::io::stderr(),
             "librdmacm (vrnic): {name}: multicast is not supported by vrnic's connection manager"

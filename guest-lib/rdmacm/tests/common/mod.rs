@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod fake_agent;
+pub mod pair;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

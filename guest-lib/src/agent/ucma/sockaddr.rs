@@ -139,9 +139,13 @@ pub fn gid_to_ip(gid: &[u8; 16]) -> IpAddr {
     }
 }
 
-/// Whether `a` is the wildcard address of its family (`cma_any_addr`).
+/// Whether `a` is the wildcard or a loopback address of its family
+/// (`cma_any_addr`: `cma_zero_addr || cma_loopback_addr`). Bound to one,
+/// an id has no device, listens on every address, and resolves a
+/// destination from the function's own address (`cma_resolve_loopback`);
+/// libfabric's verbs provider binds "localhost" to probe for devices.
 pub fn is_any(a: &SocketAddr) -> bool {
-    a.ip().is_unspecified()
+    a.ip().is_unspecified() || a.ip().is_loopback()
 }
 
 /// The wildcard address of `a`'s family, with `port`.
@@ -174,5 +178,6 @@ mod tests {
         assert_eq!(&g[10..], &[0xff, 0xff, 10, 0, 0, 1]);
         assert_eq!(gid_to_ip(&g), "10.0.0.1".parse::<IpAddr>().unwrap());
         assert!(is_any(&any_of(&a, 5)));
+        assert!(is_any(&"127.0.0.1:7".parse().unwrap()) && is_any(&"[::1]:7".parse().unwrap()));
     }
 }
