@@ -214,8 +214,9 @@ impl Cm {
                 // timewait) has its RTU there, which it sent back to the
                 // peer's crossing DREQ (e2e software, perftest -R).
                 let gid = c.peer_gid;
+                let drep = CmAttrId::Drep as u16;
                 let mad = match c.last {
-                    Some(m) if Mad::peek_attr_tid(&m).is_some_and(|(a, _)| a == CmAttrId::Drep as u16) => m,
+                    Some(m) if Mad::peek_attr_tid(&m).is_some_and(|(a, _)| a == drep) => m,
                     _ => Self::drep_mad(id, dreq.local_comm_id, tid),
                 };
                 self.push_mad(gid, mad);
