@@ -121,8 +121,36 @@ cm_figures() {
         ;;
     esac
 }
+# cm_threads PID: where each thread of process PID waits (name, wchan, syscall number).
+cm_threads() {
+    for t in /proc/"$1"/task/*; do
+        echo "VRNIC-CM-WAIT $NAME: pid $1 $(cat "$t/comm" 2>/dev/null) wchan=$(cat "$t/wchan" 2>/dev/null) syscall=$(cut -d' ' -f1 "$t/syscall" 2>/dev/null)"
+    done
+}
+# cm_exec CMD...: runs CMD (output in $out) bounded by CM_TIMEOUT, setting rc (124: timed out). A
+# program still running at the bound has its threads' and the agent's waits printed first.
+cm_exec() {
+    "$@" >"$out" 2>&1 &
+    cm_p=$!
+    cm_i=0
+    while kill -0 "$cm_p" 2>/dev/null && [ "$cm_i" -lt $((CM_TIMEOUT * 5)) ]; do
+        sleep 0.2
+        cm_i=$((cm_i + 1))
+    done
+    if kill -0 "$cm_p" 2>/dev/null; then
+        for q in "$cm_p" $(pgrep -x vrnic-agent); do cm_threads "$q"; done
+        kill "$cm_p"
+        wait "$cm_p"
+        rc=124
+    else
+        wait "$cm_p"
+        rc=$?
+    fi
+}
 cm_bg=
 port=$((BASEPORT + 50))
+# vrnic's librdmacm says on stderr why a call failed.
+case $DEV in vrnic*) export VRNIC_RDMACM_DEBUG=1 ;; esac
 for tool in ${CM_TOOLS:-}; do
     for role in $ROLES; do
         port=$((port + 1))
@@ -136,13 +164,13 @@ for tool in ${CM_TOOLS:-}; do
             if [ "$tool-$role" = cmtime-server ]; then
                 # cmtime's server serves until killed: in the background, killed once this guest's
                 # next run (a client of the other guest, which ran its cmtime client first) is done.
-                timeout "$CM_TIMEOUT" $(cm_cmd "$tool" "$role" "$port") >"$out" 2>&1 &
+                timeout "$CM_TIMEOUT" stdbuf -oL $(cm_cmd "$tool" "$role" "$port") >"$out" 2>&1 &
                 cm_bg=$!
                 rc=bg
                 break
             fi
-            timeout "$CM_TIMEOUT" $(cm_cmd "$tool" "$role" "$port") >"$out" 2>&1
-            rc=$?
+            # (stdbuf: a program killed by timeout still shows how far it got.)
+            cm_exec stdbuf -oL $(cm_cmd "$tool" "$role" "$port")
             # (cmtime reports a rejected connection and still exits 0.) A server is started again
             # when a client's early attempt hurt it: ucmatose's client turned away on its first
             # connection exits, rejecting (REJ 28, as Linux's CM does) the connections its server
@@ -158,6 +186,13 @@ for tool in ${CM_TOOLS:-}; do
         echo "VRNIC-CM-OUT $NAME $tool $role: $(cm_cmd "$tool" "$role" "$port")"
         cat "$out"
         echo "VRNIC-CM $NAME $tool $role rc=$rc attempts=$attempt secs=$(($(now) - t0)) $(cm_figures "$tool" "$role" "$out")"
+        if [ "$rc" != 0 ] && [ -e /run/vrnic/agent.sock.log ]; then
+            echo "VRNIC-CM-AGENT $NAME: vrnic-agent --status: $(timeout 5 /usr/lib/vrnic/vrnic-agent --status 2>&1 | tail -1)"
+            tail -20 /run/vrnic/agent.sock.log
+            for t in $(pgrep -x vrnic-agent | sed 's|^|/proc/|; s|$|/task/*|'); do
+                echo "VRNIC-CM-AGENT $NAME: thread $t $(cat "$t/comm") wchan=$(cat "$t/wchan") syscall=$(cut -d' ' -f1 "$t/syscall")"
+            done
+        fi
         if [ -n "$cm_bg" ]; then
             kill "$cm_bg" 2>/dev/null
             wait "$cm_bg"
@@ -174,6 +209,7 @@ if [ -n "$cm_bg" ]; then
     sleep "$CM_TIMEOUT"
     kill "$cm_bg" 2>/dev/null
 fi
+unset VRNIC_RDMACM_DEBUG
 
 port=$BASEPORT
 for tl in $UCX_TLS_LIST; do
