@@ -34,8 +34,9 @@ pub(crate) struct Channel {
     waiters: AtomicUsize,
 }
 
-/// Counts a thread in [`Channel::wait`] while it lives.
-struct Waiting<'a>(&'a AtomicUsize);
+/// Counts a thread in `rdma_get_cm_event` ([`Channel::waiting`]) or
+/// [`Channel::wait`] while it lives.
+pub(crate) struct Waiting<'a>(&'a AtomicUsize);
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
@@ -88,13 +89,20 @@ impl Channel {
         self.exec(cmd, body, &[], bytes_mut(resp))
     }
 
+    /// Counts the calling thread as one inside `rdma_get_cm_event` (asking
+    /// the agent or waiting) until the guard goes: [`destroy`] then leaves
+    /// the channel open under it.
+    pub(crate) fn waiting(&self) -> Waiting<'_> {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        Waiting(&self.waiters)
+    }
+
     /// Waits until an event may wait at the agent (the wake descriptor is
     /// readable) or the agent went away (its socket hung up): the caller
     /// then asks with `GET_EVENT`. Holds no lock, so other threads'
     /// commands go on meanwhile.
     pub(crate) fn wait(&self) -> Result<(), c_int> {
-        self.waiters.fetch_add(1, Ordering::SeqCst);
-        let _w = Waiting(&self.waiters);
+        let _w = self.waiting();
         let mut p = [
             libc::pollfd {
                 fd: self.c.fd,
@@ -174,13 +182,15 @@ pub(crate) fn create() -> Result<*mut Channel, c_int> {
 /// # Safety
 /// `ch` came from [`create`] and is not used afterwards.
 ///
-/// A channel another thread waits on in `rdma_get_cm_event` is left open
+/// A channel another thread is in `rdma_get_cm_event` on is left open
 /// and allocated, its waiter blocked, as with the kernel: there the
 /// waiter's `read(2)` holds the file, so `close(2)` of the channel's `fd`
 /// neither ends that read nor releases the file. rping's client destroys
 /// its channel while its CM thread waits in `rdma_get_cm_event` and exits
 /// just after; freeing the channel then woke that thread with `EBADF` (and
 /// memory no longer its own), and rping exited 255 before `main` returned 0.
+/// The whole call counts, not only its wait: a thread between asking the
+/// agent and waiting (e2e, a second time) met a closed socket just the same.
 pub(crate) unsafe fn destroy(ch: *mut Channel) {
     // SAFETY: the caller's contract: `ch` is a live Box of ours; dropping
     // it closes the socket and the wake descriptor.
