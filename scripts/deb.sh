@@ -6,6 +6,8 @@
 # Install it in a guest with `dpkg -i vrnic-guest_*.deb` (then `apt-get -f install` if a dependency
 # is missing). Contents:
 #   /usr/lib/vrnic/libibverbs.so.1       vrnic's libibverbs (guest-lib/ibverbs), beside rdma-core's
+#   /usr/lib/vrnic/librdmacm.so.1        vrnic's librdmacm (guest-lib/rdmacm), beside rdma-core's; it
+#                                        needs libibverbs.so.1, vrnic's (the ld.so.conf order)
 #   /etc/ld.so.conf.d/00-vrnic.conf      /usr/lib/vrnic, listed before the multiarch directory
 #   /usr/bin/<DEB_TOOLS>                 vrnic's tools (tools/)
 #   /usr/lib/vrnic/vrnic-agent           the guest agent libibverbs starts on first use (several
@@ -24,7 +26,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 # guest program (a daemon of the driver, say) is one more word here.
 DEB_TOOLS=(vrnic-probe vrnic-pingpong vrnic-write-imm vrnic-ud-pingpong vrnic-srq-pingpong vrnic-rdma)
 # Their cargo packages, and the library's.
-DEB_CARGO_PACKAGES=(vrnic-ibverbs vrnic-tools)
+DEB_CARGO_PACKAGES=(vrnic-ibverbs vrnic-rdmacm vrnic-tools)
 
 die() { echo "deb.sh: $*" >&2; exit 1; }
 
@@ -50,6 +52,7 @@ if [ $build = 1 ]; then
 fi
 rel=$top/target/release
 [ -f "$rel/libvrnic_ibverbs.so" ] || die "$rel/libvrnic_ibverbs.so not built"
+[ -f "$rel/libvrnic_rdmacm.so" ] || die "$rel/libvrnic_rdmacm.so not built"
 
 stage=$(mktemp -d "${TMPDIR:-/tmp}/vrnic-deb.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
@@ -59,6 +62,8 @@ mkdir -p "$root/DEBIAN" "$root/usr/lib/vrnic" "$root/usr/bin" "$root/etc/ld.so.c
 
 install -m 0644 "$rel/libvrnic_ibverbs.so" "$root/usr/lib/vrnic/libibverbs.so.1"
 strip --strip-debug "$root/usr/lib/vrnic/libibverbs.so.1"
+install -m 0644 "$rel/libvrnic_rdmacm.so" "$root/usr/lib/vrnic/librdmacm.so.1"
+strip --strip-debug "$root/usr/lib/vrnic/librdmacm.so.1"
 for t in "${DEB_TOOLS[@]}"; do
     [ -f "$rel/$t" ] || die "$rel/$t not built"
     install -m 0755 "$rel/$t" "$root/usr/bin/$t"
@@ -99,6 +104,13 @@ What it needs at run time:
     library polls and says so.
   - VRNIC_PCI=0000:00:05.0 picks one function when there are several.
 
+/usr/lib/vrnic/librdmacm.so.1 has every versioned symbol of rdma-core's
+librdmacm.so.1 (rdma_cm), found first the same way, so rping, ucmatose,
+udaddy, cmtime and perftest's -R run on vrnic unmodified. Its connection
+manager (IB CM over RoCEv2, on the device's QP1) lives in vrnic-agent; it
+connects to rxe, mlx5 and other Linux peers. Multicast and rsockets are not
+implemented (ENOSYS); VRNIC_RDMACM_DEBUG=1 says why a call failed.
+
 Several programs at once: the first program to open the device starts
 /usr/lib/vrnic/vrnic-agent, which owns the device and serves every program
 through /run/vrnic/agent.sock, each with objects of its own; a program that
@@ -127,11 +139,13 @@ chmod 0644 "$doc/README" "$doc/copyright"
 # GLIBC_ symbol version any of them uses (what dpkg-shlibdeps derives from libc6's symbols file).
 needs=()
 glibc=
-for f in "$root/usr/lib/vrnic/libibverbs.so.1" "$root/usr/lib/vrnic/vrnic-agent" "${DEB_TOOLS[@]/#/$root/usr/bin/}"; do
+for f in "$root/usr/lib/vrnic/libibverbs.so.1" "$root/usr/lib/vrnic/librdmacm.so.1" "$root/usr/lib/vrnic/vrnic-agent" "${DEB_TOOLS[@]/#/$root/usr/bin/}"; do
     while read -r n; do
         case $n in
         libc.so.6 | libm.so.6 | libpthread.so.0 | libdl.so.2 | librt.so.1 | ld-linux-x86-64.so.2) needs+=(libc6) ;;
         libgcc_s.so.1) needs+=(libgcc-s1) ;;
+        # librdmacm.so.1's: the package's own libibverbs.so.1 (same directory, found first).
+        libibverbs.so.1) [ -f "$root/usr/lib/vrnic/$n" ] || die "$f needs $n, not in the package" ;;
         *) die "$f needs $n: which package has it? (add it to deb.sh)" ;;
         esac
     done < <(objdump -p "$f" | awk '$1 == "NEEDED" { print $2 }')
@@ -156,9 +170,10 @@ Section: net
 Priority: optional
 Description: vrnic guest library and tools (software RDMA NIC over virtio-pci)
  vrnic is a software RoCEv2 RDMA NIC that a VM sees as a virtio-pci
- function. This package is its guest side: a libibverbs.so.1 with
- rdma-core's ABI in /usr/lib/vrnic, which unmodified rdma-core programs
- load instead of rdma-core's (through /etc/ld.so.conf.d/00-vrnic.conf),
+ function. This package is its guest side: a libibverbs.so.1 and a
+ librdmacm.so.1 with rdma-core's ABI in /usr/lib/vrnic, which unmodified
+ rdma-core programs load instead of rdma-core's (through
+ /etc/ld.so.conf.d/00-vrnic.conf),
  and vrnic's own test tools (vrnic-probe, vrnic-pingpong, ...).
  It needs root, huge pages and, for completion events, uio_pci_generic;
  see /usr/share/doc/vrnic-guest/README.

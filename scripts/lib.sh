@@ -572,7 +572,7 @@ vr_daemon() {
 # vr_build_rust: the vrnic daemon and the host programs that drive daemons (package vrnic-frontend:
 # vrnic-soak, which the e2e's soak-2min runs unbuilt, vrnic-flood) (debug: shares cargo test's
 # artefacts, keeps overflow checks) and vrnic's Debian package for the guest (scripts/deb.sh: release builds of vrnic's
-# libibverbs.so.1 and the tools, dynamically linked against the glibc of bookworm, like the
+# libibverbs.so.1, librdmacm.so.1 and the tools, dynamically linked against the glibc of bookworm, like the
 # guests'); sets VR_GUEST_DEB, its path.
 vr_build_rust() {
     local t0=$SECONDS
@@ -584,7 +584,7 @@ vr_build_rust() {
 
 # vr_release_build NO_BUILD BIN: what the host-process steps (tests/e2e/heavy.sh, pyverbs.sh) run.
 # Sets VR_DAEMON_BIN (BIN, else target/release/vrnic, built here unless NO_BUILD=1 or BIN is given)
-# and VR_IBVERBS_LIB (the directory holding vrnic's release libibverbs.so.1: scripts/ibverbs-lib.sh
+# and VR_IBVERBS_LIB (the directory holding vrnic's release libibverbs.so.1 and librdmacm.so.1: scripts/ibverbs-lib.sh
 # --release, or with NO_BUILD=1 a copy of what target/release holds, as the e2e's build made it).
 vr_release_build() {
     local no_build=$1 bin=$2
@@ -598,9 +598,12 @@ vr_release_build() {
     else
         VR_IBVERBS_LIB=$VR_TOP/target/release/ibverbs
         mkdir -p "$VR_IBVERBS_LIB"
-        [ -f "$VR_TOP/target/release/libvrnic_ibverbs.so" ] || vr_die "no target/release/libvrnic_ibverbs.so"
-        cp "$VR_TOP/target/release/libvrnic_ibverbs.so" "$VR_IBVERBS_LIB/libibverbs.so.1.tmp"
-        mv "$VR_IBVERBS_LIB/libibverbs.so.1.tmp" "$VR_IBVERBS_LIB/libibverbs.so.1"
+        local l
+        for l in ibverbs rdmacm; do
+            [ -f "$VR_TOP/target/release/libvrnic_$l.so" ] || vr_die "no target/release/libvrnic_$l.so"
+            cp "$VR_TOP/target/release/libvrnic_$l.so" "$VR_IBVERBS_LIB/lib$l.so.1.tmp"
+            mv "$VR_IBVERBS_LIB/lib$l.so.1.tmp" "$VR_IBVERBS_LIB/lib$l.so.1"
+        done
     fi
     [ -x "$VR_DAEMON_BIN" ] || vr_die "no vrnic daemon $VR_DAEMON_BIN"
 }

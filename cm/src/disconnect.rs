@@ -5,7 +5,8 @@ use crate::{
     state::CmId, state::CmState, Cm,
 };
 use vrnic_wire::{
-    msg_response, private_data_len, rej_reason, sidr_status, CmDrep, CmDreq, CmMessage, MAD_LEN,
+    msg_response, private_data_len, rej_reason, sidr_status, CmAttrId, CmDrep, CmDreq, CmMessage,
+    Mad, MAD_LEN,
 };
 
 impl Cm {
@@ -207,10 +208,17 @@ impl Cm {
                 );
             }
             CmState::Timewait => {
+                // cm.c answers with a DREP formatted anew: what `last` holds
+                // is a DREP only if this side replied to a DREQ; an active
+                // side that destroyed its established id (DREQ, straight to
+                // timewait) has its RTU there, which it sent back to the
+                // peer's crossing DREQ (e2e software, perftest -R).
                 let gid = c.peer_gid;
-                let mad = c
-                    .last
-                    .unwrap_or_else(|| Self::drep_mad(id, dreq.local_comm_id, tid));
+                let drep = CmAttrId::Drep as u16;
+                let mad = match c.last {
+                    Some(m) if Mad::peek_attr_tid(&m).is_some_and(|(a, _)| a == drep) => m,
+                    _ => Self::drep_mad(id, dreq.local_comm_id, tid),
+                };
                 self.push_mad(gid, mad);
             }
             _ => self.counters.wrong_state += 1,

@@ -889,6 +889,33 @@ fn establish_ends_the_rep_wait() {
     assert_eq!(b.state(idb), Some(CmState::Established));
 }
 
+/// Both sides disconnect at once, one by destroying its established id
+/// (DREQ, straight to timewait): the other's crossing DREQ reaches it in
+/// timewait and gets a DREP, as cm.c's `cm_dreq_handler` formats one; it
+/// sent back its RTU (what it last sent), e2e software's perftest -R.
+#[test]
+fn dreq_in_timewait_after_destroy_gets_a_drep_not_the_rtu() {
+    let mut a = cm(1, 1);
+    let mut b = cm(2, 2);
+    b.listen(SID).unwrap();
+    let (ida, idb) = establish(0, &mut a, &mut b);
+    a.destroy(0, ida).unwrap();
+    b.disconnect(0, idb, &[]).unwrap();
+    // b's DREQ reaches a in timewait.
+    let s = src(&b);
+    let o = b.pop_mad().unwrap();
+    a.handle_mad(0, s, &o.mad);
+    let dreq_tid = Mad::peek_attr_tid(&o.mad).unwrap().1;
+    // a's own DREQ first, then the answer.
+    let mut answers = Vec::new();
+    while let Some(o) = a.pop_mad() {
+        answers.push(Mad::peek_attr_tid(&o.mad).unwrap());
+    }
+    assert_eq!(answers.len(), 2, "{answers:x?}");
+    assert_eq!(answers[0].0, 0x15);
+    assert_eq!(answers[1], (0x16, dreq_tid));
+}
+
 #[test]
 fn destroy_disconnects_and_keeps_timewait_quietly() {
     let mut a = cm(1, 1);

@@ -7,12 +7,14 @@
 #   2. its file list (dpkg-deb -c), exactly;
 #   3. the extracted library (dpkg-deb -x): soname libibverbs.so.1 and every versioned symbol of
 #      guest-lib/ibverbs/libibverbs.map exported, nothing else (as guest-lib/ibverbs/tests/exports.rs
-#      checks the cargo product);
+#      checks the cargo product); librdmacm.so.1: soname, NEEDED libibverbs.so.1, exports equal to
+#      Debian's librdmacm.so.1 (else to guest-lib/rdmacm/librdmacm.map);
 #   4. with LD_LIBRARY_PATH=<extracted>/usr/lib/vrnic, Debian's ibv_devinfo and perftest's
-#      ib_write_bw (when installed) bind to it with every symbol resolved (ldd -r), and
+#      ib_write_bw (when installed) bind to it with every symbol resolved (ldd -r), rping to both
+#      libraries, and
 #      ibv_devices runs on it;
 #   5. in a scratch root holding the package's files, Debian's libibverbs.so.1, this host's
-#      ld.so.conf and glibc: ldconfig -r lists vrnic's library first and the dynamic linker
+#      ld.so.conf and glibc: ldconfig -r lists vrnic's libraries first and the dynamic linker
 #      (ld.so --list, chrooted, through the cache ldconfig made) picks it for ibv_devinfo.
 # Runs as root or, for step 5, in a user namespace (unshare -r). Prints PASS/FAIL lines; exit status
 # 1 when any check failed.
@@ -50,7 +52,8 @@ grep -qx '    ldconfig' "$tmp/control/postinst" && grep -q 'remove | purge) ldco
     pass "postinst/postrm run ldconfig; 00-vrnic.conf is a conffile" || fail "maintainer scripts or conffiles"
 
 # 2. The file list.
-expected=(./etc/ld.so.conf.d/00-vrnic.conf ./usr/lib/vrnic/libibverbs.so.1 ./usr/lib/vrnic/vrnic-agent
+expected=(./etc/ld.so.conf.d/00-vrnic.conf ./usr/lib/vrnic/libibverbs.so.1 ./usr/lib/vrnic/librdmacm.so.1
+    ./usr/lib/vrnic/vrnic-agent
     ./usr/share/doc/vrnic-guest/README ./usr/share/doc/vrnic-guest/copyright)
 for t in vrnic-probe vrnic-pingpong vrnic-write-imm vrnic-ud-pingpong vrnic-srq-pingpong vrnic-rdma; do
     expected+=("./usr/bin/$t")
@@ -88,6 +91,38 @@ else
 $(diff "$tmp/map" "$tmp/exports" | grep '^[<>]' | head -20 || true)"
 fi
 
+# librdmacm.so.1: its soname, NEEDED libibverbs.so.1 (the package's, by the ld.so.conf order), and
+# exactly the versioned exports of Debian's librdmacm.so.1 (librdmacm1) where it is installed, else
+# of guest-lib/rdmacm/librdmacm.map (as guest-lib/rdmacm/tests/exports.rs checks).
+cm=$x/usr/lib/vrnic/librdmacm.so.1
+readelf -d -W "$cm" | grep -q 'Library soname: \[librdmacm.so.1\]' &&
+    readelf -d -W "$cm" | grep -q 'Shared library: \[libibverbs.so.1\]' &&
+    pass "librdmacm.so.1: soname librdmacm.so.1, NEEDED libibverbs.so.1" || fail "librdmacm.so.1: soname/NEEDED"
+dyn_exports() {
+    readelf --dyn-syms -W "$1" | awk 'NF >= 8 && $7 != "UND" && $5 != "LOCAL" && $8 ~ /@/ { print $8 }' |
+        LC_ALL=C sort -u
+}
+dyn_exports "$cm" >"$tmp/cm-exports"
+debian_cm=/usr/lib/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)/librdmacm.so.1
+if [ -f "$debian_cm" ]; then
+    dyn_exports "$(readlink -f "$debian_cm")" >"$tmp/cm-debian"
+    what="Debian's $debian_cm"
+else
+    awk '/\{/ { node = $1; next }
+         /;/ { s = $0; sub(/;.*/, "", s); gsub(/^[ \t]+|[ \t]+$/, "", s)
+               if (s == "" || s ~ /[ :*}]/) next
+               print s (index($0, "# compat") ? "@" : "@@") node }' \
+        "$top/guest-lib/rdmacm/librdmacm.map" | LC_ALL=C sort -u >"$tmp/cm-debian"
+    what="guest-lib/rdmacm/librdmacm.map (librdmacm1 not installed)"
+fi
+n=$(wc -l <"$tmp/cm-debian")
+if [ "$n" -gt 60 ] && cmp -s "$tmp/cm-debian" "$tmp/cm-exports"; then
+    pass "librdmacm.so.1 exports the $n versioned symbols of $what, no others"
+else
+    fail "librdmacm.so.1's exports differ from $what ($n symbols):
+$(diff "$tmp/cm-debian" "$tmp/cm-exports" | grep '^[<>]' | head -20 || true)"
+fi
+
 # 4. Debian's programs on the extracted library, through LD_LIBRARY_PATH.
 for p in /usr/bin/ibv_devinfo /usr/bin/ib_write_bw; do
     if [ ! -x "$p" ]; then
@@ -101,6 +136,17 @@ for p in /usr/bin/ibv_devinfo /usr/bin/ib_write_bw; do
         fail "$(basename "$p") on the extracted library: $out"
     fi
 done
+if [ -x /usr/bin/rping ]; then
+    out=$(LD_LIBRARY_PATH=$x/usr/lib/vrnic ldd -r /usr/bin/rping 2>&1) || true
+    if grep -q "librdmacm.so.1 => $cm " <<<"$out" && grep -q "libibverbs.so.1 => $lib " <<<"$out" &&
+        ! grep -qiE 'undefined symbol|not found' <<<"$out"; then
+        pass "rping binds to its librdmacm.so.1 and libibverbs.so.1, every symbol resolved (ldd -r)"
+    else
+        fail "rping on the extracted libraries: $out"
+    fi
+else
+    echo "skip: /usr/bin/rping not installed (rdmacm-utils)"
+fi
 if [ -x /usr/bin/ibv_devices ]; then
     if out=$(LD_LIBRARY_PATH=$x/usr/lib/vrnic timeout 20 /usr/bin/ibv_devices 2>&1); then
         pass "ibv_devices runs on it"
@@ -124,6 +170,8 @@ else
     cp /etc/ld.so.conf.d/*.conf "$sr/etc/ld.so.conf.d/" 2>/dev/null || true
     cp "$x/etc/ld.so.conf.d/00-vrnic.conf" "$sr/etc/ld.so.conf.d/" # the package's, not the host's
     cp -L "$debian_lib" "$sr/usr/lib/$multi/libibverbs.so.1"
+    debian_cm=/usr/lib/$multi/librdmacm.so.1
+    [ -f "$debian_cm" ] && cp -L "$debian_cm" "$sr/usr/lib/$multi/librdmacm.so.1"
     for l in libc.so.6 libgcc_s.so.1; do cp -L "/usr/lib/$multi/$l" "$sr/usr/lib/$multi/"; done
     cp -L /lib64/ld-linux-x86-64.so.2 "$sr/lib64/"
     cp "$devinfo" "$sr/usr/bin/"
@@ -135,6 +183,9 @@ else
         first=$("${asroot[@]}" ldconfig -r "$sr" -p | sed -n 's/^\tlibibverbs.so.1 .* => //p' | head -1)
         [ "$first" = /usr/lib/vrnic/libibverbs.so.1 ] && pass "ldconfig -r lists vrnic's library first" ||
             fail "ldconfig -r lists $first first"
+        first=$("${asroot[@]}" ldconfig -r "$sr" -p | sed -n 's/^\tlibrdmacm.so.1 .* => //p' | head -1)
+        [ "$first" = /usr/lib/vrnic/librdmacm.so.1 ] && pass "ldconfig -r lists vrnic's librdmacm.so.1 first" ||
+            fail "ldconfig -r lists $first first for librdmacm.so.1"
         out=$("${asroot[@]}" chroot "$sr" /lib64/ld-linux-x86-64.so.2 --list /usr/bin/ibv_devinfo 2>&1) || true
         grep -q 'libibverbs.so.1 => /usr/lib/vrnic/libibverbs.so.1 ' <<<"$out" &&
             pass "ld.so picks /usr/lib/vrnic/libibverbs.so.1 for ibv_devinfo" ||

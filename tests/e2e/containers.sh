@@ -20,7 +20,7 @@
 #   rxe guest B (server)   <-> container c2 (client)
 # and (E2E_CT_UCX=1, the default) ucx_perftest tag_bw over rc_verbs the same ways, the guests booted
 # with the software layer (images/software.sh).
-# Then two processes in one container on one function (ct_processes), UCX between two containers
+# Then rping between the two containers (ct_rping: rdma_cm), two processes in one container on one function (ct_processes), UCX between two containers
 # (ct_ucx), rdma-core's test suite in one (ct_pyverbs), two MPI ranks in one (ct_mpi), these three
 # on two functions added for them without pcaps (ct_software), and fairness between functions (ct_fairness: two more functions added and deleted while the
 # daemon runs, one pair's latency measured while another pair floods).
@@ -53,6 +53,33 @@ ct_run() {
     timeout -k 5 "$RUN_TIMEOUT" "${CT_PODMAN[@]}" run --rm --network "ns:/run/netns/$NS-c${CT_NS_OF:-$c}" \
         --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 ${CT_RUN_OPTS[@]+"${CT_RUN_OPTS[@]}"} \
         -v "$CT_DIR/c$c.sock:/run/vrnic/vhost-user.sock" "$CT_IMAGE" "$@" >"$log" 2>&1
+}
+
+# ct_rping: rdma_cm between two containers (issue 31): Debian's rping on vrnic's librdmacm.so.1,
+# whose connection manager is the container's agent (IB CM MADs on QP1, through the daemon's
+# switch); c1 serves at its function's address, c2 connects, 20 pings each checked (-V).
+# E2E_CT_RPING=0 leaves it out.
+ct_rping() {
+    [ "${E2E_CT_RPING:-1}" = 1 ] || return 0
+    local log=$CT_DIR/cc-rping t0=$SECONDS src=0 crc spid n
+    local args=(-v -V -C 20 -a 10.0.0.105 -p 18612)
+    ct_run 1 "$log-server.log" rping -s "${args[@]}" &
+    spid=$!
+    while :; do
+        crc=0
+        ct_run 2 "$log-client.log" rping -c "${args[@]}" || crc=$?
+        [ $crc = 0 ] && break
+        # Turned away while the server does not listen yet (REJ: no listener): again (bounded).
+        grep -q REJECTED "$log-client.log" && [ $((SECONDS - t0)) -lt $((RUN_TIMEOUT + 60)) ] || break
+        sleep 1
+    done
+    wait $spid || src=$?
+    n=$(grep -ac '^ping data: rdma-ping-' "$log-client.log") || true
+    if [ $src = 0 ] && [ $crc = 0 ] && [ "$n" = 20 ]; then
+        pass "containers: rping (rdma_cm) container <-> container: 20 pings verified, $((SECONDS - t0)) s"
+    else
+        fail "containers: rping container <-> container: server rc=$src, client rc=$crc, $n pings (logs $log-*.log)"
+    fi
 }
 
 # ct_client C LOG CMD...: ct_run, again while the server is not listening yet (bounded).
@@ -387,6 +414,8 @@ run_containers() {
     else
         fail "containers: embedded switch: $((sw1 - sw0)) frames switched locally, $((up1 - up0)) to the uplink"
     fi
+
+    ct_rping
 
     ct_processes
 

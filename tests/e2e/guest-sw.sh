@@ -12,9 +12,14 @@
 #   MPI_ROLE  launcher (runs mpirun, rank 0 here), host (rank 1: serves sw-rsh) or empty (no MPI)
 #   MPI_TIMEOUT bound on mpirun (s)     MPI_X  more `-x VAR=VALUE` options of mpirun
 #   UCX_ENV   more variables for ucx_perftest (VAR=VALUE ..., unquoted)
+#   CM_TOOLS  rdma_cm programs to run first, each in both roles (empty: none), from rping ucmatose
+#             udaddy ib_send_bw ib_write_lat cmtime; CM_IP this guest's RDMA address (a vrnic guest's
+#             function's, not eth0's; an rxe guest's eth0's), CM_PEER the other guest's;
+#             CM_TIMEOUT bound on one run (s); CM_PORT first port
 #   PYVERBS   1: afterwards rdma-core's test suite, `run_tests.py --dev DEV --gid GID -v`, bounded
 #             by PYV_TIMEOUT (s)
 # Lines it prints (the harness reads them from the serial console):
+#   VRNIC-CM <name> <tool> <role> rc=<rc> attempts=<n> secs=<s> <figures: pings=, ok=, result=, connect=, ...>
 #   VRNIC-UCX <name> <tl> <test> <role> rc=<rc> attempts=<n> final=<ucx_perftest's Final: fields>
 #   VRNIC-MPI <name> launcher rc=<rc> ok=<yes|no> mb_s_4MiB=<MB/s> secs=<s>; VRNIC-MPI <name> host done=<yes|no>
 #   VRNIC-PYVERBS-BEGIN <name>, the suite's output, VRNIC-PYVERBS-END <name> rc=<rc> secs=<s>
@@ -65,6 +70,146 @@ ucx_run() {
         break
     done
 }
+
+# rdma_cm: Debian's rdmacm-utils and perftest's -R, unmodified, on vrnic's librdmacm.so.1 (its CM
+# in the agent) or the kernel's rdma_cm (rxe). The other guest runs the same list with the roles
+# swapped. A client retries (bounded by CONNECT_WAIT) while it was turned away because the server
+# does not listen yet (REJ "no listener" → RDMA_CM_EVENT_REJECTED; SIDR → UNREACHABLE); so does a
+# server that such an early client made fail.
+# cm_cmd TOOL ROLE PORT: the command line.
+cm_cmd() {
+    case $1-$2 in
+    rping-server) echo "rping -s -v -V -C 20 -a $CM_IP -p $3" ;;
+    rping-client) echo "rping -c -v -V -C 20 -a $CM_PEER -p $3" ;;
+    ucmatose-server) echo "ucmatose -b $CM_IP -c 4 -C 10" ;;
+    ucmatose-client) echo "ucmatose -s $CM_PEER -c 4 -C 10" ;;
+    udaddy-server) echo "udaddy -b $CM_IP -c 2 -C 10" ;;
+    udaddy-client) echo "udaddy -s $CM_PEER -c 2 -C 10" ;;
+    ib_send_bw-server) echo "ib_send_bw -R -F -n 200 -s 65536 -p $3" ;;
+    ib_send_bw-client) echo "ib_send_bw -R -F -n 200 -s 65536 -p $3 $CM_PEER" ;;
+    ib_write_lat-server) echo "ib_write_lat -R -F -n 200 -s 64 -p $3" ;;
+    ib_write_lat-client) echo "ib_write_lat -R -F -n 200 -s 64 -p $3 $CM_PEER" ;;
+    cmtime-server) echo "cmtime -b $CM_IP -c 10 -p $3" ;;
+    cmtime-client) echo "cmtime -s $CM_PEER -c 10 -p $3" ;;
+    esac
+}
+# cm_figures TOOL ROLE FILE: what the harness judges a run by.
+cm_figures() {
+    case $1 in
+    rping) echo "pings=$(grep -cE '^(server )?ping data: rdma-ping-' "$3")" ;;
+    ucmatose | udaddy)
+        ok=no
+        grep -q 'test complete' "$3" && grep -q 'return status 0' "$3" && ok=yes
+        echo "ok=$ok"
+        ;;
+    ib_send_bw | ib_write_lat)
+        # perftest's result line: bytes, iterations, then bandwidth (peak, average, msg rate) or
+        # latency (min, max, typical, average, stdev, 99%, 99.9%).
+        r=$(grep -E '^ *(65536|64) +200 ' "$3" | tail -1 | tr -s ' ' | sed 's/^ //; s/ /,/g')
+        echo "result=${r:-none}"
+        ;;
+    cmtime)
+        # The client's table: "step : total_ms max_ms min_us us/conn" (%11.2f each, so wide middle
+        # figures run together): the first and the last.
+        for step in connect disconnect; do
+            r=$(awk -F: -v s="$step" '{ n = $1; gsub(/ /, "", n) } n == s { print $2; exit }' "$3" |
+                awk 'NF >= 2 { print $1 "," $NF }')
+            printf '%s=%s ' "$step" "${r:-none}"
+        done
+        # Every connection's failure is an "event: NAME, error: N" line (the table comes anyway).
+        echo "errors=$(grep -c '^event: ' "$3")"
+        ;;
+    esac
+}
+# cm_threads PID: where each thread of process PID waits (name, wchan, syscall number).
+cm_threads() {
+    for t in /proc/"$1"/task/*; do
+        echo "VRNIC-CM-WAIT $NAME: pid $1 $(cat "$t/comm" 2>/dev/null) wchan=$(cat "$t/wchan" 2>/dev/null) syscall=$(cut -d' ' -f1 "$t/syscall" 2>/dev/null)"
+    done
+}
+# cm_exec CMD...: runs CMD (output in $out) bounded by CM_TIMEOUT, setting rc (124: timed out). A
+# program still running at the bound has its threads' and the agent's waits printed first.
+cm_exec() {
+    "$@" >"$out" 2>&1 &
+    cm_p=$!
+    cm_i=0
+    while kill -0 "$cm_p" 2>/dev/null && [ "$cm_i" -lt $((CM_TIMEOUT * 5)) ]; do
+        sleep 0.2
+        cm_i=$((cm_i + 1))
+    done
+    if kill -0 "$cm_p" 2>/dev/null; then
+        for q in "$cm_p" $(pgrep -x vrnic-agent); do cm_threads "$q"; done
+        kill "$cm_p"
+        wait "$cm_p"
+        rc=124
+    else
+        wait "$cm_p"
+        rc=$?
+    fi
+}
+cm_bg=
+port=$((BASEPORT + 50))
+# vrnic's librdmacm says on stderr why a call failed.
+case $DEV in vrnic*) export VRNIC_RDMACM_DEBUG=1 ;; esac
+for tool in ${CM_TOOLS:-}; do
+    for role in $ROLES; do
+        port=$((port + 1))
+        t0=$(now)
+        deadline=$(($(now) + CONNECT_WAIT))
+        attempt=0
+        out=/tmp/cm-$tool-$role.out
+        while :; do
+            attempt=$((attempt + 1))
+            # shellcheck disable=SC2046 # the command line's words
+            if [ "$tool-$role" = cmtime-server ]; then
+                # cmtime's server serves until killed: in the background, killed once this guest's
+                # next run (a client of the other guest, which ran its cmtime client first) is done.
+                timeout "$CM_TIMEOUT" stdbuf -oL $(cm_cmd "$tool" "$role" "$port") >"$out" 2>&1 &
+                cm_bg=$!
+                rc=bg
+                break
+            fi
+            # (stdbuf: a program killed by timeout still shows how far it got.)
+            cm_exec stdbuf -oL $(cm_cmd "$tool" "$role" "$port")
+            # (cmtime reports a rejected connection and still exits 0.) A server is started again
+            # when a client's early attempt hurt it: ucmatose's client turned away on its first
+            # connection exits, rejecting (REJ 28, as Linux's CM does) the connections its server
+            # had meanwhile accepted, and ucmatose's server exits on that event.
+            if { [ $rc -ne 0 ] || [ "$tool-$role" = cmtime-client ]; } && [ "$(now)" -lt "$deadline" ] &&
+                grep -qE "REJECTED|UNREACHABLE|Connection refused|Unable to" "$out"; then
+                sleep 0.5
+                continue
+            fi
+            break
+        done
+        if [ "$rc" = bg ]; then continue; fi
+        echo "VRNIC-CM-OUT $NAME $tool $role: $(cm_cmd "$tool" "$role" "$port")"
+        cat "$out"
+        echo "VRNIC-CM $NAME $tool $role rc=$rc attempts=$attempt secs=$(($(now) - t0)) $(cm_figures "$tool" "$role" "$out")"
+        if [ "$rc" != 0 ] && [ -e /run/vrnic/agent.sock.log ]; then
+            echo "VRNIC-CM-AGENT $NAME: vrnic-agent --status: $(timeout 5 /usr/lib/vrnic/vrnic-agent --status 2>&1 | tail -1)"
+            tail -20 /run/vrnic/agent.sock.log
+            for t in $(pgrep -x vrnic-agent | sed 's|^|/proc/|; s|$|/task/*|'); do
+                echo "VRNIC-CM-AGENT $NAME: thread $t $(cat "$t/comm") wchan=$(cat "$t/wchan") syscall=$(cut -d' ' -f1 "$t/syscall")"
+            done
+        fi
+        if [ -n "$cm_bg" ]; then
+            kill "$cm_bg" 2>/dev/null
+            wait "$cm_bg"
+            rc=$?
+            out=/tmp/cm-cmtime-server.out
+            echo "VRNIC-CM-OUT $NAME cmtime server (killed when done)"
+            cat "$out"
+            echo "VRNIC-CM $NAME cmtime server rc=$rc attempts=1 secs=0 served=$(grep -c . "$out")"
+            cm_bg=
+        fi
+    done
+done
+if [ -n "$cm_bg" ]; then
+    sleep "$CM_TIMEOUT"
+    kill "$cm_bg" 2>/dev/null
+fi
+unset VRNIC_RDMACM_DEBUG
 
 port=$BASEPORT
 for tl in $UCX_TLS_LIST; do

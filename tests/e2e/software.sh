@@ -4,6 +4,13 @@
 # at 10.0.0.101) and an rxe guest (B, 10.0.0.2), both booted with the software layer
 # (images/software.sh: python3-pyverbs, ucx-utils, openmpi-bin) appended to their images.
 # Each guest runs tests/e2e/guest-sw.sh:
+#   0. rdma_cm (issue 31): Debian's rdmacm-utils and perftest's -R, each in both roles (server in A,
+#      client in B, then swapped), over vrnic's librdmacm.so.1 (its CM in the agent) in a vrnic
+#      guest and the kernel's rdma_cm in an rxe guest, at the RDMA addresses (a vrnic guest's is its
+#      function's, 10.0.0.101/.102, not eth0's): cmtime -c 10 (connect/disconnect figures of its
+#      table: total ms and us per connection), rping -v -V -C 20 (20 pings checked),
+#      ucmatose (4 connections), udaddy (UD through SIDR, 2 ids), ib_send_bw -R and ib_write_lat -R
+#      (perftest's result line). E2E_SW_CM_TOOLS picks the tools (default all; "" none).
 #   1. ucx_perftest between the two guests, over each of E2E_SW_UCX_TLS (default "rc_v ud_v":
 #      UCX's rc_verbs and ud_verbs), each test of E2E_SW_UCX_TESTS (TEST:SIZE:ITERS, default
 #      tag_lat 8 B, tag_bw 64 KiB, ucp_put_bw 64 KiB, ucp_get 8 B: UCX 1.13's name for the get
@@ -31,8 +38,11 @@ SW_PYV_TIMEOUT=${E2E_SW_PYVERBS_TIMEOUT:-900}
 # (e.g. "UCX_LOG_LEVEL=debug").
 
 SW_MPI_TIMEOUT=${E2E_SW_MPI_TIMEOUT:-600}
+SW_CM_TOOLS=${E2E_SW_CM_TOOLS-cmtime rping ucmatose udaddy ib_send_bw ib_write_lat}
+SW_CM_TIMEOUT=${E2E_SW_CM_TIMEOUT:-60}
 
-# sw_job FILE NAME DEV PEER_IP ROLES MPI_ROLE: the guest job (parameters + tests/e2e/guest-sw.sh).
+# sw_job FILE NAME DEV PEER_IP ROLES MPI_ROLE CM_IP CM_PEER: the guest job (parameters +
+# tests/e2e/guest-sw.sh); CM_IP/CM_PEER the RDMA addresses of this guest and the other.
 sw_job() {
     local mpi=$6
     [ "${E2E_SW_MPI:-1}" = 1 ] || mpi=
@@ -41,6 +51,7 @@ sw_job() {
         echo "NAME=$2 DEV=$3 GID=1 PEER_IP=$4 ROLES='$5' UCX_TLS_LIST='$SW_UCX_TLS' UCX_TESTS='$SW_UCX_TESTS'"
         echo "BASEPORT=18700 RUN_TIMEOUT=$RUN_TIMEOUT CONNECT_WAIT=$((RUN_TIMEOUT + 120))"
         echo "PYVERBS=${E2E_SW_PYVERBS:-1} PYV_TIMEOUT=$SW_PYV_TIMEOUT UCX_ENV='${E2E_SW_UCX_ENV:-}'"
+        echo "CM_TOOLS='$SW_CM_TOOLS' CM_IP=$7 CM_PEER=$8 CM_TIMEOUT=$SW_CM_TIMEOUT"
         cat "$VR_TOP/tests/e2e/guest-sw.sh"
     } >"$1"
 }
@@ -60,6 +71,64 @@ ucx_figure() {
 sw_block() {
     tr -d '\r' <"$1" | awk -v n="$2" '$0 == "VRNIC-PYVERBS-BEGIN " n { on = 1; next }
         on { print } on && index($0, "VRNIC-PYVERBS-END " n " ") == 1 { on = 0 }' >"$3"
+}
+
+# cm_judge TOOL SERVER_LINE CLIENT_LINE: prints the figures of a passing rdma_cm run (nothing, status
+# 1, when it failed). Both sides exit 0 (cmtime's server is killed: only the client's counts) and
+# the client's figures say it did the job.
+cm_judge() {
+    local tool=$1 sl=$2 cl=$3
+    [[ $cl == *" rc=0 "* ]] || return 1
+    [[ $tool == cmtime || $sl == *" rc=0 "* ]] || return 1
+    local sa=${sl#* attempts=} ca=${cl#* attempts=}
+    local tries="attempts: server ${sa%% *}, client ${ca%% *}"
+    case $tool in
+    rping)
+        [[ $cl == *" pings=20"* && $sl == *" pings=20"* ]] || return 1
+        echo "20 pings verified both ways ($tries)"
+        ;;
+    ucmatose | udaddy)
+        [[ $cl == *" ok=yes"* && $sl == *" ok=yes"* ]] || return 1
+        if [ "$tool" = ucmatose ]; then echo "4 RC connections, 10 messages each ($tries)"
+        else echo "2 UD ids through SIDR, 10 datagrams each ($tries)"; fi
+        ;;
+    ib_send_bw | ib_write_lat)
+        local r=${cl##*result=}
+        [ "$r" != none ] || return 1
+        # shellcheck disable=SC2086 # the result line's fields, comma-separated
+        set -- ${r//,/ }
+        if [ "$tool" = ib_send_bw ]; then echo "$1 B x $2: average $4 MB/s ($tries)"
+        else echo "$1 B x $2: typical $5 us, average $6 us ($tries)"; fi
+        ;;
+    cmtime)
+        local c=${cl#* connect=} d=${cl#* disconnect=}
+        c=${c%% *} d=${d%% *}
+        [[ $c != none* && $d != none* && $cl == *" errors=0"* ]] || return 1
+        echo "10 connections at once: connect ${c%,*} ms in all, ${c#*,} us/conn; disconnect ${d%,*} ms, ${d#*,} us/conn (client attempts ${ca%% *})"
+        ;;
+    *) return 1 ;;
+    esac
+}
+
+# sw_cm PAIR DIR AKIND BKIND: the rdma_cm runs, per tool and server side: the client's line and the
+# server's.
+sw_cm() {
+    local pair=$1 dir=$2 akind=$3 bkind=$4 tool g
+    for tool in $SW_CM_TOOLS; do
+        for g in a b; do
+            local srv=$g cli=b what sl cl fig
+            [ $g = a ] || cli=a
+            if [ $srv = a ]; then what="$akind guest a serves, $bkind guest b connects"
+            else what="$bkind guest b serves, $akind guest a connects"; fi
+            sl=$(grep -a "^VRNIC-CM $srv $tool server " "$dir/$srv.log" | tr -d '\r' | tail -1) || true
+            cl=$(grep -a "^VRNIC-CM $cli $tool client " "$dir/$cli.log" | tr -d '\r' | tail -1) || true
+            if fig=$(cm_judge "$tool" "$sl" "$cl"); then
+                pass "software $pair: rdma_cm $tool ($what): $fig"
+            else
+                fail "software $pair: rdma_cm $tool ($what): server '${sl:-no line}', client '${cl:-no line}'"
+            fi
+        done
+    done
 }
 
 # run_software: each pair of E2E_SW_PAIRS (default "vrnic-rxe vrnic-vrnic"; also rxe-rxe: the
@@ -103,8 +172,11 @@ sw_pair() {
     [ "$pair" = vrnic-rxe ] || E2E_SW_PYVERBS=0
     mkdir -p "$dir"
     echo "=== software $pair"
-    sw_job "$dir/job-a.sh" a $adev 10.0.0.2 "server client" launcher
-    sw_job "$dir/job-b.sh" b $bdev 10.0.0.1 "client server" host
+    local acm=10.0.0.1 bcm=10.0.0.2
+    [ "$akind" = vrnic ] && acm=10.0.0.101
+    [ "$bkind" = vrnic ] && bcm=10.0.0.102
+    sw_job "$dir/job-a.sh" a $adev 10.0.0.2 "server client" launcher $acm $bcm
+    sw_job "$dir/job-b.sh" b $bdev 10.0.0.1 "client server" host $bcm $acm
     # The job's own bound: the UCX runs and the suite (vrnic.timeout; the last one given counts).
     local VRNIC_GUEST_APPEND="$VRNIC_GUEST_APPEND vrnic.timeout=$((SW_PYV_TIMEOUT + SW_MPI_TIMEOUT + 900))"
     if ! sw_guest a "$akind" "$dir" || ! sw_guest b "$bkind" "$dir"; then
@@ -122,6 +194,7 @@ sw_pair() {
     done
     for p in ${daemons[@]+"${daemons[@]}"}; do vr_stop "$p"; done
     rm -f "$dir"/?-initrd.cpio
+    sw_cm "$pair" "$dir" "$akind" "$bkind"
     # UCX: per transport and test, per server side: the client's line and the server's.
     for tl in $SW_UCX_TLS; do
         for t in $SW_UCX_TESTS; do

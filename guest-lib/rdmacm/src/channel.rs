@@ -12,6 +12,7 @@
 
 use std::ffi::c_int;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use vrnic_guest::agent::ucma::proto::UcmaConn;
@@ -29,6 +30,18 @@ pub(crate) struct Channel {
     /// The connection; `lock` serialises commands on it.
     conn: UcmaConn,
     lock: Mutex<()>,
+    /// Threads inside [`Channel::wait`] (see [`destroy`]).
+    waiters: AtomicUsize,
+}
+
+/// Counts a thread in `rdma_get_cm_event` ([`Channel::waiting`]) or
+/// [`Channel::wait`] while it lives.
+pub(crate) struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Channel {
@@ -76,11 +89,20 @@ impl Channel {
         self.exec(cmd, body, &[], bytes_mut(resp))
     }
 
+    /// Counts the calling thread as one inside `rdma_get_cm_event` (asking
+    /// the agent or waiting) until the guard goes: [`destroy`] then leaves
+    /// the channel open under it.
+    pub(crate) fn waiting(&self) -> Waiting<'_> {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        Waiting(&self.waiters)
+    }
+
     /// Waits until an event may wait at the agent (the wake descriptor is
     /// readable) or the agent went away (its socket hung up): the caller
     /// then asks with `GET_EVENT`. Holds no lock, so other threads'
     /// commands go on meanwhile.
     pub(crate) fn wait(&self) -> Result<(), c_int> {
+        let _w = self.waiting();
         let mut p = [
             libc::pollfd {
                 fd: self.c.fd,
@@ -151,6 +173,7 @@ pub(crate) fn create() -> Result<*mut Channel, c_int> {
         },
         conn,
         lock: Mutex::new(()),
+        waiters: AtomicUsize::new(0),
     })))
 }
 
@@ -158,10 +181,26 @@ pub(crate) fn create() -> Result<*mut Channel, c_int> {
 ///
 /// # Safety
 /// `ch` came from [`create`] and is not used afterwards.
+///
+/// A channel another thread is in `rdma_get_cm_event` on is left open
+/// and allocated, its waiter blocked, as with the kernel: there the
+/// waiter's `read(2)` holds the file, so `close(2)` of the channel's `fd`
+/// neither ends that read nor releases the file. rping's client destroys
+/// its channel while its CM thread waits in `rdma_get_cm_event` and exits
+/// just after; freeing the channel then woke that thread with `EBADF` (and
+/// memory no longer its own), and rping exited 255 before `main` returned 0.
+/// The whole call counts, not only its wait: a thread between asking the
+/// agent and waiting (e2e, a second time) met a closed socket just the same.
 pub(crate) unsafe fn destroy(ch: *mut Channel) {
     // SAFETY: the caller's contract: `ch` is a live Box of ours; dropping
     // it closes the socket and the wake descriptor.
-    drop(unsafe { Box::from_raw(ch) });
+    let ch = unsafe { Box::from_raw(ch) };
+    if ch.waiters.load(Ordering::SeqCst) > 0 {
+        say("rdma_destroy_event_channel: a thread waits in rdma_get_cm_event on it: left open");
+        std::mem::forget(ch);
+        return;
+    }
+    drop(ch);
 }
 
 /// The channel behind an application's channel pointer.

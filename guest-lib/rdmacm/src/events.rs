@@ -265,6 +265,9 @@ fn process(resp: &kabi::rdma_ucm_event_resp) -> Option<Box<CmaEvent>> {
 
 /// The next event of `ch` (see the module documentation).
 pub(crate) fn get(ch: &Channel) -> Result<*mut rdma_cm_event, c_int> {
+    // rdma_destroy_event_channel from another thread leaves the channel to
+    // this one (channel::destroy).
+    let _w = ch.waiting();
     let nonblock = ch.nonblocking();
     loop {
         let cmd: kabi::rdma_ucm_get_event = zeroed();

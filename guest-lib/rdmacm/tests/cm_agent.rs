@@ -574,6 +574,68 @@ fn no_agent_is_enodev_saying_why() {
     );
 }
 
+/// Whether a thread of process `pid` is in poll(2) (or ppoll), waiting up
+/// to [`LIMIT`] for one to be.
+fn wait_in_poll(pid: u32) -> bool {
+    let in_poll = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|t| {
+                std::fs::read_to_string(t.path().join("syscall")).is_ok_and(|s| {
+                    let nr = s.split_whitespace().next().unwrap_or("");
+                    [libc::SYS_ppoll, poll_syscall()]
+                        .iter()
+                        .any(|n| nr == n.to_string())
+                })
+            })
+    };
+    let deadline = std::time::Instant::now() + LIMIT;
+    while !in_poll() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    in_poll()
+}
+
+/// rping's client destroys its event channel while its CM thread waits in
+/// `rdma_get_cm_event`, then returns from `main`. With the kernel the
+/// waiter stays blocked (its `read(2)` holds the file); here the channel
+/// was freed under it and it returned `EBADF`, so rping exited 255 (e2e
+/// `software`, vrnic-vrnic). The waiter must stay blocked.
+#[test]
+fn destroying_a_channel_leaves_its_blocked_waiter_blocked() {
+    let Some((dir, exe)) = compile_c_test("cm_agent") else {
+        return;
+    };
+    let agent = FakeAgent::start(Box::new(|_: &mut Ctx, _: &Rec| Err(libc::EOPNOTSUPP)));
+    let mut child = Command::new(&exe)
+        .arg("closed")
+        .env_remove("VRNIC_LOOPBACK")
+        .env("VRNIC_RDMACM_DEBUG", "1")
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("VRNIC_AGENT_SOCKET", &agent.path)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn cm_agent closed");
+    let waiting = agent.wait_for(LIMIT, |l| {
+        l.iter().any(|r| r.cmd == kabi::RDMA_USER_CM_CMD_GET_EVENT)
+    });
+    let polling = waiting && wait_in_poll(child.id());
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().expect("stdin");
+        let _ = stdin.write_all(b"go\n");
+    }
+    let out = wait_bounded(child, "cm_agent closed", LIMIT);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(polling, "the thread never waited in poll(2)");
+    assert_c_test_ok("cm_agent", &out);
+    assert!(text(&out).contains("still waiting"), "{}", text(&out));
+}
+
 #[test]
 fn a_thread_waiting_for_events_does_not_hold_up_commands() {
     let Some((dir, exe)) = compile_c_test("cm_agent") else {
@@ -605,26 +667,7 @@ fn a_thread_waiting_for_events_does_not_hold_up_commands() {
         l.iter().any(|r| r.cmd == kabi::RDMA_USER_CM_CMD_GET_EVENT)
     });
     // ... and is in poll(2) (or ppoll) in the library, not about to enter it.
-    let pid = child.id();
-    let in_poll = || {
-        std::fs::read_dir(format!("/proc/{pid}/task"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|t| {
-                std::fs::read_to_string(t.path().join("syscall")).is_ok_and(|s| {
-                    let nr = s.split_whitespace().next().unwrap_or("");
-                    [libc::SYS_ppoll, poll_syscall()]
-                        .iter()
-                        .any(|n| nr == n.to_string())
-                })
-            })
-    };
-    let deadline = std::time::Instant::now() + LIMIT;
-    while waiting && !in_poll() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let polling = in_poll();
+    let polling = waiting && wait_in_poll(child.id());
     {
         use std::io::Write as _;
         let mut stdin = child.stdin.take().expect("stdin");

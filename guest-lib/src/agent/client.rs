@@ -36,6 +36,10 @@ pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DOORBELL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest wait for a started agent to accept connections.
 pub const SPAWN_TIMEOUT: Duration = Duration::from_secs(20);
+/// The exit status of an agent that found its device held by another
+/// process (`EX_TEMPFAIL`): most likely an agent another program started
+/// at the same moment, which listens once it has the device open.
+pub const EXIT_DEVICE_BUSY: i32 = 75;
 
 fn io_err(what: impl Into<String>, source: std::io::Error) -> TransportError {
     TransportError::Io {
@@ -244,11 +248,24 @@ impl AgentTransport {
     /// log in `PATH.log`; `args` name the device: `--pci BDF`, `--vhost-user
     /// SOCKET`), then waiting at most [`SPAWN_TIMEOUT`] for it. Two
     /// programs starting at once may both start one: the second agent finds
-    /// the device taken and exits, and both programs connect to the first.
+    /// the device taken and exits ([`EXIT_DEVICE_BUSY`]), and both programs
+    /// connect to the first, which listens only once it has opened the
+    /// device (seconds, in a TCG guest): so an agent that exits busy is
+    /// waited past, up to the same bound; any other exit is an error at once.
     pub fn connect_or_spawn(
         path: &Path,
         agent_bin: &Path,
         args: &[std::ffi::OsString],
+    ) -> Result<AgentTransport, TransportError> {
+        Self::connect_or_spawn_within(path, agent_bin, args, SPAWN_TIMEOUT)
+    }
+
+    /// [`connect_or_spawn`](Self::connect_or_spawn) with its bound.
+    pub fn connect_or_spawn_within(
+        path: &Path,
+        agent_bin: &Path,
+        args: &[std::ffi::OsString],
+        timeout: Duration,
     ) -> Result<AgentTransport, TransportError> {
         match Self::connect(path) {
             Ok(t) => return Ok(t),
@@ -283,7 +300,14 @@ impl AgentTransport {
         let mut child = cmd
             .spawn()
             .map_err(|e| io_err(format!("starting {}", agent_bin.display()), e))?;
-        let deadline = Instant::now() + SPAWN_TIMEOUT;
+        let deadline = Instant::now() + timeout;
+        let mut exited = None;
+        let gone = |st: std::process::ExitStatus| {
+            TransportError::NoDevice(format!(
+                "the vrnic agent exited ({st}); see {}",
+                log.display()
+            ))
+        };
         loop {
             match Self::connect(path) {
                 Ok(t) => {
@@ -293,16 +317,20 @@ impl AgentTransport {
                     return Ok(t);
                 }
                 Err(TransportError::Io { .. }) if Instant::now() < deadline => {
-                    if let Ok(Some(st)) = child.try_wait() {
-                        // Lost the race to another agent, or failed: a last try.
-                        return Self::connect(path).map_err(|_| {
-                            TransportError::NoDevice(format!(
-                                "the vrnic agent exited ({st}); see {}",
-                                log.display()
-                            ))
-                        });
+                    if exited.is_none() {
+                        if let Ok(Some(st)) = child.try_wait() {
+                            if st.code() != Some(EXIT_DEVICE_BUSY) {
+                                // Failed: a last try (another agent may listen by now).
+                                return Self::connect(path).map_err(|_| gone(st));
+                            }
+                            // Lost the race to another agent: wait for it to listen.
+                            exited = Some(st);
+                        }
                     }
                     std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(TransportError::Io { .. }) if exited.is_some() => {
+                    return Err(gone(exited.unwrap_or_default()));
                 }
                 Err(e) => return Err(e),
             }
@@ -689,5 +717,71 @@ impl Drop for AgentTransport {
                 unsafe { libc::munmap(p as *mut libc::c_void, size) };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake agent: a shell script exiting with `code` at once, never
+    /// listening.
+    fn fake_agent(dir: &Path, code: i32) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let bin = dir.join(format!("agent-{code}"));
+        std::fs::write(&bin, format!("#!/bin/sh\nexit {code}\n")).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        bin
+    }
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("vrnic-spawn-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+        d
+    }
+
+    /// Two programs starting at once in a TCG guest (e2e `software`: cmtime's
+    /// server and client): the second's agent found the device taken and
+    /// exited busy while the first's was still opening it; the second
+    /// program gave up at once ("the vrnic agent exited (exit status: 1)").
+    /// An agent that exits busy is waited past, up to the bound.
+    #[test]
+    fn a_busy_agent_is_waited_past_until_the_bound() {
+        let d = scratch("busy");
+        let bin = fake_agent(&d, EXIT_DEVICE_BUSY);
+        let t0 = Instant::now();
+        let r = AgentTransport::connect_or_spawn_within(
+            &d.join("agent.sock"),
+            &bin,
+            &[],
+            Duration::from_millis(1500),
+        );
+        let Err(e) = r else {
+            panic!("nothing listens, yet it connected")
+        };
+        assert!(t0.elapsed() >= Duration::from_millis(1400), "{e}");
+        assert!(e.to_string().contains("exited"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn an_agent_that_fails_otherwise_is_an_error_at_once() {
+        let d = scratch("fail");
+        let bin = fake_agent(&d, 1);
+        let t0 = Instant::now();
+        let r = AgentTransport::connect_or_spawn_within(
+            &d.join("agent.sock"),
+            &bin,
+            &[],
+            Duration::from_secs(10),
+        );
+        let Err(e) = r else {
+            panic!("nothing listens, yet it connected")
+        };
+        assert!(t0.elapsed() < Duration::from_secs(5), "{e}");
+        assert!(e.to_string().contains("exit status: 1"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -113,7 +113,17 @@ fn main() -> anyhow::Result<()> {
                     tracing::warn!(
                         "no shared doorbell queue ({e}); doorbells go through the agent"
                     );
-                    PciTransport::open(args.pci.as_deref())?
+                    match PciTransport::open(args.pci.as_deref()) {
+                        Ok(t) => t,
+                        // Another agent (another program's, started at the same
+                        // moment) holds the device: the programs wait for it
+                        // rather than fail (agent::client::EXIT_DEVICE_BUSY).
+                        Err(e) if e.to_string().contains("in use by another process") => {
+                            tracing::info!("{e}: another agent has the device");
+                            std::process::exit(vrnic_guest::agent::client::EXIT_DEVICE_BUSY);
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
                 }
             };
             shared = t.shared_doorbells();

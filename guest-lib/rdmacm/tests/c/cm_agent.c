@@ -12,6 +12,8 @@
  *   cm_agent errors    the agent's errors as errno and event statuses
  *   cm_agent nonblock  O_NONBLOCK on the channel fd: EAGAIN, then poll
  *   cm_agent vanish    blocked in rdma_get_cm_event when the agent goes
+ *   cm_agent closed    the channel destroyed under a thread blocked in
+ *                      rdma_get_cm_event: it stays blocked (go line on stdin)
  *   cm_agent threads   a thread blocked in rdma_get_cm_event while another
  *                      sends a command (after a line on stdin: the test
  *                      says when the first is blocked)
@@ -287,6 +289,24 @@ static void threads(void)
 	rdma_destroy_event_channel(waiter_ch);
 }
 
+/* rping's exit: main destroys the channel while its CM thread waits in
+ * rdma_get_cm_event. As with the kernel (the blocked read(2) holds the file),
+ * the waiter stays blocked rather than returning an error. */
+static void closed(void)
+{
+	waiter_ch = rdma_create_event_channel();
+	CHECK(waiter_ch, "rdma_create_event_channel: errno %d", errno);
+	struct rdma_cm_event *ev = (struct rdma_cm_event *)1;
+	pthread_t t;
+	CHECK(pthread_create(&t, NULL, waiter, &ev) == 0, "pthread_create");
+	char line[16];
+	CHECK(fgets(line, sizeof line, stdin), "no go line");
+	rdma_destroy_event_channel(waiter_ch);
+	usleep(300 * 1000);
+	CHECK(ev == (struct rdma_cm_event *)1, "the waiter returned after the channel was destroyed");
+	printf("still waiting\n");
+}
+
 static void ep(void)
 {
 	struct rdma_addrinfo hints, *res = NULL;
@@ -399,6 +419,8 @@ int main(int argc, char **argv)
 		nonblock();
 	else if (!strcmp(mode, "vanish"))
 		vanish();
+	else if (!strcmp(mode, "closed"))
+		closed();
 	else if (!strcmp(mode, "threads"))
 		threads();
 	else if (!strcmp(mode, "ep"))
@@ -410,7 +432,7 @@ int main(int argc, char **argv)
 	else if (!strcmp(mode, "noagent"))
 		noagent();
 	else
-		FAIL("usage: cm_agent guid|active|passive|errors|nonblock|vanish|threads|ep|ud|rejected|noagent");
+		FAIL("usage: cm_agent guid|active|passive|errors|nonblock|vanish|closed|threads|ep|ud|rejected|noagent");
 	printf("cm_agent: ok\n");
 	return 0;
 }
