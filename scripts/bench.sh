@@ -23,8 +23,9 @@
 #      the e2e's -n 200 moves 13 MB, ~30 ms for vrnic, where start-up weighs on the figure.
 #      Then the e2e step software with two rxe guests and two vrnic guests: ucx_perftest tag_bw
 #      64 KiB and tag_lat 8 B over rc_verbs (2000 each; BENCH_GUEST_UCX_TESTS) and Open MPI's
-#      checked ping-pong across the two guests (its 4 MiB round), rows guests-rxe-rxe and
-#      guests-vrnic-vrnic.
+#      checked ping-pong across the two guests (its 4 MiB round), and rdma_cm's connection rate
+#      (cmtime -c 10: Linux's CM between the rxe guests, the agents' between the vrnic guests; rows
+#      cmtime_connect, cmtime_disconnect), rows guests-rxe-rxe and guests-vrnic-vrnic.
 # Each perftest row also shows why a figure is low: the frames the receive queues dropped and, for
 # in-process devices (VRNIC_STATS=1), the ACK timeouts and sequence NAKs of that run; and what it
 # cost: the CPU time of every process of the run (both perftest processes, from getrusage at
@@ -739,9 +740,9 @@ if [ $guests = 1 ]; then
     # two rxe guests, then two vrnic guests (a daemon each, over TAP), ucx_perftest tag_bw 64 KiB
     # and tag_lat 8 B over rc_verbs, and Open MPI's checked ping-pong across the guests (its 4 MiB
     # round). Rows ucx_tag_bw, ucx_tag_lat, mpi_pingpong of modes guests-rxe-rxe, guests-vrnic-vrnic.
-    log "guests: tests/e2e/run.sh software, rxe-rxe and vrnic-vrnic (UCX and Open MPI; minutes under TCG)"
+    log "guests: tests/e2e/run.sh software, rxe-rxe and vrnic-vrnic (UCX, Open MPI, rdma_cm; minutes under TCG)"
     VRNIC_BIN=$rel/vrnic E2E_RESULTS=$out/e2e-sw E2E_SW_PAIRS="rxe-rxe vrnic-vrnic" E2E_SW_PYVERBS=0 \
-        E2E_SW_UCX_TLS=rc_v E2E_SW_UCX_TESTS="${BENCH_GUEST_UCX_TESTS:-tag_bw:65536:2000 tag_lat:8:2000}" \
+        E2E_SW_UCX_TLS=rc_v E2E_SW_UCX_TESTS="${BENCH_GUEST_UCX_TESTS:-tag_bw:65536:2000 tag_lat:8:2000}" E2E_SW_CM_TOOLS=cmtime \
         "$top/tests/e2e/run.sh" software >"$out/e2e-sw.log" 2>&1 || true
     for pair in rxe-rxe vrnic-vrnic; do
         # guest b's client runs (a serves): "VRNIC-UCX b rc_v TEST client rc=0 attempts=N final=F,..."
@@ -751,6 +752,16 @@ if [ $guests = 1 ]; then
                 split(substr($8, 7), f, ",")
                 if ($4 == "tag_bw") print "ucx_tag_bw," m ",65536," f[6] ",MB/s,-,-,-,-,-,-,-,1,-,0,-,-,-,-"
                 if ($4 == "tag_lat") print "ucx_tag_lat," m ",8," f[2] ",us,-,-,-,-,-,-,-,1,-,0,-,-,-,-"
+            }' >>"$out/bench.csv" || true
+        # rdma_cm's connection rate: guest b's cmtime client (a serves, 10 connections): "VRNIC-CM b
+        # cmtime client rc=0 ... connect=TOTAL_MS,US_PER_CONN disconnect=... errors=0".
+        tr -d '\r' <"$out/e2e-sw/software-$pair/b.log" 2>/dev/null | awk -v m="guests-$pair" '
+            $1 == "VRNIC-CM" && $3 == "cmtime" && $4 == "client" && $5 == "rc=0" {
+                for (i = 6; i <= NF; i++) {
+                    split($i, kv, "="); split(kv[2], f, ",")
+                    if ((kv[1] == "connect" || kv[1] == "disconnect") && f[2] != "")
+                        print "cmtime_" kv[1] "," m ",10," f[2] ",us,-,-,-,-,-,-,-,1,-,0,-,-,-,-"
+                }
             }' >>"$out/bench.csv" || true
         tr -d '\r' <"$out/e2e-sw/software-$pair/a.log" 2>/dev/null | awk -v m="guests-$pair" '
             $1 == "VRNIC-MPI" && $3 == "launcher" && $4 == "rc=0" && $5 == "ok=yes" {
