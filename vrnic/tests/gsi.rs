@@ -523,7 +523,7 @@ fn ah_to(n: &mut Node, s: &Side, peer: Ipv4Addr) -> u32 {
 /// is lost once its resolution fails (counted `tx_drop_unresolved`), the
 /// resolutions of the WQEs queued behind it run at the same time, and a
 /// MAD to a live peer behind them all goes out within about one
-/// resolution (3 requests, 1 s apart) rather than one per address.
+/// resolution (3 requests, 200 ms apart) rather than one per address.
 /// Before, QP1 waited at the first unresolvable address for good: one
 /// forged MAD silenced a function's CM.
 #[test]
@@ -547,10 +547,8 @@ fn gsi_mads_to_unanswered_addresses_are_lost_without_stalling_the_queue() {
     let got = collect(&mut a, &mut b, true, &mut sb.cq, 1);
     let took = a.now.max(b.now) - start;
     check_mad_recv(&b, &sb, &got[0], ip_a, &m);
-    // One resolution fails after 3 requests 1 s apart (about 3 s); one per
-    // address would be 15 of them.
     assert!(
-        took < 4_500_000_000,
+        took < 1_500_000_000,
         "the MAD to B waited {took} ns behind the unresolved ones"
     );
     let sent = collect(&mut a, &mut b, false, &mut sa.cq, 16);

@@ -36,12 +36,8 @@ pub const NEIGH_PENDING_MAX: usize = 64;
 /// How long an entry is used without re-confirmation, ns (Linux's
 /// `base_reachable_time`, 30 s).
 pub const NEIGH_REACHABLE_NS: Nanos = 30_000_000_000;
-/// Interval between requests of one resolution or re-probe, ns (Linux's
-/// `retrans_time_ms`, 1 s: with [`NEIGH_MAX_PROBES`], a peer has 3 s to
-/// answer before a UD datagram to it is dropped, as the kernel's neighbour
-/// queue drops it; 200 ms lost the CM's REQs to a guest slow to answer
-/// under TCG, each then retransmitted 6 s later).
-pub const NEIGH_RETRANS_NS: Nanos = 1_000_000_000;
+/// Interval between requests of one resolution or re-probe, ns.
+pub const NEIGH_RETRANS_NS: Nanos = 200_000_000;
 /// Requests one resolution or re-probe sends before it fails (Linux's
 /// `mcast_solicit` / `ucast_solicit`, 3).
 pub const NEIGH_MAX_PROBES: u8 = 3;
