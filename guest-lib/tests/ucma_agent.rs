@@ -7,67 +7,23 @@
 //! listens on, a rejected request, a channel closed mid-connection, and
 //! hostile commands.
 
+mod ucma_agents;
 mod ucma_common;
 mod verbs_common;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
+use ucma_agents::{agent, AgentThread};
 use ucma_common::*;
-use verbs_common::config;
 use vrnic::link::mem::MemLink;
 use vrnic_guest::agent::client::AgentTransport;
-use vrnic_guest::agent::procmem::ProcessMemory;
-use vrnic_guest::agent::server::Agent;
 use vrnic_guest::agent::ucma::abi as u;
 use vrnic_guest::agent::ucma::core::event;
 use vrnic_guest::agent::ucma::proto::UcmaConn;
-use vrnic_guest::agent::ucma::service::{SharedStats, UcmaStats};
+use vrnic_guest::agent::ucma::service::UcmaStats;
 use vrnic_guest::agent::ucma::sockaddr;
-use vrnic_guest::loopback::LoopbackTransport;
 use vrnic_guest::verbs::*;
-
-/// An agent serving one in-process device, in a thread of its own.
-struct AgentThread {
-    path: PathBuf,
-    ucma: SharedStats,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for AgentThread {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn agent(dir: &Path, n: u8, link: MemLink) -> AgentThread {
-    let path = dir.join(format!("agent{n}.sock"));
-    let stop = Arc::new(AtomicBool::new(false));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (p, s) = (path.clone(), stop.clone());
-    let thread = std::thread::spawn(move || {
-        let pm = Arc::new(ProcessMemory::default());
-        let t = LoopbackTransport::with_device_memory(config(n, 1500), Box::new(link), pm.clone())
-            .expect("device");
-        let mut a = Agent::new(Box::new(t), p, Some(pm), None).expect("agent");
-        tx.send(a.ucma_stats()).unwrap();
-        a.run(&s).expect("agent runs");
-    });
-    let ucma = rx.recv_timeout(DEADLINE).expect("agent up");
-    AgentThread {
-        path,
-        ucma,
-        stop,
-        thread: Some(thread),
-    }
-}
 
 fn two_agents() -> (tempdir::Dir, AgentThread, AgentThread) {
     let dir = tempdir::Dir::new();

@@ -10,27 +10,25 @@
 //! connection is made where the class targets the listener, DISCONNECT
 //! works, and both agents' tables drain to empty.
 
+mod ucma_agents;
 mod ucma_common;
 mod verbs_common;
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ucma_agents::{agent, AgentThread};
 use ucma_common::*;
-use verbs_common::config;
 use vrnic::link::mem::MemLink;
 use vrnic::link::Link;
 use vrnic_guest::agent::client::AgentTransport;
-use vrnic_guest::agent::procmem::ProcessMemory;
-use vrnic_guest::agent::server::Agent;
 use vrnic_guest::agent::ucma::abi as u;
 use vrnic_guest::agent::ucma::core::event;
 use vrnic_guest::agent::ucma::proto::UcmaConn;
-use vrnic_guest::agent::ucma::service::{SharedStats, UcmaStats};
-use vrnic_guest::loopback::LoopbackTransport;
+use vrnic_guest::agent::ucma::service::UcmaStats;
 use vrnic_guest::verbs::*;
 use vrnic_wire::{
     private_data_len, rej_reason, Bth, CmDrep, CmDreq, CmMessage, CmMra, CmRej, CmRep, CmReq,
@@ -107,45 +105,6 @@ fn hub(mut ports: [MemLink; 3]) -> Hub {
         }
     });
     Hub {
-        stop,
-        thread: Some(thread),
-    }
-}
-
-/// An agent serving one in-process device, in a thread of its own.
-struct AgentThread {
-    path: PathBuf,
-    ucma: SharedStats,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for AgentThread {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn agent(dir: &Path, n: u8, link: MemLink) -> AgentThread {
-    let path = dir.join(format!("agent{n}.sock"));
-    let stop = Arc::new(AtomicBool::new(false));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (p, s) = (path.clone(), stop.clone());
-    let thread = std::thread::spawn(move || {
-        let pm = Arc::new(ProcessMemory::default());
-        let t = LoopbackTransport::with_device_memory(config(n, 1500), Box::new(link), pm.clone())
-            .expect("device");
-        let mut a = Agent::new(Box::new(t), p, Some(pm), None).expect("agent");
-        tx.send(a.ucma_stats()).unwrap();
-        a.run(&s).expect("agent runs");
-    });
-    let ucma = rx.recv_timeout(DEADLINE).expect("agent up");
-    AgentThread {
-        path,
-        ucma,
         stop,
         thread: Some(thread),
     }
