@@ -10,7 +10,9 @@
 #      function's, 10.0.0.101/.102, not eth0's): cmtime -c 10 (connect/disconnect figures of its
 #      table: total ms and us per connection), rping -v -V -C 20 (20 pings checked),
 #      ucmatose (4 connections), udaddy (UD through SIDR, 2 ids), ib_send_bw -R and ib_write_lat -R
-#      (perftest's result line). E2E_SW_CM_TOOLS picks the tools (default all; "" none).
+#      (perftest's result line). E2E_SW_CM_TOOLS picks the tools (default all but ib_write_lat; ""
+#      none). ib_write_lat -R is left out by default: in one CI run (2026-11-29) an rxe client's
+#      third attempt against a vrnic server hung both to the timeout, not understood yet (issue 31).
 #   1. ucx_perftest between the two guests, over each of E2E_SW_UCX_TLS (default "rc_v ud_v":
 #      UCX's rc_verbs and ud_verbs), each test of E2E_SW_UCX_TESTS (TEST:SIZE:ITERS, default
 #      tag_lat 8 B, tag_bw 64 KiB, ucp_put_bw 64 KiB, ucp_get 8 B: UCX 1.13's name for the get
@@ -38,7 +40,7 @@ SW_PYV_TIMEOUT=${E2E_SW_PYVERBS_TIMEOUT:-900}
 # (e.g. "UCX_LOG_LEVEL=debug").
 
 SW_MPI_TIMEOUT=${E2E_SW_MPI_TIMEOUT:-600}
-SW_CM_TOOLS=${E2E_SW_CM_TOOLS-cmtime rping ucmatose udaddy ib_send_bw ib_write_lat}
+SW_CM_TOOLS=${E2E_SW_CM_TOOLS-cmtime rping ucmatose udaddy ib_send_bw}
 SW_CM_TIMEOUT=${E2E_SW_CM_TIMEOUT:-60}
 
 # sw_job FILE NAME DEV PEER_IP ROLES MPI_ROLE CM_IP CM_PEER: the guest job (parameters +
