@@ -14,10 +14,9 @@ mod verbs_common;
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use ucma_agents::{agent, AgentThread};
+use ucma_agents::{agent, prog, AgentThread, Prog};
 use ucma_common::*;
 use vrnic::link::mem::MemLink;
-use vrnic_guest::agent::client::AgentTransport;
 use vrnic_guest::agent::ucma::abi as u;
 use vrnic_guest::agent::ucma::core::event;
 use vrnic_guest::agent::ucma::proto::UcmaConn;
@@ -51,31 +50,6 @@ mod tempdir {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
         }
-    }
-}
-
-/// A program on one side: verbs through its agent, and an event channel.
-struct Prog {
-    ctx: Context,
-    pd: Pd,
-    mr: Mr<'static>,
-    cq: Cq,
-    ch: UcmaConn,
-}
-
-fn prog(a: &AgentThread) -> Prog {
-    let t = AgentTransport::connect(&a.path).expect("verbs through the agent");
-    let ctx = Context::open(Box::new(t)).expect("context");
-    let pd = Pd::alloc(&ctx).unwrap();
-    let mr = Mr::alloc(&pd, 4096, ACCESS_LOCAL_WRITE).unwrap();
-    let cq = Cq::new(&ctx, 16).unwrap();
-    let ch = UcmaConn::connect(&a.path).expect("an event channel");
-    Prog {
-        ctx,
-        pd,
-        mr,
-        cq,
-        ch,
     }
 }
 

@@ -20,14 +20,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ucma_agents::{agent, AgentThread};
+use ucma_agents::{agent, prog, AgentThread, Prog};
 use ucma_common::*;
 use vrnic::link::mem::MemLink;
 use vrnic::link::Link;
-use vrnic_guest::agent::client::AgentTransport;
 use vrnic_guest::agent::ucma::abi as u;
 use vrnic_guest::agent::ucma::core::event;
-use vrnic_guest::agent::ucma::proto::UcmaConn;
 use vrnic_guest::agent::ucma::service::UcmaStats;
 use vrnic_guest::verbs::*;
 use vrnic_wire::{
@@ -128,31 +126,6 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A program on one side: verbs through its agent, and an event channel.
-struct Prog {
-    _ctx: Context,
-    pd: Pd,
-    mr: Mr<'static>,
-    cq: Cq,
-    ch: UcmaConn,
-}
-
-fn prog(a: &AgentThread) -> Prog {
-    let t = AgentTransport::connect(&a.path).expect("verbs through the agent");
-    let ctx = Context::open(Box::new(t)).expect("context");
-    let pd = Pd::alloc(&ctx).unwrap();
-    let mr = Mr::alloc(&pd, 4096, ACCESS_LOCAL_WRITE).unwrap();
-    let cq = Cq::new(&ctx, 16).unwrap();
-    let ch = UcmaConn::connect(&a.path).expect("an event channel");
-    Prog {
-        _ctx: ctx,
-        pd,
-        mr,
-        cq,
-        ch,
     }
 }
 
